@@ -1,0 +1,56 @@
+// Buffer: an owning handle to device memory, shared by a tensor and all its views.
+// Invariant: code reads the address through data() each time; an allocator that moves memory
+// (defragmentation) updates the handle, so no raw pointer is kept across ops. See Note [Buffer move].
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "keel/device.h"
+
+namespace keel {
+
+// Note [Buffer move]: allocators may relocate a live buffer (compaction). They do it between ops,
+// copy the bytes, and call Buffer::relocate; tensors find the new address through their Buffer.
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr, size_t bytes) = 0;
+  virtual std::string name() const = 0;
+  virtual size_t allocatedBytes() const = 0;
+  virtual size_t reservedBytes() const = 0;
+};
+
+// The allocator used for new buffers on a device (host backends share one by default).
+Allocator& allocatorFor(Device d);
+// Replaces the allocator for a backend; returns the previous one. Buffers remember their allocator.
+Allocator* setAllocator(Backend b, Allocator* a);
+
+class Buffer {
+ public:
+  Buffer(size_t bytes, Device device);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  // Version counter shared by all views of this buffer: bumped by in-place writes.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
+  void relocate(void* newData) { data_ = newData; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+  Allocator* allocator_ = nullptr;
+  std::atomic<uint64_t> version_{0};
+};
+
+}  // namespace keel

@@ -1,0 +1,71 @@
+// The one observer seam. The dispatcher calls every installed observer before and after each op
+// with the op, attributes, inputs, outputs, phase, module scope path and (for backward ops) the
+// forward op they differentiate; allocators report memory events the same way. With no observer
+// installed the cost is one relaxed atomic load per op.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "keel/attrs.h"
+#include "keel/device.h"
+#include "keel/tensor.h"
+
+namespace keel {
+
+struct OpDef;
+
+enum class Phase : uint8_t { Forward, Backward, Optimizer };
+std::string_view phaseName(Phase p);
+
+struct OpEvent {
+  uint64_t seq = 0;         // process-wide op call counter, starts at 1
+  uint64_t forwardSeq = 0;  // backward ops: seq of the forward op whose grad node ran; else 0
+  const OpDef* op = nullptr;
+  const Attrs* attrs = nullptr;
+  std::span<const Tensor> inputs;
+  std::span<const Tensor> outputs;  // empty in onOpBegin
+  Phase phase = Phase::Forward;
+  std::string_view scope;  // module scope path, e.g. "blocks.3.attn"
+  int64_t beginNs = 0;
+  int64_t endNs = 0;  // 0 in onOpBegin
+};
+
+enum class MemEventKind : uint8_t { Alloc, Free, Reserve, Release, Map, Unmap, Move };
+std::string_view memEventName(MemEventKind k);
+
+struct MemEvent {
+  MemEventKind kind = MemEventKind::Alloc;
+  Device device;
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  uint64_t toAddress = 0;  // Move only
+  uint64_t opSeq = 0;      // op being dispatched on this thread, 0 outside ops
+  int64_t timeNs = 0;
+  uint64_t allocatedAfter = 0;
+  uint64_t reservedAfter = 0;
+};
+
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void onOpBegin(const OpEvent&) {}
+  virtual void onOpEnd(const OpEvent&) {}
+  virtual void onMemory(const MemEvent&) {}
+};
+
+void addObserver(std::shared_ptr<Observer> obs);
+void removeObserver(const std::shared_ptr<Observer>& obs);
+
+namespace detail {
+extern std::atomic<bool> g_hasObservers;
+inline bool hasObservers() { return g_hasObservers.load(std::memory_order_relaxed); }
+void notifyMemory(MemEvent e);  // fills opSeq and timeNs, calls observers
+void notifyOpBegin(const OpEvent& e);
+void notifyOpEnd(const OpEvent& e);
+int64_t nowNs();
+}  // namespace detail
+
+}  // namespace keel

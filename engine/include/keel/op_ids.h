@@ -1,0 +1,56 @@
+// The built-in op list, one line per op: X(EnumName, "registry_name"). Every per-op table (op
+// definitions, each backend's kernels) is checked against kNumBuiltinOps so a forgotten entry
+// fails the build or start-up. User ops registered at run time get ids from kNumBuiltinOps on.
+#pragma once
+
+#define KEEL_BUILTIN_OPS(X)                                            \
+  /* elementwise, broadcasting */                                      \
+  X(Add, "add") X(Sub, "sub") X(Mul, "mul") X(Div, "div") X(Pow, "pow") \
+  X(Maximum, "maximum") X(Minimum, "minimum") X(Eq, "eq") X(Lt, "lt") X(Gt, "gt") \
+  /* unary */                                                          \
+  X(Neg, "neg") X(Exp, "exp") X(Log, "log") X(Sqrt, "sqrt") X(Rsqrt, "rsqrt") \
+  X(Tanh, "tanh") X(Sigmoid, "sigmoid") X(Relu, "relu") X(Gelu, "gelu") X(Silu, "silu") \
+  X(Abs, "abs") X(GeluBackward, "gelu_backward") X(SiluBackward, "silu_backward") \
+  /* with a scalar attribute */                                        \
+  X(AddScalar, "add_scalar") X(MulScalar, "mul_scalar") X(PowScalar, "pow_scalar") \
+  /* reductions */                                                     \
+  X(Sum, "sum") X(Mean, "mean") X(Max, "max") X(Argmax, "argmax")    \
+  /* linear algebra */                                                 \
+  X(Matmul, "matmul")                                                  \
+  /* neural-network ops and their fused backward ops */                \
+  X(Softmax, "softmax") X(SoftmaxBackward, "softmax_backward")        \
+  X(LogSoftmax, "log_softmax") X(LogSoftmaxBackward, "log_softmax_backward") \
+  X(LayerNorm, "layer_norm") X(LayerNormBackward, "layer_norm_backward") \
+  X(RmsNorm, "rms_norm") X(RmsNormBackward, "rms_norm_backward")      \
+  X(Embedding, "embedding") X(EmbeddingBackward, "embedding_backward") \
+  X(CrossEntropy, "cross_entropy") X(CrossEntropyBackward, "cross_entropy_backward") \
+  X(Dropout, "dropout")                                                \
+  /* shape and views */                                                \
+  X(Reshape, "reshape") X(View, "view") X(Transpose, "transpose") X(Permute, "permute") \
+  X(Slice, "slice") X(SliceBackward, "slice_backward") X(Expand, "expand") \
+  X(Concat, "concat") X(Split, "split") X(Contiguous, "contiguous") X(CopyTo, "copy_to") \
+  /* indexing, sorting, selection */                                   \
+  X(IndexSelect, "index_select") X(IndexAdd, "index_add") X(Gather, "gather") \
+  X(ScatterAdd, "scatter_add") X(Topk, "topk") X(Argsort, "argsort")  \
+  X(Where, "where") X(MaskedFill, "masked_fill") X(Cast, "cast")      \
+  /* factories (no inputs) */                                          \
+  X(Fill, "fill") X(Uniform, "uniform") X(Normal, "normal") X(Arange, "arange") \
+  /* optimizer updates (in place) */                                   \
+  X(SgdStep, "sgd_step") X(AdamwStep, "adamw_step")
+
+namespace keel {
+
+enum class OpId : int {
+#define KEEL_X_ENUM(e, n) e,
+  KEEL_BUILTIN_OPS(KEEL_X_ENUM)
+#undef KEEL_X_ENUM
+};
+
+inline constexpr int kNumBuiltinOps = 0
+#define KEEL_X_COUNT(e, n) +1
+    KEEL_BUILTIN_OPS(KEEL_X_COUNT)
+#undef KEEL_X_COUNT
+    ;
+static_assert(kNumBuiltinOps == 71, "op list changed: update every per-op table, then this count");
+
+}  // namespace keel

@@ -1,0 +1,98 @@
+// The op registry: each op declared once — name, input count, shape inference (which also
+// validates), view construction or kernels per backend, and its backward rule. Built-in ops are
+// registered at start-up from one table; users may add ops at run time (same path).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/attrs.h"
+#include "keel/op_ids.h"
+#include "keel/tensor.h"
+
+namespace keel {
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::Float32;
+};
+
+struct OpDef;
+
+// What a kernel sees: inputs, outputs already allocated on the op's device with the inferred
+// shapes and dtypes (contiguous), attributes.
+struct KernelCtx {
+  const OpDef& op;
+  std::span<const Tensor> inputs;
+  std::span<const Tensor> outputs;
+  const Attrs& attrs;
+};
+using KernelFn = void (*)(const KernelCtx&);
+
+// What a backward rule sees. Saved tensors are detached aliases of the forward inputs/outputs;
+// gradOutputs[i] may be undefined (no gradient flowed to that output). Returns one entry per
+// input; undefined where the input needs no gradient.
+struct BackwardCtx {
+  const OpDef& op;
+  std::span<const Tensor> inputs;
+  std::span<const Tensor> outputs;
+  std::span<const Tensor> gradOutputs;
+  const Attrs& attrs;
+  std::vector<bool> needsGrad;
+};
+using BackwardFn = std::function<std::vector<Tensor>(const BackwardCtx&)>;
+using InferFn = std::function<std::vector<TensorMeta>(std::span<const Tensor>, const Attrs&)>;
+using ViewFn = std::function<std::vector<Tensor>(std::span<const Tensor>, const Attrs&)>;
+
+// Bit set of dtypes a kernel accepts.
+using DTypeMask = uint32_t;
+constexpr DTypeMask dtypeBit(DType t) { return 1u << uint32_t(t); }
+inline constexpr DTypeMask kFloatTypes = dtypeBit(DType::Float32) | dtypeBit(DType::Float64) |
+                                         dtypeBit(DType::Float16) | dtypeBit(DType::BFloat16);
+inline constexpr DTypeMask kIntTypes = dtypeBit(DType::Int32) | dtypeBit(DType::Int64);
+inline constexpr DTypeMask kAllTypes = kFloatTypes | kIntTypes | dtypeBit(DType::Bool);
+
+struct KernelEntry {
+  KernelFn fn = nullptr;
+  DTypeMask dtypes = 0;  // checked against the dispatch dtype (first input's, else first output's)
+};
+
+struct OpDef {
+  std::string name;
+  int numInputs = 0;  // -1: variadic (at least one)
+  InferFn infer;      // required unless view is set
+  ViewFn view;        // view ops build outputs over their input's buffer; no kernels
+  BackwardFn backward;  // empty: not differentiable
+  bool mutatesInputs = false;  // optimizer-style ops: write into inputs, return nothing
+  KernelEntry kernels[kNumBackends];
+  int id = -1;
+};
+
+class Registry {
+ public:
+  static Registry& get();  // built-in ops and kernels are registered on first use
+  // Adds an op; returns its id. Throws keel::Error if the name is taken.
+  int add(OpDef def);
+  void setKernel(int opId, Backend backend, KernelFn fn, DTypeMask dtypes);
+  const OpDef& op(int id) const;
+  const OpDef& op(OpId id) const { return op(int(id)); }
+  const OpDef* find(std::string_view name) const;
+  int size() const { return int(ops_.size()); }
+
+ private:
+  Registry();
+  std::vector<std::unique_ptr<OpDef>> ops_;
+};
+
+// Per-layer registration entry points (each fills its part of the built-in tables).
+namespace detail {
+void registerBuiltinOpDefs(Registry& r);
+void registerCpuRefKernels(Registry& r);
+void registerCpuKernels(Registry& r);
+void registerCudaKernels(Registry& r);  // no-op where CUDA is not built
+}  // namespace detail
+
+}  // namespace keel

@@ -1,0 +1,157 @@
+// The backward engine. Nodes run in a deterministic order: among ready nodes, the one whose
+// forward op ran last goes first. Each node's backward runs with phase Backward, the scope of its
+// forward op, and that op's sequence number visible to observers (the forward <-> backward link).
+#include "keel/autograd.h"
+
+#include <map>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "keel/dispatch.h"
+#include "keel/ops.h"
+
+namespace keel {
+
+const std::string& Node::name() const { return Registry::get().op(opId).name; }
+
+namespace {
+
+Tensor accumulate(const Tensor& a, const Tensor& b) { return a.defined() ? ops::add(a, b) : b; }
+
+void checkGradShape(const Tensor& g, const Shape& shape, DType dtype, const std::string& what) {
+  KEEL_CHECK(g.shape() == shape && g.dtype() == dtype, "backward of ", what, " produced a gradient ",
+             shapeStr(g.shape()), " ", dtypeName(g.dtype()), " for a tensor ", shapeStr(shape),
+             " ", dtypeName(dtype));
+}
+
+void accumulateLeaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
+  for (auto& h : leaf->leafHooks) {
+    Tensor r = h(g);
+    if (r.defined()) g = r;
+  }
+  Tensor t(leaf);
+  checkGradShape(g, t.shape(), t.dtype(), "a leaf");
+  leaf->grad = accumulate(t.grad(), g).implPtr();
+}
+
+struct NodeOrder {
+  bool operator()(const Node* a, const Node* b) const { return a->forwardSeq < b->forwardSeq; }
+};
+
+}  // namespace
+
+void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                 bool retainGraph) {
+  KEEL_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
+             " gradients");
+  NoGradGuard noGrad;
+  PhaseGuard phase(Phase::Backward);
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::vector<std::shared_ptr<Node>> rootNodes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    KEEL_CHECK(r.defined() && r.requiresGrad(),
+               "backward: the tensor does not require grad (no parameter reaches it)");
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      KEEL_CHECK(r.numel() == 1, "backward: a gradient must be given for a non-scalar root of shape ",
+                 shapeStr(r.shape()));
+      g = ops::fill(r.shape(), 1.0, r.dtype(), r.device());
+    }
+    checkGradShape(g, r.shape(), r.dtype(), "the root");
+    if (r.isLeaf()) {
+      accumulateLeaf(r.implPtr(), g);
+      continue;
+    }
+    Node* n = r.gradFn().get();
+    auto& buf = buffers[n];
+    buf.resize(n->outputMetas.size());
+    buf[size_t(r.impl()->outputNr)] = accumulate(buf[size_t(r.impl()->outputNr)], g);
+    rootNodes.push_back(r.gradFn());
+  }
+
+  // Count dependencies over the reachable graph.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (auto& n : rootNodes)
+    if (seen.insert(n.get()).second) stack.push_back(n.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, NodeOrder> ready;
+  std::unordered_set<Node*> queued;
+  for (auto& n : rootNodes)
+    if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push(n.get());
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    const OpDef& def = Registry::get().op(n->opId);
+    KEEL_CHECK(!n->released, "backward through the graph of op '", def.name,
+               "' a second time: its saved tensors were freed (use retainGraph=true)");
+    for (size_t i = 0; i < n->inputs.size(); ++i)
+      KEEL_CHECK(n->inputs[i].version() == n->inputVersions[i], "op '", def.name, "' input ", i,
+                 " was modified in place after the forward pass; its gradient cannot be computed");
+
+    std::vector<Tensor> gradOut = std::move(buffers[n]);
+    buffers.erase(n);
+    gradOut.resize(n->outputMetas.size());
+    for (size_t i = 0; i < gradOut.size(); ++i)
+      for (auto& h : n->outputHooks[i])
+        if (gradOut[i].defined()) {
+          Tensor r = h(gradOut[i]);
+          if (r.defined()) gradOut[i] = r;
+        }
+
+    BackwardCtx ctx{def, n->inputs, n->outputs, gradOut, n->attrs, {}};
+    ctx.needsGrad.resize(n->inputs.size());
+    for (size_t i = 0; i < n->next.size(); ++i) ctx.needsGrad[i] = n->next[i].valid();
+
+    std::vector<Tensor> gin;
+    {
+      ScopeGuard scope(n->scope, true);
+      detail::setBackwardForwardSeq(n->forwardSeq);
+      struct Reset {
+        ~Reset() { detail::setBackwardForwardSeq(0); }
+      } reset;
+      bool anyGrad = false;
+      for (auto& g : gradOut) anyGrad = anyGrad || g.defined();
+      if (anyGrad) gin = def.backward(ctx);
+    }
+    gin.resize(n->inputs.size());
+
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      Edge& e = n->next[i];
+      if (!e.valid()) continue;
+      if (gin[i].defined()) {
+        checkGradShape(gin[i], n->inputs[i].shape(), n->inputs[i].dtype(), "op '" + def.name + "'");
+        if (e.leaf) {
+          accumulateLeaf(e.leaf, gin[i]);
+        } else {
+          auto& buf = buffers[e.node.get()];
+          buf.resize(e.node->outputMetas.size());
+          buf[size_t(e.outputNr)] = accumulate(buf[size_t(e.outputNr)], gin[i]);
+        }
+      }
+      if (e.node && --deps[e.node.get()] == 0 && queued.insert(e.node.get()).second)
+        ready.push(e.node.get());
+    }
+    if (!retainGraph) {
+      n->inputs.clear();
+      n->outputs.clear();
+      n->released = true;
+    }
+  }
+}
+
+}  // namespace keel

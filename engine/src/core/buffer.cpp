@@ -1,0 +1,86 @@
+// Buffers and the default host allocator (64-byte aligned malloc with byte accounting).
+// Allocators report each allocation and free to observers; see observer.h.
+#include "keel/buffer.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "keel/error.h"
+#include "keel/observer.h"
+
+namespace keel {
+namespace {
+
+class HostAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    size_t rounded = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw Error(detail::concat("out of host memory allocating ", bytes, " bytes"));
+    size_t a = allocated_.fetch_add(rounded) + rounded;
+    if (detail::hasObservers()) {
+      MemEvent e;
+      e.kind = MemEventKind::Alloc;
+      e.address = reinterpret_cast<uint64_t>(p);
+      e.bytes = rounded;
+      e.allocatedAfter = e.reservedAfter = a;
+      detail::notifyMemory(e);
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    size_t rounded = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+    std::free(p);
+    size_t a = allocated_.fetch_sub(rounded) - rounded;
+    if (detail::hasObservers()) {
+      MemEvent e;
+      e.kind = MemEventKind::Free;
+      e.address = reinterpret_cast<uint64_t>(p);
+      e.bytes = rounded;
+      e.allocatedAfter = e.reservedAfter = a;
+      detail::notifyMemory(e);
+    }
+  }
+  std::string name() const override { return "host"; }
+  size_t allocatedBytes() const override { return allocated_.load(); }
+  size_t reservedBytes() const override { return allocated_.load(); }
+
+ private:
+  std::atomic<size_t> allocated_{0};
+};
+
+std::mutex g_allocMu;
+Allocator* g_allocators[kNumBackends] = {nullptr, nullptr, nullptr};
+
+HostAllocator& hostAllocator() {
+  static HostAllocator a;  // never destroyed before buffers: function-local static, leaked below
+  return a;
+}
+
+}  // namespace
+
+Allocator& allocatorFor(Device d) {
+  std::lock_guard<std::mutex> lk(g_allocMu);
+  Allocator* a = g_allocators[int(d.backend)];
+  if (a) return *a;
+  if (d.isHost()) return hostAllocator();
+  throw Error(detail::concat("device '", d.name(),
+                             "' is not available: this build has no allocator for it"));
+}
+
+Allocator* setAllocator(Backend b, Allocator* a) {
+  std::lock_guard<std::mutex> lk(g_allocMu);
+  Allocator* prev = g_allocators[int(b)];
+  g_allocators[int(b)] = a;
+  return prev;
+}
+
+Buffer::Buffer(size_t bytes, Device device)
+    : bytes_(bytes), device_(device), allocator_(&allocatorFor(device)) {
+  data_ = allocator_->allocate(bytes);
+}
+
+Buffer::~Buffer() { allocator_->deallocate(data_, bytes_); }
+
+}  // namespace keel

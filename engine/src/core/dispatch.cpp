@@ -1,0 +1,173 @@
+// The dispatcher. Order of work per call: validate arity/devices, assign a sequence number,
+// notify begin, infer + allocate outputs (or build views), run the kernel, record the grad node,
+// notify end. With no observers, the observer cost is one relaxed atomic load.
+#include "keel/dispatch.h"
+
+#include <atomic>
+
+#include "keel/autograd.h"
+#include "keel/registry.h"
+
+namespace keel {
+namespace {
+std::atomic<uint64_t> g_seq{0};
+thread_local bool t_gradEnabled = true;
+thread_local Phase t_phase = Phase::Forward;
+thread_local std::string t_scope;
+thread_local uint64_t t_opSeq = 0;
+thread_local uint64_t t_backwardForwardSeq = 0;
+
+std::string describeInputs(std::span<const Tensor> in) {
+  std::string s;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (i) s += ", ";
+    if (!in[i].defined()) {
+      s += "undefined";
+      continue;
+    }
+    s += shapeStr(in[i].shape()) + " " + std::string(dtypeName(in[i].dtype())) + " " +
+         in[i].device().name();
+  }
+  return s;
+}
+
+void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
+                const std::vector<Tensor>& outputs, const Attrs& attrs, uint64_t seq) {
+  bool any = false;
+  for (auto& t : inputs) any = any || t.requiresGrad();
+  if (!any) return;
+  auto node = std::make_shared<Node>();
+  node->opId = def.id;
+  node->attrs = attrs;
+  node->forwardSeq = seq;
+  node->scope = t_scope;
+  node->inputs.reserve(inputs.size());
+  for (auto& t : inputs) {
+    node->inputs.push_back(t.detach());
+    node->inputVersions.push_back(t.version());
+    Edge e;
+    if (t.requiresGrad()) {
+      if (t.gradFn()) {
+        e.node = t.gradFn();
+        e.outputNr = t.impl()->outputNr;
+      } else {
+        e.leaf = t.implPtr();
+      }
+    }
+    node->next.push_back(std::move(e));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& o = outputs[i];
+    node->outputs.push_back(o.detach());
+    node->outputVersions.push_back(o.version());
+    node->outputMetas.push_back({o.shape(), o.dtype()});
+  }
+  node->outputHooks.resize(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl* impl = outputs[i].impl();
+    if (!isFloating(impl->dtype)) continue;
+    impl->requiresGrad = true;
+    impl->gradFn = node;
+    impl->outputNr = int(i);
+  }
+}
+
+}  // namespace
+
+bool gradEnabled() { return t_gradEnabled; }
+NoGradGuard::NoGradGuard() : prev_(t_gradEnabled) { t_gradEnabled = false; }
+NoGradGuard::~NoGradGuard() { t_gradEnabled = prev_; }
+
+Phase currentPhase() { return t_phase; }
+PhaseGuard::PhaseGuard(Phase p) : prev_(t_phase) { t_phase = p; }
+PhaseGuard::~PhaseGuard() { t_phase = prev_; }
+
+const std::string& currentScope() { return t_scope; }
+ScopeGuard::ScopeGuard(const std::string& name, bool absolute) : prev_(t_scope) {
+  if (absolute || t_scope.empty()) t_scope = name;
+  else if (!name.empty()) t_scope = t_scope + "." + name;
+}
+ScopeGuard::~ScopeGuard() { t_scope = std::move(prev_); }
+
+uint64_t currentOpSeq() { return t_opSeq; }
+uint64_t lastOpSeq() { return g_seq.load(std::memory_order_relaxed); }
+
+namespace detail {
+void setBackwardForwardSeq(uint64_t seq) { t_backwardForwardSeq = seq; }
+uint64_t backwardForwardSeq() { return t_backwardForwardSeq; }
+}  // namespace detail
+
+std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& attrs) {
+  const OpDef& def = Registry::get().op(opId);
+  if (def.numInputs >= 0)
+    KEEL_CHECK(int(inputs.size()) == def.numInputs, "op '", def.name, "' expects ", def.numInputs,
+               " inputs, got ", inputs.size());
+  else
+    KEEL_CHECK(!inputs.empty(), "op '", def.name, "' expects at least one input");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    KEEL_CHECK(inputs[i].defined(), "op '", def.name, "': input ", i, " is undefined");
+
+  Device dev = inputs.empty() ? Device(attrs.getString("device")) : inputs[0].device();
+  for (size_t i = 1; i < inputs.size(); ++i)
+    KEEL_CHECK(inputs[i].device() == dev, "op '", def.name, "': inputs on different devices (",
+               describeInputs(inputs), ")");
+
+  uint64_t seq = g_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+  uint64_t prevSeq = t_opSeq;
+  t_opSeq = seq;
+  struct Restore {
+    uint64_t& slot;
+    uint64_t v;
+    ~Restore() { slot = v; }
+  } restore{t_opSeq, prevSeq};
+
+  const bool observe = detail::hasObservers();
+  OpEvent ev;
+  if (observe) {
+    ev.seq = seq;
+    ev.forwardSeq = t_phase == Phase::Backward ? t_backwardForwardSeq : 0;
+    ev.op = &def;
+    ev.attrs = &attrs;
+    ev.inputs = inputs;
+    ev.phase = t_phase;
+    ev.scope = t_scope;
+    ev.beginNs = detail::nowNs();
+    detail::notifyOpBegin(ev);
+  }
+
+  std::vector<Tensor> outputs;
+  if (def.view) {
+    outputs = def.view(inputs, attrs);
+  } else {
+    std::vector<TensorMeta> metas = def.infer(inputs, attrs);
+    Device outDev = opId == int(OpId::CopyTo) ? Device(attrs.getString("device")) : dev;
+    const KernelEntry& k = def.kernels[int(dev.backend)];
+    KEEL_CHECK(k.fn != nullptr, "op '", def.name, "' has no kernel for backend '",
+               backendName(dev.backend), "' (inputs: ", describeInputs(inputs), ")");
+    DType kdt = inputs.empty() ? metas.at(0).dtype : inputs[0].dtype();
+    KEEL_CHECK(k.dtypes & dtypeBit(kdt), "op '", def.name, "' on backend '",
+               backendName(dev.backend), "' does not support dtype ", dtypeName(kdt),
+               " (inputs: ", describeInputs(inputs), ")");
+    outputs.reserve(metas.size());
+    for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
+    k.fn(KernelCtx{def, inputs, outputs, attrs});
+    if (def.mutatesInputs)
+      for (auto& t : inputs) t.bumpVersion();
+  }
+
+  if (def.backward && t_gradEnabled) recordNode(def, inputs, outputs, attrs, seq);
+
+  if (observe) {
+    ev.outputs = outputs;
+    ev.endNs = detail::nowNs();
+    detail::notifyOpEnd(ev);
+  }
+  return outputs;
+}
+
+Tensor dispatch1(OpId id, std::vector<Tensor> inputs, const Attrs& attrs) {
+  auto outs = dispatch(id, std::move(inputs), attrs);
+  return outs.at(0);
+}
+
+}  // namespace keel

@@ -1,0 +1,87 @@
+// Observer registry and notification. Observers are copied into an immutable list on change so
+// notification takes no lock on the hot path beyond one shared_ptr load.
+#include "keel/observer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "keel/dispatch.h"
+
+namespace keel {
+namespace detail {
+std::atomic<bool> g_hasObservers{false};
+}
+
+namespace {
+std::mutex g_obsMu;
+std::shared_ptr<const std::vector<std::shared_ptr<Observer>>> g_observers =
+    std::make_shared<std::vector<std::shared_ptr<Observer>>>();
+
+std::shared_ptr<const std::vector<std::shared_ptr<Observer>>> snapshot() {
+  std::lock_guard<std::mutex> lk(g_obsMu);
+  return g_observers;
+}
+}  // namespace
+
+std::string_view phaseName(Phase p) {
+  switch (p) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+std::string_view memEventName(MemEventKind k) {
+  switch (k) {
+    case MemEventKind::Alloc: return "alloc";
+    case MemEventKind::Free: return "free";
+    case MemEventKind::Reserve: return "reserve";
+    case MemEventKind::Release: return "release";
+    case MemEventKind::Map: return "map";
+    case MemEventKind::Unmap: return "unmap";
+    case MemEventKind::Move: return "move";
+  }
+  return "?";
+}
+
+void addObserver(std::shared_ptr<Observer> obs) {
+  std::lock_guard<std::mutex> lk(g_obsMu);
+  auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
+  next->push_back(std::move(obs));
+  g_observers = next;
+  detail::g_hasObservers.store(true);
+}
+
+void removeObserver(const std::shared_ptr<Observer>& obs) {
+  std::lock_guard<std::mutex> lk(g_obsMu);
+  auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
+  next->erase(std::remove(next->begin(), next->end(), obs), next->end());
+  g_observers = next;
+  detail::g_hasObservers.store(!next->empty());
+}
+
+namespace detail {
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void notifyMemory(MemEvent e) {
+  e.opSeq = currentOpSeq();
+  e.timeNs = nowNs();
+  for (auto& o : *snapshot()) o->onMemory(e);
+}
+void notifyOpBegin(const OpEvent& e) {
+  for (auto& o : *snapshot()) o->onOpBegin(e);
+}
+void notifyOpEnd(const OpEvent& e) {
+  for (auto& o : *snapshot()) o->onOpEnd(e);
+}
+
+}  // namespace detail
+}  // namespace keel

@@ -1,0 +1,186 @@
+// Tensor handles: construction, views, host read-back, autograd entry points.
+#include "keel/tensor.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "kernel_util.h"
+#include "keel/autograd.h"
+#include "keel/ops.h"
+
+namespace keel {
+namespace {
+std::atomic<uint64_t> g_nextTensorId{1};
+}
+
+Tensor makeTensor(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    KEEL_CHECK(d >= 0, "cannot create a tensor of shape ", shapeStr(shape), ": negative extent");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguousStrides(shape);
+  impl->dtype = dtype;
+  impl->buffer = std::make_shared<Buffer>(size_t(shapeNumel(shape)) * dtypeSize(dtype), device);
+  impl->id = g_nextTensorId.fetch_add(1, std::memory_order_relaxed);
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::makeView(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->buffer = base.buffer();
+  impl->id = g_nextTensorId.fetch_add(1, std::memory_order_relaxed);
+  return Tensor(std::move(impl));
+}
+
+void copyFromHost(const Tensor& t, const void* src, DType srcType, int64_t n) {
+  KEEL_CHECK(t.device().isHost() && t.isContiguous(), "copyFromHost needs a contiguous host tensor");
+  KEEL_CHECK(n == t.numel(), "copyFromHost: ", n, " values for a tensor of shape ",
+             shapeStr(t.shape()));
+  visitDType(srcType, [&]<typename S>() {
+    const S* s = static_cast<const S*>(src);
+    visitDType(t.dtype(), [&]<typename D>() {
+      D* d = t.data<D>();
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<D, bool>) d[i] = double(s[i]) != 0.0;
+        else if constexpr (kIsFloat<D>) d[i] = D(float(double(s[i])));
+        else d[i] = D(double(s[i]));
+      }
+    });
+  });
+  t.bumpVersion();
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return makeTensor(shape, dtype, device);
+}
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  return ops::fill(shape, 0.0, dtype, device);
+}
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return ops::fill(shape, 1.0, dtype, device);
+}
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  return ops::fill(shape, value, dtype, device);
+}
+Tensor Tensor::scalar(double value, DType dtype, Device device) {
+  return ops::fill({}, value, dtype, device);
+}
+
+template <typename T>
+Tensor Tensor::fromVector(const std::vector<T>& values, const Shape& shape, DType dtype,
+                          Device device) {
+  KEEL_CHECK(int64_t(values.size()) == shapeNumel(shape), "fromVector: ", values.size(),
+             " values do not fill shape ", shapeStr(shape));
+  Tensor t = makeTensor(shape, dtype, device);
+  copyFromHost(t, values.data(), DTypeOf<T>::value, int64_t(values.size()));
+  return t;
+}
+template Tensor Tensor::fromVector<float>(const std::vector<float>&, const Shape&, DType, Device);
+template Tensor Tensor::fromVector<double>(const std::vector<double>&, const Shape&, DType, Device);
+template Tensor Tensor::fromVector<int32_t>(const std::vector<int32_t>&, const Shape&, DType,
+                                            Device);
+template Tensor Tensor::fromVector<int64_t>(const std::vector<int64_t>&, const Shape&, DType,
+                                            Device);
+
+int64_t Tensor::size(int64_t d) const {
+  int64_t r = dim();
+  int64_t n = d < 0 ? d + r : d;
+  KEEL_CHECK(n >= 0 && n < r, "size(", d, ") out of range for shape ", shapeStr(shape()));
+  return impl_->shape[size_t(n)];
+}
+
+bool Tensor::isContiguous() const {
+  int64_t expect = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    int64_t s = impl_->shape[size_t(d)];
+    if (s == 1) continue;
+    if (impl_->strides[size_t(d)] != expect) return false;
+    expect *= s;
+  }
+  return true;
+}
+
+Tensor& Tensor::setRequiresGrad(bool r) {
+  KEEL_CHECK(!r || isFloating(dtype()), "only floating-point tensors can require grad, got ",
+             dtypeName(dtype()));
+  KEEL_CHECK(isLeaf(), "setRequiresGrad on a non-leaf tensor: use detach() first");
+  impl_->requiresGrad = r;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+
+void Tensor::setGrad(const Tensor& g) const {
+  if (g.defined())
+    KEEL_CHECK(g.shape() == shape() && g.dtype() == dtype(), "setGrad: gradient ",
+               shapeStr(g.shape()), " ", dtypeName(g.dtype()), " does not match tensor ",
+               shapeStr(shape()), " ", dtypeName(dtype()));
+  impl_->grad = g.implPtr();
+}
+
+Tensor Tensor::detach() const { return makeView(*this, shape(), strides(), offset()); }
+
+void Tensor::backward(const Tensor& grad, bool retainGraph) const {
+  runBackward({*this}, {grad}, retainGraph);
+}
+
+void Tensor::registerHook(TensorHook hook) const {
+  KEEL_CHECK(requiresGrad(), "registerHook on a tensor that does not require grad");
+  if (isLeaf()) impl_->leafHooks.push_back(std::move(hook));
+  else impl_->gradFn->outputHooks[size_t(impl_->outputNr)].push_back(std::move(hook));
+}
+
+template <typename T>
+std::vector<T> Tensor::toVector() const {
+  KEEL_CHECK(device().isHost(), "toVector: tensor is on ", device().name(),
+             "; copy it to the host first");
+  Tensor c = *this;
+  if (!isContiguous()) {
+    NoGradGuard ng;
+    c = ops::contiguous(*this);
+  }
+  std::vector<T> out(size_t(c.numel()));
+  visitDType(c.dtype(), [&]<typename S>() {
+    const S* s = c.data<S>();
+    for (size_t i = 0; i < out.size(); ++i) {
+      if constexpr (kIsFloat<S>) out[i] = T(double(s[i]));
+      else out[i] = T(s[i]);
+    }
+  });
+  return out;
+}
+template std::vector<float> Tensor::toVector<float>() const;
+template std::vector<double> Tensor::toVector<double>() const;
+template std::vector<int32_t> Tensor::toVector<int32_t>() const;
+template std::vector<int64_t> Tensor::toVector<int64_t>() const;
+
+double Tensor::item() const {
+  KEEL_CHECK(numel() == 1, "item() needs a one-element tensor, got shape ", shapeStr(shape()));
+  return toVector<double>()[0];
+}
+
+Tensor Tensor::to(Device d) const { return d == device() ? *this : ops::copyTo(*this, d); }
+Tensor Tensor::contiguous() const { return isContiguous() ? *this : ops::contiguous(*this); }
+
+std::string Tensor::toString(int64_t maxElements) const {
+  std::ostringstream os;
+  os << "Tensor(" << shapeStr(shape()) << ", " << dtypeName(dtype()) << ", " << device().name();
+  if (device().isHost()) {
+    auto v = toVector<double>();
+    os << ", [";
+    for (int64_t i = 0; i < std::min<int64_t>(maxElements, int64_t(v.size())); ++i)
+      os << (i ? ", " : "") << v[size_t(i)];
+    if (int64_t(v.size()) > maxElements) os << ", ...";
+    os << "]";
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace keel

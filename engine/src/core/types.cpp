@@ -1,0 +1,229 @@
+// dtype, device, attribute and shape helpers: names, parsing, printing.
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "keel/attrs.h"
+#include "keel/device.h"
+#include "keel/dtype.h"
+#include "shape_util.h"
+
+namespace keel {
+
+std::string_view dtypeName(DType t) {
+  switch (t) {
+    case DType::Float32: return "float32";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
+    case DType::Float64: return "float64";
+    case DType::Int32: return "int32";
+    case DType::Int64: return "int64";
+    case DType::Bool: return "bool";
+  }
+  return "?";
+}
+
+DType parseDType(std::string_view n) {
+  if (n == "float32" || n == "f32" || n == "float") return DType::Float32;
+  if (n == "float16" || n == "f16" || n == "half") return DType::Float16;
+  if (n == "bfloat16" || n == "bf16") return DType::BFloat16;
+  if (n == "float64" || n == "f64" || n == "double") return DType::Float64;
+  if (n == "int32" || n == "i32" || n == "int") return DType::Int32;
+  if (n == "int64" || n == "i64" || n == "long") return DType::Int64;
+  if (n == "bool") return DType::Bool;
+  throw Error(detail::concat("unknown dtype '", n,
+                             "' (expected float32, float16, bfloat16, float64, int32, int64, bool)"));
+}
+
+std::string_view backendName(Backend b) {
+  switch (b) {
+    case Backend::Cpu: return "cpu";
+    case Backend::CpuRef: return "cpu-ref";
+    case Backend::Cuda: return "cuda";
+  }
+  return "?";
+}
+
+Device::Device(const char* name) {
+  std::string_view n(name ? name : "");
+  if (n == "cpu") {
+    backend = Backend::Cpu;
+  } else if (n == "cpu-ref") {
+    backend = Backend::CpuRef;
+  } else if (n == "cuda" || n.starts_with("cuda:")) {
+    backend = Backend::Cuda;
+    if (n.size() > 5) {
+      std::string idx(n.substr(5));
+      char* end = nullptr;
+      long v = std::strtol(idx.c_str(), &end, 10);
+      KEEL_CHECK(end && *end == '\0' && v >= 0 && v < 1024, "bad device '", n,
+                 "': expected cuda:N with N >= 0");
+      index = int(v);
+    }
+  } else {
+    throw Error(detail::concat("unknown backend '", n, "' (expected cpu, cpu-ref or cuda:N)"));
+  }
+}
+
+std::string Device::name() const {
+  if (backend == Backend::Cuda) return "cuda:" + std::to_string(index);
+  return std::string(backendName(backend));
+}
+
+// ---- Attrs ----
+Attrs& Attrs::set(std::string name, AttrValue v) {
+  for (auto& [k, val] : items_)
+    if (k == name) {
+      val = std::move(v);
+      return *this;
+    }
+  items_.emplace_back(std::move(name), std::move(v));
+  return *this;
+}
+
+const AttrValue* Attrs::find(const std::string& name) const {
+  for (auto& [k, v] : items_)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+static Error missingAttr(const std::string& name, const char* type) {
+  return Error(detail::concat("missing or mistyped attribute '", name, "' (expected ", type, ")"));
+}
+
+int64_t Attrs::getInt(const std::string& name) const {
+  const AttrValue* v = find(name);
+  if (v && std::holds_alternative<int64_t>(*v)) return std::get<int64_t>(*v);
+  if (v && std::holds_alternative<bool>(*v)) return std::get<bool>(*v);
+  throw missingAttr(name, "int");
+}
+int64_t Attrs::getInt(const std::string& name, int64_t dflt) const {
+  return has(name) ? getInt(name) : dflt;
+}
+double Attrs::getDouble(const std::string& name) const {
+  const AttrValue* v = find(name);
+  if (v && std::holds_alternative<double>(*v)) return std::get<double>(*v);
+  if (v && std::holds_alternative<int64_t>(*v)) return double(std::get<int64_t>(*v));
+  throw missingAttr(name, "float");
+}
+double Attrs::getDouble(const std::string& name, double dflt) const {
+  return has(name) ? getDouble(name) : dflt;
+}
+bool Attrs::getBool(const std::string& name) const {
+  const AttrValue* v = find(name);
+  if (v && std::holds_alternative<bool>(*v)) return std::get<bool>(*v);
+  if (v && std::holds_alternative<int64_t>(*v)) return std::get<int64_t>(*v) != 0;
+  throw missingAttr(name, "bool");
+}
+bool Attrs::getBool(const std::string& name, bool dflt) const {
+  return has(name) ? getBool(name) : dflt;
+}
+const std::string& Attrs::getString(const std::string& name) const {
+  const AttrValue* v = find(name);
+  if (v && std::holds_alternative<std::string>(*v)) return std::get<std::string>(*v);
+  throw missingAttr(name, "string");
+}
+const std::vector<int64_t>& Attrs::getInts(const std::string& name) const {
+  const AttrValue* v = find(name);
+  if (v && std::holds_alternative<std::vector<int64_t>>(*v))
+    return std::get<std::vector<int64_t>>(*v);
+  throw missingAttr(name, "int list");
+}
+
+std::string Attrs::toString() const {
+  std::ostringstream os;
+  os.precision(17);
+  os << '{';
+  bool first = true;
+  for (auto& [k, v] : items_) {
+    if (!first) os << ',';
+    first = false;
+    os << '"' << k << "\":";
+    std::visit(
+        [&](auto&& x) {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, bool>) {
+            os << (x ? "true" : "false");
+          } else if constexpr (std::is_same_v<X, std::string>) {
+            os << '"' << x << '"';
+          } else if constexpr (std::is_same_v<X, std::vector<int64_t>>) {
+            os << '[';
+            for (size_t i = 0; i < x.size(); ++i) os << (i ? "," : "") << x[i];
+            os << ']';
+          } else if constexpr (std::is_same_v<X, double>) {
+            if (std::isfinite(x)) os << x;
+            else os << '"' << x << '"';
+          } else {
+            os << x;
+          }
+        },
+        v);
+  }
+  os << '}';
+  return os.str();
+}
+
+// ---- shapes ----
+std::string shapeStr(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+int64_t shapeNumel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguousStrides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (int64_t d = int64_t(s.size()) - 1; d >= 0; --d) {
+    st[size_t(d)] = acc;
+    acc *= std::max<int64_t>(s[size_t(d)], 1);
+  }
+  return st;
+}
+
+int64_t normDim(int64_t d, int64_t rank, std::string_view op) {
+  int64_t r = d < 0 ? d + rank : d;
+  KEEL_CHECK(r >= 0 && r < rank, "op '", op, "': dim ", d, " out of range for a tensor of rank ",
+             rank);
+  return r;
+}
+
+Shape broadcastShapes(const Shape& a, const Shape& b, std::string_view op) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    KEEL_CHECK(da == db || da == 1 || db == 1, "op '", op, "': shapes ", shapeStr(a), " and ",
+               shapeStr(b), " cannot be broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Shape broadcastStrides(const Tensor& t, const Shape& outShape) {
+  size_t n = outShape.size(), r = size_t(t.dim());
+  Shape st(n, 0);
+  for (size_t i = 0; i < r; ++i) {
+    size_t o = n - r + i;
+    st[o] = t.shape()[i] == 1 && outShape[o] != 1 ? 0 : t.strides()[i];
+  }
+  return st;
+}
+
+DimSplit splitAt(const Shape& shape, int64_t dim) {
+  DimSplit s;
+  for (int64_t i = 0; i < int64_t(shape.size()); ++i) {
+    if (i < dim) s.outer *= shape[size_t(i)];
+    else if (i == dim) s.n = shape[size_t(i)];
+    else s.inner *= shape[size_t(i)];
+  }
+  return s;
+}
+
+}  // namespace keel

@@ -1,0 +1,42 @@
+// Kernel helpers shared by the backends: dtype visitation and accumulator types.
+// visitDType calls f.template operator()<T>() with the C++ type of a dtype.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "keel/dtype.h"
+#include "keel/registry.h"
+
+namespace keel {
+
+template <typename F>
+decltype(auto) visitDType(DType t, F&& f) {
+  switch (t) {
+    case DType::Float32: return f.template operator()<float>();
+    case DType::Float64: return f.template operator()<double>();
+    case DType::Float16: return f.template operator()<Half>();
+    case DType::BFloat16: return f.template operator()<BFloat16>();
+    case DType::Int32: return f.template operator()<int32_t>();
+    case DType::Int64: return f.template operator()<int64_t>();
+    case DType::Bool: return f.template operator()<bool>();
+  }
+  throw Error("unknown dtype");
+}
+
+template <typename T>
+inline constexpr bool kIsFloat = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                 std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// Accumulator for the optimized backend: float for 16/32-bit floats, double for float64,
+// int64 for integers.
+template <typename T>
+using AccT = std::conditional_t<std::is_same_v<T, double>, double,
+                                std::conditional_t<kIsFloat<T>, float, int64_t>>;
+
+// Reads an index element (int32 or int64) as int64.
+inline int64_t readIndex(const Tensor& idx, int64_t elemOffset) {
+  return idx.dtype() == DType::Int32 ? int64_t(idx.data<int32_t>()[elemOffset])
+                                     : idx.data<int64_t>()[elemOffset];
+}
+
+}  // namespace keel
