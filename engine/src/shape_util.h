@@ -28,6 +28,11 @@ inline int64_t stridedOffset(int64_t i, const Shape& shape, const Shape& strides
   return off;
 }
 
+// Python-style slice bounds over an extent n (negative start/end count from the end, clamped):
+// returns {start, length}. Throws for step <= 0.
+std::pair<int64_t, int64_t> sliceBounds(int64_t n, int64_t start, int64_t end, int64_t step,
+                                        std::string_view op);
+
 // Splits shape around dim: outer = prod(shape[:dim]), n = shape[dim], inner = prod(shape[dim+1:]).
 struct DimSplit {
   int64_t outer = 1, n = 1, inner = 1;

@@ -31,16 +31,17 @@ class HostAllocator final : public Allocator {
   }
   void deallocate(void* p, size_t bytes) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
-    std::free(p);
+    uint64_t address = reinterpret_cast<uint64_t>(p);
     size_t a = allocated_.fetch_sub(rounded) - rounded;
     if (detail::hasObservers()) {
       MemEvent e;
       e.kind = MemEventKind::Free;
-      e.address = reinterpret_cast<uint64_t>(p);
+      e.address = address;
       e.bytes = rounded;
       e.allocatedAfter = e.reservedAfter = a;
       detail::notifyMemory(e);
     }
+    std::free(p);  // after the event, so observers never see a reused address first
   }
   std::string name() const override { return "host"; }
   size_t allocatedBytes() const override { return allocated_.load(); }

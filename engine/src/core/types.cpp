@@ -216,6 +216,16 @@ Shape broadcastStrides(const Tensor& t, const Shape& outShape) {
   return st;
 }
 
+std::pair<int64_t, int64_t> sliceBounds(int64_t n, int64_t start, int64_t end, int64_t step,
+                                        std::string_view op) {
+  KEEL_CHECK(step > 0, "op '", op, "': step must be positive, got ", step);
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  return {start, (end - start + step - 1) / step};
+}
+
 DimSplit splitAt(const Shape& shape, int64_t dim) {
   DimSplit s;
   for (int64_t i = 0; i < int64_t(shape.size()); ++i) {

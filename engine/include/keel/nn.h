@@ -1,0 +1,273 @@
+// Neural-network modules: a Module tree with hierarchical parameter names
+// ("blocks.3.attn.qkv.weight") and the layers of a GPT, dense or mixture-of-experts.
+// Invariants: parameters are listed in registration order (depth first); every forward runs inside
+// ScopeGuard(fullPath(), /*absolute=*/true) so the dispatcher reports each op's module scope path.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/dispatch.h"
+#include "keel/gpt_config.h"
+#include "keel/ops.h"
+#include "keel/random.h"
+#include "keel/tensor.h"
+
+namespace keel::nn {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Dotted path from the root module ("" for the root itself).
+  const std::string& fullPath() const { return path_; }
+
+  // Adds a parameter under a local name (no dots): marks it as requiring grad, names the tensor
+  // with its full path and returns it. Throws keel::Error on a duplicate or malformed name.
+  Tensor registerParameter(const std::string& name, Tensor t);
+  // Adds a child module; the child (and its subtree) takes the path "<this path>.<name>".
+  template <typename M>
+  std::shared_ptr<M> registerModule(const std::string& name, std::shared_ptr<M> m) {
+    addChild(name, m);
+    return m;
+  }
+
+  // (full name, tensor) for every parameter of this subtree: own parameters first, then each child
+  // in registration order. Names are relative to the root of the tree this module belongs to.
+  std::vector<std::pair<std::string, Tensor>> namedParameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t numParameters() const;  // total element count
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+
+  void zeroGrad();                // drops every parameter's gradient
+  void train(bool on = true);     // sets the training flag on the whole subtree
+  void eval() { train(false); }
+  bool isTraining() const { return training_; }
+
+ private:
+  void addChild(const std::string& name, std::shared_ptr<Module> m);
+  void setPath(std::string path);
+  void collect(std::vector<std::pair<std::string, Tensor>>& out) const;
+
+  std::string path_;
+  std::vector<std::pair<std::string, Tensor>> params_;  // local names
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// A module with one tensor in and one out. forward() opens the module's scope, then calls
+// forwardImpl().
+class UnaryModule : public Module {
+ public:
+  Tensor forward(const Tensor& x) {
+    ScopeGuard scope(fullPath(), /*absolute=*/true);
+    return forwardImpl(x);
+  }
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+ protected:
+  virtual Tensor forwardImpl(const Tensor& x) = 0;
+};
+
+// Children named "0", "1", ...
+class ModuleList : public Module {
+ public:
+  template <typename M>
+  std::shared_ptr<M> append(std::shared_ptr<M> m) {
+    registerModule(std::to_string(size_), m);
+    ++size_;
+    return m;
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+// y = x · Wᵀ + b; weight [out, in] ~ normal(0, initStd), bias [out] zeros. x is [..., in].
+class Linear : public UnaryModule {
+ public:
+  Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd = 0.02);
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }  // undefined without bias
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  int64_t in_, out_;
+  Tensor weight_, bias_;
+};
+
+// weight [num, dim] ~ normal(0, initStd); indices of any shape -> [..., dim].
+class Embedding : public UnaryModule {
+ public:
+  Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd = 0.02);
+  const Tensor& weight() const { return weight_; }
+
+ protected:
+  Tensor forwardImpl(const Tensor& idx) override;
+
+ private:
+  Tensor weight_;
+};
+
+class LayerNorm : public UnaryModule {
+ public:
+  LayerNorm(int64_t dim, Device device, double eps = 1e-5);
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  Tensor weight_, bias_;
+  double eps_;
+};
+
+class RMSNorm : public UnaryModule {
+ public:
+  RMSNorm(int64_t dim, Device device, double eps = 1e-6);
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  Tensor weight_;
+  double eps_;
+};
+
+// "layernorm" or "rmsnorm".
+std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Device device);
+
+// Multi-head causal self-attention over x [B, T, C] with a fused qkv projection and a dense causal
+// mask: softmax(masked_fill(q·kᵀ·scale, j > i, -inf)) · v, then the output projection.
+class CausalSelfAttention : public UnaryModule {
+ public:
+  CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
+                      std::shared_ptr<Generator> dropoutGen);
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  Tensor causalMask(int64_t t);  // bool [T, T], true above the diagonal (cached per T)
+  int64_t nHead_, dModel_;
+  double dropout_;
+  Device device_;
+  std::shared_ptr<Generator> dropoutGen_;
+  std::shared_ptr<Linear> qkv_, proj_;
+  Tensor mask_;
+};
+
+// w2(silu(w1 x) * w3 x): w1, w3 [d_ff, d] (gate, up), w2 [d, d_ff] (down, init std residStd).
+class SwiGLU : public UnaryModule {
+ public:
+  SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd);
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<Linear> w1_, w3_, w2_;
+};
+
+// Load-balancing loss E · Σ_e f_e · P_e: probs [N, E] router probabilities (P_e = mean over tokens,
+// differentiable), topIdx [N, k] chosen experts (f_e = share of the N·k assignments, no grad).
+Tensor loadBalancingLoss(const Tensor& probs, const Tensor& topIdx);
+
+// Mixture of SwiGLU experts with a softmax router and top-k routing. Capacity per expert is
+// ceil(capacity_factor · N · k / E); assignments are taken token by token (slot order within a
+// token) and those past an expert's capacity are dropped (the token keeps only its residual).
+// Each expert's tokens are gathered with index_select, so expert shapes change from step to step.
+// See Note [MoE routing].
+class MoE : public UnaryModule {
+ public:
+  MoE(const GptConfig& cfg, Generator& gen, Device device);
+
+  int64_t numExperts() const { return nExpert_; }
+  int64_t capacity(int64_t tokens) const;
+  // From the last forward: the aux loss (scalar, differentiable through the router), the tokens
+  // each expert processed, and how many (token, slot) assignments were dropped.
+  const Tensor& auxLoss() const { return aux_; }
+  const std::vector<int64_t>& lastExpertTokens() const { return lastCounts_; }
+  int64_t lastDropped() const { return lastDropped_; }
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  int64_t nExpert_, topK_;
+  double capacityFactor_;
+  Device device_;
+  std::shared_ptr<Linear> router_;
+  std::shared_ptr<ModuleList> expertList_;
+  std::vector<std::shared_ptr<SwiGLU>> experts_;
+  Tensor aux_;
+  std::vector<int64_t> lastCounts_;
+  int64_t lastDropped_ = 0;
+};
+
+// Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)) (mlp dense or MoE).
+class Block : public UnaryModule {
+ public:
+  Block(const GptConfig& cfg, Generator& gen, Device device, std::shared_ptr<Generator> dropoutGen);
+  const std::shared_ptr<MoE>& moe() const { return moe_; }  // null for a dense block
+
+ protected:
+  Tensor forwardImpl(const Tensor& x) override;
+
+ private:
+  double dropout_;
+  std::shared_ptr<Generator> dropoutGen_;
+  std::shared_ptr<UnaryModule> norm1_, norm2_, mlp_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<MoE> moe_;
+};
+
+struct GptOutput {
+  Tensor logits;  // [B, T, V]
+  Tensor loss;    // lmLoss + aux_loss_coef · auxLoss (undefined without targets)
+  Tensor lmLoss;  // cross entropy over [B·T, V]
+  Tensor auxLoss;  // sum of the MoE layers' aux losses (undefined for a dense model)
+};
+
+// Token embedding + learned position embedding, blocks, final norm, lm_head (no weight tying).
+// Parameters: wte.weight, wpe.weight, blocks.<i>.{norm1,attn.qkv,attn.proj,norm2,mlp|moe}...,
+// norm_f, lm_head.weight. Initialisation draws from Generator(seed): normal(0, 0.02), residual
+// projections (attn.proj, mlp.w2, experts' w2) normal(0, 0.02 / sqrt(2 · n_layer)).
+class GPT : public Module {
+ public:
+  GPT(const GptConfig& cfg, Device device, uint64_t seed);
+  // idx int64 [B, T] with T <= seq_len; targets int64 [B, T] (optional).
+  GptOutput forward(const Tensor& idx, const Tensor& targets = {});
+  const GptConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
+  const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+
+ private:
+  GptConfig cfg_;
+  Device device_;
+  std::shared_ptr<Generator> dropoutGen_;
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::shared_ptr<ModuleList> blockList_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<UnaryModule> normF_;
+  std::shared_ptr<Linear> lmHead_;
+};
+
+// Host helpers shared by nn, data and train: int64 values of a tensor on any device, and a tensor
+// on `device` holding host values.
+std::vector<int64_t> hostInts(const Tensor& t);
+Tensor tensorFromHost(const std::vector<int64_t>& values, const Shape& shape, DType dtype,
+                      Device device);
+Tensor tensorFromHost(const std::vector<float>& values, const Shape& shape, DType dtype,
+                      Device device);
+
+}  // namespace keel::nn

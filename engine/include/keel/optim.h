@@ -1,0 +1,84 @@
+// Optimizers (SGD with momentum/Nesterov, AdamW), gradient-norm clipping and the learning-rate
+// schedule. Updates run through ops::sgdStep / ops::adamwStep in Phase::Optimizer, each under the
+// parameter's name as scope; parameters without a gradient are skipped (their state is untouched).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "keel/tensor.h"
+
+namespace keel::optim {
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual void step() = 0;
+  void zeroGrad();  // drops every parameter's gradient
+  double lr() const { return lr_; }
+  void setLr(double lr) { lr_ = lr; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+ protected:
+  std::vector<Tensor> params_;
+  double lr_;
+};
+
+struct SgdOptions {
+  double lr = 1e-2;
+  double momentum = 0.0;
+  double weightDecay = 0.0;  // L2 added to the gradient (classic SGD), see docs/ops.md sgd_step
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SgdOptions opt);
+  void step() override;
+
+ private:
+  SgdOptions opt_;
+  std::vector<Tensor> momentum_;  // created (zeros, on the parameter's device) at the first step
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weightDecay = 0.0;  // decoupled
+  // Decay only parameters of rank >= 2 (matrices, embeddings), not norms or biases.
+  bool decayMatricesOnly = true;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions opt);
+  void step() override;
+  int64_t stepCount(size_t param) const { return steps_.at(param); }
+
+ private:
+  AdamWOptions opt_;
+  std::vector<Tensor> m_, v_;     // created (zeros) at a parameter's first step
+  std::vector<int64_t> steps_;    // per parameter, 1-based after its first update
+};
+
+// Total L2 norm of all gradients (parameters without one are skipped). When maxNorm > 0 and the
+// norm exceeds it, every gradient is scaled by maxNorm / (norm + 1e-6). Returns the norm before
+// clipping. Runs under NoGradGuard in Phase::Optimizer.
+double clipGradNorm(const std::vector<Tensor>& params, double maxNorm);
+
+// Linear warmup from maxLr/warmupSteps to maxLr over steps [0, warmupSteps), then cosine decay to
+// minLr at totalSteps - 1 (and minLr after). step is 0-based.
+struct LrSchedule {
+  double maxLr = 1e-3;
+  double minLr = 1e-4;
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 1;
+  double at(int64_t step) const;
+};
+
+}  // namespace keel::optim

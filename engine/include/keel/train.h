@@ -1,0 +1,65 @@
+// Trainer: builds a GPT from a config on a device with a seed, and runs training steps (forward,
+// backward, grad clipping, LR schedule, optimizer step), reporting per-step statistics. Shared by
+// the `keel` CLI, tests, benchmarks and the studio. Invariant: a run is a pure function of
+// (config, device, seed, dataset, totalSteps): the same inputs give the same bits.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "keel/data.h"
+#include "keel/gpt_config.h"
+#include "keel/nn.h"
+#include "keel/optim.h"
+
+namespace keel {
+
+struct StepStats {
+  int64_t step = 0;     // 1-based
+  double loss = 0;      // total loss (lm + aux_loss_coef · aux)
+  double lmLoss = 0;    // cross entropy
+  double auxLoss = 0;   // MoE aux loss (0 for a dense model)
+  double lr = 0;        // learning rate used by this step
+  double gradNorm = 0;  // before clipping
+  double seconds = 0;   // wall time of the step
+  double tokensPerSec = 0;
+};
+using StepCallback = std::function<void(const StepStats&)>;
+
+class Trainer {
+ public:
+  // totalSteps sets the length of the cosine schedule. Throws keel::Error on a bad config or a
+  // vocabulary smaller than the tokenizer's.
+  Trainer(const GptConfig& cfg, Device device, uint64_t seed,
+          std::shared_ptr<const data::TextDataset> dataset, int64_t totalSteps);
+
+  StepStats step();
+  // Runs `steps` steps, calling cb after each; returns their statistics.
+  std::vector<StepStats> run(int64_t steps, const StepCallback& cb = {});
+  // Mean lm loss over `batches` validation batches (eval mode, no grad; own fixed generator).
+  double evaluate(int64_t batches);
+
+  nn::GPT& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const GptConfig& config() const { return cfg_; }
+  const optim::LrSchedule& schedule() const { return schedule_; }
+  int64_t stepsDone() const { return stepsDone_; }
+
+ private:
+  GptConfig cfg_;
+  Device device_;
+  uint64_t seed_;
+  std::shared_ptr<const data::TextDataset> data_;
+  std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  optim::LrSchedule schedule_;
+  Generator batchGen_;
+  int64_t stepsDone_ = 0;
+};
+
+// Worker threads of the cpu backend (n <= 0: the default, KEEL_NUM_THREADS or the core count).
+void setCpuThreads(int n);
+int cpuThreads();
+
+}  // namespace keel
