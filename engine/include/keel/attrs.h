@@ -15,7 +15,16 @@ class Attrs {
  public:
   Attrs() = default;
   Attrs& set(std::string name, AttrValue v);
+  // Typed overloads: without them a double would convert to int (a standard conversion beats
+  // the variant's converting constructor).
   Attrs& set(std::string name, int v) { return set(std::move(name), AttrValue(int64_t(v))); }
+  Attrs& set(std::string name, int64_t v) { return set(std::move(name), AttrValue(v)); }
+  Attrs& set(std::string name, double v) { return set(std::move(name), AttrValue(v)); }
+  Attrs& set(std::string name, bool v) { return set(std::move(name), AttrValue(v)); }
+  Attrs& set(std::string name, std::vector<int64_t> v) {
+    return set(std::move(name), AttrValue(std::move(v)));
+  }
+  Attrs& set(std::string name, std::string v) { return set(std::move(name), AttrValue(std::move(v))); }
   Attrs& set(std::string name, const char* v) { return set(std::move(name), AttrValue(std::string(v))); }
   bool has(const std::string& name) const { return find(name) != nullptr; }
   int64_t getInt(const std::string& name) const;

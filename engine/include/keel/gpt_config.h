@@ -1,6 +1,6 @@
-// GptConfig: the model and training settings of a GPT run, read from a JSON file. Parsing is strict:
-// every key must be known and of the right type, and every value in range; anything else throws
-// keel::Error with one line naming the file and the field.
+// GptConfig: the model and training settings of a GPT run, read from a JSON file. Parsing is
+// strict: every key must be known and of the right type, and every value in range; anything else
+// throws keel::Error with one line naming the file and the field.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,21 +16,21 @@ struct GptConfig {
   int64_t n_layer = 2;
   int64_t n_head = 2;
   int64_t d_model = 64;
-  int64_t d_ff = 256;                // SwiGLU hidden size; a file without it gets 4 * d_model
-  std::string norm = "layernorm";    // "layernorm" | "rmsnorm"
-  double dropout = 0.0;              // [0, 1)
-  int64_t n_expert = 0;              // 0: dense SwiGLU MLP; > 0: mixture of experts
-  int64_t top_k = 2;                 // experts per token, 1..n_expert (MoE only)
-  double capacity_factor = 1.25;     // > 0 (MoE only)
-  double aux_loss_coef = 0.01;       // >= 0 (MoE only)
+  int64_t d_ff = 256;              // SwiGLU hidden size; a file without it gets 4 * d_model
+  std::string norm = "layernorm";  // "layernorm" | "rmsnorm"
+  double dropout = 0.0;            // [0, 1)
+  int64_t n_expert = 0;            // 0: dense SwiGLU MLP; > 0: mixture of experts
+  int64_t top_k = 2;               // experts per token, 1..n_expert (MoE only)
+  double capacity_factor = 1.25;   // > 0 (MoE only)
+  double aux_loss_coef = 0.01;     // >= 0 (MoE only)
 
   // Training.
   int64_t batch_size = 8;
-  double lr = 3e-4;        // peak learning rate, > 0
-  double min_lr = 3e-5;    // end of the cosine decay, in [0, lr]
+  double lr = 3e-4;      // peak learning rate, > 0
+  double min_lr = 3e-5;  // end of the cosine decay, in [0, lr]
   int64_t warmup_steps = 0;
   double weight_decay = 0.0;
-  double grad_clip = 1.0;  // 0: no clipping
+  double grad_clip = 1.0;           // 0: no clipping
   std::string optimizer = "adamw";  // "adamw" | "sgd"
   double momentum = 0.9;            // sgd only, [0, 1)
   bool nesterov = false;            // sgd only

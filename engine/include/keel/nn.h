@@ -46,8 +46,8 @@ class Module {
     return children_;
   }
 
-  void zeroGrad();                // drops every parameter's gradient
-  void train(bool on = true);     // sets the training flag on the whole subtree
+  void zeroGrad();             // drops every parameter's gradient
+  void train(bool on = true);  // sets the training flag on the whole subtree
   void eval() { train(false); }
   bool isTraining() const { return training_; }
 
@@ -232,9 +232,9 @@ class Block : public UnaryModule {
 };
 
 struct GptOutput {
-  Tensor logits;  // [B, T, V]
-  Tensor loss;    // lmLoss + aux_loss_coef · auxLoss (undefined without targets)
-  Tensor lmLoss;  // cross entropy over [B·T, V]
+  Tensor logits;   // [B, T, V]
+  Tensor loss;     // lmLoss + aux_loss_coef · auxLoss (undefined without targets)
+  Tensor lmLoss;   // cross entropy over [B·T, V]
   Tensor auxLoss;  // sum of the MoE layers' aux losses (undefined for a dense model)
 };
 

@@ -62,8 +62,8 @@ class AdamW : public Optimizer {
 
  private:
   AdamWOptions opt_;
-  std::vector<Tensor> m_, v_;     // created (zeros) at a parameter's first step
-  std::vector<int64_t> steps_;    // per parameter, 1-based after its first update
+  std::vector<Tensor> m_, v_;   // created (zeros) at a parameter's first step
+  std::vector<int64_t> steps_;  // per parameter, 1-based after its first update
 };
 
 // Total L2 norm of all gradients (parameters without one are skipped). When maxNorm > 0 and the

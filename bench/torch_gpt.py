@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""PyTorch yardstick for Keel's training speed: the same GPT as Keel's (pre-norm blocks, learned
+position embeddings, fused qkv without bias, dense causal attention, SwiGLU MLP, untied lm_head),
+the same config file, batch and optimizer (AdamW + grad clipping), on the CPU.
+
+Usage: python3 bench/torch_gpt.py configs/gpt-mini.json [--steps 30] [--threads 2]
+Prints tokens/s over the timed steps (after 3 warm-up steps). Debian's python3-torch is enough.
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, h = c["d_model"], c["n_head"]
+        norm = nn.LayerNorm if c.get("norm", "layernorm") == "layernorm" else RMSNorm
+        self.n1, self.n2 = norm(d), norm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.w1 = nn.Linear(d, c["d_ff"], bias=False)
+        self.w3 = nn.Linear(d, c["d_ff"], bias=False)
+        self.w2 = nn.Linear(c["d_ff"], d, bias=False)
+        self.h = h
+        t = c["seq_len"]
+        self.register_buffer("mask", torch.triu(torch.ones(t, t, dtype=torch.bool), 1))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        hd = d // self.h
+        q, k, v = self.qkv(self.n1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.h, hd).transpose(1, 2) for z in (q, k, v))
+        s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
+        s = s.masked_fill(self.mask[:t, :t], float("-inf"))
+        y = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        hN = self.n2(x)
+        return x + self.w2(F.silu(self.w1(hN)) * self.w3(hN))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.w, self.eps = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
+
+
+class GPT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.wte = nn.Embedding(c["vocab_size"], c["d_model"])
+        self.wpe = nn.Embedding(c["seq_len"], c["d_model"])
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
+        self.norm = nn.LayerNorm(c["d_model"])
+        self.head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+
+    def forward(self, idx, tgt):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1))
+
+
+def corpus():
+    root = "/usr/share/common-licenses"
+    data = b""
+    for n in sorted(os.listdir(root)):
+        p = os.path.join(root, n)
+        if os.path.isfile(p) and not os.path.islink(p):
+            data += open(p, "rb").read()
+    return torch.tensor(list(data), dtype=torch.long)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    c = json.load(open(a.config))
+    model = GPT(c)
+    opt = torch.optim.AdamW(model.parameters(), lr=c.get("lr", 3e-3),
+                            betas=(c.get("beta1", 0.9), c.get("beta2", 0.95)),
+                            weight_decay=c.get("weight_decay", 0.1))
+    data = corpus()
+    b, t = c["batch_size"], c["seq_len"]
+    g = torch.Generator().manual_seed(1)
+    losses, times = [], []
+    for step in range(a.steps + 3):
+        ix = torch.randint(len(data) - t - 1, (b,), generator=g)
+        x = torch.stack([data[i:i + t] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + t] for i in ix])
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c.get("grad_clip", 1.0))
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step >= 3:
+            times.append(dt)
+        losses.append(loss.item())
+    tok = b * t * len(times) / sum(times)
+    print(f"torch {torch.__version__} threads={a.threads} config={c.get('name', a.config)} "
+          f"steps={a.steps} tokens/s={tok:.0f} step_ms={1000 * sum(times) / len(times):.2f} "
+          f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,496 @@
+// Fused neural-network kernels of the cpu backend: softmax / log_softmax and their backward ops,
+// layer_norm / rms_norm (+ backward), cross_entropy (+ backward), embedding (+ backward).
+// Parallel over output rows only; dweight/dbias and embedding gradients use fixed row chunks added
+// in chunk order (Note [cpu determinism]). Row statistics accumulate in double across blocks.
+#include "cpu_util.h"
+#include "kernels.h"
+
+namespace keel::cpu {
+namespace {
+
+inline float expC(float x) {
+  return math::expF(x);
+}
+inline double expC(double x) {
+  return std::exp(x);
+}
+
+// Rows of D elements handled per parallel chunk, aiming at ~kGrain elements.
+inline int64_t rowGrain(int64_t d) {
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(d, 1));
+}
+
+// Runs rowFn(const T* in0, ..., T* out, n) over every row along `dim` of same-shaped inputs.
+// Rows along the last dim are used in place (inputs made contiguous); other dims go through a
+// transposed [outer, inner, n] buffer and back.
+template <typename T, size_t N, typename F>
+void alongDim(const std::array<Tensor, N>& ins, const Tensor& out, int64_t dim, F rowFn) {
+  const DimSplit sp = splitAt(out.shape(), dim);
+  const int64_t n = sp.n, rows = sp.outer * sp.inner;
+  if (out.numel() == 0) return;
+  std::array<Tensor, N> cs;
+  std::array<const T*, N> p;
+  std::array<std::vector<T>, N> bufs;
+  std::vector<T> obuf;
+  const Shape logical{sp.outer, n, sp.inner}, straight{n * sp.inner, sp.inner, 1},
+      turned{n * sp.inner, 1, n};
+  for (size_t k = 0; k < N; ++k) {
+    cs[k] = contig(ins[k]);
+    p[k] = cs[k].template data<T>();
+    if (sp.inner > 1) {
+      bufs[k].resize(size_t(out.numel()));
+      copyStrided(bufs[k].data(), turned, p[k], straight, logical, sizeof(T));
+      p[k] = bufs[k].data();
+    }
+  }
+  T* o = out.data<T>();
+  if (sp.inner > 1) {
+    obuf.resize(size_t(out.numel()));
+    o = obuf.data();
+  }
+  parallelFor(rows, rowGrain(n), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      std::array<const T*, N> rp;
+      for (size_t k = 0; k < N; ++k) rp[k] = p[k] + r * n;
+      std::apply([&](auto... q) { rowFn(q..., o + r * n, n); }, rp);
+    }
+  });
+  if (sp.inner > 1) copyStrided(out.data(), straight, obuf.data(), turned, logical, sizeof(T));
+}
+
+// A per-thread scratch row of the compute type.
+template <typename C>
+C* scratch(int64_t n) {
+  thread_local std::vector<C> buf;
+  if (buf.size() < size_t(n)) buf.resize(size_t(n));
+  return buf.data();
+}
+
+// e[j] = exp(x[j] - shift) in the compute type (float32 rows use the vectorized array loop).
+template <typename T>
+void expShift(const T* x, CompT<T> shift, CompT<T>* e, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    expShiftArray(x, shift, e, n);
+  } else {
+    using C = CompT<T>;
+    for (int64_t j = 0; j < n; ++j) e[j] = expC(C(x[j]) - shift);
+  }
+}
+
+// Sum of exp(x[j] - shift), fixed order (blockSum over the exponentials).
+template <typename T>
+double sumExpShift(const T* x, CompT<T> shift, int64_t n) {
+  using C = CompT<T>;
+  C* e = scratch<C>(n);
+  expShift(x, shift, e, n);
+  return blockSum(e, n);
+}
+
+template <typename T>
+void softmaxRow(const T* x, T* y, int64_t n) {
+  using C = CompT<T>;
+  const C mx = rowMax(x, n);
+  C* e = scratch<C>(n);
+  expShift(x, mx, e, n);
+  const double s = blockSum(e, n);
+  if constexpr (std::is_same_v<C, double>) {
+    for (int64_t j = 0; j < n; ++j) y[j] = e[j] / s;
+  } else {
+    const float inv = float(1.0 / s);
+    for (int64_t j = 0; j < n; ++j) y[j] = T(e[j] * inv);
+  }
+}
+
+template <typename T>
+void logSoftmaxRow(const T* x, T* y, int64_t n) {
+  using C = CompT<T>;
+  const C mx = rowMax(x, n);
+  const double lse = double(mx) + std::log(sumExpShift(x, mx, n));
+  if constexpr (std::is_same_v<C, double>) {
+    for (int64_t j = 0; j < n; ++j) y[j] = x[j] - lse;
+  } else {
+    const float l = float(lse);
+    for (int64_t j = 0; j < n; ++j) y[j] = T(C(x[j]) - l);
+  }
+}
+
+template <typename T>
+void softmaxBackwardRow(const T* g, const T* y, T* dx, int64_t n) {
+  using C = CompT<T>;
+  const C dot = C(blockSum2(g, y, n, [](C a, C b) { return a * b; }));
+  for (int64_t j = 0; j < n; ++j) dx[j] = T(C(y[j]) * (C(g[j]) - dot));
+}
+
+template <typename T>
+void logSoftmaxBackwardRow(const T* g, const T* y, T* dx, int64_t n) {
+  using C = CompT<T>;
+  const C s = C(blockSum(g, n));
+  C* e = scratch<C>(n);
+  expShift(y, C(0), e, n);
+  for (int64_t j = 0; j < n; ++j) dx[j] = T(C(g[j]) - e[j] * s);
+}
+
+enum class SoftKind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward };
+
+template <SoftKind kKind>
+void softmaxFamily(const KernelCtx& c) {
+  const Tensor& out = c.outputs[0];
+  const int64_t dim = normDim(c.attrs.getInt("dim"), out.dim(), c.op.name);
+  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      if constexpr (kKind == SoftKind::Softmax)
+        alongDim<T, 1>({c.inputs[0]}, out, dim, softmaxRow<T>);
+      else if constexpr (kKind == SoftKind::LogSoftmax)
+        alongDim<T, 1>({c.inputs[0]}, out, dim, logSoftmaxRow<T>);
+      else if constexpr (kKind == SoftKind::SoftmaxBackward)
+        alongDim<T, 2>({c.inputs[0], c.inputs[1]}, out, dim, softmaxBackwardRow<T>);
+      else
+        alongDim<T, 2>({c.inputs[0], c.inputs[1]}, out, dim, logSoftmaxBackwardRow<T>);
+    } else {
+      unsupported(c, c.inputs[0].dtype());
+    }
+  });
+}
+
+// ---------------------------------------------------------------- norms
+
+template <typename T>
+std::vector<CompT<T>> loadVector(const Tensor& t) {
+  Tensor cc = contig(t);
+  const T* p = cc.data<T>();
+  std::vector<CompT<T>> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = CompT<T>(p[i]);
+  return v;
+}
+
+struct RowStats {
+  double mean = 0, rstd = 0;
+};
+
+template <typename T>
+RowStats layerStats(const T* x, int64_t d, double eps) {
+  using C = CompT<T>;
+  const double mean = blockSum(x, d) / double(d);
+  const C m = C(mean);
+  const double var = blockSum(x, d, [m](C v) { return (v - m) * (v - m); }) / double(d);
+  return {mean, 1.0 / std::sqrt(var + eps)};
+}
+
+template <typename T>
+double rmsScale(const T* x, int64_t d, double eps) {
+  using C = CompT<T>;
+  const double ms = blockSum(x, d, [](C v) { return v * v; }) / double(d);
+  return 1.0 / std::sqrt(ms + eps);
+}
+
+// Rows per chunk for the weight-gradient partial sums: at most kParamChunks chunks, a count
+// that depends only on the number of rows.
+constexpr int64_t kParamChunks = 64;
+
+template <typename T>
+void layerNormForward(const KernelCtx& c, bool rms) {
+  using C = CompT<T>;
+  const Tensor& out = c.outputs[0];
+  const double eps = c.attrs.getDouble("eps");
+  Tensor x = contig(c.inputs[0]);
+  const int64_t d = x.dim() ? x.size(-1) : 1;
+  const int64_t rows = d ? x.numel() / d : 0;
+  const std::vector<C> w = loadVector<T>(c.inputs[1]);
+  const std::vector<C> bias = rms ? std::vector<C>() : loadVector<T>(c.inputs[2]);
+  const T* px = x.data<T>();
+  T* po = out.data<T>();
+  parallelFor(rows, rowGrain(d), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = px + r * d;
+      T* yr = po + r * d;
+      if (rms) {
+        const C rr = C(rmsScale(xr, d, eps));
+        for (int64_t j = 0; j < d; ++j) yr[j] = T(C(xr[j]) * rr * w[size_t(j)]);
+      } else {
+        const RowStats st = layerStats(xr, d, eps);
+        const C m = C(st.mean), rs = C(st.rstd);
+        for (int64_t j = 0; j < d; ++j)
+          yr[j] = T((C(xr[j]) - m) * rs * w[size_t(j)] + bias[size_t(j)]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void layerNormBackward(const KernelCtx& c, bool rms) {
+  using C = CompT<T>;
+  const double eps = c.attrs.getDouble("eps");
+  Tensor g = contig(c.inputs[0]), x = contig(c.inputs[1]);
+  const std::vector<C> w = loadVector<T>(c.inputs[2]);
+  const int64_t d = int64_t(w.size());
+  const int64_t rows = d ? x.numel() / d : 0;
+  const T* pg = g.data<T>();
+  const T* px = x.data<T>();
+  T* pdx = c.outputs[0].data<T>();
+  T* pdw = c.outputs[1].data<T>();
+  T* pdb = rms ? nullptr : c.outputs[2].data<T>();
+  const int64_t chunkRows = std::max<int64_t>(1, (rows + kParamChunks - 1) / kParamChunks);
+  const int64_t chunks = rows ? (rows + chunkRows - 1) / chunkRows : 0;
+  const int64_t parts = rms ? 1 : 2;
+  std::vector<double> partial(size_t(chunks * parts * d), 0.0);
+  parallelFor(chunks, 1, [&](int64_t cb, int64_t ce) {
+    std::vector<C> xhat(static_cast<size_t>(d)), gw(static_cast<size_t>(d));
+    for (int64_t ch = cb; ch < ce; ++ch) {
+      double* dw = partial.data() + ch * parts * d;
+      double* db = dw + d;
+      const int64_t r1 = std::min(rows, (ch + 1) * chunkRows);
+      for (int64_t r = ch * chunkRows; r < r1; ++r) {
+        const T* xr = px + r * d;
+        const T* gr = pg + r * d;
+        T* dxr = pdx + r * d;
+        if (rms) {
+          const double rrD = rmsScale(xr, d, eps);
+          const C rr = C(rrD);
+          for (int64_t j = 0; j < d; ++j) gw[size_t(j)] = C(gr[j]) * w[size_t(j)];
+          const C dot = C(blockSum2(gw.data(), xr, d, [](C a, C b) { return a * b; }) / double(d));
+          const C k3 = C(rrD * rrD * rrD) * dot;
+          for (int64_t j = 0; j < d; ++j) {
+            const C xv = C(xr[j]);
+            dxr[j] = T(rr * gw[size_t(j)] - xv * k3);
+            dw[j] += double(C(gr[j]) * xv * rr);
+          }
+        } else {
+          const RowStats st = layerStats(xr, d, eps);
+          const C m = C(st.mean), rs = C(st.rstd);
+          for (int64_t j = 0; j < d; ++j) {
+            xhat[size_t(j)] = (C(xr[j]) - m) * rs;
+            gw[size_t(j)] = C(gr[j]) * w[size_t(j)];
+          }
+          const C mg = C(blockSum(gw.data(), d) / double(d));
+          const C mgx =
+              C(blockSum2(gw.data(), xhat.data(), d, [](C a, C b) { return a * b; }) / double(d));
+          for (int64_t j = 0; j < d; ++j) {
+            dxr[j] = T(rs * (gw[size_t(j)] - mg - xhat[size_t(j)] * mgx));
+            const C gv = C(gr[j]);
+            dw[j] += double(gv * xhat[size_t(j)]);
+            db[j] += double(gv);
+          }
+        }
+      }
+    }
+  });
+  parallelFor(d, kGrain / 16, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      double sw = 0, sb = 0;
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        sw += partial[size_t(ch * parts * d + j)];
+        if (!rms) sb += partial[size_t(ch * parts * d + d + j)];
+      }
+      pdw[j] = fromDouble<T>(sw);
+      if (!rms) pdb[j] = fromDouble<T>(sb);
+    }
+  });
+}
+
+template <bool kBackward>
+void normKernel(const KernelCtx& c, bool rms) {
+  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      if constexpr (kBackward)
+        layerNormBackward<T>(c, rms);
+      else
+        layerNormForward<T>(c, rms);
+    } else {
+      unsupported(c, c.inputs[0].dtype());
+    }
+  });
+}
+
+// ---------------------------------------------------------------- cross entropy
+
+// log(sum(exp(row))) in double, max-subtracted.
+template <typename T>
+double rowLse(const T* row, int64_t n) {
+  using C = CompT<T>;
+  const C mx = rowMax(row, n);
+  return double(mx) + std::log(sumExpShift(row, mx, n));
+}
+
+struct Targets {
+  std::vector<int64_t> t;
+  int64_t count = 0;
+};
+
+Targets loadTargets(const KernelCtx& c, const Tensor& targets, int64_t classes) {
+  Targets r;
+  r.t = readIndices(c.op.name, targets);
+  const int64_t ignore = c.attrs.getInt("ignore_index", -100);
+  for (int64_t v : r.t) {
+    if (v == ignore) continue;
+    checkIndex(c.op.name, v, classes);
+    ++r.count;
+  }
+  return r;
+}
+
+void crossEntropy(const KernelCtx& c) {
+  const Tensor& logits = c.inputs[0];
+  const int64_t n = logits.size(0), classes = logits.size(1);
+  const int64_t ignore = c.attrs.getInt("ignore_index", -100);
+  const Targets tg = loadTargets(c, c.inputs[1], classes);
+  visitDType(logits.dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      Tensor x = contig(logits);
+      const T* px = x.data<T>();
+      std::vector<double> loss(size_t(n), 0.0);
+      parallelFor(n, rowGrain(classes), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t t = tg.t[size_t(i)];
+          if (t == ignore) continue;
+          const T* row = px + i * classes;
+          loss[size_t(i)] = rowLse(row, classes) - double(CompT<T>(row[t]));
+        }
+      });
+      double total = 0.0;
+      for (double l : loss) total += l;
+      c.outputs[0].data<T>()[0] = fromDouble<T>(tg.count ? total / double(tg.count) : 0.0);
+    } else {
+      unsupported(c, logits.dtype());
+    }
+  });
+}
+
+void crossEntropyBackward(const KernelCtx& c) {
+  const Tensor &grad = c.inputs[0], &logits = c.inputs[1], &out = c.outputs[0];
+  const int64_t n = logits.size(0), classes = logits.size(1);
+  const int64_t ignore = c.attrs.getInt("ignore_index", -100);
+  const Targets tg = loadTargets(c, c.inputs[2], classes);
+  visitDType(logits.dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      using C = CompT<T>;
+      const double g = double(CompT<T>(grad.data<T>()[0]));
+      const C scale = C(tg.count ? g / double(tg.count) : 0.0);
+      Tensor x = contig(logits);
+      const T* px = x.data<T>();
+      T* po = out.data<T>();
+      parallelFor(n, rowGrain(classes), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          T* dr = po + i * classes;
+          const int64_t t = tg.t[size_t(i)];
+          if (t == ignore || tg.count == 0) {
+            std::fill(dr, dr + classes, T(C(0)));
+            continue;
+          }
+          const T* row = px + i * classes;
+          const C lse = C(rowLse(row, classes));
+          C* e = scratch<C>(classes);
+          expShift(row, lse, e, classes);
+          for (int64_t j = 0; j < classes; ++j) dr[j] = T(e[j] * scale);
+          dr[t] = T((e[t] - C(1)) * scale);
+        }
+      });
+    } else {
+      unsupported(c, logits.dtype());
+    }
+  });
+}
+
+// ---------------------------------------------------------------- embedding
+
+void embedding(const KernelCtx& c) {
+  const Tensor &w = c.inputs[0], &out = c.outputs[0];
+  const int64_t v = w.size(0), d = w.size(1);
+  const std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], v);
+  const size_t elem = dtypeSize(w.dtype());
+  const char* pw = static_cast<const char*>(w.data());
+  char* po = static_cast<char*>(out.data());
+  const int64_t s0 = w.strides()[0], s1 = w.strides()[1];
+  const Shape rowShape{d}, rowDst{1}, rowSrc{s1};
+  parallelFor(int64_t(idx.size()), rowGrain(d), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const char* src = pw + size_t(idx[size_t(i)] * s0) * elem;
+      char* dst = po + size_t(i * d) * elem;
+      if (s1 == 1)
+        std::memcpy(dst, src, size_t(d) * elem);
+      else
+        copyStrided(dst, rowDst, src, rowSrc, rowShape, elem);
+    }
+  });
+}
+
+// Rows of the [V, D] gradient are independent: each is the sum, in index order, of the grad rows
+// whose index names it. A counting sort groups them; rows are then summed in parallel.
+void embeddingBackward(const KernelCtx& c) {
+  const Tensor& out = c.outputs[0];
+  const int64_t v = out.size(0), d = out.size(1);
+  const std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], v);
+  std::vector<int64_t> start(size_t(v) + 1, 0), order(idx.size());
+  for (int64_t i : idx) ++start[size_t(i) + 1];
+  for (int64_t r = 0; r < v; ++r) start[size_t(r) + 1] += start[size_t(r)];
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (size_t i = 0; i < idx.size(); ++i) order[size_t(fill[size_t(idx[i])]++)] = int64_t(i);
+  }
+  visitDType(out.dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      Tensor g = contig(c.inputs[0]);
+      const T* pg = g.data<T>();
+      T* po = out.data<T>();
+      parallelFor(v, rowGrain(d), [&](int64_t b, int64_t e) {
+        std::vector<double> acc(static_cast<size_t>(d));
+        for (int64_t r = b; r < e; ++r) {
+          T* orow = po + r * d;
+          const int64_t k0 = start[size_t(r)], k1 = start[size_t(r) + 1];
+          if (k0 == k1) {
+            std::fill(orow, orow + d, T(CompT<T>(0)));
+            continue;
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int64_t k = k0; k < k1; ++k) {
+            const T* grow = pg + order[size_t(k)] * d;
+            for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(CompT<T>(grow[j]));
+          }
+          for (int64_t j = 0; j < d; ++j) orow[j] = fromDouble<T>(acc[size_t(j)]);
+        }
+      });
+    } else {
+      unsupported(c, out.dtype());
+    }
+  });
+}
+
+}  // namespace
+
+void kSoftmax(const KernelCtx& c) {
+  softmaxFamily<SoftKind::Softmax>(c);
+}
+void kLogSoftmax(const KernelCtx& c) {
+  softmaxFamily<SoftKind::LogSoftmax>(c);
+}
+void kSoftmaxBackward(const KernelCtx& c) {
+  softmaxFamily<SoftKind::SoftmaxBackward>(c);
+}
+void kLogSoftmaxBackward(const KernelCtx& c) {
+  softmaxFamily<SoftKind::LogSoftmaxBackward>(c);
+}
+void kLayerNorm(const KernelCtx& c) {
+  normKernel<false>(c, false);
+}
+void kLayerNormBackward(const KernelCtx& c) {
+  normKernel<true>(c, false);
+}
+void kRmsNorm(const KernelCtx& c) {
+  normKernel<false>(c, true);
+}
+void kRmsNormBackward(const KernelCtx& c) {
+  normKernel<true>(c, true);
+}
+void kEmbedding(const KernelCtx& c) {
+  embedding(c);
+}
+void kEmbeddingBackward(const KernelCtx& c) {
+  embeddingBackward(c);
+}
+void kCrossEntropy(const KernelCtx& c) {
+  crossEntropy(c);
+}
+void kCrossEntropyBackward(const KernelCtx& c) {
+  crossEntropyBackward(c);
+}
+
+}  // namespace keel::cpu

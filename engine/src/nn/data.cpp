@@ -1,0 +1,111 @@
+// Byte tokenizer, corpus loading and batch sampling. Invariant: a batch is a pure function of the
+// dataset, (seed, generator offset), batch size and sequence length.
+#include "keel/data.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "keel/error.h"
+#include "keel/nn.h"
+
+namespace keel::data {
+namespace fs = std::filesystem;
+
+std::vector<int64_t> ByteTokenizer::encode(std::string_view text) {
+  std::vector<int64_t> out(text.size());
+  for (size_t i = 0; i < text.size(); ++i) out[i] = int64_t(static_cast<unsigned char>(text[i]));
+  return out;
+}
+
+std::string ByteTokenizer::decode(const std::vector<int64_t>& tokens) {
+  std::string out(tokens.size(), '\0');
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KEEL_CHECK(tokens[i] >= 0 && tokens[i] < kVocabSize, "ByteTokenizer::decode: token ", tokens[i],
+               " at position ", i, " is outside [0, ", kVocabSize, ")");
+    out[i] = char(static_cast<unsigned char>(tokens[i]));
+  }
+  return out;
+}
+
+TextDataset::TextDataset(std::string_view text, std::string source, double valFraction)
+    : source_(std::move(source)), tokens_(text.begin(), text.end()) {
+  KEEL_CHECK(!tokens_.empty(), source_, ": no text to train on");
+  KEEL_CHECK(valFraction >= 0.0 && valFraction < 1.0, source_,
+             ": validation fraction must be in [0, 1), got ", valFraction);
+  int64_t n = int64_t(tokens_.size());
+  valBegin_ = n - int64_t(double(n) * valFraction);
+}
+
+namespace {
+std::string readFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  KEEL_CHECK(in.good(), p.string(), ": cannot open for reading");
+  std::ostringstream os;
+  os << in.rdbuf();
+  KEEL_CHECK(!in.bad(), p.string(), ": read error");
+  return os.str();
+}
+}  // namespace
+
+TextDataset TextDataset::load(const std::string& path) {
+  KEEL_CHECK(!path.empty(), "data path is empty");
+  std::error_code ec;
+  fs::file_status st = fs::status(path, ec);
+  KEEL_CHECK(!ec && fs::exists(st), path, ": no such file or directory");
+  std::string text;
+  if (fs::is_directory(st)) {
+    std::vector<fs::path> files;
+    fs::directory_iterator it(path, ec), end;
+    KEEL_CHECK(!ec, path, ": cannot list directory (", ec.message(), ")");
+    for (; it != end; it.increment(ec)) {
+      KEEL_CHECK(!ec, path, ": cannot list directory (", ec.message(), ")");
+      if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+      files.push_back(it->path());
+    }
+    std::sort(files.begin(), files.end(),
+              [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+    KEEL_CHECK(!files.empty(), path, ": directory has no regular files");
+    for (auto& f : files) text += readFile(f);
+  } else {
+    KEEL_CHECK(fs::is_regular_file(st), path, ": not a regular file");
+    text = readFile(path);
+  }
+  KEEL_CHECK(!text.empty(), path, ": is empty (no text to train on)");
+  return TextDataset(text, path);
+}
+
+int64_t TextDataset::splitTokens(Split s) const {
+  return s == Split::Train ? valBegin_ : numTokens() - valBegin_;
+}
+
+std::pair<Tensor, Tensor> TextDataset::getBatch(int64_t batchSize, int64_t seqLen, Generator& gen,
+                                                Split split, Device device) const {
+  KEEL_CHECK(batchSize > 0 && seqLen > 0,
+             "getBatch: batch size and sequence length must be "
+             "positive, got ",
+             batchSize, " and ", seqLen);
+  const int64_t begin = split == Split::Train ? 0 : valBegin_;
+  const int64_t len = splitTokens(split);
+  KEEL_CHECK(len >= seqLen + 1, source_, ": the ", split == Split::Train ? "train" : "validation",
+             " split has ", len, " tokens, fewer than seq_len + 1 = ", seqLen + 1);
+  const uint64_t positions = uint64_t(len - seqLen);  // valid starts: [0, len - seqLen)
+  const uint64_t first = gen.take(uint64_t(batchSize));
+  std::vector<int64_t> x(size_t(batchSize * seqLen)), y(x.size());
+  for (int64_t b = 0; b < batchSize; ++b) {
+    uint64_t c = first + uint64_t(b);
+    auto r = philox4x32({uint32_t(c), uint32_t(c >> 32), 0x44415441u /* "DATA" */, 0},
+                        {uint32_t(gen.seed()), uint32_t(gen.seed() >> 32)});
+    uint64_t v = (uint64_t(r[1]) << 32) | r[0];
+    int64_t start = begin + int64_t(v % positions);
+    for (int64_t t = 0; t < seqLen; ++t) {
+      x[size_t(b * seqLen + t)] = tokens_[size_t(start + t)];
+      y[size_t(b * seqLen + t)] = tokens_[size_t(start + t + 1)];
+    }
+  }
+  return {nn::tensorFromHost(x, {batchSize, seqLen}, DType::Int64, device),
+          nn::tensorFromHost(y, {batchSize, seqLen}, DType::Int64, device)};
+}
+
+}  // namespace keel::data

@@ -1,0 +1,93 @@
+// The GPT model: pre-norm transformer blocks (dense SwiGLU or MoE) over token + position
+// embeddings, final norm and lm_head, with the language-model loss (plus aux_loss_coef · MoE aux
+// loss). Invariant: construction order fixes the initialisation stream, so a seed gives the same
+// weights on every backend.
+#include <cmath>
+
+#include "keel/error.h"
+#include "keel/nn.h"
+
+namespace keel::nn {
+
+Block::Block(const GptConfig& cfg, Generator& gen, Device device,
+             std::shared_ptr<Generator> dropoutGen)
+    : dropout_(cfg.dropout), dropoutGen_(dropoutGen) {
+  norm1_ = registerModule("norm1", makeNorm(cfg.norm, cfg.d_model, device));
+  attn_ =
+      registerModule("attn", std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen));
+  norm2_ = registerModule("norm2", makeNorm(cfg.norm, cfg.d_model, device));
+  if (cfg.isMoe()) {
+    moe_ = registerModule("moe", std::make_shared<MoE>(cfg, gen, device));
+    mlp_ = moe_;
+  } else {
+    double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
+    mlp_ = registerModule("mlp",
+                          std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd));
+  }
+}
+
+Tensor Block::forwardImpl(const Tensor& x) {
+  Tensor h = ops::add(x, attn_->forward(norm1_->forward(x)));
+  Tensor m = mlp_->forward(norm2_->forward(h));
+  if (isTraining() && dropout_ > 0.0 && dropoutGen_)
+    m = ops::dropout(m, dropout_, *dropoutGen_, true);
+  return ops::add(h, m);
+}
+
+GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed)
+    : cfg_(cfg),
+      device_(device),
+      dropoutGen_(std::make_shared<Generator>(seed ^ 0x64726f706f757400ull)) {  // "dropout\0"
+  validateGptConfig(cfg_);
+  Generator gen(seed);
+  wte_ =
+      registerModule("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device));
+  wpe_ = registerModule("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen, device));
+  blockList_ = registerModule("blocks", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    blocks_.push_back(blockList_->append(std::make_shared<Block>(cfg, gen, device, dropoutGen_)));
+  normF_ = registerModule("norm_f", makeNorm(cfg.norm, cfg.d_model, device));
+  lmHead_ = registerModule(
+      "lm_head", std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen, device));
+}
+
+GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
+  ScopeGuard scope(fullPath(), /*absolute=*/true);
+  KEEL_CHECK(idx.defined() && idx.dim() == 2 && idx.dtype() == DType::Int64,
+             "GPT: expected idx int64 [B, T], got ",
+             idx.defined() ? shapeStr(idx.shape()) + " " + std::string(dtypeName(idx.dtype()))
+                           : std::string("undefined"));
+  const int64_t b = idx.size(0), t = idx.size(1), v = cfg_.vocab_size;
+  KEEL_CHECK(t >= 1 && t <= cfg_.seq_len, "GPT: sequence length ", t,
+             " not in [1, seq_len=", cfg_.seq_len, "]");
+  KEEL_CHECK(idx.device() == device_, "GPT: idx is on ", idx.device().name(), ", the model on ",
+             device_.name());
+  if (targets.defined())
+    KEEL_CHECK(targets.shape() == idx.shape() && targets.dtype() == DType::Int64,
+               "GPT: targets must be int64 ", shapeStr(idx.shape()), ", got ",
+               shapeStr(targets.shape()), " ", dtypeName(targets.dtype()));
+
+  Tensor pos = ops::arange(t, DType::Int64, device_);
+  Tensor x = ops::add(wte_->forward(idx), wpe_->forward(pos));  // [B, T, C] + [T, C]
+  if (isTraining() && cfg_.dropout > 0.0) x = ops::dropout(x, cfg_.dropout, *dropoutGen_, true);
+  for (auto& blk : blocks_) x = blk->forward(x);
+  x = normF_->forward(x);
+
+  GptOutput out;
+  out.logits = lmHead_->forward(x);  // [B, T, V]
+  if (cfg_.isMoe()) {
+    for (auto& blk : blocks_)
+      out.auxLoss = out.auxLoss.defined() ? ops::add(out.auxLoss, blk->moe()->auxLoss())
+                                          : blk->moe()->auxLoss();
+  }
+  if (targets.defined()) {
+    out.lmLoss =
+        ops::crossEntropy(ops::reshape(out.logits, {b * t, v}), ops::reshape(targets, {b * t}));
+    out.loss = out.lmLoss;
+    if (out.auxLoss.defined() && cfg_.aux_loss_coef > 0.0)
+      out.loss = ops::add(out.loss, ops::mulScalar(out.auxLoss, cfg_.aux_loss_coef));
+  }
+  return out;
+}
+
+}  // namespace keel::nn

@@ -1,0 +1,218 @@
+// GptConfig parsing and validation (nlohmann-json). Every failure is one keel::Error line of the
+// form "<source>: field '<name>': <what is wrong>" (or "<source>: <what>" for file-level problems).
+// Required keys: vocab_size, seq_len, n_layer, n_head, d_model; every other key has a default.
+#include "keel/gpt_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "keel/error.h"
+
+namespace keel {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string oneLine(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+std::string jsonTypeName(const Json& v) {
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "number";
+  return v.type_name();
+}
+
+class FieldReader {
+ public:
+  FieldReader(const Json& obj, const std::string& source) : obj_(obj), source_(source) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw Error(source_ + ": field '" + field + "': " + what);
+  }
+
+  void readInt(const char* key, int64_t& out, bool required = false) {
+    const Json* v = find(key, required);
+    if (!v) return;
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      if (u > uint64_t(std::numeric_limits<int64_t>::max())) fail(key, "integer out of range");
+      out = int64_t(u);
+    } else if (v->is_number_integer()) {
+      out = v->get<int64_t>();
+    } else {
+      fail(key, "expected an integer, got " + describe(*v));
+    }
+  }
+  void readDouble(const char* key, double& out) {
+    const Json* v = find(key, false);
+    if (!v) return;
+    if (!v->is_number()) fail(key, "expected a number, got " + describe(*v));
+    out = v->get<double>();
+    if (!std::isfinite(out)) fail(key, "expected a finite number");
+  }
+  void readBool(const char* key, bool& out) {
+    const Json* v = find(key, false);
+    if (!v) return;
+    if (!v->is_boolean()) fail(key, "expected true or false, got " + describe(*v));
+    out = v->get<bool>();
+  }
+  void readString(const char* key, std::string& out) {
+    const Json* v = find(key, false);
+    if (!v) return;
+    if (!v->is_string()) fail(key, "expected a string, got " + describe(*v));
+    out = v->get<std::string>();
+  }
+  bool has(const char* key) const { return obj_.contains(key); }
+
+  // Rejects keys no reader asked for.
+  void rejectUnknown() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it)
+      if (!known_.count(it.key())) fail(it.key(), "unknown key");
+  }
+
+ private:
+  const Json* find(const char* key, bool required) {
+    known_.insert(key);
+    auto it = obj_.find(key);
+    if (it == obj_.end()) {
+      if (required) fail(key, "missing (required)");
+      return nullptr;
+    }
+    return &*it;
+  }
+  static std::string describe(const Json& v) {
+    std::string dumped = v.dump();
+    if (dumped.size() > 40) dumped = dumped.substr(0, 37) + "...";
+    return jsonTypeName(v) + " " + dumped;
+  }
+
+  const Json& obj_;
+  const std::string& source_;
+  std::set<std::string> known_;
+};
+
+}  // namespace
+
+void validateGptConfig(const GptConfig& c, const std::string& source) {
+  auto fail = [&](const char* field, const std::string& what) {
+    throw Error(source + ": field '" + field + "': " + what);
+  };
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0) fail(field, "must be a positive integer, got " + std::to_string(v));
+  };
+  auto num = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  positive("vocab_size", c.vocab_size);
+  positive("seq_len", c.seq_len);
+  positive("n_layer", c.n_layer);
+  positive("n_head", c.n_head);
+  positive("d_model", c.d_model);
+  positive("d_ff", c.d_ff);
+  if (c.d_model % c.n_head != 0)
+    fail("n_head", "d_model (" + std::to_string(c.d_model) + ") is not divisible by n_head (" +
+                       std::to_string(c.n_head) + ")");
+  if (c.norm != "layernorm" && c.norm != "rmsnorm")
+    fail("norm", "expected \"layernorm\" or \"rmsnorm\", got \"" + c.norm + "\"");
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    fail("dropout", "must be in [0, 1), got " + num(c.dropout));
+  if (c.n_expert < 0) fail("n_expert", "must be >= 0, got " + std::to_string(c.n_expert));
+  if (c.n_expert > 0) {
+    if (c.top_k < 1) fail("top_k", "must be >= 1, got " + std::to_string(c.top_k));
+    if (c.top_k > c.n_expert)
+      fail("top_k", "top_k (" + std::to_string(c.top_k) + ") exceeds n_expert (" +
+                        std::to_string(c.n_expert) + ")");
+    if (!(c.capacity_factor > 0.0))
+      fail("capacity_factor", "must be > 0, got " + num(c.capacity_factor));
+    if (!(c.aux_loss_coef >= 0.0))
+      fail("aux_loss_coef", "must be >= 0, got " + num(c.aux_loss_coef));
+  }
+  positive("batch_size", c.batch_size);
+  if (!(c.lr > 0.0)) fail("lr", "must be > 0, got " + num(c.lr));
+  if (!(c.min_lr >= 0.0 && c.min_lr <= c.lr))
+    fail("min_lr", "must be in [0, lr], got " + num(c.min_lr) + " with lr " + num(c.lr));
+  if (c.warmup_steps < 0)
+    fail("warmup_steps", "must be >= 0, got " + std::to_string(c.warmup_steps));
+  if (!(c.weight_decay >= 0.0)) fail("weight_decay", "must be >= 0, got " + num(c.weight_decay));
+  if (!(c.grad_clip >= 0.0)) fail("grad_clip", "must be >= 0 (0: off), got " + num(c.grad_clip));
+  if (c.optimizer != "adamw" && c.optimizer != "sgd")
+    fail("optimizer", "expected \"adamw\" or \"sgd\", got \"" + c.optimizer + "\"");
+  if (!(c.momentum >= 0.0 && c.momentum < 1.0))
+    fail("momentum", "must be in [0, 1), got " + num(c.momentum));
+  if (!(c.beta1 >= 0.0 && c.beta1 < 1.0)) fail("beta1", "must be in [0, 1), got " + num(c.beta1));
+  if (!(c.beta2 >= 0.0 && c.beta2 < 1.0)) fail("beta2", "must be in [0, 1), got " + num(c.beta2));
+  if (!(c.eps > 0.0)) fail("eps", "must be > 0, got " + num(c.eps));
+  if (c.dtype != "float32") fail("dtype", "only \"float32\" is supported, got \"" + c.dtype + "\"");
+}
+
+GptConfig parseGptConfig(const std::string& jsonText, const std::string& source) {
+  Json j;
+  try {
+    j = Json::parse(jsonText);
+  } catch (const Json::exception& e) {
+    throw Error(source + ": invalid JSON: " + oneLine(e.what()));
+  }
+  if (!j.is_object())
+    throw Error(source + ": expected a JSON object at the top level, got " + jsonTypeName(j));
+
+  GptConfig c;
+  FieldReader r(j, source);
+  r.readString("name", c.name);
+  r.readInt("vocab_size", c.vocab_size, true);
+  r.readInt("seq_len", c.seq_len, true);
+  r.readInt("n_layer", c.n_layer, true);
+  r.readInt("n_head", c.n_head, true);
+  r.readInt("d_model", c.d_model, true);
+  c.d_ff = 4 * c.d_model;
+  r.readInt("d_ff", c.d_ff);
+  r.readString("norm", c.norm);
+  r.readDouble("dropout", c.dropout);
+  r.readInt("n_expert", c.n_expert);
+  r.readInt("top_k", c.top_k);
+  r.readDouble("capacity_factor", c.capacity_factor);
+  r.readDouble("aux_loss_coef", c.aux_loss_coef);
+  r.readInt("batch_size", c.batch_size);
+  r.readDouble("lr", c.lr);
+  c.min_lr = c.lr * 0.1;
+  r.readDouble("min_lr", c.min_lr);
+  r.readInt("warmup_steps", c.warmup_steps);
+  r.readDouble("weight_decay", c.weight_decay);
+  r.readDouble("grad_clip", c.grad_clip);
+  r.readString("optimizer", c.optimizer);
+  r.readDouble("momentum", c.momentum);
+  r.readBool("nesterov", c.nesterov);
+  r.readDouble("beta1", c.beta1);
+  r.readDouble("beta2", c.beta2);
+  r.readDouble("eps", c.eps);
+  r.readString("dtype", c.dtype);
+  r.rejectUnknown();
+  validateGptConfig(c, source);
+  return c;
+}
+
+GptConfig loadGptConfig(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(path + ": is a directory, expected a JSON config file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open config file (missing or unreadable)");
+  std::ostringstream os;
+  os << in.rdbuf();
+  if (in.bad()) throw Error(path + ": error reading config file");
+  std::string text = os.str();
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw Error(path + ": config file is empty");
+  return parseGptConfig(text, path);
+}
+
+}  // namespace keel

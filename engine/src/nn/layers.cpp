@@ -1,0 +1,150 @@
+// Basic layers: Linear, Embedding, LayerNorm, RMSNorm, causal self-attention, SwiGLU MLP, and the
+// host-transfer helpers. Every value comes from ops (initialisation included: counter-based
+// normal/uniform), so `cpu` and `cpu-ref` build bit-identical initial weights from one seed.
+#include <cmath>
+#include <limits>
+
+#include "keel/error.h"
+#include "keel/nn.h"
+
+namespace keel::nn {
+
+std::vector<int64_t> hostInts(const Tensor& t) {
+  if (t.device().isHost()) return t.toVector<int64_t>();
+  return t.to(Device(Backend::Cpu)).toVector<int64_t>();
+}
+
+namespace {
+template <typename T>
+Tensor fromHostImpl(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
+  if (device.isHost()) return Tensor::fromVector(values, shape, dtype, device);
+  NoGradGuard ng;
+  return Tensor::fromVector(values, shape, dtype, Device(Backend::Cpu)).to(device);
+}
+}  // namespace
+
+Tensor tensorFromHost(const std::vector<int64_t>& values, const Shape& shape, DType dtype,
+                      Device device) {
+  return fromHostImpl(values, shape, dtype, device);
+}
+Tensor tensorFromHost(const std::vector<float>& values, const Shape& shape, DType dtype,
+                      Device device) {
+  return fromHostImpl(values, shape, dtype, device);
+}
+
+// ---- Linear -------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd)
+    : in_(in), out_(out) {
+  KEEL_CHECK(in > 0 && out > 0, "Linear: sizes must be positive, got in=", in, " out=", out);
+  weight_ = registerParameter("weight",
+                              ops::normal({out, in}, 0.0, initStd, gen, DType::Float32, device));
+  if (bias) bias_ = registerParameter("bias", Tensor::zeros({out}, DType::Float32, device));
+}
+
+Tensor Linear::forwardImpl(const Tensor& x) {
+  KEEL_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear '", fullPath(), "': input of shape ",
+             shapeStr(x.shape()), " does not end in ", in_);
+  Shape outShape = x.shape();
+  outShape.back() = out_;
+  Tensor x2 = x.dim() == 2 ? x : ops::reshape(x, {x.numel() / in_, in_});
+  Tensor y = ops::matmul(x2, weight_, false, true);
+  if (bias_.defined()) y = ops::add(y, bias_);
+  return x.dim() == 2 ? y : ops::reshape(y, outShape);
+}
+
+// ---- Embedding ----------------------------------------------------------------------------
+
+Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd) {
+  KEEL_CHECK(num > 0 && dim > 0, "Embedding: sizes must be positive, got num=", num, " dim=", dim);
+  weight_ = registerParameter("weight",
+                              ops::normal({num, dim}, 0.0, initStd, gen, DType::Float32, device));
+}
+
+Tensor Embedding::forwardImpl(const Tensor& idx) {
+  return ops::embedding(weight_, idx);
+}
+
+// ---- Norms --------------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(int64_t dim, Device device, double eps) : eps_(eps) {
+  weight_ = registerParameter("weight", Tensor::ones({dim}, DType::Float32, device));
+  bias_ = registerParameter("bias", Tensor::zeros({dim}, DType::Float32, device));
+}
+Tensor LayerNorm::forwardImpl(const Tensor& x) {
+  return ops::layerNorm(x, weight_, bias_, eps_);
+}
+
+RMSNorm::RMSNorm(int64_t dim, Device device, double eps) : eps_(eps) {
+  weight_ = registerParameter("weight", Tensor::ones({dim}, DType::Float32, device));
+}
+Tensor RMSNorm::forwardImpl(const Tensor& x) {
+  return ops::rmsNorm(x, weight_, eps_);
+}
+
+std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Device device) {
+  if (kind == "layernorm") return std::make_shared<LayerNorm>(dim, device);
+  if (kind == "rmsnorm") return std::make_shared<RMSNorm>(dim, device);
+  throw Error("unknown norm '" + kind + "' (expected layernorm or rmsnorm)");
+}
+
+// ---- Attention ----------------------------------------------------------------------------
+
+CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
+                                         std::shared_ptr<Generator> dropoutGen)
+    : nHead_(cfg.n_head),
+      dModel_(cfg.d_model),
+      dropout_(cfg.dropout),
+      device_(device),
+      dropoutGen_(std::move(dropoutGen)) {
+  KEEL_CHECK(dModel_ % nHead_ == 0, "CausalSelfAttention: d_model ", dModel_,
+             " is not divisible by n_head ", nHead_);
+  double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
+  qkv_ = registerModule("qkv", std::make_shared<Linear>(dModel_, 3 * dModel_, false, gen, device));
+  proj_ = registerModule("proj",
+                         std::make_shared<Linear>(dModel_, dModel_, false, gen, device, residStd));
+}
+
+Tensor CausalSelfAttention::causalMask(int64_t t) {
+  if (!mask_.defined() || mask_.size(0) != t) {
+    NoGradGuard ng;
+    Tensor r = ops::arange(t, DType::Int64, device_);
+    mask_ = ops::gt(ops::reshape(r, {1, t}), ops::reshape(r, {t, 1}));  // [i, j] = j > i
+  }
+  return mask_;
+}
+
+Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
+  KEEL_CHECK(x.dim() == 3 && x.size(2) == dModel_, "CausalSelfAttention '", fullPath(),
+             "': expected input [B, T, ", dModel_, "], got ", shapeStr(x.shape()));
+  const int64_t b = x.size(0), t = x.size(1), c = dModel_, h = nHead_, hd = dModel_ / nHead_;
+  const bool drop = isTraining() && dropout_ > 0.0 && dropoutGen_;
+  auto parts = ops::split(qkv_->forward(x), {c, c, c}, -1);
+  auto heads = [&](const Tensor& p) {
+    return ops::transpose(ops::reshape(p, {b, t, h, hd}), 1, 2);
+  };
+  Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B, H, T, hd]
+  Tensor scores = ops::mulScalar(ops::matmul(q, k, false, true), 1.0 / std::sqrt(double(hd)));
+  scores = ops::maskedFill(scores, causalMask(t), -std::numeric_limits<double>::infinity());
+  Tensor att = ops::softmax(scores, -1);
+  if (drop) att = ops::dropout(att, dropout_, *dropoutGen_, true);
+  Tensor y = ops::matmul(att, v);  // [B, H, T, hd]
+  y = ops::reshape(ops::transpose(y, 1, 2), {b, t, c});
+  y = proj_->forward(y);
+  if (drop) y = ops::dropout(y, dropout_, *dropoutGen_, true);
+  return y;
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------------
+
+SwiGLU::SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd) {
+  w1_ = registerModule("w1", std::make_shared<Linear>(dModel, dFF, false, gen, device));
+  w3_ = registerModule("w3", std::make_shared<Linear>(dModel, dFF, false, gen, device));
+  w2_ = registerModule("w2", std::make_shared<Linear>(dFF, dModel, false, gen, device, residStd));
+}
+
+Tensor SwiGLU::forwardImpl(const Tensor& x) {
+  return w2_->forward(ops::mul(ops::silu(w1_->forward(x)), w3_->forward(x)));
+}
+
+}  // namespace keel::nn

@@ -1,0 +1,87 @@
+// Module tree bookkeeping: registration, full paths, parameter listing, grad and training flags.
+// Invariant: after any registerModule, every module and parameter tensor in the tree carries its
+// full dotted path (parameters via Tensor::name()).
+#include <utility>
+
+#include "keel/error.h"
+#include "keel/nn.h"
+
+namespace keel::nn {
+namespace {
+
+std::string joinPath(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+void checkLocalName(const std::string& name, const char* what) {
+  KEEL_CHECK(!name.empty(), "Module: empty ", what, " name");
+  KEEL_CHECK(name.find('.') == std::string::npos, "Module: ", what, " name '", name,
+             "' must not contain '.'");
+}
+
+}  // namespace
+
+Tensor Module::registerParameter(const std::string& name, Tensor t) {
+  checkLocalName(name, "parameter");
+  KEEL_CHECK(t.defined(), "Module '", path_, "': parameter '", name, "' is undefined");
+  for (auto& [n, _] : params_)
+    KEEL_CHECK(n != name, "Module '", path_, "': parameter '", name, "' registered twice");
+  for (auto& [n, _] : children_)
+    KEEL_CHECK(n != name, "Module '", path_, "': parameter '", name, "' clashes with a child");
+  if (!t.requiresGrad()) t.setRequiresGrad(true);
+  t.setName(joinPath(path_, name));
+  params_.emplace_back(name, t);
+  return t;
+}
+
+void Module::addChild(const std::string& name, std::shared_ptr<Module> m) {
+  checkLocalName(name, "module");
+  KEEL_CHECK(m != nullptr, "Module '", path_, "': child '", name, "' is null");
+  KEEL_CHECK(m.get() != this, "Module '", path_, "': cannot register a module inside itself");
+  for (auto& [n, _] : children_)
+    KEEL_CHECK(n != name, "Module '", path_, "': child '", name, "' registered twice");
+  for (auto& [n, _] : params_)
+    KEEL_CHECK(n != name, "Module '", path_, "': child '", name, "' clashes with a parameter");
+  m->setPath(joinPath(path_, name));
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::setPath(std::string path) {
+  path_ = std::move(path);
+  for (auto& [n, t] : params_) t.setName(joinPath(path_, n));
+  for (auto& [n, c] : children_) c->setPath(joinPath(path_, n));
+}
+
+void Module::collect(std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (auto& [n, t] : params_) out.emplace_back(joinPath(path_, n), t);
+  for (auto& [n, c] : children_) c->collect(out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::namedParameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect(out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : namedParameters()) out.push_back(t);
+  return out;
+}
+
+int64_t Module::numParameters() const {
+  int64_t n = 0;
+  for (auto& t : parameters()) n += t.numel();
+  return n;
+}
+
+void Module::zeroGrad() {
+  for (auto& t : parameters()) t.setGrad(Tensor());
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+}  // namespace keel::nn

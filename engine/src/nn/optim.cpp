@@ -1,0 +1,110 @@
+// Optimizer implementations: state creation, the per-parameter update ops, grad-norm clipping and
+// the warmup + cosine schedule. Invariant: every op issued here runs in Phase::Optimizer without
+// autograd recording, so optimizer work never enters a graph.
+#include "keel/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "keel/dispatch.h"
+#include "keel/error.h"
+#include "keel/ops.h"
+
+namespace keel::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    KEEL_CHECK(params_[i].defined(), "Optimizer: parameter ", i, " is undefined");
+    KEEL_CHECK(isFloating(params_[i].dtype()), "Optimizer: parameter ", i, " ('", params_[i].name(),
+               "') has non-float dtype ", dtypeName(params_[i].dtype()));
+  }
+}
+
+void Optimizer::zeroGrad() {
+  for (auto& p : params_) p.setGrad(Tensor());
+}
+
+SGD::SGD(std::vector<Tensor> params, SgdOptions opt)
+    : Optimizer(std::move(params), opt.lr), opt_(opt) {
+  KEEL_CHECK(opt.momentum >= 0.0 && opt.weightDecay >= 0.0,
+             "SGD: momentum and weight decay must be >= 0");
+  KEEL_CHECK(!opt.nesterov || opt.momentum > 0.0, "SGD: nesterov needs momentum > 0");
+  momentum_.resize(params_.size());
+}
+
+void SGD::step() {
+  NoGradGuard ng;
+  PhaseGuard phase(Phase::Optimizer);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    ScopeGuard scope(p.name(), /*absolute=*/true);
+    if (!momentum_[i].defined()) momentum_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    ops::sgdStep(p, g, momentum_[i], lr_, opt_.momentum, opt_.weightDecay, opt_.nesterov);
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opt)
+    : Optimizer(std::move(params), opt.lr), opt_(opt) {
+  KEEL_CHECK(opt.beta1 >= 0.0 && opt.beta1 < 1.0 && opt.beta2 >= 0.0 && opt.beta2 < 1.0,
+             "AdamW: betas must be in [0, 1), got ", opt.beta1, ", ", opt.beta2);
+  KEEL_CHECK(opt.eps > 0.0 && opt.weightDecay >= 0.0,
+             "AdamW: eps must be > 0 and weight decay >= 0");
+  m_.resize(params_.size());
+  v_.resize(params_.size());
+  steps_.assign(params_.size(), 0);
+}
+
+void AdamW::step() {
+  NoGradGuard ng;
+  PhaseGuard phase(Phase::Optimizer);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    ScopeGuard scope(p.name(), /*absolute=*/true);
+    if (!m_[i].defined()) {
+      m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+      v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    }
+    double wd = (opt_.decayMatricesOnly && p.dim() < 2) ? 0.0 : opt_.weightDecay;
+    ops::adamwStep(p, g, m_[i], v_[i], lr_, opt_.beta1, opt_.beta2, opt_.eps, wd, ++steps_[i]);
+  }
+}
+
+double clipGradNorm(const std::vector<Tensor>& params, double maxNorm) {
+  NoGradGuard ng;
+  PhaseGuard phase(Phase::Optimizer);
+  ScopeGuard scope("clip_grad_norm", /*absolute=*/true);
+  Tensor total;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor sq = ops::sum(ops::mul(g, g));
+    total = total.defined() ? ops::add(total, sq) : sq;
+  }
+  if (!total.defined()) return 0.0;
+  double sumSq = total.device().isHost() ? total.item() : total.to(Device(Backend::Cpu)).item();
+  double norm = std::sqrt(sumSq);
+  if (maxNorm > 0.0 && norm > maxNorm) {
+    double coef = maxNorm / (norm + 1e-6);
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) p.setGrad(ops::mulScalar(g, coef));
+    }
+  }
+  return norm;
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (step < 0) step = 0;
+  if (warmupSteps > 0 && step < warmupSteps) return maxLr * double(step + 1) / double(warmupSteps);
+  int64_t decaySteps = totalSteps - 1 - warmupSteps;
+  if (decaySteps <= 0) return maxLr;  // no room to decay
+  double progress = std::min(1.0, double(step - warmupSteps) / double(decaySteps));
+  return minLr + 0.5 * (maxLr - minLr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+}  // namespace keel::optim

@@ -1,0 +1,113 @@
+// The training loop behind `keel train`, the tests and the studio: one step = batch, forward,
+// backward, clip, schedule, optimizer update. Invariant: all randomness comes from generators
+// seeded by the run's seed (weights: seed; batches and dropout: seeds derived from it).
+#include "keel/train.h"
+
+#include <chrono>
+
+#include "keel/error.h"
+#include "parallel.h"
+
+namespace keel {
+namespace {
+
+double hostScalar(const Tensor& t) {
+  return t.device().isHost() ? t.item() : t.to(Device(Backend::Cpu)).item();
+}
+
+constexpr uint64_t kBatchSeedSalt = 0x6261746368657321ull;  // "batches!"
+constexpr uint64_t kEvalSeedSalt = 0x6576616c75617465ull;   // "evaluate"
+
+}  // namespace
+
+void setCpuThreads(int n) {
+  if (n > 0) setNumThreads(n);
+}
+int cpuThreads() {
+  return numThreads();
+}
+
+Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
+                 std::shared_ptr<const data::TextDataset> dataset, int64_t totalSteps)
+    : cfg_(cfg),
+      device_(device),
+      seed_(seed),
+      data_(std::move(dataset)),
+      batchGen_(seed ^ kBatchSeedSalt) {
+  validateGptConfig(cfg_);
+  KEEL_CHECK(data_ != nullptr, "Trainer: no dataset");
+  KEEL_CHECK(cfg_.vocab_size >= data::ByteTokenizer::kVocabSize,
+             "config field 'vocab_size': ", cfg_.vocab_size,
+             " is smaller than the byte tokenizer's vocabulary (", data::ByteTokenizer::kVocabSize,
+             ")");
+  KEEL_CHECK(totalSteps > 0, "Trainer: the number of steps must be positive, got ", totalSteps);
+  KEEL_CHECK(data_->splitTokens(data::Split::Train) >= cfg_.seq_len + 1, data_->source(),
+             ": the train split has ", data_->splitTokens(data::Split::Train),
+             " tokens, fewer than seq_len + 1 = ", cfg_.seq_len + 1);
+  model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_);
+  if (cfg_.optimizer == "sgd") {
+    optimizer_ = std::make_unique<optim::SGD>(
+        model_->parameters(),
+        optim::SgdOptions{cfg_.lr, cfg_.momentum, cfg_.weight_decay, cfg_.nesterov});
+  } else {
+    optim::AdamWOptions o;
+    o.lr = cfg_.lr;
+    o.beta1 = cfg_.beta1;
+    o.beta2 = cfg_.beta2;
+    o.eps = cfg_.eps;
+    o.weightDecay = cfg_.weight_decay;
+    optimizer_ = std::make_unique<optim::AdamW>(model_->parameters(), o);
+  }
+  schedule_ = optim::LrSchedule{cfg_.lr, cfg_.min_lr, cfg_.warmup_steps, totalSteps};
+}
+
+StepStats Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  StepStats s;
+  s.step = stepsDone_ + 1;
+  s.lr = schedule_.at(stepsDone_);
+  optimizer_->setLr(s.lr);
+
+  auto [x, y] =
+      data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
+  model_->train();
+  optimizer_->zeroGrad();
+  nn::GptOutput out = model_->forward(x, y);
+  out.loss.backward();
+  s.gradNorm = optim::clipGradNorm(optimizer_->params(), cfg_.grad_clip);
+  optimizer_->step();
+
+  s.loss = hostScalar(out.loss);
+  s.lmLoss = hostScalar(out.lmLoss);
+  s.auxLoss = out.auxLoss.defined() ? hostScalar(out.auxLoss) : 0.0;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.tokensPerSec = s.seconds > 0 ? double(cfg_.batch_size * cfg_.seq_len) / s.seconds : 0.0;
+  ++stepsDone_;
+  return s;
+}
+
+std::vector<StepStats> Trainer::run(int64_t steps, const StepCallback& cb) {
+  std::vector<StepStats> all;
+  all.reserve(size_t(std::max<int64_t>(steps, 0)));
+  for (int64_t i = 0; i < steps; ++i) {
+    all.push_back(step());
+    if (cb) cb(all.back());
+  }
+  return all;
+}
+
+double Trainer::evaluate(int64_t batches) {
+  KEEL_CHECK(batches > 0, "evaluate: the number of batches must be positive, got ", batches);
+  NoGradGuard ng;
+  Generator gen(seed_ ^ kEvalSeedSalt);
+  model_->eval();
+  double total = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    auto [x, y] = data_->getBatch(cfg_.batch_size, cfg_.seq_len, gen, data::Split::Val, device_);
+    total += hostScalar(model_->forward(x, y).lmLoss);
+  }
+  model_->train();
+  return total / double(batches);
+}
+
+}  // namespace keel

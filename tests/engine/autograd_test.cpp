@@ -1,0 +1,413 @@
+// Autograd engine and observer seam: gradient accumulation, retainGraph, no-grad mode, hooks,
+// in-place modification of saved tensors, and what observers see (phases, the backward -> forward
+// op link, scope paths). Runs on cpu-ref; the backends' arithmetic is checked elsewhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/autograd.h"
+#include "keel/observer.h"
+#include "keel/registry.h"
+#include "test_util.h"
+
+namespace keel::test {
+namespace {
+
+constexpr DType F64 = DType::Float64;
+
+Tensor leaf(std::vector<double> v) {
+  Tensor t = fromDoubles(v, {int64_t(v.size())}, F64, kCpuRef);
+  t.setRequiresGrad(true);
+  return t;
+}
+
+// ---------------------------------------------------------------- gradients
+TEST(Autograd, GradientsAccumulateAcrossTwoBackwardCalls) {
+  Tensor x = leaf({1, 2, 3});
+  Tensor c = fromDoubles({0.5, -1, 4}, {3});
+  ops::sum(ops::mul(x, c)).backward();
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{0.5, -1, 4}));
+  ops::sum(ops::mul(x, c)).backward();  // a fresh graph: adds to .grad
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{1, -2, 8}));
+  x.setGrad(Tensor());
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Autograd, ScalarRootSeedsWithOneAndNonScalarRootNeedsAGradient) {
+  Tensor x = leaf({1, 2});
+  Tensor y = ops::mul(x, x);
+  EXPECT_THROW(y.backward(), Error);
+  y.backward(fromDoubles({1, 10}, {2}));
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{2, 40}));
+}
+
+TEST(Autograd, SecondBackwardWithoutRetainGraphThrows) {
+  Tensor x = leaf({0.5, 1.5});
+  Tensor y = ops::sum(ops::exp(x));
+  y.backward();
+  try {
+    y.backward();
+    FAIL() << "second backward through a freed graph did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("retainGraph"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, RetainGraphAllowsASecondBackwardThatDoublesTheGrads) {
+  Tensor x = leaf({0.5, 1.5, -2});
+  Tensor y = ops::sum(ops::mul(ops::exp(x), x));  // d/dx = e^x (1 + x)
+  y.backward({}, true);
+  std::vector<double> g1 = x.grad().toVector<double>();
+  for (size_t i = 0; i < 3; ++i) {
+    double xi = std::vector<double>{0.5, 1.5, -2}[i];
+    EXPECT_NEAR(g1[i], std::exp(xi) * (1 + xi), 1e-14);
+  }
+  y.backward({}, true);
+  std::vector<double> g2 = x.grad().toVector<double>();
+  // Two paths reach x, so the sums associate differently: equal up to rounding.
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(g2[i], 2 * g1[i], 1e-14 * std::fabs(g1[i]));
+  y.backward();  // the last one may free the graph
+  EXPECT_THROW(y.backward(), Error);
+}
+
+TEST(Autograd, DiamondGraphSumsBothPaths) {
+  Tensor x = leaf({3});
+  Tensor a = ops::mul(x, x);  // 2x
+  Tensor b = ops::exp(x);     // e^x
+  ops::sum(ops::add(a, b)).backward();
+  EXPECT_NEAR(x.grad().item(), 6 + std::exp(3.0), 1e-12);
+}
+
+TEST(Autograd, NoGradGuardRecordsNoNode) {
+  Tensor x = leaf({1, 2});
+  {
+    NoGradGuard ng;
+    EXPECT_FALSE(gradEnabled());
+    Tensor y = ops::exp(x);
+    EXPECT_FALSE(y.requiresGrad());
+    EXPECT_EQ(y.gradFn(), nullptr);
+    {
+      NoGradGuard nested;
+      EXPECT_FALSE(gradEnabled());
+    }
+    EXPECT_FALSE(gradEnabled());
+  }
+  EXPECT_TRUE(gradEnabled());
+  Tensor z = ops::exp(x);
+  EXPECT_TRUE(z.requiresGrad());
+  ASSERT_NE(z.gradFn(), nullptr);
+  EXPECT_EQ(z.gradFn()->name(), "exp");
+}
+
+TEST(Autograd, OpsOnTensorsThatNeedNoGradRecordNothing) {
+  Tensor a = fromDoubles({1, 2}, {2});
+  Tensor y = ops::exp(a);
+  EXPECT_FALSE(y.requiresGrad());
+  EXPECT_EQ(y.gradFn(), nullptr);
+  EXPECT_THROW(ops::sum(y).backward(), Error);
+}
+
+TEST(Autograd, IntegerOutputsOfADifferentiableOpDoNotRequireGrad) {
+  Tensor x = leaf({3, 1, 2});
+  auto [v, i] = ops::topk(x, 2);
+  EXPECT_TRUE(v.requiresGrad());
+  EXPECT_FALSE(i.requiresGrad());
+  ops::sum(v).backward();
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{1, 0, 1}));
+}
+
+TEST(Autograd, LeafHookReplacesTheGradient) {
+  Tensor x = leaf({1, 2});
+  std::vector<double> seen;
+  x.registerHook([&](const Tensor& g) {
+    seen = g.toVector<double>();
+    return ops::mul(g, fromDoubles({10, 100}, {2}));
+  });
+  ops::sum(ops::mul(x, fromDoubles({3, -1}, {2}))).backward();
+  EXPECT_EQ(seen, (std::vector<double>{3, -1}));
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{30, -100}));
+}
+
+// A hook sees "this tensor's gradient" (tensor.h): the sum over every use of the leaf, once.
+TEST(Autograd, LeafHookRunsOnceWithTheSummedGradient) {
+  Tensor x = leaf({1, 2});
+  std::vector<std::vector<double>> seen;
+  x.registerHook([&](const Tensor& g) {
+    seen.push_back(g.toVector<double>());
+    return Tensor();
+  });
+  ops::sum(ops::mul(x, x)).backward();  // two uses of x: contributions [1, 2] + [1, 2]
+  EXPECT_EQ(seen, (std::vector<std::vector<double>>{{2, 4}}));
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{2, 4}));
+}
+
+TEST(Autograd, NonLeafHookReplacesTheGradientFlowingUpstream) {
+  Tensor x = leaf({1, 2});
+  Tensor h = ops::mul(x, fromDoubles({3, 3}, {2}));  // dh/dx = 3
+  std::vector<double> seen;
+  h.registerHook([&](const Tensor& g) {
+    seen = g.toVector<double>();
+    return fromDoubles({1, -1}, {2});
+  });
+  ops::sum(ops::mul(h, h)).backward();  // dL/dh = 2h = [6, 12]
+  EXPECT_EQ(seen, (std::vector<double>{6, 12}));
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{3, -3}));
+}
+
+TEST(Autograd, HookReturningUndefinedKeepsTheGradient) {
+  Tensor x = leaf({1, 2});
+  int calls = 0;
+  x.registerHook([&](const Tensor&) {
+    ++calls;
+    return Tensor();
+  });
+  ops::sum(ops::mul(x, fromDoubles({5, 6}, {2}))).backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{5, 6}));
+}
+
+TEST(Autograd, SavedTensorModifiedInPlaceRaisesOnBackward) {
+  Tensor x = leaf({1, 2, 3});
+  Tensor y = ops::sum(ops::mul(x, x));  // mul saves x
+  uint64_t v0 = x.version();
+  {
+    NoGradGuard ng;
+    PhaseGuard pg(Phase::Optimizer);
+    ops::sgdStep(x, fromDoubles({1, 1, 1}, {3}), fromDoubles({0, 0, 0}, {3}), 0.1, 0.0, 0.0, false);
+  }
+  EXPECT_GT(x.version(), v0);
+  try {
+    y.backward();
+    FAIL() << "backward through a saved tensor modified in place did not throw";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("mul"), std::string::npos) << m;
+    EXPECT_NE(m.find("in place"), std::string::npos) << m;
+  }
+}
+
+TEST(Autograd, DetachSharesStorageButLeavesTheGraph) {
+  Tensor x = leaf({1, 2});
+  Tensor y = ops::exp(x);
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requiresGrad());
+  EXPECT_EQ(d.buffer(), y.buffer());
+  EXPECT_NE(d.id(), y.id());
+}
+
+TEST(Autograd, GradientOfAViewReachesTheBase) {
+  Tensor x = leaf({1, 2, 3, 4, 5, 6});
+  Tensor v = ops::slice(ops::reshape(x, {2, 3}), 1, 1, 3);  // [[2,3],[5,6]]
+  ops::sum(ops::mul(v, v)).backward();
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{0, 4, 6, 0, 10, 12}));
+}
+
+// ---------------------------------------------------------------- observers
+struct Seen {
+  uint64_t seq, forwardSeq;
+  std::string op;
+  Phase phase;
+  std::string scope;
+  size_t inputs, outputs;
+  int64_t beginNs, endNs;
+};
+
+class Recorder : public Observer {
+ public:
+  std::vector<Seen> begins, ends;
+  std::vector<MemEvent> mem;
+  void onOpBegin(const OpEvent& e) override { begins.push_back(toSeen(e)); }
+  void onOpEnd(const OpEvent& e) override { ends.push_back(toSeen(e)); }
+  void onMemory(const MemEvent& e) override { mem.push_back(e); }
+  std::vector<Seen> phase(Phase p) const {
+    std::vector<Seen> r;
+    for (auto& s : ends)
+      if (s.phase == p) r.push_back(s);
+    return r;
+  }
+  const Seen* find(const std::string& op) const {
+    for (auto& s : ends)
+      if (s.op == op) return &s;
+    return nullptr;
+  }
+
+ private:
+  static Seen toSeen(const OpEvent& e) {
+    return Seen{e.seq,           e.forwardSeq,     e.op->name, e.phase, std::string(e.scope),
+                e.inputs.size(), e.outputs.size(), e.beginNs,  e.endNs};
+  }
+};
+
+// Installs an observer for the scope of a test.
+struct ObserverScope {
+  std::shared_ptr<Recorder> rec = std::make_shared<Recorder>();
+  ObserverScope() { addObserver(rec); }
+  ~ObserverScope() { removeObserver(rec); }
+};
+
+TEST(Observer, ForwardOpsReportPhaseForwardInIssueOrder) {
+  Tensor x = leaf({1, 2});
+  ObserverScope obs;
+  Tensor y = ops::exp(x);
+  Tensor z = ops::add(y, x);
+  ASSERT_EQ(obs.rec->ends.size(), 2u);
+  EXPECT_EQ(obs.rec->ends[0].op, "exp");
+  EXPECT_EQ(obs.rec->ends[1].op, "add");
+  EXPECT_LT(obs.rec->ends[0].seq, obs.rec->ends[1].seq);
+  for (auto& s : obs.rec->ends) {
+    EXPECT_EQ(s.phase, Phase::Forward);
+    EXPECT_EQ(s.forwardSeq, 0u);
+    EXPECT_EQ(s.outputs, 1u);
+    EXPECT_LE(s.beginNs, s.endNs);
+  }
+  EXPECT_EQ(obs.rec->ends[1].inputs, 2u);
+}
+
+TEST(Observer, BeginPrecedesEndWithTheSameSeqAndNoOutputsYet) {
+  Tensor x = leaf({1});
+  ObserverScope obs;
+  ops::exp(x);
+  ASSERT_EQ(obs.rec->begins.size(), 1u);
+  ASSERT_EQ(obs.rec->ends.size(), 1u);
+  EXPECT_EQ(obs.rec->begins[0].seq, obs.rec->ends[0].seq);
+  EXPECT_EQ(obs.rec->begins[0].outputs, 0u);
+  EXPECT_EQ(obs.rec->begins[0].endNs, 0);
+  EXPECT_EQ(obs.rec->ends[0].outputs, 1u);
+}
+
+TEST(Observer, BackwardOpsOfExpReportExpsSeqAsForwardSeq) {
+  Tensor x = leaf({0.5, -1});
+  ObserverScope obs;
+  Tensor y = ops::exp(x);
+  const Seen* e = obs.rec->find("exp");
+  ASSERT_NE(e, nullptr);
+  uint64_t expSeq = e->seq;
+  y.backward(fromDoubles({1, 2}, {2}));
+  std::vector<Seen> back = obs.rec->phase(Phase::Backward);
+  ASSERT_FALSE(back.empty()) << "exp's backward rule ran no op";
+  for (auto& s : back) {
+    EXPECT_EQ(s.forwardSeq, expSeq) << "backward op '" << s.op << "'";
+    EXPECT_GT(s.seq, expSeq);
+  }
+}
+
+TEST(Observer, EachBackwardOpLinksToTheForwardOpItDifferentiates) {
+  Tensor x = leaf({0.5, -1, 2});
+  ObserverScope obs;
+  Tensor y = ops::exp(x);
+  Tensor l = ops::sum(ops::mul(y, y));
+  uint64_t expSeq = obs.rec->find("exp")->seq, mulSeq = obs.rec->find("mul")->seq,
+           sumSeq = obs.rec->find("sum")->seq;
+  size_t nForward = obs.rec->ends.size();
+  l.backward();
+  std::map<uint64_t, int> perForward;
+  uint64_t lastLinked = UINT64_MAX;
+  for (size_t i = nForward; i < obs.rec->ends.size(); ++i) {
+    const Seen& s = obs.rec->ends[i];
+    EXPECT_EQ(s.phase, Phase::Backward) << s.op;
+    EXPECT_TRUE(s.forwardSeq == 0 || s.forwardSeq == expSeq || s.forwardSeq == mulSeq ||
+                s.forwardSeq == sumSeq)
+        << "backward op '" << s.op << "' links to seq " << s.forwardSeq;
+    ++perForward[s.forwardSeq];
+    if (s.forwardSeq != 0) {  // nodes run latest forward op first
+      EXPECT_LE(s.forwardSeq, lastLinked);
+      lastLinked = s.forwardSeq;
+    }
+  }
+  EXPECT_GT(perForward[sumSeq], 0);
+  EXPECT_GT(perForward[mulSeq], 0);
+  EXPECT_GT(perForward[expSeq], 0);
+}
+
+TEST(Observer, OptimizerOpsReportPhaseOptimizer) {
+  Tensor p = fromDoubles({1, 2}, {2}), g = fromDoubles({1, 1}, {2}), b = fromDoubles({0, 0}, {2});
+  ObserverScope obs;
+  {
+    PhaseGuard pg(Phase::Optimizer);
+    ops::sgdStep(p, g, b, 0.5, 0.0, 0.0, false);
+  }
+  ops::exp(p);
+  ASSERT_EQ(obs.rec->ends.size(), 2u);
+  EXPECT_EQ(obs.rec->ends[0].op, "sgd_step");
+  EXPECT_EQ(obs.rec->ends[0].phase, Phase::Optimizer);
+  EXPECT_EQ(obs.rec->ends[0].outputs, 0u);
+  EXPECT_EQ(obs.rec->ends[1].phase, Phase::Forward);
+}
+
+TEST(Observer, ScopePathsNestAndBackwardOpsKeepTheirForwardScope) {
+  Tensor x = leaf({1, 2});
+  ObserverScope obs;
+  Tensor y;
+  {
+    ScopeGuard a("blocks.3");
+    {
+      ScopeGuard b("attn");
+      EXPECT_EQ(currentScope(), "blocks.3.attn");
+      y = ops::exp(x);
+    }
+    {
+      ScopeGuard c("head", true);
+      EXPECT_EQ(currentScope(), "head");
+      y = ops::mul(y, y);
+    }
+    EXPECT_EQ(currentScope(), "blocks.3");
+  }
+  EXPECT_EQ(currentScope(), "");
+  ops::sum(y).backward();
+  EXPECT_EQ(obs.rec->find("exp")->scope, "blocks.3.attn");
+  EXPECT_EQ(obs.rec->find("mul")->scope, "head");
+  EXPECT_EQ(obs.rec->find("sum")->scope, "");
+  uint64_t expSeq = obs.rec->find("exp")->seq, mulSeq = obs.rec->find("mul")->seq;
+  int expBack = 0, mulBack = 0;
+  for (auto& s : obs.rec->phase(Phase::Backward)) {
+    if (s.forwardSeq == expSeq) {
+      EXPECT_EQ(s.scope, "blocks.3.attn") << s.op;
+      ++expBack;
+    }
+    if (s.forwardSeq == mulSeq) {
+      EXPECT_EQ(s.scope, "head") << s.op;
+      ++mulBack;
+    }
+  }
+  EXPECT_GT(expBack, 0);
+  EXPECT_GT(mulBack, 0);
+}
+
+TEST(Observer, MemoryEventsCarryTheOpThatAllocated) {
+  Tensor x = fromDoubles({1, 2, 3}, {3});
+  ObserverScope obs;
+  ops::exp(x);
+  ASSERT_EQ(obs.rec->ends.size(), 1u);
+  bool found = false;
+  for (auto& m : obs.rec->mem)
+    if (m.kind == MemEventKind::Alloc && m.opSeq == obs.rec->ends[0].seq) found = m.bytes >= 24;
+  EXPECT_TRUE(found) << "no alloc event of >= 24 bytes attributed to exp";
+}
+
+TEST(Observer, NothingIsCalledWithoutAnInstalledObserver) {
+  auto rec = std::make_shared<Recorder>();
+  addObserver(rec);
+  EXPECT_TRUE(detail::hasObservers());
+  removeObserver(rec);
+  EXPECT_FALSE(detail::hasObservers());
+  Tensor x = leaf({1, 2});
+  ops::sum(ops::exp(x)).backward();
+  EXPECT_TRUE(rec->begins.empty());
+  EXPECT_TRUE(rec->ends.empty());
+  EXPECT_TRUE(rec->mem.empty());
+}
+
+TEST(Observer, TwoObserversBothSeeEveryOp) {
+  ObserverScope a, b;
+  ops::exp(fromDoubles({1}, {1}));
+  EXPECT_EQ(a.rec->ends.size(), 1u);
+  EXPECT_EQ(b.rec->ends.size(), 1u);
+  EXPECT_EQ(a.rec->ends[0].seq, b.rec->ends[0].seq);
+}
+
+}  // namespace
+}  // namespace keel::test

@@ -1,0 +1,187 @@
+// Tests for GptConfig loading: the shipped configs parse, defaults are filled, and every bad input
+// (missing file, bad JSON, unknown key, wrong type, out-of-range or inconsistent value) throws
+// keel::Error with one line naming the source and the field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/error.h"
+#include "keel/gpt_config.h"
+
+namespace keel {
+namespace {
+
+using Json = nlohmann::json;
+const std::string kSrc = KEEL_SOURCE_DIR;
+
+Json baseConfig() {
+  return Json{{"vocab_size", 256}, {"seq_len", 16}, {"n_layer", 2},    {"n_head", 2},
+              {"d_model", 32},     {"d_ff", 64},    {"batch_size", 4}, {"lr", 1e-3}};
+}
+
+// Expects parse failure whose message names the source and contains every fragment.
+void expectError(const std::string& text, const std::vector<std::string>& fragments,
+                 const std::string& source = "cfg.json") {
+  try {
+    parseGptConfig(text, source);
+    ADD_FAILURE() << "no error for: " << text;
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+    EXPECT_EQ(msg.rfind(source + ":", 0), 0u) << "starts with the source: " << msg;
+    for (auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << msg << " lacks " << f;
+  }
+}
+
+void expectFieldError(const Json& j, const std::string& field) {
+  SCOPED_TRACE(j.dump());
+  expectError(j.dump(), {"field '" + field + "'"});
+}
+
+Json with(const std::string& key, const Json& value) {
+  Json j = baseConfig();
+  j[key] = value;
+  return j;
+}
+Json without(const std::string& key) {
+  Json j = baseConfig();
+  j.erase(key);
+  return j;
+}
+Json moe(const Json& extra = Json::object()) {
+  Json j = baseConfig();
+  j["n_expert"] = 4;
+  j["top_k"] = 2;
+  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+  return j;
+}
+
+TEST(ConfigTest, ShippedConfigsParse) {
+  GptConfig g = loadGptConfig(kSrc + "/configs/gpt-mini.json");
+  EXPECT_EQ(g.n_layer, 4);
+  EXPECT_EQ(g.d_model, 128);
+  EXPECT_FALSE(g.isMoe());
+  GptConfig m = loadGptConfig(kSrc + "/configs/moe-mini.json");
+  EXPECT_TRUE(m.isMoe());
+  EXPECT_LE(m.top_k, m.n_expert);
+  EXPECT_NO_THROW(loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json"));
+  EXPECT_TRUE(loadGptConfig(kSrc + "/tests/fixtures/moe-tiny.json").isMoe());
+}
+
+TEST(ConfigTest, DefaultsAreFilled) {
+  Json j = baseConfig();
+  j.erase("d_ff");
+  GptConfig c = parseGptConfig(j.dump());
+  EXPECT_EQ(c.d_ff, 4 * 32);
+  EXPECT_DOUBLE_EQ(c.min_lr, 1e-4);  // lr / 10
+  EXPECT_EQ(c.norm, "layernorm");
+  EXPECT_EQ(c.optimizer, "adamw");
+  EXPECT_EQ(c.n_expert, 0);
+  EXPECT_EQ(c.dtype, "float32");
+}
+
+TEST(ConfigTest, FileProblems) {
+  namespace fs = std::filesystem;
+  fs::path dir =
+      fs::path(::testing::TempDir()) / ("keel_config_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string missing = (dir / "nope.json").string();
+  expectError("", {}, "unused");  // empty text is invalid JSON
+  try {
+    loadGptConfig(missing);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(loadGptConfig(dir.string()), Error);  // a directory
+  std::string empty = (dir / "empty.json").string();
+  std::ofstream(empty) << "  \n";
+  EXPECT_THROW(loadGptConfig(empty), Error);
+  std::string bad = (dir / "bad.json").string();
+  std::ofstream(bad) << "{\"vocab_size\": 256,\n \"seq_len\": }";
+  try {
+    loadGptConfig(bad);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(bad + ": invalid JSON", 0), 0u) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  expectError("[1, 2]", {"JSON object"});
+  expectError("{\"vocab_size\": 256", {"invalid JSON"});
+}
+
+TEST(ConfigTest, MissingRequiredFields) {
+  for (const char* f : {"vocab_size", "seq_len", "n_layer", "n_head", "d_model"}) {
+    SCOPED_TRACE(f);
+    expectError(without(f).dump(), {"field '" + std::string(f) + "'", "missing"});
+  }
+}
+
+TEST(ConfigTest, UnknownKeys) {
+  expectError(with("n_layers", 4).dump(), {"field 'n_layers'", "unknown"});
+  expectError(with("learning_rate", 0.1).dump(), {"field 'learning_rate'", "unknown"});
+}
+
+TEST(ConfigTest, WrongTypes) {
+  expectFieldError(with("n_layer", "4"), "n_layer");
+  expectFieldError(with("d_model", 12.5), "d_model");
+  expectFieldError(with("vocab_size", true), "vocab_size");
+  expectFieldError(with("batch_size", Json::array({4})), "batch_size");
+  expectFieldError(with("lr", "fast"), "lr");
+  expectFieldError(with("dropout", nullptr), "dropout");
+  expectFieldError(with("norm", 3), "norm");
+  expectFieldError(with("nesterov", 1), "nesterov");
+  expectFieldError(with("name", 7), "name");
+  expectFieldError(with("vocab_size", Json(18446744073709551615ull)), "vocab_size");
+}
+
+TEST(ConfigTest, NonPositiveSizes) {
+  for (const char* f :
+       {"vocab_size", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "batch_size"}) {
+    expectFieldError(with(f, 0), f);
+    expectFieldError(with(f, -3), f);
+  }
+}
+
+TEST(ConfigTest, InconsistentOrOutOfRangeValues) {
+  Json j = baseConfig();
+  j["d_model"] = 30;
+  j["n_head"] = 4;
+  expectError(j.dump(), {"field 'n_head'", "divisible"});
+  expectError(moe({{"top_k", 5}}).dump(), {"field 'top_k'", "exceeds n_expert"});
+  expectFieldError(moe({{"top_k", 0}}), "top_k");
+  expectFieldError(moe({{"capacity_factor", 0.0}}), "capacity_factor");
+  expectFieldError(moe({{"aux_loss_coef", -0.1}}), "aux_loss_coef");
+  expectFieldError(with("n_expert", -1), "n_expert");
+  expectFieldError(with("norm", "batchnorm"), "norm");
+  expectFieldError(with("optimizer", "adam"), "optimizer");
+  expectFieldError(with("dtype", "float16"), "dtype");
+  expectFieldError(with("dropout", 1.0), "dropout");
+  expectFieldError(with("dropout", -0.1), "dropout");
+  expectFieldError(with("lr", 0.0), "lr");
+  expectFieldError(with("min_lr", 0.5), "min_lr");  // above lr
+  expectFieldError(with("min_lr", -1e-5), "min_lr");
+  expectFieldError(with("warmup_steps", -1), "warmup_steps");
+  expectFieldError(with("weight_decay", -0.1), "weight_decay");
+  expectFieldError(with("grad_clip", -1.0), "grad_clip");
+  expectFieldError(with("momentum", 1.0), "momentum");
+  expectFieldError(with("beta1", -0.1), "beta1");
+  expectFieldError(with("beta2", 1.0), "beta2");
+  expectFieldError(with("eps", 0.0), "eps");
+  // top_k is only checked against n_expert for an MoE model.
+  EXPECT_NO_THROW(parseGptConfig(with("top_k", 8).dump()));
+}
+
+TEST(ConfigTest, ValidateCatchesCodeBuiltConfigs) {
+  GptConfig c;
+  EXPECT_NO_THROW(validateGptConfig(c));
+  c.n_head = 3;  // 64 % 3 != 0
+  EXPECT_THROW(validateGptConfig(c), Error);
+}
+
+}  // namespace
+}  // namespace keel
