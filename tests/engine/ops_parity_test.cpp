@@ -939,6 +939,23 @@ TEST(OpsParityCoverage, EveryTestedDtypeIsAcceptedByBothBackends) {
   }
 }
 
+// The harness is only as good as its comparators: they must reject a real difference.
+TEST(OpsParityCoverage, ComparatorsRejectDifferencesBeyondTolerance) {
+  Tensor a = fromDoubles({1.0, 2.0, 3.0}, {3}, F32);
+  Tensor b = fromDoubles({1.0, 2.001, 3.0}, {3}, F32);
+  EXPECT_FALSE(allClose(b, a, defaultTolerance(F32)));
+  EXPECT_TRUE(allClose(b, a, 1e-2, 0));
+  Tensor c = fromDoubles({1.0, 2.0, 3.0 + 3e-7}, {3}, F32);  // one float32 ulp at 3
+  EXPECT_TRUE(allClose(c, a, defaultTolerance(F32)));
+  EXPECT_FALSE(bitEqual(c, a));
+  EXPECT_TRUE(bitEqual(a, fromDoubles({1.0, 2.0, 3.0}, {3}, F32)));
+  EXPECT_FALSE(allClose(fromDoubles({NAN}, {1}), fromDoubles({0.0}, {1}), 1, 1));
+  EXPECT_TRUE(
+      allClose(fromDoubles({NAN, -INFINITY}, {2}), fromDoubles({NAN, -INFINITY}, {2}), 0, 0));
+  EXPECT_FALSE(allClose(fromDoubles({1.0}, {1}), fromDoubles({1.0}, {1, 1}), 1, 1));  // shape
+  EXPECT_FALSE(allClose(fromInts({3}, {1}, I32), fromInts({3}, {1}, I64), 0, 0));     // dtype
+}
+
 // ---------------------------------------------------------------- exact values, both backends
 class ExactValues : public ::testing::TestWithParam<Device> {};
 

@@ -35,27 +35,12 @@ bool sameSpecial(double a, double b) {
 
 }  // namespace
 
-// float64 and int64 values are copied bit for bit: Tensor::fromVector converts every value
-// through float (floats) or double (ints), which would round float64 data to float32 precision
-// (pinned by DTypeTensors.Float64FromHostKeepsDoublePrecision in dtype_test.cpp).
 Tensor fromDoubles(const std::vector<double>& v, const Shape& shape, DType dtype, Device device) {
-  if (dtype != DType::Float64 || !device.isHost())
-    return Tensor::fromVector<double>(v, shape, dtype, device);
-  KEEL_CHECK(int64_t(v.size()) == shapeNumel(shape), "fromDoubles: ", v.size(),
-             " values for shape ", shapeStr(shape));
-  Tensor t = makeTensor(shape, dtype, device);
-  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(double));
-  return t;
+  return Tensor::fromVector<double>(v, shape, dtype, device);
 }
 
 Tensor fromInts(const std::vector<int64_t>& v, const Shape& shape, DType dtype, Device device) {
-  if (dtype != DType::Int64 || !device.isHost())
-    return Tensor::fromVector<int64_t>(v, shape, dtype, device);
-  KEEL_CHECK(int64_t(v.size()) == shapeNumel(shape), "fromInts: ", v.size(), " values for shape ",
-             shapeStr(shape));
-  Tensor t = makeTensor(shape, dtype, device);
-  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(int64_t));
-  return t;
+  return Tensor::fromVector<int64_t>(v, shape, dtype, device);
 }
 
 Tensor randUniform(const Shape& shape, double low, double high, DType dtype, Device device,

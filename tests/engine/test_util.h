@@ -16,8 +16,12 @@
 
 namespace keel {
 // GoogleTest printers, so parameterized test names and failure messages show "cpu", "float16".
-inline void PrintTo(const Device& d, std::ostream* os) { *os << d.name(); }
-inline void PrintTo(DType t, std::ostream* os) { *os << dtypeName(t); }
+inline void PrintTo(const Device& d, std::ostream* os) {
+  *os << d.name();
+}
+inline void PrintTo(DType t, std::ostream* os) {
+  *os << dtypeName(t);
+}
 }  // namespace keel
 
 namespace keel::test {

@@ -21,7 +21,8 @@
 // computes each output element in exactly one chunk with a fixed operation order. Reductions are
 // never split across threads by thread count; where a long reduction is split, the split points
 // depend only on the problem size (fixed-size blocks) and partials are combined in block order.
-// So results are bitwise identical from run to run and for any KEEL_NUM_THREADS.
+// So results are bitwise identical from run to run and for any KEEL_NUM_THREADS. matmul inherits
+// OpenBLAS's behaviour, which splits a product over M and N (never K) between its threads.
 
 namespace keel::cpu {
 
@@ -57,6 +58,10 @@ inline T wrapMul(T a, T b) {
   return T(U(a) * U(b));
 }
 
+// Stores a compute-type value as T (16-bit floats round to nearest even); defined below.
+template <typename T>
+T store(CompT<T> c);
+
 // Converts a double to T as the reference backend stores values: 16-bit floats through float,
 // integers truncated and saturated (NaN -> 0), bool as x != 0.
 template <typename T>
@@ -66,7 +71,7 @@ inline T fromDouble(double x) {
   } else if constexpr (std::is_same_v<T, double>) {
     return x;
   } else if constexpr (kIsFloat<T>) {
-    return T(float(x));
+    return store<T>(float(x));
   } else {
     if (std::isnan(x)) return T(0);
     constexpr double lo = double(std::numeric_limits<T>::min());
@@ -201,6 +206,10 @@ inline float select(bool cond, float a, float b) {
   uint32_t m = 0u - uint32_t(cond);
   return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
 }
+inline uint32_t selectBits(bool cond, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - uint32_t(cond);
+  return (a & m) | (b & ~m);
+}
 inline bool isNan(float x) {
   return (std::bit_cast<uint32_t>(x) & 0x7fffffffu) > 0x7f800000u;
 }
@@ -282,6 +291,41 @@ inline float geluF(float x) {
 inline float geluGradF(float x) {
   return 0.5f * erfcF(-x * kInvSqrt2) + x * expF(-0.5f * x * x) * kInvSqrt2Pi;
 }
+// float16 <-> float32 without branches (F. Giesen's conversions; round to nearest even, NaN ->
+// quiet NaN with the sign kept). Bit-identical to Half::fromFloat / Half::toFloat.
+inline uint16_t halfFromFloat(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = u & 0x80000000u, a = u ^ sign;
+  // Inf or NaN (or too large): 0x7c00, or 0x7e00 for NaN.
+  const uint32_t special = 0x7c00u | (uint32_t(a > 0x7f800000u) << 9);
+  // Subnormal or zero: add a magic float so the FPU's rounding aligns the 10 mantissa bits.
+  const float magic = std::bit_cast<float>(uint32_t((127 - 15 + 23 - 10 + 1) << 23));
+  const uint32_t sub =
+      std::bit_cast<uint32_t>(std::bit_cast<float>(a) + magic) - std::bit_cast<uint32_t>(magic);
+  // Normal: rebias the exponent and round the 13 dropped bits to nearest even.
+  const uint32_t norm = (a + (uint32_t(15 - 127) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  const uint32_t o =
+      selectBits(a >= (uint32_t(127 + 16) << 23), special, selectBits(a < (113u << 23), sub, norm));
+  return uint16_t(o | (sign >> 16));
+}
+// float32 -> bfloat16, round to nearest even, NaN -> quiet NaN (as BFloat16::fromFloat).
+inline uint16_t bf16FromFloat(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return uint16_t(selectBits((u & 0x7fffffffu) > 0x7f800000u, quiet, rounded));
+}
+inline float halfToFloat(uint16_t h) {
+  const uint32_t e = uint32_t(h & 0x7fffu) << 13;
+  const uint32_t exp = e & (0x7c00u << 13);
+  const uint32_t base = e + (uint32_t(127 - 15) << 23);
+  const uint32_t inf = base + (uint32_t(128 - 16) << 23);
+  const float magic = std::bit_cast<float>(113u << 23);
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(base + (1u << 23)) - magic);
+  const uint32_t o = selectBits(exp == (0x7c00u << 13), inf, selectBits(exp == 0, sub, base));
+  return std::bit_cast<float>(o | (uint32_t(h & 0x8000u) << 16));
+}
+
 inline float siluF(float x) {
   return x / (1.0f + expF(-x));
 }
@@ -291,6 +335,32 @@ inline float siluGradF(float x) {
 }
 
 }  // namespace math
+
+// Loads an element into its compute type, and stores one back. 16-bit floats use the branch-free
+// conversions above, which give the same bits as the Half / BFloat16 constructors but vectorize.
+template <typename T>
+inline CompT<T> load(T v) {
+  if constexpr (std::is_same_v<T, Half>)
+    return math::halfToFloat(v.bits);
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return std::bit_cast<float>(uint32_t(v.bits) << 16);
+  else
+    return CompT<T>(v);
+}
+template <typename T>
+T store(CompT<T> c) {
+  if constexpr (std::is_same_v<T, Half>) {
+    Half h;
+    h.bits = math::halfFromFloat(c);
+    return h;
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    BFloat16 b;
+    b.bits = math::bf16FromFloat(c);
+    return b;
+  } else {
+    return T(c);
+  }
+}
 
 // Contiguous float32 loops over the math above (vec_math.cpp: AVX2 where the CPU has it, same
 // bits either way). Strided and 16-bit paths call the same math:: functions element by element.
@@ -329,9 +399,9 @@ double blockSum(const T* x, int64_t n, F f) {
     S acc[kLanes] = {};
     int64_t i = b;
     for (; i + kLanes <= e; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += S(f(C(x[i + l])));
+      for (int l = 0; l < kLanes; ++l) acc[l] += S(f(load(x[i + l])));
     S tail = 0;
-    for (; i < e; ++i) tail += S(f(C(x[i])));
+    for (; i < e; ++i) tail += S(f(load(x[i])));
     for (int w = kLanes / 2; w > 0; w /= 2)
       for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
     total += double(acc[0] + tail);
@@ -356,9 +426,9 @@ double blockSum2(const T* x, const U* y, int64_t n, F f) {
     S acc[kLanes] = {};
     int64_t i = b;
     for (; i + kLanes <= e; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += S(f(C(x[i + l]), C(y[i + l])));
+      for (int l = 0; l < kLanes; ++l) acc[l] += S(f(load(x[i + l]), load(y[i + l])));
     S tail = 0;
-    for (; i < e; ++i) tail += S(f(C(x[i]), C(y[i])));
+    for (; i < e; ++i) tail += S(f(load(x[i]), load(y[i])));
     for (int w = kLanes / 2; w > 0; w /= 2)
       for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
     total += double(acc[0] + tail);
@@ -377,12 +447,12 @@ CompT<T> rowMax(const T* x, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      C v = C(x[i + l]);
+      C v = load(x[i + l]);
       m[l] = v > m[l] ? v : m[l];
     }
   C r = -std::numeric_limits<C>::infinity();
   for (; i < n; ++i) {
-    C v = C(x[i]);
+    C v = load(x[i]);
     r = v > r ? v : r;
   }
   for (int l = 0; l < kLanes; ++l) r = m[l] > r ? m[l] : r;

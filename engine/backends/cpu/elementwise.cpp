@@ -151,9 +151,8 @@ void arith(const KernelCtx& c) {
   const Tensor &a = c.inputs[0], &b = c.inputs[1];
   visitDType(a.dtype(), [&]<typename T>() {
     if constexpr (Op::template ok<T>) {
-      using C = CompT<T>;
       binaryMap<T, T, T>(a, b, c.outputs[0], kGrain,
-                         [](T x, T y) { return T(Op::apply(C(x), C(y))); });
+                         [](T x, T y) { return store<T>(Op::apply(load(x), load(y))); });
     } else {
       unsupported(c, a.dtype());
     }
@@ -165,14 +164,13 @@ template <Cmp kOp>
 void compare(const KernelCtx& c) {
   const Tensor &a = c.inputs[0], &b = c.inputs[1];
   visitDType(a.dtype(), [&]<typename T>() {
-    using C = CompT<T>;
     binaryMap<T, T, bool>(a, b, c.outputs[0], kGrain, [](T x, T y) {
       if constexpr (kOp == Cmp::Eq)
-        return C(x) == C(y);
+        return load(x) == load(y);
       else if constexpr (kOp == Cmp::Lt)
-        return C(x) < C(y);
+        return load(x) < load(y);
       else
-        return C(x) > C(y);
+        return load(x) > load(y);
     });
   });
 }
@@ -194,7 +192,7 @@ void floatUnary(const KernelCtx& c, int64_t grain, const FloatUnary* array, FF f
       unaryMap<T, T>(c.inputs[0], c.outputs[0], grain, elem);
     }
   } else {
-    unaryMap<T, T>(c.inputs[0], c.outputs[0], grain, [&](T x) { return T(fl(float(x))); });
+    unaryMap<T, T>(c.inputs[0], c.outputs[0], grain, [&](T x) { return store<T>(fl(load(x))); });
   }
 }
 
@@ -231,8 +229,8 @@ void sqrtKernel(const KernelCtx& c, bool reciprocal) {
     if constexpr (kIsFloat<T>) {
       using C = CompT<T>;
       unaryMap<T, T>(x, out, kGrain, [&](T v) {
-        C r = std::sqrt(C(v));
-        return T(reciprocal ? C(1) / r : r);
+        C r = std::sqrt(load(v));
+        return store<T>(reciprocal ? C(1) / r : r);
       });
     } else {
       unsupported(c, x.dtype());
@@ -284,7 +282,7 @@ void kNeg(const KernelCtx& c) {
     if constexpr (kIsInt<T>) {
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain, [](T x) { return wrapSub(T(0), x); });
     } else if constexpr (kIsFloat<T>) {
-      unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain, [](T x) { return T(-CompT<T>(x)); });
+      unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain, [](T x) { return store<T>(-load(x)); });
     } else {
       unsupported(c, c.inputs[0].dtype());
     }
@@ -298,7 +296,7 @@ void kAbs(const KernelCtx& c) {
                      [](T x) { return x < 0 ? wrapSub(T(0), x) : x; });
     } else if constexpr (kIsFloat<T>) {
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain,
-                     [](T x) { return T(std::abs(CompT<T>(x))); });
+                     [](T x) { return store<T>(std::abs(load(x))); });
     } else {
       unsupported(c, c.inputs[0].dtype());
     }
@@ -311,8 +309,8 @@ void kRelu(const KernelCtx& c) {
     if constexpr (kIsInt<T> || kIsFloat<T>) {
       using C = CompT<T>;
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain, [](T x) {
-        C v = C(x);
-        return T(v > C(0) ? v : C(0));
+        C v = load(x);
+        return store<T>(v > C(0) ? v : C(0));
       });
     } else {
       unsupported(c, c.inputs[0].dtype());
@@ -375,7 +373,7 @@ void gradKernel(const KernelCtx& c, FloatGrad op, float (*fl)(float), FD db) {
           });
     } else if constexpr (kIsFloat<T>) {
       binaryMap<T, T, T>(c.inputs[0], c.inputs[1], c.outputs[0], kGrainHeavy,
-                         [fl](T g, T x) { return T(float(g) * fl(float(x))); });
+                         [fl](T g, T x) { return store<T>(load(g) * fl(load(x))); });
     } else {
       unsupported(c, c.inputs[0].dtype());
     }
@@ -404,7 +402,7 @@ void kAddScalar(const KernelCtx& c) {
   visitDType(c.inputs[0].dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain,
-                     [s](T x) { return fromDouble<T>(double(CompT<T>(x)) + s); });
+                     [s](T x) { return fromDouble<T>(double(load(x)) + s); });
     } else if constexpr (kIsInt<T>) {
       const T si = T(fromDouble<int64_t>(s));
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain, [si](T x) { return wrapAdd(x, si); });
@@ -419,7 +417,7 @@ void kMulScalar(const KernelCtx& c) {
   visitDType(c.inputs[0].dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain,
-                     [s](T x) { return fromDouble<T>(double(CompT<T>(x)) * s); });
+                     [s](T x) { return fromDouble<T>(double(load(x)) * s); });
     } else if constexpr (kIsInt<T>) {
       const T si = T(fromDouble<int64_t>(s));
       unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain, [si](T x) { return wrapMul(x, si); });
@@ -435,7 +433,7 @@ void kPowScalar(const KernelCtx& c) {
     if constexpr (kIsFloat<T>) {
       auto run = [&](auto f) {
         unaryMap<T, T>(c.inputs[0], c.outputs[0], kGrain,
-                       [f](T x) { return fromDouble<T>(f(double(CompT<T>(x)))); });
+                       [f](T x) { return fromDouble<T>(f(double(load(x)))); });
       };
       if (e == 1.0)
         run([](double x) { return x; });
@@ -501,14 +499,16 @@ inline D convertValue(S s) {
   if constexpr (std::is_same_v<D, S>) {
     return s;
   } else if constexpr (std::is_same_v<D, bool>) {
-    return CompT<S>(s) != CompT<S>(0);
-  } else if constexpr (kIsFloat<D>) {
+    return load(s) != CompT<S>(0);
+  } else if constexpr (std::is_same_v<D, double>) {
+    return double(load(s));
+  } else if constexpr (kIsFloat<D>) {  // float32 / float16 / bfloat16
     if constexpr (kIsFloat<S>)
-      return D(CompT<S>(s));
+      return store<D>(float(load(s)));
     else
-      return D(float(double(s)));
+      return store<D>(float(double(s)));
   } else if constexpr (kIsFloat<S>) {
-    return fromDouble<D>(double(CompT<S>(s)));
+    return fromDouble<D>(double(load(s)));
   } else {  // integer or bool -> integer, saturating
     using W = int64_t;
     W v = W(s);

@@ -42,7 +42,7 @@ struct AccBuffer {
       p = o;
     } else {
       own.resize(size_t(n));
-      for (int64_t i = 0; i < n; ++i) own[size_t(i)] = C(o[i]);
+      for (int64_t i = 0; i < n; ++i) own[size_t(i)] = load(o[i]);
       p = own.data();
     }
   }
@@ -55,7 +55,7 @@ struct AccBuffer {
   void finish() {
     if constexpr (!std::is_same_v<C, T>) {
       parallelFor(n, kGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) out[i] = T(p[i]);
+        for (int64_t i = b; i < e; ++i) out[i] = store<T>(p[i]);
       });
     }
   }

@@ -136,7 +136,7 @@ std::vector<float> toFloat(const Tensor& t) {
   Tensor c = contig(t);
   const T* p = c.data<T>();
   parallelFor(int64_t(v.size()), kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) v[size_t(i)] = float(p[i]);
+    for (int64_t i = b; i < e; ++i) v[size_t(i)] = load(p[i]);
   });
   return v;
 }
@@ -159,7 +159,7 @@ void kMatmul(const KernelCtx& c) {
                          b.shape(), contiguousStrides(b.shape()), tb, fo.data(), out.shape());
       T* o = out.data<T>();
       parallelFor(out.numel(), kGrain, [&](int64_t b0, int64_t e0) {
-        for (int64_t i = b0; i < e0; ++i) o[i] = T(fo[size_t(i)]);
+        for (int64_t i = b0; i < e0; ++i) o[i] = store<T>(fo[size_t(i)]);
       });
     } else {
       unsupported(c, a.dtype());

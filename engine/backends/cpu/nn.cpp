@@ -21,33 +21,40 @@ inline int64_t rowGrain(int64_t d) {
 }
 
 // Runs rowFn(const T* in0, ..., T* out, n) over every row along `dim` of same-shaped inputs.
-// Rows along the last dim are used in place (inputs made contiguous); other dims go through a
-// transposed [outer, inner, n] buffer and back.
+// Rows along the last dim are used in place (inputs made contiguous); for other dims each input
+// is copied once into a buffer with `dim` moved last, and the output is copied back.
 template <typename T, size_t N, typename F>
 void alongDim(const std::array<Tensor, N>& ins, const Tensor& out, int64_t dim, F rowFn) {
-  const DimSplit sp = splitAt(out.shape(), dim);
-  const int64_t n = sp.n, rows = sp.outer * sp.inner;
+  const Shape& shape = out.shape();
+  const int64_t n = shape[size_t(dim)], rows = n ? out.numel() / n : 0;
   if (out.numel() == 0) return;
+  const bool last = dim == out.dim() - 1;
+  // Strides (in out's dim order) of a contiguous buffer whose last dim is `dim`.
+  Shape moved(shape.size());
+  {
+    int64_t st = n;
+    moved[size_t(dim)] = 1;
+    for (int64_t d = out.dim() - 1; d >= 0; --d) {
+      if (d == dim) continue;
+      moved[size_t(d)] = st;
+      st *= shape[size_t(d)];
+    }
+  }
   std::array<Tensor, N> cs;
   std::array<const T*, N> p;
   std::array<std::vector<T>, N> bufs;
-  std::vector<T> obuf;
-  const Shape logical{sp.outer, n, sp.inner}, straight{n * sp.inner, sp.inner, 1},
-      turned{n * sp.inner, 1, n};
   for (size_t k = 0; k < N; ++k) {
-    cs[k] = contig(ins[k]);
-    p[k] = cs[k].template data<T>();
-    if (sp.inner > 1) {
+    if (last) {
+      cs[k] = contig(ins[k]);
+      p[k] = cs[k].template data<T>();
+    } else {
       bufs[k].resize(size_t(out.numel()));
-      copyStrided(bufs[k].data(), turned, p[k], straight, logical, sizeof(T));
+      copyStrided(bufs[k].data(), moved, ins[k].data(), ins[k].strides(), shape, sizeof(T));
       p[k] = bufs[k].data();
     }
   }
-  T* o = out.data<T>();
-  if (sp.inner > 1) {
-    obuf.resize(size_t(out.numel()));
-    o = obuf.data();
-  }
+  std::vector<T> obuf(last ? 0 : size_t(out.numel()));
+  T* o = last ? out.data<T>() : obuf.data();
   parallelFor(rows, rowGrain(n), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       std::array<const T*, N> rp;
@@ -55,7 +62,7 @@ void alongDim(const std::array<Tensor, N>& ins, const Tensor& out, int64_t dim, 
       std::apply([&](auto... q) { rowFn(q..., o + r * n, n); }, rp);
     }
   });
-  if (sp.inner > 1) copyStrided(out.data(), straight, obuf.data(), turned, logical, sizeof(T));
+  if (!last) copyStrided(out.data(), out.strides(), obuf.data(), moved, shape, sizeof(T));
 }
 
 // A per-thread scratch row of the compute type.
@@ -72,8 +79,7 @@ void expShift(const T* x, CompT<T> shift, CompT<T>* e, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     expShiftArray(x, shift, e, n);
   } else {
-    using C = CompT<T>;
-    for (int64_t j = 0; j < n; ++j) e[j] = expC(C(x[j]) - shift);
+    for (int64_t j = 0; j < n; ++j) e[j] = expC(load(x[j]) - shift);
   }
 }
 
@@ -97,7 +103,7 @@ void softmaxRow(const T* x, T* y, int64_t n) {
     for (int64_t j = 0; j < n; ++j) y[j] = e[j] / s;
   } else {
     const float inv = float(1.0 / s);
-    for (int64_t j = 0; j < n; ++j) y[j] = T(e[j] * inv);
+    for (int64_t j = 0; j < n; ++j) y[j] = store<T>(e[j] * inv);
   }
 }
 
@@ -110,7 +116,7 @@ void logSoftmaxRow(const T* x, T* y, int64_t n) {
     for (int64_t j = 0; j < n; ++j) y[j] = x[j] - lse;
   } else {
     const float l = float(lse);
-    for (int64_t j = 0; j < n; ++j) y[j] = T(C(x[j]) - l);
+    for (int64_t j = 0; j < n; ++j) y[j] = store<T>(load(x[j]) - l);
   }
 }
 
@@ -118,7 +124,7 @@ template <typename T>
 void softmaxBackwardRow(const T* g, const T* y, T* dx, int64_t n) {
   using C = CompT<T>;
   const C dot = C(blockSum2(g, y, n, [](C a, C b) { return a * b; }));
-  for (int64_t j = 0; j < n; ++j) dx[j] = T(C(y[j]) * (C(g[j]) - dot));
+  for (int64_t j = 0; j < n; ++j) dx[j] = store<T>(load(y[j]) * (load(g[j]) - dot));
 }
 
 template <typename T>
@@ -127,7 +133,7 @@ void logSoftmaxBackwardRow(const T* g, const T* y, T* dx, int64_t n) {
   const C s = C(blockSum(g, n));
   C* e = scratch<C>(n);
   expShift(y, C(0), e, n);
-  for (int64_t j = 0; j < n; ++j) dx[j] = T(C(g[j]) - e[j] * s);
+  for (int64_t j = 0; j < n; ++j) dx[j] = store<T>(load(g[j]) - e[j] * s);
 }
 
 enum class SoftKind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward };
@@ -159,7 +165,7 @@ std::vector<CompT<T>> loadVector(const Tensor& t) {
   Tensor cc = contig(t);
   const T* p = cc.data<T>();
   std::vector<CompT<T>> v(size_t(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = CompT<T>(p[i]);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load(p[i]);
   return v;
 }
 
@@ -205,12 +211,12 @@ void layerNormForward(const KernelCtx& c, bool rms) {
       T* yr = po + r * d;
       if (rms) {
         const C rr = C(rmsScale(xr, d, eps));
-        for (int64_t j = 0; j < d; ++j) yr[j] = T(C(xr[j]) * rr * w[size_t(j)]);
+        for (int64_t j = 0; j < d; ++j) yr[j] = store<T>(load(xr[j]) * rr * w[size_t(j)]);
       } else {
         const RowStats st = layerStats(xr, d, eps);
         const C m = C(st.mean), rs = C(st.rstd);
         for (int64_t j = 0; j < d; ++j)
-          yr[j] = T((C(xr[j]) - m) * rs * w[size_t(j)] + bias[size_t(j)]);
+          yr[j] = store<T>((load(xr[j]) - m) * rs * w[size_t(j)] + bias[size_t(j)]);
       }
     }
   });
@@ -246,27 +252,27 @@ void layerNormBackward(const KernelCtx& c, bool rms) {
         if (rms) {
           const double rrD = rmsScale(xr, d, eps);
           const C rr = C(rrD);
-          for (int64_t j = 0; j < d; ++j) gw[size_t(j)] = C(gr[j]) * w[size_t(j)];
+          for (int64_t j = 0; j < d; ++j) gw[size_t(j)] = load(gr[j]) * w[size_t(j)];
           const C dot = C(blockSum2(gw.data(), xr, d, [](C a, C b) { return a * b; }) / double(d));
           const C k3 = C(rrD * rrD * rrD) * dot;
           for (int64_t j = 0; j < d; ++j) {
-            const C xv = C(xr[j]);
-            dxr[j] = T(rr * gw[size_t(j)] - xv * k3);
-            dw[j] += double(C(gr[j]) * xv * rr);
+            const C xv = load(xr[j]);
+            dxr[j] = store<T>(rr * gw[size_t(j)] - xv * k3);
+            dw[j] += double(load(gr[j]) * xv * rr);
           }
         } else {
           const RowStats st = layerStats(xr, d, eps);
           const C m = C(st.mean), rs = C(st.rstd);
           for (int64_t j = 0; j < d; ++j) {
-            xhat[size_t(j)] = (C(xr[j]) - m) * rs;
-            gw[size_t(j)] = C(gr[j]) * w[size_t(j)];
+            xhat[size_t(j)] = (load(xr[j]) - m) * rs;
+            gw[size_t(j)] = load(gr[j]) * w[size_t(j)];
           }
           const C mg = C(blockSum(gw.data(), d) / double(d));
           const C mgx =
               C(blockSum2(gw.data(), xhat.data(), d, [](C a, C b) { return a * b; }) / double(d));
           for (int64_t j = 0; j < d; ++j) {
-            dxr[j] = T(rs * (gw[size_t(j)] - mg - xhat[size_t(j)] * mgx));
-            const C gv = C(gr[j]);
+            dxr[j] = store<T>(rs * (gw[size_t(j)] - mg - xhat[size_t(j)] * mgx));
+            const C gv = load(gr[j]);
             dw[j] += double(gv * xhat[size_t(j)]);
             db[j] += double(gv);
           }
@@ -343,7 +349,7 @@ void crossEntropy(const KernelCtx& c) {
           const int64_t t = tg.t[size_t(i)];
           if (t == ignore) continue;
           const T* row = px + i * classes;
-          loss[size_t(i)] = rowLse(row, classes) - double(CompT<T>(row[t]));
+          loss[size_t(i)] = rowLse(row, classes) - double(load(row[t]));
         }
       });
       double total = 0.0;
@@ -363,7 +369,7 @@ void crossEntropyBackward(const KernelCtx& c) {
   visitDType(logits.dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
       using C = CompT<T>;
-      const double g = double(CompT<T>(grad.data<T>()[0]));
+      const double g = double(load(grad.data<T>()[0]));
       const C scale = C(tg.count ? g / double(tg.count) : 0.0);
       Tensor x = contig(logits);
       const T* px = x.data<T>();
@@ -380,8 +386,8 @@ void crossEntropyBackward(const KernelCtx& c) {
           const C lse = C(rowLse(row, classes));
           C* e = scratch<C>(classes);
           expShift(row, lse, e, classes);
-          for (int64_t j = 0; j < classes; ++j) dr[j] = T(e[j] * scale);
-          dr[t] = T((e[t] - C(1)) * scale);
+          for (int64_t j = 0; j < classes; ++j) dr[j] = store<T>(e[j] * scale);
+          dr[t] = store<T>((e[t] - C(1)) * scale);
         }
       });
     } else {
@@ -443,7 +449,7 @@ void embeddingBackward(const KernelCtx& c) {
           std::fill(acc.begin(), acc.end(), 0.0);
           for (int64_t k = k0; k < k1; ++k) {
             const T* grow = pg + order[size_t(k)] * d;
-            for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(CompT<T>(grow[j]));
+            for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(load(grow[j]));
           }
           for (int64_t j = 0; j < d; ++j) orow[j] = fromDouble<T>(acc[size_t(j)]);
         }

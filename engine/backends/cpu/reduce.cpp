@@ -90,7 +90,7 @@ void sumMiddle(const T* x, T* out, int64_t k0, int64_t r, int64_t k1, double cou
       for (int64_t j = j0; j < j1; ++j) {
         const T* row = base + j * k1;
         if constexpr (kIsFloat<T>) {
-          for (int64_t c = 0; c < w; ++c) acc[c] += double(CompT<T>(row[c]));
+          for (int64_t c = 0; c < w; ++c) acc[c] += double(load(row[c]));
         } else {
           for (int64_t c = 0; c < w; ++c) acc[c] += uint64_t(int64_t(row[c]));
         }
@@ -133,7 +133,6 @@ void sumOrMean(const KernelCtx& c, bool mean) {
         return;
       }
       // Group the dims into runs of kept / reduced extents (size-1 dims dropped).
-      Tensor xc = contig(x);
       std::vector<std::pair<int64_t, bool>> groups;
       for (size_t d = 0; d < red.size(); ++d) {
         int64_t s = x.shape()[d];
@@ -143,6 +142,24 @@ void sumOrMean(const KernelCtx& c, bool mean) {
         else
           groups.push_back({s, red[d]});
       }
+      const bool simple = groups.size() <= 2 || (groups.size() == 3 && !groups[0].second);
+      if (!simple) {
+        // Kept dims first, reduced dims last, copied once from x's layout into a buffer.
+        Shape ps, pst;
+        int64_t keptN = 1, redN = 1;
+        for (int pass = 0; pass < 2; ++pass)
+          for (size_t d = 0; d < red.size(); ++d)
+            if (red[d] == (pass == 1)) {
+              ps.push_back(x.shape()[d]);
+              pst.push_back(x.strides()[d]);
+              (pass == 0 ? keptN : redN) *= x.shape()[d];
+            }
+        std::vector<T> buf(static_cast<size_t>(x.numel()));
+        copyStrided(buf.data(), contiguousStrides(ps), x.data(), pst, ps, sizeof(T));
+        sumRows(buf.data(), o, keptN, redN, count, mean);
+        return;
+      }
+      Tensor xc = contig(x);
       const T* px = xc.data<T>();
       if (groups.empty()) {  // a single element
         o[0] = storeSum<T>(rowSum(px, 1), count, mean);
@@ -163,24 +180,8 @@ void sumOrMean(const KernelCtx& c, bool mean) {
         sumMiddle(px, o, 1, groups[0].first, groups[1].first, count, mean);
         return;
       }
-      if (groups.size() == 3 && !groups[0].second) {  // [K0, R, K1]
-        sumMiddle(px, o, groups[0].first, groups[1].first, groups[2].first, count, mean);
-        return;
-      }
-      // General: permute kept dims first, reduced dims last, into a contiguous buffer.
-      Shape ps, pst;
-      const Shape xst = contiguousStrides(x.shape());
-      int64_t keptN = 1, redN = 1;
-      for (int pass = 0; pass < 2; ++pass)
-        for (size_t d = 0; d < red.size(); ++d)
-          if (red[d] == (pass == 1)) {
-            ps.push_back(x.shape()[d]);
-            pst.push_back(xst[d]);
-            (pass == 0 ? keptN : redN) *= x.shape()[d];
-          }
-      std::vector<T> buf(size_t(x.numel()));
-      copyStrided(buf.data(), contiguousStrides(ps), px, pst, ps, sizeof(T));
-      sumRows(buf.data(), o, keptN, redN, count, mean);
+      // [K0, R, K1]
+      sumMiddle(px, o, groups[0].first, groups[1].first, groups[2].first, count, mean);
     } else {
       unsupported(c, x.dtype());
     }
@@ -204,11 +205,11 @@ int64_t runArgmax(const T* x, int64_t n) {
   constexpr int kLanes = 8;
   C m[kLanes];
   int nan[kLanes] = {};
-  for (int l = 0; l < kLanes; ++l) m[l] = C(x[0]);
+  for (int l = 0; l < kLanes; ++l) m[l] = load(x[0]);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const C v = C(x[i + l]);
+      const C v = load(x[i + l]);
       m[l] = v > m[l] ? v : m[l];
       if constexpr (std::is_floating_point_v<C>) nan[l] |= int(v != v);
     }
@@ -219,16 +220,16 @@ int64_t runArgmax(const T* x, int64_t n) {
     anyNan = anyNan || nan[l] != 0;
   }
   for (; i < n; ++i) {
-    const C v = C(x[i]);
+    const C v = load(x[i]);
     best = v > best ? v : best;
     if constexpr (std::is_floating_point_v<C>) anyNan = anyNan || v != v;
   }
   if (anyNan) {
     for (int64_t j = 0; j < n; ++j)
-      if (C(x[j]) != C(x[j])) return j;
+      if (load(x[j]) != load(x[j])) return j;
   }
   for (int64_t j = 0; j < n; ++j)
-    if (C(x[j]) == best) return j;
+    if (load(x[j]) == best) return j;
   return 0;
 }
 
@@ -265,7 +266,7 @@ void maxAlong(const KernelCtx& c, bool wantIndex) {
           int64_t bi = win[size_t(o * nb)];
           for (int64_t b = 1; b < nb; ++b) {
             const int64_t cand = win[size_t(o * nb + b)];
-            if (takes<T>(C(row[cand]), C(row[bi]))) bi = cand;
+            if (takes<T>(load(row[cand]), load(row[bi]))) bi = cand;
           }
           if (wantIndex)
             oi[o] = bi;
@@ -289,7 +290,7 @@ void maxAlong(const KernelCtx& c, bool wantIndex) {
           for (int64_t j = 1; j < n; ++j) {
             const T* row = base + j * inner;
             for (int64_t k = 0; k < w; ++k) {
-              C v = C(row[k]);
+              C v = load(row[k]);
               if (takes<T>(v, best[k])) {
                 best[k] = v;
                 bi[k] = j;
@@ -300,7 +301,7 @@ void maxAlong(const KernelCtx& c, bool wantIndex) {
             if (wantIndex)
               oi[o * inner + c0 + k] = bi[k];
             else
-              ov[o * inner + c0 + k] = T(best[k]);
+              ov[o * inner + c0 + k] = store<T>(best[k]);
           }
         }
       });

@@ -25,15 +25,35 @@ void checkGradShape(const Tensor& g, const Shape& shape, DType dtype, const std:
              " ", dtypeName(dtype));
 }
 
-void accumulateLeaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
-  for (auto& h : leaf->leafHooks) {
-    Tensor r = h(g);
-    if (r.defined()) g = r;
+// Gradients reaching each leaf during one backward pass, summed; hooks run once on the sum.
+class LeafGrads {
+ public:
+  void add(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
+    Tensor t(leaf);
+    checkGradShape(g, t.shape(), t.dtype(), "a leaf");
+    auto [it, fresh] = index_.try_emplace(leaf.get(), pending_.size());
+    if (fresh) pending_.push_back({leaf, g});
+    else pending_[it->second].second = ops::add(pending_[it->second].second, g);
   }
-  Tensor t(leaf);
-  checkGradShape(g, t.shape(), t.dtype(), "a leaf");
-  leaf->grad = accumulate(t.grad(), g).implPtr();
-}
+  // Runs each leaf's hooks on its summed gradient and accumulates it into .grad, in the order the
+  // leaves were first reached.
+  void flush() {
+    for (auto& [leaf, g] : pending_) {
+      Tensor sum = g;
+      for (auto& h : leaf->leafHooks) {
+        Tensor r = h(sum);
+        if (r.defined()) sum = r;
+      }
+      Tensor t(leaf);
+      checkGradShape(sum, t.shape(), t.dtype(), "a leaf hook");
+      leaf->grad = accumulate(t.grad(), sum).implPtr();
+    }
+  }
+
+ private:
+  std::unordered_map<TensorImpl*, size_t> index_;
+  std::vector<std::pair<std::shared_ptr<TensorImpl>, Tensor>> pending_;
+};
 
 struct NodeOrder {
   bool operator()(const Node* a, const Node* b) const { return a->forwardSeq < b->forwardSeq; }
@@ -50,6 +70,7 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
 
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::vector<std::shared_ptr<Node>> rootNodes;
+  LeafGrads leafGrads;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
     KEEL_CHECK(r.defined() && r.requiresGrad(),
@@ -62,7 +83,7 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
     }
     checkGradShape(g, r.shape(), r.dtype(), "the root");
     if (r.isLeaf()) {
-      accumulateLeaf(r.implPtr(), g);
+      leafGrads.add(r.implPtr(), g);
       continue;
     }
     Node* n = r.gradFn().get();
@@ -136,7 +157,7 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
       if (gin[i].defined()) {
         checkGradShape(gin[i], n->inputs[i].shape(), n->inputs[i].dtype(), "op '" + def.name + "'");
         if (e.leaf) {
-          accumulateLeaf(e.leaf, gin[i]);
+          leafGrads.add(e.leaf, gin[i]);
         } else {
           auto& buf = buffers[e.node.get()];
           buf.resize(e.node->outputMetas.size());
@@ -152,6 +173,7 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
       n->released = true;
     }
   }
+  leafGrads.flush();
 }
 
 }  // namespace keel

@@ -15,13 +15,23 @@ std::atomic<bool> g_hasObservers{false};
 }
 
 namespace {
+using ObserverList = std::vector<std::shared_ptr<Observer>>;
 std::mutex g_obsMu;
-std::shared_ptr<const std::vector<std::shared_ptr<Observer>>> g_observers =
-    std::make_shared<std::vector<std::shared_ptr<Observer>>>();
+std::shared_ptr<const ObserverList> g_observers = std::make_shared<ObserverList>();
+std::atomic<uint64_t> g_generation{1};  // bumped on every change of g_observers
 
-std::shared_ptr<const std::vector<std::shared_ptr<Observer>>> snapshot() {
-  std::lock_guard<std::mutex> lk(g_obsMu);
-  return g_observers;
+// Each thread caches the list and refreshes it (under the lock) only when the generation moved,
+// so notification takes no lock on the hot path.
+std::shared_ptr<const ObserverList> snapshot() {
+  thread_local std::shared_ptr<const ObserverList> cached;
+  thread_local uint64_t seenGeneration = 0;
+  uint64_t g = g_generation.load(std::memory_order_acquire);
+  if (g != seenGeneration) {
+    std::lock_guard<std::mutex> lk(g_obsMu);
+    cached = g_observers;
+    seenGeneration = g_generation.load(std::memory_order_relaxed);
+  }
+  return cached;  // a copy: safe if a callback changes the observers while we iterate
 }
 }  // namespace
 
@@ -52,6 +62,7 @@ void addObserver(std::shared_ptr<Observer> obs) {
   auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
   next->push_back(std::move(obs));
   g_observers = next;
+  g_generation.fetch_add(1, std::memory_order_release);
   detail::g_hasObservers.store(true);
 }
 
@@ -60,6 +71,7 @@ void removeObserver(const std::shared_ptr<Observer>& obs) {
   auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
   next->erase(std::remove(next->begin(), next->end(), obs), next->end());
   g_observers = next;
+  g_generation.fetch_add(1, std::memory_order_release);
   detail::g_hasObservers.store(!next->empty());
 }
 

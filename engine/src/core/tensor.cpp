@@ -48,6 +48,7 @@ void copyFromHost(const Tensor& t, const void* src, DType srcType, int64_t n) {
       D* d = t.data<D>();
       for (int64_t i = 0; i < n; ++i) {
         if constexpr (std::is_same_v<D, bool>) d[i] = double(s[i]) != 0.0;
+        else if constexpr (!kIsFloat<D> && !kIsFloat<S>) d[i] = D(s[i]);  // int -> int: exact
         else if constexpr (std::is_same_v<D, double>) d[i] = double(s[i]);
         else if constexpr (kIsFloat<D>) d[i] = D(float(double(s[i])));
         else d[i] = D(double(s[i]));
