@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "keel/ops.h"
@@ -15,12 +16,16 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kN = int64_t(1) << 24;  // 16M elements
-constexpr double kTensorBytes = double(kN) * sizeof(float);
+// Sizes are benchmark arguments: 1M elements (4 MiB, what a gpt-mini activation is) and 16M
+// (64 MiB, past glibc's mmap threshold, so every fresh output pays page faults).
 
-// memcpy bandwidth (bytes read + written per second) for one 64 MiB copy, measured once.
-double memcpyRate() {
-  static double rate = [] {
+// memcpy bandwidth (bytes read + written per second) for one copy of n floats, measured once
+// per size.
+double memcpyRate(int64_t kN) {
+  static std::map<int64_t, double> rates;
+  if (auto it = rates.find(kN); it != rates.end()) return it->second;
+  const double kTensorBytes = double(kN) * sizeof(float);
+  double rate = [&] {
     std::vector<float> src(size_t(kN), 1.0f), dst(size_t(kN), 0.0f);
     std::memcpy(dst.data(), src.data(), size_t(kTensorBytes));
     int64_t iters = 0;
@@ -34,10 +39,13 @@ double memcpyRate() {
     } while (secs < 0.5);
     return 2.0 * kTensorBytes * double(iters) / secs;
   }();
+  rates[kN] = rate;
   return rate;
 }
 
 void BM_Memcpy(benchmark::State& state) {
+  const int64_t kN = state.range(0);
+  const double kTensorBytes = double(kN) * sizeof(float);
   std::vector<float> src(size_t(kN), 1.0f), dst(size_t(kN), 0.0f);
   for (auto _ : state) {
     std::memcpy(dst.data(), src.data(), size_t(kTensorBytes));
@@ -48,8 +56,11 @@ void BM_Memcpy(benchmark::State& state) {
 }
 
 // The floor for any op that writes a fresh 64 MiB output: allocate, first-touch (page faults),
-// free; bytes/s counts the bytes written. Compare with BM_Memcpy, whose buffers stay mapped.
+// free; bytes/s counts the bytes written (n floats). Compare with BM_Memcpy, whose buffers stay
+// mapped.
 void BM_FreshOutputFirstTouch(benchmark::State& state) {
+  const int64_t kN = state.range(0);
+  const double kTensorBytes = double(kN) * sizeof(float);
   for (auto _ : state) {
     void* p = std::aligned_alloc(64, size_t(kTensorBytes));
     std::memset(p, 0, size_t(kTensorBytes));
@@ -60,9 +71,12 @@ void BM_FreshOutputFirstTouch(benchmark::State& state) {
       benchmark::Counter(kTensorBytes, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Runs op over fresh 16M-element inputs; bytesMoved = tensors read + written, in tensor sizes.
+// Runs op over fresh n-element inputs (n = the benchmark argument); bytesMoved = tensors read +
+// written, in tensor sizes.
 void runOp(benchmark::State& state, int numInputs, double tensorsMoved,
            const std::function<keel::Tensor(const std::vector<keel::Tensor>&)>& op) {
+  const int64_t kN = state.range(0);
+  const double kTensorBytes = double(kN) * sizeof(float);
   keel::Device cpu("cpu");
   std::vector<keel::Tensor> in;
   for (int i = 0; i < numInputs; ++i)
@@ -80,7 +94,7 @@ void runOp(benchmark::State& state, int numInputs, double tensorsMoved,
   double bytes = tensorsMoved * kTensorBytes;
   state.counters["bytes/s"] =
       benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["vs_memcpy"] = (bytes * double(iters) / secs) / memcpyRate();
+  state.counters["vs_memcpy"] = (bytes * double(iters) / secs) / memcpyRate(kN);
 }
 
 void BM_KeelAdd(benchmark::State& s) {
@@ -105,14 +119,18 @@ void BM_KeelMax(benchmark::State& s) {
   runOp(s, 1, 1, [](const auto& in) { return keel::ops::max(in[0], 0); });
 }
 
-BENCHMARK(BM_Memcpy)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FreshOutputFirstTouch)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelAdd)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelMul)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelExp)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelGelu)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelSum)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelMean)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_KeelMax)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Memcpy)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FreshOutputFirstTouch)
+    ->Arg(1 << 20)
+    ->Arg(1 << 24)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelAdd)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelMul)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelExp)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelGelu)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelSum)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelMean)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KeelMax)->Arg(1 << 20)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

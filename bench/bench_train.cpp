@@ -39,8 +39,8 @@ void BM_TrainMoeMiniCpu(benchmark::State& s) {
   trainSteps(s, "moe-mini.json", "cpu");
 }
 
-BENCHMARK(BM_TrainGptMiniCpu)->Unit(benchmark::kMillisecond)->Iterations(10);
-BENCHMARK(BM_TrainGptMiniCpuRef)->Unit(benchmark::kMillisecond)->Iterations(2);
-BENCHMARK(BM_TrainMoeMiniCpu)->Unit(benchmark::kMillisecond)->Iterations(10);
+BENCHMARK(BM_TrainGptMiniCpu)->Unit(benchmark::kMillisecond)->Iterations(10)->UseRealTime();
+BENCHMARK(BM_TrainGptMiniCpuRef)->Unit(benchmark::kMillisecond)->Iterations(2)->UseRealTime();
+BENCHMARK(BM_TrainMoeMiniCpu)->Unit(benchmark::kMillisecond)->Iterations(10)->UseRealTime();
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "keel/error.h"
 #include "keel/gpt_config.h"
 #include "keel/registry.h"
+#include "keel/runtime.h"
 #include "keel/train.h"
 
 namespace {
@@ -180,6 +181,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  keel::tuneBlasForThisCpu(argv);  // See Note [OpenBLAS core type]
   try {
     return run(argc, argv);
   } catch (const keel::Error& e) {

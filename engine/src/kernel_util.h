@@ -12,13 +12,20 @@ namespace keel {
 template <typename F>
 decltype(auto) visitDType(DType t, F&& f) {
   switch (t) {
-    case DType::Float32: return f.template operator()<float>();
-    case DType::Float64: return f.template operator()<double>();
-    case DType::Float16: return f.template operator()<Half>();
-    case DType::BFloat16: return f.template operator()<BFloat16>();
-    case DType::Int32: return f.template operator()<int32_t>();
-    case DType::Int64: return f.template operator()<int64_t>();
-    case DType::Bool: return f.template operator()<bool>();
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    case DType::Int32:
+      return f.template operator()<int32_t>();
+    case DType::Int64:
+      return f.template operator()<int64_t>();
+    case DType::Bool:
+      return f.template operator()<bool>();
   }
   throw Error("unknown dtype");
 }

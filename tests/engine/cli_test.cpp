@@ -15,7 +15,9 @@ namespace fs = std::filesystem;
 const std::string kSrc = KEEL_SOURCE_DIR;
 
 // The keel binary built with this test (tests/CMakeLists.txt passes its path).
-fs::path keelBinary() { return fs::path(KEEL_CLI_PATH); }
+fs::path keelBinary() {
+  return fs::path(KEEL_CLI_PATH);
+}
 
 struct Result {
   int status = -1;

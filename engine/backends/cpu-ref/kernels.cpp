@@ -7,8 +7,8 @@
 #include <limits>
 #include <numeric>
 
-#include "kernel_util.h"
 #include "keel/random.h"
+#include "kernel_util.h"
 #include "shape_util.h"
 
 namespace keel::detail {
@@ -24,13 +24,17 @@ Vec loadAs(const Tensor& t, const Shape& shape) {
     const T* p = t.data<T>();
     for (size_t i = 0; i < v.size(); ++i) {
       T x = p[stridedOffset(int64_t(i), shape, st)];
-      if constexpr (kIsFloat<T>) v[i] = double(x);
-      else v[i] = double(x);
+      if constexpr (kIsFloat<T>)
+        v[i] = double(x);
+      else
+        v[i] = double(x);
     }
   });
   return v;
 }
-Vec load(const Tensor& t) { return loadAs(t, t.shape()); }
+Vec load(const Tensor& t) {
+  return loadAs(t, t.shape());
+}
 
 template <typename T>
 T fromDouble(double x) {
@@ -85,39 +89,77 @@ void gradUnary(const KernelCtx& c, F f) {  // (grad, x) -> grad * f'(x)
   store(c.outputs[0], g);
 }
 
-double sigmoidD(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoidD(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 double truncIfInt(const KernelCtx& c, double s) {
   return isFloating(c.inputs[0].dtype()) ? s : std::trunc(s);
 }
 
-void kAdd(const KernelCtx& c) { binary(c, [](double a, double b) { return a + b; }); }
-void kSub(const KernelCtx& c) { binary(c, [](double a, double b) { return a - b; }); }
-void kMul(const KernelCtx& c) { binary(c, [](double a, double b) { return a * b; }); }
-void kDiv(const KernelCtx& c) { binary(c, [](double a, double b) { return a / b; }); }
-void kPow(const KernelCtx& c) { binary(c, [](double a, double b) { return std::pow(a, b); }); }
+void kAdd(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return a + b; });
+}
+void kSub(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return a - b; });
+}
+void kMul(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return a * b; });
+}
+void kDiv(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return a / b; });
+}
+void kPow(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return std::pow(a, b); });
+}
 void kMaximum(const KernelCtx& c) {
   binary(c, [](double a, double b) { return std::isnan(a) || a >= b ? a : b; });
 }
 void kMinimum(const KernelCtx& c) {
   binary(c, [](double a, double b) { return std::isnan(a) || a <= b ? a : b; });
 }
-void kEq(const KernelCtx& c) { binary(c, [](double a, double b) { return double(a == b); }); }
-void kLt(const KernelCtx& c) { binary(c, [](double a, double b) { return double(a < b); }); }
-void kGt(const KernelCtx& c) { binary(c, [](double a, double b) { return double(a > b); }); }
+void kEq(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return double(a == b); });
+}
+void kLt(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return double(a < b); });
+}
+void kGt(const KernelCtx& c) {
+  binary(c, [](double a, double b) { return double(a > b); });
+}
 
-void kNeg(const KernelCtx& c) { unary(c, [](double x) { return -x; }); }
-void kExp(const KernelCtx& c) { unary(c, [](double x) { return std::exp(x); }); }
-void kLog(const KernelCtx& c) { unary(c, [](double x) { return std::log(x); }); }
-void kSqrt(const KernelCtx& c) { unary(c, [](double x) { return std::sqrt(x); }); }
-void kRsqrt(const KernelCtx& c) { unary(c, [](double x) { return 1.0 / std::sqrt(x); }); }
-void kTanh(const KernelCtx& c) { unary(c, [](double x) { return std::tanh(x); }); }
-void kSigmoid(const KernelCtx& c) { unary(c, sigmoidD); }
-void kRelu(const KernelCtx& c) { unary(c, [](double x) { return x > 0 ? x : 0.0; }); }
+void kNeg(const KernelCtx& c) {
+  unary(c, [](double x) { return -x; });
+}
+void kExp(const KernelCtx& c) {
+  unary(c, [](double x) { return std::exp(x); });
+}
+void kLog(const KernelCtx& c) {
+  unary(c, [](double x) { return std::log(x); });
+}
+void kSqrt(const KernelCtx& c) {
+  unary(c, [](double x) { return std::sqrt(x); });
+}
+void kRsqrt(const KernelCtx& c) {
+  unary(c, [](double x) { return 1.0 / std::sqrt(x); });
+}
+void kTanh(const KernelCtx& c) {
+  unary(c, [](double x) { return std::tanh(x); });
+}
+void kSigmoid(const KernelCtx& c) {
+  unary(c, sigmoidD);
+}
+void kRelu(const KernelCtx& c) {
+  unary(c, [](double x) { return x > 0 ? x : 0.0; });
+}
 void kGelu(const KernelCtx& c) {
   unary(c, [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); });
 }
-void kSilu(const KernelCtx& c) { unary(c, [](double x) { return x * sigmoidD(x); }); }
-void kAbs(const KernelCtx& c) { unary(c, [](double x) { return std::abs(x); }); }
+void kSilu(const KernelCtx& c) {
+  unary(c, [](double x) { return x * sigmoidD(x); });
+}
+void kAbs(const KernelCtx& c) {
+  unary(c, [](double x) { return std::abs(x); });
+}
 void kGeluBackward(const KernelCtx& c) {
   gradUnary(c, [](double g, double x) {
     double cdf = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
@@ -176,8 +218,12 @@ void sumOrMean(const KernelCtx& c, bool mean) {
   }
   store(c.outputs[0], r);
 }
-void kSum(const KernelCtx& c) { sumOrMean(c, false); }
-void kMean(const KernelCtx& c) { sumOrMean(c, true); }
+void kSum(const KernelCtx& c) {
+  sumOrMean(c, false);
+}
+void kMean(const KernelCtx& c) {
+  sumOrMean(c, true);
+}
 
 // NaN counts as the largest value; the first maximum wins.
 void maxAlong(const KernelCtx& c, bool wantIndex) {
@@ -200,8 +246,12 @@ void maxAlong(const KernelCtx& c, bool wantIndex) {
     }
   store(c.outputs[0], r);
 }
-void kMax(const KernelCtx& c) { maxAlong(c, false); }
-void kArgmax(const KernelCtx& c) { maxAlong(c, true); }
+void kMax(const KernelCtx& c) {
+  maxAlong(c, false);
+}
+void kArgmax(const KernelCtx& c) {
+  maxAlong(c, true);
+}
 
 // ---------------------------------------------------------------- matmul
 void kMatmul(const KernelCtx& c) {
@@ -374,7 +424,8 @@ void kEmbedding(const KernelCtx& c) {
   for (double i : idx) checkIndex(c, i, v);
   Vec r(idx.size() * size_t(d));
   for (size_t i = 0; i < idx.size(); ++i)
-    for (int64_t j = 0; j < d; ++j) r[i * size_t(d) + size_t(j)] = wv[size_t(int64_t(idx[i]) * d + j)];
+    for (int64_t j = 0; j < d; ++j)
+      r[i * size_t(d) + size_t(j)] = wv[size_t(int64_t(idx[i]) * d + j)];
   store(c.outputs[0], r);
 }
 void kEmbeddingBackward(const KernelCtx& c) {
@@ -443,7 +494,9 @@ void kDropout(const KernelCtx& c) {
 }
 
 // ---------------------------------------------------------------- copies
-void kCopy(const KernelCtx& c) { store(c.outputs[0], load(c.inputs[0])); }
+void kCopy(const KernelCtx& c) {
+  store(c.outputs[0], load(c.inputs[0]));
+}
 void kSliceBackward(const KernelCtx& c) {
   const Tensor& out = c.outputs[0];
   int64_t d = normDim(c.attrs.getInt("dim"), out.dim(), c.op.name);

@@ -24,8 +24,12 @@ class Attrs {
   Attrs& set(std::string name, std::vector<int64_t> v) {
     return set(std::move(name), AttrValue(std::move(v)));
   }
-  Attrs& set(std::string name, std::string v) { return set(std::move(name), AttrValue(std::move(v))); }
-  Attrs& set(std::string name, const char* v) { return set(std::move(name), AttrValue(std::string(v))); }
+  Attrs& set(std::string name, std::string v) {
+    return set(std::move(name), AttrValue(std::move(v)));
+  }
+  Attrs& set(std::string name, const char* v) {
+    return set(std::move(name), AttrValue(std::string(v)));
+  }
   bool has(const std::string& name) const { return find(name) != nullptr; }
   int64_t getInt(const std::string& name) const;
   int64_t getInt(const std::string& name, int64_t dflt) const;

@@ -1,6 +1,7 @@
 // Buffer: an owning handle to device memory, shared by a tensor and all its views.
 // Invariant: code reads the address through data() each time; an allocator that moves memory
-// (defragmentation) updates the handle, so no raw pointer is kept across ops. See Note [Buffer move].
+// (defragmentation) updates the handle, so no raw pointer is kept across ops. See Note [Buffer
+// move].
 #pragma once
 #include <atomic>
 #include <cstddef>

@@ -15,8 +15,8 @@ struct Device {
   int index = 0;
 
   Device() = default;
-  Device(Backend b, int i = 0) : backend(b), index(i) {}  // NOLINT
-  Device(const char* name);                                // NOLINT: parse, throws keel::Error
+  Device(Backend b, int i = 0) : backend(b), index(i) {}     // NOLINT
+  Device(const char* name);                                  // NOLINT: parse, throws keel::Error
   Device(const std::string& name) : Device(name.c_str()) {}  // NOLINT
 
   bool isHost() const { return backend != Backend::Cuda; }

@@ -36,7 +36,7 @@ struct BFloat16 {
     uint32_t u;
     std::memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);                                         // round to nearest even
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
     return uint16_t(u >> 16);
   }
 };
@@ -51,7 +51,8 @@ inline uint16_t Half::fromFloat(float f) {
   if (absx < 0x38800000u) {                                  // subnormal or zero in half
     if (absx < 0x33000000u) return uint16_t(sign);           // < 2^-25 rounds to zero
     uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-    int shift = 126 - int(absx >> 23);  // value = mant * 2^-shift in units of 2^-24; shift in [14, 24]
+    int shift =
+        126 - int(absx >> 23);  // value = mant * 2^-shift in units of 2^-24; shift in [14, 24]
     uint32_t h = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);  // round to nearest even on the bits shifted out
     uint32_t half = 1u << (shift - 1);
@@ -95,13 +96,20 @@ inline float Half::toFloat(uint16_t h) {
 
 constexpr size_t dtypeSize(DType t) {
   switch (t) {
-    case DType::Float32: return 4;
-    case DType::Float16: return 2;
-    case DType::BFloat16: return 2;
-    case DType::Float64: return 8;
-    case DType::Int32: return 4;
-    case DType::Int64: return 8;
-    case DType::Bool: return 1;
+    case DType::Float32:
+      return 4;
+    case DType::Float16:
+      return 2;
+    case DType::BFloat16:
+      return 2;
+    case DType::Float64:
+      return 8;
+    case DType::Int32:
+      return 4;
+    case DType::Int64:
+      return 8;
+    case DType::Bool:
+      return 1;
   }
   return 0;
 }
@@ -109,7 +117,9 @@ constexpr size_t dtypeSize(DType t) {
 constexpr bool isFloating(DType t) {
   return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16 || t == DType::Float64;
 }
-constexpr bool isIntegral(DType t) { return t == DType::Int32 || t == DType::Int64; }
+constexpr bool isIntegral(DType t) {
+  return t == DType::Int32 || t == DType::Int64;
+}
 
 std::string_view dtypeName(DType t);
 // Parses "float32"/"f32"/"float", "float16"/"half", "bfloat16"/"bf16", "float64"/"double",
@@ -119,12 +129,33 @@ DType parseDType(std::string_view name);
 // Maps a C++ type to its DType.
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::Float32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::Float64; };
-template <> struct DTypeOf<Half> { static constexpr DType value = DType::Float16; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::BFloat16; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::Int32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::Int64; };
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::Bool; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::Float64;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::Int64;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::Bool;
+};
 
 }  // namespace keel

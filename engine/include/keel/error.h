@@ -25,7 +25,7 @@ std::string concat(Args&&... args) {
 }  // namespace keel
 
 // Throws keel::Error with the streamed message when cond is false.
-#define KEEL_CHECK(cond, ...)                                   \
-  do {                                                          \
+#define KEEL_CHECK(cond, ...)                                              \
+  do {                                                                     \
     if (!(cond)) throw ::keel::Error(::keel::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -61,7 +61,9 @@ void removeObserver(const std::shared_ptr<Observer>& obs);
 
 namespace detail {
 extern std::atomic<bool> g_hasObservers;
-inline bool hasObservers() { return g_hasObservers.load(std::memory_order_relaxed); }
+inline bool hasObservers() {
+  return g_hasObservers.load(std::memory_order_relaxed);
+}
 void notifyMemory(MemEvent e);  // fills opSeq and timeNs, calls observers
 void notifyOpBegin(const OpEvent& e);
 void notifyOpEnd(const OpEvent& e);

@@ -3,40 +3,89 @@
 // fails the build or start-up. User ops registered at run time get ids from kNumBuiltinOps on.
 #pragma once
 
-#define KEEL_BUILTIN_OPS(X)                                            \
-  /* elementwise, broadcasting */                                      \
-  X(Add, "add") X(Sub, "sub") X(Mul, "mul") X(Div, "div") X(Pow, "pow") \
-  X(Maximum, "maximum") X(Minimum, "minimum") X(Eq, "eq") X(Lt, "lt") X(Gt, "gt") \
-  /* unary */                                                          \
-  X(Neg, "neg") X(Exp, "exp") X(Log, "log") X(Sqrt, "sqrt") X(Rsqrt, "rsqrt") \
-  X(Tanh, "tanh") X(Sigmoid, "sigmoid") X(Relu, "relu") X(Gelu, "gelu") X(Silu, "silu") \
-  X(Abs, "abs") X(GeluBackward, "gelu_backward") X(SiluBackward, "silu_backward") \
-  /* with a scalar attribute */                                        \
-  X(AddScalar, "add_scalar") X(MulScalar, "mul_scalar") X(PowScalar, "pow_scalar") \
-  /* reductions */                                                     \
-  X(Sum, "sum") X(Mean, "mean") X(Max, "max") X(Argmax, "argmax")    \
-  /* linear algebra */                                                 \
-  X(Matmul, "matmul")                                                  \
-  /* neural-network ops and their fused backward ops */                \
-  X(Softmax, "softmax") X(SoftmaxBackward, "softmax_backward")        \
-  X(LogSoftmax, "log_softmax") X(LogSoftmaxBackward, "log_softmax_backward") \
-  X(LayerNorm, "layer_norm") X(LayerNormBackward, "layer_norm_backward") \
-  X(RmsNorm, "rms_norm") X(RmsNormBackward, "rms_norm_backward")      \
-  X(Embedding, "embedding") X(EmbeddingBackward, "embedding_backward") \
-  X(CrossEntropy, "cross_entropy") X(CrossEntropyBackward, "cross_entropy_backward") \
-  X(Dropout, "dropout")                                                \
-  /* shape and views */                                                \
-  X(Reshape, "reshape") X(View, "view") X(Transpose, "transpose") X(Permute, "permute") \
-  X(Slice, "slice") X(SliceBackward, "slice_backward") X(Expand, "expand") \
-  X(Concat, "concat") X(Split, "split") X(Contiguous, "contiguous") X(CopyTo, "copy_to") \
-  /* indexing, sorting, selection */                                   \
-  X(IndexSelect, "index_select") X(IndexAdd, "index_add") X(Gather, "gather") \
-  X(ScatterAdd, "scatter_add") X(Topk, "topk") X(Argsort, "argsort")  \
-  X(Where, "where") X(MaskedFill, "masked_fill") X(Cast, "cast")      \
-  /* factories (no inputs) */                                          \
-  X(Fill, "fill") X(Uniform, "uniform") X(Normal, "normal") X(Arange, "arange") \
-  /* optimizer updates (in place) */                                   \
-  X(SgdStep, "sgd_step") X(AdamwStep, "adamw_step")
+// clang-format off
+#define KEEL_BUILTIN_OPS(X)                              \
+  /* elementwise, broadcasting */                        \
+  X(Add, "add")                                          \
+  X(Sub, "sub")                                          \
+  X(Mul, "mul")                                          \
+  X(Div, "div")                                          \
+  X(Pow, "pow")                                          \
+  X(Maximum, "maximum")                                  \
+  X(Minimum, "minimum")                                  \
+  X(Eq, "eq")                                            \
+  X(Lt, "lt")                                            \
+  X(Gt, "gt")                                            \
+  /* unary */                                            \
+  X(Neg, "neg")                                          \
+  X(Exp, "exp")                                          \
+  X(Log, "log")                                          \
+  X(Sqrt, "sqrt")                                        \
+  X(Rsqrt, "rsqrt")                                      \
+  X(Tanh, "tanh")                                        \
+  X(Sigmoid, "sigmoid")                                  \
+  X(Relu, "relu")                                        \
+  X(Gelu, "gelu")                                        \
+  X(Silu, "silu")                                        \
+  X(Abs, "abs")                                          \
+  X(GeluBackward, "gelu_backward")                       \
+  X(SiluBackward, "silu_backward")                       \
+  /* with a scalar attribute */                          \
+  X(AddScalar, "add_scalar")                             \
+  X(MulScalar, "mul_scalar")                             \
+  X(PowScalar, "pow_scalar")                             \
+  /* reductions */                                       \
+  X(Sum, "sum")                                          \
+  X(Mean, "mean")                                        \
+  X(Max, "max")                                          \
+  X(Argmax, "argmax")                                    \
+  /* linear algebra */                                   \
+  X(Matmul, "matmul")                                    \
+  /* neural-network ops and their fused backward ops */  \
+  X(Softmax, "softmax")                                  \
+  X(SoftmaxBackward, "softmax_backward")                 \
+  X(LogSoftmax, "log_softmax")                           \
+  X(LogSoftmaxBackward, "log_softmax_backward")          \
+  X(LayerNorm, "layer_norm")                             \
+  X(LayerNormBackward, "layer_norm_backward")            \
+  X(RmsNorm, "rms_norm")                                 \
+  X(RmsNormBackward, "rms_norm_backward")                \
+  X(Embedding, "embedding")                              \
+  X(EmbeddingBackward, "embedding_backward")             \
+  X(CrossEntropy, "cross_entropy")                       \
+  X(CrossEntropyBackward, "cross_entropy_backward")      \
+  X(Dropout, "dropout")                                  \
+  /* shapes and views */                                 \
+  X(Reshape, "reshape")                                  \
+  X(View, "view")                                        \
+  X(Transpose, "transpose")                              \
+  X(Permute, "permute")                                  \
+  X(Slice, "slice")                                      \
+  X(SliceBackward, "slice_backward")                     \
+  X(Expand, "expand")                                    \
+  X(Concat, "concat")                                    \
+  X(Split, "split")                                      \
+  X(Contiguous, "contiguous")                            \
+  X(CopyTo, "copy_to")                                   \
+  /* indexing, sorting, selection */                     \
+  X(IndexSelect, "index_select")                         \
+  X(IndexAdd, "index_add")                               \
+  X(Gather, "gather")                                    \
+  X(ScatterAdd, "scatter_add")                           \
+  X(Topk, "topk")                                        \
+  X(Argsort, "argsort")                                  \
+  X(Where, "where")                                      \
+  X(MaskedFill, "masked_fill")                           \
+  X(Cast, "cast")                                        \
+  /* factories (no inputs) */                            \
+  X(Fill, "fill")                                        \
+  X(Uniform, "uniform")                                  \
+  X(Normal, "normal")                                    \
+  X(Arange, "arange")                                    \
+  /* optimizer updates (in place) */                     \
+  X(SgdStep, "sgd_step")                                 \
+  X(AdamwStep, "adamw_step")
+// clang-format on
 
 namespace keel {
 

@@ -111,13 +111,31 @@ void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const T
 }  // namespace keel::ops
 
 namespace keel {
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return ops::add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return ops::sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return ops::mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return ops::div(a, b); }
-inline Tensor operator-(const Tensor& a) { return ops::neg(a); }
-inline Tensor operator+(const Tensor& a, double s) { return ops::addScalar(a, s); }
-inline Tensor operator-(const Tensor& a, double s) { return ops::addScalar(a, -s); }
-inline Tensor operator*(const Tensor& a, double s) { return ops::mulScalar(a, s); }
-inline Tensor operator/(const Tensor& a, double s) { return ops::mulScalar(a, 1.0 / s); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return ops::add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return ops::sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return ops::mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return ops::div(a, b);
+}
+inline Tensor operator-(const Tensor& a) {
+  return ops::neg(a);
+}
+inline Tensor operator+(const Tensor& a, double s) {
+  return ops::addScalar(a, s);
+}
+inline Tensor operator-(const Tensor& a, double s) {
+  return ops::addScalar(a, -s);
+}
+inline Tensor operator*(const Tensor& a, double s) {
+  return ops::mulScalar(a, s);
+}
+inline Tensor operator/(const Tensor& a, double s) {
+  return ops::mulScalar(a, 1.0 / s);
+}
 }  // namespace keel

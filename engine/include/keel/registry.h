@@ -49,7 +49,9 @@ using ViewFn = std::function<std::vector<Tensor>(std::span<const Tensor>, const 
 
 // Bit set of dtypes a kernel accepts.
 using DTypeMask = uint32_t;
-constexpr DTypeMask dtypeBit(DType t) { return 1u << uint32_t(t); }
+constexpr DTypeMask dtypeBit(DType t) {
+  return 1u << uint32_t(t);
+}
 inline constexpr DTypeMask kFloatTypes = dtypeBit(DType::Float32) | dtypeBit(DType::Float64) |
                                          dtypeBit(DType::Float16) | dtypeBit(DType::BFloat16);
 inline constexpr DTypeMask kIntTypes = dtypeBit(DType::Int32) | dtypeBit(DType::Int64);
@@ -62,10 +64,10 @@ struct KernelEntry {
 
 struct OpDef {
   std::string name;
-  int numInputs = 0;  // -1: variadic (at least one)
-  InferFn infer;      // required unless view is set
-  ViewFn view;        // view ops build outputs over their input's buffer; no kernels
-  BackwardFn backward;  // empty: not differentiable
+  int numInputs = 0;           // -1: variadic (at least one)
+  InferFn infer;               // required unless view is set
+  ViewFn view;                 // view ops build outputs over their input's buffer; no kernels
+  BackwardFn backward;         // empty: not differentiable
   bool mutatesInputs = false;  // optimizer-style ops: write into inputs, return nothing
   KernelEntry kernels[kNumBackends];
   int id = -1;

@@ -13,16 +13,20 @@
 
 namespace keel {
 
-const std::string& Node::name() const { return Registry::get().op(opId).name; }
+const std::string& Node::name() const {
+  return Registry::get().op(opId).name;
+}
 
 namespace {
 
-Tensor accumulate(const Tensor& a, const Tensor& b) { return a.defined() ? ops::add(a, b) : b; }
+Tensor accumulate(const Tensor& a, const Tensor& b) {
+  return a.defined() ? ops::add(a, b) : b;
+}
 
 void checkGradShape(const Tensor& g, const Shape& shape, DType dtype, const std::string& what) {
-  KEEL_CHECK(g.shape() == shape && g.dtype() == dtype, "backward of ", what, " produced a gradient ",
-             shapeStr(g.shape()), " ", dtypeName(g.dtype()), " for a tensor ", shapeStr(shape),
-             " ", dtypeName(dtype));
+  KEEL_CHECK(g.shape() == shape && g.dtype() == dtype, "backward of ", what,
+             " produced a gradient ", shapeStr(g.shape()), " ", dtypeName(g.dtype()),
+             " for a tensor ", shapeStr(shape), " ", dtypeName(dtype));
 }
 
 // Gradients reaching each leaf during one backward pass, summed; hooks run once on the sum.
@@ -32,8 +36,10 @@ class LeafGrads {
     Tensor t(leaf);
     checkGradShape(g, t.shape(), t.dtype(), "a leaf");
     auto [it, fresh] = index_.try_emplace(leaf.get(), pending_.size());
-    if (fresh) pending_.push_back({leaf, g});
-    else pending_[it->second].second = ops::add(pending_[it->second].second, g);
+    if (fresh)
+      pending_.push_back({leaf, g});
+    else
+      pending_[it->second].second = ops::add(pending_[it->second].second, g);
   }
   // Runs each leaf's hooks on its summed gradient and accumulates it into .grad, in the order the
   // leaves were first reached.
@@ -77,7 +83,8 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
                "backward: the tensor does not require grad (no parameter reaches it)");
     Tensor g = grads[i];
     if (!g.defined()) {
-      KEEL_CHECK(r.numel() == 1, "backward: a gradient must be given for a non-scalar root of shape ",
+      KEEL_CHECK(r.numel() == 1,
+                 "backward: a gradient must be given for a non-scalar root of shape ",
                  shapeStr(r.shape()));
       g = ops::fill(r.shape(), 1.0, r.dtype(), r.device());
     }

@@ -82,6 +82,8 @@ Buffer::Buffer(size_t bytes, Device device)
   data_ = allocator_->allocate(bytes);
 }
 
-Buffer::~Buffer() { allocator_->deallocate(data_, bytes_); }
+Buffer::~Buffer() {
+  allocator_->deallocate(data_, bytes_);
+}
 
 }  // namespace keel

@@ -74,27 +74,53 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
 
 }  // namespace
 
-bool gradEnabled() { return t_gradEnabled; }
-NoGradGuard::NoGradGuard() : prev_(t_gradEnabled) { t_gradEnabled = false; }
-NoGradGuard::~NoGradGuard() { t_gradEnabled = prev_; }
-
-Phase currentPhase() { return t_phase; }
-PhaseGuard::PhaseGuard(Phase p) : prev_(t_phase) { t_phase = p; }
-PhaseGuard::~PhaseGuard() { t_phase = prev_; }
-
-const std::string& currentScope() { return t_scope; }
-ScopeGuard::ScopeGuard(const std::string& name, bool absolute) : prev_(t_scope) {
-  if (absolute || t_scope.empty()) t_scope = name;
-  else if (!name.empty()) t_scope = t_scope + "." + name;
+bool gradEnabled() {
+  return t_gradEnabled;
 }
-ScopeGuard::~ScopeGuard() { t_scope = std::move(prev_); }
+NoGradGuard::NoGradGuard() : prev_(t_gradEnabled) {
+  t_gradEnabled = false;
+}
+NoGradGuard::~NoGradGuard() {
+  t_gradEnabled = prev_;
+}
 
-uint64_t currentOpSeq() { return t_opSeq; }
-uint64_t lastOpSeq() { return g_seq.load(std::memory_order_relaxed); }
+Phase currentPhase() {
+  return t_phase;
+}
+PhaseGuard::PhaseGuard(Phase p) : prev_(t_phase) {
+  t_phase = p;
+}
+PhaseGuard::~PhaseGuard() {
+  t_phase = prev_;
+}
+
+const std::string& currentScope() {
+  return t_scope;
+}
+ScopeGuard::ScopeGuard(const std::string& name, bool absolute) : prev_(t_scope) {
+  if (absolute || t_scope.empty())
+    t_scope = name;
+  else if (!name.empty())
+    t_scope = t_scope + "." + name;
+}
+ScopeGuard::~ScopeGuard() {
+  t_scope = std::move(prev_);
+}
+
+uint64_t currentOpSeq() {
+  return t_opSeq;
+}
+uint64_t lastOpSeq() {
+  return g_seq.load(std::memory_order_relaxed);
+}
 
 namespace detail {
-void setBackwardForwardSeq(uint64_t seq) { t_backwardForwardSeq = seq; }
-uint64_t backwardForwardSeq() { return t_backwardForwardSeq; }
+void setBackwardForwardSeq(uint64_t seq) {
+  t_backwardForwardSeq = seq;
+}
+uint64_t backwardForwardSeq() {
+  return t_backwardForwardSeq;
+}
 }  // namespace detail
 
 std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& attrs) {

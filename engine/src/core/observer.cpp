@@ -37,22 +37,32 @@ std::shared_ptr<const ObserverList> snapshot() {
 
 std::string_view phaseName(Phase p) {
   switch (p) {
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::Optimizer: return "optimizer";
+    case Phase::Forward:
+      return "forward";
+    case Phase::Backward:
+      return "backward";
+    case Phase::Optimizer:
+      return "optimizer";
   }
   return "?";
 }
 
 std::string_view memEventName(MemEventKind k) {
   switch (k) {
-    case MemEventKind::Alloc: return "alloc";
-    case MemEventKind::Free: return "free";
-    case MemEventKind::Reserve: return "reserve";
-    case MemEventKind::Release: return "release";
-    case MemEventKind::Map: return "map";
-    case MemEventKind::Unmap: return "unmap";
-    case MemEventKind::Move: return "move";
+    case MemEventKind::Alloc:
+      return "alloc";
+    case MemEventKind::Free:
+      return "free";
+    case MemEventKind::Reserve:
+      return "reserve";
+    case MemEventKind::Release:
+      return "release";
+    case MemEventKind::Map:
+      return "map";
+    case MemEventKind::Unmap:
+      return "unmap";
+    case MemEventKind::Move:
+      return "move";
   }
   return "?";
 }

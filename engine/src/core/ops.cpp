@@ -9,31 +9,75 @@ namespace {
 Tensor d1(OpId id, std::vector<Tensor> in, const Attrs& a = {}) {
   return dispatch1(id, std::move(in), a);
 }
-std::vector<int64_t> toInts(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
+std::vector<int64_t> toInts(const Shape& s) {
+  return std::vector<int64_t>(s.begin(), s.end());
+}
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return d1(OpId::Add, {a, b}); }
-Tensor sub(const Tensor& a, const Tensor& b) { return d1(OpId::Sub, {a, b}); }
-Tensor mul(const Tensor& a, const Tensor& b) { return d1(OpId::Mul, {a, b}); }
-Tensor div(const Tensor& a, const Tensor& b) { return d1(OpId::Div, {a, b}); }
-Tensor pow(const Tensor& a, const Tensor& b) { return d1(OpId::Pow, {a, b}); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return d1(OpId::Maximum, {a, b}); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return d1(OpId::Minimum, {a, b}); }
-Tensor eq(const Tensor& a, const Tensor& b) { return d1(OpId::Eq, {a, b}); }
-Tensor lt(const Tensor& a, const Tensor& b) { return d1(OpId::Lt, {a, b}); }
-Tensor gt(const Tensor& a, const Tensor& b) { return d1(OpId::Gt, {a, b}); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Add, {a, b});
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Sub, {a, b});
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Mul, {a, b});
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Div, {a, b});
+}
+Tensor pow(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Pow, {a, b});
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Maximum, {a, b});
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Minimum, {a, b});
+}
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Eq, {a, b});
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Lt, {a, b});
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return d1(OpId::Gt, {a, b});
+}
 
-Tensor neg(const Tensor& x) { return d1(OpId::Neg, {x}); }
-Tensor exp(const Tensor& x) { return d1(OpId::Exp, {x}); }
-Tensor log(const Tensor& x) { return d1(OpId::Log, {x}); }
-Tensor sqrt(const Tensor& x) { return d1(OpId::Sqrt, {x}); }
-Tensor rsqrt(const Tensor& x) { return d1(OpId::Rsqrt, {x}); }
-Tensor tanh(const Tensor& x) { return d1(OpId::Tanh, {x}); }
-Tensor sigmoid(const Tensor& x) { return d1(OpId::Sigmoid, {x}); }
-Tensor relu(const Tensor& x) { return d1(OpId::Relu, {x}); }
-Tensor gelu(const Tensor& x) { return d1(OpId::Gelu, {x}); }
-Tensor silu(const Tensor& x) { return d1(OpId::Silu, {x}); }
-Tensor abs(const Tensor& x) { return d1(OpId::Abs, {x}); }
+Tensor neg(const Tensor& x) {
+  return d1(OpId::Neg, {x});
+}
+Tensor exp(const Tensor& x) {
+  return d1(OpId::Exp, {x});
+}
+Tensor log(const Tensor& x) {
+  return d1(OpId::Log, {x});
+}
+Tensor sqrt(const Tensor& x) {
+  return d1(OpId::Sqrt, {x});
+}
+Tensor rsqrt(const Tensor& x) {
+  return d1(OpId::Rsqrt, {x});
+}
+Tensor tanh(const Tensor& x) {
+  return d1(OpId::Tanh, {x});
+}
+Tensor sigmoid(const Tensor& x) {
+  return d1(OpId::Sigmoid, {x});
+}
+Tensor relu(const Tensor& x) {
+  return d1(OpId::Relu, {x});
+}
+Tensor gelu(const Tensor& x) {
+  return d1(OpId::Gelu, {x});
+}
+Tensor silu(const Tensor& x) {
+  return d1(OpId::Silu, {x});
+}
+Tensor abs(const Tensor& x) {
+  return d1(OpId::Abs, {x});
+}
 
 Tensor addScalar(const Tensor& x, double s) {
   return d1(OpId::AddScalar, {x}, Attrs().set("scalar", s));
@@ -115,7 +159,9 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   return dispatch(OpId::Split, {x}, Attrs().set("sizes", sizes).set("dim", dim));
 }
-Tensor contiguous(const Tensor& x) { return d1(OpId::Contiguous, {x}); }
+Tensor contiguous(const Tensor& x) {
+  return d1(OpId::Contiguous, {x});
+}
 Tensor copyTo(const Tensor& x, Device device) {
   return d1(OpId::CopyTo, {x}, Attrs().set("device", device.name()));
 }
@@ -139,8 +185,10 @@ Tensor flatten(const Tensor& x, int64_t startDim, int64_t endDim) {
   Shape s;
   int64_t prod = 1;
   for (int64_t i = 0; i < x.dim(); ++i) {
-    if (i < s0 || i > e0) s.push_back(x.shape()[size_t(i)]);
-    else prod *= x.shape()[size_t(i)];
+    if (i < s0 || i > e0)
+      s.push_back(x.shape()[size_t(i)]);
+    else
+      prod *= x.shape()[size_t(i)];
     if (i == e0) s.push_back(prod);
   }
   return reshape(x, s);

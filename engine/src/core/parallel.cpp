@@ -96,8 +96,12 @@ Pool& pool() {
 
 }  // namespace
 
-int numThreads() { return g_threads; }
-void setNumThreads(int n) { g_threads = std::max(1, std::min(n, pool().size())); }
+int numThreads() {
+  return g_threads;
+}
+void setNumThreads(int n) {
+  g_threads = std::max(1, std::min(n, pool().size()));
+}
 
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

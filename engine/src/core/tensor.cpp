@@ -6,9 +6,9 @@
 #include <cstring>
 #include <sstream>
 
-#include "kernel_util.h"
 #include "keel/autograd.h"
 #include "keel/ops.h"
+#include "kernel_util.h"
 
 namespace keel {
 namespace {
@@ -39,7 +39,8 @@ Tensor Tensor::makeView(const Tensor& base, Shape shape, Shape strides, int64_t 
 }
 
 void copyFromHost(const Tensor& t, const void* src, DType srcType, int64_t n) {
-  KEEL_CHECK(t.device().isHost() && t.isContiguous(), "copyFromHost needs a contiguous host tensor");
+  KEEL_CHECK(t.device().isHost() && t.isContiguous(),
+             "copyFromHost needs a contiguous host tensor");
   KEEL_CHECK(n == t.numel(), "copyFromHost: ", n, " values for a tensor of shape ",
              shapeStr(t.shape()));
   visitDType(srcType, [&]<typename S>() {
@@ -47,11 +48,16 @@ void copyFromHost(const Tensor& t, const void* src, DType srcType, int64_t n) {
     visitDType(t.dtype(), [&]<typename D>() {
       D* d = t.data<D>();
       for (int64_t i = 0; i < n; ++i) {
-        if constexpr (std::is_same_v<D, bool>) d[i] = double(s[i]) != 0.0;
-        else if constexpr (!kIsFloat<D> && !kIsFloat<S>) d[i] = D(s[i]);  // int -> int: exact
-        else if constexpr (std::is_same_v<D, double>) d[i] = double(s[i]);
-        else if constexpr (kIsFloat<D>) d[i] = D(float(double(s[i])));
-        else d[i] = D(double(s[i]));
+        if constexpr (std::is_same_v<D, bool>)
+          d[i] = double(s[i]) != 0.0;
+        else if constexpr (!kIsFloat<D> && !kIsFloat<S>)
+          d[i] = D(s[i]);  // int -> int: exact
+        else if constexpr (std::is_same_v<D, double>)
+          d[i] = double(s[i]);
+        else if constexpr (kIsFloat<D>)
+          d[i] = D(float(double(s[i])));
+        else
+          d[i] = D(double(s[i]));
       }
     });
   });
@@ -116,7 +122,9 @@ Tensor& Tensor::setRequiresGrad(bool r) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+Tensor Tensor::grad() const {
+  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+}
 
 void Tensor::setGrad(const Tensor& g) const {
   if (g.defined())
@@ -126,7 +134,9 @@ void Tensor::setGrad(const Tensor& g) const {
   impl_->grad = g.implPtr();
 }
 
-Tensor Tensor::detach() const { return makeView(*this, shape(), strides(), offset()); }
+Tensor Tensor::detach() const {
+  return makeView(*this, shape(), strides(), offset());
+}
 
 void Tensor::backward(const Tensor& grad, bool retainGraph) const {
   runBackward({*this}, {grad}, retainGraph);
@@ -134,8 +144,10 @@ void Tensor::backward(const Tensor& grad, bool retainGraph) const {
 
 void Tensor::registerHook(TensorHook hook) const {
   KEEL_CHECK(requiresGrad(), "registerHook on a tensor that does not require grad");
-  if (isLeaf()) impl_->leafHooks.push_back(std::move(hook));
-  else impl_->gradFn->outputHooks[size_t(impl_->outputNr)].push_back(std::move(hook));
+  if (isLeaf())
+    impl_->leafHooks.push_back(std::move(hook));
+  else
+    impl_->gradFn->outputHooks[size_t(impl_->outputNr)].push_back(std::move(hook));
 }
 
 template <typename T>
@@ -151,8 +163,10 @@ std::vector<T> Tensor::toVector() const {
   visitDType(c.dtype(), [&]<typename S>() {
     const S* s = c.data<S>();
     for (size_t i = 0; i < out.size(); ++i) {
-      if constexpr (kIsFloat<S>) out[i] = T(double(s[i]));
-      else out[i] = T(s[i]);
+      if constexpr (kIsFloat<S>)
+        out[i] = T(double(s[i]));
+      else
+        out[i] = T(s[i]);
     }
   });
   return out;
@@ -167,8 +181,12 @@ double Tensor::item() const {
   return toVector<double>()[0];
 }
 
-Tensor Tensor::to(Device d) const { return d == device() ? *this : ops::copyTo(*this, d); }
-Tensor Tensor::contiguous() const { return isContiguous() ? *this : ops::contiguous(*this); }
+Tensor Tensor::to(Device d) const {
+  return d == device() ? *this : ops::copyTo(*this, d);
+}
+Tensor Tensor::contiguous() const {
+  return isContiguous() ? *this : ops::contiguous(*this);
+}
 
 std::string Tensor::toString(int64_t maxElements) const {
   std::ostringstream os;

@@ -12,13 +12,20 @@ namespace keel {
 
 std::string_view dtypeName(DType t) {
   switch (t) {
-    case DType::Float32: return "float32";
-    case DType::Float16: return "float16";
-    case DType::BFloat16: return "bfloat16";
-    case DType::Float64: return "float64";
-    case DType::Int32: return "int32";
-    case DType::Int64: return "int64";
-    case DType::Bool: return "bool";
+    case DType::Float32:
+      return "float32";
+    case DType::Float16:
+      return "float16";
+    case DType::BFloat16:
+      return "bfloat16";
+    case DType::Float64:
+      return "float64";
+    case DType::Int32:
+      return "int32";
+    case DType::Int64:
+      return "int64";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }
@@ -31,15 +38,19 @@ DType parseDType(std::string_view n) {
   if (n == "int32" || n == "i32" || n == "int") return DType::Int32;
   if (n == "int64" || n == "i64" || n == "long") return DType::Int64;
   if (n == "bool") return DType::Bool;
-  throw Error(detail::concat("unknown dtype '", n,
-                             "' (expected float32, float16, bfloat16, float64, int32, int64, bool)"));
+  throw Error(
+      detail::concat("unknown dtype '", n,
+                     "' (expected float32, float16, bfloat16, float64, int32, int64, bool)"));
 }
 
 std::string_view backendName(Backend b) {
   switch (b) {
-    case Backend::Cpu: return "cpu";
-    case Backend::CpuRef: return "cpu-ref";
-    case Backend::Cuda: return "cuda";
+    case Backend::Cpu:
+      return "cpu";
+    case Backend::CpuRef:
+      return "cpu-ref";
+    case Backend::Cuda:
+      return "cuda";
   }
   return "?";
 }
@@ -151,8 +162,10 @@ std::string Attrs::toString() const {
             for (size_t i = 0; i < x.size(); ++i) os << (i ? "," : "") << x[i];
             os << ']';
           } else if constexpr (std::is_same_v<X, double>) {
-            if (std::isfinite(x)) os << x;
-            else os << '"' << x << '"';
+            if (std::isfinite(x))
+              os << x;
+            else
+              os << '"' << x << '"';
           } else {
             os << x;
           }
@@ -229,9 +242,12 @@ std::pair<int64_t, int64_t> sliceBounds(int64_t n, int64_t start, int64_t end, i
 DimSplit splitAt(const Shape& shape, int64_t dim) {
   DimSplit s;
   for (int64_t i = 0; i < int64_t(shape.size()); ++i) {
-    if (i < dim) s.outer *= shape[size_t(i)];
-    else if (i == dim) s.n = shape[size_t(i)];
-    else s.inner *= shape[size_t(i)];
+    if (i < dim)
+      s.outer *= shape[size_t(i)];
+    else if (i == dim)
+      s.n = shape[size_t(i)];
+    else
+      s.inner *= shape[size_t(i)];
   }
   return s;
 }

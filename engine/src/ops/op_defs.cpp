@@ -19,15 +19,18 @@ void requireSameDtype(std::string_view op, Inputs in) {
                dtypeName(in[i].dtype()), " ", shapeStr(in[i].shape()));
 }
 void requireFloat(std::string_view op, const Tensor& t, std::string_view what) {
-  KEEL_CHECK(isFloating(t.dtype()), "op '", op, "': ", what, " must be a floating-point tensor, got ",
-             dtypeName(t.dtype()), " ", shapeStr(t.shape()));
+  KEEL_CHECK(isFloating(t.dtype()), "op '", op, "': ", what,
+             " must be a floating-point tensor, got ", dtypeName(t.dtype()), " ",
+             shapeStr(t.shape()));
 }
 void requireIndex(std::string_view op, const Tensor& t, std::string_view what) {
   KEEL_CHECK(isIntegral(t.dtype()), "op '", op, "': ", what, " must be int32 or int64, got ",
              dtypeName(t.dtype()), " ", shapeStr(t.shape()));
 }
 
-Tensor zerosLike(const Tensor& t) { return fill(t.shape(), 0.0, t.dtype(), t.device()); }
+Tensor zerosLike(const Tensor& t) {
+  return fill(t.shape(), 0.0, t.dtype(), t.device());
+}
 
 Tensor sumTo(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
@@ -50,8 +53,8 @@ std::optional<Shape> viewStrides(const Shape& shape, const Shape& strides, const
   // must map onto a run of new dims with the same element count.
   for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
     tensorNumel *= shape[size_t(d)];
-    bool chunkEnds = d == 0 || (shape[size_t(d - 1)] != 1 &&
-                                strides[size_t(d - 1)] != tensorNumel * base);
+    bool chunkEnds =
+        d == 0 || (shape[size_t(d - 1)] != 1 && strides[size_t(d - 1)] != tensorNumel * base);
     if (!chunkEnds) continue;
     while (viewD >= 0 && (viewNumel < tensorNumel || newShape[size_t(viewD)] == 1)) {
       out[size_t(viewD)] = viewNumel * base;
@@ -83,8 +86,8 @@ Shape inferShape(std::string_view op, const Shape& from, const std::vector<int64
   }
   int64_t n = shapeNumel(from);
   if (neg >= 0) {
-    KEEL_CHECK(known != 0 && n % known == 0, "op '", op, "': cannot reshape ", shapeStr(from),
-               " (", n, " elements) to ", shapeStr(s));
+    KEEL_CHECK(known != 0 && n % known == 0, "op '", op, "': cannot reshape ", shapeStr(from), " (",
+               n, " elements) to ", shapeStr(s));
     s[size_t(neg)] = n / known;
   }
   KEEL_CHECK(shapeNumel(s) == n, "op '", op, "': cannot reshape ", shapeStr(from), " (", n,
@@ -101,7 +104,9 @@ Metas inferBroadcast(const OpDef& def, Inputs in, bool toBool) {
              toBool ? DType::Bool : in[0].dtype());
 }
 
-Metas inferUnary(Inputs in) { return one(in[0].shape(), in[0].dtype()); }
+Metas inferUnary(Inputs in) {
+  return one(in[0].shape(), in[0].dtype());
+}
 
 Metas inferGradLike(const OpDef& def, Inputs in) {  // (grad, x) -> like x
   requireSameDtype(def.name, in);
@@ -124,8 +129,10 @@ Shape reducedShape(const Shape& s, std::vector<int64_t> dims, bool keepdim, std:
   }
   Shape out;
   for (int64_t i = 0; i < r; ++i) {
-    if (!red[size_t(i)]) out.push_back(s[size_t(i)]);
-    else if (keepdim) out.push_back(1);
+    if (!red[size_t(i)])
+      out.push_back(s[size_t(i)]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -146,8 +153,8 @@ Shape matmulShape(const OpDef& def, const Tensor& a, const Tensor& b, bool ta, b
 }
 
 void requireLastDim(const OpDef& def, const Tensor& x, const Tensor& w, std::string_view what) {
-  KEEL_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), "op '", def.name, "': ",
-             what, " ", shapeStr(w.shape()), " does not match the last dim of input ",
+  KEEL_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), "op '", def.name, "': ", what,
+             " ", shapeStr(w.shape()), " does not match the last dim of input ",
              shapeStr(x.shape()));
 }
 
@@ -168,7 +175,8 @@ Shape factoryShape(const Attrs& a) {
 
 // ---------------------------------------------------------------- views
 Tensor viewAs(const OpDef& def, const Tensor& x, const Shape& s, bool allowCopy) {
-  if (auto st = viewStrides(x.shape(), x.strides(), s)) return Tensor::makeView(x, s, *st, x.offset());
+  if (auto st = viewStrides(x.shape(), x.strides(), s))
+    return Tensor::makeView(x, s, *st, x.offset());
   KEEL_CHECK(allowCopy, "op '", def.name, "': a tensor of shape ", shapeStr(x.shape()),
              " and strides ", shapeStr(x.strides()), " cannot be viewed as ", shapeStr(s),
              " without a copy; use reshape");
@@ -206,7 +214,9 @@ Tensor sliceView(const OpDef& def, const Tensor& x, int64_t dim, int64_t start, 
 }
 
 // ---------------------------------------------------------------- backward helpers
-Tensor zeroScalar(const Tensor& like) { return fill({}, 0.0, like.dtype(), like.device()); }
+Tensor zeroScalar(const Tensor& like) {
+  return fill({}, 0.0, like.dtype(), like.device());
+}
 
 Tensor expandBack(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims0,
                   bool keepdim) {
@@ -235,8 +245,8 @@ std::vector<OpDef>& builtinDefs() {
   }
 
   // ---- binary elementwise
-  for (OpId id : {OpId::Add, OpId::Sub, OpId::Mul, OpId::Div, OpId::Pow, OpId::Maximum,
-                  OpId::Minimum}) {
+  for (OpId id :
+       {OpId::Add, OpId::Sub, OpId::Mul, OpId::Div, OpId::Pow, OpId::Maximum, OpId::Minimum}) {
     OpDef& o = at(id, 2);
     o.infer = [&o](Inputs in, const Attrs&) { return inferBroadcast(o, in, false); };
   }
@@ -250,7 +260,8 @@ std::vector<OpDef>& builtinDefs() {
   };
   at(OpId::Sub, 2).backward = [](const BackwardCtx& c) -> std::vector<Tensor> {
     const Tensor& g = c.gradOutputs[0];
-    return {sumTo(g, c.inputs[0].shape()), c.needsGrad[1] ? sumTo(neg(g), c.inputs[1].shape()) : Tensor()};
+    return {sumTo(g, c.inputs[0].shape()),
+            c.needsGrad[1] ? sumTo(neg(g), c.inputs[1].shape()) : Tensor()};
   };
   at(OpId::Mul, 2).backward = [](const BackwardCtx& c) -> std::vector<Tensor> {
     const Tensor &g = c.gradOutputs[0], &a = c.inputs[0], &b = c.inputs[1];
@@ -274,8 +285,12 @@ std::vector<OpDef>& builtinDefs() {
     return {c.needsGrad[0] ? sumTo(where(bWins, z, g), a.shape()) : Tensor(),
             c.needsGrad[1] ? sumTo(where(bWins, g, z), b.shape()) : Tensor()};
   };
-  at(OpId::Maximum, 2).backward = [minmaxBack](const BackwardCtx& c) { return minmaxBack(c, true); };
-  at(OpId::Minimum, 2).backward = [minmaxBack](const BackwardCtx& c) { return minmaxBack(c, false); };
+  at(OpId::Maximum, 2).backward = [minmaxBack](const BackwardCtx& c) {
+    return minmaxBack(c, true);
+  };
+  at(OpId::Minimum, 2).backward = [minmaxBack](const BackwardCtx& c) {
+    return minmaxBack(c, false);
+  };
 
   // ---- unary
   for (OpId id : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Tanh,
@@ -347,9 +362,9 @@ std::vector<OpDef>& builtinDefs() {
   at(OpId::Mean, 1).backward = [](const BackwardCtx& c) -> BF {
     const Tensor& x = c.inputs[0];
     int64_t count = x.numel() / std::max<int64_t>(1, c.outputs[0].numel());
-    return {mulScalar(expandBack(c.gradOutputs[0], x, c.attrs.getInts("dims"),
-                                 c.attrs.getBool("keepdim")),
-                      1.0 / double(std::max<int64_t>(count, 1)))};
+    return {mulScalar(
+        expandBack(c.gradOutputs[0], x, c.attrs.getInts("dims"), c.attrs.getBool("keepdim")),
+        1.0 / double(std::max<int64_t>(count, 1)))};
   };
   for (OpId id : {OpId::Max, OpId::Argmax}) {
     OpDef& o = at(id, 1);
@@ -383,13 +398,17 @@ std::vector<OpDef>& builtinDefs() {
       bool ta = c.attrs.getBool("trans_a"), tb = c.attrs.getBool("trans_b");
       Tensor ga, gb;
       if (c.needsGrad[0]) {
-        if (!ta) ga = matmul(g, b, false, !tb);
-        else ga = matmul(b, g, tb, true);
+        if (!ta)
+          ga = matmul(g, b, false, !tb);
+        else
+          ga = matmul(b, g, tb, true);
         ga = sumTo(ga, a.shape());
       }
       if (c.needsGrad[1]) {
-        if (!tb) gb = matmul(a, g, !ta, false);
-        else gb = matmul(g, a, true, ta);
+        if (!tb)
+          gb = matmul(a, g, !ta, false);
+        else
+          gb = matmul(g, a, true, ta);
         gb = sumTo(gb, b.shape());
       }
       return {ga, gb};
@@ -454,8 +473,7 @@ std::vector<OpDef>& builtinDefs() {
       return inferUnary(in);
     };
     o.backward = [](const BackwardCtx& c) -> BF {
-      return dispatch(OpId::RmsNormBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]},
-                      c.attrs);
+      return dispatch(OpId::RmsNormBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]}, c.attrs);
     };
     OpDef& b = at(OpId::RmsNormBackward, 3);
     b.infer = [&b](Inputs in, const Attrs&) {
@@ -504,9 +522,9 @@ std::vector<OpDef>& builtinDefs() {
       KEEL_CHECK(in[0].dim() == 2, "op '", o.name, "': logits must be [N, C], got ",
                  shapeStr(in[0].shape()));
       requireIndex(o.name, in[1], "targets");
-      KEEL_CHECK(in[1].dim() == 1 && in[1].size(0) == in[0].size(0), "op '", o.name,
-                 "': targets ", shapeStr(in[1].shape()), " do not match logits ",
-                 shapeStr(in[0].shape()), " (expected [", in[0].size(0), "])");
+      KEEL_CHECK(in[1].dim() == 1 && in[1].size(0) == in[0].size(0), "op '", o.name, "': targets ",
+                 shapeStr(in[1].shape()), " do not match logits ", shapeStr(in[0].shape()),
+                 " (expected [", in[0].size(0), "])");
       return one({}, in[0].dtype());
     };
     o.backward = [](const BackwardCtx& c) -> BF {
@@ -761,9 +779,9 @@ std::vector<OpDef>& builtinDefs() {
       return one(in[1].shape(), in[0].dtype());
     };
     o.backward = [](const BackwardCtx& c) -> BF {
-      return {scatterAdd(zerosLike(c.inputs[0]), c.attrs.getInt("dim"), c.inputs[1],
-                         c.gradOutputs[0]),
-              Tensor()};
+      return {
+          scatterAdd(zerosLike(c.inputs[0]), c.attrs.getInt("dim"), c.inputs[1], c.gradOutputs[0]),
+          Tensor()};
     };
     OpDef& s = at(OpId::ScatterAdd, 3);
     s.infer = [&s](Inputs in, const Attrs& a) {

@@ -14,7 +14,9 @@ namespace keel::detail {
 using Inputs = std::span<const Tensor>;
 using Metas = std::vector<TensorMeta>;
 
-inline Metas one(Shape s, DType d) { return {TensorMeta{std::move(s), d}}; }
+inline Metas one(Shape s, DType d) {
+  return {TensorMeta{std::move(s), d}};
+}
 
 // Checks that every input has the dtype of input 0.
 void requireSameDtype(std::string_view op, Inputs in);
