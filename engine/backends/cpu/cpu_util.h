@@ -386,35 +386,9 @@ void sqrtArray(const double* in, double* out, int64_t n);
 template <typename C>
 using SumT = std::conditional_t<std::is_floating_point_v<C>, double, int64_t>;
 
-// Sum of f(x[i]) over n contiguous values in a fixed order: 8 lanes within blocks of 1024
-// elements, lanes combined pairwise, blocks added in order. Independent of threads.
-template <typename T, typename F>
-double blockSum(const T* x, int64_t n, F f) {
-  using C = CompT<T>;
-  using S = SumT<C>;
-  constexpr int kLanes = 8;
-  double total = 0.0;
-  for (int64_t b = 0; b < n; b += 1024) {
-    const int64_t e = std::min(n, b + 1024);
-    S acc[kLanes] = {};
-    int64_t i = b;
-    for (; i + kLanes <= e; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += S(f(load(x[i + l])));
-    S tail = 0;
-    for (; i < e; ++i) tail += S(f(load(x[i])));
-    for (int w = kLanes / 2; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-    total += double(acc[0] + tail);
-  }
-  return total;
-}
-template <typename T>
-double blockSum(const T* x, int64_t n) {
-  return blockSum(x, n, [](CompT<T> v) { return v; });
-}
-
-// Sum of f(x[i], y[i]) (two contiguous arrays, y converted to x's compute type), same order
-// rules as blockSum.
+// Sum of f(x[i], y[i]) over two contiguous arrays (y converted to x's compute type) in a fixed
+// order: 8 lanes within blocks of 1024 elements, lanes combined pairwise, blocks added in order.
+// Independent of threads.
 template <typename T, typename U, typename F>
 double blockSum2(const T* x, const U* y, int64_t n, F f) {
   using C = CompT<T>;
@@ -434,6 +408,16 @@ double blockSum2(const T* x, const U* y, int64_t n, F f) {
     total += double(acc[0] + tail);
   }
   return total;
+}
+
+// Sum of f(x[i]) over n contiguous values, in blockSum2's order.
+template <typename T, typename F>
+double blockSum(const T* x, int64_t n, F f) {
+  return blockSum2(x, x, n, [&](CompT<T> v, CompT<T>) { return f(v); });
+}
+template <typename T>
+double blockSum(const T* x, int64_t n) {
+  return blockSum(x, n, [](CompT<T> v) { return v; });
 }
 
 // Max of a contiguous row in the compute type, ignoring NaN like std::max(acc, x) does (a NaN
