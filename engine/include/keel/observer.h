@@ -48,12 +48,34 @@ struct MemEvent {
   uint64_t reservedAfter = 0;
 };
 
+// Training-step boundaries, reported by whoever drives training (the Trainer).
+struct StepEvent {
+  int64_t step = 0;  // 1-based
+  bool begin = true;  // false: the step ended (loss is set)
+  double loss = 0;
+  int64_t timeNs = 0;
+};
+
+// Log lines (keel::log in keel/log.h), delivered to observers as they are written.
+enum class LogLevel : uint8_t { Error = 0, Warn = 1, Info = 2, Debug = 3, Verbose = 4 };
+std::string_view logLevelName(LogLevel l);
+
+struct LogEvent {
+  LogLevel level = LogLevel::Info;
+  std::string_view scope;    // module scope path or a named log scope
+  std::string_view message;
+  uint64_t opSeq = 0;  // op being dispatched on this thread, else the last op issued
+  int64_t timeNs = 0;
+};
+
 class Observer {
  public:
   virtual ~Observer() = default;
   virtual void onOpBegin(const OpEvent&) {}
   virtual void onOpEnd(const OpEvent&) {}
   virtual void onMemory(const MemEvent&) {}
+  virtual void onStep(const StepEvent&) {}
+  virtual void onLog(const LogEvent&) {}
 };
 
 void addObserver(std::shared_ptr<Observer> obs);
@@ -67,6 +89,8 @@ inline bool hasObservers() {
 void notifyMemory(MemEvent e);  // fills opSeq and timeNs, calls observers
 void notifyOpBegin(const OpEvent& e);
 void notifyOpEnd(const OpEvent& e);
+void notifyStep(StepEvent e);  // fills timeNs
+void notifyLog(const LogEvent& e);
 int64_t nowNs();
 }  // namespace detail
 

@@ -47,6 +47,22 @@ std::string_view phaseName(Phase p) {
   return "?";
 }
 
+std::string_view logLevelName(LogLevel l) {
+  switch (l) {
+    case LogLevel::Error:
+      return "error";
+    case LogLevel::Warn:
+      return "warn";
+    case LogLevel::Info:
+      return "info";
+    case LogLevel::Debug:
+      return "debug";
+    case LogLevel::Verbose:
+      return "verbose";
+  }
+  return "?";
+}
+
 std::string_view memEventName(MemEventKind k) {
   switch (k) {
     case MemEventKind::Alloc:
@@ -103,6 +119,15 @@ void notifyOpBegin(const OpEvent& e) {
 }
 void notifyOpEnd(const OpEvent& e) {
   for (auto& o : *snapshot()) o->onOpEnd(e);
+}
+void notifyStep(StepEvent e) {
+  if (!hasObservers()) return;
+  e.timeNs = nowNs();
+  for (auto& o : *snapshot()) o->onStep(e);
+}
+void notifyLog(const LogEvent& e) {
+  if (!hasObservers()) return;
+  for (auto& o : *snapshot()) o->onLog(e);
 }
 
 }  // namespace detail

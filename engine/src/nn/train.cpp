@@ -67,6 +67,7 @@ StepStats Trainer::step() {
   s.step = stepsDone_ + 1;
   s.lr = schedule_.at(stepsDone_);
   optimizer_->setLr(s.lr);
+  detail::notifyStep({s.step, true, 0.0, 0});
 
   auto [x, y] =
       data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
@@ -83,6 +84,7 @@ StepStats Trainer::step() {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokensPerSec = s.seconds > 0 ? double(cfg_.batch_size * cfg_.seq_len) / s.seconds : 0.0;
   ++stepsDone_;
+  detail::notifyStep({s.step, false, s.loss, 0});
   return s;
 }
 

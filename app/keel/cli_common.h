@@ -1,0 +1,25 @@
+// Shared plumbing of the keel tool's commands: the one-line error convention and the command
+// table. Invariant: every failure prints exactly one line "keel: error: ..." to stderr and the
+// process exits with status 2.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace keel::cli {
+
+inline constexpr int kExitError = 2;
+
+// Prints "keel: error: <msg>" (newlines folded) to stderr; returns kExitError.
+int fail(const std::string& msg);
+
+// One subcommand: its CLI11 node and what runs when it was chosen (returns the exit status).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command addTrainCommand(CLI::App& root);
+Command addOpsCommand(CLI::App& root);
+
+}  // namespace keel::cli

@@ -1,0 +1,117 @@
+// `keel train`: runs a GPT training job on a CPU backend and prints one line per step and a
+// summary with the validation loss.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli_common.h"
+#include "keel/data.h"
+#include "keel/error.h"
+#include "keel/gpt_config.h"
+#include "keel/train.h"
+
+namespace keel::cli {
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::string backend = "cpu";
+  int64_t steps = 200;
+  uint64_t seed = 0;
+  std::string data;
+  int threads = 0;
+  int64_t evalBatches = 8;
+};
+
+keel::Device parseBackend(const std::string& name) {
+  if (name == "cpu") return keel::Device(keel::Backend::Cpu);
+  if (name == "cpu-ref") return keel::Device(keel::Backend::CpuRef);
+  throw keel::Error("unknown backend '" + name + "' (expected cpu or cpu-ref)");
+}
+
+int runTrain(const TrainArgs& a) {
+  keel::GptConfig cfg = keel::loadGptConfig(a.config);
+  keel::Device device = parseBackend(a.backend);
+  keel::setCpuThreads(a.threads);
+  auto dataset = std::make_shared<const keel::data::TextDataset>(
+      a.data.empty() ? keel::data::TextDataset::defaultCorpus()
+                     : keel::data::TextDataset::load(a.data));
+  keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
+
+  std::printf("keel train: %s (%s), %s, backend %s, %d threads, seed %llu\n",
+              cfg.name.empty() ? "gpt" : cfg.name.c_str(), a.config.c_str(),
+              cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
+              static_cast<unsigned long long>(a.seed));
+  std::printf(
+      "model: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld\n",
+      static_cast<long long>(trainer.model().numParameters()), static_cast<long long>(cfg.n_layer),
+      static_cast<long long>(cfg.d_model), static_cast<long long>(cfg.n_head),
+      static_cast<long long>(cfg.seq_len), static_cast<long long>(cfg.batch_size));
+  std::printf("data: %s (%lld bytes: %lld train, %lld validation)\n", dataset->source().c_str(),
+              static_cast<long long>(dataset->numTokens()),
+              static_cast<long long>(dataset->splitTokens(keel::data::Split::Train)),
+              static_cast<long long>(dataset->splitTokens(keel::data::Split::Val)));
+  std::fflush(stdout);
+
+  const int width = int(std::to_string(a.steps).size());
+  double totalSeconds = 0;
+  auto stats = trainer.run(a.steps, [&](const keel::StepStats& s) {
+    totalSeconds += s.seconds;  // "loss" is the lm loss; "aux" sums the MoE layers' aux losses
+    if (cfg.isMoe())
+      std::printf("step %*lld/%lld  loss %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s\n", width,
+                  static_cast<long long>(s.step), static_cast<long long>(a.steps), s.lmLoss,
+                  s.auxLoss, s.lr, s.gradNorm, s.tokensPerSec);
+    else
+      std::printf("step %*lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s\n", width,
+                  static_cast<long long>(s.step), static_cast<long long>(a.steps), s.loss, s.lr,
+                  s.gradNorm, s.tokensPerSec);
+    std::fflush(stdout);
+  });
+
+  const size_t tail = std::min<size_t>(10, stats.size());
+  double lastMean = 0;
+  for (size_t i = stats.size() - tail; i < stats.size(); ++i) lastMean += stats[i].lmLoss;
+  lastMean /= double(tail);
+  const double tokens = double(a.steps * cfg.batch_size * cfg.seq_len);
+  std::printf("done: %lld steps in %.1f s (%.0f tok/s); loss %.4f -> %.4f (mean of last %zu: %.4f)",
+              static_cast<long long>(a.steps), totalSeconds,
+              totalSeconds > 0 ? tokens / totalSeconds : 0.0, stats.front().lmLoss,
+              stats.back().lmLoss, tail, lastMean);
+  if (a.evalBatches > 0) {
+    if (dataset->splitTokens(keel::data::Split::Val) > cfg.seq_len)
+      std::printf("; val loss %.4f", trainer.evaluate(a.evalBatches));
+    else
+      std::printf("; no val loss (validation split shorter than seq_len + 1)");
+  }
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+Command addTrainCommand(CLI::App& root) {
+  auto ta = std::make_shared<TrainArgs>();
+  CLI::App* train = root.add_subcommand("train", "train a GPT on a text corpus");
+  // A repeated option takes its last value (scripts/run passes defaults, the user overrides).
+  train->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  train->add_option("--config", ta->config, "model + training config (JSON)")->required();
+  train->add_option("--backend", ta->backend, "cpu | cpu-ref")->capture_default_str();
+  train->add_option("--steps", ta->steps, "number of training steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train->add_option("--seed", ta->seed, "random seed (weights, batches, dropout)")
+      ->capture_default_str();
+  train->add_option(
+      "--data", ta->data,
+      std::string("text file or directory (default: ") + keel::data::kDefaultCorpusDir + ")");
+  train->add_option("--threads", ta->threads, "cpu backend threads (default: all cores)")
+      ->check(CLI::PositiveNumber);
+  train
+      ->add_option("--eval-batches", ta->evalBatches,
+                   "validation batches for the final val loss (0: skip)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  return {train, [ta] { return runTrain(*ta); }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,162 @@
+// Run diff: aligns two recordings' op sequences step by step on op signatures and compares each
+// aligned pair output by output (MD5, rounded MD5, dumped values, statistics). Pure: works on
+// plain records, touches neither SQLite nor the engine. See docs/diff.md for the algorithm.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/storage/errors.h"
+#include "keel/storage/records.h"
+
+namespace keel::storage {
+
+// Verdict for one tensor or one aligned op pair, in increasing order of badness (Unmatched aside).
+enum class DiffStatus : uint8_t { Equal = 0, WithinTolerance = 1, Diverged = 2, Unmatched = 3 };
+
+// What settled a tensor's verdict.
+enum class DiffBasis : uint8_t {
+  None,        // nothing to compare (no MD5, stats or dumps): counted Equal, reported as uncompared
+  Md5,         // exact MD5s equal
+  RoundedMd5,  // rounded MD5s equal
+  Values,      // dumped element values
+  Stats,       // statistics (min, max, mean, std, absMax, NaN/Inf counts)
+  Md5Only,     // MD5s differ and nothing finer was available
+  Shape,       // shape or dtype differ
+  Missing,     // the tensor exists on one side only
+};
+// An input's verdict is taken from its producer pair's output verdict when both runs read it from
+// the aligned producer (TensorDiff::detail then names "output k of #seq").
+
+const char* toString(DiffStatus s);
+const char* toString(DiffBasis b);
+
+struct DiffOptions {
+  double atol = 1e-6;    // absolute tolerance
+  double rtol = 1e-4;    // relative tolerance, against side B (|a - b| <= atol + rtol * |b|)
+  uint64_t maxUlps = 0;  // > 0: an element within maxUlps (in its dtype) also passes
+  bool useMd5 = true;
+  bool useRoundedMd5 = true;
+  bool useDumps = true;  // ask the DumpValues callback (when one is given)
+  bool useStats = true;
+  bool mismatchesOnly = false;        // DiffReport::pairs keeps only non-Equal pairs
+  bool unmatchedIsDivergent = false;  // an op on one side only makes the exit code 1
+  int chainDepth = 6;                 // producer levels walked back from a divergence
+  int chainMaxOps = 48;               // ops listed in a chain, all levels together
+  // Cost budget (compared signatures) of the LCS on the part that differs; beyond it the aligner
+  // falls back to a windowed greedy resync (see Note [Diff alignment] in diff.cpp).
+  int64_t lcsBudget = 60'000'000;
+};
+
+// Values of one dumped tensor, contiguous row-major, as doubles; nullopt when not dumped.
+// role is static_cast<int>(Role); sideA tells which recording.
+using DumpValues = std::function<std::optional<std::vector<double>>(uint64_t seq, int role,
+                                                                    int index, bool sideA)>;
+
+struct TensorDiff {
+  Role role = Role::Output;
+  int32_t index = 0;
+  DiffStatus status = DiffStatus::Equal;
+  DiffBasis basis = DiffBasis::None;
+  double maxAbs = kNoValue;  // Values only
+  double maxRel = kNoValue;  // Values only
+  uint64_t maxUlps = 0;      // Values only; UINT64_MAX when a NaN meets a number
+  int64_t badElements = 0;   // Values only: elements outside tolerance
+  std::string detail;        // one short human phrase, e.g. "shape [2,3] vs [3,2]"
+};
+
+// One row of the alignment: an op pair, or an op on one side only (Unmatched).
+struct OpPair {
+  int64_t step = 0;
+  bool inA = false, inB = false;
+  uint64_t seqA = 0, seqB = 0;
+  std::string name, phase, scope;  // side A's (side B's for an op only in B)
+  std::string nameB;               // side B's name when it differs from A's, else ""
+  int64_t stackIdA = -1, stackIdB = -1;
+  bool exactSignature = true;  // false: paired on (name, phase, scope) only; shapes differ
+  DiffStatus status = DiffStatus::Equal;
+  std::vector<TensorDiff> outputs;
+};
+
+// An op in the chain that feeds a divergence, walked backwards through (tensorId, version).
+struct ChainLink {
+  int depth = 1;             // 1: direct producer of one of the divergent op's inputs
+  uint64_t seq = 0;          // on the chain's side
+  uint64_t consumerSeq = 0;  // the op it feeds
+  int32_t consumerInput = 0;
+  std::string name, phase, scope;
+  int64_t stackId = -1;
+  DiffStatus status = DiffStatus::Unmatched;  // its pair's verdict (Unmatched: not aligned)
+};
+
+struct Divergence {
+  OpPair pair;
+  std::vector<TensorDiff> inputs;  // input verdicts (A vs B, by input index)
+  std::vector<ChainLink> chainA, chainB;
+};
+
+struct StepDiff {
+  int64_t step = 0;
+  int64_t opsA = 0, opsB = 0;
+  int64_t equal = 0, withinTolerance = 0, diverged = 0, onlyInA = 0, onlyInB = 0;
+  std::string alignment;  // "identical", "lcs", "greedy", "only-a", "only-b"
+};
+
+struct DiffReport {
+  std::vector<StepDiff> steps;  // ascending step
+  StepDiff total;               // step = -1, sums
+  int64_t uncomparedTensors = 0;
+  std::vector<OpPair> pairs;        // step order, then alignment order
+  std::optional<Divergence> first;  // earliest diverged pair by side A's seq
+  std::optional<Divergence> root;   // earliest diverged pair whose inputs all match
+  bool rootSearched = false;        // true when a divergence exists (root may still be empty)
+  DiffOptions options;
+};
+
+// Aligns two op sequences on their exact signatures (then, inside gaps, on name/phase/scope).
+// Returns index pairs in order; -1 marks an op on one side only. Exposed for tests and views.
+struct Alignment {
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  std::vector<bool> exact;  // per row: matched on the full signature
+  std::string method;       // "identical", "lcs" or "greedy"
+};
+Alignment alignOps(std::span<const OpRecord* const> a, std::span<const OpRecord* const> b,
+                   const DiffOptions& opt = {});
+
+// 64-bit hash of (name, phase, scope, per tensor: role, index, shape, dtype).
+uint64_t opSignature(const OpRecord& op);
+
+// Compares one tensor of an aligned pair (same role and index on both sides). seqA/seqB are
+// passed to the values callback.
+TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t seqA,
+                          uint64_t seqB, const DiffOptions& opt, const DumpValues& values);
+
+// Element-wise value comparison in the given dtype: fills maxAbs, maxRel, maxUlps, badElements,
+// status (Equal when bitwise equal in the dtype, else WithinTolerance or Diverged).
+TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>& b,
+                         const std::string& dtype, const DiffOptions& opt);
+
+// ULP distance of two values after rounding them to dtype (float32, float16, bfloat16, float64;
+// integer dtypes: |a - b|). UINT64_MAX when exactly one is NaN; 0 for two NaNs and for ±0.
+uint64_t ulpDistance(double a, double b, const std::string& dtype);
+
+// Diffs two whole runs (ops in any order; grouped by step, ordered by seq). Throws StorageError
+// on malformed input (e.g. duplicate seq on one side).
+DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>& b,
+                    const DiffOptions& opt = {}, const DumpValues& values = {});
+
+// 0: equal within tolerance; 1: divergent (Diverged pairs, or Unmatched ops when the options
+// say so). The command-line tool adds 2 for errors.
+int diffExitCode(const DiffReport& r);
+
+std::string toJson(const DiffReport& r);
+// Human report: verdict, per-step table, first and root divergence with chains, then the pairs
+// (only the non-Equal ones when mismatchesOnly). Stack ids are printed as "stack #id"; the
+// caller appends symbolized stacks.
+std::string toText(const DiffReport& r, bool mismatchesOnly);
+
+}  // namespace keel::storage

@@ -1,0 +1,89 @@
+// Recording: the only read API over a recording file. Opens read-only (also a file whose writer is
+// still running or was killed: SQLite's WAL recovery) and answers queries with plain value structs
+// from records.h. Not thread-safe: one Recording per thread. Ranges are half-open [begin, end).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/storage/errors.h"
+#include "keel/storage/records.h"
+
+namespace keel::storage {
+
+struct OpQuery {
+  std::optional<int64_t> step;
+  std::optional<std::string> phase;  // forward | backward | optimizer
+  std::optional<std::string> name;   // exact op name
+  std::optional<std::string>
+      scopePrefix;  // "blocks.1" matches blocks.1 and blocks.1.*, not blocks.10
+  std::optional<uint64_t> seqBegin, seqEnd;
+  int64_t limit = -1;       // < 0: no limit
+  bool withTensors = true;  // fill OpRecord::tensors
+};
+
+struct OpCount {
+  std::string name, phase;
+  int64_t count = 0;
+};
+
+struct LogQuery {
+  std::optional<int64_t> step;
+  std::optional<uint64_t> opSeqBegin, opSeqEnd;
+  std::optional<LogLevel> maxLevel;  // e.g. Warn: errors and warnings only
+  int64_t limit = -1;
+};
+
+struct MemQuery {
+  std::optional<int64_t> timeBegin, timeEnd;  // ns
+  std::optional<uint64_t> opSeqBegin, opSeqEnd;
+  int64_t limit = -1;
+};
+
+struct DroppedCount {
+  std::string kind;
+  int64_t count = 0;
+};
+
+class Recording {
+ public:
+  // Opens `path` read-only. Throws StorageError with a one-line message naming the file when it is
+  // missing, not an SQLite file, not a Keel recording, corrupted or truncated, or from a newer
+  // schema. An older schema is migrated in place first (see schema.h). `verify` runs SQLite's
+  // PRAGMA quick_check (reads every page once; turn off for a fast live reopen).
+  static Recording open(const std::string& path, bool verify = true);
+
+  Recording(Recording&&) noexcept;
+  Recording& operator=(Recording&&) noexcept;
+  ~Recording();
+
+  const std::string& path() const;
+  int schemaVersion() const;
+
+  RunInfo run() const;
+  std::vector<StepRecord> steps() const;  // by step
+  int64_t opCount() const;
+  // Ops matching every set field of `q`, in execution (seq) order.
+  std::vector<OpRecord> ops(const OpQuery& q) const;
+  std::optional<OpRecord> op(uint64_t seq) const;
+  // Counts per (name, phase), most frequent first; all steps when `step` is empty.
+  std::vector<OpCount> opCountsByNameAndPhase(std::optional<int64_t> step = {}) const;
+  std::optional<StackRecord> stack(int64_t id) const;
+  std::vector<LogRecord> logs(const LogQuery& q) const;       // in logging order
+  std::vector<MemRecord> memEvents(const MemQuery& q) const;  // in event order
+  std::vector<DumpRecord> dumps(uint64_t opSeq) const;
+  std::vector<DroppedCount> dropped() const;
+  // The earliest op (by seq) with an output whose nanCount or infCount > 0, with its tensors.
+  std::optional<OpRecord> firstNonFinite() const;
+  // Every op of `step` with its tensors, by seq: the bulk loader diff and graph views use.
+  std::vector<OpRecord> stepOps(int64_t step) const;
+
+ private:
+  struct Impl;
+  explicit Recording(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel::storage

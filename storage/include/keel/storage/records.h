@@ -1,0 +1,115 @@
+// Plain value structs for everything a recording holds. capture/ fills them and hands them to the
+// Writer; the Reader returns them. No engine types here: storage depends on nothing but SQLite.
+// Times are integer nanoseconds; sequence numbers are the engine's op sequence numbers.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace keel::storage {
+
+inline constexpr double kNoValue = std::numeric_limits<double>::quiet_NaN();
+
+struct RunInfo {
+  std::string backend;             // "cpu", "cpu-ref", "cuda"
+  std::string device;              // "cpu", "cuda:0"
+  std::string host;                // hostname
+  std::string configJson;          // the model/training config, verbatim
+  uint64_t seed = 0;
+  std::string engineVersion;       // e.g. "0.1.0"
+  int64_t startTimeUnixNs = 0;     // wall clock at start
+  std::string captureOptionsJson;  // what was recorded (CaptureOptions as JSON)
+  std::string status = "running";  // running | finished | failed: <reason>
+};
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based training step
+  int64_t beginNs = 0, endNs = 0;
+  double loss = kNoValue;
+};
+
+enum class Role : uint8_t { Input = 0, Output = 1 };
+
+struct TensorStats {
+  double min = kNoValue, max = kNoValue, mean = kNoValue, std = kNoValue, absMax = kNoValue;
+  int64_t nanCount = 0, infCount = 0, zeroCount = 0;
+};
+
+struct TensorRecord {
+  Role role = Role::Input;
+  int32_t index = 0;      // position among the op's inputs or outputs
+  uint64_t tensorId = 0;  // engine tensor id: stable for the tensor's lifetime
+  uint64_t version = 0;   // buffer version when seen (in-place writes bump it)
+  uint64_t bufferId = 0;  // identity of the underlying buffer (views share it)
+  std::vector<int64_t> shape, strides;
+  int64_t offset = 0;
+  std::string dtype;   // "float32", ...
+  std::string device;  // "cpu", ...
+  int64_t bytes = 0;   // numel * element size
+  std::string md5;         // 32 hex chars, empty when not hashed (see docs/capture.md)
+  std::string md5Rounded;  // hash of values rounded to N significant digits, empty when off
+  bool hasStats = false;
+  TensorStats stats;
+};
+
+struct OpRecord {
+  uint64_t seq = 0;  // engine op sequence number (unique in a run, increasing)
+  int64_t step = 0;  // 0 before the first step (initialisation)
+  std::string phase;  // forward | backward | optimizer
+  std::string name;   // op name
+  std::string attrsJson;
+  std::string scope;  // module scope path
+  int64_t thread = 0;  // small integer id of the engine thread
+  int64_t beginNs = 0, endNs = 0;
+  uint64_t forwardSeq = 0;  // backward ops: the forward op's seq; else 0
+  int64_t stackId = -1;     // -1: no stack captured
+  std::vector<TensorRecord> tensors;
+};
+
+struct StackFrame {
+  uint64_t address = 0;
+  std::string function;  // demangled, "" if unknown
+  std::string file;      // "" if unknown
+  int32_t line = 0;
+};
+
+struct StackRecord {
+  int64_t id = -1;  // assigned by capture (dedup key), stable within a recording
+  std::vector<StackFrame> frames;  // innermost first
+};
+
+enum class LogLevel : uint8_t { Error = 0, Warn = 1, Info = 2, Debug = 3, Verbose = 4 };
+
+struct LogRecord {
+  uint64_t opSeq = 0;  // op being dispatched (or the last one) when the line was logged
+  int64_t step = 0;
+  LogLevel level = LogLevel::Info;
+  std::string scope;    // module scope path or named log scope
+  std::string message;
+  int64_t timeNs = 0;
+};
+
+struct MemRecord {
+  std::string kind;    // alloc | free | reserve | release | map | unmap | move
+  std::string device;
+  uint64_t address = 0, bytes = 0, toAddress = 0;
+  uint64_t opSeq = 0;  // 0 outside ops
+  int64_t step = 0;
+  int64_t stackId = -1;
+  int64_t timeNs = 0;
+  uint64_t allocatedAfter = 0, reservedAfter = 0;
+};
+
+struct DumpRecord {
+  uint64_t opSeq = 0;
+  Role role = Role::Output;
+  int32_t index = 0;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string codec = "zstd";   // compression of data
+  int64_t rawBytes = 0;          // uncompressed size (contiguous row-major elements)
+  std::vector<uint8_t> data;     // compressed bytes
+};
+
+}  // namespace keel::storage
