@@ -21,5 +21,7 @@ struct Command {
 
 Command addTrainCommand(CLI::App& root);
 Command addOpsCommand(CLI::App& root);
+Command addRecordCommand(CLI::App& root);
+Command addInspectCommand(CLI::App& root);
 
 }  // namespace keel::cli

@@ -9,6 +9,7 @@
 #include "cli_common.h"
 #include "keel/error.h"
 #include "keel/runtime.h"
+#include "keel/storage/errors.h"
 
 namespace keel::cli {
 
@@ -27,7 +28,8 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"keel: train, record and inspect models with the Keel engine"};
   app.require_subcommand(1);
-  std::vector<Command> commands = {addTrainCommand(app), addOpsCommand(app)};
+  std::vector<Command> commands = {addTrainCommand(app), addRecordCommand(app),
+                                   addInspectCommand(app), addOpsCommand(app)};
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
@@ -63,6 +65,8 @@ int main(int argc, char** argv) {
   try {
     return keel::cli::run(argc, argv);
   } catch (const keel::Error& e) {
+    return keel::cli::fail(e.what());
+  } catch (const keel::storage::StorageError& e) {
     return keel::cli::fail(e.what());
   } catch (const std::exception& e) {
     return keel::cli::fail(e.what());

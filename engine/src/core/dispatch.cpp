@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include "keel/autograd.h"
+#include "keel/log.h"
 #include "keel/registry.h"
 
 namespace keel {
@@ -70,6 +71,12 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
     impl->gradFn = node;
     impl->outputNr = int(i);
   }
+}
+
+// One Verbose line per op where a verbose rule matches (see keel/log.h); off the hot path.
+[[gnu::noinline]] void logOpVerbose(const OpDef& def, std::span<const Tensor> inputs) {
+  if (!verboseEnabled(t_scope, t_phase)) return;
+  log(LogLevel::Verbose, t_scope, def.name + "(" + describeInputs(inputs) + ")");
 }
 
 }  // namespace
@@ -146,6 +153,8 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
     uint64_t v;
     ~Restore() { slot = v; }
   } restore{t_opSeq, prevSeq};
+  if (detail::verboseActive()) [[unlikely]]
+    logOpVerbose(def, inputs);
 
   const bool observe = detail::hasObservers();
   OpEvent ev;

@@ -1,0 +1,108 @@
+// `keel inspect run.db`: a summary of a recording — run metadata, steps with their loss, op counts
+// by name and phase, records lost to a drop policy, and the first NaN/Inf (the earliest op in
+// execution order with a non-finite output) with its call stack.
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <string>
+
+#include "cli_common.h"
+#include "keel/storage/reader.h"
+
+namespace keel::cli {
+namespace {
+
+std::string shapeText(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+std::string wallClock(int64_t unixNs) {
+  std::time_t t = std::time_t(unixNs / 1000000000);
+  char buf[64];
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+int runInspect(const std::string& path) {
+  storage::Recording rec = storage::Recording::open(path);
+  storage::RunInfo run = rec.run();
+  std::printf("recording  %s (schema v%d)\n", path.c_str(), rec.schemaVersion());
+  std::printf("run        backend %s, device %s, host %s, seed %llu, keel %s\n",
+              run.backend.c_str(), run.device.c_str(), run.host.c_str(),
+              static_cast<unsigned long long>(run.seed), run.engineVersion.c_str());
+  std::printf("started    %s; status %s\n", wallClock(run.startTimeUnixNs).c_str(),
+              run.status.c_str());
+  std::printf("capture    %s\n", run.captureOptionsJson.c_str());
+
+  auto steps = rec.steps();
+  std::printf("\nsteps      %zu\n", steps.size());
+  for (const auto& s : steps) {
+    double ms = double(s.endNs - s.beginNs) / 1e6;
+    if (std::isnan(s.loss))
+      std::printf("  step %-4lld (incomplete)\n", static_cast<long long>(s.step));
+    else
+      std::printf("  step %-4lld loss %.4f  %.1f ms\n", static_cast<long long>(s.step), s.loss, ms);
+  }
+
+  auto counts = rec.opCountsByNameAndPhase();
+  std::map<std::string, std::map<std::string, int64_t>> byName;
+  std::map<std::string, int64_t> byPhase;
+  for (const auto& c : counts) {
+    byName[c.name][c.phase] += c.count;
+    byPhase[c.phase] += c.count;
+  }
+  std::printf("\nops        %lld", static_cast<long long>(rec.opCount()));
+  for (const auto& [phase, n] : byPhase)
+    std::printf("  %s %lld", phase.c_str(), static_cast<long long>(n));
+  std::printf("\n  %-24s %10s %10s %10s\n", "op", "forward", "backward", "optimizer");
+  for (const auto& [name, phases] : byName) {
+    auto get = [&](const char* p) {
+      auto it = phases.find(p);
+      return static_cast<long long>(it == phases.end() ? 0 : it->second);
+    };
+    std::printf("  %-24s %10lld %10lld %10lld\n", name.c_str(), get("forward"), get("backward"),
+                get("optimizer"));
+  }
+
+  for (const auto& d : rec.dropped())
+    if (d.count > 0)
+      std::printf("\ndropped    %lld %s records (drop policy)\n", static_cast<long long>(d.count),
+                  d.kind.c_str());
+
+  auto bad = rec.firstNonFinite();
+  if (!bad) {
+    std::printf("\nfirst NaN/Inf: none (in the recorded statistics)\n");
+    return 0;
+  }
+  std::printf("\nfirst NaN/Inf: op #%llu %s (%s) in step %lld, scope '%s'\n",
+              static_cast<unsigned long long>(bad->seq), bad->name.c_str(), bad->phase.c_str(),
+              static_cast<long long>(bad->step), bad->scope.c_str());
+  for (const auto& t : bad->tensors)
+    std::printf("  %s %d: %s %s  nan %lld  inf %lld\n",
+                t.role == storage::Role::Input ? "input " : "output", t.index,
+                shapeText(t.shape).c_str(), t.dtype.c_str(),
+                static_cast<long long>(t.stats.nanCount), static_cast<long long>(t.stats.infCount));
+  if (auto st = bad->stackId >= 0 ? rec.stack(bad->stackId) : std::nullopt) {
+    std::printf("  stack:\n");
+    for (const auto& f : st->frames)
+      std::printf("    %s  %s:%d\n", f.function.empty() ? "??" : f.function.c_str(),
+                  f.file.empty() ? "??" : f.file.c_str(), f.line);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command addInspectCommand(CLI::App& root) {
+  auto path = std::make_shared<std::string>();
+  CLI::App* c = root.add_subcommand("inspect", "summarise a recording");
+  c->add_option("recording", *path, "recording file (.db)")->required();
+  return {c, [path] { return runInspect(*path); }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,201 @@
+// `keel record`: trains like `keel train` while a capture Recorder writes everything the engine
+// does into one recording file (see docs/capture.md and docs/recording.md).
+// Invariant: a failed recording (unwritable path, disk full) is reported as one error line with
+// exit status 2; what was committed before the failure stays readable.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "cli_common.h"
+#include "keel/capture/recorder.h"
+#include "keel/data.h"
+#include "keel/error.h"
+#include "keel/gpt_config.h"
+#include "keel/log.h"
+#include "keel/registry.h"
+#include "keel/train.h"
+
+#ifndef KEEL_VERSION
+#define KEEL_VERSION "0.0.0"
+#endif
+
+namespace keel::cli {
+namespace {
+
+struct RecordArgs {
+  std::string config, backend = "cpu", data, output;
+  int64_t steps = 5;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool all = false, stacks = false, md5 = false, stats = false, dumps = false, allocator = false;
+  bool noLogs = false, noGraph = false, drop = false;
+  int roundedMd5 = 0;
+  std::string ops, scope, stepRange, dumpOps, dumpScope, dumpSteps, onError = "stop", verbose;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read config file '" + path + "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// "A:B", "A:" or "A" (inclusive) into filter bounds.
+void parseStepRange(const std::string& s, capture::OpFilter& f, const char* what) {
+  if (s.empty()) return;
+  auto colon = s.find(':');
+  try {
+    size_t used = 0;
+    std::string lo = s.substr(0, colon), hi = colon == std::string::npos ? lo : s.substr(colon + 1);
+    if (!lo.empty()) {
+      f.stepMin = std::stoll(lo, &used);
+      if (used != lo.size()) throw std::invalid_argument(lo);
+    }
+    if (!hi.empty()) {
+      f.stepMax = std::stoll(hi, &used);
+      if (used != hi.size()) throw std::invalid_argument(hi);
+    }
+  } catch (const std::exception&) {
+    throw Error(std::string(what) + ": bad step range '" + s + "' (expected A:B, A: or A)");
+  }
+  if (f.stepMin > f.stepMax) throw Error(std::string(what) + ": empty step range '" + s + "'");
+}
+
+std::vector<std::string> checkedOps(const std::string& list, const char* what) {
+  auto names = splitList(list);
+  for (const auto& n : names)
+    if (!Registry::get().find(n))
+      throw Error(std::string(what) + ": unknown op '" + n + "' (see `keel ops`)");
+  return names;
+}
+
+capture::CaptureOptions captureOptions(const RecordArgs& a) {
+  capture::CaptureOptions o;
+  o.graph = !a.noGraph;
+  o.stacks = a.stacks || a.all;
+  o.md5 = a.md5 || a.all;
+  o.stats = a.stats || a.all;
+  o.allocator = a.allocator || a.all;
+  o.roundedMd5 = a.roundedMd5;
+  o.logs = !a.noLogs;
+  o.dumps = a.dumps;
+  o.filter.ops = checkedOps(a.ops, "--ops");
+  o.filter.scope = a.scope;
+  parseStepRange(a.stepRange, o.filter, "--step-range");
+  o.dumpFilter.ops = checkedOps(a.dumpOps, "--dump-ops");
+  o.dumpFilter.scope = a.dumpScope;
+  parseStepRange(a.dumpSteps, o.dumpFilter, "--dump-steps");
+  o.dropPolicy = a.drop ? capture::DropPolicy::Drop : capture::DropPolicy::Block;
+  if (a.onError == "stop")
+    o.onError = capture::ErrorPolicy::Stop;
+  else if (a.onError == "throw")
+    o.onError = capture::ErrorPolicy::Throw;
+  else
+    throw Error("--on-error: expected stop or throw, got '" + a.onError + "'");
+  return o;
+}
+
+int runRecord(const RecordArgs& a) {
+  GptConfig cfg = loadGptConfig(a.config);
+  Device device(a.backend);
+  KEEL_CHECK(device.isHost(), "backend '", a.backend,
+             "' is not available (expected cpu or cpu-ref)");
+  capture::CaptureOptions opts = captureOptions(a);
+  if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
+  setCpuThreads(a.threads);
+  auto dataset = std::make_shared<const data::TextDataset>(
+      a.data.empty() ? data::TextDataset::defaultCorpus() : data::TextDataset::load(a.data));
+
+  storage::RunInfo run;
+  run.backend = std::string(backendName(device.backend));
+  run.device = device.name();
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) == 0) run.host = host;
+  run.configJson = slurp(a.config);
+  run.seed = a.seed;
+  run.engineVersion = KEEL_VERSION;
+  run.startTimeUnixNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+
+  // The recorder starts before the model is built so initialisation (step 0) is recorded too.
+  capture::Recorder recorder(a.output, run, opts);
+  Trainer trainer(cfg, device, a.seed, dataset, a.steps);
+  std::printf("keel record: %s on %s, %lld steps -> %s\n", cfg.name.c_str(), device.name().c_str(),
+              static_cast<long long>(a.steps), a.output.c_str());
+  trainer.run(a.steps, [&](const StepStats& s) {
+    std::printf("step %lld/%lld  loss %.4f  %.0f tok/s\n", static_cast<long long>(s.step),
+                static_cast<long long>(a.steps), s.loss, s.tokensPerSec);
+    std::fflush(stdout);
+  });
+  recorder.finish();
+  if (recorder.failed()) return fail("recording failed: " + recorder.error());
+  auto c = recorder.counts();
+  std::printf(
+      "recorded %lld steps, %lld ops, %lld stacks, %lld log lines, %lld memory events, "
+      "%lld dumps",
+      static_cast<long long>(c.steps), static_cast<long long>(c.ops),
+      static_cast<long long>(c.stacks), static_cast<long long>(c.logs),
+      static_cast<long long>(c.mems), static_cast<long long>(c.dumps));
+  int64_t dropped = c.droppedOps + c.droppedLogs + c.droppedMems + c.droppedDumps;
+  if (dropped > 0)
+    std::printf(" (%lld records dropped by the drop policy)", static_cast<long long>(dropped));
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+Command addRecordCommand(CLI::App& root) {
+  auto a = std::make_shared<RecordArgs>();
+  CLI::App* c = root.add_subcommand("record", "train and record everything the engine does");
+  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("--config", a->config, "model + training config (JSON)")->required();
+  c->add_option("-o,--output", a->output, "recording file to write (SQLite)")->required();
+  c->add_option("--backend", a->backend, "cpu | cpu-ref")->capture_default_str();
+  c->add_option("--steps", a->steps, "training steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--seed", a->seed, "random seed")->capture_default_str();
+  c->add_option("--data", a->data, "text file or directory (default: the Debian licenses)");
+  c->add_option("--threads", a->threads, "cpu backend threads")->check(CLI::PositiveNumber);
+  c->add_flag("--all", a->all, "stacks, md5, stats and allocator events");
+  c->add_flag("--stacks", a->stacks, "native call stack of every op");
+  c->add_flag("--md5", a->md5, "MD5 of every tensor an op reads or writes");
+  c->add_option("--rounded-md5", a->roundedMd5, "also hash values rounded to N significant digits")
+      ->check(CLI::Range(1, 17));
+  c->add_flag("--stats", a->stats, "min/max/mean/std/abs-max and NaN/Inf/zero counts");
+  c->add_flag("--allocator", a->allocator, "allocator events");
+  c->add_flag("--no-logs", a->noLogs, "do not record log lines");
+  c->add_flag("--no-graph", a->noGraph, "do not record op calls");
+  c->add_option("--ops", a->ops, "record only these ops (comma-separated names)");
+  c->add_option("--scope", a->scope, "record only ops under this module scope (e.g. blocks.1)");
+  c->add_option("--step-range", a->stepRange, "record only these steps (A:B, inclusive)");
+  c->add_flag("--dumps", a->dumps, "store output values (zstd) of the ops chosen below");
+  c->add_option("--dump-ops", a->dumpOps, "dump only these ops (comma-separated)");
+  c->add_option("--dump-scope", a->dumpScope, "dump only ops under this scope");
+  c->add_option("--dump-steps", a->dumpSteps, "dump only in these steps (A:B)");
+  c->add_flag("--drop", a->drop,
+              "when the queue is full drop records (counted) instead of waiting");
+  c->add_option("--on-error", a->onError, "writer failure: stop recording | throw (stop the run)")
+      ->capture_default_str();
+  c->add_option("--verbose", a->verbose,
+                "verbose engine logs only in these scopes, e.g. blocks.1.attn,blocks.0:backward");
+  return {c, [a] { return runRecord(*a); }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,53 @@
+// Recorder: installs an engine observer that turns op calls, steps, logs and allocator events into
+// storage records and hands them through a bounded queue to ONE writer thread (batched commits).
+// Invariants: memory stays bounded (the engine blocks, or drops and counts, when the queue is
+// full); a writer error never crashes the engine — it is reported by status()/error().
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "keel/capture/options.h"
+#include "keel/storage/records.h"
+#include "keel/storage/writer.h"
+
+namespace keel::capture {
+
+enum class RecorderStatus : uint8_t { Recording, Finished, Failed };
+
+struct RecorderCounts {
+  int64_t ops = 0, steps = 0, stacks = 0, logs = 0, mems = 0, dumps = 0;  // written
+  int64_t droppedOps = 0, droppedLogs = 0, droppedMems = 0, droppedDumps = 0;
+};
+
+namespace detail {
+class CaptureObserver;
+}
+
+class Recorder {
+ public:
+  // Creates the recording with storage::Writer::create(path, run) (run.captureOptionsJson is set
+  // from options) and starts recording. Throws storage::StorageError if the file cannot be made.
+  Recorder(const std::string& path, storage::RunInfo run, CaptureOptions options = {});
+  // Records through a writer made elsewhere (tests use an in-memory one).
+  explicit Recorder(std::unique_ptr<storage::Writer> writer, CaptureOptions options = {});
+  // finish(); never throws.
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // Uninstalls the observer, drains the queue, commits, sets the run status (finished, or
+  // "failed: <reason>") and closes the writer. Idempotent; never throws.
+  void finish();
+
+  RecorderStatus status() const;
+  bool failed() const { return status() == RecorderStatus::Failed; }
+  std::string error() const;  // "" unless failed
+  RecorderCounts counts() const;
+  const CaptureOptions& options() const;
+
+ private:
+  std::shared_ptr<detail::CaptureObserver> obs_;
+};
+
+}  // namespace keel::capture

@@ -1,0 +1,492 @@
+// The capture observer and its writer thread. Engine-side callbacks read tensors (hash, stats,
+// dump copies) while they are valid, build records and push them on the RecordQueue; the writer
+// thread symbolizes stacks, compresses dumps and calls storage::Writer, committing in batches.
+#include "keel/capture/recorder.h"
+
+#include <zstd.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+#include <unordered_map>
+
+#include "keel/capture/hash.h"
+#include "keel/dispatch.h"
+#include "keel/error.h"
+#include "keel/observer.h"
+#include "keel/registry.h"
+#include "queue.h"
+#include "stacks.h"
+
+namespace keel::capture {
+namespace detail {
+
+namespace {
+
+std::atomic<int64_t> g_nextThreadId{1};
+int64_t smallThreadId() {
+  thread_local int64_t id = g_nextThreadId.fetch_add(1);
+  return id;
+}
+
+struct TensorKey {
+  uint64_t id, version;
+  bool operator==(const TensorKey&) const = default;
+};
+struct TensorKeyHash {
+  size_t operator()(const TensorKey& k) const noexcept {
+    return std::hash<uint64_t>()(k.id * 0x9e3779b97f4a7c15ull ^ k.version);
+  }
+};
+struct HashEntry {
+  std::string md5, md5Rounded;
+  bool hasStats = false;
+  storage::TensorStats stats;
+};
+constexpr size_t kHashCacheMax = 8192;
+
+// Frames above the code that called the op: captureStack's caller (CaptureObserver::onOpBegin or
+// onMemory), notifyOpBegin/notifyMemory, ... The symbolizer drops the rest by name.
+constexpr int kSkipFrames = 1;
+
+}  // namespace
+
+// The Observer itself; Recorder is its RAII handle (the observer list holds a shared_ptr).
+class CaptureObserver : public Observer {
+ public:
+  CaptureObserver(std::unique_ptr<storage::Writer> writer, CaptureOptions opt)
+      : opt_(std::move(opt)), writer_(std::move(writer)), queue_(size_t(opt_.queueCapacity)) {
+    thread_ = std::thread([this] { writerLoop(); });
+  }
+  ~CaptureObserver() override { stop(); }
+
+  // ---- engine side ----
+  void onStep(const StepEvent& e) override {
+    if (!active()) return;
+    storage::StepRecord r;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (e.begin) {
+        step_ = e.step;
+        stepBeginNs_ = e.timeNs;
+      }
+      r.step = e.step;
+      r.beginNs = stepBeginNs_;
+    }
+    if (!e.begin) {
+      r.endNs = e.timeNs;
+      r.loss = e.loss;
+    }
+    push(std::move(r), false, nullptr);
+  }
+
+  void onOpBegin(const OpEvent& e) override {
+    if (throwPending_.exchange(false)) throw Error("capture: recording failed: " + error());
+    if (!active() || !opt_.graph) return;
+    const bool mutates = e.op->mutatesInputs;
+    if (!opt_.stacks && !mutates) return;
+    int64_t step;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      step = step_;
+    }
+    if (!opt_.filter.matches(e.op->name, e.scope, step)) return;
+    Pending p;
+    if (opt_.stacks) p.stackId = stackId(kSkipFrames + 1);
+    // Mutating (optimizer-style) ops write their inputs: record them as read, before the write.
+    if (mutates)
+      for (size_t i = 0; i < e.inputs.size(); ++i)
+        p.inputs.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i), false));
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_[e.seq] = std::move(p);
+  }
+
+  void onOpEnd(const OpEvent& e) override {
+    if (!active() || !opt_.graph) return;
+    Pending p;
+    int64_t step;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      step = step_;
+      auto it = pending_.find(e.seq);
+      if (it != pending_.end()) {
+        p = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    if (!opt_.filter.matches(e.op->name, e.scope, step)) return;
+    storage::OpRecord r;
+    r.seq = e.seq;
+    r.step = step;
+    r.phase = std::string(phaseName(e.phase));
+    r.name = e.op->name;
+    if (e.attrs && !e.attrs->items().empty()) r.attrsJson = e.attrs->toString();
+    r.scope = std::string(e.scope);
+    r.thread = smallThreadId();
+    r.beginNs = e.beginNs;
+    r.endNs = e.endNs;
+    r.forwardSeq = e.forwardSeq;
+    r.stackId = p.stackId;
+    const bool mutates = e.op->mutatesInputs;
+    r.tensors.reserve(e.inputs.size() + e.outputs.size());
+    if (mutates) {
+      r.tensors = std::move(p.inputs);
+      // The written inputs, at their new version, are this op's outputs (see docs/capture.md).
+      for (size_t i = 0; i < e.inputs.size(); ++i)
+        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Output, int32_t(i), true));
+    } else {
+      for (size_t i = 0; i < e.inputs.size(); ++i)
+        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i), true));
+    }
+    for (size_t i = 0; i < e.outputs.size(); ++i)
+      r.tensors.push_back(tensorRecord(e.outputs[i], storage::Role::Output, int32_t(i), true));
+    if (opt_.dumps && opt_.dumpFilter.matches(e.op->name, e.scope, step)) {
+      for (size_t i = 0; i < e.outputs.size(); ++i) {
+        const Tensor& t = e.outputs[i];
+        if (!t.defined() || !t.device().isHost()) continue;
+        storage::DumpRecord d;
+        d.opSeq = e.seq;
+        d.role = storage::Role::Output;
+        d.index = int32_t(i);
+        d.dtype = std::string(dtypeName(t.dtype()));
+        d.shape = t.shape();
+        d.codec = "raw";  // compressed on the writer thread
+        d.data = contiguousBytes(t);
+        d.rawBytes = int64_t(d.data.size());
+        push(std::move(d), opt_.dropPolicy == DropPolicy::Drop, &droppedDumps_);
+      }
+    }
+    push(std::move(r), opt_.dropPolicy == DropPolicy::Drop, &droppedOps_);
+  }
+
+  void onMemory(const MemEvent& e) override {
+    if (!active() || !opt_.allocator) return;
+    storage::MemRecord m;
+    m.kind = std::string(memEventName(e.kind));
+    m.device = e.device.name();
+    m.address = e.address;
+    m.bytes = e.bytes;
+    m.toAddress = e.toAddress;
+    m.opSeq = e.opSeq;
+    m.timeNs = e.timeNs;
+    m.allocatedAfter = e.allocatedAfter;
+    m.reservedAfter = e.reservedAfter;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      m.step = step_;
+      if (opt_.stacks && e.opSeq) {
+        auto it = pending_.find(e.opSeq);
+        if (it != pending_.end()) m.stackId = it->second.stackId;
+      }
+    }
+    if (!opt_.filter.matchesStep(m.step)) return;
+    if (opt_.stacks && m.stackId < 0) m.stackId = stackId(kSkipFrames + 1);
+    push(std::move(m), opt_.dropPolicy == DropPolicy::Drop, &droppedMems_);
+  }
+
+  void onLog(const LogEvent& e) override {
+    if (!active() || !opt_.logs) return;
+    storage::LogRecord l;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      l.step = step_;
+    }
+    if (!opt_.filter.matchesStep(l.step)) return;
+    l.opSeq = e.opSeq;
+    l.level = storage::LogLevel(uint8_t(e.level));
+    l.scope = std::string(e.scope);
+    l.message = std::string(e.message);
+    l.timeNs = e.timeNs;
+    push(std::move(l), opt_.dropPolicy == DropPolicy::Drop, &droppedLogs_);
+  }
+
+  // ---- control ----
+  void stop() noexcept {
+    std::lock_guard<std::mutex> lk(stopMu_);
+    if (stopped_) return;
+    stopped_ = true;
+    closed_.store(true);
+    queue_.close();
+    if (thread_.joinable()) thread_.join();
+    if (failed_.load()) return;  // the writer thread already marked the run failed
+    try {
+      flushDropped();
+      writer_->setRunStatus("finished");
+      writer_->close();
+      status_.store(RecorderStatus::Finished);
+    } catch (const std::exception& ex) {
+      fail(ex.what());
+    } catch (...) {
+      fail("unknown error");
+    }
+  }
+
+  RecorderStatus status() const { return status_.load(); }
+  std::string error() const {
+    std::lock_guard<std::mutex> lk(errMu_);
+    return error_;
+  }
+  RecorderCounts counts() const {
+    RecorderCounts c;
+    c.ops = written_[0].load();
+    c.steps = written_[1].load();
+    c.stacks = written_[2].load();
+    c.logs = written_[3].load();
+    c.mems = written_[4].load();
+    c.dumps = written_[5].load();
+    c.droppedOps = droppedOps_.load();
+    c.droppedLogs = droppedLogs_.load();
+    c.droppedMems = droppedMems_.load();
+    c.droppedDumps = droppedDumps_.load();
+    return c;
+  }
+  const CaptureOptions& options() const { return opt_; }
+
+ private:
+  struct Pending {
+    int64_t stackId = -1;
+    std::vector<storage::TensorRecord> inputs;  // mutating ops: inputs as read at begin
+  };
+
+  bool active() const { return !closed_.load(std::memory_order_relaxed); }
+
+  void push(Item&& item, bool dropIfFull, std::atomic<int64_t>* dropCounter) {
+    if (!queue_.push(std::move(item), dropIfFull) && dropIfFull && dropCounter && active())
+      dropCounter->fetch_add(1);
+  }
+
+  int64_t stackId(int skip) {
+    thread_local RawStack raw;
+    captureStack(raw, skip + 1);
+    bool isNew = false;
+    int64_t id;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      id = stacks_.intern(raw, isNew);
+    }
+    if (isNew) push(RawStackItem{id, raw}, false, nullptr);  // never dropped: ops refer to it
+    return id;
+  }
+
+  uint64_t bufferId(const Tensor& t) {
+    const std::shared_ptr<Buffer>& b = t.buffer();
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = buffers_.find(b.get());
+    if (it != buffers_.end() && !it->second.first.expired()) return it->second.second;
+    if (buffers_.size() > 4 * liveBuffersAtPrune_ + 4096) {
+      std::erase_if(buffers_, [](auto& kv) { return kv.second.first.expired(); });
+      liveBuffersAtPrune_ = buffers_.size();
+    }
+    uint64_t id = nextBufferId_++;
+    buffers_[b.get()] = {b, id};
+    return id;
+  }
+
+  storage::TensorRecord tensorRecord(const Tensor& t, storage::Role role, int32_t index,
+                                     bool cacheable) {
+    storage::TensorRecord r;
+    r.role = role;
+    r.index = index;
+    if (!t.defined()) return r;
+    r.tensorId = t.id();
+    r.version = t.version();
+    r.bufferId = bufferId(t);
+    r.shape = t.shape();
+    r.strides = t.strides();
+    r.offset = t.offset();
+    r.dtype = std::string(dtypeName(t.dtype()));
+    r.device = t.device().name();
+    r.bytes = int64_t(t.nbytes());
+    const bool wantStats = opt_.stats && isFloating(t.dtype());
+    if (!(opt_.md5 || opt_.roundedMd5 > 0 || wantStats) || !t.device().isHost()) return r;
+    TensorKey key{r.tensorId, r.version};
+    if (cacheable) {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = hashCache_.find(key);
+      if (it != hashCache_.end()) {
+        r.md5 = it->second.md5;
+        r.md5Rounded = it->second.md5Rounded;
+        r.hasStats = it->second.hasStats;
+        r.stats = it->second.stats;
+        return r;
+      }
+    }
+    if (opt_.md5) r.md5 = tensorMd5(t);
+    if (opt_.roundedMd5 > 0) r.md5Rounded = tensorMd5Rounded(t, opt_.roundedMd5);
+    if (wantStats) {
+      r.hasStats = true;
+      r.stats = tensorStats(t);
+    }
+    if (cacheable) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (hashCache_.size() >= kHashCacheMax) hashCache_.clear();
+      hashCache_[key] = HashEntry{r.md5, r.md5Rounded, r.hasStats, r.stats};
+    }
+    return r;
+  }
+
+  void fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lk(errMu_);
+      if (error_.empty()) error_ = why;
+    }
+    failed_.store(true);
+    status_.store(RecorderStatus::Failed);
+    closed_.store(true);  // stop recording
+    if (opt_.onError == ErrorPolicy::Throw) throwPending_.store(true);
+  }
+
+  void flushDropped() {
+    auto flush = [&](const char* kind, std::atomic<int64_t>& total, int64_t& reported) {
+      int64_t now = total.load();
+      if (now > reported) writer_->addDropped(kind, now - reported);
+      reported = now;
+    };
+    flush("op", droppedOps_, reportedDropped_[0]);
+    flush("log", droppedLogs_, reportedDropped_[1]);
+    flush("mem", droppedMems_, reportedDropped_[2]);
+    flush("dump", droppedDumps_, reportedDropped_[3]);
+  }
+
+  // ---- writer thread ----
+  void writerLoop() {
+    std::unique_ptr<Symbolizer> symbolizer;  // made on the first stack (reads /proc/self/maps)
+    std::vector<Item> batch;
+    int64_t sinceCommit = 0;
+    auto lastCommit = std::chrono::steady_clock::now();
+    const auto interval = std::chrono::milliseconds(opt_.commitIntervalMs);
+    try {
+      while (queue_.popAll(batch, interval)) {
+        bool stepEnded = false;
+        for (auto& item : batch) {
+          write(item, symbolizer, stepEnded);
+          ++sinceCommit;
+        }
+        batch.clear();
+        auto now = std::chrono::steady_clock::now();
+        if (sinceCommit > 0 &&
+            (stepEnded || sinceCommit >= opt_.commitEvery || now - lastCommit >= interval)) {
+          flushDropped();
+          writer_->commit();
+          sinceCommit = 0;
+          lastCommit = now;
+        }
+      }
+    } catch (const std::exception& ex) {
+      writerFailed(ex.what());
+    } catch (...) {
+      writerFailed("unknown error");
+    }
+  }
+
+  void writerFailed(const std::string& why) {
+    fail(why);
+    queue_.abort();
+    // Best effort: mark the run failed in what is already committed, then close.
+    try {
+      writer_->setRunStatus("failed: " + why);
+      writer_->commit();
+    } catch (...) {
+    }
+    try {
+      writer_->close();
+    } catch (...) {
+    }
+  }
+
+  void write(Item& item, std::unique_ptr<Symbolizer>& sym, bool& stepEnded) {
+    if (auto* op = std::get_if<storage::OpRecord>(&item)) {
+      writer_->writeOp(*op);
+      written_[0].fetch_add(1);
+    } else if (auto* s = std::get_if<storage::StepRecord>(&item)) {
+      writer_->writeStep(*s);
+      if (s->endNs != 0) {
+        stepEnded = true;
+        written_[1].fetch_add(1);
+      }
+    } else if (auto* st = std::get_if<RawStackItem>(&item)) {
+      if (!sym) sym = std::make_unique<Symbolizer>();
+      writer_->writeStack(sym->symbolize(st->id, st->addrs));
+      written_[2].fetch_add(1);
+    } else if (auto* l = std::get_if<storage::LogRecord>(&item)) {
+      writer_->writeLog(*l);
+      written_[3].fetch_add(1);
+    } else if (auto* m = std::get_if<storage::MemRecord>(&item)) {
+      writer_->writeMem(*m);
+      written_[4].fetch_add(1);
+    } else if (auto* d = std::get_if<storage::DumpRecord>(&item)) {
+      std::vector<uint8_t> out(ZSTD_compressBound(d->data.size()));
+      size_t n = ZSTD_compress(out.data(), out.size(), d->data.data(), d->data.size(), 3);
+      if (ZSTD_isError(n))
+        throw Error(std::string("capture: zstd compression failed: ") + ZSTD_getErrorName(n));
+      out.resize(n);
+      d->data = std::move(out);
+      d->codec = "zstd";
+      writer_->writeDump(*d);
+      written_[5].fetch_add(1);
+    }
+  }
+
+  const CaptureOptions opt_;
+  std::unique_ptr<storage::Writer> writer_;
+  RecordQueue queue_;
+  std::thread thread_;
+
+  // Engine-side state (mu_).
+  std::mutex mu_;
+  int64_t step_ = 0;
+  int64_t stepBeginNs_ = 0;
+  std::unordered_map<uint64_t, Pending> pending_;  // by op seq, between begin and end
+  StackTable stacks_;
+  std::unordered_map<TensorKey, HashEntry, TensorKeyHash> hashCache_;
+  std::unordered_map<const Buffer*, std::pair<std::weak_ptr<Buffer>, uint64_t>> buffers_;
+  uint64_t nextBufferId_ = 1;
+  size_t liveBuffersAtPrune_ = 0;
+
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> throwPending_{false};
+  std::atomic<RecorderStatus> status_{RecorderStatus::Recording};
+  mutable std::mutex errMu_;
+  std::string error_;
+  std::mutex stopMu_;
+  bool stopped_ = false;
+
+  std::atomic<int64_t> written_[6] = {};
+  std::atomic<int64_t> droppedOps_{0}, droppedLogs_{0}, droppedMems_{0}, droppedDumps_{0};
+  int64_t reportedDropped_[4] = {0, 0, 0, 0};  // writer side (or stop(), after the join)
+};
+
+}  // namespace detail
+
+Recorder::Recorder(std::unique_ptr<storage::Writer> writer, CaptureOptions options) {
+  KEEL_CHECK(writer != nullptr, "capture: Recorder needs a writer");
+  KEEL_CHECK(options.queueCapacity >= 1, "capture: queue capacity must be >= 1");
+  obs_ = std::make_shared<detail::CaptureObserver>(std::move(writer), std::move(options));
+  addObserver(obs_);
+}
+
+Recorder::~Recorder() {
+  finish();
+}
+
+void Recorder::finish() {
+  if (!obs_) return;
+  removeObserver(obs_);
+  obs_->stop();
+}
+
+RecorderStatus Recorder::status() const {
+  return obs_->status();
+}
+std::string Recorder::error() const {
+  return obs_->error();
+}
+RecorderCounts Recorder::counts() const {
+  return obs_->counts();
+}
+const CaptureOptions& Recorder::options() const {
+  return obs_->options();
+}
+
+}  // namespace keel::capture

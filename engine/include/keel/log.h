@@ -1,0 +1,82 @@
+// Scoped logging: keel::log(level, scope, message) delivers a line to every observer (capture
+// stores it with the op sequence number it belongs to) and echoes it to stderr at or above a
+// threshold (KEEL_LOG_LEVEL, default warn). Verbose lines are emitted only where a verbose rule
+// matches the current module scope and phase (VerboseGuard, or KEEL_VERBOSE="blocks.3.attn,
+// blocks.1:backward"). With no rule active, verboseActive() is one relaxed atomic load.
+#pragma once
+#include <atomic>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/observer.h"
+
+namespace keel {
+
+// Writes one log line. Verbose lines are dropped unless verboseEnabled() holds here.
+void log(LogLevel level, std::string_view scope, std::string_view message);
+// Same, with the current module scope (currentScope()).
+void log(LogLevel level, std::string_view message);
+
+// Lines at or above this level (Error is highest) are echoed to stderr; default Warn, or
+// KEEL_LOG_LEVEL=error|warn|info|debug|verbose (or 0..4) at start-up.
+void setLogEchoLevel(LogLevel level);
+LogLevel logEchoLevel();
+// Parses error|warn|info|debug|verbose or a digit 0..4; throws keel::Error otherwise.
+LogLevel parseLogLevel(std::string_view text);
+
+// A verbose rule: ops (and log lines) whose module scope starts with `scopePrefix` on a dot
+// boundary ("blocks.1" matches "blocks.1" and "blocks.1.attn", not "blocks.10"); an empty prefix
+// matches every scope. With `phase` set, only that phase matches.
+struct VerboseRule {
+  std::string scopePrefix;
+  std::optional<Phase> phase;
+  bool operator==(const VerboseRule&) const = default;
+};
+bool ruleMatches(const VerboseRule& rule, std::string_view scope, Phase phase);
+
+// Parses "blocks.3.attn,blocks.1:backward,:forward,*" — comma-separated rules, each a scope
+// prefix ("*" or empty: any scope) with an optional ":forward|backward|optimizer". Throws
+// keel::Error on an unknown phase.
+std::vector<VerboseRule> parseVerboseRules(std::string_view text);
+
+// Global rules (all threads). Initialised from KEEL_VERBOSE at start-up; replaced here.
+void setGlobalVerboseRules(std::vector<VerboseRule> rules);
+std::vector<VerboseRule> globalVerboseRules();
+
+// Turns verbose on for the code section it lives in (this thread), for the given rules only.
+// VerboseGuard g;                      // everything inside this section
+// VerboseGuard g("blocks.3.attn");      // only ops inside blocks.3.attn
+// VerboseGuard g("blocks.1:backward");  // only the backward ops of blocks.1
+// VerboseGuard g(std::vector<VerboseRule>{{"blocks.1", Phase::Backward}});  // the same
+class VerboseGuard {
+ public:
+  VerboseGuard();
+  explicit VerboseGuard(std::vector<VerboseRule> rules);
+  explicit VerboseGuard(std::string_view rules);  // parseVerboseRules syntax
+  ~VerboseGuard();
+  VerboseGuard(const VerboseGuard&) = delete;
+  VerboseGuard& operator=(const VerboseGuard&) = delete;
+
+ private:
+  size_t prevSize_;
+};
+
+// Re-reads KEEL_LOG_LEVEL and KEEL_VERBOSE (done once at start-up); a malformed value is
+// reported on stderr and ignored. Returns false if either was malformed.
+bool readLogEnv();
+
+// Whether a verbose rule matches the current scope and phase on this thread.
+bool verboseEnabled();
+bool verboseEnabled(std::string_view scope, Phase phase);
+
+namespace detail {
+// Count of live guards plus 1 while global rules are set: the dispatcher's cheap check.
+extern std::atomic<int> g_verboseActive;
+inline bool verboseActive() {
+  return g_verboseActive.load(std::memory_order_relaxed) != 0;
+}
+}  // namespace detail
+
+}  // namespace keel

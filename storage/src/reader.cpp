@@ -1,0 +1,442 @@
+// Recording: validates a file (exists, SQLite, Keel application_id, schema version, quick_check)
+// and answers the read API with prepared statements. Strings are resolved through an id-indexed
+// cache that grows when a live writer adds new ones; nothing here writes except a migration.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+#include <tuple>
+#include <variant>
+
+#include "keel/storage/reader.h"
+#include "keel/storage/schema.h"
+#include "schema_impl.h"
+#include "sqlite.h"
+
+namespace keel::storage {
+
+namespace {
+
+constexpr const char* kOpColumns =
+    "seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread, begin_ns, end_ns, forward_seq,"
+    " stack_id";
+constexpr const char* kTensorColumns =
+    "op_seq, role, idx, tensor_id, version, buffer_id, shape, strides, storage_offset, dtype_sid,"
+    " device_sid, bytes, md5, md5_rounded, min, max, mean, std, abs_max, nan_count, inf_count,"
+    " zero_count";
+
+// Binds collected while building a dynamic WHERE clause.
+struct Binds {
+  std::vector<std::variant<int64_t, std::string>> values;
+  std::string where;
+  void add(const std::string& cond, int64_t v) { addCond(cond, v); }
+  void add(const std::string& cond, const std::string& v) { addCond(cond, v); }
+  template <class T>
+  void addCond(const std::string& cond, T v) {
+    values.emplace_back(std::move(v));
+    std::string c = cond;
+    // "?" in cond stands for this value's parameter number.
+    std::string num = "?" + std::to_string(values.size());
+    for (size_t p = c.find('?'); p != std::string::npos; p = c.find('?', p + num.size()))
+      c.replace(p, 1, num);
+    where += where.empty() ? " WHERE " : " AND ";
+    where += c;
+  }
+  void apply(sql::Stmt& s) const {
+    for (size_t i = 0; i < values.size(); ++i) {
+      int n = static_cast<int>(i + 1);
+      if (auto* v = std::get_if<int64_t>(&values[i]))
+        s.bind(n, *v);
+      else
+        s.bindText(n, std::get<std::string>(values[i]));
+    }
+  }
+};
+
+// Resets a cached statement however the scope is left, so a throw mid-iteration never leaves it
+// running (holding a read transaction open).
+struct ResetOnExit {
+  sql::Stmt& stmt;
+  ~ResetOnExit() { stmt.reset(); }
+};
+
+std::string limitClause(int64_t limit) {
+  return limit >= 0 ? " LIMIT " + std::to_string(limit) : std::string();
+}
+
+}  // namespace
+
+struct Recording::Impl {
+  sql::Db db;
+  int version = 0;
+  mutable std::vector<std::string> strings;  // index = strings.id
+  mutable std::vector<bool> known;
+  mutable sql::Stmt tensorsOfOp, tensorsInRange, opBySeq;
+
+  const std::string& str(int64_t id) const {
+    if (id < 0 || static_cast<size_t>(id) >= strings.size() || !known[static_cast<size_t>(id)]) {
+      loadStrings();
+      if (id < 0 || static_cast<size_t>(id) >= strings.size() || !known[static_cast<size_t>(id)])
+        throw StorageError("recording " + db.path() + " is corrupted (unknown string id " +
+                           std::to_string(id) + ")");
+    }
+    return strings[static_cast<size_t>(id)];
+  }
+
+  void loadStrings() const {
+    sql::Stmt s(db, "SELECT id, text FROM strings WHERE id >= ?1");
+    s.bind(1, static_cast<int64_t>(strings.size()));
+    while (s.step()) {
+      auto id = static_cast<size_t>(s.i64(0));
+      if (id >= strings.size()) {
+        strings.resize(id + 1);
+        known.resize(id + 1, false);
+      }
+      strings[id] = s.text(1);
+      known[id] = true;
+    }
+  }
+
+  OpRecord readOp(const sql::Stmt& s) const {
+    OpRecord o;
+    o.seq = s.u64(0);
+    o.step = s.i64(1);
+    o.phase = str(s.i64(2));
+    o.name = str(s.i64(3));
+    o.attrsJson = str(s.i64(4));
+    o.scope = str(s.i64(5));
+    o.thread = s.i64(6);
+    o.beginNs = s.i64(7);
+    o.endNs = s.i64(8);
+    o.forwardSeq = s.u64(9);
+    o.stackId = s.isNull(10) ? -1 : s.i64(10);
+    return o;
+  }
+
+  TensorRecord readTensor(const sql::Stmt& s) const {
+    TensorRecord t;
+    t.role = static_cast<Role>(s.i64(1));
+    t.index = static_cast<int32_t>(s.i64(2));
+    t.tensorId = s.u64(3);
+    t.version = s.u64(4);
+    t.bufferId = s.u64(5);
+    t.shape = detail::parseDims(s.textView(6));
+    t.strides = detail::parseDims(s.textView(7));
+    t.offset = s.i64(8);
+    t.dtype = str(s.i64(9));
+    t.device = str(s.i64(10));
+    t.bytes = s.i64(11);
+    t.md5 = s.text(12);
+    t.md5Rounded = s.text(13);
+    t.hasStats = !s.isNull(19);
+    if (t.hasStats) {
+      t.stats.min = s.f64(14);
+      t.stats.max = s.f64(15);
+      t.stats.mean = s.f64(16);
+      t.stats.std = s.f64(17);
+      t.stats.absMax = s.f64(18);
+      t.stats.nanCount = s.i64(19);
+      t.stats.infCount = s.i64(20);
+      t.stats.zeroCount = s.i64(21);
+    }
+    return t;
+  }
+
+  static void sortTensors(OpRecord& o) {
+    std::stable_sort(o.tensors.begin(), o.tensors.end(), [](const auto& a, const auto& b) {
+      return std::pair(a.role, a.index) < std::pair(b.role, b.index);
+    });
+  }
+
+  // Fills tensors of `ops` (sorted by seq): one range scan when the ops are dense in seq, else one
+  // indexed lookup per op.
+  void loadTensors(std::vector<OpRecord>& ops) const {
+    if (ops.empty()) return;
+    uint64_t lo = ops.front().seq, hi = ops.back().seq;
+    if (hi - lo <= 4 * ops.size() + 64) {
+      sql::Stmt& s = tensorsInRange;
+      ResetOnExit guard{s};
+      s.bind(1, lo);
+      s.bind(2, hi);
+      size_t i = 0;
+      while (s.step()) {
+        uint64_t seq = s.u64(0);
+        while (i < ops.size() && ops[i].seq < seq) ++i;
+        if (i == ops.size()) break;
+        if (ops[i].seq == seq) ops[i].tensors.push_back(readTensor(s));
+      }
+    } else {
+      sql::Stmt& s = tensorsOfOp;
+      for (OpRecord& o : ops) {
+        ResetOnExit guard{s};
+        s.bind(1, o.seq);
+        while (s.step()) o.tensors.push_back(readTensor(s));
+      }
+    }
+    for (OpRecord& o : ops) sortTensors(o);
+  }
+
+  std::vector<OpRecord> queryOps(const std::string& sqlText, const Binds& b, bool tensors) const {
+    sql::Stmt s(db, sqlText);
+    b.apply(s);
+    std::vector<OpRecord> out;
+    while (s.step()) out.push_back(readOp(s));
+    if (tensors) loadTensors(out);
+    return out;
+  }
+};
+
+Recording::Recording(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Recording::Recording(Recording&&) noexcept = default;
+Recording& Recording::operator=(Recording&&) noexcept = default;
+Recording::~Recording() = default;
+
+Recording Recording::open(const std::string& path, bool verify) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto st = fs::status(path, ec);
+  if (!fs::exists(st)) throw StorageError("recording " + path + ": no such file");
+  if (fs::is_directory(st)) throw StorageError("recording " + path + " is a directory");
+  {
+    char header[16] = {};
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw StorageError("recording " + path + ": cannot read (permission denied?)");
+    f.read(header, sizeof header);
+    if (f.gcount() == 0) throw StorageError("recording " + path + " is empty");
+    if (f.gcount() < 16 || std::memcmp(header, "SQLite format 3", 16) != 0)
+      throw StorageError("recording " + path + " is not an SQLite file");
+  }
+
+  auto impl = std::make_unique<Impl>();
+  auto openRo = [&] { impl->db = sql::Db(path, SQLITE_OPEN_READONLY); };
+  openRo();
+  if (impl->db.queryInt("PRAGMA application_id") != kApplicationId)
+    throw StorageError("recording " + path + " is an SQLite database but not a Keel recording");
+  int64_t version = impl->db.queryInt("PRAGMA user_version");
+  if (version > kSchemaVersion) throw StorageError(detail::newerVersionMessage(path, version));
+  if (version < kSchemaVersion) {
+    impl->db.close();
+    try {
+      migrateRecording(path);
+    } catch (const StorageError& e) {
+      throw StorageError("recording " + path + " has schema version " + std::to_string(version) +
+                         " and could not be upgraded to " + std::to_string(kSchemaVersion) + ": " +
+                         e.what());
+    }
+    openRo();
+    version = impl->db.queryInt("PRAGMA user_version");
+  }
+  impl->version = static_cast<int>(version);
+  if (verify) {
+    sql::Stmt qc(impl->db, "PRAGMA quick_check(1)");
+    if (qc.step() && qc.textView(0) != "ok") {
+      std::string msg(qc.textView(0));
+      std::replace(msg.begin(), msg.end(), '\n', ' ');
+      throw StorageError("recording " + path + " is corrupted or truncated (" + msg + ")");
+    }
+  }
+  impl->db.exec("PRAGMA cache_size = -65536", "cannot configure reader");
+  impl->tensorsOfOp = sql::Stmt(impl->db, std::string("SELECT ") + kTensorColumns +
+                                              " FROM tensors WHERE op_seq = ?1 ORDER BY role, idx");
+  impl->tensorsInRange = sql::Stmt(
+      impl->db, std::string("SELECT ") + kTensorColumns +
+                    " FROM tensors WHERE op_seq BETWEEN ?1 AND ?2 ORDER BY op_seq, role, idx");
+  impl->opBySeq =
+      sql::Stmt(impl->db, std::string("SELECT ") + kOpColumns + " FROM ops WHERE seq = ?1");
+  impl->loadStrings();
+  return Recording(std::move(impl));
+}
+
+const std::string& Recording::path() const {
+  return impl_->db.path();
+}
+int Recording::schemaVersion() const {
+  return impl_->version;
+}
+
+RunInfo Recording::run() const {
+  sql::Stmt s(impl_->db,
+              "SELECT backend, device, host, config_json, seed, engine_version, "
+              "start_time_unix_ns, capture_options_json, status FROM run WHERE id = 1");
+  if (!s.step()) throw StorageError("recording " + path() + " has no run record");
+  RunInfo r;
+  r.backend = s.text(0);
+  r.device = s.text(1);
+  r.host = s.text(2);
+  r.configJson = s.text(3);
+  r.seed = s.u64(4);
+  r.engineVersion = s.text(5);
+  r.startTimeUnixNs = s.i64(6);
+  r.captureOptionsJson = s.text(7);
+  r.status = s.text(8);
+  return r;
+}
+
+std::vector<StepRecord> Recording::steps() const {
+  sql::Stmt s(impl_->db, "SELECT step, begin_ns, end_ns, loss FROM steps ORDER BY step");
+  std::vector<StepRecord> out;
+  while (s.step()) out.push_back({s.i64(0), s.i64(1), s.i64(2), s.f64(3)});
+  return out;
+}
+
+int64_t Recording::opCount() const {
+  return impl_->db.queryInt("SELECT count(*) FROM ops");
+}
+
+std::vector<OpRecord> Recording::ops(const OpQuery& q) const {
+  Binds b;
+  if (q.step) b.add("step = ?", *q.step);
+  if (q.phase) b.add("phase_sid = (SELECT id FROM strings WHERE text = ?)", *q.phase);
+  if (q.name) b.add("name_sid = (SELECT id FROM strings WHERE text = ?)", *q.name);
+  if (q.scopePrefix && !q.scopePrefix->empty())
+    b.add(
+        "scope_sid IN (SELECT id FROM strings WHERE text = ? OR "
+        "substr(text, 1, length(?) + 1) = ? || '.')",
+        *q.scopePrefix);
+  if (q.seqBegin) b.add("seq >= ?", static_cast<int64_t>(*q.seqBegin));
+  if (q.seqEnd) b.add("seq < ?", static_cast<int64_t>(*q.seqEnd));
+  return impl_->queryOps(std::string("SELECT ") + kOpColumns + " FROM ops" + b.where +
+                             " ORDER BY seq" + limitClause(q.limit),
+                         b, q.withTensors);
+}
+
+std::optional<OpRecord> Recording::op(uint64_t seq) const {
+  std::vector<OpRecord> out;
+  {
+    sql::Stmt& s = impl_->opBySeq;
+    ResetOnExit guard{s};
+    s.bind(1, seq);
+    if (s.step()) out.push_back(impl_->readOp(s));
+  }
+  if (out.empty()) return std::nullopt;
+  impl_->loadTensors(out);
+  return std::move(out.front());
+}
+
+std::vector<OpCount> Recording::opCountsByNameAndPhase(std::optional<int64_t> step) const {
+  Binds b;
+  if (step) b.add("step = ?", *step);
+  sql::Stmt s(impl_->db, "SELECT name_sid, phase_sid, count(*) FROM ops" + b.where +
+                             " GROUP BY name_sid, phase_sid");
+  b.apply(s);
+  std::vector<OpCount> out;
+  while (s.step()) out.push_back({impl_->str(s.i64(0)), impl_->str(s.i64(1)), s.i64(2)});
+  std::sort(out.begin(), out.end(), [](const OpCount& a, const OpCount& b) {
+    return std::tie(b.count, a.name, a.phase) < std::tie(a.count, b.name, b.phase);
+  });
+  return out;
+}
+
+std::optional<StackRecord> Recording::stack(int64_t id) const {
+  sql::Stmt s(impl_->db, "SELECT id FROM stacks WHERE id = ?1");
+  s.bind(1, id);
+  if (!s.step()) return std::nullopt;
+  StackRecord r;
+  r.id = id;
+  sql::Stmt f(impl_->db,
+              "SELECT f.address, f.function_sid, f.file_sid, f.line FROM stack_frames sf "
+              "JOIN frames f ON f.id = sf.frame_id WHERE sf.stack_id = ?1 ORDER BY sf.depth");
+  f.bind(1, id);
+  while (f.step())
+    r.frames.push_back(
+        {f.u64(0), impl_->str(f.i64(1)), impl_->str(f.i64(2)), static_cast<int32_t>(f.i64(3))});
+  return r;
+}
+
+std::vector<LogRecord> Recording::logs(const LogQuery& q) const {
+  Binds b;
+  if (q.step) b.add("step = ?", *q.step);
+  if (q.opSeqBegin) b.add("op_seq >= ?", static_cast<int64_t>(*q.opSeqBegin));
+  if (q.opSeqEnd) b.add("op_seq < ?", static_cast<int64_t>(*q.opSeqEnd));
+  if (q.maxLevel) b.add("level <= ?", static_cast<int64_t>(*q.maxLevel));
+  sql::Stmt s(impl_->db, "SELECT op_seq, step, level, scope_sid, message, time_ns FROM logs" +
+                             b.where + " ORDER BY id" + limitClause(q.limit));
+  b.apply(s);
+  std::vector<LogRecord> out;
+  while (s.step())
+    out.push_back({s.u64(0), s.i64(1), static_cast<LogLevel>(s.i64(2)), impl_->str(s.i64(3)),
+                   s.text(4), s.i64(5)});
+  return out;
+}
+
+std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
+  Binds b;
+  if (q.timeBegin) b.add("time_ns >= ?", *q.timeBegin);
+  if (q.timeEnd) b.add("time_ns < ?", *q.timeEnd);
+  if (q.opSeqBegin) b.add("op_seq >= ?", static_cast<int64_t>(*q.opSeqBegin));
+  if (q.opSeqEnd) b.add("op_seq < ?", static_cast<int64_t>(*q.opSeqEnd));
+  sql::Stmt s(impl_->db,
+              "SELECT kind_sid, device_sid, address, bytes, to_address, op_seq, step, stack_id,"
+              " time_ns, allocated_after, reserved_after FROM mem_events" +
+                  b.where + " ORDER BY id" + limitClause(q.limit));
+  b.apply(s);
+  std::vector<MemRecord> out;
+  while (s.step()) {
+    MemRecord m;
+    m.kind = impl_->str(s.i64(0));
+    m.device = impl_->str(s.i64(1));
+    m.address = s.u64(2);
+    m.bytes = s.u64(3);
+    m.toAddress = s.u64(4);
+    m.opSeq = s.u64(5);
+    m.step = s.i64(6);
+    m.stackId = s.isNull(7) ? -1 : s.i64(7);
+    m.timeNs = s.i64(8);
+    m.allocatedAfter = s.u64(9);
+    m.reservedAfter = s.u64(10);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<DumpRecord> Recording::dumps(uint64_t opSeq) const {
+  sql::Stmt s(impl_->db,
+              "SELECT op_seq, role, idx, dtype_sid, shape, codec_sid, raw_bytes, data FROM dumps "
+              "WHERE op_seq = ?1 ORDER BY role, idx, id");
+  s.bind(1, opSeq);
+  std::vector<DumpRecord> out;
+  while (s.step()) {
+    DumpRecord d;
+    d.opSeq = s.u64(0);
+    d.role = static_cast<Role>(s.i64(1));
+    d.index = static_cast<int32_t>(s.i64(2));
+    d.dtype = impl_->str(s.i64(3));
+    d.shape = detail::parseDims(s.textView(4));
+    d.codec = impl_->str(s.i64(5));
+    d.rawBytes = s.i64(6);
+    const auto* p = static_cast<const uint8_t*>(s.blob(7));
+    d.data.assign(p, p + s.blobSize(7));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::vector<DroppedCount> Recording::dropped() const {
+  sql::Stmt s(impl_->db, "SELECT kind, count FROM dropped ORDER BY kind");
+  std::vector<DroppedCount> out;
+  while (s.step()) out.push_back({s.text(0), s.i64(1)});
+  return out;
+}
+
+std::optional<OpRecord> Recording::firstNonFinite() const {
+  sql::Stmt s(impl_->db,
+              "SELECT min(op_seq) FROM tensors WHERE role = 1 AND "
+              "(nan_count > 0 OR inf_count > 0)");
+  if (!s.step() || s.isNull(0)) return std::nullopt;
+  return op(s.u64(0));
+}
+
+std::vector<OpRecord> Recording::stepOps(int64_t step) const {
+  sql::Stmt r(impl_->db, "SELECT min(seq), max(seq) FROM ops WHERE step = ?1");
+  r.bind(1, step);
+  if (!r.step() || r.isNull(0)) return {};
+  Binds b;
+  b.add("seq >= ?", r.i64(0));
+  b.add("seq <= ?", r.i64(1));
+  b.add("+step = ?", step);  // '+': scan the seq range, do not use ops_step_phase
+  return impl_->queryOps(
+      std::string("SELECT ") + kOpColumns + " FROM ops" + b.where + " ORDER BY seq", b, true);
+}
+
+}  // namespace keel::storage

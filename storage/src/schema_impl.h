@@ -1,0 +1,49 @@
+// Internal entry points of schema.cpp: create the schema at a version and run the migration table.
+// Both expect the caller to hold no open transaction; each runs in one transaction of its own.
+#pragma once
+#include <algorithm>
+#include <charconv>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sqlite.h"
+
+namespace keel::storage::detail {
+
+// Creates every table and index of schema `version` (1..kSchemaVersion) and stamps
+// application_id and user_version.
+void createSchema(sql::Db& db, int version);
+// Migrates a database at version `from` (< kSchemaVersion) to kSchemaVersion.
+void migrateSchema(sql::Db& db, int from);
+// "recording <file> has schema version X, this keel reads up to Y".
+std::string newerVersionMessage(const std::string& file, int64_t version);
+
+}  // namespace keel::storage::detail
+
+namespace keel::storage::detail {
+
+// Shapes and strides as compact text: "4,16,64"; "" for rank 0 (Note [Recording encoding]).
+inline void appendDims(std::string& out, const std::vector<int64_t>& dims) {
+  out.clear();
+  char buf[24];
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) out.push_back(',');
+    auto r = std::to_chars(buf, buf + sizeof buf, dims[i]);
+    out.append(buf, r.ptr);
+  }
+}
+inline std::vector<int64_t> parseDims(std::string_view s) {
+  std::vector<int64_t> dims;
+  while (!s.empty()) {
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    dims.push_back(v);
+    size_t used = static_cast<size_t>(p - s.data());
+    if (ec != std::errc() || used == 0) break;
+    s.remove_prefix(std::min(s.size(), used + 1));  // the number and its ','
+  }
+  return dims;
+}
+
+}  // namespace keel::storage::detail

@@ -1,0 +1,403 @@
+// Writer::create: appends records to a recording through prepared statements inside one open
+// transaction (WAL, synchronous=NORMAL); commit() ends it durably and opens the next. A failed
+// write rolls back the uncommitted batch, so the file only ever holds whole batches.
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+#include <unordered_map>
+
+#include "keel/storage/schema.h"
+#include "keel/storage/writer.h"
+#include "schema_impl.h"
+#include "sqlite.h"
+
+namespace keel::storage {
+namespace {
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
+class SqliteWriter final : public Writer {
+ public:
+  SqliteWriter(const std::string& path, const RunInfo& run, const WriterOptions& options);
+  ~SqliteWriter() override {
+    try {
+      if (db_.get()) close();
+    } catch (...) {  // destructors never throw; an explicit close() reports errors
+    }
+  }
+
+  void writeStep(const StepRecord& s) override;
+  void writeOp(const OpRecord& op) override;
+  void writeStack(const StackRecord& s) override;
+  void writeLog(const LogRecord& l) override;
+  void writeMem(const MemRecord& m) override;
+  void writeDump(const DumpRecord& d) override;
+  void setRunStatus(const std::string& status) override;
+  void addDropped(const std::string& kind, int64_t count) override;
+  void commit() override;
+  void close() override;
+
+ private:
+  // Runs `f` inside the open batch; on failure rolls the batch back and rethrows.
+  template <class F>
+  void guarded(F&& f);
+  void beginIfNeeded();
+  void rollbackBatch() noexcept;
+  void reloadCaches();
+  int64_t intern(std::string_view s);
+  int64_t internFrame(const StackFrame& f);
+
+  sql::Stmt& tensorInsert(size_t rows);
+
+  static constexpr size_t kMaxTensorRows = 4;  // rows per multi-row tensors INSERT
+  static constexpr int kTensorCols = 22;
+  sql::Db db_;
+  std::array<sql::Stmt, kMaxTensorRows + 1> insTensors_;  // [k]: INSERT of k rows
+  sql::Stmt begin_, commit_, insString_, insStep_, insOp_, insStack_, insFrame_, insStackFrame_,
+      insLog_, insMem_, insDump_, setStatus_, addDropped_;
+  std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> strings_;
+  std::map<std::tuple<uint64_t, int64_t, int64_t, int32_t>, int64_t> frames_;
+  std::string shapeBuf_;
+  std::array<std::string, 2 * kMaxTensorRows> dims_;
+};
+
+SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
+                           const WriterOptions& options) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw StorageError("recording " + path + " is a directory");
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+    std::filesystem::remove(path + suffix, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+      throw StorageError("recording " + path + ": cannot replace existing file (" + ec.message() +
+                         ")");
+  }
+  db_ = sql::Db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  // Page size must be set before the first table exists; WAL before the schema is written.
+  db_.exec(
+      "PRAGMA page_size = 8192; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"
+      "PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY;",
+      "cannot configure database");
+  {
+    sql::Stmt jm(db_, "PRAGMA journal_mode");
+    if (!jm.step() || jm.textView(0) != "wal")
+      throw StorageError("recording " + path + ": cannot switch to WAL mode");
+  }
+  if (options.maxBytes > 0) {
+    std::string p = "PRAGMA max_page_count = " + std::to_string(options.maxBytes / 8192 + 1);
+    db_.exec(p.c_str(), "cannot set size limit");
+  }
+  detail::createSchema(db_, kSchemaVersion);
+
+  begin_ = sql::Stmt(db_, "BEGIN");
+  commit_ = sql::Stmt(db_, "COMMIT");
+  insString_ = sql::Stmt(db_, "INSERT INTO strings(text) VALUES (?1)");
+  insStep_ = sql::Stmt(db_,
+                       "INSERT INTO steps(step, begin_ns, end_ns, loss) VALUES (?1, ?2, ?3, ?4) "
+                       "ON CONFLICT(step) DO UPDATE SET begin_ns = excluded.begin_ns, "
+                       "end_ns = excluded.end_ns, loss = excluded.loss");
+  insOp_ = sql::Stmt(db_,
+                     "INSERT INTO ops(seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread,"
+                     " begin_ns, end_ns, forward_seq, stack_id) "
+                     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+  insStack_ = sql::Stmt(db_, "INSERT OR IGNORE INTO stacks(id, depth) VALUES (?1, ?2)");
+  insFrame_ = sql::Stmt(
+      db_, "INSERT INTO frames(address, function_sid, file_sid, line) VALUES (?1, ?2, ?3, ?4)");
+  insStackFrame_ =
+      sql::Stmt(db_, "INSERT INTO stack_frames(stack_id, depth, frame_id) VALUES (?1, ?2, ?3)");
+  insLog_ = sql::Stmt(db_,
+                      "INSERT INTO logs(op_seq, step, level, scope_sid, message, time_ns) "
+                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+  insMem_ = sql::Stmt(db_,
+                      "INSERT INTO mem_events(time_ns, kind_sid, device_sid, address, bytes,"
+                      " to_address, op_seq, step, stack_id, allocated_after, reserved_after) "
+                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+  insDump_ = sql::Stmt(db_,
+                       "INSERT INTO dumps(op_seq, role, idx, dtype_sid, shape, codec_sid,"
+                       " raw_bytes, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  setStatus_ = sql::Stmt(db_, "UPDATE run SET status = ?1 WHERE id = 1");
+  addDropped_ = sql::Stmt(db_,
+                          "INSERT INTO dropped(kind, count) VALUES (?1, ?2) "
+                          "ON CONFLICT(kind) DO UPDATE SET count = count + excluded.count");
+
+  sql::Stmt insRun(db_,
+                   "INSERT INTO run(id, backend, device, host, config_json, seed, engine_version,"
+                   " start_time_unix_ns, capture_options_json, status) "
+                   "VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+  insRun.bindText(1, run.backend);
+  insRun.bindText(2, run.device);
+  insRun.bindText(3, run.host);
+  insRun.bindText(4, run.configJson);
+  insRun.bind(5, run.seed);
+  insRun.bindText(6, run.engineVersion);
+  insRun.bind(7, run.startTimeUnixNs);
+  insRun.bindText(8, run.captureOptionsJson);
+  insRun.bindText(9, run.status);
+  insRun.run();  // autocommit: the run row is durable before the first batch
+  begin_.run();
+}
+
+template <class F>
+void SqliteWriter::guarded(F&& f) {
+  if (!db_.get()) throw StorageError("recording " + db_.path() + ": writer is closed");
+  try {
+    beginIfNeeded();
+    f();
+  } catch (...) {
+    rollbackBatch();
+    throw;
+  }
+}
+
+void SqliteWriter::beginIfNeeded() {
+  if (sqlite3_get_autocommit(db_.get())) begin_.run();
+}
+
+void SqliteWriter::rollbackBatch() noexcept {
+  if (!db_.get()) return;
+  if (!sqlite3_get_autocommit(db_.get()))
+    sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+  try {
+    reloadCaches();  // ids interned in the lost batch are gone with it
+  } catch (...) {
+    strings_.clear();
+    frames_.clear();
+  }
+}
+
+void SqliteWriter::reloadCaches() {
+  strings_.clear();
+  frames_.clear();
+  sql::Stmt s(db_, "SELECT id, text FROM strings");
+  while (s.step()) strings_.emplace(s.text(1), s.i64(0));
+  sql::Stmt f(db_, "SELECT id, address, function_sid, file_sid, line FROM frames");
+  while (f.step())
+    frames_.emplace(std::tuple(f.u64(1), f.i64(2), f.i64(3), static_cast<int32_t>(f.i64(4))),
+                    f.i64(0));
+}
+
+sql::Stmt& SqliteWriter::tensorInsert(size_t rows) {
+  sql::Stmt& st = insTensors_[rows];
+  if (!st.prepared()) {
+    std::string q =
+        "INSERT INTO tensors(op_seq, role, idx, tensor_id, version, buffer_id, shape, strides,"
+        " storage_offset, dtype_sid, device_sid, bytes, md5, md5_rounded, min, max, mean, std,"
+        " abs_max, nan_count, inf_count, zero_count) VALUES ";
+    for (size_t r = 0; r < rows; ++r) {
+      q += r ? ",(" : "(";
+      for (int c = 0; c < kTensorCols; ++c) q += c ? ",?" : "?";
+      q += ")";
+    }
+    st = sql::Stmt(db_, q);
+  }
+  return st;
+}
+
+int64_t SqliteWriter::intern(std::string_view s) {
+  if (auto it = strings_.find(s); it != strings_.end()) return it->second;
+  insString_.bindText(1, s);
+  insString_.run();
+  int64_t id = sqlite3_last_insert_rowid(db_.get());
+  strings_.emplace(std::string(s), id);
+  return id;
+}
+
+int64_t SqliteWriter::internFrame(const StackFrame& f) {
+  auto key = std::tuple(f.address, intern(f.function), intern(f.file), f.line);
+  if (auto it = frames_.find(key); it != frames_.end()) return it->second;
+  insFrame_.bind(1, f.address);
+  insFrame_.bind(2, std::get<1>(key));
+  insFrame_.bind(3, std::get<2>(key));
+  insFrame_.bind(4, f.line);
+  insFrame_.run();
+  int64_t id = sqlite3_last_insert_rowid(db_.get());
+  frames_.emplace(key, id);
+  return id;
+}
+
+void SqliteWriter::writeStep(const StepRecord& s) {
+  guarded([&] {
+    insStep_.bind(1, s.step);
+    insStep_.bind(2, s.beginNs);
+    insStep_.bind(3, s.endNs);
+    insStep_.bind(4, s.loss);
+    insStep_.run();
+  });
+}
+
+void SqliteWriter::writeOp(const OpRecord& op) {
+  guarded([&] {
+    sql::Stmt& o = insOp_;
+    o.bind(1, op.seq);
+    o.bind(2, op.step);
+    o.bind(3, intern(op.phase));
+    o.bind(4, intern(op.name));
+    o.bind(5, intern(op.attrsJson));
+    o.bind(6, intern(op.scope));
+    o.bind(7, op.thread);
+    o.bind(8, op.beginNs);
+    o.bind(9, op.endNs);
+    o.bind(10, op.forwardSeq);
+    if (op.stackId >= 0) o.bind(11, op.stackId);
+    o.run();
+    // Several rows per INSERT: one statement step instead of one per tensor. Text binds are
+    // SQLITE_STATIC, so each row's shape/strides text lives in dims_ until the step ran.
+    const auto& ts = op.tensors;
+    for (size_t first = 0; first < ts.size(); first += kMaxTensorRows) {
+      size_t rows = std::min(kMaxTensorRows, ts.size() - first);
+      sql::Stmt& t = tensorInsert(rows);
+      for (size_t k = 0; k < rows; ++k) {
+        const TensorRecord& r = ts[first + k];
+        const int b = static_cast<int>(k) * kTensorCols;
+        detail::appendDims(dims_[2 * k], r.shape);
+        detail::appendDims(dims_[2 * k + 1], r.strides);
+        t.bind(b + 1, op.seq);
+        t.bind(b + 2, static_cast<int>(r.role));
+        t.bind(b + 3, r.index);
+        t.bind(b + 4, r.tensorId);
+        t.bind(b + 5, r.version);
+        t.bind(b + 6, r.bufferId);
+        t.bindText(b + 7, dims_[2 * k]);
+        t.bindText(b + 8, dims_[2 * k + 1]);
+        t.bind(b + 9, r.offset);
+        t.bind(b + 10, intern(r.dtype));
+        t.bind(b + 11, intern(r.device));
+        t.bind(b + 12, r.bytes);
+        if (!r.md5.empty()) t.bindText(b + 13, r.md5);
+        if (!r.md5Rounded.empty()) t.bindText(b + 14, r.md5Rounded);
+        if (r.hasStats) {
+          t.bind(b + 15, r.stats.min);
+          t.bind(b + 16, r.stats.max);
+          t.bind(b + 17, r.stats.mean);
+          t.bind(b + 18, r.stats.std);
+          t.bind(b + 19, r.stats.absMax);
+          t.bind(b + 20, r.stats.nanCount);
+          t.bind(b + 21, r.stats.infCount);
+          t.bind(b + 22, r.stats.zeroCount);
+        }
+      }
+      t.run();  // reset clears bindings: unbound columns are NULL next time
+    }
+  });
+}
+
+void SqliteWriter::writeStack(const StackRecord& s) {
+  guarded([&] {
+    insStack_.bind(1, s.id);
+    insStack_.bind(2, static_cast<int64_t>(s.frames.size()));
+    insStack_.run();
+    if (sqlite3_changes(db_.get()) == 0) return;  // this id was written before
+    for (size_t d = 0; d < s.frames.size(); ++d) {
+      int64_t frame = internFrame(s.frames[d]);
+      insStackFrame_.bind(1, s.id);
+      insStackFrame_.bind(2, static_cast<int64_t>(d));
+      insStackFrame_.bind(3, frame);
+      insStackFrame_.run();
+    }
+  });
+}
+
+void SqliteWriter::writeLog(const LogRecord& l) {
+  guarded([&] {
+    insLog_.bind(1, l.opSeq);
+    insLog_.bind(2, l.step);
+    insLog_.bind(3, static_cast<int>(l.level));
+    insLog_.bind(4, intern(l.scope));
+    insLog_.bindText(5, l.message);
+    insLog_.bind(6, l.timeNs);
+    insLog_.run();
+  });
+}
+
+void SqliteWriter::writeMem(const MemRecord& m) {
+  guarded([&] {
+    insMem_.bind(1, m.timeNs);
+    insMem_.bind(2, intern(m.kind));
+    insMem_.bind(3, intern(m.device));
+    insMem_.bind(4, m.address);
+    insMem_.bind(5, m.bytes);
+    insMem_.bind(6, m.toAddress);
+    insMem_.bind(7, m.opSeq);
+    insMem_.bind(8, m.step);
+    if (m.stackId >= 0) insMem_.bind(9, m.stackId);
+    insMem_.bind(10, m.allocatedAfter);
+    insMem_.bind(11, m.reservedAfter);
+    insMem_.run();
+  });
+}
+
+void SqliteWriter::writeDump(const DumpRecord& d) {
+  guarded([&] {
+    detail::appendDims(shapeBuf_, d.shape);
+    insDump_.bind(1, d.opSeq);
+    insDump_.bind(2, static_cast<int>(d.role));
+    insDump_.bind(3, d.index);
+    insDump_.bind(4, intern(d.dtype));
+    insDump_.bindText(5, shapeBuf_);
+    insDump_.bind(6, intern(d.codec));
+    insDump_.bind(7, d.rawBytes);
+    insDump_.bindBlob(8, d.data.data(), d.data.size());
+    insDump_.run();
+  });
+}
+
+void SqliteWriter::setRunStatus(const std::string& status) {
+  guarded([&] {
+    setStatus_.bindText(1, status);
+    setStatus_.run();
+  });
+}
+
+void SqliteWriter::addDropped(const std::string& kind, int64_t count) {
+  guarded([&] {
+    addDropped_.bindText(1, kind);
+    addDropped_.bind(2, count);
+    addDropped_.run();
+  });
+}
+
+void SqliteWriter::commit() {
+  guarded([&] {
+    commit_.run();
+    begin_.run();
+  });
+}
+
+void SqliteWriter::close() {
+  if (!db_.get()) throw StorageError("recording " + db_.path() + ": writer is closed");
+  try {
+    if (!sqlite3_get_autocommit(db_.get())) commit_.run();
+  } catch (...) {
+    rollbackBatch();
+    db_.close();
+    throw;
+  }
+  // Statements must be finalized before the connection closes (the last close checkpoints the
+  // WAL into the main file and removes it).
+  for (sql::Stmt* s : {&begin_, &commit_, &insString_, &insStep_, &insOp_, &insStack_, &insFrame_,
+                       &insStackFrame_, &insLog_, &insMem_, &insDump_, &setStatus_, &addDropped_})
+    *s = sql::Stmt();
+  for (sql::Stmt& s : insTensors_) s = sql::Stmt();
+  db_.close();
+}
+
+}  // namespace
+
+std::unique_ptr<Writer> Writer::create(const std::string& path, const RunInfo& run) {
+  return create(path, run, WriterOptions{});
+}
+
+std::unique_ptr<Writer> Writer::create(const std::string& path, const RunInfo& run,
+                                       const WriterOptions& options) {
+  return std::make_unique<SqliteWriter>(path, run, options);
+}
+
+}  // namespace keel::storage

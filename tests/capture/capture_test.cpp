@@ -1,0 +1,556 @@
+// Capture tests: tensor hashes against hand-built byte strings (docs/capture.md), statistics,
+// options JSON, recorded graph edges against the engine's real dataflow, the verbose guard,
+// back-pressure and writer failures — all through an in-memory fake storage::Writer.
+#include <gtest/gtest.h>
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "keel/capture/hash.h"
+#include "keel/capture/options.h"
+#include "keel/capture/recorder.h"
+#include "keel/dispatch.h"
+#include "keel/log.h"
+#include "keel/ops.h"
+#include "keel/registry.h"
+#include "test_util.h"
+
+namespace keel::capture {
+namespace {
+
+using storage::Role;
+
+std::string md5Hex(const std::string& bytes) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), out, &len, EVP_md5(), nullptr);
+  return toHex(out, len);
+}
+void le64(std::string& s, int64_t v) {
+  for (int i = 0; i < 8; ++i) s.push_back(char((uint64_t(v) >> (8 * i)) & 0xff));
+}
+template <typename T>
+void raw(std::string& s, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  s.append(b, sizeof(T));
+}
+
+// ---- in-memory writer ----
+struct Store {
+  std::mutex mu;
+  std::vector<storage::OpRecord> ops;
+  std::vector<storage::StepRecord> steps;
+  std::vector<storage::StackRecord> stacks;
+  std::vector<storage::LogRecord> logs;
+  std::vector<storage::MemRecord> mems;
+  std::vector<storage::DumpRecord> dumps;
+  std::map<std::string, int64_t> dropped;
+  std::string status;
+  int commits = 0;
+  bool closed = false;
+};
+
+class FakeWriter : public storage::Writer {
+ public:
+  explicit FakeWriter(std::shared_ptr<Store> s, int opDelayUs = 0, int failAfterOps = -1)
+      : s_(std::move(s)), delayUs_(opDelayUs), failAfter_(failAfterOps) {}
+  void writeStep(const storage::StepRecord& r) override { lock()->steps.push_back(r); }
+  void writeOp(const storage::OpRecord& r) override {
+    if (failAfter_ >= 0 && opsSeen_++ >= failAfter_)
+      throw storage::StorageError("run.db: database or disk is full");
+    if (delayUs_) std::this_thread::sleep_for(std::chrono::microseconds(delayUs_));
+    lock()->ops.push_back(r);
+  }
+  void writeStack(const storage::StackRecord& r) override { lock()->stacks.push_back(r); }
+  void writeLog(const storage::LogRecord& r) override { lock()->logs.push_back(r); }
+  void writeMem(const storage::MemRecord& r) override { lock()->mems.push_back(r); }
+  void writeDump(const storage::DumpRecord& r) override { lock()->dumps.push_back(r); }
+  void setRunStatus(const std::string& st) override { lock()->status = st; }
+  void addDropped(const std::string& kind, int64_t n) override { lock()->dropped[kind] += n; }
+  void commit() override { ++lock()->commits; }
+  void close() override { lock()->closed = true; }
+
+ private:
+  struct Locked {
+    std::unique_lock<std::mutex> lk;
+    Store* s;
+    Store* operator->() { return s; }
+  };
+  Locked lock() { return Locked{std::unique_lock<std::mutex>(s_->mu), s_.get()}; }
+  std::shared_ptr<Store> s_;
+  int delayUs_;
+  int failAfter_;
+  int opsSeen_ = 0;
+};
+
+// What the engine actually ran, straight from the observer seam.
+struct Truth : Observer {
+  struct Op {
+    uint64_t seq, forwardSeq;
+    std::string name;
+    Phase phase;
+    std::vector<std::pair<uint64_t, uint64_t>> in, out;
+  };
+  std::vector<Op> ops;
+  void onOpBegin(const OpEvent& e) override {
+    Op o{e.seq, e.forwardSeq, e.op->name, e.phase, {}, {}};
+    for (auto& t : e.inputs) o.in.push_back({t.id(), t.version()});
+    ops.push_back(o);
+  }
+  void onOpEnd(const OpEvent& e) override {
+    for (auto& o : ops)
+      if (o.seq == e.seq)
+        for (auto& t : e.outputs) o.out.push_back({t.id(), t.version()});
+  }
+};
+
+Tensor f32(const std::vector<double>& v, const Shape& s) {
+  return test::fromDoubles(v, s, DType::Float32, Device(Backend::Cpu));
+}
+
+// ---- hashing ----
+
+TEST(CaptureHash, Md5EqualsDigestOfDocumentedByteString) {
+  Tensor t = f32({1.5, -2, 0, 3.25, 1e-3, 7}, {2, 3});
+  std::string bytes = "float32";
+  bytes.push_back('\0');
+  le64(bytes, 2);
+  le64(bytes, 2);
+  le64(bytes, 3);
+  for (float v : {1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, 7.0f}) raw(bytes, v);
+  EXPECT_EQ(tensorMd5(t), md5Hex(bytes));
+
+  Tensor i = test::fromInts({5, -1, 1LL << 40}, {3}, DType::Int64, Device(Backend::Cpu));
+  std::string ib = "int64";
+  ib.push_back('\0');
+  le64(ib, 1);
+  le64(ib, 3);
+  for (int64_t v : {int64_t(5), int64_t(-1), int64_t(1) << 40}) raw(ib, v);
+  EXPECT_EQ(tensorMd5(i), md5Hex(ib));
+
+  Tensor s = test::fromDoubles({2.5}, {}, DType::Float64, Device(Backend::Cpu));
+  std::string sb = "float64";
+  sb.push_back('\0');
+  le64(sb, 0);
+  raw(sb, 2.5);
+  EXPECT_EQ(tensorMd5(s), md5Hex(sb));
+}
+
+TEST(CaptureHash, ViewAndContiguousCopyHashEqual) {
+  Tensor x = test::randNormal({3, 5}, DType::Float32, Device(Backend::Cpu), 7);
+  Tensor v = ops::transpose(x, 0, 1);
+  ASSERT_FALSE(v.isContiguous());
+  Tensor c = v.contiguous();
+  ASSERT_TRUE(c.isContiguous());
+  EXPECT_EQ(tensorMd5(v), tensorMd5(c));
+  EXPECT_EQ(tensorMd5Rounded(v, 4), tensorMd5Rounded(c, 4));
+  EXPECT_EQ(tensorStats(v).mean, tensorStats(c).mean);
+  EXPECT_EQ(contiguousBytes(v), contiguousBytes(c));
+  Tensor sl = ops::slice(x, 1, 1, 5, 2);  // strided inner dimension
+  EXPECT_EQ(tensorMd5(sl), tensorMd5(sl.contiguous()));
+  EXPECT_NE(tensorMd5(v), tensorMd5(x));  // transposed values differ in order and shape
+}
+
+TEST(CaptureHash, SameValuesDifferentShapeHashDifferently) {
+  std::vector<double> v{1, 2, 3, 4, 5, 6};
+  std::string a = tensorMd5(f32(v, {2, 3})), b = tensorMd5(f32(v, {3, 2})),
+              c = tensorMd5(f32(v, {6})), d = tensorMd5(f32(v, {1, 6}));
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_NE(c, d);
+  EXPECT_NE(tensorMd5(test::fromDoubles(v, {6}, DType::Float64, Device(Backend::Cpu))), c);
+}
+
+TEST(CaptureHash, RoundedMd5IgnoresDigitsPastN) {
+  Tensor a = test::fromDoubles({1.0000001, 2.5, -3.33333331}, {3}, DType::Float64, Device());
+  Tensor b = test::fromDoubles({1.0000002, 2.5, -3.33333332}, {3}, DType::Float64, Device());
+  EXPECT_NE(tensorMd5(a), tensorMd5(b));
+  EXPECT_EQ(tensorMd5Rounded(a, 6), tensorMd5Rounded(b, 6));
+  EXPECT_NE(tensorMd5Rounded(a, 9), tensorMd5Rounded(b, 9));
+
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor c = test::fromDoubles({1, 2.5, std::nan(""), inf, -inf, -0.0, 123456}, {7}, DType::Float64,
+                               Device());
+  std::string bytes = "float64";
+  bytes.push_back('\0');
+  le64(bytes, 1);
+  le64(bytes, 7);
+  bytes += "1\n2.5\nnan\ninf\n-inf\n0\n1.23e+05\n";
+  EXPECT_EQ(tensorMd5Rounded(c, 3), md5Hex(bytes));
+}
+
+TEST(CaptureHash, StatsExactWithNanInfAndZeros) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor t = test::fromDoubles({1, -2, 0, -0.0, std::nan(""), inf, -inf, 3}, {2, 4}, DType::Float64,
+                               Device());
+  storage::TensorStats s = tensorStats(t);
+  EXPECT_EQ(s.nanCount, 1);
+  EXPECT_EQ(s.infCount, 2);
+  EXPECT_EQ(s.zeroCount, 2);
+  EXPECT_DOUBLE_EQ(s.min, -2);
+  EXPECT_DOUBLE_EQ(s.max, 3);
+  EXPECT_DOUBLE_EQ(s.absMax, 3);
+  EXPECT_DOUBLE_EQ(s.mean, 0.4);  // (1 - 2 + 0 + 0 + 3) / 5
+  // population variance: (0.36 + 5.76 + 0.16 + 0.16 + 6.76) / 5 = 2.64
+  EXPECT_NEAR(s.std, std::sqrt(2.64), 1e-15);
+
+  storage::TensorStats none = tensorStats(test::fromDoubles({std::nan("")}, {1}));
+  EXPECT_TRUE(std::isnan(none.mean));
+  EXPECT_EQ(none.nanCount, 1);
+}
+
+TEST(CaptureOptions, JsonRoundTripAndErrors) {
+  CaptureOptions o;
+  o.stacks = true;
+  o.md5 = true;
+  o.roundedMd5 = 5;
+  o.dumps = true;
+  o.dumpFilter.ops = {"matmul"};
+  o.dumpFilter.scope = "blocks.1";
+  o.filter.stepMin = 2;
+  o.filter.stepMax = 3;
+  o.queueCapacity = 8;
+  o.dropPolicy = DropPolicy::Drop;
+  o.onError = ErrorPolicy::Throw;
+  EXPECT_EQ(CaptureOptions::fromJson(o.toJson()), o);
+  EXPECT_EQ(CaptureOptions::fromJson("{}"), CaptureOptions{});
+  EXPECT_THROW(CaptureOptions::fromJson(R"({"md6": true})"), Error);
+  EXPECT_THROW(CaptureOptions::fromJson(R"({"drop_policy": "sometimes"})"), Error);
+  EXPECT_THROW(CaptureOptions::fromJson(R"({"md5": 3})"), Error);
+  EXPECT_THROW(CaptureOptions::fromJson("not json"), Error);
+  EXPECT_TRUE(o.filter.matches("add", "", 2));
+  EXPECT_FALSE(o.filter.matches("add", "", 4));
+  EXPECT_TRUE(o.dumpFilter.matches("matmul", "blocks.1.attn", 9));
+  EXPECT_FALSE(o.dumpFilter.matches("matmul", "blocks.10", 9));
+}
+
+// ---- recording ----
+
+TEST(CaptureRecorder, GraphEdgesMatchEngineDataflow) {
+  auto store = std::make_shared<Store>();
+  auto truth = std::make_shared<Truth>();
+  CaptureOptions opt;
+  opt.md5 = true;
+  opt.stats = true;
+  {
+    Tensor x = test::randNormal({4, 3}, DType::Float32, Device(Backend::Cpu), 1);
+    Tensor w = test::randNormal({3, 2}, DType::Float32, Device(Backend::Cpu), 2);
+    x.setRequiresGrad();
+    w.setRequiresGrad();
+    Recorder rec(std::make_unique<FakeWriter>(store), opt);
+    addObserver(truth);
+    Tensor y = ops::matmul(ops::relu(x), w);
+    Tensor loss = ops::sum(y);
+    loss.backward();
+    removeObserver(truth);
+    rec.finish();
+    EXPECT_EQ(rec.status(), RecorderStatus::Finished);
+  }
+  EXPECT_EQ(store->status, "finished");
+  EXPECT_TRUE(store->closed);
+  ASSERT_EQ(store->ops.size(), truth->ops.size());
+
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> trueProducer, recProducer;
+  for (auto& o : truth->ops)
+    for (auto& k : o.out) trueProducer[k] = o.seq;
+  for (auto& o : store->ops)
+    for (auto& t : o.tensors)
+      if (t.role == Role::Output) {
+        auto [it, fresh] = recProducer.emplace(std::make_pair(t.tensorId, t.version), o.seq);
+        EXPECT_TRUE(fresh) << "tensor " << t.tensorId << " v" << t.version << " produced twice";
+      }
+  std::map<uint64_t, const storage::OpRecord*> bySeq;
+  for (auto& o : store->ops) bySeq[o.seq] = &o;
+  int edges = 0;
+  for (size_t i = 0; i < truth->ops.size(); ++i) {
+    const auto& t = truth->ops[i];
+    const auto& r = store->ops[i];
+    EXPECT_EQ(r.seq, t.seq);
+    EXPECT_EQ(r.name, t.name);
+    EXPECT_EQ(r.phase, phaseName(t.phase));
+    EXPECT_EQ(r.forwardSeq, t.forwardSeq);
+    std::vector<std::pair<uint64_t, uint64_t>> in;
+    for (auto& tr : r.tensors)
+      if (tr.role == Role::Input) {
+        in.push_back({tr.tensorId, tr.version});
+        EXPECT_EQ(tr.md5.size(), 32u);
+      }
+    EXPECT_EQ(in, t.in) << r.name;
+    for (auto& k : in) {
+      auto tp = trueProducer.find(k);
+      auto rp = recProducer.find(k);
+      ASSERT_EQ(tp == trueProducer.end(), rp == recProducer.end()) << r.name;
+      if (tp != trueProducer.end()) {
+        EXPECT_EQ(rp->second, tp->second) << r.name << " input has the wrong producer";
+        ++edges;
+      }
+    }
+  }
+  EXPECT_GE(edges, 4);
+
+  // Backward ops link to the forward op they differentiate.
+  uint64_t matmulSeq = 0, reluSeq = 0;
+  for (auto& o : store->ops) {
+    if (o.phase == "forward" && o.name == "matmul") matmulSeq = o.seq;
+    if (o.phase == "forward" && o.name == "relu") reluSeq = o.seq;
+  }
+  ASSERT_NE(matmulSeq, 0u);
+  ASSERT_NE(reluSeq, 0u);
+  bool sawMatmulGrad = false, sawReluGrad = false;
+  for (auto& o : store->ops) {
+    if (o.phase != "backward" || o.forwardSeq == 0) continue;
+    ASSERT_TRUE(bySeq.count(o.forwardSeq));
+    EXPECT_EQ(bySeq[o.forwardSeq]->phase, "forward");
+    EXPECT_LT(o.forwardSeq, o.seq);
+    sawMatmulGrad = sawMatmulGrad || o.forwardSeq == matmulSeq;
+    sawReluGrad = sawReluGrad || o.forwardSeq == reluSeq;
+  }
+  EXPECT_TRUE(sawMatmulGrad);
+  EXPECT_TRUE(sawReluGrad);
+}
+
+TEST(CaptureRecorder, StacksAllocatorDumpsAndFilters) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.stacks = true;
+  opt.allocator = true;
+  opt.dumps = true;
+  opt.dumpFilter.ops = {"relu"};
+  opt.filter.ops = {"relu", "add_scalar", "mul_scalar"};
+  {
+    Recorder rec(std::make_unique<FakeWriter>(store), opt);
+    Tensor x = f32({-1, 2, -3, 4}, {2, 2});
+    Tensor y = ops::relu(x);
+    Tensor z = ops::addScalar(ops::mulScalar(y, 2.0), 1.0);
+    (void)z;
+  }
+  ASSERT_FALSE(store->ops.empty());
+  for (auto& o : store->ops) {
+    EXPECT_TRUE(o.name == "relu" || o.name == "add_scalar" || o.name == "mul_scalar") << o.name;
+    EXPECT_GE(o.stackId, 1);
+  }
+  ASSERT_FALSE(store->stacks.empty());
+  bool sawTestFrame = false;
+  for (auto& s : store->stacks) {
+    ASSERT_FALSE(s.frames.empty());
+    EXPECT_EQ(s.frames[0].function.rfind("keel::capture::", 0), std::string::npos)
+        << "capture frames must be skipped: " << s.frames[0].function;
+    for (auto& f : s.frames)
+      sawTestFrame =
+          sawTestFrame || f.function.find("StacksAllocatorDumpsAndFilters") != std::string::npos;
+  }
+  EXPECT_TRUE(sawTestFrame) << "the test body should appear in a symbolized stack";
+  ASSERT_EQ(store->dumps.size(), 1u);
+  EXPECT_EQ(store->dumps[0].codec, "zstd");
+  EXPECT_EQ(store->dumps[0].rawBytes, 16);
+  EXPECT_FALSE(store->mems.empty());
+}
+
+std::vector<storage::LogRecord> verboseLines(const Store& s) {
+  std::vector<storage::LogRecord> v;
+  for (auto& l : s.logs)
+    if (l.level == storage::LogLevel::Verbose) v.push_back(l);
+  return v;
+}
+
+TEST(CaptureVerbose, GuardTurnsVerboseOnInsideOneScopeOnly) {
+  auto store = std::make_shared<Store>();
+  std::map<uint64_t, std::string> scopeOfSeq;
+  {
+    Recorder rec(std::make_unique<FakeWriter>(store), CaptureOptions{});
+    VerboseGuard g(std::vector<VerboseRule>{{"blocks.3.attn", std::nullopt}});
+    Tensor x = f32({1, 2}, {2});
+    {
+      ScopeGuard a("blocks.3.attn");
+      ops::relu(x);
+      ScopeGuard b("proj");
+      ops::neg(x);
+    }
+    {
+      ScopeGuard a("blocks.3.mlp");
+      ops::relu(x);
+    }
+    {
+      ScopeGuard a("blocks.30.attn");
+      ops::relu(x);
+    }
+    log(LogLevel::Info, "data", "outside any op");
+  }
+  for (auto& o : store->ops) scopeOfSeq[o.seq] = o.scope;
+  auto lines = verboseLines(*store);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].scope, "blocks.3.attn");
+  EXPECT_EQ(lines[0].message.rfind("relu(", 0), 0u) << lines[0].message;
+  EXPECT_NE(lines[0].message.find("[2] float32"), std::string::npos) << lines[0].message;
+  EXPECT_EQ(scopeOfSeq.at(lines[0].opSeq), "blocks.3.attn");
+  EXPECT_EQ(lines[1].scope, "blocks.3.attn.proj");
+  EXPECT_EQ(scopeOfSeq.at(lines[1].opSeq), "blocks.3.attn.proj");
+  EXPECT_EQ(lines[1].message.rfind("neg(", 0), 0u);
+  // An ordinary line outside ops carries the last op's seq.
+  ASSERT_FALSE(store->logs.empty());
+  EXPECT_EQ(store->logs.back().message, "outside any op");
+  EXPECT_EQ(store->logs.back().opSeq, store->ops.back().seq);
+  EXPECT_FALSE(verboseEnabled("blocks.3.attn", Phase::Forward));  // guard gone
+}
+
+TEST(CaptureVerbose, GuardBackwardOnlyInsideBlock) {
+  auto store = std::make_shared<Store>();
+  {
+    Recorder rec(std::make_unique<FakeWriter>(store), CaptureOptions{});
+    VerboseGuard g("blocks.1:backward");
+    Tensor x = f32({1, -2, 3}, {3});
+    x.setRequiresGrad();
+    Tensor h;
+    {
+      ScopeGuard a("blocks.1");
+      h = ops::relu(ops::mulScalar(x, 3.0));
+    }
+    Tensor loss;
+    {
+      ScopeGuard a("blocks.2");
+      loss = ops::sum(ops::tanh(h));
+    }
+    loss.backward();
+  }
+  std::map<uint64_t, const storage::OpRecord*> bySeq;
+  int backwardInBlock1 = 0;
+  for (auto& o : store->ops) {
+    bySeq[o.seq] = &o;
+    if (o.phase == "backward" && o.scope.rfind("blocks.1", 0) == 0) ++backwardInBlock1;
+  }
+  auto lines = verboseLines(*store);
+  ASSERT_GT(backwardInBlock1, 0);
+  EXPECT_EQ(int(lines.size()), backwardInBlock1);
+  for (auto& l : lines) {
+    ASSERT_TRUE(bySeq.count(l.opSeq));
+    EXPECT_EQ(bySeq[l.opSeq]->phase, "backward");
+    EXPECT_EQ(bySeq[l.opSeq]->scope, "blocks.1");
+    EXPECT_EQ(l.message.rfind(bySeq[l.opSeq]->name + "(", 0), 0u) << l.message;
+  }
+}
+
+TEST(CaptureVerbose, RuleParsingAndEnvironment) {
+  auto r = parseVerboseRules("blocks.3.attn, blocks.1:backward,*:forward,,:optimizer");
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0], (VerboseRule{"blocks.3.attn", std::nullopt}));
+  EXPECT_EQ(r[1], (VerboseRule{"blocks.1", Phase::Backward}));
+  EXPECT_EQ(r[2], (VerboseRule{"", Phase::Forward}));
+  EXPECT_EQ(r[3], (VerboseRule{"", Phase::Optimizer}));
+  EXPECT_THROW(parseVerboseRules("blocks.1:sideways"), Error);
+  EXPECT_TRUE(ruleMatches(r[1], "blocks.1.mlp", Phase::Backward));
+  EXPECT_FALSE(ruleMatches(r[1], "blocks.10", Phase::Backward));
+  EXPECT_FALSE(ruleMatches(r[1], "blocks.1", Phase::Forward));
+  EXPECT_EQ(parseLogLevel("debug"), LogLevel::Debug);
+  EXPECT_EQ(parseLogLevel("4"), LogLevel::Verbose);
+  EXPECT_THROW(parseLogLevel("loud"), Error);
+
+  EXPECT_FALSE(keel::detail::verboseActive());
+  ::setenv("KEEL_VERBOSE", "blocks.3.attn,blocks.1:backward", 1);
+  ::setenv("KEEL_LOG_LEVEL", "error", 1);
+  EXPECT_TRUE(readLogEnv());
+  EXPECT_EQ(globalVerboseRules().size(), 2u);
+  EXPECT_EQ(logEchoLevel(), LogLevel::Error);
+  EXPECT_TRUE(verboseEnabled("blocks.3.attn.q", Phase::Forward));
+  EXPECT_TRUE(verboseEnabled("blocks.1", Phase::Backward));
+  EXPECT_FALSE(verboseEnabled("blocks.1", Phase::Forward));
+  EXPECT_FALSE(verboseEnabled("blocks.2", Phase::Backward));
+  ::setenv("KEEL_VERBOSE", "x:bogus", 1);
+  EXPECT_FALSE(readLogEnv());  // reported and ignored
+  ::unsetenv("KEEL_VERBOSE");
+  ::unsetenv("KEEL_LOG_LEVEL");
+  setLogEchoLevel(LogLevel::Warn);
+  EXPECT_TRUE(readLogEnv());
+  EXPECT_FALSE(keel::detail::verboseActive());
+}
+
+// ---- back-pressure and errors ----
+
+int64_t runOps(int n) {
+  Tensor x = f32({1, 2, 3, 4}, {4});
+  uint64_t first = lastOpSeq();
+  for (int i = 0; i < n; ++i) x = ops::addScalar(x, 1.0);
+  return int64_t(lastOpSeq() - first);
+}
+
+TEST(CaptureQueue, BlockPolicyDropsNothingWithASlowWriter) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.queueCapacity = 8;
+  int64_t n;
+  RecorderCounts c;
+  {
+    Recorder rec(std::make_unique<FakeWriter>(store, 100), opt);
+    n = runOps(200);
+    rec.finish();
+    c = rec.counts();
+  }
+  EXPECT_EQ(int64_t(store->ops.size()), n);
+  EXPECT_EQ(c.ops, n);
+  EXPECT_EQ(c.droppedOps, 0);
+  EXPECT_TRUE(store->dropped.empty());
+}
+
+TEST(CaptureQueue, DropPolicyCountsExactly) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.queueCapacity = 8;
+  opt.dropPolicy = DropPolicy::Drop;
+  int64_t n;
+  RecorderCounts c;
+  {
+    Recorder rec(std::make_unique<FakeWriter>(store, 200), opt);
+    n = runOps(300);
+    rec.finish();
+    c = rec.counts();
+  }
+  EXPECT_GT(c.droppedOps, 0);
+  EXPECT_EQ(int64_t(store->ops.size()) + c.droppedOps, n);
+  EXPECT_EQ(store->dropped["op"], c.droppedOps);
+  EXPECT_EQ(store->status, "finished");
+}
+
+TEST(CaptureErrors, WriterFailureStopsRecordingWithAClearError) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.queueCapacity = 4;
+  Recorder rec(std::make_unique<FakeWriter>(store, 0, 5), opt);
+  EXPECT_NO_THROW(runOps(100));
+  rec.finish();
+  EXPECT_EQ(rec.status(), RecorderStatus::Failed);
+  EXPECT_NE(rec.error().find("disk is full"), std::string::npos) << rec.error();
+  EXPECT_EQ(store->ops.size(), 5u);
+  EXPECT_EQ(store->status.rfind("failed: ", 0), 0u) << store->status;
+  EXPECT_NE(store->status.find("disk is full"), std::string::npos);
+}
+
+TEST(CaptureErrors, ThrowPolicyThrowsOnceToTheEngine) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.onError = ErrorPolicy::Throw;
+  Recorder rec(std::make_unique<FakeWriter>(store, 0, 3), opt);
+  std::string caught;
+  for (int i = 0; i < 2000 && caught.empty(); ++i) {
+    try {
+      runOps(10);
+    } catch (const Error& e) {
+      caught = e.what();
+    }
+    if (caught.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_NE(caught.find("capture: recording failed"), std::string::npos) << caught;
+  EXPECT_NE(caught.find("disk is full"), std::string::npos) << caught;
+  EXPECT_NO_THROW(runOps(10));  // once only; recording has stopped
+  EXPECT_TRUE(rec.failed());
+}
+
+}  // namespace
+}  // namespace keel::capture

@@ -1,0 +1,515 @@
+// Tests for the run diff engine (storage/src/diff.cpp): alignment with extra, missing and fused
+// ops, tensor verdicts (MD5, rounded MD5, values, stats), first/root divergence and its chain,
+// ULP/abs/rel figures on hand-made values, JSON/text output, and the cost on 100,000-op steps.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "keel/storage/diff.h"
+
+namespace ks = keel::storage;
+using ks::DiffBasis;
+using ks::DiffStatus;
+using ks::OpRecord;
+using ks::Role;
+using ks::TensorRecord;
+
+namespace {
+
+const char* const kNames[] = {"matmul", "add", "gelu", "softmax", "layer_norm", "mul"};
+
+TensorRecord tensor(Role role, int32_t index, uint64_t id, uint64_t version, std::string md5,
+                    std::vector<int64_t> shape = {4, 8}, std::string dtype = "float32") {
+  TensorRecord t;
+  t.role = role;
+  t.index = index;
+  t.tensorId = id;
+  t.version = version;
+  t.shape = std::move(shape);
+  t.dtype = std::move(dtype);
+  t.md5 = std::move(md5);
+  return t;
+}
+
+OpRecord op(uint64_t seq, int64_t step, std::string name, std::vector<TensorRecord> tensors,
+            std::string scope = "blocks.0", int64_t stackId = -1) {
+  OpRecord o;
+  o.seq = seq;
+  o.step = step;
+  o.phase = "forward";
+  o.name = std::move(name);
+  o.scope = std::move(scope);
+  o.stackId = stackId;
+  o.tensors = std::move(tensors);
+  return o;
+}
+
+// A linear chain: op i (seq base+i) reads the previous op's output (tensor id 1000+i-1) and a
+// parameter (id 5000+i), and writes tensor 1000+i. md5 of output i is "<tag>i" from `changedFrom`
+// on (so B can differ from some op onwards), else "m<i>".
+std::vector<OpRecord> chain(int n, int64_t step = 1, uint64_t base = 1, int changedFrom = -1,
+                            const std::string& tag = "x") {
+  std::vector<OpRecord> ops;
+  ops.reserve(static_cast<size_t>(n));
+  auto md5Of = [&](int i) {
+    return (changedFrom >= 0 && i >= changedFrom ? tag : std::string("m")) + std::to_string(i);
+  };
+  const uint64_t idBase = 1000 + static_cast<uint64_t>(step) * 10'000'000;
+  for (int i = 0; i < n; ++i) {
+    std::vector<TensorRecord> ts;
+    if (i > 0) ts.push_back(tensor(Role::Input, 0, idBase + i - 1, 1, md5Of(i - 1)));
+    ts.push_back(tensor(Role::Input, 1, 5000 + i, 1, std::string("p").append(std::to_string(i))));
+    ts.push_back(tensor(Role::Output, 0, idBase + i, 1, md5Of(i)));
+    ops.push_back(op(base + static_cast<uint64_t>(i), step, kNames[i % 6], std::move(ts),
+                     std::string("blocks.").append(std::to_string(i / 60)), 100 + i));
+  }
+  return ops;
+}
+
+const ks::OpPair* pairByA(const ks::DiffReport& r, uint64_t seqA) {
+  for (const auto& p : r.pairs)
+    if (p.inA && p.seqA == seqA) return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(DiffTest, IdenticalRunsAreAllEqualAndExitZero) {
+  auto a = chain(50), b = chain(50);
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.equal, 50);
+  EXPECT_EQ(r.total.diverged + r.total.withinTolerance + r.total.onlyInA + r.total.onlyInB, 0);
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].alignment, "identical");
+  EXPECT_EQ(r.pairs.size(), 50u);
+  EXPECT_FALSE(r.first.has_value());
+  EXPECT_FALSE(r.root.has_value());
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+  EXPECT_EQ(r.uncomparedTensors, 0);
+}
+
+TEST(DiffTest, PerturbedOutputIsFirstAndRootDivergenceWithChain) {
+  const int k = 20;
+  auto a = chain(40), b = chain(40, 1, 1, k);
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.equal, k);
+  EXPECT_EQ(r.total.diverged, 40 - k);
+  EXPECT_EQ(ks::diffExitCode(r), 1);
+  ASSERT_TRUE(r.first && r.root);
+  EXPECT_EQ(r.first->pair.seqA, 1u + k);
+  EXPECT_EQ(r.first->pair.seqB, 1u + k);
+  EXPECT_EQ(r.root->pair.seqA, 1u + k);
+  EXPECT_EQ(r.first->pair.stackIdA, 100 + k);
+  ASSERT_EQ(r.first->pair.outputs.size(), 1u);
+  EXPECT_EQ(r.first->pair.outputs[0].basis, DiffBasis::Md5Only);
+  // Inputs of the root all match (by MD5).
+  ASSERT_EQ(r.root->inputs.size(), 2u);
+  for (const auto& t : r.root->inputs) EXPECT_EQ(t.status, DiffStatus::Equal);
+  // The chain walks producers k-1, k-2, ... (seq k, k-1, ...) up to chainDepth levels.
+  ASSERT_EQ(static_cast<int>(r.root->chainA.size()), r.options.chainDepth);
+  for (int d = 0; d < r.options.chainDepth; ++d) {
+    const ks::ChainLink& l = r.root->chainA[static_cast<size_t>(d)];
+    EXPECT_EQ(l.depth, d + 1);
+    EXPECT_EQ(l.seq, static_cast<uint64_t>(k - d));
+    EXPECT_EQ(l.consumerSeq, static_cast<uint64_t>(k - d + 1));
+    EXPECT_EQ(l.consumerInput, 0);
+    EXPECT_EQ(l.status, DiffStatus::Equal);
+    EXPECT_EQ(l.name, kNames[(k - 1 - d) % 6]);
+  }
+  EXPECT_EQ(r.root->chainB.size(), r.root->chainA.size());
+  // A downstream op has a diverged input: not a root.
+  const ks::OpPair* later = pairByA(r, 1 + k + 1);
+  ASSERT_NE(later, nullptr);
+  EXPECT_EQ(later->status, DiffStatus::Diverged);
+}
+
+TEST(DiffTest, RootDivergenceSkipsInheritedDivergence) {
+  // op1 reads a parameter that differs between the runs (not produced by any op): it diverges,
+  // but not at its own hand. op2 reads equal inputs and diverges: it is the root.
+  auto mk = [](const std::string& paramMd5, const std::string& out1, const std::string& out2) {
+    std::vector<OpRecord> ops;
+    ops.push_back(op(1, 1, "matmul",
+                     {tensor(Role::Input, 0, 1, 1, "x"), tensor(Role::Input, 1, 2, 1, paramMd5),
+                      tensor(Role::Output, 0, 3, 1, out1)}));
+    ops.push_back(
+        op(2, 1, "gelu", {tensor(Role::Input, 0, 1, 1, "x"), tensor(Role::Output, 0, 4, 1, out2)}));
+    return ops;
+  };
+  ks::DiffReport r = ks::diffRuns(mk("w", "y", "g"), mk("w'", "y'", "g'"));
+  ASSERT_TRUE(r.first && r.root);
+  EXPECT_EQ(r.first->pair.seqA, 1u);
+  EXPECT_EQ(r.first->inputs[1].status, DiffStatus::Diverged);
+  EXPECT_EQ(r.root->pair.seqA, 2u);
+  EXPECT_EQ(r.root->pair.name, "gelu");
+
+  // Only the parameter-fed divergence: no root among the ops.
+  ks::DiffReport r2 = ks::diffRuns(mk("w", "y", "g"), mk("w'", "y'", "g"));
+  ASSERT_TRUE(r2.first);
+  EXPECT_TRUE(r2.rootSearched);
+  EXPECT_FALSE(r2.root.has_value());
+  EXPECT_NE(ks::toText(r2, true).find("root divergence: none found"), std::string::npos);
+}
+
+TEST(DiffTest, InputWithoutChecksumsInheritsProducerVerdict) {
+  // No MD5 on inputs: op2's input verdict comes from its producer op1 (diverged), so op2 is
+  // not a root; op1 is.
+  auto mk = [](const std::string& o1, const std::string& o2) {
+    std::vector<OpRecord> ops;
+    ops.push_back(
+        op(1, 1, "exp", {tensor(Role::Input, 0, 1, 1, ""), tensor(Role::Output, 0, 2, 1, o1)}));
+    ops.push_back(
+        op(2, 1, "log", {tensor(Role::Input, 0, 2, 1, ""), tensor(Role::Output, 0, 3, 1, o2)}));
+    return ops;
+  };
+  ks::DiffReport r = ks::diffRuns(mk("a", "b"), mk("a'", "b'"));
+  ASSERT_TRUE(r.root);
+  EXPECT_EQ(r.root->pair.seqA, 1u);
+  EXPECT_EQ(r.root->inputs[0].basis, DiffBasis::None);
+}
+
+TEST(DiffTest, ExtraOpInBIsOneUnmatchedRestEqual) {
+  const int n = 30, k = 12;
+  auto a = chain(n);
+  auto b = chain(n);
+  // B inserts a `contiguous` after op k: same values, a fresh tensor id the next op reads.
+  OpRecord extra = op(0, 1, "contiguous",
+                      {tensor(Role::Input, 0, b[k].tensors.back().tensorId, 1, "m12"),
+                       tensor(Role::Output, 0, 777777, 1, "m12")});
+  b[k + 1].tensors[0].tensorId = 777777;
+  b.insert(b.begin() + k + 1, extra);
+  for (size_t i = 0; i < b.size(); ++i) b[i].seq = 1 + i;  // renumber B
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.equal, n);
+  EXPECT_EQ(r.total.onlyInB, 1);
+  EXPECT_EQ(r.total.onlyInA + r.total.diverged, 0);
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+  EXPECT_EQ(r.steps[0].alignment, "lcs");
+  const auto& row = r.pairs[static_cast<size_t>(k + 1)];
+  EXPECT_FALSE(row.inA);
+  EXPECT_EQ(row.name, "contiguous");
+  EXPECT_EQ(row.status, DiffStatus::Unmatched);
+  // Ops after the insertion pair with B's shifted seqs.
+  EXPECT_EQ(pairByA(r, k + 2)->seqB, static_cast<uint64_t>(k + 3));
+
+  ks::DiffOptions strict;
+  strict.unmatchedIsDivergent = true;
+  EXPECT_EQ(ks::diffExitCode(ks::diffRuns(a, b, strict)), 1);
+}
+
+TEST(DiffTest, FusedOpsAlignTheRest) {
+  const int n = 30, k = 10;
+  auto a = chain(n);
+  auto b = chain(n);
+  // B fuses ops k and k+1 of A into one `fused_linear` with A's final output.
+  OpRecord fused = op(0, 1, "fused_linear",
+                      {b[k].tensors[0], b[k].tensors[1], b[k + 1].tensors[1],
+                       tensor(Role::Output, 0, b[k + 1].tensors.back().tensorId, 1, "m11")});
+  fused.tensors[2].index = 2;
+  b.erase(b.begin() + k, b.begin() + k + 2);
+  b.insert(b.begin() + k, fused);
+  for (size_t i = 0; i < b.size(); ++i) b[i].seq = 1 + i;
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.equal, n - 2);
+  EXPECT_EQ(r.total.onlyInA, 2);
+  EXPECT_EQ(r.total.onlyInB, 1);
+  EXPECT_EQ(r.total.diverged, 0);
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+}
+
+TEST(DiffTest, DifferentStepLengthsAndStepsOnOneSide) {
+  auto a = chain(20, 1, 1);
+  auto a2 = chain(20, 2, 101);
+  a.insert(a.end(), a2.begin(), a2.end());
+  auto b = chain(20, 1, 1);
+  auto b2 = chain(15, 2, 101);  // step 2 is shorter in B
+  auto b3 = chain(5, 3, 201);   // step 3 only in B
+  b.insert(b.end(), b2.begin(), b2.end());
+  b.insert(b.end(), b3.begin(), b3.end());
+  ks::DiffReport r = ks::diffRuns(a, b);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_EQ(r.steps[0].equal, 20);
+  EXPECT_EQ(r.steps[1].opsA, 20);
+  EXPECT_EQ(r.steps[1].opsB, 15);
+  EXPECT_EQ(r.steps[1].equal, 15);
+  EXPECT_EQ(r.steps[1].onlyInA, 5);
+  EXPECT_EQ(r.steps[2].onlyInB, 5);
+  EXPECT_EQ(r.steps[2].alignment, "only-b");
+  EXPECT_EQ(r.total.equal, 35);
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+}
+
+TEST(DiffTest, ChangedShapePairsOnNameAndDiverges) {
+  auto a = chain(10), b = chain(10);
+  b[4].tensors.back().shape = {4, 9};  // op 4 writes a different shape
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.onlyInA + r.total.onlyInB, 0);
+  const ks::OpPair* p = pairByA(r, 5);
+  ASSERT_NE(p, nullptr);
+  EXPECT_FALSE(p->exactSignature);
+  EXPECT_EQ(p->status, DiffStatus::Diverged);
+  EXPECT_EQ(p->outputs[0].basis, DiffBasis::Shape);
+  EXPECT_EQ(p->outputs[0].detail, "float32[4,8] vs float32[4,9]");
+  ASSERT_TRUE(r.root);
+  EXPECT_EQ(r.root->pair.seqA, 5u);
+}
+
+TEST(DiffTest, RoundedMd5EqualIsWithinTolerance) {
+  auto a = chain(10), b = chain(10, 1, 1, 3);
+  for (auto* run : {&a, &b})
+    for (auto& o : *run)
+      for (auto& t : o.tensors) t.md5Rounded = std::string("r").append(std::to_string(t.tensorId));
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.equal, 3);
+  EXPECT_EQ(r.total.withinTolerance, 7);
+  EXPECT_EQ(pairByA(r, 4)->outputs[0].basis, DiffBasis::RoundedMd5);
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+  ks::DiffOptions noRounded;
+  noRounded.useRoundedMd5 = false;
+  EXPECT_EQ(ks::diffExitCode(ks::diffRuns(a, b, noRounded)), 1);
+}
+
+TEST(DiffTest, StatisticsDecideWhenNoDumps) {
+  TensorRecord ta = tensor(Role::Output, 0, 1, 1, "aa"), tb = tensor(Role::Output, 0, 1, 1, "bb");
+  ta.hasStats = tb.hasStats = true;
+  ta.stats = {-1.0, 2.0, 0.5, 0.7, 2.0, 0, 0, 3};
+  tb.stats = ta.stats;
+  tb.stats.mean = 0.50000001;
+  ks::DiffOptions opt;
+  ks::TensorDiff d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(d.basis, DiffBasis::Stats);
+  tb.stats.mean = 0.6;
+  d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_EQ(d.detail, "mean 0.5 vs 0.6");
+  tb.stats = ta.stats;
+  tb.stats.nanCount = 1;
+  d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_EQ(d.detail, "NaN count 0 vs 1");
+  opt.useStats = false;
+  d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.basis, DiffBasis::Md5Only);
+}
+
+TEST(DiffTest, UlpDistanceInEachDtype) {
+  EXPECT_EQ(ks::ulpDistance(1.0, 1.0, "float32"), 0u);
+  EXPECT_EQ(ks::ulpDistance(1.0, 1.0 + std::ldexp(1.0, -23), "float32"), 1u);
+  EXPECT_EQ(ks::ulpDistance(1.0, 1.5, "float32"), 0x400000u);
+  EXPECT_EQ(ks::ulpDistance(-0.0, 0.0, "float32"), 0u);
+  EXPECT_EQ(ks::ulpDistance(-std::ldexp(1.0, -149), std::ldexp(1.0, -149), "float32"), 2u);
+  // float16: 1.0 = 0x3c00, 1.001953125 = 0x3c02; subnormals step 2^-24; 65504 is 0x7bff.
+  EXPECT_EQ(ks::ulpDistance(1.0, 1.001953125, "float16"), 2u);
+  EXPECT_EQ(ks::ulpDistance(-std::ldexp(1.0, -24), std::ldexp(1.0, -24), "float16"), 2u);
+  EXPECT_EQ(ks::ulpDistance(65504.0, std::numeric_limits<double>::infinity(), "float16"), 1u);
+  EXPECT_EQ(ks::ulpDistance(1.0, 2.0, "float16"), 1024u);
+  EXPECT_EQ(ks::ulpDistance(1.0, 1.0 + std::ldexp(1.0, -11), "float16"), 0u);  // ties to even
+  // bfloat16: 7 mantissa bits.
+  EXPECT_EQ(ks::ulpDistance(1.0, 1.0078125, "bfloat16"), 1u);
+  EXPECT_EQ(ks::ulpDistance(1.0, 2.0, "bfloat16"), 128u);
+  EXPECT_EQ(ks::ulpDistance(1.0, std::nextafter(1.0, 2.0), "float64"), 1u);
+  EXPECT_EQ(ks::ulpDistance(3.0, 7.0, "int64"), 4u);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(ks::ulpDistance(nan, 1.0, "float32"), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(ks::ulpDistance(nan, nan, "float32"), 0u);
+}
+
+TEST(DiffTest, ValueComparisonFigures) {
+  ks::DiffOptions opt;
+  const double next2 = 2.0 + std::ldexp(1.0, -22);  // one float32 ulp above 2
+  ks::TensorDiff d = ks::compareValues({1.0, 2.0, -0.5}, {1.0, next2, -0.5}, "float32", opt);
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(d.maxUlps, 1u);
+  EXPECT_DOUBLE_EQ(d.maxAbs, std::ldexp(1.0, -22));
+  EXPECT_DOUBLE_EQ(d.maxRel, std::ldexp(1.0, -22) / next2);
+  EXPECT_EQ(d.badElements, 0);
+
+  d = ks::compareValues({0.0, 1.0, 4.0}, {0.0, 1.5, 4.0}, "float32", opt);
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_DOUBLE_EQ(d.maxAbs, 0.5);
+  EXPECT_DOUBLE_EQ(d.maxRel, 0.5 / 1.5);
+  EXPECT_EQ(d.maxUlps, 0x400000u);
+  EXPECT_EQ(d.badElements, 1);
+  EXPECT_EQ(d.detail, "1 of 3 elements outside tolerance; first at 1: 1 vs 1.5");
+
+  // float16 values three ulps apart pass with maxUlps = 3 and no abs/rel tolerance.
+  opt.atol = opt.rtol = 0;
+  opt.maxUlps = 3;
+  d = ks::compareValues({1.0, -2.0}, {1.0 + 3 * std::ldexp(1.0, -10), -2.0}, "float16", opt);
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(d.maxUlps, 3u);
+  opt.maxUlps = 2;
+  d = ks::compareValues({1.0, -2.0}, {1.0 + 3 * std::ldexp(1.0, -10), -2.0}, "float16", opt);
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+
+  // Equal values (NaNs in the same place) are Equal; NaN vs a number or Inf vs finite is not.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(ks::compareValues({nan, inf}, {nan, inf}, "float32", {}).status, DiffStatus::Equal);
+  d = ks::compareValues({nan, 1.0}, {0.0, 1.0}, "float32", {});
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_TRUE(std::isinf(d.maxAbs));
+  EXPECT_EQ(ks::compareValues({1e30}, {inf}, "float32", {}).status, DiffStatus::Diverged);
+  EXPECT_EQ(ks::compareValues({1.0}, {1.0, 2.0}, "float32", {}).status, DiffStatus::Diverged);
+}
+
+TEST(DiffTest, DumpCallbackSuppliesValues) {
+  auto a = chain(5), b = chain(5, 1, 1, 2);  // ops 2.. differ by MD5
+  std::vector<std::tuple<uint64_t, int, int, bool>> calls;
+  ks::DumpValues values = [&](uint64_t seq, int role, int index,
+                              bool sideA) -> std::optional<std::vector<double>> {
+    calls.emplace_back(seq, role, index, sideA);
+    if (seq != 3 || role != static_cast<int>(Role::Output)) return std::nullopt;
+    if (sideA) return std::vector<double>{1.0, 2.0};
+    return std::vector<double>{1.0, 2.0 + std::ldexp(1.0, -21)};
+  };
+  ks::DiffReport r = ks::diffRuns(a, b, {}, values);
+  const ks::OpPair* p = pairByA(r, 3);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(p->outputs[0].basis, DiffBasis::Values);
+  EXPECT_EQ(p->outputs[0].maxUlps, 2u);
+  EXPECT_DOUBLE_EQ(p->outputs[0].maxAbs, std::ldexp(1.0, -21));
+  // Equal MD5s never reach the callback.
+  for (auto& [seq, role, index, sideA] : calls) EXPECT_GE(seq, 3u);
+  // Op 4 has no dumps: its MD5 differs, so it diverges. Its input 0 is op 3's output, whose
+  // verdict (within tolerance, from the dumps) it inherits: op 4 is the first and root divergence.
+  ASSERT_TRUE(r.first && r.root);
+  EXPECT_EQ(r.first->pair.seqA, 4u);
+  EXPECT_EQ(r.root->pair.seqA, 4u);
+  EXPECT_EQ(r.root->inputs[0].status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(r.root->inputs[0].basis, DiffBasis::Values);
+  EXPECT_EQ(r.root->inputs[0].detail, "output 0 of #3: dumped values within tolerance");
+}
+
+TEST(DiffTest, MismatchesOnlyKeepsNonEqualPairs) {
+  auto a = chain(30), b = chain(30, 1, 1, 25);
+  ks::DiffOptions opt;
+  opt.mismatchesOnly = true;
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  EXPECT_EQ(r.pairs.size(), 5u);
+  EXPECT_EQ(r.total.equal, 25);
+  for (const auto& p : r.pairs) EXPECT_NE(p.status, DiffStatus::Equal);
+}
+
+TEST(DiffTest, DuplicateSeqIsAnError) {
+  auto a = chain(3), b = chain(3);
+  a[1].seq = a[0].seq;
+  EXPECT_THROW(ks::diffRuns(a, b), ks::StorageError);
+}
+
+TEST(DiffTest, GreedyFallbackStillAlignsInsertions) {
+  auto a = chain(200), b = chain(200);
+  // Two insertions far apart; a tiny LCS budget forces the greedy resync.
+  for (int at : {150, 50}) {
+    OpRecord extra = op(0, 1, "contiguous", {tensor(Role::Output, 0, 999000 + at, 1, "c")});
+    b.insert(b.begin() + at, extra);
+  }
+  for (size_t i = 0; i < b.size(); ++i) b[i].seq = 1 + i;
+  ks::DiffOptions opt;
+  opt.lcsBudget = 10;
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  EXPECT_EQ(r.steps[0].alignment, "greedy");
+  EXPECT_EQ(r.total.equal, 200);
+  EXPECT_EQ(r.total.onlyInB, 2);
+}
+
+TEST(DiffTest, AlignOpsRowsInOrder) {
+  auto mk = [](std::initializer_list<const char*> names) {
+    std::vector<OpRecord> ops;
+    uint64_t s = 1;
+    for (const char* n : names) ops.push_back(op(s++, 1, n, {}));
+    return ops;
+  };
+  auto a = mk({"a", "b", "c", "d", "e"}), b = mk({"a", "x", "c", "d", "y", "e"});
+  std::vector<const OpRecord*> pa, pb;
+  for (auto& o : a) pa.push_back(&o);
+  for (auto& o : b) pb.push_back(&o);
+  ks::Alignment al = ks::alignOps(pa, pb);
+  std::vector<std::pair<int64_t, int64_t>> want = {{0, 0}, {1, -1}, {-1, 1}, {2, 2},
+                                                   {3, 3}, {-1, 4}, {4, 5}};
+  EXPECT_EQ(al.rows, want);
+  EXPECT_EQ(al.method, "lcs");
+}
+
+TEST(DiffTest, JsonAndTextCarryTheReport) {
+  auto a = chain(12), b = chain(12, 1, 1, 7);
+  ks::DiffReport r = ks::diffRuns(a, b);
+  auto j = nlohmann::json::parse(ks::toJson(r));
+  EXPECT_EQ(j["verdict"], "diverged");
+  EXPECT_EQ(j["exitCode"], 1);
+  EXPECT_EQ(j["total"]["diverged"], 5);
+  EXPECT_EQ(j["steps"][0]["equal"], 7);
+  EXPECT_EQ(j["firstDivergence"]["pair"]["a"]["seq"], 8);
+  EXPECT_EQ(j["firstDivergence"]["pair"]["a"]["stackId"], 107);
+  EXPECT_EQ(j["rootDivergence"]["pair"]["b"]["seq"], 8);
+  EXPECT_EQ(j["rootDivergence"]["chainA"][0]["seq"], 7);
+  EXPECT_EQ(j["rootDivergence"]["chainA"][0]["status"], "equal");
+  EXPECT_EQ(j["firstDivergence"]["pair"]["outputs"][0]["basis"], "md5-only");
+  EXPECT_EQ(j["pairs"].size(), 12u);
+
+  std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("DIVERGED"), std::string::npos);
+  EXPECT_NE(text.find("first divergence: step 1  A #8  B #8  add [forward] blocks.0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("root divergence: the first divergence"), std::string::npos);
+  EXPECT_NE(text.find("<- #7 matmul [forward] blocks.0  equal  -> input 0 of #8  stack #106"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("= step"), std::string::npos);  // mismatches only
+  EXPECT_NE(ks::toText(ks::diffRuns(a, a), false).find("EQUAL within tolerance"),
+            std::string::npos);
+}
+
+TEST(DiffTest, HundredThousandOpStepsDiffQuickly) {
+  const int n = 100'000;
+  auto a = chain(n), b = chain(n, 1, 1, n / 2);
+  auto t0 = std::chrono::steady_clock::now();
+  ks::DiffOptions opt;
+  opt.mismatchesOnly = true;
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.total.equal, n / 2);
+  ASSERT_TRUE(r.root);
+  EXPECT_EQ(r.root->pair.seqA, 1u + n / 2);
+  RecordProperty("seconds", std::to_string(secs));
+  std::printf("100,000-op diff, one divergence: %.3f s\n", secs);
+  EXPECT_LT(secs, 10.0);  // generous: Debug builds and shared cores; bench/bench_diff measures
+
+  // 200 scattered insertions in B: the aligner leaves the identical fast path.
+  auto c = chain(n);
+  for (int i = 0; i < 200; ++i) {
+    OpRecord extra = op(0, 1, "contiguous", {tensor(Role::Output, 0, 900000000 + i, 1, "c")});
+    c.insert(c.begin() + (n - 1000 - i * 450), extra);
+  }
+  for (size_t i = 0; i < c.size(); ++i) c[i].seq = 1 + i;
+  t0 = std::chrono::steady_clock::now();
+  ks::DiffReport r2 = ks::diffRuns(a, c, opt);
+  secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("100,000-op diff, 200 insertions (%s): %.3f s\n", r2.steps[0].alignment.c_str(),
+              secs);
+  EXPECT_EQ(r2.total.equal, n);
+  EXPECT_EQ(r2.total.onlyInB, 200);
+  EXPECT_LT(secs, 10.0);
+
+  // Every 50th op missing in B (2,000 deletions): still aligned op for op.
+  std::vector<OpRecord> d;
+  for (int i = 0; i < n; ++i)
+    if (i % 50 != 25) d.push_back(a[static_cast<size_t>(i)]);
+  for (size_t i = 0; i < d.size(); ++i) d[i].seq = 1 + i;
+  t0 = std::chrono::steady_clock::now();
+  ks::DiffReport r3 = ks::diffRuns(a, d, opt);
+  secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("100,000-op diff, 2,000 deletions (%s): %.3f s\n", r3.steps[0].alignment.c_str(),
+              secs);
+  EXPECT_EQ(r3.total.equal, n - 2000);
+  EXPECT_EQ(r3.total.onlyInA, 2000);
+  EXPECT_EQ(r3.total.onlyInB + r3.total.diverged, 0);
+  EXPECT_LT(secs, 10.0);
+}
