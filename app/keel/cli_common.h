@@ -23,5 +23,6 @@ Command addTrainCommand(CLI::App& root);
 Command addOpsCommand(CLI::App& root);
 Command addRecordCommand(CLI::App& root);
 Command addInspectCommand(CLI::App& root);
+Command addDiffCommand(CLI::App& root);
 
 }  // namespace keel::cli

@@ -29,7 +29,7 @@ int run(int argc, char** argv) {
   CLI::App app{"keel: train, record and inspect models with the Keel engine"};
   app.require_subcommand(1);
   std::vector<Command> commands = {addTrainCommand(app), addRecordCommand(app),
-                                   addInspectCommand(app), addOpsCommand(app)};
+                                   addInspectCommand(app), addDiffCommand(app), addOpsCommand(app)};
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
