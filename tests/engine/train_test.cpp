@@ -227,3 +227,30 @@ TEST(TrainerTest, RejectsBadSetups) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// The shipped configs themselves (not only the tiny fixtures) must learn: a short run of
+// gpt-mini and moe-mini on the default corpus lowers the loss well below ln(256).
+class TrainShipped : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TrainShipped, LossDecreasesInSixSteps) {
+  GptConfig cfg = loadGptConfig(std::string(KEEL_SOURCE_DIR) + "/configs/" + GetParam() + ".json");
+  Trainer tr(cfg, Device("cpu"), 1, corpus(), 200);  // the schedule of a 200-step run
+  auto stats = tr.run(6);
+  EXPECT_GT(stats.front().lmLoss, 5.4);  // ≈ ln 256 at initialisation
+  EXPECT_LT(stats.back().lmLoss, stats.front().lmLoss - 0.5)
+      << "first " << stats.front().lmLoss << ", step 6 " << stats.back().lmLoss;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, TrainShipped, ::testing::Values("gpt-mini", "moe-mini"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace keel
