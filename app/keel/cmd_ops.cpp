@@ -1,10 +1,13 @@
-// `keel ops`: lists every registered op with its inputs, whether it is differentiable, and the
-// backends that have kernels for it.
+// `keel ops`: without a file, lists every registered op with its inputs, whether it is
+// differentiable, and the backends that have kernels for it; with a recording, a table of the op
+// calls it holds, filtered by step, phase, op name and scope.
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "cli_common.h"
 #include "keel/registry.h"
+#include "keel/storage/reader.h"
 
 namespace keel::cli {
 namespace {
@@ -34,11 +37,74 @@ int runOps() {
   return 0;
 }
 
+struct OpsArgs {
+  std::string recording, phase, name, scope;
+  int64_t step = -1;
+  int64_t limit = -1;
+};
+
+std::string tensorsText(const storage::OpRecord& op, storage::Role role) {
+  std::string r;
+  for (const auto& t : op.tensors) {
+    if (t.role != role) continue;
+    if (!r.empty()) r += ", ";
+    r += '[';
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      if (i) r += ',';
+      r += std::to_string(t.shape[i]);
+    }
+    r += "] ";
+    r += t.dtype;
+  }
+  return r;
+}
+
+int runRecordedOps(const OpsArgs& a) {
+  storage::Recording rec = storage::Recording::open(a.recording);
+  storage::OpQuery q;
+  if (a.step >= 0) q.step = a.step;
+  if (!a.phase.empty()) {
+    if (a.phase != "forward" && a.phase != "backward" && a.phase != "optimizer")
+      return fail("--phase: expected forward, backward or optimizer, got '" + a.phase + "'");
+    q.phase = a.phase;
+  }
+  if (!a.name.empty()) q.name = a.name;
+  if (!a.scope.empty()) q.scopePrefix = a.scope;
+  q.limit = a.limit;
+  auto ops = rec.ops(q);
+  std::printf("%8s %5s %-9s %-22s %-28s %9s  %-16s %s\n", "SEQ", "STEP", "PHASE", "OP", "SCOPE",
+              "TIME(us)", "MD5(out0)", "INPUTS -> OUTPUTS");
+  for (const auto& op : ops) {
+    std::string md5 = "-";
+    for (const auto& t : op.tensors)
+      if (t.role == storage::Role::Output && !t.md5.empty()) {
+        md5 = t.md5.substr(0, 16);
+        break;
+      }
+    std::printf("%8llu %5lld %-9s %-22s %-28s %9.1f  %-16s %s -> %s\n",
+                static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
+                op.phase.c_str(), op.name.c_str(), op.scope.empty() ? "-" : op.scope.c_str(),
+                double(op.endNs - op.beginNs) / 1e3, md5.c_str(),
+                tensorsText(op, storage::Role::Input).c_str(),
+                tensorsText(op, storage::Role::Output).c_str());
+  }
+  std::printf("%zu op calls\n", ops.size());
+  return 0;
+}
+
 }  // namespace
 
 Command addOpsCommand(CLI::App& root) {
-  CLI::App* ops = root.add_subcommand("ops", "list the registered ops and their kernels");
-  return {ops, [] { return runOps(); }};
+  auto a = std::make_shared<OpsArgs>();
+  CLI::App* ops = root.add_subcommand(
+      "ops", "list the registered ops, or the op calls of a recording (keel ops run.db --step 2)");
+  ops->add_option("recording", a->recording, "recording file (.db); omit to list the registry");
+  ops->add_option("--step", a->step, "only this step (0: initialisation)");
+  ops->add_option("--phase", a->phase, "forward | backward | optimizer");
+  ops->add_option("--name", a->name, "only this op name");
+  ops->add_option("--scope", a->scope, "only ops under this module scope (e.g. blocks.1)");
+  ops->add_option("--limit", a->limit, "at most N rows");
+  return {ops, [a] { return a->recording.empty() ? runOps() : runRecordedOps(*a); }};
 }
 
 }  // namespace keel::cli

@@ -26,6 +26,14 @@ std::string slurp(const fs::path& p) {
   return os.str();
 }
 
+void expectOneLineError(const Result& r, const std::string& fragment) {
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.rfind("keel: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "exactly one line: " << r.err;
+  EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
+}
+
 class KeelCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -58,14 +66,6 @@ class KeelCli : public ::testing::Test {
   fs::path dir_;
 };
 
-void expectOneLineError(const Result& r, const std::string& fragment) {
-  EXPECT_EQ(r.status, 2) << r.out << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.rfind("keel: error: ", 0), 0u) << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "exactly one line: " << r.err;
-  EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
-}
-
 TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   Result r = record("a.db", "--seed 1 --md5 --stats --stacks");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -76,6 +76,13 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_NE(i.out.find("steps      2"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("matmul"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("adamw_step"), std::string::npos) << i.out;
+
+  Result o = keel("ops '" + db("a.db") + "' --step 1 --phase backward --name matmul");
+  ASSERT_EQ(o.status, 0) << o.err;
+  EXPECT_NE(o.out.find(" backward  matmul"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("forward "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("op calls"), std::string::npos) << o.out;
+  expectOneLineError(keel("ops '" + db("a.db") + "' --phase sideways"), "sideways");
 }
 
 TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
