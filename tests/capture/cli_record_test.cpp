@@ -10,29 +10,14 @@
 #include <sstream>
 #include <string>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-void expectOneLineError(const Result& r, const std::string& fragment) {
-  EXPECT_EQ(r.status, 2) << r.out << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.rfind("keel: error: ", 0), 0u) << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "exactly one line: " << r.err;
-  EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
-}
+using keel::test::CliResult;
+using keel::test::expectOneLineError;
 
 class KeelCli : public ::testing::Test {
  protected:
@@ -45,20 +30,9 @@ class KeelCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result keel(const std::string& args) {
-    fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
-    std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 '" +
-                      std::string(KEEL_CLI_PATH) + "' " + args + " >'" + out.string() + "' 2>'" +
-                      err.string() + "'";
-    int raw = std::system(cmd.c_str());
-    Result r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
+  CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
   std::string db(const std::string& name) { return (dir_ / name).string(); }
-  Result record(const std::string& name, const std::string& extra) {
+  CliResult record(const std::string& name, const std::string& extra) {
     return keel("record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + db(name) + "' " +
                 extra);
   }
@@ -67,17 +41,17 @@ class KeelCli : public ::testing::Test {
 };
 
 TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
-  Result r = record("a.db", "--seed 1 --md5 --stats --stacks");
+  CliResult r = record("a.db", "--seed 1 --md5 --stats --stacks");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("recorded 2 steps"), std::string::npos) << r.out;
-  Result i = keel("inspect '" + db("a.db") + "'");
+  CliResult i = keel("inspect '" + db("a.db") + "'");
   ASSERT_EQ(i.status, 0) << i.err;
   EXPECT_NE(i.out.find("status finished"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("steps      2"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("matmul"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("adamw_step"), std::string::npos) << i.out;
 
-  Result o = keel("ops '" + db("a.db") + "' --step 1 --phase backward --name matmul");
+  CliResult o = keel("ops '" + db("a.db") + "' --step 1 --phase backward --name matmul");
   ASSERT_EQ(o.status, 0) << o.err;
   EXPECT_NE(o.out.find(" backward  matmul"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("forward "), std::string::npos) << o.out;
@@ -88,7 +62,7 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
 TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
   ASSERT_EQ(record("ref.db", "--seed 3 --backend cpu-ref --md5 --stats").status, 0);
   ASSERT_EQ(record("cpu.db", "--seed 3 --backend cpu --md5 --stats").status, 0);
-  Result d = keel("diff '" + db("ref.db") + "' '" + db("cpu.db") + "' --mismatches-only");
+  CliResult d = keel("diff '" + db("ref.db") + "' '" + db("cpu.db") + "' --mismatches-only");
   EXPECT_EQ(d.status, 0) << d.out << d.err;
   EXPECT_NE(d.out.find("0 diverged"), std::string::npos) << d.out;
 }
@@ -96,7 +70,7 @@ TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
 TEST_F(KeelCli, DifferentSeedsDivergeAtTheFirstInitialisationOp) {
   ASSERT_EQ(record("s1.db", "--seed 1 --md5 --stats").status, 0);
   ASSERT_EQ(record("s2.db", "--seed 2 --md5 --stats").status, 0);
-  Result d = keel("diff '" + db("s1.db") + "' '" + db("s2.db") + "' --json");
+  CliResult d = keel("diff '" + db("s1.db") + "' '" + db("s2.db") + "' --json");
   EXPECT_EQ(d.status, 1) << d.out << d.err;
   EXPECT_NE(d.out.find("\"firstDivergence\""), std::string::npos) << d.out;
 }

@@ -1,6 +1,6 @@
 // Tests for the `keel` command-line tool, run as a child process: every error (bad config, unknown
 // backend, bad option) exits 2 with exactly one "keel: error:" line on stderr; `keel ops` and a
-// 3-step `keel train` succeed. Skipped when the keel binary is not next to this build's tests.
+// 3-step `keel train` succeed.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,59 +9,29 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kSrc = KEEL_SOURCE_DIR;
 
-// The keel binary built with this test (tests/CMakeLists.txt passes its path).
-fs::path keelBinary() {
-  return fs::path(KEEL_CLI_PATH);
-}
+using keel::test::CliResult;
+using keel::test::expectOneLineError;
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-Result runKeel(const std::string& args) {
-  // One folder per test and call: ctest runs the tests of this file in parallel.
-  static int calls = 0;
+// One folder per test: ctest runs the tests of this file in parallel.
+CliResult runKeel(const std::string& args) {
   const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::path dir =
       fs::path(::testing::TempDir()) / ("keel_cli_test_" + std::to_string(::getpid()) + "_" + test);
   fs::create_directories(dir);
-  const std::string n = std::to_string(calls++);
-  fs::path out = dir / ("out" + n + ".txt"), err = dir / ("err" + n + ".txt");
-  std::string cmd = "cd '" + kSrc + "' && '" + keelBinary().string() + "' " + args + " >'" +
-                    out.string() + "' 2>'" + err.string() + "'";
-  int raw = std::system(cmd.c_str());
-  Result r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-void expectOneLineError(const Result& r, const std::string& fragment) {
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_EQ(r.err.rfind("keel: error: ", 0), 0u) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "exactly one line: " << r.err;
-  EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
+  return keel::test::runKeelCli(args, dir.string());
 }
 
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(fs::exists(keelBinary())) << "keel binary missing: " << keelBinary();
+    ASSERT_TRUE(fs::exists(KEEL_CLI_PATH)) << "keel binary missing: " << KEEL_CLI_PATH;
   }
 };
 
@@ -97,13 +67,13 @@ TEST_F(CliTest, ParseErrors) {
 }
 
 TEST_F(CliTest, HelpExitsZero) {
-  Result r = runKeel("--help");
+  CliResult r = runKeel("--help");
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("train"), std::string::npos);
 }
 
 TEST_F(CliTest, OpsListsTheRegistry) {
-  Result r = runKeel("ops");
+  CliResult r = runKeel("ops");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   EXPECT_NE(r.out.find("matmul"), std::string::npos);
@@ -112,7 +82,7 @@ TEST_F(CliTest, OpsListsTheRegistry) {
 }
 
 TEST_F(CliTest, TrainPrintsOneLinePerStep) {
-  Result r = runKeel(
+  CliResult r = runKeel(
       "train --config tests/fixtures/gpt-tiny.json --backend cpu-ref --steps 3 --seed 5 "
       "--eval-batches 1");
   ASSERT_EQ(r.status, 0) << r.err;

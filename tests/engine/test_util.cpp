@@ -3,9 +3,13 @@
 // so a seed gives the same tensor everywhere.
 #include "test_util.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -245,6 +249,42 @@ Tolerance defaultTolerance(DType t) {
   return ::testing::AssertionFailure()
          << bad << " of " << checked << " gradient elements differ beyond atol " << opt.atol
          << " rtol " << opt.rtol << "; worst: " << worstDesc;
+}
+
+CliResult runKeelCli(const std::string& args, const std::string& workDir) {
+#ifdef KEEL_CLI_PATH
+  static int calls = 0;
+  const std::string n = std::to_string(calls++);
+  const std::string out = workDir + "/cli_out" + n + ".txt",
+                    err = workDir + "/cli_err" + n + ".txt";
+  std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 '" +
+                    std::string(KEEL_CLI_PATH) + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  int raw = std::system(cmd.c_str());
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    std::ostringstream os;
+    os << in.rdbuf();
+    return os.str();
+  };
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+#else
+  ADD_FAILURE() << "this test binary was built without the keel tool (KEEL_CLI_PATH)";
+  (void)args;
+  (void)workDir;
+  return {};
+#endif
+}
+
+void expectOneLineError(const CliResult& r, const std::string& fragment) {
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.rfind("keel: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "exactly one line: " << r.err;
+  EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
 }
 
 }  // namespace keel::test

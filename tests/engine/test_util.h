@@ -85,4 +85,15 @@ struct GradcheckOptions {
 ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<Tensor>& inputs,
                                      GradcheckOptions opt = {});
 
+// ---- the keel command-line tool, run as a child process (tests with a KEEL_CLI_PATH)
+struct CliResult {
+  int status = -1;  // exit status (128 + signal when killed)
+  std::string out, err;
+};
+// Runs `keel <args>` from the source tree (so relative config paths work), with OpenBLAS left at
+// its own kernels; stdout and stderr are captured through files in workDir.
+CliResult runKeelCli(const std::string& args, const std::string& workDir);
+// A bad-input failure: exit status 2 and exactly one "keel: error: ..." line containing fragment.
+void expectOneLineError(const CliResult& r, const std::string& fragment);
+
 }  // namespace keel::test
