@@ -125,7 +125,10 @@ Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
   };
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B, H, T, hd]
   Tensor scores = ops::mulScalar(ops::matmul(q, k, false, true), 1.0 / std::sqrt(double(hd)));
-  scores = ops::maskedFill(scores, causalMask(t), -std::numeric_limits<double>::infinity());
+  // The lowest finite float rather than -inf: softmax gives exactly the same bits (exp underflows
+  // to 0 either way), and recorded statistics stay free of Inf, so the first real overflow is what
+  // `keel inspect` reports as the first NaN/Inf.
+  scores = ops::maskedFill(scores, causalMask(t), double(std::numeric_limits<float>::lowest()));
   Tensor att = ops::softmax(scores, -1);
   if (drop) att = ops::dropout(att, dropout_, *dropoutGen_, true);
   Tensor y = ops::matmul(att, v);  // [B, H, T, hd]
