@@ -50,7 +50,7 @@ struct MemEvent {
 
 // Training-step boundaries, reported by whoever drives training (the Trainer).
 struct StepEvent {
-  int64_t step = 0;  // 1-based
+  int64_t step = 0;   // 1-based
   bool begin = true;  // false: the step ended (loss is set)
   double loss = 0;
   int64_t timeNs = 0;
@@ -62,7 +62,7 @@ std::string_view logLevelName(LogLevel l);
 
 struct LogEvent {
   LogLevel level = LogLevel::Info;
-  std::string_view scope;    // module scope path or a named log scope
+  std::string_view scope;  // module scope path or a named log scope
   std::string_view message;
   uint64_t opSeq = 0;  // op being dispatched on this thread, else the last op issued
   int64_t timeNs = 0;

@@ -12,10 +12,10 @@ namespace keel::storage {
 inline constexpr double kNoValue = std::numeric_limits<double>::quiet_NaN();
 
 struct RunInfo {
-  std::string backend;             // "cpu", "cpu-ref", "cuda"
-  std::string device;              // "cpu", "cuda:0"
-  std::string host;                // hostname
-  std::string configJson;          // the model/training config, verbatim
+  std::string backend;     // "cpu", "cpu-ref", "cuda"
+  std::string device;      // "cpu", "cuda:0"
+  std::string host;        // hostname
+  std::string configJson;  // the model/training config, verbatim
   uint64_t seed = 0;
   std::string engineVersion;       // e.g. "0.1.0"
   int64_t startTimeUnixNs = 0;     // wall clock at start
@@ -44,9 +44,9 @@ struct TensorRecord {
   uint64_t bufferId = 0;  // identity of the underlying buffer (views share it)
   std::vector<int64_t> shape, strides;
   int64_t offset = 0;
-  std::string dtype;   // "float32", ...
-  std::string device;  // "cpu", ...
-  int64_t bytes = 0;   // numel * element size
+  std::string dtype;       // "float32", ...
+  std::string device;      // "cpu", ...
+  int64_t bytes = 0;       // numel * element size
   std::string md5;         // 32 hex chars, empty when not hashed (see docs/capture.md)
   std::string md5Rounded;  // hash of values rounded to N significant digits, empty when off
   bool hasStats = false;
@@ -54,12 +54,12 @@ struct TensorRecord {
 };
 
 struct OpRecord {
-  uint64_t seq = 0;  // engine op sequence number (unique in a run, increasing)
-  int64_t step = 0;  // 0 before the first step (initialisation)
+  uint64_t seq = 0;   // engine op sequence number (unique in a run, increasing)
+  int64_t step = 0;   // 0 before the first step (initialisation)
   std::string phase;  // forward | backward | optimizer
   std::string name;   // op name
   std::string attrsJson;
-  std::string scope;  // module scope path
+  std::string scope;   // module scope path
   int64_t thread = 0;  // small integer id of the engine thread
   int64_t beginNs = 0, endNs = 0;
   uint64_t forwardSeq = 0;  // backward ops: the forward op's seq; else 0
@@ -75,7 +75,7 @@ struct StackFrame {
 };
 
 struct StackRecord {
-  int64_t id = -1;  // assigned by capture (dedup key), stable within a recording
+  int64_t id = -1;                 // assigned by capture (dedup key), stable within a recording
   std::vector<StackFrame> frames;  // innermost first
 };
 
@@ -85,13 +85,13 @@ struct LogRecord {
   uint64_t opSeq = 0;  // op being dispatched (or the last one) when the line was logged
   int64_t step = 0;
   LogLevel level = LogLevel::Info;
-  std::string scope;    // module scope path or named log scope
+  std::string scope;  // module scope path or named log scope
   std::string message;
   int64_t timeNs = 0;
 };
 
 struct MemRecord {
-  std::string kind;    // alloc | free | reserve | release | map | unmap | move
+  std::string kind;  // alloc | free | reserve | release | map | unmap | move
   std::string device;
   uint64_t address = 0, bytes = 0, toAddress = 0;
   uint64_t opSeq = 0;  // 0 outside ops
@@ -107,9 +107,9 @@ struct DumpRecord {
   int32_t index = 0;
   std::string dtype;
   std::vector<int64_t> shape;
-  std::string codec = "zstd";   // compression of data
-  int64_t rawBytes = 0;          // uncompressed size (contiguous row-major elements)
-  std::vector<uint8_t> data;     // compressed bytes
+  std::string codec = "zstd";  // compression of data
+  int64_t rawBytes = 0;        // uncompressed size (contiguous row-major elements)
+  std::vector<uint8_t> data;   // compressed bytes
 };
 
 }  // namespace keel::storage
