@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace {
@@ -30,11 +32,14 @@ class KeelCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
+  CliResult keel(const std::string& args, const std::string& env = "") {
+    return keel::test::runKeelCli(args, dir_.string(), env);
+  }
   std::string db(const std::string& name) { return (dir_ / name).string(); }
-  CliResult record(const std::string& name, const std::string& extra) {
-    return keel("record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + db(name) + "' " +
-                extra);
+  CliResult record(const std::string& name, const std::string& extra, const std::string& env = "") {
+    return keel(
+        "record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + db(name) + "' " + extra,
+        env);
   }
 
   fs::path dir_;
@@ -73,6 +78,38 @@ TEST_F(KeelCli, DifferentSeedsDivergeAtTheFirstInitialisationOp) {
   CliResult d = keel("diff '" + db("s1.db") + "' '" + db("s2.db") + "' --json");
   EXPECT_EQ(d.status, 1) << d.out << d.err;
   EXPECT_NE(d.out.find("\"firstDivergence\""), std::string::npos) << d.out;
+}
+
+// KEEL_TEST_PERTURB (Note [Test perturbation]) changes one element of the 5th matmul's output in
+// run B only; the diff must put the root divergence exactly there.
+TEST_F(KeelCli, DiffFindsAnInjectedDivergenceAtThePerturbedOp) {
+  ASSERT_EQ(record("clean.db", "--seed 4 --md5 --stats --stacks").status, 0);
+  ASSERT_EQ(
+      record("bad.db", "--seed 4 --md5 --stats --stacks", "KEEL_TEST_PERTURB=matmul:5").status, 0);
+  CliResult j = keel("diff '" + db("clean.db") + "' '" + db("bad.db") + "' --json");
+  EXPECT_EQ(j.status, 1) << j.out << j.err;
+  auto doc = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(doc.contains("rootDivergence")) << j.out;
+  const auto& root = doc["rootDivergence"];
+  ASSERT_FALSE(root.is_null()) << j.out;
+  // The 5th matmul call of the run, counted in B's own recording.
+  CliResult ops = keel("ops '" + db("bad.db") + "' --name matmul --limit 5");
+  ASSERT_EQ(ops.status, 0) << ops.err;
+  std::istringstream lines(ops.out);
+  std::string line, fifth;
+  for (int i = 0; i <= 5 && std::getline(lines, line);) {  // header + 5 rows
+    if (i == 5) fifth = line;
+    ++i;
+  }
+  ASSERT_FALSE(fifth.empty()) << ops.out;
+  const uint64_t fifthSeq = std::stoull(fifth);
+  EXPECT_EQ(root["pair"]["name"], "matmul") << root.dump();
+  EXPECT_EQ(root["pair"]["b"]["seq"].get<uint64_t>(), fifthSeq) << root.dump();
+  EXPECT_EQ(root["pair"]["status"], "diverged") << root.dump();
+  // Text mode names the op and prints both stacks.
+  CliResult t = keel("diff '" + db("clean.db") + "' '" + db("bad.db") + "' --mismatches-only");
+  EXPECT_EQ(t.status, 1);
+  EXPECT_NE(t.out.find("root divergence stacks"), std::string::npos) << t.out;
 }
 
 TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {

@@ -251,13 +251,13 @@ Tolerance defaultTolerance(DType t) {
          << " rtol " << opt.rtol << "; worst: " << worstDesc;
 }
 
-CliResult runKeelCli(const std::string& args, const std::string& workDir) {
+CliResult runKeelCli(const std::string& args, const std::string& workDir, const std::string& env) {
 #ifdef KEEL_CLI_PATH
   static int calls = 0;
   const std::string n = std::to_string(calls++);
   const std::string out = workDir + "/cli_out" + n + ".txt",
                     err = workDir + "/cli_err" + n + ".txt";
-  std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 '" +
+  std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 " + env + " '" +
                     std::string(KEEL_CLI_PATH) + "' " + args + " >'" + out + "' 2>'" + err + "'";
   int raw = std::system(cmd.c_str());
   auto slurp = [](const std::string& path) {
@@ -275,6 +275,7 @@ CliResult runKeelCli(const std::string& args, const std::string& workDir) {
   ADD_FAILURE() << "this test binary was built without the keel tool (KEEL_CLI_PATH)";
   (void)args;
   (void)workDir;
+  (void)env;
   return {};
 #endif
 }

@@ -92,7 +92,9 @@ struct CliResult {
 };
 // Runs `keel <args>` from the source tree (so relative config paths work), with OpenBLAS left at
 // its own kernels; stdout and stderr are captured through files in workDir.
-CliResult runKeelCli(const std::string& args, const std::string& workDir);
+// env: extra VAR=value words placed before the command (e.g. "KEEL_TEST_PERTURB=matmul:5").
+CliResult runKeelCli(const std::string& args, const std::string& workDir,
+                     const std::string& env = "");
 // A bad-input failure: exit status 2 and exactly one "keel: error: ..." line containing fragment.
 void expectOneLineError(const CliResult& r, const std::string& fragment);
 

@@ -4,10 +4,13 @@
 #include "keel/dispatch.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "keel/autograd.h"
 #include "keel/log.h"
 #include "keel/registry.h"
+#include "kernel_util.h"
 
 namespace keel {
 namespace {
@@ -77,6 +80,43 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
 [[gnu::noinline]] void logOpVerbose(const OpDef& def, std::span<const Tensor> inputs) {
   if (!verboseEnabled(t_scope, t_phase)) return;
   log(LogLevel::Verbose, t_scope, def.name + "(" + describeInputs(inputs) + ")");
+}
+
+// Note [Test perturbation]: KEEL_TEST_PERTURB="<op>:<n>" adds 1000 to the first element of
+// output 0 (gross on purpose: its MD5 and its statistics both change) of the n-th call (1-based,
+// counted in this process) of op <op>. Tests use it to inject a divergence into one kernel of one
+// run and check that `keel diff` finds it at that op. Read once at start-up; when unset the cost is
+// one predictable branch per op.
+struct Perturbation {
+  bool on = false;
+  std::string op;
+  int64_t n = 0;
+  std::atomic<int64_t> seen{0};
+  Perturbation() {
+    const char* e = std::getenv("KEEL_TEST_PERTURB");
+    if (!e) return;
+    std::string v(e);
+    auto colon = v.rfind(':');
+    if (colon == std::string::npos || colon == 0) return;
+    op = v.substr(0, colon);
+    n = std::atoll(v.c_str() + colon + 1);
+    on = n > 0;
+  }
+};
+Perturbation g_perturb;
+
+void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs) {
+  if (def.name != g_perturb.op || outputs.empty() || outputs[0].numel() == 0) return;
+  if (g_perturb.seen.fetch_add(1) + 1 != g_perturb.n) return;
+  visitDType(outputs[0].dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      T* p = outputs[0].data<T>();
+      if constexpr (std::is_same_v<T, double>)
+        p[0] += 1000.0;
+      else
+        p[0] = T(float(p[0]) + 1000.0f);
+    }
+  });
 }
 
 }  // namespace
@@ -186,6 +226,8 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
     outputs.reserve(metas.size());
     for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
     k.fn(KernelCtx{def, inputs, outputs, attrs});
+    if (g_perturb.on) [[unlikely]]
+      maybePerturb(def, outputs);  // See Note [Test perturbation]
     if (def.mutatesInputs)
       for (auto& t : inputs) t.bumpVersion();
   }
