@@ -24,5 +24,6 @@ Command addOpsCommand(CLI::App& root);
 Command addRecordCommand(CLI::App& root);
 Command addInspectCommand(CLI::App& root);
 Command addDiffCommand(CLI::App& root);
+Command addExportCommand(CLI::App& root);
 
 }  // namespace keel::cli

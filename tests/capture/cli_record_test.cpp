@@ -62,6 +62,19 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_EQ(o.out.find("forward "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("op calls"), std::string::npos) << o.out;
   expectOneLineError(keel("ops '" + db("a.db") + "' --phase sideways"), "sideways");
+
+  CliResult g = keel("export graph '" + db("a.db") + "' --step 1 --phase both");
+  ASSERT_EQ(g.status, 0) << g.err;
+  EXPECT_EQ(g.out.rfind("digraph", 0), 0u) << g.out.substr(0, 200);
+  EXPECT_NE(g.out.find("label=\"blocks.0.attn\""), std::string::npos);
+  EXPECT_NE(g.out.find("style=dashed"), std::string::npos) << "backward -> forward links";
+  CliResult tr = keel("export trace '" + db("a.db") + "'");
+  ASSERT_EQ(tr.status, 0) << tr.err;
+  EXPECT_GT(nlohmann::json::parse(tr.out)["traceEvents"].size(), 100u);
+  CliResult csv = keel("export csv '" + db("a.db") + "'");
+  ASSERT_EQ(csv.status, 0) << csv.err;
+  EXPECT_EQ(csv.out.rfind("seq,step,phase,op,", 0), 0u);
+  expectOneLineError(keel("export graph '" + db("a.db") + "' --step 99"), "step 99");
 }
 
 TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {

@@ -1,0 +1,26 @@
+// Exports of recorded op calls as text: Graphviz DOT (dataflow graph with module clusters),
+// Chrome trace events (JSON, opens in Perfetto) and CSV. Pure functions over records, tested as
+// text; only a layout step (views/) calls Graphviz.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "keel/storage/records.h"
+
+namespace keel::storage {
+
+// The dataflow graph of `ops` (one step, one or more phases): a node per op, an edge from the op
+// that produced each input (matched by tensor id and version) to the op that read it, ops nested
+// in clusters by module scope path. Backward ops get a dashed edge to their forward op when both
+// are present.
+std::string toDot(const std::vector<OpRecord>& ops, const std::string& graphName);
+
+// Chrome trace event format: one complete event ("ph":"X") per op on its thread, one per step on
+// a "steps" track; times in microseconds.
+std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps);
+
+// One row per op: seq, step, phase, op, scope, thread, begin_ns, end_ns, forward_seq, inputs,
+// outputs, md5 of output 0 (RFC 4180 quoting).
+std::string toCsv(const std::vector<OpRecord>& ops);
+
+}  // namespace keel::storage

@@ -1,0 +1,172 @@
+// Text exports of recordings: DOT, Chrome trace JSON, CSV. See export.h.
+#include "keel/storage/export.h"
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <utility>
+
+namespace keel::storage {
+namespace {
+
+std::string shapeText(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ',';
+    r += std::to_string(s[i]);
+  }
+  return r + "]";
+}
+
+std::string tensorList(const OpRecord& op, Role role) {
+  std::string r;
+  for (const auto& t : op.tensors) {
+    if (t.role != role) continue;
+    if (!r.empty()) r += ' ';
+    r += shapeText(t.shape);
+    r += ':';
+    r += t.dtype;
+  }
+  return r;
+}
+
+// DOT string literal body: escapes quotes and backslashes.
+std::string dotEscape(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == '"' || c == '\\') r += '\\';
+    r += c;
+  }
+  return r;
+}
+
+struct ScopeNode {
+  std::map<std::string, ScopeNode> children;
+  std::vector<const OpRecord*> ops;
+};
+
+void emitScope(std::ostringstream& os, const ScopeNode& n, const std::string& path, int depth,
+               int& clusterId) {
+  std::string indent(size_t(depth) * 2, ' ');
+  for (const OpRecord* op : n.ops) {
+    std::string outShape;
+    for (const auto& t : op->tensors)
+      if (t.role == Role::Output) {
+        outShape = shapeText(t.shape) + " " + t.dtype;
+        break;
+      }
+    os << indent << "op" << op->seq << " [label=\"" << dotEscape(op->name) << "\\n"
+       << dotEscape(outShape) << "\", tooltip=\"#" << op->seq << " " << op->phase << " "
+       << dotEscape(op->scope) << "\""
+       << (op->phase == "backward" ? ", style=filled, fillcolor=\"#fde2c8\"" : "")
+       << (op->phase == "optimizer" ? ", style=filled, fillcolor=\"#dfe9d8\"" : "") << "];\n";
+  }
+  for (const auto& [name, child] : n.children) {
+    std::string childPath = path.empty() ? name : path + "." + name;
+    os << indent << "subgraph cluster_" << clusterId++ << " {\n"
+       << indent << "  label=\"" << dotEscape(childPath) << "\";\n";
+    emitScope(os, child, childPath, depth + 1, clusterId);
+    os << indent << "}\n";
+  }
+}
+
+std::string csvField(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string r = "\"";
+  for (char c : s) {
+    if (c == '"') r += '"';
+    r += c;
+  }
+  return r + "\"";
+}
+
+}  // namespace
+
+std::string toDot(const std::vector<OpRecord>& ops, const std::string& graphName) {
+  std::ostringstream os;
+  os << "digraph \"" << dotEscape(graphName) << "\" {\n"
+     << "  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
+  ScopeNode root;
+  for (const auto& op : ops) {
+    ScopeNode* n = &root;
+    std::string part;
+    std::istringstream scope(op.scope);
+    while (std::getline(scope, part, '.'))
+      if (!part.empty()) n = &n->children[part];
+    n->ops.push_back(&op);
+  }
+  int clusterId = 0;
+  emitScope(os, root, "", 1, clusterId);
+
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> producer;  // (tensor id, version) -> seq
+  std::map<uint64_t, bool> present;
+  for (const auto& op : ops) present[op.seq] = true;
+  for (const auto& op : ops) {
+    for (const auto& t : op.tensors)
+      if (t.role == Role::Input) {
+        auto it = producer.find({t.tensorId, t.version});
+        if (it != producer.end() && it->second != op.seq)
+          os << "  op" << it->second << " -> op" << op.seq << ";\n";
+      }
+    for (const auto& t : op.tensors)
+      if (t.role == Role::Output) producer[{t.tensorId, t.version}] = op.seq;
+    if (op.forwardSeq != 0 && present.count(op.forwardSeq))
+      os << "  op" << op.seq << " -> op" << op.forwardSeq
+         << " [style=dashed, color=\"#999999\", constraint=false];\n";
+  }
+  os << "}\n";
+  return os.str();
+}
+
+std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps) {
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& s : steps)
+    events.push_back({{"name", "step " + std::to_string(s.step)},
+                      {"cat", "step"},
+                      {"ph", "X"},
+                      {"ts", double(s.beginNs) / 1e3},
+                      {"dur", double(s.endNs - s.beginNs) / 1e3},
+                      {"pid", 1},
+                      {"tid", 0},
+                      {"args", {{"loss", s.loss == s.loss ? nlohmann::json(s.loss) : nullptr}}}});
+  for (const auto& op : ops)
+    events.push_back({{"name", op.name},
+                      {"cat", op.phase},
+                      {"ph", "X"},
+                      {"ts", double(op.beginNs) / 1e3},
+                      {"dur", double(op.endNs - op.beginNs) / 1e3},
+                      {"pid", 1},
+                      {"tid", op.thread + 1},
+                      {"args",
+                       {{"seq", op.seq},
+                        {"step", op.step},
+                        {"scope", op.scope},
+                        {"inputs", tensorList(op, Role::Input)},
+                        {"outputs", tensorList(op, Role::Output)}}}});
+  events.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", 1},
+                    {"tid", 0},
+                    {"args", {{"name", "steps"}}}});
+  return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ns"}}).dump() + "\n";
+}
+
+std::string toCsv(const std::vector<OpRecord>& ops) {
+  std::ostringstream os;
+  os << "seq,step,phase,op,scope,thread,begin_ns,end_ns,forward_seq,inputs,outputs,md5_out0\n";
+  for (const auto& op : ops) {
+    std::string md5;
+    for (const auto& t : op.tensors)
+      if (t.role == Role::Output) {
+        md5 = t.md5;
+        break;
+      }
+    os << op.seq << ',' << op.step << ',' << op.phase << ',' << csvField(op.name) << ','
+       << csvField(op.scope) << ',' << op.thread << ',' << op.beginNs << ',' << op.endNs << ','
+       << op.forwardSeq << ',' << csvField(tensorList(op, Role::Input)) << ','
+       << csvField(tensorList(op, Role::Output)) << ',' << md5 << '\n';
+  }
+  return os.str();
+}
+
+}  // namespace keel::storage
