@@ -8,16 +8,11 @@
 #include <string>
 
 #include "cli_common.h"
+#include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 
 namespace keel::cli {
 namespace {
-
-std::string shapeText(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 std::string wallClock(int64_t unixNs) {
   std::time_t t = std::time_t(unixNs / 1000000000);
@@ -85,7 +80,7 @@ int runInspect(const std::string& path) {
   for (const auto& t : bad->tensors)
     std::printf("  %s %d: %s %s  nan %lld  inf %lld\n",
                 t.role == storage::Role::Input ? "input " : "output", t.index,
-                shapeText(t.shape).c_str(), t.dtype.c_str(),
+                storage::shapeText(t.shape).c_str(), t.dtype.c_str(),
                 static_cast<long long>(t.stats.nanCount), static_cast<long long>(t.stats.infCount));
   if (auto st = bad->stackId >= 0 ? rec.stack(bad->stackId) : std::nullopt) {
     std::printf("  stack:\n");

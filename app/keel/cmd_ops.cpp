@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "keel/registry.h"
+#include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 
 namespace keel::cli {
@@ -43,22 +44,6 @@ struct OpsArgs {
   int64_t limit = -1;
 };
 
-std::string tensorsText(const storage::OpRecord& op, storage::Role role) {
-  std::string r;
-  for (const auto& t : op.tensors) {
-    if (t.role != role) continue;
-    if (!r.empty()) r += ", ";
-    r += '[';
-    for (size_t i = 0; i < t.shape.size(); ++i) {
-      if (i) r += ',';
-      r += std::to_string(t.shape[i]);
-    }
-    r += "] ";
-    r += t.dtype;
-  }
-  return r;
-}
-
 int runRecordedOps(const OpsArgs& a) {
   storage::Recording rec = storage::Recording::open(a.recording);
   storage::OpQuery q;
@@ -85,8 +70,8 @@ int runRecordedOps(const OpsArgs& a) {
                 static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
                 op.phase.c_str(), op.name.c_str(), op.scope.empty() ? "-" : op.scope.c_str(),
                 double(op.endNs - op.beginNs) / 1e3, md5.c_str(),
-                tensorsText(op, storage::Role::Input).c_str(),
-                tensorsText(op, storage::Role::Output).c_str());
+                storage::tensorList(op, storage::Role::Input).c_str(),
+                storage::tensorList(op, storage::Role::Output).c_str());
   }
   std::printf("%zu op calls\n", ops.size());
   return 0;

@@ -9,27 +9,6 @@
 namespace keel::storage {
 namespace {
 
-std::string shapeText(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ',';
-    r += std::to_string(s[i]);
-  }
-  return r + "]";
-}
-
-std::string tensorList(const OpRecord& op, Role role) {
-  std::string r;
-  for (const auto& t : op.tensors) {
-    if (t.role != role) continue;
-    if (!r.empty()) r += ' ';
-    r += shapeText(t.shape);
-    r += ':';
-    r += t.dtype;
-  }
-  return r;
-}
-
 // DOT string literal body: escapes quotes and backslashes.
 std::string dotEscape(const std::string& s) {
   std::string r;
@@ -81,6 +60,27 @@ std::string csvField(const std::string& s) {
 }
 
 }  // namespace
+
+std::string shapeText(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ',';
+    r += std::to_string(s[i]);
+  }
+  return r + "]";
+}
+
+std::string tensorList(const OpRecord& op, Role role) {
+  std::string r;
+  for (const auto& t : op.tensors) {
+    if (t.role != role) continue;
+    if (!r.empty()) r += ", ";
+    r += shapeText(t.shape);
+    r += ' ';
+    r += t.dtype;
+  }
+  return r;
+}
 
 std::string toDot(const std::vector<OpRecord>& ops, const std::string& graphName) {
   std::ostringstream os;

@@ -3,6 +3,7 @@
 // parameter's name as scope; parameters without a gradient are skipped (their state is untouched).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "keel/tensor.h"
@@ -23,6 +24,11 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
 
  protected:
+  // Calls fn(index, param, grad) for every parameter that has a gradient, with grad mode off,
+  // phase Optimizer and the parameter's name as the scope (what observers see for the update).
+  void forEachParamWithGrad(
+      const std::function<void(size_t, const Tensor&, const Tensor&)>& fn) const;
+
   std::vector<Tensor> params_;
   double lr_;
 };

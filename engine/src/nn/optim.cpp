@@ -33,7 +33,8 @@ SGD::SGD(std::vector<Tensor> params, SgdOptions opt)
   momentum_.resize(params_.size());
 }
 
-void SGD::step() {
+void Optimizer::forEachParamWithGrad(
+    const std::function<void(size_t, const Tensor&, const Tensor&)>& fn) const {
   NoGradGuard ng;
   PhaseGuard phase(Phase::Optimizer);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -41,9 +42,15 @@ void SGD::step() {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     ScopeGuard scope(p.name(), /*absolute=*/true);
+    fn(i, p, g);
+  }
+}
+
+void SGD::step() {
+  forEachParamWithGrad([&](size_t i, const Tensor& p, const Tensor& g) {
     if (!momentum_[i].defined()) momentum_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
     ops::sgdStep(p, g, momentum_[i], lr_, opt_.momentum, opt_.weightDecay, opt_.nesterov);
-  }
+  });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opt)
@@ -58,20 +65,14 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opt)
 }
 
 void AdamW::step() {
-  NoGradGuard ng;
-  PhaseGuard phase(Phase::Optimizer);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    ScopeGuard scope(p.name(), /*absolute=*/true);
+  forEachParamWithGrad([&](size_t i, const Tensor& p, const Tensor& g) {
     if (!m_[i].defined()) {
       m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
       v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
     }
     double wd = (opt_.decayMatricesOnly && p.dim() < 2) ? 0.0 : opt_.weightDecay;
     ops::adamwStep(p, g, m_[i], v_[i], lr_, opt_.beta1, opt_.beta2, opt_.eps, wd, ++steps_[i]);
-  }
+  });
 }
 
 double clipGradNorm(const std::vector<Tensor>& params, double maxNorm) {

@@ -9,6 +9,11 @@
 
 namespace keel::storage {
 
+// "[2,3]" ("[]" for a scalar).
+std::string shapeText(const std::vector<int64_t>& shape);
+// The op's inputs or outputs as "[2,3] float32, [3] int64".
+std::string tensorList(const OpRecord& op, Role role);
+
 // The dataflow graph of `ops` (one step, one or more phases): a node per op, an edge from the op
 // that produced each input (matched by tensor id and version) to the op that read it, ops nested
 // in clusters by module scope path. Backward ops get a dashed edge to their forward op when both
