@@ -1,4 +1,5 @@
-// Run diff cost (issue goal: two 100,000-op recordings in ≤ 2 s): diffRuns on
+// Run diff cost (issue goal: two 100,000-op recordings in ≤ 2 s): end to end from the files
+// (BM_DiffRecordings), and diffRuns alone on
 // synthetic steps of N ops with realistic tensors (2 inputs, 1 output, MD5s and
 // stats), for three shapes of difference: identical, one divergence half-way
 // (everything after it differs), 200 inserted ops, and 2,000 scattered
@@ -6,10 +7,15 @@
 // resync).
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "keel/storage/diff.h"
+#include "keel/storage/reader.h"
+#include "keel/storage/writer.h"
 
 namespace {
 
@@ -83,6 +89,39 @@ void BM_DiffInsertions(benchmark::State& s) {
 void BM_DiffScatteredDeletions(benchmark::State& s) {
   diffBench(s, -1, 0, 50);
 }
+
+// End to end, as `keel diff` does it: open two 100,000-op recordings (one divergence half-way),
+// load the step from each and diff them. The recordings are written once, outside the timing.
+void BM_DiffRecordings(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string pathA = dir + "/keel_bench_diff_" + std::to_string(::getpid()) + "_a.db";
+  const std::string pathB = dir + "/keel_bench_diff_" + std::to_string(::getpid()) + "_b.db";
+  auto write = [&](const std::string& path, const std::vector<ks::OpRecord>& ops) {
+    ks::RunInfo run;
+    run.backend = "cpu";
+    run.device = "cpu";
+    run.host = "bench";
+    run.configJson = "{}";
+    run.engineVersion = "bench";
+    auto w = ks::Writer::create(path, run);
+    w->writeStep({1, 0, 1, 1.0});
+    for (const auto& o : ops) w->writeOp(o);
+    w->close();
+  };
+  write(pathA, makeRun(n, -1, 0));
+  write(pathB, makeRun(n, n / 2, 0));
+  ks::DiffOptions opt;
+  opt.mismatchesOnly = true;
+  for (auto _ : state) {
+    ks::Recording a = ks::Recording::open(pathA), b = ks::Recording::open(pathB);
+    ks::DiffReport r = ks::diffRuns(a.stepOps(1), b.stepOps(1), opt);
+    benchmark::DoNotOptimize(r.total.equal);
+  }
+  for (const auto& p : {pathA, pathB})
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(p + suffix);
+}
+BENCHMARK(BM_DiffRecordings)->Arg(100'000)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK(BM_DiffIdentical)->Arg(100'000)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DiffOneDivergence)->Arg(100'000)->Unit(benchmark::kMillisecond);

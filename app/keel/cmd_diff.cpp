@@ -51,7 +51,11 @@ int runDiff(const DiffArgs& a) {
   opt.maxUlps = a.ulps;
   opt.mismatchesOnly = a.mismatchesOnly;
   opt.unmatchedIsDivergent = a.strict;
-  storage::DiffReport report = storage::diffRuns(allOps(ra), allOps(rb), opt);
+  // Ops with dumped values (keel record --dumps) are compared element by element.
+  storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
+    return (sideA ? ra : rb).dumpValues(seq, static_cast<storage::Role>(role), index);
+  };
+  storage::DiffReport report = storage::diffRuns(allOps(ra), allOps(rb), opt, values);
   if (a.json) {
     std::printf("%s\n", storage::toJson(report).c_str());
     return storage::diffExitCode(report);

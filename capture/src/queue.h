@@ -1,7 +1,13 @@
 // RecordQueue: the bounded hand-off between the engine thread(s) and the one writer thread
 // (mutex + two condition variables). Invariant: it never holds more than `capacity` records; a
 // full queue blocks the producer, or refuses droppable records when asked to drop.
+//
+// The writer is woken in batches, not per record: a wake-up per op costs a context switch that
+// preempts a compute thread on a small machine (measured: +10-15% step time on 2 cores). push()
+// notifies only when the queue reaches `wakeAt` records or the item is urgent (a step end); the
+// writer otherwise wakes on its commit-interval timeout.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -24,33 +30,39 @@ using Item = std::variant<storage::StepRecord, storage::OpRecord, RawStackItem, 
 
 class RecordQueue {
  public:
-  explicit RecordQueue(size_t capacity) : capacity_(capacity) {}
+  explicit RecordQueue(size_t capacity)
+      : capacity_(capacity), wakeAt_(std::max<size_t>(1, std::min<size_t>(capacity / 4, 2048))) {}
 
   // Blocks while full, unless dropIfFull: then returns false without queueing. Also returns
   // false (discarding the item) once the queue was aborted.
-  bool push(Item&& item, bool dropIfFull) {
+  bool push(Item&& item, bool dropIfFull, bool urgent = false) {
     std::unique_lock<std::mutex> lk(mu_);
     if (items_.size() >= capacity_) {
       if (dropIfFull || aborted_) return false;
+      notEmpty_.notify_one();
       ++producersWaiting_;
       notFull_.wait(lk, [&] { return items_.size() < capacity_ || aborted_; });
       --producersWaiting_;
     }
     if (aborted_) return false;
     items_.push_back(std::move(item));
-    if (writerWaiting_) notEmpty_.notify_one();
+    if (urgent) urgent_ = true;
+    if (writerWaiting_ && (urgent || items_.size() >= wakeAt_)) notEmpty_.notify_one();
     return true;
   }
 
-  // Writer side: waits up to `timeout` for records, then moves all queued ones into out.
+  // Writer side: waits up to `timeout` for a batch (wakeAt records, an urgent one, or close),
+  // then moves all queued ones into out.
   // Returns false when the queue is closed and empty (the writer should stop).
   bool popAll(std::vector<Item>& out, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lk(mu_);
-    if (items_.empty() && !closed_) {
+    auto ready = [&] { return items_.size() >= wakeAt_ || urgent_ || closed_; };
+    if (!ready()) {
       writerWaiting_ = true;
-      notEmpty_.wait_for(lk, timeout, [&] { return !items_.empty() || closed_; });
+      notEmpty_.wait_for(lk, timeout, ready);
       writerWaiting_ = false;
     }
+    urgent_ = false;
     if (items_.empty()) return !closed_;
     for (auto& it : items_) out.push_back(std::move(it));
     items_.clear();
@@ -79,8 +91,10 @@ class RecordQueue {
   std::condition_variable notFull_, notEmpty_;
   std::deque<Item> items_;
   size_t capacity_;
+  size_t wakeAt_;
   int producersWaiting_ = 0;
   bool writerWaiting_ = false;
+  bool urgent_ = false;
   bool closed_ = false;
   bool aborted_ = false;
 };

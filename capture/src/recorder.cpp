@@ -29,17 +29,32 @@ int64_t smallThreadId() {
   return id;
 }
 
-struct TensorKey {
-  uint64_t id, version;
-  bool operator==(const TensorKey&) const = default;
+// What a tensor's checksums and statistics depend on: the buffer (at a version), where the
+// elements start, their dtype and count, and for a non-contiguous view the walk (shape, strides).
+// A reshape of a contiguous tensor has the same key as its input, so its elements are read once
+// and only the MD5 trailer (shape) differs.
+struct ContentKey {
+  uint64_t bufferId = 0, version = 0;
+  int64_t offset = 0, numel = 0;
+  DType dtype = DType::Float32;
+  Shape shape, strides;  // empty when contiguous
+  bool operator==(const ContentKey&) const = default;
 };
-struct TensorKeyHash {
-  size_t operator()(const TensorKey& k) const noexcept {
-    return std::hash<uint64_t>()(k.id * 0x9e3779b97f4a7c15ull ^ k.version);
+struct ContentKeyHash {
+  size_t operator()(const ContentKey& k) const noexcept {
+    uint64_t h = k.bufferId * 0x9e3779b97f4a7c15ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
+    mix(k.version);
+    mix(uint64_t(k.offset));
+    mix(uint64_t(k.numel));
+    mix(uint64_t(k.dtype));
+    for (int64_t d : k.shape) mix(uint64_t(d));
+    for (int64_t d : k.strides) mix(uint64_t(d));
+    return size_t(h);
   }
 };
 struct HashEntry {
-  std::string md5, md5Rounded;
+  Md5Stream md5, md5Rounded;
   bool hasStats = false;
   storage::TensorStats stats;
 };
@@ -77,7 +92,8 @@ class CaptureObserver : public Observer {
       r.endNs = e.timeNs;
       r.loss = e.loss;
     }
-    push(std::move(r), false, nullptr);
+    const bool ended = !e.begin;
+    push(std::move(r), false, nullptr, /*urgent=*/ended);  // a step end is committed at once
   }
 
   void onOpBegin(const OpEvent& e) override {
@@ -96,7 +112,7 @@ class CaptureObserver : public Observer {
     // Mutating (optimizer-style) ops write their inputs: record them as read, before the write.
     if (mutates)
       for (size_t i = 0; i < e.inputs.size(); ++i)
-        p.inputs.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i), false));
+        p.inputs.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
     std::lock_guard<std::mutex> lk(mu_);
     pending_[e.seq] = std::move(p);
   }
@@ -133,13 +149,13 @@ class CaptureObserver : public Observer {
       r.tensors = std::move(p.inputs);
       // The written inputs, at their new version, are this op's outputs (see docs/capture.md).
       for (size_t i = 0; i < e.inputs.size(); ++i)
-        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Output, int32_t(i), true));
+        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Output, int32_t(i)));
     } else {
       for (size_t i = 0; i < e.inputs.size(); ++i)
-        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i), true));
+        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
     }
     for (size_t i = 0; i < e.outputs.size(); ++i)
-      r.tensors.push_back(tensorRecord(e.outputs[i], storage::Role::Output, int32_t(i), true));
+      r.tensors.push_back(tensorRecord(e.outputs[i], storage::Role::Output, int32_t(i)));
     if (opt_.dumps && opt_.dumpFilter.matches(e.op->name, e.scope, step)) {
       for (size_t i = 0; i < e.outputs.size(); ++i) {
         const Tensor& t = e.outputs[i];
@@ -250,8 +266,8 @@ class CaptureObserver : public Observer {
 
   bool active() const { return !closed_.load(std::memory_order_relaxed); }
 
-  void push(Item&& item, bool dropIfFull, std::atomic<int64_t>* dropCounter) {
-    if (!queue_.push(std::move(item), dropIfFull) && dropIfFull && dropCounter && active())
+  void push(Item&& item, bool dropIfFull, std::atomic<int64_t>* dropCounter, bool urgent = false) {
+    if (!queue_.push(std::move(item), dropIfFull, urgent) && dropIfFull && dropCounter && active())
       dropCounter->fetch_add(1);
   }
 
@@ -282,8 +298,7 @@ class CaptureObserver : public Observer {
     return id;
   }
 
-  storage::TensorRecord tensorRecord(const Tensor& t, storage::Role role, int32_t index,
-                                     bool cacheable) {
+  storage::TensorRecord tensorRecord(const Tensor& t, storage::Role role, int32_t index) {
     storage::TensorRecord r;
     r.role = role;
     r.index = index;
@@ -299,29 +314,40 @@ class CaptureObserver : public Observer {
     r.bytes = int64_t(t.nbytes());
     const bool wantStats = opt_.stats && isFloating(t.dtype());
     if (!(opt_.md5 || opt_.roundedMd5 > 0 || wantStats) || !t.device().isHost()) return r;
-    TensorKey key{r.tensorId, r.version};
-    if (cacheable) {
+    ContentKey key{r.bufferId, r.version, r.offset, t.numel(), t.dtype(), {}, {}};
+    if (!t.isContiguous()) {
+      key.shape = t.shape();
+      key.strides = t.strides();
+    }
+    HashEntry entry;
+    bool hit = false;
+    {
       std::lock_guard<std::mutex> lk(mu_);
       auto it = hashCache_.find(key);
       if (it != hashCache_.end()) {
-        r.md5 = it->second.md5;
-        r.md5Rounded = it->second.md5Rounded;
-        r.hasStats = it->second.hasStats;
-        r.stats = it->second.stats;
-        return r;
+        entry = it->second;
+        hit = true;
       }
     }
-    if (opt_.md5) r.md5 = tensorMd5(t);
-    if (opt_.roundedMd5 > 0) r.md5Rounded = tensorMd5Rounded(t, opt_.roundedMd5);
-    if (wantStats) {
-      r.hasStats = true;
-      r.stats = tensorStats(t);
-    }
-    if (cacheable) {
+    if (!hit) {
+      entry = HashEntry{};
+      if (opt_.md5) entry.md5 = md5Elements(t);
+      if (opt_.roundedMd5 > 0) entry.md5Rounded = md5RoundedElements(t, opt_.roundedMd5);
+      if (wantStats) {
+        entry.hasStats = true;
+        entry.stats = tensorStats(t);
+      }
       std::lock_guard<std::mutex> lk(mu_);
       if (hashCache_.size() >= kHashCacheMax) hashCache_.clear();
-      hashCache_[key] = HashEntry{r.md5, r.md5Rounded, r.hasStats, r.stats};
+      hashCache_[key] = entry;
     }
+    if (entry.md5.valid() || entry.md5Rounded.valid()) {
+      const std::string trailer = hashTrailer(t.dtype(), t.shape());
+      if (entry.md5.valid()) r.md5 = entry.md5.finish(trailer);
+      if (entry.md5Rounded.valid()) r.md5Rounded = entry.md5Rounded.finish(trailer);
+    }
+    r.hasStats = entry.hasStats;
+    r.stats = entry.stats;
     return r;
   }
 
@@ -438,7 +464,7 @@ class CaptureObserver : public Observer {
   int64_t stepBeginNs_ = 0;
   std::unordered_map<uint64_t, Pending> pending_;  // by op seq, between begin and end
   StackTable stacks_;
-  std::unordered_map<TensorKey, HashEntry, TensorKeyHash> hashCache_;
+  std::unordered_map<ContentKey, HashEntry, ContentKeyHash> hashCache_;
   std::unordered_map<const Buffer*, std::pair<std::weak_ptr<Buffer>, uint64_t>> buffers_;
   uint64_t nextBufferId_ = 1;
   size_t liveBuffersAtPrune_ = 0;

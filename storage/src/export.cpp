@@ -1,6 +1,7 @@
 // Text exports of recordings: DOT, Chrome trace JSON, CSV. See export.h.
 #include "keel/storage/export.h"
 
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -166,6 +167,42 @@ std::string toCsv(const std::vector<OpRecord>& ops) {
        << op.forwardSeq << ',' << csvField(tensorList(op, Role::Input)) << ','
        << csvField(tensorList(op, Role::Output)) << ',' << md5 << '\n';
   }
+  return os.str();
+}
+
+std::string toTensorCsv(const std::vector<OpRecord>& ops) {
+  std::ostringstream os;
+  os << "seq,step,phase,op,scope,role,idx,tensor_id,version,buffer_id,shape,strides,offset,dtype,"
+        "device,bytes,md5,md5_rounded,min,max,mean,std,abs_max,nan_count,inf_count,zero_count\n";
+  auto dimsX = [](const std::vector<int64_t>& d) {
+    std::string r;
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (i) r += 'x';
+      r += std::to_string(d[i]);
+    }
+    return r;
+  };
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  for (const auto& op : ops)
+    for (const auto& t : op.tensors) {
+      os << op.seq << ',' << op.step << ',' << op.phase << ',' << csvField(op.name) << ','
+         << csvField(op.scope) << ',' << (t.role == Role::Input ? "input" : "output") << ','
+         << t.index << ',' << t.tensorId << ',' << t.version << ',' << t.bufferId << ','
+         << dimsX(t.shape) << ',' << dimsX(t.strides) << ',' << t.offset << ',' << t.dtype << ','
+         << t.device << ',' << t.bytes << ',' << t.md5 << ',' << t.md5Rounded;
+      if (t.hasStats) {
+        for (double v : {t.stats.min, t.stats.max, t.stats.mean, t.stats.std, t.stats.absMax})
+          os << ',' << num(v);
+        os << ',' << t.stats.nanCount << ',' << t.stats.infCount << ',' << t.stats.zeroCount;
+      } else {
+        os << ",,,,,,,,";
+      }
+      os << '\n';
+    }
   return os.str();
 }
 

@@ -1,16 +1,21 @@
 // Recording: validates a file (exists, SQLite, Keel application_id, schema version, quick_check)
 // and answers the read API with prepared statements. Strings are resolved through an id-indexed
 // cache that grows when a live writer adds new ones; nothing here writes except a migration.
+#include <zstd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <system_error>
 #include <tuple>
 #include <variant>
 
 #include "keel/storage/reader.h"
 #include "keel/storage/schema.h"
+#include "packed.h"
 #include "schema_impl.h"
 #include "sqlite.h"
 
@@ -21,10 +26,6 @@ namespace {
 constexpr const char* kOpColumns =
     "seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread, begin_ns, end_ns, forward_seq,"
     " stack_id";
-constexpr const char* kTensorColumns =
-    "op_seq, role, idx, tensor_id, version, buffer_id, shape, strides, storage_offset, dtype_sid,"
-    " device_sid, bytes, md5, md5_rounded, min, max, mean, std, abs_max, nan_count, inf_count,"
-    " zero_count";
 
 // Binds collected while building a dynamic WHERE clause.
 struct Binds {
@@ -114,33 +115,12 @@ struct Recording::Impl {
     return o;
   }
 
-  TensorRecord readTensor(const sql::Stmt& s) const {
-    TensorRecord t;
-    t.role = static_cast<Role>(s.i64(1));
-    t.index = static_cast<int32_t>(s.i64(2));
-    t.tensorId = s.u64(3);
-    t.version = s.u64(4);
-    t.bufferId = s.u64(5);
-    t.shape = detail::parseDims(s.textView(6));
-    t.strides = detail::parseDims(s.textView(7));
-    t.offset = s.i64(8);
-    t.dtype = str(s.i64(9));
-    t.device = str(s.i64(10));
-    t.bytes = s.i64(11);
-    t.md5 = s.text(12);
-    t.md5Rounded = s.text(13);
-    t.hasStats = !s.isNull(19);
-    if (t.hasStats) {
-      t.stats.min = s.f64(14);
-      t.stats.max = s.f64(15);
-      t.stats.mean = s.f64(16);
-      t.stats.std = s.f64(17);
-      t.stats.absMax = s.f64(18);
-      t.stats.nanCount = s.i64(19);
-      t.stats.infCount = s.i64(20);
-      t.stats.zeroCount = s.i64(21);
-    }
-    return t;
+  // Appends the op's packed tensors from a row (op_seq, count, data) of op_tensors.
+  void readTensors(const sql::Stmt& s, OpRecord& o) const {
+    const auto* p = static_cast<const uint8_t*>(s.blob(2));
+    detail::unpackTensors(
+        p, s.blobSize(2), s.i64(1), [&](int64_t id) { return str(id); }, o.tensors,
+        "recording " + db.path() + ": op " + std::to_string(o.seq));
   }
 
   static void sortTensors(OpRecord& o) {
@@ -150,7 +130,7 @@ struct Recording::Impl {
   }
 
   // Fills tensors of `ops` (sorted by seq): one range scan when the ops are dense in seq, else one
-  // indexed lookup per op.
+  // lookup per op.
   void loadTensors(std::vector<OpRecord>& ops) const {
     if (ops.empty()) return;
     uint64_t lo = ops.front().seq, hi = ops.back().seq;
@@ -164,14 +144,14 @@ struct Recording::Impl {
         uint64_t seq = s.u64(0);
         while (i < ops.size() && ops[i].seq < seq) ++i;
         if (i == ops.size()) break;
-        if (ops[i].seq == seq) ops[i].tensors.push_back(readTensor(s));
+        if (ops[i].seq == seq) readTensors(s, ops[i]);
       }
     } else {
       sql::Stmt& s = tensorsOfOp;
       for (OpRecord& o : ops) {
         ResetOnExit guard{s};
         s.bind(1, o.seq);
-        while (s.step()) o.tensors.push_back(readTensor(s));
+        if (s.step()) readTensors(s, o);
       }
     }
     for (OpRecord& o : ops) sortTensors(o);
@@ -237,11 +217,11 @@ Recording Recording::open(const std::string& path, bool verify) {
     }
   }
   impl->db.exec("PRAGMA cache_size = -65536", "cannot configure reader");
-  impl->tensorsOfOp = sql::Stmt(impl->db, std::string("SELECT ") + kTensorColumns +
-                                              " FROM tensors WHERE op_seq = ?1 ORDER BY role, idx");
+  impl->tensorsOfOp =
+      sql::Stmt(impl->db, "SELECT op_seq, count, data FROM op_tensors WHERE op_seq = ?1");
   impl->tensorsInRange = sql::Stmt(
-      impl->db, std::string("SELECT ") + kTensorColumns +
-                    " FROM tensors WHERE op_seq BETWEEN ?1 AND ?2 ORDER BY op_seq, role, idx");
+      impl->db,
+      "SELECT op_seq, count, data FROM op_tensors WHERE op_seq BETWEEN ?1 AND ?2 ORDER BY op_seq");
   impl->opBySeq =
       sql::Stmt(impl->db, std::string("SELECT ") + kOpColumns + " FROM ops WHERE seq = ?1");
   impl->loadStrings();
@@ -412,6 +392,93 @@ std::vector<DumpRecord> Recording::dumps(uint64_t opSeq) const {
   return out;
 }
 
+namespace {
+
+double halfToDouble(uint16_t h) {
+  const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  double v;
+  if (exp == 0)
+    v = std::ldexp(double(man), -24);
+  else if (exp == 31)
+    v = man ? std::nan("") : std::numeric_limits<double>::infinity();
+  else
+    v = std::ldexp(double(man | 0x400), exp - 25);
+  return sign ? -v : v;
+}
+
+double bfloat16ToDouble(uint16_t b) {
+  uint32_t bits = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return double(f);
+}
+
+template <class T>
+void appendAs(const std::vector<uint8_t>& raw, std::vector<double>& out) {
+  for (size_t i = 0; i + sizeof(T) <= raw.size(); i += sizeof(T)) {
+    T v;
+    std::memcpy(&v, raw.data() + i, sizeof(T));
+    out.push_back(double(v));
+  }
+}
+
+}  // namespace
+
+std::optional<std::vector<double>> Recording::dumpValues(uint64_t opSeq, Role role,
+                                                         int32_t index) const {
+  for (DumpRecord& d : dumps(opSeq)) {
+    if (d.role != role || d.index != index) continue;
+    const std::string what = "recording " + impl_->db.path() + ": dump of op " +
+                             std::to_string(opSeq) + " " +
+                             (role == Role::Input ? "input " : "output ") + std::to_string(index);
+    std::vector<uint8_t> raw;
+    if (d.codec == "zstd") {
+      raw.resize(size_t(std::max<int64_t>(d.rawBytes, 0)));
+      size_t n = ZSTD_decompress(raw.data(), raw.size(), d.data.data(), d.data.size());
+      if (ZSTD_isError(n) || int64_t(n) != d.rawBytes)
+        throw StorageError(what + " is damaged (zstd: " +
+                           (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + ")");
+    } else if (d.codec == "raw") {
+      raw = std::move(d.data);
+    } else {
+      throw StorageError(what + " has unknown codec '" + d.codec + "'");
+    }
+    int64_t numel = 1;
+    for (int64_t s : d.shape) numel *= s;
+    static const std::pair<const char*, size_t> kSizes[] = {
+        {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2},
+        {"int32", 4},   {"int64", 8},   {"bool", 1}};
+    size_t es = 0;
+    for (const auto& [name, size] : kSizes)
+      if (d.dtype == name) es = size;
+    if (es == 0) throw StorageError(what + " has unknown dtype '" + d.dtype + "'");
+    if (int64_t(raw.size()) != numel * int64_t(es))
+      throw StorageError(what + " holds " + std::to_string(raw.size()) + " bytes, expected " +
+                         std::to_string(numel * int64_t(es)));
+    std::vector<double> out;
+    out.reserve(size_t(numel));
+    if (d.dtype == "float32") {
+      appendAs<float>(raw, out);
+    } else if (d.dtype == "float64") {
+      appendAs<double>(raw, out);
+    } else if (d.dtype == "int32") {
+      appendAs<int32_t>(raw, out);
+    } else if (d.dtype == "int64") {
+      appendAs<int64_t>(raw, out);
+    } else if (d.dtype == "bool") {
+      for (uint8_t b : raw) out.push_back(b ? 1.0 : 0.0);
+    } else {
+      for (size_t i = 0; i + 2 <= raw.size(); i += 2) {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + i, 2);
+        out.push_back(d.dtype == "float16" ? halfToDouble(h) : bfloat16ToDouble(h));
+      }
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
 std::vector<DroppedCount> Recording::dropped() const {
   sql::Stmt s(impl_->db, "SELECT kind, count FROM dropped ORDER BY kind");
   std::vector<DroppedCount> out;
@@ -420,9 +487,7 @@ std::vector<DroppedCount> Recording::dropped() const {
 }
 
 std::optional<OpRecord> Recording::firstNonFinite() const {
-  sql::Stmt s(impl_->db,
-              "SELECT min(op_seq) FROM tensors WHERE role = 1 AND "
-              "(nan_count > 0 OR inf_count > 0)");
+  sql::Stmt s(impl_->db, "SELECT min(op_seq) FROM nonfinite_ops");
   if (!s.step() || s.isNull(0)) return std::nullopt;
   return op(s.u64(0));
 }

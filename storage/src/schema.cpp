@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "keel/storage/schema.h"
+#include "packed.h"
 #include "schema_impl.h"
 
 namespace keel::storage {
@@ -162,10 +163,74 @@ CREATE TABLE dumps (
 CREATE INDEX dumps_op ON dumps(op_seq);
 )sql";
 
+// Converts the v2 tensors table (one row per tensor) into op_tensors (one packed row per op) and
+// nonfinite_ops. Runs between the v2->v3 migration's SQL parts, inside its transaction.
+void packTensorsV2toV3(sql::Db& db) {
+  sql::Stmt sel(db,
+                "SELECT op_seq, role, idx, tensor_id, version, buffer_id, shape, strides,"
+                " storage_offset, dtype_sid, device_sid, bytes, md5, md5_rounded, min, max, mean,"
+                " std, abs_max, nan_count, inf_count, zero_count FROM tensors"
+                " ORDER BY op_seq, role, idx");
+  sql::Stmt ins(db, "INSERT INTO op_tensors(op_seq, count, data) VALUES (?1, ?2, ?3)");
+  sql::Stmt nonfinite(db, "INSERT OR IGNORE INTO nonfinite_ops(op_seq) VALUES (?1)");
+  detail::PackedWriter packed;
+  int64_t count = 0, seq = 0;
+  bool have = false, bad = false;
+  auto flush = [&] {
+    if (!have) return;
+    ins.bind(1, seq);
+    ins.bind(2, count);
+    ins.bindBlob(3, packed.bytes().data(), packed.bytes().size());
+    ins.run();
+    if (bad) {
+      nonfinite.bind(1, seq);
+      nonfinite.run();
+    }
+    packed.clear();
+    count = 0;
+    bad = false;
+  };
+  while (sel.step()) {
+    const int64_t s = sel.i64(0);
+    if (have && s != seq) flush();
+    seq = s;
+    have = true;
+    TensorRecord t;
+    t.role = static_cast<Role>(sel.i64(1));
+    t.index = static_cast<int32_t>(sel.i64(2));
+    t.tensorId = sel.u64(3);
+    t.version = sel.u64(4);
+    t.bufferId = sel.u64(5);
+    t.shape = detail::parseDims(sel.textView(6));
+    t.strides = detail::parseDims(sel.textView(7));
+    t.offset = sel.i64(8);
+    const int64_t dtypeSid = sel.i64(9), deviceSid = sel.i64(10);
+    t.bytes = sel.i64(11);
+    t.md5 = sel.text(12);
+    t.md5Rounded = sel.text(13);
+    t.hasStats = !sel.isNull(19);
+    if (t.hasStats) {
+      t.stats = {sel.f64(14), sel.f64(15), sel.f64(16), sel.f64(17),
+                 sel.f64(18), sel.i64(19), sel.i64(20), sel.i64(21)};
+      if (t.role == Role::Output && (t.stats.nanCount > 0 || t.stats.infCount > 0)) bad = true;
+    }
+    packed.add(t, dtypeSid, deviceSid);
+    ++count;
+  }
+  flush();
+}
+
+// A migration: SQL, then an optional data conversion, then more SQL, all in one transaction.
+struct Migration {
+  const char* before;
+  void (*convert)(sql::Db&);
+  const char* after;
+};
+
 // kMigrations[i] takes schema version i+1 to i+2. Append only; never edit a shipped entry.
-constexpr std::array<const char*, kSchemaVersion - 1> kMigrations = {
+const std::array<Migration, kSchemaVersion - 1> kMigrations = {{
     // 1 -> 2: records dropped by a capture policy; allocator events by op.
-    R"sql(
+    {R"sql(
 -- Records lost to a configured drop policy, by kind.
 CREATE TABLE dropped (
   kind  TEXT PRIMARY KEY,   -- op | log | mem | ...
@@ -173,7 +238,39 @@ CREATE TABLE dropped (
 );
 CREATE INDEX mem_events_op ON mem_events(op_seq);
 )sql",
-};
+     nullptr, ""},
+    // 2 -> 3: tensors packed per op (writer throughput: one row per op, not one per tensor);
+    // secondary indexes are built when a recording is closed (kDeferredIndexes), not per insert.
+    {R"sql(
+-- Tensors each op saw, packed: one row per op (layout: docs/recording.md, "Packed tensors").
+CREATE TABLE op_tensors (
+  op_seq INTEGER PRIMARY KEY,  -- -> ops(seq)
+  count  INTEGER NOT NULL,     -- number of packed tensor entries
+  data   BLOB NOT NULL         -- the entries, inputs then outputs, each in index order
+);
+-- Ops with an output holding NaN or Inf (from statistics): finds the first one without a scan.
+CREATE TABLE nonfinite_ops (
+  op_seq INTEGER PRIMARY KEY   -- -> ops(seq)
+);
+)sql",
+     packTensorsV2toV3, R"sql(
+DROP TABLE tensors;
+DROP INDEX IF EXISTS ops_step_phase;
+DROP INDEX IF EXISTS ops_name;
+DROP INDEX IF EXISTS ops_scope;
+DROP INDEX IF EXISTS logs_op;
+DROP INDEX IF EXISTS mem_events_time;
+DROP INDEX IF EXISTS mem_events_op;
+DROP INDEX IF EXISTS dumps_op;
+)sql"},
+}};
+
+void runMigration(sql::Db& db, int from) {
+  const Migration& m = kMigrations[size_t(from - 1)];
+  db.exec(m.before, "migration failed");
+  if (m.convert) m.convert(db);
+  db.exec(m.after, "migration failed");
+}
 
 void stamp(sql::Db& db, int version) {
   std::string s = "PRAGMA application_id = " + std::to_string(kApplicationId) +
@@ -184,6 +281,16 @@ void stamp(sql::Db& db, int version) {
 }  // namespace
 
 namespace detail {
+
+const char* const kDeferredIndexes = R"sql(
+CREATE INDEX IF NOT EXISTS ops_step_phase ON ops(step, phase_sid);
+CREATE INDEX IF NOT EXISTS ops_name ON ops(name_sid);
+CREATE INDEX IF NOT EXISTS ops_scope ON ops(scope_sid);
+CREATE INDEX IF NOT EXISTS logs_op ON logs(op_seq);
+CREATE INDEX IF NOT EXISTS mem_events_time ON mem_events(time_ns);
+CREATE INDEX IF NOT EXISTS mem_events_op ON mem_events(op_seq);
+CREATE INDEX IF NOT EXISTS dumps_op ON dumps(op_seq);
+)sql";
 
 std::string newerVersionMessage(const std::string& file, int64_t version) {
   return "recording " + file + " has schema version " + std::to_string(version) +
@@ -197,7 +304,7 @@ void createSchema(sql::Db& db, int version) {
   db.exec("BEGIN IMMEDIATE", "cannot begin transaction");
   try {
     db.exec(kBaseSchemaV1, "cannot create schema");
-    for (int v = 1; v < version; ++v) db.exec(kMigrations[v - 1], "cannot create schema");
+    for (int v = 1; v < version; ++v) runMigration(db, v);
     stamp(db, version);
     db.exec("COMMIT", "cannot commit schema");
   } catch (...) {
@@ -213,8 +320,9 @@ void migrateSchema(sql::Db& db, int from) {
                        std::to_string(from));
   db.exec("BEGIN IMMEDIATE", "cannot begin migration");
   try {
-    for (int v = from; v < kSchemaVersion; ++v) db.exec(kMigrations[v - 1], "migration failed");
+    for (int v = from; v < kSchemaVersion; ++v) runMigration(db, v);
     stamp(db, kSchemaVersion);
+    db.exec(kDeferredIndexes, "cannot create indexes");
     db.exec("COMMIT", "cannot commit migration");
   } catch (...) {
     sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);

@@ -16,6 +16,10 @@ namespace keel::storage::detail {
 void createSchema(sql::Db& db, int version);
 // Migrates a database at version `from` (< kSchemaVersion) to kSchemaVersion.
 void migrateSchema(sql::Db& db, int from);
+// Secondary indexes, created (IF NOT EXISTS) when a writer closes a recording and after a
+// migration; a recording whose writer was killed lacks them and is read with scans instead.
+extern const char* const kDeferredIndexes;
+
 // "recording <file> has schema version X, this keel reads up to Y".
 std::string newerVersionMessage(const std::string& file, int64_t version);
 

@@ -3,6 +3,7 @@
 // write rolls back the uncommitted batch, so the file only ever holds whole batches.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -13,10 +14,14 @@
 
 #include "keel/storage/schema.h"
 #include "keel/storage/writer.h"
+#include "packed.h"
 #include "schema_impl.h"
 #include "sqlite.h"
 
 namespace keel::storage {
+
+static_assert(std::endian::native == std::endian::little, "packed tensor data is little-endian");
+
 namespace {
 
 struct StringHash {
@@ -55,18 +60,13 @@ class SqliteWriter final : public Writer {
   int64_t intern(std::string_view s);
   int64_t internFrame(const StackFrame& f);
 
-  sql::Stmt& tensorInsert(size_t rows);
-
-  static constexpr size_t kMaxTensorRows = 4;  // rows per multi-row tensors INSERT
-  static constexpr int kTensorCols = 22;
   sql::Db db_;
-  std::array<sql::Stmt, kMaxTensorRows + 1> insTensors_;  // [k]: INSERT of k rows
-  sql::Stmt begin_, commit_, insString_, insStep_, insOp_, insStack_, insFrame_, insStackFrame_,
-      insLog_, insMem_, insDump_, setStatus_, addDropped_;
+  sql::Stmt begin_, commit_, insString_, insStep_, insOp_, insTensors_, insNonfinite_, insStack_,
+      insFrame_, insStackFrame_, insLog_, insMem_, insDump_, setStatus_, addDropped_;
   std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> strings_;
   std::map<std::tuple<uint64_t, int64_t, int64_t, int32_t>, int64_t> frames_;
   std::string shapeBuf_;
-  std::array<std::string, 2 * kMaxTensorRows> dims_;
+  detail::PackedWriter packed_;
 };
 
 SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
@@ -108,6 +108,8 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
                      "INSERT INTO ops(seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread,"
                      " begin_ns, end_ns, forward_seq, stack_id) "
                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+  insTensors_ = sql::Stmt(db_, "INSERT INTO op_tensors(op_seq, count, data) VALUES (?1, ?2, ?3)");
+  insNonfinite_ = sql::Stmt(db_, "INSERT OR IGNORE INTO nonfinite_ops(op_seq) VALUES (?1)");
   insStack_ = sql::Stmt(db_, "INSERT OR IGNORE INTO stacks(id, depth) VALUES (?1, ?2)");
   insFrame_ = sql::Stmt(
       db_, "INSERT INTO frames(address, function_sid, file_sid, line) VALUES (?1, ?2, ?3, ?4)");
@@ -184,23 +186,6 @@ void SqliteWriter::reloadCaches() {
                     f.i64(0));
 }
 
-sql::Stmt& SqliteWriter::tensorInsert(size_t rows) {
-  sql::Stmt& st = insTensors_[rows];
-  if (!st.prepared()) {
-    std::string q =
-        "INSERT INTO tensors(op_seq, role, idx, tensor_id, version, buffer_id, shape, strides,"
-        " storage_offset, dtype_sid, device_sid, bytes, md5, md5_rounded, min, max, mean, std,"
-        " abs_max, nan_count, inf_count, zero_count) VALUES ";
-    for (size_t r = 0; r < rows; ++r) {
-      q += r ? ",(" : "(";
-      for (int c = 0; c < kTensorCols; ++c) q += c ? ",?" : "?";
-      q += ")";
-    }
-    st = sql::Stmt(db_, q);
-  }
-  return st;
-}
-
 int64_t SqliteWriter::intern(std::string_view s) {
   if (auto it = strings_.find(s); it != strings_.end()) return it->second;
   insString_.bindText(1, s);
@@ -248,43 +233,22 @@ void SqliteWriter::writeOp(const OpRecord& op) {
     o.bind(10, op.forwardSeq);
     if (op.stackId >= 0) o.bind(11, op.stackId);
     o.run();
-    // Several rows per INSERT: one statement step instead of one per tensor. Text binds are
-    // SQLITE_STATIC, so each row's shape/strides text lives in dims_ until the step ran.
-    const auto& ts = op.tensors;
-    for (size_t first = 0; first < ts.size(); first += kMaxTensorRows) {
-      size_t rows = std::min(kMaxTensorRows, ts.size() - first);
-      sql::Stmt& t = tensorInsert(rows);
-      for (size_t k = 0; k < rows; ++k) {
-        const TensorRecord& r = ts[first + k];
-        const int b = static_cast<int>(k) * kTensorCols;
-        detail::appendDims(dims_[2 * k], r.shape);
-        detail::appendDims(dims_[2 * k + 1], r.strides);
-        t.bind(b + 1, op.seq);
-        t.bind(b + 2, static_cast<int>(r.role));
-        t.bind(b + 3, r.index);
-        t.bind(b + 4, r.tensorId);
-        t.bind(b + 5, r.version);
-        t.bind(b + 6, r.bufferId);
-        t.bindText(b + 7, dims_[2 * k]);
-        t.bindText(b + 8, dims_[2 * k + 1]);
-        t.bind(b + 9, r.offset);
-        t.bind(b + 10, intern(r.dtype));
-        t.bind(b + 11, intern(r.device));
-        t.bind(b + 12, r.bytes);
-        if (!r.md5.empty()) t.bindText(b + 13, r.md5);
-        if (!r.md5Rounded.empty()) t.bindText(b + 14, r.md5Rounded);
-        if (r.hasStats) {
-          t.bind(b + 15, r.stats.min);
-          t.bind(b + 16, r.stats.max);
-          t.bind(b + 17, r.stats.mean);
-          t.bind(b + 18, r.stats.std);
-          t.bind(b + 19, r.stats.absMax);
-          t.bind(b + 20, r.stats.nanCount);
-          t.bind(b + 21, r.stats.infCount);
-          t.bind(b + 22, r.stats.zeroCount);
-        }
-      }
-      t.run();  // reset clears bindings: unbound columns are NULL next time
+    if (op.tensors.empty()) return;
+    // One packed row for all of the op's tensors (storage/src/packed.h).
+    packed_.clear();
+    bool nonfinite = false;
+    for (const TensorRecord& r : op.tensors) {
+      packed_.add(r, intern(r.dtype), intern(r.device));
+      nonfinite |=
+          r.role == Role::Output && r.hasStats && (r.stats.nanCount > 0 || r.stats.infCount > 0);
+    }
+    insTensors_.bind(1, op.seq);
+    insTensors_.bind(2, static_cast<int64_t>(op.tensors.size()));
+    insTensors_.bindBlob(3, packed_.bytes().data(), packed_.bytes().size());
+    insTensors_.run();
+    if (nonfinite) {
+      insNonfinite_.bind(1, op.seq);
+      insNonfinite_.run();
     }
   });
 }
@@ -380,12 +344,20 @@ void SqliteWriter::close() {
     db_.close();
     throw;
   }
+  // Secondary indexes are built once here, by sorting, instead of on every insert. Best effort:
+  // the data is committed, and a recording without them reads the same, by scans (a full disk
+  // must not turn a recorded run into a failed close).
+  try {
+    db_.exec(detail::kDeferredIndexes, "cannot create indexes");
+  } catch (const StorageError&) {
+    sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+  }
   // Statements must be finalized before the connection closes (the last close checkpoints the
   // WAL into the main file and removes it).
-  for (sql::Stmt* s : {&begin_, &commit_, &insString_, &insStep_, &insOp_, &insStack_, &insFrame_,
-                       &insStackFrame_, &insLog_, &insMem_, &insDump_, &setStatus_, &addDropped_})
+  for (sql::Stmt* s : {&begin_, &commit_, &insString_, &insStep_, &insOp_, &insTensors_,
+                       &insNonfinite_, &insStack_, &insFrame_, &insStackFrame_, &insLog_, &insMem_,
+                       &insDump_, &setStatus_, &addDropped_})
     *s = sql::Stmt();
-  for (sql::Stmt& s : insTensors_) s = sql::Stmt();
   db_.close();
 }
 

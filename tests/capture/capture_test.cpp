@@ -121,28 +121,40 @@ Tensor f32(const std::vector<double>& v, const Shape& s) {
 
 TEST(CaptureHash, Md5EqualsDigestOfDocumentedByteString) {
   Tensor t = f32({1.5, -2, 0, 3.25, 1e-3, 7}, {2, 3});
-  std::string bytes = "float32";
+  std::string bytes;
+  for (float v : {1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, 7.0f}) raw(bytes, v);
+  bytes += "float32";
   bytes.push_back('\0');
   le64(bytes, 2);
   le64(bytes, 2);
   le64(bytes, 3);
-  for (float v : {1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, 7.0f}) raw(bytes, v);
   EXPECT_EQ(tensorMd5(t), md5Hex(bytes));
 
   Tensor i = test::fromInts({5, -1, 1LL << 40}, {3}, DType::Int64, Device(Backend::Cpu));
-  std::string ib = "int64";
+  std::string ib;
+  for (int64_t v : {int64_t(5), int64_t(-1), int64_t(1) << 40}) raw(ib, v);
+  ib += "int64";
   ib.push_back('\0');
   le64(ib, 1);
   le64(ib, 3);
-  for (int64_t v : {int64_t(5), int64_t(-1), int64_t(1) << 40}) raw(ib, v);
   EXPECT_EQ(tensorMd5(i), md5Hex(ib));
 
   Tensor s = test::fromDoubles({2.5}, {}, DType::Float64, Device(Backend::Cpu));
-  std::string sb = "float64";
+  std::string sb;
+  raw(sb, 2.5);
+  sb += "float64";
   sb.push_back('\0');
   le64(sb, 0);
-  raw(sb, 2.5);
   EXPECT_EQ(tensorMd5(s), md5Hex(sb));
+}
+
+TEST(CaptureHash, ReshapeSharesTheElementStreamButNotTheDigest) {
+  Tensor x = f32({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor r = ops::reshape(x, {3, 2});
+  Md5Stream ex = md5Elements(x);
+  EXPECT_EQ(ex.finish(hashTrailer(DType::Float32, {3, 2})), tensorMd5(r));
+  EXPECT_EQ(ex.finish(hashTrailer(DType::Float32, {2, 3})), tensorMd5(x));
+  EXPECT_NE(tensorMd5(r), tensorMd5(x));
 }
 
 TEST(CaptureHash, ViewAndContiguousCopyHashEqual) {
@@ -178,13 +190,27 @@ TEST(CaptureHash, RoundedMd5IgnoresDigitsPastN) {
   EXPECT_NE(tensorMd5Rounded(a, 9), tensorMd5Rounded(b, 9));
 
   const double inf = std::numeric_limits<double>::infinity();
-  Tensor c = test::fromDoubles({1, 2.5, std::nan(""), inf, -inf, -0.0, 123456}, {7}, DType::Float64,
-                               Device());
-  std::string bytes = "float64";
+  Tensor c = test::fromDoubles({1, 2.5, std::nan(""), inf, -inf, -0.0, 123456, -0.0012345, 9.996},
+                               {9}, DType::Float64, Device());
+  // (m, e): the value is m x 10^(e - 2) with |m| < 1000, m rounded half to even.
+  std::string bytes;
+  auto code = [&](int64_t m, int32_t e) {
+    raw(bytes, m);
+    raw(bytes, e);
+  };
+  code(100, 0);               // 1
+  code(250, 0);               // 2.5
+  code(0, kRoundedSpecial);   // NaN
+  code(1, kRoundedSpecial);   // +inf
+  code(-1, kRoundedSpecial);  // -inf
+  code(0, 0);                 // -0
+  code(123, 5);               // 123456 -> 1.23e5
+  code(-123, -3);             // -0.0012345 -> -1.23e-3 (1.2345 rounds to 1.23)
+  code(100, 1);               // 9.996 -> 10.0 (the carry moves the exponent)
+  bytes += "float64";
   bytes.push_back('\0');
   le64(bytes, 1);
-  le64(bytes, 7);
-  bytes += "1\n2.5\nnan\ninf\n-inf\n0\n1.23e+05\n";
+  le64(bytes, 9);
   EXPECT_EQ(tensorMd5Rounded(c, 3), md5Hex(bytes));
 }
 
@@ -206,6 +232,40 @@ TEST(CaptureHash, StatsExactWithNanInfAndZeros) {
   storage::TensorStats none = tensorStats(test::fromDoubles({std::nan("")}, {1}));
   EXPECT_TRUE(std::isnan(none.mean));
   EXPECT_EQ(none.nanCount, 1);
+}
+
+// The float32 path (AVX2 where the CPU has it) and the generic float64 path assign element i to
+// the same lane and do the same operations, so the same values give the same bits, in any layout.
+TEST(CaptureHash, StatsSameBitsForFloat32AndFloat64AndViews) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> v;
+  for (int i = 0; i < 1003; ++i) v.push_back(double(float(std::sin(i * 0.37) * (1 + i % 17))));
+  v[5] = std::nan("");
+  v[100] = inf;
+  v[101] = -inf;
+  v[300] = 0;
+  v[301] = -0.0;
+  Tensor f = test::fromDoubles(v, {17, 59}, DType::Float32, Device(Backend::Cpu));
+  Tensor d = test::fromDoubles(v, {17, 59}, DType::Float64, Device(Backend::Cpu));
+  auto same = [](const storage::TensorStats& a, const storage::TensorStats& b) {
+    EXPECT_EQ(a.min, b.min);
+    EXPECT_EQ(a.max, b.max);
+    EXPECT_EQ(a.mean, b.mean);
+    EXPECT_EQ(a.std, b.std);
+    EXPECT_EQ(a.absMax, b.absMax);
+    EXPECT_EQ(a.nanCount, b.nanCount);
+    EXPECT_EQ(a.infCount, b.infCount);
+    EXPECT_EQ(a.zeroCount, b.zeroCount);
+  };
+  storage::TensorStats sf = tensorStats(f);
+  same(sf, tensorStats(d));
+  EXPECT_EQ(sf.nanCount, 1);
+  EXPECT_EQ(sf.infCount, 2);
+  EXPECT_EQ(sf.zeroCount, 3);  // v[0] = sin(0) = 0, v[300], v[301]
+  Tensor t = ops::transpose(f, 0, 1);
+  same(tensorStats(t), tensorStats(t.contiguous()));
+  Tensor sl = ops::slice(f, 1, 3, 50, 1);  // rows of 47: chunks that do not start on lane 0
+  same(tensorStats(sl), tensorStats(sl.contiguous()));
 }
 
 TEST(CaptureOptions, JsonRoundTripAndErrors) {

@@ -68,12 +68,22 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_EQ(g.out.rfind("digraph", 0), 0u) << g.out.substr(0, 200);
   EXPECT_NE(g.out.find("label=\"blocks.0.attn\""), std::string::npos);
   EXPECT_NE(g.out.find("style=dashed"), std::string::npos) << "backward -> forward links";
+  CliResult svg = keel("export graph '" + db("a.db") + "' --step 1 --phase forward --format svg");
+  ASSERT_EQ(svg.status, 0) << svg.err;
+  EXPECT_NE(svg.out.find("<svg"), std::string::npos) << svg.out.substr(0, 300);
+  EXPECT_NE(svg.out.find("matmul"), std::string::npos);
+  EXPECT_NE(svg.out.find("</svg>"), std::string::npos);
+  expectOneLineError(keel("export graph '" + db("a.db") + "' --format png"), "png");
   CliResult tr = keel("export trace '" + db("a.db") + "'");
   ASSERT_EQ(tr.status, 0) << tr.err;
   EXPECT_GT(nlohmann::json::parse(tr.out)["traceEvents"].size(), 100u);
   CliResult csv = keel("export csv '" + db("a.db") + "'");
   ASSERT_EQ(csv.status, 0) << csv.err;
   EXPECT_EQ(csv.out.rfind("seq,step,phase,op,", 0), 0u);
+  CliResult tcsv = keel("export csv --tensors '" + db("a.db") + "'");
+  ASSERT_EQ(tcsv.status, 0) << tcsv.err;
+  EXPECT_EQ(tcsv.out.rfind("seq,step,phase,op,scope,role,idx,", 0), 0u);
+  EXPECT_NE(tcsv.out.find(",output,0,"), std::string::npos);
   expectOneLineError(keel("export graph '" + db("a.db") + "' --step 99"), "step 99");
 }
 
@@ -83,6 +93,38 @@ TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
   CliResult d = keel("diff '" + db("ref.db") + "' '" + db("cpu.db") + "' --mismatches-only");
   EXPECT_EQ(d.status, 0) << d.out << d.err;
   EXPECT_NE(d.out.find("0 diverged"), std::string::npos) << d.out;
+}
+
+// With --dumps the diff compares matmul outputs element by element (basis "values", with the
+// measured max abs error), not only by statistics; and a one-element perturbation is located with
+// its exact size.
+TEST_F(KeelCli, DumpedValuesAreComparedElementByElement) {
+  const std::string opts = "--seed 3 --md5 --stats --dumps --dump-ops matmul";
+  ASSERT_EQ(record("ref.db", opts + " --backend cpu-ref").status, 0);
+  ASSERT_EQ(record("cpu.db", opts + " --backend cpu").status, 0);
+  CliResult d = keel("diff '" + db("ref.db") + "' '" + db("cpu.db") + "' --json");
+  EXPECT_EQ(d.status, 0) << d.err;
+  nlohmann::json j = nlohmann::json::parse(d.out);
+  int valuePairs = 0;
+  for (const auto& p : j["pairs"]) {
+    if (!p.contains("outputs")) continue;
+    for (const auto& o : p["outputs"])
+      if (o["basis"] == "values") {
+        ++valuePairs;
+        EXPECT_EQ(p["name"], "matmul");
+        EXPECT_LE(o["maxAbs"].get<double>(), 1e-4);
+      }
+  }
+  EXPECT_GT(valuePairs, 10);
+
+  ASSERT_EQ(record("bad.db", opts + " --backend cpu", "KEEL_TEST_PERTURB=matmul:5").status, 0);
+  CliResult p = keel("diff '" + db("cpu.db") + "' '" + db("bad.db") + "' --json");
+  EXPECT_EQ(p.status, 1) << p.err;
+  nlohmann::json pj = nlohmann::json::parse(p.out);
+  const auto& out0 = pj["rootDivergence"]["pair"]["outputs"][0];
+  EXPECT_EQ(out0["basis"], "values");
+  EXPECT_NEAR(out0["maxAbs"].get<double>(), 1000.0, 1e-3);
+  EXPECT_EQ(out0["badElements"], 1);
 }
 
 TEST_F(KeelCli, DifferentSeedsDivergeAtTheFirstInitialisationOp) {

@@ -2,6 +2,8 @@
 // scope clusters and forward links; Chrome trace JSON events; CSV rows and quoting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -92,6 +94,28 @@ TEST(ExportCsv, HeaderRowsAndQuoting) {
   EXPECT_EQ(rows, 5);
   EXPECT_EQ(csv.rfind("seq,step,phase,op,scope,", 0), 0u);
   EXPECT_NE(csv.find("1,1,forward,matmul,\"has,comma\","), std::string::npos) << csv;
+}
+
+TEST(ExportCsv, TensorRowsCarryChecksumsAndExactStatistics) {
+  auto ops = smallGraph();
+  size_t tensors = 0;
+  for (const auto& o : ops) tensors += o.tensors.size();
+  ops[0].tensors[0].md5 = "00112233445566778899aabbccddeeff";
+  ops[0].tensors[0].hasStats = true;
+  ops[0].tensors[0].stats = {-1.5, 0.1, 1.0 / 3.0, 2, 1.5, 1, 2, 3};
+  std::string csv = toTensorCsv(ops);
+  std::istringstream in(csv);
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), tensors + 1);
+  EXPECT_EQ(lines[0].rfind("seq,step,phase,op,scope,role,idx,tensor_id,", 0), 0u);
+  EXPECT_NE(lines[1].find(",00112233445566778899aabbccddeeff,"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find(",-1.5,0.10000000000000001,0.33333333333333331,2,1.5,1,2,3"),
+            std::string::npos)
+      << lines[1];
+  // 26 columns on every row, statistics empty when not captured.
+  for (const auto& l : lines) EXPECT_EQ(std::count(l.begin(), l.end(), ','), 25) << l;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -139,6 +140,84 @@ TEST(RecordingMigration, Version1IsUpgradedOnOpen) {
   ASSERT_EQ(rec.opCount(), 1);
   EXPECT_EQ(rec.op(1)->name, "relu");
   EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
+}
+
+// v2 kept one SQL row per tensor; v3 packs them per op. The migration converts every row, keeps
+// NaN statistics, and indexes the first non-finite output.
+TEST(RecordingMigration, Version2TensorRowsArePackedOnOpen) {
+  TempDir dir;
+  std::string path = dir.file("v2.db");
+  createEmptyRecording(path, 2);
+  execSql(path,
+          "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.0.2', 0, '{}', 'finished');"
+          "INSERT INTO strings(id, text) VALUES (1, 'forward'), (2, 'matmul'), (3, ''),"
+          " (4, 'float32'), (5, 'cpu'), (6, 'exp');"
+          "INSERT INTO ops VALUES (1, 1, 1, 2, 3, 3, 0, 10, 20, 0, NULL),"
+          " (2, 1, 1, 6, 3, 3, 0, 30, 40, 0, NULL);"
+          // op 1: two inputs, one output with stats; op 2: output with an Inf.
+          "INSERT INTO tensors VALUES"
+          " (1, 1, 0, 12, 1, 7, '2,3', '3,1', 0, 4, 5, 24, 'aaaa', NULL, -1, 2, 0.5, 1.25, 2, 0, 0,"
+          " 1),"
+          " (1, 0, 1, 11, 0, 6, '3,3', '1,3', 4, 4, 5, 36, 'bbbb', 'rr', NULL, NULL, NULL, NULL,"
+          " NULL, NULL, NULL, NULL),"
+          " (1, 0, 0, 10, 2, 5, '2,3', '3,1', 0, 4, 5, 24, NULL, NULL, NULL, NULL, NULL, NULL,"
+          " NULL, NULL, NULL, NULL),"
+          " (2, 1, 0, 13, 1, 8, '', '', 0, 4, 5, 4, 'cccc', NULL, NULL, NULL, NULL, NULL, NULL,"
+          " 0, 1, 0);");
+  Recording rec = Recording::open(path);
+  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  auto ops = rec.stepOps(1);
+  ASSERT_EQ(ops.size(), 2u);
+  ASSERT_EQ(ops[0].tensors.size(), 3u);
+  const TensorRecord& in0 = ops[0].tensors[0];
+  EXPECT_EQ(in0.role, Role::Input);
+  EXPECT_EQ(in0.index, 0);
+  EXPECT_EQ(in0.tensorId, 10u);
+  EXPECT_EQ(in0.version, 2u);
+  EXPECT_EQ(in0.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_FALSE(in0.hasStats);
+  EXPECT_TRUE(in0.md5.empty());
+  const TensorRecord& in1 = ops[0].tensors[1];
+  EXPECT_EQ(in1.index, 1);
+  EXPECT_EQ(in1.offset, 4);
+  EXPECT_EQ(in1.strides, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(in1.md5, "bbbb");
+  EXPECT_EQ(in1.md5Rounded, "rr");
+  const TensorRecord& out = ops[0].tensors[2];
+  EXPECT_EQ(out.role, Role::Output);
+  EXPECT_EQ(out.dtype, "float32");
+  EXPECT_EQ(out.device, "cpu");
+  EXPECT_EQ(out.bytes, 24);
+  EXPECT_EQ(out.bufferId, 7u);
+  ASSERT_TRUE(out.hasStats);
+  EXPECT_EQ(out.stats.min, -1);
+  EXPECT_EQ(out.stats.std, 1.25);
+  EXPECT_EQ(out.stats.zeroCount, 1);
+  ASSERT_EQ(ops[1].tensors.size(), 1u);
+  EXPECT_TRUE(std::isnan(ops[1].tensors[0].stats.min));  // NULL in v2 = NaN
+  EXPECT_TRUE(ops[1].tensors[0].shape.empty());
+  ASSERT_TRUE(rec.firstNonFinite().has_value());
+  EXPECT_EQ(rec.firstNonFinite()->seq, 2u);
+  EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
+}
+
+// A damaged packed row (truncated BLOB) is a one-line error naming the file and the op.
+TEST(RecordingErrors, TruncatedPackedTensorsIsAClearError) {
+  TempDir dir;
+  std::string path = dir.file("packed.db");
+  writeRecording(path, 1);
+  execSql(path, "UPDATE op_tensors SET data = substr(data, 1, 20) WHERE op_seq = 3");
+  Recording rec = Recording::open(path);
+  try {
+    rec.stepOps(1);
+    ADD_FAILURE() << "read a truncated row";
+  } catch (const StorageError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("op 3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
 }
 
 TEST(RecordingMigration, NewerVersionRefusedByMigrate) {

@@ -2,7 +2,9 @@
 // Recording (NaN stats, unicode, uint64 bits), strings are interned once, stacks deduplicated,
 // and the read API's filters, counts and bulk loader return what was written.
 #include <gtest/gtest.h>
+
 #include <sqlite3.h>
+#include <cstring>
 
 #include <chrono>
 #include <cmath>
@@ -210,6 +212,69 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
   EXPECT_EQ(nf->seq, 2u);
 }
 
+// dumpValues decodes every dtype to doubles (float16/bfloat16 bit patterns included) and rejects
+// damaged dumps with a one-line error naming the op.
+TEST(StorageDumps, ValuesDecodeEveryDtypeAndDamageIsAnError) {
+  TempDir dir;
+  std::string path = dir.file("dumps.db");
+  auto raw = [](auto... v) {
+    std::vector<uint8_t> out;
+    (
+        [&] {
+          uint8_t b[sizeof(v)];
+          std::memcpy(b, &v, sizeof(v));
+          out.insert(out.end(), b, b + sizeof(v));
+        }(),
+        ...);
+    return out;
+  };
+  {
+    auto w = Writer::create(path, sampleRun());
+    auto put = [&](uint64_t seq, int32_t index, const std::string& dtype,
+                   std::vector<int64_t> shape, std::vector<uint8_t> bytes,
+                   const std::string& codec = "raw") {
+      DumpRecord d;
+      d.opSeq = seq;
+      d.index = index;
+      d.dtype = dtype;
+      d.shape = std::move(shape);
+      d.codec = codec;
+      d.rawBytes = int64_t(bytes.size());
+      d.data = std::move(bytes);
+      w->writeDump(d);
+    };
+    put(1, 0, "float32", {2}, raw(1.5f, -2.0f));
+    put(1, 1, "float16", {3}, raw(uint16_t(0x3c00), uint16_t(0xc000), uint16_t(0x0001)));
+    put(1, 2, "bfloat16", {2}, raw(uint16_t(0x3fc0), uint16_t(0x7f80)));
+    put(1, 3, "int64", {1}, raw(int64_t(-7)));
+    put(1, 4, "bool", {2}, raw(uint8_t(0), uint8_t(3)));
+    put(2, 0, "float32", {3}, raw(1.0f, 2.0f));                      // 8 bytes for 3 elements
+    put(3, 0, "float32", {1}, raw(1.0f, 2.0f, 3.0f, 4.0f), "zstd");  // not a zstd frame
+    w->close();
+  }
+  Recording rec = Recording::open(path);
+  EXPECT_EQ(*rec.dumpValues(1, Role::Output, 0), (std::vector<double>{1.5, -2.0}));
+  EXPECT_EQ(*rec.dumpValues(1, Role::Output, 1), (std::vector<double>{1.0, -2.0, 0x1p-24}));
+  auto bf = *rec.dumpValues(1, Role::Output, 2);
+  EXPECT_EQ(bf[0], 1.5);
+  EXPECT_TRUE(std::isinf(bf[1]));
+  EXPECT_EQ(*rec.dumpValues(1, Role::Output, 3), (std::vector<double>{-7.0}));
+  EXPECT_EQ(*rec.dumpValues(1, Role::Output, 4), (std::vector<double>{0.0, 1.0}));
+  EXPECT_FALSE(rec.dumpValues(1, Role::Input, 0).has_value());
+  EXPECT_FALSE(rec.dumpValues(9, Role::Output, 0).has_value());
+  for (uint64_t seq : {2u, 3u}) {
+    try {
+      rec.dumpValues(seq, Role::Output, 0);
+      ADD_FAILURE() << "decoded a damaged dump of op " << seq;
+    } catch (const StorageError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("dump of op " + std::to_string(seq) + " output 0"), std::string::npos)
+          << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos);
+    }
+  }
+}
+
 TEST(StorageRoundTrip, StringsAreInternedOnceAndStacksDeduplicated) {
   TempDir dir;
   const std::string path = dir.file("run.db");
@@ -233,7 +298,7 @@ TEST(StorageRoundTrip, StringsAreInternedOnceAndStacksDeduplicated) {
   EXPECT_EQ(countRows(path, "SELECT count(*) FROM stacks"), 2);
   EXPECT_EQ(countRows(path, "SELECT count(*) FROM frames"), 3);  // `shared` stored once
   EXPECT_EQ(countRows(path, "SELECT count(*) FROM stack_frames"), 4);
-  EXPECT_EQ(countRows(path, "SELECT count(*) FROM tensors"), 150);
+  EXPECT_EQ(countRows(path, "SELECT sum(count) FROM op_tensors"), 150);
 
   Recording rec = Recording::open(path);
   EXPECT_EQ(rec.stack(1)->frames[1].function, "train_step()");

@@ -1,28 +1,54 @@
 // Tensor checksums and statistics, exactly as docs/capture.md specifies them: MD5 (OpenSSL EVP)
-// over a header (dtype name, NUL, rank, dims) and the elements in contiguous row-major order, so a
-// view and a copy with the same values hash equal. Host tensors only; read on the calling thread.
+// over the elements in contiguous row-major order and a trailer (dtype name, NUL, rank, dims), so
+// a view and a copy with the same values hash equal. Host tensors only; read on the calling thread.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/storage/records.h"
 #include "keel/tensor.h"
 
+struct evp_md_ctx_st;  // OpenSSL EVP_MD_CTX
+
 namespace keel::capture {
 
-// The header bytes every tensor hash starts with: dtypeName(dtype), one NUL byte, the rank as a
-// little-endian int64, then each dimension as a little-endian int64.
-std::string hashHeader(DType dtype, const Shape& shape);
+// The trailer every tensor hash ends with: dtypeName(dtype), one NUL byte, the rank as a
+// little-endian int64, then each dimension as a little-endian int64. It comes after the elements
+// so that tensors with the same element bytes (a reshape of a contiguous tensor) share the MD5
+// state over the elements and differ only in the trailer.
+std::string hashTrailer(DType dtype, const Shape& shape);
 
-// 32 lowercase hex chars: MD5(hashHeader + elements in row-major order as little-endian bytes of
-// the dtype; bool is one byte 0/1, float16/bfloat16 their 2-byte bit patterns). Throws keel::Error
-// for a tensor not on a host device.
+// MD5 state after a tensor's element bytes; finish() appends a trailer and returns the hex
+// digest. Copyable and cheap to keep (the capture cache holds one per distinct element stream).
+class Md5Stream {
+ public:
+  std::string finish(std::string_view trailer) const;
+  bool valid() const { return ctx_ != nullptr; }
+
+ private:
+  friend Md5Stream md5Elements(const Tensor& t);
+  friend Md5Stream md5RoundedElements(const Tensor& t, int digits);
+  std::shared_ptr<evp_md_ctx_st> ctx_;
+};
+
+// The MD5 state over the elements in row-major order as little-endian bytes of the dtype (bool
+// one byte 0/1, float16/bfloat16 their 2-byte bit patterns). Host tensors only.
+Md5Stream md5Elements(const Tensor& t);
+// The MD5 state over the rounded codes of the elements (12 bytes each, see docs/capture.md).
+// digits in 1..17.
+Md5Stream md5RoundedElements(const Tensor& t, int digits);
+
+// In a rounded code, the exponent that marks NaN (m = 0) and +-Inf (m = +-1).
+constexpr int32_t kRoundedSpecial = 0x7fffffff;
+
+// 32 lowercase hex chars: MD5(elements + hashTrailer). Throws keel::Error for a tensor not on a
+// host device.
 std::string tensorMd5(const Tensor& t);
 
-// MD5(hashHeader + for each element in row-major order: the value converted to double, printed
-// with "%.<digits>g" — "nan" for NaN, "inf"/"-inf" for infinities, "0" for -0 — and a '\n').
-// digits in 1..17.
+// MD5(rounded codes of the elements + hashTrailer), digits significant decimal digits in 1..17.
 std::string tensorMd5Rounded(const Tensor& t, int digits);
 
 // Statistics of a floating-point tensor, in double: min, max, mean, std (population) and absMax

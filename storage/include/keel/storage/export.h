@@ -28,4 +28,10 @@ std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<St
 // outputs, md5 of output 0 (RFC 4180 quoting).
 std::string toCsv(const std::vector<OpRecord>& ops);
 
+// One row per tensor an op saw: seq, step, phase, op, scope, role, idx, tensor_id, version,
+// buffer_id, shape, strides, offset, dtype, device, bytes, md5, md5_rounded, min, max, mean, std,
+// abs_max, nan_count, inf_count, zero_count (statistics empty when not captured; shapes as
+// "4x16x64"). Doubles are written with 17 significant digits, so they read back exactly.
+std::string toTensorCsv(const std::vector<OpRecord>& ops);
+
 }  // namespace keel::storage

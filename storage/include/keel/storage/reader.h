@@ -74,6 +74,10 @@ class Recording {
   std::vector<LogRecord> logs(const LogQuery& q) const;       // in logging order
   std::vector<MemRecord> memEvents(const MemQuery& q) const;  // in event order
   std::vector<DumpRecord> dumps(uint64_t opSeq) const;
+  // The values of one dumped tensor (decompressed, converted to double, contiguous row-major);
+  // nullopt when that tensor was not dumped. Throws StorageError when the dump is damaged (bad
+  // zstd frame, size that does not match dtype and shape, unknown dtype or codec).
+  std::optional<std::vector<double>> dumpValues(uint64_t opSeq, Role role, int32_t index) const;
   std::vector<DroppedCount> dropped() const;
   // The earliest op (by seq) with an output whose nanCount or infCount > 0, with its tensors.
   std::optional<OpRecord> firstNonFinite() const;
