@@ -1,0 +1,83 @@
+// RunSource and DiffRunner on real recordings: results arrive as signals, errors as failed() with
+// the storage layer's one-line message, never an exception into Qt.
+#include <QFile>
+#include <QSignalSpy>
+#include <QtTest>
+
+#include "keel/storage/reader.h"
+#include "keel/views/run_source.h"
+#include "view_test_util.h"
+
+using namespace keel::views;
+
+class RunSourceTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() {
+    path_ = test::tempDir() + "/run.db";
+    QVERIFY(test::recordFixture(path_, "--steps 2 --seed 5 --md5 --stats --stacks"));
+  }
+
+  void opensAndLoadsStepsAndOps() {
+    RunSource src;
+    QSignalSpy opened(&src, &RunSource::opened);
+    src.open(path_);
+    QVERIFY(opened.wait(10000));
+    auto summary = opened.takeFirst().at(0).value<SummaryPtr>();
+    QCOMPARE(int(summary->steps.size()), 2);
+    keel::storage::Recording rec = keel::storage::Recording::open(path_.toStdString());
+    QCOMPARE(summary->opCount, rec.opCount());
+
+    QSignalSpy stepSpy(&src, &RunSource::stepLoaded);
+    src.requestStep(1);
+    QVERIFY(stepSpy.wait(10000));
+    auto step = stepSpy.takeFirst().at(0).value<StepPtr>();
+    QCOMPARE(step->ops.size(), rec.stepOps(1).size());
+    QVERIFY(step->ops.size() > 50);
+
+    const uint64_t seq = step->ops[10].seq;
+    QCOMPARE(step->indexOf(seq), int64_t(10));
+    QSignalSpy opSpy(&src, &RunSource::opLoaded);
+    src.requestOp(seq);
+    QVERIFY(opSpy.wait(10000));
+    auto details = opSpy.takeFirst().at(0).value<OpDetailsPtr>();
+    QVERIFY(details->error.empty());
+    QCOMPARE(details->op.seq, seq);
+    QVERIFY(details->stack.has_value());
+    QVERIFY(!details->stack->frames.empty());
+  }
+
+  void badFileFailsWithOneLine() {
+    QString bad = test::tempDir() + "/not-a-recording.db";
+    QFile f(bad);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write("this is not sqlite at all, just text");
+    f.close();
+    RunSource src;
+    QSignalSpy failed(&src, &RunSource::failed);
+    src.open(bad);
+    QVERIFY(failed.wait(10000));
+    QString msg = failed.takeFirst().at(0).toString();
+    QVERIFY2(msg.contains("not an SQLite file"), qPrintable(msg));
+    QVERIFY(!msg.contains('\n'));
+  }
+
+  void diffRunnerFindsThePerturbedOp() {
+    QString bad = test::tempDir() + "/perturbed.db";
+    QVERIFY(test::recordFixture(bad, "--steps 2 --seed 5 --md5 --stats --stacks",
+                                "KEEL_TEST_PERTURB=matmul:5"));
+    DiffRunner runner;
+    QSignalSpy done(&runner, &DiffRunner::finished);
+    runner.start(path_, bad);
+    QVERIFY(done.wait(30000));
+    auto report = done.takeFirst().at(0).value<DiffPtr>();
+    QVERIFY(report->root.has_value());
+    QCOMPARE(QString::fromStdString(report->root->pair.name), QString("matmul"));
+  }
+
+ private:
+  QString path_;
+};
+
+QTEST_MAIN(RunSourceTest)
+#include "run_source_test.moc"

@@ -1,0 +1,44 @@
+// See view_test_util.h.
+#include "view_test_util.h"
+
+#include <sys/wait.h>
+
+#include <QDir>
+#include <QTemporaryDir>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+namespace keel::views::test {
+
+QString tempDir() {
+  static QTemporaryDir dir;
+  return dir.path();
+}
+
+int runKeel(const std::string& args, std::string* output, const std::string& env) {
+  std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && " + env + " KEEL_BLAS_TUNE=0 '" +
+                    KEEL_CLI_PATH + "' " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = ::pclose(p);
+  if (output) *output = out;
+  if (status == -1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+bool recordFixture(const QString& out, const std::string& extra, const std::string& env,
+                   const std::string& config) {
+  std::string output;
+  int rc = runKeel(
+      "record --config tests/fixtures/" + config + " -o '" + out.toStdString() + "' " + extra,
+      &output, env);
+  if (rc != 0) std::fprintf(stderr, "keel record failed (%d): %s\n", rc, output.c_str());
+  return rc == 0;
+}
+
+}  // namespace keel::views::test

@@ -1,0 +1,70 @@
+// What the views show, as immutable snapshots loaded off the GUI thread by RunSource and shared
+// (std::shared_ptr<const ...>) between views. Plain storage records: views never see the engine.
+#pragma once
+#include <QMetaType>
+#include <QString>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "keel/storage/diff.h"
+#include "keel/storage/reader.h"
+#include "keel/storage/records.h"
+
+namespace keel::views {
+
+// Which recording an op belongs to: the main one (A) or the one it is compared with (B).
+enum class Side { A = 0, B = 1 };
+
+// A recording at a glance: run metadata, steps (with loss), op count.
+struct RunSummary {
+  QString path;
+  storage::RunInfo run;
+  std::vector<storage::StepRecord> steps;
+  int64_t opCount = 0;
+  std::vector<storage::OpCount> opCounts;  // per (name, phase), all steps
+  std::optional<uint64_t> firstNonFiniteSeq;
+};
+
+// Every op of one step (all phases), by seq, with tensors.
+struct StepData {
+  int64_t step = 0;
+  std::vector<storage::OpRecord> ops;
+  // Index of the op with `seq` in ops, or -1.
+  int64_t indexOf(uint64_t seq) const;
+};
+
+// Everything the inspector shows for one op.
+struct OpDetails {
+  storage::OpRecord op;
+  std::optional<storage::StackRecord> stack;
+  std::vector<storage::LogRecord> logs;
+  std::vector<storage::MemRecord> mems;
+  // Dumped values by (role, index), decoded to doubles (first elements only; see kMaxDumpValues).
+  struct Dump {
+    storage::Role role = storage::Role::Output;
+    int32_t index = 0;
+    std::vector<int64_t> shape;
+    std::vector<double> values;  // at most kMaxDumpValues
+    int64_t numel = 0;
+  };
+  std::vector<Dump> dumps;
+  std::string error;  // non-empty when the op could not be read (e.g. a damaged row)
+};
+inline constexpr size_t kMaxDumpValues = 4096;
+
+using SummaryPtr = std::shared_ptr<const RunSummary>;
+using StepPtr = std::shared_ptr<const StepData>;
+using OpDetailsPtr = std::shared_ptr<const OpDetails>;
+using LogsPtr = std::shared_ptr<const std::vector<storage::LogRecord>>;
+using DiffPtr = std::shared_ptr<const storage::DiffReport>;
+
+}  // namespace keel::views
+
+Q_DECLARE_METATYPE(keel::views::Side)
+Q_DECLARE_METATYPE(keel::views::SummaryPtr)
+Q_DECLARE_METATYPE(keel::views::StepPtr)
+Q_DECLARE_METATYPE(keel::views::OpDetailsPtr)
+Q_DECLARE_METATYPE(keel::views::LogsPtr)
+Q_DECLARE_METATYPE(keel::views::DiffPtr)

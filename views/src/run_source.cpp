@@ -1,0 +1,201 @@
+// RunSource and DiffRunner: see run_source.h. The Worker owns the storage::Recording and is only
+// ever touched on its thread; every request is a queued call to it.
+#include "keel/views/run_source.h"
+
+#include <QCoreApplication>
+#include <QMetaObject>
+#include <QPointer>
+#include <QThread>
+#include <QThreadPool>
+#include <exception>
+
+#include "keel/storage/reader.h"
+
+namespace keel::views {
+
+void registerViewTypes() {
+  static bool done = [] {
+    qRegisterMetaType<Side>("keel::views::Side");
+    qRegisterMetaType<SummaryPtr>("keel::views::SummaryPtr");
+    qRegisterMetaType<StepPtr>("keel::views::StepPtr");
+    qRegisterMetaType<OpDetailsPtr>("keel::views::OpDetailsPtr");
+    qRegisterMetaType<LogsPtr>("keel::views::LogsPtr");
+    qRegisterMetaType<DiffPtr>("keel::views::DiffPtr");
+    return true;
+  }();
+  (void)done;
+}
+
+SummaryPtr loadSummary(const storage::Recording& rec, const QString& path) {
+  auto s = std::make_shared<RunSummary>();
+  s->path = path;
+  s->run = rec.run();
+  s->steps = rec.steps();
+  s->opCount = rec.opCount();
+  s->opCounts = rec.opCountsByNameAndPhase();
+  if (auto bad = rec.firstNonFinite()) s->firstNonFiniteSeq = bad->seq;
+  return s;
+}
+
+class RunSource::Worker : public QObject {
+ public:
+  explicit Worker(RunSource* owner) : owner_(owner) {}
+
+  void open(const QString& path, bool verify) {
+    rec_.reset();
+    guarded([&] {
+      rec_.emplace(storage::Recording::open(path.toStdString(), verify));
+      path_ = path;
+      emit owner_->opened(loadSummary(*rec_, path_));
+    });
+  }
+  void refresh() {
+    if (!rec_) return;
+    guarded([&] { emit owner_->summaryUpdated(loadSummary(*rec_, path_)); });
+  }
+  void step(int64_t step) {
+    if (!rec_) return;
+    guarded([&] {
+      auto d = std::make_shared<StepData>();
+      d->step = step;
+      d->ops = rec_->stepOps(step);
+      emit owner_->stepLoaded(d);
+    });
+  }
+  void op(uint64_t seq) {
+    if (!rec_) return;
+    auto d = std::make_shared<OpDetails>();
+    try {
+      auto op = rec_->op(seq);
+      if (!op)
+        throw storage::StorageError("recording " + path_.toStdString() + " has no op " +
+                                    std::to_string(seq));
+      d->op = std::move(*op);
+      if (d->op.stackId >= 0) d->stack = rec_->stack(d->op.stackId);
+      storage::LogQuery lq;
+      lq.opSeqBegin = seq;
+      lq.opSeqEnd = seq + 1;
+      d->logs = rec_->logs(lq);
+      storage::MemQuery mq;
+      mq.opSeqBegin = seq;
+      mq.opSeqEnd = seq + 1;
+      d->mems = rec_->memEvents(mq);
+      for (const auto& dump : rec_->dumps(seq)) {
+        OpDetails::Dump v;
+        v.role = dump.role;
+        v.index = dump.index;
+        v.shape = dump.shape;
+        if (auto vals = rec_->dumpValues(seq, dump.role, dump.index)) {
+          v.numel = int64_t(vals->size());
+          if (vals->size() > kMaxDumpValues) vals->resize(kMaxDumpValues);
+          v.values = std::move(*vals);
+        }
+        d->dumps.push_back(std::move(v));
+      }
+    } catch (const std::exception& e) {
+      d->op.seq = seq;
+      d->error = e.what();
+    }
+    emit owner_->opLoaded(d);
+  }
+  void logs() {
+    if (!rec_) return;
+    guarded([&] {
+      emit owner_->logsLoaded(
+          std::make_shared<const std::vector<storage::LogRecord>>(rec_->logs({})));
+    });
+  }
+
+ private:
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      emit owner_->failed(QString::fromStdString(e.what()));
+    }
+  }
+  RunSource* owner_;
+  std::optional<storage::Recording> rec_;
+  QString path_;
+};
+
+RunSource::RunSource(QObject* parent) : QObject(parent) {
+  registerViewTypes();
+  thread_ = new QThread(this);
+  thread_->setObjectName("keel-run-source");
+  worker_ = new Worker(this);
+  worker_->moveToThread(thread_);
+  connect(thread_, &QThread::finished, worker_, &QObject::deleteLater);
+  thread_->start();
+}
+
+RunSource::~RunSource() {
+  thread_->quit();
+  thread_->wait();
+}
+
+void RunSource::open(const QString& path, bool verify) {
+  path_ = path;
+  open_ = true;
+  QMetaObject::invokeMethod(worker_, [w = worker_, path, verify] { w->open(path, verify); });
+}
+void RunSource::refresh() {
+  QMetaObject::invokeMethod(worker_, [w = worker_] { w->refresh(); });
+}
+void RunSource::requestStep(int64_t step) {
+  QMetaObject::invokeMethod(worker_, [w = worker_, step] { w->step(step); });
+}
+void RunSource::requestOp(uint64_t seq) {
+  QMetaObject::invokeMethod(worker_, [w = worker_, seq] { w->op(seq); });
+}
+void RunSource::requestLogs() {
+  QMetaObject::invokeMethod(worker_, [w = worker_] { w->logs(); });
+}
+
+DiffPtr DiffRunner::run(const QString& pathA, const QString& pathB,
+                        const storage::DiffOptions& options) {
+  auto all = [](const storage::Recording& r) {
+    std::vector<storage::OpRecord> ops;
+    std::vector<int64_t> steps = {0};  // step 0: initialisation
+    for (const auto& s : r.steps()) steps.push_back(s.step);
+    for (int64_t s : steps) {
+      auto part = r.stepOps(s);
+      ops.insert(ops.end(), std::make_move_iterator(part.begin()),
+                 std::make_move_iterator(part.end()));
+    }
+    return ops;
+  };
+  storage::Recording a = storage::Recording::open(pathA.toStdString(), false);
+  storage::Recording b = storage::Recording::open(pathB.toStdString(), false);
+  storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
+    return (sideA ? a : b).dumpValues(seq, static_cast<storage::Role>(role), index);
+  };
+  return std::make_shared<const storage::DiffReport>(
+      storage::diffRuns(all(a), all(b), options, values));
+}
+
+void DiffRunner::start(const QString& pathA, const QString& pathB,
+                       const storage::DiffOptions& options) {
+  registerViewTypes();
+  // The result is delivered on this object's thread, and dropped if the runner is gone by then.
+  QPointer<DiffRunner> self(this);
+  QThreadPool::globalInstance()->start([self, pathA, pathB, options] {
+    DiffPtr report;
+    QString error;
+    try {
+      report = run(pathA, pathB, options);
+    } catch (const std::exception& e) {
+      error = QString::fromStdString(e.what());
+    }
+    QMetaObject::invokeMethod(QCoreApplication::instance(), [self, report, error] {
+      if (!self) return;
+      if (report)
+        emit self->finished(report);
+      else
+        emit self->failed(error);
+    });
+  });
+}
+
+}  // namespace keel::views
