@@ -25,8 +25,13 @@ struct RawStackItem {
   int64_t id = 0;
   RawStack addrs;
 };
+// Recorder::flush(): the writer commits when it reaches this marker (every record queued before it
+// is then on disk) and reports `id` as done.
+struct FlushMarker {
+  int64_t id = 0;
+};
 using Item = std::variant<storage::StepRecord, storage::OpRecord, RawStackItem, storage::LogRecord,
-                          storage::MemRecord, storage::DumpRecord>;
+                          storage::MemRecord, storage::DumpRecord, FlushMarker>;
 
 class RecordQueue {
  public:

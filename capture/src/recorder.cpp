@@ -5,8 +5,10 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <thread>
 #include <unordered_map>
 
@@ -175,6 +177,46 @@ class CaptureObserver : public Observer {
     push(std::move(r), opt_.dropPolicy == DropPolicy::Drop, &droppedOps_);
   }
 
+  // A failing op: recorded with its inputs (no outputs) and its stack, plus an Error log line
+  // carrying the message, so the recording shows where the run failed.
+  void onOpError(const OpEvent& e, std::string_view message) override {
+    if (!active() || !opt_.graph) return;
+    Pending p;
+    int64_t step;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      step = step_;
+      auto it = pending_.find(e.seq);
+      if (it != pending_.end()) {
+        p = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    storage::OpRecord r;
+    r.seq = e.seq;
+    r.step = step;
+    r.phase = std::string(phaseName(e.phase));
+    r.name = e.op->name;
+    if (e.attrs && !e.attrs->items().empty()) r.attrsJson = e.attrs->toString();
+    r.scope = std::string(e.scope);
+    r.thread = smallThreadId();
+    r.beginNs = e.beginNs;
+    r.endNs = e.endNs;
+    r.forwardSeq = e.forwardSeq;
+    r.stackId = p.stackId >= 0 || !opt_.stacks ? p.stackId : stackId(kSkipFrames + 1);
+    for (size_t i = 0; i < e.inputs.size(); ++i)
+      r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
+    push(std::move(r), false, nullptr);
+    storage::LogRecord l;
+    l.step = step;
+    l.opSeq = e.seq;
+    l.level = storage::LogLevel::Error;
+    l.scope = std::string(e.scope);
+    l.message = "op " + e.op->name + " failed: " + std::string(message);
+    l.timeNs = e.endNs;
+    push(std::move(l), false, nullptr, /*urgent=*/true);
+  }
+
   void onMemory(const MemEvent& e) override {
     if (!active() || !opt_.allocator) return;
     storage::MemRecord m;
@@ -217,17 +259,18 @@ class CaptureObserver : public Observer {
   }
 
   // ---- control ----
-  void stop() noexcept {
+  void stop(const std::string& runStatus = "finished") noexcept {
     std::lock_guard<std::mutex> lk(stopMu_);
     if (stopped_) return;
     stopped_ = true;
     closed_.store(true);
     queue_.close();
     if (thread_.joinable()) thread_.join();
+    flushCv_.notify_all();       // flush() waiters see closed_
     if (failed_.load()) return;  // the writer thread already marked the run failed
     try {
       flushDropped();
-      writer_->setRunStatus("finished");
+      writer_->setRunStatus(runStatus);
       writer_->close();
       status_.store(RecorderStatus::Finished);
     } catch (const std::exception& ex) {
@@ -235,6 +278,18 @@ class CaptureObserver : public Observer {
     } catch (...) {
       fail("unknown error");
     }
+  }
+
+  void flush() {
+    if (!active()) return;
+    int64_t id;
+    {
+      std::lock_guard<std::mutex> lk(flushMu_);
+      id = ++flushRequested_;
+    }
+    push(FlushMarker{id}, false, nullptr, /*urgent=*/true);
+    std::unique_lock<std::mutex> lk(flushMu_);
+    flushCv_.wait(lk, [&] { return flushDone_ >= id || failed_.load() || closed_.load(); });
   }
 
   RecorderStatus status() const { return status_.load(); }
@@ -359,6 +414,8 @@ class CaptureObserver : public Observer {
     failed_.store(true);
     status_.store(RecorderStatus::Failed);
     closed_.store(true);  // stop recording
+    { std::lock_guard<std::mutex> lk(flushMu_); }
+    flushCv_.notify_all();
     if (opt_.onError == ErrorPolicy::Throw) throwPending_.store(true);
   }
 
@@ -440,6 +497,14 @@ class CaptureObserver : public Observer {
     } else if (auto* m = std::get_if<storage::MemRecord>(&item)) {
       writer_->writeMem(*m);
       written_[4].fetch_add(1);
+    } else if (auto* f = std::get_if<FlushMarker>(&item)) {
+      flushDropped();
+      writer_->commit();
+      {
+        std::lock_guard<std::mutex> lk(flushMu_);
+        flushDone_ = std::max(flushDone_, f->id);
+      }
+      flushCv_.notify_all();
     } else if (auto* d = std::get_if<storage::DumpRecord>(&item)) {
       std::vector<uint8_t> out(ZSTD_compressBound(d->data.size()));
       size_t n = ZSTD_compress(out.data(), out.size(), d->data.data(), d->data.size(), 3);
@@ -478,6 +543,10 @@ class CaptureObserver : public Observer {
   std::mutex stopMu_;
   bool stopped_ = false;
 
+  std::mutex flushMu_;
+  std::condition_variable flushCv_;
+  int64_t flushRequested_ = 0, flushDone_ = 0;
+
   std::atomic<int64_t> written_[6] = {};
   std::atomic<int64_t> droppedOps_{0}, droppedLogs_{0}, droppedMems_{0}, droppedDumps_{0};
   int64_t reportedDropped_[4] = {0, 0, 0, 0};  // writer side (or stop(), after the join)
@@ -500,6 +569,16 @@ void Recorder::finish() {
   if (!obs_) return;
   removeObserver(obs_);
   obs_->stop();
+}
+
+void Recorder::finishFailed(const std::string& reason) {
+  if (!obs_) return;
+  removeObserver(obs_);
+  obs_->stop("failed: " + reason);
+}
+
+void Recorder::flush() {
+  if (obs_) obs_->flush();
 }
 
 RecorderStatus Recorder::status() const {

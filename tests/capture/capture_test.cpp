@@ -415,6 +415,59 @@ TEST(CaptureRecorder, StacksAllocatorDumpsAndFilters) {
   EXPECT_FALSE(store->mems.empty());
 }
 
+// An op whose kernel or shape check throws is recorded (inputs, stack) with an Error log line
+// carrying the message; the error still reaches the caller unchanged.
+TEST(CaptureRecorder, FailingOpIsRecordedWithItsErrorAndStack) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.stacks = true;
+  opt.md5 = true;
+  {
+    Recorder rec(std::make_unique<FakeWriter>(store), opt);
+    Tensor a = f32({1, 2, 3, 4, 5, 6}, {2, 3});
+    Tensor b = f32({1, 2, 3, 4}, {2, 2});
+    try {
+      ops::matmul(a, b);
+      ADD_FAILURE() << "matmul of [2,3] and [2,2] did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
+    }
+  }
+  ASSERT_FALSE(store->ops.empty());
+  const storage::OpRecord& op = store->ops.back();
+  EXPECT_EQ(op.name, "matmul");
+  ASSERT_EQ(op.tensors.size(), 2u);  // both inputs, no outputs
+  EXPECT_EQ(op.tensors[0].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(op.tensors[0].md5, tensorMd5(f32({1, 2, 3, 4, 5, 6}, {2, 3})));
+  EXPECT_GE(op.stackId, 1);
+  bool sawError = false;
+  for (const auto& l : store->logs)
+    if (l.level == storage::LogLevel::Error && l.opSeq == op.seq) {
+      sawError = true;
+      EXPECT_EQ(l.message.rfind("op matmul failed: ", 0), 0u) << l.message;
+    }
+  EXPECT_TRUE(sawError);
+}
+
+// flush() returns only once everything captured so far was committed.
+TEST(CaptureRecorder, FlushCommitsEverythingCapturedSoFar) {
+  auto store = std::make_shared<Store>();
+  CaptureOptions opt;
+  opt.commitIntervalMs = 60'000;  // no timed commits: only flush() can commit
+  opt.commitEvery = 1'000'000;
+  Recorder rec(std::make_unique<FakeWriter>(store, /*opDelayUs=*/200), opt);
+  Tensor x = f32({1, 2, 3, 4}, {2, 2});
+  for (int i = 0; i < 50; ++i) x = ops::addScalar(x, 1.0);
+  rec.flush();
+  {
+    std::lock_guard<std::mutex> lk(store->mu);
+    EXPECT_EQ(store->ops.size(), 50u);
+    EXPECT_GE(store->commits, 1);
+  }
+  rec.finish();
+  rec.flush();  // after finish: returns at once
+}
+
 std::vector<storage::LogRecord> verboseLines(const Store& s) {
   std::vector<storage::LogRecord> v;
   for (auto& l : s.logs)

@@ -22,7 +22,7 @@ class RunSourceTest : public QObject {
     RunSource src;
     QSignalSpy opened(&src, &RunSource::opened);
     src.open(path_);
-    QVERIFY(opened.wait(10000));
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 10000));
     auto summary = opened.takeFirst().at(0).value<SummaryPtr>();
     QCOMPARE(int(summary->steps.size()), 2);
     keel::storage::Recording rec = keel::storage::Recording::open(path_.toStdString());
@@ -30,7 +30,7 @@ class RunSourceTest : public QObject {
 
     QSignalSpy stepSpy(&src, &RunSource::stepLoaded);
     src.requestStep(1);
-    QVERIFY(stepSpy.wait(10000));
+    QVERIFY(QTest::qWaitFor([&] { return stepSpy.count() >= 1; }, 10000));
     auto step = stepSpy.takeFirst().at(0).value<StepPtr>();
     QCOMPARE(step->ops.size(), rec.stepOps(1).size());
     QVERIFY(step->ops.size() > 50);
@@ -39,7 +39,7 @@ class RunSourceTest : public QObject {
     QCOMPARE(step->indexOf(seq), int64_t(10));
     QSignalSpy opSpy(&src, &RunSource::opLoaded);
     src.requestOp(seq);
-    QVERIFY(opSpy.wait(10000));
+    QVERIFY(QTest::qWaitFor([&] { return opSpy.count() >= 1; }, 10000));
     auto details = opSpy.takeFirst().at(0).value<OpDetailsPtr>();
     QVERIFY(details->error.empty());
     QCOMPARE(details->op.seq, seq);
@@ -56,7 +56,7 @@ class RunSourceTest : public QObject {
     RunSource src;
     QSignalSpy failed(&src, &RunSource::failed);
     src.open(bad);
-    QVERIFY(failed.wait(10000));
+    QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 10000));
     QString msg = failed.takeFirst().at(0).toString();
     QVERIFY2(msg.contains("not an SQLite file"), qPrintable(msg));
     QVERIFY(!msg.contains('\n'));
@@ -69,7 +69,7 @@ class RunSourceTest : public QObject {
     DiffRunner runner;
     QSignalSpy done(&runner, &DiffRunner::finished);
     runner.start(path_, bad);
-    QVERIFY(done.wait(30000));
+    QVERIFY(QTest::qWaitFor([&] { return done.count() >= 1; }, 30000));
     auto report = done.takeFirst().at(0).value<DiffPtr>();
     QVERIFY(report->root.has_value());
     QCOMPARE(QString::fromStdString(report->root->pair.name), QString("matmul"));

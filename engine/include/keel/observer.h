@@ -73,6 +73,9 @@ class Observer {
   virtual ~Observer() = default;
   virtual void onOpBegin(const OpEvent&) {}
   virtual void onOpEnd(const OpEvent&) {}
+  // The op's shape inference or kernel threw (after onOpBegin; onOpEnd will not come). `message`
+  // is the exception's text; the exception propagates to the caller after the observers ran.
+  virtual void onOpError(const OpEvent&, std::string_view /*message*/) {}
   virtual void onMemory(const MemEvent&) {}
   virtual void onStep(const StepEvent&) {}
   virtual void onLog(const LogEvent&) {}
@@ -89,6 +92,7 @@ inline bool hasObservers() {
 void notifyMemory(MemEvent e);  // fills opSeq and timeNs, calls observers
 void notifyOpBegin(const OpEvent& e);
 void notifyOpEnd(const OpEvent& e);
+void notifyOpError(const OpEvent& e, std::string_view message);
 void notifyStep(StepEvent e);  // fills timeNs
 void notifyLog(const LogEvent& e);
 int64_t nowNs();

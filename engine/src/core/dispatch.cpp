@@ -4,6 +4,7 @@
 #include "keel/dispatch.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -82,24 +83,35 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
   log(LogLevel::Verbose, t_scope, def.name + "(" + describeInputs(inputs) + ")");
 }
 
-// Note [Test perturbation]: KEEL_TEST_PERTURB="<op>:<n>" adds 1000 to the first element of
-// output 0 (gross on purpose: its MD5 and its statistics both change) of the n-th call (1-based,
-// counted in this process) of op <op>. Tests use it to inject a divergence into one kernel of one
-// run and check that `keel diff` finds it at that op. Read once at start-up; when unset the cost is
-// one predictable branch per op.
+// Note [Test perturbation]: KEEL_TEST_PERTURB="<op>:<n>[:<mode>]" changes the n-th call (1-based,
+// counted in this process) of op <op>. Modes: "add" (default) adds 1000 to the first element of
+// output 0 (gross on purpose: its MD5 and its statistics both change); "nan" sets it to NaN;
+// "fail" makes the kernel throw keel::Error. Tests use it to inject a divergence, a NaN or an op
+// failure into one kernel of one run and check that `keel diff`, the studio's breakpoints and its
+// failed-session handling find it at that op. Read once at start-up; when unset the cost is one
+// predictable branch per op.
 struct Perturbation {
+  enum class Mode { Add, Nan, Fail };
   bool on = false;
   std::string op;
   int64_t n = 0;
+  Mode mode = Mode::Add;
   std::atomic<int64_t> seen{0};
   Perturbation() {
     const char* e = std::getenv("KEEL_TEST_PERTURB");
     if (!e) return;
     std::string v(e);
-    auto colon = v.rfind(':');
+    auto colon = v.find(':');
     if (colon == std::string::npos || colon == 0) return;
     op = v.substr(0, colon);
-    n = std::atoll(v.c_str() + colon + 1);
+    std::string rest = v.substr(colon + 1);
+    auto colon2 = rest.find(':');
+    if (colon2 != std::string::npos) {
+      std::string m = rest.substr(colon2 + 1);
+      mode = m == "nan" ? Mode::Nan : m == "fail" ? Mode::Fail : Mode::Add;
+      rest = rest.substr(0, colon2);
+    }
+    n = std::atoll(rest.c_str());
     on = n > 0;
   }
 };
@@ -108,13 +120,16 @@ Perturbation g_perturb;
 void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs) {
   if (def.name != g_perturb.op || outputs.empty() || outputs[0].numel() == 0) return;
   if (g_perturb.seen.fetch_add(1) + 1 != g_perturb.n) return;
+  if (g_perturb.mode == Perturbation::Mode::Fail)
+    throw Error("op '" + def.name + "': injected failure (KEEL_TEST_PERTURB)");
+  const bool nan = g_perturb.mode == Perturbation::Mode::Nan;
   visitDType(outputs[0].dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
       T* p = outputs[0].data<T>();
       if constexpr (std::is_same_v<T, double>)
-        p[0] += 1000.0;
+        p[0] = nan ? std::nan("") : p[0] + 1000.0;
       else
-        p[0] = T(float(p[0]) + 1000.0f);
+        p[0] = T(nan ? std::nanf("") : float(p[0]) + 1000.0f);
     }
   });
 }
@@ -211,25 +226,40 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
   }
 
   std::vector<Tensor> outputs;
-  if (def.view) {
-    outputs = def.view(inputs, attrs);
+  auto run = [&] {
+    if (def.view) {
+      outputs = def.view(inputs, attrs);
+    } else {
+      std::vector<TensorMeta> metas = def.infer(inputs, attrs);
+      Device outDev = opId == int(OpId::CopyTo) ? Device(attrs.getString("device")) : dev;
+      const KernelEntry& k = def.kernels[int(dev.backend)];
+      KEEL_CHECK(k.fn != nullptr, "op '", def.name, "' has no kernel for backend '",
+                 backendName(dev.backend), "' (inputs: ", describeInputs(inputs), ")");
+      DType kdt = inputs.empty() ? metas.at(0).dtype : inputs[0].dtype();
+      KEEL_CHECK(k.dtypes & dtypeBit(kdt), "op '", def.name, "' on backend '",
+                 backendName(dev.backend), "' does not support dtype ", dtypeName(kdt),
+                 " (inputs: ", describeInputs(inputs), ")");
+      outputs.reserve(metas.size());
+      for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
+      k.fn(KernelCtx{def, inputs, outputs, attrs});
+      if (g_perturb.on) [[unlikely]]
+        maybePerturb(def, outputs);  // See Note [Test perturbation]
+      if (def.mutatesInputs)
+        for (auto& t : inputs) t.bumpVersion();
+    }
+  };
+  if (!observe) {
+    run();
   } else {
-    std::vector<TensorMeta> metas = def.infer(inputs, attrs);
-    Device outDev = opId == int(OpId::CopyTo) ? Device(attrs.getString("device")) : dev;
-    const KernelEntry& k = def.kernels[int(dev.backend)];
-    KEEL_CHECK(k.fn != nullptr, "op '", def.name, "' has no kernel for backend '",
-               backendName(dev.backend), "' (inputs: ", describeInputs(inputs), ")");
-    DType kdt = inputs.empty() ? metas.at(0).dtype : inputs[0].dtype();
-    KEEL_CHECK(k.dtypes & dtypeBit(kdt), "op '", def.name, "' on backend '",
-               backendName(dev.backend), "' does not support dtype ", dtypeName(kdt),
-               " (inputs: ", describeInputs(inputs), ")");
-    outputs.reserve(metas.size());
-    for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
-    k.fn(KernelCtx{def, inputs, outputs, attrs});
-    if (g_perturb.on) [[unlikely]]
-      maybePerturb(def, outputs);  // See Note [Test perturbation]
-    if (def.mutatesInputs)
-      for (auto& t : inputs) t.bumpVersion();
+    // Observers hear about a failing op (a debugger shows it with its stack), then the error
+    // propagates unchanged.
+    try {
+      run();
+    } catch (const std::exception& e) {
+      ev.endNs = detail::nowNs();
+      detail::notifyOpError(ev, e.what());
+      throw;
+    }
   }
 
   if (def.backward && t_gradEnabled) recordNode(def, inputs, outputs, attrs, seq);

@@ -120,6 +120,9 @@ void notifyOpBegin(const OpEvent& e) {
 void notifyOpEnd(const OpEvent& e) {
   for (auto& o : *snapshot()) o->onOpEnd(e);
 }
+void notifyOpError(const OpEvent& e, std::string_view message) {
+  for (auto& o : *snapshot()) o->onOpError(e, message);
+}
 void notifyStep(StepEvent e) {
   if (!hasObservers()) return;
   e.timeNs = nowNs();

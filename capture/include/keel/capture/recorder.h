@@ -39,7 +39,13 @@ class Recorder {
   // Uninstalls the observer, drains the queue, commits, sets the run status (finished, or
   // "failed: <reason>") and closes the writer. Idempotent; never throws.
   void finish();
+  // finish(), recording the run's status as "failed: <reason>" (the run itself failed, e.g. an op
+  // threw): everything captured so far is kept.
+  void finishFailed(const std::string& reason);
 
+  // Blocks until every record captured so far is committed (readable by another connection), or
+  // the recording failed. A debugger calls it when it pauses the run. No-op after finish().
+  void flush();
   RecorderStatus status() const;
   bool failed() const { return status() == RecorderStatus::Failed; }
   std::string error() const;  // "" unless failed

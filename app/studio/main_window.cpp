@@ -1,0 +1,572 @@
+// MainWindow: see main_window.h.
+#include "main_window.h"
+
+#include <QAction>
+#include <QApplication>
+#include <QCloseEvent>
+#include <QComboBox>
+#include <QDir>
+#include <QDockWidget>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QKeySequence>
+#include <QLabel>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QProgressBar>
+#include <QSettings>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QStatusBar>
+#include <QTimer>
+#include <QToolBar>
+
+#include "dialogs.h"
+#include "keel/views/diff_view.h"
+#include "keel/views/graph_view.h"
+#include "keel/views/inspector.h"
+#include "keel/views/log_view.h"
+#include "keel/views/loss_plot.h"
+#include "keel/views/op_table.h"
+#include "keel/views/run_source.h"
+#include "keel/views/selection.h"
+
+namespace keel::studio {
+
+using views::Side;
+
+namespace {
+constexpr int kMaxRecent = 8;
+
+QString stateName(Session::State s) {
+  switch (s) {
+    case Session::State::Idle:
+      return "idle";
+    case Session::State::Starting:
+      return "starting";
+    case Session::State::Paused:
+      return "paused";
+    case Session::State::Running:
+      return "running";
+    case Session::State::Stepping:
+      return "stepping";
+    case Session::State::Stopping:
+      return "stopping";
+    case Session::State::Finished:
+      return "finished";
+    case Session::State::Failed:
+      return "failed";
+  }
+  return {};
+}
+}  // namespace
+
+MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
+  views::registerViewTypes();
+  setWindowTitle("Keel Studio");
+  setAcceptDrops(true);
+  setDockNestingEnabled(true);
+  selection_ = new views::Selection(this);
+  sourceA_ = new views::RunSource(this);
+  sourceB_ = new views::RunSource(this);
+  diffRunner_ = new views::DiffRunner(this);
+  session_ = new Session(this);
+
+  graphA_ = new views::GraphView(selection_, Side::A);
+  graphB_ = new views::GraphView(selection_, Side::B);
+  graphB_->hide();
+  graphs_ = new QSplitter(Qt::Horizontal);
+  graphs_->addWidget(graphA_);
+  graphs_->addWidget(graphB_);
+  setCentralWidget(graphs_);
+
+  buildActions();
+  buildDocks();
+  connectSources();
+  connectSession();
+
+  statusRun_ = new QLabel("No recording: File > Open recording, or New session");
+  statusState_ = new QLabel;
+  progress_ = new QProgressBar;
+  progress_->setRange(0, 0);
+  progress_->setMaximumWidth(120);
+  progress_->hide();
+  statusBar()->addWidget(statusRun_, 1);
+  statusBar()->addPermanentWidget(statusState_);
+  statusBar()->addPermanentWidget(progress_);
+
+  QSettings settings;
+  resize(1400, 900);
+  restoreGeometry(settings.value("window/geometry").toByteArray());
+  restoreState(settings.value("window/state").toByteArray());
+  rebuildRecentMenu();
+  updateActions();
+}
+
+MainWindow::~MainWindow() = default;
+
+void MainWindow::buildActions() {
+  QMenu* file = menuBar()->addMenu("&File");
+  newSessionAct_ = file->addAction("&New session…", this, &MainWindow::newSessionDialog);
+  newSessionAct_->setShortcut(QKeySequence::New);
+  openAct_ = file->addAction("&Open recording…", this, &MainWindow::openDialog);
+  openAct_->setShortcut(QKeySequence::Open);
+  compareAct_ = file->addAction("&Compare with…", this, &MainWindow::compareDialog);
+  compareAct_->setShortcut(QKeySequence("Ctrl+D"));
+  recentMenu_ = file->addMenu("Open &recent");
+  file->addSeparator();
+  file->addAction("Save &screenshot…", this, [this] {
+    QString p = QFileDialog::getSaveFileName(this, "Save screenshot", "keel-studio.png",
+                                             "PNG images (*.png)");
+    if (!p.isEmpty() && !saveScreenshots(p)) showError("Screenshot", "Cannot write " + p);
+  });
+  file->addSeparator();
+  QAction* quit = file->addAction("&Quit", this, &QWidget::close);
+  quit->setShortcut(QKeySequence::Quit);
+
+  QMenu* run = menuBar()->addMenu("&Run");
+  runAct_ = run->addAction("&Run", session_, &Session::run);
+  runAct_->setShortcut(Qt::Key_F5);
+  pauseAct_ = run->addAction("&Pause", session_, &Session::pause);
+  pauseAct_->setShortcut(Qt::Key_F6);
+  stepAct_ = run->addAction("&Step (one training step)", session_, &Session::step);
+  stepAct_->setShortcut(Qt::Key_F10);
+  stopAct_ = run->addAction("S&top", session_, &Session::stop);
+  stopAct_->setShortcut(QKeySequence("Shift+F5"));
+  run->addSeparator();
+  breakpointsAct_ = run->addAction("&Breakpoints…", this, &MainWindow::breakpointsDialog);
+  breakpointsAct_->setShortcut(QKeySequence("Ctrl+B"));
+
+  QMenu* view = menuBar()->addMenu("&View");
+  fitAct_ = view->addAction("&Fit graph", this, [this] {
+    graphA_->fitToView();
+    if (graphB_->isVisible()) graphB_->fitToView();
+  });
+  fitAct_->setShortcut(QKeySequence("Ctrl+0"));
+  view->addAction("Expand all modules", this, [this] {
+    graphA_->expandAll();
+    if (graphB_->isVisible()) graphB_->expandAll();
+  });
+
+  QToolBar* tb = addToolBar("Main");
+  tb->setObjectName("toolbar.main");
+  tb->setToolButtonStyle(Qt::ToolButtonTextOnly);
+  tb->addAction(newSessionAct_);
+  tb->addAction(openAct_);
+  tb->addAction(compareAct_);
+  tb->addSeparator();
+  tb->addAction(runAct_);
+  tb->addAction(pauseAct_);
+  tb->addAction(stepAct_);
+  tb->addAction(stopAct_);
+  tb->addAction(breakpointsAct_);
+  tb->addSeparator();
+  tb->addWidget(new QLabel(" Step "));
+  stepSpin_ = new QSpinBox;
+  stepSpin_->setRange(0, 0);
+  stepSpin_->setToolTip("Training step to show (0: initialisation)");
+  tb->addWidget(stepSpin_);
+  connect(stepSpin_, &QSpinBox::valueChanged, this, [this](int v) {
+    if (v != shownStep_) showStep(v);
+  });
+  tb->addWidget(new QLabel(" Graph "));
+  phaseCombo_ = new QComboBox;
+  phaseCombo_->addItems({"both", "forward", "backward"});
+  tb->addWidget(phaseCombo_);
+  connect(phaseCombo_, &QComboBox::currentTextChanged, this, [this](const QString& p) {
+    busy(1);
+    graphA_->setPhaseFilter(p);
+    if (graphB_->isVisible()) graphB_->setPhaseFilter(p);
+    busy(-1);
+  });
+}
+
+void MainWindow::buildDocks() {
+  auto dock = [this](const QString& title, const QString& name, QWidget* w, Qt::DockWidgetArea a) {
+    auto* d = new QDockWidget(title, this);
+    d->setObjectName(name);
+    d->setWidget(w);
+    addDockWidget(a, d);
+    return d;
+  };
+  opTable_ = new views::OpTableView(selection_, Side::A);
+  inspector_ = new views::InspectorView(selection_, Side::A);
+  diffView_ = new views::DiffView(selection_, Side::A);
+  logView_ = new views::LogView(selection_, Side::A);
+  lossPlot_ = new views::LossPlot;
+  QDockWidget* inspectorDock =
+      dock("Inspector", "dock.inspector", inspector_, Qt::RightDockWidgetArea);
+  QDockWidget* opsDock = dock("Ops", "dock.ops", opTable_, Qt::BottomDockWidgetArea);
+  diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
+  QDockWidget* logsDock = dock("Logs", "dock.logs", logView_, Qt::BottomDockWidgetArea);
+  QDockWidget* lossDock = dock("Loss", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
+  tabifyDockWidget(opsDock, diffDock_);
+  tabifyDockWidget(diffDock_, logsDock);
+  opsDock->raise();
+  splitDockWidget(inspectorDock, lossDock, Qt::Vertical);
+  resizeDocks({inspectorDock}, {540}, Qt::Horizontal);
+  resizeDocks({opsDock}, {280}, Qt::Vertical);
+  resizeDocks({inspectorDock, lossDock}, {540, 240}, Qt::Vertical);
+  QMenu* view = menuBar()->actions().size() > 2 ? menuBar()->actions()[2]->menu() : nullptr;
+  if (view) {
+    view->addSeparator();
+    for (QDockWidget* d : {inspectorDock, opsDock, diffDock_, logsDock, lossDock})
+      view->addAction(d->toggleViewAction());
+  }
+}
+
+void MainWindow::connectSources() {
+  using views::RunSource;
+  connect(sourceA_, &RunSource::opened, this, [this](views::SummaryPtr s) {
+    busy(-1);
+    summaryA_ = s;
+    int64_t last = s->steps.empty() ? 0 : s->steps.back().step;
+    stepSpin_->setRange(0, int(last));
+    lossPlot_->setRuns(summaryA_, summaryB_);
+    updateStatus();
+    emit recordingOpened(Side::A);
+    busy(1);
+    sourceA_->requestLogs();
+    int64_t first = live_ ? last : (s->steps.empty() ? 0 : s->steps.front().step);
+    showStep(first);
+  });
+  connect(sourceA_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {
+    busy(-1);
+    summaryA_ = s;
+    int64_t last = s->steps.empty() ? 0 : s->steps.back().step;
+    stepSpin_->setMaximum(int(std::max<int64_t>(last, stepSpin_->maximum())));
+    lossPlot_->setRuns(summaryA_, summaryB_);
+    updateStatus();
+  });
+  connect(sourceB_, &RunSource::opened, this, [this](views::SummaryPtr s) {
+    busy(-1);
+    summaryB_ = s;
+    lossPlot_->setRuns(summaryA_, summaryB_);
+    graphB_->show();
+    graphB_->setPhaseFilter(phaseCombo_->currentText());
+    updateStatus();
+    emit recordingOpened(Side::B);
+    if (shownStep_ >= 0) {
+      busy(1);
+      sourceB_->requestStep(shownStep_);
+    }
+    if (summaryA_) {
+      busy(1);
+      diffRunner_->start(summaryA_->path, summaryB_->path);
+    }
+  });
+  for (views::RunSource* src : {sourceA_, sourceB_}) {
+    connect(src, &RunSource::failed, this, [this, src](const QString& msg) {
+      busy(-1);
+      showError(src == sourceA_ ? "Cannot open recording" : "Cannot open recording to compare",
+                msg);
+    });
+  }
+  connect(sourceA_, &RunSource::stepLoaded, this, [this](views::StepPtr step) {
+    busy(-1);
+    if (step->step != shownStep_) return;  // a newer request is on its way
+    stepA_ = step;
+    busy(1);
+    graphA_->setStep(step);
+    opTable_->setStep(step);
+    busy(-1);
+    if (pendingSelectA_) {
+      selection_->select(Side::A, *pendingSelectA_, true);
+      pendingSelectA_.reset();
+    }
+    emit stepShown(step->step);
+  });
+  connect(sourceB_, &RunSource::stepLoaded, this, [this](views::StepPtr step) {
+    busy(-1);
+    if (step->step != shownStep_) return;
+    stepB_ = step;
+    graphB_->setStep(step);
+  });
+  connect(sourceA_, &RunSource::logsLoaded, this, [this](views::LogsPtr logs) {
+    busy(-1);
+    logView_->setLogs(logs);
+  });
+  connect(selection_, &views::Selection::selected, this, [this](Side side, quint64 seq) {
+    busy(1);
+    (side == Side::A ? sourceA_ : sourceB_)->requestOp(seq);
+  });
+  for (views::RunSource* src : {sourceA_, sourceB_}) {
+    connect(src, &RunSource::opLoaded, this, [this](views::OpDetailsPtr d) {
+      busy(-1);
+      inspector_->setDetails(d);
+      emit opInspected(d->op.seq);
+    });
+  }
+  connect(diffRunner_, &views::DiffRunner::finished, this, [this](views::DiffPtr report) {
+    busy(-1);
+    diff_ = report;
+    diffView_->setReport(report);
+    graphA_->setDiff(report);
+    graphB_->setDiff(report);
+    graphA_->setColorMode(views::GraphView::ColorMode::Divergence);
+    graphB_->setColorMode(views::GraphView::ColorMode::Divergence);
+    diffDock_->raise();
+    emit diffShown();
+  });
+  connect(diffRunner_, &views::DiffRunner::failed, this, [this](const QString& msg) {
+    busy(-1);
+    showError("Cannot compare the recordings", msg);
+  });
+  for (views::GraphView* g : {graphA_, graphB_})
+    connect(g, &views::GraphView::layoutFinished, this, [this] { checkIdle(); });
+}
+
+void MainWindow::connectSession() {
+  connect(session_, &Session::stateChanged, this, [this](Session::State) {
+    updateActions();
+    updateStatus();
+  });
+  connect(session_, &Session::started, this,
+          [this](const QString& path) { openRecording(path, /*verify=*/false); });
+  connect(session_, &Session::stepFinished, this, [this](qint64 step, double) {
+    busy(1);
+    sourceA_->refresh();
+    stepSpin_->setMaximum(int(std::max<qint64>(step, stepSpin_->maximum())));
+    if (session_->state() != Session::State::Running) {  // follow the run when it is not racing
+      stepSpin_->blockSignals(true);
+      stepSpin_->setValue(int(step));
+      stepSpin_->blockSignals(false);
+      showStep(step);
+    }
+  });
+  connect(session_, &Session::pausedAt, this, [this](quint64 seq, qint64 step, const QString& why) {
+    statusBar()->showMessage(
+        QString("Paused after op #%1 (step %2): %3").arg(seq).arg(step).arg(why));
+    busy(1);
+    sourceA_->refresh();
+    pendingSelectA_ = seq;
+    stepSpin_->setMaximum(int(std::max<qint64>(step, stepSpin_->maximum())));
+    stepSpin_->blockSignals(true);
+    stepSpin_->setValue(int(step));
+    stepSpin_->blockSignals(false);
+    showStep(step);
+  });
+  connect(session_, &Session::failed, this, [this](const QString& msg, quint64 seq) {
+    updateActions();
+    QString text = msg;
+    if (seq) {
+      text += QString(
+                  "\n\nThe failing op (#%1) is selected: the inspector shows its inputs, "
+                  "call stack and the error in its log.")
+                  .arg(seq);
+      pendingSelectA_ = seq;
+      if (sourceA_->isOpen()) {
+        busy(1);
+        sourceA_->refresh();
+        busy(1);
+        sourceA_->requestLogs();
+        if (shownStep_ >= 0) showStep(shownStep_);
+      }
+    }
+    showError("Session failed", text);
+  });
+  connect(session_, &Session::finished, this, [this] {
+    statusBar()->showMessage("Session finished: " + session_->recordingPath(), 8000);
+    if (sourceA_->isOpen()) {
+      busy(1);
+      sourceA_->refresh();
+      busy(1);
+      sourceA_->requestLogs();
+    }
+    addRecent(session_->recordingPath());
+  });
+}
+
+void MainWindow::openRecording(const QString& path, bool verify) {
+  live_ = !verify;
+  summaryA_.reset();
+  stepA_.reset();
+  shownStep_ = -1;
+  diff_.reset();
+  diffView_->clear();
+  inspector_->clear();
+  selection_->clear();
+  busy(1);
+  sourceA_->open(path, verify);
+  if (verify) addRecent(path);
+}
+
+void MainWindow::compareWith(const QString& path) {
+  summaryB_.reset();
+  stepB_.reset();
+  busy(1);
+  sourceB_->open(path);
+  addRecent(path);
+}
+
+void MainWindow::startSession(const SessionConfig& config) {
+  session_->start(config);
+}
+
+void MainWindow::showStep(int64_t step) {
+  if (!sourceA_->isOpen()) return;
+  shownStep_ = step;
+  if (stepSpin_->value() != step) {
+    stepSpin_->blockSignals(true);
+    stepSpin_->setValue(int(step));
+    stepSpin_->blockSignals(false);
+  }
+  busy(1);
+  sourceA_->requestStep(step);
+  if (sourceB_->isOpen() && summaryB_) {
+    busy(1);
+    sourceB_->requestStep(step);
+  }
+}
+
+void MainWindow::updateActions() {
+  const Session::State s = session_->state();
+  const bool active = s == Session::State::Paused || s == Session::State::Running ||
+                      s == Session::State::Stepping || s == Session::State::Starting;
+  runAct_->setEnabled(s == Session::State::Paused);
+  stepAct_->setEnabled(s == Session::State::Paused);
+  pauseAct_->setEnabled(s == Session::State::Running || s == Session::State::Stepping);
+  stopAct_->setEnabled(active);
+  newSessionAct_->setEnabled(!active);
+  openAct_->setEnabled(!active);
+}
+
+void MainWindow::updateStatus() {
+  QString text;
+  if (summaryA_) {
+    const auto& r = summaryA_->run;
+    text = QString("%1 — %2 on %3, %4 steps, %5 ops")
+               .arg(QFileInfo(summaryA_->path).fileName(), QString::fromStdString(r.backend),
+                    QString::fromStdString(r.host))
+               .arg(summaryA_->steps.size())
+               .arg(summaryA_->opCount);
+    if (summaryB_)
+      text += QString("   vs   %1 (%2)")
+                  .arg(QFileInfo(summaryB_->path).fileName(),
+                       QString::fromStdString(summaryB_->run.backend));
+  }
+  if (!text.isEmpty()) statusRun_->setText(text);
+  const Session::State s = session_->state();
+  statusState_->setText(s == Session::State::Idle ? QString() : "session: " + stateName(s) + "  ");
+  setWindowTitle(summaryA_ ? "Keel Studio — " + QFileInfo(summaryA_->path).fileName()
+                           : QString("Keel Studio"));
+}
+
+void MainWindow::showError(const QString& title, const QString& message) {
+  lastError_ = message;
+  statusBar()->showMessage(title + ": " + message.section('\n', 0, 0), 10000);
+  auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  box->setObjectName("errorDialog");
+  box->open();  // window-modal, never blocks the event loop
+  emit errorShown(message);
+  checkIdle();
+}
+
+void MainWindow::addRecent(const QString& path) {
+  QSettings settings;
+  QStringList recent = settings.value("recentFiles").toStringList();
+  const QString abs = QFileInfo(path).absoluteFilePath();
+  recent.removeAll(abs);
+  recent.prepend(abs);
+  while (recent.size() > kMaxRecent) recent.removeLast();
+  settings.setValue("recentFiles", recent);
+  rebuildRecentMenu();
+}
+
+void MainWindow::rebuildRecentMenu() {
+  recentMenu_->clear();
+  const QStringList recent = QSettings().value("recentFiles").toStringList();
+  for (const QString& p : recent) recentMenu_->addAction(p, this, [this, p] { openRecording(p); });
+  recentMenu_->setEnabled(!recent.isEmpty());
+}
+
+void MainWindow::openDialog() {
+  QString p = QFileDialog::getOpenFileName(this, "Open recording", QString(),
+                                           "Keel recordings (*.db);;All files (*)");
+  if (!p.isEmpty()) openRecording(p);
+}
+
+void MainWindow::compareDialog() {
+  if (!summaryA_) {
+    showError("Compare", "Open a recording first; then choose the one to compare it with.");
+    return;
+  }
+  QString p = QFileDialog::getOpenFileName(this, "Compare with recording", QString(),
+                                           "Keel recordings (*.db);;All files (*)");
+  if (!p.isEmpty()) compareWith(p);
+}
+
+void MainWindow::newSessionDialog() {
+  NewSessionDialog dlg(this);
+  if (dlg.exec() == QDialog::Accepted) startSession(dlg.config());
+}
+
+void MainWindow::breakpointsDialog() {
+  BreakpointsDialog dlg(session_->breakpoints(), this);
+  if (dlg.exec() == QDialog::Accepted) session_->setBreakpoints(dlg.breakpoints());
+}
+
+void MainWindow::busy(int delta) {
+  pending_ = std::max(0, pending_ + delta);
+  progress_->setVisible(pending_ > 0);
+  if (pending_ == 0) QTimer::singleShot(0, this, [this] { checkIdle(); });
+}
+
+bool MainWindow::isIdle() const {
+  return pending_ == 0 && !graphA_->isLayingOut() && !graphB_->isLayingOut();
+}
+
+void MainWindow::whenIdle(std::function<void()> fn) {
+  idleWaiters_.push_back(std::move(fn));
+  QTimer::singleShot(0, this, [this] { checkIdle(); });
+}
+
+void MainWindow::checkIdle() {
+  if (!isIdle() || idleWaiters_.empty()) return;
+  auto waiters = std::move(idleWaiters_);
+  idleWaiters_.clear();
+  for (auto& fn : waiters) fn();
+}
+
+bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsDir) {
+  bool ok = grab().save(windowPng);
+  if (!viewsDir.isEmpty()) {
+    QDir().mkpath(viewsDir);
+    const std::pair<const char*, QWidget*> parts[] = {
+        {"graph", graphs_},  {"ops", opTable_},  {"inspector", inspector_},
+        {"diff", diffView_}, {"logs", logView_}, {"loss", lossPlot_}};
+    for (const auto& [name, w] : parts) {
+      if (!w->isVisible()) continue;
+      ok = w->grab().save(QDir(viewsDir).filePath(QString("%1.png").arg(name))) && ok;
+    }
+  }
+  return ok;
+}
+
+void MainWindow::closeEvent(QCloseEvent* e) {
+  session_->stop();
+  QSettings settings;
+  settings.setValue("window/geometry", saveGeometry());
+  settings.setValue("window/state", saveState());
+  QMainWindow::closeEvent(e);
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* e) {
+  if (e->mimeData()->hasUrls()) e->acceptProposedAction();
+}
+
+void MainWindow::dropEvent(QDropEvent* e) {
+  const auto urls = e->mimeData()->urls();
+  if (urls.isEmpty()) return;
+  if (summaryA_ && urls.size() == 1 && (e->modifiers() & Qt::ControlModifier))
+    compareWith(urls[0].toLocalFile());
+  else
+    openRecording(urls[0].toLocalFile());
+  if (urls.size() > 1) compareWith(urls[1].toLocalFile());
+}
+
+}  // namespace keel::studio

@@ -1,0 +1,139 @@
+// MainWindow: Keel Studio's window. Wires one RunSource per recording (A, and B when comparing),
+// the shared Selection, the views (graph in the centre; op table, inspector, diff, logs and loss
+// as docks) and a live Session. Wiring only: loading is RunSource's, drawing is the views'.
+#pragma once
+#include <QMainWindow>
+#include <QPointer>
+#include <QString>
+#include <functional>
+#include <optional>
+
+#include "keel/views/run_data.h"
+#include "session.h"
+
+class QAction;
+class QComboBox;
+class QLabel;
+class QMenu;
+class QProgressBar;
+class QSpinBox;
+class QSplitter;
+
+namespace keel::views {
+class DiffRunner;
+class DiffView;
+class GraphView;
+class InspectorView;
+class LogView;
+class LossPlot;
+class OpTableView;
+class RunSource;
+class Selection;
+}  // namespace keel::views
+
+namespace keel::studio {
+
+class MainWindow : public QMainWindow {
+  Q_OBJECT
+ public:
+  explicit MainWindow(QWidget* parent = nullptr);
+  ~MainWindow() override;
+
+  // Replays a recording (side A). verify = SQLite quick_check (off for a file being written).
+  void openRecording(const QString& path, bool verify = true);
+  // Opens `path` as side B, side by side with A, and diffs the two.
+  void compareWith(const QString& path);
+  // Starts a live session recording to config.output.
+  void startSession(const SessionConfig& config);
+  void showStep(int64_t step);
+
+  // Calls fn once nothing is loading (summary, step, op, logs, diff, graph layout): the
+  // screenshot mode and the tests use it.
+  void whenIdle(std::function<void()> fn);
+  bool isIdle() const;
+  // Saves the window, and with `viewsDir` also each view, as PNGs. Returns false on a write error.
+  bool saveScreenshots(const QString& windowPng, const QString& viewsDir = {});
+
+  Session* session() { return session_; }
+  views::Selection* selection() { return selection_; }
+  views::GraphView* graphView(views::Side side) {
+    return side == views::Side::A ? graphA_ : graphB_;
+  }
+  views::OpTableView* opTable() { return opTable_; }
+  views::InspectorView* inspector() { return inspector_; }
+  views::DiffView* diffView() { return diffView_; }
+  views::LogView* logView() { return logView_; }
+  views::LossPlot* lossPlot() { return lossPlot_; }
+  views::SummaryPtr summary(views::Side side) const {
+    return side == views::Side::A ? summaryA_ : summaryB_;
+  }
+  views::StepPtr currentStep() const { return stepA_; }
+  views::DiffPtr diffReport() const { return diff_; }
+  QString lastError() const { return lastError_; }
+
+ signals:
+  void recordingOpened(views::Side side);
+  void stepShown(qint64 step);    // the step's ops reached the views
+  void opInspected(quint64 seq);  // the inspector shows this op
+  void diffShown();
+  void errorShown(QString message);  // an error dialog was shown
+
+ protected:
+  void closeEvent(class QCloseEvent* e) override;
+  void dragEnterEvent(class QDragEnterEvent* e) override;
+  void dropEvent(class QDropEvent* e) override;
+
+ private:
+  void buildActions();
+  void buildDocks();
+  void connectSources();
+  void connectSession();
+  void updateActions();
+  void updateStatus();
+  void showError(const QString& title, const QString& message);
+  void addRecent(const QString& path);
+  void rebuildRecentMenu();
+  void openDialog();
+  void compareDialog();
+  void newSessionDialog();
+  void breakpointsDialog();
+  void checkIdle();
+  void busy(int delta);
+
+  views::Selection* selection_;
+  views::RunSource* sourceA_;
+  views::RunSource* sourceB_;
+  views::DiffRunner* diffRunner_;
+  Session* session_;
+
+  QSplitter* graphs_;
+  views::GraphView* graphA_;
+  views::GraphView* graphB_;
+  views::OpTableView* opTable_;
+  views::InspectorView* inspector_;
+  views::DiffView* diffView_;
+  views::LogView* logView_;
+  views::LossPlot* lossPlot_;
+  QDockWidget* diffDock_ = nullptr;
+
+  QAction *newSessionAct_, *openAct_, *compareAct_, *runAct_, *pauseAct_, *stepAct_, *stopAct_,
+      *breakpointsAct_, *fitAct_;
+  QMenu* recentMenu_;
+  QSpinBox* stepSpin_;
+  QComboBox* phaseCombo_;
+  QLabel* statusRun_;
+  QLabel* statusState_;
+  QProgressBar* progress_;
+
+  views::SummaryPtr summaryA_, summaryB_;
+  views::StepPtr stepA_, stepB_;
+  views::DiffPtr diff_;
+  int64_t shownStep_ = -1;
+  bool live_ = false;
+  std::optional<uint64_t> pendingSelectA_;
+  int pending_ = 0;  // outstanding loads
+  std::vector<std::function<void()>> idleWaiters_;
+  QString lastError_;
+};
+
+}  // namespace keel::studio

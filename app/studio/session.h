@@ -1,0 +1,89 @@
+// Session: a live training run inside the studio. The engine trains on a worker thread while a
+// capture Recorder writes the recording the views read; Run / Pause / Step / Stop and breakpoints
+// (op name, scope, first NaN/Inf output, first output MD5 that differs from a reference recording)
+// pause the engine thread inside the step, after the op that hit, with everything so far committed.
+// Invariant: the GUI thread never waits on the engine; every report is a queued signal.
+#pragma once
+#include <QObject>
+#include <QString>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "keel/capture/options.h"
+
+namespace keel::studio {
+
+struct SessionConfig {
+  QString configPath;       // model + training config (JSON), e.g. configs/gpt-mini.json
+  QString backend = "cpu";  // cpu | cpu-ref
+  uint64_t seed = 1;
+  int64_t steps = 20;               // length of the run (and of the LR schedule)
+  QString output;                   // recording file to write
+  capture::CaptureOptions capture;  // what to record
+};
+
+struct Breakpoints {
+  QString opName;          // pause after every call of this op ("" off)
+  QString scope;           // pause after every op in this scope or below ("" off)
+  bool nonFinite = false;  // pause after the first op with a NaN or Inf output
+  QString referencePath;   // pause at the first op whose output MD5 differs from this recording
+  bool any() const {
+    return !opName.isEmpty() || !scope.isEmpty() || nonFinite || !referencePath.isEmpty();
+  }
+};
+
+class Session : public QObject {
+  Q_OBJECT
+ public:
+  enum class State { Idle, Starting, Paused, Running, Stepping, Stopping, Finished, Failed };
+  Q_ENUM(State)
+
+  explicit Session(QObject* parent = nullptr);
+  ~Session() override;  // stops and joins the worker
+
+  // Starts the worker: loads the config, creates the recording and the model (initialisation is
+  // recorded as step 0), then pauses before step 1 (emits started, then stateChanged(Paused)).
+  // Errors (bad config, unwritable output) arrive as failed().
+  void start(const SessionConfig& config);
+  void run();    // run to the end, or to the next breakpoint / pause
+  void pause();  // pause after the op running now
+  void step();   // run one training step (the rest of the current one when paused inside it)
+  void stop();   // stop; the recording keeps everything so far
+  void setBreakpoints(const Breakpoints& b);
+  Breakpoints breakpoints() const;
+
+  State state() const;
+  QString recordingPath() const { return config_.output; }
+  int64_t stepsDone() const;
+  int64_t totalSteps() const { return config_.steps; }
+
+ signals:
+  void stateChanged(keel::studio::Session::State state);
+  void started(QString recordingPath);                      // step 0 committed: open the recording
+  void stepFinished(qint64 step, double loss);              // committed
+  void pausedAt(quint64 seq, qint64 step, QString reason);  // after op `seq`; committed
+  void failed(QString message, quint64 seq);                // seq of the failing op, or 0
+  void finished();                                          // all steps done; recording closed
+
+ private:
+  class Worker;
+  friend class Worker;
+  void setState(State s);
+  void join();
+
+  SessionConfig config_;
+  std::unique_ptr<Worker> worker_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::Idle;
+  bool pauseRequested_ = false;
+  Breakpoints breakpoints_;
+  uint64_t bpVersion_ = 0;  // bumped by setBreakpoints; the engine thread re-reads on change
+  int64_t stepsDone_ = 0;
+};
+
+}  // namespace keel::studio

@@ -1,0 +1,68 @@
+// A session whose op fails mid-run (KEEL_TEST_PERTURB=matmul:50:fail, set by CTest: the 50th
+// matmul is in step 2) reports the error with the op, keeps everything recorded so far (step 1,
+// the failing op with its stack and an Error log line) and returns to idle; the studio selects
+// the failing op.
+#include <QSignalSpy>
+#include <QStandardPaths>
+#include <QtTest>
+
+#include "keel/storage/reader.h"
+#include "keel/views/selection.h"
+#include "main_window.h"
+#include "view_test_util.h"
+
+using namespace keel;
+using keel::studio::MainWindow;
+using keel::studio::Session;
+
+class SessionFailureTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void failingOpFailsTheSessionAndKeepsTheRecording() {
+    QVERIFY2(qgetenv("KEEL_TEST_PERTURB") == "matmul:50:fail", "run through ctest");
+    QStandardPaths::setTestModeEnabled(true);
+    MainWindow w;
+    w.show();
+    studio::SessionConfig c;
+    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+    c.steps = 3;
+    c.output = views::test::tempDir() + "/failing.db";
+    c.capture.md5 = c.capture.stacks = true;
+    Session* s = w.session();
+    QSignalSpy failed(s, &Session::failed);
+    QSignalSpy err(&w, &MainWindow::errorShown);
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 60000));
+    const QString msg = failed.first().at(0).toString();
+    const quint64 seq = failed.first().at(1).toULongLong();
+    QVERIFY2(msg.contains("matmul") && msg.contains("injected failure"), qPrintable(msg));
+    QVERIFY(seq > 0);
+    QCOMPARE(s->state(), Session::State::Failed);
+    QCOMPARE(s->stepsDone(), int64_t(1));
+    QVERIFY(QTest::qWaitFor([&] { return err.count() >= 1; }, 5000));
+
+    storage::Recording rec = storage::Recording::open(c.output.toStdString());
+    QVERIFY(QString::fromStdString(rec.run().status).startsWith("failed: "));
+    QCOMPARE(int(rec.steps().size()), 2);  // step 1 complete, step 2 begun
+    QVERIFY(rec.steps()[0].endNs > 0);
+    auto op = rec.op(seq);
+    QVERIFY(op.has_value());
+    QCOMPARE(QString::fromStdString(op->name), QString("matmul"));
+    QCOMPARE(op->step, int64_t(2));
+    QVERIFY(op->stackId >= 0);
+    QVERIFY(rec.stack(op->stackId).has_value());
+    storage::LogQuery q;
+    q.opSeqBegin = seq;
+    q.opSeqEnd = seq + 1;
+    auto logs = rec.logs(q);
+    QCOMPARE(int(logs.size()), 1);
+    QCOMPARE(int(logs[0].level), int(storage::LogLevel::Error));
+    // The studio selected the failing op.
+    QVERIFY(QTest::qWaitFor([&] { return w.selection()->current(views::Side::A) == seq; }, 20000));
+  }
+};
+
+QTEST_MAIN(SessionFailureTest)
+#include "session_failure_test.moc"

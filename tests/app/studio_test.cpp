@@ -1,0 +1,260 @@
+// Keel Studio end to end, driving the real window offscreen: replay, selection shared between
+// views, comparison with an injected divergence, a live session stepped one step at a time with an
+// op breakpoint, and bad input that shows a dialog while the app keeps running.
+#include <QApplication>
+#include <QLabel>
+#include <QMessageBox>
+#include <QPlainTextEdit>
+#include <QSignalSpy>
+#include <QStandardPaths>
+#include <QTableView>
+#include <QTextEdit>
+#include <QtTest>
+
+#include "keel/storage/reader.h"
+#include "keel/views/diff_view.h"
+#include "keel/views/graph_view.h"
+#include "keel/views/inspector.h"
+#include "keel/views/selection.h"
+#include "main_window.h"
+#include "view_test_util.h"
+
+using namespace keel;
+using keel::studio::MainWindow;
+using keel::studio::Session;
+using keel::views::Side;
+
+namespace {
+
+// Waits until the window has nothing left to load.
+bool waitIdle(MainWindow& w, int ms = 30000) {
+  bool idle = false;
+  w.whenIdle([&] { idle = true; });
+  return QTest::qWaitFor([&] { return idle; }, ms);
+}
+
+// All text shown by a widget tree (labels, line edits, tables, trees, text edits).
+QString allText(QWidget* root) {
+  QString out;
+  for (QObject* o : root->findChildren<QObject*>()) {
+    if (auto* l = qobject_cast<QLabel*>(o)) out += l->text() + "\n";
+    if (auto* t = qobject_cast<QAbstractItemView*>(o)) {
+      QAbstractItemModel* m = t->model();
+      if (!m) continue;
+      std::function<void(const QModelIndex&)> walk = [&](const QModelIndex& parent) {
+        for (int r = 0; r < m->rowCount(parent); ++r)
+          for (int c = 0; c < m->columnCount(parent); ++c) {
+            QModelIndex i = m->index(r, c, parent);
+            out += i.data().toString() + "\t";
+            if (c == 0) walk(i);
+          }
+      };
+      walk({});
+    }
+    if (auto* e = qobject_cast<QPlainTextEdit*>(o)) out += e->toPlainText() + "\n";
+    if (auto* e = qobject_cast<QTextEdit*>(o)) out += e->toPlainText() + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+class StudioTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() {
+    QStandardPaths::setTestModeEnabled(true);
+    dir_ = views::test::tempDir();
+    QVERIFY(
+        views::test::recordFixture(dir_ + "/a.db", "--steps 2 --seed 7 --md5 --stats --stacks"));
+    QVERIFY(views::test::recordFixture(dir_ + "/b.db", "--steps 2 --seed 7 --md5 --stats --stacks",
+                                       "KEEL_TEST_PERTURB=matmul:5"));
+  }
+
+  void openingFillsGraphWithTheStepsOps() {
+    MainWindow w;
+    w.show();
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
+    int graphOps = 0;
+    for (const auto& o : rec.stepOps(1))
+      if (o.phase != "optimizer") ++graphOps;
+    views::GraphView* g = w.graphView(Side::A);
+    g->expandAll();
+    QVERIFY(waitIdle(w));
+    QCOMPARE(g->visibleOpNodeCount(), graphOps);
+    QVERIFY(w.summary(Side::A));
+    QCOMPARE(int(w.summary(Side::A)->steps.size()), 2);
+  }
+
+  void selectingAnOpFillsTheInspectorWithStackAndMd5() {
+    MainWindow w;
+    w.show();
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
+    storage::OpRecord target;
+    for (const auto& o : rec.stepOps(1))
+      if (o.name == "matmul" && o.phase == "forward") {
+        target = o;
+        break;
+      }
+    QVERIFY(target.seq != 0);
+    QSignalSpy inspected(&w, &MainWindow::opInspected);
+    w.selection()->select(Side::A, target.seq);
+    QVERIFY(QTest::qWaitFor([&] { return inspected.count() >= 1; }, 10000));
+    QCOMPARE(inspected.last().at(0).toULongLong(), quint64(target.seq));
+    QString text = allText(w.inspector());
+    std::string md5;
+    for (const auto& t : target.tensors)
+      if (t.role == storage::Role::Output) md5 = t.md5;
+    QVERIFY(!md5.empty());
+    QVERIFY2(text.contains(QString::fromStdString(md5)), "inspector lacks the output MD5");
+    auto stack = rec.stack(target.stackId);
+    QVERIFY(stack && !stack->frames.empty());
+    QVERIFY2(text.contains(QString::fromStdString(stack->frames[0].function).left(20)),
+             "inspector lacks the stack");
+  }
+
+  void diffViewPutsTheInjectedDivergenceFirst() {
+    MainWindow w;
+    w.show();
+    QSignalSpy opened(&w, &MainWindow::recordingOpened);
+    QSignalSpy diffed(&w, &MainWindow::diffShown);
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 30000));
+    w.compareWith(dir_ + "/b.db");
+    QVERIFY(QTest::qWaitFor([&] { return diffed.count() >= 1; }, 60000));
+    QVERIFY(waitIdle(w));
+    views::DiffPtr report = w.diffReport();
+    QVERIFY(report && report->first);
+    QCOMPARE(QString::fromStdString(report->first->pair.name), QString("matmul"));
+    auto* table = w.diffView()->findChild<QTableView*>();
+    QVERIFY(table);
+    QAbstractItemModel* m = table->model();
+    QVERIFY(m->rowCount() > 0);
+    QString row0;
+    for (int c = 0; c < m->columnCount(); ++c) row0 += m->index(0, c).data().toString() + " ";
+    QVERIFY2(row0.contains("matmul"), qPrintable(row0));
+    QVERIFY2(row0.contains(QString::number(report->first->pair.seqA)), qPrintable(row0));
+    // Clicking the row selects the pair in both graphs.
+    QSignalSpy sel(w.selection(), &views::Selection::selected);
+    table->setCurrentIndex(m->index(0, 0));
+    QTest::mouseClick(table->viewport(), Qt::LeftButton, {},
+                      table->visualRect(m->index(0, 0)).center());
+    QVERIFY(QTest::qWaitFor([&] { return w.selection()->current(Side::B).has_value(); }, 5000));
+    QCOMPARE(*w.selection()->current(Side::A), report->first->pair.seqA);
+    QCOMPARE(*w.selection()->current(Side::B), report->first->pair.seqB);
+    QVERIFY(w.graphView(Side::B)->isVisible());
+  }
+
+  void steppingALiveSessionAdvancesExactlyOneStep() {
+    MainWindow w;
+    w.show();
+    studio::SessionConfig c;
+    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+    c.steps = 3;
+    c.seed = 2;
+    c.output = dir_ + "/live.db";
+    c.capture.md5 = c.capture.stats = c.capture.stacks = true;
+    Session* s = w.session();
+    QSignalSpy started(s, &Session::started);
+    QSignalSpy stepped(s, &Session::stepFinished);
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return started.count() >= 1; }, 30000));
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    QCOMPARE(s->stepsDone(), int64_t(0));
+    s->step();
+    QVERIFY(QTest::qWaitFor([&] { return stepped.count() >= 1; }, 30000));
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    QCOMPARE(stepped.count(), 1);
+    QCOMPARE(stepped.first().at(0).toLongLong(), qint64(1));
+    QCOMPARE(s->stepsDone(), int64_t(1));
+    {
+      storage::Recording rec = storage::Recording::open(c.output.toStdString(), false);
+      auto steps = rec.steps();
+      QCOMPARE(int(steps.size()), 1);
+      QCOMPARE(steps[0].step, int64_t(1));
+      QVERIFY(steps[0].endNs > 0);
+      QVERIFY(rec.stepOps(1).size() > 100);
+    }
+    QVERIFY(QTest::qWaitFor(
+        [&] { return w.summary(Side::A) && !w.summary(Side::A)->steps.empty(); }, 10000));
+
+    // An op breakpoint pauses inside step 2, right after the first softmax, which is committed
+    // and selected.
+    studio::Breakpoints b;
+    b.opName = "softmax";
+    s->setBreakpoints(b);
+    QSignalSpy paused(s, &Session::pausedAt);
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 30000));
+    const quint64 seq = paused.first().at(0).toULongLong();
+    QCOMPARE(paused.first().at(1).toLongLong(), qint64(2));
+    QVERIFY(paused.first().at(2).toString().contains("softmax"));
+    {
+      storage::Recording rec = storage::Recording::open(c.output.toStdString(), false);
+      auto op = rec.op(seq);
+      QVERIFY(op.has_value());
+      QCOMPARE(QString::fromStdString(op->name), QString("softmax"));
+    }
+    QVERIFY(QTest::qWaitFor([&] { return w.selection()->current(Side::A) == seq; }, 10000));
+    s->setBreakpoints({});
+    QSignalSpy finished(s, &Session::finished);
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    QCOMPARE(s->state(), Session::State::Finished);
+    storage::Recording rec = storage::Recording::open(c.output.toStdString());
+    QCOMPARE(int(rec.steps().size()), 3);
+    QCOMPARE(QString::fromStdString(rec.run().status), QString("finished"));
+  }
+
+  void badFilesShowADialogAndTheAppKeepsRunning() {
+    MainWindow w;
+    w.show();
+    QString bad = dir_ + "/garbage.db";
+    QFile f(bad);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QByteArray(5000, 'x'));
+    f.close();
+    QSignalSpy err(&w, &MainWindow::errorShown);
+    w.openRecording(bad);
+    QVERIFY(QTest::qWaitFor([&] { return err.count() >= 1; }, 10000));
+    QVERIFY(err.first().at(0).toString().contains("not an SQLite file"));
+    QVERIFY(w.findChild<QMessageBox*>("errorDialog"));
+    // A truncated copy of a real recording.
+    QString cut = dir_ + "/truncated.db";
+    QFile::remove(cut);
+    QVERIFY(QFile::copy(dir_ + "/a.db", cut));
+    QFile t(cut);
+    QVERIFY(t.open(QIODevice::ReadWrite));
+    QVERIFY(t.resize(t.size() / 3));
+    t.close();
+    w.openRecording(cut);
+    QVERIFY(QTest::qWaitFor([&] { return err.count() >= 2; }, 10000));
+    // Still alive: a good recording opens afterwards.
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    // A bad session config fails the session, not the app.
+    studio::SessionConfig c;
+    c.configPath = dir_ + "/no-such-config.json";
+    c.output = dir_ + "/never.db";
+    QSignalSpy failed(w.session(), &Session::failed);
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 10000));
+    QVERIFY(failed.first().at(0).toString().contains("no-such-config.json"));
+    QCOMPARE(w.session()->state(), Session::State::Failed);
+  }
+
+ private:
+  QString dir_;
+};
+
+QTEST_MAIN(StudioTest)
+#include "studio_test.moc"

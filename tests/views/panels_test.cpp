@@ -1,0 +1,578 @@
+// The studio's panels (op table, inspector, diff, log, loss plot) on recordings made by the real
+// keel binary: counts and values are pinned against the storage read API, every model and proxy
+// runs under QAbstractItemModelTester, and clicks reach the shared Selection.
+#include <QAbstractItemModelTester>
+#include <QCheckBox>
+#include <QComboBox>
+#include <QDir>
+#include <QHeaderView>
+#include <QLabel>
+#include <QLineEdit>
+#include <QPlainTextEdit>
+#include <QSignalSpy>
+#include <QTabWidget>
+#include <QTableView>
+#include <QTableWidget>
+#include <QTreeWidget>
+#include <QtTest>
+#include <algorithm>
+
+#include "keel/storage/export.h"
+#include "keel/storage/reader.h"
+#include "keel/views/diff_view.h"
+#include "keel/views/inspector.h"
+#include "keel/views/log_view.h"
+#include "keel/views/loss_plot.h"
+#include "keel/views/op_table.h"
+#include "keel/views/run_source.h"
+#include "keel/views/selection.h"
+#include "view_test_util.h"
+
+using namespace keel::views;
+using keel::storage::Recording;
+
+namespace {
+
+constexpr auto kFailHard = QAbstractItemModelTester::FailureReportingMode::QtTest;
+const std::string kOptions =
+    "--steps 2 --seed 5 --md5 --stats --stacks --allocator --dumps --dump-ops matmul "
+    "--verbose blocks.0.attn";
+
+// Every piece of text the widget's children show: labels, item widgets, text edits.
+QStringList allText(QWidget* w) {
+  QStringList out;
+  for (auto* l : w->findChildren<QLabel*>()) out << l->text();
+  for (auto* t : w->findChildren<QTableWidget*>())
+    for (int r = 0; r < t->rowCount(); ++r)
+      for (int c = 0; c < t->columnCount(); ++c)
+        if (auto* it = t->item(r, c)) out << it->text();
+  for (auto* t : w->findChildren<QTreeWidget*>())
+    for (QTreeWidgetItemIterator it(t); *it; ++it) out << (*it)->text(0) << (*it)->text(1);
+  for (auto* e : w->findChildren<QPlainTextEdit*>()) out << e->toPlainText();
+  return out;
+}
+
+bool showsText(QWidget* w, const QString& needle) {
+  const auto texts = allText(w);
+  return std::any_of(texts.begin(), texts.end(),
+                     [&](const QString& t) { return t.contains(needle); });
+}
+
+void clickRow(QTableView* table, int row) {
+  const QModelIndex idx = table->model()->index(row, 1);
+  table->scrollTo(idx);
+  QTest::mouseClick(table->viewport(), Qt::LeftButton, {}, table->visualRect(idx).center());
+}
+
+// RunSource emits from its worker thread: a QSignalSpy armed after the request can miss a fast
+// answer, so the results are caught by a GUI-thread receiver (queued) and waited for.
+OpDetailsPtr loadOp(const QString& path, uint64_t seq) {
+  RunSource src;
+  QObject receiver;
+  bool opened = false;
+  QString failed;
+  OpDetailsPtr details;
+  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
+  QObject::connect(&src, &RunSource::failed, &receiver, [&](QString m) { failed = m; });
+  QObject::connect(&src, &RunSource::opLoaded, &receiver, [&](OpDetailsPtr d) { details = d; });
+  src.open(path);
+  if (!QTest::qWaitFor([&] { return opened || !failed.isEmpty(); }, 30000) || !opened) {
+    qWarning() << "open failed:" << (failed.isEmpty() ? QString("timeout") : failed);
+    return nullptr;
+  }
+  src.requestOp(seq);
+  if (!QTest::qWaitFor([&] { return details != nullptr; }, 30000)) qWarning() << "no opLoaded";
+  return details;
+}
+
+StepPtr stepOf(const Recording& rec, int64_t step) {
+  auto d = std::make_shared<StepData>();
+  d->step = step;
+  d->ops = rec.stepOps(step);
+  return d;
+}
+
+}  // namespace
+
+class PanelsTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() {
+    registerViewTypes();
+    pathA_ = test::tempDir() + "/a.db";
+    pathB_ = test::tempDir() + "/b.db";
+    QVERIFY(test::recordFixture(pathA_, kOptions));
+    QVERIFY(test::recordFixture(pathB_, kOptions, "KEEL_TEST_PERTURB=matmul:5"));
+  }
+
+  void opTableHasEveryOpOfTheStepAndFiltersWithOneProxy() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    const auto ops = rec.stepOps(1);
+    Selection sel;
+    OpTableView view(&sel, Side::A);
+    QAbstractItemModelTester modelTester(view.model(), kFailHard);
+    QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
+    view.setStep(stepOf(rec, 1));
+    QCOMPARE(size_t(view.model()->rowCount()), ops.size());
+    QCOMPARE(size_t(view.proxy()->rowCount()), ops.size());
+    QCOMPARE(view.model()->columnCount(), int(OpTableModel::ColumnCount));
+
+    const auto count = [&](auto pred) { return int(std::count_if(ops.begin(), ops.end(), pred)); };
+    const int backward = count([](const auto& o) { return o.phase == "backward"; });
+    QVERIFY(backward > 0 && backward < int(ops.size()));
+    view.findChild<QComboBox*>("opFilterPhase")->setCurrentIndex(2);  // Backward
+    QCOMPARE(view.proxy()->phase(), QString("backward"));
+    QCOMPARE(view.proxy()->rowCount(), backward);
+
+    // Text filter over name or scope, together with the phase filter.
+    view.findChild<QLineEdit*>("opFilterText")->setText("MLP");
+    const int mlpBackward = count([](const auto& o) {
+      return o.phase == "backward" &&
+             (o.scope.find("mlp") != std::string::npos || o.name.find("mlp") != std::string::npos);
+    });
+    QVERIFY(mlpBackward > 0);
+    QCOMPARE(view.proxy()->rowCount(), mlpBackward);
+    view.setPhaseFilter("");
+    view.setTextFilter("matmul");
+    QCOMPARE(view.proxy()->rowCount(),
+             count([](const auto& o) { return o.name.find("matmul") != std::string::npos; }));
+    view.setTextFilter("");
+    QCOMPARE(size_t(view.proxy()->rowCount()), ops.size());
+
+    // Row text: seq, time in µs, MD5 prefix with the full hash in the tooltip.
+    const auto& op = ops[3];
+    const auto* out = &*std::find_if(op.tensors.begin(), op.tensors.end(), [](const auto& t) {
+      return t.role == keel::storage::Role::Output && t.index == 0;
+    });
+    auto* m = view.model();
+    QCOMPARE(m->index(3, OpTableModel::Seq).data().toULongLong(), op.seq);
+    QCOMPARE(m->index(3, OpTableModel::Name).data().toString(), QString::fromStdString(op.name));
+    QCOMPARE(m->index(3, OpTableModel::Time).data().toString(),
+             QString::number((op.endNs - op.beginNs) / 1000.0, 'f', 1));
+    QCOMPARE(m->index(3, OpTableModel::Md5).data().toString(),
+             QString::fromStdString(out->md5.substr(0, 8)));
+    QVERIFY(m->index(3, OpTableModel::Md5)
+                .data(Qt::ToolTipRole)
+                .toString()
+                .contains(QString::fromStdString(out->md5)));
+  }
+
+  void opTableSortsByTimeLongestFirst() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    const auto ops = rec.stepOps(1);
+    Selection sel;
+    OpTableView view(&sel, Side::A);
+    QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
+    view.setStep(stepOf(rec, 1));
+    // Clicking the header twice: ascending, then descending.
+    QHeaderView* header = view.table()->horizontalHeader();
+    const int x = header->sectionViewportPosition(OpTableModel::Time) + 5;
+    QTest::mouseClick(header->viewport(), Qt::LeftButton, {}, QPoint(x, 5));
+    if (header->sortIndicatorOrder() != Qt::DescendingOrder)
+      QTest::mouseClick(header->viewport(), Qt::LeftButton, {}, QPoint(x, 5));
+    QCOMPARE(header->sortIndicatorSection(), int(OpTableModel::Time));
+    QCOMPARE(header->sortIndicatorOrder(), Qt::DescendingOrder);
+    const auto longest = *std::max_element(
+        ops.begin(), ops.end(),
+        [](const auto& a, const auto& b) { return a.endNs - a.beginNs < b.endNs - b.beginNs; });
+    QCOMPARE(view.proxy()->index(0, 0).data(OpTableModel::SeqRole).toULongLong(), longest.seq);
+    // Numeric, not text order: "10.0" after "9.0" would break this.
+    for (int r = 1; r < view.proxy()->rowCount(); ++r)
+      QVERIFY(view.proxy()
+                  ->index(r - 1, OpTableModel::Time)
+                  .data(OpTableModel::SortRole)
+                  .toLongLong() >=
+              view.proxy()->index(r, OpTableModel::Time).data(OpTableModel::SortRole).toLongLong());
+  }
+
+  void opTableFlagsNonFiniteOutputsAndFiltersThem() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    auto step = std::make_shared<StepData>(*stepOf(rec, 1));
+    QVERIFY(step->ops.size() > 20);
+    // Two ops with output statistics get NaN and Inf counts.
+    std::vector<size_t> withStats;
+    for (size_t i = 0; i < step->ops.size(); ++i)
+      for (const auto& t : step->ops[i].tensors)
+        if (t.role == keel::storage::Role::Output && t.index == 0 && t.hasStats)
+          withStats.push_back(i);
+    QVERIFY(withStats.size() > 10);
+    const size_t nanOp = withStats[2], infOp = withStats[9], cleanOp = withStats[3];
+    auto poison = [&](size_t i, int64_t nan, int64_t inf) {
+      for (auto& t : step->ops[i].tensors)
+        if (t.role == keel::storage::Role::Output && t.index == 0) {
+          t.stats.nanCount = nan;
+          t.stats.infCount = inf;
+        }
+    };
+    poison(nanOp, 3, 0);
+    poison(infOp, 0, 1);
+    Selection sel;
+    OpTableView view(&sel, Side::A);
+    QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
+    view.setStep(step);
+    auto flag = [&](size_t row) {
+      return view.model()->index(int(row), OpTableModel::NonFinite).data().toString();
+    };
+    QCOMPARE(flag(nanOp), QString("NaN"));
+    QCOMPARE(flag(infOp), QString("Inf"));
+    QCOMPARE(flag(cleanOp), QString());
+    view.findChild<QCheckBox*>("opFilterNonFinite")->setChecked(true);
+    QCOMPARE(view.proxy()->rowCount(), 2);
+    QCOMPARE(view.proxy()->index(0, 0).data(OpTableModel::SeqRole).toULongLong(),
+             step->ops[nanOp].seq);
+    QCOMPARE(view.proxy()->index(1, 0).data(OpTableModel::SeqRole).toULongLong(),
+             step->ops[infOp].seq);
+  }
+
+  void opTableRowClickSelectsAndSelectionScrollsToRow() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    auto step = stepOf(rec, 1);
+    Selection sel;
+    OpTableView view(&sel, Side::A);
+    view.resize(900, 500);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setStep(step);
+
+    QSignalSpy selected(&sel, &Selection::selected);
+    clickRow(view.table(), 4);
+    QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(step->ops[4].seq));
+    QVERIFY(!sel.current(Side::B));
+    QCOMPARE(selected.count(), 1);
+
+    // Selecting elsewhere moves the table's current row there and scrolls it into view, without
+    // selecting anything back.
+    const size_t far = step->ops.size() - 3;
+    sel.select(Side::A, step->ops[far].seq);
+    QCOMPARE(selected.count(), 2);
+    const QModelIndex cur = view.table()->currentIndex();
+    QCOMPARE(cur.data(OpTableModel::SeqRole).toULongLong(), step->ops[far].seq);
+    QVERIFY(view.table()->selectionModel()->isRowSelected(cur.row(), {}));
+    QVERIFY(view.table()->viewport()->rect().intersects(view.table()->visualRect(cur)));
+    // The other side's selection leaves this table alone.
+    sel.select(Side::B, step->ops[2].seq);
+    QCOMPARE(view.table()->currentIndex().data(OpTableModel::SeqRole).toULongLong(),
+             step->ops[far].seq);
+    // Filtering keeps the selection where it was (no op gets selected by a filter).
+    view.setPhaseFilter("forward");
+    QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(step->ops[far].seq));
+  }
+
+  void inspectorShowsStackMd5AttributesValuesAndLogs() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    // The first matmul in the verbose-logged attention block: stack, dumps, logs, attributes.
+    const auto ops = rec.stepOps(1);
+    auto it = std::find_if(ops.begin(), ops.end(), [](const auto& o) {
+      return o.name == "matmul" && o.scope.rfind("blocks.0.attn", 0) == 0;
+    });
+    QVERIFY(it != ops.end());
+    OpDetailsPtr d = loadOp(pathA_, it->seq);
+    QVERIFY(d);
+    QVERIFY(d->error.empty());
+    QVERIFY(d->stack && !d->stack->frames.empty());
+    QVERIFY(!d->dumps.empty());
+    QVERIFY(!d->logs.empty());
+
+    Selection sel;
+    InspectorView view(&sel, Side::A);
+    view.setDetails(d);
+    const auto& f = d->stack->frames.front();
+    QVERIFY(!f.function.empty() && !f.file.empty());
+    QVERIFY2(showsText(&view, QString::fromStdString(f.function)), f.function.c_str());
+    const QString loc = QString("%1:%2").arg(QString::fromStdString(f.file)).arg(f.line);
+    QVERIFY2(showsText(&view, loc), qPrintable(loc));
+    const auto& out = *std::find_if(d->op.tensors.begin(), d->op.tensors.end(), [](const auto& t) {
+      return t.role == keel::storage::Role::Output;
+    });
+    QCOMPARE(int(out.md5.size()), 32);
+    QVERIFY(showsText(&view, QString::fromStdString(out.md5)));
+    QVERIFY(showsText(&view, QString::fromStdString(it->name)));
+    QVERIFY(showsText(&view, QString::fromStdString(it->scope)));
+    QVERIFY(showsText(&view, "trans_b"));  // attributes parsed from attrsJson
+    QVERIFY(showsText(&view, QString::fromStdString(d->logs.front().message)));
+    QVERIFY(
+        showsText(&view, QString("output 0  shape %1")
+                             .arg(QString::fromStdString(keel::storage::shapeText(out.shape)))));
+    QCOMPARE(view.tabs()->tabText(InspectorView::Stack),
+             QString("Stack (%1)").arg(d->stack->frames.size()));
+    // Stack rows are innermost first.
+    auto* stack = view.findChild<QTableWidget*>("inspectorStack");
+    QCOMPARE(stack->rowCount(), int(d->stack->frames.size()));
+    QCOMPARE(stack->item(0, 1)->text(), QString::fromStdString(f.function));
+    // The tensor table has a row per tensor, inputs first.
+    auto* tensors = view.findChild<QTableWidget*>("inspectorTensors");
+    QCOMPARE(tensors->rowCount(), int(d->op.tensors.size()));
+    QCOMPARE(tensors->item(0, 0)->text(), QString("input 0"));
+
+    view.clear();
+    QVERIFY(!showsText(&view, QString::fromStdString(out.md5)));
+  }
+
+  void inspectorLinksABackwardOpToItsForwardOp() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    const auto ops = rec.stepOps(1);
+    auto it = std::find_if(ops.begin(), ops.end(), [](const auto& o) { return o.forwardSeq != 0; });
+    QVERIFY(it != ops.end());
+    OpDetailsPtr d = loadOp(pathA_, it->seq);
+    QVERIFY(d && d->error.empty());
+    Selection sel;
+    InspectorView view(&sel, Side::B);
+    view.setDetails(d);
+    auto* header = view.findChild<QLabel*>("inspectorHeader");
+    QVERIFY(header->text().contains(QString("op:%1").arg(it->forwardSeq)));
+    emit header->linkActivated(QString("op:%1").arg(it->forwardSeq));
+    QCOMPARE(sel.current(Side::B), std::optional<uint64_t>(it->forwardSeq));
+  }
+
+  void inspectorShowsAnErrorInsteadOfTabs() {
+    auto d = std::make_shared<OpDetails>();
+    d->op.seq = 99999;
+    d->error = "recording /tmp/x.db has no op 99999";
+    Selection sel;
+    InspectorView view(&sel, Side::A);
+    view.resize(600, 300);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setDetails(d);
+    auto* err = view.findChild<QLabel*>("inspectorError");
+    QVERIFY(err->isVisible());
+    QCOMPARE(err->text(), QString::fromStdString(d->error));
+    QVERIFY(!view.tabs()->isVisible());
+    view.clear();
+    QVERIFY(!err->isVisible());
+    QVERIFY(view.tabs()->isVisible());
+  }
+
+  void diffFirstRowIsTheInjectedDivergenceAndSelectsThePair() {
+    DiffPtr report = DiffRunner::run(pathA_, pathB_);
+    QVERIFY(report);
+    QVERIFY(report->first.has_value());
+    QVERIFY(report->root.has_value());
+    const auto& first = report->first->pair;
+    QCOMPARE(QString::fromStdString(first.name), QString("matmul"));
+    QCOMPARE(report->root->pair.seqA, first.seqA);  // the perturbed matmul's inputs all match
+
+    Selection sel;
+    DiffView view(&sel, Side::A);
+    QAbstractItemModelTester modelTester(view.model(), kFailHard);
+    QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
+    view.resize(900, 500);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setReport(report);
+    QCOMPARE(size_t(view.model()->rowCount()), report->pairs.size());  // every pair once
+    const auto* top = view.model()->pairAt(0);
+    QCOMPARE(top->seqA, first.seqA);
+    QCOMPARE(top->seqB, first.seqB);
+    QCOMPARE(top->step, first.step);
+    QCOMPARE(view.model()->markAt(0), DiffModel::FirstDivergence | DiffModel::RootDivergence);
+    QCOMPARE(view.model()->markAt(1), int(DiffModel::NoMark));
+    auto* m = view.model();
+    QCOMPARE(m->index(0, DiffModel::Status).data().toString(), QString("diverged — first, root"));
+    QCOMPARE(m->index(0, DiffModel::Name).data().toString(), QString("matmul"));
+    QCOMPARE(m->index(0, DiffModel::SeqA).data().toULongLong(), first.seqA);
+    QCOMPARE(m->index(0, DiffModel::Basis).data().toString(), QString("values"));
+    QCOMPARE(DiffModel::maxAbs(*top), first.outputs.at(0).maxAbs);
+    QVERIFY(DiffModel::maxAbs(*top) > 100);  // the perturbation adds 1000 to one element
+    QCOMPARE(m->index(0, DiffModel::MaxAbs).data().toString(),
+             QString::number(first.outputs.at(0).maxAbs, 'g', 5));
+    // The rest stay in alignment order: row 1 is the report's first pair.
+    QVERIFY(!(report->pairs[0].seqA == first.seqA));
+    QCOMPARE(view.model()->pairAt(1)->seqA, report->pairs[0].seqA);
+    // An equal pair compared by MD5 has no error columns.
+    const int equalRow = view.model()->rowOf(Side::A, report->pairs[0].seqA);
+    QCOMPARE(m->index(equalRow, DiffModel::Status).data().toString(), QString("equal"));
+    QCOMPARE(m->index(equalRow, DiffModel::MaxAbs).data().toString(), QString());
+    QVERIFY(view.summaryText().contains("DIVERGED"));
+    QVERIFY(view.summaryText().contains(QString("%1 diverged").arg(report->total.diverged)));
+
+    clickRow(view.table(), 0);
+    QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(first.seqA));
+    QCOMPARE(sel.current(Side::B), std::optional<uint64_t>(first.seqB));
+
+    // Selecting an op of A elsewhere moves the diff's current row to its pair.
+    sel.select(Side::A, report->pairs[5].seqA);
+    QCOMPARE(
+        view.model()->pairAt(view.proxy()->mapToSource(view.table()->currentIndex()).row())->seqA,
+        report->pairs[5].seqA);
+  }
+
+  void diffMismatchesOnlyKeepsDivergedAndUnmatched() {
+    DiffPtr report = DiffRunner::run(pathA_, pathB_);
+    QVERIFY(report && report->first);
+    Selection sel;
+    DiffView view(&sel, Side::A);
+    QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
+    view.setReport(report);
+    const int mismatches =
+        int(std::count_if(report->pairs.begin(), report->pairs.end(), [](const auto& p) {
+          return p.status != keel::storage::DiffStatus::Equal &&
+                 p.status != keel::storage::DiffStatus::WithinTolerance;
+        }));
+    QCOMPARE(int64_t(mismatches),
+             report->total.diverged + report->total.onlyInA + report->total.onlyInB);
+    QVERIFY(mismatches > 0 && mismatches < int(report->pairs.size()));
+    view.findChild<QCheckBox*>("diffMismatchesOnly")->setChecked(true);
+    QCOMPARE(view.proxy()->rowCount(), mismatches);
+    QCOMPARE(view.model()->pairAt(view.proxy()->mapToSource(view.proxy()->index(0, 0)).row())->seqA,
+             report->first->pair.seqA);
+    view.setMismatchesOnly(false);
+    QCOMPARE(size_t(view.proxy()->rowCount()), report->pairs.size());
+    view.clear();
+    QCOMPARE(view.proxy()->rowCount(), 0);
+  }
+
+  void logFiltersMatchTheRecording() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    const auto lines = rec.logs({});
+    QVERIFY(!lines.empty());
+    const auto count = [&](auto pred) {
+      return int(std::count_if(lines.begin(), lines.end(), pred));
+    };
+    const int verbose =
+        count([](const auto& l) { return l.level == keel::storage::LogLevel::Verbose; });
+    QVERIFY(verbose > 0);  // --verbose blocks.0.attn
+
+    Selection sel;
+    LogView view(&sel, Side::A);
+    QAbstractItemModelTester modelTester(view.model(), kFailHard);
+    QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
+    view.setLogs(std::make_shared<const std::vector<keel::storage::LogRecord>>(lines));
+    QCOMPARE(size_t(view.proxy()->rowCount()), lines.size());
+    QCOMPARE(view.model()->index(0, LogModel::Message).data().toString(),
+             QString::fromStdString(lines[0].message));
+    QCOMPARE(view.model()->index(0, LogModel::Level).data().toString(),
+             logLevelName(lines[0].level));
+
+    // Level: the combo's "up to debug" keeps what Recording::logs(maxLevel = Debug) returns.
+    keel::storage::LogQuery q;
+    q.maxLevel = keel::storage::LogLevel::Debug;
+    auto* level = view.findChild<QComboBox*>("logFilterLevel");
+    level->setCurrentIndex(level->findData(int(keel::storage::LogLevel::Debug)));
+    QCOMPARE(size_t(view.proxy()->rowCount()), rec.logs(q).size());
+    view.setMaxLevel(keel::storage::LogLevel::Verbose);
+    QCOMPARE(size_t(view.proxy()->rowCount()), lines.size());
+
+    // Scope prefix and message text, alone and together.
+    const std::string scope = "blocks.0.attn.proj";
+    const int inScope = count([&](const auto& l) { return l.scope.rfind(scope, 0) == 0; });
+    QVERIFY(inScope > 0 && inScope < int(lines.size()));
+    view.findChild<QLineEdit*>("logFilterScope")->setText(QString::fromStdString(scope));
+    QCOMPARE(view.proxy()->rowCount(), inScope);
+    view.setTextFilter("MATMUL");
+    const int both = count([&](const auto& l) {
+      return l.scope.rfind(scope, 0) == 0 && l.message.find("matmul") != std::string::npos;
+    });
+    QVERIFY(both > 0 && both < inScope);
+    QCOMPARE(view.proxy()->rowCount(), both);
+    view.setScopeFilter("");
+    QCOMPARE(view.proxy()->rowCount(),
+             count([](const auto& l) { return l.message.find("matmul") != std::string::npos; }));
+    view.setTextFilter("");
+    QCOMPARE(size_t(view.proxy()->rowCount()), lines.size());
+  }
+
+  void logClickSelectsItsOp() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    const auto lines = rec.logs({});
+    Selection sel;
+    LogView view(&sel, Side::B);
+    view.resize(900, 500);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setLogs(std::make_shared<const std::vector<keel::storage::LogRecord>>(lines));
+    QVERIFY(lines[3].opSeq != 0);
+    clickRow(view.table(), 3);
+    QCOMPARE(sel.current(Side::B), std::optional<uint64_t>(lines[3].opSeq));
+    QVERIFY(!sel.current(Side::A));
+  }
+
+  void lossPlotHasOneGraphPerRun() {
+    Recording a = Recording::open(pathA_.toStdString());
+    Recording b = Recording::open(pathB_.toStdString());
+    SummaryPtr sa = loadSummary(a, pathA_), sb = loadSummary(b, pathB_);
+    QCOMPARE(int(sa->steps.size()), 2);
+    LossPlot plot;
+    QCOMPARE(plot.graphCount(), 0);
+    plot.setRuns(sa);
+    QCOMPARE(plot.graphCount(), 1);
+    QCOMPARE(plot.pointCount(0), 2);
+    QVERIFY(plot.graphName(0).contains("a.db"));
+    plot.setRuns(sa, sb);
+    QCOMPARE(plot.graphCount(), 2);
+    QCOMPARE(plot.pointCount(0), 2);
+    QCOMPARE(plot.pointCount(1), 2);
+    QVERIFY(plot.graphName(1).contains("b.db"));
+    QCOMPARE(plot.pointCount(2), 0);
+    plot.clear();
+    QCOMPARE(plot.graphCount(), 0);
+  }
+
+  // KEEL_PANEL_SHOTS=<dir>: saves a picture of each panel on the fixtures, to look at.
+  void screenshots() {
+    const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+    if (dir.isEmpty()) QSKIP("set KEEL_PANEL_SHOTS=<dir> to save screenshots");
+    QDir().mkpath(dir);
+    Recording rec = Recording::open(pathA_.toStdString());
+    Selection sel;
+    auto shoot = [&](QWidget* w, const QString& name) {
+      w->resize(900, 500);
+      w->show();
+      QVERIFY(QTest::qWaitForWindowExposed(w));
+      QTest::qWait(50);
+      QVERIFY(w->grab().save(dir + "/panel_" + name + ".png"));
+    };
+    {
+      OpTableView v(&sel, Side::A);
+      v.setStep(stepOf(rec, 1));
+      sel.select(Side::A, rec.stepOps(1)[6].seq);
+      shoot(&v, "optable");
+    }
+    {
+      InspectorView v(&sel, Side::A);
+      const auto ops = rec.stepOps(1);
+      auto it = std::find_if(ops.begin(), ops.end(), [](const auto& o) {
+        return o.name == "matmul" && o.scope.rfind("blocks.0.attn", 0) == 0;
+      });
+      v.setDetails(loadOp(pathA_, it->seq));
+      for (int t = 0; t < InspectorView::TabCount; ++t) {
+        v.tabs()->setCurrentIndex(t);
+        shoot(&v, QString("inspector_%1").arg(t));
+      }
+      auto bw =
+          std::find_if(ops.begin(), ops.end(), [](const auto& o) { return o.forwardSeq != 0; });
+      v.setDetails(loadOp(pathA_, bw->seq));
+      v.tabs()->setCurrentIndex(0);
+      shoot(&v, "inspector_backward");
+      auto bad = std::make_shared<OpDetails>();
+      bad->op.seq = 123456;
+      bad->error = "recording " + pathA_.toStdString() + " has no op 123456";
+      v.setDetails(bad);
+      shoot(&v, "inspector_error");
+    }
+    {
+      DiffView v(&sel, Side::A);
+      v.setReport(DiffRunner::run(pathA_, pathB_));
+      shoot(&v, "diff");
+      v.setMismatchesOnly(true);
+      shoot(&v, "diff_mismatches");
+    }
+    {
+      LogView v(&sel, Side::A);
+      v.setLogs(std::make_shared<const std::vector<keel::storage::LogRecord>>(rec.logs({})));
+      shoot(&v, "log");
+    }
+    {
+      Recording b = Recording::open(pathB_.toStdString());
+      LossPlot v;
+      v.setRuns(loadSummary(rec, pathA_), loadSummary(b, pathB_));
+      shoot(&v, "loss");
+    }
+  }
+
+ private:
+  QString pathA_, pathB_;
+};
+
+QTEST_MAIN(PanelsTest)
+#include "panels_test.moc"

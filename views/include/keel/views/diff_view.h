@@ -1,0 +1,115 @@
+// The diff panel: one row per aligned op pair of a DiffReport, the first divergence on top (row 0,
+// marked; the root divergence next when it differs), then every other pair in alignment order.
+// A summary line gives the verdict; one proxy filters to mismatches. Rows select both ops.
+#pragma once
+#include <QAbstractTableModel>
+#include <QHash>
+#include <QSortFilterProxyModel>
+#include <QWidget>
+#include <vector>
+
+#include "keel/views/run_data.h"
+
+class QCheckBox;
+class QLabel;
+class QTableView;
+
+namespace keel::views {
+
+class Selection;
+
+class DiffModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  enum Column {
+    Status,
+    Step,
+    SeqA,
+    SeqB,
+    Name,
+    Phase,
+    Scope,
+    MaxAbs,
+    MaxRel,
+    Basis,
+    Detail,
+    ColumnCount
+  };
+  enum Mark { NoMark = 0, FirstDivergence = 1, RootDivergence = 2 };  // flags
+  enum Role {
+    StatusRole = Qt::UserRole + 1,  // int: storage::DiffStatus (any column)
+    MarkRole,                       // int: Mark flags (any column)
+    SortRole,                       // numbers for numeric columns (NaN: not compared)
+  };
+
+  explicit DiffModel(QObject* parent = nullptr);
+
+  void setReport(DiffPtr report);  // nullptr empties the table
+  DiffPtr report() const { return report_; }
+  const storage::OpPair* pairAt(int row) const;
+  int markAt(int row) const;
+  // Row of the pair holding op `seq` on `side`, or -1.
+  int rowOf(Side side, uint64_t seq) const;
+
+  // Largest maxAbs / maxRel over the pair's outputs; NaN when no output was compared by values.
+  static double maxAbs(const storage::OpPair& p);
+  static double maxRel(const storage::OpPair& p);
+
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation orientation,
+                      int role = Qt::DisplayRole) const override;
+
+ private:
+  DiffPtr report_;
+  std::vector<const storage::OpPair*> rows_;  // into report_ (pairs, or first/root's pair)
+  std::vector<int> marks_;
+  QHash<quint64, int> rowOfA_, rowOfB_;
+};
+
+// "Mismatches only": keeps Diverged and Unmatched pairs (drops Equal and WithinTolerance).
+class DiffFilterProxy : public QSortFilterProxyModel {
+  Q_OBJECT
+ public:
+  explicit DiffFilterProxy(QObject* parent = nullptr);
+  void setMismatchesOnly(bool on);
+  bool mismatchesOnly() const { return mismatchesOnly_; }
+
+ protected:
+  bool filterAcceptsRow(int sourceRow, const QModelIndex& sourceParent) const override;
+
+ private:
+  bool mismatchesOnly_ = false;
+};
+
+class DiffView : public QWidget {
+  Q_OBJECT
+ public:
+  // `side` is unused by the diff (a row selects both sides); kept for the panels' one signature.
+  DiffView(Selection* selection, Side side = Side::A, QWidget* parent = nullptr);
+
+  void setReport(DiffPtr report);
+  void clear() { setReport(nullptr); }
+  void setMismatchesOnly(bool on);  // the checkbox follows
+
+  DiffModel* model() const { return model_; }
+  DiffFilterProxy* proxy() const { return proxy_; }
+  QTableView* table() const { return table_; }
+  QString summaryText() const;
+
+ private:
+  void onSelected(Side side, quint64 seq);
+  void selectRow(const QModelIndex& proxyIndex);
+  void updateSummary();
+
+  Selection* selection_;
+  DiffModel* model_;
+  DiffFilterProxy* proxy_;
+  QLabel* summary_;
+  QCheckBox* mismatches_;
+  QTableView* table_;
+  bool syncing_ = false;  // true while the view itself moves the current row
+};
+
+}  // namespace keel::views

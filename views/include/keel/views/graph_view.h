@@ -1,0 +1,187 @@
+// The graph view: one step's forward and backward op graphs, laid out by Graphviz dot on the thread
+// pool and drawn in a QGraphicsView (zoom, pan, fit, minimap, search, module clusters that collapse
+// and expand, colouring by phase, op time, bytes or divergence). Follows the shared Selection for
+// its side both ways. The GUI never waits for a layout; see Note [Graph view layout].
+#pragma once
+#include <QColor>
+#include <QFont>
+#include <QFutureWatcher>
+#include <QString>
+#include <QWidget>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "keel/views/graph_dot.h"
+#include "keel/views/run_data.h"
+
+class QAbstractGraphicsShapeItem;
+class QComboBox;
+class QGraphicsItem;
+class QGraphicsPathItem;
+class QGraphicsScene;
+class QGraphicsView;
+class QLabel;
+class QLineEdit;
+
+namespace keel::views {
+
+class Selection;
+
+class GraphView : public QWidget {
+  Q_OBJECT
+ public:
+  enum class ColorMode { Phase, OpTime, Bytes, Divergence };
+
+  // Steps with more ops than this (in the phase filter) open with their modules collapsed.
+  static constexpr int kLargeGraphOps = 300;
+
+  GraphView(Selection* selection, Side side, QWidget* parent = nullptr);
+  ~GraphView() override;
+
+  void setStep(StepPtr step);  // nullptr empties the view
+  StepPtr step() const { return step_; }
+  void setDiff(DiffPtr diff);  // the comparison whose verdicts ColorMode::Divergence shows
+  void setColorMode(ColorMode mode);
+  ColorMode colorMode() const { return colorMode_; }
+  // "forward" | "backward" | "both" (forward and backward) | "optimizer".
+  void setPhaseFilter(const QString& phase);
+  QString phaseFilter() const;
+
+  void expandAll();
+  void collapseAll();  // every module collapsed: the top-level modules only
+  void expand(const QString& scope);
+  void collapse(const QString& scope);
+
+  // Search: ops whose name or scope contains `text` (any case) are highlighted; findNext() selects
+  // the next one (Enter in the search box).
+  void setSearchText(const QString& text);
+  void findNext();
+  int searchMatchCount() const { return int(matches_.size()); }
+  // Selects the selected op's partner: a forward op's (first) backward op, a backward op's forward
+  // op (key J, context menu). Returns false when there is none.
+  bool jumpToPartner();
+
+  void zoomIn();
+  void zoomOut();
+  void fitToView();
+  // The first view of a step: see Note [Initial graph view].
+  void initialView();
+
+  int visibleOpNodeCount() const { return graph_ ? graph_->opNodes : 0; }
+  int moduleNodeCount() const { return graph_ ? graph_->moduleNodes : 0; }
+  bool isLayingOut() const { return running_; }
+  QGraphicsScene* scene() const { return scene_; }
+  QGraphicsView* graphicsView() const;
+  // The item drawing op `seq` as its own node, or nullptr (filtered out, collapsed, no layout).
+  QAbstractGraphicsShapeItem* opItem(uint64_t seq) const;
+  // The node of a collapsed module ("forward"/"backward"/"optimizer", scope), or nullptr.
+  QAbstractGraphicsShapeItem* moduleItem(const QString& phase, const QString& scope) const;
+
+  // Timings of the last layout, seconds: DOT text, Graphviz, scene (items and minimap).
+  struct LayoutTimes {
+    double dot = 0, graphviz = 0, scene = 0;
+  };
+  LayoutTimes lastLayoutTimes() const { return times_; }
+
+  // Fill of a node in ColorMode::Divergence (`first`: the run's first divergence).
+  static QColor statusColor(storage::DiffStatus status, bool first = false);
+  static QColor phaseColor(const std::string& phase, bool module = false);
+
+ signals:
+  void layoutFinished();
+
+ protected:
+  void showEvent(QShowEvent* event) override;
+  void changeEvent(QEvent* event) override;
+  void resizeEvent(QResizeEvent* event) override;
+
+ private:
+  class Canvas;
+  class Minimap;
+  class NodeItem;
+  class EdgeItem;
+  class ClusterItem;
+  struct LayoutResult;
+
+  void requestLayout();
+  void startLayout();
+  void applyLayout(std::shared_ptr<LayoutResult> result);
+  void resetExpansion();
+  void applyColors();
+  void applyHighlights();
+  void updateStatus();
+  void updateLegend();
+  void updateMinimap();
+  void onSelected(Side side, quint64 seq);
+  // Expands what hides `seq`; true when that needs a new layout.
+  bool reveal(uint64_t seq);
+  void centerOnScope(const std::string& scope);
+  void zoomBy(double factor);
+  NodeItem* nodeAt(const QPoint& viewPos) const;
+  ClusterItem* clusterAt(const QPoint& viewPos) const;
+  void clicked(const QPoint& viewPos);
+  void doubleClicked(const QPoint& viewPos);
+  void contextMenu(const QPoint& viewPos, const QPoint& globalPos);
+  std::optional<uint64_t> partnerOf(uint64_t seq) const;
+  const storage::OpRecord* opBySeq(uint64_t seq) const;
+  void measureFonts();
+
+  Selection* selection_;
+  Side side_;
+  StepPtr step_;
+  DiffPtr diff_;
+  ColorMode colorMode_ = ColorMode::Phase;
+  GraphPhase phase_ = GraphPhase::Both;
+  bool expandAll_ = true;
+  std::unordered_set<std::string> expanded_;  // when !expandAll_
+  std::unordered_set<std::string> opening_;   // the expansion a large step opens with
+  bool large_ = false;
+
+  // Layout state (see Note [Graph view layout]).
+  uint64_t generation_ = 0;  // bumped by every change that needs a new layout
+  bool running_ = false;
+  bool fitPending_ = false;        // fit once the widget is shown and laid out
+  bool centerOnSelected_ = false;  // centre on the selected op after the next layout
+  std::string focusScope_;         // centre on this module after the next layout
+  std::shared_ptr<const GraphDot> graph_;
+  LayoutTimes times_;
+
+  // Drawn items of the current layout.
+  std::vector<NodeItem*> nodeItems_;  // by GraphDot node index
+  std::vector<EdgeItem*> edgeItems_;  // by GraphDot edge index
+  std::vector<ClusterItem*> clusterItems_;
+  std::unordered_map<uint64_t, NodeItem*> opItems_;
+  QGraphicsPathItem* linksItem_ = nullptr;
+  QGraphicsPathItem* selectedLinksItem_ = nullptr;
+
+  // Divergence verdicts of this side's ops.
+  std::unordered_map<uint64_t, storage::DiffStatus> status_;
+  std::optional<uint64_t> firstDivergence_;
+
+  std::optional<uint64_t> selected_;
+  std::vector<uint64_t> matches_;  // search hits, by seq
+  std::unordered_set<uint64_t> matchSet_;
+  int matchIndex_ = -1;
+  QString searchText_;
+
+  QFont font_, boldFont_;
+  TextMetrics metrics_;
+
+  QGraphicsScene* scene_ = nullptr;
+  Canvas* canvas_ = nullptr;
+  Minimap* minimap_ = nullptr;
+  QComboBox* phaseBox_ = nullptr;
+  QComboBox* colorBox_ = nullptr;
+  QLineEdit* search_ = nullptr;
+  QLabel* matchLabel_ = nullptr;
+  QLabel* legend_ = nullptr;
+  QLabel* statusLabel_ = nullptr;
+  QFutureWatcher<std::shared_ptr<LayoutResult>>* watcher_ = nullptr;
+};
+
+}  // namespace keel::views

@@ -1,0 +1,102 @@
+// The log panel: every recorded log line (step, op, level, scope, message) in one LogModel, with
+// level / scope-prefix / text filters in one LogFilterProxy. Clicking a line selects its op in the
+// shared Selection (lines logged outside any op, opSeq 0, select nothing).
+#pragma once
+#include <QAbstractTableModel>
+#include <QColor>
+#include <QSortFilterProxyModel>
+#include <QWidget>
+
+#include "keel/views/run_data.h"
+
+class QComboBox;
+class QLabel;
+class QLineEdit;
+class QTableView;
+
+namespace keel::views {
+
+class Selection;
+
+// "error", "warn", "info", "debug", "verbose".
+QString logLevelName(storage::LogLevel level);
+// Text colour of a level (errors red, warnings amber, debug/verbose grey); invalid for info.
+QColor logLevelColor(storage::LogLevel level);
+
+class LogModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  enum Column { Step, OpSeq, Level, Scope, Message, ColumnCount };
+  enum Role {
+    LevelRole = Qt::UserRole + 1,  // int: storage::LogLevel (any column)
+    OpSeqRole,                     // quint64: the op's seq, 0 outside ops (any column)
+  };
+
+  explicit LogModel(QObject* parent = nullptr);
+  void setLogs(LogsPtr logs);  // nullptr empties the table
+  LogsPtr logs() const { return logs_; }
+  const storage::LogRecord* lineAt(int row) const;
+
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation orientation,
+                      int role = Qt::DisplayRole) const override;
+
+ private:
+  LogsPtr logs_;
+};
+
+// Keeps lines at or below a level (Error < Warn < Info < Debug < Verbose) whose scope starts with
+// a prefix and whose message contains a text (both any case; empty = all).
+class LogFilterProxy : public QSortFilterProxyModel {
+  Q_OBJECT
+ public:
+  explicit LogFilterProxy(QObject* parent = nullptr);
+  void setMaxLevel(storage::LogLevel level);
+  void setScopePrefix(const QString& prefix);
+  void setText(const QString& text);
+  storage::LogLevel maxLevel() const { return maxLevel_; }
+
+ protected:
+  bool filterAcceptsRow(int sourceRow, const QModelIndex& sourceParent) const override;
+
+ private:
+  storage::LogLevel maxLevel_ = storage::LogLevel::Verbose;
+  QString scope_, text_;
+};
+
+class LogView : public QWidget {
+  Q_OBJECT
+ public:
+  LogView(Selection* selection, Side side, QWidget* parent = nullptr);
+
+  void setLogs(LogsPtr logs);
+  void clear() { setLogs(nullptr); }
+
+  // The filter bar's controls, set from code (the widgets follow).
+  void setMaxLevel(storage::LogLevel level);
+  void setScopeFilter(const QString& prefix);
+  void setTextFilter(const QString& text);
+
+  LogModel* model() const { return model_; }
+  LogFilterProxy* proxy() const { return proxy_; }
+  QTableView* table() const { return table_; }
+
+ private:
+  void selectRow(const QModelIndex& proxyIndex);
+  void updateCount();
+
+  Selection* selection_;
+  Side side_;
+  LogModel* model_;
+  LogFilterProxy* proxy_;
+  QTableView* table_;
+  QComboBox* level_;
+  QLineEdit* scope_;
+  QLineEdit* text_;
+  QLabel* count_;
+  bool syncing_ = false;  // true while filters move the current row
+};
+
+}  // namespace keel::views

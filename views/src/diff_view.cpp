@@ -1,0 +1,485 @@
+// DiffModel, DiffFilterProxy and DiffView: see diff_view.h. Rows point into the immutable report
+// snapshot; the first (and root) divergence are moved to the top, every pair appears once.
+#include "keel/views/diff_view.h"
+
+#include <QCheckBox>
+#include <QColor>
+#include <QFont>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QItemSelectionModel>
+#include <QLabel>
+#include <QTableView>
+#include <QVBoxLayout>
+#include <cmath>
+#include <optional>
+
+#include "keel/views/selection.h"
+
+namespace keel::views {
+namespace {
+
+using storage::DiffStatus;
+
+bool samePair(const storage::OpPair& a, const storage::OpPair& b) {
+  return a.step == b.step && a.inA == b.inA && a.inB == b.inB && a.seqA == b.seqA &&
+         a.seqB == b.seqB;
+}
+
+bool isMismatch(DiffStatus s) {
+  return s == DiffStatus::Diverged || s == DiffStatus::Unmatched;
+}
+
+QString statusText(const storage::OpPair& p) {
+  switch (p.status) {
+    case DiffStatus::Equal:
+      return QStringLiteral("equal");
+    case DiffStatus::WithinTolerance:
+      return QStringLiteral("within tolerance");
+    case DiffStatus::Diverged:
+      return QStringLiteral("diverged");
+    case DiffStatus::Unmatched:
+      return p.inA ? QStringLiteral("only in A") : QStringLiteral("only in B");
+  }
+  return {};
+}
+
+QColor statusBackground(DiffStatus s, bool marked) {
+  switch (s) {
+    case DiffStatus::Equal:
+      return QColor(0xd4, 0xed, 0xda);
+    case DiffStatus::WithinTolerance:
+      return QColor(0xff, 0xf0, 0xb3);
+    case DiffStatus::Diverged:
+      return marked ? QColor(0xf1, 0xa7, 0xae) : QColor(0xf8, 0xd7, 0xda);
+    case DiffStatus::Unmatched:
+      return QColor(0xe2, 0xe3, 0xe5);
+  }
+  return {};
+}
+
+// The output that settled the pair's verdict: the worst one (first of equals).
+const storage::TensorDiff* worstOutput(const storage::OpPair& p) {
+  const storage::TensorDiff* worst = nullptr;
+  for (const auto& t : p.outputs)
+    if (!worst || int(t.status) > int(worst->status)) worst = &t;
+  return worst;
+}
+
+QString numberOrBlank(double v) {
+  return std::isnan(v) ? QString() : QString::number(v, 'g', 5);
+}
+
+}  // namespace
+
+// ---- DiffModel ----
+
+DiffModel::DiffModel(QObject* parent) : QAbstractTableModel(parent) {}
+
+double DiffModel::maxAbs(const storage::OpPair& p) {
+  double m = storage::kNoValue;
+  for (const auto& t : p.outputs)
+    if (!std::isnan(t.maxAbs) && (std::isnan(m) || t.maxAbs > m)) m = t.maxAbs;
+  return m;
+}
+
+double DiffModel::maxRel(const storage::OpPair& p) {
+  double m = storage::kNoValue;
+  for (const auto& t : p.outputs)
+    if (!std::isnan(t.maxRel) && (std::isnan(m) || t.maxRel > m)) m = t.maxRel;
+  return m;
+}
+
+void DiffModel::setReport(DiffPtr report) {
+  beginResetModel();
+  report_ = std::move(report);
+  rows_.clear();
+  marks_.clear();
+  rowOfA_.clear();
+  rowOfB_.clear();
+  if (report_) {
+    const auto& pairs = report_->pairs;
+    // The marked pairs, found in pairs (their own copy when pairs left them out).
+    std::vector<std::pair<const storage::OpPair*, int>> top;
+    auto addMarked = [&](const std::optional<storage::Divergence>& d, int mark) {
+      if (!d) return;
+      for (auto& [p, m] : top)
+        if (samePair(*p, d->pair)) {
+          m |= mark;
+          return;
+        }
+      const storage::OpPair* found = &d->pair;
+      for (const auto& p : pairs)
+        if (samePair(p, d->pair)) {
+          found = &p;
+          break;
+        }
+      top.emplace_back(found, mark);
+    };
+    addMarked(report_->first, FirstDivergence);
+    addMarked(report_->root, RootDivergence);
+    rows_.reserve(pairs.size() + top.size());
+    for (auto& [p, m] : top) {
+      rows_.push_back(p);
+      marks_.push_back(m);
+    }
+    for (const auto& p : pairs) {
+      bool isTop = false;
+      for (auto& t : top) isTop = isTop || t.first == &p;
+      if (isTop) continue;
+      rows_.push_back(&p);
+      marks_.push_back(NoMark);
+    }
+    for (int row = int(rows_.size()) - 1; row >= 0; --row) {
+      const auto* p = rows_[size_t(row)];
+      if (p->inA) rowOfA_.insert(p->seqA, row);
+      if (p->inB) rowOfB_.insert(p->seqB, row);
+    }
+  }
+  endResetModel();
+}
+
+const storage::OpPair* DiffModel::pairAt(int row) const {
+  return row >= 0 && size_t(row) < rows_.size() ? rows_[size_t(row)] : nullptr;
+}
+
+int DiffModel::markAt(int row) const {
+  return row >= 0 && size_t(row) < marks_.size() ? marks_[size_t(row)] : NoMark;
+}
+
+int DiffModel::rowOf(Side side, uint64_t seq) const {
+  return (side == Side::A ? rowOfA_ : rowOfB_).value(seq, -1);
+}
+
+int DiffModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : int(rows_.size());
+}
+
+int DiffModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : ColumnCount;
+}
+
+QVariant DiffModel::data(const QModelIndex& index, int role) const {
+  const storage::OpPair* p = index.isValid() ? pairAt(index.row()) : nullptr;
+  if (!p) return {};
+  const int col = index.column();
+  const int mark = markAt(index.row());
+  switch (role) {
+    case StatusRole:
+      return int(p->status);
+    case MarkRole:
+      return mark;
+    case Qt::DisplayRole:
+      switch (col) {
+        case Status: {
+          QString s = statusText(*p);
+          if (mark == (FirstDivergence | RootDivergence))
+            s += QStringLiteral(" — first, root");
+          else if (mark & FirstDivergence)
+            s += QStringLiteral(" — first");
+          else if (mark & RootDivergence)
+            s += QStringLiteral(" — root");
+          return s;
+        }
+        case Step:
+          return QVariant::fromValue<qint64>(p->step);
+        case SeqA:
+          return p->inA ? QVariant::fromValue<quint64>(p->seqA) : QVariant();
+        case SeqB:
+          return p->inB ? QVariant::fromValue<quint64>(p->seqB) : QVariant();
+        case Name:
+          return p->nameB.empty() ? QString::fromStdString(p->name)
+                                  : QString::fromStdString(p->name + " / " + p->nameB);
+        case Phase:
+          return QString::fromStdString(p->phase);
+        case Scope:
+          return QString::fromStdString(p->scope);
+        case MaxAbs:
+          return numberOrBlank(maxAbs(*p));
+        case MaxRel:
+          return numberOrBlank(maxRel(*p));
+        case Basis: {
+          auto* w = worstOutput(*p);
+          return w ? QString::fromUtf8(storage::toString(w->basis)) : QString();
+        }
+        case Detail: {
+          QStringList parts;
+          if (!p->exactSignature && p->inA && p->inB)
+            parts << QStringLiteral("paired on name/phase/scope only");
+          if (auto* w = worstOutput(*p); w && !w->detail.empty() && w->status != DiffStatus::Equal)
+            parts << QStringLiteral("output %1: %2")
+                         .arg(w->index)
+                         .arg(QString::fromStdString(w->detail));
+          return parts.join(QStringLiteral("; "));
+        }
+      }
+      return {};
+    case SortRole:
+      switch (col) {
+        case Status:
+          return int(p->status);
+        case Step:
+          return QVariant::fromValue<qint64>(p->step);
+        case SeqA:
+          return QVariant::fromValue<quint64>(p->inA ? p->seqA : 0);
+        case SeqB:
+          return QVariant::fromValue<quint64>(p->inB ? p->seqB : 0);
+        case MaxAbs:
+          return maxAbs(*p);
+        case MaxRel:
+          return maxRel(*p);
+        default:
+          return data(index, Qt::DisplayRole);
+      }
+    case Qt::ToolTipRole: {
+      if (col == Status) {
+        QString tip;
+        if (mark & FirstDivergence) tip += tr("First divergence: the earliest diverged op of A.\n");
+        if (mark & RootDivergence)
+          tip += tr("Root divergence: the earliest diverged op whose inputs all match.\n");
+        for (const auto& t : p->outputs)
+          tip += tr("output %1: %2 (%3)%4\n")
+                     .arg(t.index)
+                     .arg(QString::fromUtf8(storage::toString(t.status)),
+                          QString::fromUtf8(storage::toString(t.basis)),
+                          t.detail.empty() ? QString() : ", " + QString::fromStdString(t.detail));
+        return tip.trimmed();
+      }
+      if (col == Scope || col == Detail || col == Name) return data(index, Qt::DisplayRole);
+      if (col == MaxAbs || col == MaxRel) {
+        const double v = col == MaxAbs ? maxAbs(*p) : maxRel(*p);
+        return std::isnan(v) ? tr("not compared by values") : QString::number(v, 'g', 17);
+      }
+      return {};
+    }
+    case Qt::TextAlignmentRole:
+      if (col == Step || col == SeqA || col == SeqB || col == MaxAbs || col == MaxRel)
+        return QVariant(Qt::AlignRight | Qt::AlignVCenter);
+      return {};
+    case Qt::BackgroundRole:
+      if (col == Status) return statusBackground(p->status, mark != NoMark);
+      return {};
+    case Qt::ForegroundRole:
+      if (col == Status) return QColor(0x1a, 0x1a, 0x1a);  // readable on the light status colours
+      return {};
+    case Qt::FontRole:
+      if (mark != NoMark) {
+        QFont f;
+        f.setBold(true);
+        return f;
+      }
+      return {};
+  }
+  return {};
+}
+
+QVariant DiffModel::headerData(int section, Qt::Orientation orientation, int role) const {
+  if (orientation != Qt::Horizontal) return {};
+  if (role == Qt::DisplayRole) {
+    switch (section) {
+      case Status:
+        return tr("Status");
+      case Step:
+        return tr("Step");
+      case SeqA:
+        return tr("A #");
+      case SeqB:
+        return tr("B #");
+      case Name:
+        return tr("Op");
+      case Phase:
+        return tr("Phase");
+      case Scope:
+        return tr("Scope");
+      case MaxAbs:
+        return tr("Max abs");
+      case MaxRel:
+        return tr("Max rel");
+      case Basis:
+        return tr("Basis");
+      case Detail:
+        return tr("Detail");
+    }
+  } else if (role == Qt::ToolTipRole) {
+    switch (section) {
+      case MaxAbs:
+        return tr("largest |a - b| over the outputs (dumped values only)");
+      case MaxRel:
+        return tr("largest |a - b| / |b| over the outputs (dumped values only)");
+      case Basis:
+        return tr("what settled the verdict of the worst output");
+    }
+  }
+  return {};
+}
+
+// ---- DiffFilterProxy ----
+
+DiffFilterProxy::DiffFilterProxy(QObject* parent) : QSortFilterProxyModel(parent) {
+  setSortRole(DiffModel::SortRole);
+}
+
+void DiffFilterProxy::setMismatchesOnly(bool on) {
+  if (on == mismatchesOnly_) return;
+  mismatchesOnly_ = on;
+  invalidateFilter();
+}
+
+bool DiffFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourceParent) const {
+  auto* model = qobject_cast<const DiffModel*>(sourceModel());
+  const storage::OpPair* p = model && !sourceParent.isValid() ? model->pairAt(sourceRow) : nullptr;
+  if (!p) return false;
+  return !mismatchesOnly_ || isMismatch(p->status);
+}
+
+// ---- DiffView ----
+
+DiffView::DiffView(Selection* selection, Side, QWidget* parent)
+    : QWidget(parent), selection_(selection) {
+  model_ = new DiffModel(this);
+  proxy_ = new DiffFilterProxy(this);
+  proxy_->setSourceModel(model_);
+
+  summary_ = new QLabel(this);
+  summary_->setObjectName("diffSummary");
+  summary_->setTextFormat(Qt::RichText);
+  summary_->setWordWrap(true);
+  summary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  mismatches_ = new QCheckBox(tr("Mismatches only"), this);
+  mismatches_->setObjectName("diffMismatchesOnly");
+  mismatches_->setToolTip(tr("hide pairs that are equal or within tolerance"));
+
+  auto* bar = new QHBoxLayout;
+  bar->addWidget(summary_, 1);
+  bar->addWidget(mismatches_, 0, Qt::AlignTop);
+
+  table_ = new QTableView(this);
+  table_->setObjectName("diffTable");
+  table_->setModel(proxy_);
+  table_->setAlternatingRowColors(true);
+  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
+  table_->setSelectionMode(QAbstractItemView::SingleSelection);
+  table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  table_->setWordWrap(false);
+  table_->verticalHeader()->hide();
+  table_->verticalHeader()->setDefaultSectionSize(table_->fontMetrics().height() + 6);
+  table_->horizontalHeader()->setStretchLastSection(true);
+  table_->horizontalHeader()->setHighlightSections(false);
+
+  auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(0, 0, 0, 0);
+  layout->addLayout(bar);
+  layout->addWidget(table_);
+
+  connect(mismatches_, &QCheckBox::toggled, this, [this](bool on) {
+    syncing_ = true;
+    proxy_->setMismatchesOnly(on);
+    syncing_ = false;
+  });
+  connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
+          [this](const QModelIndex& current) {
+            if (!syncing_) selectRow(current);
+          });
+  connect(table_, &QTableView::clicked, this, [this](const QModelIndex& i) { selectRow(i); });
+  if (selection_)
+    connect(selection_, &Selection::selected, this,
+            [this](Side side, quint64 seq) { onSelected(side, seq); });
+  updateSummary();
+}
+
+void DiffView::setReport(DiffPtr report) {
+  syncing_ = true;
+  model_->setReport(std::move(report));
+  table_->resizeColumnsToContents();
+  const int cap = table_->fontMetrics().horizontalAdvance(QString(20, 'x'));
+  for (int c : {int(DiffModel::Name), int(DiffModel::Scope)})
+    if (table_->columnWidth(c) > cap) table_->setColumnWidth(c, cap);
+  syncing_ = false;
+  updateSummary();
+}
+
+void DiffView::setMismatchesOnly(bool on) {
+  mismatches_->setChecked(on);
+}
+
+QString DiffView::summaryText() const {
+  return summary_->text();
+}
+
+void DiffView::onSelected(Side side, quint64 seq) {
+  const int row = model_->rowOf(side, seq);
+  if (row < 0) return;
+  const QModelIndex idx = proxy_->mapFromSource(model_->index(row, 0));
+  if (!idx.isValid()) return;
+  syncing_ = true;
+  table_->selectionModel()->setCurrentIndex(
+      idx, QItemSelectionModel::ClearAndSelect | QItemSelectionModel::Rows);
+  table_->scrollTo(idx);
+  syncing_ = false;
+}
+
+void DiffView::selectRow(const QModelIndex& proxyIndex) {
+  if (!selection_ || !proxyIndex.isValid()) return;
+  const storage::OpPair* p = model_->pairAt(proxy_->mapToSource(proxyIndex).row());
+  if (!p) return;
+  syncing_ = true;  // the pair's own selected() signals must not move the row
+  selection_->selectPair(p->inA ? std::optional<uint64_t>(p->seqA) : std::nullopt,
+                         p->inB ? std::optional<uint64_t>(p->seqB) : std::nullopt);
+  syncing_ = false;
+}
+
+void DiffView::updateSummary() {
+  const DiffPtr r = model_->report();
+  if (!r) {
+    summary_->setText(tr("<i>No comparison.</i> Open a second recording to compare it op by op."));
+    return;
+  }
+  const auto& t = r->total;
+  const bool divergent = storage::diffExitCode(*r) != 0;
+  const int64_t unmatched = t.onlyInA + t.onlyInB;
+  QString verdict;
+  if (divergent)
+    verdict = QStringLiteral("<b style='color:#b00020'>%1</b>").arg(tr("DIVERGED"));
+  else if (t.withinTolerance > 0 || unmatched > 0)
+    verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("EQUAL WITHIN TOLERANCE"));
+  else
+    verdict = QStringLiteral("<b style='color:#1e7b34'>%1</b>").arg(tr("IDENTICAL"));
+  QString text = tr("%1 &nbsp; %L2 equal · %L3 within tolerance · %L4 diverged · %L5 unmatched")
+                     .arg(verdict)
+                     .arg(t.equal)
+                     .arg(t.withinTolerance)
+                     .arg(t.diverged)
+                     .arg(unmatched);
+  if (unmatched > 0) text += tr(" (%L1 only in A, %L2 only in B)").arg(t.onlyInA).arg(t.onlyInB);
+  text += tr(" &nbsp; <span style='color:gray'>atol %1, rtol %2</span>")
+              .arg(r->options.atol)
+              .arg(r->options.rtol);
+  if (r->uncomparedTensors > 0)
+    text += tr("<br><span style='color:gray'>%L1 tensors had nothing to compare (record with "
+               "--md5 or --stats)</span>")
+                .arg(r->uncomparedTensors);
+  if (r->first) {
+    const auto& p = r->first->pair;
+    text += tr("<br>First divergence: step %1, A #%2 / B #%3 <b>%4</b> [%5] %6")
+                .arg(p.step)
+                .arg(p.seqA)
+                .arg(p.seqB)
+                .arg(QString::fromStdString(p.name).toHtmlEscaped(),
+                     QString::fromStdString(p.phase).toHtmlEscaped(),
+                     QString::fromStdString(p.scope).toHtmlEscaped());
+    if (r->root && !samePair(r->root->pair, p))
+      text += tr(" &nbsp; root: A #%1 / B #%2 <b>%3</b>")
+                  .arg(r->root->pair.seqA)
+                  .arg(r->root->pair.seqB)
+                  .arg(QString::fromStdString(r->root->pair.name).toHtmlEscaped());
+    else if (r->root)
+      text += tr(" (also the root: its inputs all match)");
+    if (auto* w = worstOutput(p); w && !w->detail.empty())
+      text += QStringLiteral("<br><span style='color:gray'>output %1: %2</span>")
+                  .arg(w->index)
+                  .arg(QString::fromStdString(w->detail).toHtmlEscaped());
+  }
+  summary_->setText(text);
+}
+
+}  // namespace keel::views

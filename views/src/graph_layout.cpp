@@ -1,0 +1,106 @@
+// Graph layout with Graphviz (cgraph + gvc, `dot` engine): see graph_layout.h. One GVC context for
+// the process, created on first use and used only under gMutex (Graphviz is not re-entrant:
+// its parser, error state and layout scratch data are global).
+#include "graph_layout.h"
+
+#include <graphviz/cgraph.h>
+#include <graphviz/gvc.h>
+
+#include <chrono>
+#include <mutex>
+
+namespace keel::views {
+namespace {
+
+std::mutex gMutex;
+std::string gErrors;  // collected by onGraphvizError while gMutex is held
+
+int onGraphvizError(char* message) {
+  if (gErrors.size() < 4096) gErrors += message;
+  return 0;
+}
+
+GVC_t* context() {
+  static GVC_t* gvc = [] {
+    agseterrf(onGraphvizError);
+    agseterr(AGERR);  // warnings (e.g. "node too small for label") are not errors here
+    return gvContext();
+  }();
+  return gvc;
+}
+
+struct Flip {
+  double top;
+  QPointF operator()(pointf p) const { return {p.x, top - p.y}; }
+  QRectF operator()(boxf b) const {
+    return QRectF(b.LL.x, top - b.UR.y, b.UR.x - b.LL.x, b.UR.y - b.LL.y);
+  }
+};
+
+void collectClusters(Agraph_t* g, const Flip& flip, std::vector<LaidOutCluster>& out) {
+  for (int i = 1; i <= GD_n_cluster(g); ++i) {
+    Agraph_t* c = GD_clust(g)[i];
+    LaidOutCluster lc;
+    lc.id = agnameof(c);
+    lc.box = flip(GD_bb(c));
+    if (textlabel_t* l = GD_label(c)) {
+      QPointF center = flip(l->pos);
+      lc.labelBox =
+          QRectF(center.x() - l->dimen.x / 2, center.y() - l->dimen.y / 2, l->dimen.x, l->dimen.y);
+    }
+    out.push_back(std::move(lc));
+    collectClusters(c, flip, out);
+  }
+}
+
+}  // namespace
+
+GraphLayout layoutGraph(const std::string& dot) {
+  GraphLayout r;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::lock_guard lock(gMutex);
+  GVC_t* gvc = context();
+  gErrors.clear();
+  Agraph_t* g = agmemread(dot.c_str());
+  if (!g) {
+    r.error = "Graphviz could not read the graph: " + (gErrors.empty() ? "syntax error" : gErrors);
+    return r;
+  }
+  if (gvLayout(gvc, g, "dot") != 0) {
+    r.error = "Graphviz layout failed: " + gErrors;
+    agclose(g);
+    return r;
+  }
+  const boxf bb = GD_bb(g);
+  const Flip flip{bb.UR.y};
+  r.bounds = flip(bb);
+  r.nodes.reserve(size_t(agnnodes(g)));
+  r.edges.reserve(size_t(agnedges(g)));
+  for (Agnode_t* n = agfstnode(g); n; n = agnxtnode(g, n)) {
+    r.nodes.push_back(
+        {agnameof(n), flip(ND_coord(n)), QSizeF(ND_width(n) * 72, ND_height(n) * 72)});
+    for (Agedge_t* e = agfstout(g, n); e; e = agnxtout(g, e)) {
+      LaidOutEdge le;
+      le.tail = agnameof(agtail(e));
+      le.head = agnameof(aghead(e));
+      // dot gives one Bezier per edge (several only for compound edges, which we never write).
+      if (const splines* s = ED_spl(e); s && s->size > 0) {
+        const bezier& b = s->list[0];
+        le.points.reserve(size_t(b.size));
+        for (int k = 0; k < b.size; ++k) le.points.push_back(flip(b.list[k]));
+        le.arrowAtTail = b.sflag != 0;
+        le.arrowAtHead = b.eflag != 0;
+        if (b.sflag) le.tailTip = flip(b.sp);
+        if (b.eflag) le.headTip = flip(b.ep);
+      }
+      r.edges.push_back(std::move(le));
+    }
+  }
+  collectClusters(g, flip, r.clusters);
+  gvFreeLayout(gvc, g);
+  agclose(g);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace keel::views

@@ -1,0 +1,430 @@
+// OpTableModel, OpFilterProxy and OpTableView: see op_table.h. Display text is built on demand
+// from the StepData snapshot; nothing is copied per row.
+#include "keel/views/op_table.h"
+
+#include <QCheckBox>
+#include <QColor>
+#include <QComboBox>
+#include <QFontDatabase>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QItemSelectionModel>
+#include <QLabel>
+#include <QLineEdit>
+#include <QTableView>
+#include <QVBoxLayout>
+
+#include "keel/storage/export.h"
+#include "keel/views/selection.h"
+
+namespace keel::views {
+namespace {
+
+int64_t durationNs(const storage::OpRecord& op) {
+  return op.endNs - op.beginNs;
+}
+
+// "[4,16,32]", or "3 × [4,16,32]" for a run of equal shapes (split, chunk).
+QString outputShapes(const storage::OpRecord& op) {
+  QStringList parts;
+  QString last;
+  int repeat = 0;
+  auto flush = [&] {
+    if (repeat > 0) parts << (repeat > 1 ? QStringLiteral("%1 × %2").arg(repeat).arg(last) : last);
+  };
+  for (const auto& t : op.tensors) {
+    if (t.role != storage::Role::Output) continue;
+    const QString s = QString::fromStdString(storage::shapeText(t.shape));
+    if (s == last) {
+      ++repeat;
+      continue;
+    }
+    flush();
+    last = s;
+    repeat = 1;
+  }
+  flush();
+  return parts.join(", ");
+}
+
+const storage::TensorRecord* firstOutput(const storage::OpRecord& op) {
+  const storage::TensorRecord* best = nullptr;
+  for (const auto& t : op.tensors)
+    if (t.role == storage::Role::Output && (!best || t.index < best->index)) best = &t;
+  return best;
+}
+
+struct NonFiniteCount {
+  int64_t nan = 0, inf = 0;
+  bool hasStats = false;
+};
+
+NonFiniteCount nonFinite(const storage::OpRecord& op) {
+  NonFiniteCount r;
+  for (const auto& t : op.tensors) {
+    if (t.role != storage::Role::Output || !t.hasStats) continue;
+    r.hasStats = true;
+    r.nan += t.stats.nanCount;
+    r.inf += t.stats.infCount;
+  }
+  return r;
+}
+
+QString nonFiniteText(const NonFiniteCount& n) {
+  if (n.nan && n.inf) return QStringLiteral("NaN+Inf");
+  if (n.nan) return QStringLiteral("NaN");
+  if (n.inf) return QStringLiteral("Inf");
+  return {};
+}
+
+QString nonFiniteTooltip(const storage::OpRecord& op) {
+  QStringList lines;
+  for (const auto& t : op.tensors) {
+    if (t.role != storage::Role::Output || !t.hasStats) continue;
+    lines << QStringLiteral("output %1: %2 NaN, %3 Inf")
+                 .arg(t.index)
+                 .arg(t.stats.nanCount)
+                 .arg(t.stats.infCount);
+  }
+  return lines.isEmpty() ? QStringLiteral("statistics not recorded") : lines.join('\n');
+}
+
+}  // namespace
+
+// ---- OpTableModel ----
+
+OpTableModel::OpTableModel(QObject* parent) : QAbstractTableModel(parent) {}
+
+void OpTableModel::setStep(StepPtr step) {
+  beginResetModel();
+  step_ = std::move(step);
+  endResetModel();
+}
+
+const storage::OpRecord* OpTableModel::opAt(int row) const {
+  if (!step_ || row < 0 || size_t(row) >= step_->ops.size()) return nullptr;
+  return &step_->ops[size_t(row)];
+}
+
+int OpTableModel::rowOf(uint64_t seq) const {
+  return step_ ? int(step_->indexOf(seq)) : -1;
+}
+
+int OpTableModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() || !step_ ? 0 : int(step_->ops.size());
+}
+
+int OpTableModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : ColumnCount;
+}
+
+QVariant OpTableModel::data(const QModelIndex& index, int role) const {
+  const storage::OpRecord* op = index.isValid() ? opAt(index.row()) : nullptr;
+  if (!op) return {};
+  const int col = index.column();
+  switch (role) {
+    case SeqRole:
+      return QVariant::fromValue<quint64>(op->seq);
+    case NonFiniteRole: {
+      auto n = nonFinite(*op);
+      return QVariant::fromValue<qint64>(n.nan + n.inf);
+    }
+    case Qt::DisplayRole:
+      switch (col) {
+        case Seq:
+          return QVariant::fromValue<quint64>(op->seq);
+        case Name:
+          return QString::fromStdString(op->name);
+        case Phase:
+          return QString::fromStdString(op->phase);
+        case Scope:
+          return QString::fromStdString(op->scope);
+        case Time:
+          return QString::number(double(durationNs(*op)) / 1000.0, 'f', 1);
+        case OutputShape:
+          return outputShapes(*op);
+        case Md5: {
+          auto* t = firstOutput(*op);
+          return t ? QString::fromStdString(t->md5.substr(0, 8)) : QString();
+        }
+        case NonFinite:
+          return nonFiniteText(nonFinite(*op));
+      }
+      return {};
+    case SortRole:
+      switch (col) {
+        case Seq:
+          return QVariant::fromValue<quint64>(op->seq);
+        case Time:
+          return QVariant::fromValue<qint64>(durationNs(*op));
+        case NonFinite: {
+          auto n = nonFinite(*op);
+          return QVariant::fromValue<qint64>(n.nan + n.inf);
+        }
+        case Md5: {
+          auto* t = firstOutput(*op);
+          return t ? QString::fromStdString(t->md5) : QString();
+        }
+        default:
+          return data(index, Qt::DisplayRole);
+      }
+    case Qt::ToolTipRole:
+      switch (col) {
+        case Name:
+          return op->attrsJson.empty() ? QString::fromStdString(op->name)
+                                       : QString::fromStdString(op->name + " " + op->attrsJson);
+        case Scope:
+          return QString::fromStdString(op->scope);
+        case Time:
+          return QStringLiteral("%L1 ns").arg(durationNs(*op));
+        case OutputShape:
+          return QStringLiteral("inputs: %1\noutputs: %2")
+              .arg(QString::fromStdString(storage::tensorList(*op, storage::Role::Input)),
+                   QString::fromStdString(storage::tensorList(*op, storage::Role::Output)));
+        case Md5: {
+          auto* t = firstOutput(*op);
+          if (!t) return QStringLiteral("no output");
+          return t->md5.empty()
+                     ? QStringLiteral("MD5 not recorded")
+                     : QStringLiteral("output 0 MD5: %1").arg(QString::fromStdString(t->md5));
+        }
+        case NonFinite:
+          return nonFiniteTooltip(*op);
+      }
+      return {};
+    case Qt::TextAlignmentRole:
+      if (col == Seq || col == Time) return QVariant(Qt::AlignRight | Qt::AlignVCenter);
+      if (col == NonFinite) return QVariant(Qt::AlignCenter);
+      return {};
+    case Qt::FontRole:
+      if (col == Md5) return QFontDatabase::systemFont(QFontDatabase::FixedFont);
+      return {};
+    case Qt::BackgroundRole:
+      if (col == NonFinite && nonFinite(*op).nan + nonFinite(*op).inf > 0)
+        return QColor(0xf8, 0xc9, 0xc9);
+      return {};
+    case Qt::ForegroundRole:
+      if (col == NonFinite && nonFinite(*op).nan + nonFinite(*op).inf > 0)
+        return QColor(0x8b, 0x00, 0x00);
+      return {};
+  }
+  return {};
+}
+
+QVariant OpTableModel::headerData(int section, Qt::Orientation orientation, int role) const {
+  if (orientation != Qt::Horizontal) return {};
+  if (role == Qt::DisplayRole) {
+    switch (section) {
+      case Seq:
+        return QStringLiteral("Seq");
+      case Name:
+        return QStringLiteral("Op");
+      case Phase:
+        return QStringLiteral("Phase");
+      case Scope:
+        return QStringLiteral("Scope");
+      case Time:
+        return QStringLiteral("Time (µs)");
+      case OutputShape:
+        return QStringLiteral("Output shape");
+      case Md5:
+        return QStringLiteral("MD5");
+      case NonFinite:
+        return QStringLiteral("NaN/Inf");
+    }
+  } else if (role == Qt::ToolTipRole) {
+    switch (section) {
+      case Seq:
+        return QStringLiteral("engine op sequence number (execution order)");
+      case Time:
+        return QStringLiteral("wall time of the op, end - begin");
+      case Md5:
+        return QStringLiteral("first 8 hex digits of output 0's MD5 (full in the tooltip)");
+      case NonFinite:
+        return QStringLiteral("outputs holding NaN or Inf values (needs --stats)");
+    }
+  }
+  return {};
+}
+
+// ---- OpFilterProxy ----
+
+OpFilterProxy::OpFilterProxy(QObject* parent) : QSortFilterProxyModel(parent) {
+  setSortRole(OpTableModel::SortRole);
+}
+
+void OpFilterProxy::setText(const QString& text) {
+  if (text == text_) return;
+  text_ = text;
+  invalidateFilter();
+}
+
+void OpFilterProxy::setPhase(const QString& phase) {
+  if (phase == phase_) return;
+  phase_ = phase;
+  invalidateFilter();
+}
+
+void OpFilterProxy::setNonFiniteOnly(bool on) {
+  if (on == nonFiniteOnly_) return;
+  nonFiniteOnly_ = on;
+  invalidateFilter();
+}
+
+bool OpFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourceParent) const {
+  auto* model = qobject_cast<const OpTableModel*>(sourceModel());
+  const storage::OpRecord* op = model && !sourceParent.isValid() ? model->opAt(sourceRow) : nullptr;
+  if (!op) return false;
+  if (!phase_.isEmpty() && QString::fromStdString(op->phase) != phase_) return false;
+  if (nonFiniteOnly_) {
+    auto n = nonFinite(*op);
+    if (n.nan + n.inf == 0) return false;
+  }
+  if (!text_.isEmpty() && !QString::fromStdString(op->name).contains(text_, Qt::CaseInsensitive) &&
+      !QString::fromStdString(op->scope).contains(text_, Qt::CaseInsensitive))
+    return false;
+  return true;
+}
+
+// ---- OpTableView ----
+
+OpTableView::OpTableView(Selection* selection, Side side, QWidget* parent)
+    : QWidget(parent), selection_(selection), side_(side) {
+  model_ = new OpTableModel(this);
+  proxy_ = new OpFilterProxy(this);
+  proxy_->setSourceModel(model_);
+
+  text_ = new QLineEdit(this);
+  text_->setObjectName("opFilterText");
+  text_->setPlaceholderText(tr("Filter by op name or scope…"));
+  text_->setClearButtonEnabled(true);
+  phase_ = new QComboBox(this);
+  phase_->setObjectName("opFilterPhase");
+  phase_->addItem(tr("All phases"), QString());
+  phase_->addItem(tr("Forward"), QStringLiteral("forward"));
+  phase_->addItem(tr("Backward"), QStringLiteral("backward"));
+  phase_->addItem(tr("Optimizer"), QStringLiteral("optimizer"));
+  nonFinite_ = new QCheckBox(tr("Non-finite only"), this);
+  nonFinite_->setObjectName("opFilterNonFinite");
+  nonFinite_->setToolTip(tr("only ops with NaN or Inf in an output"));
+  count_ = new QLabel(this);
+  count_->setObjectName("opCount");
+
+  auto* bar = new QHBoxLayout;
+  bar->addWidget(text_, 1);
+  bar->addWidget(phase_);
+  bar->addWidget(nonFinite_);
+  bar->addWidget(count_);
+
+  table_ = new QTableView(this);
+  table_->setObjectName("opTable");
+  table_->setModel(proxy_);
+  table_->setAlternatingRowColors(true);
+  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
+  table_->setSelectionMode(QAbstractItemView::SingleSelection);
+  table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  table_->setWordWrap(false);
+  table_->setSortingEnabled(true);
+  table_->sortByColumn(OpTableModel::Seq, Qt::AscendingOrder);
+  table_->verticalHeader()->hide();
+  table_->verticalHeader()->setDefaultSectionSize(table_->fontMetrics().height() + 6);
+  table_->horizontalHeader()->setStretchLastSection(true);
+  table_->horizontalHeader()->setHighlightSections(false);
+
+  auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(0, 0, 0, 0);
+  layout->addLayout(bar);
+  layout->addWidget(table_);
+
+  connect(text_, &QLineEdit::textChanged, this, [this](const QString& t) {
+    syncing_ = true;
+    proxy_->setText(t.trimmed());
+    syncing_ = false;
+    updateCount();
+  });
+  connect(phase_, &QComboBox::currentIndexChanged, this, [this](int) {
+    syncing_ = true;
+    proxy_->setPhase(phase_->currentData().toString());
+    syncing_ = false;
+    updateCount();
+  });
+  connect(nonFinite_, &QCheckBox::toggled, this, [this](bool on) {
+    syncing_ = true;
+    proxy_->setNonFiniteOnly(on);
+    syncing_ = false;
+    updateCount();
+  });
+  connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
+          [this](const QModelIndex& current) { onCurrentChanged(current); });
+  connect(table_, &QTableView::clicked, this, [this](const QModelIndex& i) { selectRow(i); });
+  if (selection_) {
+    connect(selection_, &Selection::selected, this,
+            [this](Side side, quint64 seq) { onSelected(side, seq); });
+    connect(selection_, &Selection::cleared, this, [this] {
+      syncing_ = true;
+      table_->clearSelection();
+      syncing_ = false;
+    });
+  }
+  updateCount();
+}
+
+void OpTableView::setStep(StepPtr step) {
+  syncing_ = true;
+  model_->setStep(std::move(step));
+  table_->resizeColumnsToContents();
+  // Long scopes would push the tensor columns off screen; their tooltip has the full text.
+  const int cap = table_->fontMetrics().horizontalAdvance(QString(24, 'x'));
+  for (int c : {int(OpTableModel::Name), int(OpTableModel::Scope), int(OpTableModel::OutputShape)})
+    if (table_->columnWidth(c) > cap) table_->setColumnWidth(c, cap);
+  syncing_ = false;
+  if (selection_)
+    if (auto seq = selection_->current(side_)) onSelected(side_, *seq);
+  updateCount();
+}
+
+void OpTableView::setTextFilter(const QString& text) {
+  text_->setText(text);
+}
+
+void OpTableView::setPhaseFilter(const QString& phase) {
+  const int i = phase_->findData(phase);
+  phase_->setCurrentIndex(i < 0 ? 0 : i);
+}
+
+void OpTableView::setNonFiniteOnly(bool on) {
+  nonFinite_->setChecked(on);
+}
+
+void OpTableView::onSelected(Side side, quint64 seq) {
+  if (side != side_) return;
+  const int row = model_->rowOf(seq);
+  const QModelIndex idx = row < 0 ? QModelIndex() : proxy_->mapFromSource(model_->index(row, 0));
+  syncing_ = true;
+  if (idx.isValid()) {
+    table_->selectionModel()->setCurrentIndex(
+        idx, QItemSelectionModel::ClearAndSelect | QItemSelectionModel::Rows);
+    // Centre a row that is off screen; leave the view alone when it is already visible.
+    if (!table_->viewport()->rect().contains(table_->visualRect(idx)))
+      table_->scrollTo(idx, QAbstractItemView::PositionAtCenter);
+  } else {
+    table_->clearSelection();
+  }
+  syncing_ = false;
+}
+
+void OpTableView::onCurrentChanged(const QModelIndex& current) {
+  if (syncing_ || !current.isValid()) return;
+  selectRow(current);
+}
+
+void OpTableView::selectRow(const QModelIndex& proxyIndex) {
+  if (!selection_ || !proxyIndex.isValid()) return;
+  selection_->select(side_, proxyIndex.data(OpTableModel::SeqRole).value<quint64>());
+}
+
+void OpTableView::updateCount() {
+  count_->setText(tr("%1 of %2 ops").arg(proxy_->rowCount()).arg(model_->rowCount()));
+}
+
+}  // namespace keel::views
