@@ -200,6 +200,7 @@ void MainWindow::buildDocks() {
   QDockWidget* inspectorDock =
       dock("Inspector", "dock.inspector", inspector_, Qt::RightDockWidgetArea);
   QDockWidget* opsDock = dock("Ops", "dock.ops", opTable_, Qt::BottomDockWidgetArea);
+  opsDock_ = opsDock;
   diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
   QDockWidget* logsDock = dock("Logs", "dock.logs", logView_, Qt::BottomDockWidgetArea);
   QDockWidget* lossDock = dock("Loss", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
@@ -227,6 +228,7 @@ void MainWindow::connectSources() {
     stepSpin_->setRange(0, int(last));
     lossPlot_->setRuns(summaryA_, summaryB_);
     updateStatus();
+    if (!sourceB_->isOpen()) opsDock_->raise();  // replay: the op table; comparing: the diff
     emit recordingOpened(Side::A);
     busy(1);
     sourceA_->requestLogs();

@@ -115,6 +115,7 @@ class MainWindow : public QMainWindow {
   views::LogView* logView_;
   views::LossPlot* lossPlot_;
   QDockWidget* diffDock_ = nullptr;
+  QDockWidget* opsDock_ = nullptr;
 
   QAction *newSessionAct_, *openAct_, *compareAct_, *runAct_, *pauseAct_, *stepAct_, *stopAct_,
       *breakpointsAct_, *fitAct_;

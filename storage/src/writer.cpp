@@ -352,6 +352,11 @@ void SqliteWriter::close() {
   } catch (const StorageError&) {
     sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
   }
+  // A finished recording leaves WAL mode (checkpointing everything into the main file), so
+  // read-only viewers later open one self-contained file and leave no -wal/-shm files beside it.
+  // Best effort: a viewer still attached (a live session's views) keeps it in WAL, which reads
+  // the same.
+  sqlite3_exec(db_.get(), "PRAGMA journal_mode = DELETE", nullptr, nullptr, nullptr);
   // Statements must be finalized before the connection closes (the last close checkpoints the
   // WAL into the main file and removes it).
   for (sql::Stmt* s : {&begin_, &commit_, &insString_, &insStep_, &insOp_, &insTensors_,

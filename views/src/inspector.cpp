@@ -169,6 +169,7 @@ void addJson(QTreeWidget* tree, QTreeWidgetItem* parent, const QString& key, con
 InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
     : QWidget(parent), selection_(selection), side_(side) {
   header_ = new QLabel(this);
+  header_->setSizePolicy(QSizePolicy::Preferred, QSizePolicy::Fixed);
   header_->setObjectName("inspectorHeader");
   header_->setTextFormat(Qt::RichText);
   header_->setTextInteractionFlags(Qt::TextSelectableByMouse | Qt::LinksAccessibleByMouse);
@@ -234,7 +235,7 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
 
 void InspectorView::clear() {
   details_.reset();
-  header_->setText(
+  setHeader(
       tr("<i>No op selected.</i> Click an op in the graph, the op table, the diff "
          "or the log to inspect it."));
   error_->hide();
@@ -261,7 +262,7 @@ void InspectorView::setDetails(OpDetailsPtr details) {
   const storage::OpRecord& op = d.op;
 
   if (!d.error.empty()) {
-    header_->setText(tr("<b>Op #%1</b> could not be read").arg(op.seq));
+    setHeader(tr("<b>Op #%1</b> could not be read").arg(op.seq));
     error_->setText(QString::fromStdString(d.error));
     error_->show();
     tabs_->hide();
@@ -281,7 +282,7 @@ void InspectorView::setDetails(OpDetailsPtr details) {
   if (op.forwardSeq != 0)
     facts << tr("gradient of forward op <a href='op:%1'>#%1</a>").arg(op.forwardSeq);
   text += facts.join(QStringLiteral(" &nbsp;·&nbsp; "));
-  header_->setText(text);
+  setHeader(text);
 
   fillTensors(d);
   fillAttributes(d);
@@ -478,6 +479,24 @@ void InspectorView::fillMemory(const OpDetails& d) {
   }
   fitColumns(memory_);
   setTabCount(Memory, tr("Memory"), qsizetype(d.mems.size()));
+}
+
+// A word-wrapped label does not grow by itself when its text or width changes: give it the
+// height its text needs at its current width, so the header is never clipped.
+void InspectorView::setHeader(const QString& text) {
+  header_->setText(text);
+  fitHeader();
+}
+
+void InspectorView::fitHeader() {
+  const int w = header_->width() > 0 ? header_->width() : width();
+  header_->setFixedHeight(
+      std::max(header_->heightForWidth(w), header_->fontMetrics().height() + 8));
+}
+
+void InspectorView::resizeEvent(QResizeEvent* e) {
+  QWidget::resizeEvent(e);
+  fitHeader();
 }
 
 }  // namespace keel::views

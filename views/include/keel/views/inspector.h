@@ -31,7 +31,12 @@ class InspectorView : public QWidget {
   enum Tab { Tensors, Attributes, Values, Stack, Logs, Memory, TabCount };
   QTabWidget* tabs() const { return tabs_; }
 
+ protected:
+  void resizeEvent(QResizeEvent* e) override;
+
  private:
+  void setHeader(const QString& text);
+  void fitHeader();
   void fillTensors(const OpDetails& d);
   void fillAttributes(const OpDetails& d);
   void fillValues(const OpDetails& d);

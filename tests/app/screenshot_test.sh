@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Screenshot test: records a clean and a perturbed run of gpt-tiny with the real `keel`, then has
+# keel-studio (under Xvfb when xvfb-run exists, else Qt's offscreen platform) render the replay of
+# one and the comparison of both, saving the window and every view as PNGs into OUT_DIR for people
+# to look at. Fails when the studio exits non-zero or a picture is missing, empty or the wrong size.
+# Usage: screenshot_test.sh KEEL KEEL_STUDIO SOURCE_DIR OUT_DIR
+set -euo pipefail
+keel="$1" studio="$2" src="$3" out="$4"
+rm -rf "$out"
+mkdir -p "$out"
+cd "$src"
+export KEEL_BLAS_TUNE=0
+"$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 --md5 --stats --stacks \
+  --allocator --verbose blocks.0.attn -o "$out/clean.db" >/dev/null
+KEEL_TEST_PERTURB=matmul:5 "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 \
+  --md5 --stats --stacks --allocator -o "$out/perturbed.db" >/dev/null
+run_studio() {
+  if command -v xvfb-run >/dev/null; then
+    xvfb-run -a -s "-screen 0 1920x1200x24" "$studio" "$@"
+  else
+    QT_QPA_PLATFORM=offscreen "$studio" "$@"
+  fi
+}
+run_studio "$out/clean.db" --select 40 --screenshot "$out/replay.png" --views-dir "$out/replay"
+run_studio "$out/clean.db" --compare "$out/perturbed.db" --select-first-divergence \
+  --screenshot "$out/compare.png" --views-dir "$out/compare"
+python3 - "$out" <<'PY'
+import struct, sys, os
+out = sys.argv[1]
+def size(path):
+    with open(path, 'rb') as f:
+        head = f.read(24)
+    assert head[:8] == b'\x89PNG\r\n\x1a\n', path + ' is not a PNG'
+    return struct.unpack('>II', head[16:24])
+for name in ('replay.png', 'compare.png'):
+    w, h = size(os.path.join(out, name))
+    assert (w, h) == (1600, 1000), f'{name} is {w}x{h}, expected 1600x1000'
+for d in ('replay', 'compare'):
+    for view in ('graph', 'ops', 'inspector', 'diff', 'logs', 'loss'):
+        p = os.path.join(out, d, view + '.png')
+        if d == 'replay' and view == 'diff':
+            continue
+        if not os.path.exists(p):
+            continue  # a view hidden behind another tab is not rendered
+        assert os.path.getsize(p) > 2000, p + ' is (nearly) empty'
+        w, h = size(p)
+        assert w > 100 and h > 50, f'{p} is {w}x{h}'
+print('screenshots in', out)
+PY
