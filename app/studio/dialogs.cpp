@@ -3,6 +3,7 @@
 
 #include <QCheckBox>
 #include <QComboBox>
+#include <QCoreApplication>
 #include <QDateTime>
 #include <QDialogButtonBox>
 #include <QDir>
@@ -23,8 +24,13 @@ namespace keel::studio {
 
 QStringList configDirectories() {
   QStringList dirs;
-  for (const char* d : {KEEL_SOURCE_CONFIG_DIR, KEEL_INSTALLED_CONFIG_DIR})
-    if (QDir(d).exists()) dirs << d;
+  // Installed next to the binary (<prefix>/bin/../share/keel/configs, whatever the prefix), the
+  // configured install prefix, then the source tree of a development build.
+  const QString besideBinary =
+      QDir(QCoreApplication::applicationDirPath() + "/../share/keel/configs").absolutePath();
+  for (const QString& d :
+       {besideBinary, QString(KEEL_INSTALLED_CONFIG_DIR), QString(KEEL_SOURCE_CONFIG_DIR)})
+    if (QDir(d).exists() && !dirs.contains(QDir(d).absolutePath())) dirs << QDir(d).absolutePath();
   return dirs;
 }
 

@@ -538,13 +538,20 @@ bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsD
   bool ok = grab().save(windowPng);
   if (!viewsDir.isEmpty()) {
     QDir().mkpath(viewsDir);
-    const std::pair<const char*, QWidget*> parts[] = {
-        {"graph", graphs_},  {"ops", opTable_},  {"inspector", inspector_},
-        {"diff", diffView_}, {"logs", logView_}, {"loss", lossPlot_}};
-    for (const auto& [name, w] : parts) {
-      if (!w->isVisible()) continue;
-      ok = w->grab().save(QDir(viewsDir).filePath(QString("%1.png").arg(name))) && ok;
+    ok = graphs_->grab().save(QDir(viewsDir).filePath("graph.png")) && ok;
+    // Each dock in turn on top of its tab group, so hidden tabs are laid out at full size.
+    const QList<QDockWidget*> docks = findChildren<QDockWidget*>();
+    QList<QDockWidget*> raised;
+    for (QDockWidget* d : docks)
+      if (!d->visibleRegion().isEmpty()) raised << d;
+    for (QDockWidget* d : docks) {
+      d->raise();
+      QApplication::processEvents();
+      const QString name = d->objectName().section('.', 1);
+      ok = d->widget()->grab().save(QDir(viewsDir).filePath(name + ".png")) && ok;
     }
+    for (QDockWidget* d : raised) d->raise();
+    QApplication::processEvents();
   }
   return ok;
 }
