@@ -1,7 +1,9 @@
 // Keel Studio end to end, driving the real window offscreen: replay, selection shared between
 // views, comparison with an injected divergence, a live session stepped one step at a time with an
 // op breakpoint, and bad input that shows a dialog while the app keeps running.
+#include <QAbstractGraphicsShapeItem>
 #include <QApplication>
+#include <QGraphicsView>
 #include <QLabel>
 #include <QMessageBox>
 #include <QPlainTextEdit>
@@ -106,7 +108,15 @@ class StudioTest : public QObject {
       }
     QVERIFY(target.seq != 0);
     QSignalSpy inspected(&w, &MainWindow::opInspected);
-    w.selection()->select(Side::A, target.seq);
+    // Click the op's node in the graph.
+    views::GraphView* g = w.graphView(Side::A);
+    QAbstractGraphicsShapeItem* node = g->opItem(target.seq);
+    QVERIFY2(node, "the forward matmul has no node in the opened graph");
+    QGraphicsView* gv = g->graphicsView();
+    gv->centerOn(node);
+    QApplication::processEvents();
+    const QPoint at = gv->mapFromScene(node->sceneBoundingRect().center());
+    QTest::mouseClick(gv->viewport(), Qt::LeftButton, {}, at);
     QVERIFY(QTest::qWaitFor([&] { return inspected.count() >= 1; }, 10000));
     QCOMPARE(inspected.last().at(0).toULongLong(), quint64(target.seq));
     QString text = allText(w.inspector());
