@@ -17,19 +17,6 @@ struct DiffArgs {
   bool json = false, mismatchesOnly = false, strict = false;
 };
 
-std::vector<storage::OpRecord> allOps(const storage::Recording& r) {
-  std::vector<storage::OpRecord> ops;
-  // Step 0 holds initialisation (parameter creation); training steps follow.
-  std::vector<int64_t> steps = {0};
-  for (const auto& s : r.steps()) steps.push_back(s.step);
-  for (int64_t s : steps) {
-    auto part = r.stepOps(s);
-    ops.insert(ops.end(), std::make_move_iterator(part.begin()),
-               std::make_move_iterator(part.end()));
-  }
-  return ops;
-}
-
 void printStack(const storage::Recording& r, int64_t id, const char* label) {
   std::printf("  %s stack:\n", label);
   auto st = id >= 0 ? r.stack(id) : std::nullopt;
@@ -55,7 +42,7 @@ int runDiff(const DiffArgs& a) {
   storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
     return (sideA ? ra : rb).dumpValues(seq, static_cast<storage::Role>(role), index);
   };
-  storage::DiffReport report = storage::diffRuns(allOps(ra), allOps(rb), opt, values);
+  storage::DiffReport report = storage::diffRuns(ra.allOps(), rb.allOps(), opt, values);
   if (a.json) {
     std::printf("%s\n", storage::toJson(report).c_str());
     return storage::diffExitCode(report);

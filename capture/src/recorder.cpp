@@ -133,18 +133,7 @@ class CaptureObserver : public Observer {
       }
     }
     if (!opt_.filter.matches(e.op->name, e.scope, step)) return;
-    storage::OpRecord r;
-    r.seq = e.seq;
-    r.step = step;
-    r.phase = std::string(phaseName(e.phase));
-    r.name = e.op->name;
-    if (e.attrs && !e.attrs->items().empty()) r.attrsJson = e.attrs->toString();
-    r.scope = std::string(e.scope);
-    r.thread = smallThreadId();
-    r.beginNs = e.beginNs;
-    r.endNs = e.endNs;
-    r.forwardSeq = e.forwardSeq;
-    r.stackId = p.stackId;
+    storage::OpRecord r = opRecord(e, step, p.stackId);
     const bool mutates = e.op->mutatesInputs;
     r.tensors.reserve(e.inputs.size() + e.outputs.size());
     if (mutates) {
@@ -192,18 +181,8 @@ class CaptureObserver : public Observer {
         pending_.erase(it);
       }
     }
-    storage::OpRecord r;
-    r.seq = e.seq;
-    r.step = step;
-    r.phase = std::string(phaseName(e.phase));
-    r.name = e.op->name;
-    if (e.attrs && !e.attrs->items().empty()) r.attrsJson = e.attrs->toString();
-    r.scope = std::string(e.scope);
-    r.thread = smallThreadId();
-    r.beginNs = e.beginNs;
-    r.endNs = e.endNs;
-    r.forwardSeq = e.forwardSeq;
-    r.stackId = p.stackId >= 0 || !opt_.stacks ? p.stackId : stackId(kSkipFrames + 1);
+    storage::OpRecord r =
+        opRecord(e, step, p.stackId >= 0 || !opt_.stacks ? p.stackId : stackId(kSkipFrames + 1));
     for (size_t i = 0; i < e.inputs.size(); ++i)
       r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
     push(std::move(r), false, nullptr);
@@ -320,6 +299,23 @@ class CaptureObserver : public Observer {
   };
 
   bool active() const { return !closed_.load(std::memory_order_relaxed); }
+
+  // The op's own fields (tensors are added by the caller).
+  static storage::OpRecord opRecord(const OpEvent& e, int64_t step, int64_t stackId) {
+    storage::OpRecord r;
+    r.seq = e.seq;
+    r.step = step;
+    r.phase = std::string(phaseName(e.phase));
+    r.name = e.op->name;
+    if (e.attrs && !e.attrs->items().empty()) r.attrsJson = e.attrs->toString();
+    r.scope = std::string(e.scope);
+    r.thread = smallThreadId();
+    r.beginNs = e.beginNs;
+    r.endNs = e.endNs;
+    r.forwardSeq = e.forwardSeq;
+    r.stackId = stackId;
+    return r;
+  }
 
   void push(Item&& item, bool dropIfFull, std::atomic<int64_t>* dropCounter, bool urgent = false) {
     if (!queue_.push(std::move(item), dropIfFull, urgent) && dropIfFull && dropCounter && active())

@@ -492,6 +492,18 @@ std::optional<OpRecord> Recording::firstNonFinite() const {
   return op(s.u64(0));
 }
 
+std::vector<OpRecord> Recording::allOps() const {
+  std::vector<OpRecord> ops;
+  std::vector<int64_t> steps = {0};  // step 0: initialisation (parameter creation)
+  for (const auto& s : this->steps()) steps.push_back(s.step);
+  for (int64_t s : steps) {
+    auto part = stepOps(s);
+    ops.insert(ops.end(), std::make_move_iterator(part.begin()),
+               std::make_move_iterator(part.end()));
+  }
+  return ops;
+}
+
 std::vector<OpRecord> Recording::stepOps(int64_t step) const {
   sql::Stmt r(impl_->db, "SELECT min(seq), max(seq) FROM ops WHERE step = ?1");
   r.bind(1, step);

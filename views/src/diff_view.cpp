@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "keel/views/selection.h"
+#include "table_util.h"
 
 namespace keel::views {
 namespace {
@@ -353,18 +354,7 @@ DiffView::DiffView(Selection* selection, Side, QWidget* parent)
   bar->addWidget(summary_, 1);
   bar->addWidget(mismatches_, 0, Qt::AlignTop);
 
-  table_ = new QTableView(this);
-  table_->setObjectName("diffTable");
-  table_->setModel(proxy_);
-  table_->setAlternatingRowColors(true);
-  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
-  table_->setSelectionMode(QAbstractItemView::SingleSelection);
-  table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
-  table_->setWordWrap(false);
-  table_->verticalHeader()->hide();
-  table_->verticalHeader()->setDefaultSectionSize(table_->fontMetrics().height() + 6);
-  table_->horizontalHeader()->setStretchLastSection(true);
-  table_->horizontalHeader()->setHighlightSections(false);
+  table_ = makeRecordTable(this, "diffTable", proxy_);
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);

@@ -12,6 +12,7 @@
 #include <QVBoxLayout>
 
 #include "keel/views/selection.h"
+#include "table_util.h"
 
 namespace keel::views {
 
@@ -196,18 +197,7 @@ LogView::LogView(Selection* selection, Side side, QWidget* parent)
   bar->addWidget(text_, 2);
   bar->addWidget(count_);
 
-  table_ = new QTableView(this);
-  table_->setObjectName("logTable");
-  table_->setModel(proxy_);
-  table_->setAlternatingRowColors(true);
-  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
-  table_->setSelectionMode(QAbstractItemView::SingleSelection);
-  table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
-  table_->setWordWrap(false);
-  table_->verticalHeader()->hide();
-  table_->verticalHeader()->setDefaultSectionSize(table_->fontMetrics().height() + 6);
-  table_->horizontalHeader()->setStretchLastSection(true);
-  table_->horizontalHeader()->setHighlightSections(false);
+  table_ = makeRecordTable(this, "logTable", proxy_);
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);

@@ -16,6 +16,7 @@
 
 #include "keel/storage/export.h"
 #include "keel/views/selection.h"
+#include "table_util.h"
 
 namespace keel::views {
 namespace {
@@ -316,20 +317,9 @@ OpTableView::OpTableView(Selection* selection, Side side, QWidget* parent)
   bar->addWidget(nonFinite_);
   bar->addWidget(count_);
 
-  table_ = new QTableView(this);
-  table_->setObjectName("opTable");
-  table_->setModel(proxy_);
-  table_->setAlternatingRowColors(true);
-  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
-  table_->setSelectionMode(QAbstractItemView::SingleSelection);
-  table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
-  table_->setWordWrap(false);
+  table_ = makeRecordTable(this, "opTable", proxy_);
   table_->setSortingEnabled(true);
   table_->sortByColumn(OpTableModel::Seq, Qt::AscendingOrder);
-  table_->verticalHeader()->hide();
-  table_->verticalHeader()->setDefaultSectionSize(table_->fontMetrics().height() + 6);
-  table_->horizontalHeader()->setStretchLastSection(true);
-  table_->horizontalHeader()->setHighlightSections(false);
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);

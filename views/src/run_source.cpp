@@ -155,24 +155,13 @@ void RunSource::requestLogs() {
 
 DiffPtr DiffRunner::run(const QString& pathA, const QString& pathB,
                         const storage::DiffOptions& options) {
-  auto all = [](const storage::Recording& r) {
-    std::vector<storage::OpRecord> ops;
-    std::vector<int64_t> steps = {0};  // step 0: initialisation
-    for (const auto& s : r.steps()) steps.push_back(s.step);
-    for (int64_t s : steps) {
-      auto part = r.stepOps(s);
-      ops.insert(ops.end(), std::make_move_iterator(part.begin()),
-                 std::make_move_iterator(part.end()));
-    }
-    return ops;
-  };
   storage::Recording a = storage::Recording::open(pathA.toStdString(), false);
   storage::Recording b = storage::Recording::open(pathB.toStdString(), false);
   storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
     return (sideA ? a : b).dumpValues(seq, static_cast<storage::Role>(role), index);
   };
   return std::make_shared<const storage::DiffReport>(
-      storage::diffRuns(all(a), all(b), options, values));
+      storage::diffRuns(a.allOps(), b.allOps(), options, values));
 }
 
 void DiffRunner::start(const QString& pathA, const QString& pathB,

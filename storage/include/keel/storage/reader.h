@@ -81,6 +81,9 @@ class Recording {
   std::vector<DroppedCount> dropped() const;
   // The earliest op (by seq) with an output whose nanCount or infCount > 0, with its tensors.
   std::optional<OpRecord> firstNonFinite() const;
+  // Every op of every step (step 0, initialisation, first), with tensors, by step then seq: what
+  // a whole-run diff reads.
+  std::vector<OpRecord> allOps() const;
   // Every op of `step` with its tensors, by seq: the bulk loader diff and graph views use.
   std::vector<OpRecord> stepOps(int64_t step) const;
 
