@@ -320,6 +320,30 @@ std::vector<GradCase> buildCases() {
             Attrs().set("p", dbl(0.3)).set("seed", int64_t(5)).set("offset", int64_t(7)));
       });
 
+  // ---- flashmask attention (more cases, the log-sum-exp output: flashmask_test.cpp)
+  add(
+      OpId::FlashmaskAttention, "causal_document_gqa",
+      [](Device d) {
+        return V{uni({1, 6, 2, 3}, -1, 1, d, 80), uni({1, 6, 1, 3}, -1, 1, d, 81),
+                 uni({1, 6, 1, 3}, -1, 1, d, 82),
+                 fromInts({2, 2, 6, 6, 6, 6}, {1, 1, 6, 1}, DType::Int32, d)};
+      },
+      [](const V& x) {
+        return dispatch(OpId::FlashmaskAttention, x, Attrs().set("causal", true))[0];
+      });
+  add(
+      OpId::FlashmaskAttention, "document_c4_dropout",
+      [](Device d) {
+        return V{uni({1, 5, 2, 3}, -1, 1, d, 83), uni({1, 6, 2, 3}, -1, 1, d, 84),
+                 uni({1, 6, 2, 3}, -1, 1, d, 85),
+                 fromInts({3, 5, 0, 0, 3, 5, 0, 1, 5, 5, 0, 2, 5, 5, 2, 3, 5, 5, 2, 3, 5, 5, 0, 0},
+                          {1, 1, 6, 4}, DType::Int32, d)};
+      },
+      [](const V& x) {
+        return dispatch(OpId::FlashmaskAttention, x,
+                        Attrs().set("dropout", dbl(0.2)).set("seed", int64_t(9)))[0];
+      });
+
   // ---- views and copies
   add(
       OpId::Reshape, "2x6_to_3x4",

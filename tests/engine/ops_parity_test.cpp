@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 
+#include "keel/flashmask.h"
 #include "keel/random.h"
 #include "keel/registry.h"
 #include "test_util.h"
@@ -503,6 +504,42 @@ std::vector<ParityCase> buildTable() {
        [](DType t, Device d) { return std::vector<Tensor>{range(0.5, 2)({1001}, t, d, 56)}; },
        dropAttrs(0.3, 3, 0))
       .check = Check::SameZeros;
+
+  // ---- flashmask attention (every mask kind, bfloat16 bounds, determinism: flashmask_test.cpp).
+  // Strided q (a transposed copy), GQA 4:2, a causal-document mask, odd lengths; the backward line
+  // takes out and lse from the forward on its own backend, so its 16-bit inputs already differ by
+  // a rounding step: tolerance x4.
+  {
+    auto fmIn = [](DType t, Device d) {
+      Tensor idx =
+          flashmask::repeatMask(flashmask::causalDocument({5, 9, 3}, d).startendRowIndices, 2, 1);
+      Tensor q = ops::transpose(anyVals({2, 4, 17, 8}, t, d, 90), 1, 2);
+      return std::vector<Tensor>{q, anyVals({2, 17, 2, 8}, t, d, 91),
+                                 anyVals({2, 17, 2, 8}, t, d, 92), idx};
+    };
+    Attrs fa = Attrs().set("causal", boolean(true)).set("dropout", dbl(0.0));
+    b.add(OpId::FlashmaskAttention, "causal_document_gqa_strided_q", kF4, fmIn, fa);
+    b.add(
+        OpId::FlashmaskAttention, "no_mask_window_5", kF4,
+        [](DType t, Device d) {
+          return std::vector<Tensor>{anyVals({1, 13, 2, 4}, t, d, 95),
+                                     anyVals({1, 21, 1, 4}, t, d, 96),
+                                     anyVals({1, 21, 1, 4}, t, d, 97)};
+        },
+        Attrs().set("window_size", i64(5)));
+    b.add(
+         OpId::FlashmaskAttentionBackward, "causal_document_gqa", kF4,
+         [fmIn, fa](DType t, Device d) {
+           std::vector<Tensor> in = fmIn(t, d);
+           std::vector<Tensor> o = dispatch(OpId::FlashmaskAttention, in, fa);
+           DType lt = t == F64 ? F64 : F32;
+           return std::vector<Tensor>{
+               anyVals({2, 17, 4, 8}, t, d, 93),          in[0], in[1], in[2], o[0], o[1],
+               randUniform({2, 4, 17}, -1, 1, lt, d, 94), in[3]};
+         },
+         fa)
+        .tolScale = 4.0;
+  }
 
   // ---- slice_backward
   b.add(

@@ -493,6 +493,171 @@ void kDropout(const KernelCtx& c) {
   store(c.outputs[0], x);
 }
 
+// ---------------------------------------------------------------- flashmask attention
+// The oracle: materialise the [Sq, Sk] visibility of each (batch, head) from the column bounds
+// (Note [FlashMask geometry]), then a dense softmax and products in float64.
+struct AttnShape {
+  int64_t b, sq, h, d, sk, hk, grp;
+  bool causal;
+  int64_t window;
+  double scale, p;
+  uint64_t seed, offset;
+};
+
+AttnShape attnShape(const KernelCtx& c, const Tensor& q, const Tensor& k) {
+  AttnShape s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), k.size(2), 0,
+              false,     -1,        0.0,       0.0,       0,         0};
+  s.grp = s.h / s.hk;
+  s.causal = c.attrs.getBool("causal", false);
+  s.window = c.attrs.getInt("window_size", -1);
+  s.scale = c.attrs.getDouble("scale", 0.0);
+  if (s.scale == 0.0) s.scale = 1.0 / std::sqrt(double(s.d));
+  s.p = c.attrs.getDouble("dropout", 0.0);
+  s.seed = uint64_t(c.attrs.getInt("seed", 0));
+  s.offset = uint64_t(c.attrs.getInt("offset", 0));
+  return s;
+}
+
+// visible[i * Sk + j] for batch b, kv head kh.
+std::vector<bool> attnVisible(const AttnShape& s, const Tensor* idx, int64_t b, int64_t kh) {
+  const int64_t n = s.sk;
+  std::vector<int64_t> lts(size_t(n), s.sq), lte(size_t(n), s.sq), uts(size_t(n), 0),
+      ute(size_t(n), 0);
+  if (idx) {
+    const int64_t mh = idx->size(1) == 1 ? 0 : kh, c = idx->size(3);
+    Vec all = load(*idx);
+    for (int64_t j = 0; j < n; ++j) {
+      const double* e = all.data() + ((b * idx->size(1) + mh) * n + j) * c;
+      lts[size_t(j)] = int64_t(e[0]);
+      if (s.causal && c == 2) lte[size_t(j)] = int64_t(e[1]);
+      if (!s.causal && c == 2) ute[size_t(j)] = int64_t(e[1]);
+      if (!s.causal && c == 4) {
+        lte[size_t(j)] = int64_t(e[1]);
+        uts[size_t(j)] = int64_t(e[2]);
+        ute[size_t(j)] = int64_t(e[3]);
+      }
+    }
+  }
+  std::vector<bool> vis(size_t(s.sq * n));
+  for (int64_t i = 0; i < s.sq; ++i) {
+    const int64_t ip = i + s.sk - s.sq;
+    for (int64_t j = 0; j < n; ++j) {
+      const auto jj = size_t(j);
+      bool m = (i >= lts[jj] && i < lte[jj]) || (i >= uts[jj] && i < ute[jj]);
+      m = m || (s.causal && j > ip);
+      m = m || (s.window > 0 && (ip - j >= s.window || (!s.causal && j - ip >= s.window)));
+      vis[size_t(i * n + j)] = !m;
+    }
+  }
+  return vis;
+}
+
+// Kept-value factor of the attention dropout: 0 or 1/(1-p) (1 without dropout).
+double attnDropout(const AttnShape& s, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (s.p == 0.0) return 1.0;
+  uint64_t e = uint64_t(((b * s.h + h) * s.sq + i) * s.sk + j);
+  return double(philoxUniform(s.seed, s.offset, e)) >= s.p ? 1.0 / (1.0 - s.p) : 0.0;
+}
+
+// Softmax probabilities of row i (0 where not visible); returns the log-sum-exp (-inf: no key).
+double attnRow(const AttnShape& s, const Vec& q, const Vec& k, const std::vector<bool>& vis,
+               int64_t b, int64_t h, int64_t i, Vec& prob) {
+  const int64_t kh = h / s.grp;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < s.sk; ++j) {
+    prob[size_t(j)] = -std::numeric_limits<double>::infinity();
+    if (!vis[size_t(i * s.sk + j)]) continue;
+    double dot = 0;
+    for (int64_t x = 0; x < s.d; ++x)
+      dot += q[size_t(((b * s.sq + i) * s.h + h) * s.d + x)] *
+             k[size_t(((b * s.sk + j) * s.hk + kh) * s.d + x)];
+    prob[size_t(j)] = s.scale * dot;
+    mx = std::max(mx, prob[size_t(j)]);
+  }
+  if (mx == -std::numeric_limits<double>::infinity()) {
+    std::fill(prob.begin(), prob.end(), 0.0);
+    return mx;
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < s.sk; ++j) sum += std::exp(prob[size_t(j)] - mx);
+  const double lse = mx + std::log(sum);
+  for (int64_t j = 0; j < s.sk; ++j) prob[size_t(j)] = std::exp(prob[size_t(j)] - lse);
+  return lse;
+}
+
+void kFlashmaskAttention(const KernelCtx& c) {
+  const Tensor &q = c.inputs[0], &k = c.inputs[1], &v = c.inputs[2];
+  const Tensor* idx = c.inputs.size() == 4 ? &c.inputs[3] : nullptr;
+  const AttnShape s = attnShape(c, q, k);
+  Vec Q = load(q), K = load(k), V = load(v), O(Q.size(), 0.0), L(size_t(s.b * s.h * s.sq));
+  Vec prob(size_t(s.sk));
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t h = 0; h < s.h; ++h) {
+      const int64_t kh = h / s.grp;
+      std::vector<bool> vis = attnVisible(s, idx, b, kh);
+      for (int64_t i = 0; i < s.sq; ++i) {
+        L[size_t((b * s.h + h) * s.sq + i)] = attnRow(s, Q, K, vis, b, h, i, prob);
+        double* o = O.data() + ((b * s.sq + i) * s.h + h) * s.d;
+        for (int64_t j = 0; j < s.sk; ++j) {
+          const double pj = prob[size_t(j)] * attnDropout(s, b, h, i, j);
+          if (pj == 0.0) continue;
+          const double* vj = V.data() + ((b * s.sk + j) * s.hk + kh) * s.d;
+          for (int64_t x = 0; x < s.d; ++x) o[x] += pj * vj[x];
+        }
+      }
+    }
+  store(c.outputs[0], O);
+  store(c.outputs[1], L);
+}
+
+// Recomputes the probabilities (out and lse inputs are not used: the oracle trusts nothing).
+void kFlashmaskAttentionBackward(const KernelCtx& c) {
+  const Tensor &q = c.inputs[1], &k = c.inputs[2];
+  const Tensor* idx = c.inputs.size() == 8 ? &c.inputs[7] : nullptr;
+  const AttnShape s = attnShape(c, q, k);
+  Vec G = load(c.inputs[0]), Q = load(q), K = load(k), V = load(c.inputs[3]),
+      GL = load(c.inputs[6]);
+  Vec dQ(Q.size(), 0.0), dK(K.size(), 0.0), dV(V.size(), 0.0);
+  Vec prob(size_t(s.sk)), dp(size_t(s.sk));
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t h = 0; h < s.h; ++h) {
+      const int64_t kh = h / s.grp;
+      std::vector<bool> vis = attnVisible(s, idx, b, kh);
+      for (int64_t i = 0; i < s.sq; ++i) {
+        const double lse = attnRow(s, Q, K, vis, b, h, i, prob);
+        if (lse == -std::numeric_limits<double>::infinity()) continue;
+        const size_t qi = size_t(((b * s.sq + i) * s.h + h) * s.d);
+        double delta = 0;
+        for (int64_t j = 0; j < s.sk; ++j) {
+          dp[size_t(j)] = 0;
+          if (prob[size_t(j)] == 0.0) continue;
+          const double z = attnDropout(s, b, h, i, j);
+          const size_t kj = size_t(((b * s.sk + j) * s.hk + kh) * s.d);
+          double dot = 0;
+          for (int64_t x = 0; x < s.d; ++x) {
+            dot += G[qi + size_t(x)] * V[kj + size_t(x)];
+            dV[kj + size_t(x)] += prob[size_t(j)] * z * G[qi + size_t(x)];
+          }
+          dp[size_t(j)] = dot * z;
+          delta += prob[size_t(j)] * dp[size_t(j)];
+        }
+        const double gl = GL[size_t((b * s.h + h) * s.sq + i)];
+        for (int64_t j = 0; j < s.sk; ++j) {
+          if (prob[size_t(j)] == 0.0) continue;
+          const double ds = s.scale * prob[size_t(j)] * (dp[size_t(j)] - delta + gl);
+          const size_t kj = size_t(((b * s.sk + j) * s.hk + kh) * s.d);
+          for (int64_t x = 0; x < s.d; ++x) {
+            dQ[qi + size_t(x)] += ds * K[kj + size_t(x)];
+            dK[kj + size_t(x)] += ds * Q[qi + size_t(x)];
+          }
+        }
+      }
+    }
+  store(c.outputs[0], dQ);
+  store(c.outputs[1], dK);
+  store(c.outputs[2], dV);
+}
+
 // ---------------------------------------------------------------- copies
 void kCopy(const KernelCtx& c) {
   store(c.outputs[0], load(c.inputs[0]));
@@ -765,6 +930,8 @@ constexpr Entry kTable[] = {
     {OpId::CrossEntropy, kCrossEntropy, kF},
     {OpId::CrossEntropyBackward, kCrossEntropyBackward, kF},
     {OpId::Dropout, kDropout, kF},
+    {OpId::FlashmaskAttention, kFlashmaskAttention, kF},
+    {OpId::FlashmaskAttentionBackward, kFlashmaskAttentionBackward, kF},
     {OpId::SliceBackward, kSliceBackward, kAll},
     {OpId::Concat, kConcat, kAll},
     {OpId::Contiguous, kCopy, kAll},

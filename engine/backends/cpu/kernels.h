@@ -64,6 +64,10 @@ void kEmbeddingBackward(const KernelCtx& c);
 void kCrossEntropy(const KernelCtx& c);
 void kCrossEntropyBackward(const KernelCtx& c);
 
+// flashmask.cpp
+void kFlashmaskAttention(const KernelCtx& c);
+void kFlashmaskAttentionBackward(const KernelCtx& c);
+
 // index.cpp
 void kIndexSelect(const KernelCtx& c);
 void kIndexAdd(const KernelCtx& c);

@@ -62,6 +62,8 @@ constexpr Entry kTable[] = {
     {OpId::CrossEntropy, kCrossEntropy, kF},
     {OpId::CrossEntropyBackward, kCrossEntropyBackward, kF},
     {OpId::Dropout, kDropout, kF},
+    {OpId::FlashmaskAttention, kFlashmaskAttention, kF},
+    {OpId::FlashmaskAttentionBackward, kFlashmaskAttentionBackward, kF},
     {OpId::SliceBackward, kSliceBackward, kAll},
     {OpId::Concat, kConcat, kAll},
     {OpId::Contiguous, kContiguous, kAll},

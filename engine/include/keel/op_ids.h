@@ -55,6 +55,8 @@
   X(CrossEntropy, "cross_entropy")                       \
   X(CrossEntropyBackward, "cross_entropy_backward")      \
   X(Dropout, "dropout")                                  \
+  X(FlashmaskAttention, "flashmask_attention")           \
+  X(FlashmaskAttentionBackward, "flashmask_attention_backward") \
   /* shapes and views */                                 \
   X(Reshape, "reshape")                                  \
   X(View, "view")                                        \
@@ -100,6 +102,6 @@ inline constexpr int kNumBuiltinOps = 0
     KEEL_BUILTIN_OPS(KEEL_X_COUNT)
 #undef KEEL_X_COUNT
     ;
-static_assert(kNumBuiltinOps == 70, "op list changed: update every per-op table, then this count");
+static_assert(kNumBuiltinOps == 72, "op list changed: update every per-op table, then this count");
 
 }  // namespace keel

@@ -63,6 +63,25 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignoreI
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
 
+// FlashMask attention (docs/flashmask.md). q [B, Sq, H, D], k and v [B, Sk, Hk, D] with H a
+// multiple of Hk; startendRowIndices int32 [B, Hk or 1, Sk, C] (or undefined: no column mask).
+// Query row i cannot see key j when i is in [LTS_j, LTE_j) or [UTS_j, UTE_j); causal adds the
+// bottom-right aligned diagonal; windowSize w >= 1 keeps only keys with |i + Sk - Sq - j| < w (and
+// j <= i + Sk - Sq when causal), -1 = off. scale 0 means 1/sqrt(D). Dropout draws
+// philoxUniform(seed, offset, ((b*H + h)*Sq + i)*Sk + j). Returns {out [B, Sq, H, D],
+// log-sum-exp [B, H, Sq] (float32; float64 for float64 inputs)}; rows that see no key give 0 and
+// log-sum-exp -inf.
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& startendRowIndices, bool causal = false,
+                                             int64_t windowSize = -1, double dropout = 0.0,
+                                             double scale = 0.0, uint64_t seed = 0,
+                                             uint64_t offset = 0);
+// The same, drawing dropout counters (B*H*Sq*Sk of them) from gen; no dropout unless training.
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& startendRowIndices, bool causal,
+                                             int64_t windowSize, double dropout, double scale,
+                                             Generator& gen, bool training = true);
+
 // Shapes and views. reshape copies when a view is impossible; view never copies.
 Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed
 Tensor view(const Tensor& x, const Shape& shape);

@@ -134,6 +134,36 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   return dropout(x, p, gen.seed(), off);
 }
 
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& startendRowIndices, bool causal,
+                                             int64_t windowSize, double dropout, double scale,
+                                             uint64_t seed, uint64_t offset) {
+  std::vector<Tensor> in{q, k, v};
+  if (startendRowIndices.defined()) in.push_back(startendRowIndices);
+  Attrs a;
+  a.set("causal", causal)
+      .set("window_size", windowSize)
+      .set("dropout", dropout)
+      .set("scale", scale)
+      .set("seed", int64_t(seed))
+      .set("offset", int64_t(offset));
+  auto outs = dispatch(OpId::FlashmaskAttention, std::move(in), a);
+  return {outs.at(0), outs.at(1)};
+}
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& startendRowIndices, bool causal,
+                                             int64_t windowSize, double dropout, double scale,
+                                             Generator& gen, bool training) {
+  if (!training || dropout == 0.0)
+    return flashmaskAttention(q, k, v, startendRowIndices, causal, windowSize, 0.0, scale);
+  uint64_t n = q.dim() == 4 ? uint64_t(q.size(0) * q.size(2) * q.size(1)) *
+                                  uint64_t(k.dim() == 4 ? k.size(1) : 0)
+                            : 0;
+  uint64_t off = gen.take(n);
+  return flashmaskAttention(q, k, v, startendRowIndices, causal, windowSize, dropout, scale,
+                            gen.seed(), off);
+}
+
 Tensor reshape(const Tensor& x, const Shape& shape) {
   return d1(OpId::Reshape, {x}, Attrs().set("shape", toInts(shape)));
 }

@@ -1,0 +1,133 @@
+// FlashMask geometry shared by the op definition (validation), both backends' kernels and the
+// public tile statistics: the column bounds of one (batch, mask head), their per-key-tile min/max,
+// and the classification of a (query tile, key tile) pair. Invariant: after readBounds every bound
+// lies in [0, Sq] and an empty range is stored canonically ([Sq, Sq) lower, [0, 0) upper).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "keel/attrs.h"
+#include "keel/tensor.h"
+
+namespace keel::detail::flashmask {
+
+// Note [FlashMask geometry]: query row i cannot see key column j when
+//   i ∈ [LTS_j, LTE_j) ∪ [UTS_j, UTE_j)                      (the column bounds), or
+//   causal and j > i + (Sk − Sq)                              (bottom-right aligned diagonal), or
+//   window w > 0 and (i' − j ≥ w, or, when not causal, j − i' ≥ w), with i' = i + (Sk − Sq).
+// The index tensor's last dim C carries: causal C=1 LTS (LTE = Sq); causal C=2 LTS, LTE;
+// non-causal C=2 LTS, UTE (LTE = Sq, UTS = 0); non-causal C=4 LTS, LTE, UTS, UTE. No index tensor
+// means no column bounds. A row that sees no key outputs zeros and has log-sum-exp −inf.
+struct Geometry {
+  int64_t sq = 0, sk = 0;
+  bool causal = false;
+  int64_t window = -1;  // -1: off; otherwise >= 1
+  int64_t diag() const { return sk - sq; }
+};
+
+// Per key column j: rows [lts, lte) and [uts, ute) are masked.
+struct ColumnBounds {
+  std::vector<int32_t> lts, lte, uts, ute;
+};
+
+// Bounds of (b, mask head mh) from an int32 [B, Hm, Sk, C] tensor of any layout; idx may be
+// undefined (no bounds).
+inline ColumnBounds readBounds(const Tensor& idx, int64_t b, int64_t mh, const Geometry& g) {
+  const auto sk = size_t(g.sk);
+  const int32_t sq = int32_t(g.sq);
+  ColumnBounds cb{std::vector<int32_t>(sk, sq), std::vector<int32_t>(sk, sq),
+                  std::vector<int32_t>(sk, 0), std::vector<int32_t>(sk, 0)};
+  if (!idx.defined()) return cb;
+  const int32_t* p = idx.data<int32_t>();
+  const Shape& st = idx.strides();
+  const int64_t c = idx.size(3);
+  for (size_t j = 0; j < sk; ++j) {
+    const int32_t* e = p + b * st[0] + mh * st[1] + int64_t(j) * st[2];
+    auto at = [&](int64_t k) { return e[k * st[3]]; };
+    int32_t lts = at(0), lte = sq, uts = 0, ute = 0;
+    if (g.causal) {
+      if (c == 2) lte = at(1);
+    } else if (c == 2) {
+      ute = at(1);
+    } else {
+      lte = at(1);
+      uts = at(2);
+      ute = at(3);
+    }
+    if (lts >= lte) lts = lte = sq;
+    if (uts >= ute) uts = ute = 0;
+    cb.lts[j] = lts;
+    cb.lte[j] = lte;
+    cb.uts[j] = uts;
+    cb.ute[j] = ute;
+  }
+  return cb;
+}
+
+inline bool masked(const ColumnBounds& cb, const Geometry& g, int64_t i, int64_t j) {
+  const auto jj = size_t(j);
+  if (i >= cb.lts[jj] && i < cb.lte[jj]) return true;
+  if (i >= cb.uts[jj] && i < cb.ute[jj]) return true;
+  const int64_t ip = i + g.diag();
+  if (g.causal && j > ip) return true;
+  if (g.window > 0 && (ip - j >= g.window || (!g.causal && j - ip >= g.window))) return true;
+  return false;
+}
+
+// Min and max of each bound vector over one key tile.
+struct TileBounds {
+  int32_t ltsMin, ltsMax, lteMin, lteMax, utsMin, utsMax, uteMin, uteMax;
+};
+
+inline std::vector<TileBounds> tileBounds(const ColumnBounds& cb, int64_t sk, int64_t bc) {
+  std::vector<TileBounds> t;
+  for (int64_t n0 = 0; n0 < sk; n0 += bc) {
+    const int64_t n1 = std::min(sk, n0 + bc);
+    TileBounds tb{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN,
+                  INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN};
+    for (int64_t j = n0; j < n1; ++j) {
+      const auto jj = size_t(j);
+      tb.ltsMin = std::min(tb.ltsMin, cb.lts[jj]);
+      tb.ltsMax = std::max(tb.ltsMax, cb.lts[jj]);
+      tb.lteMin = std::min(tb.lteMin, cb.lte[jj]);
+      tb.lteMax = std::max(tb.lteMax, cb.lte[jj]);
+      tb.utsMin = std::min(tb.utsMin, cb.uts[jj]);
+      tb.utsMax = std::max(tb.utsMax, cb.uts[jj]);
+      tb.uteMin = std::min(tb.uteMin, cb.ute[jj]);
+      tb.uteMax = std::max(tb.uteMax, cb.ute[jj]);
+    }
+    t.push_back(tb);
+  }
+  return t;
+}
+
+// Skip: every (row, column) pair is masked; Partial: some may be (apply the element mask);
+// Unmasked: none is (no mask work). Conservative: Partial whenever in doubt.
+enum class TileClass : uint8_t { Skip, Partial, Unmasked };
+
+inline TileClass classify(const TileBounds& t, const Geometry& g, int64_t m0, int64_t m1,
+                          int64_t n0, int64_t n1) {
+  const int64_t off = g.diag(), w = g.window;
+  if ((m0 >= t.ltsMax && m1 <= t.lteMin) || (m0 >= t.utsMax && m1 <= t.uteMin)) {
+    return TileClass::Skip;
+  }
+  if (g.causal && n0 > m1 - 1 + off) return TileClass::Skip;
+  if (w > 0 && (m0 + off - (n1 - 1) >= w || (!g.causal && n0 - (m1 - 1 + off) >= w))) {
+    return TileClass::Skip;
+  }
+  const bool lower = t.ltsMin < m1 && t.lteMax > m0;
+  const bool upper = t.utsMin < m1 && t.uteMax > m0;
+  const bool diag = g.causal && n1 - 1 > m0 + off;
+  const bool win = w > 0 && ((m1 - 1 + off) - n0 >= w || (!g.causal && (n1 - 1) - (m0 + off) >= w));
+  return lower || upper || diag || win ? TileClass::Partial : TileClass::Unmasked;
+}
+
+// Checks the index tensor against q [B, Sq, H, D], k [B, Sk, Hk, D] and the causal flag: dtype
+// int32, shape [B, Hk or 1, Sk, C] with C allowed for the flag, every bound in [0, Sq], LTS <= LTE
+// and UTS <= UTE where both are given. Throws keel::Error naming the problem.
+void validateIndices(std::string_view op, const Tensor& idx, const Shape& q, const Shape& k,
+                     bool causal);
+
+}  // namespace keel::detail::flashmask
