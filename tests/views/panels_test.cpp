@@ -485,6 +485,21 @@ class PanelsTest : public QObject {
     clickRow(view.table(), 3);
     QCOMPARE(sel.current(Side::B), std::optional<uint64_t>(lines[3].opSeq));
     QVERIFY(!sel.current(Side::A));
+    // An op selected elsewhere moves the current row to its first line, without echoing.
+    const uint64_t other = lines[40].opSeq;
+    int firstRow = -1;
+    for (int r = 0; r < int(lines.size()); ++r)
+      if (lines[size_t(r)].opSeq == other) {
+        firstRow = r;
+        break;
+      }
+    QVERIFY(other != lines[3].opSeq && firstRow >= 0);
+    QSignalSpy echo(&sel, &Selection::selected);
+    sel.select(Side::B, other);
+    QCOMPARE(echo.count(), 1);  // only the select() above
+    QCOMPARE(view.table()->currentIndex().row(), firstRow);
+    sel.select(Side::A, lines[3].opSeq);  // the other side: the table stays
+    QCOMPARE(view.table()->currentIndex().row(), firstRow);
   }
 
   void lossPlotHasOneGraphPerRun() {

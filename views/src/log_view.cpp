@@ -223,7 +223,22 @@ LogView::LogView(Selection* selection, Side side, QWidget* parent)
             if (!syncing_) selectRow(current);
           });
   connect(table_, &QTableView::clicked, this, [this](const QModelIndex& i) { selectRow(i); });
+  if (selection_) connect(selection_, &Selection::selected, this, &LogView::onSelected);
   updateCount();
+}
+
+// An op selected elsewhere: its first visible log line becomes the current row (no echo).
+void LogView::onSelected(Side side, quint64 seq) {
+  if (side != side_) return;
+  for (int r = 0; r < proxy_->rowCount(); ++r) {
+    const QModelIndex i = proxy_->index(r, 0);
+    if (i.data(LogModel::OpSeqRole).value<quint64>() != seq) continue;
+    syncing_ = true;
+    table_->setCurrentIndex(i);
+    table_->scrollTo(i);
+    syncing_ = false;
+    return;
+  }
 }
 
 void LogView::setLogs(LogsPtr logs) {

@@ -85,6 +85,7 @@ class LogView : public QWidget {
 
  private:
   void selectRow(const QModelIndex& proxyIndex);
+  void onSelected(Side side, quint64 seq);
   void updateCount();
 
   Selection* selection_;
