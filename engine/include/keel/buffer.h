@@ -16,6 +16,8 @@ namespace keel {
 // Note [Buffer move]: allocators may relocate a live buffer (compaction). They do it between ops,
 // copy the bytes, and call Buffer::relocate; tensors find the new address through their Buffer.
 
+struct AllocatorStats;  // keel/allocator.h
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -24,9 +26,15 @@ class Allocator {
   virtual std::string name() const = 0;
   virtual size_t allocatedBytes() const = 0;
   virtual size_t reservedBytes() const = 0;
+  // Statistics (keel/allocator.h); the default fills allocated and reserved only.
+  virtual AllocatorStats stats() const;
+  // Returns cached memory that holds no live block to the system; a no-op by default.
+  virtual void emptyCache() {}
+  virtual void resetPeaks() {}
 };
 
-// The allocator used for new buffers on a device (host backends share one by default).
+// The allocator used for new buffers on a device (host backends share one by default, chosen by
+// KEEL_ALLOCATOR; see keel/allocator.h).
 Allocator& allocatorFor(Device d);
 // Replaces the allocator for a backend; returns the previous one. Buffers remember their allocator.
 Allocator* setAllocator(Backend b, Allocator* a);

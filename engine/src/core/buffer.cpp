@@ -2,6 +2,8 @@
 // Allocators report each allocation and free to observers; see observer.h.
 #include "keel/buffer.h"
 
+#include "keel/allocator.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -54,18 +56,18 @@ class HostAllocator final : public Allocator {
 std::mutex g_allocMu;
 Allocator* g_allocators[kNumBackends] = {nullptr, nullptr, nullptr};
 
-HostAllocator& hostAllocator() {
-  static HostAllocator a;  // never destroyed before buffers: function-local static, leaked below
-  return a;
-}
-
 }  // namespace
+
+Allocator& hostAllocator() {
+  static auto* a = new HostAllocator;  // leaked: outlives every buffer
+  return *a;
+}
 
 Allocator& allocatorFor(Device d) {
   std::lock_guard<std::mutex> lk(g_allocMu);
   Allocator* a = g_allocators[int(d.backend)];
   if (a) return *a;
-  if (d.isHost()) return hostAllocator();
+  if (d.isHost()) return allocatorOfKind(defaultAllocatorKind());
   throw Error(detail::concat("device '", d.name(),
                              "' is not available: this build has no allocator for it"));
 }

@@ -1,0 +1,130 @@
+// Allocators beyond the default host one: a caching allocator (the baseline most frameworks ship)
+// and a virtual-memory (VMM) allocator that defragments by remapping physical chunks.
+// Invariant: an allocator outlives every Buffer it served; the process-wide instances below are
+// never destroyed. Statistics are defined in docs/memory.md. See Note [VMM remap].
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/buffer.h"
+
+namespace keel {
+
+// A point-in-time summary of an allocator (all sizes in bytes). See docs/memory.md.
+struct AllocatorStats {
+  size_t allocated = 0;      // sum of live block sizes (after rounding)
+  size_t reserved = 0;       // memory obtained from the system (segments or mapped chunks)
+  size_t active = 0;         // sum of the sizes callers asked for, over live blocks
+  size_t peakAllocated = 0;  // maxima since construction or resetPeaks()
+  size_t peakReserved = 0;
+  size_t peakActive = 0;
+  size_t segments = 0;     // caching: mmap'd segments; vmm: mapped 2 MiB chunks
+  size_t blocks = 0;       // live blocks
+  size_t freeBlocks = 0;   // free blocks inside reserved memory
+  size_t largestFree = 0;  // largest free block
+  size_t totalFree = 0;    // reserved - allocated
+  uint64_t allocs = 0, frees = 0, ooms = 0;
+  // VMM only: defragmentations that remapped at least one chunk, chunks remapped, fresh chunks
+  // mapped, chunks released, bytes of live data copied (always 0: no compaction).
+  uint64_t defrags = 0, chunksRemapped = 0, chunksMapped = 0, chunksReleased = 0, bytesCopied = 0;
+
+  // (reserved - allocated) / reserved; 0 when nothing is reserved.
+  double fragmentation() const;
+  // 1 - largestFree / totalFree: 0 when all free memory is one block; 0 when none is free.
+  double scatter() const;
+};
+
+// "allocated 3.0 MiB, reserved 8.0 MiB, largest free block 2.0 MiB, fragmentation 62.5%, ..."
+std::string memorySummary(const AllocatorStats& s);
+
+struct CachingAllocatorOptions {
+  size_t limit = 0;                // bytes that may be reserved; 0 = unlimited
+  size_t round = 512;              // every request is rounded up to this
+  size_t smallMax = 1 << 20;       // requests <= this use the small pool
+  size_t smallSegment = 2 << 20;   // segment size of the small pool
+  size_t midMax = 10 << 20;        // large requests < this share a largeSegment
+  size_t largeSegment = 20 << 20;  // segment size for requests in (smallMax, midMax)
+  size_t largeRound = 2 << 20;     // requests >= midMax get a segment rounded to this
+  std::string name = "caching";
+};
+
+// Best-fit over free blocks ordered by (size, address) in a small and a large pool; splits blocks
+// and merges free neighbours; segments come from mmap and go back only in emptyCache() (or when a
+// request would exceed the limit). One instance serves one device.
+class CachingAllocator final : public Allocator {
+ public:
+  explicit CachingAllocator(CachingAllocatorOptions o = {});
+  ~CachingAllocator() override;
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  std::string name() const override;
+  size_t allocatedBytes() const override;
+  size_t reservedBytes() const override;
+  AllocatorStats stats() const override;
+  void emptyCache() override;
+  void resetPeaks() override;
+  void setLimit(size_t bytes);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct VmmAllocatorOptions {
+  size_t reserve = size_t(64) << 30;  // virtual address range reserved once
+  size_t chunk = 2 << 20;             // physical chunk size (multiple of the page size)
+  size_t limit = 0;                   // physical bytes that may be mapped; 0 = unlimited
+  // Below this many reserved bytes a request that does not fit grows with fresh chunks; at or
+  // above it free chunks are remapped first. 0: always remap before growing.
+  size_t defragThreshold = 0;
+  size_t round = 512;
+  std::string name = "vmm";
+};
+
+// Linux CPU virtual-memory allocator: a PROT_NONE reservation, physical chunks from a memfd mapped
+// with MAP_FIXED|MAP_SHARED, best-fit over the mapped space, and defragmentation by remapping free
+// chunks (no live byte is copied). See Note [VMM remap].
+class VmmAllocator final : public Allocator {
+ public:
+  explicit VmmAllocator(VmmAllocatorOptions o = {});
+  ~VmmAllocator() override;
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  std::string name() const override;
+  size_t allocatedBytes() const override;
+  size_t reservedBytes() const override;
+  AllocatorStats stats() const override;
+  // Unmaps every chunk no live block touches and releases its memory (fallocate PUNCH_HOLE).
+  void emptyCache() override;
+  void resetPeaks() override;
+  void setLimit(size_t bytes);
+  // Start of the reservation (tests compute chunk indices from it).
+  uintptr_t base() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- selection (KEEL_ALLOCATOR) -------------------------------------------------------------
+enum class AllocatorKind : uint8_t { Host, Caching, Vmm };
+std::string_view allocatorKindName(AllocatorKind k);
+std::optional<AllocatorKind> parseAllocatorKind(std::string_view s);
+
+// The allocator host backends use when setAllocator installed none. Read once from the
+// environment variable KEEL_ALLOCATOR=host|caching|vmm (default host; anything else throws
+// keel::Error at the first allocation); setDefaultAllocatorKind overrides it for new buffers.
+AllocatorKind defaultAllocatorKind();
+void setDefaultAllocatorKind(AllocatorKind k);
+// Process-wide instances (created on first use, never destroyed). KEEL_MEMORY_LIMIT (bytes, with
+// an optional K/M/G suffix) sets the caching and vmm limits.
+Allocator& hostAllocator();
+CachingAllocator& cachingAllocator();
+VmmAllocator& vmmAllocator();
+Allocator& allocatorOfKind(AllocatorKind k);
+
+}  // namespace keel

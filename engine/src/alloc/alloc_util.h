@@ -1,0 +1,56 @@
+// Helpers shared by the caching and VMM allocators: rounding, the out-of-memory message and
+// deferred observer events (collected under the allocator's lock, delivered after it is released).
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "keel/allocator.h"
+#include "keel/dispatch.h"
+#include "keel/error.h"
+#include "keel/observer.h"
+
+namespace keel::alloc {
+
+inline size_t roundUp(size_t x, size_t m) {
+  return (x + m - 1) / m * m;
+}
+
+inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limit,
+                         const AllocatorStats& s) {
+  uint64_t op = currentOpSeq();
+  return Error(detail::concat("out of memory in the ", allocator, " allocator: requested ", bytes,
+                              " bytes", op ? detail::concat(" by op #", op) : std::string(),
+                              " with a limit of ", limit, " bytes; ", memorySummary(s)));
+}
+
+// Events are queued while the lock is held and sent afterwards, so an observer may allocate.
+class PendingEvents {
+ public:
+  void add(MemEventKind kind, uint64_t address, uint64_t bytes, size_t allocated, size_t reserved,
+           uint64_t to = 0) {
+    if (!detail::hasObservers()) return;
+    MemEvent e;
+    e.kind = kind;
+    e.address = address;
+    e.bytes = bytes;
+    e.toAddress = to;
+    e.allocatedAfter = allocated;
+    e.reservedAfter = reserved;
+    events_.push_back(e);
+  }
+  std::vector<MemEvent> take() {
+    std::vector<MemEvent> out;
+    out.swap(events_);
+    return out;
+  }
+
+ private:
+  std::vector<MemEvent> events_;
+};
+
+inline void deliver(std::vector<MemEvent> events) {
+  for (auto& e : events) detail::notifyMemory(e);
+}
+
+}  // namespace keel::alloc

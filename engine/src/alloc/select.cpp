@@ -1,0 +1,148 @@
+// Allocator statistics helpers and the choice of the host allocator (KEEL_ALLOCATOR).
+// Invariant: the default kind is read from the environment once; instances are never destroyed,
+// so buffers served by a previously selected allocator stay valid after a switch.
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+#include "keel/allocator.h"
+#include "keel/error.h"
+
+namespace keel {
+
+AllocatorStats Allocator::stats() const {
+  AllocatorStats s;
+  s.allocated = s.active = allocatedBytes();
+  s.reserved = reservedBytes();
+  s.totalFree = s.reserved > s.allocated ? s.reserved - s.allocated : 0;
+  return s;
+}
+
+double AllocatorStats::fragmentation() const {
+  return reserved == 0 ? 0.0 : double(reserved - allocated) / double(reserved);
+}
+
+double AllocatorStats::scatter() const {
+  return totalFree == 0 ? 0.0 : 1.0 - double(largestFree) / double(totalFree);
+}
+
+namespace {
+std::string mib(size_t b) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << double(b) / double(1 << 20) << " MiB";
+  return os.str();
+}
+}  // namespace
+
+std::string memorySummary(const AllocatorStats& s) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << "allocated " << mib(s.allocated) << " (" << s.allocated << " bytes), reserved "
+     << mib(s.reserved) << " (" << s.reserved << " bytes), largest free block "
+     << mib(s.largestFree) << " (" << s.largestFree << " bytes), fragmentation "
+     << 100.0 * s.fragmentation() << "%, free-space scatter " << 100.0 * s.scatter() << "%, "
+     << s.blocks << " live blocks in " << s.segments << " segments/chunks";
+  return os.str();
+}
+
+std::string_view allocatorKindName(AllocatorKind k) {
+  switch (k) {
+    case AllocatorKind::Host:
+      return "host";
+    case AllocatorKind::Caching:
+      return "caching";
+    case AllocatorKind::Vmm:
+      return "vmm";
+  }
+  return "?";
+}
+
+std::optional<AllocatorKind> parseAllocatorKind(std::string_view s) {
+  if (s == "host") return AllocatorKind::Host;
+  if (s == "caching") return AllocatorKind::Caching;
+  if (s == "vmm") return AllocatorKind::Vmm;
+  return std::nullopt;
+}
+
+namespace {
+std::atomic<int> g_kind{-1};  // -1: not read from the environment yet
+
+size_t envLimit() {
+  const char* v = std::getenv("KEEL_MEMORY_LIMIT");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  KEEL_CHECK(end != v && x >= 0, "KEEL_MEMORY_LIMIT='", v, "' is not a byte count");
+  switch (*end) {
+    case 'k':
+    case 'K':
+      x *= 1024.0;
+      break;
+    case 'm':
+    case 'M':
+      x *= 1024.0 * 1024.0;
+      break;
+    case 'g':
+    case 'G':
+      x *= 1024.0 * 1024.0 * 1024.0;
+      break;
+    default:
+      break;
+  }
+  return size_t(x);
+}
+}  // namespace
+
+AllocatorKind defaultAllocatorKind() {
+  int k = g_kind.load(std::memory_order_acquire);
+  if (k >= 0) return AllocatorKind(k);
+  AllocatorKind kind = AllocatorKind::Host;
+  if (const char* v = std::getenv("KEEL_ALLOCATOR"); v && *v) {
+    auto parsed = parseAllocatorKind(v);
+    KEEL_CHECK(parsed, "KEEL_ALLOCATOR='", v, "' is not an allocator: use host, caching or vmm");
+    kind = *parsed;
+  }
+  int expected = -1;
+  g_kind.compare_exchange_strong(expected, int(kind), std::memory_order_acq_rel);
+  return AllocatorKind(g_kind.load(std::memory_order_acquire));
+}
+
+void setDefaultAllocatorKind(AllocatorKind k) {
+  g_kind.store(int(k), std::memory_order_release);
+}
+
+CachingAllocator& cachingAllocator() {
+  static auto* a = [] {
+    CachingAllocatorOptions o;
+    o.limit = envLimit();
+    return new CachingAllocator(o);
+  }();
+  return *a;
+}
+
+VmmAllocator& vmmAllocator() {
+  static auto* a = [] {
+    VmmAllocatorOptions o;
+    o.limit = envLimit();
+    return new VmmAllocator(o);
+  }();
+  return *a;
+}
+
+Allocator& allocatorOfKind(AllocatorKind k) {
+  switch (k) {
+    case AllocatorKind::Caching:
+      return cachingAllocator();
+    case AllocatorKind::Vmm:
+      return vmmAllocator();
+    case AllocatorKind::Host:
+      break;
+  }
+  return hostAllocator();
+}
+
+}  // namespace keel

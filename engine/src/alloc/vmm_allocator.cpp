@@ -1,0 +1,364 @@
+// The VMM allocator on Linux CPU: one PROT_NONE reservation, physical 2 MiB chunks from a memfd,
+// best-fit over the mapped space, defragmentation by remapping free chunks (no byte copied).
+// Invariants: blocks cover only mapped chunks; address-adjacent free blocks are always merged;
+// touch_[slot] counts the live blocks touching a slot, and only untouched slots are remapped.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "alloc/alloc_util.h"
+
+namespace keel {
+
+// Note [VMM remap]: the address range is reserved once with mmap(PROT_NONE, MAP_NORESERVE) and
+// divided into slots of one chunk. A slot is either unmapped (PROT_NONE) or maps one physical
+// chunk, a chunk-sized range of a memfd, with mmap(MAP_FIXED|MAP_SHARED). Unmapping maps
+// PROT_NONE anonymous memory over the slot (munmap would give the addresses away); releasing
+// punches a hole in the memfd. A request is served best-fit from the free blocks. When none is
+// large enough, the allocator looks for a window of addresses, between two live blocks, made of
+// free bytes and unmapped slots, that needs the fewest new chunks (the simulation: nothing changes
+// until a plan is found). Below defragThreshold reserved bytes the missing chunks are fresh ones;
+// above it, chunks that no live block touches are first unmapped from elsewhere and mapped into
+// the window (a remap: a shared mapping keeps the chunk's bytes, but those bytes are free, and no
+// live byte moves). Fresh chunks fill any remainder while the limit allows; otherwise the request
+// fails with keel::Error. Live blocks are never moved (no compaction), so bytesCopied stays 0 and
+// Buffer::relocate is never needed.
+
+namespace {
+struct VBlock {
+  size_t size = 0;
+  size_t requested = 0;
+  bool free = true;
+};
+}  // namespace
+
+struct VmmAllocator::Impl {
+  VmmAllocatorOptions o;
+  mutable std::mutex mu;
+  int fd = -1;
+  uintptr_t base = 0;
+  size_t nSlots = 0;
+  std::vector<int64_t> slotPhys;  // physical chunk index per slot, -1 = unmapped
+  std::vector<uint32_t> touch;    // live blocks touching each slot
+  size_t highSlot = 0;            // one past the highest slot ever mapped
+  std::vector<int64_t> freePhys;  // released physical chunks (holes punched)
+  int64_t nextPhys = 0;
+  std::map<uintptr_t, VBlock> blocks;  // free and live blocks by address
+  std::set<std::pair<size_t, uintptr_t>> freeSet;
+  AllocatorStats st;
+  alloc::PendingEvents events;
+
+  size_t slotOf(uintptr_t a) const { return (a - base) / o.chunk; }
+  uintptr_t slotAddr(size_t s) const { return base + s * o.chunk; }
+
+  void updatePeaks() {
+    st.peakAllocated = std::max(st.peakAllocated, st.allocated);
+    st.peakReserved = std::max(st.peakReserved, st.reserved);
+    st.peakActive = std::max(st.peakActive, st.active);
+  }
+
+  AllocatorStats statsLocked() const {
+    AllocatorStats s = st;
+    s.blocks = blocks.size() - freeSet.size();
+    s.freeBlocks = freeSet.size();
+    s.totalFree = s.reserved - s.allocated;
+    s.largestFree = freeSet.empty() ? 0 : freeSet.rbegin()->first;
+    s.segments = s.reserved / o.chunk;
+    return s;
+  }
+
+  void addRawFree(uintptr_t a, size_t size) {
+    blocks.emplace(a, VBlock{size, 0, true});
+    freeSet.emplace(size, a);
+  }
+
+  // Adds [a, a+size) as free, merging with free neighbours.
+  void insertFree(uintptr_t a, size_t size) {
+    auto next = blocks.lower_bound(a);
+    if (next != blocks.end() && next->second.free && a + size == next->first) {
+      freeSet.erase({next->second.size, next->first});
+      size += next->second.size;
+      next = blocks.erase(next);
+    }
+    if (next != blocks.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.free && prev->first + prev->second.size == a) {
+        freeSet.erase({prev->second.size, prev->first});
+        prev->second.size += size;
+        freeSet.emplace(prev->second.size, prev->first);
+        return;
+      }
+    }
+    blocks.emplace_hint(next, a, VBlock{size, 0, true});
+    freeSet.emplace(size, a);
+  }
+
+  // Removes [a, a+len) from the one free block that contains it.
+  void removeFreeRange(uintptr_t a, size_t len) {
+    auto it = std::prev(blocks.upper_bound(a));
+    uintptr_t f0 = it->first;
+    size_t fs = it->second.size;
+    freeSet.erase({fs, f0});
+    blocks.erase(it);
+    if (a > f0) addRawFree(f0, a - f0);
+    if (f0 + fs > a + len) addRawFree(a + len, f0 + fs - (a + len));
+  }
+
+  void mapSlot(size_t s, int64_t phys) {
+    void* p = mmap(reinterpret_cast<void*>(slotAddr(s)), o.chunk, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED, fd, off_t(phys) * off_t(o.chunk));
+    KEEL_CHECK(p != MAP_FAILED, "vmm allocator: mapping a chunk failed: ", std::strerror(errno));
+    slotPhys[s] = phys;
+    highSlot = std::max(highSlot, s + 1);
+    st.reserved += o.chunk;
+    events.add(MemEventKind::Map, slotAddr(s), o.chunk, st.allocated, st.reserved);
+    insertFree(slotAddr(s), o.chunk);
+  }
+
+  // Unmaps a slot no live block touches; returns its physical chunk (bytes kept).
+  int64_t unmapSlot(size_t s) {
+    removeFreeRange(slotAddr(s), o.chunk);
+    mmap(reinterpret_cast<void*>(slotAddr(s)), o.chunk, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    int64_t phys = slotPhys[s];
+    slotPhys[s] = -1;
+    st.reserved -= o.chunk;
+    events.add(MemEventKind::Unmap, slotAddr(s), o.chunk, st.allocated, st.reserved);
+    return phys;
+  }
+
+  int64_t freshPhys() {
+    if (!freePhys.empty()) {
+      int64_t p = freePhys.back();
+      freePhys.pop_back();
+      return p;
+    }
+    return nextPhys++;
+  }
+
+  size_t unmappedIn(size_t s0, size_t s1) const {
+    size_t n = 0;
+    for (size_t s = s0; s < s1; ++s) n += slotPhys[s] < 0;
+    return n;
+  }
+
+  // Slow path: see Note [VMM remap]. Returns 0 when the request cannot be met.
+  uintptr_t growOrRemap(size_t size) {
+    const uintptr_t end = base + nSlots * o.chunk;
+    uintptr_t bestA = 0;
+    size_t bestCost = SIZE_MAX;
+    auto consider = [&](uintptr_t a, uintptr_t g0, uintptr_t g1) {
+      if (a < g0 || a + size > g1) return;
+      size_t cost = unmappedIn(slotOf(a), slotOf(a + size - 1) + 1);
+      if (cost < bestCost || (cost == bestCost && a < bestA)) bestCost = cost, bestA = a;
+    };
+    std::vector<std::pair<uintptr_t, size_t>> gapFree;
+    auto gap = [&](uintptr_t g0, uintptr_t g1) {
+      if (g1 - g0 >= size) {
+        consider(g0, g0, g1);
+        if (g1 < end) consider(g1 - size, g0, g1);
+        for (auto [fa, fs] : gapFree) {
+          consider(fa, g0, g1);
+          if (fa + fs >= size) consider(fa + fs - size, g0, g1);
+        }
+      }
+      gapFree.clear();
+    };
+    uintptr_t g0 = base;
+    for (auto& [a, b] : blocks) {
+      if (b.free) {
+        gapFree.emplace_back(a, b.size);
+        continue;
+      }
+      gap(g0, a);
+      g0 = a + b.size;
+    }
+    gap(g0, end);
+    if (bestCost == SIZE_MAX) return 0;
+
+    size_t w0 = slotOf(bestA), w1 = slotOf(bestA + size - 1) + 1;
+    size_t need = bestCost;
+    size_t freshLeft =
+        o.limit ? (o.limit > st.reserved ? (o.limit - st.reserved) / o.chunk : 0) : SIZE_MAX;
+    std::vector<size_t> sources;
+    bool grow = st.reserved + need * o.chunk <= o.defragThreshold && need <= freshLeft;
+    if (!grow) {
+      for (size_t s = 0; s < highSlot && sources.size() < need; ++s)
+        if (slotPhys[s] >= 0 && touch[s] == 0 && (s < w0 || s >= w1)) sources.push_back(s);
+      if (need - sources.size() > freshLeft) return 0;  // the simulation says it cannot fit
+    }
+    std::vector<int64_t> phys;
+    for (size_t s : sources) phys.push_back(unmapSlot(s));
+    if (!sources.empty()) {
+      st.defrags++;
+      st.chunksRemapped += sources.size();
+    }
+    for (size_t s = w0; s < w1; ++s) {
+      if (slotPhys[s] >= 0) continue;
+      int64_t p;
+      if (!phys.empty()) {
+        p = phys.back();
+        phys.pop_back();
+        events.add(MemEventKind::Move, slotAddr(sources[phys.size()]), o.chunk, st.allocated,
+                   st.reserved, slotAddr(s));
+      } else {
+        p = freshPhys();
+        st.chunksMapped++;
+      }
+      mapSlot(s, p);
+    }
+    updatePeaks();
+    return bestA;
+  }
+
+  void* allocate(size_t bytes) {
+    size_t size = alloc::roundUp(std::max<size_t>(bytes, 1), o.round);
+    uintptr_t a = 0;
+    if (auto it = freeSet.lower_bound({size, 0}); it != freeSet.end()) a = it->second;
+    if (!a && size <= nSlots * o.chunk) a = growOrRemap(size);
+    if (!a) {
+      st.ooms++;
+      throw alloc::outOfMemory(o.name, bytes, o.limit, statsLocked());
+    }
+    removeFreeRange(a, size);
+    blocks.emplace(a, VBlock{size, bytes, false});
+    for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) touch[s]++;
+    st.allocated += size;
+    st.active += bytes;
+    st.allocs++;
+    updatePeaks();
+    events.add(MemEventKind::Alloc, a, size, st.allocated, st.reserved);
+    return reinterpret_cast<void*>(a);
+  }
+
+  void deallocate(void* p) {
+    auto it = blocks.find(reinterpret_cast<uintptr_t>(p));
+    if (it == blocks.end() || it->second.free) return;  // not ours: ignored (must not throw)
+    uintptr_t a = it->first;
+    VBlock b = it->second;
+    blocks.erase(it);
+    for (size_t s = slotOf(a); s <= slotOf(a + b.size - 1); ++s) touch[s]--;
+    st.allocated -= b.size;
+    st.active -= b.requested;
+    st.frees++;
+    events.add(MemEventKind::Free, a, b.size, st.allocated, st.reserved);
+    insertFree(a, b.size);
+  }
+
+  void release() {
+    for (size_t s = 0; s < highSlot; ++s) {
+      if (slotPhys[s] < 0 || touch[s] != 0) continue;
+      int64_t p = unmapSlot(s);
+      fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(p) * off_t(o.chunk),
+                off_t(o.chunk));
+      freePhys.push_back(p);
+      st.chunksReleased++;
+      events.add(MemEventKind::Release, slotAddr(s), o.chunk, st.allocated, st.reserved);
+    }
+  }
+};
+
+VmmAllocator::VmmAllocator(VmmAllocatorOptions o) : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  long page = sysconf(_SC_PAGESIZE);
+  KEEL_CHECK(o.chunk > 0 && o.chunk % size_t(page) == 0 && o.round > 0 && o.round <= o.chunk,
+             "vmm allocator: the chunk size must be a multiple of the page size");
+  o.reserve = alloc::roundUp(std::max(o.reserve, o.chunk), o.chunk);
+  m.o = std::move(o);
+  m.nSlots = m.o.reserve / m.o.chunk;
+  m.fd = memfd_create("keel-vmm", MFD_CLOEXEC);
+  KEEL_CHECK(m.fd >= 0, "vmm allocator: memfd_create failed: ", std::strerror(errno));
+  if (ftruncate(m.fd, off_t(m.o.reserve)) != 0) {
+    int e = errno;
+    close(m.fd);
+    throw Error(detail::concat("vmm allocator: ftruncate failed: ", std::strerror(e)));
+  }
+  void* p =
+      mmap(nullptr, m.o.reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(m.fd);
+    throw Error(detail::concat("vmm allocator: reserving ", m.o.reserve,
+                               " bytes of addresses failed: ", std::strerror(e)));
+  }
+  m.base = reinterpret_cast<uintptr_t>(p);
+  m.slotPhys.assign(m.nSlots, -1);
+  m.touch.assign(m.nSlots, 0);
+}
+
+VmmAllocator::~VmmAllocator() {
+  munmap(reinterpret_cast<void*>(impl_->base), impl_->o.reserve);
+  close(impl_->fd);
+}
+
+void* VmmAllocator::allocate(size_t bytes) {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  void* p = nullptr;
+  try {
+    p = impl_->allocate(bytes);
+  } catch (...) {
+    auto ev = impl_->events.take();
+    lk.unlock();
+    alloc::deliver(std::move(ev));
+    throw;
+  }
+  auto ev = impl_->events.take();
+  lk.unlock();
+  alloc::deliver(std::move(ev));
+  return p;
+}
+
+void VmmAllocator::deallocate(void* ptr, size_t) {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->deallocate(ptr);
+  auto ev = impl_->events.take();
+  lk.unlock();
+  alloc::deliver(std::move(ev));
+}
+
+std::string VmmAllocator::name() const {
+  return impl_->o.name;
+}
+size_t VmmAllocator::allocatedBytes() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->st.allocated;
+}
+size_t VmmAllocator::reservedBytes() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->st.reserved;
+}
+AllocatorStats VmmAllocator::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->statsLocked();
+}
+void VmmAllocator::emptyCache() {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->release();
+  auto ev = impl_->events.take();
+  lk.unlock();
+  alloc::deliver(std::move(ev));
+}
+void VmmAllocator::resetPeaks() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  auto& s = impl_->st;
+  s.peakAllocated = s.allocated;
+  s.peakReserved = s.reserved;
+  s.peakActive = s.active;
+}
+void VmmAllocator::setLimit(size_t bytes) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->o.limit = bytes;
+}
+uintptr_t VmmAllocator::base() const {
+  return impl_->base;
+}
+
+}  // namespace keel
