@@ -339,7 +339,8 @@ TEST(AllocatorEngineTest, OpsGiveIdenticalBytesUnderEveryAllocator) {
     }
   }
   // Explicit installation through setAllocator also works and is undone.
-  CachingAllocator* own = new CachingAllocator;  // leaked: buffers may outlive the test body
+  // Never destroyed (a buffer could outlive the test body); reachable from a static, so not a leak.
+  static CachingAllocator* own = new CachingAllocator;
   Allocator* prev = setAllocator(Backend::Cpu, own);
   EXPECT_EQ(runOps(test::kCpu), [] {
     KindScope k(AllocatorKind::Host);
