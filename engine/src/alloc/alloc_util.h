@@ -2,7 +2,9 @@
 // deferred observer events (collected under the allocator's lock, delivered after it is released).
 #pragma once
 #include <cstddef>
+#include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "keel/allocator.h"
@@ -51,6 +53,31 @@ class PendingEvents {
 
 inline void deliver(std::vector<MemEvent> events) {
   for (auto& e : events) detail::notifyMemory(e);
+}
+
+// Runs f() under impl.mu, then delivers the events it queued with the lock released — also when
+// f throws (the exception then propagates). The shape of every mutating allocator entry point.
+template <class Impl, class F>
+auto lockedWithEvents(Impl& impl, F&& f) -> decltype(f()) {
+  std::unique_lock<std::mutex> lk(impl.mu);
+  auto flush = [&] {
+    auto ev = impl.events.take();
+    lk.unlock();
+    deliver(std::move(ev));
+  };
+  try {
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      flush();
+    } else {
+      auto r = f();
+      flush();
+      return r;
+    }
+  } catch (...) {
+    if (lk.owns_lock()) flush();
+    throw;
+  }
 }
 
 }  // namespace keel::alloc

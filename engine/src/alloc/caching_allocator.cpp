@@ -212,28 +212,11 @@ CachingAllocator::~CachingAllocator() {
 }
 
 void* CachingAllocator::allocate(size_t bytes) {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  void* p = nullptr;
-  try {
-    p = impl_->allocate(bytes);
-  } catch (...) {
-    auto ev = impl_->events.take();
-    lk.unlock();
-    alloc::deliver(std::move(ev));
-    throw;
-  }
-  auto ev = impl_->events.take();
-  lk.unlock();
-  alloc::deliver(std::move(ev));
-  return p;
+  return alloc::lockedWithEvents(*impl_, [&] { return impl_->allocate(bytes); });
 }
 
 void CachingAllocator::deallocate(void* ptr, size_t) {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->deallocate(ptr);
-  auto ev = impl_->events.take();
-  lk.unlock();
-  alloc::deliver(std::move(ev));
+  alloc::lockedWithEvents(*impl_, [&] { impl_->deallocate(ptr); });
 }
 
 std::string CachingAllocator::name() const {
@@ -252,11 +235,7 @@ AllocatorStats CachingAllocator::stats() const {
   return impl_->statsLocked();
 }
 void CachingAllocator::emptyCache() {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->releaseCached();
-  auto ev = impl_->events.take();
-  lk.unlock();
-  alloc::deliver(std::move(ev));
+  alloc::lockedWithEvents(*impl_, [&] { impl_->releaseCached(); });
 }
 void CachingAllocator::resetPeaks() {
   std::lock_guard<std::mutex> lk(impl_->mu);

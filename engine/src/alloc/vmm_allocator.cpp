@@ -300,28 +300,11 @@ VmmAllocator::~VmmAllocator() {
 }
 
 void* VmmAllocator::allocate(size_t bytes) {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  void* p = nullptr;
-  try {
-    p = impl_->allocate(bytes);
-  } catch (...) {
-    auto ev = impl_->events.take();
-    lk.unlock();
-    alloc::deliver(std::move(ev));
-    throw;
-  }
-  auto ev = impl_->events.take();
-  lk.unlock();
-  alloc::deliver(std::move(ev));
-  return p;
+  return alloc::lockedWithEvents(*impl_, [&] { return impl_->allocate(bytes); });
 }
 
 void VmmAllocator::deallocate(void* ptr, size_t) {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->deallocate(ptr);
-  auto ev = impl_->events.take();
-  lk.unlock();
-  alloc::deliver(std::move(ev));
+  alloc::lockedWithEvents(*impl_, [&] { impl_->deallocate(ptr); });
 }
 
 std::string VmmAllocator::name() const {
@@ -340,11 +323,7 @@ AllocatorStats VmmAllocator::stats() const {
   return impl_->statsLocked();
 }
 void VmmAllocator::emptyCache() {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->release();
-  auto ev = impl_->events.take();
-  lk.unlock();
-  alloc::deliver(std::move(ev));
+  alloc::lockedWithEvents(*impl_, [&] { impl_->release(); });
 }
 void VmmAllocator::resetPeaks() {
   std::lock_guard<std::mutex> lk(impl_->mu);
