@@ -208,6 +208,9 @@ class CaptureObserver : public Observer {
     m.timeNs = e.timeNs;
     m.allocatedAfter = e.allocatedAfter;
     m.reservedAfter = e.reservedAfter;
+    m.bufferId = e.bufferId;
+    m.tag = std::string(memTagName(e.tag));
+    m.label = std::string(e.label);
     {
       std::lock_guard<std::mutex> lk(mu_);
       m.step = step_;
@@ -335,19 +338,8 @@ class CaptureObserver : public Observer {
     return id;
   }
 
-  uint64_t bufferId(const Tensor& t) {
-    const std::shared_ptr<Buffer>& b = t.buffer();
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = buffers_.find(b.get());
-    if (it != buffers_.end() && !it->second.first.expired()) return it->second.second;
-    if (buffers_.size() > 4 * liveBuffersAtPrune_ + 4096) {
-      std::erase_if(buffers_, [](auto& kv) { return kv.second.first.expired(); });
-      liveBuffersAtPrune_ = buffers_.size();
-    }
-    uint64_t id = nextBufferId_++;
-    buffers_[b.get()] = {b, id};
-    return id;
-  }
+  // The Buffer's process-wide id: the same number allocator events carry (memory view joins).
+  static uint64_t bufferId(const Tensor& t) { return t.buffer()->id(); }
 
   storage::TensorRecord tensorRecord(const Tensor& t, storage::Role role, int32_t index) {
     storage::TensorRecord r;
@@ -526,9 +518,6 @@ class CaptureObserver : public Observer {
   std::unordered_map<uint64_t, Pending> pending_;  // by op seq, between begin and end
   StackTable stacks_;
   std::unordered_map<ContentKey, HashEntry, ContentKeyHash> hashCache_;
-  std::unordered_map<const Buffer*, std::pair<std::weak_ptr<Buffer>, uint64_t>> buffers_;
-  uint64_t nextBufferId_ = 1;
-  size_t liveBuffersAtPrune_ = 0;
 
   std::atomic<bool> closed_{false};
   std::atomic<bool> failed_{false};

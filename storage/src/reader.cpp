@@ -348,7 +348,7 @@ std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
   if (q.opSeqEnd) b.add("op_seq < ?", static_cast<int64_t>(*q.opSeqEnd));
   sql::Stmt s(impl_->db,
               "SELECT kind_sid, device_sid, address, bytes, to_address, op_seq, step, stack_id,"
-              " time_ns, allocated_after, reserved_after FROM mem_events" +
+              " time_ns, allocated_after, reserved_after, buffer_id, tag_sid, label_sid FROM mem_events" +
                   b.where + " ORDER BY id" + limitClause(q.limit));
   b.apply(s);
   std::vector<MemRecord> out;
@@ -365,6 +365,9 @@ std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
     m.timeNs = s.i64(8);
     m.allocatedAfter = s.u64(9);
     m.reservedAfter = s.u64(10);
+    m.bufferId = s.u64(11);
+    if (!s.isNull(12)) m.tag = impl_->str(s.i64(12));
+    if (!s.isNull(13)) m.label = impl_->str(s.i64(13));
     out.push_back(std::move(m));
   }
   return out;

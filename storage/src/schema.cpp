@@ -263,6 +263,14 @@ DROP INDEX IF EXISTS mem_events_time;
 DROP INDEX IF EXISTS mem_events_op;
 DROP INDEX IF EXISTS dumps_op;
 )sql"},
+    // 3 -> 4: allocator events name the buffer they concern, the allocating code's tag and the
+    // memory tracking section they open or close.
+    {R"sql(
+ALTER TABLE mem_events ADD COLUMN buffer_id INTEGER NOT NULL DEFAULT 0;  -- Buffer id; 0 if none
+ALTER TABLE mem_events ADD COLUMN tag_sid INTEGER;    -- -> strings: parameter|optimizer_state|data
+ALTER TABLE mem_events ADD COLUMN label_sid INTEGER;  -- -> strings: tracking section name
+)sql",
+     nullptr, ""},
 }};
 
 void runMigration(sql::Db& db, int from) {

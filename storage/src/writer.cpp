@@ -120,8 +120,9 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
   insMem_ = sql::Stmt(db_,
                       "INSERT INTO mem_events(time_ns, kind_sid, device_sid, address, bytes,"
-                      " to_address, op_seq, step, stack_id, allocated_after, reserved_after) "
-                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+                      " to_address, op_seq, step, stack_id, allocated_after, reserved_after,"
+                      " buffer_id, tag_sid, label_sid) "
+                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
   insDump_ = sql::Stmt(db_,
                        "INSERT INTO dumps(op_seq, role, idx, dtype_sid, shape, codec_sid,"
                        " raw_bytes, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
@@ -294,6 +295,9 @@ void SqliteWriter::writeMem(const MemRecord& m) {
     if (m.stackId >= 0) insMem_.bind(9, m.stackId);
     insMem_.bind(10, m.allocatedAfter);
     insMem_.bind(11, m.reservedAfter);
+    insMem_.bind(12, m.bufferId);
+    if (!m.tag.empty()) insMem_.bind(13, intern(m.tag));
+    if (!m.label.empty()) insMem_.bind(14, intern(m.label));
     insMem_.run();
   });
 }

@@ -107,7 +107,8 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
   StackRecord stack{
       1, {{0xdeadbeef, "keel::matmul(Tensor const&)", "engine/ops.cpp", 42}, {0x1234, "", "", 0}}};
   LogRecord log{2, 1, LogLevel::Warn, "blocks.0.attn", "grad norm ≈ 1e9 ✓", 123};
-  MemRecord mem{"move", "cpu", 0xFFFF'0000'0000'0001ull, 4096, 0x2000, 2, 1, 1, 77, 8192, 16384};
+  MemRecord mem{"compact", "cpu", 0xFFFF'0000'0000'0001ull, 4096, 0x2000, 2, 1, 1, 77, 8192,
+                16384, 41, "parameter", "step 1"};
   DumpRecord dump{2, Role::Output, 0, "float32", {4, 16, 64}, "zstd", 16384, {0x28, 0xb5, 0, 255}};
   {
     auto w = Writer::create(path, sampleRun());
@@ -179,7 +180,10 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
 
   auto mems = rec.memEvents({});
   ASSERT_EQ(mems.size(), 1u);
-  EXPECT_EQ(mems[0].kind, "move");
+  EXPECT_EQ(mems[0].kind, "compact");
+  EXPECT_EQ(mems[0].bufferId, 41u);
+  EXPECT_EQ(mems[0].tag, "parameter");
+  EXPECT_EQ(mems[0].label, "step 1");
   EXPECT_EQ(mems[0].device, "cpu");
   EXPECT_EQ(mems[0].address, mem.address);
   EXPECT_EQ(mems[0].bytes, 4096u);
@@ -323,7 +327,8 @@ class StorageQueries : public ::testing::Test {
       w->writeOp(sampleOp(seq++, step, "optimizer", "adamw_step", ""));
       w->writeLog({seq - 1, step, LogLevel::Debug, "opt", "step done", step});
       w->writeLog({seq - 2, step, LogLevel::Error, "bwd", "oops", step});
-      w->writeMem({"alloc", "cpu", 0x1000 * seq, 64, 0, seq - 1, step, -1, step * 10, 64, 128});
+      w->writeMem({"alloc", "cpu", 0x1000 * seq, 64, 0, seq - 1, step, -1, step * 10, 64, 128, 0,
+                   "", ""});
       w->commit();
     }
     w->close();

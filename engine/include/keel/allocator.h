@@ -10,7 +10,10 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
 #include "keel/buffer.h"
+#include "keel/observer.h"
 
 namespace keel {
 
@@ -30,12 +33,81 @@ struct AllocatorStats {
   uint64_t allocs = 0, frees = 0, ooms = 0;
   // VMM only: defragmentations that remapped at least one chunk, chunks remapped, fresh chunks
   // mapped, chunks released, bytes of live data copied (always 0: no compaction).
-  uint64_t defrags = 0, chunksRemapped = 0, chunksMapped = 0, chunksReleased = 0, bytesCopied = 0;
+  // VMM only: defragmentations (remap or compaction), chunks remapped, fresh chunks mapped, chunks
+  // released, compactions, live blocks moved by them and the bytes they copied.
+  uint64_t defrags = 0, chunksRemapped = 0, chunksMapped = 0, chunksReleased = 0;
+  uint64_t compactions = 0, blocksMoved = 0, bytesCopied = 0;
 
   // (reserved - allocated) / reserved; 0 when nothing is reserved.
   double fragmentation() const;
+  // 1 - peakAllocated / peakReserved: the share of the high-water mark of reserved memory that
+  // the high-water mark of live data did not need. 0 when nothing was reserved.
+  double peakFragmentation() const;
   // 1 - largestFree / totalFree: 0 when all free memory is one block; 0 when none is free.
   double scatter() const;
+};
+
+// ---- snapshots -------------------------------------------------------------------------------
+enum class BlockState : uint8_t { Allocated, Free, Unmapped };
+std::string_view blockStateName(BlockState s);  // "allocated", "free", "unmapped"
+
+struct BlockInfo {
+  uint64_t address = 0;
+  uint64_t size = 0;       // bytes (after rounding)
+  uint64_t requested = 0;  // bytes asked for (allocated blocks)
+  BlockState state = BlockState::Free;
+  uint64_t opSeq = 0;     // op that allocated it (0: outside ops)
+  uint64_t bufferId = 0;  // owning Buffer (Buffer::id(); tensors carry it); 0: a raw allocation
+  MemTag tag = MemTag::None;
+  // Block id = (address, reuse): reuse counts the blocks allocated at this address before.
+  uint32_t reuse = 0;
+};
+
+struct SegmentInfo {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  bool mapped = true;  // vmm: false for a run of unmapped slots below the highest mapped one
+};
+
+struct MemorySnapshot {
+  std::string allocator;
+  AllocatorStats stats;
+  std::vector<SegmentInfo> segments;  // by address
+  std::vector<BlockInfo> blocks;      // by address: allocated, free and (vmm) unmapped
+};
+
+// ---- tracking scopes -----------------------------------------------------------------------
+struct TrackedBlock {
+  uint64_t address = 0, bytes = 0, opSeq = 0, bufferId = 0;
+  std::string op;  // name of the op that allocated it; empty outside ops
+  MemTag tag = MemTag::None;
+};
+
+struct MemoryTrackSummary {
+  std::string name;
+  uint64_t allocs = 0, frees = 0;          // every alloc/free event inside the section
+  uint64_t bytesAllocated = 0, bytesFreed = 0;
+  uint64_t peakBytes = 0;   // max over the section of the bytes allocated in it and still live
+  uint64_t aliveBytes = 0;  // allocated in the section and live at its end
+  std::vector<TrackedBlock> alive;  // those blocks, largest first
+};
+// A few lines: counts, bytes, peak, and the blocks still alive with the op that allocated them.
+std::string formatTrackSummary(const MemoryTrackSummary& s, size_t maxBlocks = 10);
+
+// Records every allocation and free (all allocators, all threads) between construction and end()
+// or destruction, and marks the section in recordings (track_begin/track_end events).
+class MemoryTrackingScope {
+ public:
+  explicit MemoryTrackingScope(std::string name);
+  ~MemoryTrackingScope();
+  MemoryTrackingScope(const MemoryTrackingScope&) = delete;
+  MemoryTrackingScope& operator=(const MemoryTrackingScope&) = delete;
+  MemoryTrackSummary summary() const;  // so far
+  MemoryTrackSummary end();            // stops tracking (idempotent) and returns the summary
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
 };
 
 // "allocated 3.0 MiB, reserved 8.0 MiB, largest free block 2.0 MiB, fragmentation 62.5%, ..."
@@ -67,6 +139,7 @@ class CachingAllocator final : public Allocator {
   AllocatorStats stats() const override;
   void emptyCache() override;
   void resetPeaks() override;
+  MemorySnapshot snapshot() const override;
   void setLimit(size_t bytes);
 
  private:
@@ -81,13 +154,17 @@ struct VmmAllocatorOptions {
   // Below this many reserved bytes a request that does not fit grows with fresh chunks; at or
   // above it free chunks are remapped first. 0: always remap before growing.
   size_t defragThreshold = 0;
+  // When remapping cannot make room, move live Buffers out of the way (at safe points only; see
+  // Note [Buffer move]).
+  bool compaction = true;
   size_t round = 512;
   std::string name = "vmm";
 };
 
 // Linux CPU virtual-memory allocator: a PROT_NONE reservation, physical chunks from a memfd mapped
 // with MAP_FIXED|MAP_SHARED, best-fit over the mapped space, and defragmentation by remapping free
-// chunks (no live byte is copied). See Note [VMM remap].
+// chunks (no live byte is copied) and, when that cannot help, by compacting live Buffers. See
+// Note [VMM remap] and Note [VMM compaction].
 class VmmAllocator final : public Allocator {
  public:
   explicit VmmAllocator(VmmAllocatorOptions o = {});
@@ -101,6 +178,7 @@ class VmmAllocator final : public Allocator {
   // Unmaps every chunk no live block touches and releases its memory (fallocate PUNCH_HOLE).
   void emptyCache() override;
   void resetPeaks() override;
+  MemorySnapshot snapshot() const override;
   void setLimit(size_t bytes);
   // Start of the reservation (tests compute chunk indices from it).
   uintptr_t base() const;

@@ -13,10 +13,14 @@
 
 namespace keel {
 
-// Note [Buffer move]: allocators may relocate a live buffer (compaction). They do it between ops,
-// copy the bytes, and call Buffer::relocate; tensors find the new address through their Buffer.
+// Note [Buffer move]: an allocator may relocate a live buffer (compaction) only at a safe point:
+// while the dispatcher allocates the outputs of a top-level op (detail::AllocContext::safePoint),
+// or in an explicit compact() call between ops. It copies the bytes and calls Buffer::relocate;
+// tensors find the new address through their Buffer. Kernels read data() when they start, and
+// nothing else may keep a raw address across an op that allocates.
 
 struct AllocatorStats;  // keel/allocator.h
+struct MemorySnapshot;  // keel/allocator.h
 
 class Allocator {
  public:
@@ -28,6 +32,8 @@ class Allocator {
   virtual size_t reservedBytes() const = 0;
   // Statistics (keel/allocator.h); the default fills allocated and reserved only.
   virtual AllocatorStats stats() const;
+  // Every segment and block (keel/allocator.h); the default has the statistics only.
+  virtual MemorySnapshot snapshot() const;
   // Returns cached memory that holds no live block to the system; a no-op by default.
   virtual void emptyCache() {}
   virtual void resetPeaks() {}
@@ -53,12 +59,15 @@ class Buffer {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
   void relocate(void* newData) { data_ = newData; }
+  // Process-wide identity (starts at 1, never reused); allocator events carry it.
+  uint64_t id() const { return id_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
   Allocator* allocator_ = nullptr;
+  uint64_t id_ = 0;
   std::atomic<uint64_t> version_{0};
 };
 

@@ -16,6 +16,7 @@
 namespace keel {
 
 struct OpDef;
+class Buffer;
 
 enum class Phase : uint8_t { Forward, Backward, Optimizer };
 std::string_view phaseName(Phase p);
@@ -33,8 +34,41 @@ struct OpEvent {
   int64_t endNs = 0;  // 0 in onOpBegin
 };
 
-enum class MemEventKind : uint8_t { Alloc, Free, Reserve, Release, Map, Unmap, Move };
+// Alloc/Free: a block handed out or given back. Reserve/Release: memory obtained from or returned
+// to the system (caching segments; VMM chunks released with a punched hole). Map/Unmap: a VMM chunk
+// mapped into or taken out of the address range. Move: a free VMM chunk remapped from `address` to
+// `toAddress` (no byte copied). Compact: a live block copied from `address` to `toAddress` (its
+// Buffer follows). TrackBegin/TrackEnd: a memory tracking section (`label`) starts or ends.
+enum class MemEventKind : uint8_t {
+  Alloc,
+  Free,
+  Reserve,
+  Release,
+  Map,
+  Unmap,
+  Move,
+  Compact,
+  TrackBegin,
+  TrackEnd
+};
 std::string_view memEventName(MemEventKind k);
+
+// What a block holds, set by the code that allocates it (MemTagScope); the memory view turns it
+// into "why is this still alive". None: an op's output or temporary (its phase says more).
+enum class MemTag : uint8_t { None, Parameter, OptimizerState, Data };
+std::string_view memTagName(MemTag t);  // "", "parameter", "optimizer_state", "data"
+
+// Sets the tag of allocations on this thread for its lifetime (nests; restores the previous tag).
+class MemTagScope {
+ public:
+  explicit MemTagScope(MemTag t);
+  ~MemTagScope();
+  MemTagScope(const MemTagScope&) = delete;
+  MemTagScope& operator=(const MemTagScope&) = delete;
+
+ private:
+  MemTag prev_;
+};
 
 struct MemEvent {
   MemEventKind kind = MemEventKind::Alloc;
@@ -46,6 +80,9 @@ struct MemEvent {
   int64_t timeNs = 0;
   uint64_t allocatedAfter = 0;
   uint64_t reservedAfter = 0;
+  uint64_t bufferId = 0;        // Alloc/Free/Compact of a Buffer: Buffer::id(); else 0
+  MemTag tag = MemTag::None;    // Alloc: the allocating code's MemTagScope
+  std::string_view label;       // TrackBegin/TrackEnd: the section's name
 };
 
 // Training-step boundaries, reported by whoever drives training (the Trainer).
@@ -89,7 +126,18 @@ extern std::atomic<bool> g_hasObservers;
 inline bool hasObservers() {
   return g_hasObservers.load(std::memory_order_relaxed);
 }
-void notifyMemory(MemEvent e);  // fills opSeq and timeNs, calls observers
+void notifyMemory(MemEvent e);  // fills opSeq, timeNs, tag and bufferId; calls observers
+MemTag currentMemTag();
+
+// Set by Buffer around its allocator call so allocators and events know the owning Buffer.
+struct AllocContext {
+  uint64_t bufferId = 0;
+  Buffer* buffer = nullptr;
+  // Set by the dispatcher while it allocates a top-level op's outputs: no kernel holds a raw
+  // address then, so an allocator may compact live buffers (see Note [Buffer move]).
+  bool safePoint = false;
+};
+AllocContext& allocContext();
 void notifyOpBegin(const OpEvent& e);
 void notifyOpEnd(const OpEvent& e);
 void notifyOpError(const OpEvent& e, std::string_view message);

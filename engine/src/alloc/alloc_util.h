@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/allocator.h"
@@ -16,6 +17,51 @@ namespace keel::alloc {
 
 inline size_t roundUp(size_t x, size_t m) {
   return (x + m - 1) / m * m;
+}
+
+// Who a block belongs to, taken from the calling thread when it is allocated.
+struct BlockMeta {
+  uint64_t opSeq = 0;
+  uint64_t bufferId = 0;
+  Buffer* owner = nullptr;  // the Buffer to relocate on compaction; null: unmovable
+  MemTag tag = MemTag::None;
+  uint32_t reuse = 0;
+};
+
+// Counts allocations per address (the reuse half of a block id).
+class ReuseCounter {
+ public:
+  uint32_t next(uintptr_t a) { return counts_[a]++; }
+
+ private:
+  std::unordered_map<uintptr_t, uint32_t> counts_;
+};
+
+inline BlockMeta currentMeta(ReuseCounter& reuse, uintptr_t address) {
+  const detail::AllocContext& c = detail::allocContext();
+  BlockMeta m;
+  m.opSeq = currentOpSeq();
+  m.bufferId = c.bufferId;
+  m.owner = c.buffer;
+  m.tag = detail::currentMemTag();
+  m.reuse = reuse.next(address);
+  return m;
+}
+
+inline BlockInfo blockInfo(uintptr_t address, size_t size, size_t requested, BlockState state,
+                           const BlockMeta* m) {
+  BlockInfo b;
+  b.address = address;
+  b.size = size;
+  b.requested = requested;
+  b.state = state;
+  if (m) {
+    b.opSeq = m->opSeq;
+    b.bufferId = m->bufferId;
+    b.tag = m->tag;
+    b.reuse = m->reuse;
+  }
+  return b;
 }
 
 inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limit,
@@ -30,9 +76,10 @@ inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limi
 class PendingEvents {
  public:
   void add(MemEventKind kind, uint64_t address, uint64_t bytes, size_t allocated, size_t reserved,
-           uint64_t to = 0) {
+           uint64_t to = 0, uint64_t bufferId = 0) {
     if (!detail::hasObservers()) return;
     MemEvent e;
+    e.bufferId = bufferId;
     e.kind = kind;
     e.address = address;
     e.bytes = bytes;

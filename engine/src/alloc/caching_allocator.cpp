@@ -28,6 +28,7 @@ struct Block {
   size_t requested = 0;
   bool free = true;
   bool small = false;
+  alloc::BlockMeta meta;  // live blocks
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
 };
@@ -46,6 +47,7 @@ struct CachingAllocator::Impl {
   std::unordered_map<uintptr_t, Block*> live;
   AllocatorStats st;
   alloc::PendingEvents events;
+  alloc::ReuseCounter reuse;
 
   Pool& poolOf(bool small) { return small ? smallFree : largeFree; }
 
@@ -142,6 +144,7 @@ struct CachingAllocator::Impl {
     }
     b->free = false;
     b->requested = bytes;
+    b->meta = alloc::currentMeta(reuse, b->addr);
     live.emplace(b->addr, b);
     st.allocated += b->size;
     st.active += bytes;
@@ -162,6 +165,7 @@ struct CachingAllocator::Impl {
     events.add(MemEventKind::Free, b->addr, b->size, st.allocated, st.reserved);
     b->free = true;
     b->requested = 0;
+    b->meta = {};
     Pool& pool = poolOf(b->small);
     if (Block* prev = b->prev; prev && prev->free) {
       pool.erase(prev);
@@ -244,6 +248,33 @@ void CachingAllocator::resetPeaks() {
   s.peakReserved = s.reserved;
   s.peakActive = s.active;
 }
+MemorySnapshot CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  MemorySnapshot snap;
+  snap.allocator = impl_->o.name;
+  snap.stats = impl_->statsLocked();
+  std::set<const Block*, bool (*)(const Block*, const Block*)> heads(
+      +[](const Block* a, const Block* b) { return a->addr < b->addr; });
+  auto headOf = [](const Block* b) {
+    while (b->prev) b = b->prev;
+    return b;
+  };
+  for (const Pool* pool : {&impl_->smallFree, &impl_->largeFree})
+    for (const Block* b : *pool) heads.insert(headOf(b));
+  for (auto& [a, b] : impl_->live) heads.insert(headOf(b));
+  for (const Block* h : heads) {
+    SegmentInfo seg{h->addr, 0, true};
+    for (const Block* b = h; b; b = b->next) {
+      seg.size += b->size;
+      snap.blocks.push_back(alloc::blockInfo(b->addr, b->size, b->requested,
+                                             b->free ? BlockState::Free : BlockState::Allocated,
+                                             b->free ? nullptr : &b->meta));
+    }
+    snap.segments.push_back(seg);
+  }
+  return snap;
+}
+
 void CachingAllocator::setLimit(size_t bytes) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->o.limit = bytes;

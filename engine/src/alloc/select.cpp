@@ -19,6 +19,29 @@ AllocatorStats Allocator::stats() const {
   return s;
 }
 
+MemorySnapshot Allocator::snapshot() const {
+  MemorySnapshot s;
+  s.allocator = name();
+  s.stats = stats();
+  return s;
+}
+
+std::string_view blockStateName(BlockState s) {
+  switch (s) {
+    case BlockState::Allocated:
+      return "allocated";
+    case BlockState::Free:
+      return "free";
+    case BlockState::Unmapped:
+      return "unmapped";
+  }
+  return "?";
+}
+
+double AllocatorStats::peakFragmentation() const {
+  return peakReserved == 0 ? 0.0 : 1.0 - double(peakAllocated) / double(peakReserved);
+}
+
 double AllocatorStats::fragmentation() const {
   return reserved == 0 ? 0.0 : double(reserved - allocated) / double(reserved);
 }

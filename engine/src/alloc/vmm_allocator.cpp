@@ -29,14 +29,23 @@ namespace keel {
 // above it, chunks that no live block touches are first unmapped from elsewhere and mapped into
 // the window (a remap: a shared mapping keeps the chunk's bytes, but those bytes are free, and no
 // live byte moves). Fresh chunks fill any remainder while the limit allows; otherwise the request
-// fails with keel::Error. Live blocks are never moved (no compaction), so bytesCopied stays 0 and
-// Buffer::relocate is never needed.
+// fails with keel::Error.
+//
+// Note [VMM compaction]: when no window can be made from free bytes and chunks (every chunk is
+// touched by some live block and the limit forbids fresh ones) and the request comes at a safe
+// point (Note [Buffer move]), live blocks are moved out of the way. Candidate windows are the
+// chunk-aligned ranges of the request's chunk count that hold only free space and movable live
+// blocks (blocks of a Buffer); they are tried cheapest first (fewest live bytes), each after a
+// simulation that best-fits the window's live blocks into free space outside it. The moves then
+// copy each block, call Buffer::relocate, and free the old place; remapping then fills the window.
+// Blocks not owned by a Buffer (raw allocate calls) are never moved.
 
 namespace {
 struct VBlock {
   size_t size = 0;
   size_t requested = 0;
   bool free = true;
+  alloc::BlockMeta meta;  // live blocks
 };
 }  // namespace
 
@@ -55,6 +64,7 @@ struct VmmAllocator::Impl {
   std::set<std::pair<size_t, uintptr_t>> freeSet;
   AllocatorStats st;
   alloc::PendingEvents events;
+  alloc::ReuseCounter reuse;
 
   size_t slotOf(uintptr_t a) const { return (a - base) / o.chunk; }
   uintptr_t slotAddr(size_t s) const { return base + s * o.chunk; }
@@ -76,7 +86,7 @@ struct VmmAllocator::Impl {
   }
 
   void addRawFree(uintptr_t a, size_t size) {
-    blocks.emplace(a, VBlock{size, 0, true});
+    blocks.emplace(a, VBlock{size, 0, true, {}});
     freeSet.emplace(size, a);
   }
 
@@ -97,7 +107,7 @@ struct VmmAllocator::Impl {
         return;
       }
     }
-    blocks.emplace_hint(next, a, VBlock{size, 0, true});
+    blocks.emplace_hint(next, a, VBlock{size, 0, true, {}});
     freeSet.emplace(size, a);
   }
 
@@ -219,18 +229,125 @@ struct VmmAllocator::Impl {
     return bestA;
   }
 
+  void touchRange(uintptr_t a, size_t size, int delta) {
+    for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) touch[s] += uint32_t(delta);
+  }
+
+  // The first block that ends after address a.
+  std::map<uintptr_t, VBlock>::iterator firstEndingAfter(uintptr_t a) {
+    auto it = blocks.upper_bound(a);
+    if (it != blocks.begin()) {
+      auto p = std::prev(it);
+      if (p->first + p->second.size > a) return p;
+    }
+    return it;
+  }
+
+  // Free space outside [w0, w1) that a block of `size` bytes could move to: its address, or 0.
+  uintptr_t placeOutside(size_t size, uintptr_t w0, uintptr_t w1) const {
+    for (auto it = freeSet.lower_bound({size, 0}); it != freeSet.end(); ++it) {
+      auto [fs, fa] = *it;
+      if (fa < w0 && std::min(fa + fs, w0) - fa >= size) return fa;
+      uintptr_t r0 = std::max(fa, w1);
+      if (fa + fs > r0 && fa + fs - r0 >= size) return r0;
+    }
+    return 0;
+  }
+
+  // See Note [VMM compaction]. True when a window was cleared of live blocks.
+  bool compactFor(size_t size) {
+    const size_t w = (size + o.chunk - 1) / o.chunk;
+    // Chunks the window's unmapped slots can get: fresh ones under the limit, or mapped chunks
+    // no live block touches (moving blocks out of the window only fills holes elsewhere).
+    size_t freshLeft =
+        o.limit ? (o.limit > st.reserved ? (o.limit - st.reserved) / o.chunk : 0) : SIZE_MAX;
+    size_t untouched = 0;
+    for (size_t s = 0; s < highSlot; ++s) untouched += slotPhys[s] >= 0 && touch[s] == 0;
+    std::vector<std::pair<size_t, size_t>> cands;  // (live bytes, first slot)
+    for (size_t s = 0; s < highSlot && s + w <= nSlots; ++s) {
+      uintptr_t w0 = slotAddr(s), w1 = slotAddr(s + w);
+      size_t holes = unmappedIn(s, s + w);
+      if (holes > untouched && holes - untouched > freshLeft) continue;
+      size_t cost = 0;
+      bool movable = true;
+      for (auto it = firstEndingAfter(w0); it != blocks.end() && it->first < w1; ++it) {
+        if (it->second.free) continue;
+        if (!it->second.meta.owner) {
+          movable = false;
+          break;
+        }
+        cost += it->second.size;
+      }
+      if (movable && cost > 0) cands.emplace_back(cost, s);
+    }
+    std::sort(cands.begin(), cands.end());
+    for (size_t c = 0; c < std::min<size_t>(cands.size(), 4); ++c) {
+      uintptr_t w0 = slotAddr(cands[c].second), w1 = slotAddr(cands[c].second + w);
+      std::vector<uintptr_t> moving;
+      for (auto it = firstEndingAfter(w0); it != blocks.end() && it->first < w1; ++it)
+        if (!it->second.free) moving.push_back(it->first);
+      std::sort(moving.begin(), moving.end(),
+                [&](uintptr_t x, uintptr_t y) { return blocks[x].size > blocks[y].size; });
+      // Simulation: best-fit the blocks into the free pieces outside the window.
+      std::multiset<size_t> pieces;
+      for (auto [fs, fa] : freeSet) {
+        if (fa < w0) pieces.insert(std::min(fa + fs, w0) - fa);
+        if (fa + fs > w1) pieces.insert(fa + fs - std::max(fa, w1));
+      }
+      bool fits = true;
+      for (uintptr_t a : moving) {
+        size_t bs = blocks[a].size;
+        auto it = pieces.lower_bound(bs);
+        if (it == pieces.end()) {
+          fits = false;
+          break;
+        }
+        size_t rest = *it - bs;
+        pieces.erase(it);
+        if (rest) pieces.insert(rest);
+      }
+      if (!fits) continue;
+      for (uintptr_t a : moving) moveBlock(a, w0, w1);
+      st.compactions++;
+      st.defrags++;
+      return true;
+    }
+    return false;
+  }
+
+  // Copies the live block at `a` to free space outside [w0, w1) and points its Buffer there.
+  void moveBlock(uintptr_t a, uintptr_t w0, uintptr_t w1) {
+    VBlock b = blocks.at(a);
+    uintptr_t to = placeOutside(b.size, w0, w1);
+    KEEL_CHECK(to != 0, "vmm allocator: compaction lost its planned space");  // simulated above
+    removeFreeRange(to, b.size);
+    std::memcpy(reinterpret_cast<void*>(to), reinterpret_cast<const void*>(a), b.requested);
+    blocks.emplace(to, b);
+    touchRange(to, b.size, +1);
+    blocks.erase(a);
+    touchRange(a, b.size, -1);
+    insertFree(a, b.size);
+    b.meta.owner->relocate(reinterpret_cast<void*>(to));
+    st.blocksMoved++;
+    st.bytesCopied += b.requested;
+    events.add(MemEventKind::Compact, a, b.size, st.allocated, st.reserved, to, b.meta.bufferId);
+  }
+
   void* allocate(size_t bytes) {
     size_t size = alloc::roundUp(std::max<size_t>(bytes, 1), o.round);
     uintptr_t a = 0;
     if (auto it = freeSet.lower_bound({size, 0}); it != freeSet.end()) a = it->second;
     if (!a && size <= nSlots * o.chunk) a = growOrRemap(size);
+    if (!a && size <= nSlots * o.chunk && o.compaction && detail::allocContext().safePoint &&
+        compactFor(size))
+      a = growOrRemap(size);
     if (!a) {
       st.ooms++;
       throw alloc::outOfMemory(o.name, bytes, o.limit, statsLocked());
     }
     removeFreeRange(a, size);
-    blocks.emplace(a, VBlock{size, bytes, false});
-    for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) touch[s]++;
+    blocks.emplace(a, VBlock{size, bytes, false, alloc::currentMeta(reuse, a)});
+    touchRange(a, size, +1);
     st.allocated += size;
     st.active += bytes;
     st.allocs++;
@@ -245,7 +362,7 @@ struct VmmAllocator::Impl {
     uintptr_t a = it->first;
     VBlock b = it->second;
     blocks.erase(it);
-    for (size_t s = slotOf(a); s <= slotOf(a + b.size - 1); ++s) touch[s]--;
+    touchRange(a, b.size, -1);
     st.allocated -= b.size;
     st.active -= b.requested;
     st.frees++;
@@ -336,6 +453,31 @@ void VmmAllocator::setLimit(size_t bytes) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->o.limit = bytes;
 }
+MemorySnapshot VmmAllocator::snapshot() const {
+  const auto& m = *impl_;
+  std::lock_guard<std::mutex> lk(m.mu);
+  MemorySnapshot snap;
+  snap.allocator = m.o.name;
+  snap.stats = m.statsLocked();
+  for (size_t s = 0; s < m.highSlot;) {
+    size_t e = s + 1;
+    const bool mapped = m.slotPhys[s] >= 0;
+    while (e < m.highSlot && (m.slotPhys[e] >= 0) == mapped) ++e;
+    snap.segments.push_back({m.slotAddr(s), (e - s) * m.o.chunk, mapped});
+    if (!mapped)
+      snap.blocks.push_back(
+          alloc::blockInfo(m.slotAddr(s), (e - s) * m.o.chunk, 0, BlockState::Unmapped, nullptr));
+    s = e;
+  }
+  for (auto& [a, b] : m.blocks)
+    snap.blocks.push_back(alloc::blockInfo(a, b.size, b.requested,
+                                           b.free ? BlockState::Free : BlockState::Allocated,
+                                           b.free ? nullptr : &b.meta));
+  std::sort(snap.blocks.begin(), snap.blocks.end(),
+            [](const BlockInfo& x, const BlockInfo& y) { return x.address < y.address; });
+  return snap;
+}
+
 uintptr_t VmmAllocator::base() const {
   return impl_->base;
 }

@@ -79,12 +79,33 @@ Allocator* setAllocator(Backend b, Allocator* a) {
   return prev;
 }
 
+namespace {
+std::atomic<uint64_t> g_nextBufferId{1};
+
+// Tells the allocator (and its events) which Buffer the call is for; restores on exit.
+struct OwnerGuard {
+  detail::AllocContext& c = detail::allocContext();
+  detail::AllocContext saved = c;
+  OwnerGuard(uint64_t id, Buffer* b) {
+    c.bufferId = id;
+    c.buffer = b;
+  }
+  ~OwnerGuard() { c = saved; }
+};
+}  // namespace
+
 Buffer::Buffer(size_t bytes, Device device)
-    : bytes_(bytes), device_(device), allocator_(&allocatorFor(device)) {
+    : bytes_(bytes),
+      device_(device),
+      allocator_(&allocatorFor(device)),
+      id_(g_nextBufferId.fetch_add(1, std::memory_order_relaxed)) {
+  OwnerGuard g(id_, this);
   data_ = allocator_->allocate(bytes);
 }
 
 Buffer::~Buffer() {
+  OwnerGuard g(id_, nullptr);
+  g.c.safePoint = false;
   allocator_->deallocate(data_, bytes_);
 }
 

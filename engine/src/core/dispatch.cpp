@@ -240,7 +240,18 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
                  backendName(dev.backend), "' does not support dtype ", dtypeName(kdt),
                  " (inputs: ", describeInputs(inputs), ")");
       outputs.reserve(metas.size());
-      for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
+      {
+        // Top-level outputs are allocated at a safe point (Note [Buffer move]).
+        detail::AllocContext& ac = detail::allocContext();
+        const bool saved = ac.safePoint;
+        ac.safePoint = prevSeq == 0;
+        struct RestoreSafe {
+          detail::AllocContext& c;
+          bool v;
+          ~RestoreSafe() { c.safePoint = v; }
+        } restoreSafe{ac, saved};
+        for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
+      }
       k.fn(KernelCtx{def, inputs, outputs, attrs});
       if (g_perturb.on) [[unlikely]]
         maybePerturb(def, outputs);  // See Note [Test perturbation]

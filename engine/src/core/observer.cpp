@@ -79,8 +79,40 @@ std::string_view memEventName(MemEventKind k) {
       return "unmap";
     case MemEventKind::Move:
       return "move";
+    case MemEventKind::Compact:
+      return "compact";
+    case MemEventKind::TrackBegin:
+      return "track_begin";
+    case MemEventKind::TrackEnd:
+      return "track_end";
   }
   return "?";
+}
+
+namespace {
+thread_local MemTag t_memTag = MemTag::None;
+thread_local detail::AllocContext t_allocContext;
+}  // namespace
+
+std::string_view memTagName(MemTag t) {
+  switch (t) {
+    case MemTag::None:
+      return "";
+    case MemTag::Parameter:
+      return "parameter";
+    case MemTag::OptimizerState:
+      return "optimizer_state";
+    case MemTag::Data:
+      return "data";
+  }
+  return "?";
+}
+
+MemTagScope::MemTagScope(MemTag t) : prev_(t_memTag) {
+  t_memTag = t;
+}
+MemTagScope::~MemTagScope() {
+  t_memTag = prev_;
 }
 
 void addObserver(std::shared_ptr<Observer> obs) {
@@ -109,9 +141,20 @@ int64_t nowNs() {
       .count();
 }
 
+MemTag currentMemTag() {
+  return t_memTag;
+}
+AllocContext& allocContext() {
+  return t_allocContext;
+}
+
 void notifyMemory(MemEvent e) {
   e.opSeq = currentOpSeq();
   e.timeNs = nowNs();
+  if (e.kind == MemEventKind::Alloc || e.kind == MemEventKind::Free) {
+    if (!e.bufferId) e.bufferId = t_allocContext.bufferId;
+    if (e.kind == MemEventKind::Alloc) e.tag = t_memTag;
+  }
   for (auto& o : *snapshot()) o->onMemory(e);
 }
 void notifyOpBegin(const OpEvent& e) {

@@ -9,6 +9,7 @@
 
 #include "keel/dispatch.h"
 #include "keel/error.h"
+#include "keel/observer.h"
 #include "keel/ops.h"
 
 namespace keel::optim {
@@ -48,7 +49,10 @@ void Optimizer::forEachParamWithGrad(
 
 void SGD::step() {
   forEachParamWithGrad([&](size_t i, const Tensor& p, const Tensor& g) {
-    if (!momentum_[i].defined()) momentum_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    if (!momentum_[i].defined()) {
+      MemTagScope tag(MemTag::OptimizerState);
+      momentum_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    }
     ops::sgdStep(p, g, momentum_[i], lr_, opt_.momentum, opt_.weightDecay, opt_.nesterov);
   });
 }
@@ -67,12 +71,66 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opt)
 void AdamW::step() {
   forEachParamWithGrad([&](size_t i, const Tensor& p, const Tensor& g) {
     if (!m_[i].defined()) {
+      MemTagScope tag(MemTag::OptimizerState);
       m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
       v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
     }
     double wd = (opt_.decayMatricesOnly && p.dim() < 2) ? 0.0 : opt_.weightDecay;
     ops::adamwStep(p, g, m_[i], v_[i], lr_, opt_.beta1, opt_.beta2, opt_.eps, wd, ++steps_[i]);
   });
+}
+
+namespace {
+
+// value as state of parameter p: same shape, moved to p's device and dtype (the caller hands
+// over a tensor nobody else writes).
+Tensor stateLike(const Tensor& p, const Tensor& value, const std::string& name) {
+  KEEL_CHECK(value.defined() && value.shape() == p.shape(), "optimizer state '", name, "' of '",
+             p.name(), "': expected shape ", shapeStr(p.shape()), ", got ",
+             value.defined() ? shapeStr(value.shape()) : std::string("undefined"));
+  NoGradGuard ng;
+  Tensor out = value.to(p.device());
+  if (out.dtype() != p.dtype()) out = ops::cast(out, p.dtype());
+  return out.contiguous();
+}
+
+}  // namespace
+
+void Optimizer::setParamState(size_t i, const std::string& name, const Tensor&) {
+  throw Error("optimizer has no state '" + name + "' for parameter " + std::to_string(i));
+}
+
+std::vector<std::pair<std::string, Tensor>> SGD::paramState(size_t i) const {
+  if (!momentum_.at(i).defined()) return {};
+  return {{"momentum", momentum_[i]}};
+}
+
+void SGD::setParamState(size_t i, const std::string& name, const Tensor& value) {
+  KEEL_CHECK(i < params_.size(), "SGD: no parameter ", i);
+  if (name != "momentum") Optimizer::setParamState(i, name, value);
+  momentum_[i] = stateLike(params_[i], value, name);
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::paramState(size_t i) const {
+  if (!m_.at(i).defined()) return {};
+  return {{"exp_avg", m_[i]},
+          {"exp_avg_sq", v_[i]},
+          {"step", Tensor::scalar(double(steps_[i]), DType::Int64, Device(Backend::Cpu))}};
+}
+
+void AdamW::setParamState(size_t i, const std::string& name, const Tensor& value) {
+  KEEL_CHECK(i < params_.size(), "AdamW: no parameter ", i);
+  if (name == "step") {
+    KEEL_CHECK(value.defined() && value.numel() == 1, "optimizer state 'step' of '",
+               params_[i].name(), "' must be a scalar");
+    steps_[i] = int64_t(value.item());
+  } else if (name == "exp_avg") {
+    m_[i] = stateLike(params_[i], value, name);
+  } else if (name == "exp_avg_sq") {
+    v_[i] = stateLike(params_[i], value, name);
+  } else {
+    Optimizer::setParamState(i, name, value);
+  }
 }
 
 double clipGradNorm(const std::vector<Tensor>& params, double maxNorm) {

@@ -91,7 +91,8 @@ struct LogRecord {
 };
 
 struct MemRecord {
-  std::string kind;  // alloc | free | reserve | release | map | unmap | move
+  // alloc | free | reserve | release | map | unmap | move | compact | track_begin | track_end
+  std::string kind;
   std::string device;
   uint64_t address = 0, bytes = 0, toAddress = 0;
   uint64_t opSeq = 0;  // 0 outside ops
@@ -99,6 +100,9 @@ struct MemRecord {
   int64_t stackId = -1;
   int64_t timeNs = 0;
   uint64_t allocatedAfter = 0, reservedAfter = 0;
+  uint64_t bufferId = 0;  // alloc/free/compact of an engine Buffer (tensors' bufferId); else 0
+  std::string tag;        // alloc: parameter | optimizer_state | data | "" (an op's output)
+  std::string label;      // track_begin/track_end: the section's name
 };
 
 struct DumpRecord {
