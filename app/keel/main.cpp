@@ -30,7 +30,8 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Command> commands = {addTrainCommand(app),   addRecordCommand(app),
                                    addInspectCommand(app), addDiffCommand(app),
-                                   addExportCommand(app),  addOpsCommand(app)};
+                                   addExportCommand(app),  addOpsCommand(app),
+                                   addMemoryCommand(app),  addBenchCommand(app)};
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];

@@ -85,7 +85,7 @@ struct TrackedBlock {
 
 struct MemoryTrackSummary {
   std::string name;
-  uint64_t allocs = 0, frees = 0;          // every alloc/free event inside the section
+  uint64_t allocs = 0, frees = 0;  // every alloc/free event inside the section
   uint64_t bytesAllocated = 0, bytesFreed = 0;
   uint64_t peakBytes = 0;   // max over the section of the bytes allocated in it and still live
   uint64_t aliveBytes = 0;  // allocated in the section and live at its end

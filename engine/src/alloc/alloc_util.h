@@ -75,11 +75,14 @@ inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limi
 // Events are queued while the lock is held and sent afterwards, so an observer may allocate.
 class PendingEvents {
  public:
+  // The device events are stamped with (default: cpu).
+  void setDevice(Device d) { device_ = d; }
   void add(MemEventKind kind, uint64_t address, uint64_t bytes, size_t allocated, size_t reserved,
            uint64_t to = 0, uint64_t bufferId = 0) {
     if (!detail::hasObservers()) return;
     MemEvent e;
     e.bufferId = bufferId;
+    e.device = device_;
     e.kind = kind;
     e.address = address;
     e.bytes = bytes;
@@ -96,6 +99,7 @@ class PendingEvents {
 
  private:
   std::vector<MemEvent> events_;
+  Device device_;
 };
 
 inline void deliver(std::vector<MemEvent> events) {

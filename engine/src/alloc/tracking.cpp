@@ -15,7 +15,7 @@ struct MemoryTrackingScope::State : Observer {
   mutable std::mutex mu;
   MemoryTrackSummary sum;
   uint64_t liveBytes = 0;
-  std::unordered_map<uint64_t, TrackedBlock> live;  // by address
+  std::unordered_map<uint64_t, TrackedBlock> live;    // by address
   std::unordered_map<uint64_t, std::string> opNames;  // op seq -> name, ops begun in the section
   std::shared_ptr<Observer> self;                     // registered while tracking
   bool ended = false;

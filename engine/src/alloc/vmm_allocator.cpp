@@ -58,6 +58,7 @@ struct VmmAllocator::Impl {
   std::vector<int64_t> slotPhys;  // physical chunk index per slot, -1 = unmapped
   std::vector<uint32_t> touch;    // live blocks touching each slot
   size_t highSlot = 0;            // one past the highest slot ever mapped
+  size_t untouchedMapped = 0;     // mapped slots no live block touches (remap sources)
   std::vector<int64_t> freePhys;  // released physical chunks (holes punched)
   int64_t nextPhys = 0;
   std::map<uintptr_t, VBlock> blocks;  // free and live blocks by address
@@ -90,47 +91,123 @@ struct VmmAllocator::Impl {
     freeSet.emplace(size, a);
   }
 
-  // Adds [a, a+size) as free, merging with free neighbours.
-  void insertFree(uintptr_t a, size_t size) {
-    auto next = blocks.lower_bound(a);
-    if (next != blocks.end() && next->second.free && a + size == next->first) {
+  // Re-keys the free-set entry (size, a) as (newSize, newA) without reallocating its node.
+  void rekeyFree(size_t size, uintptr_t a, size_t newSize, uintptr_t newA) {
+    auto node = freeSet.extract({size, a});
+    node.value() = {newSize, newA};
+    freeSet.insert(std::move(node));
+  }
+
+  // Turns the block at `it` (not in freeSet) free, merging it with free neighbours. Node handles
+  // are reused, so the common paths allocate nothing (the fast path of every free).
+  void makeFree(std::map<uintptr_t, VBlock>::iterator it) {
+    VBlock& b = it->second;
+    b.free = true;
+    b.requested = 0;
+    b.meta = {};
+    if (auto next = std::next(it);
+        next != blocks.end() && next->second.free && it->first + b.size == next->first) {
       freeSet.erase({next->second.size, next->first});
-      size += next->second.size;
-      next = blocks.erase(next);
+      b.size += next->second.size;
+      blocks.erase(next);
     }
-    if (next != blocks.begin()) {
-      auto prev = std::prev(next);
-      if (prev->second.free && prev->first + prev->second.size == a) {
-        freeSet.erase({prev->second.size, prev->first});
-        prev->second.size += size;
-        freeSet.emplace(prev->second.size, prev->first);
+    if (it != blocks.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second.free && prev->first + prev->second.size == it->first) {
+        size_t old = prev->second.size;
+        prev->second.size += b.size;
+        blocks.erase(it);
+        rekeyFree(old, prev->first, prev->second.size, prev->first);
         return;
       }
     }
-    blocks.emplace_hint(next, a, VBlock{size, 0, true, {}});
-    freeSet.emplace(size, a);
+    freeSet.emplace(b.size, it->first);
   }
 
-  // Removes [a, a+len) from the one free block that contains it.
+  // Adds [a, a+size) as free, merging with free neighbours.
+  void insertFree(uintptr_t a, size_t size) {
+    makeFree(blocks.emplace(a, VBlock{size, 0, true, {}}).first);
+  }
+
+  // Makes [a, a+len) of free space a live block and returns it. From the start of a free block
+  // (best fit) it reuses the free block's nodes: no allocation, one tree search.
+  VBlock& carve(uintptr_t a, size_t len) {
+    auto it = blocks.find(a);
+    if (it == blocks.end()) {  // inside a free block (a window made by growOrRemap)
+      removeFreeRange(a, len);
+      it = blocks.emplace(a, VBlock{len, 0, true, {}}).first;
+    } else if (size_t fs = it->second.size; fs > len) {
+      auto node = blocks.extract(it);
+      node.key() = a + len;
+      node.mapped().size = fs - len;
+      auto rest = blocks.insert(std::move(node)).position;
+      rekeyFree(fs, a, fs - len, a + len);
+      it = blocks.emplace_hint(rest, a, VBlock{len, 0, true, {}});
+    } else {
+      freeSet.erase({fs, a});
+    }
+    it->second.free = false;
+    return it->second;
+  }
+
+  // Removes [a, a+len) from the one free block that contains it. Carving from the block's start
+  // (what best fit does) moves the remainder's nodes instead of reallocating them.
   void removeFreeRange(uintptr_t a, size_t len) {
     auto it = std::prev(blocks.upper_bound(a));
     uintptr_t f0 = it->first;
     size_t fs = it->second.size;
+    if (a == f0 && fs > len) {
+      auto node = blocks.extract(it);
+      node.key() = a + len;
+      node.mapped().size = fs - len;
+      blocks.insert(std::move(node));
+      rekeyFree(fs, f0, fs - len, a + len);
+      return;
+    }
     freeSet.erase({fs, f0});
     blocks.erase(it);
     if (a > f0) addRawFree(f0, a - f0);
     if (f0 + fs > a + len) addRawFree(a + len, f0 + fs - (a + len));
   }
 
-  void mapSlot(size_t s, int64_t phys) {
-    void* p = mmap(reinterpret_cast<void*>(slotAddr(s)), o.chunk, PROT_READ | PROT_WRITE,
+  // Maps n slots from s onto the physical chunks phys..phys+n-1 with one mmap call.
+  void mapRun(size_t s, size_t n, int64_t phys) {
+    void* p = mmap(reinterpret_cast<void*>(slotAddr(s)), n * o.chunk, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_FIXED, fd, off_t(phys) * off_t(o.chunk));
     KEEL_CHECK(p != MAP_FAILED, "vmm allocator: mapping a chunk failed: ", std::strerror(errno));
-    slotPhys[s] = phys;
-    highSlot = std::max(highSlot, s + 1);
-    st.reserved += o.chunk;
-    events.add(MemEventKind::Map, slotAddr(s), o.chunk, st.allocated, st.reserved);
-    insertFree(slotAddr(s), o.chunk);
+    for (size_t i = 0; i < n; ++i) {
+      slotPhys[s + i] = phys + int64_t(i);
+      st.reserved += o.chunk;
+      events.add(MemEventKind::Map, slotAddr(s + i), o.chunk, st.allocated, st.reserved);
+    }
+    highSlot = std::max(highSlot, s + n);
+    untouchedMapped += n;
+    insertFree(slotAddr(s), n * o.chunk);
+  }
+
+  void mapSlot(size_t s, int64_t phys) { mapRun(s, 1, phys); }
+
+  // Maps fresh chunks into the unmapped slots [s0, s1); never-used chunks are contiguous in the
+  // memfd, so each run of slots takes one mmap call.
+  void mapFresh(size_t s0, size_t s1) {
+    for (size_t s = s0; s < s1;) {
+      if (slotPhys[s] >= 0) {
+        ++s;
+        continue;
+      }
+      size_t e = s;
+      while (e < s1 && slotPhys[e] < 0) ++e;
+      while (s < e && !freePhys.empty()) {
+        mapSlot(s++, freshPhys());
+        st.chunksMapped++;
+      }
+      if (s < e) {
+        mapRun(s, e - s, nextPhys);
+        nextPhys += int64_t(e - s);
+        st.chunksMapped += e - s;
+      }
+      s = e;
+    }
   }
 
   // Unmaps a slot no live block touches; returns its physical chunk (bytes kept).
@@ -140,6 +217,7 @@ struct VmmAllocator::Impl {
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     int64_t phys = slotPhys[s];
     slotPhys[s] = -1;
+    untouchedMapped--;
     st.reserved -= o.chunk;
     events.add(MemEventKind::Unmap, slotAddr(s), o.chunk, st.allocated, st.reserved);
     return phys;
@@ -161,7 +239,32 @@ struct VmmAllocator::Impl {
   }
 
   // Slow path: see Note [VMM remap]. Returns 0 when the request cannot be met.
+  // Fresh chunks the limit still allows.
+  size_t freshChunksLeft() const {
+    return o.limit ? (o.limit > st.reserved ? (o.limit - st.reserved) / o.chunk : 0) : SIZE_MAX;
+  }
+
+  // When no mapped chunk is free of live blocks there is nothing to remap: every window needs
+  // fresh chunks, so take the top of the used range (extending the free block that ends there).
+  // Returns 0 when that does not fit the limit or the reservation.
+  uintptr_t growAtTop(size_t size) {
+    const uintptr_t top = slotAddr(highSlot);
+    uintptr_t a = top;
+    if (!blocks.empty()) {
+      auto last = std::prev(blocks.end());
+      if (last->second.free && last->first + last->second.size == top) a = last->first;
+    }
+    if (a + size > base + nSlots * o.chunk) return 0;
+    const size_t s1 = slotOf(a + size - 1) + 1;
+    if (s1 - highSlot > freshChunksLeft()) return 0;
+    mapFresh(highSlot, s1);
+    updatePeaks();
+    return a;
+  }
+
   uintptr_t growOrRemap(size_t size) {
+    if (untouchedMapped == 0)
+      if (uintptr_t a = growAtTop(size)) return a;
     const uintptr_t end = base + nSlots * o.chunk;
     uintptr_t bestA = 0;
     size_t bestCost = SIZE_MAX;
@@ -196,8 +299,7 @@ struct VmmAllocator::Impl {
 
     size_t w0 = slotOf(bestA), w1 = slotOf(bestA + size - 1) + 1;
     size_t need = bestCost;
-    size_t freshLeft =
-        o.limit ? (o.limit > st.reserved ? (o.limit - st.reserved) / o.chunk : 0) : SIZE_MAX;
+    size_t freshLeft = freshChunksLeft();
     std::vector<size_t> sources;
     bool grow = st.reserved + need * o.chunk <= o.defragThreshold && need <= freshLeft;
     if (!grow) {
@@ -211,26 +313,25 @@ struct VmmAllocator::Impl {
       st.defrags++;
       st.chunksRemapped += sources.size();
     }
-    for (size_t s = w0; s < w1; ++s) {
+    for (size_t s = w0; s < w1 && !phys.empty(); ++s) {
       if (slotPhys[s] >= 0) continue;
-      int64_t p;
-      if (!phys.empty()) {
-        p = phys.back();
-        phys.pop_back();
-        events.add(MemEventKind::Move, slotAddr(sources[phys.size()]), o.chunk, st.allocated,
-                   st.reserved, slotAddr(s));
-      } else {
-        p = freshPhys();
-        st.chunksMapped++;
-      }
+      int64_t p = phys.back();
+      phys.pop_back();
+      events.add(MemEventKind::Move, slotAddr(sources[phys.size()]), o.chunk, st.allocated,
+                 st.reserved, slotAddr(s));
       mapSlot(s, p);
     }
+    mapFresh(w0, w1);
     updatePeaks();
     return bestA;
   }
 
   void touchRange(uintptr_t a, size_t size, int delta) {
-    for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) touch[s] += uint32_t(delta);
+    for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) {
+      if (touch[s] == 0) untouchedMapped--;
+      touch[s] += uint32_t(delta);
+      if (touch[s] == 0) untouchedMapped++;
+    }
   }
 
   // The first block that ends after address a.
@@ -259,10 +360,8 @@ struct VmmAllocator::Impl {
     const size_t w = (size + o.chunk - 1) / o.chunk;
     // Chunks the window's unmapped slots can get: fresh ones under the limit, or mapped chunks
     // no live block touches (moving blocks out of the window only fills holes elsewhere).
-    size_t freshLeft =
-        o.limit ? (o.limit > st.reserved ? (o.limit - st.reserved) / o.chunk : 0) : SIZE_MAX;
-    size_t untouched = 0;
-    for (size_t s = 0; s < highSlot; ++s) untouched += slotPhys[s] >= 0 && touch[s] == 0;
+    size_t freshLeft = freshChunksLeft();
+    size_t untouched = untouchedMapped;
     std::vector<std::pair<size_t, size_t>> cands;  // (live bytes, first slot)
     for (size_t s = 0; s < highSlot && s + w <= nSlots; ++s) {
       uintptr_t w0 = slotAddr(s), w1 = slotAddr(s + w);
@@ -345,8 +444,9 @@ struct VmmAllocator::Impl {
       st.ooms++;
       throw alloc::outOfMemory(o.name, bytes, o.limit, statsLocked());
     }
-    removeFreeRange(a, size);
-    blocks.emplace(a, VBlock{size, bytes, false, alloc::currentMeta(reuse, a)});
+    VBlock& b = carve(a, size);
+    b.requested = bytes;
+    b.meta = alloc::currentMeta(reuse, a);
     touchRange(a, size, +1);
     st.allocated += size;
     st.active += bytes;
@@ -360,14 +460,13 @@ struct VmmAllocator::Impl {
     auto it = blocks.find(reinterpret_cast<uintptr_t>(p));
     if (it == blocks.end() || it->second.free) return;  // not ours: ignored (must not throw)
     uintptr_t a = it->first;
-    VBlock b = it->second;
-    blocks.erase(it);
+    const VBlock& b = it->second;
     touchRange(a, b.size, -1);
     st.allocated -= b.size;
     st.active -= b.requested;
     st.frees++;
     events.add(MemEventKind::Free, a, b.size, st.allocated, st.reserved);
-    insertFree(a, b.size);
+    makeFree(it);
   }
 
   void release() {

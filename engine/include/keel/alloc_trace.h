@@ -1,0 +1,78 @@
+// Allocation traces: a sequence of allocs and frees, replayed through any allocator to compare
+// peak memory, fragmentation, defragmentation work and cost per call. Traces come from a run
+// (recordAllocTrace while training, or a recording's allocator events) or from the MoE generator.
+// Text format (one event per line, '#' starts a comment): "a ID BYTES" allocates a block named
+// ID, "f ID" frees it; "s N" marks the start of step N. See docs/memory.md.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "keel/allocator.h"
+
+namespace keel {
+
+struct TraceEvent {
+  enum Kind : uint8_t { Alloc, Free, Step } kind = Alloc;
+  uint64_t id = 0;     // block name (Alloc/Free), step number (Step)
+  uint64_t bytes = 0;  // Alloc
+};
+
+struct AllocTrace {
+  std::vector<TraceEvent> events;
+  size_t allocs() const;
+  size_t steps() const;
+};
+
+// Parses the text format; throws keel::Error naming the file and line (unknown event, a free of a
+// block that is not live, an id allocated twice, a zero or absurd size).
+AllocTrace readAllocTrace(const std::string& path);
+AllocTrace parseAllocTrace(std::istream& in, const std::string& name);
+void writeAllocTrace(const AllocTrace& t, std::ostream& out);
+
+// Records the allocs and frees of engine Buffers on every thread while alive (an observer).
+class AllocTraceRecorder {
+ public:
+  AllocTraceRecorder();
+  ~AllocTraceRecorder();
+  AllocTraceRecorder(const AllocTraceRecorder&) = delete;
+  AllocTraceRecorder& operator=(const AllocTraceRecorder&) = delete;
+  void markStep(int64_t step);
+  // Stops recording; blocks still live are left allocated at the end of the trace.
+  AllocTrace finish();
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// A synthetic Mixture-of-Experts training trace: per step, per layer, attention activations of
+// fixed size and one activation set per expert whose token count follows a skewed (Zipf-like)
+// routing that changes every step; activations are saved for backward and freed in reverse
+// order; parameters, gradients and optimizer state stay live. Deterministic in `seed`.
+struct MoeTraceOptions {
+  int layers = 4;
+  int experts = 64;
+  int topK = 2;
+  int64_t tokens = 4096;  // per step
+  int64_t dModel = 1024;
+  int64_t dFf = 2048;
+  int steps = 20;
+  double skew = 1.2;  // Zipf exponent of the routing (0 = uniform)
+  uint64_t seed = 1;
+};
+AllocTrace generateMoeTrace(const MoeTraceOptions& o);
+
+struct ReplayResult {
+  std::string allocator;
+  AllocatorStats stats;  // after the replay (peaks over it), before the trace's live blocks go
+  uint64_t calls = 0;    // allocs + frees replayed
+  double nsPerCall = 0;  // mean thread CPU time of one allocate or deallocate (incl. the loop)
+};
+
+// Replays `t` through `a` (raw allocate/deallocate; blocks still live at the end are freed after
+// the statistics are taken). Throws keel::Error if the allocator runs out of memory.
+ReplayResult replayAllocTrace(const AllocTrace& t, Allocator& a);
+
+}  // namespace keel
