@@ -1,5 +1,6 @@
-// Allocators beyond the default host one: a caching allocator (the baseline most frameworks ship)
-// and a virtual-memory (VMM) allocator that defragments by remapping physical chunks.
+// Allocators: a caching allocator (the baseline most frameworks ship) and a virtual-memory (VMM)
+// allocator that defragments by remapping physical chunks and compacting live buffers — the
+// default for host memory (the plain aligned_alloc "host" allocator remains selectable).
 // Invariant: an allocator outlives every Buffer it served; the process-wide instances below are
 // never destroyed. Statistics are defined in docs/memory.md. See Note [VMM remap].
 #pragma once
@@ -194,8 +195,9 @@ std::string_view allocatorKindName(AllocatorKind k);
 std::optional<AllocatorKind> parseAllocatorKind(std::string_view s);
 
 // The allocator host backends use when setAllocator installed none. Read once from the
-// environment variable KEEL_ALLOCATOR=host|caching|vmm (default host; anything else throws
-// keel::Error at the first allocation); setDefaultAllocatorKind overrides it for new buffers.
+// environment variable KEEL_ALLOCATOR=host|caching|vmm (default vmm, host in ASan builds; else
+// throws keel::Error at the first allocation); setDefaultAllocatorKind overrides it for new
+// buffers.
 AllocatorKind defaultAllocatorKind();
 void setDefaultAllocatorKind(AllocatorKind k);
 // Process-wide instances (created on first use, never destroyed). KEEL_MEMORY_LIMIT (bytes, with

@@ -120,10 +120,18 @@ size_t envLimit() {
 }
 }  // namespace
 
+// Note [Default allocator]: host memory comes from the VMM allocator unless KEEL_ALLOCATOR says
+// otherwise. Sanitizer builds default to the host allocator (aligned_alloc): AddressSanitizer
+// only sees overflows of blocks it allocated itself, and the sanitizer suite exists to find them.
 AllocatorKind defaultAllocatorKind() {
   int k = g_kind.load(std::memory_order_acquire);
   if (k >= 0) return AllocatorKind(k);
+    // See Note [Default allocator].
+#if defined(__SANITIZE_ADDRESS__)  // set by -fsanitize=address
   AllocatorKind kind = AllocatorKind::Host;
+#else
+  AllocatorKind kind = AllocatorKind::Vmm;
+#endif
   if (const char* v = std::getenv("KEEL_ALLOCATOR"); v && *v) {
     auto parsed = parseAllocatorKind(v);
     KEEL_CHECK(parsed, "KEEL_ALLOCATOR='", v, "' is not an allocator: use host, caching or vmm");
