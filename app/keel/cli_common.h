@@ -13,6 +13,10 @@ inline constexpr int kExitError = 2;
 // Prints "keel: error: <msg>" (newlines folded) to stderr; returns kExitError.
 int fail(const std::string& msg);
 
+// --alloc host|caching|vmm: the allocator for host tensors (default: KEEL_ALLOCATOR, else vmm).
+void addAllocOption(CLI::App* c, std::string& kind);
+void applyAllocOption(const std::string& kind);  // no-op when empty
+
 // One subcommand: its CLI11 node and what runs when it was chosen (returns the exit status).
 struct Command {
   CLI::App* app = nullptr;

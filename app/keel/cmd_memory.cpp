@@ -267,6 +267,18 @@ void addMoeOptions(CLI::App* c, MoeTraceOptions& m) {
 
 }  // namespace
 
+void addAllocOption(CLI::App* c, std::string& kind) {
+  c->add_option("--alloc", kind, "allocator for host tensors: host, caching or vmm")
+      ->check(CLI::IsMember({"host", "caching", "vmm"}));
+}
+
+void applyAllocOption(const std::string& kind) {
+  if (kind.empty()) return;
+  auto k = parseAllocatorKind(kind);
+  KEEL_CHECK(k, "--alloc: unknown allocator '", kind, "' (expected host, caching or vmm)");
+  setDefaultAllocatorKind(*k);
+}
+
 Command addMemoryCommand(CLI::App& root) {
   CLI::App* c = root.add_subcommand("memory", "allocation traces: record, generate, replay");
   c->require_subcommand(1);

@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "cli_common.h"
+#include "keel/allocator.h"
 #include "keel/capture/recorder.h"
 #include "keel/data.h"
 #include "keel/error.h"
@@ -33,7 +35,8 @@ struct RecordArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool all = false, stacks = false, md5 = false, stats = false, dumps = false, allocator = false;
-  bool noLogs = false, noGraph = false, drop = false;
+  bool noLogs = false, noGraph = false, drop = false, trackMemory = false;
+  std::string alloc;
   int roundedMd5 = 0;
   std::string ops, scope, stepRange, dumpOps, dumpScope, dumpSteps, onError = "stop", verbose;
 };
@@ -110,6 +113,7 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 }
 
 int runRecord(const RecordArgs& a) {
+  applyAllocOption(a.alloc);
   GptConfig cfg = loadGptConfig(a.config);
   Device device(a.backend);
   KEEL_CHECK(device.isHost(), "backend '", a.backend,
@@ -137,11 +141,16 @@ int runRecord(const RecordArgs& a) {
   Trainer trainer(cfg, device, a.seed, dataset, a.steps);
   std::printf("keel record: %s on %s, %lld steps -> %s\n", cfg.name.c_str(), device.name().c_str(),
               static_cast<long long>(a.steps), a.output.c_str());
-  trainer.run(a.steps, [&](const StepStats& s) {
+  for (int64_t i = 0; i < a.steps; ++i) {
+    // --track-memory: each step is a tracking section (marked in the recording, summarised here).
+    std::optional<MemoryTrackingScope> track;
+    if (a.trackMemory) track.emplace("step " + std::to_string(i + 1));
+    StepStats s = trainer.step();
     std::printf("step %lld/%lld  loss %.4f  %.0f tok/s\n", static_cast<long long>(s.step),
                 static_cast<long long>(a.steps), s.loss, s.tokensPerSec);
+    if (track) std::printf("%s\n", formatTrackSummary(track->end(), 3).c_str());
     std::fflush(stdout);
-  });
+  }
   recorder.finish();
   if (recorder.failed()) return fail("recording failed: " + recorder.error());
   auto c = recorder.counts();
@@ -180,6 +189,9 @@ Command addRecordCommand(CLI::App& root) {
       ->check(CLI::Range(1, 17));
   c->add_flag("--stats", a->stats, "min/max/mean/std/abs-max and NaN/Inf/zero counts");
   c->add_flag("--allocator", a->allocator, "allocator events");
+  addAllocOption(c, a->alloc);
+  c->add_flag("--track-memory", a->trackMemory,
+              "track memory per step: sections in the recording and a summary per step");
   c->add_flag("--no-logs", a->noLogs, "do not record log lines");
   c->add_flag("--no-graph", a->noGraph, "do not record op calls");
   c->add_option("--ops", a->ops, "record only these ops (comma-separated names)");
