@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <istream>
@@ -46,21 +47,28 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
     std::istringstream ls(line);
     std::string kind;
     if (!(ls >> kind)) continue;
+    // Unsigned decimal only: istream would wrap "-1" to 2^64 - 1.
+    auto number = [&](uint64_t& v) {
+      std::string tok;
+      if (!(ls >> tok)) return false;
+      auto [end, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+      return ec == std::errc() && end == tok.data() + tok.size();
+    };
     TraceEvent e;
     if (kind == "a") {
       e.kind = TraceEvent::Alloc;
-      if (!(ls >> e.id >> e.bytes)) throw bad("expected 'a ID BYTES'");
+      if (!number(e.id) || !number(e.bytes)) throw bad("expected 'a ID BYTES'");
       if (e.bytes == 0 || e.bytes > kMaxBlock)
         throw bad(detail::concat("block size ", e.bytes, " is out of range (1 .. 2^44)"));
       if (!live.insert(e.id).second) throw bad(detail::concat("block ", e.id, " is already live"));
     } else if (kind == "f") {
       e.kind = TraceEvent::Free;
-      if (!(ls >> e.id)) throw bad("expected 'f ID'");
+      if (!number(e.id)) throw bad("expected 'f ID'");
       if (!live.erase(e.id))
         throw bad(detail::concat("free of block ", e.id, ", which is not live"));
     } else if (kind == "s") {
       e.kind = TraceEvent::Step;
-      if (!(ls >> e.id)) throw bad("expected 's STEP'");
+      if (!number(e.id)) throw bad("expected 's STEP'");
     } else {
       throw bad("unknown event '" + kind + "' (expected a, f or s)");
     }
