@@ -252,3 +252,31 @@ TEST(MemoryTrackingTest, EventsCarryBufferIdsTagsAndSectionMarks) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+TEST(MemoryOomTest, OutOfMemoryInsideAnOpNamesTheOp) {
+  VmmAllocatorOptions o;
+  o.reserve = 64 * kMiB;
+  o.limit = 2 * kMiB;
+  o.compaction = false;
+  VmmAllocator vmm(o);
+  UseAllocator use(&vmm);
+  Tensor x = Tensor::ones({int64_t(kMiB * 3 / 8)}, DType::Float32, test::kCpu);  // 1.5 MiB
+  try {
+    Tensor y = ops::addScalar(x, 1.0);
+    FAIL() << "expected out of memory";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("out of memory in the vmm allocator: requested 1572864 bytes by op #"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find(" add_scalar with a limit of 2097152 bytes; allocated 1.5 MiB"),
+              std::string::npos)
+        << m;
+  }
+}
+
+}  // namespace
+}  // namespace keel

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/attrs.h"
@@ -61,6 +62,8 @@ class ScopeGuard {
 
 // Sequence number of the op being dispatched on this thread (0 outside ops); the last one issued.
 uint64_t currentOpSeq();
+// Name of the op being dispatched on this thread (the innermost); empty outside ops.
+std::string_view currentOpName();
 uint64_t lastOpSeq();
 
 namespace detail {

@@ -67,9 +67,10 @@ inline BlockInfo blockInfo(uintptr_t address, size_t size, size_t requested, Blo
 inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limit,
                          const AllocatorStats& s) {
   uint64_t op = currentOpSeq();
-  return Error(detail::concat("out of memory in the ", allocator, " allocator: requested ", bytes,
-                              " bytes", op ? detail::concat(" by op #", op) : std::string(),
-                              " with a limit of ", limit, " bytes; ", memorySummary(s)));
+  return Error(
+      detail::concat("out of memory in the ", allocator, " allocator: requested ", bytes, " bytes",
+                     op ? detail::concat(" by op #", op, " ", currentOpName()) : std::string(),
+                     " with a limit of ", limit, " bytes; ", memorySummary(s)));
 }
 
 // Events are queued while the lock is held and sent afterwards, so an observer may allocate.

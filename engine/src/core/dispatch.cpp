@@ -20,6 +20,7 @@ thread_local bool t_gradEnabled = true;
 thread_local Phase t_phase = Phase::Forward;
 thread_local std::string t_scope;
 thread_local uint64_t t_opSeq = 0;
+thread_local const OpDef* t_opDef = nullptr;
 thread_local uint64_t t_backwardForwardSeq = 0;
 
 std::string describeInputs(std::span<const Tensor> in) {
@@ -172,6 +173,9 @@ ScopeGuard::~ScopeGuard() {
 uint64_t currentOpSeq() {
   return t_opSeq;
 }
+std::string_view currentOpName() {
+  return t_opDef ? std::string_view(t_opDef->name) : std::string_view();
+}
 uint64_t lastOpSeq() {
   return g_seq.load(std::memory_order_relaxed);
 }
@@ -203,6 +207,12 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
   uint64_t seq = g_seq.fetch_add(1, std::memory_order_relaxed) + 1;
   uint64_t prevSeq = t_opSeq;
   t_opSeq = seq;
+  const OpDef* prevDef = t_opDef;
+  t_opDef = &def;
+  struct RestoreDef {
+    const OpDef* v;
+    ~RestoreDef() { t_opDef = v; }
+  } restoreDef{prevDef};
   struct Restore {
     uint64_t& slot;
     uint64_t v;
