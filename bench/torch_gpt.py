@@ -72,13 +72,14 @@ class GPT(nn.Module):
 
 
 def corpus():
+    # Keel's corpus: each licence file a document, 0x1C (the document separator) between them.
     root = "/usr/share/common-licenses"
-    data = b""
+    docs = []
     for n in sorted(os.listdir(root)):
         p = os.path.join(root, n)
-        if os.path.isfile(p) and not os.path.islink(p):
-            data += open(p, "rb").read()
-    return torch.tensor(list(data), dtype=torch.long)
+        if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) > 0:
+            docs.append(open(p, "rb").read())
+    return torch.tensor(list(b"\x1c".join(docs)), dtype=torch.long)
 
 
 def main():

@@ -29,6 +29,7 @@ Command addRecordCommand(CLI::App& root);
 Command addInspectCommand(CLI::App& root);
 Command addDiffCommand(CLI::App& root);
 Command addExportCommand(CLI::App& root);
+Command addCkptCommand(CLI::App& root);
 Command addMemoryCommand(CLI::App& root);
 Command addBenchCommand(CLI::App& root);
 

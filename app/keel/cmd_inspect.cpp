@@ -1,10 +1,12 @@
 // `keel inspect run.db`: a summary of a recording — run metadata, steps with their loss, op counts
-// by name and phase, records lost to a drop policy, and the first NaN/Inf (the earliest op in
-// execution order with a non-finite output) with its call stack.
+// by name and phase, the attention masks of the first recorded step (kind, block sparsity, tile
+// map of each flashmask_attention op), records lost to a drop policy, and the first NaN/Inf (the
+// earliest op in execution order with a non-finite output) with its call stack.
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_common.h"
@@ -21,6 +23,32 @@ std::string wallClock(int64_t unixNs) {
   gmtime_r(&t, &tm);
   std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
   return buf;
+}
+
+// One line per flashmask_attention forward op of the first step that has one: its recorded mask
+// attributes (docs/flashmask.md, "What a recording shows").
+void printAttention(const storage::Recording& rec) {
+  storage::OpQuery q;
+  q.name = "flashmask_attention";
+  q.phase = "forward";
+  q.withTensors = false;
+  q.limit = 1;
+  auto first = rec.ops(q);
+  if (first.empty()) return;
+  q.step = first[0].step;
+  q.limit = -1;
+  std::printf("\nattention  step %lld; tile map of batch 0: s skipped, p partial, f full\n",
+              static_cast<long long>(first[0].step));
+  for (const auto& op : rec.ops(q)) {
+    const auto a = nlohmann::json::parse(op.attrsJson, nullptr, false);
+    if (!a.is_object() || !a.contains("tile_map")) continue;
+    std::string map = a.value("tile_map", "");
+    constexpr size_t kShown = 40;
+    if (map.size() > kShown) map = map.substr(0, kShown - 3) + "...";
+    std::printf("  %-20s %-22s block sparsity %.3f  %s\n",
+                op.scope.empty() ? "-" : op.scope.c_str(), a.value("mask", "?").c_str(),
+                a.value("block_sparsity", 0.0), map.c_str());
+  }
 }
 
 int runInspect(const std::string& path) {
@@ -63,6 +91,8 @@ int runInspect(const std::string& path) {
     std::printf("  %-24s %10lld %10lld %10lld\n", name.c_str(), get("forward"), get("backward"),
                 get("optimizer"));
   }
+
+  printAttention(rec);
 
   for (const auto& d : rec.dropped())
     if (d.count > 0)

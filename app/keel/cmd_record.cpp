@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "keel/log.h"
 #include "keel/registry.h"
 #include "keel/train.h"
+#include "keel/workload.h"
 
 #ifndef KEEL_VERSION
 #define KEEL_VERSION "0.0.0"
@@ -31,6 +33,7 @@ namespace {
 
 struct RecordArgs {
   std::string config, backend = "cpu", data, output;
+  std::string workload;  // a workload library; empty: the built-in gpt workload
   int64_t steps = 5;
   uint64_t seed = 0;
   int threads = 0;
@@ -114,22 +117,25 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 
 int runRecord(const RecordArgs& a) {
   applyAllocOption(a.alloc);
-  GptConfig cfg = loadGptConfig(a.config);
+  // One path for every model: the built-in trainer is a workload like a user's library.
+  if (a.workload.empty() && a.config.empty())
+    throw Error("--config is required (a model config, or a workload's config with --workload)");
+  WorkloadInfo workload = a.workload.empty() ? gptWorkload() : loadWorkload(a.workload);
+  // The built-in's config is validated before the recording is created.
+  std::string name = a.workload.empty() ? loadGptConfig(a.config).name : workload.name;
   Device device(a.backend);
   KEEL_CHECK(device.isHost(), "backend '", a.backend,
              "' is not available (expected cpu or cpu-ref)");
   capture::CaptureOptions opts = captureOptions(a);
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   setCpuThreads(a.threads);
-  auto dataset = std::make_shared<const data::TextDataset>(
-      a.data.empty() ? data::TextDataset::defaultCorpus() : data::TextDataset::load(a.data));
 
   storage::RunInfo run;
   run.backend = std::string(backendName(device.backend));
   run.device = device.name();
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) == 0) run.host = host;
-  run.configJson = slurp(a.config);
+  run.configJson = a.config.empty() ? "{}" : slurp(a.config);
   run.seed = a.seed;
   run.engineVersion = KEEL_VERSION;
   run.startTimeUnixNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -138,20 +144,37 @@ int runRecord(const RecordArgs& a) {
 
   // The recorder starts before the model is built so initialisation (step 0) is recorded too.
   capture::Recorder recorder(a.output, run, opts);
-  Trainer trainer(cfg, device, a.seed, dataset, a.steps);
-  std::printf("keel record: %s on %s, %lld steps -> %s\n", cfg.name.c_str(), device.name().c_str(),
-              static_cast<long long>(a.steps), a.output.c_str());
-  for (int64_t i = 0; i < a.steps; ++i) {
-    // --track-memory: each step is a tracking section (marked in the recording, summarised here).
-    std::optional<MemoryTrackingScope> track;
-    if (a.trackMemory) track.emplace("step " + std::to_string(i + 1));
-    StepStats s = trainer.step();
-    std::printf("step %lld/%lld  loss %.4f  %.0f tok/s\n", static_cast<long long>(s.step),
-                static_cast<long long>(a.steps), s.loss, s.tokensPerSec);
-    if (track) std::printf("%s\n", formatTrackSummary(track->end(), 3).c_str());
-    std::fflush(stdout);
+  WorkloadParams params;
+  params.configJson = a.config.empty() ? "" : run.configJson;
+  params.configPath = a.config;
+  params.dataPath = a.data;
+  params.device = device;
+  params.seed = a.seed;
+  params.totalSteps = a.steps;
+  try {
+    WorkloadRun job(workload, params);
+    std::printf("keel record: %s on %s, %lld steps -> %s\n", name.c_str(), device.name().c_str(),
+                static_cast<long long>(a.steps), a.output.c_str());
+    for (int64_t i = 0; i < a.steps; ++i) {
+      // --track-memory: each step is a tracking section (marked in the recording, summarised).
+      std::optional<MemoryTrackingScope> track;
+      if (a.trackMemory) track.emplace("step " + std::to_string(i + 1));
+      WorkloadMetrics s = job.step();
+      std::printf("step %lld/%lld  loss %.4f", static_cast<long long>(job.steps()),
+                  static_cast<long long>(a.steps), s.loss);
+      if (std::isfinite(s.tokensPerSec)) std::printf("  %.0f tok/s", s.tokensPerSec);
+      std::printf("\n");
+      if (track) std::printf("%s\n", formatTrackSummary(track->end(), 3).c_str());
+      std::fflush(stdout);
+    }
+    // Finished while the model is alive: the recording ends with the run's state, not with the
+    // frees of tearing the model down.
+    recorder.finish();
+  } catch (const std::exception& e) {
+    // The run failed (a workload error, an op that threw): keep what was recorded, mark it failed.
+    recorder.finishFailed(e.what());
+    throw;
   }
-  recorder.finish();
   if (recorder.failed()) return fail("recording failed: " + recorder.error());
   auto c = recorder.counts();
   std::printf(
@@ -173,7 +196,10 @@ Command addRecordCommand(CLI::App& root) {
   auto a = std::make_shared<RecordArgs>();
   CLI::App* c = root.add_subcommand("record", "train and record everything the engine does");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  c->add_option("--config", a->config, "model + training config (JSON)")->required();
+  c->add_option("--config,--workload-config", a->config,
+                "model + training config (JSON); with --workload, the workload's config");
+  c->add_option("--workload", a->workload,
+                "a workload library (KEEL_WORKLOAD, see docs/api.md); default: the built-in gpt");
   c->add_option("-o,--output", a->output, "recording file to write (SQLite)")->required();
   c->add_option("--backend", a->backend, "cpu | cpu-ref")->capture_default_str();
   c->add_option("--steps", a->steps, "training steps")

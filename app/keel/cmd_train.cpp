@@ -1,10 +1,12 @@
 // `keel train`: runs a GPT training job on a CPU backend and prints one line per step and a
-// summary with the validation loss.
+// summary with the validation loss; optionally saves sharded checkpoints (--save-every,
+// --ckpt-dir, --tp) and resumes from one (--resume) with the same loss curve.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli_common.h"
+#include "keel/checkpoint.h"
 #include "keel/data.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
@@ -21,6 +23,10 @@ struct TrainArgs {
   std::string data;
   int threads = 0;
   int64_t evalBatches = 8;
+  int64_t saveEvery = 0;
+  std::string ckptDir;
+  int tp = 1;
+  std::string resume;
 };
 
 keel::Device parseBackend(const std::string& name) {
@@ -36,7 +42,14 @@ int runTrain(const TrainArgs& a) {
   auto dataset = std::make_shared<const keel::data::TextDataset>(
       a.data.empty() ? keel::data::TextDataset::defaultCorpus()
                      : keel::data::TextDataset::load(a.data));
+  KEEL_CHECK(a.saveEvery == 0 || !a.ckptDir.empty(), "--save-every needs --ckpt-dir");
   keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
+  std::string resumedFrom;
+  if (!a.resume.empty()) {
+    resumedFrom = keel::ckpt::loadTrainingCheckpoint(trainer, a.resume);
+    KEEL_CHECK(trainer.stepsDone() < a.steps, resumedFrom, " is at step ", trainer.stepsDone(),
+               ", not before --steps ", a.steps, ": nothing left to train");
+  }
 
   std::printf("keel train: %s (%s), %s, backend %s, %d threads, seed %llu\n",
               cfg.name.empty() ? "gpt" : cfg.name.c_str(), a.config.c_str(),
@@ -51,11 +64,22 @@ int runTrain(const TrainArgs& a) {
               static_cast<long long>(dataset->numTokens()),
               static_cast<long long>(dataset->splitTokens(keel::data::Split::Train)),
               static_cast<long long>(dataset->splitTokens(keel::data::Split::Val)));
+  if (!resumedFrom.empty())
+    std::printf("resumed from %s at step %lld (seed %llu)\n", resumedFrom.c_str(),
+                static_cast<long long>(trainer.stepsDone()),
+                static_cast<unsigned long long>(trainer.seed()));
   std::fflush(stdout);
+  auto save = [&] {
+    const std::string dir = a.ckptDir + "/" + keel::ckpt::stepDirName(trainer.stepsDone());
+    keel::ckpt::saveTrainingCheckpoint(trainer, dir, a.tp);
+    std::printf("saved %s (tp=%d)\n", dir.c_str(), a.tp);
+    std::fflush(stdout);
+  };
 
   const int width = int(std::to_string(a.steps).size());
   double totalSeconds = 0;
-  auto stats = trainer.run(a.steps, [&](const keel::StepStats& s) {
+  const int64_t remaining = a.steps - trainer.stepsDone();
+  auto stats = trainer.run(remaining, [&](const keel::StepStats& s) {
     totalSeconds += s.seconds;  // "loss" is the lm loss; "aux" sums the MoE layers' aux losses
     if (cfg.isMoe())
       std::printf("step %*lld/%lld  loss %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s\n", width,
@@ -66,15 +90,18 @@ int runTrain(const TrainArgs& a) {
                   static_cast<long long>(s.step), static_cast<long long>(a.steps), s.loss, s.lr,
                   s.gradNorm, s.tokensPerSec);
     std::fflush(stdout);
+    // Every --save-every steps, and at the end when a checkpoint directory is given.
+    if (!a.ckptDir.empty() && ((a.saveEvery > 0 && s.step % a.saveEvery == 0) || s.step == a.steps))
+      save();
   });
 
   const size_t tail = std::min<size_t>(10, stats.size());
   double lastMean = 0;
   for (size_t i = stats.size() - tail; i < stats.size(); ++i) lastMean += stats[i].lmLoss;
   lastMean /= double(tail);
-  const double tokens = double(a.steps * cfg.batch_size * cfg.seq_len);
+  const double tokens = double(remaining * cfg.batch_size * cfg.seq_len);
   std::printf("done: %lld steps in %.1f s (%.0f tok/s); loss %.4f -> %.4f (mean of last %zu: %.4f)",
-              static_cast<long long>(a.steps), totalSeconds,
+              static_cast<long long>(remaining), totalSeconds,
               totalSeconds > 0 ? tokens / totalSeconds : 0.0, stats.front().lmLoss,
               stats.back().lmLoss, tail, lastMean);
   if (a.evalBatches > 0) {
@@ -111,6 +138,16 @@ Command addTrainCommand(CLI::App& root) {
                    "validation batches for the final val loss (0: skip)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  train
+      ->add_option("--save-every", ta->saveEvery,
+                   "save a checkpoint every K steps (and at the end) into --ckpt-dir/step-NNNNNN")
+      ->check(CLI::PositiveNumber);
+  train->add_option("--ckpt-dir", ta->ckptDir, "checkpoint directory (alone: save at the end)");
+  train->add_option("--tp", ta->tp, "tensor-parallel degree of saved checkpoints (files)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  train->add_option("--resume", ta->resume,
+                    "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)");
   return {train, [ta] { return runTrain(*ta); }};
 }
 

@@ -43,6 +43,8 @@ QString defaultSessionPath(const QString& configPath) {
 }
 
 namespace {
+const QString kWorkloadDefaults = "(none: the workload's defaults)";
+
 QWidget* withBrowse(QLineEdit* edit, std::function<QString()> pick) {
   auto* w = new QWidget;
   auto* l = new QHBoxLayout(w);
@@ -80,6 +82,23 @@ NewSessionDialog::NewSessionDialog(QWidget* parent) : QDialog(parent) {
   cfgRow->addWidget(configCombo_, 1);
   cfgRow->addWidget(browse);
   form->addRow("Model config", cfgRow);
+  // A workload library (docs/api.md) runs the user's own model; its config is the one above, or
+  // none (the workload's defaults), which choosing a library selects.
+  workload_ = new QLineEdit;
+  workload_->setPlaceholderText("built-in GPT / MoE trainer (or a workload lib*.so)");
+  form->addRow("Workload library", withBrowse(workload_, [this] {
+                 return QFileDialog::getOpenFileName(this, "Workload library", QString(),
+                                                     "Shared libraries (*.so)");
+               }));
+  connect(workload_, &QLineEdit::textChanged, this, [this](const QString& text) {
+    if (text.isEmpty()) return;
+    int none = configCombo_->findText(kWorkloadDefaults);
+    if (none < 0) {
+      configCombo_->addItem(kWorkloadDefaults, QString());
+      none = configCombo_->count() - 1;
+    }
+    configCombo_->setCurrentIndex(none);
+  });
   backendCombo_ = new QComboBox;
   backendCombo_->addItems({"cpu", "cpu-ref"});
   form->addRow("Backend", backendCombo_);
@@ -125,7 +144,9 @@ NewSessionDialog::NewSessionDialog(QWidget* parent) : QDialog(parent) {
 SessionConfig NewSessionDialog::config() const {
   SessionConfig c;
   c.configPath = configCombo_->currentData().toString();
-  if (c.configPath.isEmpty()) c.configPath = configCombo_->currentText();
+  if (c.configPath.isEmpty() && configCombo_->currentText() != kWorkloadDefaults)
+    c.configPath = configCombo_->currentText();
+  c.workloadPath = workload_->text().trimmed();
   c.backend = backendCombo_->currentText();
   c.seed = uint64_t(seedSpin_->value());
   c.steps = stepsSpin_->value();

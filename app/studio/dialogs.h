@@ -31,6 +31,7 @@ class NewSessionDialog : public QDialog {
   QCheckBox *stacks_, *md5_, *stats_, *allocator_, *dumps_;
   QLineEdit* dumpOps_;
   QLineEdit* output_;
+  QLineEdit* workload_;
 };
 
 class BreakpointsDialog : public QDialog {

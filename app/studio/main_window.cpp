@@ -23,6 +23,7 @@
 #include <QStatusBar>
 #include <QTimer>
 #include <QToolBar>
+#include <utility>
 
 #include "dialogs.h"
 #include "keel/views/diff_view.h"
@@ -30,6 +31,7 @@
 #include "keel/views/inspector.h"
 #include "keel/views/log_view.h"
 #include "keel/views/loss_plot.h"
+#include "keel/views/memory_view.h"
 #include "keel/views/op_table.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
@@ -139,6 +141,16 @@ void MainWindow::buildActions() {
   run->addSeparator();
   breakpointsAct_ = run->addAction("&Breakpoints…", this, &MainWindow::breakpointsDialog);
   breakpointsAct_->setShortcut(QKeySequence("Ctrl+B"));
+  trackMemoryAct_ = run->addAction("Track &memory per step");
+  trackMemoryAct_->setCheckable(true);
+  trackMemoryAct_->setToolTip(
+      "Live sessions: wrap each training step in a memory tracking section (Memory view)");
+  trackMemoryAct_->setChecked(QSettings().value("session/trackMemoryPerStep", false).toBool());
+  session_->setTrackMemoryPerStep(trackMemoryAct_->isChecked());
+  connect(trackMemoryAct_, &QAction::toggled, this, [this](bool on) {
+    session_->setTrackMemoryPerStep(on);
+    QSettings().setValue("session/trackMemoryPerStep", on);
+  });
 
   QMenu* view = menuBar()->addMenu("&View");
   fitAct_ = view->addAction("&Fit graph", this, [this] {
@@ -197,6 +209,7 @@ void MainWindow::buildDocks() {
   diffView_ = new views::DiffView(selection_, Side::A);
   logView_ = new views::LogView(selection_, Side::A);
   lossPlot_ = new views::LossPlot;
+  memoryView_ = new views::MemoryView(selection_, Side::A);
   QDockWidget* inspectorDock =
       dock("Inspector", "dock.inspector", inspector_, Qt::RightDockWidgetArea);
   QDockWidget* opsDock = dock("Ops", "dock.ops", opTable_, Qt::BottomDockWidgetArea);
@@ -204,8 +217,20 @@ void MainWindow::buildDocks() {
   diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
   QDockWidget* logsDock = dock("Logs", "dock.logs", logView_, Qt::BottomDockWidgetArea);
   QDockWidget* lossDock = dock("Loss", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
+  memoryDock_ = dock("Memory", "dock.memory", memoryView_, Qt::BottomDockWidgetArea);
   tabifyDockWidget(opsDock, diffDock_);
   tabifyDockWidget(diffDock_, logsDock);
+  tabifyDockWidget(logsDock, memoryDock_);
+  // A live run's memory is reloaded when the Memory tab is looked at, not after every step.
+  connect(memoryDock_, &QDockWidget::visibilityChanged, this, [this](bool visible) {
+    if (visible && memoryStale_) loadMemory();
+    // The first time it shows, the bottom area grows to make room for the timeline and the map.
+    if (visible && !memoryGrown_ && !memoryDock_->isFloating()) {
+      memoryGrown_ = true;
+      if (memoryDock_->height() < height() * 2 / 5)
+        resizeDocks({memoryDock_}, {height() * 9 / 20}, Qt::Vertical);
+    }
+  });
   opsDock->raise();
   splitDockWidget(inspectorDock, lossDock, Qt::Vertical);
   resizeDocks({inspectorDock}, {540}, Qt::Horizontal);
@@ -214,7 +239,7 @@ void MainWindow::buildDocks() {
   QMenu* view = menuBar()->actions().size() > 2 ? menuBar()->actions()[2]->menu() : nullptr;
   if (view) {
     view->addSeparator();
-    for (QDockWidget* d : {inspectorDock, opsDock, diffDock_, logsDock, lossDock})
+    for (QDockWidget* d : {inspectorDock, opsDock, diffDock_, logsDock, memoryDock_, lossDock})
       view->addAction(d->toggleViewAction());
   }
 }
@@ -234,6 +259,7 @@ void MainWindow::connectSources() {
     sourceA_->requestLogs();
     int64_t first = live_ ? last : (s->steps.empty() ? 0 : s->steps.front().step);
     showStep(first);
+    loadMemory();  // after the step: the worker answers in order, and the graph comes first
   });
   connect(sourceA_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {
     busy(-1);
@@ -242,6 +268,31 @@ void MainWindow::connectSources() {
     stepSpin_->setMaximum(int(std::max<int64_t>(last, stepSpin_->maximum())));
     lossPlot_->setRuns(summaryA_, summaryB_);
     updateStatus();
+    if (memoryDock_->visibleRegion().isEmpty())
+      memoryStale_ = true;
+    else
+      loadMemory();
+  });
+  connect(sourceA_, &RunSource::memoryLoaded, this, [this](views::MemoryPtr m) {
+    busy(-1);
+    memoryLoading_ = false;
+    if (std::exchange(memoryDiscard_, false)) return;
+    memoryView_->setMemory(m);
+    if (memoryStale_ && !memoryDock_->visibleRegion().isEmpty()) loadMemory();
+  });
+  connect(sourceA_, &RunSource::memoryFailed, this, [this](const QString& msg) {
+    busy(-1);
+    memoryLoading_ = false;
+    if (std::exchange(memoryDiscard_, false)) return;
+    memoryView_->showMessage("Cannot load the allocator events: " + msg.toHtmlEscaped());
+    showError("Cannot load the allocator events", msg);
+  });
+  // Clicking a block selects its op; show that op's step so the graph and table have it too.
+  connect(memoryView_, &views::MemoryView::blockClicked, this, [this](quint64 seq, qint64 step) {
+    if (seq && step != shownStep_) {
+      pendingSelectA_ = seq;
+      showStep(step);
+    }
   });
   connect(sourceB_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
@@ -263,6 +314,7 @@ void MainWindow::connectSources() {
   for (views::RunSource* src : {sourceA_, sourceB_}) {
     connect(src, &RunSource::failed, this, [this, src](const QString& msg) {
       busy(-1);
+      if (src == sourceA_ && !summaryA_) memoryView_->clear();
       showError(src == sourceA_ ? "Cannot open recording" : "Cannot open recording to compare",
                 msg);
     });
@@ -391,6 +443,10 @@ void MainWindow::openRecording(const QString& path, bool verify) {
   diffView_->clear();
   inspector_->clear();
   selection_->clear();
+  memoryView_->clear();
+  memoryView_->showMessage("Loading the allocator events…");
+  memoryStale_ = false;
+  memoryDiscard_ = memoryLoading_;
   busy(1);
   sourceA_->open(path, verify);
   if (verify) addRecent(path);
@@ -510,6 +566,17 @@ void MainWindow::newSessionDialog() {
 void MainWindow::breakpointsDialog() {
   BreakpointsDialog dlg(session_->breakpoints(), this);
   if (dlg.exec() == QDialog::Accepted) session_->setBreakpoints(dlg.breakpoints());
+}
+
+void MainWindow::loadMemory() {
+  if (memoryLoading_) {  // one load at a time; the next starts when this one lands
+    memoryStale_ = true;
+    return;
+  }
+  memoryStale_ = false;
+  memoryLoading_ = true;
+  busy(1);
+  sourceA_->requestMemory();
 }
 
 void MainWindow::busy(int delta) {

@@ -1,6 +1,6 @@
 // MainWindow: Keel Studio's window. Wires one RunSource per recording (A, and B when comparing),
-// the shared Selection, the views (graph in the centre; op table, inspector, diff, logs and loss
-// as docks) and a live Session. Wiring only: loading is RunSource's, drawing is the views'.
+// the shared Selection, the views (graph in the centre; op table, inspector, diff, logs, memory and
+// loss as docks) and a live Session. Wiring only: loading is RunSource's, drawing is the views'.
 #pragma once
 #include <QMainWindow>
 #include <QPointer>
@@ -26,6 +26,7 @@ class GraphView;
 class InspectorView;
 class LogView;
 class LossPlot;
+class MemoryView;
 class OpTableView;
 class RunSource;
 class Selection;
@@ -64,6 +65,8 @@ class MainWindow : public QMainWindow {
   views::DiffView* diffView() { return diffView_; }
   views::LogView* logView() { return logView_; }
   views::LossPlot* lossPlot() { return lossPlot_; }
+  views::MemoryView* memoryView() { return memoryView_; }
+  QAction* trackMemoryAction() { return trackMemoryAct_; }
   views::SummaryPtr summary(views::Side side) const {
     return side == views::Side::A ? summaryA_ : summaryB_;
   }
@@ -99,6 +102,7 @@ class MainWindow : public QMainWindow {
   void breakpointsDialog();
   void checkIdle();
   void busy(int delta);
+  void loadMemory();  // (re)loads side A's allocator events into the memory view
 
   views::Selection* selection_;
   views::RunSource* sourceA_;
@@ -114,11 +118,17 @@ class MainWindow : public QMainWindow {
   views::DiffView* diffView_;
   views::LogView* logView_;
   views::LossPlot* lossPlot_;
+  views::MemoryView* memoryView_;
+  QDockWidget* memoryDock_ = nullptr;
+  bool memoryLoading_ = false;  // a memory load is in flight
+  bool memoryStale_ = false;    // a live run moved on since the last load
+  bool memoryDiscard_ = false;  // the load in flight is of the previous recording
+  bool memoryGrown_ = false;    // the bottom docks were made taller for the memory view once
   QDockWidget* diffDock_ = nullptr;
   QDockWidget* opsDock_ = nullptr;
 
   QAction *newSessionAct_, *openAct_, *compareAct_, *runAct_, *pauseAct_, *stepAct_, *stopAct_,
-      *breakpointsAct_, *fitAct_;
+      *breakpointsAct_, *fitAct_, *trackMemoryAct_;
   QMenu* recentMenu_;
   QSpinBox* stepSpin_;
   QComboBox* phaseCombo_;

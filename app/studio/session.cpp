@@ -1,4 +1,5 @@
-// Session: see session.h. The worker thread owns the Recorder, the Trainer and a BreakObserver
+// Session: see session.h. The worker thread owns the Recorder, the workload run (the built-in
+// trainer or a workload library, keel/workload.h) and a BreakObserver
 // that runs on the engine thread after the recorder (observers run in the order they were added),
 // so an op is captured before the run pauses on it. See Note [Session pause].
 #include "session.h"
@@ -11,6 +12,7 @@
 #include <iterator>
 #include <optional>
 
+#include "keel/allocator.h"
 #include "keel/capture/hash.h"
 #include "keel/capture/recorder.h"
 #include "keel/data.h"
@@ -20,6 +22,7 @@
 #include "keel/registry.h"
 #include "keel/storage/reader.h"
 #include "keel/train.h"
+#include "keel/workload.h"
 
 namespace keel::studio {
 
@@ -27,7 +30,9 @@ namespace keel::studio {
 // the observer's onOpEnd: it flushes the recorder (so the views can read the op that hit), reports
 // pausedAt, and waits on the session's condition variable. Run / Step resume it; Stop makes it
 // throw SessionStopped, which unwinds the step like any engine error (the recording keeps what was
-// committed). The GUI thread only flips the state under the mutex and notifies.
+// committed). The GUI thread only flips the state under the mutex and notifies. A workload's
+// entry points turn every exception into an error (Note [Workload ABI]), so SessionStopped comes
+// back from a step as a keel::Error: stopThrown_ says it was a stop, not a failure.
 struct SessionStopped {};
 
 class Session::Worker : public Observer {
@@ -60,14 +65,17 @@ class Session::Worker : public Observer {
             break;
           }
         }
-        StepStats st = trainer_->step();
+        std::optional<MemoryTrackingScope> track;
+        if (s_->trackMemory_) track.emplace("step " + std::to_string(s_->stepsDone() + 1));
+        WorkloadMetrics st = job_->step();
+        track.reset();  // the section ends with the step (its track_end is in this batch)
         recorder_->flush();
         int64_t n;
         {
           std::lock_guard<std::mutex> lk(s_->mu_);
           n = ++s_->stepsDone_;
         }
-        emit s_->stepFinished(qint64(st.step), st.loss);
+        emit s_->stepFinished(qint64(job_->steps()), st.loss);
         if (n >= s_->config_.steps) {
           done = true;
           break;
@@ -82,11 +90,15 @@ class Session::Worker : public Observer {
     } catch (const SessionStopped&) {
       stopped = true;
     } catch (const std::exception& e) {
-      failure = e.what();
-      failedSeq = failedSeq_;
+      if (stopThrown_) {
+        stopped = true;
+      } else {
+        failure = e.what();
+        failedSeq = failedSeq_;
+      }
     }
     if (obs_) removeObserver(obs_);
-    trainer_.reset();
+    job_.reset();
     if (recorder_) {
       if (failure.empty())
         recorder_->finish();
@@ -127,7 +139,10 @@ class Session::Worker : public Observer {
       }
       b = bp_;
     }
-    if (stopping) throw SessionStopped{};
+    if (stopping) {
+      stopThrown_ = true;
+      throw SessionStopped{};
+    }
     if (bpChanged) {  // breakpoints edited while running: (re)open or drop the reference
       if (b.referencePath.isEmpty()) {
         reference_.reset();
@@ -154,7 +169,10 @@ class Session::Worker : public Observer {
  private:
   void setup() {
     const SessionConfig& c = s_->config_;
-    GptConfig cfg = loadGptConfig(c.configPath.toStdString());
+    // One path: the built-in trainer is a workload like a user's library.
+    WorkloadInfo workload =
+        c.workloadPath.isEmpty() ? gptWorkload() : loadWorkload(c.workloadPath.toStdString());
+    if (c.workloadPath.isEmpty()) loadGptConfig(c.configPath.toStdString());  // validate first
     Device device(c.backend.toStdString());
     KEEL_CHECK(device.isHost(), "backend '", c.backend.toStdString(),
                "' is not available here (expected cpu or cpu-ref)");
@@ -162,15 +180,14 @@ class Session::Worker : public Observer {
       std::lock_guard<std::mutex> lk(s_->mu_);
       if (!s_->breakpoints_.referencePath.isEmpty()) openReference(s_->breakpoints_.referencePath);
     }
-    static auto corpus =
-        std::make_shared<const data::TextDataset>(data::TextDataset::defaultCorpus());
     storage::RunInfo run;
     run.backend = std::string(backendName(device.backend));
     run.device = device.name();
     char host[256] = {0};
     if (gethostname(host, sizeof(host) - 1) == 0) run.host = host;
-    {
+    if (!c.configPath.isEmpty()) {
       std::ifstream f(c.configPath.toStdString(), std::ios::binary);
+      KEEL_CHECK(f, "cannot read config file '", c.configPath.toStdString(), "'");
       run.configJson.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
     }
     run.seed = c.seed;
@@ -181,7 +198,13 @@ class Session::Worker : public Observer {
     recorder_ = std::make_unique<capture::Recorder>(c.output.toStdString(), run, c.capture);
     obs_ = std::shared_ptr<Observer>(this, [](Observer*) {});  // owned by the Session
     addObserver(obs_);
-    trainer_ = std::make_unique<Trainer>(cfg, device, c.seed, corpus, c.steps);
+    WorkloadParams params;
+    params.configJson = run.configJson;
+    params.configPath = c.configPath.toStdString();
+    params.device = device;
+    params.seed = c.seed;
+    params.totalSteps = c.steps;
+    job_ = std::make_unique<WorkloadRun>(workload, params);
     recorder_->flush();
   }
 
@@ -205,7 +228,10 @@ class Session::Worker : public Observer {
     emit s_->pausedAt(quint64(seq), qint64(step_), QString::fromStdString(reason));
     std::unique_lock<std::mutex> lk(s_->mu_);
     s_->cv_.wait(lk, [&] { return s_->state_ != State::Paused; });
-    if (s_->state_ == State::Stopping) throw SessionStopped{};
+    if (s_->state_ == State::Stopping) {
+      stopThrown_ = true;
+      throw SessionStopped{};
+    }
   }
 
   std::string nonFiniteReason(const OpEvent& e) {
@@ -256,7 +282,8 @@ class Session::Worker : public Observer {
 
   Session* s_;
   std::unique_ptr<capture::Recorder> recorder_;
-  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<WorkloadRun> job_;
+  bool stopThrown_ = false;  // engine thread: SessionStopped was thrown (see Note [Session pause])
   std::shared_ptr<Observer> obs_;
   std::optional<storage::Recording> reference_;
   Breakpoints bp_;

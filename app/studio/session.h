@@ -6,6 +6,7 @@
 #pragma once
 #include <QObject>
 #include <QString>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,8 @@ namespace keel::studio {
 
 struct SessionConfig {
   QString configPath;       // model + training config (JSON), e.g. configs/gpt-mini.json
+                            // (with a workload library: its config, "" for its defaults)
+  QString workloadPath;     // a workload library (docs/api.md); "" for the built-in trainer
   QString backend = "cpu";  // cpu | cpu-ref
   uint64_t seed = 1;
   int64_t steps = 20;               // length of the run (and of the LR schedule)
@@ -54,6 +57,10 @@ class Session : public QObject {
   void stop();   // stop; the recording keeps everything so far
   void setBreakpoints(const Breakpoints& b);
   Breakpoints breakpoints() const;
+  // Wraps each following training step in a keel::MemoryTrackingScope("step N"), so the
+  // recording holds one tracked section per step (the memory view's table). Any thread.
+  void setTrackMemoryPerStep(bool on) { trackMemory_ = on; }
+  bool trackMemoryPerStep() const { return trackMemory_; }
 
   State state() const;
   QString recordingPath() const { return config_.output; }
@@ -84,6 +91,7 @@ class Session : public QObject {
   Breakpoints breakpoints_;
   uint64_t bpVersion_ = 0;  // bumped by setBreakpoints; the engine thread re-reads on change
   int64_t stepsDone_ = 0;
+  std::atomic<bool> trackMemory_{false};
 };
 
 }  // namespace keel::studio

@@ -10,8 +10,9 @@ rm -rf "$out"
 mkdir -p "$out"
 cd "$src"
 export KEEL_BLAS_TUNE=0
-"$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 --md5 --stats --stacks \
-  --allocator --verbose blocks.0.attn -o "$out/clean.db" >/dev/null
+# The caching allocator gives the memory view segments to draw (training is bitwise the same).
+KEEL_ALLOCATOR=caching "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 \
+  --md5 --stats --stacks --allocator --verbose blocks.0.attn -o "$out/clean.db" >/dev/null
 KEEL_TEST_PERTURB=matmul:5 "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 \
   --md5 --stats --stacks --allocator -o "$out/perturbed.db" >/dev/null
 run_studio() {
@@ -36,7 +37,7 @@ for name in ('replay.png', 'compare.png'):
     w, h = size(os.path.join(out, name))
     assert (w, h) == (1600, 1000), f'{name} is {w}x{h}, expected 1600x1000'
 for d in ('replay', 'compare'):
-    for view in ('graph', 'ops', 'inspector', 'diff', 'logs', 'loss'):
+    for view in ('graph', 'ops', 'inspector', 'diff', 'logs', 'loss', 'memory'):
         p = os.path.join(out, d, view + '.png')
         if d == 'replay' and view == 'diff':
             continue

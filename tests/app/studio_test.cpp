@@ -196,22 +196,22 @@ class StudioTest : public QObject {
     QVERIFY(QTest::qWaitFor(
         [&] { return w.summary(Side::A) && !w.summary(Side::A)->steps.empty(); }, 10000));
 
-    // An op breakpoint pauses inside step 2, right after the first softmax, which is committed
-    // and selected.
+    // An op breakpoint pauses inside step 2, right after the first attention op, which is
+    // committed and selected.
     studio::Breakpoints b;
-    b.opName = "softmax";
+    b.opName = "flashmask_attention";
     s->setBreakpoints(b);
     QSignalSpy paused(s, &Session::pausedAt);
     s->run();
     QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 30000));
     const quint64 seq = paused.first().at(0).toULongLong();
     QCOMPARE(paused.first().at(1).toLongLong(), qint64(2));
-    QVERIFY(paused.first().at(2).toString().contains("softmax"));
+    QVERIFY(paused.first().at(2).toString().contains("flashmask_attention"));
     {
       storage::Recording rec = storage::Recording::open(c.output.toStdString(), false);
       auto op = rec.op(seq);
       QVERIFY(op.has_value());
-      QCOMPARE(QString::fromStdString(op->name), QString("softmax"));
+      QCOMPARE(QString::fromStdString(op->name), QString("flashmask_attention"));
     }
     QVERIFY(QTest::qWaitFor([&] { return w.selection()->current(Side::A) == seq; }, 10000));
     s->setBreakpoints({});

@@ -45,6 +45,26 @@ class KeelCli : public ::testing::Test {
   fs::path dir_;
 };
 
+TEST_F(KeelCli, InspectShowsTheRecordedAttentionMask) {
+  // Sliding window 128 over 256 tokens in 64 × 64 tiles: 7 of 16 tiles skipped.
+  CliResult r = keel("record --config tests/fixtures/gpt-tiny-window.json --steps 1 --seed 1 -o '" +
+                     db("w.db") + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  CliResult i = keel("inspect '" + db("w.db") + "'");
+  ASSERT_EQ(i.status, 0) << i.err;
+  EXPECT_NE(i.out.find("attention  step 1; tile map of batch 0"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("  blocks.0.attn        sliding_window         block sparsity 0.438  "
+                       "psss/fpss/pfps/spfp\n"),
+            std::string::npos)
+      << i.out;
+  // A causal gpt-tiny (16 tokens, one tile) shows its one partial tile.
+  ASSERT_EQ(record("c.db", "--seed 1").status, 0);
+  CliResult c = keel("inspect '" + db("c.db") + "'");
+  EXPECT_NE(c.out.find("  blocks.1.attn        causal                 block sparsity 0.000  p\n"),
+            std::string::npos)
+      << c.out;
+}
+
 TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   CliResult r = record("a.db", "--seed 1 --md5 --stats --stacks");
   ASSERT_EQ(r.status, 0) << r.err;

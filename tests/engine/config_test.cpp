@@ -176,11 +176,75 @@ TEST(ConfigTest, InconsistentOrOutOfRangeValues) {
   EXPECT_NO_THROW(parseGptConfig(with("top_k", 8).dump()));
 }
 
+Json attention(const Json& extra) {
+  Json j = baseConfig();
+  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+  return j;
+}
+
+TEST(ConfigTest, AttentionMaskKeys) {
+  GptConfig c = parseGptConfig(baseConfig().dump());
+  EXPECT_EQ(c.attention_mask, "causal");
+  EXPECT_EQ(c.attention_window, 0);
+  EXPECT_FALSE(c.pack_documents);
+  c = parseGptConfig(
+      attention({{"attention_mask", "sliding_window"}, {"attention_window", 8}}).dump());
+  EXPECT_EQ(c.attention_mask, "sliding_window");
+  EXPECT_EQ(c.attention_window, 8);
+  c = parseGptConfig(attention({{"attention_mask", "global_sliding_window"},
+                                {"attention_window", 4},
+                                {"attention_global", 2}})
+                         .dump());
+  EXPECT_EQ(c.attention_global, 2);
+  c = parseGptConfig(attention({{"attention_mask", "causal_document"}}).dump());
+  EXPECT_EQ(c.attention_mask, "causal_document");
+  EXPECT_FALSE(c.pack_documents);
+  // pack_documents implies the causal-document mask, and accepts it spelled out.
+  c = parseGptConfig(attention({{"pack_documents", true}}).dump());
+  EXPECT_TRUE(c.pack_documents);
+  EXPECT_EQ(c.attention_mask, "causal_document");
+  EXPECT_NO_THROW(parseGptConfig(
+      attention({{"pack_documents", true}, {"attention_mask", "causal_document"}}).dump()));
+}
+
+TEST(ConfigTest, BadAttentionMaskKeysNameTheField) {
+  expectError(attention({{"attention_mask", "bidirectional"}}).dump(),
+              {"field 'attention_mask'", "\"bidirectional\"", "causal_document"});
+  expectFieldError(attention({{"attention_mask", 1}}), "attention_mask");
+  expectError(attention({{"attention_mask", "sliding_window"}}).dump(),
+              {"field 'attention_window'", ">= 1"});
+  expectFieldError(attention({{"attention_mask", "sliding_window"}, {"attention_window", 0}}),
+                   "attention_window");
+  expectFieldError(attention({{"attention_mask", "sliding_window"}, {"attention_window", 2.5}}),
+                   "attention_window");
+  expectError(attention({{"attention_window", 8}}).dump(),
+              {"field 'attention_window'", "only used with"});
+  expectError(
+      attention({{"attention_mask", "global_sliding_window"}, {"attention_window", 4}}).dump(),
+      {"field 'attention_global'", "[1, 16)"});
+  expectFieldError(attention({{"attention_mask", "global_sliding_window"},
+                              {"attention_window", 4},
+                              {"attention_global", 16}}),
+                   "attention_global");
+  expectFieldError(
+      attention(
+          {{"attention_mask", "sliding_window"}, {"attention_window", 4}, {"attention_global", 2}}),
+      "attention_global");
+  expectError(attention({{"pack_documents", true}, {"attention_mask", "causal"}}).dump(),
+              {"field 'pack_documents'", "causal_document"});
+  expectFieldError(attention({{"pack_documents", "yes"}}), "pack_documents");
+}
+
 TEST(ConfigTest, ValidateCatchesCodeBuiltConfigs) {
   GptConfig c;
   EXPECT_NO_THROW(validateGptConfig(c));
   c.n_head = 3;  // 64 % 3 != 0
   EXPECT_THROW(validateGptConfig(c), Error);
+  GptConfig packed;
+  packed.pack_documents = true;  // attention_mask left at "causal"
+  EXPECT_THROW(validateGptConfig(packed), Error);
+  packed.attention_mask = "causal_document";
+  EXPECT_NO_THROW(validateGptConfig(packed));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "keel/flashmask.h"
+#include "keel/observer.h"
 #include "keel/registry.h"
 #include "keel/train.h"
 #include "test_util.h"
@@ -543,6 +544,119 @@ TEST(FlashmaskBuilders, TileCountsOfCausalAndDocumentMasks) {
   EXPECT_DOUBLE_EQ(d.skippedFraction(), 0.5);
   EXPECT_EQ(fmk::tileShape(64).cols, 64);
   EXPECT_EQ(fmk::tileShape(128).cols, 32);
+}
+
+TEST(FlashmaskBuilders, CausalDocumentRowsGivePerRowDocuments) {
+  using V = std::vector<int64_t>;
+  fmk::Mask m = fmk::causalDocumentRows({{4, 3, 3}, {10}, {1, 9}});
+  EXPECT_TRUE(m.causal);
+  EXPECT_EQ(m.kind, fmk::MaskKind::CausalDocument);
+  ASSERT_EQ(m.startendRowIndices.shape(), (Shape{3, 1, 10, 1}));
+  EXPECT_EQ(m.startendRowIndices.toVector<int32_t>(),
+            (std::vector<int32_t>{4,  4,  4,  4,  7,  7,  7,  10, 10, 10,  // row 0
+                                  10, 10, 10, 10, 10, 10, 10, 10, 10, 10,  // row 1
+                                  1,  10, 10, 10, 10, 10, 10, 10, 10, 10}));
+  // Row 0 is the single-row builder's mask.
+  EXPECT_EQ(column(fmk::causalDocument({4, 3, 3}), 0), (V{4, 4, 4, 4, 7, 7, 7, 10, 10, 10}));
+  expectError([] { fmk::causalDocumentRows({}); }, "at least one row");
+  expectError([] { fmk::causalDocumentRows({{4, 3}, {6}}); }, "row 1 has 6 tokens, row 0 has 7");
+  expectError([] { fmk::causalDocumentRows({{4, 0}}); }, "lengths must be positive");
+}
+
+TEST(FlashmaskBuilders, TileMapOfACausalMask) {
+  // 256 = 4 × 4 tiles of 64: skipped above the diagonal, partial on it, full below.
+  EXPECT_EQ(fmk::tileMap(fmk::causal(256).startendRowIndices, true, 256, 256, -1, {64, 64}),
+            "psss/fpss/ffps/fffp");
+  EXPECT_EQ(fmk::tileMap(Tensor(), true, 256, 256, -1, {64, 64}), "psss/fpss/ffps/fffp");
+  // Two documents of 128: the off-diagonal blocks are skipped, per batch row.
+  Tensor docs = fmk::causalDocumentRows({{128, 128}, {256}}).startendRowIndices;
+  EXPECT_EQ(fmk::tileMap(docs, true, 256, 256, -1, {64, 64}, 0), "psss/fpss/ssps/ssfp");
+  EXPECT_EQ(fmk::tileMap(docs, true, 256, 256, -1, {64, 64}, 1), "psss/fpss/ffps/fffp");
+  // Non-square grid (Sq 100 → 2 row tiles, Sk 200 → 4 column tiles), no mask.
+  EXPECT_EQ(fmk::tileMap(Tensor(), false, 100, 200, -1, {64, 64}), "ffff/ffff");
+}
+
+TEST(FlashmaskBuilders, TileMapIsCoarsenedToAtMost64Cells) {
+  // 130 × 130 tiles of one element, causal: each tile is either skipped (above the diagonal) or
+  // full; a 64 × 64 cell covers a block of tiles and is 's' or 'f' only when all of them are.
+  const int64_t n = 130, cells = 64;
+  std::string map = fmk::tileMap(Tensor(), true, n, n, -1, {1, 1});
+  std::vector<std::string> rows;
+  for (size_t a = 0, b; a <= map.size(); a = b + 1) {
+    b = map.find('/', a);
+    if (b == std::string::npos) b = map.size();
+    rows.push_back(map.substr(a, b - a));
+  }
+  ASSERT_EQ(int64_t(rows.size()), cells);
+  for (int64_t r = 0; r < cells; ++r) {
+    ASSERT_EQ(int64_t(rows[size_t(r)].size()), cells);
+    for (int64_t c = 0; c < cells; ++c) {
+      bool skipped = false, full = false;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          if (i * cells / n == r && j * cells / n == c) (j > i ? skipped : full) = true;
+      const char want = skipped && full ? 'p' : skipped ? 's' : 'f';
+      EXPECT_EQ(rows[size_t(r)][size_t(c)], want) << "cell " << r << ", " << c;
+    }
+  }
+}
+
+// Keeps the attributes of every flashmask op call.
+class AttrRecorder : public Observer {
+ public:
+  void onOpEnd(const OpEvent& e) override {
+    if (e.op->name.rfind("flashmask_attention", 0) == 0) calls.push_back({e.op->name, *e.attrs});
+  }
+  std::vector<std::pair<std::string, Attrs>> calls;
+};
+
+TEST(FlashmaskAttention, RecordsMaskKindBlockSparsityAndTileMap) {
+  auto rec = std::make_shared<AttrRecorder>();
+  addObserver(rec);
+  const int64_t s = 256;
+  Tensor q = randUniform({2, s, 2, 64}, -1, 1, F32, kCpu, 1).detach();
+  q.setRequiresGrad(true);
+  Tensor k = randUniform({2, s, 2, 64}, -1, 1, F32, kCpu, 2);
+  fmk::Mask docs = fmk::causalDocumentRows({{128, 128}, {256}}, kCpu);
+  auto [out, lse] = ops::flashmaskAttention(q, k, k, docs);
+  ops::sum(out).backward();
+  ops::flashmaskAttention(q, k, k, fmk::repeatMask(fmk::causal(s, kCpu).startendRowIndices, 2, 1),
+                          true);  // an index tensor alone: "custom"
+  ops::flashmaskAttention(q, k, k, Tensor(), false, 32);
+  ops::flashmaskAttention(q, k, k, Tensor(), false);
+  removeObserver(rec);
+  ASSERT_EQ(rec->calls.size(), 5u);
+  const Attrs& f = rec->calls[0].second;
+  EXPECT_EQ(f.getString("mask"), "causal_document");
+  // Batch 0 skips 6 + 4 of 16 tiles, batch 1 (one document) 6 of 16.
+  EXPECT_DOUBLE_EQ(f.getDouble("block_sparsity"), 16.0 / 32.0);
+  EXPECT_EQ(f.getInts("tile_shape"), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(f.getString("tile_map"), "psss/fpss/ssps/ssfp");
+  // The backward op carries the forward op's attributes.
+  EXPECT_EQ(rec->calls[1].first, "flashmask_attention_backward");
+  EXPECT_EQ(rec->calls[1].second.toString(), f.toString());
+  EXPECT_EQ(rec->calls[2].second.getString("mask"), "custom");
+  EXPECT_DOUBLE_EQ(rec->calls[2].second.getDouble("block_sparsity"), 6.0 / 16.0);
+  EXPECT_EQ(rec->calls[3].second.getString("mask"), "sliding_window");
+  EXPECT_EQ(rec->calls[4].second.getString("mask"), "full");
+  EXPECT_DOUBLE_EQ(rec->calls[4].second.getDouble("block_sparsity"), 0.0);
+  EXPECT_EQ(rec->calls[4].second.getString("tile_map"), "ffff/ffff/ffff/ffff");
+}
+
+TEST(FlashmaskAttention, MaskOverloadGivesTheSameBitsAsTheIndexOverload) {
+  Tensor q = randUniform({2, 100, 2, 16}, -1, 1, F32, kCpu, 3);
+  Tensor k = randUniform({2, 100, 1, 16}, -1, 1, F32, kCpu, 4);
+  fmk::Mask m = fmk::causalDocumentRows({{30, 70}, {100}}, kCpu);
+  Tensor a = ops::flashmaskAttention(q, k, k, m).first;
+  Tensor b = ops::flashmaskAttention(q, k, k, m.startendRowIndices, true).first;
+  EXPECT_TRUE(bitEqual(a, b));
+  Generator g1(5), g2(5);
+  Tensor c = ops::flashmaskAttention(q, k, k, m, -1, 0.25, 0.0, &g1, true).first;
+  Tensor d = ops::flashmaskAttention(q, k, k, m.startendRowIndices, true, -1, 0.25, 0.0, g2).first;
+  EXPECT_TRUE(bitEqual(c, d));
+  EXPECT_EQ(g1.offset(), g2.offset());
+  expectError([&] { ops::flashmaskAttention(q, k, k, m, -1, 0.25, 0.0, nullptr, true); },
+              "needs a generator");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <numbers>
 #include <set>
 
+#include "keel/data.h"
 #include "keel/nn.h"
 #include "keel/observer.h"
 #include "keel/optim.h"
@@ -182,6 +183,128 @@ TEST(LayerTest, AttentionIsCausal) {
   EXPECT_TRUE(changed);
 }
 
+// ---- attention masks through the whole model -----------------------------------------------
+
+GptConfig maskConfig(const std::string& kind, int64_t window = 0) {
+  GptConfig c = tinyConfig(false);
+  c.seq_len = 16;
+  c.attention_mask = kind;
+  c.attention_window = window;
+  return c;
+}
+
+// Logits of a fresh GPT (seed 1) in eval mode for tokens [rows, 16].
+Tensor logitsOf(const GptConfig& cfg, Device d, const std::vector<int64_t>& toks) {
+  nn::GPT model(cfg, d, 1);
+  model.eval();
+  NoGradGuard ng;
+  return model.forward(test::fromInts(toks, {int64_t(toks.size()) / 16, 16}, DType::Int64, d))
+      .logits;
+}
+
+// Logit rows (position t of batch row r) of [B, 16, 256] logits.
+std::vector<double> at(const Tensor& logits, int64_t r, int64_t t) {
+  return test::values(ops::slice(ops::slice(logits, 0, r, r + 1), 1, t, t + 1));
+}
+
+class MaskedGpt : public ::testing::TestWithParam<Device> {};
+
+TEST_P(MaskedGpt, PackedDocumentsNeverAttendAcrossDocuments) {
+  // Row 0: document 1 at positions 0-6, the separator at 7 opens document 2 (7-15). Row 1: one
+  // document. Perturbing document 1 must leave every output of document 2 bit for bit unchanged.
+  const Device d = GetParam();
+  std::vector<int64_t> a(32);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 'a' + int64_t(i * 7 % 26);
+  a[7] = data::kDocumentSeparator;
+  std::vector<int64_t> b = a;
+  for (size_t i = 1; i < 7; ++i) b[i] = 'A' + int64_t(i);
+  const GptConfig packed = maskConfig("causal_document");
+  Tensor la = logitsOf(packed, d, a), lb = logitsOf(packed, d, b);
+  for (int64_t t = 7; t < 16; ++t)
+    EXPECT_EQ(at(la, 0, t), at(lb, 0, t)) << "document 2, position " << t;
+  for (int64_t t = 0; t < 16; ++t) EXPECT_EQ(at(la, 1, t), at(lb, 1, t)) << "row 1, position " << t;
+  for (int64_t t = 1; t < 7; ++t)
+    EXPECT_NE(at(la, 0, t), at(lb, 0, t)) << "document 1, position " << t;
+  // The same perturbation reaches document 2 through a plain causal mask: the test can see a leak.
+  const GptConfig causal = maskConfig("causal");
+  Tensor ca = logitsOf(causal, d, a), cb = logitsOf(causal, d, b);
+  for (int64_t t = 7; t < 16; ++t) EXPECT_NE(at(ca, 0, t), at(cb, 0, t)) << "position " << t;
+}
+
+TEST_P(MaskedGpt, RowsWithoutSeparatorsGiveTheCausalModelsBits) {
+  const Device d = GetParam();
+  std::vector<int64_t> a(32);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 'a' + int64_t(i * 5 % 26);
+  EXPECT_TRUE(test::bitEqual(logitsOf(maskConfig("causal_document"), d, a),
+                             logitsOf(maskConfig("causal"), d, a)));
+  // A window as long as the sequence is the causal mask too.
+  EXPECT_TRUE(test::bitEqual(logitsOf(maskConfig("sliding_window", 16), d, a),
+                             logitsOf(maskConfig("causal"), d, a)));
+}
+
+TEST_P(MaskedGpt, SlidingWindowBoundsTheReceptiveField) {
+  // Window 2 over 2 layers: position t sees tokens t-2..t. Changing token 0 changes positions
+  // 0-2 only.
+  const Device d = GetParam();
+  std::vector<int64_t> a(16);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 'a' + int64_t(i * 3 % 26);
+  std::vector<int64_t> b = a;
+  b[0] = 'Z';
+  const GptConfig cfg = maskConfig("sliding_window", 2);
+  Tensor la = logitsOf(cfg, d, a), lb = logitsOf(cfg, d, b);
+  for (int64_t t = 0; t < 3; ++t) EXPECT_NE(at(la, 0, t), at(lb, 0, t)) << "position " << t;
+  for (int64_t t = 3; t < 16; ++t) EXPECT_EQ(at(la, 0, t), at(lb, 0, t)) << "position " << t;
+  // Global token 0 over a window of 2: every position sees token 0 again.
+  GptConfig global = cfg;
+  global.attention_mask = "global_sliding_window";
+  global.attention_global = 1;
+  Tensor ga = logitsOf(global, d, a), gb = logitsOf(global, d, b);
+  for (int64_t t = 0; t < 16; ++t) EXPECT_NE(at(ga, 0, t), at(gb, 0, t)) << "position " << t;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MaskedGpt, ::testing::Values(test::kCpu, test::kCpuRef),
+                         [](const auto& info) {
+                           return info.param == test::kCpu ? std::string("cpu")
+                                                           : std::string("cpu_ref");
+                         });
+
+// Keeps the name and attributes of each flashmask op call.
+class MaskAttrRecorder : public Observer {
+ public:
+  void onOpEnd(const OpEvent& e) override {
+    if (e.op->name.rfind("flashmask_attention", 0) == 0)
+      calls.push_back({e.op->name, std::string(e.scope), *e.attrs});
+  }
+  struct Call {
+    std::string op, scope;
+    Attrs attrs;
+  };
+  std::vector<Call> calls;
+};
+
+TEST(MaskedGptTest, RecordedAttentionCarriesTheMask) {
+  GptConfig cfg = maskConfig("causal_document");
+  nn::GPT model(cfg, kCpuRef, 1);
+  std::vector<int64_t> a(32, 'x');
+  a[5] = data::kDocumentSeparator;
+  auto rec = std::make_shared<MaskAttrRecorder>();
+  {
+    ObserverScope guard(rec);
+    Tensor idx = test::fromInts(a, {2, 16}, DType::Int64, kCpuRef);
+    model.forward(idx, idx).loss.backward();
+  }
+  ASSERT_EQ(rec->calls.size(), 4u);  // two layers, forward and backward
+  for (const auto& c : rec->calls) {
+    SCOPED_TRACE(c.op + " " + c.scope);
+    EXPECT_EQ(c.attrs.getString("mask"), "causal_document");
+    EXPECT_EQ(c.attrs.getDouble("block_sparsity"), 0.0);  // one 64 × 64 tile
+    EXPECT_EQ(c.attrs.getString("tile_map"), "p");
+    EXPECT_EQ(c.attrs.getInts("tile_shape"), (std::vector<int64_t>{64, 64}));
+  }
+  EXPECT_EQ(rec->calls[0].scope, "blocks.0.attn");
+  EXPECT_EQ(rec->calls[3].op, "flashmask_attention_backward");
+}
+
 TEST(ScopeTest, ObserverSeesModulePathsInEveryPhase) {
   nn::GPT model(tinyConfig(false), kCpuRef, 1);
   optim::AdamW opt(model.parameters(), {});
@@ -200,8 +323,8 @@ TEST(ScopeTest, ObserverSeesModulePathsInEveryPhase) {
     if (r.phase == Phase::Optimizer) optScopes.insert(r.scope);
   }
   EXPECT_TRUE(fwd.count({"blocks.1.attn.qkv", "matmul"}));
-  EXPECT_TRUE(fwd.count({"blocks.1.attn", "softmax"}));
-  EXPECT_TRUE(fwd.count({"blocks.1.attn", "masked_fill"}));
+  EXPECT_TRUE(fwd.count({"blocks.1.attn", "flashmask_attention"}));
+  EXPECT_FALSE(fwd.count({"blocks.1.attn", "softmax"})) << "no dense attention";
   EXPECT_TRUE(fwd.count({"blocks.0.mlp", "silu"}));
   EXPECT_TRUE(fwd.count({"blocks.0.mlp.w2", "matmul"}));
   EXPECT_TRUE(fwd.count({"blocks.0.norm1", "layer_norm"}));

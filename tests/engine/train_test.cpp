@@ -114,6 +114,73 @@ TEST(DataTest, LoadErrorsNameThePath) {
   EXPECT_EQ(data::TextDataset::load(ok).numTokens(), 11);
 }
 
+TEST(DataTest, DirectoryFilesAreDocumentsJoinedBySeparators) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(::testing::TempDir()) / ("keel_docs_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "b.txt") << "bbb";
+  std::ofstream(dir / "a.txt") << "aa";
+  std::ofstream(dir / "c.txt").flush();  // empty: no document
+  std::ofstream(dir / "d.txt") << "dd\x1c"
+                               << "eee";  // a separator inside a file opens another document
+  data::TextDataset ds = data::TextDataset::load(dir.string());
+  EXPECT_EQ(ds.numDocuments(), 4);
+  ASSERT_EQ(ds.numTokens(), 2 + 1 + 3 + 1 + 6);
+  Generator g(0);
+  auto [x, y] = ds.getBatch(1, 11, g);  // the train split (12 tokens) has one window
+  EXPECT_EQ(x.toVector<int64_t>(), data::ByteTokenizer::encode("aa\x1c"
+                                                               "bbb\x1c"
+                                                               "dd\x1c"
+                                                               "e"));
+  EXPECT_EQ(data::documentLengths(x), (std::vector<std::vector<int64_t>>{{2, 4, 3, 2}}));
+  // A single file without separators is one document, taken as is.
+  EXPECT_EQ(data::TextDataset::load((dir / "b.txt").string()).numDocuments(), 1);
+  // The default corpus: one document per licence file.
+  int64_t files = 0, bytes = 0;
+  for (auto& e : fs::directory_iterator(data::kDefaultCorpusDir))
+    if (!e.is_symlink() && e.is_regular_file() && e.file_size() > 0) {
+      ++files;
+      bytes += int64_t(e.file_size());
+    }
+  EXPECT_EQ(corpus()->numDocuments(), files);
+  EXPECT_EQ(corpus()->numTokens(), bytes + files - 1);
+}
+
+TEST(DataTest, PackedBatchMaskFollowsTheDocumentBoundaries) {
+  // Document d is a run of one letter, 1 to 9 long; neighbours (up to 19 apart) differ in letter.
+  std::vector<std::string> docs;
+  for (int d = 0; d < 60; ++d)
+    docs.push_back(std::string(size_t(d * 7 % 9 + 1), char('a' + d % 20)));
+  data::TextDataset ds = data::TextDataset::fromDocuments(docs, "mem");
+  EXPECT_EQ(ds.numDocuments(), 60);
+  const int64_t b = 8, s = 24;
+  Generator g(3);
+  auto [x, y] = ds.getBatch(b, s, g, data::Split::Train, kCpu);
+  flashmask::Mask m = data::documentMask(x, kCpu);
+  EXPECT_TRUE(m.causal);
+  EXPECT_EQ(m.kind, flashmask::MaskKind::CausalDocument);
+  ASSERT_EQ(m.startendRowIndices.shape(), (Shape{b, 1, s, 1}));
+  const std::vector<int64_t> xv = x.toVector<int64_t>();
+  int64_t boundaries = 0;
+  for (int64_t r = 0; r < b; ++r) {
+    // The oracle: a token's document is its letter; a separator belongs to the document it opens
+    // (the next letter), or is a document of its own at the end of the row.
+    std::vector<int64_t> doc(static_cast<size_t>(s));
+    for (int64_t t = s - 1; t >= 0; --t) {
+      const int64_t tok = xv[size_t(r * s + t)];
+      doc[size_t(t)] = tok != data::kDocumentSeparator ? tok : t + 1 < s ? doc[size_t(t + 1)] : -1;
+      if (t > 0 && tok == data::kDocumentSeparator) ++boundaries;
+    }
+    std::vector<uint8_t> vis =
+        flashmask::denseVisibility(m.startendRowIndices, true, s, s, -1, r, 0);
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        ASSERT_EQ(vis[size_t(i * s + j)], j <= i && doc[size_t(i)] == doc[size_t(j)] ? 1 : 0)
+            << "row " << r << ", query " << i << ", key " << j;
+  }
+  EXPECT_GE(boundaries, 2 * b) << "rows of 24 tokens hold several documents";
+}
+
 // ---- training -----------------------------------------------------------------------------
 
 class TrainRepro : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -208,6 +275,28 @@ TEST(TrainerTest, DropoutIsSeededAndOffInEval) {
   cfg.dropout = 0.0;
   Trainer noDrop(cfg, kCpu, 4, corpus(), 1);
   EXPECT_EQ(withDrop.evaluate(1), noDrop.evaluate(1));
+}
+
+TEST(TrainerTest, PackedDocumentsTrainDeterministicallyOnBothBackends) {
+  // Short documents, so that every row is packed with several of them.
+  std::vector<std::string> docs;
+  for (int d = 0; d < 400; ++d)
+    docs.push_back("doc " + std::to_string(d) + ": " +
+                   std::string(size_t(d % 11 + 2), char('a' + d % 26)));
+  auto packed =
+      std::make_shared<const data::TextDataset>(data::TextDataset::fromDocuments(docs, "mem"));
+  GptConfig cfg = tiny("gpt-tiny");
+  cfg.pack_documents = true;
+  cfg.attention_mask = "causal_document";
+  for (Device d : {kCpu, kCpuRef}) {
+    SCOPED_TRACE(d.name());
+    Trainer a(cfg, d, 5, packed, 20), b(cfg, d, 5, packed, 20);
+    std::vector<StepStats> sa = a.run(20), sb = b.run(d == kCpu ? 20 : 2);
+    for (size_t i = 0; i < sb.size(); ++i) EXPECT_EQ(sa[i].loss, sb[i].loss) << "step " << i + 1;
+    EXPECT_LT(sa.back().lmLoss, sa.front().lmLoss - 1.0)
+        << "first " << sa.front().lmLoss << ", last " << sa.back().lmLoss;
+    EXPECT_TRUE(std::isfinite(a.evaluate(1)));
+  }
 }
 
 TEST(TrainerTest, RejectsBadSetups) {

@@ -387,7 +387,7 @@ class GraphTest : public QObject {
     view.setStep(step);
     QVERIFY(done.wait(60000));
     auto fwd = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "forward" && o.name == "softmax";
+      return o.phase == "forward" && o.name == "flashmask_attention";
     });
     QVERIFY(fwd != step->ops.end());
     sel.select(Side::A, fwd->seq);
@@ -397,7 +397,7 @@ class GraphTest : public QObject {
     const auto& bop = step->ops[size_t(step->indexOf(*b))];
     QCOMPARE(bop.phase, std::string("backward"));
     QCOMPARE(bop.forwardSeq, fwd->seq);
-    QCOMPARE(bop.name, std::string("softmax_backward"));
+    QCOMPARE(bop.name, std::string("flashmask_attention_backward"));
     // And back, with the key.
     view.graphicsView()->setFocus();
     view.activateWindow();
@@ -426,11 +426,11 @@ class GraphTest : public QObject {
     std::vector<uint64_t> expected;
     for (const auto& o : step->ops)
       if ((o.phase == "forward" || o.phase == "backward") &&
-          (o.name.find("softmax") != std::string::npos ||
-           o.scope.find("softmax") != std::string::npos))
+          (o.name.find("flashmask") != std::string::npos ||
+           o.scope.find("flashmask") != std::string::npos))
         expected.push_back(o.seq);
     QVERIFY(expected.size() >= 4);  // 2 layers, forward + backward
-    view.setSearchText("SoftMax");
+    view.setSearchText("FlashMask");
     QCOMPARE(view.searchMatchCount(), int(expected.size()));
     view.findNext();
     QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(expected[0]));
@@ -482,13 +482,14 @@ class GraphTest : public QObject {
   }
 
   void largeStepOpensCollapsedOffTheGuiThread() {
-    // gpt-tiny with 4 layers: more than kLargeGraphOps forward + backward ops.
+    // gpt-tiny with 6 layers: more than kLargeGraphOps forward + backward ops (about 55 a layer
+    // since the attention is one flashmask_attention op).
     QFile in(QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
     QVERIFY(in.open(QIODevice::ReadOnly));
     QByteArray cfg = in.readAll();
     QVERIFY(cfg.contains("\"n_layer\": 2"));
-    cfg.replace("\"n_layer\": 2", "\"n_layer\": 4");
-    const QString cfgPath = test::tempDir() + "/gpt-tiny-4.json";
+    cfg.replace("\"n_layer\": 2", "\"n_layer\": 6");
+    const QString cfgPath = test::tempDir() + "/gpt-tiny-6.json";
     QFile out(cfgPath);
     QVERIFY(out.open(QIODevice::WriteOnly));
     out.write(cfg);
@@ -525,7 +526,7 @@ class GraphTest : public QObject {
     QVERIFY(!view.moduleItem("forward", "blocks.1.attn"));
     QVERIFY(view.moduleItem("forward", "blocks.2.attn"));  // the rest stays collapsed
     const auto attn = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "forward" && o.scope == "blocks.1.attn" && o.name == "softmax";
+      return o.phase == "forward" && o.scope == "blocks.1.attn" && o.name == "flashmask_attention";
     });
     saveScreenshot(view, "graph_expanded_module", attn->seq);
 

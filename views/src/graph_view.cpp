@@ -1037,10 +1037,15 @@ std::optional<uint64_t> GraphView::partnerOf(uint64_t seq) const {
     if (op->forwardSeq != 0 && opBySeq(op->forwardSeq)) return op->forwardSeq;
     return std::nullopt;
   }
-  if (op->phase == "forward")
-    for (const auto& o : step_->ops)
-      if (o.forwardSeq == seq && o.phase == "backward") return o.seq;
-  return std::nullopt;
+  if (op->phase != "forward") return std::nullopt;
+  std::optional<uint64_t> first;
+  const std::string named = op->name + "_backward";
+  for (const auto& o : step_->ops)
+    if (o.forwardSeq == seq && o.phase == "backward") {
+      if (o.name == named) return o.seq;
+      if (!first) first = o.seq;
+    }
+  return first;
 }
 
 bool GraphView::jumpToPartner() {

@@ -6,6 +6,7 @@
 #include <QApplication>
 #include <QClipboard>
 #include <QFontDatabase>
+#include <QHBoxLayout>
 #include <QHeaderView>
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -22,6 +23,7 @@
 
 #include "keel/storage/export.h"
 #include "keel/views/log_view.h"
+#include "keel/views/mask_picture.h"
 #include "keel/views/selection.h"
 
 namespace keel::views {
@@ -217,12 +219,42 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
                       "inspectorMemory");
   memory_->horizontalHeader()->setStretchLastSection(false);
 
+  maskPage_ = new QWidget(this);
+  maskPage_->setObjectName("inspectorMask");
+  maskSummary_ = new QLabel(maskPage_);
+  maskSummary_->setObjectName("inspectorMaskSummary");
+  maskSummary_->setTextFormat(Qt::RichText);
+  maskSummary_->setWordWrap(true);
+  maskSummary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  maskPicture_ = new MaskPicture(maskPage_);
+  auto* legend = new QVBoxLayout;
+  legend->setSpacing(2);
+  static const char* const kLegendNames[] = {
+      "inspectorMaskLegendSkipped", "inspectorMaskLegendPartial", "inspectorMaskLegendFull"};
+  for (int i = 0; i < kTileClassCount; ++i) {
+    maskLegend_[i] = new QLabel(maskPage_);
+    maskLegend_[i]->setObjectName(kLegendNames[i]);
+    maskLegend_[i]->setTextFormat(Qt::RichText);
+    legend->addWidget(maskLegend_[i]);
+  }
+  legend->addStretch(1);
+  // The picture beside the legend, so that it gets the page's height (the inspector shares its
+  // dock column with the loss plot).
+  auto* body = new QHBoxLayout;
+  body->addWidget(maskPicture_, 1);
+  body->addLayout(legend);
+  auto* maskLayout = new QVBoxLayout(maskPage_);
+  maskLayout->setContentsMargins(6, 6, 6, 6);
+  maskLayout->addWidget(maskSummary_);
+  maskLayout->addLayout(body, 1);
+
   tabs_->addTab(tensors_, tr("Tensors"));
   tabs_->addTab(attributes_, tr("Attributes"));
   tabs_->addTab(values_, tr("Values"));
   tabs_->addTab(stack_, tr("Stack"));
   tabs_->addTab(logs_, tr("Logs"));
   tabs_->addTab(memory_, tr("Memory"));
+  tabs_->addTab(maskPage_, tr("Mask"));
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
@@ -246,6 +278,10 @@ void InspectorView::clear() {
   stack_->setRowCount(0);
   logs_->setRowCount(0);
   memory_->setRowCount(0);
+  maskSummary_->clear();
+  maskPicture_->setGrid({});
+  for (QLabel* l : maskLegend_) l->clear();
+  tabs_->setTabVisible(Mask, false);
   setTabCount(Tensors, tr("Tensors"), 0);
   setTabCount(Attributes, tr("Attributes"), 0);
   setTabCount(Values, tr("Values"), 0);
@@ -255,6 +291,7 @@ void InspectorView::clear() {
 }
 
 void InspectorView::setDetails(OpDetailsPtr details) {
+  const int before = tabs_->currentIndex();
   clear();
   if (!details) return;
   details_ = details;
@@ -290,6 +327,15 @@ void InspectorView::setDetails(OpDetailsPtr details) {
   fillStack(d);
   fillLogs(d);
   fillMemory(d);
+  fillMask(d);
+  // A flashmask op opens on its mask unless the user had picked another tab than Tensors.
+  const bool mask = tabs_->isTabVisible(Mask);
+  if (mask && (before == Tensors || before == Mask))
+    tabs_->setCurrentIndex(Mask);
+  else if (before == Mask || before < 0)
+    tabs_->setCurrentIndex(Tensors);
+  else
+    tabs_->setCurrentIndex(before);
 }
 
 void InspectorView::setTabCount(Tab tab, const QString& title, qsizetype count) {
@@ -479,6 +525,54 @@ void InspectorView::fillMemory(const OpDetails& d) {
   }
   fitColumns(memory_);
   setTabCount(Memory, tr("Memory"), qsizetype(d.mems.size()));
+}
+
+void InspectorView::fillMask(const OpDetails& d) {
+  const std::optional<MaskSummary> m = maskSummaryFromAttrs(d.op.attrsJson);
+  if (!m) return;
+  // Sq and Sk from q and k: inputs 0 and 1 of the forward op, 1 and 2 of the backward op.
+  const bool backward = d.op.name.size() > 9 && d.op.name.ends_with("_backward");
+  int64_t sq = 0, sk = 0;
+  for (const auto& t : d.op.tensors)
+    if (t.role == storage::Role::Input && t.shape.size() == 4) {
+      if (t.index == (backward ? 1 : 0)) sq = t.shape[1];
+      if (t.index == (backward ? 2 : 1)) sk = t.shape[1];
+    }
+  const TileGrid& g = m->grid;
+  QString text = tr("<b>%1</b> mask").arg(m->kind.toHtmlEscaped());
+  if (m->blockSparsity >= 0)
+    text += tr(" &nbsp;·&nbsp; block sparsity <b>%1%</b> (share of skipped tiles, whole batch)")
+                .arg(m->blockSparsity * 100.0, 0, 'f', 1);
+  text += "<br>";
+  const bool tiled = m->tileRows > 0 && m->tileCols > 0;
+  const int64_t nq = tiled && sq > 0 ? (sq + m->tileRows - 1) / m->tileRows : g.rows;
+  const int64_t nk = tiled && sk > 0 ? (sk + m->tileCols - 1) / m->tileCols : g.cols;
+  QStringList facts;
+  facts << tr("batch 0, mask head 0");
+  if (sq > 0 && sk > 0) facts << tr("%1 queries × %2 keys").arg(sq).arg(sk);
+  if (tiled)
+    facts << tr("%1 × %2 tiles of %3 × %4").arg(nq).arg(nk).arg(m->tileRows).arg(m->tileCols);
+  const bool coarse = nq > g.rows || nk > g.cols;
+  if (coarse)
+    facts << tr("shown as %1 × %2 cells, each a block of tiles (partial where its tiles differ)")
+                 .arg(g.rows)
+                 .arg(g.cols);
+  text += facts.join(QStringLiteral(" &nbsp;·&nbsp; "));
+  maskSummary_->setText(text);
+  maskPicture_->setGrid(g);
+  static const char* const kMeaning[] = {QT_TR_NOOP("not computed"), QT_TR_NOOP("element mask"),
+                                         QT_TR_NOOP("no mask work")};
+  for (int i = 0; i < kTileClassCount; ++i) {
+    const auto c = TileClass(i);
+    maskLegend_[i]->setText(
+        QStringLiteral("<span style='background-color:%1'>&nbsp;&nbsp;&nbsp;&nbsp;</span> "
+                       "<b>%2</b> %3 <span style='color:gray'>(%4)</span>")
+            .arg(tileClassColor(c).name(), tileClassName(c))
+            .arg(g.count(c))
+            .arg(tr(kMeaning[i])));
+    maskLegend_[i]->setToolTip(coarse ? tr("cells of the picture") : tr("tiles"));
+  }
+  tabs_->setTabVisible(Mask, true);
 }
 
 // A word-wrapped label does not grow by itself when its text or width changes: give it the

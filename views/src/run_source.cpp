@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "keel/storage/reader.h"
+#include "keel/views/memory_model.h"
 
 namespace keel::views {
 
@@ -21,6 +22,7 @@ void registerViewTypes() {
     qRegisterMetaType<OpDetailsPtr>("keel::views::OpDetailsPtr");
     qRegisterMetaType<LogsPtr>("keel::views::LogsPtr");
     qRegisterMetaType<DiffPtr>("keel::views::DiffPtr");
+    qRegisterMetaType<MemoryPtr>("keel::views::MemoryPtr");
     return true;
   }();
   (void)done;
@@ -105,6 +107,14 @@ class RunSource::Worker : public QObject {
           std::make_shared<const std::vector<storage::LogRecord>>(rec_->logs({})));
     });
   }
+  void memory() {
+    if (!rec_) return;
+    try {
+      emit owner_->memoryLoaded(std::make_shared<const MemoryModel>(loadMemoryModel(*rec_)));
+    } catch (const std::exception& e) {
+      emit owner_->memoryFailed(QString::fromStdString(e.what()));
+    }
+  }
 
  private:
   template <class F>
@@ -151,6 +161,9 @@ void RunSource::requestOp(uint64_t seq) {
 }
 void RunSource::requestLogs() {
   QMetaObject::invokeMethod(worker_, [w = worker_] { w->logs(); });
+}
+void RunSource::requestMemory() {
+  QMetaObject::invokeMethod(worker_, [w = worker_] { w->memory(); });
 }
 
 DiffPtr DiffRunner::run(const QString& pathA, const QString& pathB,

@@ -41,6 +41,9 @@ Mask causal(int64_t s, Device device = {});
 Mask slidingWindow(int64_t s, int64_t window, Device device = {});
 // Packed documents of the given lengths, causal inside each (C=1: LTS_j = end of j's document).
 Mask causalDocument(const std::vector<int64_t>& docLens, Device device = {});
+// Per-row packed documents (a batch of packed sequences): docLens[b] are the document lengths of
+// row b, every row summing to the same S. int32 [B, 1, S, 1], causal C=1, kind CausalDocument.
+Mask causalDocumentRows(const std::vector<std::vector<int64_t>>& docLens, Device device = {});
 // Packed documents, bidirectional inside each (non-causal C=2: LTS_j = doc end, UTE_j = doc start).
 Mask document(const std::vector<int64_t>& docLens, Device device = {});
 // A shared question followed by answers: every answer sees the question and itself, causally,
@@ -89,6 +92,14 @@ struct TileCounts {
 };
 TileCounts countTiles(const Tensor& startendRowIndices, bool causal, int64_t sq, int64_t sk,
                       int64_t windowSize, TileShape tile);
+
+// The tile classes of batch b, mask head h as text: one row per query tile (top first), one
+// character per key tile: 's' skipped, 'p' partial, 'f' full (unmasked: no mask work), rows joined
+// by '/'. A grid larger than maxCells in either direction is coarsened to at most maxCells ×
+// maxCells cells, each covering a block of tiles: 's' or 'f' when all its tiles are, else 'p'.
+std::string tileMap(const Tensor& startendRowIndices, bool causal, int64_t sq, int64_t sk,
+                    int64_t windowSize, TileShape tile, int64_t b = 0, int64_t h = 0,
+                    int64_t maxCells = 64);
 
 // The dense [Sq, Sk] visibility (1 = query i sees key j) of batch b, mask head h: the oracle's view
 // of a mask, for tests, pictures and the dense baseline.

@@ -23,6 +23,13 @@ struct GptConfig {
   int64_t top_k = 2;               // experts per token, 1..n_expert (MoE only)
   double capacity_factor = 1.25;   // > 0 (MoE only)
   double aux_loss_coef = 0.01;     // >= 0 (MoE only)
+  // Attention mask of every layer (flashmask_attention, docs/flashmask.md): "causal" |
+  // "sliding_window" (attention_window) | "global_sliding_window" (attention_window,
+  // attention_global) | "causal_document" (documents of a packed row never see each other; the
+  // document boundaries are the data's separator tokens, see keel/data.h).
+  std::string attention_mask = "causal";
+  int64_t attention_window = 0;  // sliding masks: keys a query sees, itself included (>= 1)
+  int64_t attention_global = 0;  // global_sliding_window: leading tokens every query sees (>= 1)
 
   // Training.
   int64_t batch_size = 8;
@@ -38,6 +45,9 @@ struct GptConfig {
   double beta2 = 0.95;              // adamw only, [0, 1)
   double eps = 1e-8;                // adamw only, > 0
   std::string dtype = "float32";    // only "float32" for now
+  // Train on packed documents: rows hold several documents and attention never crosses a
+  // document boundary. Implies (and requires) attention_mask "causal_document".
+  bool pack_documents = false;
 
   bool isMoe() const { return n_expert > 0; }
   int64_t headDim() const { return d_model / n_head; }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "keel/dispatch.h"
+#include "keel/flashmask.h"
 #include "keel/gpt_config.h"
 #include "keel/ops.h"
 #include "keel/random.h"
@@ -146,24 +147,35 @@ class RMSNorm : public UnaryModule {
 // "layernorm" or "rmsnorm".
 std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Device device);
 
-// Multi-head causal self-attention over x [B, T, C] with a fused qkv projection and a dense causal
-// mask: softmax(masked_fill(q·kᵀ·scale, j > i, -inf)) · v, then the output projection.
+// Multi-head self-attention over x [B, T, C] with a fused qkv projection: q, k, v [B, T, H, hd]
+// go through flashmask_attention with the mask the config chooses (attention_mask: causal,
+// sliding_window, global_sliding_window or causal_document; attention dropout inside the op),
+// then the output projection. Every mask is causal: no query sees a later key.
 class CausalSelfAttention : public UnaryModule {
  public:
   CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
                       std::shared_ptr<Generator> dropoutGen);
+  // causal_document only: the document mask of the batch about to run ([B, 1, T, 1], built from
+  // its tokens by data::documentMask; GPT::forward sets it and clears it after the blocks). Without
+  // one, each row is one document.
+  void setDocumentMask(flashmask::Mask mask) { docMask_ = std::move(mask); }
+  void clearDocumentMask() { docMask_ = {}; }
 
  protected:
   Tensor forwardImpl(const Tensor& x) override;
 
  private:
-  Tensor causalMask(int64_t t);  // bool [T, T], true above the diagonal (cached per T)
+  const flashmask::Mask& maskFor(int64_t b, int64_t t);  // the config's mask for [B, T]
   int64_t nHead_, dModel_;
   double dropout_;
+  std::string maskKind_;
+  int64_t window_, global_;
   Device device_;
   std::shared_ptr<Generator> dropoutGen_;
   std::shared_ptr<Linear> qkv_, proj_;
-  Tensor mask_;
+  flashmask::Mask mask_;  // cached for (maskB_, maskT_)
+  int64_t maskB_ = -1, maskT_ = -1;
+  flashmask::Mask docMask_;
 };
 
 // w2(silu(w1 x) * w3 x): w1, w3 [d_ff, d] (gate, up), w2 [d, d_ff] (down, init std residStd).
@@ -219,6 +231,7 @@ class Block : public UnaryModule {
  public:
   Block(const GptConfig& cfg, Generator& gen, Device device, std::shared_ptr<Generator> dropoutGen);
   const std::shared_ptr<MoE>& moe() const { return moe_; }  // null for a dense block
+  const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
 
  protected:
   Tensor forwardImpl(const Tensor& x) override;
@@ -250,6 +263,7 @@ class GPT : public Module {
   const GptConfig& config() const { return cfg_; }
   Device device() const { return device_; }
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  Generator& dropoutGenerator() { return *dropoutGen_; }  // saved in training checkpoints
 
  private:
   GptConfig cfg_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/dispatch.h"
+#include "keel/flashmask.h"
 #include "keel/random.h"
 #include "keel/tensor.h"
 
@@ -81,6 +82,14 @@ std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, c
                                              const Tensor& startendRowIndices, bool causal,
                                              int64_t windowSize, double dropout, double scale,
                                              Generator& gen, bool training = true);
+// The same with a built mask (keel/flashmask.h: indices, which may be undefined, causal flag and
+// kind); gen may be null when there is no dropout. Every overload records the mask's kind, block
+// sparsity and tile map as attributes "mask", "block_sparsity", "tile_shape" and "tile_map" (an
+// index tensor not from a builder is "custom"); see Note [FlashMask op attributes].
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const flashmask::Mask& mask, int64_t windowSize = -1,
+                                             double dropout = 0.0, double scale = 0.0,
+                                             Generator* gen = nullptr, bool training = true);
 
 // Shapes and views. reshape copies when a view is impossible; view never copies.
 Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/tensor.h"
@@ -22,6 +24,13 @@ class Optimizer {
   double lr() const { return lr_; }
   void setLr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
+  // Checkpoint access (engine/src/ckpt): the named state of parameter i — tensors shaped like
+  // the parameter and int64 scalars (step counters); empty before the parameter's first update.
+  virtual std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const { return {}; }
+  // Restores one state returned by paramState; the optimizer takes `value` (moved to the
+  // parameter's device and dtype), so pass a tensor nobody else writes. Throws keel::Error on an
+  // unknown name or a shape that does not match the parameter.
+  virtual void setParamState(size_t i, const std::string& name, const Tensor& value);
 
  protected:
   // Calls fn(index, param, grad) for every parameter that has a gradient, with grad mode off,
@@ -44,6 +53,8 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SgdOptions opt);
   void step() override;
+  std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const override;
+  void setParamState(size_t i, const std::string& name, const Tensor& value) override;
 
  private:
   SgdOptions opt_;
@@ -65,6 +76,9 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Tensor> params, AdamWOptions opt);
   void step() override;
   int64_t stepCount(size_t param) const { return steps_.at(param); }
+  // "exp_avg", "exp_avg_sq" (float, like the parameter) and "step" (int64 scalar).
+  std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const override;
+  void setParamState(size_t i, const std::string& name, const Tensor& value) override;
 
  private:
   AdamWOptions opt_;

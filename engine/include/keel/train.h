@@ -45,6 +45,13 @@ class Trainer {
   const GptConfig& config() const { return cfg_; }
   const optim::LrSchedule& schedule() const { return schedule_; }
   int64_t stepsDone() const { return stepsDone_; }
+  uint64_t seed() const { return seed_; }
+  const data::TextDataset& dataset() const { return *data_; }
+  // Checkpoint support (engine/src/ckpt/train_ckpt.cpp): the batch generator and the progress
+  // counters. Restoring them with the weights, the optimizer state and the model's dropout
+  // generator resumes a run bit for bit (Note [Resume bit for bit]).
+  Generator& batchGenerator() { return batchGen_; }
+  void restoreProgress(int64_t stepsDone, uint64_t seed);
 
  private:
   GptConfig cfg_;

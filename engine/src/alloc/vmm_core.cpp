@@ -19,7 +19,8 @@ namespace keel::alloc {
 // the window (a remap: the chunk keeps its bytes, but those bytes are free, and no live byte
 // moves). Fresh chunks fill any remainder while the limit allows, and are created before anything
 // is unmapped, so a system that cannot provide them leaves the allocator as it was; otherwise the
-// request fails with keel::Error.
+// request fails with keel::Error. When no mapped chunk is free of live blocks nothing can be
+// remapped, so the request first tries fresh chunks at the top of the used range.
 //
 // Note [VMM compaction]: when no window can be made from free bytes and chunks (every chunk is
 // touched by some live block and the limit forbids fresh ones) and the request comes at a safe
@@ -74,32 +75,79 @@ void VmmCore::addRawFree(uintptr_t a, size_t size) {
   freeSet_.emplace(size, a);
 }
 
-// Adds [a, a+size) as free, merging with free neighbours.
-void VmmCore::insertFree(uintptr_t a, size_t size) {
-  auto next = blocks_.lower_bound(a);
-  if (next != blocks_.end() && next->second.free && a + size == next->first) {
+// Re-keys the free-set entry (size, a) as (newSize, newA) without reallocating its node.
+void VmmCore::rekeyFree(size_t size, uintptr_t a, size_t newSize, uintptr_t newA) {
+  auto node = freeSet_.extract({size, a});
+  node.value() = {newSize, newA};
+  freeSet_.insert(std::move(node));
+}
+
+// Turns the block at `it` (not in freeSet_) free, merging it with free neighbours. Node handles
+// are reused, so the common paths allocate nothing (the fast path of every free).
+void VmmCore::makeFree(Blocks::iterator it) {
+  Block& b = it->second;
+  b.free = true;
+  b.requested = 0;
+  b.meta = {};
+  if (auto next = std::next(it);
+      next != blocks_.end() && next->second.free && it->first + b.size == next->first) {
     freeSet_.erase({next->second.size, next->first});
-    size += next->second.size;
-    next = blocks_.erase(next);
+    b.size += next->second.size;
+    blocks_.erase(next);
   }
-  if (next != blocks_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->second.free && prev->first + prev->second.size == a) {
-      freeSet_.erase({prev->second.size, prev->first});
-      prev->second.size += size;
-      freeSet_.emplace(prev->second.size, prev->first);
+  if (it != blocks_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.free && prev->first + prev->second.size == it->first) {
+      size_t old = prev->second.size;
+      prev->second.size += b.size;
+      blocks_.erase(it);
+      rekeyFree(old, prev->first, prev->second.size, prev->first);
       return;
     }
   }
-  blocks_.emplace_hint(next, a, Block{size, 0, true, {}});
-  freeSet_.emplace(size, a);
+  freeSet_.emplace(b.size, it->first);
 }
 
-// Removes [a, a+len) from the one free block that contains it.
+// Adds [a, a+size) as free, merging with free neighbours.
+void VmmCore::insertFree(uintptr_t a, size_t size) {
+  makeFree(blocks_.emplace(a, Block{size, 0, true, {}}).first);
+}
+
+// Makes [a, a+len) of free space a live block and returns it. From the start of a free block
+// (best fit) it reuses the free block's nodes: no allocation, one tree search.
+VmmCore::Block& VmmCore::carve(uintptr_t a, size_t len) {
+  auto it = blocks_.find(a);
+  if (it == blocks_.end()) {  // inside a free block (a window made by growOrRemap)
+    removeFreeRange(a, len);
+    it = blocks_.emplace(a, Block{len, 0, true, {}}).first;
+  } else if (size_t fs = it->second.size; fs > len) {
+    auto node = blocks_.extract(it);
+    node.key() = a + len;
+    node.mapped().size = fs - len;
+    auto rest = blocks_.insert(std::move(node)).position;
+    rekeyFree(fs, a, fs - len, a + len);
+    it = blocks_.emplace_hint(rest, a, Block{len, 0, true, {}});
+  } else {
+    freeSet_.erase({fs, a});
+  }
+  it->second.free = false;
+  return it->second;
+}
+
+// Removes [a, a+len) from the one free block that contains it. Carving from the block's start
+// (what best fit does) moves the remainder's nodes instead of reallocating them.
 void VmmCore::removeFreeRange(uintptr_t a, size_t len) {
   auto it = std::prev(blocks_.upper_bound(a));
   uintptr_t f0 = it->first;
   size_t fs = it->second.size;
+  if (a == f0 && fs > len) {
+    auto node = blocks_.extract(it);
+    node.key() = a + len;
+    node.mapped().size = fs - len;
+    blocks_.insert(std::move(node));
+    rekeyFree(fs, f0, fs - len, a + len);
+    return;
+  }
   freeSet_.erase({fs, f0});
   blocks_.erase(it);
   if (a > f0) addRawFree(f0, a - f0);
@@ -107,7 +155,11 @@ void VmmCore::removeFreeRange(uintptr_t a, size_t len) {
 }
 
 void VmmCore::touchRange(uintptr_t a, size_t size, int delta) {
-  for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) touch_[s] += uint32_t(delta);
+  for (size_t s = slotOf(a); s <= slotOf(a + size - 1); ++s) {
+    if (touch_[s] == 0) untouchedMapped_--;
+    touch_[s] += uint32_t(delta);
+    if (touch_[s] == 0) untouchedMapped_++;
+  }
 }
 
 // The first block that ends after address a.
@@ -120,13 +172,17 @@ VmmCore::Blocks::iterator VmmCore::firstEndingAfter(uintptr_t a) {
   return it;
 }
 
-void VmmCore::mapSlot(size_t s, int64_t phys) {
-  ops_.map(slotAddr(s), phys);
-  slotPhys_[s] = phys;
-  highSlot_ = std::max(highSlot_, s + 1);
-  st_.reserved += o_.chunk;
-  g_.events.add(MemEventKind::Map, slotAddr(s), o_.chunk, st_.allocated, st_.reserved);
-  insertFree(slotAddr(s), o_.chunk);
+// Maps n slots from s onto the chunks phys..phys+n-1 (one ops_.map call).
+void VmmCore::mapRun(size_t s, size_t n, int64_t phys) {
+  ops_.map(slotAddr(s), phys, n);
+  for (size_t i = 0; i < n; ++i) {
+    slotPhys_[s + i] = phys + int64_t(i);
+    st_.reserved += o_.chunk;
+    g_.events.add(MemEventKind::Map, slotAddr(s + i), o_.chunk, st_.allocated, st_.reserved);
+  }
+  highSlot_ = std::max(highSlot_, s + n);
+  untouchedMapped_ += n;
+  insertFree(slotAddr(s), n * o_.chunk);
 }
 
 // Unmaps a slot no live block touches; returns its physical chunk (bytes kept).
@@ -135,31 +191,78 @@ int64_t VmmCore::unmapSlot(size_t s) {
   ops_.unmap(slotAddr(s));
   int64_t phys = slotPhys_[s];
   slotPhys_[s] = -1;
+  untouchedMapped_--;
   st_.reserved -= o_.chunk;
   g_.events.add(MemEventKind::Unmap, slotAddr(s), o_.chunk, st_.allocated, st_.reserved);
   return phys;
 }
 
-// Creates n fresh chunks (released indices first); all or none.
-bool VmmCore::createFresh(size_t n, std::vector<int64_t>& out) {
-  for (size_t i = 0; i < n; ++i) {
-    int64_t p = nextPhys_;
-    if (!freePhys_.empty()) {
-      p = freePhys_.back();
-      freePhys_.pop_back();
-    } else {
-      nextPhys_++;
-    }
-    if (!ops_.create(p)) {
-      freePhys_.push_back(p);
-      for (int64_t q : out) ops_.release(q);
-      freePhys_.insert(freePhys_.end(), out.rbegin(), out.rend());
-      out.clear();
-      return false;
-    }
-    out.push_back(p);
+// Creates the n fresh chunks a plan needs (released indices first, then never-used ones); all
+// or none, and nothing else changes when the system refuses one.
+bool VmmCore::createFresh(size_t n, Fresh& f) {
+  const size_t k = std::min(n, freePhys_.size());
+  f.recycled.assign(freePhys_.rbegin(), freePhys_.rbegin() + ptrdiff_t(k));
+  f.nextRecycled = 0;
+  f.run = nextPhys_;
+  std::vector<int64_t> created;
+  auto createOne = [&](int64_t p) {
+    if (!ops_.create(p)) return false;
+    created.push_back(p);
+    return true;
+  };
+  bool ok = true;
+  for (int64_t p : f.recycled) ok = ok && createOne(p);
+  for (int64_t p = nextPhys_; ok && p < nextPhys_ + int64_t(n - k); ++p) ok = createOne(p);
+  if (!ok) {
+    for (int64_t p : created) ops_.release(p);
+    return false;
   }
+  freePhys_.resize(freePhys_.size() - k);
+  nextPhys_ += int64_t(n - k);
   return true;
+}
+
+// Maps the chunks of `f` into the unmapped slots of [s0, s1): recycled ones one at a time, then
+// each run of slots onto consecutive never-used chunks with one map call.
+void VmmCore::mapFresh(size_t s0, size_t s1, Fresh& f) {
+  for (size_t s = s0; s < s1;) {
+    if (slotPhys_[s] >= 0) {
+      ++s;
+      continue;
+    }
+    size_t e = s;
+    while (e < s1 && slotPhys_[e] < 0) ++e;
+    while (s < e && f.nextRecycled < f.recycled.size()) {
+      mapRun(s++, 1, f.recycled[f.nextRecycled++]);
+      st_.chunksMapped++;
+    }
+    if (s < e) {
+      mapRun(s, e - s, f.run);
+      f.run += int64_t(e - s);
+      st_.chunksMapped += e - s;
+    }
+    s = e;
+  }
+}
+
+// When no mapped chunk is free of live blocks there is nothing to remap: every window needs
+// fresh chunks, so take the top of the used range (extending the free block that ends there).
+// Returns 0 when that does not fit the limit, the reservation or the system's memory.
+uintptr_t VmmCore::growAtTop(size_t size) {
+  const size_t high = highSlot_;
+  const uintptr_t top = slotAddr(high);
+  uintptr_t a = top;
+  if (!blocks_.empty()) {
+    auto last = std::prev(blocks_.end());
+    if (last->second.free && last->first + last->second.size == top) a = last->first;
+  }
+  if (a + size > base_ + nSlots_ * o_.chunk) return 0;
+  const size_t s1 = slotOf(a + size - 1) + 1;
+  Fresh f;
+  if (s1 - high > freshLeft() || !createFresh(s1 - high, f)) return 0;
+  mapFresh(high, s1, f);
+  updatePeaks();
+  return a;
 }
 
 // The simulation of Note [VMM remap]: the lowest window of `size` bytes between live blocks that
@@ -200,6 +303,8 @@ uintptr_t VmmCore::findWindow(size_t size, size_t& bestCost) const {
 
 // Slow path: see Note [VMM remap]. Returns 0 when the request cannot be met.
 uintptr_t VmmCore::growOrRemap(size_t size) {
+  if (untouchedMapped_ == 0)
+    if (uintptr_t a = growAtTop(size)) return a;
   size_t need = 0;
   const uintptr_t a = findWindow(size, need);
   if (need == SIZE_MAX) return 0;
@@ -212,8 +317,8 @@ uintptr_t VmmCore::growOrRemap(size_t size) {
       if (slotPhys_[s] >= 0 && touch_[s] == 0 && (s < w0 || s >= w1)) sources.push_back(s);
     if (need - sources.size() > fresh) return 0;  // the simulation says it cannot fit
   }
-  std::vector<int64_t> created;
-  if (!createFresh(need - sources.size(), created)) return 0;
+  Fresh f;
+  if (!createFresh(need - sources.size(), f)) return 0;
   if (!sources.empty()) ops_.sync();
   std::vector<int64_t> phys;
   for (size_t s : sources) phys.push_back(unmapSlot(s));
@@ -221,21 +326,15 @@ uintptr_t VmmCore::growOrRemap(size_t size) {
     st_.defrags++;
     st_.chunksRemapped += sources.size();
   }
-  size_t nextCreated = 0;
-  for (size_t s = w0; s < w1; ++s) {
+  for (size_t s = w0; s < w1 && !phys.empty(); ++s) {
     if (slotPhys_[s] >= 0) continue;
-    int64_t p;
-    if (!phys.empty()) {
-      p = phys.back();
-      phys.pop_back();
-      g_.events.add(MemEventKind::Move, slotAddr(sources[phys.size()]), o_.chunk, st_.allocated,
-                    st_.reserved, slotAddr(s));
-    } else {
-      p = created[nextCreated++];
-      st_.chunksMapped++;
-    }
-    mapSlot(s, p);
+    int64_t p = phys.back();
+    phys.pop_back();
+    g_.events.add(MemEventKind::Move, slotAddr(sources[phys.size()]), o_.chunk, st_.allocated,
+                  st_.reserved, slotAddr(s));
+    mapRun(s, 1, p);
   }
+  mapFresh(w0, w1, f);
   updatePeaks();
   return a;
 }
@@ -257,8 +356,7 @@ bool VmmCore::compactFor(size_t size) {
   // Chunks the window's unmapped slots can get: fresh ones under the limit, or mapped chunks
   // no live block touches (moving blocks out of the window only fills holes elsewhere).
   const size_t fresh = freshLeft();
-  size_t untouched = 0;
-  for (size_t s = 0; s < highSlot_; ++s) untouched += slotPhys_[s] >= 0 && touch_[s] == 0;
+  const size_t untouched = untouchedMapped_;
   std::vector<std::pair<size_t, size_t>> cands;  // (live bytes, first slot)
   for (size_t s = 0; s < highSlot_ && s + w <= nSlots_; ++s) {
     uintptr_t w0 = slotAddr(s), w1 = slotAddr(s + w);
@@ -342,8 +440,9 @@ void* VmmCore::allocateLocked(size_t bytes) {
     st_.ooms++;
     throw outOfMemory(o_.name, bytes, o_.limit, statsLocked());
   }
-  removeFreeRange(a, size);
-  blocks_.emplace(a, Block{size, bytes, false, currentMeta(reuse_, a)});
+  Block& b = carve(a, size);
+  b.requested = bytes;
+  b.meta = currentMeta(reuse_, a);
   touchRange(a, size, +1);
   st_.allocated += size;
   st_.active += bytes;
@@ -357,14 +456,13 @@ void VmmCore::deallocateLocked(void* p) {
   auto it = blocks_.find(reinterpret_cast<uintptr_t>(p));
   if (it == blocks_.end() || it->second.free) return;  // not ours: ignored (must not throw)
   uintptr_t a = it->first;
-  Block b = it->second;
-  blocks_.erase(it);
+  const Block& b = it->second;
   touchRange(a, b.size, -1);
   st_.allocated -= b.size;
   st_.active -= b.requested;
   st_.frees++;
   g_.events.add(MemEventKind::Free, a, b.size, st_.allocated, st_.reserved);
-  insertFree(a, b.size);
+  makeFree(it);
 }
 
 void VmmCore::releaseLocked() {

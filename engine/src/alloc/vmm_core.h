@@ -24,8 +24,9 @@ class VmmChunkOps {
   // Makes physical chunk `phys` exist, before it is first mapped (again, after a release). False
   // when the system has no memory for it; the request then fails with the out-of-memory error.
   virtual bool create(int64_t phys) = 0;
-  // Maps chunk `phys` read-write at `addr` (one chunk, a slot of the reservation).
-  virtual void map(uintptr_t addr, int64_t phys) = 0;
+  // Maps the n chunks phys, phys+1, ... read-write at the n slots from `addr` (n > 1 only for
+  // never-used chunks, so a memfd maps them with one call).
+  virtual void map(uintptr_t addr, int64_t phys, size_t n) = 0;
   // Unmaps the slot at `addr`; the addresses stay reserved and the chunk keeps its bytes.
   virtual void unmap(uintptr_t addr) = 0;
   // Gives an unmapped chunk's memory back to the system.
@@ -80,6 +81,14 @@ class VmmCore {
     PendingEvents events;
   };
 
+  // Chunks created for one plan before anything is unmapped: released indices first, then a run
+  // of never-used ones.
+  struct Fresh {
+    std::vector<int64_t> recycled;
+    size_t nextRecycled = 0;
+    int64_t run = 0;
+  };
+
   size_t slotOf(uintptr_t a) const { return (a - base_) / o_.chunk; }
   uintptr_t slotAddr(size_t s) const { return base_ + s * o_.chunk; }
   size_t freshLeft() const;
@@ -87,13 +96,18 @@ class VmmCore {
   void updatePeaks();
   AllocatorStats statsLocked() const;
   void addRawFree(uintptr_t a, size_t size);
+  void rekeyFree(size_t size, uintptr_t a, size_t newSize, uintptr_t newA);
+  void makeFree(Blocks::iterator it);
   void insertFree(uintptr_t a, size_t size);
+  Block& carve(uintptr_t a, size_t len);
   void removeFreeRange(uintptr_t a, size_t len);
   void touchRange(uintptr_t a, size_t size, int delta);
   Blocks::iterator firstEndingAfter(uintptr_t a);
-  void mapSlot(size_t s, int64_t phys);
+  void mapRun(size_t s, size_t n, int64_t phys);
   int64_t unmapSlot(size_t s);
-  bool createFresh(size_t n, std::vector<int64_t>& out);
+  bool createFresh(size_t n, Fresh& f);
+  void mapFresh(size_t s0, size_t s1, Fresh& f);
+  uintptr_t growAtTop(size_t size);
   uintptr_t findWindow(size_t size, size_t& cost) const;
   uintptr_t growOrRemap(size_t size);
   uintptr_t placeOutside(size_t size, uintptr_t w0, uintptr_t w1) const;
@@ -111,6 +125,7 @@ class VmmCore {
   std::vector<int64_t> slotPhys_;  // physical chunk per slot, -1 = unmapped
   std::vector<uint32_t> touch_;    // live blocks touching each slot
   size_t highSlot_ = 0;            // one past the highest slot ever mapped
+  size_t untouchedMapped_ = 0;     // mapped slots no live block touches (remap sources)
   std::vector<int64_t> freePhys_;  // released chunk indices, to be created again
   int64_t nextPhys_ = 0;
   Blocks blocks_;  // free and live blocks by address

@@ -2,6 +2,9 @@
 // are the ones shape inference, kernels and backward rules read (see ops/op_defs.cpp).
 #include "keel/ops.h"
 
+#include "keel/error.h"
+
+#include "flashmask/flashmask_geometry.h"
 #include "shape_util.h"
 
 namespace keel::ops {
@@ -134,10 +137,11 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   return dropout(x, p, gen.seed(), off);
 }
 
-std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor& startendRowIndices, bool causal,
-                                             int64_t windowSize, double dropout, double scale,
-                                             uint64_t seed, uint64_t offset) {
+namespace {
+std::pair<Tensor, Tensor> flashmaskImpl(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& startendRowIndices, bool causal,
+                                        int64_t windowSize, double dropout, double scale,
+                                        uint64_t seed, uint64_t offset, const char* kind) {
   std::vector<Tensor> in{q, k, v};
   if (startendRowIndices.defined()) in.push_back(startendRowIndices);
   Attrs a;
@@ -147,8 +151,26 @@ std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, c
       .set("scale", scale)
       .set("seed", int64_t(seed))
       .set("offset", int64_t(offset));
+  detail::flashmask::describeMask(a, q, k, startendRowIndices, causal, windowSize, kind);
   auto outs = dispatch(OpId::FlashmaskAttention, std::move(in), a);
   return {outs.at(0), outs.at(1)};
+}
+// (seed, offset) of B*H*Sq*Sk dropout counters drawn from gen.
+std::pair<uint64_t, uint64_t> dropoutCounters(const Tensor& q, const Tensor& k, Generator& gen) {
+  uint64_t n = q.dim() == 4 ? uint64_t(q.size(0) * q.size(2) * q.size(1)) *
+                                  uint64_t(k.dim() == 4 ? k.size(1) : 0)
+                            : 0;
+  uint64_t off = gen.take(n);
+  return {gen.seed(), off};
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& startendRowIndices, bool causal,
+                                             int64_t windowSize, double dropout, double scale,
+                                             uint64_t seed, uint64_t offset) {
+  return flashmaskImpl(q, k, v, startendRowIndices, causal, windowSize, dropout, scale, seed,
+                       offset, nullptr);
 }
 std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& startendRowIndices, bool causal,
@@ -156,12 +178,23 @@ std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, c
                                              Generator& gen, bool training) {
   if (!training || dropout == 0.0)
     return flashmaskAttention(q, k, v, startendRowIndices, causal, windowSize, 0.0, scale);
-  uint64_t n = q.dim() == 4 ? uint64_t(q.size(0) * q.size(2) * q.size(1)) *
-                                  uint64_t(k.dim() == 4 ? k.size(1) : 0)
-                            : 0;
-  uint64_t off = gen.take(n);
-  return flashmaskAttention(q, k, v, startendRowIndices, causal, windowSize, dropout, scale,
-                            gen.seed(), off);
+  auto [seed, off] = dropoutCounters(q, k, gen);
+  return flashmaskAttention(q, k, v, startendRowIndices, causal, windowSize, dropout, scale, seed,
+                            off);
+}
+std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const flashmask::Mask& mask, int64_t windowSize,
+                                             double dropout, double scale, Generator* gen,
+                                             bool training) {
+  const char* kind = flashmask::maskKindName(mask.kind);
+  if (!training || dropout == 0.0)
+    return flashmaskImpl(q, k, v, mask.startendRowIndices, mask.causal, windowSize, 0.0, scale, 0,
+                         0, kind);
+  KEEL_CHECK(gen != nullptr, "flashmask_attention: dropout ", dropout,
+             " while training needs a generator");
+  auto [seed, off] = dropoutCounters(q, k, *gen);
+  return flashmaskImpl(q, k, v, mask.startendRowIndices, mask.causal, windowSize, dropout, scale,
+                       seed, off, kind);
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {

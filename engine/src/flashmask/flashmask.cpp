@@ -58,6 +58,34 @@ void validateIndices(std::string_view op, const Tensor& idx, const Shape& q, con
       }
 }
 
+void describeMask(Attrs& a, const Tensor& q, const Tensor& k, const Tensor& idx, bool causal,
+                  int64_t windowSize, const char* kind) {
+  if (!q.defined() || !k.defined() || q.dim() != 4 || k.dim() != 4 || q.size(0) != k.size(0) ||
+      q.size(1) < 1 || k.size(1) < 1 || q.size(3) < 1)
+    return;
+  if (idx.defined()) {
+    if (!idx.device().isHost()) return;
+    try {
+      validateIndices("flashmask_attention", idx, q.shape(), k.shape(), causal);
+    } catch (const Error&) {
+      return;
+    }
+  }
+  const int64_t sq = q.size(1), sk = k.size(1), window = windowSize > 0 ? windowSize : -1;
+  std::string name = kind            ? kind
+                     : idx.defined() ? "custom"
+                     : window > 0    ? "sliding_window"
+                     : causal        ? "causal"
+                                     : "full";
+  const keel::flashmask::TileShape tile = keel::flashmask::tileShape(q.size(3));
+  const keel::flashmask::TileCounts tc =
+      keel::flashmask::countTiles(idx, causal, sq, sk, window, tile);
+  a.set("mask", std::move(name))
+      .set("block_sparsity", tc.skippedFraction())
+      .set("tile_shape", std::vector<int64_t>{tile.rows, tile.cols})
+      .set("tile_map", keel::flashmask::tileMap(idx, causal, sq, sk, window, tile));
+}
+
 }  // namespace keel::detail::flashmask
 
 namespace keel::flashmask {
@@ -155,6 +183,29 @@ Mask causalDocument(const std::vector<int64_t>& docLens, Device device) {
   }
   (void)s;
   return make(MaskKind::CausalDocument, true, {lts}, device);
+}
+
+Mask causalDocumentRows(const std::vector<std::vector<int64_t>>& docLens, Device device) {
+  KEEL_CHECK(!docLens.empty(), "flashmask::causalDocumentRows: needs at least one row");
+  const int64_t s = checkLens("causalDocumentRows", docLens[0]);
+  I lts;
+  lts.reserve(docLens.size() * size_t(s));
+  for (size_t b = 0; b < docLens.size(); ++b) {
+    const int64_t sb = checkLens("causalDocumentRows", docLens[b]);
+    KEEL_CHECK(sb == s, "flashmask::causalDocumentRows: row ", b, " has ", sb,
+               " tokens, row 0 has ", s);
+    int64_t end = 0;
+    for (int64_t l : docLens[b]) {
+      end += l;
+      lts.insert(lts.end(), size_t(l), int32_t(end));
+    }
+  }
+  Mask m;
+  m.startendRowIndices =
+      Tensor::fromVector<int32_t>(lts, {int64_t(docLens.size()), 1, s, 1}, DType::Int32, device);
+  m.causal = true;
+  m.kind = MaskKind::CausalDocument;
+  return m;
 }
 
 Mask document(const std::vector<int64_t>& docLens, Device device) {
@@ -321,6 +372,41 @@ TileCounts countTiles(const Tensor& idx, bool causal, int64_t sq, int64_t sk, in
         }
     }
   return tc;
+}
+
+std::string tileMap(const Tensor& idx, bool causal, int64_t sq, int64_t sk, int64_t windowSize,
+                    TileShape tile, int64_t b, int64_t h, int64_t maxCells) {
+  namespace fm = keel::detail::flashmask;
+  KEEL_CHECK(sq >= 1 && sk >= 1 && tile.rows >= 1 && tile.cols >= 1 && maxCells >= 1,
+             "flashmask::tileMap: bad geometry Sq=", sq, " Sk=", sk, " tile ", tile.rows, "x",
+             tile.cols, " maxCells ", maxCells);
+  fm::Geometry g{sq, sk, causal, windowSize > 0 ? windowSize : -1};
+  Tensor host = idx.defined() && !idx.device().isHost() ? idx.to(Device(Backend::Cpu)) : idx;
+  fm::ColumnBounds cb = fm::readBounds(host, b, h, g);
+  std::vector<fm::TileBounds> tb = fm::tileBounds(cb, sk, tile.cols);
+  const int64_t nq = (sq + tile.rows - 1) / tile.rows, nk = int64_t(tb.size());
+  const int64_t rows = std::min(nq, maxCells), cols = std::min(nk, maxCells);
+  // Bit 0: some tile of the cell is skipped; bit 1: some is partial; bit 2: some is unmasked.
+  std::vector<uint8_t> seen(size_t(rows * cols), 0);
+  for (int64_t qt = 0; qt < nq; ++qt) {
+    const int64_t m0 = qt * tile.rows, r = qt * rows / nq;
+    for (int64_t kt = 0; kt < nk; ++kt) {
+      const int64_t n0 = kt * tile.cols;
+      const fm::TileClass c = fm::classify(tb[size_t(kt)], g, m0, std::min(sq, m0 + tile.rows), n0,
+                                           std::min(sk, n0 + tile.cols));
+      seen[size_t(r * cols + kt * cols / nk)] |= uint8_t(1u << unsigned(c));
+    }
+  }
+  std::string out;
+  out.reserve(size_t(rows * (cols + 1)));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r) out += '/';
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t v = seen[size_t(r * cols + c)];
+      out += v == 1 ? 's' : v == 4 ? 'f' : 'p';
+    }
+  }
+  return out;
 }
 
 std::vector<uint8_t> denseVisibility(const Tensor& idx, bool causal, int64_t sq, int64_t sk,

@@ -124,6 +124,18 @@ inline TileClass classify(const TileBounds& t, const Geometry& g, int64_t m0, in
   return lower || upper || diag || win ? TileClass::Partial : TileClass::Unmasked;
 }
 
+// Note [FlashMask op attributes]: ops::flashmaskAttention records, besides the attributes the
+// kernels read, what the mask is: "mask" (the builder's kind name; without an index tensor
+// "causal", "sliding_window" or "full"; "custom" for an index tensor of unknown origin),
+// "block_sparsity" (the fraction of (query tile × key tile) pairs the cpu kernel skips, over every
+// batch and mask head, at tileShape(D)), "tile_shape" ([rows, cols] of a tile) and "tile_map"
+// (flashmask::tileMap of batch 0, mask head 0, at most 64 × 64 cells). No kernel reads them: they
+// are for the recording and the studio's picture of the mask, and they are computed on both
+// backends from the same indices, so they never differ between them. Nothing is added when the
+// inputs are invalid: the op's own validation then reports the problem.
+void describeMask(Attrs& a, const Tensor& q, const Tensor& k, const Tensor& idx, bool causal,
+                  int64_t windowSize, const char* kind);
+
 // Checks the index tensor against q [B, Sq, H, D], k [B, Sk, Hk, D] and the causal flag: dtype
 // int32, shape [B, Hk or 1, Sk, C] with C allowed for the flag, every bound in [0, Sq], LTS <= LTE
 // and UTS <= UTE where both are given. Throws keel::Error naming the problem.

@@ -1,5 +1,6 @@
-// Byte tokenizer, corpus loading and batch sampling. Invariant: a batch is a pure function of the
-// dataset, (seed, generator offset), batch size and sequence length.
+// Byte tokenizer, corpus loading, batch sampling and the document mask of packed rows. Invariant:
+// a batch is a pure function of the dataset, (seed, generator offset), batch size and sequence
+// length; its document mask is a pure function of its tokens.
 #include "keel/data.h"
 
 #include <algorithm>
@@ -12,6 +13,44 @@
 
 namespace keel::data {
 namespace fs = std::filesystem;
+
+// Note [Packed documents]: a corpus of several documents (the files of a directory, or the
+// separator-delimited parts of one file) is one token stream with kDocumentSeparator opening every
+// document but the first. Batches are windows of that stream, so a row may hold the end of one
+// document and the start of the next (GPT-2's packing). With attention_mask "causal_document"
+// (pack_documents) the GPT builds documentMask(idx) for every batch, so no query attends to a key
+// of another document. The mask is a pure function of the tokens (as Megatron derives its reset
+// attention mask from end-of-document tokens): training, evaluation and any caller of
+// GPT::forward get the right mask without passing it along. The separator opens its document
+// like a BOS token: a document's last token predicts the separator, and the separator predicts
+// the next document's first token from nothing but itself. Blank lines are not boundaries: the
+// licence texts of the default corpus are themselves paragraphs separated by blank lines.
+
+std::vector<std::vector<int64_t>> documentLengths(const Tensor& tokens) {
+  KEEL_CHECK(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::Int64,
+             "documentLengths: expected int64 tokens [B, S], got ",
+             tokens.defined()
+                 ? shapeStr(tokens.shape()) + " " + std::string(dtypeName(tokens.dtype()))
+                 : std::string("undefined"));
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  KEEL_CHECK(s >= 1, "documentLengths: empty rows ", shapeStr(tokens.shape()));
+  const std::vector<int64_t> v = nn::hostInts(tokens);
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(b));
+  for (int64_t r = 0; r < b; ++r) {
+    int64_t start = 0;
+    for (int64_t t = 1; t < s; ++t)
+      if (v[size_t(r * s + t)] == kDocumentSeparator) {
+        out[size_t(r)].push_back(t - start);
+        start = t;
+      }
+    out[size_t(r)].push_back(s - start);
+  }
+  return out;
+}
+
+flashmask::Mask documentMask(const Tensor& tokens, Device device) {
+  return flashmask::causalDocumentRows(documentLengths(tokens), device);
+}
 
 std::vector<int64_t> ByteTokenizer::encode(std::string_view text) {
   std::vector<int64_t> out(text.size());
@@ -38,6 +77,17 @@ TextDataset::TextDataset(std::string_view text, std::string source, double valFr
   valBegin_ = n - int64_t(double(n) * valFraction);
 }
 
+TextDataset TextDataset::fromDocuments(const std::vector<std::string>& documents,
+                                       std::string source, double valFraction) {
+  std::string text;
+  for (const std::string& d : documents) {
+    if (d.empty()) continue;
+    if (!text.empty()) text += char(kDocumentSeparator);
+    text += d;
+  }
+  return TextDataset(text, std::move(source), valFraction);
+}
+
 namespace {
 std::string readFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -54,7 +104,7 @@ TextDataset TextDataset::load(const std::string& path) {
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
   KEEL_CHECK(!ec && fs::exists(st), path, ": no such file or directory");
-  std::string text;
+  std::vector<std::string> docs;
   if (fs::is_directory(st)) {
     std::vector<fs::path> files;
     fs::directory_iterator it(path, ec), end;
@@ -67,17 +117,22 @@ TextDataset TextDataset::load(const std::string& path) {
     std::sort(files.begin(), files.end(),
               [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
     KEEL_CHECK(!files.empty(), path, ": directory has no regular files");
-    for (auto& f : files) text += readFile(f);
+    for (auto& f : files) docs.push_back(readFile(f));
   } else {
     KEEL_CHECK(fs::is_regular_file(st), path, ": not a regular file");
-    text = readFile(path);
+    docs.push_back(readFile(path));
   }
-  KEEL_CHECK(!text.empty(), path, ": is empty (no text to train on)");
-  return TextDataset(text, path);
+  KEEL_CHECK(std::any_of(docs.begin(), docs.end(), [](const std::string& d) { return !d.empty(); }),
+             path, ": is empty (no text to train on)");
+  return fromDocuments(docs, path);
 }
 
 int64_t TextDataset::splitTokens(Split s) const {
   return s == Split::Train ? valBegin_ : numTokens() - valBegin_;
+}
+
+int64_t TextDataset::numDocuments() const {
+  return 1 + int64_t(std::count(tokens_.begin(), tokens_.end(), uint8_t(kDocumentSeparator)));
 }
 
 std::pair<Tensor, Tensor> TextDataset::getBatch(int64_t batchSize, int64_t seqLen, Generator& gen,

@@ -4,6 +4,7 @@
 // weights on every backend.
 #include <cmath>
 
+#include "keel/data.h"
 #include "keel/error.h"
 #include "keel/nn.h"
 
@@ -70,7 +71,20 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
   Tensor pos = ops::arange(t, DType::Int64, device_);
   Tensor x = ops::add(wte_->forward(idx), wpe_->forward(pos));  // [B, T, C] + [T, C]
   if (isTraining() && cfg_.dropout > 0.0) x = ops::dropout(x, cfg_.dropout, *dropoutGen_, true);
-  for (auto& blk : blocks_) x = blk->forward(x);
+  if (cfg_.attention_mask == "causal_document") {
+    // The batch's document boundaries, from its separator tokens (Note [Packed documents]).
+    struct Clear {
+      const std::vector<std::shared_ptr<Block>>& blocks;
+      ~Clear() {
+        for (auto& blk : blocks) blk->attn()->clearDocumentMask();
+      }
+    } clear{blocks_};
+    flashmask::Mask docs = data::documentMask(idx, device_);
+    for (auto& blk : blocks_) blk->attn()->setDocumentMask(docs);
+    for (auto& blk : blocks_) x = blk->forward(x);
+  } else {
+    for (auto& blk : blocks_) x = blk->forward(x);
+  }
   x = normF_->forward(x);
 
   GptOutput out;

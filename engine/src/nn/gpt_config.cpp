@@ -99,6 +99,43 @@ class FieldReader {
   std::set<std::string> known_;
 };
 
+// The attention keys: the mask kind, the parameters it needs (and no others), and pack_documents.
+template <typename Fail>
+void validateAttention(const GptConfig& c, const Fail& fail) {
+  const bool sliding = c.attention_mask == "sliding_window",
+             global = c.attention_mask == "global_sliding_window";
+  if (c.attention_mask != "causal" && !sliding && !global && c.attention_mask != "causal_document")
+    fail("attention_mask",
+         "expected \"causal\", \"sliding_window\", \"global_sliding_window\" or "
+         "\"causal_document\", got \"" +
+             c.attention_mask + "\"");
+  if (sliding || global) {
+    if (c.attention_window < 1)
+      fail("attention_window", "must be >= 1 with attention_mask \"" + c.attention_mask +
+                                   "\", got " + std::to_string(c.attention_window));
+  } else if (c.attention_window != 0) {
+    fail("attention_window",
+         "is only used with a sliding_window or global_sliding_window mask, "
+         "not with attention_mask \"" +
+             c.attention_mask + "\"");
+  }
+  if (global) {
+    if (c.attention_global < 1 || c.attention_global >= c.seq_len)
+      fail("attention_global", "must be in [1, seq_len) = [1, " + std::to_string(c.seq_len) +
+                                   ") with attention_mask \"global_sliding_window\", got " +
+                                   std::to_string(c.attention_global));
+  } else if (c.attention_global != 0) {
+    fail("attention_global",
+         "is only used with a global_sliding_window mask, not with attention_mask \"" +
+             c.attention_mask + "\"");
+  }
+  if (c.pack_documents && c.attention_mask != "causal_document")
+    fail("pack_documents",
+         "packed documents need attention_mask \"causal_document\" (the "
+         "default with pack_documents), got \"" +
+             c.attention_mask + "\"");
+}
+
 }  // namespace
 
 void validateGptConfig(const GptConfig& c, const std::string& source) {
@@ -137,6 +174,7 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
     if (!(c.aux_loss_coef >= 0.0))
       fail("aux_loss_coef", "must be >= 0, got " + num(c.aux_loss_coef));
   }
+  validateAttention(c, fail);
   positive("batch_size", c.batch_size);
   if (!(c.lr > 0.0)) fail("lr", "must be > 0, got " + num(c.lr));
   if (!(c.min_lr >= 0.0 && c.min_lr <= c.lr))
@@ -181,6 +219,11 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   r.readInt("top_k", c.top_k);
   r.readDouble("capacity_factor", c.capacity_factor);
   r.readDouble("aux_loss_coef", c.aux_loss_coef);
+  r.readBool("pack_documents", c.pack_documents);
+  if (c.pack_documents) c.attention_mask = "causal_document";
+  r.readString("attention_mask", c.attention_mask);
+  r.readInt("attention_window", c.attention_window);
+  r.readInt("attention_global", c.attention_global);
   r.readInt("batch_size", c.batch_size);
   r.readDouble("lr", c.lr);
   c.min_lr = c.lr * 0.1;

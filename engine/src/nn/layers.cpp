@@ -1,8 +1,9 @@
-// Basic layers: Linear, Embedding, LayerNorm, RMSNorm, causal self-attention, SwiGLU MLP, and the
-// host-transfer helpers. Every value comes from ops (initialisation included: counter-based
-// normal/uniform), so `cpu` and `cpu-ref` build bit-identical initial weights from one seed.
+// Basic layers: Linear, Embedding, LayerNorm, RMSNorm, self-attention (flashmask_attention),
+// SwiGLU MLP, and the host-transfer helpers. Every value comes from ops (initialisation included:
+// counter-based normal/uniform), so `cpu` and `cpu-ref` build bit-identical initial weights from
+// one seed.
+#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "keel/error.h"
 #include "keel/nn.h"
@@ -95,22 +96,47 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, D
     : nHead_(cfg.n_head),
       dModel_(cfg.d_model),
       dropout_(cfg.dropout),
+      maskKind_(cfg.attention_mask),
+      window_(cfg.attention_window),
+      global_(cfg.attention_global),
       device_(device),
       dropoutGen_(std::move(dropoutGen)) {
   KEEL_CHECK(dModel_ % nHead_ == 0, "CausalSelfAttention: d_model ", dModel_,
              " is not divisible by n_head ", nHead_);
+  KEEL_CHECK(maskKind_ == "causal" || maskKind_ == "sliding_window" ||
+                 maskKind_ == "global_sliding_window" || maskKind_ == "causal_document",
+             "CausalSelfAttention: unknown attention_mask '", maskKind_, "'");
   double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
   qkv_ = registerModule("qkv", std::make_shared<Linear>(dModel_, 3 * dModel_, false, gen, device));
   proj_ = registerModule("proj",
                          std::make_shared<Linear>(dModel_, dModel_, false, gen, device, residStd));
 }
 
-Tensor CausalSelfAttention::causalMask(int64_t t) {
-  if (!mask_.defined() || mask_.size(0) != t) {
-    NoGradGuard ng;
-    Tensor r = ops::arange(t, DType::Int64, device_);
-    mask_ = ops::gt(ops::reshape(r, {1, t}), ops::reshape(r, {t, 1}));  // [i, j] = j > i
+const flashmask::Mask& CausalSelfAttention::maskFor(int64_t b, int64_t t) {
+  if (maskKind_ == "causal_document" && docMask_.startendRowIndices.defined()) {
+    const Shape want{b, 1, t, 1};
+    KEEL_CHECK(docMask_.startendRowIndices.shape() == want, "CausalSelfAttention '", fullPath(),
+               "': document mask ", shapeStr(docMask_.startendRowIndices.shape()),
+               " does not match the input's ", shapeStr(want));
+    return docMask_;
   }
+  if (b == maskB_ && t == maskT_) return mask_;
+  NoGradGuard ng;
+  flashmask::Mask m;
+  if (maskKind_ == "causal") {
+    m.causal = true;  // no index tensor: the diagonal alone
+    m.kind = flashmask::MaskKind::Causal;
+  } else if (maskKind_ == "causal_document") {
+    m = flashmask::causalDocumentRows(std::vector<std::vector<int64_t>>(size_t(b), {t}), device_);
+  } else {
+    m = maskKind_ == "sliding_window"
+            ? flashmask::slidingWindow(t, window_, device_)
+            : flashmask::globalSlidingWindow(t, std::min(global_, t), window_, device_);
+    m.startendRowIndices = flashmask::repeatMask(m.startendRowIndices, b, 1);
+  }
+  mask_ = std::move(m);
+  maskB_ = b;
+  maskT_ = t;
   return mask_;
 }
 
@@ -120,20 +146,13 @@ Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = dModel_, h = nHead_, hd = dModel_ / nHead_;
   const bool drop = isTraining() && dropout_ > 0.0 && dropoutGen_;
   auto parts = ops::split(qkv_->forward(x), {c, c, c}, -1);
-  auto heads = [&](const Tensor& p) {
-    return ops::transpose(ops::reshape(p, {b, t, h, hd}), 1, 2);
-  };
-  Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B, H, T, hd]
-  Tensor scores = ops::mulScalar(ops::matmul(q, k, false, true), 1.0 / std::sqrt(double(hd)));
-  // The lowest finite float rather than -inf: softmax gives exactly the same bits (exp underflows
-  // to 0 either way), and recorded statistics stay free of Inf, so the first real overflow is what
-  // `keel inspect` reports as the first NaN/Inf.
-  scores = ops::maskedFill(scores, causalMask(t), double(std::numeric_limits<float>::lowest()));
-  Tensor att = ops::softmax(scores, -1);
-  if (drop) att = ops::dropout(att, dropout_, *dropoutGen_, true);
-  Tensor y = ops::matmul(att, v);  // [B, H, T, hd]
-  y = ops::reshape(ops::transpose(y, 1, 2), {b, t, c});
-  y = proj_->forward(y);
+  auto heads = [&](const Tensor& p) { return ops::reshape(p, {b, t, h, hd}); };  // [B, T, H, hd]
+  // Scale 0: 1/sqrt(hd). Attention dropout draws B·H·T·T counters, one per probability.
+  Tensor y =
+      ops::flashmaskAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]), maskFor(b, t), -1,
+                              drop ? dropout_ : 0.0, 0.0, dropoutGen_.get(), drop)
+          .first;  // [B, T, H, hd]
+  y = proj_->forward(ops::reshape(y, {b, t, c}));
   if (drop) y = ops::dropout(y, dropout_, *dropoutGen_, true);
   return y;
 }

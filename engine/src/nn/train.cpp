@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "keel/error.h"
+#include "keel/observer.h"
 #include "parallel.h"
 
 namespace keel {
@@ -44,7 +45,10 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
   KEEL_CHECK(data_->splitTokens(data::Split::Train) >= cfg_.seq_len + 1, data_->source(),
              ": the train split has ", data_->splitTokens(data::Split::Train),
              " tokens, fewer than seq_len + 1 = ", cfg_.seq_len + 1);
-  model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_);
+  {
+    MemTagScope tag(MemTag::Parameter);
+    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_);
+  }
   if (cfg_.optimizer == "sgd") {
     optimizer_ = std::make_unique<optim::SGD>(
         model_->parameters(),
@@ -61,6 +65,12 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
   schedule_ = optim::LrSchedule{cfg_.lr, cfg_.min_lr, cfg_.warmup_steps, totalSteps};
 }
 
+void Trainer::restoreProgress(int64_t stepsDone, uint64_t seed) {
+  KEEL_CHECK(stepsDone >= 0, "Trainer: cannot resume at step ", stepsDone);
+  stepsDone_ = stepsDone;
+  seed_ = seed;
+}
+
 StepStats Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   StepStats s;
@@ -69,8 +79,10 @@ StepStats Trainer::step() {
   optimizer_->setLr(s.lr);
   detail::notifyStep({s.step, true, 0.0, 0});
 
-  auto [x, y] =
-      data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
+  auto [x, y] = [&] {
+    MemTagScope tag(MemTag::Data);
+    return data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
+  }();
   model_->train();
   optimizer_->zeroGrad();
   nn::GptOutput out = model_->forward(x, y);

@@ -62,8 +62,9 @@ class GraphView : public QWidget {
   void setSearchText(const QString& text);
   void findNext();
   int searchMatchCount() const { return int(matches_.size()); }
-  // Selects the selected op's partner: a forward op's (first) backward op, a backward op's forward
-  // op (key J, context menu). Returns false when there is none.
+  // Selects the selected op's partner: a forward op's backward op (the one named <op>_backward
+  // when there is one, else the first: a gradient's zero fill does not count), a backward op's
+  // forward op (key J, context menu). Returns false when there is none.
   bool jumpToPartner();
 
   void zoomIn();

@@ -1,6 +1,7 @@
 // The inspector: everything recorded about one op (OpDetails) — header, attributes, input and
-// output tensors with MD5 and statistics, dumped values, call stack, log lines, allocations —
-// in tabs of selectable, copyable tables. It only displays what it is given: setDetails().
+// output tensors with MD5 and statistics, dumped values, call stack, log lines, allocations, and
+// for flashmask_attention (forward and backward) the mask as a picture of its tile grid — in tabs
+// of selectable, copyable tables. It only displays what it is given: setDetails().
 #pragma once
 #include <QWidget>
 
@@ -14,6 +15,7 @@ class QTreeWidget;
 
 namespace keel::views {
 
+class MaskPicture;
 class Selection;
 
 class InspectorView : public QWidget {
@@ -27,8 +29,9 @@ class InspectorView : public QWidget {
   void clear();
   OpDetailsPtr details() const { return details_; }
 
-  // Tab order, for tests and for callers that want to open one tab.
-  enum Tab { Tensors, Attributes, Values, Stack, Logs, Memory, TabCount };
+  // Tab order, for tests and for callers that want to open one tab. The Mask tab is shown only for
+  // ops that recorded a tile map; such an op opens on it unless another tab than Tensors is open.
+  enum Tab { Tensors, Attributes, Values, Stack, Logs, Memory, Mask, TabCount };
   QTabWidget* tabs() const { return tabs_; }
 
  protected:
@@ -43,6 +46,7 @@ class InspectorView : public QWidget {
   void fillStack(const OpDetails& d);
   void fillLogs(const OpDetails& d);
   void fillMemory(const OpDetails& d);
+  void fillMask(const OpDetails& d);
   void setTabCount(Tab tab, const QString& title, qsizetype count);
 
   Selection* selection_;
@@ -57,6 +61,10 @@ class InspectorView : public QWidget {
   QTableWidget* stack_;
   QTableWidget* logs_;
   QTableWidget* memory_;
+  QWidget* maskPage_;
+  QLabel* maskSummary_;
+  MaskPicture* maskPicture_;
+  QLabel* maskLegend_[3];
 };
 
 }  // namespace keel::views

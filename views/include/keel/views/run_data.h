@@ -14,6 +14,8 @@
 
 namespace keel::views {
 
+class MemoryModel;  // keel/views/memory_model.h
+
 // Which recording an op belongs to: the main one (A) or the one it is compared with (B).
 enum class Side { A = 0, B = 1 };
 
@@ -59,6 +61,7 @@ using StepPtr = std::shared_ptr<const StepData>;
 using OpDetailsPtr = std::shared_ptr<const OpDetails>;
 using LogsPtr = std::shared_ptr<const std::vector<storage::LogRecord>>;
 using DiffPtr = std::shared_ptr<const storage::DiffReport>;
+using MemoryPtr = std::shared_ptr<const MemoryModel>;  // every allocator event, replayed
 
 }  // namespace keel::views
 
@@ -68,3 +71,4 @@ Q_DECLARE_METATYPE(keel::views::StepPtr)
 Q_DECLARE_METATYPE(keel::views::OpDetailsPtr)
 Q_DECLARE_METATYPE(keel::views::LogsPtr)
 Q_DECLARE_METATYPE(keel::views::DiffPtr)
+Q_DECLARE_METATYPE(keel::views::MemoryPtr)

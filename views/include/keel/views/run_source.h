@@ -26,6 +26,8 @@ class RunSource : public QObject {
   void requestStep(int64_t step);  // -> stepLoaded
   void requestOp(uint64_t seq);    // -> opLoaded
   void requestLogs();              // -> logsLoaded (every log line, in order)
+  // Every allocator event, replayed into a MemoryModel -> memoryLoaded, or memoryFailed.
+  void requestMemory();
   QString path() const { return path_; }
   bool isOpen() const { return open_; }
 
@@ -36,6 +38,8 @@ class RunSource : public QObject {
   void stepLoaded(keel::views::StepPtr step);
   void opLoaded(keel::views::OpDetailsPtr details);
   void logsLoaded(keel::views::LogsPtr logs);
+  void memoryLoaded(keel::views::MemoryPtr memory);
+  void memoryFailed(QString message);
 
  private:
   class Worker;

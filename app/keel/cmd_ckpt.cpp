@@ -1,0 +1,169 @@
+// `keel ckpt inspect|plan|convert`: look into a FlexCheckpoint, print the read plan of a
+// resharding (with optional AOA rules), and convert a checkpoint to another tensor-parallel
+// layout with a progress bar. Wiring only: the work is in engine/src/ckpt.
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "cli_common.h"
+#include "keel/checkpoint.h"
+
+namespace keel::cli {
+namespace {
+
+struct CkptArgs {
+  std::string src, dst, aoa;
+  int targetTp = 1;
+  int threads = 1;
+  size_t maxReads = 8;
+  CLI::App *inspect = nullptr, *plan = nullptr, *convert = nullptr;
+};
+
+std::string human(uint64_t n) {
+  char buf[32];
+  if (n >= (uint64_t(1) << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(n) / double(1 << 30));
+  else if (n >= (uint64_t(1) << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", double(n) / double(1 << 20));
+  else if (n >= 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(n) / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", n);
+  return buf;
+}
+
+std::string dims(const ckpt::Dims& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// A checkpoint directory, a .safetensors file, or a --ckpt-dir (its latest step-* checkpoint).
+ckpt::Checkpoint openSource(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / ckpt::kMetadataFile, ec))
+    return ckpt::Checkpoint::open(ckpt::resolveCheckpoint(path));
+  return ckpt::Checkpoint::open(path);
+}
+
+int runInspect(const CkptArgs& a) {
+  ckpt::Checkpoint c = openSource(a.src);
+  const ckpt::Metadata& m = c.metadata();
+  size_t shards = 0;
+  for (const auto& k : m.keys) shards += k.shards.size();
+  std::printf("checkpoint %s: %zu files, %zu keys, %zu shards, %s\n", c.path().c_str(),
+              m.files.size(), m.keys.size(), shards, human(c.totalBytes()).c_str());
+  if (!m.trainState.empty()) std::printf("train state: %s\n", m.trainState.c_str());
+  std::map<uint32_t, std::pair<size_t, uint64_t>> perFile;
+  for (const auto& k : m.keys)
+    for (const auto& s : k.shards) {
+      perFile[s.file].first++;
+      perFile[s.file].second += s.end - s.begin;
+    }
+  std::printf("files:\n");
+  for (size_t f = 0; f < m.files.size(); ++f)
+    std::printf("  %-36s %6zu tensors  %s\n", m.files[f].c_str(), perFile[uint32_t(f)].first,
+                human(perFile[uint32_t(f)].second).c_str());
+  std::printf("keys:\n");
+  for (const auto& k : m.keys) {
+    std::string layout;
+    if (k.shards.size() == 1)
+      layout = "whole in " + m.files[k.shards[0].file];
+    else
+      layout = std::to_string(k.shards.size()) + " shards" +
+               (k.splitAxis >= 0 ? " along axis " + std::to_string(k.splitAxis) : std::string());
+    std::printf("  %-44s %-4s %-16s %s\n", k.key.c_str(),
+                std::string(st::dtypeName(k.dtype)).c_str(), dims(k.shape).c_str(), layout.c_str());
+  }
+  return 0;
+}
+
+std::unique_ptr<aoa::Program> rules(const CkptArgs& a) {
+  if (a.aoa.empty()) return nullptr;
+  return std::make_unique<aoa::Program>(aoa::parseFile(a.aoa));
+}
+
+int runPlan(const CkptArgs& a) {
+  ckpt::Checkpoint c = openSource(a.src);
+  auto r = rules(a);
+  ckpt::TargetSpec spec;
+  spec.tp = a.targetTp;
+  ckpt::Plan plan = ckpt::makePlan(c.metadata(), r.get(), spec);
+  std::fputs(ckpt::describePlan(plan, c.metadata(), a.maxReads).c_str(), stdout);
+  return 0;
+}
+
+int runConvert(const CkptArgs& a) {
+  ckpt::Checkpoint c = openSource(a.src);
+  auto r = rules(a);
+  ckpt::TargetSpec spec;
+  spec.tp = a.targetTp;
+  ckpt::ConvertOptions opt;
+  opt.threads = a.threads;
+  const bool tty = ::isatty(2) != 0;
+  auto t0 = std::chrono::steady_clock::now();
+  if (tty)
+    opt.progress = [&](uint64_t done, uint64_t total) {
+      const double f = total ? double(done) / double(total) : 1.0;
+      const int width = 30, fill = int(f * width + 0.5);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "\r[%.*s%*s] %3.0f%%  %s / %s  %.0f MiB/s ", fill,
+                   "##############################", width - fill, "", f * 100.0,
+                   human(done).c_str(), human(total).c_str(),
+                   s > 0 ? double(done) / s / double(1 << 20) : 0.0);
+      std::fflush(stderr);
+    };
+  ckpt::ConvertStats st = ckpt::convert(c, a.dst, spec, r.get(), opt);
+  if (tty) std::fprintf(stderr, "\n");
+  std::printf(
+      "converted %s -> %s (tp=%d): %zu shards in %zu files, %s written, %s read, %.2f s "
+      "(%.0f MiB/s)\n",
+      c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.files,
+      human(st.bytesWritten).c_str(), human(st.bytesRead).c_str(), st.seconds,
+      st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+Command addCkptCommand(CLI::App& root) {
+  auto a = std::make_shared<CkptArgs>();
+  CLI::App* ck = root.add_subcommand(
+      "ckpt", "FlexCheckpoint tools: inspect, plan and convert sharded safetensors checkpoints");
+  ck->require_subcommand(1);
+  a->inspect = ck->add_subcommand("inspect", "files, keys, shapes and shards of a checkpoint");
+  a->inspect->add_option("DIR", a->src, "checkpoint directory (or one .safetensors file)")
+      ->required();
+  a->plan = ck->add_subcommand("plan", "print the read plan of a resharding (file ranges, bytes)");
+  a->plan->add_option("SRC", a->src, "source checkpoint")->required();
+  a->convert = ck->add_subcommand("convert", "reshard (and transform) a checkpoint into DST");
+  a->convert->add_option("SRC", a->src, "source checkpoint")->required();
+  a->convert->add_option("DST", a->dst, "new checkpoint directory (must not exist or be empty)")
+      ->required();
+  for (CLI::App* sub : {a->plan, a->convert}) {
+    sub->add_option("--target-tp", a->targetTp, "tensor-parallel degree of the target")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)");
+  }
+  a->plan->add_option("--max-reads", a->maxReads, "reads listed per target shard")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  a->convert->add_option("--threads", a->threads, "worker threads (each holds one target shard)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  return {ck, [a] {
+            if (a->inspect->parsed()) return runInspect(*a);
+            if (a->plan->parsed()) return runPlan(*a);
+            return runConvert(*a);
+          }};
+}
+
+}  // namespace keel::cli

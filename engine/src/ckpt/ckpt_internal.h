@@ -1,0 +1,74 @@
+// Internals shared by the FlexCheckpoint sources: read-item geometry (recomputed from a compact
+// plan, see Note [Compact plans]), the source/sink seams of the executor, and path helpers.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/checkpoint.h"
+
+namespace keel::ckpt::detail {
+
+using Arr = std::array<int64_t, st::kMaxRank>;
+
+// Where one read item's elements come from and go to.
+struct ItemGeom {
+  size_t rank = 0;
+  Arr srcLocal{};  // offset in the source shard (source axes)
+  Arr len{};       // extent (source axes)
+  Arr dstLocal{};  // offset in the target shard (target axes)
+  uint64_t volume() const {
+    uint64_t v = 1;
+    for (size_t a = 0; a < rank; ++a) v *= uint64_t(len[a]);
+    return v;
+  }
+};
+
+// Computes the geometry of item `it` of a target shard with box (tOff, tShape). Returns false
+// when the boxes do not intersect (never for items the planner emitted).
+bool itemGeometry(const aoa::Piece& piece, const ShardInfo& shard, const Dims& tOff,
+                  const Dims& tShape, ItemGeom& g);
+
+// Byte source of the executor: a checkpoint's files, or tensors in memory.
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Reads n bytes at byte `at` of shard `shard` of source key `key`.
+  virtual void read(uint32_t key, uint32_t shard, uint64_t at, void* dst, size_t n) const = 0;
+  // Reads the contiguous bytes from `at` into the spans in order.
+  virtual void readv(uint32_t key, uint32_t shard, uint64_t at, const st::Reader::Span* spans,
+                     size_t count) const = 0;
+  // The file descriptor and absolute offset of a shard's bytes, when they are in a file.
+  virtual bool fileRange(uint32_t key, uint32_t shard, int& fd, uint64_t& base) const {
+    return false;
+  }
+};
+
+// Byte sink: where a target shard's bytes go.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  // A destination for shard i of the plan, or null to have the executor provide a buffer and
+  // call commit with it.
+  virtual void* direct(size_t shard) = 0;
+  virtual void commit(size_t shard, const void* data, size_t n) = 0;
+  // The file descriptor and absolute offset of shard i's bytes, when they go to a file.
+  virtual bool fileRange(size_t shard, int& fd, uint64_t& base) { return false; }
+};
+
+// Runs the plan: fills every target shard from the source through the sink. Returns the bytes
+// read from the source.
+uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Sink& sink,
+                 const ConvertOptions& opt);
+
+// Builds the plan for an already-evaluated target key list.
+Plan planFor(const Metadata& src, aoa::Result target, const TargetSpec& spec, bool needShapes);
+
+// Source keys as the AOA evaluator sees them.
+std::vector<aoa::SourceKey> sourceKeys(const Metadata& m);
+
+std::string fileName(int rank, int ranks);  // "model-00000-of-00004.safetensors"
+std::string humanBytes(uint64_t n);
+
+}  // namespace keel::ckpt::detail

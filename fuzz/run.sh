@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (fuzz/CMakeLists.txt) and runs each one briefly on its
+# seed corpus (fuzz/corpus/<name>). Usage: fuzz/run.sh BUILD_DIR [SECONDS per target (20)].
+# Exit status 0 when no target found a crash; crash inputs are kept in BUILD_DIR/artifacts.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+build="${1:?usage: fuzz/run.sh BUILD_DIR [SECONDS]}"
+seconds="${2:-20}"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
+ninja -C "$build" -j"${KEEL_FUZZ_JOBS:-1}" >/dev/null
+mkdir -p "$build/artifacts"
+for name in safetensors aoa metadata; do
+  work="$build/corpus-$name"
+  mkdir -p "$work"
+  t="$seconds"
+  [ "$name" = metadata ] && t=$(( (seconds + 1) / 2 ))
+  echo "fuzz_$name: ${t} s"
+  ASAN_OPTIONS=detect_leaks=1 "$build/fuzz_$name" -max_total_time="$t" -max_len=4096 \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/$name-" \
+    "$work" "$here/corpus/$name" 2>&1 | grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done )|ERROR|SUMMARY|Test unit written" || true
+  if ls "$build/artifacts/$name-"* >/dev/null 2>&1; then
+    echo "fuzz_$name found a crash: $(ls "$build/artifacts/$name-"*)"
+    exit 1
+  fi
+done

@@ -1,0 +1,122 @@
+// The Memory dock of Keel Studio: a recording's allocator events load into it when the recording
+// opens, clicking a block of another step's op shows that step and inspects the op, and a live
+// session with Run > Track memory per step records one tracked section per training step.
+#include <QDockWidget>
+#include <QSignalSpy>
+#include <QStandardPaths>
+#include <QtTest>
+
+#include "keel/allocator.h"
+#include "keel/storage/reader.h"
+#include "keel/views/memory_view.h"
+#include "keel/views/selection.h"
+#include "main_window.h"
+#include "view_test_util.h"
+
+using namespace keel;
+using keel::studio::MainWindow;
+using keel::studio::Session;
+
+namespace {
+bool waitIdle(MainWindow& w) {
+  bool idle = false;
+  w.whenIdle([&] { idle = true; });
+  return QTest::qWaitFor([&] { return idle; }, 60000);
+}
+}  // namespace
+
+class StudioMemoryTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() { QStandardPaths::setTestModeEnabled(true); }
+
+  void memoryDockLoadsWithTheRecordingAndSelectsAcrossSteps() {
+    const QString path = views::test::tempDir() + "/caching.db";
+    QVERIFY(views::test::recordFixture(path, "--steps 2 --seed 6 --allocator",
+                                       "KEEL_ALLOCATOR=caching"));
+    const storage::Recording rec = storage::Recording::open(path.toStdString());
+    const auto events = rec.memEvents({});
+
+    MainWindow w;
+    w.resize(1600, 1000);
+    w.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    w.openRecording(path);
+    QVERIFY(waitIdle(w));
+    views::MemoryView* mv = w.memoryView();
+    QCOMPARE(size_t(mv->eventCount()), events.size());
+    QVERIFY(mv->message().isEmpty());
+    QCOMPARE(w.currentStep()->step, int64_t(1));
+
+    auto* dock = w.findChild<QDockWidget*>("dock.memory");
+    QVERIFY(dock);
+    dock->raise();
+    QVERIFY(QTest::qWaitFor([&] { return mv->isVisible(); }, 5000));
+    mv->setScale(views::MemScale::Log);
+    // The last event of step 2 that an op allocated: click that block.
+    int64_t k = -1;
+    for (size_t i = 0; i < events.size(); ++i)
+      if (events[i].kind == "alloc" && events[i].step == 2 && events[i].opSeq) k = int64_t(i);
+    QVERIFY(k > 0);
+    mv->setCursor(k);
+    const uint64_t seq = events[size_t(k)].opSeq;
+    size_t block = mv->state().blocks.size();
+    for (size_t i = 0; i < mv->state().blocks.size(); ++i)
+      if (mv->state().blocks[i].allocEvent == uint32_t(k)) block = i;
+    QVERIFY(block < mv->state().blocks.size());
+    const QPoint at = mv->blockPoint(block);
+    QVERIFY(at.x() >= 0);
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    QSignalSpy inspected(&w, &MainWindow::opInspected);
+    QTest::mouseClick(mv->blockMap(), Qt::LeftButton, {}, at);
+    QCOMPARE(w.selection()->current(views::Side::A), std::optional<uint64_t>(seq));
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QCOMPARE(shown.last().at(0).toLongLong(), 2LL);
+    QVERIFY(QTest::qWaitFor(
+        [&] { return !inspected.isEmpty() && inspected.last().at(0).toULongLong() == seq; },
+        30000));
+    QCOMPARE(mv->cursor(), k);  // its own selection, echoed back, leaves the cursor alone
+  }
+
+  void trackMemoryPerStepRecordsOneSectionPerStep() {
+    setDefaultAllocatorKind(AllocatorKind::Caching);
+    MainWindow w;
+    w.resize(1600, 1000);
+    w.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    w.trackMemoryAction()->setChecked(true);
+    QVERIFY(w.session()->trackMemoryPerStep());
+    studio::SessionConfig c;
+    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+    c.steps = 2;
+    c.seed = 3;
+    c.output = views::test::tempDir() + "/live.db";
+    c.capture.allocator = true;
+    Session* s = w.session();
+    QSignalSpy finished(s, &Session::finished);
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    QVERIFY(waitIdle(w));
+    views::MemoryView* mv = w.memoryView();
+    // The Memory tab was behind the Ops tab while the run went on: raising it loads the run.
+    w.findChild<QDockWidget*>("dock.memory")->raise();
+    QVERIFY(QTest::qWaitFor([&] { return mv->memory() && mv->memory()->sections().size() == 2; },
+                            30000));
+    const auto& sections = mv->memory()->sections();
+    QCOMPARE(sections[0].name, std::string("step 1"));
+    QCOMPARE(sections[1].name, std::string("step 2"));
+    for (const views::MemSection& sec : sections) {
+      QVERIFY(sec.endEvent);
+      QVERIFY(sec.allocs > 0);
+      QVERIFY(sec.peakBytes > 0);
+    }
+    QCOMPARE(mv->sectionModel()->rowCount(), 2);
+    w.trackMemoryAction()->setChecked(false);
+    QVERIFY(!w.session()->trackMemoryPerStep());
+  }
+};
+
+QTEST_MAIN(StudioMemoryTest)
+#include "studio_memory_test.moc"

@@ -1,0 +1,133 @@
+// Workloads (keel/workload.h): the loader refuses a library built for another workload API
+// version with one clear error; a workload that throws in its second step fails its run with an
+// error naming the workload and the step, and the recording keeps the first step (status
+// "failed: ..."). Through the loader API in process and through `keel record --workload`.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "keel/error.h"
+#include "keel/storage/reader.h"
+#include "keel/workload.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using keel::test::CliResult;
+using keel::test::expectOneLineError;
+
+std::string workloadPath(const std::string& name) {
+  return std::string(KEEL_TEST_WORKLOAD_DIR) + "/libtest_" + name + ".so";
+}
+
+// Runs f, expecting a keel::Error whose message contains every fragment.
+template <typename F>
+void expectError(F&& f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a keel::Error";
+  } catch (const keel::Error& e) {
+    std::string msg = e.what();
+    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(WorkloadLoader, RefusesAMismatchedApiVersion) {
+  expectError([] { keel::loadWorkload(workloadPath("api_version_999")); },
+              {"api_version_999", "workload API version 999", "loads version 1", "rebuild"});
+}
+
+TEST(WorkloadLoader, RefusesAFileThatIsNotAWorkload) {
+  expectError([] { keel::loadWorkload("/nonexistent/libnothing.so"); },
+              {"cannot load workload '/nonexistent/libnothing.so'"});
+}
+
+TEST(WorkloadLoader, TurnsAThrowingStepIntoAnErrorNamingTheStep) {
+  keel::WorkloadInfo info = keel::loadWorkload(workloadPath("throws_in_step2"));
+  EXPECT_EQ(info.name, "throws-in-step-2");
+  EXPECT_EQ(info.description, "fails its second step (a loader test)");
+  keel::WorkloadParams params;
+  keel::WorkloadRun run(info, params);
+  keel::WorkloadMetrics m = run.step();
+  EXPECT_TRUE(std::isfinite(m.loss));
+  EXPECT_GT(m.loss, 0.0);
+  EXPECT_EQ(run.steps(), 1);
+  expectError([&] { run.step(); },
+              {"workload 'throws-in-step-2' failed in step 2: injected failure in step 2"});
+  EXPECT_EQ(run.steps(), 1);
+}
+
+TEST(WorkloadLoader, TurnsAThrowingConstructorIntoAnError) {
+  keel::WorkloadInfo info = keel::loadWorkload(workloadPath("throws_in_step2"));
+  keel::WorkloadParams params;
+  params.configJson = R"({"fail_in_create": true})";
+  expectError([&] { keel::WorkloadRun run(info, params); },
+              {"workload 'throws-in-step-2': fail_in_create was set"});
+}
+
+TEST(WorkloadLoader, TheBuiltInTrainerIsAWorkload) {
+  keel::WorkloadInfo info = keel::gptWorkload();
+  EXPECT_EQ(info.name, "gpt");
+  EXPECT_EQ(info.source, "built-in");
+  keel::WorkloadParams params;
+  expectError([&] { keel::WorkloadRun run(info, params); }, {"needs a model config"});
+}
+
+class WorkloadRecord : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("keel_workload_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
+  std::string db(const std::string& name) { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(WorkloadRecord, MismatchedApiVersionIsOneErrorLineAndNoRecording) {
+  CliResult r = keel("record --workload '" + workloadPath("api_version_999") + "' --steps 2 -o '" +
+                     db("v.db") + "'");
+  expectOneLineError(r, "was built for workload API version 999");
+  EXPECT_FALSE(fs::exists(db("v.db")));
+}
+
+TEST_F(WorkloadRecord, ThrowingSecondStepFailsTheRunAndKeepsTheFirstStep) {
+  CliResult r = keel("record --workload '" + workloadPath("throws_in_step2") +
+                     "' --steps 3 --md5 -o '" + db("t.db") + "'");
+  expectOneLineError(r, "workload 'throws-in-step-2' failed in step 2: injected failure in step 2");
+  EXPECT_NE(r.out.find("step 1/3  loss"), std::string::npos) << r.out;
+
+  auto rec = keel::storage::Recording::open(db("t.db"));
+  EXPECT_EQ(rec.run().status.rfind("failed: ", 0), 0u) << rec.run().status;
+  EXPECT_NE(rec.run().status.find("injected failure in step 2"), std::string::npos);
+  auto steps = rec.steps();
+  ASSERT_GE(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step, 1);
+  EXPECT_GT(steps[0].endNs, 0);
+  EXPECT_TRUE(std::isfinite(steps[0].loss));
+  auto ops = rec.stepOps(1);
+  bool matmul = false, backward = false;
+  for (const auto& op : ops) {
+    matmul = matmul || op.name == "matmul";
+    backward = backward || op.phase == "backward";
+  }
+  EXPECT_TRUE(matmul);
+  EXPECT_TRUE(backward);
+  // Step 2's forward ran before the failure and was recorded too.
+  EXPECT_FALSE(rec.stepOps(2).empty());
+}
+
+TEST_F(WorkloadRecord, RecordNeedsAConfigOrAWorkload) {
+  expectOneLineError(keel("record --steps 1 -o '" + db("n.db") + "'"), "--config is required");
+}
+
+}  // namespace

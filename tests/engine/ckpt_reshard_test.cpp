@@ -1,0 +1,387 @@
+// Tests for sharded checkpoints and resharding: a model saved at tp=4 and converted to tp=2 and
+// tp=1 holds the unsharded weights and optimizer state bit for bit; uneven sizes and cross-axis
+// reshards with a tiny staging buffer; the interval-join planner finds exactly the overlapping
+// shards (against a brute-force scan); threads give identical files; a single .safetensors file
+// is a checkpoint; loading checks keys, shapes and dtypes; and metadata that disagrees with its
+// shards (or is malformed) is a clear keel::Error.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "ckpt_test_util.h"
+#include "keel/data.h"
+#include "keel/error.h"
+#include "keel/train.h"
+
+namespace keel::ckpt {
+namespace {
+
+using test::Arr;
+using test::randomArr;
+using test::sameArr;
+using test::tempDir;
+
+const std::string kSrc = KEEL_SOURCE_DIR;
+
+std::shared_ptr<const data::TextDataset> corpus() {
+  static auto ds = std::make_shared<const data::TextDataset>(data::TextDataset::defaultCorpus());
+  return ds;
+}
+
+Arr arrOf(const Tensor& t) {
+  Tensor c = t.contiguous();
+  Arr a;
+  a.dtype = t.dtype() == DType::Int64 ? st::DType::I64 : st::DType::F32;
+  a.shape = t.shape();
+  const auto* p = static_cast<const uint8_t*>(c.data());
+  a.bytes.assign(p, p + c.nbytes());
+  return a;
+}
+
+std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ReshardTest, ModelSavedAtTp4ConvertsToTp2AndTp1BitForBit) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 5, corpus(), 10);
+  tr.run(2);  // optimizer state exists
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/tp4", 4);
+  Checkpoint c4 = Checkpoint::open(dir + "/tp4");
+  ASSERT_EQ(c4.metadata().files.size(), 4u);
+  // The sharding spec: column-parallel qkv/w1/w3 split rows, row-parallel proj/w2 split columns,
+  // norms and embeddings whole.
+  const KeyInfo* qkv = c4.metadata().find("blocks.0.attn.qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  ASSERT_EQ(qkv->shards.size(), 4u);
+  EXPECT_EQ(qkv->splitAxis, 0);
+  EXPECT_EQ(qkv->shards[1].offset, (Dims{24, 0}));
+  EXPECT_EQ(qkv->shards[1].shape, (Dims{24, 32}));
+  EXPECT_EQ(c4.metadata().find("blocks.1.attn.proj.weight")->splitAxis, 1);
+  EXPECT_EQ(c4.metadata().find("blocks.1.mlp.w2.weight::exp_avg")->splitAxis, 1);
+  EXPECT_EQ(c4.metadata().find("wte.weight")->shards.size(), 1u);
+  EXPECT_EQ(c4.metadata().find("blocks.0.norm1.weight::step")->shards.size(), 1u);
+  // Replicated keys are written once and spread: no file holds more than its share plus the
+  // largest replicated key.
+  std::vector<uint64_t> bytes(4, 0);
+  uint64_t total = 0, largest = 0;
+  for (const auto& k : c4.metadata().keys)
+    for (const auto& s : k.shards) {
+      bytes[s.file] += s.end - s.begin;
+      total += s.end - s.begin;
+      if (k.shards.size() == 1) largest = std::max(largest, s.end - s.begin);
+    }
+  for (uint64_t b : bytes) EXPECT_LE(b, total / 4 + largest);
+
+  TargetSpec t2;
+  t2.tp = 2;
+  convert(c4, dir + "/tp2", t2, nullptr);
+  TargetSpec t1;
+  convert(Checkpoint::open(dir + "/tp2"), dir + "/tp1", t1, nullptr);
+  convert(c4, dir + "/tp1direct", t1, nullptr);
+  EXPECT_EQ(Checkpoint::open(dir + "/tp2").metadata().files.size(), 2u);
+  EXPECT_EQ(
+      Checkpoint::open(dir + "/tp2").metadata().find("blocks.0.attn.qkv.weight")->shards.size(),
+      2u);
+  size_t checked = 0;
+  auto& opt = tr.optimizer();
+  for (size_t i = 0; i < opt.params().size(); ++i) {
+    const Tensor& p = opt.params()[i];
+    std::vector<std::pair<std::string, Arr>> want = {{p.name(), arrOf(p)}};
+    for (const auto& [s, t] : opt.paramState(i)) want.push_back({p.name() + "::" + s, arrOf(t)});
+    for (const auto& [key, ref] : want)
+      for (const char* sub : {"/tp4", "/tp2", "/tp1", "/tp1direct"}) {
+        EXPECT_TRUE(sameArr(test::assemble(dir + sub, key), ref)) << key << " in " << sub;
+        ++checked;
+      }
+  }
+  EXPECT_EQ(checked, opt.params().size() * 4 * 4);
+  EXPECT_EQ(Checkpoint::open(dir + "/tp1").metadata().trainState, c4.metadata().trainState);
+}
+
+TEST(ReshardTest, EachSimulatedRankLoadsItsPart) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 6, corpus(), 10);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/tp4", 4);  // no optimizer state yet: parameters only
+  Checkpoint c = Checkpoint::open(dir + "/tp4");
+  TargetSpec spec;
+  spec.tp = 3;  // 96 qkv rows: 32 per rank; proj's 32 columns: 11, 11, 10
+  for (int rank = 0; rank < 3; ++rank) {
+    std::vector<std::vector<float>> bufs;
+    std::vector<HostTensor> targets;
+    std::vector<Arr> want;
+    for (const auto& [name, p] : tr.model().namedParameters()) {
+      Arr full = arrOf(p);
+      Dims shape = p.shape();
+      int a = tensorParallelAxis(name, shape);
+      if (a >= 0 && shape[size_t(a)] < 3) a = -1;
+      Arr part = full;
+      if (a >= 0) {
+        int64_t o, len;
+        splitRange(shape[size_t(a)], 3, rank, o, len);
+        part = test::sliceArr(full, size_t(a), o, len);
+      }
+      bufs.emplace_back(size_t(part.numel()));
+      targets.push_back({name, st::DType::F32, part.shape, bufs.back().data()});
+      want.push_back(part);
+    }
+    loadRank(c, nullptr, spec, rank, targets);
+    for (size_t i = 0; i < targets.size(); ++i) {
+      Arr got = want[i];
+      std::memcpy(got.bytes.data(), bufs[i].data(), got.bytes.size());
+      EXPECT_TRUE(sameArr(got, want[i])) << targets[i].key << " rank " << rank;
+    }
+    if (rank == 2) {
+      targets[5].shape = {32, 11};  // blocks.0.attn.proj.weight: rank 2 holds 10 columns
+      EXPECT_EQ(errorOf([&] { loadRank(c, nullptr, spec, rank, targets); }),
+                dir +
+                    "/tp4: key 'blocks.0.attn.proj.weight' has shape [32, 32] in the "
+                    "checkpoint, rank 2 of tp=3 holds [32, 10] (split along axis 1), but the "
+                    "target expects [32, 11]");
+    }
+  }
+}
+
+TEST(ReshardTest, UnevenSizesAcrossAxesWithATinyStagingBuffer) {
+  Arr a = randomArr(st::DType::F32, {10, 7}, 1), b = randomArr(st::DType::BF16, {3, 5, 11}, 2),
+      s = randomArr(st::DType::I64, {}, 3);
+  std::vector<std::pair<std::string, Arr>> named = {{"a", a}, {"b", b}, {"s", s}};
+  const std::string dir = tempDir();
+  test::saveArrs(dir + "/src", named, 3, 0);  // rows 4, 3, 3
+  Checkpoint c = Checkpoint::open(dir + "/src");
+  EXPECT_EQ(c.metadata().find("a")->shards[0].shape, (Dims{4, 7}));
+  for (int tp : {1, 2, 4, 5}) {
+    for (size_t staging : {size_t(8), size_t(64), size_t(1) << 20}) {
+      TargetSpec spec;
+      spec.tp = tp;
+      spec.axis = [](const std::string&, const Dims& sh) { return int(sh.size()) - 1; };
+      ConvertOptions opt;
+      opt.stagingBytes = staging;
+      const std::string dst = dir + "/tp" + std::to_string(tp) + "_" + std::to_string(staging);
+      ConvertStats stats = convert(c, dst, spec, nullptr, opt);
+      EXPECT_EQ(stats.bytesWritten, uint64_t(10 * 7 * 4 + 3 * 5 * 11 * 2 + 8));
+      for (auto& [k, ref] : named)
+        EXPECT_TRUE(sameArr(test::assemble(dst, k), ref)) << k << " " << dst;
+    }
+  }
+}
+
+TEST(ReshardTest, ThreadsWriteIdenticalFiles) {
+  std::vector<std::pair<std::string, Arr>> named;
+  for (int i = 0; i < 12; ++i)
+    named.push_back({"blocks." + std::to_string(i) + ".attn.qkv.weight",
+                     randomArr(st::DType::F32, {48, 16}, uint64_t(i))});
+  const std::string dir = tempDir();
+  test::saveArrs(dir + "/src", named, 4);
+  Checkpoint c = Checkpoint::open(dir + "/src");
+  TargetSpec spec;
+  spec.tp = 3;
+  ConvertOptions one, four;
+  four.threads = 4;
+  convert(c, dir + "/a", spec, nullptr, one);
+  convert(c, dir + "/b", spec, nullptr, four);
+  for (int f = 0; f < 3; ++f) {
+    const std::string name = "/model-0000" + std::to_string(f) + "-of-00003.safetensors";
+    EXPECT_EQ(test::readFileBytes(dir + "/a" + name), test::readFileBytes(dir + "/b" + name));
+  }
+}
+
+// Metadata only: a key of `shape` split into `parts` along `axis` (byte ranges made up).
+KeyInfo tiled(const std::string& name, const Dims& shape, int axis, int parts) {
+  KeyInfo k;
+  k.key = name;
+  k.shape = shape;
+  k.splitAxis = axis;
+  uint64_t at = 0;
+  for (int p = 0; p < parts; ++p) {
+    ShardInfo s;
+    s.offset.assign(shape.size(), 0);
+    s.shape = shape;
+    splitRange(shape[size_t(axis)], parts, p, s.offset[size_t(axis)], s.shape[size_t(axis)]);
+    s.file = uint32_t(p);
+    s.begin = at;
+    s.end = at + st::byteCount(s.shape, k.dtype, name);
+    at = s.end;
+    k.shards.push_back(s);
+  }
+  return k;
+}
+
+TEST(ReshardTest, IntervalJoinFindsExactlyTheOverlappingShards) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    Dims shape = {int64_t(rng() % 40 + 1), int64_t(rng() % 40 + 1)};
+    int sAxis = int(rng() % 2), tAxis = int(rng() % 2);
+    int sParts = int(rng() % std::min<int64_t>(shape[size_t(sAxis)], 9) + 1);
+    int tp = int(rng() % 9 + 2);
+    Metadata m;
+    for (int f = 0; f < sParts; ++f) m.files.push_back(std::string("f").append(std::to_string(f)));
+    m.keys.push_back(tiled("k", shape, sAxis, sParts));
+    TargetSpec spec;
+    spec.tp = tp;
+    spec.axis = [tAxis](const std::string&, const Dims&) { return tAxis; };
+    Plan plan = makePlan(m, nullptr, spec);
+    uint64_t bytes = 0;
+    Dims off, sh;
+    for (const auto& ts : plan.shards) {
+      plan.shardBox(ts, off, sh);
+      std::set<uint32_t> got, want;
+      for (uint32_t i = 0; i < ts.numItems; ++i) got.insert(plan.items[ts.firstItem + i].shard);
+      for (uint32_t s = 0; s < m.keys[0].shards.size(); ++s) {
+        const ShardInfo& si = m.keys[0].shards[s];
+        bool hit = true;
+        for (size_t a = 0; a < 2; ++a)
+          hit = hit && si.offset[a] < off[a] + sh[a] && off[a] < si.offset[a] + si.shape[a];
+        if (hit) want.insert(s);
+      }
+      EXPECT_EQ(got, want) << "trial " << trial;
+      bytes += ts.bytes;
+    }
+    EXPECT_EQ(plan.bytesRead, bytes);
+    EXPECT_EQ(plan.bytesWritten, uint64_t(shape[0] * shape[1] * 4));
+  }
+}
+
+TEST(ReshardTest, ASafetensorsFileIsACheckpoint) {
+  const std::string dir = tempDir();
+  Arr a = randomArr(st::DType::F32, {6, 4}, 1);
+  {
+    st::Writer w(dir + "/one.safetensors", {{"x.attn.qkv.weight", st::DType::F32, {6, 4}}});
+    w.write(0, 0, a.bytes.data(), a.bytes.size());
+  }
+  Checkpoint c = Checkpoint::open(dir + "/one.safetensors");
+  ASSERT_EQ(c.metadata().keys.size(), 1u);
+  TargetSpec spec;
+  spec.tp = 2;
+  convert(c, dir + "/out", spec, nullptr);
+  EXPECT_EQ(Checkpoint::open(dir + "/out").metadata().keys[0].shards.size(), 2u);
+  EXPECT_TRUE(sameArr(test::assemble(dir + "/out", "x.attn.qkv.weight"), a));
+}
+
+TEST(ReshardTest, LoadChecksKeysShapesAndCastsFloats) {
+  const std::string dir = tempDir();
+  Arr a = randomArr(st::DType::BF16, {4, 4}, 1), b = randomArr(st::DType::F32, {3}, 2);
+  std::vector<std::pair<std::string, Arr>> named = {{"a", a}, {"b", b}};
+  test::saveArrs(dir + "/c", named, 2, 0);
+  Checkpoint c = Checkpoint::open(dir + "/c");
+  std::vector<float> fa(16), fb(3);
+  std::vector<HostTensor> t = {{"a", st::DType::F32, {4, 4}, fa.data()},
+                               {"b", st::DType::F32, {3}, fb.data()}};
+  loadTensors(c, nullptr, t);
+  Arr got;
+  got.dtype = st::DType::F32;
+  got.shape = {4, 4};
+  got.bytes.assign(reinterpret_cast<uint8_t*>(fa.data()),
+                   reinterpret_cast<uint8_t*>(fa.data()) + 64);
+  EXPECT_TRUE(sameArr(got, test::castArr(a, st::DType::F32)));
+  std::vector<HostTensor> wrongShape = {{"a", st::DType::F32, {2, 8}, fa.data()},
+                                        {"b", st::DType::F32, {3}, fb.data()}};
+  EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, wrongShape); }),
+            dir + "/c: key 'a' has shape [4, 4] in the checkpoint but the target expects [2, 8]");
+  std::vector<HostTensor> missing = {{"a", st::DType::F32, {4, 4}, fa.data()},
+                                     {"b", st::DType::F32, {3}, fb.data()},
+                                     {"zz", st::DType::F32, {1}, fb.data()}};
+  EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, missing); }),
+            dir + "/c: the checkpoint has no key 'zz' (after the rules)");
+  std::vector<HostTensor> partial = {{"a", st::DType::F32, {4, 4}, fa.data()}};
+  EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, partial); }),
+            dir + "/c: checkpoint key 'b' matches nothing in the target (drop it with 'key -> _')");
+  aoa::Program drop = aoa::parse("b -> _\n", "r.aoa");
+  EXPECT_NO_THROW(loadTensors(c, &drop, partial));
+  std::vector<HostTensor> intoInt = {{"a", st::DType::I64, {4, 4}, fa.data()},
+                                     {"b", st::DType::F32, {3}, fb.data()}};
+  EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, intoInt); }),
+            dir + "/c: key 'a' is BF16 in the checkpoint but the target is I64");
+}
+
+// ---- hostile metadata --------------------------------------------------------------------------
+
+class HostileMetadataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = tempDir();
+    Arr a = randomArr(st::DType::F32, {4, 6}, 1);
+    std::vector<std::pair<std::string, Arr>> named = {{"a", a}};
+    test::saveArrs(dir, named, 2, 0);
+    meta = nlohmann::json::parse(test::readFileBytes(dir + "/" + kMetadataFile));
+  }
+  std::string openWith(const nlohmann::json& j) {
+    test::writeFile(dir + "/" + kMetadataFile, j.dump());
+    return errorOf([&] { Checkpoint::open(dir); });
+  }
+  std::string dir;
+  nlohmann::json meta;
+};
+
+TEST_F(HostileMetadataTest, DisagreesWithTheShards) {
+  auto j = meta;
+  j["keys"]["a"]["dtype"] = "BF16";
+  EXPECT_NE(openWith(j).find("byte_range holds 48 bytes"), std::string::npos) << openWith(j);
+  j = meta;
+  j["keys"]["a"]["dtype"] = "I32";
+  EXPECT_NE(openWith(j).find("metadata says I32, model-00000-of-00002.safetensors says F32"),
+            std::string::npos)
+      << openWith(j);
+  j = meta;
+  j["keys"]["a"]["shards"][0]["byte_range"][0] =
+      j["keys"]["a"]["shards"][0]["byte_range"][0].get<uint64_t>() + 4;
+  j["keys"]["a"]["shards"][0]["byte_range"][1] =
+      j["keys"]["a"]["shards"][0]["byte_range"][1].get<uint64_t>() + 4;
+  EXPECT_NE(openWith(j).find("but model-00000-of-00002.safetensors stores it at"),
+            std::string::npos)
+      << openWith(j);
+  j = meta;
+  j["keys"]["b"] = j["keys"]["a"];
+  EXPECT_NE(openWith(j).find("holds no tensor 'b'"), std::string::npos) << openWith(j);
+}
+
+TEST_F(HostileMetadataTest, BadTilingsAndFields) {
+  auto j = meta;
+  j["keys"]["a"]["shards"][1]["offset"] = {1, 0};
+  EXPECT_NE(openWith(j).find("overlap"), std::string::npos) << openWith(j);
+  j = meta;
+  j["keys"]["a"]["shards"].erase(1);
+  EXPECT_NE(openWith(j).find("do not cover the global shape [4, 6] (missing shards)"),
+            std::string::npos)
+      << openWith(j);
+  j = meta;
+  j["keys"]["a"]["shards"][1]["offset"] = {3, 0};
+  EXPECT_NE(openWith(j).find("leaves the global shape"), std::string::npos) << openWith(j);
+  j = meta;
+  j["keys"]["a"]["shards"][1]["file"] = 7;
+  EXPECT_NE(openWith(j).find("shard file index 7 but there are 2 files"), std::string::npos);
+  j = meta;
+  j["files"][0] = "../../etc/passwd";
+  EXPECT_NE(openWith(j).find("must be a plain name"), std::string::npos);
+  j = meta;
+  j["format"] = "other";
+  EXPECT_NE(openWith(j).find("not a Keel checkpoint"), std::string::npos);
+  j = meta;
+  j["keys"]["a"]["shape"] = {4, -6};
+  EXPECT_NE(openWith(j).find("must be non-negative"), std::string::npos);
+  test::writeFile(dir + "/" + kMetadataFile, "{ not json");
+  EXPECT_NE(errorOf([&] { Checkpoint::open(dir); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(errorOf([&] { Checkpoint::open(dir + "/nope"); }).find("no such checkpoint"),
+            std::string::npos);
+}
+
+TEST_F(HostileMetadataTest, ATruncatedShardFile) {
+  const std::string f = dir + "/model-00001-of-00002.safetensors";
+  std::string bytes = test::readFileBytes(f);
+  test::writeFile(f, bytes.substr(0, bytes.size() - 5));
+  EXPECT_NE(errorOf([&] { Checkpoint::open(dir); }).find("outside the data buffer"),
+            std::string::npos)
+      << errorOf([&] { Checkpoint::open(dir); });
+}
+
+}  // namespace
+}  // namespace keel::ckpt

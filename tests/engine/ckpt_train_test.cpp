@@ -1,0 +1,270 @@
+// Tests for training checkpoints: a run saved at step k (tp=4, tp=3, or resharded to tp=2
+// afterwards) and resumed in a fresh Trainer with another seed gives the same losses and final
+// weights as the uninterrupted run, bit for bit (AdamW and SGD, dense with dropout and MoE);
+// a gpt-mini checkpoint split into separate q, k, v, fused by fused_qkv, split back and
+// re-concatenated loads and gives the same loss; and the `keel train --save-every/--resume` and
+// `keel ckpt` commands work, with one-line errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "ckpt_test_util.h"
+#include "keel/data.h"
+#include "keel/error.h"
+#include "keel/train.h"
+#include "test_util.h"
+
+namespace keel::ckpt {
+namespace {
+
+using test::tempDir;
+
+const std::string kSrc = KEEL_SOURCE_DIR;
+
+std::shared_ptr<const data::TextDataset> corpus() {
+  static auto ds = std::make_shared<const data::TextDataset>(data::TextDataset::defaultCorpus());
+  return ds;
+}
+
+std::vector<uint8_t> bytesOf(const Tensor& t) {
+  Tensor c = t.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data());
+  return std::vector<uint8_t>(p, p + c.nbytes());
+}
+
+struct RunOut {
+  std::vector<double> losses;
+  std::vector<std::vector<uint8_t>> params;
+};
+
+RunOut finish(Trainer& tr, int64_t steps) {
+  RunOut r;
+  for (auto& s : tr.run(steps)) r.losses.push_back(s.loss);
+  for (const auto& p : tr.model().parameters()) r.params.push_back(bytesOf(p));
+  return r;
+}
+
+struct ResumeCase {
+  const char* config;
+  const char* optimizer;
+  double dropout;
+};
+
+class ResumeTest : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(ResumeTest, SameLossCurveBitForBit) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/" + GetParam().config + ".json");
+  cfg.optimizer = GetParam().optimizer;
+  cfg.dropout = GetParam().dropout;
+  const int64_t total = 8, at = 3;
+  Trainer whole(cfg, Device(Backend::Cpu), 11, corpus(), total);
+  RunOut ref = finish(whole, total);
+  const double refVal = whole.evaluate(2);
+
+  Trainer first(cfg, Device(Backend::Cpu), 11, corpus(), total);
+  first.run(at);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(first, dir + "/" + stepDirName(at), 4);
+  saveTrainingCheckpoint(first, dir + "/tp3", 3);
+  TargetSpec t2;
+  t2.tp = 2;
+  convert(Checkpoint::open(dir + "/" + stepDirName(at)), dir + "/tp2", t2, nullptr);
+
+  for (const std::string sub : {"", "/tp3", "/tp2"}) {
+    // A different seed: everything the run depends on must come from the checkpoint.
+    Trainer resumed(cfg, Device(Backend::Cpu), 999, corpus(), total);
+    const std::string used = loadTrainingCheckpoint(resumed, dir + sub);
+    if (sub.empty()) {
+      EXPECT_EQ(used, dir + "/" + stepDirName(at)) << "latest step-* directory";
+    }
+    EXPECT_EQ(resumed.stepsDone(), at);
+    EXPECT_EQ(resumed.seed(), 11u);
+    RunOut got = finish(resumed, total - at);
+    ASSERT_EQ(got.losses.size(), size_t(total - at));
+    for (size_t i = 0; i < got.losses.size(); ++i)
+      EXPECT_EQ(got.losses[i], ref.losses[size_t(at) + i]) << "step " << at + int64_t(i) + 1 << sub;
+    EXPECT_EQ(got.params, ref.params) << sub;
+    EXPECT_EQ(resumed.evaluate(2), refVal) << sub;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ResumeTest,
+                         ::testing::Values(ResumeCase{"gpt-tiny", "adamw", 0.1},
+                                           ResumeCase{"gpt-tiny", "sgd", 0.0},
+                                           ResumeCase{"moe-tiny", "adamw", 0.0}),
+                         [](const auto& info) {
+                           return std::string(info.param.config).substr(0, 3) + "_" +
+                                  info.param.optimizer;
+                         });
+
+TEST(TrainCheckpointTest, ErrorsOnMismatchedRuns) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 1, corpus(), 4);
+  tr.run(1);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/c", 2);
+  GptConfig wider = cfg;
+  wider.d_model = 64;
+  Trainer other(wider, Device(Backend::Cpu), 1, corpus(), 4);
+  try {
+    loadTrainingCheckpoint(other, dir + "/c");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), dir +
+                                         "/c: key 'wte.weight' has shape [256, 32] in the "
+                                         "checkpoint but the target expects [256, 64]");
+  }
+  GptConfig sgd = cfg;
+  sgd.optimizer = "sgd";
+  Trainer withSgd(sgd, Device(Backend::Cpu), 1, corpus(), 4);
+  EXPECT_THROW(loadTrainingCheckpoint(withSgd, dir + "/c"), Error);
+  EXPECT_THROW(loadTrainingCheckpoint(tr, dir + "/none"), Error);
+  EXPECT_THROW(resolveCheckpoint(dir), Error);  // no step-* here
+}
+
+// Note: gpt-mini keeps q, k and v fused in one [3·d, d] weight, q rows first. The rules below
+// split it into separate q, k, v (checkpoint A), fuse those with fused_qkv (per head: q, k, v
+// rows; checkpoint B), split B back and concatenate q, k, v again (checkpoint C).
+TEST(TrainCheckpointTest, SeparateQkvToFusedQkvAndBackGivesTheSameLoss) {
+  GptConfig cfg = loadGptConfig(kSrc + "/configs/gpt-mini.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 3, corpus(), 20);
+  tr.run(2);
+  const double loss = tr.evaluate(2);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/orig", 2);
+  const std::string h = std::to_string(cfg.n_head);
+  auto rules = [&](const std::string& text, const std::string& name) {
+    test::writeFile(dir + "/" + name, text);
+    return aoa::parseFile(dir + "/" + name);
+  };
+  aoa::Program separate = rules(
+      "blocks.$LAYER_ID.attn.qkv.weight -> blocks.$LAYER_ID.attn.q.weight, "
+      "blocks.$LAYER_ID.attn.k.weight, blocks.$LAYER_ID.attn.v.weight, axis=0\n",
+      "separate.aoa");
+  aoa::Program fuse = rules(
+      "blocks.$LAYER_ID.attn.q.weight, blocks.$LAYER_ID.attn.k.weight, "
+      "blocks.$LAYER_ID.attn.v.weight -> blocks.$LAYER_ID.attn.wqkv, fused_qkv, num_heads=" +
+          h + "\n",
+      "fuse.aoa");
+  aoa::Program back = rules(
+      "blocks.$LAYER_ID.attn.wqkv -> q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID, fused_qkv, "
+      "num_heads=" +
+          h +
+          "\n"
+          "q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID -> blocks.$LAYER_ID.attn.qkv.weight, axis=0\n",
+      "back.aoa");
+  TargetSpec spec;
+  spec.tp = 4;
+  convert(Checkpoint::open(dir + "/orig"), dir + "/A", spec, &separate);
+  spec.tp = 1;
+  convert(Checkpoint::open(dir + "/A"), dir + "/B", spec, &fuse);
+  spec.tp = 2;
+  convert(Checkpoint::open(dir + "/B"), dir + "/C", spec, &back);
+
+  const Checkpoint a = Checkpoint::open(dir + "/A");
+  EXPECT_NE(a.metadata().find("blocks.3.attn.k.weight"), nullptr);
+  EXPECT_NE(a.metadata().find("blocks.3.attn.k.weight::exp_avg_sq"), nullptr);
+  EXPECT_EQ(a.metadata().find("blocks.3.attn.qkv.weight"), nullptr);
+  EXPECT_EQ(a.metadata().find("blocks.0.attn.q.weight")->shards.size(), 4u) << "column-parallel";
+  // B's fused rows differ from the original [q; k; v] layout: row hd is k's first row.
+  test::Arr orig = test::assemble(dir + "/orig", "blocks.0.attn.qkv.weight");
+  test::Arr fused = test::assemble(dir + "/B", "blocks.0.attn.wqkv");
+  const size_t row = size_t(cfg.d_model) * 4, hd = size_t(cfg.headDim());
+  EXPECT_EQ(0, std::memcmp(fused.bytes.data() + hd * row,
+                           orig.bytes.data() + size_t(cfg.d_model) * row, row));
+  EXPECT_NE(fused.bytes, orig.bytes);
+  EXPECT_TRUE(test::sameArr(test::assemble(dir + "/C", "blocks.0.attn.qkv.weight"), orig));
+
+  Trainer loaded(cfg, Device(Backend::Cpu), 77, corpus(), 20);
+  loadTrainingCheckpoint(loaded, dir + "/C");
+  EXPECT_EQ(loaded.evaluate(2), loss);
+  EXPECT_EQ(loaded.step().loss, tr.step().loss);
+}
+
+// ---- the command-line tool --------------------------------------------------------------------
+
+#ifdef KEEL_CLI_PATH
+using keel::test::expectOneLineError;
+using keel::test::runKeelCli;
+
+std::vector<std::string> stepLines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream is(out);
+  for (std::string l; std::getline(is, l);)
+    if (l.rfind("step ", 0) == 0) lines.push_back(l.substr(0, l.find("  lr")));
+  return lines;
+}
+
+TEST(CkptCliTest, TrainSaveEveryAndResume) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --seed 4 --eval-batches 0 ";
+  auto whole = runKeelCli(base + "--steps 6", dir);
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  auto part = runKeelCli(base + "--steps 6 --save-every 2 --ckpt-dir " + dir + "/ck --tp 4", dir);
+  ASSERT_EQ(part.status, 0) << part.err;
+  EXPECT_NE(part.out.find("saved " + dir + "/ck/step-000004 (tp=4)"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ck/step-000006/keel-checkpoint.json"));
+  auto resumed = runKeelCli(base + "--steps 6 --resume " + dir + "/ck/step-000004 --seed 123", dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from " + dir + "/ck/step-000004 at step 4 (seed 4)"),
+            std::string::npos)
+      << resumed.out;
+  auto a = stepLines(whole.out), b = stepLines(resumed.out);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], a[4]);
+  EXPECT_EQ(b[1], a[5]);
+
+  auto inspect = runKeelCli("ckpt inspect " + dir + "/ck/step-000002", dir);
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("4 files"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("blocks.0.attn.qkv.weight"), std::string::npos);
+  EXPECT_NE(inspect.out.find("4 shards along axis 0"), std::string::npos);
+
+  test::writeFile(dir + "/r.aoa", "blocks.$LAYER_ID.attn.qkv.weight^T -> t.$LAYER_ID\n");
+  auto plan =
+      runKeelCli("ckpt plan " + dir + "/ck/step-000002 --target-tp 2 --aoa " + dir + "/r.aoa", dir);
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_NE(plan.out.find("-> 92 target keys in 2 files (tp=2)"), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("permute [1,0]"), std::string::npos);
+  EXPECT_NE(plan.out.find("bytes moved:"), std::string::npos);
+
+  auto conv =
+      runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/tp1 --threads 2", dir);
+  ASSERT_EQ(conv.status, 0) << conv.err;
+  EXPECT_NE(conv.out.find("(tp=1)"), std::string::npos) << conv.out;
+  auto again = runKeelCli(base + "--steps 6 --resume " + dir + "/tp1", dir);
+  ASSERT_EQ(again.status, 0) << again.err;
+  auto c = stepLines(again.out);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[3], a[5]);
+}
+
+TEST(CkptCliTest, OneLineErrors) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
+  expectOneLineError(runKeelCli(base + "--steps 2 --save-every 1", dir),
+                     "--save-every needs --ckpt-dir");
+  expectOneLineError(runKeelCli(base + "--steps 2 --resume " + dir + "/none", dir),
+                     "no such checkpoint directory");
+  ASSERT_EQ(runKeelCli(base + "--steps 2 --ckpt-dir " + dir + "/ck", dir).status, 0);
+  expectOneLineError(runKeelCli(base + "--steps 2 --resume " + dir + "/ck", dir),
+                     "is at step 2, not before --steps 2: nothing left to train");
+  expectOneLineError(runKeelCli("ckpt inspect " + dir + "/nothing", dir), "no such checkpoint");
+  expectOneLineError(runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/ck", dir),
+                     "is not empty (refusing to overwrite)");
+  test::writeFile(dir + "/bad.aoa", "wte.weight -> x\nnorm_f.weight -> x\n");
+  expectOneLineError(
+      runKeelCli("ckpt plan " + dir + "/ck --target-tp 2 --aoa " + dir + "/bad.aoa", dir),
+      dir + "/bad.aoa:2:18: rule produces 'x', which already exists");
+  test::writeFile(dir + "/junk.safetensors", std::string("\xff\xff\xff\xff\0\0\0\0{}", 10));
+  expectOneLineError(runKeelCli("ckpt inspect " + dir + "/junk.safetensors", dir),
+                     "exceeds the file");
+  expectOneLineError(runKeelCli("ckpt plan " + dir + "/ck --target-tp 0", dir), "--target-tp");
+  expectOneLineError(runKeelCli("ckpt", dir), "");
+}
+#endif
+
+}  // namespace
+}  // namespace keel::ckpt

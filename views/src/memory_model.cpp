@@ -1,0 +1,533 @@
+// MemoryModel: see memory_model.h. Replays mem_events rows; no Qt.
+#include "keel/views/memory_model.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <unordered_set>
+
+#include "keel/storage/reader.h"
+
+namespace keel::views {
+
+// Note [Memory replay]: the state at event k is what events 0..k did, in order:
+//   alloc: a live block [address, address+bytes) appears (remembering its alloc event);
+//   free: the live block at address goes; compact: the live block at address moves to toAddress
+//   (vmm compaction; it keeps its alloc event); reserve / map: a segment (caching) or a 2 MiB
+//   chunk (vmm) at [address, address+bytes) becomes mapped; unmap: that chunk stays in the map as
+//   unmapped (a hole the vmm allocator may fill by remapping); release: caching segments in the
+//   range go away (a vmm release follows its chunk's unmap, and leaves the hole); move (a vmm
+//   remap) changes nothing by itself: the unmap of the source and the map of the target are
+//   their own events; track_begin / track_end mark tracking sections only.
+// A free of an unknown address (allocated before the recording began) is ignored. Checkpoints
+// every `every_` events hold the whole state, so stateAt(k) replays at most `every_` events.
+
+namespace {
+
+enum class Kind : uint8_t {
+  Alloc,
+  Free,
+  Reserve,
+  Release,
+  Map,
+  Unmap,
+  Move,
+  Compact,
+  TrackBegin,
+  TrackEnd,
+  Other
+};
+
+Kind kindOf(const std::string& k) {
+  static const std::unordered_map<std::string, Kind> kinds = {
+      {"alloc", Kind::Alloc},       {"free", Kind::Free},       {"reserve", Kind::Reserve},
+      {"release", Kind::Release},   {"map", Kind::Map},         {"unmap", Kind::Unmap},
+      {"move", Kind::Move},         {"compact", Kind::Compact}, {"track_begin", Kind::TrackBegin},
+      {"track_end", Kind::TrackEnd}};
+  auto it = kinds.find(k);
+  return it == kinds.end() ? Kind::Other : it->second;
+}
+
+}  // namespace
+
+struct MemoryModel::Work {
+  std::map<uint64_t, MemBlock> blocks;
+  std::map<uint64_t, MemSegment> segs;
+  uint64_t liveBytes = 0;
+
+  void load(const MemState& s) {
+    blocks.clear();
+    segs.clear();
+    for (const MemBlock& b : s.blocks) blocks.emplace_hint(blocks.end(), b.address, b);
+    for (const MemSegment& g : s.segments) segs.emplace_hint(segs.end(), g.address, g);
+    liveBytes = s.liveBytes;
+  }
+  MemState save(int64_t cursor) const {
+    MemState s;
+    s.cursor = cursor;
+    s.blocks.reserve(blocks.size());
+    for (const auto& [a, b] : blocks) s.blocks.push_back(b);
+    s.segments.reserve(segs.size());
+    for (const auto& [a, g] : segs) s.segments.push_back(g);
+    s.liveBytes = liveBytes;
+    return s;
+  }
+};
+
+MemoryModel::MemoryModel(size_t checkpointEvery) : every_(checkpointEvery) {}
+
+void MemoryModel::addOps(const std::vector<storage::OpRecord>& ops) {
+  for (const storage::OpRecord& o : ops) {
+    MemOp m;
+    m.seq = o.seq;
+    m.step = o.step;
+    m.name = o.name;
+    m.phase = o.phase;
+    m.scope = o.scope;
+    m.beginNs = o.beginNs;
+    m.endNs = o.endNs;
+    m.forwardSeq = o.forwardSeq;
+    m.stackId = o.stackId;
+    for (const storage::TensorRecord& t : o.tensors) {
+      if (t.bufferId == 0) continue;
+      const bool out = t.role == storage::Role::Output;
+      if (out) m.outputBuffers.push_back(t.bufferId);
+      MemBuffer& b = buffers_[t.bufferId];
+      auto record = [&] {
+        b.tensor = MemTensor{o.seq, out, t.index, t.tensorId, t.shape, t.dtype};
+      };
+      if (!b.tensor || (out && !b.tensor->output)) {
+        record();
+      } else if (out && b.tensor->output && t.tensorId != b.tensor->tensorId &&
+                 o.seq > b.tensor->opSeq && b.viewOpSeq == 0) {
+        b.viewOpSeq = o.seq;
+      }
+    }
+    ops_.push_back(std::move(m));
+  }
+}
+
+void MemoryModel::addStack(const storage::StackRecord& stack, size_t maxFrames) {
+  std::vector<storage::StackFrame> frames(
+      stack.frames.begin(), stack.frames.begin() + std::min(maxFrames, stack.frames.size()));
+  stacks_[stack.id] = std::move(frames);
+}
+
+void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
+  events_ = std::move(events);
+  // Ops by seq, and each forward op's last backward op.
+  std::stable_sort(ops_.begin(), ops_.end(),
+                   [](const MemOp& a, const MemOp& b) { return a.seq < b.seq; });
+  ops_.erase(std::unique(ops_.begin(), ops_.end(),
+                         [](const MemOp& a, const MemOp& b) { return a.seq == b.seq; }),
+             ops_.end());
+  for (const MemOp& o : ops_) {
+    if (o.forwardSeq == 0 || o.phase != "backward") continue;
+    auto it = std::lower_bound(ops_.begin(), ops_.end(), o.forwardSeq,
+                               [](const MemOp& a, uint64_t s) { return a.seq < s; });
+    if (it == ops_.end() || it->seq != o.forwardSeq) continue;
+    if (it->backwardSeq == 0 || o.endNs >= it->backwardEndNs) {
+      it->backwardSeq = o.seq;
+      it->backwardEndNs = o.endNs;
+    }
+  }
+
+  const size_t n = events_.size();
+  if (every_ == 0) every_ = std::max<size_t>(256, (n + 255) / 256);
+  kinds_.resize(n);
+  for (size_t i = 0; i < n; ++i) kinds_[i] = uint8_t(kindOf(events_[i].kind));
+  auto kinds = [this](size_t i) { return Kind(kinds_[i]); };
+  allocated_.assign(n, 0);
+  reserved_.assign(n, 0);
+
+  // One pass: checkpoints, op event ranges, step starts, peaks, tracking sections.
+  checkpoints_.clear();
+  opEvents_.clear();
+  stepStarts_.clear();
+  sections_.clear();
+  hasSegments_ = hasChunks_ = false;
+  peakAllocated_ = peakReserved_ = 0;
+  Work w;
+  struct Open {
+    size_t section;
+    std::unordered_set<uint32_t> mine;  // alloc events of blocks allocated inside, still live
+    uint64_t cur = 0;
+  };
+  std::vector<Open> open;
+  std::unordered_map<uint64_t, uint32_t> liveAt;  // address -> alloc event
+  std::unordered_map<uint32_t, uint64_t> addrOf;  // alloc event -> address, live blocks
+  auto finishSection = [&](Open& o, std::optional<size_t> end) {
+    MemSection& s = sections_[o.section];
+    s.endEvent = end;
+    s.aliveBytes = o.cur;
+    s.alive.clear();
+    for (uint32_t ev : o.mine) s.alive.push_back(MemBlock{addrOf[ev], events_[ev].bytes, ev});
+    std::sort(s.alive.begin(), s.alive.end(), [](const MemBlock& x, const MemBlock& y) {
+      return x.bytes != y.bytes ? x.bytes > y.bytes : x.address < y.address;
+    });
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (i % every_ == 0) checkpoints_.push_back(w.save(int64_t(i) - 1));
+    const storage::MemRecord& e = events_[i];
+    if (e.opSeq) {
+      auto [it, fresh] = opEvents_.try_emplace(e.opSeq, i, i);
+      if (!fresh) it->second.second = i;
+    }
+    if (i == 0 || e.step != events_[i - 1].step) stepStarts_.emplace_back(i, e.step);
+    const bool mark = kinds(i) == Kind::TrackBegin || kinds(i) == Kind::TrackEnd;
+    allocated_[i] = mark ? (i ? allocated_[i - 1] : 0) : e.allocatedAfter;
+    reserved_[i] = mark ? (i ? reserved_[i - 1] : 0) : e.reservedAfter;
+    peakAllocated_ = std::max(peakAllocated_, allocated_[i]);
+    peakReserved_ = std::max(peakReserved_, reserved_[i]);
+    switch (kinds(i)) {
+      case Kind::Reserve:
+      case Kind::Release:
+        hasSegments_ = true;
+        break;
+      case Kind::Map:
+      case Kind::Unmap:
+      case Kind::Move:
+      case Kind::Compact:
+        hasSegments_ = hasChunks_ = true;
+        break;
+      case Kind::Alloc:
+        if (auto old = liveAt.find(e.address); old != liveAt.end()) {  // a free we never saw
+          for (Open& o : open)
+            if (o.mine.erase(old->second)) o.cur -= events_[old->second].bytes;
+          addrOf.erase(old->second);
+        }
+        liveAt[e.address] = uint32_t(i);
+        addrOf[uint32_t(i)] = e.address;
+        for (Open& o : open) {
+          MemSection& s = sections_[o.section];
+          s.allocs++;
+          s.bytesAllocated += e.bytes;
+          o.mine.insert(uint32_t(i));
+          o.cur += e.bytes;
+          s.peakBytes = std::max(s.peakBytes, o.cur);
+        }
+        break;
+      case Kind::Free: {
+        auto it = liveAt.find(e.address);
+        for (Open& o : open) {
+          MemSection& s = sections_[o.section];
+          s.frees++;
+          s.bytesFreed += e.bytes;
+          if (it != liveAt.end() && o.mine.erase(it->second)) o.cur -= events_[it->second].bytes;
+        }
+        if (it != liveAt.end()) {
+          addrOf.erase(it->second);
+          liveAt.erase(it);
+        }
+        break;
+      }
+      case Kind::TrackBegin:
+        sections_.push_back(MemSection{e.label, i, std::nullopt, 0, 0, 0, 0, 0, 0, {}});
+        open.push_back(Open{sections_.size() - 1, {}, 0});
+        break;
+      default:
+        break;
+    }
+    if (kinds(i) == Kind::Compact) {
+      if (auto it = liveAt.find(e.address); it != liveAt.end()) {
+        uint32_t ev = it->second;
+        liveAt.erase(it);
+        liveAt[e.toAddress] = ev;
+        addrOf[ev] = e.toAddress;
+      }
+    }
+    apply(w, i);
+    if (kinds(i) == Kind::TrackEnd) {
+      for (size_t j = open.size(); j-- > 0;) {
+        if (sections_[open[j].section].name != e.label) continue;
+        finishSection(open[j], i);
+        open.erase(open.begin() + std::ptrdiff_t(j));
+        break;
+      }
+    }
+  }
+  for (Open& o : open) finishSection(o, std::nullopt);
+}
+
+void MemoryModel::apply(Work& w, size_t i) const {
+  const storage::MemRecord& e = events_[i];
+  switch (Kind(kinds_[i])) {
+    case Kind::Alloc: {
+      auto [it, fresh] = w.blocks.try_emplace(e.address, MemBlock{e.address, e.bytes, uint32_t(i)});
+      if (!fresh) {  // a free we never saw: the new block replaces it
+        w.liveBytes -= it->second.bytes;
+        it->second = MemBlock{e.address, e.bytes, uint32_t(i)};
+      }
+      w.liveBytes += e.bytes;
+      break;
+    }
+    case Kind::Free:
+      if (auto it = w.blocks.find(e.address); it != w.blocks.end()) {
+        w.liveBytes -= it->second.bytes;
+        w.blocks.erase(it);
+      }
+      break;
+    case Kind::Compact:
+      if (auto it = w.blocks.find(e.address); it != w.blocks.end()) {
+        MemBlock b = it->second;
+        w.blocks.erase(it);
+        b.address = e.toAddress;
+        if (auto old = w.blocks.find(b.address); old != w.blocks.end()) {
+          w.liveBytes -= old->second.bytes;
+          w.blocks.erase(old);
+        }
+        w.blocks.emplace(b.address, b);
+      }
+      break;
+    case Kind::Reserve:
+    case Kind::Map:
+      w.segs[e.address] = MemSegment{e.address, e.bytes, true};
+      break;
+    case Kind::Unmap:
+      w.segs[e.address] = MemSegment{e.address, e.bytes, false};
+      break;
+    case Kind::Release:
+      for (auto it = w.segs.lower_bound(e.address);
+           it != w.segs.end() && it->first < e.address + std::max<uint64_t>(e.bytes, 1);) {
+        if (it->second.mapped)
+          it = w.segs.erase(it);
+        else
+          ++it;
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+MemState MemoryModel::stateAt(int64_t k) const {
+  if (k < 0 || events_.empty()) return MemState{};
+  k = std::min<int64_t>(k, int64_t(events_.size()) - 1);
+  size_t c = std::min(size_t(k + 1) / every_, checkpoints_.size() - 1);
+  Work w;
+  w.load(checkpoints_[c]);
+  for (size_t i = c * every_; i <= size_t(k); ++i) apply(w, i);
+  return w.save(k);
+}
+
+double MemoryModel::fragmentationAfter(size_t i) const {
+  const uint64_t r = reserved_[i], a = std::min(allocated_[i], r);
+  return r ? double(r - a) / double(r) : 0.0;
+}
+
+std::string MemoryModel::allocatorKind() const {
+  if (hasChunks_) return "vmm";
+  if (hasSegments_) return "caching";
+  return events_.empty() ? std::string() : std::string("host");
+}
+
+const MemOp* MemoryModel::op(uint64_t seq) const {
+  auto it = std::lower_bound(ops_.begin(), ops_.end(), seq,
+                             [](const MemOp& a, uint64_t s) { return a.seq < s; });
+  return it != ops_.end() && it->seq == seq ? &*it : nullptr;
+}
+
+const MemBuffer* MemoryModel::buffer(uint64_t bufferId) const {
+  if (bufferId == 0) return nullptr;
+  auto it = buffers_.find(bufferId);
+  return it == buffers_.end() ? nullptr : &it->second;
+}
+
+const std::vector<storage::StackFrame>* MemoryModel::stack(int64_t id) const {
+  auto it = stacks_.find(id);
+  return it == stacks_.end() ? nullptr : &it->second;
+}
+
+// Note [Why alive]: the first rule that holds names why a live block at the cursor still exists.
+//   1. its alloc event is tagged parameter -> "parameter"; optimizer_state -> "optimizer state";
+//      data -> "input batch" (the engine tags these allocations with MemTagScope);
+//   2. a forward op allocated it, that op has a recorded backward op, and the cursor is before
+//      the last such backward op ended -> "saved for backward (op #S name)";
+//   3. a later op's output views its buffer (same bufferId, another tensor id) and that op began
+//      by the cursor -> "base of a view (op #S name)";
+//   4. otherwise -> "held by a user reference" (a tensor the program still holds: an activation
+//      kept by the caller, a gradient, a cached value).
+// Times compare the cursor event's timeNs with the ops' begin/end times (one engine clock).
+WhyAlive MemoryModel::whyAlive(const MemBlock& b, int64_t cursor) const {
+  const storage::MemRecord& a = events_[b.allocEvent];
+  if (a.tag == "parameter") return {AliveReason::Parameter, 0, "parameter"};
+  if (a.tag == "optimizer_state") return {AliveReason::OptimizerState, 0, "optimizer state"};
+  if (a.tag == "data") return {AliveReason::InputBatch, 0, "input batch"};
+  const int64_t t =
+      cursor >= 0 && size_t(cursor) < events_.size() ? events_[size_t(cursor)].timeNs : a.timeNs;
+  auto opText = [](const MemOp& o) { return "op #" + std::to_string(o.seq) + " " + o.name; };
+  if (const MemOp* o = a.opSeq ? op(a.opSeq) : nullptr;
+      o && o->phase == "forward" && o->backwardSeq && t < o->backwardEndNs)
+    return {AliveReason::SavedForBackward, o->seq, "saved for backward (" + opText(*o) + ")"};
+  if (const MemBuffer* buf = buffer(a.bufferId); buf && buf->viewOpSeq) {
+    if (const MemOp* v = op(buf->viewOpSeq); v && v->beginNs <= t)
+      return {AliveReason::ViewBase, v->seq, "base of a view (" + opText(*v) + ")"};
+  }
+  return {AliveReason::UserReference, 0, "held by a user reference"};
+}
+
+std::vector<size_t> MemoryModel::blocksOfOp(const MemState& state, uint64_t seq) const {
+  std::vector<size_t> out;
+  const MemOp* o = op(seq);
+  for (size_t i = 0; i < state.blocks.size(); ++i) {
+    const storage::MemRecord& a = events_[state.blocks[i].allocEvent];
+    bool mine = a.opSeq == seq;
+    if (!mine && o && a.bufferId)
+      mine = std::find(o->outputBuffers.begin(), o->outputBuffers.end(), a.bufferId) !=
+             o->outputBuffers.end();
+    if (mine) out.push_back(i);
+  }
+  return out;
+}
+
+std::optional<std::pair<size_t, size_t>> MemoryModel::opEvents(uint64_t seq) const {
+  auto it = opEvents_.find(seq);
+  if (it == opEvents_.end()) return std::nullopt;
+  return it->second;
+}
+
+int64_t MemoryModel::lastEventBeforeOp(uint64_t seq) const {
+  const MemOp* o = op(seq);
+  if (!o) return -1;
+  auto it = std::partition_point(events_.begin(), events_.end(), [&](const storage::MemRecord& e) {
+    return e.timeNs <= o->beginNs;
+  });
+  return int64_t(it - events_.begin()) - 1;
+}
+
+std::vector<MemBucket> MemoryModel::histogram(const MemState& state) {
+  std::map<int, MemBucket> byClass;
+  for (const MemBlock& b : state.blocks) {
+    const int lg = b.bytes ? int(std::bit_width(b.bytes)) - 1 : 0;
+    MemBucket& k = byClass[lg];
+    k.log2 = lg;
+    k.count++;
+    k.bytes += b.bytes;
+  }
+  std::vector<MemBucket> out;
+  if (byClass.empty()) return out;
+  for (int lg = byClass.begin()->first; lg <= byClass.rbegin()->first; ++lg) {
+    auto it = byClass.find(lg);
+    out.push_back(it == byClass.end() ? MemBucket{lg, 0, 0} : it->second);
+  }
+  return out;
+}
+
+// ---- layout ----
+
+MemLayout layoutMemory(const MemState& state, MemScale scale) {
+  MemLayout L;
+  auto length = [scale](uint64_t bytes) -> uint64_t {
+    if (scale == MemScale::Linear) return std::max<uint64_t>(bytes, 1);
+    return 16 * uint64_t(std::bit_width(std::max<uint64_t>(bytes, 256) >> 8));
+  };
+  bool newSpan = true;
+  auto add = [&](MemPiece::Kind kind, uint64_t address, uint64_t bytes, int64_t block,
+                 bool inSegment) {
+    if (bytes == 0) return;
+    MemPiece p;
+    p.kind = kind;
+    p.address = address;
+    p.bytes = bytes;
+    p.block = block;
+    p.offset = L.total;
+    p.length = length(bytes);
+    p.gapBefore = newSpan && !L.pieces.empty();
+    p.inSegment = inSegment;
+    if (newSpan) L.spans++;
+    newSpan = false;
+    L.total += p.length;
+    L.pieces.push_back(p);
+  };
+
+  // Runs of touching segments with the same mapping state.
+  struct Run {
+    uint64_t a0, a1;
+    bool mapped;
+    bool touchesPrev;
+  };
+  std::vector<Run> runs;
+  for (const MemSegment& g : state.segments) {
+    if (!runs.empty() && runs.back().a1 == g.address && runs.back().mapped == g.mapped) {
+      runs.back().a1 = g.address + g.bytes;
+      continue;
+    }
+    const bool touches = !runs.empty() && runs.back().a1 == g.address;
+    runs.push_back(Run{g.address, g.address + g.bytes, g.mapped, touches});
+  }
+  // Which blocks lie in a mapped run.
+  std::vector<bool> inside(state.blocks.size(), false);
+  size_t bi = 0;
+  for (const Run& r : runs) {
+    if (!r.touchesPrev) newSpan = true;
+    while (bi < state.blocks.size() && state.blocks[bi].address < r.a0) ++bi;
+    if (!r.mapped) {
+      add(MemPiece::Kind::Unmapped, r.a0, r.a1 - r.a0, -1, true);
+      continue;
+    }
+    uint64_t at = r.a0;
+    while (bi < state.blocks.size() && state.blocks[bi].address < r.a1) {
+      const MemBlock& b = state.blocks[bi];
+      if (b.address > at) add(MemPiece::Kind::Free, at, b.address - at, -1, true);
+      add(MemPiece::Kind::Block, b.address, b.bytes, int64_t(bi), true);
+      inside[bi] = true;
+      at = std::max(at, b.address + b.bytes);
+      ++bi;
+    }
+    if (at < r.a1) add(MemPiece::Kind::Free, at, r.a1 - at, -1, true);
+  }
+  // Blocks outside every segment: compactly by address, each gap elided.
+  uint64_t prevEnd = 0;
+  bool first = true;
+  for (size_t i = 0; i < state.blocks.size(); ++i) {
+    if (inside[i]) continue;
+    const MemBlock& b = state.blocks[i];
+    if (first || b.address != prevEnd) newSpan = true;
+    first = false;
+    add(MemPiece::Kind::Block, b.address, b.bytes, int64_t(i), false);
+    prevEnd = b.address + b.bytes;
+    L.blocksOutside++;
+  }
+  return L;
+}
+
+std::string formatBytes(uint64_t bytes) {
+  char buf[32];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+    return buf;
+  }
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+// ---- loading ----
+
+MemoryModel loadMemoryModel(const storage::Recording& rec) {
+  MemoryModel m;
+  std::vector<storage::MemRecord> events = rec.memEvents({});
+  if (events.empty()) return m;  // nothing to explain: skip reading the ops
+  std::vector<int64_t> steps{0};
+  for (const storage::StepRecord& s : rec.steps())
+    if (s.step != 0) steps.push_back(s.step);
+  for (int64_t s : steps) m.addOps(rec.stepOps(s));
+  std::set<int64_t> stackIds;
+  for (const storage::MemRecord& e : events)
+    if (e.stackId >= 0) stackIds.insert(e.stackId);
+  for (int64_t id : stackIds)
+    if (auto s = rec.stack(id)) m.addStack(*s);
+  m.setEvents(std::move(events));
+  return m;
+}
+
+}  // namespace keel::views
