@@ -25,19 +25,6 @@ struct CkptArgs {
   CLI::App *inspect = nullptr, *plan = nullptr, *convert = nullptr;
 };
 
-std::string human(uint64_t n) {
-  char buf[32];
-  if (n >= (uint64_t(1) << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", double(n) / double(1 << 30));
-  else if (n >= (uint64_t(1) << 20))
-    std::snprintf(buf, sizeof buf, "%.2f MiB", double(n) / double(1 << 20));
-  else if (n >= 1024)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", double(n) / 1024.0);
-  else
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", n);
-  return buf;
-}
-
 std::string dims(const ckpt::Dims& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
@@ -59,7 +46,7 @@ int runInspect(const CkptArgs& a) {
   size_t shards = 0;
   for (const auto& k : m.keys) shards += k.shards.size();
   std::printf("checkpoint %s: %zu files, %zu keys, %zu shards, %s\n", c.path().c_str(),
-              m.files.size(), m.keys.size(), shards, human(c.totalBytes()).c_str());
+              m.files.size(), m.keys.size(), shards, ckpt::humanBytes(c.totalBytes()).c_str());
   if (!m.trainState.empty()) std::printf("train state: %s\n", m.trainState.c_str());
   std::map<uint32_t, std::pair<size_t, uint64_t>> perFile;
   for (const auto& k : m.keys)
@@ -70,7 +57,7 @@ int runInspect(const CkptArgs& a) {
   std::printf("files:\n");
   for (size_t f = 0; f < m.files.size(); ++f)
     std::printf("  %-36s %6zu tensors  %s\n", m.files[f].c_str(), perFile[uint32_t(f)].first,
-                human(perFile[uint32_t(f)].second).c_str());
+                ckpt::humanBytes(perFile[uint32_t(f)].second).c_str());
   std::printf("keys:\n");
   for (const auto& k : m.keys) {
     std::string layout;
@@ -116,7 +103,7 @@ int runConvert(const CkptArgs& a) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr, "\r[%.*s%*s] %3.0f%%  %s / %s  %.0f MiB/s ", fill,
                    "##############################", width - fill, "", f * 100.0,
-                   human(done).c_str(), human(total).c_str(),
+                   ckpt::humanBytes(done).c_str(), ckpt::humanBytes(total).c_str(),
                    s > 0 ? double(done) / s / double(1 << 20) : 0.0);
       std::fflush(stderr);
     };
@@ -126,7 +113,7 @@ int runConvert(const CkptArgs& a) {
       "converted %s -> %s (tp=%d): %zu shards in %zu files, %s written, %s read, %.2f s "
       "(%.0f MiB/s)\n",
       c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.files,
-      human(st.bytesWritten).c_str(), human(st.bytesRead).c_str(), st.seconds,
+      ckpt::humanBytes(st.bytesWritten).c_str(), ckpt::humanBytes(st.bytesRead).c_str(), st.seconds,
       st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 
+#include "alloc_test_util.h"
 #include "keel/allocator.h"
 #include "keel/data.h"
 #include "keel/train.h"
@@ -229,56 +230,17 @@ TEST(VmmAllocatorTest, RandomizedStressKeepsDataThroughDefragmentation) {
   o.reserve = size_t(4) << 30;
   o.limit = 48 * kMiB;
   VmmAllocator a(o);
-  std::mt19937_64 rng(7);
-  struct Live {
-    size_t n;
-    uint8_t seed;
-  };
-  std::map<void*, Live> live;
-  auto verifyAll = [&] {
-    for (auto& [p, l] : live) ASSERT_TRUE(intact(p, l.n, l.seed)) << "block at " << p;
-  };
-  uint64_t defrags = 0, ooms = 0, checks = 0;
-  for (int op = 0; op < 6000; ++op) {
-    bool doAlloc = live.empty() || rng() % 100 < 55;
-    if (doAlloc) {
-      size_t n = rng() % 4 == 0 ? 1 + rng() % (6 * kMiB) : 1 + rng() % (256 << 10);
-      void* p = nullptr;
-      try {
-        p = a.allocate(n);
-      } catch (const Error&) {
-        ooms++;
-      }
-      if (p) {
-        uint8_t seed = uint8_t(rng());
-        fill(p, n, seed);
-        live[p] = {n, seed};
-      }
-    } else {
-      auto it = live.begin();
-      std::advance(it, rng() % live.size());
-      ASSERT_TRUE(intact(it->first, it->second.n, it->second.seed));
-      a.deallocate(it->first, it->second.n);
-      live.erase(it);
-    }
-    AllocatorStats s = a.stats();
-    ASSERT_LE(s.reserved, o.limit);
-    ASSERT_EQ(s.bytesCopied, 0u);
-    if (s.defrags != defrags) {
-      defrags = s.defrags;
-      verifyAll();
-      checks++;
-    }
-    if (op % 1000 == 999) a.emptyCache();
-  }
-  verifyAll();
-  for (auto& [p, l] : live) a.deallocate(p, l.n);
-  EXPECT_EQ(a.stats().allocated, 0u);
-  EXPECT_GE(defrags, 5u) << "the stress test should exercise remapping";
-  RecordProperty("defrags", int(defrags));
-  RecordProperty("ooms", int(ooms));
+  test::StressOptions so;
+  so.limit = o.limit;
+  test::StressResult r;
+  test::runAllocStress(a, so, fill, intact, r);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(r.bytesCopied, 0u);  // raw blocks are never moved: remapping only
+  EXPECT_GE(r.defrags, 5u) << "the stress test should exercise remapping";
+  RecordProperty("defrags", int(r.defrags));
+  RecordProperty("ooms", int(r.ooms));
   std::printf("stress: %llu defragmentations checked, %llu refused requests\n",
-              (unsigned long long)checks, (unsigned long long)ooms);
+              (unsigned long long)r.checks, (unsigned long long)r.ooms);
 }
 
 // ---- selection and the engine ---------------------------------------------------------------

@@ -562,6 +562,8 @@ std::string fileName(int rank, int ranks) {
   return buf;
 }
 
+}  // namespace detail
+
 std::string humanBytes(uint64_t n) {
   char buf[32];
   if (n >= (uint64_t(1) << 30))
@@ -575,8 +577,6 @@ std::string humanBytes(uint64_t n) {
   return buf;
 }
 
-}  // namespace detail
-
 Plan makePlan(const Metadata& src, const aoa::Program* rules, const TargetSpec& spec) {
   return detail::planFor(src, aoa::apply(rules, detail::sourceKeys(src)), spec, true);
 }
@@ -588,9 +588,9 @@ std::string describePlan(const Plan& plan, const Metadata& src, size_t maxItems)
   os << "plan: " << src.keys.size() << " source keys in " << src.files.size() << " files -> "
      << plan.target.keys.size() << " target keys in " << plan.tp << " files (tp=" << plan.tp
      << "), " << plan.shards.size() << " target shards, " << plan.items.size() << " reads\n";
-  os << "bytes moved: " << plan.bytesRead << " read (" << detail::humanBytes(plan.bytesRead)
-     << "), " << plan.bytesWritten << " written (" << detail::humanBytes(plan.bytesWritten)
-     << "); largest target shard " << detail::humanBytes(plan.maxShardBytes) << "\n";
+  os << "bytes moved: " << plan.bytesRead << " read (" << humanBytes(plan.bytesRead) << "), "
+     << plan.bytesWritten << " written (" << humanBytes(plan.bytesWritten)
+     << "); largest target shard " << humanBytes(plan.maxShardBytes) << "\n";
   Dims off, shape;
   uint32_t file = UINT32_MAX;
   for (const auto& ts : plan.shards) {

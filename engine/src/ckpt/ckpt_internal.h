@@ -69,6 +69,5 @@ Plan planFor(const Metadata& src, aoa::Result target, const TargetSpec& spec, bo
 std::vector<aoa::SourceKey> sourceKeys(const Metadata& m);
 
 std::string fileName(int rank, int ranks);  // "model-00000-of-00004.safetensors"
-std::string humanBytes(uint64_t n);
 
 }  // namespace keel::ckpt::detail
