@@ -272,7 +272,8 @@ void addAllocOption(CLI::App* c, std::string& kind) {
       ->check(CLI::IsMember({"host", "caching", "vmm"}));
 }
 
-void applyAllocOption(const std::string& kind) {
+void applyAllocOption(const std::string& flag, const std::string& configValue) {
+  const std::string& kind = flag.empty() ? configValue : flag;
   if (kind.empty()) return;
   auto k = parseAllocatorKind(kind);
   KEEL_CHECK(k, "--alloc: unknown allocator '", kind, "' (expected host, caching or vmm)");

@@ -116,7 +116,10 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 }
 
 int runRecord(const RecordArgs& a) {
-  applyAllocOption(a.alloc);
+  // --alloc, else the built-in model config's "allocator", else KEEL_ALLOCATOR.
+  applyAllocOption(a.alloc, a.workload.empty() && !a.config.empty()
+                                ? loadGptConfig(a.config).allocator
+                                : std::string());
   // One path for every model: the built-in trainer is a workload like a user's library.
   if (a.workload.empty() && a.config.empty())
     throw Error("--config is required (a model config, or a workload's config with --workload)");

@@ -22,6 +22,7 @@ struct TrainArgs {
   uint64_t seed = 0;
   std::string data;
   int threads = 0;
+  std::string alloc;  // --alloc
   int64_t evalBatches = 8;
   int64_t saveEvery = 0;
   std::string ckptDir;
@@ -37,6 +38,7 @@ keel::Device parseBackend(const std::string& name) {
 
 int runTrain(const TrainArgs& a) {
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
+  applyAllocOption(a.alloc, cfg.allocator);  // --alloc, else the config's, else KEEL_ALLOCATOR
   keel::Device device = parseBackend(a.backend);
   keel::setCpuThreads(a.threads);
   auto dataset = std::make_shared<const keel::data::TextDataset>(
@@ -131,6 +133,7 @@ Command addTrainCommand(CLI::App& root) {
   train->add_option(
       "--data", ta->data,
       std::string("text file or directory (default: ") + keel::data::kDefaultCorpusDir + ")");
+  addAllocOption(train, ta->alloc);
   train->add_option("--threads", ta->threads, "cpu backend threads (default: all cores)")
       ->check(CLI::PositiveNumber);
   train

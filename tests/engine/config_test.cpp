@@ -136,6 +136,9 @@ TEST(ConfigTest, WrongTypes) {
   expectFieldError(with("norm", 3), "norm");
   expectFieldError(with("nesterov", 1), "nesterov");
   expectFieldError(with("name", 7), "name");
+  expectFieldError(with("allocator", 1), "allocator");
+  expectFieldError(with("allocator", "buddy"), "allocator");
+  EXPECT_EQ(parseGptConfig(with("allocator", "caching").dump()).allocator, "caching");
   expectFieldError(with("vocab_size", Json(18446744073709551615ull)), "vocab_size");
 }
 

@@ -45,6 +45,9 @@ struct GptConfig {
   double beta2 = 0.95;              // adamw only, [0, 1)
   double eps = 1e-8;                // adamw only, > 0
   std::string dtype = "float32";    // only "float32" for now
+  // Allocator for host tensors: "host" | "caching" | "vmm"; "" leaves the choice to
+  // KEEL_ALLOCATOR (default vmm). `keel train/record --alloc` overrides it.
+  std::string allocator;
   // Train on packed documents: rows hold several documents and attention never crosses a
   // document boundary. Implies (and requires) attention_mask "causal_document".
   bool pack_documents = false;

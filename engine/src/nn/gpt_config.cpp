@@ -191,6 +191,9 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
   if (!(c.beta2 >= 0.0 && c.beta2 < 1.0)) fail("beta2", "must be in [0, 1), got " + num(c.beta2));
   if (!(c.eps > 0.0)) fail("eps", "must be > 0, got " + num(c.eps));
   if (c.dtype != "float32") fail("dtype", "only \"float32\" is supported, got \"" + c.dtype + "\"");
+  if (!c.allocator.empty() && c.allocator != "host" && c.allocator != "caching" &&
+      c.allocator != "vmm")
+    fail("allocator", "expected \"host\", \"caching\" or \"vmm\", got \"" + c.allocator + "\"");
 }
 
 GptConfig parseGptConfig(const std::string& jsonText, const std::string& source) {
@@ -238,6 +241,7 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   r.readDouble("beta2", c.beta2);
   r.readDouble("eps", c.eps);
   r.readString("dtype", c.dtype);
+  r.readString("allocator", c.allocator);
   r.rejectUnknown();
   validateGptConfig(c, source);
   return c;
