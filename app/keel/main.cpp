@@ -28,11 +28,10 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"keel: train, record and inspect models with the Keel engine"};
   app.require_subcommand(1);
-  std::vector<Command> commands = {addTrainCommand(app),   addRecordCommand(app),
-                                   addInspectCommand(app), addDiffCommand(app),
-                                   addExportCommand(app),  addOpsCommand(app),
-                                   addMemoryCommand(app),  addBenchCommand(app),
-                                   addCkptCommand(app)};
+  std::vector<Command> commands = {
+      addTrainCommand(app),  addRecordCommand(app), addInspectCommand(app),
+      addDiffCommand(app),   addExportCommand(app), addOpsCommand(app),
+      addMemoryCommand(app), addBenchCommand(app),  addCkptCommand(app)};
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];

@@ -346,10 +346,11 @@ std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
   if (q.timeEnd) b.add("time_ns < ?", *q.timeEnd);
   if (q.opSeqBegin) b.add("op_seq >= ?", static_cast<int64_t>(*q.opSeqBegin));
   if (q.opSeqEnd) b.add("op_seq < ?", static_cast<int64_t>(*q.opSeqEnd));
-  sql::Stmt s(impl_->db,
-              "SELECT kind_sid, device_sid, address, bytes, to_address, op_seq, step, stack_id,"
-              " time_ns, allocated_after, reserved_after, buffer_id, tag_sid, label_sid FROM mem_events" +
-                  b.where + " ORDER BY id" + limitClause(q.limit));
+  sql::Stmt s(
+      impl_->db,
+      "SELECT kind_sid, device_sid, address, bytes, to_address, op_seq, step, stack_id,"
+      " time_ns, allocated_after, reserved_after, buffer_id, tag_sid, label_sid FROM mem_events" +
+          b.where + " ORDER BY id" + limitClause(q.limit));
   b.apply(s);
   std::vector<MemRecord> out;
   while (s.step()) {

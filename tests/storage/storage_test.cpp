@@ -107,8 +107,9 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
   StackRecord stack{
       1, {{0xdeadbeef, "keel::matmul(Tensor const&)", "engine/ops.cpp", 42}, {0x1234, "", "", 0}}};
   LogRecord log{2, 1, LogLevel::Warn, "blocks.0.attn", "grad norm ≈ 1e9 ✓", 123};
-  MemRecord mem{"compact", "cpu", 0xFFFF'0000'0000'0001ull, 4096, 0x2000, 2, 1, 1, 77, 8192,
-                16384, 41, "parameter", "step 1"};
+  MemRecord mem{
+      "compact",   "cpu",   0xFFFF'0000'0000'0001ull, 4096, 0x2000, 2, 1, 1, 77, 8192, 16384, 41,
+      "parameter", "step 1"};
   DumpRecord dump{2, Role::Output, 0, "float32", {4, 16, 64}, "zstd", 16384, {0x28, 0xb5, 0, 255}};
   {
     auto w = Writer::create(path, sampleRun());
@@ -327,8 +328,8 @@ class StorageQueries : public ::testing::Test {
       w->writeOp(sampleOp(seq++, step, "optimizer", "adamw_step", ""));
       w->writeLog({seq - 1, step, LogLevel::Debug, "opt", "step done", step});
       w->writeLog({seq - 2, step, LogLevel::Error, "bwd", "oops", step});
-      w->writeMem({"alloc", "cpu", 0x1000 * seq, 64, 0, seq - 1, step, -1, step * 10, 64, 128, 0,
-                   "", ""});
+      w->writeMem(
+          {"alloc", "cpu", 0x1000 * seq, 64, 0, seq - 1, step, -1, step * 10, 64, 128, 0, "", ""});
       w->commit();
     }
     w->close();

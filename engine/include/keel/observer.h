@@ -80,9 +80,9 @@ struct MemEvent {
   int64_t timeNs = 0;
   uint64_t allocatedAfter = 0;
   uint64_t reservedAfter = 0;
-  uint64_t bufferId = 0;        // Alloc/Free/Compact of a Buffer: Buffer::id(); else 0
-  MemTag tag = MemTag::None;    // Alloc: the allocating code's MemTagScope
-  std::string_view label;       // TrackBegin/TrackEnd: the section's name
+  uint64_t bufferId = 0;      // Alloc/Free/Compact of a Buffer: Buffer::id(); else 0
+  MemTag tag = MemTag::None;  // Alloc: the allocating code's MemTagScope
+  std::string_view label;     // TrackBegin/TrackEnd: the section's name
 };
 
 // Training-step boundaries, reported by whoever drives training (the Trainer).
