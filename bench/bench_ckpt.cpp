@@ -1,14 +1,18 @@
 // FlexCheckpoint benchmarks: (1) converting a generated ~2 GiB tp=4 checkpoint to tp=2 with
 // fused_qkv and ^T on about a third of the bytes, as a fraction of this machine's memcpy
-// bandwidth measured in the same run, with the peak resident memory of the conversion;
-// (2) planning a reshard of 50,000 keys x 64 source shards x 64 target shards.
-// KEEL_BENCH_CKPT_MIB sets the checkpoint size (default 2048), KEEL_BENCH_CKPT_DIR its folder
-// (default /dev/shm when it has room, else the temp directory).
+// bandwidth measured in the same run (single-thread memcpy and memcpy on as many threads as the
+// conversion), against the write floor (the same bytes written from memory into new files in the
+// same folder: what any conversion through the page cache pays at least), with the peak resident
+// memory of the conversion; (2) planning a reshard of 50,000 keys x 64 source shards x 64 target
+// shards. KEEL_BENCH_CKPT_MIB sets the checkpoint size (default 2048), KEEL_BENCH_CKPT_DIR its
+// folder (default /dev/shm when it has room, else the temp directory).
 #include <benchmark/benchmark.h>
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +22,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ckpt/ckpt_internal.h"
 #include "keel/checkpoint.h"
@@ -76,7 +82,7 @@ const Generated& generated() {
     fs::remove_all(out.dir);
     fs::create_directories(out.dir + "/src");
     gCleanup = out.dir;
-    std::atexit([] { fs::remove_all(gCleanup); });
+    if (!std::getenv("KEEL_BENCH_CKPT_KEEP")) std::atexit([] { fs::remove_all(gCleanup); });
     const int tp = 4;
     struct Key {
       std::string name;
@@ -156,108 +162,131 @@ double cpuSeconds(clockid_t clock) {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
-// Single-thread memcpy bandwidth (bytes copied per second) over 256 MiB buffers, best of 5, by
-// wall time and by CPU time (the second is robust on a loaded machine).
-double memcpyCpuBps = 0;
-double memcpyBandwidth() {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty()      ? 0
+         : v.size() % 2 ? v[v.size() / 2]
+                        : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Runs fn(t) on `threads` threads at once; wall seconds.
+template <class Fn>
+double onThreads(int threads, Fn fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(fn, t);
+  for (auto& t : pool) t.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// memcpy bandwidth (bytes copied per second, all threads together) over 256 MiB buffers per
+// thread, best of 5.
+double memcpyBandwidth(int threads) {
   const size_t n = size_t(256) << 20;
-  std::unique_ptr<char[]> a(new char[n]), b(new char[n]);
-  std::memset(a.get(), 1, n);
-  std::memset(b.get(), 2, n);
+  std::vector<std::unique_ptr<char[]>> a, b;
+  for (int t = 0; t < threads; ++t) {
+    a.emplace_back(new char[n]);
+    b.emplace_back(new char[n]);
+    std::memset(a.back().get(), 1, n);
+    std::memset(b.back().get(), 2, n);
+  }
   double best = 0;
-  memcpyCpuBps = 0;
   for (int i = 0; i < 5; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    const double c0 = cpuSeconds(CLOCK_THREAD_CPUTIME_ID);
-    std::memcpy(b.get(), a.get(), n);
-    benchmark::DoNotOptimize(b.get());
-    benchmark::ClobberMemory();
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, double(n) / s);
-    memcpyCpuBps = std::max(memcpyCpuBps, double(n) / (cpuSeconds(CLOCK_THREAD_CPUTIME_ID) - c0));
+    const double s = onThreads(threads, [&](int t) {
+      std::memcpy(b[size_t(t)].get(), a[size_t(t)].get(), n);
+      benchmark::DoNotOptimize(b[size_t(t)].get());
+      benchmark::ClobberMemory();
+    });
+    best = std::max(best, double(n) * threads / s);
   }
   return best;
 }
 
-// The kernel's own file-to-file copy (copy_file_range, what `cp` does) of every source file:
-// the ceiling for any conversion that writes through the page cache. Bytes per wall second and
-// per CPU second.
-std::pair<double, double> fileCopyBandwidth(const std::string& dir) {
-  double bytes = 0, wall = 0, cpu = 0;
-  for (const auto& e : fs::directory_iterator(dir + "/src")) {
-    if (e.path().extension() != ".safetensors") continue;
-    const std::string out = dir + "/copy.tmp";
-    fs::remove(out);
-    const int in = ::open(e.path().c_str(), O_RDONLY),
-              o = ::open(out.c_str(), O_WRONLY | O_CREAT, 0644);
-    const uint64_t n = fs::file_size(e.path());
-    auto t0 = std::chrono::steady_clock::now();
-    const double c0 = cpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
-    uint64_t left = n;
-    while (left > 0) {
-      ssize_t k = ::copy_file_range(in, nullptr, o, nullptr, size_t(left), 0);
-      if (k <= 0) break;
-      left -= uint64_t(k);
-    }
-    wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    cpu += cpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
-    bytes += double(n - left);
-    ::close(in);
-    ::close(o);
-    fs::remove(out);
+// The write floor: writing `bytes` from a warm 4 MiB buffer into `files` new files in `dir`
+// (pwrite, 4 MiB at a time, one thread per file as far as threads go): what any conversion that
+// writes through the page cache must pay at least. Bytes per wall second.
+double writeFloor(const std::string& dir, uint64_t bytes, int files, int threads) {
+  const size_t block = size_t(4) << 20;
+  std::vector<char> buf(block, 7);
+  std::vector<int> fds;
+  for (int f = 0; f < files; ++f)
+    fds.push_back(::open((dir + "/floor" + std::to_string(f) + ".tmp").c_str(),
+                         O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  const uint64_t perFile = bytes / uint64_t(files);
+  std::atomic<int> nextFile{0};
+  const double s = onThreads(threads, [&](int) {
+    for (int f; (f = nextFile.fetch_add(1)) < files;)
+      for (uint64_t at = 0; at < perFile; at += block)
+        if (::pwrite(fds[size_t(f)], buf.data(), size_t(std::min<uint64_t>(block, perFile - at)),
+                     off_t(at)) < 0)
+          std::abort();
+  });
+  for (int f = 0; f < files; ++f) {
+    ::close(fds[size_t(f)]);
+    fs::remove(dir + "/floor" + std::to_string(f) + ".tmp");
   }
-  return {bytes / wall, bytes / cpu};
+  return double(perFile * uint64_t(files)) / s;
 }
 
+// Converts the generated checkpoint (tp=4) to tp=2, with the rules when state.range(1) is 1, on
+// state.range(0) threads. Each iteration is one conversion into a fresh folder, preceded by one
+// write-floor run of the same bytes; figures are medians over the iterations.
 void BM_CkptConvertTp4ToTp2(benchmark::State& state) {
   const Generated& g = generated();
-  const double memcpyBps = memcpyBandwidth();
-  const auto [copyBps, copyCpuBps] = fileCopyBandwidth(g.dir);
+  const int threads = int(state.range(0));
+  const bool withRules = state.range(1) != 0;
+  const double memcpy1 = memcpyBandwidth(1), memcpyT = memcpyBandwidth(threads);
   ckpt::Checkpoint src = ckpt::Checkpoint::open(g.dir + "/src");
   aoa::Program rules = aoa::parseFile(g.dir + "/rules.aoa");
   ckpt::TargetSpec spec;
   spec.tp = 2;
   ckpt::ConvertOptions opt;
-  opt.threads = int(state.range(0));
+  opt.threads = threads;
   const std::string dst = g.dir + "/dst";
-  double seconds = 0, cpu = 0, peak = 0, base = 0, largest = 0;
-  uint64_t bytes = 0;
+  std::vector<double> rate, cpuRate, floorRate;
+  double peak = 0, base = 0;
   for (auto _ : state) {
     state.PauseTiming();
     fs::remove_all(dst);
+    floorRate.push_back(writeFloor(g.dir, g.bytes, spec.tp, threads));
     base = double(procStatus("VmRSS:"));
     resetPeakRss();
     state.ResumeTiming();
     auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
-    ckpt::ConvertStats st = ckpt::convert(src, dst, spec, &rules, opt);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    cpu += cpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    ckpt::ConvertStats st = ckpt::convert(src, dst, spec, withRules ? &rules : nullptr, opt);
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu = cpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
     peak = std::max(peak, double(procStatus("VmHWM:")));
-    bytes += st.bytesWritten;
+    rate.push_back(double(st.bytesWritten) / wall);
+    cpuRate.push_back(double(st.bytesWritten) / cpu);
   }
-  largest = double(ckpt::makePlan(src.metadata(), &rules, spec).maxShardBytes);
+  const double largest =
+      double(ckpt::makePlan(src.metadata(), withRules ? &rules : nullptr, spec).maxShardBytes);
   fs::remove_all(dst);
-  const double bps = double(bytes) / seconds;
+  const double bps = median(rate), floorBps = median(floorRate);
   state.counters["ckpt_GiB"] = double(g.bytes) / (kMiB * 1024);
   state.counters["GiB/s"] = bps / (kMiB * 1024);
-  state.counters["memcpy_GiB/s"] = memcpyBps / (kMiB * 1024);
-  state.counters["of_memcpy"] = bps / memcpyBps;
-  // Per CPU-second of work (all threads, user + kernel) against memcpy per CPU-second.
-  state.counters["cpu_GiB/s"] = double(bytes) / cpu / (kMiB * 1024);
-  state.counters["of_memcpy_cpu"] = double(bytes) / cpu / memcpyCpuBps;
-  state.counters["filecopy_GiB/s"] = copyBps / (kMiB * 1024);
-  state.counters["of_filecopy"] = bps / copyBps;
-  state.counters["of_filecopy_cpu"] = double(bytes) / cpu / copyCpuBps;
+  state.counters["GiB/s_min"] = *std::min_element(rate.begin(), rate.end()) / (kMiB * 1024);
+  state.counters["GiB/s_max"] = *std::max_element(rate.begin(), rate.end()) / (kMiB * 1024);
+  state.counters["cpu_GiB/s"] = median(cpuRate) / (kMiB * 1024);
+  state.counters["memcpy_GiB/s"] = memcpy1 / (kMiB * 1024);
+  state.counters["memcpy_T_GiB/s"] = memcpyT / (kMiB * 1024);
+  state.counters["of_memcpy"] = bps / memcpy1;
+  state.counters["of_memcpy_T"] = bps / memcpyT;
+  state.counters["floor_GiB/s"] = floorBps / (kMiB * 1024);
+  state.counters["of_floor"] = bps / floorBps;
   state.counters["peak_rss_MiB"] = peak / kMiB;
   state.counters["rss_before_MiB"] = base / kMiB;
   state.counters["largest_shard_MiB"] = largest / kMiB;
-  state.SetBytesProcessed(int64_t(bytes));
 }
 BENCHMARK(BM_CkptConvertTp4ToTp2)
-    ->Arg(1)
-    ->Arg(2)
-    ->Iterations(2)
+    ->ArgNames({"threads", "rules"})
+    ->Args({2, 1})
+    ->Args({1, 1})
+    ->Args({2, 0})
+    ->Iterations(5)
     ->Unit(benchmark::kSecond)
     ->UseRealTime();
 

@@ -3,6 +3,7 @@
 // layout with a progress bar. Wiring only: the work is in engine/src/ckpt.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cli_common.h"
 #include "keel/checkpoint.h"
@@ -20,7 +22,9 @@ namespace {
 struct CkptArgs {
   std::string src, dst, aoa;
   int targetTp = 1;
-  int threads = 1;
+  // One worker per core by default: conversions are bound by the kernel's page-cache copies,
+  // which scale with cores as long as the threads write different files (Note [Threads and files]).
+  int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   size_t maxReads = 8;
   CLI::App *inspect = nullptr, *plan = nullptr, *convert = nullptr;
 };
@@ -143,7 +147,10 @@ Command addCkptCommand(CLI::App& root) {
   a->plan->add_option("--max-reads", a->maxReads, "reads listed per target shard")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  a->convert->add_option("--threads", a->threads, "worker threads (each holds one target shard)")
+  a->convert
+      ->add_option(
+          "--threads", a->threads,
+          "worker threads (each holds one target shard); default: one per core, at most 16")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   return {ck, [a] {

@@ -516,7 +516,33 @@ uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Si
                  const ConvertOptions& opt) {
   const size_t n = plan.shards.size();
   const int threads = std::max(1, std::min<int>(opt.threads, int(std::max<size_t>(n, 1))));
-  std::atomic<size_t> next{0};
+  // Note [Threads and files]: writes to one file serialise on its inode lock, so threads that
+  // write the same file mostly wait for each other. Each worker drains the shards of one target
+  // file (worker t starts at file t mod F, in file order, so its writes are sequential) and then
+  // helps with the file that has the most shards left.
+  uint32_t files = 1;
+  for (const TargetShard& ts : plan.shards) files = std::max(files, ts.file + 1);
+  std::vector<std::vector<size_t>> byFile(files);
+  for (size_t si = 0; si < n; ++si) byFile[plan.shards[si].file].push_back(si);
+  std::unique_ptr<std::atomic<size_t>[]> nextInFile(new std::atomic<size_t>[files]);
+  for (uint32_t f = 0; f < files; ++f) nextInFile[f] = 0;
+  // The next shard for a worker now at file `f` (moved when that file is drained); n when done.
+  auto take = [&](uint32_t& f) -> size_t {
+    for (;;) {
+      const size_t k = nextInFile[f].fetch_add(1);
+      if (k < byFile[f].size()) return byFile[f][k];
+      size_t mostLeft = 0;
+      for (uint32_t g = 0; g < files; ++g) {
+        const size_t at = nextInFile[g].load();
+        if (at < byFile[g].size() && byFile[g].size() - at > mostLeft) {
+          mostLeft = byFile[g].size() - at;
+          f = g;
+        }
+      }
+      if (mostLeft == 0) return n;
+    }
+  };
+  std::atomic<int> workerIds{0};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> readTotal{0};
   std::atomic<bool> kernelCopy{true};
@@ -526,10 +552,11 @@ uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Si
   auto work = [&] {
     Worker w;
     Dims off, shape;
+    uint32_t file = uint32_t(workerIds.fetch_add(1)) % files;
     try {
       for (;;) {
         if (stop.load()) return;
-        size_t si = next.fetch_add(1);
+        const size_t si = take(file);
         if (si >= n) return;
         const TargetShard& ts = plan.shards[si];
         const aoa::TargetKey& k = plan.target.keys[ts.key];
