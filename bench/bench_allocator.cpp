@@ -5,40 +5,14 @@
 #include <random>
 #include <vector>
 
+#include "bench_util.h"
 #include "keel/allocator.h"
 
 namespace {
 
+using keel::bench::churn;
+
 constexpr size_t kMiB = size_t(1) << 20;
-
-// A fixed trace of sizes: mostly small, one in eight between 1 and 8 MiB.
-const std::vector<size_t>& sizes() {
-  static std::vector<size_t> s = [] {
-    std::mt19937_64 rng(11);
-    std::vector<size_t> v(4096);
-    for (auto& x : v) x = rng() % 8 == 0 ? kMiB + rng() % (7 * kMiB) : 64 + rng() % (64 << 10);
-    return v;
-  }();
-  return s;
-}
-
-// Keeps a window of 64 live blocks: each iteration frees the oldest and allocates the next size.
-void churn(benchmark::State& state, keel::Allocator& a) {
-  const auto& sz = sizes();
-  std::vector<std::pair<void*, size_t>> ring(64, {nullptr, 0});
-  size_t i = 0;
-  for (auto _ : state) {
-    auto& slot = ring[i % ring.size()];
-    if (slot.first) a.deallocate(slot.first, slot.second);
-    size_t n = sz[i % sz.size()];
-    slot = {a.allocate(n), n};
-    benchmark::DoNotOptimize(slot.first);
-    ++i;
-  }
-  for (auto& [p, n] : ring)
-    if (p) a.deallocate(p, n);
-  state.SetLabel("ns per alloc+free pair");
-}
 
 void allocHostChurn(benchmark::State& state) {
   churn(state, keel::hostAllocator());

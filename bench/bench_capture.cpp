@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "keel/capture/recorder.h"
 #include "keel/train.h"
 
@@ -64,11 +65,7 @@ void captureOverhead(benchmark::State& state) {
       rec.finish();
     }
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const double b = median(base), w = median(with);
+  const double b = keel::bench::median(base), w = keel::bench::median(with);
   state.counters["base_ms"] = b;
   state.counters["capture_ms"] = w;
   state.counters["overhead_pct"] = 100.0 * (w / b - 1.0);

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "ckpt/ckpt_internal.h"
 #include "keel/checkpoint.h"
 
@@ -162,13 +163,6 @@ double cpuSeconds(clockid_t clock) {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty()      ? 0
-         : v.size() % 2 ? v[v.size() / 2]
-                        : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 // Runs fn(t) on `threads` threads at once; wall seconds.
 template <class Fn>
 double onThreads(int threads, Fn fn) {
@@ -235,7 +229,8 @@ void BM_CkptConvertTp4ToTp2(benchmark::State& state) {
   const Generated& g = generated();
   const int threads = int(state.range(0));
   const bool withRules = state.range(1) != 0;
-  const double memcpy1 = memcpyBandwidth(1), memcpyT = memcpyBandwidth(threads);
+  const double memcpy1 = memcpyBandwidth(1);
+  const double memcpyT = threads == 1 ? memcpy1 : memcpyBandwidth(threads);
   ckpt::Checkpoint src = ckpt::Checkpoint::open(g.dir + "/src");
   aoa::Program rules = aoa::parseFile(g.dir + "/rules.aoa");
   ckpt::TargetSpec spec;
@@ -265,12 +260,12 @@ void BM_CkptConvertTp4ToTp2(benchmark::State& state) {
   const double largest =
       double(ckpt::makePlan(src.metadata(), withRules ? &rules : nullptr, spec).maxShardBytes);
   fs::remove_all(dst);
-  const double bps = median(rate), floorBps = median(floorRate);
+  const double bps = keel::bench::median(rate), floorBps = keel::bench::median(floorRate);
   state.counters["ckpt_GiB"] = double(g.bytes) / (kMiB * 1024);
   state.counters["GiB/s"] = bps / (kMiB * 1024);
   state.counters["GiB/s_min"] = *std::min_element(rate.begin(), rate.end()) / (kMiB * 1024);
   state.counters["GiB/s_max"] = *std::max_element(rate.begin(), rate.end()) / (kMiB * 1024);
-  state.counters["cpu_GiB/s"] = median(cpuRate) / (kMiB * 1024);
+  state.counters["cpu_GiB/s"] = keel::bench::median(cpuRate) / (kMiB * 1024);
   state.counters["memcpy_GiB/s"] = memcpy1 / (kMiB * 1024);
   state.counters["memcpy_T_GiB/s"] = memcpyT / (kMiB * 1024);
   state.counters["of_memcpy"] = bps / memcpy1;

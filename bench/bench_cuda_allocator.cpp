@@ -12,51 +12,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
+#include "bench_util.h"
 #include "keel/cuda_allocator.h"
 
 namespace {
 
-// The allocator under test, or nothing (and a skipped benchmark) without a device.
-std::unique_ptr<keel::CudaVmmAllocator> deviceAllocator(benchmark::State& state) {
-  if (keel::cudaDeviceCount() == 0) {
-    state.SkipWithError("no CUDA device");
-    return nullptr;
-  }
-  keel::CudaVmmAllocatorOptions o;
-  o.reserve = size_t(8) << 30;
-  return std::make_unique<keel::CudaVmmAllocator>(o);
-}
-
-// The churn's request sizes: mostly small, one in eight between 1 and 8 MiB.
-std::vector<size_t> churnSizes() {
-  std::mt19937_64 rng(11);
-  std::vector<size_t> sizes(4096);
-  for (auto& s : sizes) s = rng() % 8 ? 64 + rng() % (64 << 10) : (1 << 20) + rng() % (7 << 20);
-  return sizes;
-}
-
-// One alloc+free pair per iteration over 64 live slots, through `alloc` and `free`.
-template <class Alloc, class Free>
-void churn(benchmark::State& state, Alloc alloc, Free free) {
-  const std::vector<size_t> sizes = churnSizes();
-  std::vector<std::pair<void*, size_t>> live(64, {nullptr, 0});
-  size_t i = 0;
-  for (auto _ : state) {
-    auto& [p, n] = live[i % live.size()];
-    if (p) free(p, n);
-    n = sizes[i++ % sizes.size()];
-    p = alloc(n);
-    benchmark::DoNotOptimize(p);
-  }
-  for (auto& [p, n] : live)
-    if (p) free(p, n);
-  state.SetLabel("ns per alloc+free pair");
-}
+using keel::bench::churn;
 
 [[noreturn]] void fail(const char* what, cudaError_t e, size_t bytes = 0) {
   size_t freeBytes = 0, total = 0;
@@ -72,12 +37,18 @@ bool haveDevice(benchmark::State& state) {
   return false;
 }
 
+// The allocator under test, or nothing (and a skipped benchmark) without a device.
+std::unique_ptr<keel::CudaVmmAllocator> deviceAllocator(benchmark::State& state) {
+  if (!haveDevice(state)) return nullptr;
+  keel::CudaVmmAllocatorOptions o;
+  o.reserve = size_t(8) << 30;
+  return std::make_unique<keel::CudaVmmAllocator>(o);
+}
+
 void cudaVmmChurn(benchmark::State& state) {
   auto a = deviceAllocator(state);
   if (!a) return;
-  churn(
-      state, [&](size_t n) { return a->allocate(n); },
-      [&](void* p, size_t n) { a->deallocate(p, n); });
+  churn(state, *a);
 }
 BENCHMARK(cudaVmmChurn);
 
@@ -98,9 +69,9 @@ void cudaMallocChurn(benchmark::State& state) {
 BENCHMARK(cudaMallocChurn);
 
 // Baseline: the stream-ordered pool (cudaMallocAsync on one stream, the pool's release threshold
-// raised so that it caches like a caching allocator). The stream is synchronised every 1024 pairs:
-// without that, on the H200 seen here, the pool kept taking new memory until the device was full
-// (76 GB after 100,000 pairs of this churn), which a training loop's syncs would prevent.
+// raised so that it caches like a caching allocator), the stream synchronised every 1024 pairs as
+// a training loop would. On the H200 seen here the pool still kept taking new memory until the
+// device was full (76 GB after 100,000 pairs), with or without the syncs (README).
 void cudaMallocAsyncChurn(benchmark::State& state) {
   if (!haveDevice(state)) return;
   cudaMemPool_t pool = nullptr;

@@ -542,17 +542,16 @@ uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Si
       if (mostLeft == 0) return n;
     }
   };
-  std::atomic<int> workerIds{0};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> readTotal{0};
   std::atomic<bool> kernelCopy{true};
   std::mutex mu;
   std::exception_ptr error;
   uint64_t done = 0;
-  auto work = [&] {
+  auto work = [&](int worker) {
     Worker w;
     Dims off, shape;
-    uint32_t file = uint32_t(workerIds.fetch_add(1)) % files;
+    uint32_t file = uint32_t(worker) % files;
     try {
       for (;;) {
         if (stop.load()) return;
@@ -630,10 +629,10 @@ uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Si
     }
   };
   if (threads == 1) {
-    work();
+    work(0);
   } else {
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+    for (int t = 0; t < threads; ++t) pool.emplace_back(work, t);
     for (auto& t : pool) t.join();
   }
   if (error) std::rethrow_exception(error);
