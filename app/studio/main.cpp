@@ -1,161 +1,210 @@
 // keel-studio [run.db] [--compare other.db] [--step N] [--select-first-divergence]
-//             [--screenshot out.png [--views-dir DIR]]
-// keel-studio --session configs/gpt-mini.json [--backend cpu] [--steps N] [--seed S] [--run]
-// Opens recordings (or nothing) in Keel Studio. --screenshot renders the window once everything
-// is loaded, saves it (and each view into DIR) and exits: for docs, tests and bug reports.
+//             [--select-op SEQ] [--screenshot out.png [--views-dir DIR] [--size WxH]]
+// keel-studio --session config.json [--backend cpu|cpu-ref] [--steps N] [--seed S]
+//             [--output run.db] [--run]
+// Opens recordings (or nothing) in Keel Studio. Keel's options are read before Qt's application
+// object exists (See Note [Studio options before Qt]). --screenshot renders the window once
+// everything is loaded (a live session: once it has finished), saves it (and each view into DIR),
+// prints what it showed in one line, and exits: for docs, tests, scripts and bug reports.
 #include <QApplication>
-#include <QCommandLineParser>
 #include <QFileInfo>
+#include <QMetaEnum>
 #include <QStandardPaths>
 #include <QTimer>
 #include <cstdio>
 
+#include "command_line.h"
 #include "dialogs.h"
+#include "keel/views/graph_view.h"
+#include "keel/views/op_table.h"
+#include "keel/views/run_data.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
 
+namespace {
+
+using keel::studio::MainWindow;
+using keel::studio::Session;
+using keel::studio::StudioCommandLine;
+
+// argv for QApplication: it keeps pointers into this storage for the application's lifetime.
+struct QtArgv {
+  explicit QtArgv(const QStringList& args) {
+    for (const QString& a : args) storage.push_back(a.toLocal8Bit());
+    for (QByteArray& a : storage) ptrs.push_back(a.data());
+    ptrs.push_back(nullptr);
+    argc = int(storage.size());
+  }
+  std::vector<QByteArray> storage;
+  std::vector<char*> ptrs;
+  int argc = 0;
+};
+
+// One line saying what the window shows: scripts and tests read it after --screenshot.
+QString describe(MainWindow& win) {
+  QString text;
+  if (const auto s = win.summary(keel::views::Side::A)) {
+    text += QString("%1: %2 steps, %3 ops").arg(s->path).arg(s->steps.size()).arg(s->opCount);
+  } else {
+    text += "no recording";
+  }
+  if (const auto st = win.currentStep()) {
+    text += QString("; step %1 shown: %2 ops in the table, %3 op nodes in the graph")
+                .arg(st->step)
+                .arg(win.opTable()->model()->rowCount())
+                .arg(win.graphView(keel::views::Side::A)->visibleOpNodeCount());
+  }
+  if (const auto s = win.summary(keel::views::Side::B)) text += "; compared with " + s->path;
+  if (const auto d = win.diffReport(); d && d->first)
+    text += QString("; first divergence: A #%1 / B #%2")
+                .arg(d->first->pair.inA ? QString::number(d->first->pair.seqA) : "-")
+                .arg(d->first->pair.inB ? QString::number(d->first->pair.seqB) : "-");
+  if (const auto sel = win.selection()->current(keel::views::Side::A))
+    text += QString("; selected #%1").arg(*sel);
+  if (win.session()->state() != Session::State::Idle)
+    text += QString("; session %1 after %2 of %3 steps")
+                .arg(QString(QMetaEnum::fromType<Session::State>().valueToKey(
+                                 int(win.session()->state())))
+                         .toLower())
+                .arg(win.session()->stepsDone())
+                .arg(win.session()->totalSteps());
+  return text;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  QApplication app(argc, argv);
+  QStringList args;
+  for (int i = 0; i < argc; ++i) args << QString::fromLocal8Bit(argv[i]);
+  const StudioCommandLine cli = keel::studio::parseStudioCommandLine(args);
+  switch (cli.action) {
+    case StudioCommandLine::Action::Error:
+      std::fprintf(stderr, "keel-studio: error: %s\n", qPrintable(cli.message));
+      return 2;
+    case StudioCommandLine::Action::Version:
+      std::printf("%s\n", qPrintable(cli.message));
+      return 0;
+    case StudioCommandLine::Action::Help: {
+      QtArgv qa(cli.qtArguments);
+      QCoreApplication core(qa.argc, qa.ptrs.data());  // no display needed
+      std::fputs(qPrintable(keel::studio::studioHelpText()), stdout);
+      return 0;
+    }
+    case StudioCommandLine::Action::Open:
+      break;
+  }
+
+  QtArgv qa(cli.qtArguments);
+  QApplication app(qa.argc, qa.ptrs.data());
   QApplication::setOrganizationName("Keel");
   QApplication::setApplicationName("Keel Studio");
   QApplication::setApplicationVersion(KEEL_VERSION);
 
-  QCommandLineParser cli;
-  cli.setApplicationDescription("Keel Studio: a debugger for deep-learning training");
-  cli.addHelpOption();
-  cli.addVersionOption();
-  cli.addPositionalArgument("recording", "recording to open (.db)", "[run.db]");
-  QCommandLineOption compare("compare", "recording to compare with (side by side + diff)",
-                             "other.db");
-  QCommandLineOption step("step", "training step to show", "N");
-  QCommandLineOption firstDiv("select-first-divergence",
-                              "select the first divergence (with --compare)");
-  QCommandLineOption selectOp("select", "select the op with this sequence number", "seq");
-  QCommandLineOption shot("screenshot", "save a picture of the window and exit", "out.png");
-  QCommandLineOption viewsDir("views-dir", "with --screenshot: also save each view here", "dir");
-  QCommandLineOption size("size", "window size for --screenshot", "WxH", "1600x1000");
-  QCommandLineOption sessionOpt("session", "start a live session of this model config",
-                                "config.json");
-  QCommandLineOption backendOpt("backend", "live session backend: cpu | cpu-ref", "name", "cpu");
-  QCommandLineOption stepsOpt("steps", "live session length in steps", "N", "50");
-  QCommandLineOption seedOpt("seed", "live session seed", "S", "1");
-  QCommandLineOption runOpt("run",
-                            "start running the live session at once (else it waits, paused)");
-  cli.addOptions({compare, step, firstDiv, selectOp, shot, viewsDir, size, sessionOpt, backendOpt,
-                  stepsOpt, seedOpt, runOpt});
-  cli.process(app);
+  std::optional<keel::studio::SessionConfig> session = cli.session;
+  if (session && session->output.isEmpty())
+    session->output = keel::studio::defaultSessionPath(session->configPath);
+  if (session)
+    std::printf("keel-studio: recording the session to %s\n", qPrintable(session->output));
+  std::fflush(stdout);
 
-  auto fail = [](const QString& msg) {
-    std::fprintf(stderr, "keel-studio: %s\n", qPrintable(msg));
-    return 2;
-  };
-  const QStringList files = cli.positionalArguments();
-  if (files.size() > 1) return fail("expected at most one recording, got " + files.join(' '));
-  if (cli.isSet(compare) && files.isEmpty()) return fail("--compare needs a recording to compare");
-  for (const QString& f :
-       files + (cli.isSet(compare) ? QStringList{cli.value(compare)} : QStringList{}))
-    if (!QFileInfo::exists(f)) return fail("no such file: " + f);
-  bool ok = true;
-  const int stepNo = cli.isSet(step) ? cli.value(step).toInt(&ok) : -1;
-  if (!ok || (cli.isSet(step) && stepNo < 0)) return fail("--step: expected a step number");
-  const qulonglong seq = cli.isSet(selectOp) ? cli.value(selectOp).toULongLong(&ok) : 0;
-  if (!ok) return fail("--select: expected an op sequence number");
-  int w = 1600, h = 1000;
-  if (cli.isSet(size)) {
-    const QStringList wh = cli.value(size).split('x');
-    if (wh.size() != 2 || wh[0].toInt() < 200 || wh[1].toInt() < 200)
-      return fail("--size: expected WxH, e.g. 1600x1000");
-    w = wh[0].toInt();
-    h = wh[1].toInt();
-  }
-
-  keel::studio::SessionConfig session;
-  if (cli.isSet(sessionOpt)) {
-    if (!files.isEmpty()) return fail("--session and a recording to open are exclusive");
-    session.configPath = cli.value(sessionOpt);
-    if (!QFileInfo::exists(session.configPath)) return fail("no such file: " + session.configPath);
-    session.backend = cli.value(backendOpt);
-    if (session.backend != "cpu" && session.backend != "cpu-ref")
-      return fail("--backend: expected cpu or cpu-ref, got '" + session.backend + "'");
-    session.steps = cli.value(stepsOpt).toLongLong(&ok);
-    if (!ok || session.steps < 1) return fail("--steps: expected a positive number");
-    session.seed = cli.value(seedOpt).toULongLong(&ok);
-    if (!ok) return fail("--seed: expected a number");
-    session.output = keel::studio::defaultSessionPath(session.configPath);
-    session.capture.stacks = session.capture.md5 = session.capture.stats = true;
-    session.capture.allocator = true;
-  }
-
-  const bool screenshot = cli.isSet(shot);
+  const bool screenshot = !cli.screenshot.isEmpty();
   // Screenshots use the default layout and leave the user's settings (recent files, window
   // layout) alone.
   if (screenshot) QStandardPaths::setTestModeEnabled(true);
-  keel::studio::MainWindow win;
-  if (screenshot) win.resize(w, h);
+  MainWindow win;
+  if (screenshot) win.resize(cli.size);
   win.show();
-  int exitCode = 0;
-  if (!session.configPath.isEmpty()) {
-    if (cli.isSet(runOpt))
-      QObject::connect(win.session(), &keel::studio::Session::stateChanged, &win,
-                       [&win, started = false](keel::studio::Session::State s) mutable {
-                         if (!started && s == keel::studio::Session::State::Paused) {
-                           started = true;
+
+  // What to wait for before the picture: a live session's end (finished or failed), or, for a
+  // session not asked to run, its pause before step 1; recordings need nothing more.
+  bool sessionSettled = !session;
+  std::function<void()> onSettled;
+  auto settle = [&] {
+    if (sessionSettled) return;
+    sessionSettled = true;
+    if (onSettled) onSettled();
+  };
+  if (session) {
+    QObject::connect(win.session(), &Session::stateChanged, &win,
+                     [&, started = false](Session::State s) mutable {
+                       if (s == Session::State::Paused && !started) {
+                         started = true;
+                         if (cli.run)
                            win.session()->run();
-                         }
-                       });
-    win.startSession(session);
+                         else
+                           settle();
+                       }
+                     });
+    QObject::connect(win.session(), &Session::finished, &win, [&] {
+      // Show the asked-for step, else the last one: the end of the run is what was waited for.
+      win.showStep(cli.step >= 0 ? cli.step : win.session()->stepsDone());
+      settle();
+    });
+    QObject::connect(win.session(), &Session::failed, &win, [&] { settle(); });
+    win.startSession(*session);
   }
-  if (!files.isEmpty()) {
-    win.openRecording(files[0]);
-    if (cli.isSet(compare)) {
-      QObject::connect(&win, &keel::studio::MainWindow::recordingOpened, &win,
-                       [&](keel::views::Side side) {
-                         if (side == keel::views::Side::A) win.compareWith(cli.value(compare));
-                       });
+  if (!cli.recording.isEmpty()) {
+    if (cli.step >= 0) win.showStepOnOpen(cli.step);
+    win.openRecording(cli.recording);
+    if (!cli.compare.isEmpty()) {
+      QObject::connect(&win, &MainWindow::recordingOpened, &win, [&](keel::views::Side side) {
+        if (side == keel::views::Side::A) win.compareWith(cli.compare);
+      });
     }
-    if (stepNo >= 0)
-      QObject::connect(&win, &keel::studio::MainWindow::recordingOpened, &win,
-                       [&](keel::views::Side side) {
-                         if (side == keel::views::Side::A) win.showStep(stepNo);
-                       });
   }
+
+  // The selection asked for (--select-first-divergence, --select-op), applied once it exists.
+  auto selectRequested = [&] {
+    if (cli.selectFirstDivergence && win.diffReport() && win.diffReport()->first) {
+      const auto& p = win.diffReport()->first->pair;
+      win.selection()->selectPair(p.inA ? std::optional<uint64_t>(p.seqA) : std::nullopt,
+                                  p.inB ? std::optional<uint64_t>(p.seqB) : std::nullopt);
+    } else if (cli.selectOp) {
+      win.selection()->select(keel::views::Side::A, *cli.selectOp);
+    }
+  };
+  // Calls `then` once everything requested has loaded, the diff included, and the selection is
+  // applied.
+  std::function<void()> then;
+  auto whenLoaded = [&] {
+    win.whenIdle([&] {
+      if (!cli.compare.isEmpty() && !win.diffReport() && win.lastError().isEmpty()) {
+        // The diff starts once B has opened: wait for it.
+        QObject::connect(&win, &MainWindow::diffShown, &win, [&] {
+          selectRequested();
+          if (then) then();
+        });
+        return;
+      }
+      selectRequested();
+      if (then) then();
+    });
+  };
+
+  int exitCode = 0;
   if (screenshot) {
-    // Wait until everything requested has landed (including the diff), apply the selection,
-    // wait again, then save and quit.
-    auto finish = [&] {
+    // Once loaded and selected, wait for the selection's details too, then save and quit.
+    then = [&] {
       win.whenIdle([&] {
-        if (!win.saveScreenshots(cli.value(shot), cli.value(viewsDir))) {
-          std::fprintf(stderr, "keel-studio: cannot write %s\n", qPrintable(cli.value(shot)));
+        if (!win.saveScreenshots(cli.screenshot, cli.viewsDir)) {
+          std::fprintf(stderr, "keel-studio: error: cannot write %s\n", qPrintable(cli.screenshot));
+          exitCode = 2;
+        } else {
+          std::printf("keel-studio: saved %s — %s\n", qPrintable(cli.screenshot),
+                      qPrintable(describe(win)));
+        }
+        if (!win.lastError().isEmpty()) {
+          std::fprintf(stderr, "keel-studio: error: %s\n",
+                       qPrintable(win.lastError().section('\n', 0, 0)));
           exitCode = 2;
         }
-        if (!win.lastError().isEmpty()) exitCode = 2;
+        std::fflush(stdout);
         app.quit();
       });
     };
-    auto selectRequested = [&] {
-      if (cli.isSet(firstDiv) && win.diffReport() && win.diffReport()->first) {
-        const auto& p = win.diffReport()->first->pair;
-        win.selection()->selectPair(p.inA ? std::optional<uint64_t>(p.seqA) : std::nullopt,
-                                    p.inB ? std::optional<uint64_t>(p.seqB) : std::nullopt);
-      } else if (seq) {
-        win.selection()->select(keel::views::Side::A, seq);
-      }
-    };
-    QTimer::singleShot(200, &win, [&] {
-      win.whenIdle([&] {
-        if (cli.isSet(compare) && !win.diffReport() && win.lastError().isEmpty()) {
-          // The diff starts once B has opened: wait for it.
-          QObject::connect(&win, &keel::studio::MainWindow::diffShown, &win, [&] {
-            selectRequested();
-            finish();
-          });
-          return;
-        }
-        selectRequested();
-        finish();
-      });
-    });
   }
-  int rc = app.exec();
+  onSettled = [&] { QTimer::singleShot(200, &win, whenLoaded); };
+  if (sessionSettled) onSettled();
+  const int rc = app.exec();
   return screenshot ? exitCode : rc;
 }

@@ -258,7 +258,7 @@ void MainWindow::connectSources() {
     busy(1);
     sourceA_->requestLogs();
     int64_t first = live_ ? last : (s->steps.empty() ? 0 : s->steps.front().step);
-    showStep(first);
+    showStep(std::exchange(stepOnOpen_, std::nullopt).value_or(first));
     loadMemory();  // after the step: the worker answers in order, and the graph comes first
   });
   connect(sourceA_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {

@@ -47,6 +47,9 @@ class MainWindow : public QMainWindow {
   // Starts a live session recording to config.output.
   void startSession(const SessionConfig& config);
   void showStep(int64_t step);
+  // The step to show when the next recording opens (instead of its first step, or a live
+  // recording's last); used once.
+  void showStepOnOpen(int64_t step) { stepOnOpen_ = step; }
 
   // Calls fn once nothing is loading (summary, step, op, logs, diff, graph layout): the
   // screenshot mode and the tests use it.
@@ -142,6 +145,7 @@ class MainWindow : public QMainWindow {
   int64_t shownStep_ = -1;
   bool live_ = false;
   std::optional<uint64_t> pendingSelectA_;
+  std::optional<int64_t> stepOnOpen_;
   int pending_ = 0;  // outstanding loads
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;

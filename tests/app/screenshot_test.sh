@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Screenshot test: records a clean and a perturbed run of gpt-tiny with the real `keel`, then has
 # keel-studio (under Xvfb when xvfb-run exists, else Qt's offscreen platform) render the replay of
-# one and the comparison of both, saving the window and every view as PNGs into OUT_DIR for people
+# one, the comparison of both and a finished live session, saving the window and every view as PNGs into OUT_DIR for people
 # to look at. Fails when the studio exits non-zero or a picture is missing, empty or the wrong size.
 # Usage: screenshot_test.sh KEEL KEEL_STUDIO SOURCE_DIR OUT_DIR
 set -euo pipefail
@@ -25,6 +25,9 @@ run_studio() {
 run_studio "$out/clean.db" --select 40 --screenshot "$out/replay.png" --views-dir "$out/replay"
 run_studio "$out/clean.db" --compare "$out/perturbed.db" --select-first-divergence \
   --screenshot "$out/compare.png" --views-dir "$out/compare"
+# A finished live session, started the way scripts/run starts one.
+run_studio --session tests/fixtures/gpt-tiny.json --run --steps 2 --seed 9 --output "$out/live.db" \
+  --screenshot "$out/live.png" --views-dir "$out/live"
 python3 - "$out" <<'PY'
 import struct, sys, os
 out = sys.argv[1]
@@ -33,13 +36,13 @@ def size(path):
         head = f.read(24)
     assert head[:8] == b'\x89PNG\r\n\x1a\n', path + ' is not a PNG'
     return struct.unpack('>II', head[16:24])
-for name in ('replay.png', 'compare.png'):
+for name in ('replay.png', 'compare.png', 'live.png'):
     w, h = size(os.path.join(out, name))
     assert (w, h) == (1600, 1000), f'{name} is {w}x{h}, expected 1600x1000'
-for d in ('replay', 'compare'):
+for d in ('replay', 'compare', 'live'):
     for view in ('graph', 'ops', 'inspector', 'diff', 'logs', 'loss', 'memory'):
         p = os.path.join(out, d, view + '.png')
-        if d == 'replay' and view == 'diff':
+        if d != 'compare' and view == 'diff':
             continue
         if not os.path.exists(p):
             continue  # a view hidden behind another tab is not rendered

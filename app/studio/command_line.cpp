@@ -1,0 +1,224 @@
+// See command_line.h.
+//
+// Note [Studio options before Qt]
+// QGuiApplication's constructor removes the options it knows from argv, and among them is
+// `-session`/`--session` (X11 session management: the id of a session to restore). Keel's
+// documented `--session config.json` vanished before Keel's parser saw it, so the window opened
+// empty and even a missing config gave no error. keel-studio therefore reads its arguments
+// before the application object exists: the options Qt itself documents (-platform, -style,
+// -display, ...) are split off and are all that reach QApplication; everything else, `--session`
+// included, is Keel's, and anything Keel does not know is an error (one line, exit 2).
+// --help and --version are answered without a display.
+#include "command_line.h"
+
+#include <QCommandLineParser>
+#include <QFileInfo>
+#include <QSet>
+#include <utility>
+
+namespace keel::studio {
+
+namespace {
+
+// Qt's own command-line options (QGuiApplication, QApplication, the xcb platform), with or
+// without a value. `session` is deliberately absent: see the note above.
+const QSet<QString> kQtOptionsWithValue = {"platform",        "platformpluginpath",
+                                           "platformtheme",   "plugin",
+                                           "qwindowgeometry", "qwindowicon",
+                                           "qwindowtitle",    "display",
+                                           "geometry",        "style",
+                                           "stylesheet",      "name",
+                                           "title",           "visual"};
+const QSet<QString> kQtFlags = {"reverse", "widgetcount", "nograb", "dograb", "sync"};
+
+// The option name of `arg` ("-platform" and "--platform=x" give "platform"), or "" when `arg` is
+// not an option.
+QString optionName(const QString& arg) {
+  if (!arg.startsWith('-') || arg == "-" || arg == "--") return {};
+  QString name = arg.mid(arg.startsWith("--") ? 2 : 1);
+  return name.section('=', 0, 0);
+}
+
+struct Options {
+  QCommandLineOption compare{
+      "compare", "Recording to compare with (side by side, diffed op by op).", "other.db"};
+  QCommandLineOption step{"step", "Training step to show.", "N"};
+  QCommandLineOption firstDiv{"select-first-divergence",
+                              "Select the first divergence (with --compare)."};
+  QCommandLineOption selectOp{QStringList{"select-op", "select"},
+                              "Select the op with this sequence number.", "seq"};
+  QCommandLineOption shot{"screenshot",
+                          "Save a picture of the window once everything is loaded (a live "
+                          "session: once it has finished) and exit.",
+                          "out.png"};
+  QCommandLineOption viewsDir{"views-dir", "With --screenshot: also save each view here.", "dir"};
+  QCommandLineOption size{"size", "Window size for --screenshot (default 1600x1000).", "WxH"};
+  QCommandLineOption session{"session", "Start a live session of this model config.",
+                             "config.json"};
+  QCommandLineOption backend{"backend", "Live session backend: cpu | cpu-ref (default cpu).",
+                             "name", "cpu"};
+  QCommandLineOption steps{"steps", "Live session length in steps (default 50).", "N", "50"};
+  QCommandLineOption seed{"seed", "Live session seed (default 1).", "S", "1"};
+  QCommandLineOption output{"output",
+                            "Live session recording file (default: a new file under the user's "
+                            "data directory, sessions/).",
+                            "run.db"};
+  QCommandLineOption run{"run", "Start running the live session at once (else it waits, paused)."};
+
+  void addTo(QCommandLineParser& p) {
+    p.setApplicationDescription(
+        "Keel Studio: a debugger for deep-learning training.\n"
+        "  keel-studio run.db                         replay a recording\n"
+        "  keel-studio a.db --compare b.db            two runs side by side, diffed op by op\n"
+        "  keel-studio --session config.json --run    a live session");
+    p.setSingleDashWordOptionMode(QCommandLineParser::ParseAsLongOptions);
+    p.addHelpOption();
+    p.addVersionOption();
+    p.addPositionalArgument("recording", "Recording to open (.db).", "[run.db]");
+    p.addOptions({compare, step, firstDiv, selectOp, shot, viewsDir, size, session, backend, steps,
+                  seed, output, run});
+  }
+};
+
+StudioCommandLine error(QString message) {
+  StudioCommandLine c;
+  c.action = StudioCommandLine::Action::Error;
+  c.message = std::move(message);
+  return c;
+}
+
+}  // namespace
+
+StudioCommandLine parseStudioCommandLine(const QStringList& args) {
+  StudioCommandLine out;
+  // Split Qt's options from Keel's (Note [Studio options before Qt]).
+  QStringList keelArgs;
+  out.qtArguments << (args.isEmpty() ? QString("keel-studio") : args[0]);
+  keelArgs << out.qtArguments[0];
+  for (int i = 1; i < args.size(); ++i) {
+    const QString& a = args[i];
+    if (a == "--") {  // everything after is positional
+      keelArgs << args.mid(i);
+      break;
+    }
+    const QString name = optionName(a);
+    if (kQtFlags.contains(name)) {
+      out.qtArguments << a;
+    } else if (kQtOptionsWithValue.contains(name)) {
+      out.qtArguments << a;
+      if (!a.contains('=')) {
+        if (i + 1 >= args.size()) return error(QString("option '%1' needs a value").arg(a));
+        out.qtArguments << args[++i];
+      }
+    } else {
+      keelArgs << a;
+    }
+  }
+
+  QCommandLineParser cli;
+  Options o;
+  o.addTo(cli);
+  if (!cli.parse(keelArgs)) {
+    QString msg = cli.errorText();
+    if (msg.endsWith('.')) msg.chop(1);
+    if (!msg.isEmpty()) msg[0] = msg[0].toLower();
+    return error(msg + " (keel-studio --help lists the options)");
+  }
+  if (cli.isSet("help")) {
+    out.action = StudioCommandLine::Action::Help;
+    return out;
+  }
+  if (cli.isSet("version")) {
+    out.action = StudioCommandLine::Action::Version;
+    out.message = QString("keel-studio %1").arg(KEEL_VERSION);
+    return out;
+  }
+
+  const QStringList files = cli.positionalArguments();
+  if (files.size() > 1) return error("expected at most one recording, got " + files.join(' '));
+  if (!files.isEmpty()) out.recording = files[0];
+  if (cli.isSet(o.compare)) {
+    if (files.isEmpty()) return error("--compare needs a recording to compare with");
+    out.compare = cli.value(o.compare);
+  }
+  for (const QString& f : {out.recording, out.compare})
+    if (!f.isEmpty() && !QFileInfo(f).isFile()) return error("no such recording: " + f);
+  bool ok = true;
+  if (cli.isSet(o.step)) {
+    out.step = cli.value(o.step).toLongLong(&ok);
+    if (!ok || out.step < 0)
+      return error("--step: expected a step number, got '" + cli.value(o.step) + "'");
+  }
+  out.selectFirstDivergence = cli.isSet(o.firstDiv);
+  if (out.selectFirstDivergence && out.compare.isEmpty())
+    return error("--select-first-divergence needs --compare");
+  if (cli.isSet(o.selectOp)) {
+    out.selectOp = cli.value(o.selectOp).toULongLong(&ok);
+    if (!ok)
+      return error("--select-op: expected an op sequence number, got '" + cli.value(o.selectOp) +
+                   "'");
+  }
+  if (cli.isSet(o.shot)) {
+    out.screenshot = cli.value(o.shot);
+    if (out.screenshot.isEmpty()) return error("--screenshot: expected a file name");
+  }
+  if (cli.isSet(o.viewsDir)) {
+    if (out.screenshot.isEmpty()) return error("--views-dir needs --screenshot");
+    out.viewsDir = cli.value(o.viewsDir);
+  }
+  if (cli.isSet(o.size)) {
+    const QStringList wh = cli.value(o.size).split('x');
+    const int w = wh.size() == 2 ? wh[0].toInt(&ok) : 0;
+    const int h = wh.size() == 2 && ok ? wh[1].toInt(&ok) : 0;
+    if (!ok || w < 200 || h < 200 || w > 16384 || h > 16384)
+      return error("--size: expected WxH between 200x200 and 16384x16384, e.g. 1600x1000, got '" +
+                   cli.value(o.size) + "'");
+    out.size = QSize(w, h);
+  }
+
+  const bool sessionOnly[] = {cli.isSet(o.backend), cli.isSet(o.steps), cli.isSet(o.seed),
+                              cli.isSet(o.output), cli.isSet(o.run)};
+  if (!cli.isSet(o.session)) {
+    for (bool set : sessionOnly)
+      if (set)
+        return error(
+            "--backend, --steps, --seed, --output and --run belong to a live session: add "
+            "--session config.json");
+    return out;
+  }
+  if (!out.recording.isEmpty()) return error("--session and a recording to open are exclusive");
+  SessionConfig s;
+  s.configPath = cli.value(o.session);
+  if (!QFileInfo(s.configPath).isFile()) return error("no such config: " + s.configPath);
+  s.backend = cli.value(o.backend);
+  if (s.backend != "cpu" && s.backend != "cpu-ref")
+    return error("--backend: expected cpu or cpu-ref, got '" + s.backend + "'");
+  s.steps = cli.value(o.steps).toLongLong(&ok);
+  if (!ok || s.steps < 1)
+    return error("--steps: expected a positive number, got '" + cli.value(o.steps) + "'");
+  s.seed = cli.value(o.seed).toULongLong(&ok);
+  if (!ok) return error("--seed: expected a non-negative number, got '" + cli.value(o.seed) + "'");
+  if (cli.isSet(o.output)) {
+    s.output = cli.value(o.output);
+    const QFileInfo fi(s.output);
+    if (s.output.isEmpty() || fi.isDir()) return error("--output: expected a recording file name");
+    if (fi.exists() && !fi.isFile())
+      return error("--output: " + s.output + " exists and is not a regular file");
+  }
+  s.capture.stacks = s.capture.md5 = s.capture.stats = true;
+  s.capture.allocator = true;
+  out.session = s;
+  out.run = cli.isSet(o.run);
+  return out;
+}
+
+QString studioHelpText() {
+  QCommandLineParser cli;
+  Options o;
+  o.addTo(cli);
+  return cli.helpText() +
+         "\nQt's own options (-platform NAME, -style NAME, -display HOST:N, ...) are passed to "
+         "Qt.\n";
+}
+
+}  // namespace keel::studio

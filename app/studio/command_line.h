@@ -1,0 +1,41 @@
+// keel-studio's command line, read before Qt's application object exists: Qt takes some options
+// as its own (`-session`/`--session` is X11 session management) and removes them from argv, so
+// Keel's options are split from Qt's first (see Note [Studio options before Qt]). Parsing is a
+// pure function of the argument list; it never needs a display, so --help and errors work anywhere.
+#pragma once
+#include <QSize>
+#include <QString>
+#include <QStringList>
+#include <cstdint>
+#include <optional>
+
+#include "session.h"
+
+namespace keel::studio {
+
+struct StudioCommandLine {
+  enum class Action { Open, Help, Version, Error };
+  Action action = Action::Open;
+  QString message;          // Help: the help text; Version: the version line; Error: one line
+  QStringList qtArguments;  // argv[0] and the options meant for Qt (-platform, -style, ...)
+
+  QString recording;  // replay this recording ("" none)
+  QString compare;    // and compare it with this one ("" none)
+  int64_t step = -1;  // step to show (-1: the first; a finished live session: the last)
+  bool selectFirstDivergence = false;
+  std::optional<uint64_t> selectOp;  // op sequence number to select
+  QString screenshot;                // save a picture of the window here and exit
+  QString viewsDir;                  // with screenshot: each view as a PNG here
+  QSize size{1600, 1000};            // window size for the screenshot
+  // A live session (--session): configPath set; output "" means the default session path.
+  std::optional<SessionConfig> session;
+  bool run = false;  // start the session running at once
+};
+
+// Parses keel-studio's arguments (args[0] is the program). Never touches the file system except
+// to check that named inputs exist.
+StudioCommandLine parseStudioCommandLine(const QStringList& args);
+// The --help text (needs a QCoreApplication for the program name; no display).
+QString studioHelpText();
+
+}  // namespace keel::studio

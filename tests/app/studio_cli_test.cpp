@@ -1,0 +1,253 @@
+// keel-studio through its real main(): every documented option, run as a user runs it (QProcess,
+// offscreen platform). The live session form `--session CONFIG --run` records a run and shows its
+// ops (it once opened an empty window: Qt took --session as its own, Note [Studio options before
+// Qt]); --help works without a display; bad options give one line and exit 2.
+#include <QImage>
+#include <QProcess>
+#include <QRegularExpression>
+#include <QtTest>
+
+#include "keel/storage/diff.h"
+#include "keel/storage/reader.h"
+#include "view_test_util.h"
+
+using namespace keel;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  QString out, err;
+};
+
+const QString kTiny = KEEL_SOURCE_DIR "/tests/fixtures/gpt-tiny.json";
+
+// Runs keel-studio with `args`. `env` entries are added to (or, "NAME=" with no value, removed
+// from) this process's environment; the platform is offscreen unless the test says otherwise.
+Result studio(const QStringList& args, const QStringList& env = {}, int timeoutMs = 240000) {
+  QProcess p;
+  QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+  e.insert("QT_QPA_PLATFORM", "offscreen");
+  e.insert("KEEL_BLAS_TUNE", "0");
+  for (const QString& kv : env) {
+    const QString k = kv.section('=', 0, 0), v = kv.section('=', 1);
+    if (v.isEmpty())
+      e.remove(k);
+    else
+      e.insert(k, v);
+  }
+  p.setProcessEnvironment(e);
+  p.start(KEEL_STUDIO_PATH, args);
+  Result r;
+  if (!p.waitForFinished(timeoutMs)) {
+    p.kill();
+    p.waitForFinished();
+    r.err = "timed out";
+    return r;
+  }
+  r.code = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
+  r.out = QString::fromLocal8Bit(p.readAllStandardOutput());
+  r.err = QString::fromLocal8Bit(p.readAllStandardError());
+  return r;
+}
+
+QString diag(const Result& r) {
+  return "exit " + QString::number(r.code) + "\n" + r.out + r.err;
+}
+
+// The "keel-studio: saved ... — ..." line of a --screenshot run.
+QString savedLine(const Result& r) {
+  for (const QString& l : r.out.split('\n'))
+    if (l.startsWith("keel-studio: saved ")) return l;
+  return {};
+}
+
+}  // namespace
+
+class StudioCliTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() {
+    dir_ = views::test::tempDir();
+    QVERIFY(
+        views::test::recordFixture(dir_ + "/a.db", "--steps 2 --seed 7 --md5 --stats --stacks"));
+    QVERIFY(views::test::recordFixture(dir_ + "/b.db", "--steps 2 --seed 7 --md5 --stats --stacks",
+                                       "KEEL_TEST_PERTURB=matmul:5"));
+  }
+
+  // The main job: the documented command records a live session of N steps and shows its ops.
+  void sessionRunRecordsTheStepsAndShowsTheirOps() {
+    const QString out = dir_ + "/live.db", shot = dir_ + "/live.png", views = dir_ + "/live-views";
+    Result r = studio({"--session", kTiny, "--run", "--steps", "2", "--seed", "3", "--output", out,
+                       "--screenshot", shot, "--views-dir", views, "--size", "1920x1080"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    storage::Recording rec = storage::Recording::open(out.toStdString());
+    const auto steps = rec.steps();
+    QCOMPARE(int(steps.size()), 2);
+    QCOMPARE(steps.back().step, int64_t(2));
+    QCOMPARE(rec.run().seed, uint64_t(3));
+    QCOMPARE(QString::fromStdString(rec.run().backend), QString("cpu"));
+    QCOMPARE(QString::fromStdString(rec.run().status), QString("finished"));
+    const int step2Ops = int(rec.stepOps(2).size());
+    QVERIFY(step2Ops > 50);
+    // The picture was taken after the run finished, of the last step, with its ops on show.
+    const QString line = savedLine(r);
+    QVERIFY2(line.contains(QString("step 2 shown: %1 ops in the table").arg(step2Ops)),
+             qPrintable(diag(r)));
+    QVERIFY2(line.contains("session finished after 2 of 2 steps"), qPrintable(line));
+    const QRegularExpression nodes("(\\d+) op nodes in the graph");
+    const auto m = nodes.match(line);
+    QVERIFY2(m.hasMatch() && m.captured(1).toInt() > 0, qPrintable(line));
+    QImage img(shot);
+    QCOMPARE(img.size(), QSize(1920, 1080));
+    for (const char* v : {"graph", "ops", "inspector", "loss", "memory"})
+      QVERIFY2(QFileInfo(views + "/" + v + ".png").size() > 2000, v);
+  }
+
+  // The README's exact form, with no --output: the recording goes under the user's data
+  // directory and its path is printed.
+  void sessionWithoutOutputRecordsUnderTheDataDirectory() {
+    const QString data = dir_ + "/xdg-data";
+    Result r =
+        studio({"--session", kTiny, "--run", "--steps", "1", "--screenshot", dir_ + "/default.png"},
+               {"XDG_DATA_HOME=" + data});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    const QRegularExpression re("^keel-studio: recording the session to (.+\\.db)$",
+                                QRegularExpression::MultilineOption);
+    const auto m = re.match(r.out);
+    QVERIFY2(m.hasMatch(), qPrintable(r.out));
+    const QString path = m.captured(1);
+    QVERIFY2(path.startsWith(data + "/Keel/Keel Studio/sessions/gpt-tiny-"), qPrintable(path));
+    QCOMPARE(int(storage::Recording::open(path.toStdString()).steps().size()), 1);
+  }
+
+  // Without --run the session waits, paused before step 1, with step 0 (initialisation) recorded.
+  void sessionWithoutRunWaitsPaused() {
+    const QString out = dir_ + "/paused.db";
+    Result r = studio({"--session", kTiny, "--steps", "3", "--backend", "cpu-ref", "--output", out,
+                       "--screenshot", dir_ + "/paused.png"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).contains("session paused after 0 of 3 steps"), qPrintable(diag(r)));
+    storage::Recording rec = storage::Recording::open(out.toStdString(), false);
+    QCOMPARE(QString::fromStdString(rec.run().backend), QString("cpu-ref"));
+    QCOMPARE(int(rec.steps().size()), 0);
+    QVERIFY(!rec.stepOps(0).empty());
+  }
+
+  void sessionStepPicksTheStepShownAtTheEnd() {
+    Result r = studio({"--session", kTiny, "--run", "--steps", "2", "--step", "1", "--output",
+                       dir_ + "/step1.db", "--screenshot", dir_ + "/step1.png"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).contains("step 1 shown"), qPrintable(diag(r)));
+  }
+
+  void replayShowsTheStepAndSelectsTheOp() {
+    storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
+    const auto ops = rec.stepOps(2);
+    QVERIFY(ops.size() > 10);
+    const uint64_t seq = ops[10].seq;
+    for (const char* opt : {"--select-op", "--select"}) {
+      Result r = studio({dir_ + "/a.db", "--step", "2", opt, QString::number(seq), "--screenshot",
+                         dir_ + "/replay.png"});
+      QVERIFY2(r.code == 0, qPrintable(diag(r)));
+      const QString line = savedLine(r);
+      QVERIFY2(line.contains(QString("step 2 shown: %1 ops in the table").arg(ops.size())),
+               qPrintable(line));
+      QVERIFY2(line.contains(QString("selected #%1").arg(seq)), qPrintable(line));
+    }
+  }
+
+  void compareSelectsTheFirstDivergence() {
+    storage::Recording a = storage::Recording::open((dir_ + "/a.db").toStdString());
+    storage::Recording b = storage::Recording::open((dir_ + "/b.db").toStdString());
+    const storage::DiffReport report = storage::diffRuns(a.allOps(), b.allOps(), {});
+    QVERIFY(report.first && report.first->pair.inA);
+    const uint64_t seqA = report.first->pair.seqA;
+    // Qt's own options still reach Qt (-platform here instead of the environment).
+    Result r = studio({dir_ + "/a.db", "--compare", dir_ + "/b.db", "--select-first-divergence",
+                       "-platform", "offscreen", "--screenshot", dir_ + "/compare.png"},
+                      {"QT_QPA_PLATFORM="});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    const QString line = savedLine(r);
+    QVERIFY2(line.contains("compared with " + dir_ + "/b.db"), qPrintable(line));
+    QVERIFY2(line.contains(QString("first divergence: A #%1").arg(seqA)), qPrintable(line));
+    QVERIFY2(line.contains(QString("selected #%1").arg(seqA)), qPrintable(line));
+  }
+
+  // --help and --version need no display: no platform plugin, no DISPLAY.
+  void helpAndVersionWorkWithoutADisplay() {
+    const QStringList noDisplay{"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="};
+    Result r = studio({"--help"}, noDisplay);
+    QCOMPARE(r.code, 0);
+    for (const char* opt :
+         {"--session", "--compare", "--select-first-divergence", "--screenshot", "--views-dir",
+          "--size", "--step", "--select-op", "--backend", "--steps", "--seed", "--output", "--run"})
+      QVERIFY2(r.out.contains(opt), opt);
+    r = studio({"-h"}, noDisplay);
+    QCOMPARE(r.code, 0);
+    r = studio({"--version"}, noDisplay);
+    QCOMPARE(r.code, 0);
+    QVERIFY2(r.out.startsWith("keel-studio " KEEL_VERSION), qPrintable(r.out));
+  }
+
+  // Every bad command line: one line on stderr, exit 2, no window (so no display is needed).
+  void badOptionsGiveOneLineAndExit2() {
+    const QString a = dir_ + "/a.db";
+    const QList<QPair<QStringList, QString>> cases = {
+        {{"--bogus"}, "unknown option 'bogus'"},
+        {{"--session", dir_ + "/nope.json"}, "no such config"},
+        {{"--session"}, "missing value"},
+        {{"--session", kTiny, "--backend", "gpu"}, "--backend: expected cpu or cpu-ref"},
+        {{"--session", kTiny, "--steps", "0"}, "--steps: expected a positive number"},
+        {{"--session", kTiny, "--seed", "x"}, "--seed: expected"},
+        {{"--session", kTiny, "--output", dir_}, "--output: expected a recording file name"},
+        {{"--session", kTiny, "--output", "/dev/null"}, "not a regular file"},
+        {{"--session", kTiny, a}, "exclusive"},
+        {{"--steps", "3"}, "belong to a live session"},
+        {{"--run"}, "belong to a live session"},
+        {{dir_ + "/nope.db"}, "no such recording"},
+        {{a, "b.db", "c.db"}, "at most one recording"},
+        {{"--compare", a}, "--compare needs a recording"},
+        {{a, "--compare", dir_ + "/nope.db"}, "no such recording"},
+        {{a, "--select-first-divergence"}, "needs --compare"},
+        {{a, "--step", "-1"}, "--step: expected a step number"},
+        {{a, "--select-op", "x"}, "--select-op: expected an op sequence number"},
+        {{a, "--views-dir", dir_}, "--views-dir needs --screenshot"},
+        {{a, "--screenshot", "s.png", "--size", "10x10"}, "--size: expected WxH"},
+        {{a, "--screenshot", "s.png", "--size", "big"}, "--size: expected WxH"},
+        {{a, "-platform"}, "needs a value"},
+    };
+    for (const auto& [args, expect] : cases) {
+      Result r = studio(args, {"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="});
+      const QString what = args.join(' ') + "\n" + diag(r);
+      QVERIFY2(r.code == 2, qPrintable(what));
+      QVERIFY2(r.err.startsWith("keel-studio: error: "), qPrintable(what));
+      QVERIFY2(r.err.count('\n') == 1, qPrintable(what));
+      QVERIFY2(r.err.contains(expect), qPrintable(what));
+      QVERIFY2(r.out.isEmpty(), qPrintable(what));
+    }
+  }
+
+  // A recording that cannot be opened: the picture is still saved, the error is printed, exit 2.
+  void unreadableRecordingExits2AfterThePicture() {
+    const QString bad = dir_ + "/garbage.db";
+    QFile f(bad);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QByteArray(4096, 'x'));
+    f.close();
+    Result r = studio({bad, "--screenshot", dir_ + "/garbage.png"});
+    QCOMPARE(r.code, 2);
+    // (Qt may print its own warnings first.)
+    QVERIFY2(r.err.contains(QRegularExpression("^keel-studio: error: recording .*garbage.db is not "
+                                               "an SQLite file$",
+                                               QRegularExpression::MultilineOption)),
+             qPrintable(diag(r)));
+    QVERIFY(QFileInfo(dir_ + "/garbage.png").size() > 0);
+  }
+
+ private:
+  QString dir_;
+};
+
+QTEST_GUILESS_MAIN(StudioCliTest)
+#include "studio_cli_test.moc"
