@@ -1,7 +1,8 @@
-// The packed form of an op's tensor list (table op_tensors, schema v3; the byte layout is specified
-// in docs/recording.md "Packed tensors"). One BLOB per op instead of one SQL row per tensor: SQLite
-// spends most of a write on per-row work, and an op has a handful of tensors. Integers are LEB128
-// varints (signed ones zigzag-encoded) and MD5s 16 raw bytes, which halves the bytes written.
+// The packed form of an op's tensor list (table op_tensors, since schema v3). The byte layout is
+// specified beside the schema: see Note [Packed tensors] in schema.cpp. One BLOB per op instead of
+// one SQL row per tensor: SQLite spends most of a write on per-row work, and an op has a handful of
+// tensors. Integers are LEB128 varints (signed ones zigzag-encoded) and MD5s 16 raw bytes, which
+// halves the bytes written.
 //
 // Strings (dtype, device) are referenced by strings(id): the writer interns them, the reader
 // resolves them through its string cache (passed in as a callable).

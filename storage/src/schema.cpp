@@ -1,6 +1,6 @@
-// The whole recording schema, every column commented, and its migration table. Version 1 is the
-// base schema; kMigrations[i] takes version i+1 to i+2; a fresh file is base + every migration, so
-// new and migrated files are identical. See docs/recording.md for the prose version.
+// The recording schema, declared once: kSchema is every table of the current version
+// (kSchemaVersion), every column commented, and kDeferredIndexes its secondary indexes. A new file
+// is made from these alone. kMigrations are the deltas that bring older files (v1..) up to it.
 #include <array>
 #include <filesystem>
 #include <system_error>
@@ -12,21 +12,33 @@
 namespace keel::storage {
 namespace {
 
-// Conventions (Note [Recording encoding]):
+// Note [Recording encoding]
 //  - *_sid columns reference strings(id): every repeated string is stored once.
 //  - times are integer nanoseconds; *_ns are from the engine's monotonic clock unless named unix.
 //  - unsigned 64-bit engine values (seq, ids, addresses) are stored bit-for-bit as SQLite's signed
 //    64-bit integers.
-//  - shapes and strides are compact text: decimal integers joined by ',' ("" for rank 0).
+//  - shapes and strides are compact text: decimal integers joined by ',' ("" for rank 0); inside
+//    op_tensors they are varints instead (Note [Packed tensors]).
 //  - a REAL column holding NaN reads NULL (SQLite stores NaN as NULL); readers map NULL -> NaN.
-constexpr const char* kBaseSchemaV1 = R"sql(
--- Every distinct string (op, scope, phase, dtype, device, file and function names, attrs) once.
+//
+// Note [One schema declaration]
+// kSchema + kDeferredIndexes are the schema of version kSchemaVersion; nothing else declares a
+// current table. Changing the schema means three edits together: kSchema (and kDeferredIndexes),
+// a new delta appended to kMigrations, and kSchemaVersion in schema.h (the array's size makes a
+// forgotten delta a build error). SchemaDeclaration.FreshFileEqualsEveryMigratedVersion
+// (tests/storage/schema_test.cpp) compares a new file's sqlite_master with v1 (kSchemaV1, the
+// frozen history in schema_history.cpp) migrated forward, so declaration and deltas cannot drift.
+// Column order matters: a column a migration adds with ALTER TABLE goes last in kSchema too.
+constexpr const char* kSchema =
+    R"sql(
+-- Every distinct string (op, scope, phase, dtype, device, file and function names, attrs, log
+-- scopes, allocator event kinds and tags, dump codecs) once.
 CREATE TABLE strings (
   id   INTEGER PRIMARY KEY,        -- string id, referenced by every *_sid column
   text TEXT NOT NULL UNIQUE        -- the string itself (UTF-8)
 );
 
--- The run: exactly one row.
+-- The run: exactly one row, written when the recording is created.
 CREATE TABLE run (
   id                   INTEGER PRIMARY KEY CHECK (id = 1),  -- always 1
   backend              TEXT NOT NULL,    -- engine backend: cpu | cpu-ref | cuda
@@ -62,41 +74,51 @@ CREATE TABLE ops (
   forward_seq INTEGER NOT NULL,    -- backward ops: seq of the forward op differentiated; else 0
   stack_id    INTEGER              -- -> stacks(id): call stack at dispatch; NULL when not captured
 );
-CREATE INDEX ops_step_phase ON ops(step, phase_sid);
-CREATE INDEX ops_name ON ops(name_sid);
-CREATE INDEX ops_scope ON ops(scope_sid);
-
--- Tensors each op saw: one row per (op, role, index), clustered by op (WITHOUT ROWID), so the
--- primary key is also the tensors(op_seq) index and an op's tensors sit together on disk.
-CREATE TABLE tensors (
-  op_seq      INTEGER NOT NULL,  -- -> ops(seq)
-  role        INTEGER NOT NULL,  -- 0 input, 1 output
-  idx         INTEGER NOT NULL,  -- position among the op's inputs (or outputs)
-  tensor_id   INTEGER NOT NULL,  -- engine tensor id, stable for the tensor's lifetime
-  version     INTEGER NOT NULL,  -- buffer version when seen (in-place writes bump it)
-  buffer_id   INTEGER NOT NULL,  -- identity of the underlying buffer (views share it)
-  shape       TEXT NOT NULL,     -- sizes, e.g. "4,16,64" ("" for a scalar)
-  strides     TEXT NOT NULL,     -- element strides, same encoding
-  storage_offset INTEGER NOT NULL,  -- element offset into the buffer
-  dtype_sid   INTEGER NOT NULL,  -- -> strings: float32, float16, ...
-  device_sid  INTEGER NOT NULL,  -- -> strings: cpu, cuda:0
-  bytes       INTEGER NOT NULL,  -- numel * element size
-  md5         TEXT,              -- 32 hex chars of the exact MD5 (docs/capture.md); NULL if off
-  md5_rounded TEXT,              -- MD5 of values rounded to N significant digits; NULL if off
-  min         REAL,              -- statistics over finite elements; NULL when not captured
-  max         REAL,              --   (or NaN)
-  mean        REAL,              --
-  std         REAL,              --
-  abs_max     REAL,              --
-  nan_count   INTEGER,           -- NaN elements; NULL exactly when statistics were not captured
-  inf_count   INTEGER,           -- +-Inf elements; NULL when no statistics
-  zero_count  INTEGER,           -- zero elements; NULL when no statistics
-  PRIMARY KEY (op_seq, role, idx)
-) WITHOUT ROWID;
-CREATE INDEX tensors_id_version ON tensors(tensor_id, version);
--- Tiny partial index: finds the first NaN/Inf output without scanning.
-CREATE INDEX tensors_nonfinite ON tensors(op_seq)
-  WHERE role = 1 AND (nan_count > 0 OR inf_count > 0);
+)sql"
+    // Note [Packed tensors]
+    // An op's tensors are one BLOB, not one SQL row each: SQLite spends most of an insert on
+    // per-row work (3 tensor rows cost 4x the op row) and the views always want all of an op's
+    // tensors at once. storage/src/packed.h writes and reads it; docs/recording.md "Packed tensors"
+    // is the prose. An op without tensors has no op_tensors row. `data` is `count` entries back to
+    // back, in the order of the OpRecord's tensors (capture: the inputs, then the outputs; the
+    // v2->v3 migration: by role, then idx); nothing follows the last entry. Encodings:
+    // u8 one byte; uvar an unsigned LEB128 varint (7 bits a byte, low group first, high bit set =
+    // more follow; at most 10 bytes); svar a zigzag-encoded signed varint ((v << 1) ^ (v >> 63),
+    // then uvar); f64 the 8 little-endian bytes of an IEEE-754 double (NaN stays NaN, unlike a REAL
+    // column). One entry:
+    //   role            u8       0 input, 1 output
+    //   flags           u8       1 md5 as text, 8 md5 as 16 raw bytes, 2 md5_rounded as text,
+    //                            16 md5_rounded as 16 raw bytes, 4 statistics follow; no md5 flag =
+    //                            no checksum captured
+    //   idx             uvar     position among the op's inputs (or outputs), >= 0
+    //   dtype, device   uvar x2  -> strings(id): float32, ...; cpu, cuda:0
+    //   rank, nstrides  uvar x2  number of sizes, number of strides
+    //   tensor_id       uvar     engine tensor id, stable for the tensor's lifetime
+    //   version         uvar     buffer version when seen (in-place writes bump it)
+    //   buffer_id       uvar     identity of the underlying buffer (views share it; the number
+    //                            mem_events.buffer_id names)
+    //   storage_offset  svar     element offset into the buffer
+    //   bytes           svar     numel * element size
+    //   shape           svar x rank      sizes
+    //   strides         svar x nstrides  element strides
+    //   md5             flag 8: 16 bytes, the digest of a 32-lowercase-hex MD5 (docs/capture.md);
+    //                   flag 1: u8 length (<= 255) + that many bytes of text; neither: absent
+    //   md5_rounded     the same with flags 16 / 2: MD5 of values rounded to N significant digits
+    //   statistics      flag 4 only: f64 x5 min, max, mean, std, abs_max (over finite elements),
+    //                   then svar x3 nan_count, inf_count, zero_count
+    // A reader checks every length against the BLOB: a short, malformed or overlong one is a
+    // StorageError naming the file and the op.
+    R"sql(
+-- Tensors each op saw, packed: one row per op with tensors. See Note [Packed tensors].
+CREATE TABLE op_tensors (
+  op_seq INTEGER PRIMARY KEY,  -- -> ops(seq)
+  count  INTEGER NOT NULL,     -- number of packed tensor entries
+  data   BLOB NOT NULL         -- the entries (Note [Packed tensors])
+);
+-- Ops with an output holding NaN or Inf (from statistics): finds the first one without a scan.
+CREATE TABLE nonfinite_ops (
+  op_seq INTEGER PRIMARY KEY   -- -> ops(seq)
+);
 
 -- Call stacks, deduplicated: ops and allocator events reference stacks(id).
 CREATE TABLE stacks (
@@ -112,6 +134,7 @@ CREATE TABLE frames (
   line         INTEGER NOT NULL,     -- source line (0 unknown)
   UNIQUE (address, function_sid, file_sid, line)
 );
+-- The frames of each stack, innermost first.
 CREATE TABLE stack_frames (
   stack_id INTEGER NOT NULL,  -- -> stacks(id)
   depth    INTEGER NOT NULL,  -- 0 = innermost frame
@@ -129,24 +152,28 @@ CREATE TABLE logs (
   message   TEXT NOT NULL,        -- the line
   time_ns   INTEGER NOT NULL      -- when, ns
 );
-CREATE INDEX logs_op ON logs(op_seq);
 
 -- Allocator events.
 CREATE TABLE mem_events (
   id              INTEGER PRIMARY KEY,  -- insertion order
   time_ns         INTEGER NOT NULL,     -- when, ns
-  kind_sid        INTEGER NOT NULL,     -- -> strings: alloc|free|reserve|release|map|unmap|move
+  kind_sid        INTEGER NOT NULL,     -- -> strings: alloc|free|reserve|release|map|unmap|move|
+                                        --   compact|track_begin|track_end
   device_sid      INTEGER NOT NULL,     -- -> strings: device
   address         INTEGER NOT NULL,     -- address (uint64 bits)
   bytes           INTEGER NOT NULL,     -- size
-  to_address      INTEGER NOT NULL,     -- move: destination address; else 0
+  to_address      INTEGER NOT NULL,     -- move/compact: destination address; else 0
   op_seq          INTEGER NOT NULL,     -- op that caused it; 0 outside ops
   step            INTEGER NOT NULL,     -- step
   stack_id        INTEGER,              -- -> stacks(id); NULL when not captured
   allocated_after INTEGER NOT NULL,     -- bytes allocated after the event
-  reserved_after  INTEGER NOT NULL      -- bytes reserved after the event
+  reserved_after  INTEGER NOT NULL,     -- bytes reserved after the event
+  buffer_id       INTEGER NOT NULL DEFAULT 0,  -- engine Buffer of an alloc/free/compact (the
+                                               --   tensors' buffer_id); 0 if none or before v4
+  tag_sid         INTEGER,              -- -> strings: alloc: parameter|optimizer_state|data;
+                                        --   NULL for op outputs and other kinds
+  label_sid       INTEGER               -- -> strings: track_begin/track_end: the section name
 );
-CREATE INDEX mem_events_time ON mem_events(time_ns);
 
 -- Full tensor dumps of selected ops.
 CREATE TABLE dumps (
@@ -155,13 +182,46 @@ CREATE TABLE dumps (
   role      INTEGER NOT NULL,     -- 0 input, 1 output
   idx       INTEGER NOT NULL,     -- position among inputs/outputs
   dtype_sid INTEGER NOT NULL,     -- -> strings: dtype of the elements
-  shape     TEXT NOT NULL,        -- sizes, as in tensors.shape
+  shape     TEXT NOT NULL,        -- sizes, compact text (Note [Recording encoding])
   codec_sid INTEGER NOT NULL,     -- -> strings: compression of data (zstd)
   raw_bytes INTEGER NOT NULL,     -- uncompressed size: contiguous row-major elements
   data      BLOB NOT NULL         -- compressed elements
 );
-CREATE INDEX dumps_op ON dumps(op_seq);
+
+-- Records lost to a configured drop policy, by kind.
+CREATE TABLE dropped (
+  kind  TEXT PRIMARY KEY,   -- op | log | mem | ...
+  count INTEGER NOT NULL    -- how many were dropped
+);
 )sql";
+
+}  // namespace
+
+namespace detail {
+
+// The secondary indexes of the current schema: what the read API and the views filter on. Built
+// when a writer closes a recording (and at the end of a migration), once, by sorting, instead of
+// being updated on every insert; CREATE INDEX IF NOT EXISTS, so building them twice is harmless.
+const char* const kDeferredIndexes = R"sql(
+-- ops(OpQuery) by step and phase, stepOps, opCountsByNameAndPhase(step): one step's ops.
+CREATE INDEX IF NOT EXISTS ops_step_phase ON ops(step, phase_sid);
+-- ops(OpQuery) by op name and by scope (prefix matches resolve to scope ids first).
+CREATE INDEX IF NOT EXISTS ops_name ON ops(name_sid);
+CREATE INDEX IF NOT EXISTS ops_scope ON ops(scope_sid);
+-- logs(LogQuery) by op range: the op details view's log lines of one op.
+CREATE INDEX IF NOT EXISTS logs_op ON logs(op_seq);
+-- memEvents(MemQuery) by time range, and by op range (the op details view: one op's events).
+CREATE INDEX IF NOT EXISTS mem_events_time ON mem_events(time_ns);
+CREATE INDEX IF NOT EXISTS mem_events_op ON mem_events(op_seq);
+-- dumps(opSeq): an op's dumped tensors.
+CREATE INDEX IF NOT EXISTS dumps_op ON dumps(op_seq);
+)sql";
+
+}  // namespace detail
+
+namespace {
+
+// ---- Migrations: deltas from older versions (history; Note [One schema declaration]) ----------
 
 // Converts the v2 tensors table (one row per tensor) into op_tensors (one packed row per op) and
 // nonfinite_ops. Runs between the v2->v3 migration's SQL parts, inside its transaction.
@@ -227,7 +287,8 @@ struct Migration {
   const char* after;
 };
 
-// kMigrations[i] takes schema version i+1 to i+2. Append only; never edit a shipped entry.
+// kMigrations[i] takes schema version i+1 to i+2. Append only; never edit a shipped entry (its
+// text is what older files were made from, by createEmptyRecording too).
 const std::array<Migration, kSchemaVersion - 1> kMigrations = {{
     // 1 -> 2: records dropped by a capture policy; allocator events by op.
     {R"sql(
@@ -290,16 +351,6 @@ void stamp(sql::Db& db, int version) {
 
 namespace detail {
 
-const char* const kDeferredIndexes = R"sql(
-CREATE INDEX IF NOT EXISTS ops_step_phase ON ops(step, phase_sid);
-CREATE INDEX IF NOT EXISTS ops_name ON ops(name_sid);
-CREATE INDEX IF NOT EXISTS ops_scope ON ops(scope_sid);
-CREATE INDEX IF NOT EXISTS logs_op ON logs(op_seq);
-CREATE INDEX IF NOT EXISTS mem_events_time ON mem_events(time_ns);
-CREATE INDEX IF NOT EXISTS mem_events_op ON mem_events(op_seq);
-CREATE INDEX IF NOT EXISTS dumps_op ON dumps(op_seq);
-)sql";
-
 std::string newerVersionMessage(const std::string& file, int64_t version) {
   return "recording " + file + " has schema version " + std::to_string(version) +
          ", this keel reads up to " + std::to_string(kSchemaVersion);
@@ -311,8 +362,12 @@ void createSchema(sql::Db& db, int version) {
                        std::to_string(version));
   db.exec("BEGIN IMMEDIATE", "cannot begin transaction");
   try {
-    db.exec(kBaseSchemaV1, "cannot create schema");
-    for (int v = 1; v < version; ++v) runMigration(db, v);
+    if (version == kSchemaVersion) {
+      db.exec(kSchema, "cannot create schema");  // the declaration; indexes come at close
+    } else {
+      db.exec(kSchemaV1, "cannot create schema");  // an older version: history + deltas
+      for (int v = 1; v < version; ++v) runMigration(db, v);
+    }
     stamp(db, version);
     db.exec("COMMIT", "cannot commit schema");
   } catch (...) {

@@ -11,14 +11,20 @@
 
 namespace keel::storage::detail {
 
-// Creates every table and index of schema `version` (1..kSchemaVersion) and stamps
-// application_id and user_version.
+// Creates schema `version` (1..kSchemaVersion) and stamps application_id and user_version: the
+// current version from its declaration (kSchema, tables only: secondary indexes come at close),
+// an older one from kSchemaV1 plus the migrations up to it.
 void createSchema(sql::Db& db, int version);
-// Migrates a database at version `from` (< kSchemaVersion) to kSchemaVersion.
+// Migrates a database at version `from` (< kSchemaVersion) to kSchemaVersion and builds the
+// secondary indexes.
 void migrateSchema(sql::Db& db, int from);
-// Secondary indexes, created (IF NOT EXISTS) when a writer closes a recording and after a
-// migration; a recording whose writer was killed lacks them and is read with scans instead.
+// Secondary indexes of the current schema (schema.cpp, beside kSchema), created (IF NOT EXISTS)
+// when a writer closes a recording and after a migration; a recording whose writer was killed
+// lacks them and is read with scans instead.
 extern const char* const kDeferredIndexes;
+// History: the full DDL of schema version 1 as shipped (schema_history.cpp). Only for creating
+// older-version files; never the source of the current schema.
+extern const char* const kSchemaV1;
 
 // "recording <file> has schema version X, this keel reads up to Y".
 std::string newerVersionMessage(const std::string& file, int64_t version);

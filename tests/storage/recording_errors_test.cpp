@@ -201,6 +201,37 @@ TEST(RecordingMigration, Version2TensorRowsArePackedOnOpen) {
   EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
 }
 
+// v3 allocator events had no buffer, tag or label; after the 3 -> 4 migration they read as
+// "none" (buffer 0, empty tag and label) and keep every other field.
+TEST(RecordingMigration, Version3MemEventsReadWithoutBufferTagOrLabel) {
+  TempDir dir;
+  std::string path = dir.file("v3.db");
+  createEmptyRecording(path, 3);
+  execSql(path,
+          "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.0.3', 0, '{}', 'finished');"
+          "INSERT INTO strings(id, text) VALUES (1, 'alloc'), (2, 'cpu');"
+          // the 12 columns of a v3 mem_events row, in order
+          "INSERT INTO mem_events VALUES (1, 100, 1, 2, 4096, 512, 0, 7, 1, NULL, 512, 8192);");
+  Recording rec = Recording::open(path);
+  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  auto events = rec.memEvents({});
+  ASSERT_EQ(events.size(), 1u);
+  const MemRecord& m = events[0];
+  EXPECT_EQ(m.kind, "alloc");
+  EXPECT_EQ(m.device, "cpu");
+  EXPECT_EQ(m.timeNs, 100);
+  EXPECT_EQ(m.address, 4096u);
+  EXPECT_EQ(m.bytes, 512u);
+  EXPECT_EQ(m.opSeq, 7u);
+  EXPECT_EQ(m.stackId, -1);
+  EXPECT_EQ(m.allocatedAfter, 512u);
+  EXPECT_EQ(m.reservedAfter, 8192u);
+  EXPECT_EQ(m.bufferId, 0u);
+  EXPECT_TRUE(m.tag.empty());
+  EXPECT_TRUE(m.label.empty());
+  EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
+}
+
 // A damaged packed row (truncated BLOB) is a one-line error naming the file and the op.
 TEST(RecordingErrors, TruncatedPackedTensorsIsAClearError) {
   TempDir dir;
