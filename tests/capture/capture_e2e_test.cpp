@@ -1,9 +1,13 @@
 // End to end: two training steps of tests/fixtures/gpt-tiny.json recorded to a real SQLite file
-// with storage::Writer::create, then read back through storage's Recording.
+// with storage::Writer::create, then read back through storage's Recording: its contents, and the
+// producer of every op input, from which the graph, `keel export` and `keel diff` draw dataflow.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "keel/capture/recorder.h"
@@ -61,6 +65,97 @@ TEST(CaptureEndToEnd, RecordsTwoGptTinyStepsToAFile) {
   lq.step = 2;
   auto logs = r.logs(lq);
   EXPECT_FALSE(logs.empty());
+  std::filesystem::remove_all(dir);
+}
+
+// Every input of every op in a recorded step has a producer: an earlier recorded op output with
+// the same (tensor id, version). The only exceptions are leaves, which no recorded op wrote:
+//  - parameters as they were when recording began: the id is one of the model's parameters and
+//    no recorded op has output it yet (step 1 reads the initial weights, made by ops before the
+//    recorder started; from step 2 on they are the optimizer's outputs of the step before);
+//  - host inputs: tensors whose buffer was allocated outside any op (an allocator event with op
+//    seq 0) and filled from host memory (copyFromHost), not by an op: here the batch's tokens and
+//    targets, each step.
+// Nothing else. In particular a backward op reads a saved forward tensor (the logits in
+// cross_entropy_backward, a matmul's operands) under the id the forward op wrote it with, so
+// `keel export graph` and the diff's "fed by" chains have that edge (the studio's graph draws it
+// as the forward <-> backward link: Note [Graph shape]). See Note [Saved tensors].
+TEST(CaptureEndToEnd, EveryInputOfAGptTinyStepHasAProducerOrIsALeaf) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("keel_capture_dataflow_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / "run.db").string();
+  GptConfig cfg = loadGptConfig(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
+  auto data = std::make_shared<const data::TextDataset>(
+      std::string(200, 'a') + "the quick brown fox jumps over the lazy dog. ", "inline");
+  Trainer trainer(cfg, Device("cpu"), 1, data, 2);
+  std::set<uint64_t> params;
+  for (const Tensor& p : trainer.model().parameters()) params.insert(p.id());
+  CaptureOptions opt;
+  opt.allocator = true;  // the host inputs' allocations
+  {
+    Recorder rec(path, storage::RunInfo{}, opt);
+    trainer.run(2);
+    rec.finish();
+    ASSERT_EQ(rec.status(), RecorderStatus::Finished) << rec.error();
+  }
+  storage::Recording r = storage::Recording::open(path);
+  std::set<uint64_t> hostBuffers;
+  for (const storage::MemRecord& m : r.memEvents({}))
+    if (m.kind == "alloc" && m.bufferId != 0 && m.opSeq == 0) hostBuffers.insert(m.bufferId);
+
+  using Key = std::pair<uint64_t, uint64_t>;         // (tensor id, version)
+  std::map<Key, const storage::OpRecord*> producer;  // the last op that output it
+  std::set<uint64_t> written;                        // tensor ids some recorded op output
+  std::map<int64_t, std::set<uint64_t>> paramLeaves, hostLeaves;  // by step: tensor ids
+  std::map<int64_t, int> savedReads;  // by step: backward op inputs a forward op produced
+  std::map<int64_t, Key> ceLogits, ceBackwardLogits;
+  std::vector<storage::OpRecord> ops = r.allOps();
+  std::ostringstream orphans;
+  int orphanCount = 0;
+  for (const storage::OpRecord& op : ops) {
+    for (const storage::TensorRecord& t : op.tensors) {
+      if (t.role != storage::Role::Input) continue;
+      const Key k{t.tensorId, t.version};
+      if (op.name == "cross_entropy" && t.index == 0) ceLogits[op.step] = k;
+      if (op.name == "cross_entropy_backward" && t.index == 1) ceBackwardLogits[op.step] = k;
+      auto it = producer.find(k);
+      if (it != producer.end()) {
+        EXPECT_LT(it->second->seq, op.seq);
+        if (op.phase == "backward" && it->second->phase == "forward") ++savedReads[op.step];
+      } else if (params.count(t.tensorId) && !written.count(t.tensorId)) {
+        paramLeaves[op.step].insert(t.tensorId);
+      } else if (hostBuffers.count(t.bufferId)) {
+        hostLeaves[op.step].insert(t.tensorId);
+        EXPECT_EQ(t.dtype, "int64") << op.name << " reads a host input that is not a token tensor";
+      } else if (orphanCount++ < 10) {
+        orphans << "\n  step " << op.step << " " << op.phase << " " << op.name << " (seq " << op.seq
+                << ") input " << t.index << ": tensor " << t.tensorId << " v" << t.version
+                << ", buffer " << t.bufferId;
+      }
+    }
+    for (const storage::TensorRecord& t : op.tensors)
+      if (t.role == storage::Role::Output) {
+        producer[{t.tensorId, t.version}] = &op;
+        written.insert(t.tensorId);
+      }
+  }
+  EXPECT_EQ(orphanCount, 0) << orphanCount
+                            << " inputs have no producer and are no leaf; first:" << orphans.str();
+  EXPECT_EQ(paramLeaves[1], params);  // step 1 reads every initial weight
+  EXPECT_TRUE(paramLeaves[2].empty());
+  for (int64_t step : {1, 2}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    EXPECT_EQ(hostLeaves[step].size(), 2u);  // tokens and targets
+    // cross_entropy_backward reads the very logits cross_entropy read (a forward op's output).
+    ASSERT_TRUE(ceLogits.count(step) && ceBackwardLogits.count(step));
+    EXPECT_EQ(ceBackwardLogits[step], ceLogits[step]);
+    ASSERT_TRUE(producer.count(ceLogits[step]));
+    EXPECT_EQ(producer[ceLogits[step]]->phase, "forward");
+    // Saved activations are edges from forward into backward (35 per gpt-tiny step; the saved
+    // weights are parameters and the saved tokens a host input, counted above).
+    EXPECT_GE(savedReads[step], 30);
+  }
   std::filesystem::remove_all(dir);
 }
 

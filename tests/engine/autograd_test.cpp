@@ -1,6 +1,6 @@
 // Autograd engine and observer seam: gradient accumulation, retainGraph, no-grad mode, hooks,
-// in-place modification of saved tensors, and what observers see (phases, the backward -> forward
-// op link, scope paths). Runs on cpu-ref; the backends' arithmetic is checked elsewhere.
+// saved tensors (their ids, in-place modification), and what observers see (phases, the backward ->
+// forward op link, scope paths). Runs on cpu-ref; the backends' arithmetic is checked elsewhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -197,6 +197,23 @@ TEST(Autograd, DetachSharesStorageButLeavesTheGraph) {
   EXPECT_FALSE(d.requiresGrad());
   EXPECT_EQ(d.buffer(), y.buffer());
   EXPECT_NE(d.id(), y.id());
+}
+
+// A grad node's saved tensors are the forward tensors under their own ids (so a recording links a
+// backward op's read to the forward op that wrote it), without their autograd state.
+TEST(Autograd, SavedTensorsKeepTheForwardIdsOutsideTheGraph) {
+  Tensor x = leaf({1, 2});
+  Tensor y = ops::exp(x);
+  const Node& n = *y.gradFn();
+  ASSERT_EQ(n.inputs.size(), 1u);
+  ASSERT_EQ(n.outputs.size(), 1u);
+  EXPECT_EQ(n.inputs[0].id(), x.id());
+  EXPECT_EQ(n.outputs[0].id(), y.id());
+  EXPECT_EQ(n.inputs[0].buffer(), x.buffer());
+  EXPECT_EQ(n.outputs[0].buffer(), y.buffer());
+  EXPECT_FALSE(n.inputs[0].requiresGrad());
+  EXPECT_FALSE(n.outputs[0].requiresGrad());
+  EXPECT_TRUE(n.outputs[0].isLeaf());
 }
 
 TEST(Autograd, GradientOfAViewReachesTheBase) {

@@ -27,8 +27,10 @@ class Node {
  public:
   int opId = -1;
   Attrs attrs;
-  std::vector<Tensor> inputs;   // detached aliases, released after backward unless retained
-  std::vector<Tensor> outputs;  // detached aliases
+  // Aliases outside the graph that keep the forward tensors' ids (Note [Saved tensors], in
+  // dispatch.cpp); released after backward unless retained.
+  std::vector<Tensor> inputs;
+  std::vector<Tensor> outputs;
   std::vector<uint64_t> inputVersions, outputVersions;
   std::vector<Edge> next;  // one per input
   std::vector<TensorMeta> outputMetas;

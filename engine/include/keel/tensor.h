@@ -26,7 +26,9 @@ struct TensorImpl {
   int64_t offset = 0;
   DType dtype = DType::Float32;
   std::shared_ptr<Buffer> buffer;
-  uint64_t id = 0;  // unique per TensorImpl, never reused in a process
+  // Never reused in a process; unique per TensorImpl except that autograd's saved aliases share
+  // the id of the tensor they save (same buffer and geometry: See Note [Saved tensors]).
+  uint64_t id = 0;
   // autograd
   bool requiresGrad = false;
   std::shared_ptr<TensorImpl> grad;
