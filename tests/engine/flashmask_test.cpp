@@ -643,6 +643,37 @@ TEST(FlashmaskAttention, RecordsMaskKindBlockSparsityAndTileMap) {
   EXPECT_EQ(rec->calls[4].second.getString("tile_map"), "ffff/ffff/ffff/ffff");
 }
 
+// Sees the flashmask calls like AttrRecorder but declines op descriptions.
+class PlainAttrRecorder : public AttrRecorder {
+ public:
+  bool wantsOpDescriptions() const override { return false; }
+};
+
+TEST(FlashmaskAttention, DescribesTheMaskOnlyWhileAnObserverWantsIt) {
+  Tensor q = randUniform({1, 128, 1, 64}, -1, 1, F32, kCpu, 1);
+  fmk::Mask docs = fmk::causalDocument({64, 64}, kCpu);
+  auto plain = std::make_shared<PlainAttrRecorder>();
+  addObserver(plain);
+  ops::flashmaskAttention(q, q, q, docs);
+  // Only the builder's kind, which no input carries; no tile work for this observer.
+  ASSERT_EQ(plain->calls.size(), 1u);
+  EXPECT_EQ(plain->calls[0].second.toString(),
+            "{\"causal\":true,\"window_size\":-1,\"dropout\":0,\"scale\":0,\"seed\":0,"
+            "\"offset\":0,\"mask\":\"causal_document\"}");
+  // Once another observer wants descriptions, every observer sees them.
+  auto rec = std::make_shared<AttrRecorder>();
+  addObserver(rec);
+  ops::flashmaskAttention(q, q, q, docs);
+  removeObserver(rec);
+  ops::flashmaskAttention(q, q, q, docs);
+  removeObserver(plain);
+  ASSERT_EQ(rec->calls.size(), 1u);
+  ASSERT_EQ(plain->calls.size(), 3u);
+  EXPECT_EQ(rec->calls[0].second.getString("tile_map"), "ps/sp");
+  EXPECT_EQ(plain->calls[1].second.toString(), rec->calls[0].second.toString());
+  EXPECT_FALSE(plain->calls[2].second.has("tile_map"));
+}
+
 TEST(FlashmaskAttention, MaskOverloadGivesTheSameBitsAsTheIndexOverload) {
   Tensor q = randUniform({2, 100, 2, 16}, -1, 1, F32, kCpu, 3);
   Tensor k = randUniform({2, 100, 1, 16}, -1, 1, F32, kCpu, 4);

@@ -105,9 +105,21 @@ struct LogEvent {
   int64_t timeNs = 0;
 };
 
+// Note [Op descriptions]: some ops compute, for debuggers only, attributes that no kernel reads —
+// flashmask_attention's mask kind, block sparsity and tile map (Note [FlashMask op attributes]).
+// Computing them is work the engine should not do for nobody, so an op declares it as a describe
+// rule (OpDef::describe) and the dispatcher runs it only while an installed observer wants
+// descriptions: after shape inference accepted the inputs, on a copy of the attributes, which
+// OpEvent::attrs then points to in onOpEnd and onOpError (onOpBegin sees the attributes as
+// passed). Kernels, backward rules and autograd nodes keep the attributes as passed. An observer
+// that only counts or times ops can decline with wantsOpDescriptions(), asked once in addObserver
+// (while another installed observer wants them, every observer sees them); with no observer
+// installed the dispatcher's only observer cost stays one relaxed atomic load.
 class Observer {
  public:
   virtual ~Observer() = default;
+  // Whether OpEvent::attrs should carry the ops' descriptions (Note [Op descriptions]).
+  virtual bool wantsOpDescriptions() const { return true; }
   virtual void onOpBegin(const OpEvent&) {}
   virtual void onOpEnd(const OpEvent&) {}
   // The op's shape inference or kernel threw (after onOpBegin; onOpEnd will not come). `message`
@@ -125,6 +137,11 @@ namespace detail {
 extern std::atomic<bool> g_hasObservers;
 inline bool hasObservers() {
   return g_hasObservers.load(std::memory_order_relaxed);
+}
+// Some installed observer wants op descriptions; read only when hasObservers().
+extern std::atomic<bool> g_wantOpDescriptions;
+inline bool observersWantOpDescriptions() {
+  return g_wantOpDescriptions.load(std::memory_order_relaxed);
 }
 void notifyMemory(MemEvent e);  // fills opSeq, timeNs, tag and bufferId; calls observers
 MemTag currentMemTag();

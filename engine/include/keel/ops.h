@@ -83,9 +83,10 @@ std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, c
                                              int64_t windowSize, double dropout, double scale,
                                              Generator& gen, bool training = true);
 // The same with a built mask (keel/flashmask.h: indices, which may be undefined, causal flag and
-// kind); gen may be null when there is no dropout. Every overload records the mask's kind, block
-// sparsity and tile map as attributes "mask", "block_sparsity", "tile_shape" and "tile_map" (an
-// index tensor not from a builder is "custom"); see Note [FlashMask op attributes].
+// kind); gen may be null when there is no dropout. Observers (a recording) see every overload's
+// mask kind, block sparsity and tile map as attributes "mask", "block_sparsity", "tile_shape" and
+// "tile_map" (an index tensor not from a builder is "custom"), computed only while one wants
+// them; see Note [FlashMask op attributes].
 std::pair<Tensor, Tensor> flashmaskAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const flashmask::Mask& mask, int64_t windowSize = -1,
                                              double dropout = 0.0, double scale = 0.0,

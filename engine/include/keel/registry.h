@@ -46,6 +46,9 @@ struct BackwardCtx {
 using BackwardFn = std::function<std::vector<Tensor>(const BackwardCtx&)>;
 using InferFn = std::function<std::vector<TensorMeta>(std::span<const Tensor>, const Attrs&)>;
 using ViewFn = std::function<std::vector<Tensor>(std::span<const Tensor>, const Attrs&)>;
+// Adds recording-only attributes to a copy of the op's attributes (see Note [Op descriptions] in
+// keel/observer.h). Runs after shape inference accepted the inputs, and only for observers.
+using DescribeFn = std::function<void(std::span<const Tensor>, Attrs&)>;
 
 // Bit set of dtypes a kernel accepts.
 using DTypeMask = uint32_t;
@@ -68,6 +71,7 @@ struct OpDef {
   InferFn infer;               // required unless view is set
   ViewFn view;                 // view ops build outputs over their input's buffer; no kernels
   BackwardFn backward;         // empty: not differentiable
+  DescribeFn describe;         // empty: observers see the attributes as passed
   bool mutatesInputs = false;  // optimizer-style ops: write into inputs, return nothing
   KernelEntry kernels[kNumBackends];
   int id = -1;

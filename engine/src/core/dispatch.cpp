@@ -1,6 +1,7 @@
 // The dispatcher. Order of work per call: validate arity/devices, assign a sequence number,
 // notify begin, infer + allocate outputs (or build views), run the kernel, record the grad node,
-// notify end. With no observers, the observer cost is one relaxed atomic load.
+// notify end. With no observers, the observer cost is one relaxed atomic load (op descriptions
+// included: Note [Op descriptions]).
 #include "keel/dispatch.h"
 
 #include <atomic>
@@ -258,11 +259,17 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
   }
 
   std::vector<Tensor> outputs;
+  Attrs described;  // See Note [Op descriptions]
   auto run = [&] {
     if (def.view) {
       outputs = def.view(inputs, attrs);
     } else {
       std::vector<TensorMeta> metas = def.infer(inputs, attrs);
+      if (observe && def.describe && detail::observersWantOpDescriptions()) {
+        described = attrs;
+        def.describe(inputs, described);
+        ev.attrs = &described;
+      }
       Device outDev = opId == int(OpId::CopyTo) ? Device(attrs.getString("device")) : dev;
       const KernelEntry& k = def.kernels[int(dev.backend)];
       KEEL_CHECK(k.fn != nullptr, "op '", def.name, "' has no kernel for backend '",

@@ -12,13 +12,25 @@
 namespace keel {
 namespace detail {
 std::atomic<bool> g_hasObservers{false};
-}
+std::atomic<bool> g_wantOpDescriptions{false};
+}  // namespace detail
 
 namespace {
 using ObserverList = std::vector<std::shared_ptr<Observer>>;
 std::mutex g_obsMu;
 std::shared_ptr<const ObserverList> g_observers = std::make_shared<ObserverList>();
 std::atomic<uint64_t> g_generation{1};  // bumped on every change of g_observers
+
+// Publishes a new list (caller holds g_obsMu).
+void publish(std::shared_ptr<const ObserverList> next) {
+  bool want = false;
+  for (const auto& o : *next) want = want || o->wantsOpDescriptions();
+  const bool any = !next->empty();
+  g_observers = std::move(next);
+  g_generation.fetch_add(1, std::memory_order_release);
+  detail::g_wantOpDescriptions.store(want);
+  detail::g_hasObservers.store(any);
+}
 
 // Each thread caches the list and refreshes it (under the lock) only when the generation moved,
 // so notification takes no lock on the hot path.
@@ -119,18 +131,14 @@ void addObserver(std::shared_ptr<Observer> obs) {
   std::lock_guard<std::mutex> lk(g_obsMu);
   auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
   next->push_back(std::move(obs));
-  g_observers = next;
-  g_generation.fetch_add(1, std::memory_order_release);
-  detail::g_hasObservers.store(true);
+  publish(std::move(next));
 }
 
 void removeObserver(const std::shared_ptr<Observer>& obs) {
   std::lock_guard<std::mutex> lk(g_obsMu);
   auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
   next->erase(std::remove(next->begin(), next->end(), obs), next->end());
-  g_observers = next;
-  g_generation.fetch_add(1, std::memory_order_release);
-  detail::g_hasObservers.store(!next->empty());
+  publish(std::move(next));
 }
 
 namespace detail {

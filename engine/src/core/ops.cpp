@@ -4,7 +4,6 @@
 
 #include "keel/error.h"
 
-#include "flashmask/flashmask_geometry.h"
 #include "shape_util.h"
 
 namespace keel::ops {
@@ -151,7 +150,9 @@ std::pair<Tensor, Tensor> flashmaskImpl(const Tensor& q, const Tensor& k, const 
       .set("scale", scale)
       .set("seed", int64_t(seed))
       .set("offset", int64_t(offset));
-  detail::flashmask::describeMask(a, q, k, startendRowIndices, causal, windowSize, kind);
+  // The builder's kind is known only here; the rest of the mask's description is computed from
+  // the inputs, for observers only (Note [FlashMask op attributes]).
+  if (kind) a.set("mask", kind);
   auto outs = dispatch(OpId::FlashmaskAttention, std::move(in), a);
   return {outs.at(0), outs.at(1)};
 }

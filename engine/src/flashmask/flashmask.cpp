@@ -58,30 +58,20 @@ void validateIndices(std::string_view op, const Tensor& idx, const Shape& q, con
       }
 }
 
-void describeMask(Attrs& a, const Tensor& q, const Tensor& k, const Tensor& idx, bool causal,
-                  int64_t windowSize, const char* kind) {
-  if (!q.defined() || !k.defined() || q.dim() != 4 || k.dim() != 4 || q.size(0) != k.size(0) ||
-      q.size(1) < 1 || k.size(1) < 1 || q.size(3) < 1)
-    return;
-  if (idx.defined()) {
-    if (!idx.device().isHost()) return;
-    try {
-      validateIndices("flashmask_attention", idx, q.shape(), k.shape(), causal);
-    } catch (const Error&) {
-      return;
-    }
-  }
-  const int64_t sq = q.size(1), sk = k.size(1), window = windowSize > 0 ? windowSize : -1;
-  std::string name = kind            ? kind
-                     : idx.defined() ? "custom"
-                     : window > 0    ? "sliding_window"
-                     : causal        ? "causal"
-                                     : "full";
+void describeMask(Attrs& a, const Tensor& q, const Tensor& k, const Tensor& idx) {
+  if (idx.defined() && !idx.device().isHost()) return;
+  const bool causal = a.getBool("causal", false);
+  const int64_t sq = q.size(1), sk = k.size(1), windowSize = a.getInt("window_size", -1);
+  const int64_t window = windowSize > 0 ? windowSize : -1;
+  if (!a.has("mask"))
+    a.set("mask", idx.defined() ? "custom"
+                  : window > 0  ? "sliding_window"
+                  : causal      ? "causal"
+                                : "full");
   const keel::flashmask::TileShape tile = keel::flashmask::tileShape(q.size(3));
   const keel::flashmask::TileCounts tc =
       keel::flashmask::countTiles(idx, causal, sq, sk, window, tile);
-  a.set("mask", std::move(name))
-      .set("block_sparsity", tc.skippedFraction())
+  a.set("block_sparsity", tc.skippedFraction())
       .set("tile_shape", std::vector<int64_t>{tile.rows, tile.cols})
       .set("tile_map", keel::flashmask::tileMap(idx, causal, sq, sk, window, tile));
 }

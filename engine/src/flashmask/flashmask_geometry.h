@@ -124,17 +124,23 @@ inline TileClass classify(const TileBounds& t, const Geometry& g, int64_t m0, in
   return lower || upper || diag || win ? TileClass::Partial : TileClass::Unmasked;
 }
 
-// Note [FlashMask op attributes]: ops::flashmaskAttention records, besides the attributes the
-// kernels read, what the mask is: "mask" (the builder's kind name; without an index tensor
-// "causal", "sliding_window" or "full"; "custom" for an index tensor of unknown origin),
-// "block_sparsity" (the fraction of (query tile × key tile) pairs the cpu kernel skips, over every
-// batch and mask head, at tileShape(D)), "tile_shape" ([rows, cols] of a tile) and "tile_map"
-// (flashmask::tileMap of batch 0, mask head 0, at most 64 × 64 cells). No kernel reads them: they
-// are for the recording and the studio's picture of the mask, and they are computed on both
-// backends from the same indices, so they never differ between them. Nothing is added when the
-// inputs are invalid: the op's own validation then reports the problem.
-void describeMask(Attrs& a, const Tensor& q, const Tensor& k, const Tensor& idx, bool causal,
-                  int64_t windowSize, const char* kind);
+// Note [FlashMask op attributes]: a recording of flashmask_attention (and of its backward op)
+// shows, besides the attributes the kernels read, what the mask is: "mask" (the builder's kind
+// name, which ops::flashmaskAttention sets when it was given a flashmask::Mask; otherwise, without
+// an index tensor, "causal", "sliding_window" or "full", and "custom" for an index tensor of
+// unknown origin), "block_sparsity" (the fraction of (query tile × key tile) pairs the cpu kernel
+// skips, over every batch and mask head, at tileShape(D)), "tile_shape" ([rows, cols] of a tile)
+// and "tile_map" (flashmask::tileMap of batch 0, mask head 0, at most 64 × 64 cells). No kernel
+// reads them: they are for the recording and the studio's picture of the mask. All but the kind
+// are the ops' describe rule (Note [Op descriptions] in keel/observer.h), so they cost nothing
+// unless an observer wants them, and they are computed from the same indices on every backend, so
+// they never differ between backends. The backward op describes itself from its own q, k and
+// indices, giving the forward op's values.
+//
+// describeMask adds them to a, reading "causal" and "window_size" from a. q [B, Sq, H, D], k and
+// idx (undefined: no index tensor) must have passed the op's shape inference; an index tensor
+// off the host is not described.
+void describeMask(Attrs& a, const Tensor& q, const Tensor& k, const Tensor& idx);
 
 // Checks the index tensor against q [B, Sq, H, D], k [B, Sk, Hk, D] and the causal flag: dtype
 // int32, shape [B, Hk or 1, Sk, C] with C allowed for the flag, every bound in [0, Sq], LTS <= LTE

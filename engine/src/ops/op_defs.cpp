@@ -604,6 +604,10 @@ std::vector<OpDef>& builtinDefs() {
       const Shape& q = in[0].shape();
       return Metas{{q, in[0].dtype()}, {{q[0], q[2], q[1]}, lseDtype(in[0].dtype())}};
     };
+    // For observers only: see Note [FlashMask op attributes].
+    o.describe = [](Inputs in, Attrs& a) {
+      flashmask::describeMask(a, in[0], in[1], in.size() == 4 ? in[3] : Tensor());
+    };
     o.backward = [](const BackwardCtx& c) -> BF {
       const Tensor &q = c.inputs[0], &out = c.outputs[0], &lse = c.outputs[1];
       Tensor g = c.gradOutputs[0].defined() ? c.gradOutputs[0] : zerosLike(out);
@@ -639,6 +643,9 @@ std::vector<OpDef>& builtinDefs() {
         flashmask::validateIndices(b.name, in[7], q, in[2].shape(), a.getBool("causal", false));
       return Metas{
           {q, in[1].dtype()}, {in[2].shape(), in[2].dtype()}, {in[3].shape(), in[3].dtype()}};
+    };
+    b.describe = [](Inputs in, Attrs& a) {
+      flashmask::describeMask(a, in[1], in[2], in.size() == 8 ? in[7] : Tensor());
     };
   }
 
