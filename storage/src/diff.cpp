@@ -15,6 +15,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "keel/storage/producers.h"
+
 namespace keel::storage {
 
 const char* toString(DiffStatus s) {
@@ -310,36 +312,18 @@ struct Row {
   std::vector<TensorDiff> outputs;
 };
 
-struct TensorKey {
-  uint64_t id, version;
-  bool operator==(const TensorKey&) const = default;
-};
-struct TensorKeyHash {
-  size_t operator()(const TensorKey& k) const {
-    return std::hash<uint64_t>()(k.id * 0x9e3779b97f4a7c15ull ^ k.version);
-  }
-};
-
-// Which op produced (tensorId, version), on one side; several producers are kept in seq order
-// (the one just before a consumer wins).
+// The producer of an input on one side, as a record: See Note [Producer] (producers.h).
 class Producers {
  public:
-  explicit Producers(const std::vector<const OpRecord*>& ops) {
-    for (const OpRecord* op : ops)
-      for (const TensorRecord& t : op->tensors)
-        if (t.role == Role::Output) map_[{t.tensorId, t.version}].push_back(op);
-  }
+  explicit Producers(const std::vector<const OpRecord*>& ops) : ops_(ops), index_(ops) {}
   const OpRecord* find(const TensorRecord& input, uint64_t consumerSeq) const {
-    auto it = map_.find({input.tensorId, input.version});
-    if (it == map_.end()) return nullptr;
-    const OpRecord* best = nullptr;
-    for (const OpRecord* op : it->second)
-      if (op->seq < consumerSeq) best = op;
-    return best;
+    const std::optional<size_t> p = index_.find(input, consumerSeq);
+    return p ? ops_[*p] : nullptr;
   }
 
  private:
-  std::unordered_map<TensorKey, std::vector<const OpRecord*>, TensorKeyHash> map_;
+  const std::vector<const OpRecord*>& ops_;
+  ProducerIndex index_;
 };
 
 const TensorRecord* findTensor(const OpRecord& op, Role role, int32_t index) {

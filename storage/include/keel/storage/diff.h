@@ -82,7 +82,8 @@ struct OpPair {
   std::vector<TensorDiff> outputs;
 };
 
-// An op in the chain that feeds a divergence, walked backwards through (tensorId, version).
+// An op in the chain that feeds a divergence, walked backwards through the producers of inputs
+// (the ops of every step of the run: See Note [Producer] in producers.h).
 struct ChainLink {
   int depth = 1;             // 1: direct producer of one of the divergent op's inputs
   uint64_t seq = 0;          // on the chain's side
