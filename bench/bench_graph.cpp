@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "keel/views/graph_dot.h"
+#include "keel/analysis/graph_dot.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/selection.h"
 
@@ -324,9 +324,9 @@ BENCHMARK(BM_GraphExpandBlocks20k)->UseManualTime()->Unit(benchmark::kMillisecon
 // The pure DOT builder alone on the fully expanded 20,000-op step (it runs on every relayout).
 void BM_GraphDot20k(benchmark::State& state) {
   const auto step = syntheticStep(20000);
-  keel::views::GraphDotOptions o;
+  keel::analysis::GraphDotOptions o;
   for (auto _ : state) {
-    auto g = keel::views::buildGraphDot(step->ops, o);
+    auto g = keel::analysis::buildGraphDot(step->ops, o);
     benchmark::DoNotOptimize(g.dot.data());
   }
   state.counters["ops"] = double(step->ops.size());

@@ -1,14 +1,15 @@
-// `keel export graph|trace|csv`: writes a recording's op calls as Graphviz DOT or SVG (one step,
-// one or both phases), a Chrome trace (JSON, opens in Perfetto) or CSV, to a file or stdout.
-#include <graphviz/cgraph.h>
-#include <graphviz/gvc.h>
-
+// `keel export graph|trace|csv`: writes a recording's op calls as Graphviz DOT or SVG (one step:
+// the studio's graph, by the same analysis::buildGraphDot), a Chrome trace (JSON, opens in
+// Perfetto) or CSV, to a file or stdout.
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli_common.h"
+#include "keel/analysis/graph_dot.h"
+#include "keel/analysis/graph_layout.h"
 #include "keel/error.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
@@ -19,7 +20,8 @@ namespace {
 struct ExportArgs {
   std::string recording, output, phase = "both", format = "dot";
   int64_t step = 1;
-  bool tensors = false;
+  bool tensors = false, collapse = false;
+  std::vector<std::string> expand;
 };
 
 int writeOut(const std::string& text, const std::string& output) {
@@ -35,49 +37,30 @@ int writeOut(const std::string& text, const std::string& output) {
   return 0;
 }
 
-// Lays out and renders DOT text as SVG with Graphviz (cgraph + gvc, the dot engine).
-std::string dotToSvg(const std::string& dot) {
-  GVC_t* gvc = gvContext();
-  if (!gvc) throw Error("graphviz: cannot create a context");
-  Agraph_t* g = agmemread(dot.c_str());
-  if (!g) {
-    gvFreeContext(gvc);
-    throw Error("graphviz: cannot parse the generated graph");
-  }
-  std::string svg;
-  char* data = nullptr;
-  unsigned int len = 0;
-  int rc = gvLayout(gvc, g, "dot");
-  if (rc == 0) {
-    rc = gvRenderData(gvc, g, "svg", &data, &len);
-    if (rc == 0 && data) svg.assign(data, len);
-    gvFreeRenderData(data);
-    gvFreeLayout(gvc, g);
-  }
-  agclose(g);
-  gvFreeContext(gvc);
-  if (rc != 0 || svg.empty()) throw Error("graphviz: layout or SVG rendering failed");
-  return svg;
-}
-
 int runGraph(const ExportArgs& a) {
   if (a.format != "dot" && a.format != "svg")
     return fail("--format: expected dot or svg, got '" + a.format + "'");
-  if (a.phase != "forward" && a.phase != "backward" && a.phase != "both")
-    return fail("--phase: expected forward, backward or both, got '" + a.phase + "'");
+  const analysis::GraphPhase phase = analysis::parseGraphPhase(a.phase);
+  if (a.phase != analysis::toString(phase))
+    return fail("--phase: expected forward, backward, both or optimizer, got '" + a.phase + "'");
+  // What the studio's graph of this step shows with the same phase and expansion: every op of the
+  // step as the studio loads it, through the one DOT builder (with its fixed text metrics).
   storage::Recording rec = storage::Recording::open(a.recording);
-  storage::OpQuery q;
-  q.step = a.step;
-  if (a.phase != "both") q.phase = a.phase;
-  auto ops = rec.ops(q);
-  if (ops.empty())
+  const std::vector<storage::OpRecord> ops = rec.stepOps(a.step);
+  if (analysis::countGraphOps(ops, phase) == 0)
     return fail("recording " + a.recording + " has no " +
                 (a.phase == "both" ? std::string() : a.phase + " ") + "ops in step " +
                 std::to_string(a.step));
-  if (a.phase == "both")  // forward and backward only: optimizer updates are not part of the graph
-    std::erase_if(ops, [](const storage::OpRecord& o) { return o.phase == "optimizer"; });
-  std::string dot = storage::toDot(ops, "step " + std::to_string(a.step) + " " + a.phase);
-  return writeOut(a.format == "svg" ? dotToSvg(dot) : dot, a.output);
+  analysis::GraphDotOptions o;
+  o.phase = phase;
+  o.expandAll = !a.collapse && a.expand.empty();
+  for (const std::string& scope : a.expand)
+    for (std::string& s : analysis::scopePrefixes(scope)) o.expanded.insert(std::move(s));
+  const analysis::GraphDot graph = analysis::buildGraphDot(ops, o);
+  if (a.format == "dot") return writeOut(graph.dot, a.output);
+  const analysis::GraphSvg svg = analysis::renderSvg(graph.dot);
+  if (!svg.error.empty()) throw Error(svg.error);
+  return writeOut(svg.svg, a.output);
 }
 
 int runTrace(const ExportArgs& a) {
@@ -101,12 +84,20 @@ Command addExportCommand(CLI::App& root) {
   auto a = std::make_shared<ExportArgs>();
   CLI::App* c = root.add_subcommand("export", "write a recording as DOT, a Chrome trace or CSV");
   c->require_subcommand(1);
-  CLI::App* graph = c->add_subcommand("graph", "dataflow graph of one step (Graphviz DOT)");
+  CLI::App* graph =
+      c->add_subcommand("graph", "dataflow graph of one step (Graphviz DOT): the studio's graph");
   graph->add_option("recording", a->recording, "recording file (.db)")->required();
   graph->add_option("--step", a->step, "training step")->capture_default_str();
-  graph->add_option("--phase", a->phase, "forward | backward | both")->capture_default_str();
+  graph->add_option("--phase", a->phase, "forward | backward | both | optimizer")
+      ->capture_default_str();
   graph->add_option("--format", a->format, "dot | svg (laid out with Graphviz)")
       ->capture_default_str();
+  graph->add_flag("--collapse", a->collapse,
+                  "draw each top-level module as one node (default: every module expanded)");
+  graph
+      ->add_option("--expand", a->expand,
+                   "expand these modules (and those around them), collapse the others")
+      ->delimiter(',');
   graph->add_option("-o,--output", a->output, "output file (default: stdout)");
   CLI::App* trace = c->add_subcommand("trace", "Chrome trace event JSON (Perfetto)");
   trace->add_option("recording", a->recording, "recording file (.db)")->required();

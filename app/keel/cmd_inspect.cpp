@@ -2,14 +2,16 @@
 // by name and phase, the attention masks of the first recorded step (kind, block sparsity, tile
 // map of each flashmask_attention op), records lost to a drop policy, and the first NaN/Inf (the
 // earliest op in execution order with a non-finite output) with its call stack.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <map>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli_common.h"
+#include "keel/analysis/tile_map.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 
@@ -40,14 +42,15 @@ void printAttention(const storage::Recording& rec) {
   std::printf("\nattention  step %lld; tile map of batch 0: s skipped, p partial, f full\n",
               static_cast<long long>(first[0].step));
   for (const auto& op : rec.ops(q)) {
-    const auto a = nlohmann::json::parse(op.attrsJson, nullptr, false);
-    if (!a.is_object() || !a.contains("tile_map")) continue;
-    std::string map = a.value("tile_map", "");
+    // The studio's mask tab reads the same summary (keel/analysis/tile_map.h).
+    const std::optional<analysis::MaskSummary> m = analysis::maskSummaryFromAttrs(op.attrsJson);
+    if (!m) continue;
+    std::string map = analysis::tileMapText(m->grid);
     constexpr size_t kShown = 40;
     if (map.size() > kShown) map = map.substr(0, kShown - 3) + "...";
     std::printf("  %-20s %-22s block sparsity %.3f  %s\n",
-                op.scope.empty() ? "-" : op.scope.c_str(), a.value("mask", "?").c_str(),
-                a.value("block_sparsity", 0.0), map.c_str());
+                op.scope.empty() ? "-" : op.scope.c_str(), m->kind.c_str(),
+                std::max(m->blockSparsity, 0.0), map.c_str());
   }
 }
 

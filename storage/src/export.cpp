@@ -1,54 +1,12 @@
-// Text exports of recordings: DOT, Chrome trace JSON, CSV. See export.h.
+// Text exports of recordings: Chrome trace JSON, CSV. See export.h.
 #include "keel/storage/export.h"
 
 #include <cstdio>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <utility>
 
 namespace keel::storage {
 namespace {
-
-// DOT string literal body: escapes quotes and backslashes.
-std::string dotEscape(const std::string& s) {
-  std::string r;
-  for (char c : s) {
-    if (c == '"' || c == '\\') r += '\\';
-    r += c;
-  }
-  return r;
-}
-
-struct ScopeNode {
-  std::map<std::string, ScopeNode> children;
-  std::vector<const OpRecord*> ops;
-};
-
-void emitScope(std::ostringstream& os, const ScopeNode& n, const std::string& path, int depth,
-               int& clusterId) {
-  std::string indent(size_t(depth) * 2, ' ');
-  for (const OpRecord* op : n.ops) {
-    std::string outShape;
-    for (const auto& t : op->tensors)
-      if (t.role == Role::Output) {
-        outShape = shapeText(t.shape) + " " + t.dtype;
-        break;
-      }
-    os << indent << "op" << op->seq << " [label=\"" << dotEscape(op->name) << "\\n"
-       << dotEscape(outShape) << "\", tooltip=\"#" << op->seq << " " << op->phase << " "
-       << dotEscape(op->scope) << "\""
-       << (op->phase == "backward" ? ", style=filled, fillcolor=\"#fde2c8\"" : "")
-       << (op->phase == "optimizer" ? ", style=filled, fillcolor=\"#dfe9d8\"" : "") << "];\n";
-  }
-  for (const auto& [name, child] : n.children) {
-    std::string childPath = path.empty() ? name : path + "." + name;
-    os << indent << "subgraph cluster_" << clusterId++ << " {\n"
-       << indent << "  label=\"" << dotEscape(childPath) << "\";\n";
-    emitScope(os, child, childPath, depth + 1, clusterId);
-    os << indent << "}\n";
-  }
-}
 
 std::string csvField(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -81,42 +39,6 @@ std::string tensorList(const OpRecord& op, Role role) {
     r += t.dtype;
   }
   return r;
-}
-
-std::string toDot(const std::vector<OpRecord>& ops, const std::string& graphName) {
-  std::ostringstream os;
-  os << "digraph \"" << dotEscape(graphName) << "\" {\n"
-     << "  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
-  ScopeNode root;
-  for (const auto& op : ops) {
-    ScopeNode* n = &root;
-    std::string part;
-    std::istringstream scope(op.scope);
-    while (std::getline(scope, part, '.'))
-      if (!part.empty()) n = &n->children[part];
-    n->ops.push_back(&op);
-  }
-  int clusterId = 0;
-  emitScope(os, root, "", 1, clusterId);
-
-  std::map<std::pair<uint64_t, uint64_t>, uint64_t> producer;  // (tensor id, version) -> seq
-  std::map<uint64_t, bool> present;
-  for (const auto& op : ops) present[op.seq] = true;
-  for (const auto& op : ops) {
-    for (const auto& t : op.tensors)
-      if (t.role == Role::Input) {
-        auto it = producer.find({t.tensorId, t.version});
-        if (it != producer.end() && it->second != op.seq)
-          os << "  op" << it->second << " -> op" << op.seq << ";\n";
-      }
-    for (const auto& t : op.tensors)
-      if (t.role == Role::Output) producer[{t.tensorId, t.version}] = op.seq;
-    if (op.forwardSeq != 0 && present.count(op.forwardSeq))
-      os << "  op" << op.seq << " -> op" << op.forwardSeq
-         << " [style=dashed, color=\"#999999\", constraint=false];\n";
-  }
-  os << "}\n";
-  return os.str();
 }
 
 std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps) {

@@ -52,7 +52,7 @@ class StudioMemoryTest : public QObject {
     QVERIFY(dock);
     dock->raise();
     QVERIFY(QTest::qWaitFor([&] { return mv->isVisible(); }, 5000));
-    mv->setScale(views::MemScale::Log);
+    mv->setScale(analysis::MemScale::Log);
     // The last event of step 2 that an op allocated: click that block.
     int64_t k = -1;
     for (size_t i = 0; i < events.size(); ++i)
@@ -107,7 +107,7 @@ class StudioMemoryTest : public QObject {
     const auto& sections = mv->memory()->sections();
     QCOMPARE(sections[0].name, std::string("step 1"));
     QCOMPARE(sections[1].name, std::string("step 2"));
-    for (const views::MemSection& sec : sections) {
+    for (const analysis::MemSection& sec : sections) {
       QVERIFY(sec.endEvent);
       QVERIFY(sec.allocs > 0);
       QVERIFY(sec.peakBytes > 0);

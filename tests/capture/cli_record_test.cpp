@@ -83,17 +83,26 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_NE(o.out.find("op calls"), std::string::npos) << o.out;
   expectOneLineError(keel("ops '" + db("a.db") + "' --phase sideways"), "sideways");
 
+  // The studio's graph (tests/views/graph_test.cpp compares the two): module clusters, labelled
+  // nodes, backward ops filled.
   CliResult g = keel("export graph '" + db("a.db") + "' --step 1 --phase both");
   ASSERT_EQ(g.status, 0) << g.err;
   EXPECT_EQ(g.out.rfind("digraph", 0), 0u) << g.out.substr(0, 200);
-  EXPECT_NE(g.out.find("label=\"blocks.0.attn\""), std::string::npos);
-  EXPECT_NE(g.out.find("style=dashed"), std::string::npos) << "backward -> forward links";
+  EXPECT_NE(g.out.find("subgraph \"cluster_f:blocks.0.attn\""), std::string::npos);
+  EXPECT_NE(g.out.find("<B>blocks.0.attn</B>"), std::string::npos);
+  EXPECT_NE(g.out.find("[label=\"matmul\\n"), std::string::npos);
+  EXPECT_NE(g.out.find("fillcolor=\"#fde2c8\""), std::string::npos) << "backward ops";
+  CliResult collapsed = keel("export graph '" + db("a.db") + "' --step 1 --collapse");
+  ASSERT_EQ(collapsed.status, 0) << collapsed.err;
+  EXPECT_NE(collapsed.out.find("\"m:f:blocks\" [label=\"blocks\\n"), std::string::npos);
+  EXPECT_LT(collapsed.out.size(), g.out.size());
   CliResult svg = keel("export graph '" + db("a.db") + "' --step 1 --phase forward --format svg");
   ASSERT_EQ(svg.status, 0) << svg.err;
   EXPECT_NE(svg.out.find("<svg"), std::string::npos) << svg.out.substr(0, 300);
   EXPECT_NE(svg.out.find("matmul"), std::string::npos);
   EXPECT_NE(svg.out.find("</svg>"), std::string::npos);
   expectOneLineError(keel("export graph '" + db("a.db") + "' --format png"), "png");
+  expectOneLineError(keel("export graph '" + db("a.db") + "' --phase sideways"), "sideways");
   CliResult tr = keel("export trace '" + db("a.db") + "'");
   ASSERT_EQ(tr.status, 0) << tr.err;
   EXPECT_GT(nlohmann::json::parse(tr.out)["traceEvents"].size(), 100u);

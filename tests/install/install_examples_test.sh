@@ -13,8 +13,9 @@ mkdir -p "$work"
 "$cmake" --install "$build" --prefix "$prefix" >/dev/null
 die() { echo "install_examples_test: $*" >&2; exit 1; }
 for f in lib/libkeel_engine.so lib/libkeel_capture.so lib/libkeel_storage.so \
-  include/keel/workload.h include/keel/version.h include/keel/capture/recorder.h \
-  include/keel/storage/reader.h lib/cmake/Keel/KeelConfig.cmake \
+  lib/libkeel_analysis.so include/keel/workload.h include/keel/version.h \
+  include/keel/capture/recorder.h include/keel/storage/reader.h \
+  include/keel/analysis/graph_dot.h lib/cmake/Keel/KeelConfig.cmake \
   lib/cmake/Keel/KeelConfigVersion.cmake lib/cmake/Keel/KeelTargets.cmake; do
   [ -e "$prefix/$f" ] || die "missing $prefix/$f"
 done

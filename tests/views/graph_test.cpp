@@ -1,6 +1,7 @@
-// The graph view: DOT text of a hand-made step (as text), Graphviz layout, and GraphView on real
-// recordings made by the keel binary (every op drawn, click selects, J jumps forward <-> backward,
-// large steps open collapsed and lay out off the GUI thread, divergence colours).
+// GraphView on real recordings made by the keel binary: every op drawn, click selects, J jumps
+// forward <-> backward, large steps open collapsed and lay out off the GUI thread, divergence
+// colours; and `keel export graph` prints the DOT the view lays out. (The DOT text and the
+// Graphviz layout on their own: tests/analysis/.)
 #include <QAbstractGraphicsShapeItem>
 #include <QFile>
 #include <QGraphicsScene>
@@ -11,9 +12,8 @@
 #include <QtTest>
 #include <algorithm>
 
-#include "graph_layout.h"
+#include "keel/analysis/graph_dot.h"
 #include "keel/storage/reader.h"
-#include "keel/views/graph_dot.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
@@ -21,67 +21,8 @@
 
 using namespace keel::views;
 using keel::storage::OpRecord;
-using keel::storage::Role;
-using keel::storage::TensorRecord;
 
 namespace {
-
-TensorRecord tensor(Role role, int index, uint64_t id, uint64_t version = 0) {
-  TensorRecord t;
-  t.role = role;
-  t.index = index;
-  t.tensorId = id;
-  t.version = version;
-  t.shape = {4, 8};
-  t.dtype = "float32";
-  t.bytes = 128;
-  return t;
-}
-
-OpRecord op(uint64_t seq, const char* phase, const char* name, const char* scope,
-            std::vector<TensorRecord> tensors, uint64_t forwardSeq = 0) {
-  OpRecord o;
-  o.seq = seq;
-  o.step = 1;
-  o.phase = phase;
-  o.name = name;
-  o.scope = scope;
-  o.forwardSeq = forwardSeq;
-  o.beginNs = int64_t(seq) * 1000;
-  o.endNs = o.beginNs + 500;
-  o.tensors = std::move(tensors);
-  return o;
-}
-
-// A tiny step: embedding -> block (norm, attention, residual add) -> in-place add -> sum, its
-// backward (with an autograd accumulation outside any module), and one optimizer op.
-std::vector<OpRecord> smallStep() {
-  const Role I = Role::Input, O = Role::Output;
-  return {
-      op(1, "forward", "embedding", "wte", {tensor(O, 0, 10)}),
-      op(2, "forward", "layer_norm", "blocks.0.norm1", {tensor(I, 0, 10), tensor(O, 0, 11)}),
-      op(3, "forward", "matmul", "blocks.0.attn", {tensor(I, 0, 11), tensor(O, 0, 12)}),
-      op(4, "forward", "softmax", "blocks.0.attn", {tensor(I, 0, 12), tensor(O, 0, 13)}),
-      op(5, "forward", "add", "blocks.0", {tensor(I, 0, 10), tensor(I, 1, 13), tensor(O, 0, 14)}),
-      op(6, "forward", "add_", "", {tensor(I, 0, 14), tensor(O, 0, 14, 1)}),  // in place: v1
-      op(7, "forward", "sum", "", {tensor(I, 0, 14, 1), tensor(O, 0, 15)}),
-      op(8, "backward", "sum_backward", "", {tensor(I, 0, 16), tensor(O, 0, 17)}, 7),
-      op(9, "backward", "add", "blocks.0", {tensor(I, 0, 17), tensor(O, 0, 18)}, 5),
-      op(10, "backward", "softmax_backward", "blocks.0.attn",
-         {tensor(I, 0, 18), tensor(I, 1, 13), tensor(O, 0, 19)}, 4),
-      op(11, "backward", "add", "", {tensor(I, 0, 18), tensor(I, 1, 19), tensor(O, 0, 20)}),
-      op(12, "optimizer", "adamw_step", "wte", {tensor(I, 0, 20), tensor(O, 0, 21)}),
-  };
-}
-
-const char* kLabel18 =
-    "label=<<TABLE BORDER=\"0\" CELLSPACING=\"0\" CELLPADDING=\"0\" FIXEDSIZE=\"TRUE\" "
-    "WIDTH=\"";
-
-std::string label(int width) {
-  return std::string(kLabel18) + std::to_string(width) +
-         "\" HEIGHT=\"18\"><TR><TD></TD></TR></TABLE>>; labeljust=l;\n";
-}
 
 StepPtr loadStep(const QString& path, int64_t step) {
   auto rec = keel::storage::Recording::open(path.toStdString());
@@ -89,6 +30,21 @@ StepPtr loadStep(const QString& path, int64_t step) {
   d->step = step;
   d->ops = rec.stepOps(step);
   return d;
+}
+
+// The step as the studio loads it: through RunSource's worker.
+StepPtr loadStepLikeTheStudio(const QString& path, int64_t step) {
+  RunSource src;
+  QObject receiver;
+  bool opened = false;
+  StepPtr loaded;
+  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
+  QObject::connect(&src, &RunSource::stepLoaded, &receiver, [&](StepPtr s) { loaded = s; });
+  src.open(path);
+  if (!QTest::qWaitFor([&] { return opened; }, 30000)) return nullptr;
+  src.requestStep(step);
+  if (!QTest::qWaitFor([&] { return loaded != nullptr; }, 30000)) return nullptr;
+  return loaded;
 }
 
 int countPhase(const StepData& s, const char* phase) {
@@ -112,200 +68,6 @@ class GraphTest : public QObject {
     registerViewTypes();
     path_ = test::tempDir() + "/graph.db";
     QVERIFY(test::recordFixture(path_, "--steps 1 --seed 1 --md5 --stats --stacks"));
-  }
-
-  // --- DOT text (pure) -------------------------------------------------------------------------
-
-  void dotTextOfForwardGraph() {
-    const auto ops = smallStep();
-    GraphDotOptions o;
-    o.phase = GraphPhase::Forward;
-    o.metrics = TextMetrics::fixed(7, 14);
-    const GraphDot g = buildGraphDot(ops, o);
-    // Heights: 2 lines of 14 + 2 * 5 padding = 38 px = 0.5278 in; widths from 7 px characters.
-    const std::string expected =
-        "digraph step {\n"
-        "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10];\n"
-        "  node [shape=box, fixedsize=true, label=\"\"];\n"
-        "  edge [arrowsize=0.6];\n"
-        "  \"o6\" [width=1.1528, height=0.5278];\n"
-        "  \"o7\" [width=1.1528, height=0.5278];\n"
-        "subgraph \"cluster_f:wte\" {\n"
-        "  " +
-        label(33) +
-        "  \"o1\" [width=1.1528, height=0.5278];\n"
-        "}\n"
-        "subgraph \"cluster_f:blocks\" {\n"
-        "  " +
-        label(54) +
-        "  subgraph \"cluster_f:blocks.0\" {\n"
-        "    " +
-        label(68) +
-        "    \"o5\" [width=1.1528, height=0.5278];\n"
-        "    subgraph \"cluster_f:blocks.0.norm1\" {\n"
-        "      " +
-        label(110) +
-        "      \"o2\" [width=1.2500, height=0.5278];\n"
-        "    }\n"
-        "    subgraph \"cluster_f:blocks.0.attn\" {\n"
-        "      " +
-        label(103) +
-        "      \"o3\" [width=1.1528, height=0.5278];\n"
-        "      \"o4\" [width=1.1528, height=0.5278];\n"
-        "    }\n"
-        "  }\n"
-        "}\n"
-        "  \"o1\" -> \"o2\";\n"
-        "  \"o2\" -> \"o3\";\n"
-        "  \"o3\" -> \"o4\";\n"
-        "  \"o1\" -> \"o5\";\n"
-        "  \"o4\" -> \"o5\";\n"
-        "  \"o5\" -> \"o6\";\n"
-        "  \"o6\" -> \"o7\";\n"
-        "}\n";
-    QCOMPARE(QString::fromStdString(g.dot), QString::fromStdString(expected));
-    QCOMPARE(g.opNodes, 7);
-    QCOMPARE(g.moduleNodes, 0);
-    QCOMPARE(int(g.clusters.size()), 5);
-    QCOMPARE(g.nodes[size_t(g.nodeOfOp.at(2))].title, std::string("layer_norm"));
-    QCOMPARE(g.nodes[size_t(g.nodeOfOp.at(2))].subtitle, std::string("[4,8] f32"));
-    QCOMPARE(g.nodes[size_t(g.nodeOfOp.at(2))].width, 90.0);  // "layer_norm" 70 + 2 * 10
-    QCOMPARE(g.nodes[size_t(g.nodeOfOp.at(2))].height, 38.0);
-    QVERIFY(g.links.empty());
-  }
-
-  void dotEdgesFollowTensorVersions() {
-    const auto ops = smallStep();
-    GraphDotOptions o;
-    o.phase = GraphPhase::Forward;
-    const GraphDot g = buildGraphDot(ops, o);
-    // sum (#7) reads tensor 14 version 1, written in place by add_ (#6), not version 0 by add (#5).
-    auto hasEdge = [&](uint64_t from, uint64_t to) {
-      return std::any_of(g.edges.begin(), g.edges.end(), [&](const GraphEdge& e) {
-        return e.from == g.nodeOfOp.at(from) && e.to == g.nodeOfOp.at(to);
-      });
-    };
-    QVERIFY(hasEdge(6, 7));
-    QVERIFY(!hasEdge(5, 7));
-    QVERIFY(hasEdge(5, 6));
-    QCOMPARE(int(g.edges.size()), 7);
-  }
-
-  void collapsedModuleMergesEdges() {
-    const auto ops = smallStep();
-    GraphDotOptions o;
-    o.phase = GraphPhase::Forward;
-    o.expandAll = false;  // nothing expanded: top-level modules only
-    const GraphDot g = buildGraphDot(ops, o);
-    const std::string expected =
-        "digraph step {\n"
-        "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10];\n"
-        "  node [shape=box, fixedsize=true, label=\"\"];\n"
-        "  edge [arrowsize=0.6];\n"
-        "  \"m:f:wte\" [width=0.7500, height=0.6111];\n"
-        "  \"m:f:blocks\" [width=0.9444, height=0.6111];\n"
-        "  \"o6\" [width=1.1528, height=0.5278];\n"
-        "  \"o7\" [width=1.1528, height=0.5278];\n"
-        "  \"m:f:wte\" -> \"m:f:blocks\" [penwidth=2];\n"
-        "  \"m:f:blocks\" -> \"o6\";\n"
-        "  \"o6\" -> \"o7\";\n"
-        "}\n";
-    QCOMPARE(QString::fromStdString(g.dot), QString::fromStdString(expected));
-    QCOMPARE(g.opNodes, 2);
-    QCOMPARE(g.moduleNodes, 2);
-    const GraphNode& blocks = g.nodes[size_t(g.nodeOfId.at("m:f:blocks"))];
-    QCOMPARE(blocks.kind, GraphNodeKind::Module);
-    QCOMPARE(blocks.subtitle, std::string("4 ops"));
-    QCOMPARE(blocks.seqs, (std::vector<uint64_t>{2, 3, 4, 5}));
-    // Two tensors (into the norm and the residual add) flow from wte into blocks: one edge.
-    QCOMPARE(int(g.edges.size()), 3);
-    QCOMPARE(g.edges[0].tensors, 2);
-
-    // Expanding blocks shows blocks.0 as a module inside the blocks cluster.
-    o.expanded = {"blocks"};
-    const GraphDot g2 = buildGraphDot(ops, o);
-    QCOMPARE(g2.moduleNodes, 2);  // wte, blocks.0
-    QVERIFY(g2.nodeOfId.count("m:f:blocks.0"));
-    QCOMPARE(int(g2.clusters.size()), 1);
-    QCOMPARE(g2.clusters[0].id, std::string("cluster_f:blocks"));
-  }
-
-  void bothPhasesMirrorBackwardAndLinkPartners() {
-    const auto ops = smallStep();
-    GraphDotOptions o;  // Both: forward and backward, optimizer left out
-    const GraphDot g = buildGraphDot(ops, o);
-    QCOMPARE(g.opNodes, 11);
-    QVERIFY(!g.nodeOfOp.count(12));
-    // Backward edges are written consumer -> producer, drawn with the arrow at the consumer.
-    QVERIFY(g.dot.find("  \"o9\" -> \"o8\" [dir=back];\n") != std::string::npos);
-    QVERIFY(g.dot.find("  \"o10\" -> \"o9\" [dir=back];\n") != std::string::npos);
-    // Saved activations (forward #4's output read by #10) cross phases: not laid out.
-    QVERIFY(g.dot.find("\"o4\" -> \"o10\"") == std::string::npos);
-    QVERIFY(g.dot.find("\"o10\" -> \"o4\"") == std::string::npos);
-    QVERIFY(g.dot.find("subgraph \"cluster_f\" {") != std::string::npos);
-    QVERIFY(g.dot.find("subgraph \"cluster_b\" {") != std::string::npos);
-    // The accumulation (#11, scope "") is drawn in blocks.0, the module around its inputs.
-    QCOMPARE(g.adoptedScope.at(11), std::string("blocks.0"));
-    QCOMPARE(g.nodes[size_t(g.nodeOfOp.at(11))].scope, std::string("blocks.0"));
-    QCOMPARE(std::string(drawnScope(g, ops[10])), std::string("blocks.0"));
-    // Forward <-> backward links: sum/sum_backward, add/add, softmax/softmax_backward.
-    QCOMPARE(int(g.links.size()), 3);
-    std::vector<std::pair<uint64_t, uint64_t>> links;
-    for (const auto& l : g.links)
-      links.emplace_back(g.nodes[size_t(l.forward)].seq, g.nodes[size_t(l.backward)].seq);
-    std::sort(links.begin(), links.end());
-    QCOMPARE(links, (std::vector<std::pair<uint64_t, uint64_t>>{{4, 10}, {5, 9}, {7, 8}}));
-  }
-
-  void initialExpansionStaysWithinBudget() {
-    const auto ops = smallStep();
-    // Top level: add_, sum, wte, blocks = 4 nodes; one level down: 6.
-    QCOMPARE(initialExpansion(ops, GraphPhase::Forward, 3), (std::unordered_set<std::string>{}));
-    QCOMPARE(initialExpansion(ops, GraphPhase::Forward, 4),
-             (std::unordered_set<std::string>{"wte", "blocks"}));
-    QCOMPARE(initialExpansion(ops, GraphPhase::Forward, 100),
-             (std::unordered_set<std::string>{"wte", "blocks", "blocks.0", "blocks.0.norm1",
-                                              "blocks.0.attn"}));
-    QCOMPARE(countGraphOps(ops, GraphPhase::Both), int64_t(11));
-    QCOMPARE(scopePrefixes("blocks.1.attn"),
-             (std::vector<std::string>{"blocks", "blocks.1", "blocks.1.attn"}));
-    QCOMPARE(parseGraphPhase("backward"), GraphPhase::Backward);
-    QCOMPARE(std::string(toString(parseGraphPhase("nonsense"))), std::string("both"));
-  }
-
-  // --- Layout (Graphviz) -----------------------------------------------------------------------
-
-  void layoutPlacesEveryNode() {
-    const auto ops = smallStep();
-    const GraphDot g = buildGraphDot(ops, {});
-    const GraphLayout l = layoutGraph(g.dot);
-    QVERIFY2(l.error.empty(), l.error.c_str());
-    QCOMPARE(int(l.nodes.size()), 11);
-    QCOMPARE(l.edges.size(), g.edges.size());
-    QCOMPARE(l.clusters.size(), g.clusters.size());
-    for (const auto& n : l.nodes) {
-      const GraphNode& gn = g.nodes[size_t(g.nodeOfId.at(n.id))];
-      QVERIFY2(l.bounds.contains(n.center), n.id.c_str());
-      QVERIFY(std::abs(n.size.width() - gn.width) < 1.0);
-      QVERIFY(std::abs(n.size.height() - gn.height) < 1.0);
-    }
-    for (const auto& e : l.edges) {
-      QVERIFY(e.points.size() >= 4);
-      QCOMPARE((e.points.size() - 1) % 3, size_t(0));
-      QVERIFY(e.arrowAtHead != e.arrowAtTail);  // dir=back puts the arrow at the tail
-    }
-    // Forward data flows down; the mirrored backward flows up (#8 feeds #9: #9 above #8).
-    auto center = [&](const char* id) {
-      return std::find_if(l.nodes.begin(), l.nodes.end(), [&](auto& n) { return n.id == id; })
-          ->center;
-    };
-    QVERIFY(center("o2").y() < center("o3").y());
-    QVERIFY(center("o9").y() < center("o8").y());
-    // Every node sits inside its clusters.
-    for (const auto& c : l.clusters) QVERIFY(l.bounds.contains(c.box));
-
-    const GraphLayout bad = layoutGraph("digraph { a -> ");
-    QVERIFY(!bad.error.empty());
   }
 
   // --- GraphView on real recordings ------------------------------------------------------------
@@ -572,6 +334,61 @@ class GraphTest : public QObject {
     delete doomed;
     QThreadPool::globalInstance()->waitForDone();
     QCoreApplication::processEvents();
+  }
+
+  // `keel export graph` writes the studio's graph: for the same step, phase filter and expansion,
+  // the real keel binary prints the DOT the view lays out, but for the sizes of nodes and cluster
+  // labels, which the view takes from its fonts and the CLI from the fixed default metrics: the
+  // view's options with those give the CLI's text byte for byte.
+  void cliExportIsTheStudiosGraph() {
+    const StepPtr step = loadStepLikeTheStudio(path_, 1);
+    QVERIFY(step && !step->ops.empty());
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    view.resize(1200, 800);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QSignalSpy done(&view, &GraphView::layoutFinished);
+    view.setStep(step);
+    QVERIFY(done.wait(60000));
+    struct Case {
+      const char* phase;
+      const char* expand;  // "*": every module, "": none, else one scope
+      std::string args;    // the same, as `keel export graph` options
+    };
+    const Case cases[] = {{"both", "*", ""},
+                          {"forward", "", " --collapse"},
+                          {"backward", "blocks.1.attn", " --expand blocks.1.attn"},
+                          {"optimizer", "*", ""}};
+    for (const Case& c : cases) {
+      view.setPhaseFilter(c.phase);
+      if (std::string(c.expand) == "*") {
+        view.expandAll();
+      } else {
+        view.collapseAll();
+        if (*c.expand) view.expand(c.expand);
+      }
+      QVERIFY(waitLaidOut(view));
+      const auto graph = view.graph();
+      QVERIFY2(graph, c.phase);
+      keel::analysis::GraphDotOptions o = view.dotOptions();
+      QCOMPARE(graph->dot, keel::analysis::buildGraphDot(step->ops, o).dot);
+      o.metrics = keel::analysis::GraphDotOptions().metrics;  // the CLI's
+      const std::string expected = keel::analysis::buildGraphDot(step->ops, o).dot;
+      std::string out;
+      QCOMPARE(test::runKeel("export graph '" + path_.toStdString() + "' --step 1 --phase " +
+                                 c.phase + " --format dot" + c.args,
+                             &out),
+               0);
+      size_t at = 0;  // the first difference, for the message
+      while (at < out.size() && at < expected.size() && out[at] == expected[at]) ++at;
+      at = at > 200 ? at - 200 : 0;
+      QVERIFY2(out == expected,
+               (std::string(c.phase) + c.args + ": keel export graph prints\n" +
+                out.substr(at, 400) + "\nwhere the studio's graph has\n" + expected.substr(at, 400))
+                   .c_str());
+      QVERIFY(out.rfind("digraph step {\n", 0) == 0);
+    }
   }
 
   void divergenceModePaintsDivergedOpsRed() {

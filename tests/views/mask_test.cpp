@@ -1,8 +1,8 @@
 // The inspector's picture of a FlashMask mask, on a recording of a sliding-window model made by
 // the real keel binary: the recorded attributes carry the kind, block sparsity and tile map, and
 // the painted picture has exactly the recorded map's cells in each colour, for the forward and
-// the backward op. Plus the tile-map parser on its own. (No raw string literals here: moc 6.4
-// stops finding the test class after one.)
+// the backward op. (The tile-map parser on its own: tests/analysis/tile_map_test.cpp. No raw
+// string literals here: moc 6.4 stops finding the test class after one.)
 #include <QDir>
 #include <QJsonDocument>
 #include <QLabel>
@@ -19,6 +19,9 @@
 #include "view_test_util.h"
 
 using namespace keel::views;
+using keel::analysis::kTileClassCount;
+using keel::analysis::maskSummaryFromAttrs;
+using keel::analysis::TileClass;
 using keel::storage::Recording;
 
 namespace {
@@ -71,29 +74,6 @@ class MaskTest : public QObject {
     QVERIFY(test::recordFixture(path_, "--steps 1 --seed 3", "", "gpt-tiny-window.json"));
   }
 
-  void parsesTileMaps() {
-    auto g = parseTileMap("psf/ssf");
-    QVERIFY(g);
-    QCOMPARE(g->rows, 2);
-    QCOMPARE(g->cols, 3);
-    QCOMPARE(g->at(0, 0), TileClass::Partial);
-    QCOMPARE(g->at(1, 2), TileClass::Full);
-    QCOMPARE(g->count(TileClass::Skipped), 3);
-    QVERIFY(!parseTileMap(""));
-    QVERIFY(!parseTileMap("ps/s"));   // ragged
-    QVERIFY(!parseTileMap("px/ss"));  // unknown class
-    QVERIFY(!parseTileMap("/"));
-    QVERIFY(!maskSummaryFromAttrs("{\"dim\":-1}"));
-    auto m = maskSummaryFromAttrs(
-        "{\"causal\":true,\"mask\":\"causal\",\"block_sparsity\":0.375,\"tile_shape\":[64,32],"
-        "\"tile_map\":\"ps/fp\"}");
-    QVERIFY(m);
-    QCOMPARE(m->kind, QString("causal"));
-    QCOMPARE(m->blockSparsity, 0.375);
-    QCOMPARE(m->tileRows, 64);
-    QCOMPARE(m->tileCols, 32);
-  }
-
   void pictureOfForwardAndBackwardMatchesTheRecordedTileMap() {
     Recording rec = Recording::open(path_.toStdString());
     const auto ops = rec.stepOps(1);
@@ -104,7 +84,7 @@ class MaskTest : public QObject {
       QVERIFY(d && d->error.empty());
       auto recorded = maskSummaryFromAttrs(d->op.attrsJson);
       QVERIFY2(recorded, d->op.attrsJson.c_str());
-      QCOMPARE(recorded->kind, QString("sliding_window"));
+      QCOMPARE(recorded->kind, std::string("sliding_window"));
       QCOMPARE(recorded->blockSparsity, 7.0 / 16.0);
       const QString map =
           QJsonDocument::fromJson(QByteArray::fromStdString(d->op.attrsJson))["tile_map"]

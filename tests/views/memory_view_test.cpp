@@ -2,7 +2,8 @@
 // allocator events, the host allocator, and no allocator events): it shows the recorded event
 // count, scrubbing (API, slider, keys, a click on the timeline) shows the block map of that moment
 // (checked against a replay written here, and against the allocator's own allocatedAfter), block
-// tooltips say why a block is alive, and a click on a block selects its op and back.
+// tooltips say why a block is alive, and a click on a block selects its op and back; and the
+// section table over a hand-made model (analysis::MemoryModel itself: tests/analysis/).
 #include <QAbstractItemModelTester>
 #include <QLabel>
 #include <QSignalSpy>
@@ -17,6 +18,7 @@
 #include "view_test_util.h"
 
 using namespace keel::views;
+using namespace keel::analysis;
 using keel::storage::MemRecord;
 using keel::storage::Recording;
 
@@ -69,6 +71,47 @@ std::map<uint64_t, uint64_t> shown(const MemoryView& view) {
   std::map<uint64_t, uint64_t> out;
   for (const MemBlock& b : view.state().blocks) out[b.address] = b.bytes;
   return out;
+}
+
+// A model of hand-made events with three tracked sections: outer (holding inner), inner, and one
+// never ended (the sections tests/analysis/memory_model_test.cpp checks value by value).
+MemoryPtr sectionsModel() {
+  struct Ev {
+    const char* kind;
+    uint64_t address, bytes, opSeq;
+    const char* tag;
+  };
+  const std::vector<Ev> in = {
+      {"alloc", 0x100, 64, 0, ""},     {"track_begin", 0, 0, 0, "outer"},
+      {"alloc", 0x200, 100, 3, ""},    {"track_begin", 0, 0, 0, "inner"},
+      {"alloc", 0x300, 200, 4, ""},    {"free", 0x200, 100, 0, ""},
+      {"free", 0x100, 64, 0, ""},      {"alloc", 0x400, 50, 5, ""},
+      {"track_end", 0, 0, 0, "inner"}, {"free", 0x300, 200, 0, ""},
+      {"track_end", 0, 0, 0, "outer"}, {"track_begin", 0, 0, 0, "open"},
+      {"alloc", 0x500, 10, 6, ""},     {"track_end", 0, 0, 0, "never-begun"},
+  };
+  std::vector<MemRecord> events;
+  uint64_t allocated = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    MemRecord r;
+    r.kind = in[i].kind;
+    r.address = in[i].address;
+    r.bytes = in[i].bytes;
+    r.opSeq = in[i].opSeq;
+    r.timeNs = int64_t(i + 1);
+    r.tag = in[i].tag;
+    r.step = 1;
+    if (r.kind == "alloc") allocated += r.bytes;
+    if (r.kind == "free") allocated -= r.bytes;
+    const bool mark = r.kind == "track_begin" || r.kind == "track_end";
+    if (mark) r.label = r.tag;
+    r.allocatedAfter = mark ? 0 : allocated;  // marks carry no figures, as recorded
+    r.reservedAfter = mark ? 0 : allocated + 1024;
+    events.push_back(r);
+  }
+  auto m = std::make_shared<MemoryModel>();
+  m->setEvents(std::move(events));
+  return m;
 }
 
 uint64_t sum(const std::map<uint64_t, uint64_t>& blocks) {
@@ -154,7 +197,7 @@ class MemoryViewTest : public QObject {
       QCOMPARE(view.state().liveBytes, events[k].allocatedAfter);
       QVERIFY2(view.cursorText().contains(
                    "allocated " +
-                   QString::fromStdString(keel::views::formatBytes(events[k].allocatedAfter))),
+                   QString::fromStdString(keel::analysis::formatBytes(events[k].allocatedAfter))),
                qPrintable(view.cursorText()));
       QVERIFY(view.cursorText().startsWith(QString("Event %1 of %2: ").arg(k).arg(n)));
       // Every live block is drawn once, inside a segment.
@@ -296,6 +339,28 @@ class MemoryViewTest : public QObject {
     }
     sel.clear();
     QVERIFY(view.highlightedBlocks().empty());
+  }
+
+  void sectionTableHasARowPerTrackedSection() {
+    MemoryPtr memory = sectionsModel();
+    QCOMPARE(memory->sections().size(), size_t(3));
+    MemSectionModel table;
+    QAbstractItemModelTester tester(&table, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    table.setMemory(memory);
+    QCOMPARE(table.rowCount(), 3);
+    QCOMPARE(table.data(table.index(0, MemSectionModel::Name)).toString(), QString("outer"));
+    QCOMPARE(table.data(table.index(0, MemSectionModel::Events)).toString(), QString("1–10"));
+    QCOMPARE(table.data(table.index(0, MemSectionModel::Allocs)).toULongLong(), 3ULL);
+    QCOMPARE(table.data(table.index(0, MemSectionModel::Peak)).toString(), QString("300 B"));
+    QCOMPARE(table.data(table.index(1, MemSectionModel::Alive)).toString(),
+             QString("2 blocks, 250 B"));
+    QCOMPARE(table.data(table.index(1, MemSectionModel::AliveOps)).toString(),
+             QString("op #4, op #5"));
+    QCOMPARE(table.data(table.index(2, MemSectionModel::Name)).toString(),
+             QString("open (not ended)"));
+    QCOMPARE(table.data(table.index(2, 0), MemSectionModel::EndEventRole).toLongLong(), 13LL);
+    table.setMemory(nullptr);
+    QCOMPARE(table.rowCount(), 0);
   }
 
   void hostAllocatorRecordingSaysItHasNoSegments() {

@@ -1,5 +1,6 @@
-// GraphView: see graph_view.h. DOT text (graph_dot.h) and Graphviz layout (graph_layout.h) run on
-// the thread pool; this file builds the scene from their result and handles every interaction.
+// GraphView: see graph_view.h. DOT text and Graphviz layout (analysis/: graph_dot.h,
+// graph_layout.h) run on the thread pool; this file builds the scene from their result and handles
+// every interaction.
 // Items are a few custom QGraphicsItems that skip text when zoomed far out, so 5,000 ops paint
 // fast.
 #include "keel/views/graph_view.h"
@@ -30,12 +31,26 @@
 #include <chrono>
 #include <cmath>
 
-#include "graph_layout.h"
+#include "keel/analysis/graph_layout.h"
 #include "keel/storage/export.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
 
 namespace keel::views {
+
+using analysis::countGraphOps;
+using analysis::GraphCluster;
+using analysis::GraphDot;
+using analysis::GraphDotOptions;
+using analysis::GraphLayout;
+using analysis::GraphNode;
+using analysis::GraphNodeKind;
+using analysis::GraphPhase;
+using analysis::initialExpansion;
+using analysis::LaidOutEdge;
+using analysis::parseGraphPhase;
+using analysis::scopePrefixes;
+using analysis::TextMetrics;
 
 // Note [Graph view layout]
 // Every change to what is drawn (step, phase filter, expansion) bumps generation_ and asks for a
@@ -51,6 +66,14 @@ namespace keel::views {
 namespace {
 
 constexpr int kOpeningNodes = 200;
+
+QPointF qt(analysis::LayoutPoint p) {
+  return {p.x, p.y};
+}
+
+QRectF qt(const analysis::LayoutRect& r) {
+  return {r.x, r.y, r.width, r.height};
+}
 constexpr double kMinScale = 0.001, kMaxScale = 4.0;
 const QColor kSelectedPen(0x1a, 0x56, 0xdb);
 const QColor kMatchPen(0xe3, 0x74, 0x00);
@@ -185,12 +208,12 @@ class GraphView::EdgeItem : public QGraphicsItem {
   EdgeItem(const LaidOutEdge& e, double width) : width_(width) {
     setZValue(0);
     if (!e.points.empty()) {
-      path_.moveTo(e.points[0]);
+      path_.moveTo(qt(e.points[0]));
       for (size_t i = 1; i + 2 < e.points.size(); i += 3)
-        path_.cubicTo(e.points[i], e.points[i + 1], e.points[i + 2]);
+        path_.cubicTo(qt(e.points[i]), qt(e.points[i + 1]), qt(e.points[i + 2]));
     }
-    if (e.arrowAtHead && !e.points.empty()) addArrow(e.points.back(), e.headTip);
-    if (e.arrowAtTail && !e.points.empty()) addArrow(e.points.front(), e.tailTip);
+    if (e.arrowAtHead && !e.points.empty()) addArrow(qt(e.points.back()), qt(e.headTip));
+    if (e.arrowAtTail && !e.points.empty()) addArrow(qt(e.points.front()), qt(e.tailTip));
     bounds_ = path_.controlPointRect().united(arrows_.boundingRect()).adjusted(-2, -2, 2, 2);
   }
   QRectF boundingRect() const override { return bounds_; }
@@ -668,23 +691,28 @@ void GraphView::requestLayout() {
   if (!running_) startLayout();
 }
 
-void GraphView::startLayout() {
-  if (!step_) return;
-  running_ = true;
+GraphDotOptions GraphView::dotOptions() const {
   GraphDotOptions o;
   o.phase = phase_;
   o.expandAll = expandAll_;
   o.expanded = expanded_;
   o.metrics = metrics_;
+  return o;
+}
+
+void GraphView::startLayout() {
+  if (!step_) return;
+  running_ = true;
+  GraphDotOptions o = dotOptions();
   const uint64_t generation = generation_;
   StepPtr step = step_;
   watcher_->setFuture(QtConcurrent::run([step, o = std::move(o), generation] {
     auto r = std::make_shared<LayoutResult>();
     r->generation = generation;
     const auto t0 = std::chrono::steady_clock::now();
-    auto graph = std::make_shared<GraphDot>(buildGraphDot(step->ops, o));
+    auto graph = std::make_shared<GraphDot>(analysis::buildGraphDot(step->ops, o));
     r->dotSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r->layout = layoutGraph(graph->dot);
+    r->layout = analysis::layoutGraph(graph->dot);
     r->graph = std::move(graph);
     return r;
   }));
@@ -713,14 +741,14 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     emit layoutFinished();
     return;
   }
-  scene_->setSceneRect(l.bounds.adjusted(-24, -24, 24, 24));
+  scene_->setSceneRect(qt(l.bounds).adjusted(-24, -24, 24, 24));
 
   std::unordered_map<std::string_view, const GraphCluster*> clusterOf;
   for (const auto& c : g.clusters) clusterOf.emplace(c.id, &c);
   for (const auto& lc : l.clusters) {
     auto it = clusterOf.find(lc.id);
     if (it == clusterOf.end()) continue;
-    auto* item = new ClusterItem(*it->second, lc.box, this);
+    auto* item = new ClusterItem(*it->second, qt(lc.box), this);
     scene_->addItem(item);
     clusterItems_.push_back(item);
   }
@@ -732,8 +760,8 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     if (it == g.nodeOfId.end()) continue;
     const GraphNode& n = g.nodes[size_t(it->second)];
     auto* item = new NodeItem(n, it->second, this);
-    item->setPos(ln.center);
-    centers[size_t(it->second)] = ln.center;
+    item->setPos(qt(ln.center));
+    centers[size_t(it->second)] = qt(ln.center);
     if (n.kind == GraphNodeKind::Op) {
       opItems_.emplace(n.seq, item);
       if (const auto* op = opBySeq(n.seq)) {

@@ -231,7 +231,7 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
   legend->setSpacing(2);
   static const char* const kLegendNames[] = {
       "inspectorMaskLegendSkipped", "inspectorMaskLegendPartial", "inspectorMaskLegendFull"};
-  for (int i = 0; i < kTileClassCount; ++i) {
+  for (int i = 0; i < analysis::kTileClassCount; ++i) {
     maskLegend_[i] = new QLabel(maskPage_);
     maskLegend_[i]->setObjectName(kLegendNames[i]);
     maskLegend_[i]->setTextFormat(Qt::RichText);
@@ -528,7 +528,7 @@ void InspectorView::fillMemory(const OpDetails& d) {
 }
 
 void InspectorView::fillMask(const OpDetails& d) {
-  const std::optional<MaskSummary> m = maskSummaryFromAttrs(d.op.attrsJson);
+  const std::optional<analysis::MaskSummary> m = analysis::maskSummaryFromAttrs(d.op.attrsJson);
   if (!m) return;
   // Sq and Sk from q and k: inputs 0 and 1 of the forward op, 1 and 2 of the backward op.
   const bool backward = d.op.name.size() > 9 && d.op.name.ends_with("_backward");
@@ -538,8 +538,8 @@ void InspectorView::fillMask(const OpDetails& d) {
       if (t.index == (backward ? 1 : 0)) sq = t.shape[1];
       if (t.index == (backward ? 2 : 1)) sk = t.shape[1];
     }
-  const TileGrid& g = m->grid;
-  QString text = tr("<b>%1</b> mask").arg(m->kind.toHtmlEscaped());
+  const analysis::TileGrid& g = m->grid;
+  QString text = tr("<b>%1</b> mask").arg(QString::fromStdString(m->kind).toHtmlEscaped());
   if (m->blockSparsity >= 0)
     text += tr(" &nbsp;·&nbsp; block sparsity <b>%1%</b> (share of skipped tiles, whole batch)")
                 .arg(m->blockSparsity * 100.0, 0, 'f', 1);
@@ -562,8 +562,8 @@ void InspectorView::fillMask(const OpDetails& d) {
   maskPicture_->setGrid(g);
   static const char* const kMeaning[] = {QT_TR_NOOP("not computed"), QT_TR_NOOP("element mask"),
                                          QT_TR_NOOP("no mask work")};
-  for (int i = 0; i < kTileClassCount; ++i) {
-    const auto c = TileClass(i);
+  for (int i = 0; i < analysis::kTileClassCount; ++i) {
+    const auto c = analysis::TileClass(i);
     maskLegend_[i]->setText(
         QStringLiteral("<span style='background-color:%1'>&nbsp;&nbsp;&nbsp;&nbsp;</span> "
                        "<b>%2</b> %3 <span style='color:gray'>(%4)</span>")

@@ -1,73 +1,22 @@
-// MaskPicture and the tile-map parsing behind it: see mask_picture.h. Cells are square, at most
-// kMaxCell pixels, separated by a one-pixel line when they are large enough to show it; keys run
-// left to right, queries top to bottom (the layout of the mask pictures in docs/flashmask.md).
+// MaskPicture: see mask_picture.h. Cells are square, at most kMaxCell pixels, separated by a
+// one-pixel line when they are large enough to show it; keys run left to right, queries top to
+// bottom (the layout of the mask pictures in docs/flashmask.md).
 #include "keel/views/mask_picture.h"
 
-#include <QJsonArray>
-#include <QJsonDocument>
-#include <QJsonObject>
 #include <QPaintEvent>
 #include <QPainter>
 #include <algorithm>
 
 namespace keel::views {
+
+using analysis::TileClass;
+using analysis::TileGrid;
+
 namespace {
 constexpr int kMaxCell = 96;  // a 1 × 1 grid stays a square, not the whole panel
 constexpr int kMargin = 4;
 constexpr int kMinLinedCell = 5;  // smaller cells are painted edge to edge
 }  // namespace
-
-int TileGrid::count(TileClass c) const {
-  return int(std::count(cells.begin(), cells.end(), c));
-}
-
-std::optional<TileGrid> parseTileMap(const QString& text) {
-  if (text.isEmpty()) return std::nullopt;
-  const QStringList rows = text.split('/');
-  TileGrid g;
-  g.rows = int(rows.size());
-  g.cols = int(rows.front().size());
-  if (g.cols == 0) return std::nullopt;
-  g.cells.reserve(size_t(g.rows) * size_t(g.cols));
-  for (const QString& row : rows) {
-    if (row.size() != g.cols) return std::nullopt;
-    for (QChar ch : row) {
-      switch (ch.unicode()) {
-        case 's':
-          g.cells.push_back(TileClass::Skipped);
-          break;
-        case 'p':
-          g.cells.push_back(TileClass::Partial);
-          break;
-        case 'f':
-          g.cells.push_back(TileClass::Full);
-          break;
-        default:
-          return std::nullopt;
-      }
-    }
-  }
-  return g;
-}
-
-std::optional<MaskSummary> maskSummaryFromAttrs(const std::string& attrsJson) {
-  if (attrsJson.empty()) return std::nullopt;
-  const QJsonDocument doc = QJsonDocument::fromJson(QByteArray::fromStdString(attrsJson));
-  if (!doc.isObject()) return std::nullopt;
-  const QJsonObject o = doc.object();
-  auto grid = parseTileMap(o.value("tile_map").toString());
-  if (!grid) return std::nullopt;
-  MaskSummary s;
-  s.grid = std::move(*grid);
-  s.kind = o.value("mask").toString(QStringLiteral("custom"));
-  s.blockSparsity = o.value("block_sparsity").toDouble(-1.0);
-  const QJsonArray shape = o.value("tile_shape").toArray();
-  if (shape.size() == 2) {
-    s.tileRows = shape[0].toInt();
-    s.tileCols = shape[1].toInt();
-  }
-  return s;
-}
 
 QColor tileClassColor(TileClass c) {
   switch (c) {

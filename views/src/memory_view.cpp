@@ -33,6 +33,21 @@
 
 namespace keel::views {
 
+using analysis::formatBytes;
+using analysis::layoutMemory;
+using analysis::MemBlock;
+using analysis::MemBucket;
+using analysis::MemBuffer;
+using analysis::MemLayout;
+using analysis::MemOp;
+using analysis::MemoryModel;
+using analysis::MemPiece;
+using analysis::MemScale;
+using analysis::MemSection;
+using analysis::MemSegment;
+using analysis::MemState;
+using analysis::MemTensor;
+
 namespace {
 
 QString qs(const std::string& s) {

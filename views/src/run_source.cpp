@@ -9,8 +9,8 @@
 #include <QThreadPool>
 #include <exception>
 
+#include "keel/analysis/memory_model.h"
 #include "keel/storage/reader.h"
-#include "keel/views/memory_model.h"
 
 namespace keel::views {
 
@@ -110,7 +110,8 @@ class RunSource::Worker : public QObject {
   void memory() {
     if (!rec_) return;
     try {
-      emit owner_->memoryLoaded(std::make_shared<const MemoryModel>(loadMemoryModel(*rec_)));
+      emit owner_->memoryLoaded(
+          std::make_shared<const analysis::MemoryModel>(analysis::loadMemoryModel(*rec_)));
     } catch (const std::exception& e) {
       emit owner_->memoryFailed(QString::fromStdString(e.what()));
     }

@@ -1,6 +1,6 @@
-// Exports of recorded op calls as text: Graphviz DOT (dataflow graph with module clusters),
-// Chrome trace events (JSON, opens in Perfetto) and CSV. Pure functions over records, tested as
-// text; only a layout step (views/) calls Graphviz.
+// Exports of recorded op calls as text: Chrome trace events (JSON, opens in Perfetto) and CSV.
+// Pure functions over records, tested as text. The dataflow graph's DOT is analysis/'s
+// (keel/analysis/graph_dot.h), the one the studio lays out.
 #pragma once
 #include <string>
 #include <vector>
@@ -13,12 +13,6 @@ namespace keel::storage {
 std::string shapeText(const std::vector<int64_t>& shape);
 // The op's inputs or outputs as "[2,3] float32, [3] int64".
 std::string tensorList(const OpRecord& op, Role role);
-
-// The dataflow graph of `ops` (one step, one or more phases): a node per op, an edge from the op
-// that produced each input (matched by tensor id and version) to the op that read it, ops nested
-// in clusters by module scope path. Backward ops get a dashed edge to their forward op when both
-// are present.
-std::string toDot(const std::vector<OpRecord>& ops, const std::string& graphName);
 
 // Chrome trace event format: one complete event ("ph":"X") per op on its thread, one per step on
 // a "steps" track; times in microseconds.

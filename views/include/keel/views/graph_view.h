@@ -16,7 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "keel/views/graph_dot.h"
+#include "keel/analysis/graph_dot.h"
 #include "keel/views/run_data.h"
 
 class QAbstractGraphicsShapeItem;
@@ -72,6 +72,13 @@ class GraphView : public QWidget {
   void fitToView();
   // The first view of a step: see Note [Initial graph view].
   void initialView();
+
+  // What the view's state lays out: phase filter, expansion and its fonts' metrics.
+  // analysis::buildGraphDot(step()->ops, dotOptions()) is the DOT it lays out; `keel export graph`
+  // builds the same with the default (fixed) metrics.
+  analysis::GraphDotOptions dotOptions() const;
+  // The graph of the last layout (its DOT text, nodes, edges), or nullptr.
+  std::shared_ptr<const analysis::GraphDot> graph() const { return graph_; }
 
   int visibleOpNodeCount() const { return graph_ ? graph_->opNodes : 0; }
   int moduleNodeCount() const { return graph_ ? graph_->moduleNodes : 0; }
@@ -137,7 +144,7 @@ class GraphView : public QWidget {
   StepPtr step_;
   DiffPtr diff_;
   ColorMode colorMode_ = ColorMode::Phase;
-  GraphPhase phase_ = GraphPhase::Both;
+  analysis::GraphPhase phase_ = analysis::GraphPhase::Both;
   bool expandAll_ = true;
   std::unordered_set<std::string> expanded_;  // when !expandAll_
   std::unordered_set<std::string> opening_;   // the expansion a large step opens with
@@ -149,7 +156,7 @@ class GraphView : public QWidget {
   bool fitPending_ = false;        // fit once the widget is shown and laid out
   bool centerOnSelected_ = false;  // centre on the selected op after the next layout
   std::string focusScope_;         // centre on this module after the next layout
-  std::shared_ptr<const GraphDot> graph_;
+  std::shared_ptr<const analysis::GraphDot> graph_;
   LayoutTimes times_;
 
   // Drawn items of the current layout.
@@ -171,7 +178,7 @@ class GraphView : public QWidget {
   QString searchText_;
 
   QFont font_, boldFont_;
-  TextMetrics metrics_;
+  analysis::TextMetrics metrics_;
 
   QGraphicsScene* scene_ = nullptr;
   Canvas* canvas_ = nullptr;

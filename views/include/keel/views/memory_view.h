@@ -1,7 +1,7 @@
-// The memory view: a recording's allocator events (MemoryModel) as a timeline of allocated,
-// reserved and fragmentation with a cursor that scrubs through the events, the block map at the
-// cursor (segments and blocks by state or by owning op; tooltips say what a block holds and why
-// it is still alive), a size histogram of the live blocks and the tracked-section summaries.
+// The memory view: a recording's allocator events (analysis::MemoryModel) as a timeline of
+// allocated, reserved and fragmentation with a cursor that scrubs through the events, the block map
+// at the cursor (segments and blocks by state or by owning op; tooltips say what a block holds and
+// why it is still alive), a size histogram of the live blocks and the tracked-section summaries.
 // Clicking a block selects its op in the shared Selection; selecting an op elsewhere highlights
 // its blocks and moves the cursor to the op's last event. QCustomPlot stays in the .cpp.
 #pragma once
@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "keel/views/memory_model.h"
+#include "keel/analysis/memory_model.h"
 #include "keel/views/run_data.h"
 
 namespace keel::views {
@@ -26,7 +26,7 @@ class MemSectionModel : public QAbstractTableModel {
 
   explicit MemSectionModel(QObject* parent = nullptr);
   void setMemory(MemoryPtr memory);
-  const MemSection* sectionAt(int row) const;
+  const analysis::MemSection* sectionAt(int row) const;
 
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;
@@ -56,14 +56,14 @@ class MemoryView : public QWidget {
   int64_t cursor() const;
   void setCursor(int64_t event);
   int64_t eventCount() const;
-  const MemState& state() const;    // at the cursor
-  const MemLayout& layout() const;  // the block map's pieces
+  const analysis::MemState& state() const;    // at the cursor
+  const analysis::MemLayout& layout() const;  // the block map's pieces
   // Blocks (indexes into state().blocks) of the highlighted op.
   const std::vector<size_t>& highlightedBlocks() const;
 
   void setColorByOp(bool on);
   bool colorByOp() const;
-  void setScale(MemScale scale);
+  void setScale(analysis::MemScale scale);
 
   // What the view says: the message instead of the view ("" when the view shows), the header
   // (event count, allocator, peaks), the cursor line, the block map caption, the note shown

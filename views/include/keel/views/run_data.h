@@ -12,9 +12,11 @@
 #include "keel/storage/reader.h"
 #include "keel/storage/records.h"
 
-namespace keel::views {
+namespace keel::analysis {
+class MemoryModel;  // keel/analysis/memory_model.h
+}
 
-class MemoryModel;  // keel/views/memory_model.h
+namespace keel::views {
 
 // Which recording an op belongs to: the main one (A) or the one it is compared with (B).
 enum class Side { A = 0, B = 1 };
@@ -61,7 +63,7 @@ using StepPtr = std::shared_ptr<const StepData>;
 using OpDetailsPtr = std::shared_ptr<const OpDetails>;
 using LogsPtr = std::shared_ptr<const std::vector<storage::LogRecord>>;
 using DiffPtr = std::shared_ptr<const storage::DiffReport>;
-using MemoryPtr = std::shared_ptr<const MemoryModel>;  // every allocator event, replayed
+using MemoryPtr = std::shared_ptr<const analysis::MemoryModel>;  // every allocator event, replayed
 
 }  // namespace keel::views
 

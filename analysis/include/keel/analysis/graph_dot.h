@@ -1,6 +1,6 @@
-// The op graph of one step as Graphviz DOT text: a pure function of the ops, the phase filter and
-// which module scopes are expanded (tested as text; only graph_layout.cpp calls Graphviz). Besides
-// the text it returns what the view needs to draw and colour each DOT node. See Note [Graph shape].
+// The one DOT builder, behind the studio's graph and `keel export graph`: one step's op graph as
+// Graphviz DOT text, a pure function of the ops, the phase filter and the expanded modules (tested
+// as text), plus what the view needs to draw each node. See Note [Graph shape] in graph_dot.cpp.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 #include "keel/storage/records.h"
 
-namespace keel::views {
+namespace keel::analysis {
 
 // Which ops a graph shows. Both = forward and backward (optimizer ops excluded, like the CLI).
 enum class GraphPhase { Forward, Backward, Both, Optimizer };
@@ -23,9 +23,10 @@ GraphPhase parseGraphPhase(std::string_view text);
 const char* toString(GraphPhase phase);
 bool inGraphPhase(const storage::OpRecord& op, GraphPhase phase);
 
-// Advance widths (pixels) of the printable ASCII characters in the label fonts, measured once on
-// the GUI thread (QFontMetricsF) so that sizing thousands of labels on a worker is pure arithmetic.
-// Other characters count as the widest ASCII one, so labels are never narrower than their text.
+// Advance widths (pixels) of the printable ASCII characters in the label fonts: the studio measures
+// its fonts once on the GUI thread (QFontMetricsF) so that sizing thousands of labels on a worker
+// is pure arithmetic; `keel export graph` uses the fixed default. Other characters count as the
+// widest ASCII one, so labels are never narrower than their text.
 struct TextMetrics {
   std::array<double, 128> regular{}, bold{};
   double lineHeight = 14;
@@ -38,8 +39,8 @@ struct GraphDotOptions {
   GraphPhase phase = GraphPhase::Both;
   bool expandAll = true;                     // every module is a cluster
   std::unordered_set<std::string> expanded;  // else: scopes shown as clusters; others collapse
-  TextMetrics metrics = TextMetrics::fixed(7, 14);
-  double padX = 10, padY = 5;  // label padding inside a node, pixels
+  TextMetrics metrics = TextMetrics::fixed(7, 14);  // what `keel export graph` uses
+  double padX = 10, padY = 5;                       // label padding inside a node, pixels
   // At and above this many DOT nodes the layout trades some crossing reduction for speed.
   int fastLayoutNodes = 1500;
 };
@@ -93,8 +94,10 @@ struct GraphDot {
   int opNodes = 0, moduleNodes = 0;
 };
 
-// Builds the graph of `ops` (one step, by seq). Edges join the op that wrote (tensorId, version)
-// to each later op that reads it; a collapsed module's edges are merged, edges inside it dropped.
+// Builds the graph of `ops` (one step, every phase, by seq: what Recording::stepOps returns). Edges
+// join each op to the producers of its inputs (buildDataflow, Note [Producer]); a collapsed
+// module's edges are merged, edges inside it dropped. Every node carries its label (drawn by
+// Graphviz when the DOT is rendered as such, ignored by layoutGraph: Note [Labels in the DOT]).
 GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOptions& options);
 
 // The module an op is drawn in: its scope, or the one `graph` adopted it into.
@@ -111,4 +114,4 @@ std::unordered_set<std::string> initialExpansion(std::span<const storage::OpReco
 // Ops `ops` would draw with `phase` (the count a fully expanded graph shows).
 int64_t countGraphOps(std::span<const storage::OpRecord> ops, GraphPhase phase);
 
-}  // namespace keel::views
+}  // namespace keel::analysis

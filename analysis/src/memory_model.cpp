@@ -1,5 +1,5 @@
 // MemoryModel: see memory_model.h. Replays mem_events rows; no Qt.
-#include "keel/views/memory_model.h"
+#include "keel/analysis/memory_model.h"
 
 #include <algorithm>
 #include <bit>
@@ -11,7 +11,7 @@
 
 #include "keel/storage/reader.h"
 
-namespace keel::views {
+namespace keel::analysis {
 
 // Note [Memory replay]: the state at event k is what events 0..k did, in order:
 //   alloc: a live block [address, address+bytes) appears (remembering its alloc event);
@@ -530,4 +530,4 @@ MemoryModel loadMemoryModel(const storage::Recording& rec) {
   return m;
 }
 
-}  // namespace keel::views
+}  // namespace keel::analysis

@@ -18,7 +18,7 @@ namespace keel::storage {
 class Recording;
 }
 
-namespace keel::views {
+namespace keel::analysis {
 
 // One op, as the memory view needs it (from storage::OpRecord).
 struct MemOp {
@@ -211,4 +211,4 @@ class MemoryModel {
 // and builds the model. Throws storage::StorageError on a damaged recording.
 MemoryModel loadMemoryModel(const storage::Recording& rec);
 
-}  // namespace keel::views
+}  // namespace keel::analysis

@@ -1,7 +1,7 @@
 // Graph layout with Graphviz (cgraph + gvc, `dot` engine): see graph_layout.h. One GVC context for
 // the process, created on first use and used only under gMutex (Graphviz is not re-entrant:
 // its parser, error state and layout scratch data are global).
-#include "graph_layout.h"
+#include "keel/analysis/graph_layout.h"
 
 #include <graphviz/cgraph.h>
 #include <graphviz/gvc.h>
@@ -9,7 +9,16 @@
 #include <chrono>
 #include <mutex>
 
-namespace keel::views {
+namespace keel::analysis {
+
+bool LayoutRect::contains(LayoutPoint p) const {
+  return p.x >= x && p.x <= x + width && p.y >= y && p.y <= y + height;
+}
+
+bool LayoutRect::contains(const LayoutRect& r) const {
+  return r.x >= x && r.y >= y && r.x + r.width <= x + width && r.y + r.height <= y + height;
+}
+
 namespace {
 
 std::mutex gMutex;
@@ -31,9 +40,9 @@ GVC_t* context() {
 
 struct Flip {
   double top;
-  QPointF operator()(pointf p) const { return {p.x, top - p.y}; }
-  QRectF operator()(boxf b) const {
-    return QRectF(b.LL.x, top - b.UR.y, b.UR.x - b.LL.x, b.UR.y - b.LL.y);
+  LayoutPoint operator()(pointf p) const { return {p.x, top - p.y}; }
+  LayoutRect operator()(boxf b) const {
+    return {b.LL.x, top - b.UR.y, b.UR.x - b.LL.x, b.UR.y - b.LL.y};
   }
 };
 
@@ -44,13 +53,20 @@ void collectClusters(Agraph_t* g, const Flip& flip, std::vector<LaidOutCluster>&
     lc.id = agnameof(c);
     lc.box = flip(GD_bb(c));
     if (textlabel_t* l = GD_label(c)) {
-      QPointF center = flip(l->pos);
-      lc.labelBox =
-          QRectF(center.x() - l->dimen.x / 2, center.y() - l->dimen.y / 2, l->dimen.x, l->dimen.y);
+      LayoutPoint center = flip(l->pos);
+      lc.labelBox = {center.x - l->dimen.x / 2, center.y - l->dimen.y / 2, l->dimen.x, l->dimen.y};
     }
     out.push_back(std::move(lc));
     collectClusters(c, flip, out);
   }
+}
+
+// Every node's label set to "": See Note [Labels in the DOT] (graph_dot.cpp).
+void blankNodeLabels(Agraph_t* g) {
+  Agsym_t* label = agattr(g, AGNODE, const_cast<char*>("label"), nullptr);
+  if (!label) return;
+  char empty[] = "";
+  for (Agnode_t* n = agfstnode(g); n; n = agnxtnode(g, n)) agxset(n, label, empty);
 }
 
 }  // namespace
@@ -66,6 +82,7 @@ GraphLayout layoutGraph(const std::string& dot) {
     r.error = "Graphviz could not read the graph: " + (gErrors.empty() ? "syntax error" : gErrors);
     return r;
   }
+  blankNodeLabels(g);
   if (gvLayout(gvc, g, "dot") != 0) {
     r.error = "Graphviz layout failed: " + gErrors;
     agclose(g);
@@ -77,8 +94,7 @@ GraphLayout layoutGraph(const std::string& dot) {
   r.nodes.reserve(size_t(agnnodes(g)));
   r.edges.reserve(size_t(agnedges(g)));
   for (Agnode_t* n = agfstnode(g); n; n = agnxtnode(g, n)) {
-    r.nodes.push_back(
-        {agnameof(n), flip(ND_coord(n)), QSizeF(ND_width(n) * 72, ND_height(n) * 72)});
+    r.nodes.push_back({agnameof(n), flip(ND_coord(n)), ND_width(n) * 72, ND_height(n) * 72});
     for (Agedge_t* e = agfstout(g, n); e; e = agnxtout(g, e)) {
       LaidOutEdge le;
       le.tail = agnameof(agtail(e));
@@ -103,4 +119,29 @@ GraphLayout layoutGraph(const std::string& dot) {
   return r;
 }
 
-}  // namespace keel::views
+GraphSvg renderSvg(const std::string& dot) {
+  GraphSvg r;
+  std::lock_guard lock(gMutex);
+  GVC_t* gvc = context();
+  gErrors.clear();
+  Agraph_t* g = agmemread(dot.c_str());
+  if (!g) {
+    r.error = "Graphviz could not read the graph: " + (gErrors.empty() ? "syntax error" : gErrors);
+    return r;
+  }
+  if (gvLayout(gvc, g, "dot") != 0) {
+    r.error = "Graphviz layout failed: " + gErrors;
+    agclose(g);
+    return r;
+  }
+  char* data = nullptr;
+  unsigned int len = 0;
+  if (gvRenderData(gvc, g, "svg", &data, &len) == 0 && data) r.svg.assign(data, len);
+  gvFreeRenderData(data);
+  gvFreeLayout(gvc, g);
+  agclose(g);
+  if (r.svg.empty()) r.error = "Graphviz could not render SVG: " + gErrors;
+  return r;
+}
+
+}  // namespace keel::analysis
