@@ -58,9 +58,10 @@ int runInspect(const std::string& path) {
   storage::Recording rec = storage::Recording::open(path);
   storage::RunInfo run = rec.run();
   std::printf("recording  %s (schema v%d)\n", path.c_str(), rec.schemaVersion());
-  std::printf("run        backend %s, device %s, host %s, seed %llu, keel %s\n",
+  std::printf("run        backend %s, device %s, host %s, seed %llu, allocator %s, keel %s\n",
               run.backend.c_str(), run.device.c_str(), run.host.c_str(),
-              static_cast<unsigned long long>(run.seed), run.engineVersion.c_str());
+              static_cast<unsigned long long>(run.seed),
+              run.allocator.empty() ? "unknown" : run.allocator.c_str(), run.engineVersion.c_str());
   std::printf("started    %s; status %s\n", wallClock(run.startTimeUnixNs).c_str(),
               run.status.c_str());
   std::printf("capture    %s\n", run.captureOptionsJson.c_str());

@@ -238,7 +238,7 @@ int Recording::schemaVersion() const {
 RunInfo Recording::run() const {
   sql::Stmt s(impl_->db,
               "SELECT backend, device, host, config_json, seed, engine_version, "
-              "start_time_unix_ns, capture_options_json, status FROM run WHERE id = 1");
+              "start_time_unix_ns, capture_options_json, status, allocator FROM run WHERE id = 1");
   if (!s.step()) throw StorageError("recording " + path() + " has no run record");
   RunInfo r;
   r.backend = s.text(0);
@@ -250,6 +250,7 @@ RunInfo Recording::run() const {
   r.startTimeUnixNs = s.i64(6);
   r.captureOptionsJson = s.text(7);
   r.status = s.text(8);
+  r.allocator = s.text(9);
   return r;
 }
 

@@ -49,7 +49,8 @@ CREATE TABLE run (
   engine_version       TEXT NOT NULL,    -- keel engine version, e.g. 0.1.0
   start_time_unix_ns   INTEGER NOT NULL, -- wall-clock start, ns since the Unix epoch
   capture_options_json TEXT NOT NULL,    -- what was recorded (capture options as JSON)
-  status               TEXT NOT NULL     -- running | finished | failed: <reason>
+  status               TEXT NOT NULL,    -- running | finished | stopped: <why> | failed: <why>
+  allocator            TEXT NOT NULL DEFAULT ''  -- host allocator: host | caching | vmm ('' before v5)
 );
 
 -- Training steps.
@@ -330,6 +331,12 @@ DROP INDEX IF EXISTS dumps_op;
 ALTER TABLE mem_events ADD COLUMN buffer_id INTEGER NOT NULL DEFAULT 0;  -- Buffer id; 0 if none
 ALTER TABLE mem_events ADD COLUMN tag_sid INTEGER;    -- -> strings: parameter|optimizer_state|data
 ALTER TABLE mem_events ADD COLUMN label_sid INTEGER;  -- -> strings: tracking section name
+)sql",
+     nullptr, ""},
+    // 4 -> 5: the run names the host allocator it used (the same config must run on the same
+    // allocator in `keel record` and the studio; a comparison shows it).
+    {R"sql(
+ALTER TABLE run ADD COLUMN allocator TEXT NOT NULL DEFAULT '';  -- host | caching | vmm
 )sql",
      nullptr, ""},
 }};

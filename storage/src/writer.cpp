@@ -133,8 +133,8 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
 
   sql::Stmt insRun(db_,
                    "INSERT INTO run(id, backend, device, host, config_json, seed, engine_version,"
-                   " start_time_unix_ns, capture_options_json, status) "
-                   "VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+                   " start_time_unix_ns, capture_options_json, status, allocator) "
+                   "VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
   insRun.bindText(1, run.backend);
   insRun.bindText(2, run.device);
   insRun.bindText(3, run.host);
@@ -144,6 +144,7 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
   insRun.bind(7, run.startTimeUnixNs);
   insRun.bindText(8, run.captureOptionsJson);
   insRun.bindText(9, run.status);
+  insRun.bindText(10, run.allocator);
   insRun.run();  // autocommit: the run row is durable before the first batch
   begin_.run();
 }

@@ -232,6 +232,31 @@ TEST(RecordingMigration, Version3MemEventsReadWithoutBufferTagOrLabel) {
   EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
 }
 
+// A v4 run row (no allocator column) reads with the allocator unknown and everything else kept;
+// a new recording stores the allocator it is given.
+TEST(RecordingMigration, Version4RunReadsWithoutAllocator) {
+  TempDir dir;
+  std::string path = dir.file("v4.db");
+  createEmptyRecording(path, 4);
+  execSql(path,
+          "INSERT INTO run VALUES (1, 'cpu-ref', 'cpu', 'h', '{}', 5, '0.0.4', 9, '{}', "
+          "'finished');");
+  Recording rec = Recording::open(path);
+  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  const RunInfo r = rec.run();
+  EXPECT_EQ(r.backend, "cpu-ref");
+  EXPECT_EQ(r.seed, 5u);
+  EXPECT_EQ(r.startTimeUnixNs, 9);
+  EXPECT_EQ(r.status, "finished");
+  EXPECT_EQ(r.allocator, "");
+
+  std::string fresh = dir.file("fresh.db");
+  RunInfo run = testing::sampleRun();
+  run.allocator = "caching";
+  Writer::create(fresh, run)->close();
+  EXPECT_EQ(Recording::open(fresh).run().allocator, "caching");
+}
+
 // A damaged packed row (truncated BLOB) is a one-line error naming the file and the op.
 TEST(RecordingErrors, TruncatedPackedTensorsIsAClearError) {
   TempDir dir;

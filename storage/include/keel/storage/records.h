@@ -20,7 +20,8 @@ struct RunInfo {
   std::string engineVersion;       // e.g. "0.1.0"
   int64_t startTimeUnixNs = 0;     // wall clock at start
   std::string captureOptionsJson;  // what was recorded (CaptureOptions as JSON)
-  std::string status = "running";  // running | finished | failed: <reason>
+  std::string status = "running";  // running | finished | stopped: <reason> | failed: <reason>
+  std::string allocator;           // host allocator the run used: host | caching | vmm ("" unknown)
 };
 
 struct StepRecord {

@@ -1,0 +1,195 @@
+// RecordingRun: the one record-a-run sequence, shared by `keel record` and the studio's live
+// sessions: read and validate the config once → choose the allocator → build the run's metadata
+// → start the recorder → build the workload (initialisation recorded as step 0) → run steps →
+// finish (before the model is torn down) or fail. BreakConditions stop or pause a run after the op
+// that meets one (op name, scope, first NaN/Inf, first MD5 differing from a reference recording).
+// Invariant: the constructor validates everything and touches no file; start() creates the output.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "keel/allocator.h"
+#include "keel/capture/options.h"
+#include "keel/capture/recorder.h"
+#include "keel/device.h"
+#include "keel/observer.h"
+#include "keel/storage/records.h"
+#include "keel/workload.h"
+
+namespace keel::storage {
+class Recording;
+}
+
+namespace keel::capture {
+
+// ---- break conditions -------------------------------------------------------------------------
+
+// Where a run should stop. Several may be set; the first that holds after an op wins.
+struct BreakSpec {
+  std::string opName;         // after every call of this op ("" off)
+  std::string scope;          // after every op in this module scope or below ("" off)
+  bool nonFinite = false;     // after the first op with a NaN or Inf in a floating output
+  std::string referencePath;  // at the first op whose output MD5 differs from this recording
+  bool any() const {
+    return !opName.empty() || !scope.empty() || nonFinite || !referencePath.empty();
+  }
+  // Adds one `--break-on` item: "nan", "op:NAME", "scope:S" or "md5-ref:REF.db". Throws
+  // keel::Error naming the item when it is none of these (or names an unknown op).
+  void add(const std::string& item);
+  bool operator==(const BreakSpec&) const = default;
+};
+
+// Evaluates a BreakSpec op by op on the engine thread. NaN/Inf and the reference each hit once
+// (the first time); op and scope hit every time. Ops are matched with the reference by position
+// in the run (the first op seen pairs with the reference's first op: sequence numbers are per
+// process, and a studio may have run sessions before).
+class BreakConditions {
+ public:
+  BreakConditions();
+  // Opens the reference recording if the spec names one (throws keel::Error / StorageError).
+  explicit BreakConditions(BreakSpec spec);
+  ~BreakConditions();
+  BreakConditions(BreakConditions&&) noexcept;
+  BreakConditions& operator=(BreakConditions&&) noexcept;
+
+  // Replaces the spec; keeps the open reference (and whether it already hit) when its path is
+  // unchanged, else opens the new one.
+  void setSpec(BreakSpec spec);
+  const BreakSpec& spec() const { return spec_; }
+  // Why to stop after this op ("breakpoint: op matmul", ...), or "" to go on. Call it for every
+  // op in order (the reference pairing counts ops).
+  std::string check(const OpEvent& e);
+
+ private:
+  std::string nonFiniteReason(const OpEvent& e);
+  std::string referenceReason(const OpEvent& e);
+
+  BreakSpec spec_;
+  std::unique_ptr<storage::Recording> reference_;
+  uint64_t referenceBase_ = 1;  // the reference's first op seq
+  uint64_t liveBase_ = 0;       // this run's first op seq (0: none seen yet)
+  bool nonFiniteHit_ = false, referenceHit_ = false;
+};
+
+// ---- the run ----------------------------------------------------------------------------------
+
+// What a user asks for: `keel record`'s options and the studio's "New session…" dialog alike.
+struct RunSpec {
+  std::string configPath;    // the model config, or a workload's config ("" none: its defaults)
+  std::string workloadPath;  // a workload library (docs/api.md); "" the built-in gpt trainer
+  std::string backend = "cpu";
+  std::string dataPath;  // the built-in trainer's corpus ("" the default)
+  uint64_t seed = 0;
+  int64_t steps = 5;      // length of the run (and of the LR schedule)
+  std::string allocator;  // "host" | "caching" | "vmm"; "" the config's, else KEEL_ALLOCATOR
+  std::string output;     // the recording file
+  CaptureOptions capture;
+  bool trackMemoryPerStep = false;  // each step in a MemoryTrackingScope("step N")
+  BreakSpec breaks;
+};
+
+// The run stopped at a break condition (or by request); what was recorded is kept.
+struct RunStopped : std::runtime_error {
+  RunStopped(const std::string& reason, uint64_t seq, int64_t step)
+      : std::runtime_error(reason), seq(seq), step(step) {}
+  uint64_t seq;  // the op after which the run stopped (0: between ops)
+  int64_t step;  // the step it was in
+};
+
+class RecordingRun {
+ public:
+  // Called on the engine thread after every op the recorder has seen, with the break reason (""
+  // none). It may block (a debugger pausing) or throw RecordingRun::stopHere(...) to end the run.
+  // Without one, a break reason stops the run (step() throws RunStopped).
+  using AfterOp = std::function<void(const OpEvent& e, const std::string& breakReason)>;
+
+  // Reads the config once and validates everything: the config (the built-in trainer's schema),
+  // the workload library, the backend, the allocator, the break conditions (a reference
+  // recording is opened). Touches no output. Throws keel::Error naming the problem.
+  explicit RecordingRun(RunSpec spec, AfterOp afterOp = {});
+  // An unfinished run is finished as failed ("abandoned"); never throws.
+  ~RecordingRun();
+  RecordingRun(const RecordingRun&) = delete;
+  RecordingRun& operator=(const RecordingRun&) = delete;
+
+  const RunSpec& spec() const { return spec_; }
+  const std::string& modelName() const { return name_; }  // config's or workload's name
+  const std::string& configText() const { return configText_; }  // "" without a config
+  AllocatorKind allocator() const { return allocator_; }
+  const Device& device() const { return device_; }
+  // The run's metadata as recorded (start time set by start()).
+  const storage::RunInfo& runInfo() const { return run_; }
+
+  // Installs the allocator, creates the recording and builds the workload (its initialisation
+  // is recorded as step 0). Throws (keel::Error, storage::StorageError, RunStopped when stopped
+  // during initialisation) with the recording finished and nothing left running.
+  void start();
+  // Runs one training step and returns its metrics. Throws RunStopped when a break condition
+  // (or AfterOp) stopped it, else what the workload threw (the op's keel::Error).
+  WorkloadMetrics step();
+  int64_t stepsDone() const { return job_ ? job_->steps() : 0; }
+  // The step running now (engine thread; 0 during initialisation).
+  int64_t currentStep() const { return step_; }
+  bool done() const { return stepsDone() >= spec_.steps; }
+  // The summary of the last step's memory tracking section (trackMemoryPerStep), if any.
+  const std::optional<MemoryTrackSummary>& lastTrack() const { return lastTrack_; }
+  void setTrackMemoryPerStep(bool on) { trackMemory_ = on; }  // any thread
+  bool trackMemoryPerStep() const { return trackMemory_; }
+  // Replaces the break conditions; takes effect at the next op (any thread).
+  void setBreaks(BreakSpec b);
+  uint64_t failedSeq() const { return failedSeq_; }  // the op that threw, or 0
+  // Marks a run ended early between ops (a debugger's Stop while paused between steps): finish()
+  // then records "stopped: <reason>".
+  void markStopped(const std::string& reason) {
+    if (!stopped_) stopped_.emplace(reason, 0, step_);
+  }
+
+  // Ends the recording with status "finished" ("stopped: <reason>" after RunStopped) while the
+  // model is alive, then tears the model down. Returns false when the recording itself failed
+  // (recorder().error() says why).
+  bool finish();
+  // Ends the recording with status "failed: <reason>", then tears the model down.
+  void fail(const std::string& reason);
+  Recorder& recorder() { return *recorder_; }
+  bool started() const { return recorder_ != nullptr; }
+
+  // Thrown from AfterOp to end the run after this op; step() turns it into RunStopped.
+  [[noreturn]] static void stopHere(const std::string& reason);
+
+ private:
+  class Observer;
+  friend class Observer;
+  void afterOp(const OpEvent& e);
+  void teardown();
+
+  RunSpec spec_;
+  AfterOp afterOp_;
+  std::string configText_, name_;
+  WorkloadInfo workload_;
+  Device device_;
+  AllocatorKind allocator_ = AllocatorKind::Host;
+  storage::RunInfo run_;
+  std::unique_ptr<Recorder> recorder_;
+  std::unique_ptr<WorkloadRun> job_;
+  std::shared_ptr<Observer> obs_;
+  std::atomic<bool> trackMemory_{false};
+  std::optional<MemoryTrackSummary> lastTrack_;
+  // Engine thread: the break conditions, replaced by setBreaks under mu_ (pending_).
+  BreakConditions breaks_;
+  std::mutex breaksMu_;
+  std::optional<BreakSpec> pendingBreaks_;
+  std::atomic<bool> breaksChanged_{false};
+  int64_t step_ = 0;
+  uint64_t failedSeq_ = 0;
+  std::optional<RunStopped> stopped_;  // set on the engine thread when the run was stopped
+  bool finished_ = false;
+};
+
+}  // namespace keel::capture
