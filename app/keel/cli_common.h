@@ -15,8 +15,6 @@ int fail(const std::string& msg);
 
 // --alloc host|caching|vmm: the allocator for host tensors (default: KEEL_ALLOCATOR, else vmm).
 void addAllocOption(CLI::App* c, std::string& kind);
-// Installs `flag` if given, else `configValue` (a config's "allocator"); no-op when both are empty.
-void applyAllocOption(const std::string& flag, const std::string& configValue = "");
 
 // One subcommand: its CLI11 node and what runs when it was chosen (returns the exit status).
 struct Command {

@@ -1,13 +1,10 @@
 // `keel record`: trains like `keel train` while a capture Recorder writes everything the engine
 // does into one recording file (see docs/capture.md and docs/recording.md).
 // Invariant: a failed recording (unwritable path, disk full) is reported as one error line with
-// exit status 2; what was committed before the failure stays readable.
-#include <unistd.h>
-
-#include <chrono>
+// exit status 2; what was committed before the failure stays readable. A --break-on condition
+// stops the run (exit 1) keeping everything. The sequence itself is capture::RecordingRun's.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -15,18 +12,13 @@
 
 #include "cli_common.h"
 #include "keel/allocator.h"
-#include "keel/capture/recorder.h"
+#include "keel/capture/recording_run.h"
 #include "keel/data.h"
 #include "keel/error.h"
-#include "keel/gpt_config.h"
 #include "keel/log.h"
 #include "keel/registry.h"
 #include "keel/train.h"
 #include "keel/workload.h"
-
-#ifndef KEEL_VERSION
-#define KEEL_VERSION "0.0.0"
-#endif
 
 namespace keel::cli {
 namespace {
@@ -42,15 +34,8 @@ struct RecordArgs {
   std::string alloc;
   int roundedMd5 = 0;
   std::string ops, scope, stepRange, dumpOps, dumpScope, dumpSteps, onError = "stop", verbose;
+  std::vector<std::string> breakOn;
 };
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read config file '" + path + "'");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
 
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
@@ -116,70 +101,46 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 }
 
 int runRecord(const RecordArgs& a) {
-  // --alloc, else the built-in model config's "allocator", else KEEL_ALLOCATOR.
-  applyAllocOption(a.alloc, a.workload.empty() && !a.config.empty()
-                                ? loadGptConfig(a.config).allocator
-                                : std::string());
-  // One path for every model: the built-in trainer is a workload like a user's library.
-  if (a.workload.empty() && a.config.empty())
-    throw Error("--config is required (a model config, or a workload's config with --workload)");
-  WorkloadInfo workload = a.workload.empty() ? gptWorkload() : loadWorkload(a.workload);
-  // The built-in's config is validated before the recording is created.
-  std::string name = a.workload.empty() ? loadGptConfig(a.config).name : workload.name;
-  Device device(a.backend);
-  KEEL_CHECK(device.isHost(), "backend '", a.backend,
-             "' is not available (expected cpu or cpu-ref)");
-  capture::CaptureOptions opts = captureOptions(a);
+  capture::RunSpec spec;
+  spec.configPath = a.config;
+  spec.workloadPath = a.workload;
+  spec.backend = a.backend;
+  spec.dataPath = a.data;
+  spec.seed = a.seed;
+  spec.steps = a.steps;
+  spec.allocator = a.alloc;
+  spec.output = a.output;
+  spec.capture = captureOptions(a);
+  spec.trackMemoryPerStep = a.trackMemory;
+  for (const std::string& b : a.breakOn) spec.breaks.add(b);
+  // Everything is validated (config, workload, backend, allocator, reference) before the
+  // recording is created.
+  capture::RecordingRun run(spec);
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   setCpuThreads(a.threads);
-
-  storage::RunInfo run;
-  run.backend = std::string(backendName(device.backend));
-  run.device = device.name();
-  char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) == 0) run.host = host;
-  run.configJson = a.config.empty() ? "{}" : slurp(a.config);
-  run.seed = a.seed;
-  run.engineVersion = KEEL_VERSION;
-  run.startTimeUnixNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
-
-  // The recorder starts before the model is built so initialisation (step 0) is recorded too.
-  capture::Recorder recorder(a.output, run, opts);
-  WorkloadParams params;
-  params.configJson = a.config.empty() ? "" : run.configJson;
-  params.configPath = a.config;
-  params.dataPath = a.data;
-  params.device = device;
-  params.seed = a.seed;
-  params.totalSteps = a.steps;
+  run.start();
+  std::optional<capture::RunStopped> stopped;
   try {
-    WorkloadRun job(workload, params);
-    std::printf("keel record: %s on %s, %lld steps -> %s\n", name.c_str(), device.name().c_str(),
-                static_cast<long long>(a.steps), a.output.c_str());
-    for (int64_t i = 0; i < a.steps; ++i) {
-      // --track-memory: each step is a tracking section (marked in the recording, summarised).
-      std::optional<MemoryTrackingScope> track;
-      if (a.trackMemory) track.emplace("step " + std::to_string(i + 1));
-      WorkloadMetrics s = job.step();
-      std::printf("step %lld/%lld  loss %.4f", static_cast<long long>(job.steps()),
+    std::printf("keel record: %s on %s, %lld steps -> %s\n", run.modelName().c_str(),
+                run.device().name().c_str(), static_cast<long long>(a.steps), a.output.c_str());
+    while (!run.done()) {
+      WorkloadMetrics s = run.step();
+      std::printf("step %lld/%lld  loss %.4f", static_cast<long long>(run.stepsDone()),
                   static_cast<long long>(a.steps), s.loss);
       if (std::isfinite(s.tokensPerSec)) std::printf("  %.0f tok/s", s.tokensPerSec);
       std::printf("\n");
-      if (track) std::printf("%s\n", formatTrackSummary(track->end(), 3).c_str());
+      if (run.lastTrack()) std::printf("%s\n", formatTrackSummary(*run.lastTrack(), 3).c_str());
       std::fflush(stdout);
     }
-    // Finished while the model is alive: the recording ends with the run's state, not with the
-    // frees of tearing the model down.
-    recorder.finish();
+  } catch (const capture::RunStopped& s) {
+    stopped = s;  // a break condition: everything so far is kept
   } catch (const std::exception& e) {
     // The run failed (a workload error, an op that threw): keep what was recorded, mark it failed.
-    recorder.finishFailed(e.what());
+    run.fail(e.what());
     throw;
   }
-  if (recorder.failed()) return fail("recording failed: " + recorder.error());
-  auto c = recorder.counts();
+  if (!run.finish()) return fail("recording failed: " + run.recorder().error());
+  auto c = run.recorder().counts();
   std::printf(
       "recorded %lld steps, %lld ops, %lld stacks, %lld log lines, %lld memory events, "
       "%lld dumps",
@@ -190,6 +151,14 @@ int runRecord(const RecordArgs& a) {
   if (dropped > 0)
     std::printf(" (%lld records dropped by the drop policy)", static_cast<long long>(dropped));
   std::printf("\n");
+  if (stopped) {
+    // One line saying where, on stdout after the counts (a CI job greps it), and exit 1.
+    std::printf("keel record: stopped at op #%llu (step %lld): %s\n",
+                static_cast<unsigned long long>(stopped->seq),
+                static_cast<long long>(stopped->step), stopped->what());
+    std::fflush(stdout);
+    return 1;
+  }
   return 0;
 }
 
@@ -234,6 +203,11 @@ Command addRecordCommand(CLI::App& root) {
               "when the queue is full drop records (counted) instead of waiting");
   c->add_option("--on-error", a->onError, "writer failure: stop recording | throw (stop the run)")
       ->capture_default_str();
+  c->add_option("--break-on", a->breakOn,
+                "stop after the op that meets a condition: nan (first NaN/Inf output), op:NAME, "
+                "scope:SCOPE, md5-ref:REF.db (first output MD5 differing from REF); keeps "
+                "everything recorded, prints where it stopped and exits 1 (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   c->add_option("--verbose", a->verbose,
                 "verbose engine logs only in these scopes, e.g. blocks.1.attn,blocks.0:backward");
   return {c, [a] { return runRecord(*a); }};

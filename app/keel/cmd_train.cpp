@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli_common.h"
+#include "keel/allocator.h"
 #include "keel/checkpoint.h"
 #include "keel/data.h"
 #include "keel/error.h"
@@ -38,7 +39,8 @@ keel::Device parseBackend(const std::string& name) {
 
 int runTrain(const TrainArgs& a) {
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
-  applyAllocOption(a.alloc, cfg.allocator);  // --alloc, else the config's, else KEEL_ALLOCATOR
+  // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's).
+  keel::setDefaultAllocatorKind(keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"));
   keel::Device device = parseBackend(a.backend);
   keel::setCpuThreads(a.threads);
   auto dataset = std::make_shared<const keel::data::TextDataset>(

@@ -1,48 +1,51 @@
-// Session: see session.h. The worker thread owns the Recorder, the workload run (the built-in
-// trainer or a workload library, keel/workload.h) and a BreakObserver
-// that runs on the engine thread after the recorder (observers run in the order they were added),
-// so an op is captured before the run pauses on it. See Note [Session pause].
+// Session: see session.h. The worker thread owns the capture::RecordingRun (the one record-a-run
+// sequence `keel record` uses too: config, allocator, metadata, recorder, workload, steps, break
+// conditions); its after-op hook pauses the engine thread. See Note [Session pause].
 #include "session.h"
 
-#include <unistd.h>
-
-#include <chrono>
 #include <exception>
-#include <fstream>
-#include <iterator>
 #include <optional>
 
 #include "keel/allocator.h"
-#include "keel/capture/hash.h"
-#include "keel/capture/recorder.h"
-#include "keel/data.h"
+#include "keel/capture/recording_run.h"
 #include "keel/error.h"
-#include "keel/gpt_config.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
-#include "keel/storage/reader.h"
-#include "keel/train.h"
 #include "keel/workload.h"
 
 namespace keel::studio {
 
 // Note [Session pause]: a pause (breakpoint, Pause button) happens on the engine thread inside
-// the observer's onOpEnd: it flushes the recorder (so the views can read the op that hit), reports
-// pausedAt, and waits on the session's condition variable. Run / Step resume it; Stop makes it
-// throw SessionStopped, which unwinds the step like any engine error (the recording keeps what was
-// committed). The GUI thread only flips the state under the mutex and notifies. A workload's
-// entry points turn every exception into an error (Note [Workload ABI]), so SessionStopped comes
-// back from a step as a keel::Error: stopThrown_ says it was a stop, not a failure.
-struct SessionStopped {};
+// the RecordingRun's after-op hook: it flushes the recorder (so the views can read the op that
+// hit), reports pausedAt, and waits on the session's condition variable. Run / Step resume it;
+// Stop ends the run from there (RecordingRun::stopHere), which unwinds the step like any engine
+// error; the recording keeps what was committed and says "stopped". The GUI thread only flips
+// the state under the mutex and notifies.
+namespace {
 
-class Session::Worker : public Observer {
+capture::BreakSpec toSpec(const Breakpoints& b) {
+  capture::BreakSpec s;
+  s.opName = b.opName.toStdString();
+  s.scope = b.scope.toStdString();
+  s.nonFinite = b.nonFinite;
+  s.referencePath = b.referencePath.toStdString();
+  return s;
+}
+
+const char* const kStoppedByUser = "stopped in the studio";
+
+}  // namespace
+
+class Session::Worker {
  public:
   explicit Worker(Session* s) : s_(s) {}
+
+  capture::RecordingRun* run() { return run_.get(); }  // under s_->mu_
 
   void main() {
     std::string failure;
     uint64_t failedSeq = 0;
-    bool stopped = false, done = false;
+    bool done = false;
     try {
       setup();
       emit s_->started(s_->config_.output);
@@ -51,7 +54,7 @@ class Session::Worker : public Observer {
         std::lock_guard<std::mutex> lk(s_->mu_);
         stopNow = s_->state_ == State::Stopping;
       }
-      if (stopNow) throw SessionStopped{};
+      if (stopNow) throw capture::RunStopped(kStoppedByUser, 0, 0);
       s_->setState(State::Paused);
       for (;;) {
         {
@@ -61,21 +64,19 @@ class Session::Worker : public Observer {
                    s_->state_ == State::Stopping;
           });
           if (s_->state_ == State::Stopping) {
-            stopped = true;
+            run_->markStopped(kStoppedByUser);
             break;
           }
         }
-        std::optional<MemoryTrackingScope> track;
-        if (s_->trackMemory_) track.emplace("step " + std::to_string(s_->stepsDone() + 1));
-        WorkloadMetrics st = job_->step();
-        track.reset();  // the section ends with the step (its track_end is in this batch)
-        recorder_->flush();
+        run_->setTrackMemoryPerStep(s_->trackMemory_);
+        WorkloadMetrics st = run_->step();
+        run_->recorder().flush();
         int64_t n;
         {
           std::lock_guard<std::mutex> lk(s_->mu_);
           n = ++s_->stepsDone_;
         }
-        emit s_->stepFinished(qint64(job_->steps()), st.loss);
+        emit s_->stepFinished(qint64(run_->stepsDone()), st.loss);
         if (n >= s_->config_.steps) {
           done = true;
           break;
@@ -87,212 +88,88 @@ class Session::Worker : public Observer {
         }
         if (toPaused) s_->setState(State::Paused);
       }
-    } catch (const SessionStopped&) {
-      stopped = true;
+    } catch (const capture::RunStopped&) {
+      // Stopped by the user (or a condition): everything recorded so far is kept.
     } catch (const std::exception& e) {
-      if (stopThrown_) {
-        stopped = true;
+      failure = e.what();
+      if (run_) failedSeq = run_->failedSeq();
+    }
+    if (run_ && run_->started()) {
+      if (failure.empty()) {
+        if (!run_->finish()) failure = "recording failed: " + run_->recorder().error();
       } else {
-        failure = e.what();
-        failedSeq = failedSeq_;
+        run_->fail(failure);
       }
     }
-    if (obs_) removeObserver(obs_);
-    job_.reset();
-    if (recorder_) {
-      if (failure.empty())
-        recorder_->finish();
-      else
-        recorder_->finishFailed(failure);
-      if (failure.empty() && recorder_->failed())
-        failure = "recording failed: " + recorder_->error();
+    {
+      std::lock_guard<std::mutex> lk(s_->mu_);
+      run_.reset();
     }
     if (!failure.empty()) {
       s_->setState(State::Failed);
       emit s_->failed(QString::fromStdString(failure), quint64(failedSeq));
     } else {
       s_->setState(done ? State::Finished : State::Idle);
-      if (done || stopped) emit s_->finished();
+      emit s_->finished();
     }
-  }
-
-  // ---- engine thread ----
-  void onStep(const StepEvent& e) override {
-    if (e.begin) step_ = e.step;
-  }
-  void onOpBegin(const OpEvent& e) override {
-    if (liveBase_ == 0) liveBase_ = e.seq;
-  }
-  void onOpError(const OpEvent& e, std::string_view) override { failedSeq_ = e.seq; }
-
-  void onOpEnd(const OpEvent& e) override {
-    Breakpoints b;
-    bool pauseNow = false, stopping = false, bpChanged = false;
-    {
-      std::lock_guard<std::mutex> lk(s_->mu_);
-      stopping = s_->state_ == State::Stopping;
-      pauseNow = s_->pauseRequested_;
-      if (bpVersion_ != s_->bpVersion_) {
-        bp_ = s_->breakpoints_;
-        bpVersion_ = s_->bpVersion_;
-        bpChanged = true;
-      }
-      b = bp_;
-    }
-    if (stopping) {
-      stopThrown_ = true;
-      throw SessionStopped{};
-    }
-    if (bpChanged) {  // breakpoints edited while running: (re)open or drop the reference
-      if (b.referencePath.isEmpty()) {
-        reference_.reset();
-      } else if (b.referencePath != referencePath_ || !reference_) {
-        openReference(b.referencePath);  // a bad path throws: the session fails with the message
-        referenceHit_ = false;
-      }
-    }
-    std::string reason;
-    if (pauseNow) reason = "paused";
-    if (reason.empty() && !b.opName.isEmpty() && e.op->name == b.opName.toStdString())
-      reason = "breakpoint: op " + e.op->name;
-    if (reason.empty() && !b.scope.isEmpty()) {
-      const std::string sc = b.scope.toStdString();
-      if (e.scope == sc || (e.scope.size() > sc.size() && e.scope.compare(0, sc.size(), sc) == 0 &&
-                            e.scope[sc.size()] == '.'))
-        reason = "breakpoint: scope " + sc;
-    }
-    if (reason.empty() && b.nonFinite && !nonFiniteHit_) reason = nonFiniteReason(e);
-    if (reason.empty() && reference_ && !referenceHit_) reason = referenceReason(e);
-    if (!reason.empty()) pauseAt(e.seq, reason);
   }
 
  private:
   void setup() {
     const SessionConfig& c = s_->config_;
-    // One path: the built-in trainer is a workload like a user's library.
-    WorkloadInfo workload =
-        c.workloadPath.isEmpty() ? gptWorkload() : loadWorkload(c.workloadPath.toStdString());
-    if (c.workloadPath.isEmpty()) loadGptConfig(c.configPath.toStdString());  // validate first
-    Device device(c.backend.toStdString());
-    KEEL_CHECK(device.isHost(), "backend '", c.backend.toStdString(),
-               "' is not available here (expected cpu or cpu-ref)");
+    capture::RunSpec spec;
+    spec.configPath = c.configPath.toStdString();
+    spec.workloadPath = c.workloadPath.toStdString();
+    spec.backend = c.backend.toStdString();
+    spec.seed = c.seed;
+    spec.steps = c.steps;
+    spec.output = c.output.toStdString();
+    spec.capture = c.capture;
     {
       std::lock_guard<std::mutex> lk(s_->mu_);
-      if (!s_->breakpoints_.referencePath.isEmpty()) openReference(s_->breakpoints_.referencePath);
+      spec.breaks = toSpec(s_->breakpoints_);
     }
-    storage::RunInfo run;
-    run.backend = std::string(backendName(device.backend));
-    run.device = device.name();
-    char host[256] = {0};
-    if (gethostname(host, sizeof(host) - 1) == 0) run.host = host;
-    if (!c.configPath.isEmpty()) {
-      std::ifstream f(c.configPath.toStdString(), std::ios::binary);
-      KEEL_CHECK(f, "cannot read config file '", c.configPath.toStdString(), "'");
-      run.configJson.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-    }
-    run.seed = c.seed;
-    run.engineVersion = KEEL_VERSION;
-    run.startTimeUnixNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-    recorder_ = std::make_unique<capture::Recorder>(c.output.toStdString(), run, c.capture);
-    obs_ = std::shared_ptr<Observer>(this, [](Observer*) {});  // owned by the Session
-    addObserver(obs_);
-    WorkloadParams params;
-    params.configJson = run.configJson;
-    params.configPath = c.configPath.toStdString();
-    params.device = device;
-    params.seed = c.seed;
-    params.totalSteps = c.steps;
-    job_ = std::make_unique<WorkloadRun>(workload, params);
-    recorder_->flush();
+    auto run = std::make_unique<capture::RecordingRun>(
+        spec, [this](const OpEvent& e, const std::string& reason) { afterOp(e, reason); });
+    run->start();
+    run->recorder().flush();
+    std::lock_guard<std::mutex> lk(s_->mu_);
+    run_ = std::move(run);
   }
 
-  void openReference(const QString& path) {
-    reference_.emplace(storage::Recording::open(path.toStdString(), false));
-    storage::OpQuery q;
-    q.limit = 1;
-    q.withTensors = false;
-    auto first = reference_->ops(q);
-    referenceBase_ = first.empty() ? 1 : first[0].seq;
-    referencePath_ = path;
+  // ---- engine thread ----
+  void afterOp(const OpEvent& e, std::string reason) {
+    bool pauseNow = false, stopping = false;
+    {
+      std::lock_guard<std::mutex> lk(s_->mu_);
+      stopping = s_->state_ == State::Stopping;
+      pauseNow = s_->pauseRequested_;
+    }
+    if (stopping) capture::RecordingRun::stopHere(kStoppedByUser);
+    if (reason.empty() && pauseNow) reason = "paused";
+    if (!reason.empty()) pauseAt(e.seq, reason);
   }
 
   void pauseAt(uint64_t seq, const std::string& reason) {
-    recorder_->flush();
+    // run_ is set before the first step (ops of step 0 run inside start(), where no pause can
+    // be asked for: the session is Starting).
+    run_->recorder().flush();
     {
       std::lock_guard<std::mutex> lk(s_->mu_);
       s_->pauseRequested_ = false;
     }
     s_->setState(State::Paused);
-    emit s_->pausedAt(quint64(seq), qint64(step_), QString::fromStdString(reason));
+    emit s_->pausedAt(quint64(seq), qint64(run_->currentStep()), QString::fromStdString(reason));
     std::unique_lock<std::mutex> lk(s_->mu_);
     s_->cv_.wait(lk, [&] { return s_->state_ != State::Paused; });
     if (s_->state_ == State::Stopping) {
-      stopThrown_ = true;
-      throw SessionStopped{};
+      lk.unlock();
+      capture::RecordingRun::stopHere(kStoppedByUser);
     }
-  }
-
-  std::string nonFiniteReason(const OpEvent& e) {
-    for (size_t i = 0; i < e.outputs.size(); ++i) {
-      const Tensor& t = e.outputs[i];
-      if (!t.defined() || !t.device().isHost() || !isFloating(t.dtype())) continue;
-      storage::TensorStats st = capture::tensorStats(t);
-      if (st.nanCount > 0 || st.infCount > 0) {
-        nonFiniteHit_ = true;
-        return "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " + e.op->name +
-               ": " + std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) +
-               " Inf)";
-      }
-    }
-    return {};
-  }
-
-  // Ops are matched by position in the run: the reference's first op pairs with this session's
-  // first op (op sequence numbers are per process, and the studio may have run sessions before).
-  std::string referenceReason(const OpEvent& e) {
-    const uint64_t refSeq = e.seq - liveBase_ + referenceBase_;
-    std::optional<storage::OpRecord> ref = reference_->op(refSeq);
-    if (!ref) {
-      referenceHit_ = true;
-      return "breakpoint: op #" + std::to_string(e.seq) + " (" + e.op->name +
-             ") is not in the reference recording";
-    }
-    if (ref->name != e.op->name) {
-      referenceHit_ = true;
-      return "breakpoint: op #" + std::to_string(e.seq) + " is " + e.op->name + " here but " +
-             ref->name + " in the reference";
-    }
-    for (const auto& rt : ref->tensors) {
-      if (rt.role != storage::Role::Output || rt.md5.empty()) continue;
-      if (rt.index < 0 || size_t(rt.index) >= e.outputs.size()) continue;
-      const Tensor& t = e.outputs[size_t(rt.index)];
-      if (!t.defined() || !t.device().isHost()) continue;
-      std::string live = capture::tensorMd5(t);
-      if (live != rt.md5) {
-        referenceHit_ = true;
-        return "breakpoint: first MD5 difference from the reference: output " +
-               std::to_string(rt.index) + " of " + e.op->name + " (reference " +
-               rt.md5.substr(0, 8) + ", live " + live.substr(0, 8) + ")";
-      }
-    }
-    return {};
   }
 
   Session* s_;
-  std::unique_ptr<capture::Recorder> recorder_;
-  std::unique_ptr<WorkloadRun> job_;
-  bool stopThrown_ = false;  // engine thread: SessionStopped was thrown (see Note [Session pause])
-  std::shared_ptr<Observer> obs_;
-  std::optional<storage::Recording> reference_;
-  Breakpoints bp_;
-  uint64_t bpVersion_ = ~uint64_t(0);
-  int64_t step_ = 0;
-  uint64_t failedSeq_ = 0;
-  uint64_t liveBase_ = 0, referenceBase_ = 1;
-  QString referencePath_;
-  bool nonFiniteHit_ = false, referenceHit_ = false;
+  std::unique_ptr<capture::RecordingRun> run_;
 };
 
 Session::Session(QObject* parent) : QObject(parent) {
@@ -365,7 +242,7 @@ void Session::stop() {
 void Session::setBreakpoints(const Breakpoints& b) {
   std::lock_guard<std::mutex> lk(mu_);
   breakpoints_ = b;
-  ++bpVersion_;
+  if (worker_ && worker_->run()) worker_->run()->setBreaks(toSpec(b));
 }
 
 Breakpoints Session::breakpoints() const {

@@ -89,7 +89,6 @@ class Session : public QObject {
   State state_ = State::Idle;
   bool pauseRequested_ = false;
   Breakpoints breakpoints_;
-  uint64_t bpVersion_ = 0;  // bumped by setBreakpoints; the engine thread re-reads on change
   int64_t stepsDone_ = 0;
   std::atomic<bool> trackMemory_{false};
 };

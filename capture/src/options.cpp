@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/error.h"
+#include "keel/log.h"
 
 namespace keel::capture {
 
@@ -17,12 +18,7 @@ bool OpFilter::matches(const std::string& op, std::string_view scopePath, int64_
     for (auto& o : ops) found = found || o == op;
     if (!found) return false;
   }
-  if (!scope.empty()) {
-    if (scopePath.size() < scope.size() || scopePath.compare(0, scope.size(), scope) != 0)
-      return false;
-    if (scopePath.size() != scope.size() && scopePath[scope.size()] != '.') return false;
-  }
-  return true;
+  return scopeWithin(scopePath, scope);
 }
 
 std::string dropPolicyName(DropPolicy p) {

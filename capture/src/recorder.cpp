@@ -562,6 +562,12 @@ void Recorder::finishFailed(const std::string& reason) {
   obs_->stop("failed: " + reason);
 }
 
+void Recorder::finishStopped(const std::string& reason) {
+  if (!obs_) return;
+  removeObserver(obs_);
+  obs_->stop("stopped: " + reason);
+}
+
 void Recorder::flush() {
   if (obs_) obs_->flush();
 }

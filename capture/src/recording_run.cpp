@@ -70,7 +70,9 @@ void BreakSpec::add(const std::string& item) {
 }
 
 BreakConditions::BreakConditions() = default;
-BreakConditions::BreakConditions(BreakSpec spec) { setSpec(std::move(spec)); }
+BreakConditions::BreakConditions(BreakSpec spec) {
+  setSpec(std::move(spec));
+}
 BreakConditions::~BreakConditions() = default;
 BreakConditions::BreakConditions(BreakConditions&&) noexcept = default;
 BreakConditions& BreakConditions::operator=(BreakConditions&&) noexcept = default;
@@ -111,9 +113,8 @@ std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
     const storage::TensorStats st = tensorStats(t);
     if (st.nanCount > 0 || st.infCount > 0) {
       nonFiniteHit_ = true;
-      return "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " + e.op->name +
-             ": " + std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) +
-             " Inf)";
+      return "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " + e.op->name + ": " +
+             std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) + " Inf)";
     }
   }
   return {};
@@ -141,8 +142,8 @@ std::string BreakConditions::referenceReason(const OpEvent& e) {
     if (live != rt.md5) {
       referenceHit_ = true;
       return "breakpoint: first MD5 difference from the reference: output " +
-             std::to_string(rt.index) + " of " + e.op->name + " (reference " +
-             rt.md5.substr(0, 8) + ", live " + live.substr(0, 8) + ")";
+             std::to_string(rt.index) + " of " + e.op->name + " (reference " + rt.md5.substr(0, 8) +
+             ", live " + live.substr(0, 8) + ")";
     }
   }
   return {};
@@ -186,14 +187,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
              "' is not available (expected cpu or cpu-ref)");
   // The allocator: the explicit choice, else the config's, else KEEL_ALLOCATOR (never what an
   // earlier run in this process installed).
-  const std::string& kind = spec_.allocator.empty() ? configAllocator : spec_.allocator;
-  if (kind.empty()) {
-    allocator_ = environmentAllocatorKind();
-  } else {
-    auto k = parseAllocatorKind(kind);
-    KEEL_CHECK(k, "allocator: unknown allocator '", kind, "' (expected host, caching or vmm)");
-    allocator_ = *k;
-  }
+  allocator_ = resolveAllocatorKind(spec_.allocator, configAllocator);
   trackMemory_ = spec_.trackMemoryPerStep;
   breaks_.setSpec(spec_.breaks);
 
@@ -203,6 +197,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   run_.configJson = configText_.empty() ? "{}" : configText_;
   run_.seed = spec_.seed;
   run_.engineVersion = KEEL_VERSION_STRING;
+  run_.allocator = std::string(allocatorKindName(allocator_));
 }
 
 RecordingRun::~RecordingRun() {
@@ -266,7 +261,9 @@ void RecordingRun::afterOp(const OpEvent& e) {
   }
 }
 
-void RecordingRun::stopHere(const std::string& reason) { throw StopRequest{reason}; }
+void RecordingRun::stopHere(const std::string& reason) {
+  throw StopRequest{reason};
+}
 
 WorkloadMetrics RecordingRun::step() {
   KEEL_CHECK(job_, "RecordingRun::step: not started");

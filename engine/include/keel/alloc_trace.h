@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,5 +75,46 @@ struct ReplayResult {
 // Replays `t` through `a` (raw allocate/deallocate; blocks still live at the end are freed after
 // the statistics are taken). Throws keel::Error if the allocator runs out of memory.
 ReplayResult replayAllocTrace(const AllocTrace& t, Allocator& a);
+
+// A fresh caching or VMM allocator with its default options, for a replay (throws keel::Error for
+// the host allocator, which keeps no statistics worth replaying).
+std::unique_ptr<Allocator> makeReplayAllocator(AllocatorKind k);
+// The replay loop's own cost per call (an allocator that hands out addresses without memory; best
+// of 3), subtracted from the real allocators' ns/call.
+double replayHarnessNs(const AllocTrace& t);
+
+struct GptConfig;
+// The allocation trace of `steps` training steps of `cfg` on the cpu backend (default corpus).
+AllocTrace traceTraining(const GptConfig& cfg, int steps, uint64_t seed);
+
+// `keel bench allocator`'s comparison of the caching and VMM allocators on one trace, with the
+// goals the VMM allocator was built to (docs/memory.md).
+struct AllocatorComparison {
+  static constexpr double kVmmPeakFragmentationMax = 0.03;  // VMM fragmentation at peak
+  static constexpr double kCachingFragmentationMin = 0.10;  // the trace really fragments
+  static constexpr double kReservedRatioMax = 0.90;         // VMM / caching peak reserved
+  static constexpr double kCostRatioMax = 1.5;              // VMM / caching ns per call
+  ReplayResult caching, vmm;  // best ns/call of the interleaved repeats
+  double harnessNs = 0;       // the replay loop's own cost (subtracted below)
+  double reservedRatio() const;
+  double costRatio() const;
+  bool vmmFragmentationMet() const {
+    return vmm.stats.peakFragmentation() <= kVmmPeakFragmentationMax;
+  }
+  bool cachingFragments() const {
+    return caching.stats.peakFragmentation() >= kCachingFragmentationMin;
+  }
+  bool reservedMet() const { return reservedRatio() <= kReservedRatioMax; }
+  bool costMet() const { return costRatio() <= kCostRatioMax; }
+  bool goalsMet() const { return vmmFragmentationMet() && reservedMet() && costMet(); }
+};
+// Replays `t` through a fresh caching and a fresh VMM allocator `repeats` times, interleaved (the
+// machine is shared): the best ns/call of each counts.
+AllocatorComparison compareAllocators(const AllocTrace& t, int repeats = 5);
+
+// VMM remap cost: five 8 MiB blocks, free the 2nd and 4th, one 16 MiB request under a 40 MiB
+// limit; the thread CPU time of that request over the chunks it remapped, median of 201 runs.
+double vmmRemapUsPerChunk();
+inline constexpr double kVmmRemapUsPerChunkMax = 10;
 
 }  // namespace keel

@@ -200,6 +200,15 @@ std::optional<AllocatorKind> parseAllocatorKind(std::string_view s);
 // buffers.
 AllocatorKind defaultAllocatorKind();
 void setDefaultAllocatorKind(AllocatorKind k);
+// What KEEL_ALLOCATOR (or, unset, the build's default) says, whatever setDefaultAllocatorKind
+// installed since: the choice a run makes when neither its command line nor its config names
+// an allocator. Throws keel::Error on a bad KEEL_ALLOCATOR.
+AllocatorKind environmentAllocatorKind();
+// A run's allocator: `flag` (a command line's --alloc) if given, else `configValue` (a config's
+// "allocator"), else environmentAllocatorKind(). Throws keel::Error naming `what` and the value
+// when it is not host, caching or vmm.
+AllocatorKind resolveAllocatorKind(std::string_view flag, std::string_view configValue,
+                                   std::string_view what = "allocator");
 // Process-wide instances (created on first use, never destroyed). KEEL_MEMORY_LIMIT (bytes, with
 // an optional K/M/G suffix) sets the caching and vmm limits.
 Allocator& hostAllocator();

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "keel/allocator.h"
@@ -123,22 +124,40 @@ size_t envLimit() {
 // Note [Default allocator]: host memory comes from the VMM allocator unless KEEL_ALLOCATOR says
 // otherwise. Sanitizer builds default to the host allocator (aligned_alloc): AddressSanitizer
 // only sees overflows of blocks it allocated itself, and the sanitizer suite exists to find them.
+AllocatorKind environmentAllocatorKind() {
+  // Read once: the environment is the process's, and a bad value fails the same way every time.
+  static const std::optional<AllocatorKind> kind = [] {
+  // See Note [Default allocator].
+#if defined(__SANITIZE_ADDRESS__)  // set by -fsanitize=address
+    std::optional<AllocatorKind> k = AllocatorKind::Host;
+#else
+    std::optional<AllocatorKind> k = AllocatorKind::Vmm;
+#endif
+    if (const char* v = std::getenv("KEEL_ALLOCATOR"); v && *v) k = parseAllocatorKind(v);
+    return k;
+  }();
+  if (!kind) {
+    KEEL_CHECK(false, "KEEL_ALLOCATOR='", std::getenv("KEEL_ALLOCATOR"),
+               "' is not an allocator: use host, caching or vmm");
+  }
+  return *kind;
+}
+
+AllocatorKind resolveAllocatorKind(std::string_view flag, std::string_view configValue,
+                                   std::string_view what) {
+  const std::string_view kind = flag.empty() ? configValue : flag;
+  if (kind.empty()) return environmentAllocatorKind();
+  auto k = parseAllocatorKind(kind);
+  KEEL_CHECK(k, what, ": unknown allocator '", kind, "' (expected host, caching or vmm)");
+  return *k;
+}
+
 AllocatorKind defaultAllocatorKind() {
   int k = g_kind.load(std::memory_order_acquire);
   if (k >= 0) return AllocatorKind(k);
-    // See Note [Default allocator].
-#if defined(__SANITIZE_ADDRESS__)  // set by -fsanitize=address
-  AllocatorKind kind = AllocatorKind::Host;
-#else
-  AllocatorKind kind = AllocatorKind::Vmm;
-#endif
-  if (const char* v = std::getenv("KEEL_ALLOCATOR"); v && *v) {
-    auto parsed = parseAllocatorKind(v);
-    KEEL_CHECK(parsed, "KEEL_ALLOCATOR='", v, "' is not an allocator: use host, caching or vmm");
-    kind = *parsed;
-  }
   int expected = -1;
-  g_kind.compare_exchange_strong(expected, int(kind), std::memory_order_acq_rel);
+  g_kind.compare_exchange_strong(expected, int(environmentAllocatorKind()),
+                                 std::memory_order_acq_rel);
   return AllocatorKind(g_kind.load(std::memory_order_acquire));
 }
 

@@ -79,10 +79,13 @@ LogLevel logEchoLevel() {
 
 bool ruleMatches(const VerboseRule& rule, std::string_view scope, Phase phase) {
   if (rule.phase && *rule.phase != phase) return false;
-  const std::string& p = rule.scopePrefix;
-  if (p.empty()) return true;
-  if (scope.size() < p.size() || scope.compare(0, p.size(), p) != 0) return false;
-  return scope.size() == p.size() || scope[p.size()] == '.';
+  return scopeWithin(scope, rule.scopePrefix);
+}
+
+bool scopeWithin(std::string_view scope, std::string_view prefix) {
+  if (prefix.empty()) return true;
+  if (scope.size() < prefix.size() || scope.compare(0, prefix.size(), prefix) != 0) return false;
+  return scope.size() == prefix.size() || scope[prefix.size()] == '.';
 }
 
 std::vector<VerboseRule> parseVerboseRules(std::string_view text) {

@@ -42,6 +42,9 @@ class Recorder {
   // finish(), recording the run's status as "failed: <reason>" (the run itself failed, e.g. an op
   // threw): everything captured so far is kept.
   void finishFailed(const std::string& reason);
+  // finish(), recording the status as "stopped: <reason>" (a break condition or the user ended
+  // the run early; it did not fail).
+  void finishStopped(const std::string& reason);
 
   // Blocks until every record captured so far is committed (readable by another connection), or
   // the recording failed. A debugger calls it when it pauses the run. No-op after finish().

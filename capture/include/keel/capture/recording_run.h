@@ -120,7 +120,7 @@ class RecordingRun {
   RecordingRun& operator=(const RecordingRun&) = delete;
 
   const RunSpec& spec() const { return spec_; }
-  const std::string& modelName() const { return name_; }  // config's or workload's name
+  const std::string& modelName() const { return name_; }         // config's or workload's name
   const std::string& configText() const { return configText_; }  // "" without a config
   AllocatorKind allocator() const { return allocator_; }
   const Device& device() const { return device_; }

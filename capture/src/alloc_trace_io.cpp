@@ -1,0 +1,52 @@
+// See alloc_trace_io.h.
+#include "keel/capture/alloc_trace_io.h"
+
+#include <fstream>
+#include <unordered_map>
+
+#include "keel/error.h"
+#include "keel/storage/reader.h"
+
+namespace keel::capture {
+
+namespace {
+bool isSqlite(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[16] = {};
+  f.read(magic, 16);
+  return f.gcount() == 16 && std::string(magic, 15) == "SQLite format 3";
+}
+}  // namespace
+
+AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
+  AllocTrace t;
+  std::unordered_map<uint64_t, uint64_t> liveByAddress;  // address -> trace id
+  uint64_t nextId = uint64_t(1) << 62;                   // ids for events without a Buffer
+  int64_t step = -1;
+  for (const auto& m : rec.memEvents({})) {
+    if (m.kind != "alloc" && m.kind != "free") continue;
+    if (m.step != step) {
+      step = m.step;
+      t.events.push_back({TraceEvent::Step, uint64_t(step), 0});
+    }
+    if (m.kind == "alloc") {
+      uint64_t id = m.bufferId ? m.bufferId : nextId++;
+      liveByAddress[m.address] = id;
+      t.events.push_back({TraceEvent::Alloc, id, m.bytes});
+    } else if (auto it = liveByAddress.find(m.address); it != liveByAddress.end()) {
+      t.events.push_back({TraceEvent::Free, it->second, 0});
+      liveByAddress.erase(it);
+    }
+  }
+  if (t.allocs() == 0)
+    throw Error("recording " + rec.path() +
+                " has no allocator events (record with `keel record --allocator` or --all)");
+  return t;
+}
+
+AllocTrace loadAllocTrace(const std::string& path) {
+  if (!isSqlite(path)) return readAllocTrace(path);
+  return allocTraceFromRecording(storage::Recording::open(path));
+}
+
+}  // namespace keel::capture

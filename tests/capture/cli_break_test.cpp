@@ -1,0 +1,162 @@
+// `keel record --break-on` through the real binary, and capture::BreakSpec / RecordingRun in
+// process: a headless "stop at the first NaN" — the run stops after the op that meets the
+// condition, keeps everything recorded up to it (status "stopped: ..."), prints where in one line
+// and exits 1; bad conditions are one error line and exit 2 before any file is made.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "keel/capture/recording_run.h"
+#include "keel/error.h"
+#include "keel/log.h"
+#include "keel/storage/diff.h"
+#include "keel/storage/reader.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using keel::test::CliResult;
+using keel::test::expectOneLineError;
+
+class BreakOn : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("keel_break_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string db(const std::string& name) { return (dir_ / name).string(); }
+  CliResult record(const std::string& out, const std::string& extra, const std::string& env = "") {
+    return keel::test::runKeelCli(
+        "record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 4 "
+        "--md5 --stats -o '" +
+            db(out) + "' " + extra,
+        dir_.string(), env);
+  }
+  // The "keel record: stopped at op #N (step S): reason" line.
+  static std::string stopLine(const CliResult& r) {
+    const size_t at = r.out.find("keel record: stopped at op #");
+    return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
+  }
+  static uint64_t lastSeq(const keel::storage::Recording& rec) {
+    uint64_t last = 0;
+    for (const auto& o : rec.allOps()) last = std::max(last, o.seq);
+    return last;
+  }
+  fs::path dir_;
+};
+
+TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {
+  keel::capture::BreakSpec s;
+  EXPECT_FALSE(s.any());
+  s.add("nan");
+  s.add("op:matmul");
+  s.add("scope:blocks.1");
+  s.add("md5-ref:ref.db");
+  EXPECT_TRUE(s.nonFinite);
+  EXPECT_EQ(s.opName, "matmul");
+  EXPECT_EQ(s.scope, "blocks.1");
+  EXPECT_EQ(s.referencePath, "ref.db");
+  for (const char* bad : {"", "nope", "op:", "op:no_such_op", "scope:", "md5-ref:", "NaN"}) {
+    keel::capture::BreakSpec b;
+    EXPECT_THROW(b.add(bad), keel::Error) << bad;
+  }
+}
+
+TEST(ScopeWithin, MatchesOnDotBoundaries) {
+  EXPECT_TRUE(keel::scopeWithin("blocks.1", "blocks.1"));
+  EXPECT_TRUE(keel::scopeWithin("blocks.1.attn", "blocks.1"));
+  EXPECT_FALSE(keel::scopeWithin("blocks.10", "blocks.1"));
+  EXPECT_FALSE(keel::scopeWithin("blocks", "blocks.1"));
+  EXPECT_TRUE(keel::scopeWithin("anything", ""));
+  EXPECT_TRUE(keel::scopeWithin("", ""));
+}
+
+// The CI use: stop at the first NaN, keep everything, say where, exit 1.
+TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
+  CliResult r = record("nan.db", "--break-on nan", "KEEL_TEST_PERTURB=matmul:20:nan");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording rec = keel::storage::Recording::open(db("nan.db"));
+  const auto first = rec.firstNonFinite();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->name, "matmul");
+  // Stopped right after it: it is the last op recorded, and the line names it.
+  EXPECT_EQ(lastSeq(rec), first->seq);
+  const std::string line = stopLine(r);
+  EXPECT_EQ(line.rfind("keel record: stopped at op #" + std::to_string(first->seq) +
+                           " (step 1): " + "breakpoint: first NaN/Inf (output 0 of matmul: ",
+                       0),
+            0u)
+      << r.out;
+  EXPECT_EQ(rec.run().status.rfind("stopped: breakpoint: first NaN/Inf", 0), 0u)
+      << rec.run().status;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
+  CliResult r = record("op.db", "--break-on op:cross_entropy");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording rec = keel::storage::Recording::open(db("op.db"));
+  uint64_t firstCe = 0;
+  for (const auto& o : rec.allOps())
+    if (o.name == "cross_entropy" && !firstCe) firstCe = o.seq;
+  ASSERT_NE(firstCe, 0u);
+  EXPECT_EQ(lastSeq(rec), firstCe);
+  EXPECT_NE(stopLine(r).find("(step 1): breakpoint: op cross_entropy"), std::string::npos) << r.out;
+
+  r = record("scope.db", "--break-on scope:blocks.1");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording rec2 = keel::storage::Recording::open(db("scope.db"));
+  const auto ops = rec2.allOps();
+  ASSERT_FALSE(ops.empty());
+  uint64_t firstInScope = 0;
+  for (const auto& o : ops)
+    if (o.step == 1 && keel::scopeWithin(o.scope, "blocks.1") && !firstInScope)
+      firstInScope = o.seq;
+  EXPECT_EQ(lastSeq(rec2), firstInScope);
+  EXPECT_NE(stopLine(r).find("breakpoint: scope blocks.1"), std::string::npos) << r.out;
+}
+
+// Against a clean reference, a perturbed run stops at the op the diff calls the first divergence.
+TEST_F(BreakOn, Md5RefStopsAtTheFirstDivergence) {
+  ASSERT_EQ(record("clean.db", "").status, 0);
+  CliResult r = record("pert.db", "--break-on md5-ref:'" + db("clean.db") + "'",
+                       "KEEL_TEST_PERTURB=matmul:5");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording clean = keel::storage::Recording::open(db("clean.db"));
+  keel::storage::Recording pert = keel::storage::Recording::open(db("pert.db"));
+  const auto report = keel::storage::diffRuns(clean.allOps(), pert.allOps());
+  ASSERT_TRUE(report.first && report.first->pair.inB);
+  EXPECT_EQ(lastSeq(pert), report.first->pair.seqB);
+  EXPECT_NE(stopLine(r).find("breakpoint: first MD5 difference from the reference: output 0 of "
+                             "matmul"),
+            std::string::npos)
+      << r.out;
+}
+
+// A run whose condition never holds finishes normally (exit 0, status finished).
+TEST_F(BreakOn, ConditionThatNeverHoldsFinishes) {
+  CliResult r = record("ok.db", "--break-on nan");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(stopLine(r), "");
+  EXPECT_EQ(keel::storage::Recording::open(db("ok.db")).run().status, "finished");
+}
+
+// Bad conditions: one line, exit 2, and no recording made (validated before the output).
+TEST_F(BreakOn, BadConditionsAreOneLineErrorsBeforeAnyFile) {
+  for (const std::string& bad :
+       {std::string("--break-on bogus"), std::string("--break-on op:no_such_op"),
+        std::string("--break-on md5-ref:'") + db("missing.db") + "'"}) {
+    CliResult r = record("bad.db", bad);
+    expectOneLineError(r, "");
+    EXPECT_FALSE(fs::exists(db("bad.db"))) << bad;
+  }
+}
+
+}  // namespace
