@@ -93,6 +93,10 @@ class CaptureObserver : public Observer {
     if (!e.begin) {
       r.endNs = e.timeNs;
       r.loss = e.loss;
+      r.lr = e.lr;
+      r.gradNorm = e.gradNorm;
+      r.tokensPerSec = e.tokensPerSec;
+      r.auxLoss = e.auxLoss;
     }
     const bool ended = !e.begin;
     push(std::move(r), false, nullptr, /*urgent=*/ended);  // a step end is committed at once

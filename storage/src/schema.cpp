@@ -58,7 +58,11 @@ CREATE TABLE steps (
   step     INTEGER PRIMARY KEY,  -- 1-based training step number
   begin_ns INTEGER NOT NULL,     -- step start, ns
   end_ns   INTEGER NOT NULL,     -- step end, ns (0 while the step runs)
-  loss     REAL                  -- loss of the step; NULL when unknown
+  loss     REAL,                 -- loss of the step; NULL when unknown
+  lr             REAL,           -- learning rate of the step; NULL when unknown (and before v5)
+  grad_norm      REAL,           -- gradient norm before clipping; NULL when unknown
+  tokens_per_sec REAL,           -- training throughput of the step; NULL when unknown
+  aux_loss       REAL            -- MoE auxiliary loss (0 for a dense model); NULL when unknown
 );
 
 -- Every op call, in execution order.
@@ -334,9 +338,14 @@ ALTER TABLE mem_events ADD COLUMN label_sid INTEGER;  -- -> strings: tracking se
 )sql",
      nullptr, ""},
     // 4 -> 5: the run names the host allocator it used (the same config must run on the same
-    // allocator in `keel record` and the studio; a comparison shows it).
+    // allocator in `keel record` and the studio; a comparison shows it); steps carry the
+    // trainer's metrics (the studio's metrics plot).
     {R"sql(
 ALTER TABLE run ADD COLUMN allocator TEXT NOT NULL DEFAULT '';  -- host | caching | vmm
+ALTER TABLE steps ADD COLUMN lr REAL;
+ALTER TABLE steps ADD COLUMN grad_norm REAL;
+ALTER TABLE steps ADD COLUMN tokens_per_sec REAL;
+ALTER TABLE steps ADD COLUMN aux_loss REAL;
 )sql",
      nullptr, ""},
 }};

@@ -101,9 +101,12 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
   commit_ = sql::Stmt(db_, "COMMIT");
   insString_ = sql::Stmt(db_, "INSERT INTO strings(text) VALUES (?1)");
   insStep_ = sql::Stmt(db_,
-                       "INSERT INTO steps(step, begin_ns, end_ns, loss) VALUES (?1, ?2, ?3, ?4) "
+                       "INSERT INTO steps(step, begin_ns, end_ns, loss, lr, grad_norm,"
+                       " tokens_per_sec, aux_loss) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
                        "ON CONFLICT(step) DO UPDATE SET begin_ns = excluded.begin_ns, "
-                       "end_ns = excluded.end_ns, loss = excluded.loss");
+                       "end_ns = excluded.end_ns, loss = excluded.loss, lr = excluded.lr, "
+                       "grad_norm = excluded.grad_norm, tokens_per_sec = excluded.tokens_per_sec, "
+                       "aux_loss = excluded.aux_loss");
   insOp_ = sql::Stmt(db_,
                      "INSERT INTO ops(seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread,"
                      " begin_ns, end_ns, forward_seq, stack_id) "
@@ -216,6 +219,10 @@ void SqliteWriter::writeStep(const StepRecord& s) {
     insStep_.bind(2, s.beginNs);
     insStep_.bind(3, s.endNs);
     insStep_.bind(4, s.loss);
+    insStep_.bind(5, s.lr);
+    insStep_.bind(6, s.gradNorm);
+    insStep_.bind(7, s.tokensPerSec);
+    insStep_.bind(8, s.auxLoss);
     insStep_.run();
   });
 }

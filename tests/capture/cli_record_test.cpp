@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/storage/reader.h"
 #include "test_util.h"
 
 namespace {
@@ -208,6 +209,44 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   expectOneLineError(keel("record --config tests/fixtures/gpt-tiny.json -o /proc/no/such/dir.db"),
                      "/proc/no/such/dir.db");
   expectOneLineError(keel("diff '" + db("missing.db") + "' '" + db("junk.db") + "'"), "missing.db");
+}
+
+// Each step of a recording carries what the trainer printed (lr, gradient norm, tokens/s, MoE aux
+// loss) and one log line, so the studio's metrics plot and log view have them for any run.
+TEST_F(KeelCli, StepsCarryTheTrainersMetricsAndALogLine) {
+  CliResult train = keel("train --config tests/fixtures/gpt-tiny.json --steps 2 --seed 3");
+  ASSERT_EQ(train.status, 0) << train.err;
+  ASSERT_EQ(record("dense.db", "--seed 3").status, 0);
+  keel::storage::Recording rec = keel::storage::Recording::open(db("dense.db"));
+  const auto steps = rec.steps();
+  ASSERT_EQ(steps.size(), 2u);
+  // gpt-tiny: lr 1e-2 warmed up over 5 steps.
+  EXPECT_DOUBLE_EQ(steps[0].lr, 1e-2 * 1 / 5);
+  EXPECT_DOUBLE_EQ(steps[1].lr, 1e-2 * 2 / 5);
+  const auto logs = rec.logs({});
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    SCOPED_TRACE(s.step);
+    EXPECT_EQ(s.auxLoss, 0.0);  // dense
+    EXPECT_GT(s.tokensPerSec, 0.0);
+    // The same gradient norm and loss keel train printed for the same seed.
+    char want[96];
+    std::snprintf(want, sizeof want, "step %lld/2  loss %.4f  lr %.3e  gnorm %.3f",
+                  static_cast<long long>(s.step), s.loss, s.lr, s.gradNorm);
+    EXPECT_NE(train.out.find(want), std::string::npos) << want << "\n" << train.out;
+    std::snprintf(want, sizeof want, "step %lld: loss %.4f, lr %.3g, grad norm %.4g, ",
+                  static_cast<long long>(s.step), s.loss, s.lr, s.gradNorm);
+    int found = 0;
+    for (const auto& l : logs)
+      if (l.scope == "train" && l.message.rfind(want, 0) == 0 && l.step == s.step) ++found;
+    EXPECT_EQ(found, 1) << want;
+  }
+  CliResult moe =
+      keel("record --config tests/fixtures/moe-tiny.json --steps 1 -o '" + db("moe.db") + "'");
+  ASSERT_EQ(moe.status, 0) << moe.err;
+  const auto moeSteps = keel::storage::Recording::open(db("moe.db")).steps();
+  ASSERT_EQ(moeSteps.size(), 1u);
+  EXPECT_GT(moeSteps[0].auxLoss, 0.0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -88,9 +89,14 @@ struct MemEvent {
 // Training-step boundaries, reported by whoever drives training (the Trainer).
 struct StepEvent {
   int64_t step = 0;   // 1-based
-  bool begin = true;  // false: the step ended (loss is set)
+  bool begin = true;  // false: the step ended (loss and the metrics below are set)
   double loss = 0;
   int64_t timeNs = 0;
+  // Step end: what the trainer knows of the step (NaN where it does not).
+  double lr = std::numeric_limits<double>::quiet_NaN();
+  double gradNorm = std::numeric_limits<double>::quiet_NaN();  // before clipping
+  double tokensPerSec = std::numeric_limits<double>::quiet_NaN();
+  double auxLoss = std::numeric_limits<double>::quiet_NaN();  // MoE aux loss (0 for dense)
 };
 
 // Log lines (keel::log in keel/log.h), delivered to observers as they are written.

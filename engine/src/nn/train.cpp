@@ -4,8 +4,10 @@
 #include "keel/train.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "keel/error.h"
+#include "keel/log.h"
 #include "keel/observer.h"
 #include "parallel.h"
 
@@ -96,7 +98,21 @@ StepStats Trainer::step() {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokensPerSec = s.seconds > 0 ? double(cfg_.batch_size * cfg_.seq_len) / s.seconds : 0.0;
   ++stepsDone_;
-  detail::notifyStep({s.step, false, s.loss, 0});
+  // One line per step in the run's logs (the studio's log view, `keel record`'s recording).
+  char line[192];
+  int n = std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
+                        static_cast<long long>(s.step), s.loss, s.lr, s.gradNorm);
+  if (out.auxLoss.defined() && n > 0 && size_t(n) < sizeof line)
+    n += std::snprintf(line + n, sizeof line - size_t(n), ", aux loss %.4f", s.auxLoss);
+  if (n > 0 && size_t(n) < sizeof line)
+    std::snprintf(line + n, sizeof line - size_t(n), ", %.0f tokens/s", s.tokensPerSec);
+  log(LogLevel::Info, "train", line);
+  StepEvent end{s.step, false, s.loss, 0};
+  end.lr = s.lr;
+  end.gradNorm = s.gradNorm;
+  end.tokensPerSec = s.tokensPerSec;
+  end.auxLoss = s.auxLoss;
+  detail::notifyStep(end);
   return s;
 }
 

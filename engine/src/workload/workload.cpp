@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "keel/error.h"
+#include "keel/log.h"
 #include "keel/observer.h"
 
 namespace keel {
@@ -94,7 +95,18 @@ WorkloadMetrics WorkloadRun::step() {
     throw Error("workload '" + info_.name + "' failed in step " + std::to_string(n) + ": " +
                 (err[0] ? err.data() : "step failed"));
   steps_ = n;
-  if (mark) detail::notifyStep({n, false, m.loss, 0});
+  if (mark) {
+    // A line per step in the run's logs, as the built-in trainer writes (Trainer::step).
+    char line[160];
+    std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
+                  static_cast<long long>(n), m.loss, m.lr, m.grad_norm);
+    log(LogLevel::Info, "train", line);
+    StepEvent end{n, false, m.loss, 0};
+    end.lr = m.lr;
+    end.gradNorm = m.grad_norm;
+    end.tokensPerSec = m.tokens_per_sec;
+    detail::notifyStep(end);
+  }
   return WorkloadMetrics{m.loss, m.lr, m.grad_norm, m.tokens_per_sec};
 }
 

@@ -28,6 +28,8 @@ struct StepRecord {
   int64_t step = 0;  // 1-based training step
   int64_t beginNs = 0, endNs = 0;
   double loss = kNoValue;
+  // What the trainer reported at the step's end (kNoValue where it did not, or before schema v5).
+  double lr = kNoValue, gradNorm = kNoValue, tokensPerSec = kNoValue, auxLoss = kNoValue;
 };
 
 enum class Role : uint8_t { Input = 0, Output = 1 };
