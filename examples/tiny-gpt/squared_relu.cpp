@@ -46,7 +46,7 @@ const Ids& ids() {
     keel::OpDef bwd;
     bwd.name = "squared_relu_backward";
     bwd.numInputs = 2;  // grad_out, x
-    bwd.infer = [](std::span<const Tensor> in, const keel::Attrs&) {
+    bwd.infer = [](const keel::OpDef&, std::span<const Tensor> in, const keel::Attrs&) {
       requireFloat32("squared_relu_backward", in[0]);
       requireFloat32("squared_relu_backward", in[1]);
       KEEL_CHECK(in[0].shape() == in[1].shape(), "op 'squared_relu_backward': grad ",
@@ -59,7 +59,7 @@ const Ids& ids() {
     keel::OpDef fwd;
     fwd.name = "squared_relu";
     fwd.numInputs = 1;
-    fwd.infer = [](std::span<const Tensor> in, const keel::Attrs&) {
+    fwd.infer = [](const keel::OpDef&, std::span<const Tensor> in, const keel::Attrs&) {
       requireFloat32("squared_relu", in[0]);
       return std::vector<keel::TensorMeta>{{in[0].shape(), keel::DType::Float32}};
     };

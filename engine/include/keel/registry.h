@@ -1,6 +1,6 @@
 // The op registry: each op declared once — name, input count, shape inference (which also
-// validates), view construction or kernels per backend, and its backward rule. Built-in ops are
-// registered at start-up from one table; users may add ops at run time (same path).
+// validates), view construction or kernels per backend, and its backward rule. Built-in ops come
+// from one table (engine/src/ops/, a file per family); users may add ops at run time (same path).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -44,8 +44,12 @@ struct BackwardCtx {
   std::vector<bool> needsGrad;
 };
 using BackwardFn = std::function<std::vector<Tensor>(const BackwardCtx&)>;
-using InferFn = std::function<std::vector<TensorMeta>(std::span<const Tensor>, const Attrs&)>;
-using ViewFn = std::function<std::vector<Tensor>(std::span<const Tensor>, const Attrs&)>;
+// Shape inference and view rules are given their own op (for its name in messages), so a rule
+// needs no reference into the table that holds it.
+using InferFn =
+    std::function<std::vector<TensorMeta>(const OpDef&, std::span<const Tensor>, const Attrs&)>;
+using ViewFn =
+    std::function<std::vector<Tensor>(const OpDef&, std::span<const Tensor>, const Attrs&)>;
 // Adds recording-only attributes to a copy of the op's attributes (see Note [Op descriptions] in
 // keel/observer.h). Runs after shape inference accepted the inputs, and only for observers.
 using DescribeFn = std::function<void(std::span<const Tensor>, Attrs&)>;

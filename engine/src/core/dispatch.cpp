@@ -262,9 +262,9 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
   Attrs described;  // See Note [Op descriptions]
   auto run = [&] {
     if (def.view) {
-      outputs = def.view(inputs, attrs);
+      outputs = def.view(def, inputs, attrs);
     } else {
-      std::vector<TensorMeta> metas = def.infer(inputs, attrs);
+      std::vector<TensorMeta> metas = def.infer(def, inputs, attrs);
       if (observe && def.describe && detail::observersWantOpDescriptions()) {
         described = attrs;
         def.describe(inputs, described);

@@ -1,0 +1,161 @@
+// Op definitions, neural-network family: softmax and log_softmax, layer_norm and rms_norm,
+// embedding, cross_entropy, dropout, each with its fused backward op where it has one. Each op's
+// inference and backward rule; kernels live in the backends.
+#include "op_defs_util.h"
+
+namespace keel::detail {
+
+using namespace keel::ops;
+
+namespace {
+
+void requireLastDim(const OpDef& def, const Tensor& x, const Tensor& w, std::string_view what) {
+  KEEL_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), "op '", def.name, "': ", what,
+             " ", shapeStr(w.shape()), " does not match the last dim of input ",
+             shapeStr(x.shape()));
+}
+
+void defineSoftmax(OpTable& t) {
+  for (OpId id : {OpId::Softmax, OpId::LogSoftmax})
+    t.at(id, 1).infer = [](const OpDef& op, Inputs in, const Attrs& a) {
+      requireFloat(op.name, in[0], "input");
+      KEEL_CHECK(in[0].dim() > 0, "op '", op.name, "': needs a tensor of rank >= 1");
+      normDim(a.getInt("dim"), in[0].dim(), op.name);
+      return inferUnary(in);
+    };
+  for (OpId id : {OpId::SoftmaxBackward, OpId::LogSoftmaxBackward})
+    t.at(id, 2).infer = [](const OpDef& op, Inputs in, const Attrs& a) {
+      normDim(a.getInt("dim"), in[1].dim(), op.name);
+      return inferGradLike(op, in);
+    };
+  t.at(OpId::Softmax, 1).backward = [](const BackwardCtx& c) -> Grads {
+    return {dispatch1(OpId::SoftmaxBackward, {c.gradOutputs[0], c.outputs[0]}, c.attrs)};
+  };
+  t.at(OpId::LogSoftmax, 1).backward = [](const BackwardCtx& c) -> Grads {
+    return {dispatch1(OpId::LogSoftmaxBackward, {c.gradOutputs[0], c.outputs[0]}, c.attrs)};
+  };
+}
+
+void defineNorms(OpTable& t) {
+  OpDef& ln = t.at(OpId::LayerNorm, 3);
+  ln.infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    requireSameDtype(op.name, in);
+    requireFloat(op.name, in[0], "input");
+    requireLastDim(op, in[0], in[1], "weight");
+    requireLastDim(op, in[0], in[2], "bias");
+    return inferUnary(in);
+  };
+  ln.backward = [](const BackwardCtx& c) -> Grads {
+    return dispatch(OpId::LayerNormBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]}, c.attrs);
+  };
+  t.at(OpId::LayerNormBackward, 3).infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    requireSameDtype(op.name, in);
+    KEEL_CHECK(in[0].shape() == in[1].shape(), "op '", op.name, "': grad ", shapeStr(in[0].shape()),
+               " and input ", shapeStr(in[1].shape()), " differ");
+    requireLastDim(op, in[1], in[2], "weight");
+    return Metas{{in[1].shape(), in[1].dtype()},
+                 {in[2].shape(), in[2].dtype()},
+                 {in[2].shape(), in[2].dtype()}};
+  };
+
+  OpDef& rms = t.at(OpId::RmsNorm, 2);
+  rms.infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    requireSameDtype(op.name, in);
+    requireFloat(op.name, in[0], "input");
+    requireLastDim(op, in[0], in[1], "weight");
+    return inferUnary(in);
+  };
+  rms.backward = [](const BackwardCtx& c) -> Grads {
+    return dispatch(OpId::RmsNormBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]}, c.attrs);
+  };
+  t.at(OpId::RmsNormBackward, 3).infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    requireSameDtype(op.name, in);
+    KEEL_CHECK(in[0].shape() == in[1].shape(), "op '", op.name, "': grad ", shapeStr(in[0].shape()),
+               " and input ", shapeStr(in[1].shape()), " differ");
+    requireLastDim(op, in[1], in[2], "weight");
+    return Metas{{in[1].shape(), in[1].dtype()}, {in[2].shape(), in[2].dtype()}};
+  };
+}
+
+void defineEmbedding(OpTable& t) {
+  OpDef& o = t.at(OpId::Embedding, 2);
+  o.infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    requireFloat(op.name, in[0], "weight");
+    KEEL_CHECK(in[0].dim() == 2, "op '", op.name, "': weight must be [V, D], got ",
+               shapeStr(in[0].shape()));
+    requireIndex(op.name, in[1], "indices");
+    Shape s = in[1].shape();
+    s.push_back(in[0].size(1));
+    return one(s, in[0].dtype());
+  };
+  o.backward = [](const BackwardCtx& c) -> Grads {
+    return {dispatch1(OpId::EmbeddingBackward, {c.gradOutputs[0], c.inputs[1]},
+                      Attrs().set("num_weights", c.inputs[0].size(0))),
+            Tensor()};
+  };
+  t.at(OpId::EmbeddingBackward, 2).infer = [](const OpDef& op, Inputs in, const Attrs& a) {
+    requireFloat(op.name, in[0], "grad");
+    requireIndex(op.name, in[1], "indices");
+    Shape expect = in[1].shape();
+    expect.push_back(in[0].dim() > 0 ? in[0].size(-1) : 0);
+    KEEL_CHECK(in[0].shape() == expect, "op '", op.name, "': grad ", shapeStr(in[0].shape()),
+               " does not match indices ", shapeStr(in[1].shape()));
+    int64_t v = a.getInt("num_weights");
+    KEEL_CHECK(v > 0, "op '", op.name, "': num_weights must be positive");
+    return one({v, in[0].size(-1)}, in[0].dtype());
+  };
+}
+
+void defineCrossEntropy(OpTable& t) {
+  OpDef& o = t.at(OpId::CrossEntropy, 2);
+  o.infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    requireFloat(op.name, in[0], "logits");
+    KEEL_CHECK(in[0].dim() == 2, "op '", op.name, "': logits must be [N, C], got ",
+               shapeStr(in[0].shape()));
+    requireIndex(op.name, in[1], "targets");
+    KEEL_CHECK(in[1].dim() == 1 && in[1].size(0) == in[0].size(0), "op '", op.name, "': targets ",
+               shapeStr(in[1].shape()), " do not match logits ", shapeStr(in[0].shape()),
+               " (expected [", in[0].size(0), "])");
+    return one({}, in[0].dtype());
+  };
+  o.backward = [](const BackwardCtx& c) -> Grads {
+    return {dispatch1(OpId::CrossEntropyBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]},
+                      c.attrs),
+            Tensor()};
+  };
+  t.at(OpId::CrossEntropyBackward, 3).infer = [](const OpDef& op, Inputs in, const Attrs&) {
+    KEEL_CHECK(in[0].numel() == 1 && in[0].dtype() == in[1].dtype(), "op '", op.name,
+               "': grad must be a scalar of the logits' dtype");
+    KEEL_CHECK(in[1].dim() == 2 && in[2].dim() == 1 && in[2].size(0) == in[1].size(0), "op '",
+               op.name, "': logits ", shapeStr(in[1].shape()), " and targets ",
+               shapeStr(in[2].shape()), " do not match");
+    requireIndex(op.name, in[2], "targets");
+    return one(in[1].shape(), in[1].dtype());
+  };
+}
+
+void defineDropout(OpTable& t) {
+  OpDef& o = t.at(OpId::Dropout, 1);
+  o.infer = [](const OpDef& op, Inputs in, const Attrs& a) {
+    requireFloat(op.name, in[0], "input");
+    double p = a.getDouble("p");
+    KEEL_CHECK(p >= 0.0 && p < 1.0, "op '", op.name, "': p must be in [0, 1), got ", p);
+    return inferUnary(in);
+  };
+  // The same mask (seed, offset) scales the gradient.
+  o.backward = [](const BackwardCtx& c) -> Grads {
+    return {dispatch1(OpId::Dropout, {c.gradOutputs[0]}, c.attrs)};
+  };
+}
+
+}  // namespace
+
+void defineNnOps(OpTable& t) {
+  defineSoftmax(t);
+  defineNorms(t);
+  defineEmbedding(t);
+  defineCrossEntropy(t);
+  defineDropout(t);
+}
+
+}  // namespace keel::detail
