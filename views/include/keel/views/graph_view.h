@@ -119,6 +119,7 @@ class GraphView : public QWidget {
   void requestLayout();
   void startLayout();
   void applyLayout(std::shared_ptr<LayoutResult> result);
+  void clearScene();
   void resetExpansion();
   void applyColors();
   void applyHighlights();

@@ -1,0 +1,176 @@
+// The graph view's scene items and canvas (see graph_view_items.h): how an op or module node, an
+// edge and a cluster paint, and how the canvas turns wheel and mouse events into zoom and clicks.
+// Items skip text when zoomed far out, so 5,000 ops paint fast.
+#include "graph_view_items.h"
+
+#include <QContextMenuEvent>
+#include <QMouseEvent>
+#include <QPainter>
+#include <QStyleOptionGraphicsItem>
+#include <cmath>
+
+namespace keel::views {
+
+using namespace graph_detail;
+using analysis::GraphNodeKind;
+using analysis::TextMetrics;
+
+GraphView::NodeItem::NodeItem(const analysis::GraphNode& node, int index, const GraphView* view)
+    : index_(index),
+      module_(node.kind == GraphNodeKind::Module),
+      title_(qs(node.title)),
+      subtitle_(qs(node.subtitle)),
+      rect_(-node.width / 2, -node.height / 2, node.width, node.height),
+      view_(view) {
+  setZValue(1);
+}
+
+void GraphView::NodeItem::setMarks(bool selected, bool matched) {
+  if (selected == selected_ && matched == matched_) return;
+  selected_ = selected;
+  matched_ = matched;
+  update();
+}
+
+void GraphView::NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
+  const double lod = option->levelOfDetailFromTransform(p->worldTransform());
+  QPen border = pen();
+  if (selected_)
+    border = QPen(kSelectedPen, 3);
+  else if (matched_)
+    border = QPen(kMatchPen, 2.5);
+  const QRectF r = box();
+  if (lod < 0.25) {  // overview: flat boxes
+    p->setPen(selected_ || matched_ ? border : Qt::NoPen);
+    p->setBrush(brush());
+    p->drawRect(module_ ? rect_ : r);
+    return;
+  }
+  p->setBrush(brush());
+  if (module_) {
+    p->setPen(pen());
+    p->drawRoundedRect(rect_.adjusted(5, 5, 0, 0), 4, 4);
+  }
+  p->setPen(border);
+  p->drawRoundedRect(r, 4, 4);
+  if (lod < 0.4) return;
+  const TextMetrics& m = view_->metrics_;
+  const double padY = (r.height() - 2 * m.lineHeight) / 2;
+  QRectF line(r.left(), r.top() + padY, r.width(), m.lineHeight);
+  p->setPen(text_);
+  p->setFont(view_->boldFont_);
+  p->drawText(line, Qt::AlignCenter | Qt::TextDontClip, title_);
+  p->setFont(view_->font_);
+  p->drawText(line.translated(0, m.lineHeight), Qt::AlignCenter | Qt::TextDontClip, subtitle_);
+}
+
+GraphView::EdgeItem::EdgeItem(const analysis::LaidOutEdge& e, double width) : width_(width) {
+  setZValue(0);
+  if (!e.points.empty()) {
+    path_.moveTo(qt(e.points[0]));
+    for (size_t i = 1; i + 2 < e.points.size(); i += 3)
+      path_.cubicTo(qt(e.points[i]), qt(e.points[i + 1]), qt(e.points[i + 2]));
+  }
+  if (e.arrowAtHead && !e.points.empty()) addArrow(qt(e.points.back()), qt(e.headTip));
+  if (e.arrowAtTail && !e.points.empty()) addArrow(qt(e.points.front()), qt(e.tailTip));
+  bounds_ = path_.controlPointRect().united(arrows_.boundingRect()).adjusted(-2, -2, 2, 2);
+}
+
+void GraphView::EdgeItem::setHighlighted(bool on) {
+  if (on == highlighted_) return;
+  highlighted_ = on;
+  setZValue(on ? 0.5 : 0);
+  update();
+}
+
+void GraphView::EdgeItem::paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) {
+  const QColor c = highlighted_ ? kSelectedPen : kEdgeColor;
+  p->setPen(QPen(c, highlighted_ ? width_ + 1 : width_));
+  p->setBrush(Qt::NoBrush);
+  p->drawPath(path_);
+  p->setPen(Qt::NoPen);
+  p->setBrush(c);
+  p->drawPath(arrows_);
+}
+
+void GraphView::EdgeItem::addArrow(QPointF base, QPointF tip) {
+  const QLineF l(base, tip);
+  if (l.length() < 0.5) return;
+  const QPointF n(-l.dy() / l.length(), l.dx() / l.length());
+  const double half = std::max(2.5, l.length() * 0.4);
+  arrows_.addPolygon(QPolygonF({tip, base + n * half, base - n * half, tip}));
+}
+
+GraphView::ClusterItem::ClusterItem(const analysis::GraphCluster& c, const QRectF& box,
+                                    const GraphView* view)
+    : cluster_(c), box_(box), label_(qs(c.label)), view_(view) {
+  const size_t depth = std::count(c.scope.begin(), c.scope.end(), '.') + (c.scope.empty() ? 0 : 1);
+  setZValue(-10 + double(depth) * 0.01);
+  if (c.scope.empty()) {  // a phase
+    fill_ = mix(phaseColor(c.phase), Qt::white, 0.78);
+    border_ = phaseColor(c.phase).darker(135);
+  } else {
+    fill_ = mix(QColor(0xf7, 0xf8, 0xfa), QColor(0xc9, 0xd1, 0xdc), 0.14 * double(depth));
+    border_ = QColor(0xb4, 0xbe, 0xcb);
+  }
+  setToolTip(c.scope.empty() ? label_ : "module " + label_);
+}
+
+void GraphView::ClusterItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
+  const double lod = option->levelOfDetailFromTransform(p->worldTransform());
+  p->setPen(QPen(border_, 1));
+  p->setBrush(fill_);
+  p->drawRoundedRect(box_, 6, 6);
+  if (lod < 0.3) return;
+  p->setPen(QColor(0x33, 0x3d, 0x4a));
+  p->setFont(view_->boldFont_);
+  QRectF line(box_.left() + 7, box_.top() + 3, box_.width() - 10, view_->metrics_.lineHeight);
+  p->drawText(line, Qt::AlignLeft | Qt::AlignVCenter | Qt::TextDontClip, label_);
+}
+
+GraphView::Canvas::Canvas(QGraphicsScene* scene, GraphView* owner)
+    : QGraphicsView(scene, owner), owner_(owner) {
+  setDragMode(QGraphicsView::ScrollHandDrag);
+  setRenderHints(QPainter::Antialiasing | QPainter::TextAntialiasing);
+  setTransformationAnchor(QGraphicsView::AnchorViewCenter);
+  setViewportUpdateMode(QGraphicsView::SmartViewportUpdate);
+  setBackgroundBrush(Qt::white);
+  setFrameShape(QFrame::NoFrame);
+}
+
+void GraphView::Canvas::wheelEvent(QWheelEvent* e) {
+  if (!(e->modifiers() & Qt::ControlModifier)) {
+    QGraphicsView::wheelEvent(e);
+    return;
+  }
+  setTransformationAnchor(QGraphicsView::AnchorUnderMouse);
+  owner_->zoomBy(std::pow(1.0015, e->angleDelta().y()));
+  setTransformationAnchor(QGraphicsView::AnchorViewCenter);
+  e->accept();
+}
+
+void GraphView::Canvas::mousePressEvent(QMouseEvent* e) {
+  pressPos_ = e->pos();
+  QGraphicsView::mousePressEvent(e);
+}
+
+void GraphView::Canvas::mouseReleaseEvent(QMouseEvent* e) {
+  QGraphicsView::mouseReleaseEvent(e);
+  if (e->button() == Qt::LeftButton && (e->pos() - pressPos_).manhattanLength() < 5)
+    owner_->clicked(e->pos());
+}
+
+void GraphView::Canvas::mouseDoubleClickEvent(QMouseEvent* e) {
+  if (e->button() == Qt::LeftButton) owner_->doubleClicked(e->pos());
+}
+
+void GraphView::Canvas::contextMenuEvent(QContextMenuEvent* e) {
+  owner_->contextMenu(e->pos(), e->globalPos());
+}
+
+void GraphView::Canvas::scrollContentsBy(int dx, int dy) {
+  QGraphicsView::scrollContentsBy(dx, dy);
+  owner_->updateMinimap();
+}
+
+}  // namespace keel::views

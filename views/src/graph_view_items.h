@@ -1,0 +1,162 @@
+// The graph view's private pieces, shared by graph_view*.cpp: the scene items (op and module
+// nodes, edges, clusters), the canvas, the minimap, the layout result and a few colours. They are
+// GraphView's nested classes so that they read its fonts, metrics and canvas.
+#pragma once
+#include <QAbstractGraphicsShapeItem>
+#include <QColor>
+#include <QGraphicsItem>
+#include <QGraphicsView>
+#include <QPainterPath>
+#include <QPixmap>
+#include <QPoint>
+#include <QRectF>
+#include <QString>
+#include <QWidget>
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "keel/analysis/graph_dot.h"
+#include "keel/analysis/graph_layout.h"
+#include "keel/views/graph_view.h"
+
+namespace keel::views {
+
+namespace graph_detail {
+
+inline QPointF qt(analysis::LayoutPoint p) {
+  return {p.x, p.y};
+}
+
+inline QRectF qt(const analysis::LayoutRect& r) {
+  return {r.x, r.y, r.width, r.height};
+}
+
+inline QString qs(const std::string& s) {
+  return QString::fromStdString(s);
+}
+
+inline QColor mix(const QColor& a, const QColor& b, double t) {
+  t = std::clamp(t, 0.0, 1.0);
+  return QColor::fromRgbF(float(a.redF() + (b.redF() - a.redF()) * t),
+                          float(a.greenF() + (b.greenF() - a.greenF()) * t),
+                          float(a.blueF() + (b.blueF() - a.blueF()) * t));
+}
+
+inline const QColor kSelectedPen(0x1a, 0x56, 0xdb);
+inline const QColor kMatchPen(0xe3, 0x74, 0x00);
+inline const QColor kEdgeColor(0x7d, 0x86, 0x93);
+inline const QColor kLinkColor(0x9b, 0x6b, 0xc9);
+
+}  // namespace graph_detail
+
+struct GraphView::LayoutResult {
+  uint64_t generation = 0;
+  std::shared_ptr<const analysis::GraphDot> graph;
+  analysis::GraphLayout layout;
+  double dotSeconds = 0;
+};
+
+// One node: an op (name over output shape) or a collapsed module (scope over op count, drawn as
+// a small stack of boxes). Text is skipped when zoomed far out.
+class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
+ public:
+  enum { Type = UserType + 1 };
+  NodeItem(const analysis::GraphNode& node, int index, const GraphView* view);
+  int type() const override { return Type; }
+  int index() const { return index_; }
+  bool isModule() const { return module_; }
+  QRectF boundingRect() const override { return rect_.adjusted(-3, -3, 3, 3); }
+  QRectF box() const { return module_ ? rect_.adjusted(0, 0, -5, -5) : rect_; }
+  void setTextColor(const QColor& c) { text_ = c; }
+  void setMarks(bool selected, bool matched);
+  void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) override;
+
+ private:
+  int index_;
+  bool module_;
+  QString title_, subtitle_;
+  QRectF rect_;
+  QColor text_ = Qt::black;
+  bool selected_ = false, matched_ = false;
+  const GraphView* view_;
+};
+
+// One data edge: Graphviz's Bezier and its arrowhead(s).
+class GraphView::EdgeItem : public QGraphicsItem {
+ public:
+  EdgeItem(const analysis::LaidOutEdge& e, double width);
+  QRectF boundingRect() const override { return bounds_; }
+  void setHighlighted(bool on);
+  void paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) override;
+
+ private:
+  // A filled triangle from the stroke's end (its base) to Graphviz's arrow tip.
+  void addArrow(QPointF base, QPointF tip);
+  QPainterPath path_, arrows_;
+  QRectF bounds_;
+  double width_;
+  bool highlighted_ = false;
+};
+
+// An expanded module (or a phase): a rounded box with its label at the top left.
+class GraphView::ClusterItem : public QGraphicsItem {
+ public:
+  enum { Type = UserType + 2 };
+  ClusterItem(const analysis::GraphCluster& c, const QRectF& box, const GraphView* view);
+  int type() const override { return Type; }
+  const analysis::GraphCluster& cluster() const { return cluster_; }
+  QRectF boundingRect() const override { return box_.adjusted(-1, -1, 1, 1); }
+  void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) override;
+
+ private:
+  analysis::GraphCluster cluster_;
+  QRectF box_;
+  QString label_;
+  QColor fill_, border_;
+  const GraphView* view_;
+};
+
+// The graphics view: ctrl+wheel zooms, drag pans, a click that did not move selects.
+class GraphView::Canvas : public QGraphicsView {
+ public:
+  Canvas(QGraphicsScene* scene, GraphView* owner);
+
+ protected:
+  void wheelEvent(QWheelEvent* e) override;
+  void mousePressEvent(QMouseEvent* e) override;
+  void mouseReleaseEvent(QMouseEvent* e) override;
+  void mouseDoubleClickEvent(QMouseEvent* e) override;
+  void contextMenuEvent(QContextMenuEvent* e) override;
+  void scrollContentsBy(int dx, int dy) override;
+
+ private:
+  GraphView* owner_;
+  QPoint pressPos_;
+};
+
+// The overview in the canvas's corner: the whole scene, rendered once per layout (or colour
+// change), and the viewport's rectangle; a click or drag recentres the canvas there.
+class GraphView::Minimap : public QWidget {
+ public:
+  explicit Minimap(GraphView* owner, QWidget* parent);
+  void refresh();
+  void place();
+
+ protected:
+  void paintEvent(QPaintEvent*) override;
+  void mousePressEvent(QMouseEvent* e) override;
+  void mouseMoveEvent(QMouseEvent* e) override;
+
+ private:
+  QRectF viewRect() const;
+  QPointF toMap(QPointF s) const;
+  void recentre(QPointF pos);
+  GraphView* owner_;
+  QPixmap pixmap_;
+  QRectF sceneRect_, target_;
+  double scale_ = 0;
+};
+
+}  // namespace keel::views

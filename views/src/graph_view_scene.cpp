@@ -1,0 +1,376 @@
+// The graph view's scene builder: turns a finished layout (analysis::GraphLayout over a GraphDot)
+// into scene items, tooltips and forward/backward links, then colours the nodes (phase, op time,
+// bytes, divergence) and marks the selection and search hits. Runs on the GUI thread only.
+#include <QElapsedTimer>
+#include <QGraphicsPathItem>
+#include <QGraphicsScene>
+#include <QLabel>
+#include <cmath>
+#include <unordered_map>
+
+#include "graph_view_items.h"
+#include "keel/storage/export.h"
+
+namespace keel::views {
+
+using namespace graph_detail;
+using analysis::GraphCluster;
+using analysis::GraphDot;
+using analysis::GraphLayout;
+using analysis::GraphNode;
+using analysis::GraphNodeKind;
+using analysis::GraphPhase;
+
+namespace {
+
+int statusRank(storage::DiffStatus s) {
+  switch (s) {
+    case storage::DiffStatus::Equal:
+      return 0;
+    case storage::DiffStatus::Unmatched:
+      return 1;
+    case storage::DiffStatus::WithinTolerance:
+      return 2;
+    case storage::DiffStatus::Diverged:
+      return 3;
+  }
+  return 0;
+}
+
+QString durationText(int64_t ns) {
+  if (ns < 10'000) return QString::number(ns) + " ns";
+  if (ns < 10'000'000) return QString::number(double(ns) / 1e3, 'f', 1) + QString::fromUtf8(" µs");
+  return QString::number(double(ns) / 1e6, 'f', 2) + " ms";
+}
+
+QString bytesText(int64_t b) {
+  if (b < 10'000) return QString::number(b) + " B";
+  if (b < 10'000'000) return QString::number(double(b) / 1024, 'f', 1) + " KiB";
+  return QString::number(double(b) / (1024 * 1024), 'f', 1) + " MiB";
+}
+
+// The forward <-> backward links that `keep` keeps, as straight lines between facing sides of the
+// two nodes' boxes (links with a node not drawn are skipped).
+template <class Items, class Keep>
+QPainterPath linkPath(const std::vector<analysis::GraphLink>& links, const Items& nodeItems,
+                      Keep keep) {
+  QPainterPath path;
+  for (const auto& link : links) {
+    if (!keep(link)) continue;
+    const auto* f = nodeItems[size_t(link.forward)];
+    const auto* b = nodeItems[size_t(link.backward)];
+    if (!f || !b) continue;
+    QRectF fr = f->box().translated(f->pos()), br = b->box().translated(b->pos());
+    const bool right = br.center().x() >= fr.center().x();
+    path.moveTo(right ? fr.right() : fr.left(), fr.center().y());
+    path.lineTo(right ? br.left() : br.right(), br.center().y());
+  }
+  return path;
+}
+
+}  // namespace
+
+// Empties the scene and forgets its items (the graph and its layout stay).
+void GraphView::clearScene() {
+  scene_->clear();
+  nodeItems_.clear();
+  edgeItems_.clear();
+  clusterItems_.clear();
+  opItems_.clear();
+  linksItem_ = selectedLinksItem_ = nullptr;
+}
+
+void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
+  QElapsedTimer timer;
+  timer.start();
+  clearScene();
+  graph_ = result->graph;
+  const GraphDot& g = *graph_;
+  const GraphLayout& l = result->layout;
+  if (!l.error.empty()) {
+    scene_->setSceneRect(QRectF(0, 0, 400, 100));
+    scene_->addText(qs(l.error))->setDefaultTextColor(Qt::darkRed);
+    graph_.reset();
+    times_ = {result->dotSeconds, l.seconds, 0};
+    minimap_->refresh();
+    updateStatus();
+    emit layoutFinished();
+    return;
+  }
+  scene_->setSceneRect(qt(l.bounds).adjusted(-24, -24, 24, 24));
+
+  std::unordered_map<std::string_view, const GraphCluster*> clusterOf;
+  for (const auto& c : g.clusters) clusterOf.emplace(c.id, &c);
+  for (const auto& lc : l.clusters) {
+    auto it = clusterOf.find(lc.id);
+    if (it == clusterOf.end()) continue;
+    auto* item = new ClusterItem(*it->second, qt(lc.box), this);
+    scene_->addItem(item);
+    clusterItems_.push_back(item);
+  }
+
+  nodeItems_.assign(g.nodes.size(), nullptr);
+  std::vector<QPointF> centers(g.nodes.size());
+  for (const auto& ln : l.nodes) {
+    auto it = g.nodeOfId.find(ln.id);
+    if (it == g.nodeOfId.end()) continue;
+    const GraphNode& n = g.nodes[size_t(it->second)];
+    auto* item = new NodeItem(n, it->second, this);
+    item->setPos(qt(ln.center));
+    centers[size_t(it->second)] = qt(ln.center);
+    if (n.kind == GraphNodeKind::Op) {
+      opItems_.emplace(n.seq, item);
+      if (const auto* op = opBySeq(n.seq)) {
+        QString tip = QString("#%1 %2 (%3)").arg(op->seq).arg(qs(op->name), qs(op->phase));
+        if (!op->scope.empty()) tip += "\n" + tr("scope: ") + qs(op->scope);
+        tip += "\n" + tr("in: ") + qs(storage::tensorList(*op, storage::Role::Input));
+        int64_t bytes = 0;
+        for (const auto& t : op->tensors)
+          if (t.role == storage::Role::Output) bytes += t.bytes;
+        tip += "\n" + tr("out: ") + qs(storage::tensorList(*op, storage::Role::Output)) + " (" +
+               bytesText(bytes) + ")";
+        tip += "\n" + tr("time: ") + durationText(op->endNs - op->beginNs);
+        item->setToolTip(tip);
+      }
+    } else {
+      item->setToolTip(tr("module %1 (%2): %3 ops. Double-click to expand")
+                           .arg(qs(n.scope), qs(n.phase))
+                           .arg(n.seqs.size()));
+    }
+    scene_->addItem(item);
+    nodeItems_[size_t(it->second)] = item;
+  }
+
+  // Edges: match Graphviz's edges (written reversed for backward ops) to GraphDot's.
+  std::unordered_map<uint64_t, int> edgeOf;
+  for (size_t i = 0; i < g.edges.size(); ++i)
+    edgeOf.emplace(uint64_t(uint32_t(g.edges[i].from)) << 32 | uint32_t(g.edges[i].to), int(i));
+  edgeItems_.assign(g.edges.size(), nullptr);
+  for (const auto& le : l.edges) {
+    auto t = g.nodeOfId.find(le.tail), h = g.nodeOfId.find(le.head);
+    if (t == g.nodeOfId.end() || h == g.nodeOfId.end()) continue;
+    auto e = edgeOf.find(uint64_t(uint32_t(t->second)) << 32 | uint32_t(h->second));
+    if (e == edgeOf.end())
+      e = edgeOf.find(uint64_t(uint32_t(h->second)) << 32 | uint32_t(t->second));
+    if (e == edgeOf.end()) continue;
+    auto* item = new EdgeItem(le, g.edges[size_t(e->second)].tensors > 1 ? 1.8 : 1.1);
+    scene_->addItem(item);
+    edgeItems_[size_t(e->second)] = item;
+  }
+
+  // Forward <-> backward links: straight dashed lines between facing sides.
+  if (!g.links.empty()) {
+    const QPainterPath path = linkPath(g.links, nodeItems_, [](const auto&) { return true; });
+    QColor faint = kLinkColor;
+    faint.setAlpha(100);
+    linksItem_ = scene_->addPath(path, QPen(faint, 1, Qt::DashLine));
+    linksItem_->setZValue(-0.5);
+    linksItem_->setToolTip(tr("forward op \u2194 its backward op (J jumps between them)"));
+    selectedLinksItem_ = scene_->addPath(QPainterPath(), QPen(kLinkColor, 2, Qt::DashLine));
+    selectedLinksItem_->setZValue(0.7);
+  }
+
+  applyColors();
+  applyHighlights();
+  times_ = {result->dotSeconds, l.seconds, 0};
+
+  // Where to look: the whole graph on first show, then the op just selected (revealing it may
+  // take one more layout), else the module just expanded or collapsed.
+  if (centerOnSelected_ && selected_ && reveal(*selected_)) {
+    updateStatus();
+    requestLayout();
+    emit layoutFinished();
+    return;
+  }
+  if (fitPending_ && isVisible()) {
+    initialView();
+    fitPending_ = false;
+  }
+  if (centerOnSelected_ && selected_ && opItems_.count(*selected_)) {
+    canvas_->centerOn(opItems_.at(*selected_));
+    centerOnSelected_ = false;
+  } else if (!focusScope_.empty()) {
+    centerOnScope(focusScope_);
+  }
+  focusScope_.clear();
+  minimap_->refresh();
+  times_.scene = double(timer.nsecsElapsed()) / 1e9;
+  updateStatus();
+  emit layoutFinished();
+}
+
+void GraphView::applyColors() {
+  if (!graph_) return;
+  const GraphDot& g = *graph_;
+  // Per-node value for the scales: summed op time or output bytes.
+  std::vector<double> value(g.nodes.size(), 0);
+  double lo = 0, hi = 0;
+  if (colorMode_ == ColorMode::OpTime || colorMode_ == ColorMode::Bytes) {
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      double v = 0;
+      for (uint64_t seq : g.nodes[i].seqs)
+        if (const auto* op = opBySeq(seq)) {
+          if (colorMode_ == ColorMode::OpTime) {
+            v += double(std::max<int64_t>(0, op->endNs - op->beginNs));
+          } else {
+            for (const auto& t : op->tensors)
+              if (t.role == storage::Role::Output) v += double(t.bytes);
+          }
+        }
+      value[i] = v;
+      if (v > 0) {
+        lo = lo == 0 ? v : std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+    }
+  }
+  const QColor light =
+      colorMode_ == ColorMode::Bytes ? QColor(0xf5, 0xf0, 0xfb) : QColor(0xee, 0xf4, 0xfb);
+  const QColor dark =
+      colorMode_ == ColorMode::Bytes ? QColor(0x4b, 0x25, 0x80) : QColor(0x17, 0x3f, 0x78);
+  for (NodeItem* item : nodeItems_) {
+    if (!item) continue;
+    const GraphNode& n = g.nodes[size_t(item->index())];
+    const bool module = n.kind == GraphNodeKind::Module;
+    QColor fill;
+    bool strong = false;  // the first divergence: a thick dark border
+    switch (colorMode_) {
+      case ColorMode::Phase:
+        fill = phaseColor(n.phase, module);
+        break;
+      case ColorMode::OpTime:
+      case ColorMode::Bytes: {
+        double t = 0;
+        if (value[size_t(item->index())] > 0 && hi > lo)
+          t = std::log(value[size_t(item->index())] / lo) / std::log(hi / lo);
+        fill = mix(light, dark, t);
+        break;
+      }
+      case ColorMode::Divergence: {
+        std::optional<storage::DiffStatus> worst;
+        bool first = false;
+        for (uint64_t seq : n.seqs) {
+          auto it = status_.find(seq);
+          std::optional<storage::DiffStatus> s;
+          if (it != status_.end())
+            s = it->second;
+          else if (diff_ && diff_->options.mismatchesOnly)
+            s = storage::DiffStatus::Equal;  // the report kept only the others
+          if (s && (!worst || statusRank(*s) > statusRank(*worst))) worst = s;
+          first |= firstDivergence_ && *firstDivergence_ == seq;
+        }
+        if (first) {
+          fill = statusColor(storage::DiffStatus::Diverged, true);
+          strong = true;
+        } else {
+          fill = worst ? statusColor(*worst) : QColor(Qt::white);
+        }
+        break;
+      }
+    }
+    item->setBrush(fill);
+    item->setPen(strong ? QPen(QColor(0x4a, 0x07, 0x05), 3) : QPen(fill.darker(150), 1));
+    item->setTextColor(fill.lightnessF() < 0.5 ? Qt::white : QColor(0x1b, 0x1f, 0x24));
+    item->update();
+  }
+}
+
+void GraphView::applyHighlights() {
+  if (!graph_) {
+    matchLabel_->setText(searchText_.isEmpty() ? QString()
+                                               : tr("%n match(es)", "", int(matches_.size())));
+    return;
+  }
+  const GraphDot& g = *graph_;
+  int selectedNode = -1;
+  if (selected_)
+    if (auto it = g.nodeOfOp.find(*selected_); it != g.nodeOfOp.end()) selectedNode = it->second;
+  for (NodeItem* item : nodeItems_) {
+    if (!item) continue;
+    const GraphNode& n = g.nodes[size_t(item->index())];
+    bool matched = false;
+    if (!matchSet_.empty())
+      for (uint64_t seq : n.seqs)
+        if (matchSet_.count(seq)) {
+          matched = true;
+          break;
+        }
+    item->setMarks(item->index() == selectedNode, matched);
+  }
+  for (size_t i = 0; i < edgeItems_.size(); ++i)
+    if (edgeItems_[i])
+      edgeItems_[i]->setHighlighted(
+          selectedNode >= 0 && (g.edges[i].from == selectedNode || g.edges[i].to == selectedNode));
+  if (selectedLinksItem_) {
+    selectedLinksItem_->setPath(linkPath(g.links, nodeItems_, [&](const analysis::GraphLink& l) {
+      return l.forward == selectedNode || l.backward == selectedNode;
+    }));
+  }
+  if (searchText_.isEmpty())
+    matchLabel_->clear();
+  else if (matchIndex_ >= 0)
+    matchLabel_->setText(QString("%1/%2").arg(matchIndex_ + 1).arg(matches_.size()));
+  else
+    matchLabel_->setText(tr("%n match(es)", "", int(matches_.size())));
+}
+
+void GraphView::updateLegend() {
+  auto swatch = [](const QColor& c, const QString& text) {
+    return QString(
+               "<span style='background-color:%1; "
+               "color:%1'>&nbsp;&nbsp;&nbsp;</span>&nbsp;%2&nbsp;&nbsp;")
+        .arg(c.name(), text);
+  };
+  QString html;
+  switch (colorMode_) {
+    case ColorMode::Phase:
+      if (phase_ != GraphPhase::Backward && phase_ != GraphPhase::Optimizer)
+        html += swatch(phaseColor("forward"), tr("forward"));
+      if (phase_ != GraphPhase::Forward && phase_ != GraphPhase::Optimizer)
+        html += swatch(phaseColor("backward"), tr("backward"));
+      if (phase_ == GraphPhase::Optimizer) html += swatch(phaseColor("optimizer"), tr("optimizer"));
+      html += swatch(phaseColor(phase_ == GraphPhase::Both ? "forward" : toString(phase_), true),
+                     tr("module (collapsed)"));
+      break;
+    case ColorMode::OpTime:
+      html = swatch(QColor(0xee, 0xf4, 0xfb), tr("fast")) +
+             swatch(QColor(0x17, 0x3f, 0x78), tr("slow (log scale)"));
+      break;
+    case ColorMode::Bytes:
+      html = swatch(QColor(0xf5, 0xf0, 0xfb), tr("few bytes")) +
+             swatch(QColor(0x4b, 0x25, 0x80), tr("many (log scale)"));
+      break;
+    case ColorMode::Divergence:
+      html = swatch(statusColor(storage::DiffStatus::Equal), tr("equal")) +
+             swatch(statusColor(storage::DiffStatus::WithinTolerance), tr("within tol.")) +
+             swatch(statusColor(storage::DiffStatus::Diverged), tr("diverged")) +
+             swatch(statusColor(storage::DiffStatus::Diverged, true), tr("first")) +
+             swatch(statusColor(storage::DiffStatus::Unmatched), tr("unmatched"));
+      if (!diff_) html += tr("<i>(no comparison)</i>");
+      break;
+  }
+  legend_->setText(html);
+}
+
+QColor GraphView::statusColor(storage::DiffStatus status, bool first) {
+  if (first) return QColor(0xb3, 0x26, 0x1e);
+  switch (status) {
+    case storage::DiffStatus::Equal:
+      return QColor(0xa8, 0xd8, 0xa2);
+    case storage::DiffStatus::WithinTolerance:
+      return QColor(0xf6, 0xd8, 0x6b);
+    case storage::DiffStatus::Diverged:
+      return QColor(0xec, 0x6b, 0x5f);
+    case storage::DiffStatus::Unmatched:
+      return QColor(0xcf, 0xd2, 0xd6);
+  }
+  return Qt::white;
+}
+
+QColor GraphView::phaseColor(const std::string& phase, bool module) {
+  if (phase == "forward") return module ? QColor(0xb9, 0xd3, 0xf0) : QColor(0xd7, 0xe7, 0xf8);
+  if (phase == "backward") return module ? QColor(0xf8, 0xcc, 0xa0) : QColor(0xfd, 0xe4, 0xcb);
+  return module ? QColor(0xc3, 0xe2, 0xb4) : QColor(0xdd, 0xf0, 0xd4);
+}
+
+}  // namespace keel::views
