@@ -1,0 +1,110 @@
+// What the stages of the AOA implementation (keel/aoa.h) share: parse.cpp (lexer, parser),
+// expand.cpp (macros), check.cpp (typed statements), keys.cpp (the key space, box arithmetic) and
+// eval.cpp (one evaluator per statement kind). Like keel/aoa.h, no tensor code.
+#pragma once
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/aoa.h"
+
+namespace keel::aoa::detail {
+
+// Throws keel::Error "<src>:<line>:<col>: <msg>".
+[[noreturn]] void fail(const std::string& src, Pos p, const std::string& msg);
+std::string dimsStr(const Dims& d);
+
+// ---- the key space and box arithmetic (keys.cpp) ---------------------------------------------
+
+// A source key as a target key: one piece, the whole key, axes in order.
+TargetKey identityKey(const SourceKey& k, uint32_t index);
+
+// The key space of Note [AOA semantics] (eval.cpp).
+class Space {
+ public:
+  explicit Space(const std::vector<SourceKey>& src);
+  bool has(const std::string& n) const { return index_.count(n) != 0; }
+  const TargetKey& get(const std::string& n) const { return slots_[index_.at(n)]; }
+  void add(TargetKey k);
+  // Removes key n, consumed by the rule on `line`.
+  TargetKey take(const std::string& n, int line);
+  // The optimizer state suffixes present for a base key ("exp_avg", "step", ...).
+  std::set<std::string> statesOf(const std::string& base) const;
+  int consumedAt(const std::string& n) const;  // 0: never consumed
+  // Base keys (no "::"), in space order.
+  std::vector<std::string> baseKeys() const;
+  // " (keys look like '<first key>')", for "matches no key" messages.
+  std::string nearKeyHint() const;
+  Result result();
+
+ private:
+  std::vector<TargetKey> slots_;
+  std::vector<bool> alive_;
+  std::unordered_map<std::string, size_t> index_;
+  std::unordered_map<std::string, std::set<std::string>> states_;
+  std::unordered_map<std::string, int> consumedAt_;
+};
+
+// Elements [start, start + len) of axis `axis` of k.
+TargetKey sliceKey(const TargetKey& k, size_t axis, int64_t start, int64_t len);
+// parts joined along axis (dtypes and other extents already checked equal).
+TargetKey concatKeys(const std::vector<TargetKey>& parts, size_t axis);
+// Target axis d is k's axis perm[d].
+TargetKey permuteKey(const TargetKey& k, const std::vector<int8_t>& perm);
+// Casts go between float types, or widen integers.
+bool castable(st::DType from, st::DType to);
+
+// ---- macro expansion (expand.cpp) ------------------------------------------------------------
+
+// Expands one statement's macros in three stages, counting every name produced against one
+// budget for the whole program (a hostile file cannot expand without bound).
+class Expander {
+ public:
+  explicit Expander(const std::string& src) : src_(src) {}
+  // 1. [a:b] ranges expand a name in place.
+  Statement expandRanges(const Statement& s);
+  // 2. $LAYER_ID / $EXPERT_ID / $LAYER_ID_OFFSET instantiate the statement per id found among
+  // the keys present.
+  std::vector<Statement> expandVariables(const Statement& s, const Space& space);
+  // 3. * wildcards expand to matching keys (in numeric order).
+  std::vector<Statement> expandWildcards(const Statement& s, const Space& space);
+
+ private:
+  void budget(size_t n);
+  std::vector<Name> expandRanges(const std::vector<Name>& names);
+  void expandRange(const Name& n, std::vector<Name>& out);
+
+  const std::string& src_;
+  size_t expanded_ = 0;
+};
+
+// ---- typed statements (check.cpp) ------------------------------------------------------------
+
+enum class Kind { Declare, Drop, Rename, Concat, Split, QkvFuse, QkvSplit, FfnFuse, FfnSplit };
+
+// A statement's options, parsed.
+struct Options {
+  std::optional<int64_t> axis;
+  std::optional<std::vector<int8_t>> permute;
+  std::optional<st::DType> dtype;
+  std::optional<int64_t> numHeads, numKvGroups, chunks;
+  std::optional<Dims> shape;
+  Pos axisPos, permutePos, dtypePos, headsPos, chunksPos, shapePos;
+};
+
+// A concrete statement (macros expanded) once checked on its own: its kind, its options parsed
+// and allowed for that kind (num_key_value_groups defaulted), '_' and '^T' where they may be.
+// What is left to check needs the key space (eval.cpp).
+struct Typed {
+  Kind kind = Kind::Rename;
+  Options options;
+  Pos flagPos;  // fused_qkv / fused_ffn, else the statement's
+};
+
+// At most one of fused_qkv, fused_ffn (checked before expansion).
+void checkFlags(const std::string& src, const Statement& s);
+Typed check(const std::string& src, const Statement& s);
+
+}  // namespace keel::aoa::detail
