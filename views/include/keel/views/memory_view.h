@@ -3,7 +3,7 @@
 // at the cursor (segments and blocks by state or by owning op; tooltips say what a block holds and
 // why it is still alive), a size histogram of the live blocks and the tracked-section summaries.
 // Clicking a block selects its op in the shared Selection; selecting an op elsewhere highlights
-// its blocks and moves the cursor to the op's last event. QCustomPlot stays in the .cpp.
+// its blocks and moves the cursor to the op's last event. QCustomPlot stays out of this header.
 #pragma once
 #include <QAbstractTableModel>
 #include <QWidget>

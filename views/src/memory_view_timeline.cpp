@@ -1,0 +1,264 @@
+// The memory view's timeline: allocated, reserved and fragmentation after each allocator event
+// (QCustomPlot, step boundaries marked), the cursor line on its own buffered layer so a cursor move
+// replots only that, and the mouse: click or drag scrubs, right/middle drag pans, wheel zooms.
+#include <QMouseEvent>
+#include <QSlider>
+#include <QToolTip>
+#include <cmath>
+
+#include "memory_view_impl.h"
+
+namespace keel::views {
+
+using namespace memory_detail;
+using analysis::MemBlock;
+using analysis::MemOp;
+using analysis::MemoryModel;
+
+void MemoryView::Impl::buildTimeline() {
+  plot = new QCustomPlot(q);
+  plot->setObjectName("memoryTimeline");
+  plot->setFocusPolicy(Qt::ClickFocus);
+  plot->setMinimumHeight(110);
+  plot->setInteractions(QCP::iRangeZoom);
+  plot->axisRect()->setRangeZoom(Qt::Horizontal);
+  plot->xAxis->setLabel(tr("allocator event #"));
+  plot->yAxis->setLabel(tr("bytes"));
+  plot->yAxis2->setVisible(true);
+  plot->yAxis2->setLabel(tr("fragmentation %"));
+  plot->yAxis2->setRange(0, 100);
+  const QFont small = smallFont(0.85);
+  for (QCPAxis* ax : {plot->xAxis, plot->yAxis, plot->yAxis2}) {
+    ax->setLabelFont(small);
+    ax->setTickLabelFont(small);
+  }
+  plot->legend->setVisible(true);
+  plot->legend->setFont(small);
+  plot->legend->setBrush(QColor(255, 255, 255, 220));
+  plot->axisRect()->insetLayout()->take(plot->legend);
+  plot->plotLayout()->addElement(1, 0, plot->legend);
+  plot->legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
+  plot->legend->setBorderPen(Qt::NoPen);
+  plot->legend->setMargins(QMargins(4, 0, 4, 0));
+  plot->plotLayout()->setRowStretchFactor(1, 0.001);
+  plot->addLayer("cursor", nullptr, QCustomPlot::limAbove);
+  cursorLayer = plot->layer("cursor");
+  cursorLayer->setMode(QCPLayer::lmBuffered);
+  plot->setToolTip(QString());
+
+  QObject::connect(plot, &QCustomPlot::mousePress, q, [this](QMouseEvent* e) {
+    if (!mem || !mem->eventCount()) return;
+    if (e->button() == Qt::LeftButton && plot->axisRect()->rect().contains(e->pos())) {
+      dragging = true;
+      moveTo(eventAtPixel(e->position().x()));
+    } else if (e->button() == Qt::RightButton || e->button() == Qt::MiddleButton) {
+      panning = true;
+      panStartX = e->position().x();
+      panRange = plot->xAxis->range();
+    }
+  });
+  QObject::connect(plot, &QCustomPlot::mouseMove, q, [this](QMouseEvent* e) {
+    if (!mem || !mem->eventCount()) return;
+    if (dragging) {
+      moveTo(eventAtPixel(e->position().x()));
+    } else if (panning) {
+      const double perPx = panRange.size() / std::max(1, plot->axisRect()->width());
+      const double dx = (e->position().x() - panStartX) * perPx;
+      plot->xAxis->setRange(panRange.lower - dx, panRange.upper - dx);
+      clampRange();
+      plot->replot(QCustomPlot::rpQueuedReplot);
+    } else if (plot->axisRect()->rect().contains(e->pos())) {
+      QToolTip::showText(e->globalPosition().toPoint(), eventText(eventAtPixel(e->position().x())),
+                         plot);
+    }
+  });
+  QObject::connect(plot, &QCustomPlot::mouseRelease, q, [this](QMouseEvent*) {
+    dragging = false;
+    panning = false;
+  });
+  QObject::connect(plot, &QCustomPlot::mouseDoubleClick, q, [this](QMouseEvent*) {
+    if (!mem) return;
+    plot->xAxis->setRange(-0.5, double(count()) - 0.5);
+    plot->replot();
+  });
+  QObject::connect(plot, &QCustomPlot::mouseWheel, q, [this](QWheelEvent*) {
+    QMetaObject::invokeMethod(
+        q,
+        [this] {
+          clampRange();
+          plot->replot(QCustomPlot::rpQueuedReplot);
+        },
+        Qt::QueuedConnection);
+  });
+}
+
+void MemoryView::Impl::rebuildTimeline() {
+  plot->clearGraphs();
+  plot->clearItems();
+  cursorLine = nullptr;
+  cursorTag = nullptr;
+  const int64_t n = count();
+  slider->blockSignals(true);
+  slider->setRange(0, int(std::max<int64_t>(0, n - 1)));
+  slider->setPageStep(int(page()));
+  slider->setEnabled(n > 0);
+  slider->blockSignals(false);
+  if (n == 0) {
+    plot->replot();
+    return;
+  }
+  uint64_t maxBytes = std::max<uint64_t>({mem->peakReserved(), mem->peakAllocated(), 1});
+  const char* unitName = "B";
+  unit = 1;
+  for (const char* u : {"KiB", "MiB", "GiB"}) {
+    if (double(maxBytes) / unit < 4096) break;
+    unit *= 1024;
+    unitName = u;
+  }
+  plot->yAxis->setLabel(tr("bytes (%1)").arg(QLatin1String(unitName)));
+  QVector<double> x(n), a(n), r(n), f(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = double(i);
+    a[i] = double(mem->allocatedAfter(size_t(i))) / unit;
+    r[i] = double(mem->reservedAfter(size_t(i))) / unit;
+    f[i] = 100.0 * mem->fragmentationAfter(size_t(i));
+  }
+  QCPGraph* gr = plot->addGraph(plot->xAxis, plot->yAxis);
+  gr->setName(tr("reserved"));
+  gr->setPen(QPen(QColor(0xe0, 0x6c, 0x00), 1.5));
+  gr->setLineStyle(QCPGraph::lsStepLeft);
+  gr->setData(x, r, true);
+  QCPGraph* ga = plot->addGraph(plot->xAxis, plot->yAxis);
+  ga->setName(tr("allocated"));
+  ga->setPen(QPen(kAllocated, 1.5));
+  ga->setBrush(QColor(kAllocated.red(), kAllocated.green(), kAllocated.blue(), 50));
+  ga->setLineStyle(QCPGraph::lsStepLeft);
+  ga->setData(x, a, true);
+  QCPGraph* gf = plot->addGraph(plot->xAxis, plot->yAxis2);
+  gf->setName(tr("fragmentation %"));
+  gf->setPen(QPen(QColor(0x70, 0x70, 0x70), 1, Qt::DotLine));
+  gf->setLineStyle(QCPGraph::lsStepLeft);
+  gf->setData(x, f, true);
+  plot->xAxis->setRange(-0.5, double(n) - 0.5);
+  plot->yAxis->setRange(0, double(maxBytes) / unit * 1.12);
+
+  // Step boundaries: a dashed line before the first event of each step (labelled while few).
+  const auto& starts = mem->stepStarts();
+  const size_t stride = std::max<size_t>(1, starts.size() / 400);
+  const QFont small = smallFont(0.8);
+  for (size_t s = 0; s < starts.size(); s += stride) {
+    const double bx = double(starts[s].first) - 0.5;
+    if (starts[s].first > 0) {
+      auto* line = new QCPItemStraightLine(plot);
+      line->setPen(QPen(QColor(0x90, 0x90, 0x90), 1, Qt::DashLine));
+      line->point1->setCoords(bx, 0);
+      line->point2->setCoords(bx, 1);
+    }
+    // Labels while few, and none crowding the next one (the later label wins).
+    const bool crowded =
+        s + stride < starts.size() && starts[s + stride].first - starts[s].first < size_t(n / 25);
+    if (starts.size() <= 24 && !crowded) {
+      auto* label = new QCPItemText(plot);
+      label->setClipToAxisRect(true);
+      label->position->setTypeX(QCPItemPosition::ptPlotCoords);
+      label->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+      label->position->setCoords(bx, 1.0);
+      label->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
+      label->setPadding(QMargins(3, 0, 3, 2));
+      label->setFont(small);
+      label->setColor(QColor(0x60, 0x60, 0x60));
+      label->setText(starts[s].second == 0 ? tr("init") : tr("step %1").arg(starts[s].second));
+    }
+  }
+  cursorLine = new QCPItemStraightLine(plot);
+  cursorLine->setLayer(cursorLayer);
+  cursorLine->setPen(QPen(kHighlight, 1.5));
+  cursorLine->point1->setCoords(0, 0);
+  cursorLine->point2->setCoords(0, 1);
+  cursorTag = new QCPItemText(plot);
+  cursorTag->setLayer(cursorLayer);
+  cursorTag->setClipToAxisRect(true);
+  cursorTag->position->setTypeX(QCPItemPosition::ptPlotCoords);
+  cursorTag->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+  cursorTag->setFont(small);
+  cursorTag->setColor(kHighlight.darker(130));
+  cursorTag->setBrush(QColor(255, 255, 255, 210));
+  cursorTag->setPadding(QMargins(3, 1, 3, 1));
+  plot->replot();
+}
+
+int64_t MemoryView::Impl::eventAtPixel(double px) const {
+  const int64_t n = count();
+  if (n == 0) return -1;
+  return std::clamp<int64_t>(std::llround(plot->xAxis->pixelToCoord(px)), 0, n - 1);
+}
+
+void MemoryView::Impl::clampRange() {
+  const double n = double(count());
+  QCPRange r = plot->xAxis->range();
+  const double lo = -0.5, hi = std::max(n - 0.5, 1.0);
+  double size = std::clamp(r.size(), std::min(8.0, hi - lo), hi - lo);
+  double lower = std::clamp(r.lower, lo, hi - size);
+  if (lower != r.lower || size != r.size()) plot->xAxis->setRange(lower, lower + size);
+}
+
+void MemoryView::Impl::ensureVisible(int64_t k) {
+  const QCPRange r = plot->xAxis->range();
+  if (double(k) >= r.lower && double(k) <= r.upper) return;
+  const double size = r.size();
+  plot->xAxis->setRange(double(k) - size / 2, double(k) + size / 2);
+  clampRange();
+  plot->replot(QCustomPlot::rpQueuedReplot);
+}
+
+QString MemoryView::Impl::eventText(int64_t k) const {
+  if (!mem || k < 0 || k >= count()) return {};
+  const storage::MemRecord& e = mem->event(size_t(k));
+  QString what = qs(e.kind);
+  if (e.kind == "track_begin" || e.kind == "track_end")
+    what += QStringLiteral(" '%1'").arg(qs(e.label));
+  else if (e.kind == "move" || e.kind == "compact")
+    what += QStringLiteral(" %1 %2 → %3")
+                .arg(bytesText(e.bytes), hexAddr(e.address), hexAddr(e.toAddress));
+  else
+    what += QStringLiteral(" %1 at %2").arg(bytesText(e.bytes), hexAddr(e.address));
+  QString op;
+  if (const MemOp* o = e.opSeq ? mem->op(e.opSeq) : nullptr)
+    op = tr("op #%1 %2 (%3%4)")
+             .arg(o->seq)
+             .arg(qs(o->name), qs(o->phase), o->scope.empty() ? QString() : ", " + qs(o->scope));
+  else
+    op = e.opSeq ? tr("op #%1").arg(e.opSeq) : tr("outside ops");
+  return tr("Event %1 of %2: %3 · %4 · %5 · allocated %6, reserved %7, fragmentation %8%")
+      .arg(k)
+      .arg(count())
+      .arg(what, op, e.step == 0 ? tr("initialisation") : tr("step %1").arg(e.step),
+           bytesText(mem->allocatedAfter(size_t(k))), bytesText(mem->reservedAfter(size_t(k))))
+      .arg(100.0 * mem->fragmentationAfter(size_t(k)), 0, 'f', 1);
+}
+
+void MemoryView::Impl::placeCursorLine(int64_t k) {
+  if (!cursorLine || k < 0) return;
+  cursorLine->point1->setCoords(double(k), 0);
+  cursorLine->point2->setCoords(double(k), 1);
+  const storage::MemRecord& e = mem->event(size_t(k));
+  QString tag = e.step == 0 ? tr("init") : tr("step %1").arg(e.step);
+  if (const MemOp* o = e.opSeq ? mem->op(e.opSeq) : nullptr)
+    tag += QStringLiteral(" · #%1 %2").arg(o->seq).arg(qs(o->name));
+  cursorTag->setText(tag);
+  const QCPRange r = plot->xAxis->range();
+  const bool right = double(k) > r.lower + r.size() * 0.6;
+  cursorTag->position->setCoords(double(k), 0.0);
+  cursorTag->setPositionAlignment((right ? Qt::AlignRight : Qt::AlignLeft) | Qt::AlignTop);
+  ensureVisible(k);
+  cursorLayer->replot();
+}
+
+QPoint MemoryView::timelinePoint(int64_t k) const {
+  const Impl& d = *d_;
+  if (k < 0 || k >= d.count()) return {-1, -1};
+  const QRect r = d.plot->axisRect()->rect();
+  return {int(std::lround(d.plot->xAxis->coordToPixel(double(k)))), r.center().y()};
+}
+
+}  // namespace keel::views
