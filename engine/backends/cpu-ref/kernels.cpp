@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "keel/random.h"
+#include "kernel_table.h"
 #include "kernel_util.h"
 #include "shape_util.h"
 
@@ -877,15 +878,11 @@ void kAdamwStep(const KernelCtx& c) {
   store(c.inputs[3], v);
 }
 
-struct Entry {
-  OpId op;
-  KernelFn fn;
-  DTypeMask dtypes;
-};
 constexpr DTypeMask kF = kFloatTypes, kFI = kFloatTypes | kIntTypes, kAll = kAllTypes;
 constexpr DTypeMask kFIB = kFloatTypes | kIntTypes | dtypeBit(DType::Bool);
 
-constexpr Entry kTable[] = {
+// One row per kernel, in op_ids.h order.
+constexpr KernelRow kTable[] = {
     {OpId::Add, kAdd, kFI},
     {OpId::Sub, kSub, kFI},
     {OpId::Mul, kMul, kFI},
@@ -952,18 +949,12 @@ constexpr Entry kTable[] = {
     {OpId::SgdStep, kSgdStep, kF},
     {OpId::AdamwStep, kAdamwStep, kF},
 };
-// Every op but the seven views (reshape, view, transpose, permute, slice, expand, split).
-static_assert(std::size(kTable) == size_t(kNumBuiltinOps) - 7, "cpu-ref: an op has no kernel");
+static_assert(KernelTableCovers<firstBadRow(kTable)>::ok);
 
 }  // namespace
 
 void registerCpuRefKernels(Registry& r) {
-  std::vector<bool> seen(size_t(kNumBuiltinOps), false);
-  for (const Entry& e : kTable) {
-    KEEL_CHECK(!seen[size_t(e.op)], "cpu-ref: op '", r.op(e.op).name, "' registered twice");
-    seen[size_t(e.op)] = true;
-    r.setKernel(int(e.op), Backend::CpuRef, e.fn, e.dtypes);
-  }
+  registerKernelTable(r, Backend::CpuRef, kTable);
 }
 
 }  // namespace keel::detail

@@ -1,89 +1,92 @@
-// Declarations of every kernel of the optimized cpu backend; register.cpp puts them in its one
-// table. Each kernel follows KernelFn: contiguous fresh outputs, inputs of any layout.
+// The optimized cpu backend's kernels, one line each: X(OpId, kernel, dtypes). The list declares
+// every kernel (below) and is register.cpp's table; each kernel is defined in the file its group
+// names and follows KernelFn: contiguous fresh outputs, inputs of any layout.
 #pragma once
 #include "keel/registry.h"
 
 namespace keel::cpu {
 
-// elementwise.cpp
-void kAdd(const KernelCtx& c);
-void kSub(const KernelCtx& c);
-void kMul(const KernelCtx& c);
-void kDiv(const KernelCtx& c);
-void kPow(const KernelCtx& c);
-void kMaximum(const KernelCtx& c);
-void kMinimum(const KernelCtx& c);
-void kEq(const KernelCtx& c);
-void kLt(const KernelCtx& c);
-void kGt(const KernelCtx& c);
-void kNeg(const KernelCtx& c);
-void kExp(const KernelCtx& c);
-void kLog(const KernelCtx& c);
-void kSqrt(const KernelCtx& c);
-void kRsqrt(const KernelCtx& c);
-void kTanh(const KernelCtx& c);
-void kSigmoid(const KernelCtx& c);
-void kRelu(const KernelCtx& c);
-void kGelu(const KernelCtx& c);
-void kSilu(const KernelCtx& c);
-void kAbs(const KernelCtx& c);
-void kGeluBackward(const KernelCtx& c);
-void kSiluBackward(const KernelCtx& c);
-void kAddScalar(const KernelCtx& c);
-void kMulScalar(const KernelCtx& c);
-void kPowScalar(const KernelCtx& c);
-void kWhere(const KernelCtx& c);
-void kMaskedFill(const KernelCtx& c);
-void kCast(const KernelCtx& c);
-void kDropout(const KernelCtx& c);
-void kFill(const KernelCtx& c);
-void kUniform(const KernelCtx& c);
-void kNormal(const KernelCtx& c);
-void kArange(const KernelCtx& c);
+inline constexpr DTypeMask kF = kFloatTypes, kFI = kFloatTypes | kIntTypes, kAll = kAllTypes;
 
-// reduce.cpp
-void kSum(const KernelCtx& c);
-void kMean(const KernelCtx& c);
-void kMax(const KernelCtx& c);
-void kArgmax(const KernelCtx& c);
+// clang-format off
+#define KEEL_CPU_KERNELS(X)                                                        \
+  /* elementwise.cpp */                                                            \
+  X(Add, kAdd, kFI)                                                                \
+  X(Sub, kSub, kFI)                                                                \
+  X(Mul, kMul, kFI)                                                                \
+  X(Div, kDiv, kF)                                                                 \
+  X(Pow, kPow, kF)                                                                 \
+  X(Maximum, kMaximum, kFI)                                                        \
+  X(Minimum, kMinimum, kFI)                                                        \
+  X(Eq, kEq, kAll)                                                                 \
+  X(Lt, kLt, kFI)                                                                  \
+  X(Gt, kGt, kFI)                                                                  \
+  X(Neg, kNeg, kFI)                                                                \
+  X(Exp, kExp, kF)                                                                 \
+  X(Log, kLog, kF)                                                                 \
+  X(Sqrt, kSqrt, kF)                                                               \
+  X(Rsqrt, kRsqrt, kF)                                                             \
+  X(Tanh, kTanh, kF)                                                               \
+  X(Sigmoid, kSigmoid, kF)                                                         \
+  X(Relu, kRelu, kFI)                                                              \
+  X(Gelu, kGelu, kF)                                                               \
+  X(Silu, kSilu, kF)                                                               \
+  X(Abs, kAbs, kFI)                                                                \
+  X(GeluBackward, kGeluBackward, kF)                                               \
+  X(SiluBackward, kSiluBackward, kF)                                               \
+  X(AddScalar, kAddScalar, kFI)                                                    \
+  X(MulScalar, kMulScalar, kFI)                                                    \
+  X(PowScalar, kPowScalar, kF)                                                     \
+  X(Where, kWhere, kAll) /* dispatch dtype is the bool condition's */              \
+  X(MaskedFill, kMaskedFill, kAll)                                                 \
+  X(Cast, kCast, kAll)                                                             \
+  X(Dropout, kDropout, kF)                                                         \
+  X(Fill, kFill, kAll)                                                             \
+  X(Uniform, kUniform, kF)                                                         \
+  X(Normal, kNormal, kF)                                                           \
+  X(Arange, kArange, kFI)                                                          \
+  /* reduce.cpp */                                                                 \
+  X(Sum, kSum, kFI)                                                                \
+  X(Mean, kMean, kF)                                                               \
+  X(Max, kMax, kFI)                                                                \
+  X(Argmax, kArgmax, kFI)                                                          \
+  /* matmul.cpp */                                                                 \
+  X(Matmul, kMatmul, kF)                                                           \
+  /* nn.cpp */                                                                     \
+  X(Softmax, kSoftmax, kF)                                                         \
+  X(SoftmaxBackward, kSoftmaxBackward, kF)                                         \
+  X(LogSoftmax, kLogSoftmax, kF)                                                   \
+  X(LogSoftmaxBackward, kLogSoftmaxBackward, kF)                                   \
+  X(LayerNorm, kLayerNorm, kF)                                                     \
+  X(LayerNormBackward, kLayerNormBackward, kF)                                     \
+  X(RmsNorm, kRmsNorm, kF)                                                         \
+  X(RmsNormBackward, kRmsNormBackward, kF)                                         \
+  X(Embedding, kEmbedding, kF)                                                     \
+  X(EmbeddingBackward, kEmbeddingBackward, kF)                                     \
+  X(CrossEntropy, kCrossEntropy, kF)                                               \
+  X(CrossEntropyBackward, kCrossEntropyBackward, kF)                               \
+  /* flashmask.cpp */                                                              \
+  X(FlashmaskAttention, kFlashmaskAttention, kF)                                   \
+  X(FlashmaskAttentionBackward, kFlashmaskAttentionBackward, kF)                   \
+  /* index.cpp */                                                                  \
+  X(IndexSelect, kIndexSelect, kAll)                                               \
+  X(IndexAdd, kIndexAdd, kFI)                                                      \
+  X(Gather, kGather, kAll)                                                         \
+  X(ScatterAdd, kScatterAdd, kFI)                                                  \
+  X(Topk, kTopk, kFI)                                                              \
+  X(Argsort, kArgsort, kFI)                                                        \
+  /* copy.cpp */                                                                   \
+  X(SliceBackward, kSliceBackward, kAll)                                           \
+  X(Concat, kConcat, kAll)                                                         \
+  X(Contiguous, kContiguous, kAll)                                                 \
+  X(CopyTo, kCopyTo, kAll)                                                         \
+  /* optim.cpp */                                                                  \
+  X(SgdStep, kSgdStep, kF)                                                         \
+  X(AdamwStep, kAdamwStep, kF)
+// clang-format on
 
-// matmul.cpp
-void kMatmul(const KernelCtx& c);
-
-// nn.cpp
-void kSoftmax(const KernelCtx& c);
-void kSoftmaxBackward(const KernelCtx& c);
-void kLogSoftmax(const KernelCtx& c);
-void kLogSoftmaxBackward(const KernelCtx& c);
-void kLayerNorm(const KernelCtx& c);
-void kLayerNormBackward(const KernelCtx& c);
-void kRmsNorm(const KernelCtx& c);
-void kRmsNormBackward(const KernelCtx& c);
-void kEmbedding(const KernelCtx& c);
-void kEmbeddingBackward(const KernelCtx& c);
-void kCrossEntropy(const KernelCtx& c);
-void kCrossEntropyBackward(const KernelCtx& c);
-
-// flashmask.cpp
-void kFlashmaskAttention(const KernelCtx& c);
-void kFlashmaskAttentionBackward(const KernelCtx& c);
-
-// index.cpp
-void kIndexSelect(const KernelCtx& c);
-void kIndexAdd(const KernelCtx& c);
-void kGather(const KernelCtx& c);
-void kScatterAdd(const KernelCtx& c);
-void kTopk(const KernelCtx& c);
-void kArgsort(const KernelCtx& c);
-
-// copy.cpp
-void kSliceBackward(const KernelCtx& c);
-void kConcat(const KernelCtx& c);
-void kContiguous(const KernelCtx& c);
-void kCopyTo(const KernelCtx& c);
-
-// optim.cpp
-void kSgdStep(const KernelCtx& c);
-void kAdamwStep(const KernelCtx& c);
+#define KEEL_X_DECLARE(op, fn, dtypes) void fn(const KernelCtx& c);
+KEEL_CPU_KERNELS(KEEL_X_DECLARE)
+#undef KEEL_X_DECLARE
 
 }  // namespace keel::cpu

@@ -153,6 +153,9 @@ void registerBuiltinOpDefs(Registry& r) {
   for (size_t i = 0; i < t.defs().size(); ++i) {
     OpDef& d = t.defs()[i];
     KEEL_CHECK(d.infer || d.view, "built-in op '", d.name, "' has no definition");
+    KEEL_CHECK(bool(d.view) == isViewOp(OpId(i)), "built-in op '", d.name, "' ",
+               d.view ? "has a view rule but is not" : "has no view rule but is",
+               " listed in kViewOps (op_ids.h)");
     int id = r.add(std::move(d));
     KEEL_CHECK(id == int(i), "built-in op registered out of order at id ", i);
   }
