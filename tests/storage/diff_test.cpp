@@ -1,4 +1,4 @@
-// Tests for the run diff engine (storage/src/diff.cpp): alignment with extra, missing and fused
+// Tests for the run diff engine (storage/src/diff*.cpp): alignment with extra, missing and fused
 // ops, tensor verdicts (MD5, rounded MD5, values, stats), first/root divergence and its chain,
 // ULP/abs/rel figures on hand-made values, JSON/text output, and the cost on 100,000-op steps.
 #include <gtest/gtest.h>

@@ -48,7 +48,7 @@ struct DiffOptions {
   int chainDepth = 6;                 // producer levels walked back from a divergence
   int chainMaxOps = 48;               // ops listed in a chain, all levels together
   // Cost budget (compared signatures) of the LCS on the part that differs; beyond it the aligner
-  // falls back to a windowed greedy resync (see Note [Diff alignment] in diff.cpp).
+  // falls back to a windowed greedy resync (see Note [Diff alignment] in diff_align.cpp).
   int64_t lcsBudget = 60'000'000;
 };
 

@@ -1,0 +1,234 @@
+// Run diff, comparison (see diff.h): one tensor of an aligned pair by MD5, rounded MD5, dumped
+// values (tolerances and ULPs in the tensor's dtype) or statistics, first available wins; each
+// verdict carries its basis and a short human phrase.
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "diff_util.h"
+#include "keel/storage/diff.h"
+#include "keel/storage/export.h"
+
+namespace keel::storage {
+
+using detail::fmtNum;
+
+namespace {
+
+// ---- ULPs --------------------------------------------------------------------------------------
+
+uint16_t floatToHalfBits(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mant = x & 0x7fffffu;
+  int exp = static_cast<int>((x >> 23) & 0xffu);
+  if (exp == 255) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  int e = exp - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (e <= 0) {  // half subnormal (or zero)
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    int shift = 14 - e;
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = (static_cast<uint32_t>(e) << 10) | (mant >> 13), rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry may reach inf: correct
+  return static_cast<uint16_t>(sign | h);
+}
+
+uint16_t floatToBf16Bits(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if (std::isnan(f)) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// Distance of two sign-magnitude floats of `bits` width, on the monotonic integer line.
+uint64_t ulpFromBits(uint64_t ba, uint64_t bb, int bits) {
+  uint64_t signMask = 1ull << (bits - 1);
+  uint64_t ma = ba & (signMask - 1), mb = bb & (signMask - 1);
+  if ((ba & signMask) == (bb & signMask)) return ma > mb ? ma - mb : mb - ma;
+  return ma + mb;
+}
+
+// ---- statistics ------------------------------------------------------------------------------
+
+bool closeEnough(double a, double b, const DiffOptions& opt) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (a == b) return true;
+  if (std::isinf(a) || std::isinf(b)) return false;
+  return std::fabs(a - b) <= opt.atol + opt.rtol * std::fabs(b);
+}
+
+TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const DiffOptions& opt) {
+  TensorDiff d;
+  d.role = a.role;
+  d.index = a.index;
+  d.basis = DiffBasis::Stats;
+  const TensorStats &sa = a.stats, &sb = b.stats;
+  if (sa.nanCount != sb.nanCount) {
+    d.status = DiffStatus::Diverged;
+    d.detail = "NaN count " + std::to_string(sa.nanCount) + " vs " + std::to_string(sb.nanCount);
+    return d;
+  }
+  if (sa.infCount != sb.infCount) {
+    d.status = DiffStatus::Diverged;
+    d.detail = "Inf count " + std::to_string(sa.infCount) + " vs " + std::to_string(sb.infCount);
+    return d;
+  }
+  const std::pair<const char*, std::pair<double, double>> fields[] = {
+      {"min", {sa.min, sb.min}},
+      {"max", {sa.max, sb.max}},
+      {"mean", {sa.mean, sb.mean}},
+      {"std", {sa.std, sb.std}},
+      {"absMax", {sa.absMax, sb.absMax}}};
+  for (const auto& [field, v] : fields) {
+    if (!closeEnough(v.first, v.second, opt)) {
+      d.status = DiffStatus::Diverged;
+      d.detail = std::string(field) + " " + fmtNum(v.first) + " vs " + fmtNum(v.second);
+      return d;
+    }
+  }
+  d.status = DiffStatus::WithinTolerance;
+  d.detail = "statistics within tolerance";
+  return d;
+}
+
+}  // namespace
+
+uint64_t ulpDistance(double a, double b, const std::string& dtype) {
+  bool na = std::isnan(a), nb = std::isnan(b);
+  if (na || nb) return na && nb ? 0 : std::numeric_limits<uint64_t>::max();
+  if (dtype == "float32") {
+    return ulpFromBits(std::bit_cast<uint32_t>(static_cast<float>(a)),
+                       std::bit_cast<uint32_t>(static_cast<float>(b)), 32);
+  }
+  if (dtype == "float16") {
+    return ulpFromBits(floatToHalfBits(static_cast<float>(a)),
+                       floatToHalfBits(static_cast<float>(b)), 16);
+  }
+  if (dtype == "bfloat16") {
+    return ulpFromBits(floatToBf16Bits(static_cast<float>(a)),
+                       floatToBf16Bits(static_cast<float>(b)), 16);
+  }
+  if (dtype.rfind("int", 0) == 0 || dtype.rfind("uint", 0) == 0 || dtype == "bool") {
+    double d = std::fabs(std::round(a) - std::round(b));
+    return d >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(d);
+  }
+  return ulpFromBits(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b), 64);  // float64
+}
+
+TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>& b,
+                         const std::string& dtype, const DiffOptions& opt) {
+  TensorDiff d;
+  d.basis = DiffBasis::Values;
+  if (a.size() != b.size()) {
+    d.status = DiffStatus::Diverged;
+    d.detail = std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " dumped elements";
+    return d;
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  double maxAbs = 0, maxRel = 0;
+  uint64_t maxUlps = 0;
+  int64_t bad = 0;
+  int64_t firstBad = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double x = a[i], y = b[i];
+    uint64_t ulps = ulpDistance(x, y, dtype);
+    double abs = 0, rel = 0;
+    bool ok;
+    if (std::isnan(x) || std::isnan(y)) {
+      ok = std::isnan(x) && std::isnan(y);
+      if (!ok) abs = rel = inf;
+    } else if (x == y) {
+      ok = true;
+    } else if (std::isinf(x) || std::isinf(y)) {
+      ok = false;
+      abs = rel = inf;
+    } else {
+      abs = std::fabs(x - y);
+      rel = y == 0 ? inf : abs / std::fabs(y);
+      ok = abs <= opt.atol + opt.rtol * std::fabs(y) || (opt.maxUlps > 0 && ulps <= opt.maxUlps);
+    }
+    maxAbs = std::max(maxAbs, abs);
+    maxRel = std::max(maxRel, rel);
+    maxUlps = std::max(maxUlps, ulps);
+    if (!ok) {
+      if (firstBad < 0) firstBad = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  d.maxAbs = maxAbs;
+  d.maxRel = maxRel;
+  d.maxUlps = maxUlps;
+  d.badElements = bad;
+  if (bad > 0) {
+    d.status = DiffStatus::Diverged;
+    size_t i = static_cast<size_t>(firstBad);
+    d.detail = std::to_string(bad) + " of " + std::to_string(a.size()) +
+               " elements outside tolerance; first at " + std::to_string(i) + ": " + fmtNum(a[i]) +
+               " vs " + fmtNum(b[i]);
+  } else if (maxUlps == 0) {
+    d.status = DiffStatus::Equal;
+    d.detail = "dumped values equal";
+  } else {
+    d.status = DiffStatus::WithinTolerance;
+    d.detail = "dumped values within tolerance";
+  }
+  return d;
+}
+
+TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t seqA,
+                          uint64_t seqB, const DiffOptions& opt, const DumpValues& values) {
+  TensorDiff d;
+  d.role = a.role;
+  d.index = a.index;
+  if (a.shape != b.shape || a.dtype != b.dtype) {
+    d.status = DiffStatus::Diverged;
+    d.basis = DiffBasis::Shape;
+    d.detail = a.dtype + shapeText(a.shape) + " vs " + b.dtype + shapeText(b.shape);
+    return d;
+  }
+  bool haveMd5 = opt.useMd5 && !a.md5.empty() && !b.md5.empty();
+  if (haveMd5 && a.md5 == b.md5) {
+    d.status = DiffStatus::Equal;
+    d.basis = DiffBasis::Md5;
+    return d;
+  }
+  bool haveRounded = opt.useRoundedMd5 && !a.md5Rounded.empty() && !b.md5Rounded.empty();
+  if (haveRounded && a.md5Rounded == b.md5Rounded) {
+    d.status = DiffStatus::WithinTolerance;
+    d.basis = DiffBasis::RoundedMd5;
+    d.detail = "MD5 differs, rounded MD5 equal";
+    return d;
+  }
+  if (opt.useDumps && values) {
+    int role = static_cast<int>(a.role);
+    auto va = values(seqA, role, a.index, true);
+    if (va) {
+      auto vb = values(seqB, role, b.index, false);
+      if (vb) {
+        TensorDiff v = compareValues(*va, *vb, a.dtype, opt);
+        v.role = a.role;
+        v.index = a.index;
+        return v;
+      }
+    }
+  }
+  if (opt.useStats && a.hasStats && b.hasStats) return compareStats(a, b, opt);
+  if (haveMd5 || haveRounded) {
+    d.status = DiffStatus::Diverged;
+    d.basis = DiffBasis::Md5Only;
+    d.detail = haveMd5 ? "MD5 differs (no stats or dumps to compare)"
+                       : "rounded MD5 differs (no stats or dumps to compare)";
+    return d;
+  }
+  d.status = DiffStatus::Equal;
+  d.basis = DiffBasis::None;
+  d.detail = "not compared (nothing recorded)";
+  return d;
+}
+
+}  // namespace keel::storage

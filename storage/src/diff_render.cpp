@@ -1,0 +1,273 @@
+// Run diff, rendering (see diff.h): the names of verdicts and bases, the JSON report (`keel diff
+// --json`, ordered keys, non-finite numbers as null) and the human text report.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "diff_util.h"
+#include "keel/storage/diff.h"
+
+namespace keel::storage {
+
+using detail::fmtNum;
+
+const char* toString(DiffStatus s) {
+  switch (s) {
+    case DiffStatus::Equal:
+      return "equal";
+    case DiffStatus::WithinTolerance:
+      return "within-tolerance";
+    case DiffStatus::Diverged:
+      return "diverged";
+    case DiffStatus::Unmatched:
+      return "unmatched";
+  }
+  return "?";
+}
+
+const char* toString(DiffBasis b) {
+  switch (b) {
+    case DiffBasis::None:
+      return "none";
+    case DiffBasis::Md5:
+      return "md5";
+    case DiffBasis::RoundedMd5:
+      return "rounded-md5";
+    case DiffBasis::Values:
+      return "values";
+    case DiffBasis::Stats:
+      return "stats";
+    case DiffBasis::Md5Only:
+      return "md5-only";
+    case DiffBasis::Shape:
+      return "shape";
+    case DiffBasis::Missing:
+      return "missing";
+  }
+  return "?";
+}
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+Json numOrNull(double v) {
+  return std::isfinite(v) ? Json(v) : Json(nullptr);
+}
+
+Json tensorJson(const TensorDiff& t) {
+  Json j{{"role", t.role == Role::Input ? "input" : "output"},
+         {"index", t.index},
+         {"status", toString(t.status)},
+         {"basis", toString(t.basis)}};
+  if (t.basis == DiffBasis::Values) {
+    j["maxAbs"] = numOrNull(t.maxAbs);  // null: infinite (a NaN or Inf met a number)
+    j["maxRel"] = numOrNull(t.maxRel);
+    j["maxUlps"] = t.maxUlps;
+    j["badElements"] = t.badElements;
+  }
+  if (!t.detail.empty()) j["detail"] = t.detail;
+  return j;
+}
+
+Json pairJson(const OpPair& p) {
+  Json j{{"step", p.step},   {"status", toString(p.status)},
+         {"name", p.name},   {"phase", p.phase},
+         {"scope", p.scope}, {"exactSignature", p.exactSignature}};
+  if (!p.nameB.empty()) j["nameB"] = p.nameB;
+  j["a"] = p.inA ? Json{{"seq", p.seqA}, {"stackId", p.stackIdA}} : Json(nullptr);
+  j["b"] = p.inB ? Json{{"seq", p.seqB}, {"stackId", p.stackIdB}} : Json(nullptr);
+  if (!p.outputs.empty()) {
+    Json outs = Json::array();
+    for (const TensorDiff& t : p.outputs) outs.push_back(tensorJson(t));
+    j["outputs"] = std::move(outs);
+  }
+  return j;
+}
+
+Json chainJson(const std::vector<ChainLink>& chain) {
+  Json arr = Json::array();
+  for (const ChainLink& l : chain)
+    arr.push_back(Json{{"depth", l.depth},
+                       {"seq", l.seq},
+                       {"name", l.name},
+                       {"phase", l.phase},
+                       {"scope", l.scope},
+                       {"stackId", l.stackId},
+                       {"status", toString(l.status)},
+                       {"consumerSeq", l.consumerSeq},
+                       {"consumerInput", l.consumerInput}});
+  return arr;
+}
+
+Json divergenceJson(const std::optional<Divergence>& d) {
+  if (!d) return nullptr;
+  Json inputs = Json::array();
+  for (const TensorDiff& t : d->inputs) inputs.push_back(tensorJson(t));
+  return Json{{"pair", pairJson(d->pair)},
+              {"inputs", std::move(inputs)},
+              {"chainA", chainJson(d->chainA)},
+              {"chainB", chainJson(d->chainB)}};
+}
+
+Json stepJson(const StepDiff& s) {
+  Json j;
+  if (s.step >= 0) j["step"] = s.step;
+  j["opsA"] = s.opsA;
+  j["opsB"] = s.opsB;
+  j["equal"] = s.equal;
+  j["withinTolerance"] = s.withinTolerance;
+  j["diverged"] = s.diverged;
+  j["onlyInA"] = s.onlyInA;
+  j["onlyInB"] = s.onlyInB;
+  if (!s.alignment.empty()) j["alignment"] = s.alignment;
+  return j;
+}
+
+}  // namespace
+
+std::string toJson(const DiffReport& r) {
+  const DiffOptions& o = r.options;
+  int code = diffExitCode(r);
+  Json j;
+  j["verdict"] = code == 0 ? "equal" : "diverged";
+  j["exitCode"] = code;
+  j["options"] = Json{{"atol", o.atol},
+                      {"rtol", o.rtol},
+                      {"maxUlps", o.maxUlps},
+                      {"useMd5", o.useMd5},
+                      {"useRoundedMd5", o.useRoundedMd5},
+                      {"useDumps", o.useDumps},
+                      {"useStats", o.useStats},
+                      {"mismatchesOnly", o.mismatchesOnly},
+                      {"unmatchedIsDivergent", o.unmatchedIsDivergent}};
+  j["total"] = stepJson(r.total);
+  j["uncomparedTensors"] = r.uncomparedTensors;
+  Json steps = Json::array();
+  for (const StepDiff& s : r.steps) steps.push_back(stepJson(s));
+  j["steps"] = std::move(steps);
+  j["firstDivergence"] = divergenceJson(r.first);
+  j["rootDivergence"] = divergenceJson(r.root);
+  Json pairs = Json::array();
+  for (const OpPair& p : r.pairs) pairs.push_back(pairJson(p));
+  j["pairs"] = std::move(pairs);
+  return j.dump(2);
+}
+
+// ---- text --------------------------------------------------------------------------------------
+
+namespace {
+
+std::string opLabel(const OpPair& p) {
+  std::string s;
+  s += p.inA ? "A #" + std::to_string(p.seqA) : std::string("A -");
+  s += p.inB ? "  B #" + std::to_string(p.seqB) : std::string("  B -");
+  s += "  " + p.name;
+  if (!p.nameB.empty()) s += " / " + p.nameB;
+  s += " [" + p.phase + "]";
+  if (!p.scope.empty()) s += " " + p.scope;
+  return s;
+}
+
+std::string tensorLine(const TensorDiff& t) {
+  std::string s = std::string(t.role == Role::Input ? "input " : "output ") +
+                  std::to_string(t.index) + ": " + toString(t.status) + " (" + toString(t.basis) +
+                  ")";
+  if (t.basis == DiffBasis::Values)
+    s += "  max abs " + fmtNum(t.maxAbs) + "  max rel " + fmtNum(t.maxRel) + "  max ulps " +
+         (t.maxUlps == std::numeric_limits<uint64_t>::max() ? std::string("inf")
+                                                            : std::to_string(t.maxUlps));
+  if (!t.detail.empty()) s += "  " + t.detail;
+  return s;
+}
+
+void divergenceText(std::string& out, const char* title, const Divergence& d) {
+  const OpPair& p = d.pair;
+  out += std::string(title) + ": step " + std::to_string(p.step) + "  " + opLabel(p) + "\n";
+  out += "  stacks: A " + (p.stackIdA >= 0 ? "stack #" + std::to_string(p.stackIdA) : "none") +
+         ", B " + (p.stackIdB >= 0 ? "stack #" + std::to_string(p.stackIdB) : "none") + "\n";
+  for (const TensorDiff& t : p.outputs) out += "  " + tensorLine(t) + "\n";
+  for (const TensorDiff& t : d.inputs) out += "  " + tensorLine(t) + "\n";
+  for (auto [side, chain] : {std::pair{"A", &d.chainA}, std::pair{"B", &d.chainB}}) {
+    if (chain->empty()) continue;
+    out += std::string("  fed by (run ") + side + "):\n";
+    for (const ChainLink& l : *chain) {
+      out += std::string(static_cast<size_t>(2 + 2 * l.depth), ' ') + "<- #" +
+             std::to_string(l.seq) + " " + l.name + " [" + l.phase + "]";
+      if (!l.scope.empty()) out += " " + l.scope;
+      out += "  " + std::string(toString(l.status)) + "  -> input " +
+             std::to_string(l.consumerInput) + " of #" + std::to_string(l.consumerSeq);
+      if (l.stackId >= 0) out += "  stack #" + std::to_string(l.stackId);
+      out += "\n";
+    }
+  }
+}
+
+}  // namespace
+
+std::string toText(const DiffReport& r, bool mismatchesOnly) {
+  std::string out;
+  int code = diffExitCode(r);
+  const StepDiff& t = r.total;
+  out += code == 0 ? "EQUAL within tolerance" : "DIVERGED";
+  out += " (atol " + fmtNum(r.options.atol) + ", rtol " + fmtNum(r.options.rtol);
+  if (r.options.maxUlps > 0) out += ", max ulps " + std::to_string(r.options.maxUlps);
+  out += ")\n";
+  out += "summary: " + std::to_string(t.equal) + " equal, " + std::to_string(t.withinTolerance) +
+         " within tolerance, " + std::to_string(t.diverged) + " diverged, " +
+         std::to_string(t.onlyInA) + " only in A, " + std::to_string(t.onlyInB) + " only in B";
+  if (r.uncomparedTensors > 0)
+    out += " (" + std::to_string(r.uncomparedTensors) + " output tensors had nothing to compare)";
+  out += "\n\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "%6s %8s %8s %8s %8s %8s %8s %8s  %s\n", "step", "ops A",
+                "ops B", "equal", "within", "diverged", "only A", "only B", "alignment");
+  out += line;
+  for (const StepDiff& s : r.steps) {
+    std::snprintf(line, sizeof line, "%6lld %8lld %8lld %8lld %8lld %8lld %8lld %8lld  %s\n",
+                  static_cast<long long>(s.step), static_cast<long long>(s.opsA),
+                  static_cast<long long>(s.opsB), static_cast<long long>(s.equal),
+                  static_cast<long long>(s.withinTolerance), static_cast<long long>(s.diverged),
+                  static_cast<long long>(s.onlyInA), static_cast<long long>(s.onlyInB),
+                  s.alignment.c_str());
+    out += line;
+  }
+  out += "\n";
+  if (r.first) {
+    divergenceText(out, "first divergence", *r.first);
+    out += "\n";
+    if (r.root && r.root->pair.seqA == r.first->pair.seqA) {
+      out += "root divergence: the first divergence (its inputs all match)\n\n";
+    } else if (r.root) {
+      divergenceText(out, "root divergence", *r.root);
+      out += "\n";
+    } else {
+      out +=
+          "root divergence: none found (every diverged op has a diverged input: the "
+          "difference enters through tensors no aligned op produced, e.g. parameters or "
+          "data)\n\n";
+    }
+  }
+  bool header = false;
+  for (const OpPair& p : r.pairs) {
+    if (mismatchesOnly && p.status == DiffStatus::Equal) continue;
+    if (!header) out += mismatchesOnly ? "mismatches:\n" : "pairs:\n", header = true;
+    const char* mark = p.status == DiffStatus::Equal             ? "="
+                       : p.status == DiffStatus::WithinTolerance ? "~"
+                       : p.status == DiffStatus::Diverged        ? "!"
+                       : p.inA                                   ? "<"
+                                                                 : ">";
+    out += std::string("  ") + mark + " step " + std::to_string(p.step) + "  " + opLabel(p);
+    if (!p.exactSignature && p.inA && p.inB) out += "  (signature differs)";
+    out += "\n";
+    if (p.status != DiffStatus::Equal)
+      for (const TensorDiff& td : p.outputs)
+        if (td.status != DiffStatus::Equal) out += "      " + tensorLine(td) + "\n";
+  }
+  return out;
+}
+
+}  // namespace keel::storage
