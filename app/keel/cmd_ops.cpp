@@ -1,6 +1,6 @@
 // `keel ops`: without a file, lists every registered op with its inputs, whether it is
-// differentiable, and the backends that have kernels for it; with a recording, a table of the op
-// calls it holds, filtered by step, phase, op name and scope.
+// differentiable, and the backends that have kernels for it (--markdown: docs/ops.md's tables);
+// with a recording, a table of the op calls it holds, filtered by step, phase, op name and scope.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -42,6 +42,7 @@ struct OpsArgs {
   std::string recording, phase, name, scope;
   int64_t step = -1;
   int64_t limit = -1;
+  bool markdown = false;
 };
 
 int runRecordedOps(const OpsArgs& a) {
@@ -89,7 +90,16 @@ Command addOpsCommand(CLI::App& root) {
   ops->add_option("--name", a->name, "only this op name");
   ops->add_option("--scope", a->scope, "only ops under this module scope (e.g. blocks.1)");
   ops->add_option("--limit", a->limit, "at most N rows");
-  return {ops, [a] { return a->recording.empty() ? runOps() : runRecordedOps(*a); }};
+  ops->add_flag("--markdown", a->markdown,
+                "print the registry as docs/ops.md's tables (between its generated markers)");
+  return {ops, [a] {
+            if (a->markdown) {
+              if (!a->recording.empty()) return fail("--markdown lists the registry, not a file");
+              std::fputs(keel::opsMarkdown(keel::Registry::get()).c_str(), stdout);
+              return 0;
+            }
+            return a->recording.empty() ? runOps() : runRecordedOps(*a);
+          }};
 }
 
 }  // namespace keel::cli

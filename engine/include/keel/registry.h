@@ -69,6 +69,16 @@ struct KernelEntry {
   DTypeMask dtypes = 0;  // checked against the dispatch dtype (first input's, else first output's)
 };
 
+// What the op reference (docs/ops.md) says of an op; `keel ops --markdown` prints it as one table
+// per family, with the dtypes each backend's kernels accept (see opsMarkdown).
+struct OpDoc {
+  std::string inputs;      // names, and shapes where they matter: "q [B,Sq,H,D], k, v"
+  std::string attributes;  // names, with meanings and defaults where not obvious
+  std::string outputs;
+  std::string notes;   // the semantics in a phrase; longer ones in docs/ops.md below the tables
+  std::string family;  // the table it is listed in (built-in: "Elementwise", ...; empty: "Other")
+};
+
 struct OpDef {
   std::string name;
   int numInputs = 0;           // -1: variadic (at least one)
@@ -77,6 +87,7 @@ struct OpDef {
   BackwardFn backward;         // empty: not differentiable
   DescribeFn describe;         // empty: observers see the attributes as passed
   bool mutatesInputs = false;  // optimizer-style ops: write into inputs, return nothing
+  OpDoc doc;
   KernelEntry kernels[kNumBackends];
   int id = -1;
 };
@@ -96,6 +107,11 @@ class Registry {
   Registry();
   std::vector<std::unique_ptr<OpDef>> ops_;
 };
+
+// The op reference of the registered ops as Markdown, between two marker lines: one table per
+// family in order of first registration (ops in registration order) with the dtypes each backend
+// accepts. docs/ops.md holds this text for the built-in ops (ops_doc_test compares).
+std::string opsMarkdown(const Registry& r);
 
 // Per-layer registration entry points (each fills its part of the built-in tables).
 namespace detail {

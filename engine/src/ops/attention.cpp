@@ -47,6 +47,19 @@ void checkAttention(std::string_view op, const Tensor& q, const Tensor& k, const
 }  // namespace
 
 void defineAttentionOps(OpTable& t) {
+  t.family("Attention");
+  t.doc(OpId::FlashmaskAttention,
+        "q [B,Sq,H,D], k, v [B,Sk,Hk,D], optional startend_row_indices int32 [B,Hk or 1,Sk,C]",
+        "causal, window_size (−1 off), dropout, scale (0: 1/√D), seed, offset, skip_tiles; for "
+        "the recording only (no kernel reads them): mask, block_sparsity, tile_shape, tile_map "
+        "([flashmask.md](flashmask.md#what-a-recording-shows))",
+        "out [B,Sq,H,D], lse [B,H,Sq] (float32; float64 for float64)",
+        "column-sparse masked attention, see [flashmask.md](flashmask.md); rows seeing no key give "
+        "0 and lse −inf");
+  t.doc(OpId::FlashmaskAttentionBackward,
+        "grad_out, q, k, v, out, lse, grad_lse, optional startend_row_indices", "as forward",
+        "dq, dk, dv", "cpu-ref recomputes everything in float64 and ignores out/lse");
+
   OpDef& o = t.at(OpId::FlashmaskAttention, -1);  // q, k, v [, startend_row_indices]
   o.infer = [](const OpDef& op, Inputs in, const Attrs& a) {
     KEEL_CHECK(in.size() == 3 || in.size() == 4, "op '", op.name,

@@ -26,6 +26,29 @@ Grads minmaxBack(const BackwardCtx& c, bool isMax) {
 }  // namespace
 
 void defineElementwiseOps(OpTable& t) {
+  t.family("Elementwise");
+  const char* bc = "broadcast(a, b), dtype of a";
+  t.doc(OpId::Add, "a, b", "", bc);
+  t.doc(OpId::Sub, "a, b", "", bc);
+  t.doc(OpId::Mul, "a, b", "", bc);
+  t.doc(OpId::Div, "a, b", "", bc, "no int division");
+  t.doc(OpId::Pow, "a, b", "", bc, "a^b");
+  t.doc(OpId::Maximum, "a, b", "", bc, "on ties the gradient goes to a");
+  t.doc(OpId::Minimum, "a, b", "", bc, "on ties the gradient goes to a");
+  t.doc(OpId::Eq, "a, b", "", "broadcast(a, b), bool");
+  t.doc(OpId::Lt, "a, b", "", "broadcast(a, b), bool");
+  t.doc(OpId::Gt, "a, b", "", "broadcast(a, b), bool");
+  for (OpId id : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Tanh,
+                  OpId::Sigmoid, OpId::Relu, OpId::Abs})
+    t.doc(id, "x", "", "like x");
+  t.doc(OpId::Gelu, "x", "", "like x", "the exact erf form 0.5·x·(1+erf(x/√2))");
+  t.doc(OpId::Silu, "x", "", "like x", "x·sigmoid(x)");
+  t.doc(OpId::GeluBackward, "grad, x", "", "like x", "grad · d/dx gelu(x)");
+  t.doc(OpId::SiluBackward, "grad, x", "", "like x", "grad · d/dx silu(x)");
+  t.doc(OpId::AddScalar, "x", "scalar (double)", "like x", "int: scalar truncated toward zero");
+  t.doc(OpId::MulScalar, "x", "scalar (double)", "like x", "int: scalar truncated toward zero");
+  t.doc(OpId::PowScalar, "x", "exponent (double)", "like x");
+
   // ---- binary, broadcasting
   for (OpId id :
        {OpId::Add, OpId::Sub, OpId::Mul, OpId::Div, OpId::Pow, OpId::Maximum, OpId::Minimum})

@@ -15,6 +15,13 @@ Shape factoryShape(const Attrs& a) {
 }  // namespace
 
 void defineFactoryOps(OpTable& t) {
+  t.family("Factories");
+  t.doc(OpId::Fill, "", "shape, dtype, device, value", "");
+  t.doc(OpId::Uniform, "", "shape, dtype, device, low, high, seed, offset", "",
+        "low + (high−low)·philoxUniform(seed, offset, i)");
+  t.doc(OpId::Normal, "", "shape, dtype, device, mean, std, seed, offset", "",
+        "mean + std·philoxNormal(seed, offset, i)");
+  t.doc(OpId::Arange, "", "shape ([n]), dtype, device", "0..n−1");
   for (OpId id : {OpId::Fill, OpId::Uniform, OpId::Normal, OpId::Arange})
     t.at(id, 0).infer = [id](const OpDef& op, Inputs, const Attrs& a) {
       DType d = parseDType(a.getString("dtype"));

@@ -157,6 +157,21 @@ void defineSelection(OpTable& t) {
 }  // namespace
 
 void defineIndexOps(OpTable& t) {
+  t.family("Indexing, sorting, selection");
+  t.doc(OpId::IndexSelect, "x, index (1-D)", "dim", "x with dim = len(index)");
+  t.doc(OpId::IndexAdd, "x, index (1-D), src", "dim", "x + src added at the index rows");
+  t.doc(OpId::Gather, "x, index (same rank)", "dim", "shape of index",
+        "out[..i..] = x[..index[..i..]..] along dim");
+  t.doc(OpId::ScatterAdd, "x, index, src (index and src same shape)", "dim", "like x",
+        "out = x; out[..index..] += src");
+  t.doc(OpId::Topk, "x", "k, dim, largest", "values, indices (int64)",
+        "sorted; ties: lower index first");
+  t.doc(OpId::Argsort, "x", "dim, descending", "int64", "stable");
+  t.doc(OpId::Where, "cond (bool), a, b", "", "broadcast of all three, dtype of a",
+        "dispatch dtype: the condition's");
+  t.doc(OpId::MaskedFill, "x, mask (bool, broadcast to x)", "value", "like x");
+  t.doc(OpId::Cast, "x", "dtype (name)", "converted", "float→int truncates; →bool is x≠0");
+
   defineIndexSelectAdd(t);
   defineGatherScatter(t);
   defineSorts(t);

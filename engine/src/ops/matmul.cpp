@@ -26,6 +26,10 @@ Shape matmulShape(const OpDef& def, const Tensor& a, const Tensor& b, bool ta, b
 }  // namespace
 
 void defineMatmulOps(OpTable& t) {
+  t.family("Linear algebra");
+  t.doc(OpId::Matmul, "a, b", "trans_a, trans_b (bool)", "[...batch, M, N]",
+        "a is [...,M,K] ([...,K,M] if trans_a), b is [...,K,N] ([...,N,K] if trans_b); both rank "
+        "≥ 2; batch dims broadcast");
   OpDef& o = t.at(OpId::Matmul, 2);
   o.infer = [](const OpDef& op, Inputs in, const Attrs& a) {
     requireSameDtype(op.name, in);

@@ -151,6 +151,27 @@ void defineDropout(OpTable& t) {
 }  // namespace
 
 void defineNnOps(OpTable& t) {
+  t.family("Neural-network ops");
+  t.doc(OpId::Softmax, "x", "dim", "like x", "max-subtracted");
+  t.doc(OpId::SoftmaxBackward, "grad, y", "dim", "like y", "y·(g − Σ g·y)");
+  t.doc(OpId::LogSoftmax, "x", "dim", "like x", "max-subtracted");
+  t.doc(OpId::LogSoftmaxBackward, "grad, y", "dim", "like y", "g − exp(y)·Σ g");
+  t.doc(OpId::LayerNorm, "x, weight, bias", "eps", "like x",
+        "over the last dim; weight, bias are [D]; biased variance");
+  t.doc(OpId::LayerNormBackward, "grad, x, weight", "eps", "dx, dweight, dbias",
+        "dweight/dbias summed over all rows");
+  t.doc(OpId::RmsNorm, "x, weight", "eps", "like x", "x · rsqrt(mean(x²) + eps) · weight");
+  t.doc(OpId::RmsNormBackward, "grad, x, weight", "eps", "dx, dweight");
+  t.doc(OpId::Embedding, "weight [V, D], indices (any shape)", "", "[...indices, D]");
+  t.doc(OpId::EmbeddingBackward, "grad [..., D], indices", "num_weights (V)", "[V, D]",
+        "sums rows with equal index");
+  t.doc(OpId::CrossEntropy, "logits [N, C], targets int64 [N]", "ignore_index", "scalar",
+        "mean over non-ignored targets; 0 if none");
+  t.doc(OpId::CrossEntropyBackward, "grad (scalar), logits, targets", "ignore_index", "like logits",
+        "(softmax − onehot)·grad / count");
+  t.doc(OpId::Dropout, "x", "p, seed, offset", "like x",
+        "keep iff philoxUniform(seed, offset, i) ≥ p (i = row-major element index); kept values "
+        "× 1/(1−p)");
   defineSoftmax(t);
   defineNorms(t);
   defineEmbedding(t);

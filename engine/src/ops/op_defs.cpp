@@ -153,6 +153,7 @@ void registerBuiltinOpDefs(Registry& r) {
   for (size_t i = 0; i < t.defs().size(); ++i) {
     OpDef& d = t.defs()[i];
     KEEL_CHECK(d.infer || d.view, "built-in op '", d.name, "' has no definition");
+    KEEL_CHECK(!d.doc.family.empty(), "built-in op '", d.name, "' has no doc (docs/ops.md)");
     KEEL_CHECK(bool(d.view) == isViewOp(OpId(i)), "built-in op '", d.name, "' ",
                d.view ? "has a view rule but is not" : "has no view rule but is",
                " listed in kViewOps (op_ids.h)");

@@ -1,6 +1,6 @@
-// What the built-in op definitions share: the table each family file fills (one define*Ops per
-// file, called by op_defs.cpp), inference shorthands, and gradient helpers such as sumTo (reduces
-// a broadcast gradient back to an input's shape).
+// What the built-in op definitions share: the table each family file fills with its ops' rules and
+// docs (one define*Ops per file, called by op_defs.cpp), inference shorthands, and gradient
+// helpers such as sumTo (reduces a broadcast gradient back to an input's shape).
 #pragma once
 #include <optional>
 #include <span>
@@ -26,10 +26,19 @@ class OpTable {
     o.numInputs = numInputs;
     return o;
   }
+  // The family (a table of docs/ops.md) the following doc() calls list their ops under.
+  void family(std::string name) { family_ = std::move(name); }
+  // What docs/ops.md says of `id` (keel/registry.h: OpDoc).
+  void doc(OpId id, std::string inputs, std::string attributes, std::string outputs,
+           std::string notes = "") {
+    defs_[size_t(id)].doc = OpDoc{std::move(inputs), std::move(attributes), std::move(outputs),
+                                  std::move(notes), family_};
+  }
   std::vector<OpDef>& defs() { return defs_; }
 
  private:
   std::vector<OpDef> defs_;
+  std::string family_;
 };
 
 // One per family file (ops/<family>.cpp).

@@ -5,6 +5,14 @@
 namespace keel::detail {
 
 void defineOptimOps(OpTable& t) {
+  t.family("Optimizer updates");
+  t.doc(OpId::SgdStep, "param, grad, momentum_buf", "lr, momentum, weight_decay, nesterov", "",
+        "g' = g + wd·p; b = m·b + g'; p −= lr·(nesterov ? g' + m·b : b); momentum 0 leaves b "
+        "unused");
+  t.doc(OpId::AdamwStep, "param, grad, m, v", "lr, beta1, beta2, eps, weight_decay, step (1-based)",
+        "",
+        "p −= lr·wd·p; m = β1m + (1−β1)g; v = β2v + (1−β2)g²; p −= lr·(m/(1−β1^t)) / "
+        "(√(v/(1−β2^t)) + eps)");
   for (OpId id : {OpId::SgdStep, OpId::AdamwStep}) {
     OpDef& o = t.at(id, id == OpId::SgdStep ? 3 : 4);
     o.mutatesInputs = true;

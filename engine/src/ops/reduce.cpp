@@ -21,6 +21,12 @@ Tensor expandBack(const Tensor& g, const Tensor& x, const std::vector<int64_t>& 
 }  // namespace
 
 void defineReduceOps(OpTable& t) {
+  t.family("Reductions");
+  t.doc(OpId::Sum, "x", "dims (int list, empty = all), keepdim", "reduced", "fixed order");
+  t.doc(OpId::Mean, "x", "dims (int list, empty = all), keepdim", "reduced", "fixed order");
+  t.doc(OpId::Max, "x", "dim, keepdim", "reduced values", "the first max takes the gradient");
+  t.doc(OpId::Argmax, "x", "dim, keepdim", "reduced, int64", "the first index of the max");
+
   for (OpId id : {OpId::Sum, OpId::Mean})
     t.at(id, 1).infer = [](const OpDef& op, Inputs in, const Attrs& a) {
       return one(reducedShape(in[0].shape(), a.getInts("dims"), a.getBool("keepdim"), op.name),

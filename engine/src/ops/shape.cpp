@@ -227,6 +227,21 @@ void defineCopies(OpTable& t) {
 }  // namespace
 
 void defineShapeOps(OpTable& t) {
+  t.family("Shapes and views");
+  t.doc(OpId::Reshape, "x", "shape (one −1 allowed)", "view if possible, else a copy");
+  t.doc(OpId::View, "x", "shape", "view", "error if the strides do not allow it");
+  t.doc(OpId::Transpose, "x", "dim0, dim1", "view");
+  t.doc(OpId::Permute, "x", "dims", "view");
+  t.doc(OpId::Slice, "x", "dim, start, end, step (> 0)", "view",
+        "start/end clamped like Python; negative counts from the end");
+  t.doc(OpId::SliceBackward, "grad", "shape, dim, start, end, step", "zeros(shape)",
+        "grad at the slice");
+  t.doc(OpId::Expand, "x", "shape (−1 keeps)", "view (stride 0)");
+  t.doc(OpId::Concat, "x0..xn", "dim", "joined", "shapes equal except along dim");
+  t.doc(OpId::Split, "x", "sizes, dim", "views", "sizes sum to the extent");
+  t.doc(OpId::Contiguous, "x", "", "copy, contiguous");
+  t.doc(OpId::CopyTo, "x", "device", "copy on the device");
+
   defineReshapes(t);
   definePermutes(t);
   defineSlices(t);
