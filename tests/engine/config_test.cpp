@@ -238,6 +238,22 @@ TEST(ConfigTest, BadAttentionMaskKeysNameTheField) {
   expectFieldError(attention({{"pack_documents", "yes"}}), "pack_documents");
 }
 
+TEST(ConfigTest, PositionKey) {
+  EXPECT_EQ(parseGptConfig(baseConfig().dump()).position, "learned");
+  EXPECT_EQ(parseGptConfig(with("position", "rope").dump()).position, "rope");
+  EXPECT_EQ(parseGptConfig(with("position", "learned").dump()).position, "learned");
+  expectError(with("position", "alibi").dump(),
+              {"field 'position'", "\"alibi\"", "\"learned\" or \"rope\""});
+  expectFieldError(with("position", 1), "position");
+  // rope turns pairs of a head's dims: d_model 30 / n_head 2 = 15 is odd.
+  Json odd = with("position", "rope");
+  odd["d_model"] = 30;
+  expectError(odd.dump(), {"field 'position'", "even", "15"});
+  odd["position"] = "learned";
+  EXPECT_NO_THROW(parseGptConfig(odd.dump()));
+  EXPECT_EQ(loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny-rope.json").position, "rope");
+}
+
 TEST(ConfigTest, ValidateCatchesCodeBuiltConfigs) {
   GptConfig c;
   EXPECT_NO_THROW(validateGptConfig(c));

@@ -320,6 +320,20 @@ std::vector<GradCase> buildCases() {
             Attrs().set("p", dbl(0.3)).set("seed", int64_t(5)).set("offset", int64_t(7)));
       });
 
+  // ---- rope (its backward is rope turned back)
+  add(
+      OpId::Rope, "t5_h2_d6",
+      [](Device d) {
+        return V{uni({2, 5, 2, 6}, -2, 2, d, 50)};
+      },
+      [](const V& x) { return ops::rope(x[0]); });
+  add(
+      OpId::Rope, "base7_inverse_strided",
+      [](Device d) {
+        return V{uni({1, 4, 6, 3}, -2, 2, d, 51)};
+      },
+      [](const V& x) { return ops::rope(ops::transpose(x[0], -1, -2), 7.0, true); });
+
   // ---- flashmask attention (more cases, the log-sum-exp output: flashmask_test.cpp)
   add(
       OpId::FlashmaskAttention, "causal_document_gqa",

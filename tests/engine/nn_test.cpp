@@ -339,6 +339,37 @@ TEST(ScopeTest, ObserverSeesModulePathsInEveryPhase) {
   EXPECT_EQ(currentScope(), "");
 }
 
+// position "rope": no wpe; every attention layer turns q and k with the rope op (twice per layer
+// forward), and its gradients flow back through rope turned back.
+TEST(ScopeTest, RopePositionRotatesQAndKInEveryAttentionAndHasNoWpe) {
+  GptConfig cfg = tinyConfig(false);
+  cfg.position = "rope";
+  nn::GPT model(cfg, kCpuRef, 1);
+  std::set<std::string> names;
+  for (auto& [n, t] : model.namedParameters()) names.insert(n);
+  EXPECT_FALSE(names.count("wpe.weight"));
+  EXPECT_EQ(names.size(), 1u + 2u * 9u + 2u + 1u);
+  auto rec = std::make_shared<Recorder>();
+  {
+    ObserverScope guard(rec);
+    model.forward(tokens({2, 8}, 1), tokens({2, 8}, 2)).loss.backward();
+  }
+  std::map<std::pair<std::string, Phase>, int> ropes;
+  int embeddings = 0;
+  for (auto& r : rec->recs) {
+    if (r.op == "rope") {
+      ++ropes[{r.scope, r.phase}];
+      EXPECT_EQ(r.outShapes, (std::vector<Shape>{{2, 8, 2, 8}}));
+    }
+    if (r.op == "embedding" && r.phase == Phase::Forward) ++embeddings;
+  }
+  for (const char* attn : {"blocks.0.attn", "blocks.1.attn"}) {
+    EXPECT_EQ((ropes[{attn, Phase::Forward}]), 2) << attn;
+    EXPECT_EQ((ropes[{attn, Phase::Backward}]), 2) << attn;
+  }
+  EXPECT_EQ(embeddings, 1) << "only wte";
+}
+
 TEST(MoeTest, AuxLossOnHandMadeRouting) {
   // probs [4, 3]; top-1 choices [0, 1, 2, 0] -> f = [0.5, 0.25, 0.25];
   // P = column means = [0.4, 0.35, 0.25]; aux = 3 * (0.2 + 0.0875 + 0.0625) = 1.05.

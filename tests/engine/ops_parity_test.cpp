@@ -517,6 +517,23 @@ std::vector<ParityCase> buildTable() {
        dropAttrs(0.3, 3, 0))
       .check = Check::SameZeros;
 
+  // ---- rope: both backends take cos/sin of t·θ in double (cpu rounds them to its compute type).
+  // Angles up to 32 rad, an odd head count, a small base with the inverse, and the strided head
+  // view of a fused qkv projection that GPT attention passes.
+  b.add(OpId::Rope, "t33_h3_d8", kF4, [](DType t, Device d) {
+    return std::vector<Tensor>{anyVals({2, 33, 3, 8}, t, d, 58)};
+  });
+  b.add(
+      OpId::Rope, "base100_inverse_d6", kF4,
+      [](DType t, Device d) {
+        return std::vector<Tensor>{anyVals({1, 17, 2, 6}, t, d, 59)};
+      },
+      Attrs().set("base", dbl(100.0)).set("inverse", boolean(true)));
+  b.add(OpId::Rope, "head_view_of_fused_qkv", kF4, [](DType t, Device d) {
+    Tensor qkv = anyVals({2, 9, 24}, t, d, 60);
+    return std::vector<Tensor>{ops::reshape(ops::split(qkv, {8, 8, 8}, -1)[1], {2, 9, 2, 4})};
+  });
+
   // ---- flashmask attention (every mask kind, bfloat16 bounds, determinism: flashmask_test.cpp).
   // Strided q (a transposed copy), GQA 4:2, a causal-document mask, odd lengths; the backward line
   // takes out and lse from the forward on its own backend, so its 16-bit inputs already differ by
@@ -1030,6 +1047,24 @@ TEST_P(ExactValues, SiluAndSigmoidAtKnownPoints) {
   double s1 = 1.0 / (1.0 + std::exp(-1.0)), s2 = 1.0 / (1.0 + std::exp(2.0));
   EXPECT_TRUE(allClose(ops::sigmoid(x), fromDoubles({0.5, s1, s2}, {3}), 1e-15, 1e-15));
   EXPECT_TRUE(allClose(ops::silu(x), fromDoubles({0.0, s1, -2.0 * s2}, {3}), 1e-15, 1e-15));
+}
+
+// Rotate-half pairs (i, i + D/2) turned by t·base^(-2i/D): D = 4, base 10000 gives θ = 1 and
+// 0.01; position 0 is untouched, and the inverse turns back.
+TEST_P(ExactValues, RopeTurnsRotateHalfPairsByPositionTimesTheta) {
+  Tensor x = fromDoubles({1, 2, 3, 4, 1, 0, 0, 1}, {1, 2, 1, 4}, F64, GetParam());
+  Tensor y = ops::rope(x);
+  EXPECT_TRUE(allClose(
+      y,
+      fromDoubles({1, 2, 3, 4, std::cos(1.0), -std::sin(0.01), std::sin(1.0), std::cos(0.01)},
+                  {1, 2, 1, 4}),
+      1e-15, 1e-15));
+  EXPECT_TRUE(allClose(ops::rope(y, 10000.0, true), x, 1e-15, 1e-15));
+  Tensor b = fromDoubles({0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0}, {1, 3, 1, 4}, F64, GetParam());
+  // base 4: θ1 = 4^(-1/2) = 0.5, so position 2 turns pair (1, 3) by 1 rad.
+  EXPECT_TRUE(allClose(ops::slice(ops::rope(b, 4.0), 1, 2, 3),
+                       fromDoubles({0, std::cos(1.0), 0, std::sin(1.0)}, {1, 1, 1, 4}), 1e-15,
+                       1e-15));
 }
 
 TEST_P(ExactValues, ArgsortIsStable) {

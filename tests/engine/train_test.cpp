@@ -1,7 +1,7 @@
 // Tests for data loading and the training loop: batches are shifted and seed-determined; a short
 // run is bit-for-bit reproducible on `cpu` and `cpu-ref` (losses and every parameter byte) for the
-// dense and MoE tiny configs; the two backends agree on the first loss; and training lowers the
-// loss.
+// dense, MoE and rotary-position tiny configs; the two backends agree on the first loss; and
+// training lowers the loss.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -205,7 +205,8 @@ TEST_P(TrainRepro, ThreeStepsAreBitwiseReproducible) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyConfigs, TrainRepro,
-                         ::testing::Combine(::testing::Values("gpt-tiny", "moe-tiny"),
+                         ::testing::Combine(::testing::Values("gpt-tiny", "moe-tiny",
+                                                              "gpt-tiny-rope"),
                                             ::testing::Values("cpu", "cpu-ref")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -253,13 +254,28 @@ TEST_P(TrainTiny, LossDecreasesOnCpu) {
   EXPECT_LT(val, first);
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyConfigs, TrainTiny, ::testing::Values("gpt-tiny", "moe-tiny"),
+INSTANTIATE_TEST_SUITE_P(TinyConfigs, TrainTiny,
+                         ::testing::Values("gpt-tiny", "moe-tiny", "gpt-tiny-rope"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+// Rotary positions (no wpe) learn from the first steps on both backends, the same run on each.
+TEST(TrainerTest, RopeLowersTheLossInThreeStepsOnBothBackends) {
+  GptConfig cfg = tiny("gpt-tiny-rope");
+  ASSERT_EQ(cfg.position, "rope");
+  for (Device d : {kCpu, kCpuRef}) {
+    SCOPED_TRACE(d.name());
+    RunResult a = runSteps(cfg, d, 7, 3), b = runSteps(cfg, d, 7, 3);
+    ASSERT_EQ(a.losses.size(), 3u);
+    EXPECT_LT(a.losses[2], a.losses[0]) << a.losses[0] << " -> " << a.losses[2];
+    EXPECT_EQ(a.losses, b.losses);
+    for (auto& [name, bytes] : a.params) EXPECT_NE(name, "wpe.weight");
+  }
+}
 
 TEST(TrainerTest, DropoutIsSeededAndOffInEval) {
   GptConfig cfg = tiny("gpt-tiny");

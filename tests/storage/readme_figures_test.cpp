@@ -39,7 +39,7 @@ std::vector<int> statedNumbers(const std::string& text, const std::string& patte
 }
 
 #ifdef KEEL_CLI_PATH
-// The op count `keel ops` prints on its last line ("72 ops"), -1 when it cannot be run.
+// The op count `keel ops` prints on its last line ("<N> ops"), -1 when it cannot be run.
 int cliOpCount() {
   FILE* p = ::popen((std::string("'") + KEEL_CLI_PATH + "' ops 2>&1").c_str(), "r");
   if (p == nullptr) return -1;

@@ -493,6 +493,27 @@ void kDropout(const KernelCtx& c) {
     x[i] = double(philoxUniform(seed, off, i)) >= p ? x[i] / (1.0 - p) : 0.0;
   store(c.outputs[0], x);
 }
+// Each row (b, t, h) of x [B, T, H, D]: the pair (i, i + D/2) turned by t·base^(-2i/D), negated
+// when inverse (docs/ops.md, "Rotary position embedding").
+void kRope(const KernelCtx& c) {
+  const Tensor& x = c.inputs[0];
+  const int64_t t = x.size(1), h = x.size(2), d = x.size(3), half = d / 2;
+  const double base = c.attrs.getDouble("base", 10000.0);
+  const double sign = c.attrs.getBool("inverse", false) ? -1.0 : 1.0;
+  Vec v = load(x), out(v.size());
+  for (size_t row = 0; row * size_t(d) < v.size(); ++row) {
+    const double pos = double((int64_t(row) / h) % t);
+    const double* in = &v[row * size_t(d)];
+    double* o = &out[row * size_t(d)];
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = sign * pos * std::pow(base, -2.0 * double(i) / double(d));
+      const double x1 = in[i], x2 = in[i + half];
+      o[i] = x1 * std::cos(a) - x2 * std::sin(a);
+      o[i + half] = x2 * std::cos(a) + x1 * std::sin(a);
+    }
+  }
+  store(c.outputs[0], out);
+}
 
 // ---------------------------------------------------------------- flashmask attention
 // The oracle: materialise the [Sq, Sk] visibility of each (batch, head) from the column bounds
@@ -927,6 +948,7 @@ constexpr KernelRow kTable[] = {
     {OpId::CrossEntropy, kCrossEntropy, kF},
     {OpId::CrossEntropyBackward, kCrossEntropyBackward, kF},
     {OpId::Dropout, kDropout, kF},
+    {OpId::Rope, kRope, kF},
     {OpId::FlashmaskAttention, kFlashmaskAttention, kF},
     {OpId::FlashmaskAttentionBackward, kFlashmaskAttentionBackward, kF},
     {OpId::SliceBackward, kSliceBackward, kAll},

@@ -65,6 +65,7 @@ inline constexpr DTypeMask kF = kFloatTypes, kFI = kFloatTypes | kIntTypes, kAll
   X(EmbeddingBackward, kEmbeddingBackward, kF)                                     \
   X(CrossEntropy, kCrossEntropy, kF)                                               \
   X(CrossEntropyBackward, kCrossEntropyBackward, kF)                               \
+  X(Rope, kRope, kF)                                                               \
   /* flashmask.cpp */                                                              \
   X(FlashmaskAttention, kFlashmaskAttention, kF)                                   \
   X(FlashmaskAttentionBackward, kFlashmaskAttentionBackward, kF)                   \

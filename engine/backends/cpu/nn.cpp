@@ -1,5 +1,5 @@
 // Fused neural-network kernels of the cpu backend: softmax / log_softmax and their backward ops,
-// layer_norm / rms_norm (+ backward), cross_entropy (+ backward), embedding (+ backward).
+// layer_norm / rms_norm (+ backward), cross_entropy (+ backward), embedding (+ backward), rope.
 // Parallel over output rows only; dweight/dbias and embedding gradients use fixed row chunks added
 // in chunk order (Note [cpu determinism]). Row statistics accumulate in double across blocks.
 #include "cpu_util.h"
@@ -307,6 +307,44 @@ void normKernel(const KernelCtx& c, bool rms) {
   });
 }
 
+// ---------------------------------------------------------------- rope
+
+// Rows of D elements, one per (b, t, h) of x [B, T, H, D]. The cos and sin of each (t, i) are
+// computed once, in double, and rounded to the compute type; each output element is one fixed
+// expression, so results do not depend on threads (docs/ops.md, "Rotary position embedding").
+template <typename T>
+void ropeRows(const KernelCtx& c) {
+  using C = CompT<T>;
+  const Tensor x = contig(c.inputs[0]);
+  const Tensor& out = c.outputs[0];
+  const int64_t t = x.size(1), h = x.size(2), d = x.size(3), half = d / 2;
+  if (out.numel() == 0) return;
+  const double base = c.attrs.getDouble("base", 10000.0);
+  const double sign = c.attrs.getBool("inverse", false) ? -1.0 : 1.0;
+  std::vector<C> cosv(size_t(t * half)), sinv(size_t(t * half));
+  for (int64_t p = 0; p < t; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = sign * double(p) * std::pow(base, -2.0 * double(i) / double(d));
+      cosv[size_t(p * half + i)] = C(std::cos(a));
+      sinv[size_t(p * half + i)] = C(std::sin(a));
+    }
+  const T* px = x.data<T>();
+  T* po = out.data<T>();
+  parallelFor(out.numel() / d, rowGrain(d), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* in = px + r * d;
+      T* o = po + r * d;
+      const C* cs = &cosv[size_t((r / h) % t * half)];
+      const C* sn = &sinv[size_t((r / h) % t * half)];
+      for (int64_t i = 0; i < half; ++i) {
+        const C x1 = C(in[i]), x2 = C(in[i + half]);
+        o[i] = store<T>(x1 * cs[i] - x2 * sn[i]);
+        o[i + half] = store<T>(x2 * cs[i] + x1 * sn[i]);
+      }
+    }
+  });
+}
+
 // ---------------------------------------------------------------- cross entropy
 
 // log(sum(exp(row))) in double, max-subtracted.
@@ -507,6 +545,14 @@ void kCrossEntropy(const KernelCtx& c) {
 }
 void kCrossEntropyBackward(const KernelCtx& c) {
   crossEntropyBackward(c);
+}
+void kRope(const KernelCtx& c) {
+  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
+    if constexpr (kIsFloat<T>)
+      ropeRows<T>(c);
+    else
+      unsupported(c, c.inputs[0].dtype());
+  });
 }
 
 }  // namespace keel::cpu

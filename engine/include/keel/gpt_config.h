@@ -23,6 +23,9 @@ struct GptConfig {
   int64_t top_k = 2;               // experts per token, 1..n_expert (MoE only)
   double capacity_factor = 1.25;   // > 0 (MoE only)
   double aux_loss_coef = 0.01;     // >= 0 (MoE only)
+  // "learned": a position embedding (wpe) added to the token embedding; "rope": no wpe, rotary
+  // position embedding (the rope op, base 10000) on q and k in every attention layer.
+  std::string position = "learned";
   // Attention mask of every layer (flashmask_attention, docs/flashmask.md): "causal" |
   // "sliding_window" (attention_window) | "global_sliding_window" (attention_window,
   // attention_global) | "causal_document" (documents of a packed row never see each other; the

@@ -148,9 +148,10 @@ class RMSNorm : public UnaryModule {
 std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Device device);
 
 // Multi-head self-attention over x [B, T, C] with a fused qkv projection: q, k, v [B, T, H, hd]
-// go through flashmask_attention with the mask the config chooses (attention_mask: causal,
-// sliding_window, global_sliding_window or causal_document; attention dropout inside the op),
-// then the output projection. Every mask is causal: no query sees a later key.
+// (q and k rotated by the rope op when the config's position is "rope") go through
+// flashmask_attention with the mask the config chooses (attention_mask: causal, sliding_window,
+// global_sliding_window or causal_document; attention dropout inside the op), then the output
+// projection. Every mask is causal: no query sees a later key.
 class CausalSelfAttention : public UnaryModule {
  public:
   CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
@@ -168,6 +169,7 @@ class CausalSelfAttention : public UnaryModule {
   const flashmask::Mask& maskFor(int64_t b, int64_t t);  // the config's mask for [B, T]
   int64_t nHead_, dModel_;
   double dropout_;
+  bool rope_;  // config position "rope": q and k through the rope op
   std::string maskKind_;
   int64_t window_, global_;
   Device device_;
@@ -251,10 +253,11 @@ struct GptOutput {
   Tensor auxLoss;  // sum of the MoE layers' aux losses (undefined for a dense model)
 };
 
-// Token embedding + learned position embedding, blocks, final norm, lm_head (no weight tying).
-// Parameters: wte.weight, wpe.weight, blocks.<i>.{norm1,attn.qkv,attn.proj,norm2,mlp|moe}...,
-// norm_f, lm_head.weight. Initialisation draws from Generator(seed): normal(0, 0.02), residual
-// projections (attn.proj, mlp.w2, experts' w2) normal(0, 0.02 / sqrt(2 · n_layer)).
+// Token embedding + learned position embedding (or, with position "rope", rotary embedding in
+// every attention and no wpe), blocks, final norm, lm_head (no weight tying).
+// Parameters: wte.weight, wpe.weight (learned only), blocks.<i>.{norm1,attn.qkv,attn.proj,norm2,
+// mlp|moe}..., norm_f, lm_head.weight. Initialisation draws from Generator(seed): normal(0, 0.02),
+// residual projections (attn.proj, mlp.w2, experts' w2) normal(0, 0.02 / sqrt(2 · n_layer)).
 class GPT : public Module {
  public:
   GPT(const GptConfig& cfg, Device device, uint64_t seed);

@@ -55,6 +55,7 @@
   X(CrossEntropy, "cross_entropy")                       \
   X(CrossEntropyBackward, "cross_entropy_backward")      \
   X(Dropout, "dropout")                                  \
+  X(Rope, "rope")                                        \
   X(FlashmaskAttention, "flashmask_attention")           \
   X(FlashmaskAttentionBackward, "flashmask_attention_backward") \
   /* shapes and views */                                 \

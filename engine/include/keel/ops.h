@@ -63,6 +63,10 @@ Tensor crossEntropy(const Tensor& logits, const Tensor& targets, int64_t ignoreI
 // of (seed, offset, element index) only.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
+// Rotary position embedding of x [B, T, H, D] (D even), rotate-half convention: the pair
+// (i, i + D/2) of the row at position t turns by t·base^(-2i/D); inverse turns back. See
+// docs/ops.md, "Rotary position embedding".
+Tensor rope(const Tensor& x, double base = 10000.0, bool inverse = false);
 
 // FlashMask attention (docs/flashmask.md). q [B, Sq, H, D], k and v [B, Sk, Hk, D] with H a
 // multiple of Hk; startendRowIndices int32 [B, Hk or 1, Sk, C] (or undefined: no column mask).

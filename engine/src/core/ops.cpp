@@ -130,6 +130,9 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
   return d1(OpId::Dropout, {x},
             Attrs().set("p", p).set("seed", int64_t(seed)).set("offset", int64_t(offset)));
 }
+Tensor rope(const Tensor& x, double base, bool inverse) {
+  return d1(OpId::Rope, {x}, Attrs().set("base", base).set("inverse", inverse));
+}
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   if (!training || p == 0.0) return x;
   uint64_t off = gen.take(uint64_t(x.numel()));

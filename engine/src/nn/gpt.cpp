@@ -1,7 +1,7 @@
-// The GPT model: pre-norm transformer blocks (dense SwiGLU or MoE) over token + position
-// embeddings, final norm and lm_head, with the language-model loss (plus aux_loss_coef · MoE aux
-// loss). Invariant: construction order fixes the initialisation stream, so a seed gives the same
-// weights on every backend.
+// The GPT model: pre-norm transformer blocks (dense SwiGLU or MoE) over token (+ learned
+// position) embeddings, final norm and lm_head, with the language-model loss (plus aux_loss_coef ·
+// MoE aux loss). Invariant: construction order fixes the initialisation stream, so a seed gives the
+// same weights on every backend.
 #include <cmath>
 
 #include "keel/data.h"
@@ -43,7 +43,9 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed)
   Generator gen(seed);
   wte_ =
       registerModule("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device));
-  wpe_ = registerModule("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen, device));
+  if (cfg.position == "learned")
+    wpe_ =
+        registerModule("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen, device));
   blockList_ = registerModule("blocks", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < cfg.n_layer; ++i)
     blocks_.push_back(blockList_->append(std::make_shared<Block>(cfg, gen, device, dropoutGen_)));
@@ -68,8 +70,8 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
                "GPT: targets must be int64 ", shapeStr(idx.shape()), ", got ",
                shapeStr(targets.shape()), " ", dtypeName(targets.dtype()));
 
-  Tensor pos = ops::arange(t, DType::Int64, device_);
-  Tensor x = ops::add(wte_->forward(idx), wpe_->forward(pos));  // [B, T, C] + [T, C]
+  Tensor x = wte_->forward(idx);                                                    // [B, T, C]
+  if (wpe_) x = ops::add(x, wpe_->forward(ops::arange(t, DType::Int64, device_)));  // + [T, C]
   if (isTraining() && cfg_.dropout > 0.0) x = ops::dropout(x, cfg_.dropout, *dropoutGen_, true);
   if (cfg_.attention_mask == "causal_document") {
     // The batch's document boundaries, from its separator tokens (Note [Packed documents]).

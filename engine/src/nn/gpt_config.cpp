@@ -161,6 +161,12 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
                        std::to_string(c.n_head) + ")");
   if (c.norm != "layernorm" && c.norm != "rmsnorm")
     fail("norm", "expected \"layernorm\" or \"rmsnorm\", got \"" + c.norm + "\"");
+  if (c.position != "learned" && c.position != "rope")
+    fail("position", "expected \"learned\" or \"rope\", got \"" + c.position + "\"");
+  if (c.position == "rope" && c.d_model % c.n_head == 0 && c.headDim() % 2 != 0)
+    fail("position",
+         "\"rope\" turns pairs of a head's dims, so d_model / n_head must be even, got " +
+             std::to_string(c.headDim()));
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     fail("dropout", "must be in [0, 1), got " + num(c.dropout));
   if (c.n_expert < 0) fail("n_expert", "must be >= 0, got " + std::to_string(c.n_expert));
@@ -217,6 +223,7 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   c.d_ff = 4 * c.d_model;
   r.readInt("d_ff", c.d_ff);
   r.readString("norm", c.norm);
+  r.readString("position", c.position);
   r.readDouble("dropout", c.dropout);
   r.readInt("n_expert", c.n_expert);
   r.readInt("top_k", c.top_k);

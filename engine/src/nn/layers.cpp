@@ -96,6 +96,7 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, D
     : nHead_(cfg.n_head),
       dModel_(cfg.d_model),
       dropout_(cfg.dropout),
+      rope_(cfg.position == "rope"),
       maskKind_(cfg.attention_mask),
       window_(cfg.attention_window),
       global_(cfg.attention_global),
@@ -147,11 +148,15 @@ Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
   const bool drop = isTraining() && dropout_ > 0.0 && dropoutGen_;
   auto parts = ops::split(qkv_->forward(x), {c, c, c}, -1);
   auto heads = [&](const Tensor& p) { return ops::reshape(p, {b, t, h, hd}); };  // [B, T, H, hd]
+  Tensor q = heads(parts[0]), k = heads(parts[1]);
+  if (rope_) {  // position t of the row, base 10000
+    q = ops::rope(q);
+    k = ops::rope(k);
+  }
   // Scale 0: 1/sqrt(hd). Attention dropout draws B·H·T·T counters, one per probability.
-  Tensor y =
-      ops::flashmaskAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]), maskFor(b, t), -1,
-                              drop ? dropout_ : 0.0, 0.0, dropoutGen_.get(), drop)
-          .first;  // [B, T, H, hd]
+  Tensor y = ops::flashmaskAttention(q, k, heads(parts[2]), maskFor(b, t), -1,
+                                     drop ? dropout_ : 0.0, 0.0, dropoutGen_.get(), drop)
+                 .first;  // [B, T, H, hd]
   y = proj_->forward(ops::reshape(y, {b, t, c}));
   if (drop) y = ops::dropout(y, dropout_, *dropoutGen_, true);
   return y;

@@ -1,6 +1,8 @@
 // Op definitions, neural-network family: softmax and log_softmax, layer_norm and rms_norm,
-// embedding, cross_entropy, dropout, each with its fused backward op where it has one. Each op's
-// inference and backward rule; kernels live in the backends.
+// embedding, cross_entropy, dropout, rope, each with its fused backward op where it has one. Each
+// op's inference and backward rule; kernels live in the backends.
+#include <cmath>
+
 #include "op_defs_util.h"
 
 namespace keel::detail {
@@ -148,6 +150,26 @@ void defineDropout(OpTable& t) {
   };
 }
 
+// See docs/ops.md, "Rotary position embedding": a rotation per (position, pair), so the gradient
+// is the same rotation turned back (rope with inverse flipped).
+void defineRope(OpTable& t) {
+  OpDef& o = t.at(OpId::Rope, 1);
+  o.infer = [](const OpDef& op, Inputs in, const Attrs& a) {
+    requireFloat(op.name, in[0], "input");
+    KEEL_CHECK(in[0].dim() == 4 && in[0].size(3) % 2 == 0, "op '", op.name,
+               "': input must be [B, T, H, D] with D even, got ", shapeStr(in[0].shape()));
+    const double base = a.getDouble("base", 10000.0);
+    KEEL_CHECK(base > 0.0 && std::isfinite(base), "op '", op.name,
+               "': base must be finite and > 0, got ", base);
+    return inferUnary(in);
+  };
+  o.backward = [](const BackwardCtx& c) -> Grads {
+    Attrs back = c.attrs;
+    back.set("inverse", !c.attrs.getBool("inverse", false));
+    return {dispatch1(OpId::Rope, {c.gradOutputs[0]}, back)};
+  };
+}
+
 }  // namespace
 
 void defineNnOps(OpTable& t) {
@@ -172,11 +194,15 @@ void defineNnOps(OpTable& t) {
   t.doc(OpId::Dropout, "x", "p, seed, offset", "like x",
         "keep iff philoxUniform(seed, offset, i) ≥ p (i = row-major element index); kept values "
         "× 1/(1−p)");
+  t.doc(OpId::Rope, "x [B, T, H, D], D even", "base (10000), inverse (false)", "like x",
+        "rotary position embedding, rotate-half pairs (i, i + D/2) turned by "
+        "±t·base^(−2i/D), see [below](#rotary-position-embedding)");
   defineSoftmax(t);
   defineNorms(t);
   defineEmbedding(t);
   defineCrossEntropy(t);
   defineDropout(t);
+  defineRope(t);
 }
 
 }  // namespace keel::detail
