@@ -70,8 +70,13 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
                "GPT: targets must be int64 ", shapeStr(idx.shape()), ", got ",
                shapeStr(targets.shape()), " ", dtypeName(targets.dtype()));
 
-  Tensor x = wte_->forward(idx);                                                    // [B, T, C]
-  if (wpe_) x = ops::add(x, wpe_->forward(ops::arange(t, DType::Int64, device_)));  // + [T, C]
+  Tensor x;
+  if (wpe_) {
+    Tensor pos = ops::arange(t, DType::Int64, device_);
+    x = ops::add(wte_->forward(idx), wpe_->forward(pos));  // [B, T, C] + [T, C]
+  } else {
+    x = wte_->forward(idx);  // positions enter the attention (rope)
+  }
   if (isTraining() && cfg_.dropout > 0.0) x = ops::dropout(x, cfg_.dropout, *dropoutGen_, true);
   if (cfg_.attention_mask == "causal_document") {
     // The batch's document boundaries, from its separator tokens (Note [Packed documents]).
