@@ -34,13 +34,13 @@ std::vector<ks::OpRecord> makeRun(int n, int changedFrom, int insertions, int dr
       ks::OpRecord extra;
       extra.step = 1;
       extra.name = "contiguous";
-      extra.phase = "forward";
+      extra.phase = keel::Phase::Forward;
       ops.push_back(std::move(extra));
     }
     if (dropEvery > 0 && i % dropEvery == dropEvery / 2) continue;
     ks::OpRecord op;
     op.step = 1;
-    op.phase = "forward";
+    op.phase = keel::Phase::Forward;
     op.name = names[i % 6];
     op.scope = std::string("blocks.").append(std::to_string(i / 500));
     op.stackId = i % 97;

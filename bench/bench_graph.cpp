@@ -65,7 +65,7 @@ struct Tape {
     OpRecord o;
     o.seq = nextSeq++;
     o.step = 1;
-    o.phase = phase;
+    o.phase = *keel::parsePhase(phase);
     o.name = name;
     o.scope = scope;
     o.forwardSeq = forwardSeq;

@@ -38,7 +38,7 @@ RunInfo benchRun() {
 // A realistic op: a handful of names and scopes, 2 inputs + 1 output, hashed, with statistics.
 OpRecord benchOp(uint64_t seq) {
   static const char* kNames[] = {"matmul", "add", "gelu", "layer_norm", "softmax", "mul"};
-  static const char* kPhases[] = {"forward", "backward"};
+  static const keel::Phase kPhases[] = {keel::Phase::Forward, keel::Phase::Backward};
   OpRecord o;
   o.seq = seq;
   o.step = 1;

@@ -50,7 +50,7 @@ void writeStep(ks::Writer& w, int64_t step, int ops, uint64_t& seq) {
     o.step = step;
     const bool backward = i >= fwd;
     const int k = backward ? ops - 1 - i : i;
-    o.phase = backward ? "backward" : "forward";
+    o.phase = backward ? keel::Phase::Backward : keel::Phase::Forward;
     o.name = std::string(kNames[k % 12]) + (backward ? "_backward" : "");
     o.scope = "blocks." + std::to_string(k / 120) + ((k % 12) < 6 ? ".attn" : ".mlp");
     o.beginNs = int64_t(o.seq) * 1000;

@@ -73,15 +73,15 @@ const char* toString(GraphPhase phase) {
 bool inGraphPhase(const storage::OpRecord& op, GraphPhase phase) {
   switch (phase) {
     case GraphPhase::Forward:
-      return op.phase == "forward";
+      return op.phase == Phase::Forward;
     case GraphPhase::Backward:
-      return op.phase == "backward";
+      return op.phase == Phase::Backward;
     case GraphPhase::Optimizer:
-      return op.phase == "optimizer";
+      return op.phase == Phase::Optimizer;
     case GraphPhase::Both:
       break;
   }
-  return op.phase == "forward" || op.phase == "backward";
+  return op.phase == Phase::Forward || op.phase == Phase::Backward;
 }
 
 TextMetrics TextMetrics::fixed(double charWidth, double lineHeight) {
@@ -123,8 +123,8 @@ int64_t countGraphOps(std::span<const storage::OpRecord> ops, GraphPhase phase) 
 
 namespace {
 
-char phaseLetter(const std::string& phase) {
-  return phase == "forward" ? 'f' : phase == "backward" ? 'b' : 'o';
+char phaseLetter(Phase phase) {
+  return phase == Phase::Forward ? 'f' : phase == Phase::Backward ? 'b' : 'o';
 }
 
 size_t scopeDepth(std::string_view scope) {
@@ -206,7 +206,7 @@ struct ClusterTree {
 
 struct PhaseTrees {
   char letter = 'f';
-  std::string phase;
+  Phase phase = Phase::Forward;
   std::vector<ClusterTree> trees;  // [0] is the phase root (scope "")
   std::unordered_map<std::string, int> byScope;
 
@@ -248,7 +248,7 @@ void emitTree(std::string& out, GraphDot& g, PhaseTrees& pt, int treeIdx, int de
     if (treeIdx != 0) c.id += ":" + t.scope;
     c.phase = pt.phase;
     c.scope = t.scope;
-    c.label = treeIdx != 0 ? t.scope : pt.phase;
+    c.label = treeIdx != 0 ? t.scope : std::string(phaseName(pt.phase));
     c.depth = depth;
     out.append(indent.size() - 2, ' ');
     out += "subgraph ";
@@ -271,9 +271,9 @@ void emitTree(std::string& out, GraphDot& g, PhaseTrees& pt, int treeIdx, int de
     out += ", height=";
     appendNumber(out, node.height / 72.0, 4);
     const bool module = node.kind == GraphNodeKind::Module;
-    const char* fill = node.phase == "backward"    ? "#fde2c8"
-                       : node.phase == "optimizer" ? "#dfe9d8"
-                                                   : nullptr;
+    const char* fill = node.phase == Phase::Backward    ? "#fde2c8"
+                       : node.phase == Phase::Optimizer ? "#dfe9d8"
+                                                        : nullptr;
     if (fill) {
       out += module ? ", style=\"filled,bold\", fillcolor=\"" : ", style=filled, fillcolor=\"";
       out += fill;
@@ -319,7 +319,7 @@ OpScopes opScopes(std::span<const storage::OpRecord> ops, GraphPhase phase) {
     const auto& op = ops[i];
     r.shown[i] = inGraphPhase(op, phase);
     r.scope[i] = op.scope;
-    if (op.scope.empty() && op.phase == "backward" && op.forwardSeq == 0) {
+    if (op.scope.empty() && op.phase == Phase::Backward && op.forwardSeq == 0) {
       bool first = true;
       std::string_view common;
       uint32_t latest = 0;
@@ -345,10 +345,9 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
   const bool both = options.phase == GraphPhase::Both;
   const OpScopes sc = opScopes(ops, options.phase);
   PhaseTrees phases[3];
-  const char* phaseNames[3] = {"forward", "backward", "optimizer"};
   for (int i = 0; i < 3; ++i) {
     phases[i].letter = "fbo"[i];
-    phases[i].phase = phaseNames[i];
+    phases[i].phase = Phase(i);
     phases[i].trees.push_back({});
   }
   auto phaseIndex = [](char letter) { return letter == 'f' ? 0 : letter == 'b' ? 1 : 2; };
@@ -441,7 +440,7 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
       else
         ++g.edges[size_t(e->second)].tensors;
     }
-    if (both && op.phase == "backward" && op.forwardSeq != 0) {
+    if (both && op.phase == Phase::Backward && op.forwardSeq != 0) {
       auto f = g.nodeOfOp.find(op.forwardSeq);
       if (f != g.nodeOfOp.end()) {
         uint64_t key = uint64_t(uint32_t(f->second)) << 32 | uint32_t(to);
@@ -466,7 +465,7 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
   for (const auto& e : g.edges) {
     const GraphNode& from = g.nodes[size_t(e.from)];
     const GraphNode& to = g.nodes[size_t(e.to)];
-    const bool reversed = both && from.phase == "backward";
+    const bool reversed = both && from.phase == Phase::Backward;
     out += "  ";
     appendQuoted(out, reversed ? to.id : from.id);
     out += " -> ";

@@ -27,29 +27,7 @@ namespace keel::analysis {
 
 namespace {
 
-enum class Kind : uint8_t {
-  Alloc,
-  Free,
-  Reserve,
-  Release,
-  Map,
-  Unmap,
-  Move,
-  Compact,
-  TrackBegin,
-  TrackEnd,
-  Other
-};
-
-Kind kindOf(const std::string& k) {
-  static const std::unordered_map<std::string, Kind> kinds = {
-      {"alloc", Kind::Alloc},       {"free", Kind::Free},       {"reserve", Kind::Reserve},
-      {"release", Kind::Release},   {"map", Kind::Map},         {"unmap", Kind::Unmap},
-      {"move", Kind::Move},         {"compact", Kind::Compact}, {"track_begin", Kind::TrackBegin},
-      {"track_end", Kind::TrackEnd}};
-  auto it = kinds.find(k);
-  return it == kinds.end() ? Kind::Other : it->second;
-}
+using Kind = MemEventKind;  // the shared vocabulary's (keel/base/vocabulary.h)
 
 }  // namespace
 
@@ -125,7 +103,7 @@ void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
                          [](const MemOp& a, const MemOp& b) { return a.seq == b.seq; }),
              ops_.end());
   for (const MemOp& o : ops_) {
-    if (o.forwardSeq == 0 || o.phase != "backward") continue;
+    if (o.forwardSeq == 0 || o.phase != Phase::Backward) continue;
     auto it = std::lower_bound(ops_.begin(), ops_.end(), o.forwardSeq,
                                [](const MemOp& a, uint64_t s) { return a.seq < s; });
     if (it == ops_.end() || it->seq != o.forwardSeq) continue;
@@ -138,7 +116,7 @@ void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
   const size_t n = events_.size();
   if (every_ == 0) every_ = std::max<size_t>(256, (n + 255) / 256);
   kinds_.resize(n);
-  for (size_t i = 0; i < n; ++i) kinds_[i] = uint8_t(kindOf(events_[i].kind));
+  for (size_t i = 0; i < n; ++i) kinds_[i] = uint8_t(events_[i].kind);
   auto kinds = [this](size_t i) { return Kind(kinds_[i]); };
   allocated_.assign(n, 0);
   reserved_.assign(n, 0);
@@ -353,14 +331,14 @@ const std::vector<storage::StackFrame>* MemoryModel::stack(int64_t id) const {
 // Times compare the cursor event's timeNs with the ops' begin/end times (one engine clock).
 WhyAlive MemoryModel::whyAlive(const MemBlock& b, int64_t cursor) const {
   const storage::MemRecord& a = events_[b.allocEvent];
-  if (a.tag == "parameter") return {AliveReason::Parameter, 0, "parameter"};
-  if (a.tag == "optimizer_state") return {AliveReason::OptimizerState, 0, "optimizer state"};
-  if (a.tag == "data") return {AliveReason::InputBatch, 0, "input batch"};
+  if (a.tag == MemTag::Parameter) return {AliveReason::Parameter, 0, "parameter"};
+  if (a.tag == MemTag::OptimizerState) return {AliveReason::OptimizerState, 0, "optimizer state"};
+  if (a.tag == MemTag::Data) return {AliveReason::InputBatch, 0, "input batch"};
   const int64_t t =
       cursor >= 0 && size_t(cursor) < events_.size() ? events_[size_t(cursor)].timeNs : a.timeNs;
   auto opText = [](const MemOp& o) { return "op #" + std::to_string(o.seq) + " " + o.name; };
   if (const MemOp* o = a.opSeq ? op(a.opSeq) : nullptr;
-      o && o->phase == "forward" && o->backwardSeq && t < o->backwardEndNs)
+      o && o->phase == Phase::Forward && o->backwardSeq && t < o->backwardEndNs)
     return {AliveReason::SavedForBackward, o->seq, "saved for backward (" + opText(*o) + ")"};
   if (const MemBuffer* buf = buffer(a.bufferId); buf && buf->viewOpSeq) {
     if (const MemOp* v = op(buf->viewOpSeq); v && v->beginNs <= t)
@@ -492,23 +470,6 @@ MemLayout layoutMemory(const MemState& state, MemScale scale) {
     L.blocksOutside++;
   }
   return L;
-}
-
-std::string formatBytes(uint64_t bytes) {
-  char buf[32];
-  if (bytes < 1024) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-    return buf;
-  }
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double v = double(bytes);
-  int u = -1;
-  while (v >= 1024 && u < 3) {
-    v /= 1024;
-    ++u;
-  }
-  std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
-  return buf;
 }
 
 // ---- loading ----

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "keel/base/text.h"
 #include "keel/checkpoint.h"
 
 namespace keel::cli {
@@ -50,7 +51,7 @@ int runInspect(const CkptArgs& a) {
   size_t shards = 0;
   for (const auto& k : m.keys) shards += k.shards.size();
   std::printf("checkpoint %s: %zu files, %zu keys, %zu shards, %s\n", c.path().c_str(),
-              m.files.size(), m.keys.size(), shards, ckpt::humanBytes(c.totalBytes()).c_str());
+              m.files.size(), m.keys.size(), shards, formatBytes(c.totalBytes()).c_str());
   if (!m.trainState.empty()) std::printf("train state: %s\n", m.trainState.c_str());
   std::map<uint32_t, std::pair<size_t, uint64_t>> perFile;
   for (const auto& k : m.keys)
@@ -61,7 +62,7 @@ int runInspect(const CkptArgs& a) {
   std::printf("files:\n");
   for (size_t f = 0; f < m.files.size(); ++f)
     std::printf("  %-36s %6zu tensors  %s\n", m.files[f].c_str(), perFile[uint32_t(f)].first,
-                ckpt::humanBytes(perFile[uint32_t(f)].second).c_str());
+                formatBytes(perFile[uint32_t(f)].second).c_str());
   std::printf("keys:\n");
   for (const auto& k : m.keys) {
     std::string layout;
@@ -107,7 +108,7 @@ int runConvert(const CkptArgs& a) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr, "\r[%.*s%*s] %3.0f%%  %s / %s  %.0f MiB/s ", fill,
                    "##############################", width - fill, "", f * 100.0,
-                   ckpt::humanBytes(done).c_str(), ckpt::humanBytes(total).c_str(),
+                   formatBytes(done).c_str(), formatBytes(total).c_str(),
                    s > 0 ? double(done) / s / double(1 << 20) : 0.0);
       std::fflush(stderr);
     };
@@ -117,7 +118,7 @@ int runConvert(const CkptArgs& a) {
       "converted %s -> %s (tp=%d): %zu shards in %zu files, %s written, %s read, %.2f s "
       "(%.0f MiB/s)\n",
       c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.files,
-      ckpt::humanBytes(st.bytesWritten).c_str(), ckpt::humanBytes(st.bytesRead).c_str(), st.seconds,
+      formatBytes(st.bytesWritten).c_str(), formatBytes(st.bytesRead).c_str(), st.seconds,
       st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
   return 0;
 }

@@ -32,7 +32,7 @@ std::string wallClock(int64_t unixNs) {
 void printAttention(const storage::Recording& rec) {
   storage::OpQuery q;
   q.name = "flashmask_attention";
-  q.phase = "forward";
+  q.phase = Phase::Forward;
   q.withTensors = false;
   q.limit = 1;
   auto first = rec.ops(q);
@@ -80,8 +80,9 @@ int runInspect(const std::string& path) {
   std::map<std::string, std::map<std::string, int64_t>> byName;
   std::map<std::string, int64_t> byPhase;
   for (const auto& c : counts) {
-    byName[c.name][c.phase] += c.count;
-    byPhase[c.phase] += c.count;
+    const std::string phase(phaseName(c.phase));  // the maps keep the printed order by name
+    byName[c.name][phase] += c.count;
+    byPhase[phase] += c.count;
   }
   std::printf("\nops        %lld", static_cast<long long>(rec.opCount()));
   for (const auto& [phase, n] : byPhase)
@@ -109,8 +110,8 @@ int runInspect(const std::string& path) {
     return 0;
   }
   std::printf("\nfirst NaN/Inf: op #%llu %s (%s) in step %lld, scope '%s'\n",
-              static_cast<unsigned long long>(bad->seq), bad->name.c_str(), bad->phase.c_str(),
-              static_cast<long long>(bad->step), bad->scope.c_str());
+              static_cast<unsigned long long>(bad->seq), bad->name.c_str(),
+              phaseName(bad->phase).data(), static_cast<long long>(bad->step), bad->scope.c_str());
   for (const auto& t : bad->tensors)
     std::printf("  %s %d: %s %s  nan %lld  inf %lld\n",
                 t.role == storage::Role::Input ? "input " : "output", t.index,

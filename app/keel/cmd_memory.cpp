@@ -10,18 +10,13 @@
 
 #include "cli_common.h"
 #include "keel/alloc_trace.h"
+#include "keel/base/text.h"
 #include "keel/capture/alloc_trace_io.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
 
 namespace keel::cli {
 namespace {
-
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
-  return buf;
-}
 
 void printHeader() {
   std::printf("%-10s %12s %12s %9s %9s %8s %8s %8s %12s %9s\n", "allocator", "peak alloc",
@@ -32,11 +27,11 @@ void printHeader() {
 void printRow(const ReplayResult& r, double harness) {
   const AllocatorStats& s = r.stats;
   std::printf("%-10s %12s %12s %8.2f%% %8.2f%% %8llu %8llu %8llu %12s %9.1f\n", r.allocator.c_str(),
-              mib(s.peakAllocated).c_str(), mib(s.peakReserved).c_str(),
+              formatMiB(s.peakAllocated).c_str(), formatMiB(s.peakReserved).c_str(),
               100.0 * s.peakFragmentation(), 100.0 * s.fragmentation(),
               static_cast<unsigned long long>(s.defrags),
               static_cast<unsigned long long>(s.chunksRemapped),
-              static_cast<unsigned long long>(s.compactions), mib(s.bytesCopied).c_str(),
+              static_cast<unsigned long long>(s.compactions), formatMiB(s.bytesCopied).c_str(),
               std::max(0.0, r.nsPerCall - harness));
 }
 

@@ -50,9 +50,9 @@ int runRecordedOps(const OpsArgs& a) {
   storage::OpQuery q;
   if (a.step >= 0) q.step = a.step;
   if (!a.phase.empty()) {
-    if (a.phase != "forward" && a.phase != "backward" && a.phase != "optimizer")
+    q.phase = parsePhase(a.phase);
+    if (!q.phase)
       return fail("--phase: expected forward, backward or optimizer, got '" + a.phase + "'");
-    q.phase = a.phase;
   }
   if (!a.name.empty()) q.name = a.name;
   if (!a.scope.empty()) q.scopePrefix = a.scope;
@@ -69,9 +69,9 @@ int runRecordedOps(const OpsArgs& a) {
       }
     std::printf("%8llu %5lld %-9s %-22s %-28s %9.1f  %-16s %s -> %s\n",
                 static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
-                op.phase.c_str(), op.name.c_str(), op.scope.empty() ? "-" : op.scope.c_str(),
-                double(op.endNs - op.beginNs) / 1e3, md5.c_str(),
-                storage::tensorList(op, storage::Role::Input).c_str(),
+                phaseName(op.phase).data(), op.name.c_str(),
+                op.scope.empty() ? "-" : op.scope.c_str(), double(op.endNs - op.beginNs) / 1e3,
+                md5.c_str(), storage::tensorList(op, storage::Role::Input).c_str(),
                 storage::tensorList(op, storage::Role::Output).c_str());
   }
   std::printf("%zu op calls\n", ops.size());

@@ -24,12 +24,12 @@ AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
   uint64_t nextId = uint64_t(1) << 62;                   // ids for events without a Buffer
   int64_t step = -1;
   for (const auto& m : rec.memEvents({})) {
-    if (m.kind != "alloc" && m.kind != "free") continue;
+    if (m.kind != MemEventKind::Alloc && m.kind != MemEventKind::Free) continue;
     if (m.step != step) {
       step = m.step;
       t.events.push_back({TraceEvent::Step, uint64_t(step), 0});
     }
-    if (m.kind == "alloc") {
+    if (m.kind == MemEventKind::Alloc) {
       uint64_t id = m.bufferId ? m.bufferId : nextId++;
       liveByAddress[m.address] = id;
       t.events.push_back({TraceEvent::Alloc, id, m.bytes});

@@ -203,7 +203,7 @@ class CaptureObserver : public Observer {
   void onMemory(const MemEvent& e) override {
     if (!active() || !opt_.allocator) return;
     storage::MemRecord m;
-    m.kind = std::string(memEventName(e.kind));
+    m.kind = e.kind;
     m.device = e.device.name();
     m.address = e.address;
     m.bytes = e.bytes;
@@ -213,7 +213,7 @@ class CaptureObserver : public Observer {
     m.allocatedAfter = e.allocatedAfter;
     m.reservedAfter = e.reservedAfter;
     m.bufferId = e.bufferId;
-    m.tag = std::string(memTagName(e.tag));
+    m.tag = e.tag;
     m.label = std::string(e.label);
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -312,7 +312,7 @@ class CaptureObserver : public Observer {
     storage::OpRecord r;
     r.seq = e.seq;
     r.step = step;
-    r.phase = std::string(phaseName(e.phase));
+    r.phase = e.phase;
     r.name = e.op->name;
     if (e.attrs && !e.attrs->items().empty()) r.attrsJson = e.attrs->toString();
     r.scope = std::string(e.scope);

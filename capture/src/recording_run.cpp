@@ -8,10 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 
+#include "keel/base/text.h"
 #include "keel/capture/hash.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
@@ -29,12 +28,6 @@ namespace {
 struct StopRequest {
   std::string reason;
 };
-
-std::string readConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KEEL_CHECK(in, "cannot read config file '", path, "'");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 std::string hostName() {
   char host[256] = {0};
@@ -172,7 +165,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   const bool builtIn = spec_.workloadPath.empty();
   KEEL_CHECK(!builtIn || !spec_.configPath.empty(),
              "--config is required (a model config, or a workload's config with --workload)");
-  if (!spec_.configPath.empty()) configText_ = readConfig(spec_.configPath);
+  if (!spec_.configPath.empty()) configText_ = readFile(spec_.configPath, "config file");
   workload_ = builtIn ? gptWorkload() : loadWorkload(spec_.workloadPath);
   std::string configAllocator;
   if (builtIn) {  // validated before anything is created

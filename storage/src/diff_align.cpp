@@ -29,7 +29,7 @@ uint64_t fnvU64(uint64_t h, uint64_t v) {
 }
 
 uint64_t looseSignature(const OpRecord& op) {
-  return fnvStr(fnvStr(fnvStr(kFnvOffset, op.name), op.phase), op.scope);
+  return fnvStr(fnvStr(fnvStr(kFnvOffset, op.name), std::string(phaseName(op.phase))), op.scope);
 }
 
 // ---- alignment ---------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ Json tensorJson(const TensorDiff& t) {
 
 Json pairJson(const OpPair& p) {
   Json j{{"step", p.step},   {"status", toString(p.status)},
-         {"name", p.name},   {"phase", p.phase},
+         {"name", p.name},   {"phase", phaseName(p.phase)},
          {"scope", p.scope}, {"exactSignature", p.exactSignature}};
   if (!p.nameB.empty()) j["nameB"] = p.nameB;
   j["a"] = p.inA ? Json{{"seq", p.seqA}, {"stackId", p.stackIdA}} : Json(nullptr);
@@ -94,7 +94,7 @@ Json chainJson(const std::vector<ChainLink>& chain) {
     arr.push_back(Json{{"depth", l.depth},
                        {"seq", l.seq},
                        {"name", l.name},
-                       {"phase", l.phase},
+                       {"phase", phaseName(l.phase)},
                        {"scope", l.scope},
                        {"stackId", l.stackId},
                        {"status", toString(l.status)},
@@ -167,7 +167,7 @@ std::string opLabel(const OpPair& p) {
   s += p.inB ? "  B #" + std::to_string(p.seqB) : std::string("  B -");
   s += "  " + p.name;
   if (!p.nameB.empty()) s += " / " + p.nameB;
-  s += " [" + p.phase + "]";
+  s += " [" + std::string(phaseName(p.phase)) + "]";
   if (!p.scope.empty()) s += " " + p.scope;
   return s;
 }
@@ -196,7 +196,7 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
     out += std::string("  fed by (run ") + side + "):\n";
     for (const ChainLink& l : *chain) {
       out += std::string(static_cast<size_t>(2 + 2 * l.depth), ' ') + "<- #" +
-             std::to_string(l.seq) + " " + l.name + " [" + l.phase + "]";
+             std::to_string(l.seq) + " " + l.name + " [" + std::string(phaseName(l.phase)) + "]";
       if (!l.scope.empty()) out += " " + l.scope;
       out += "  " + std::string(toString(l.status)) + "  -> input " +
              std::to_string(l.consumerInput) + " of #" + std::to_string(l.consumerSeq);

@@ -54,7 +54,7 @@ std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<St
                       {"args", {{"loss", s.loss == s.loss ? nlohmann::json(s.loss) : nullptr}}}});
   for (const auto& op : ops)
     events.push_back({{"name", op.name},
-                      {"cat", op.phase},
+                      {"cat", phaseName(op.phase)},
                       {"ph", "X"},
                       {"ts", double(op.beginNs) / 1e3},
                       {"dur", double(op.endNs - op.beginNs) / 1e3},

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <variant>
 
+#include "keel/base/dtype.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/schema.h"
 #include "packed.h"
@@ -75,6 +76,14 @@ struct Recording::Impl {
   mutable std::vector<bool> known;
   mutable sql::Stmt tensorsOfOp, tensorsInRange, opBySeq;
 
+  // A stored name as its vocabulary enum; a name this keel does not know is a damaged (or newer)
+  // recording: a StorageError naming the file and the value.
+  template <typename E>
+  E enumOf(std::optional<E> (*parse)(std::string_view), const std::string& text,
+           const char* what) const {
+    if (auto e = parse(text)) return *e;
+    throw StorageError("recording " + db.path() + " has an unknown " + what + " '" + text + "'");
+  }
   const std::string& str(int64_t id) const {
     if (id < 0 || static_cast<size_t>(id) >= strings.size() || !known[static_cast<size_t>(id)]) {
       loadStrings();
@@ -103,7 +112,7 @@ struct Recording::Impl {
     OpRecord o;
     o.seq = s.u64(0);
     o.step = s.i64(1);
-    o.phase = str(s.i64(2));
+    o.phase = enumOf(parsePhase, str(s.i64(2)), "phase");
     o.name = str(s.i64(3));
     o.attrsJson = str(s.i64(4));
     o.scope = str(s.i64(5));
@@ -271,7 +280,8 @@ int64_t Recording::opCount() const {
 std::vector<OpRecord> Recording::ops(const OpQuery& q) const {
   Binds b;
   if (q.step) b.add("step = ?", *q.step);
-  if (q.phase) b.add("phase_sid = (SELECT id FROM strings WHERE text = ?)", *q.phase);
+  if (q.phase)
+    b.add("phase_sid = (SELECT id FROM strings WHERE text = ?)", std::string(phaseName(*q.phase)));
   if (q.name) b.add("name_sid = (SELECT id FROM strings WHERE text = ?)", *q.name);
   if (q.scopePrefix && !q.scopePrefix->empty())
     b.add(
@@ -305,7 +315,9 @@ std::vector<OpCount> Recording::opCountsByNameAndPhase(std::optional<int64_t> st
                              " GROUP BY name_sid, phase_sid");
   b.apply(s);
   std::vector<OpCount> out;
-  while (s.step()) out.push_back({impl_->str(s.i64(0)), impl_->str(s.i64(1)), s.i64(2)});
+  while (s.step())
+    out.push_back(
+        {impl_->str(s.i64(0)), impl_->enumOf(parsePhase, impl_->str(s.i64(1)), "phase"), s.i64(2)});
   std::sort(out.begin(), out.end(), [](const OpCount& a, const OpCount& b) {
     return std::tie(b.count, a.name, a.phase) < std::tie(a.count, b.name, b.phase);
   });
@@ -359,7 +371,7 @@ std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
   std::vector<MemRecord> out;
   while (s.step()) {
     MemRecord m;
-    m.kind = impl_->str(s.i64(0));
+    m.kind = impl_->enumOf(parseMemEventKind, impl_->str(s.i64(0)), "memory event kind");
     m.device = impl_->str(s.i64(1));
     m.address = s.u64(2);
     m.bytes = s.u64(3);
@@ -371,7 +383,7 @@ std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
     m.allocatedAfter = s.u64(9);
     m.reservedAfter = s.u64(10);
     m.bufferId = s.u64(11);
-    if (!s.isNull(12)) m.tag = impl_->str(s.i64(12));
+    if (!s.isNull(12)) m.tag = impl_->enumOf(parseMemTag, impl_->str(s.i64(12)), "memory tag");
     if (!s.isNull(13)) m.label = impl_->str(s.i64(13));
     out.push_back(std::move(m));
   }
@@ -401,25 +413,6 @@ std::vector<DumpRecord> Recording::dumps(uint64_t opSeq) const {
 }
 
 namespace {
-
-double halfToDouble(uint16_t h) {
-  const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  double v;
-  if (exp == 0)
-    v = std::ldexp(double(man), -24);
-  else if (exp == 31)
-    v = man ? std::nan("") : std::numeric_limits<double>::infinity();
-  else
-    v = std::ldexp(double(man | 0x400), exp - 25);
-  return sign ? -v : v;
-}
-
-double bfloat16ToDouble(uint16_t b) {
-  uint32_t bits = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return double(f);
-}
 
 template <class T>
 void appendAs(const std::vector<uint8_t>& raw, std::vector<double>& out) {
@@ -453,34 +446,37 @@ std::optional<std::vector<double>> Recording::dumpValues(uint64_t opSeq, Role ro
     }
     int64_t numel = 1;
     for (int64_t s : d.shape) numel *= s;
-    static const std::pair<const char*, size_t> kSizes[] = {
-        {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2},
-        {"int32", 4},   {"int64", 8},   {"bool", 1}};
-    size_t es = 0;
-    for (const auto& [name, size] : kSizes)
-      if (d.dtype == name) es = size;
-    if (es == 0) throw StorageError(what + " has unknown dtype '" + d.dtype + "'");
+    const std::optional<DType> dtype = tryParseDType(d.dtype);
+    if (!dtype || dtypeName(*dtype) != d.dtype)
+      throw StorageError(what + " has unknown dtype '" + d.dtype + "'");
+    const size_t es = dtypeSize(*dtype);
     if (int64_t(raw.size()) != numel * int64_t(es))
       throw StorageError(what + " holds " + std::to_string(raw.size()) + " bytes, expected " +
                          std::to_string(numel * int64_t(es)));
     std::vector<double> out;
     out.reserve(size_t(numel));
-    if (d.dtype == "float32") {
-      appendAs<float>(raw, out);
-    } else if (d.dtype == "float64") {
-      appendAs<double>(raw, out);
-    } else if (d.dtype == "int32") {
-      appendAs<int32_t>(raw, out);
-    } else if (d.dtype == "int64") {
-      appendAs<int64_t>(raw, out);
-    } else if (d.dtype == "bool") {
-      for (uint8_t b : raw) out.push_back(b ? 1.0 : 0.0);
-    } else {
-      for (size_t i = 0; i + 2 <= raw.size(); i += 2) {
-        uint16_t h;
-        std::memcpy(&h, raw.data() + i, 2);
-        out.push_back(d.dtype == "float16" ? halfToDouble(h) : bfloat16ToDouble(h));
-      }
+    switch (*dtype) {
+      case DType::Float32:
+        appendAs<float>(raw, out);
+        break;
+      case DType::Float64:
+        appendAs<double>(raw, out);
+        break;
+      case DType::Int32:
+        appendAs<int32_t>(raw, out);
+        break;
+      case DType::Int64:
+        appendAs<int64_t>(raw, out);
+        break;
+      case DType::Bool:
+        for (uint8_t b : raw) out.push_back(b ? 1.0 : 0.0);
+        break;
+      case DType::Float16:
+        appendAs<Half>(raw, out);
+        break;
+      case DType::BFloat16:
+        appendAs<BFloat16>(raw, out);
+        break;
     }
     return out;
   }

@@ -232,7 +232,7 @@ void SqliteWriter::writeOp(const OpRecord& op) {
     sql::Stmt& o = insOp_;
     o.bind(1, op.seq);
     o.bind(2, op.step);
-    o.bind(3, intern(op.phase));
+    o.bind(3, intern(std::string(phaseName(op.phase))));
     o.bind(4, intern(op.name));
     o.bind(5, intern(op.attrsJson));
     o.bind(6, intern(op.scope));
@@ -293,7 +293,7 @@ void SqliteWriter::writeLog(const LogRecord& l) {
 void SqliteWriter::writeMem(const MemRecord& m) {
   guarded([&] {
     insMem_.bind(1, m.timeNs);
-    insMem_.bind(2, intern(m.kind));
+    insMem_.bind(2, intern(std::string(memEventName(m.kind))));
     insMem_.bind(3, intern(m.device));
     insMem_.bind(4, m.address);
     insMem_.bind(5, m.bytes);
@@ -304,7 +304,7 @@ void SqliteWriter::writeMem(const MemRecord& m) {
     insMem_.bind(10, m.allocatedAfter);
     insMem_.bind(11, m.reservedAfter);
     insMem_.bind(12, m.bufferId);
-    if (!m.tag.empty()) insMem_.bind(13, intern(m.tag));
+    if (m.tag != MemTag::None) insMem_.bind(13, intern(std::string(memTagName(m.tag))));
     if (!m.label.empty()) insMem_.bind(14, intern(m.label));
     insMem_.run();
   });

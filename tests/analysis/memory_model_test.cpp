@@ -35,19 +35,21 @@ std::vector<MemRecord> events(const std::vector<Ev>& in) {
   for (size_t i = 0; i < in.size(); ++i) {
     const Ev& e = in[i];
     MemRecord r;
-    r.kind = e.kind;
+    r.kind = *keel::parseMemEventKind(e.kind);
     r.address = e.address;
     r.bytes = e.bytes;
     r.toAddress = e.toAddress;
     r.opSeq = e.opSeq;
     r.timeNs = e.timeNs ? e.timeNs : int64_t(i + 1);
     r.bufferId = e.bufferId;
-    r.tag = e.tag;
     r.step = e.step;
     if (e.kind == "alloc") allocated += e.bytes;
     if (e.kind == "free") allocated -= e.bytes;
     const bool mark = e.kind == "track_begin" || e.kind == "track_end";
-    if (mark) r.label = e.tag;
+    if (mark)
+      r.label = e.tag;  // a mark's "tag" is its section label
+    else
+      r.tag = *keel::parseMemTag(e.tag);
     r.allocatedAfter = mark ? 0 : allocated;  // marks carry no figures, as recorded
     r.reservedAfter = mark ? 0 : allocated + 1024;
     out.push_back(r);
@@ -70,7 +72,7 @@ OpRecord op(uint64_t seq, const std::string& name, const std::string& phase, int
   o.seq = seq;
   o.step = 1;
   o.name = name;
-  o.phase = phase;
+  o.phase = *keel::parsePhase(phase);
   o.scope = "blocks.0";
   o.beginNs = begin;
   o.endNs = end;
@@ -388,14 +390,6 @@ TEST(MemoryModel, HistogramAndSteps) {
   EXPECT_TRUE(MemoryModel::histogram(m.stateAt(-1)).empty());
   EXPECT_EQ(m.stepStarts(), (std::vector<std::pair<size_t, int64_t>>{{0, 0}, {1, 1}, {3, 2}}));
   EXPECT_EQ(m.peakAllocated(), uint64_t(512 + 700 + 1024 + 4096));
-}
-
-TEST(MemoryModel, FormatsBytes) {
-  EXPECT_EQ(formatBytes(0), std::string("0 B"));
-  EXPECT_EQ(formatBytes(512), std::string("512 B"));
-  EXPECT_EQ(formatBytes(1536), std::string("1.50 KiB"));
-  EXPECT_EQ(formatBytes(20 * MiB), std::string("20.0 MiB"));
-  EXPECT_EQ(formatBytes(300 * MiB), std::string("300 MiB"));
 }
 
 TEST(MemoryModel, EmptyModel) {

@@ -30,7 +30,7 @@ inline OpRecord op(uint64_t seq, const char* phase, const char* name, const char
   OpRecord o;
   o.seq = seq;
   o.step = 1;
-  o.phase = phase;
+  o.phase = *keel::parsePhase(phase);
   o.name = name;
   o.scope = scope;
   o.forwardSeq = forwardSeq;

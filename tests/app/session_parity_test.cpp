@@ -118,8 +118,8 @@ class SessionParityTest : public QObject {
     // The allocator really was the one named: caching reserves segments, vmm maps chunks.
     bool reserve = false, map = false;
     for (const auto& m : b.memEvents({})) {
-      reserve = reserve || m.kind == "reserve";
-      map = map || m.kind == "map";
+      reserve = reserve || m.kind == MemEventKind::Reserve;
+      map = map || m.kind == MemEventKind::Map;
     }
     QCOMPARE(reserve, expected == "caching");
     QCOMPARE(map, expected == "vmm");

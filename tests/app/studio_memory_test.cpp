@@ -56,7 +56,8 @@ class StudioMemoryTest : public QObject {
     // The last event of step 2 that an op allocated: click that block.
     int64_t k = -1;
     for (size_t i = 0; i < events.size(); ++i)
-      if (events[i].kind == "alloc" && events[i].step == 2 && events[i].opSeq) k = int64_t(i);
+      if (events[i].kind == MemEventKind::Alloc && events[i].step == 2 && events[i].opSeq)
+        k = int64_t(i);
     QVERIFY(k > 0);
     mv->setCursor(k);
     const uint64_t seq = events[size_t(k)].opSeq;

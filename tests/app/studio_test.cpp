@@ -83,7 +83,7 @@ class StudioTest : public QObject {
     storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
     int graphOps = 0;
     for (const auto& o : rec.stepOps(1))
-      if (o.phase != "optimizer") ++graphOps;
+      if (o.phase != Phase::Optimizer) ++graphOps;
     views::GraphView* g = w.graphView(Side::A);
     g->expandAll();
     QVERIFY(waitIdle(w));
@@ -102,7 +102,7 @@ class StudioTest : public QObject {
     storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
     storage::OpRecord target;
     for (const auto& o : rec.stepOps(1))
-      if (o.name == "matmul" && o.phase == "forward") {
+      if (o.name == "matmul" && o.phase == Phase::Forward) {
         target = o;
         break;
       }

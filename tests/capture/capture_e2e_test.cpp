@@ -54,7 +54,7 @@ TEST(CaptureEndToEnd, RecordsTwoGptTinyStepsToAFile) {
   ASSERT_FALSE(ops.empty());
   bool sawBackward = false;
   for (auto& o : ops) {
-    sawBackward = sawBackward || o.phase == "backward";
+    sawBackward = sawBackward || o.phase == Phase::Backward;
     EXPECT_GE(o.stackId, 1);
   }
   EXPECT_TRUE(sawBackward);
@@ -102,7 +102,8 @@ TEST(CaptureEndToEnd, EveryInputOfAGptTinyStepHasAProducerOrIsALeaf) {
   storage::Recording r = storage::Recording::open(path);
   std::set<uint64_t> hostBuffers;
   for (const storage::MemRecord& m : r.memEvents({}))
-    if (m.kind == "alloc" && m.bufferId != 0 && m.opSeq == 0) hostBuffers.insert(m.bufferId);
+    if (m.kind == MemEventKind::Alloc && m.bufferId != 0 && m.opSeq == 0)
+      hostBuffers.insert(m.bufferId);
 
   using Key = std::pair<uint64_t, uint64_t>;         // (tensor id, version)
   std::map<Key, const storage::OpRecord*> producer;  // the last op that output it
@@ -122,7 +123,8 @@ TEST(CaptureEndToEnd, EveryInputOfAGptTinyStepHasAProducerOrIsALeaf) {
       auto it = producer.find(k);
       if (it != producer.end()) {
         EXPECT_LT(it->second->seq, op.seq);
-        if (op.phase == "backward" && it->second->phase == "forward") ++savedReads[op.step];
+        if (op.phase == Phase::Backward && it->second->phase == Phase::Forward)
+          ++savedReads[op.step];
       } else if (params.count(t.tensorId) && !written.count(t.tensorId)) {
         paramLeaves[op.step].insert(t.tensorId);
       } else if (hostBuffers.count(t.bufferId)) {
@@ -151,7 +153,7 @@ TEST(CaptureEndToEnd, EveryInputOfAGptTinyStepHasAProducerOrIsALeaf) {
     ASSERT_TRUE(ceLogits.count(step) && ceBackwardLogits.count(step));
     EXPECT_EQ(ceBackwardLogits[step], ceLogits[step]);
     ASSERT_TRUE(producer.count(ceLogits[step]));
-    EXPECT_EQ(producer[ceLogits[step]]->phase, "forward");
+    EXPECT_EQ(producer[ceLogits[step]]->phase, keel::Phase::Forward);
     // Saved activations are edges from forward into backward (35 per gpt-tiny step; the saved
     // weights are parameters and the saved tokens a host input, counted above).
     EXPECT_GE(savedReads[step], 30);

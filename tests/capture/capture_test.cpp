@@ -336,7 +336,7 @@ TEST(CaptureRecorder, GraphEdgesMatchEngineDataflow) {
     const auto& r = store->ops[i];
     EXPECT_EQ(r.seq, t.seq);
     EXPECT_EQ(r.name, t.name);
-    EXPECT_EQ(r.phase, phaseName(t.phase));
+    EXPECT_EQ(r.phase, t.phase);
     EXPECT_EQ(r.forwardSeq, t.forwardSeq);
     std::vector<std::pair<uint64_t, uint64_t>> in;
     for (auto& tr : r.tensors)
@@ -360,16 +360,16 @@ TEST(CaptureRecorder, GraphEdgesMatchEngineDataflow) {
   // Backward ops link to the forward op they differentiate.
   uint64_t matmulSeq = 0, reluSeq = 0;
   for (auto& o : store->ops) {
-    if (o.phase == "forward" && o.name == "matmul") matmulSeq = o.seq;
-    if (o.phase == "forward" && o.name == "relu") reluSeq = o.seq;
+    if (o.phase == Phase::Forward && o.name == "matmul") matmulSeq = o.seq;
+    if (o.phase == Phase::Forward && o.name == "relu") reluSeq = o.seq;
   }
   ASSERT_NE(matmulSeq, 0u);
   ASSERT_NE(reluSeq, 0u);
   bool sawMatmulGrad = false, sawReluGrad = false;
   for (auto& o : store->ops) {
-    if (o.phase != "backward" || o.forwardSeq == 0) continue;
+    if (o.phase != Phase::Backward || o.forwardSeq == 0) continue;
     ASSERT_TRUE(bySeq.count(o.forwardSeq));
-    EXPECT_EQ(bySeq[o.forwardSeq]->phase, "forward");
+    EXPECT_EQ(bySeq[o.forwardSeq]->phase, keel::Phase::Forward);
     EXPECT_LT(o.forwardSeq, o.seq);
     sawMatmulGrad = sawMatmulGrad || o.forwardSeq == matmulSeq;
     sawReluGrad = sawReluGrad || o.forwardSeq == reluSeq;
@@ -538,14 +538,14 @@ TEST(CaptureVerbose, GuardBackwardOnlyInsideBlock) {
   int backwardInBlock1 = 0;
   for (auto& o : store->ops) {
     bySeq[o.seq] = &o;
-    if (o.phase == "backward" && o.scope.rfind("blocks.1", 0) == 0) ++backwardInBlock1;
+    if (o.phase == Phase::Backward && o.scope.rfind("blocks.1", 0) == 0) ++backwardInBlock1;
   }
   auto lines = verboseLines(*store);
   ASSERT_GT(backwardInBlock1, 0);
   EXPECT_EQ(int(lines.size()), backwardInBlock1);
   for (auto& l : lines) {
     ASSERT_TRUE(bySeq.count(l.opSeq));
-    EXPECT_EQ(bySeq[l.opSeq]->phase, "backward");
+    EXPECT_EQ(bySeq[l.opSeq]->phase, keel::Phase::Backward);
     EXPECT_EQ(bySeq[l.opSeq]->scope, "blocks.1");
     EXPECT_EQ(l.message.rfind(bySeq[l.opSeq]->name + "(", 0), 0u) << l.message;
   }

@@ -69,15 +69,6 @@ TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {
   }
 }
 
-TEST(ScopeWithin, MatchesOnDotBoundaries) {
-  EXPECT_TRUE(keel::scopeWithin("blocks.1", "blocks.1"));
-  EXPECT_TRUE(keel::scopeWithin("blocks.1.attn", "blocks.1"));
-  EXPECT_FALSE(keel::scopeWithin("blocks.10", "blocks.1"));
-  EXPECT_FALSE(keel::scopeWithin("blocks", "blocks.1"));
-  EXPECT_TRUE(keel::scopeWithin("anything", ""));
-  EXPECT_TRUE(keel::scopeWithin("", ""));
-}
-
 // The CI use: stop at the first NaN, keep everything, say where, exit 1.
 TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
   CliResult r = record("nan.db", "--break-on nan", "KEEL_TEST_PERTURB=matmul:20:nan");

@@ -118,7 +118,7 @@ TEST_F(WorkloadRecord, ThrowingSecondStepFailsTheRunAndKeepsTheFirstStep) {
   bool matmul = false, backward = false;
   for (const auto& op : ops) {
     matmul = matmul || op.name == "matmul";
-    backward = backward || op.phase == "backward";
+    backward = backward || op.phase == keel::Phase::Backward;
   }
   EXPECT_TRUE(matmul);
   EXPECT_TRUE(backward);

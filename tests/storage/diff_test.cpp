@@ -41,7 +41,7 @@ OpRecord op(uint64_t seq, int64_t step, std::string name, std::vector<TensorReco
   OpRecord o;
   o.seq = seq;
   o.step = step;
-  o.phase = "forward";
+  o.phase = keel::Phase::Forward;
   o.name = std::move(name);
   o.scope = std::move(scope);
   o.stackId = stackId;

@@ -23,8 +23,8 @@ TensorRecord tensor(Role role, int index, uint64_t id, uint64_t version) {
   return t;
 }
 
-OpRecord op(uint64_t seq, const std::string& name, const std::string& scope,
-            const std::string& phase, std::vector<TensorRecord> tensors, uint64_t fwd = 0) {
+OpRecord op(uint64_t seq, const std::string& name, const std::string& scope, Phase phase,
+            std::vector<TensorRecord> tensors, uint64_t fwd = 0) {
   OpRecord o;
   o.seq = seq;
   o.step = 1;
@@ -39,15 +39,15 @@ OpRecord op(uint64_t seq, const std::string& name, const std::string& scope,
 }
 
 std::vector<OpRecord> smallGraph() {
-  return {
-      op(1, "matmul", "blocks.0.attn", "forward",
-         {tensor(Role::Input, 0, 10, 0), tensor(Role::Input, 1, 11, 0),
-          tensor(Role::Output, 0, 12, 0)}),
-      op(2, "relu", "blocks.0", "forward",
-         {tensor(Role::Input, 0, 12, 0), tensor(Role::Output, 0, 13, 0)}),
-      op(3, "relu_grad", "blocks.0", "backward",
-         {tensor(Role::Input, 0, 13, 0), tensor(Role::Output, 0, 14, 0)}, 2),
-      op(4, "add", "", "forward", {tensor(Role::Input, 0, 12, 5), tensor(Role::Output, 0, 15, 0)})};
+  return {op(1, "matmul", "blocks.0.attn", Phase::Forward,
+             {tensor(Role::Input, 0, 10, 0), tensor(Role::Input, 1, 11, 0),
+              tensor(Role::Output, 0, 12, 0)}),
+          op(2, "relu", "blocks.0", Phase::Forward,
+             {tensor(Role::Input, 0, 12, 0), tensor(Role::Output, 0, 13, 0)}),
+          op(3, "relu_grad", "blocks.0", Phase::Backward,
+             {tensor(Role::Input, 0, 13, 0), tensor(Role::Output, 0, 14, 0)}, 2),
+          op(4, "add", "", Phase::Forward,
+             {tensor(Role::Input, 0, 12, 5), tensor(Role::Output, 0, 15, 0)})};
 }
 
 TEST(ExportTrace, OneCompleteEventPerOpAndStep) {

@@ -217,7 +217,7 @@ TEST(RecordingMigration, Version3MemEventsReadWithoutBufferTagOrLabel) {
   auto events = rec.memEvents({});
   ASSERT_EQ(events.size(), 1u);
   const MemRecord& m = events[0];
-  EXPECT_EQ(m.kind, "alloc");
+  EXPECT_EQ(m.kind, MemEventKind::Alloc);
   EXPECT_EQ(m.device, "cpu");
   EXPECT_EQ(m.timeNs, 100);
   EXPECT_EQ(m.address, 4096u);
@@ -227,7 +227,7 @@ TEST(RecordingMigration, Version3MemEventsReadWithoutBufferTagOrLabel) {
   EXPECT_EQ(m.allocatedAfter, 512u);
   EXPECT_EQ(m.reservedAfter, 8192u);
   EXPECT_EQ(m.bufferId, 0u);
-  EXPECT_TRUE(m.tag.empty());
+  EXPECT_EQ(m.tag, MemTag::None);
   EXPECT_TRUE(m.label.empty());
   EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
 }

@@ -87,8 +87,8 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
   const std::string path = dir.file("run.db");
   const double inf = std::numeric_limits<double>::infinity();
 
-  OpRecord fwd = sampleOp(1, 1, "forward", "matmul", "blocks.0.attn");
-  OpRecord bwd = sampleOp(2, 1, "backward", "matmul_backward", "blocks.0.attn");
+  OpRecord fwd = sampleOp(1, 1, Phase::Forward, "matmul", "blocks.0.attn");
+  OpRecord bwd = sampleOp(2, 1, Phase::Backward, "matmul_backward", "blocks.0.attn");
   bwd.forwardSeq = 1;
   bwd.stackId = -1;
   bwd.attrsJson = "";
@@ -100,16 +100,27 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
   bwd.tensors[0].md5Rounded.clear();
   bwd.tensors[0].hasStats = false;
   bwd.tensors[0].stats = {};
-  OpRecord opt = sampleOp(3, 1, "optimizer", "adamw_step", "módulo.重み");
+  OpRecord opt = sampleOp(3, 1, Phase::Optimizer, "adamw_step", "módulo.重み");
   opt.tensors[0].tensorId = std::numeric_limits<uint64_t>::max();
   opt.tensors[0].stats.min = -inf;
 
   StackRecord stack{
       1, {{0xdeadbeef, "keel::matmul(Tensor const&)", "engine/ops.cpp", 42}, {0x1234, "", "", 0}}};
   LogRecord log{2, 1, LogLevel::Warn, "blocks.0.attn", "grad norm ≈ 1e9 ✓", 123};
-  MemRecord mem{
-      "compact",   "cpu",   0xFFFF'0000'0000'0001ull, 4096, 0x2000, 2, 1, 1, 77, 8192, 16384, 41,
-      "parameter", "step 1"};
+  MemRecord mem{MemEventKind::Compact,
+                "cpu",
+                0xFFFF'0000'0000'0001ull,
+                4096,
+                0x2000,
+                2,
+                1,
+                1,
+                77,
+                8192,
+                16384,
+                41,
+                MemTag::Parameter,
+                "step 1"};
   DumpRecord dump{2, Role::Output, 0, "float32", {4, 16, 64}, "zstd", 16384, {0x28, 0xb5, 0, 255}};
   {
     auto w = Writer::create(path, sampleRun());
@@ -181,9 +192,9 @@ TEST(StorageRoundTrip, EveryRecordKindReadsBackEqual) {
 
   auto mems = rec.memEvents({});
   ASSERT_EQ(mems.size(), 1u);
-  EXPECT_EQ(mems[0].kind, "compact");
+  EXPECT_EQ(mems[0].kind, keel::MemEventKind::Compact);
   EXPECT_EQ(mems[0].bufferId, 41u);
-  EXPECT_EQ(mems[0].tag, "parameter");
+  EXPECT_EQ(mems[0].tag, keel::MemTag::Parameter);
   EXPECT_EQ(mems[0].label, "step 1");
   EXPECT_EQ(mems[0].device, "cpu");
   EXPECT_EQ(mems[0].address, mem.address);
@@ -320,16 +331,16 @@ class StorageQueries : public ::testing::Test {
     for (int64_t step = 1; step <= 3; ++step) {
       w->writeStep({step, step * 1000, step * 1000 + 900, 1.0 / static_cast<double>(step)});
       for (int i = 0; i < 4; ++i)
-        w->writeOp(
-            sampleOp(seq++, step, "forward", "matmul", "blocks." + std::to_string(i) + ".mlp"));
-      w->writeOp(sampleOp(seq++, step, "forward", "add", "blocks.10"));
+        w->writeOp(sampleOp(seq++, step, Phase::Forward, "matmul",
+                            "blocks." + std::to_string(i) + ".mlp"));
+      w->writeOp(sampleOp(seq++, step, Phase::Forward, "add", "blocks.10"));
       for (int i = 0; i < 2; ++i)
-        w->writeOp(sampleOp(seq++, step, "backward", "matmul", "blocks.1"));
-      w->writeOp(sampleOp(seq++, step, "optimizer", "adamw_step", ""));
+        w->writeOp(sampleOp(seq++, step, Phase::Backward, "matmul", "blocks.1"));
+      w->writeOp(sampleOp(seq++, step, Phase::Optimizer, "adamw_step", ""));
       w->writeLog({seq - 1, step, LogLevel::Debug, "opt", "step done", step});
       w->writeLog({seq - 2, step, LogLevel::Error, "bwd", "oops", step});
-      w->writeMem(
-          {"alloc", "cpu", 0x1000 * seq, 64, 0, seq - 1, step, -1, step * 10, 64, 128, 0, "", ""});
+      w->writeMem({MemEventKind::Alloc, "cpu", 0x1000 * seq, 64, 0, seq - 1, step, -1, step * 10,
+                   64, 128, 0, MemTag::None, ""});
       w->commit();
     }
     w->close();
@@ -345,7 +356,7 @@ TEST_F(StorageQueries, FiltersByStepPhaseNameScopeAndSeq) {
 
   OpQuery q;
   q.step = 2;
-  q.phase = "backward";
+  q.phase = Phase::Backward;
   auto bwd = rec.ops(q);
   ASSERT_EQ(bwd.size(), 2u);
   EXPECT_EQ(bwd[0].seq, 14u);
@@ -387,10 +398,10 @@ TEST_F(StorageQueries, CountsLogsMemAndStepOps) {
   auto all = rec.opCountsByNameAndPhase();
   ASSERT_EQ(all.size(), 4u);
   EXPECT_EQ(all[0].name, "matmul");
-  EXPECT_EQ(all[0].phase, "forward");
+  EXPECT_EQ(all[0].phase, keel::Phase::Forward);
   EXPECT_EQ(all[0].count, 12);
   EXPECT_EQ(all[1].name, "matmul");
-  EXPECT_EQ(all[1].phase, "backward");
+  EXPECT_EQ(all[1].phase, keel::Phase::Backward);
   EXPECT_EQ(all[1].count, 6);
   auto one = rec.opCountsByNameAndPhase(3);
   EXPECT_EQ(one[0].count, 4);
@@ -434,14 +445,14 @@ TEST(StorageLive, ReaderSeesCommittedBatchesOfARunningWriter) {
   w->writeStep({1, 0, 10, 1.0});
   w->writeOp(sampleOp(1, 1));
   w->commit();
-  w->writeOp(sampleOp(2, 1, "forward", "uncommitted_op"));
+  w->writeOp(sampleOp(2, 1, Phase::Forward, "uncommitted_op"));
 
   Recording rec = Recording::open(path);
   EXPECT_EQ(rec.steps().size(), 1u);
   EXPECT_EQ(rec.opCount(), 1);
 
   w->writeStep({2, 20, 30, 0.5});
-  w->writeOp(sampleOp(3, 2, "backward", "brand_new_op", "new.scope"));
+  w->writeOp(sampleOp(3, 2, Phase::Backward, "brand_new_op", "new.scope"));
   w->commit();
   EXPECT_EQ(rec.steps().size(), 2u);
   auto step2 = rec.stepOps(2);
@@ -460,8 +471,8 @@ TEST(StorageBulk, StepOpsLoadsManyOpsQuickly) {
   {
     auto w = Writer::create(path, sampleRun());
     for (uint64_t seq = 1; seq <= kOps; ++seq)
-      w->writeOp(sampleOp(seq, 1, seq % 2 ? "forward" : "backward", seq % 3 ? "matmul" : "add",
-                          "blocks." + std::to_string(seq % 12)));
+      w->writeOp(sampleOp(seq, 1, seq % 2 ? Phase::Forward : Phase::Backward,
+                          seq % 3 ? "matmul" : "add", "blocks." + std::to_string(seq % 12)));
     w->close();
   }
   Recording rec = Recording::open(path);

@@ -46,7 +46,7 @@ inline RunInfo sampleRun() {
 }
 
 // An op with two inputs and one output; `seq` varies everything that identifies it.
-inline OpRecord sampleOp(uint64_t seq, int64_t step, const std::string& phase = "forward",
+inline OpRecord sampleOp(uint64_t seq, int64_t step, Phase phase = Phase::Forward,
                          const std::string& name = "matmul",
                          const std::string& scope = "blocks.1.attn") {
   OpRecord o;
@@ -59,7 +59,7 @@ inline OpRecord sampleOp(uint64_t seq, int64_t step, const std::string& phase = 
   o.thread = 1;
   o.beginNs = static_cast<int64_t>(seq) * 1000;
   o.endNs = o.beginNs + 500;
-  o.forwardSeq = phase == "backward" ? seq / 2 : 0;
+  o.forwardSeq = phase == Phase::Backward ? seq / 2 : 0;
   o.stackId = static_cast<int64_t>(seq % 3);
   for (int i = 0; i < 3; ++i) {
     TensorRecord t;

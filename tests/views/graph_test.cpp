@@ -20,6 +20,7 @@
 #include "view_test_util.h"
 
 using namespace keel::views;
+using keel::Phase;
 using keel::storage::OpRecord;
 
 namespace {
@@ -49,7 +50,7 @@ StepPtr loadStepLikeTheStudio(const QString& path, int64_t step) {
 
 int countPhase(const StepData& s, const char* phase) {
   return int(std::count_if(s.ops.begin(), s.ops.end(),
-                           [&](const OpRecord& o) { return o.phase == phase; }));
+                           [&](const OpRecord& o) { return o.phase == *keel::parsePhase(phase); }));
 }
 
 bool waitLaidOut(GraphView& view, int timeoutMs = 60000) {
@@ -90,7 +91,7 @@ class GraphTest : public QObject {
     QCOMPARE(view.moduleNodeCount(), 0);
     int drawn = 0;
     for (const auto& o : step->ops) {
-      const bool shown = o.phase == "forward" || o.phase == "backward";
+      const bool shown = o.phase == Phase::Forward || o.phase == Phase::Backward;
       QCOMPARE(view.opItem(o.seq) != nullptr, shown);
       drawn += shown ? 1 : 0;
     }
@@ -117,7 +118,7 @@ class GraphTest : public QObject {
     QVERIFY(done.wait(60000));
     QVERIFY(waitLaidOut(view));
     auto it = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "forward" && o.name == "matmul";
+      return o.phase == Phase::Forward && o.name == "matmul";
     });
     QVERIFY(it != step->ops.end());
     QAbstractGraphicsShapeItem* item = view.opItem(it->seq);
@@ -149,7 +150,7 @@ class GraphTest : public QObject {
     view.setStep(step);
     QVERIFY(done.wait(60000));
     auto fwd = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "forward" && o.name == "flashmask_attention";
+      return o.phase == Phase::Forward && o.name == "flashmask_attention";
     });
     QVERIFY(fwd != step->ops.end());
     sel.select(Side::A, fwd->seq);
@@ -157,7 +158,7 @@ class GraphTest : public QObject {
     const auto b = sel.current(Side::A);
     QVERIFY(b.has_value());
     const auto& bop = step->ops[size_t(step->indexOf(*b))];
-    QCOMPARE(bop.phase, std::string("backward"));
+    QVERIFY(bop.phase == Phase::Backward);
     QCOMPARE(bop.forwardSeq, fwd->seq);
     QCOMPARE(bop.name, std::string("flashmask_attention_backward"));
     // And back, with the key.
@@ -167,7 +168,7 @@ class GraphTest : public QObject {
     QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(fwd->seq));
     // An op with no partner: the gradient accumulation has no forward op.
     auto acc = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "backward" && o.forwardSeq == 0;
+      return o.phase == Phase::Backward && o.forwardSeq == 0;
     });
     if (acc != step->ops.end()) {
       sel.select(Side::A, acc->seq);
@@ -187,7 +188,7 @@ class GraphTest : public QObject {
     QVERIFY(done.wait(60000));
     std::vector<uint64_t> expected;
     for (const auto& o : step->ops)
-      if ((o.phase == "forward" || o.phase == "backward") &&
+      if ((o.phase == Phase::Forward || o.phase == Phase::Backward) &&
           (o.name.find("flashmask") != std::string::npos ||
            o.scope.find("flashmask") != std::string::npos))
         expected.push_back(o.seq);
@@ -288,7 +289,8 @@ class GraphTest : public QObject {
     QVERIFY(!view.moduleItem("forward", "blocks.1.attn"));
     QVERIFY(view.moduleItem("forward", "blocks.2.attn"));  // the rest stays collapsed
     const auto attn = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "forward" && o.scope == "blocks.1.attn" && o.name == "flashmask_attention";
+      return o.phase == Phase::Forward && o.scope == "blocks.1.attn" &&
+             o.name == "flashmask_attention";
     });
     saveScreenshot(view, "graph_expanded_module", attn->seq);
 
@@ -308,7 +310,7 @@ class GraphTest : public QObject {
 
     // Selecting an op hidden in a collapsed module expands it and draws the op.
     auto hidden = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
-      return o.phase == "forward" && o.scope == "blocks.3.mlp.w1" && o.name == "matmul";
+      return o.phase == Phase::Forward && o.scope == "blocks.3.mlp.w1" && o.name == "matmul";
     });
     QVERIFY(hidden != step->ops.end());
     QVERIFY(!view.opItem(hidden->seq));
@@ -411,7 +413,7 @@ class GraphTest : public QObject {
     QVERIFY(waitLaidOut(view));
     int diverged = 0, equal = 0;
     for (const auto& p : diff->pairs) {
-      if (!p.inA || p.step != 1 || p.phase == "optimizer") continue;
+      if (!p.inA || p.step != 1 || p.phase == Phase::Optimizer) continue;
       QAbstractGraphicsShapeItem* item = view.opItem(p.seqA);
       QVERIFY(item);
       const bool first = p.seqA == diff->first->pair.seqA;
@@ -432,7 +434,7 @@ class GraphTest : public QObject {
     // Other modes recolour the same items.
     view.setColorMode(GraphView::ColorMode::Phase);
     QCOMPARE(view.opItem(diff->first->pair.seqA)->brush().color(),
-             GraphView::phaseColor("forward"));
+             GraphView::phaseColor(keel::Phase::Forward));
     view.setColorMode(GraphView::ColorMode::OpTime);
     saveScreenshot(view, "graph_optime", diff->first->pair.seqA);
   }

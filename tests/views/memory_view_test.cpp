@@ -19,6 +19,9 @@
 
 using namespace keel::views;
 using namespace keel::analysis;
+using keel::MemEventKind;
+using keel::MemTag;
+using keel::Phase;
 using keel::storage::MemRecord;
 using keel::storage::Recording;
 
@@ -51,11 +54,11 @@ std::map<uint64_t, uint64_t> replay(const std::vector<MemRecord>& events, size_t
   std::map<uint64_t, uint64_t> live;
   for (size_t i = 0; i <= k; ++i) {
     const MemRecord& e = events[i];
-    if (e.kind == "alloc") {
+    if (e.kind == MemEventKind::Alloc) {
       live[e.address] = e.bytes;
-    } else if (e.kind == "free") {
+    } else if (e.kind == MemEventKind::Free) {
       live.erase(e.address);
-    } else if (e.kind == "compact") {
+    } else if (e.kind == MemEventKind::Compact) {
       auto it = live.find(e.address);
       if (it != live.end()) {
         const uint64_t bytes = it->second;
@@ -94,17 +97,19 @@ MemoryPtr sectionsModel() {
   uint64_t allocated = 0;
   for (size_t i = 0; i < in.size(); ++i) {
     MemRecord r;
-    r.kind = in[i].kind;
+    r.kind = *keel::parseMemEventKind(in[i].kind);
     r.address = in[i].address;
     r.bytes = in[i].bytes;
     r.opSeq = in[i].opSeq;
     r.timeNs = int64_t(i + 1);
-    r.tag = in[i].tag;
     r.step = 1;
-    if (r.kind == "alloc") allocated += r.bytes;
-    if (r.kind == "free") allocated -= r.bytes;
-    const bool mark = r.kind == "track_begin" || r.kind == "track_end";
-    if (mark) r.label = r.tag;
+    if (r.kind == MemEventKind::Alloc) allocated += r.bytes;
+    if (r.kind == MemEventKind::Free) allocated -= r.bytes;
+    const bool mark = r.kind == MemEventKind::TrackBegin || r.kind == MemEventKind::TrackEnd;
+    if (mark)
+      r.label = in[i].tag;  // a mark's "tag" is its section label
+    else
+      r.tag = *keel::parseMemTag(in[i].tag);
     r.allocatedAfter = mark ? 0 : allocated;  // marks carry no figures, as recorded
     r.reservedAfter = mark ? 0 : allocated + 1024;
     events.push_back(r);
@@ -195,9 +200,8 @@ class MemoryViewTest : public QObject {
       QCOMPARE(view.state().liveBytes, sum(expected));
       // The allocator's own figure after event k: the live blocks' rounded sizes.
       QCOMPARE(view.state().liveBytes, events[k].allocatedAfter);
-      QVERIFY2(view.cursorText().contains(
-                   "allocated " +
-                   QString::fromStdString(keel::analysis::formatBytes(events[k].allocatedAfter))),
+      QVERIFY2(view.cursorText().contains("allocated " + QString::fromStdString(keel::formatBytes(
+                                                             events[k].allocatedAfter))),
                qPrintable(view.cursorText()));
       QVERIFY(view.cursorText().startsWith(QString("Event %1 of %2: ").arg(k).arg(n)));
       // Every live block is drawn once, inside a segment.
@@ -258,7 +262,7 @@ class MemoryViewTest : public QObject {
       const WhyAlive why = memory->whyAlive(b, view.cursor());
       reasons[why.reason]++;
       const MemRecord& a = memory->allocOf(b);
-      if (a.tag == "parameter") {
+      if (a.tag == MemTag::Parameter) {
         QCOMPARE(why.text, std::string("parameter"));
         QVERIFY(view.blockToolTip(i).contains("<b>alive because</b>: parameter"));
       }
@@ -269,7 +273,7 @@ class MemoryViewTest : public QObject {
     const Recording rec = Recording::open(vmm_.toStdString());
     keel::storage::OpQuery q;
     q.step = 1;
-    q.phase = "backward";
+    q.phase = keel::Phase::Backward;
     q.limit = 1;
     q.withTensors = false;
     const auto firstBackward = rec.ops(q);
@@ -283,7 +287,7 @@ class MemoryViewTest : public QObject {
       if (why.reason != AliveReason::SavedForBackward) continue;
       ++saved;
       const MemOp* op = memory->op(why.opSeq);
-      QVERIFY(op && op->phase == "forward" && op->backwardSeq > firstBackward[0].seq - 1);
+      QVERIFY(op && op->phase == Phase::Forward && op->backwardSeq > firstBackward[0].seq - 1);
       const QString tip = view.blockToolTip(i);
       QVERIFY2(tip.contains("saved for backward (op #"), qPrintable(tip));
       QVERIFY(tip.contains("<b>tensor</b>: float32 ["));
@@ -324,7 +328,8 @@ class MemoryViewTest : public QObject {
     uint64_t other = 0;
     for (size_t i = 0; i < memory->eventCount() && !other; ++i) {
       const MemRecord& e = memory->event(i);
-      if (e.kind == "alloc" && e.opSeq && e.opSeq != seq && e.step == 2) other = e.opSeq;
+      if (e.kind == MemEventKind::Alloc && e.opSeq && e.opSeq != seq && e.step == 2)
+        other = e.opSeq;
     }
     QVERIFY(other);
     sel.select(Side::A, other);

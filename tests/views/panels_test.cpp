@@ -29,6 +29,9 @@
 #include "view_test_util.h"
 
 using namespace keel::views;
+using keel::MemEventKind;
+using keel::MemTag;
+using keel::Phase;
 using keel::storage::Recording;
 
 namespace {
@@ -118,7 +121,7 @@ class PanelsTest : public QObject {
     QCOMPARE(view.model()->columnCount(), int(OpTableModel::ColumnCount));
 
     const auto count = [&](auto pred) { return int(std::count_if(ops.begin(), ops.end(), pred)); };
-    const int backward = count([](const auto& o) { return o.phase == "backward"; });
+    const int backward = count([](const auto& o) { return o.phase == Phase::Backward; });
     QVERIFY(backward > 0 && backward < int(ops.size()));
     view.findChild<QComboBox*>("opFilterPhase")->setCurrentIndex(2);  // Backward
     QCOMPARE(view.proxy()->phase(), QString("backward"));
@@ -127,7 +130,7 @@ class PanelsTest : public QObject {
     // Text filter over name or scope, together with the phase filter.
     view.findChild<QLineEdit*>("opFilterText")->setText("MLP");
     const int mlpBackward = count([](const auto& o) {
-      return o.phase == "backward" &&
+      return o.phase == Phase::Backward &&
              (o.scope.find("mlp") != std::string::npos || o.name.find("mlp") != std::string::npos);
     });
     QVERIFY(mlpBackward > 0);
@@ -442,7 +445,7 @@ class PanelsTest : public QObject {
     QCOMPARE(view.model()->index(0, LogModel::Message).data().toString(),
              QString::fromStdString(lines[0].message));
     QCOMPARE(view.model()->index(0, LogModel::Level).data().toString(),
-             logLevelName(lines[0].level));
+             QString::fromUtf8(keel::logLevelName(lines[0].level).data()));
 
     // Level: the combo's "up to debug" keeps what Recording::logs(maxLevel = Debug) returns.
     keel::storage::LogQuery q;

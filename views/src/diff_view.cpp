@@ -16,6 +16,7 @@
 
 #include "keel/views/selection.h"
 #include "table_util.h"
+#include "text_util.h"
 
 namespace keel::views {
 namespace {
@@ -192,7 +193,7 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
           return p->nameB.empty() ? QString::fromStdString(p->name)
                                   : QString::fromStdString(p->name + " / " + p->nameB);
         case Phase:
-          return QString::fromStdString(p->phase);
+          return qs(phaseName(p->phase));
         case Scope:
           return QString::fromStdString(p->scope);
         case MaxAbs:
@@ -455,7 +456,7 @@ void DiffView::updateSummary() {
                 .arg(p.seqA)
                 .arg(p.seqB)
                 .arg(QString::fromStdString(p.name).toHtmlEscaped(),
-                     QString::fromStdString(p.phase).toHtmlEscaped(),
+                     qs(phaseName(p.phase)).toHtmlEscaped(),
                      QString::fromStdString(p.scope).toHtmlEscaped());
     if (r->root && !samePair(r->root->pair, p))
       text += tr(" &nbsp; root: A #%1 / B #%2 <b>%3</b>")

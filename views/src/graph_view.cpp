@@ -377,7 +377,7 @@ void GraphView::onSelected(Side side, quint64 seq) {
   }
   centerOnSelected_ = true;
   if (!inGraphPhase(*op, phase_)) {  // widen the filter so that the op shows
-    setPhaseFilter(op->phase == "optimizer" ? "optimizer" : "both");
+    setPhaseFilter(op->phase == Phase::Optimizer ? "optimizer" : "both");
     return;
   }
   if (running_) return;  // applied when the layout lands
@@ -440,15 +440,15 @@ void GraphView::findNext() {
 std::optional<uint64_t> GraphView::partnerOf(uint64_t seq) const {
   const storage::OpRecord* op = opBySeq(seq);
   if (!op) return std::nullopt;
-  if (op->phase == "backward") {
+  if (op->phase == Phase::Backward) {
     if (op->forwardSeq != 0 && opBySeq(op->forwardSeq)) return op->forwardSeq;
     return std::nullopt;
   }
-  if (op->phase != "forward") return std::nullopt;
+  if (op->phase != Phase::Forward) return std::nullopt;
   std::optional<uint64_t> first;
   const std::string named = op->name + "_backward";
   for (const auto& o : step_->ops)
-    if (o.forwardSeq == seq && o.phase == "backward") {
+    if (o.forwardSeq == seq && o.phase == Phase::Backward) {
       if (o.name == named) return o.seq;
       if (!first) first = o.seq;
     }
@@ -567,10 +567,10 @@ void GraphView::contextMenu(const QPoint& viewPos, const QPoint& globalPos) {
       if (n.kind == GraphNodeKind::Op) {
         selection_->select(side_, n.seq);
         const auto partner = partnerOf(n.seq);
-        if (n.phase == "forward")
+        if (n.phase == Phase::Forward)
           menu.addAction(tr("Go to backward op\tJ"), this, [this] { jumpToPartner(); })
               ->setEnabled(partner.has_value());
-        else if (n.phase == "backward")
+        else if (n.phase == Phase::Backward)
           menu.addAction(tr("Go to forward op\tJ"), this, [this] { jumpToPartner(); })
               ->setEnabled(partner.has_value());
         if (!n.scope.empty()) {

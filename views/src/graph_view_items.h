@@ -20,6 +20,7 @@
 #include "keel/analysis/graph_dot.h"
 #include "keel/analysis/graph_layout.h"
 #include "keel/views/graph_view.h"
+#include "text_util.h"
 
 namespace keel::views {
 
@@ -33,9 +34,7 @@ inline QRectF qt(const analysis::LayoutRect& r) {
   return {r.x, r.y, r.width, r.height};
 }
 
-inline QString qs(const std::string& s) {
-  return QString::fromStdString(s);
-}
+using views::qs;
 
 inline QColor mix(const QColor& a, const QColor& b, double t) {
   t = std::clamp(t, 0.0, 1.0);

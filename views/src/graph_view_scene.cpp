@@ -121,7 +121,8 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     if (n.kind == GraphNodeKind::Op) {
       opItems_.emplace(n.seq, item);
       if (const auto* op = opBySeq(n.seq)) {
-        QString tip = QString("#%1 %2 (%3)").arg(op->seq).arg(qs(op->name), qs(op->phase));
+        QString tip =
+            QString("#%1 %2 (%3)").arg(op->seq).arg(qs(op->name), qs(phaseName(op->phase)));
         if (!op->scope.empty()) tip += "\n" + tr("scope: ") + qs(op->scope);
         tip += "\n" + tr("in: ") + qs(storage::tensorList(*op, storage::Role::Input));
         int64_t bytes = 0;
@@ -134,7 +135,7 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
       }
     } else {
       item->setToolTip(tr("module %1 (%2): %3 ops. Double-click to expand")
-                           .arg(qs(n.scope), qs(n.phase))
+                           .arg(qs(n.scope), qs(phaseName(n.phase)))
                            .arg(n.seqs.size()));
     }
     scene_->addItem(item);
@@ -325,11 +326,15 @@ void GraphView::updateLegend() {
   switch (colorMode_) {
     case ColorMode::Phase:
       if (phase_ != GraphPhase::Backward && phase_ != GraphPhase::Optimizer)
-        html += swatch(phaseColor("forward"), tr("forward"));
+        html += swatch(phaseColor(Phase::Forward), tr("forward"));
       if (phase_ != GraphPhase::Forward && phase_ != GraphPhase::Optimizer)
-        html += swatch(phaseColor("backward"), tr("backward"));
-      if (phase_ == GraphPhase::Optimizer) html += swatch(phaseColor("optimizer"), tr("optimizer"));
-      html += swatch(phaseColor(phase_ == GraphPhase::Both ? "forward" : toString(phase_), true),
+        html += swatch(phaseColor(Phase::Backward), tr("backward"));
+      if (phase_ == GraphPhase::Optimizer)
+        html += swatch(phaseColor(Phase::Optimizer), tr("optimizer"));
+      html += swatch(phaseColor(phase_ == GraphPhase::Backward    ? Phase::Backward
+                                : phase_ == GraphPhase::Optimizer ? Phase::Optimizer
+                                                                  : Phase::Forward,
+                                true),
                      tr("module (collapsed)"));
       break;
     case ColorMode::OpTime:
@@ -367,9 +372,9 @@ QColor GraphView::statusColor(storage::DiffStatus status, bool first) {
   return Qt::white;
 }
 
-QColor GraphView::phaseColor(const std::string& phase, bool module) {
-  if (phase == "forward") return module ? QColor(0xb9, 0xd3, 0xf0) : QColor(0xd7, 0xe7, 0xf8);
-  if (phase == "backward") return module ? QColor(0xf8, 0xcc, 0xa0) : QColor(0xfd, 0xe4, 0xcb);
+QColor GraphView::phaseColor(Phase phase, bool module) {
+  if (phase == Phase::Forward) return module ? QColor(0xb9, 0xd3, 0xf0) : QColor(0xd7, 0xe7, 0xf8);
+  if (phase == Phase::Backward) return module ? QColor(0xf8, 0xcc, 0xa0) : QColor(0xfd, 0xe4, 0xcb);
   return module ? QColor(0xc3, 0xe2, 0xb4) : QColor(0xdd, 0xf0, 0xd4);
 }
 

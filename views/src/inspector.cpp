@@ -25,6 +25,7 @@
 #include "keel/views/log_view.h"
 #include "keel/views/mask_picture.h"
 #include "keel/views/selection.h"
+#include "text_util.h"
 
 namespace keel::views {
 namespace {
@@ -312,7 +313,7 @@ void InspectorView::setDetails(OpDetailsPtr details) {
                      .arg(QString::fromStdString(op.name).toHtmlEscaped())
                      .arg(op.seq);
   QStringList facts;
-  facts << tr("phase <b>%1</b>").arg(QString::fromStdString(op.phase).toHtmlEscaped())
+  facts << tr("phase <b>%1</b>").arg(qs(phaseName(op.phase)).toHtmlEscaped())
         << tr("scope <b>%1</b>").arg(scope) << tr("step <b>%1</b>").arg(op.step)
         << tr("time <b>%1 µs</b>").arg(double(op.endNs - op.beginNs) / 1000.0, 0, 'f', 1)
         << tr("thread %1").arg(op.thread);
@@ -495,7 +496,7 @@ void InspectorView::fillLogs(const OpDetails& d) {
   logs_->setRowCount(int(d.logs.size()));
   for (int row = 0; row < int(d.logs.size()); ++row) {
     const storage::LogRecord& l = d.logs[size_t(row)];
-    auto* level = cell(logLevelName(l.level));
+    auto* level = cell(qs(logLevelName(l.level)));
     if (auto c = logLevelColor(l.level); c.isValid()) level->setForeground(c);
     logs_->setItem(row, 0, level);
     logs_->setItem(row, 1, cell(QString::fromStdString(l.scope)));
@@ -511,7 +512,7 @@ void InspectorView::fillMemory(const OpDetails& d) {
   memory_->setRowCount(int(d.mems.size()));
   for (int row = 0; row < int(d.mems.size()); ++row) {
     const storage::MemRecord& m = d.mems[size_t(row)];
-    memory_->setItem(row, 0, cell(QString::fromStdString(m.kind)));
+    memory_->setItem(row, 0, cell(qs(memEventName(m.kind))));
     memory_->setItem(row, 1, cell(QString::fromStdString(m.device)));
     memory_->setItem(row, 2, cell(hex(m.address), true));
     auto* bytes = cell(QStringLiteral("%L1").arg(m.bytes), false, true);

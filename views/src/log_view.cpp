@@ -13,24 +13,9 @@
 
 #include "keel/views/selection.h"
 #include "table_util.h"
+#include "text_util.h"
 
 namespace keel::views {
-
-QString logLevelName(storage::LogLevel level) {
-  switch (level) {
-    case storage::LogLevel::Error:
-      return QStringLiteral("error");
-    case storage::LogLevel::Warn:
-      return QStringLiteral("warn");
-    case storage::LogLevel::Info:
-      return QStringLiteral("info");
-    case storage::LogLevel::Debug:
-      return QStringLiteral("debug");
-    case storage::LogLevel::Verbose:
-      return QStringLiteral("verbose");
-  }
-  return QStringLiteral("level %1").arg(int(level));
-}
 
 QColor logLevelColor(storage::LogLevel level) {
   switch (level) {
@@ -86,7 +71,7 @@ QVariant LogModel::data(const QModelIndex& index, int role) const {
         case OpSeq:
           return l->opSeq ? QVariant::fromValue<quint64>(l->opSeq) : QVariant();
         case Level:
-          return logLevelName(l->level);
+          return qs(logLevelName(l->level));
         case Scope:
           return QString::fromStdString(l->scope);
         case Message:
@@ -178,7 +163,7 @@ LogView::LogView(Selection* selection, Side side, QWidget* parent)
   level_->setToolTip(tr("show lines up to this level"));
   for (auto l : {storage::LogLevel::Error, storage::LogLevel::Warn, storage::LogLevel::Info,
                  storage::LogLevel::Debug, storage::LogLevel::Verbose})
-    level_->addItem(tr("up to %1").arg(logLevelName(l)), int(l));
+    level_->addItem(tr("up to %1").arg(qs(logLevelName(l))), int(l));
   level_->setCurrentIndex(level_->count() - 1);
   scope_ = new QLineEdit(this);
   scope_->setObjectName("logFilterScope");

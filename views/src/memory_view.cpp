@@ -281,7 +281,7 @@ void MemoryView::setMemory(MemoryPtr memory) {
   d.opColors.clear();
   if (d.mem)
     for (const storage::MemRecord& e : d.mem->events()) {
-      const MemOp* o = e.kind == "alloc" && e.opSeq ? d.mem->op(e.opSeq) : nullptr;
+      const MemOp* o = e.kind == MemEventKind::Alloc && e.opSeq ? d.mem->op(e.opSeq) : nullptr;
       if (o && !d.opColors.count(o->name))
         d.opColors.emplace(o->name, QColor(kOpPalette[d.opColors.size() % std::size(kOpPalette)]));
     }

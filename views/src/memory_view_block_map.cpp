@@ -47,9 +47,9 @@ namespace memory_detail {
 QColor ownerColor(const MemoryModel& m, const MemBlock& b,
                   const std::unordered_map<std::string, QColor>& opColors) {
   const storage::MemRecord& a = m.allocOf(b);
-  if (a.tag == "parameter") return kParameter;
-  if (a.tag == "optimizer_state") return kOptimizer;
-  if (a.tag == "data") return kData;
+  if (a.tag == MemTag::Parameter) return kParameter;
+  if (a.tag == MemTag::OptimizerState) return kOptimizer;
+  if (a.tag == MemTag::Data) return kData;
   const MemOp* o = a.opSeq ? m.op(a.opSeq) : nullptr;
   if (!o) return kOutsideOps;
   auto it = opColors.find(o->name);
@@ -343,7 +343,7 @@ QString MemoryView::blockToolTip(size_t index) const {
     t += tr("<br><b>op</b>: %1 #%2 (%3)")
              .arg(qs(o->name).toHtmlEscaped())
              .arg(o->seq)
-             .arg(qs(o->phase));
+             .arg(qs(phaseName(o->phase)));
     if (!o->scope.empty()) t += tr(" · scope %1").arg(qs(o->scope).toHtmlEscaped());
     t += o->step == 0 ? tr(" · initialisation") : tr(" · step %1").arg(o->step);
   } else {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "keel/views/memory_view.h"
+#include "text_util.h"
 
 class QCheckBox;
 class QComboBox;
@@ -30,11 +31,9 @@ namespace keel::views {
 
 namespace memory_detail {
 
-inline QString qs(const std::string& s) {
-  return QString::fromStdString(s);
-}
+using views::qs;
 inline QString bytesText(uint64_t b) {
-  return qs(analysis::formatBytes(b));
+  return qs(keel::formatBytes(b));
 }
 inline QString hexAddr(uint64_t a) {
   return QStringLiteral("0x") + QString::number(a, 16);

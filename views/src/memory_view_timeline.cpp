@@ -214,10 +214,10 @@ void MemoryView::Impl::ensureVisible(int64_t k) {
 QString MemoryView::Impl::eventText(int64_t k) const {
   if (!mem || k < 0 || k >= count()) return {};
   const storage::MemRecord& e = mem->event(size_t(k));
-  QString what = qs(e.kind);
-  if (e.kind == "track_begin" || e.kind == "track_end")
+  QString what = qs(memEventName(e.kind));
+  if (e.kind == MemEventKind::TrackBegin || e.kind == MemEventKind::TrackEnd)
     what += QStringLiteral(" '%1'").arg(qs(e.label));
-  else if (e.kind == "move" || e.kind == "compact")
+  else if (e.kind == MemEventKind::Move || e.kind == MemEventKind::Compact)
     what += QStringLiteral(" %1 %2 → %3")
                 .arg(bytesText(e.bytes), hexAddr(e.address), hexAddr(e.toAddress));
   else
@@ -226,7 +226,8 @@ QString MemoryView::Impl::eventText(int64_t k) const {
   if (const MemOp* o = e.opSeq ? mem->op(e.opSeq) : nullptr)
     op = tr("op #%1 %2 (%3%4)")
              .arg(o->seq)
-             .arg(qs(o->name), qs(o->phase), o->scope.empty() ? QString() : ", " + qs(o->scope));
+             .arg(qs(o->name), qs(phaseName(o->phase)),
+                  o->scope.empty() ? QString() : ", " + qs(o->scope));
   else
     op = e.opSeq ? tr("op #%1").arg(e.opSeq) : tr("outside ops");
   return tr("Event %1 of %2: %3 · %4 · %5 · allocated %6, reserved %7, fragmentation %8%")

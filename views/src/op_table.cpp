@@ -17,6 +17,7 @@
 #include "keel/storage/export.h"
 #include "keel/views/selection.h"
 #include "table_util.h"
+#include "text_util.h"
 
 namespace keel::views {
 namespace {
@@ -137,7 +138,7 @@ QVariant OpTableModel::data(const QModelIndex& index, int role) const {
         case Name:
           return QString::fromStdString(op->name);
         case Phase:
-          return QString::fromStdString(op->phase);
+          return qs(phaseName(op->phase));
         case Scope:
           return QString::fromStdString(op->scope);
         case Time:
@@ -276,7 +277,7 @@ bool OpFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourcePar
   auto* model = qobject_cast<const OpTableModel*>(sourceModel());
   const storage::OpRecord* op = model && !sourceParent.isValid() ? model->opAt(sourceRow) : nullptr;
   if (!op) return false;
-  if (!phase_.isEmpty() && QString::fromStdString(op->phase) != phase_) return false;
+  if (!phase_.isEmpty() && qs(phaseName(op->phase)) != phase_) return false;
   if (nonFiniteOnly_) {
     auto n = nonFinite(*op);
     if (n.nan + n.inf == 0) return false;

@@ -190,9 +190,6 @@ class VmmAllocator final : public Allocator {
 };
 
 // ---- selection (KEEL_ALLOCATOR) -------------------------------------------------------------
-enum class AllocatorKind : uint8_t { Host, Caching, Vmm };
-std::string_view allocatorKindName(AllocatorKind k);
-std::optional<AllocatorKind> parseAllocatorKind(std::string_view s);
 
 // The allocator host backends use when setAllocator installed none. Read once from the
 // environment variable KEEL_ALLOCATOR=host|caching|vmm (default vmm, host in ASan builds; else

@@ -189,7 +189,4 @@ std::string resolveCheckpoint(const std::string& dir);
 // "step-000042"
 std::string stepDirName(int64_t step);
 
-// "1.50 GiB", "12.00 MiB", "3.0 KiB", "17 B": byte counts as progress and plans print them.
-std::string humanBytes(uint64_t n);
-
 }  // namespace keel::ckpt

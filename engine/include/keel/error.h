@@ -1,31 +1,4 @@
-// keel::Error: the one exception type the engine throws for bad input or misuse.
-// Invariant: messages name the op (where there is one) and the shapes/dtypes involved; nothing in
-// the engine aborts or exits on user input.
+// keel::Error and KEEL_CHECK live in the shared vocabulary (keel/base/error.h); this header keeps
+// the engine's include path.
 #pragma once
-#include <sstream>
-#include <stdexcept>
-#include <string>
-
-namespace keel {
-
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
-};
-
-namespace detail {
-template <typename... Args>
-std::string concat(Args&&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-}  // namespace detail
-
-}  // namespace keel
-
-// Throws keel::Error with the streamed message when cond is false.
-#define KEEL_CHECK(cond, ...)                                              \
-  do {                                                                     \
-    if (!(cond)) throw ::keel::Error(::keel::detail::concat(__VA_ARGS__)); \
-  } while (0)
+#include "keel/base/error.h"

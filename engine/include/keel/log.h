@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/base/text.h"
 #include "keel/observer.h"
 
 namespace keel {
@@ -35,10 +36,6 @@ struct VerboseRule {
   bool operator==(const VerboseRule&) const = default;
 };
 bool ruleMatches(const VerboseRule& rule, std::string_view scope, Phase phase);
-// True when module scope `scope` is `prefix` or lies below it on a dot boundary ("blocks.1" holds
-// "blocks.1.attn" but not "blocks.10"); an empty prefix holds every scope. The one scope match of
-// verbose rules, capture filters and breakpoints.
-bool scopeWithin(std::string_view scope, std::string_view prefix);
 
 // Parses "blocks.3.attn,blocks.1:backward,:forward,*" — comma-separated rules, each a scope
 // prefix ("*" or empty: any scope) with an optional ":forward|backward|optimizer". Throws

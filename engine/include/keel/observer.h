@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "keel/attrs.h"
+#include "keel/base/vocabulary.h"
 #include "keel/device.h"
 #include "keel/tensor.h"
 
@@ -18,9 +19,6 @@ namespace keel {
 
 struct OpDef;
 class Buffer;
-
-enum class Phase : uint8_t { Forward, Backward, Optimizer };
-std::string_view phaseName(Phase p);
 
 struct OpEvent {
   uint64_t seq = 0;         // process-wide op call counter, starts at 1
@@ -34,30 +32,6 @@ struct OpEvent {
   int64_t beginNs = 0;
   int64_t endNs = 0;  // 0 in onOpBegin
 };
-
-// Alloc/Free: a block handed out or given back. Reserve/Release: memory obtained from or returned
-// to the system (caching segments; VMM chunks released with a punched hole). Map/Unmap: a VMM chunk
-// mapped into or taken out of the address range. Move: a free VMM chunk remapped from `address` to
-// `toAddress` (no byte copied). Compact: a live block copied from `address` to `toAddress` (its
-// Buffer follows). TrackBegin/TrackEnd: a memory tracking section (`label`) starts or ends.
-enum class MemEventKind : uint8_t {
-  Alloc,
-  Free,
-  Reserve,
-  Release,
-  Map,
-  Unmap,
-  Move,
-  Compact,
-  TrackBegin,
-  TrackEnd
-};
-std::string_view memEventName(MemEventKind k);
-
-// What a block holds, set by the code that allocates it (MemTagScope); the memory view turns it
-// into "why is this still alive". None: an op's output or temporary (its phase says more).
-enum class MemTag : uint8_t { None, Parameter, OptimizerState, Data };
-std::string_view memTagName(MemTag t);  // "", "parameter", "optimizer_state", "data"
 
 // Sets the tag of allocations on this thread for its lifetime (nests; restores the previous tag).
 class MemTagScope {
@@ -100,8 +74,6 @@ struct StepEvent {
 };
 
 // Log lines (keel::log in keel/log.h), delivered to observers as they are written.
-enum class LogLevel : uint8_t { Error = 0, Warn = 1, Info = 2, Debug = 3, Verbose = 4 };
-std::string_view logLevelName(LogLevel l);
 
 struct LogEvent {
   LogLevel level = LogLevel::Info;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "keel/allocator.h"
+#include "keel/base/text.h"
 #include "keel/error.h"
 
 namespace keel {
@@ -51,45 +52,16 @@ double AllocatorStats::scatter() const {
   return totalFree == 0 ? 0.0 : 1.0 - double(largestFree) / double(totalFree);
 }
 
-namespace {
-std::string mib(size_t b) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(1);
-  os << double(b) / double(1 << 20) << " MiB";
-  return os.str();
-}
-}  // namespace
-
 std::string memorySummary(const AllocatorStats& s) {
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(1);
-  os << "allocated " << mib(s.allocated) << " (" << s.allocated << " bytes), reserved "
-     << mib(s.reserved) << " (" << s.reserved << " bytes), largest free block "
-     << mib(s.largestFree) << " (" << s.largestFree << " bytes), fragmentation "
+  os << "allocated " << formatMiB(s.allocated) << " (" << s.allocated << " bytes), reserved "
+     << formatMiB(s.reserved) << " (" << s.reserved << " bytes), largest free block "
+     << formatMiB(s.largestFree) << " (" << s.largestFree << " bytes), fragmentation "
      << 100.0 * s.fragmentation() << "%, free-space scatter " << 100.0 * s.scatter() << "%, "
      << s.blocks << " live blocks in " << s.segments << " segments/chunks";
   return os.str();
-}
-
-std::string_view allocatorKindName(AllocatorKind k) {
-  switch (k) {
-    case AllocatorKind::Host:
-      return "host";
-    case AllocatorKind::Caching:
-      return "caching";
-    case AllocatorKind::Vmm:
-      return "vmm";
-  }
-  return "?";
-}
-
-std::optional<AllocatorKind> parseAllocatorKind(std::string_view s) {
-  if (s == "host") return AllocatorKind::Host;
-  if (s == "caching") return AllocatorKind::Caching;
-  if (s == "vmm") return AllocatorKind::Vmm;
-  return std::nullopt;
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "ckpt_internal.h"
+#include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/error.h"
 
@@ -254,17 +255,7 @@ Metadata metadataFromJson(std::string_view text, const std::string& source) {
 
 // ---- opening -----------------------------------------------------------------------------
 
-namespace {
-
-std::string readText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KEEL_CHECK(in.good(), path, ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint c;
@@ -296,7 +287,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   const std::string metaPath = (fs::path(path) / kMetadataFile).string();
   KEEL_CHECK(fs::exists(metaPath, ec), path, ": not a checkpoint directory (no ", kMetadataFile,
              ")");
-  c.meta_ = metadataFromJson(readText(metaPath), metaPath);
+  c.meta_ = metadataFromJson(readFile(metaPath), metaPath);
   std::vector<std::unordered_map<std::string, const st::TensorEntry*>> byName;
   for (const auto& f : c.meta_.files) {
     c.readers_.push_back(std::make_shared<st::Reader>((fs::path(path) / f).string()));
@@ -564,19 +555,6 @@ std::string fileName(int rank, int ranks) {
 
 }  // namespace detail
 
-std::string humanBytes(uint64_t n) {
-  char buf[32];
-  if (n >= (uint64_t(1) << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", double(n) / double(1 << 30));
-  else if (n >= (uint64_t(1) << 20))
-    std::snprintf(buf, sizeof buf, "%.2f MiB", double(n) / double(1 << 20));
-  else if (n >= 1024)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", double(n) / 1024.0);
-  else
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", n);
-  return buf;
-}
-
 Plan makePlan(const Metadata& src, const aoa::Program* rules, const TargetSpec& spec) {
   return detail::planFor(src, aoa::apply(rules, detail::sourceKeys(src)), spec, true);
 }
@@ -588,9 +566,9 @@ std::string describePlan(const Plan& plan, const Metadata& src, size_t maxItems)
   os << "plan: " << src.keys.size() << " source keys in " << src.files.size() << " files -> "
      << plan.target.keys.size() << " target keys in " << plan.tp << " files (tp=" << plan.tp
      << "), " << plan.shards.size() << " target shards, " << plan.items.size() << " reads\n";
-  os << "bytes moved: " << plan.bytesRead << " read (" << humanBytes(plan.bytesRead) << "), "
-     << plan.bytesWritten << " written (" << humanBytes(plan.bytesWritten)
-     << "); largest target shard " << humanBytes(plan.maxShardBytes) << "\n";
+  os << "bytes moved: " << plan.bytesRead << " read (" << formatBytes(plan.bytesRead) << "), "
+     << plan.bytesWritten << " written (" << formatBytes(plan.bytesWritten)
+     << "); largest target shard " << formatBytes(plan.maxShardBytes) << "\n";
   Dims off, shape;
   uint32_t file = UINT32_MAX;
   for (const auto& ts : plan.shards) {

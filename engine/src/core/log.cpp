@@ -82,12 +82,6 @@ bool ruleMatches(const VerboseRule& rule, std::string_view scope, Phase phase) {
   return scopeWithin(scope, rule.scopePrefix);
 }
 
-bool scopeWithin(std::string_view scope, std::string_view prefix) {
-  if (prefix.empty()) return true;
-  if (scope.size() < prefix.size() || scope.compare(0, prefix.size(), prefix) != 0) return false;
-  return scope.size() == prefix.size() || scope[prefix.size()] == '.';
-}
-
 std::vector<VerboseRule> parseVerboseRules(std::string_view text) {
   std::vector<VerboseRule> rules;
   while (!text.empty()) {

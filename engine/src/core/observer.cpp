@@ -47,78 +47,10 @@ std::shared_ptr<const ObserverList> snapshot() {
 }
 }  // namespace
 
-std::string_view phaseName(Phase p) {
-  switch (p) {
-    case Phase::Forward:
-      return "forward";
-    case Phase::Backward:
-      return "backward";
-    case Phase::Optimizer:
-      return "optimizer";
-  }
-  return "?";
-}
-
-std::string_view logLevelName(LogLevel l) {
-  switch (l) {
-    case LogLevel::Error:
-      return "error";
-    case LogLevel::Warn:
-      return "warn";
-    case LogLevel::Info:
-      return "info";
-    case LogLevel::Debug:
-      return "debug";
-    case LogLevel::Verbose:
-      return "verbose";
-  }
-  return "?";
-}
-
-std::string_view memEventName(MemEventKind k) {
-  switch (k) {
-    case MemEventKind::Alloc:
-      return "alloc";
-    case MemEventKind::Free:
-      return "free";
-    case MemEventKind::Reserve:
-      return "reserve";
-    case MemEventKind::Release:
-      return "release";
-    case MemEventKind::Map:
-      return "map";
-    case MemEventKind::Unmap:
-      return "unmap";
-    case MemEventKind::Move:
-      return "move";
-    case MemEventKind::Compact:
-      return "compact";
-    case MemEventKind::TrackBegin:
-      return "track_begin";
-    case MemEventKind::TrackEnd:
-      return "track_end";
-  }
-  return "?";
-}
-
 namespace {
 thread_local MemTag t_memTag = MemTag::None;
 thread_local detail::AllocContext t_allocContext;
 }  // namespace
-
-std::string_view memTagName(MemTag t) {
-  switch (t) {
-    case MemTag::None:
-      return "";
-    case MemTag::Parameter:
-      return "parameter";
-    case MemTag::OptimizerState:
-      return "optimizer_state";
-    case MemTag::Data:
-      return "data";
-  }
-  return "?";
-}
 
 MemTagScope::MemTagScope(MemTag t) : prev_(t_memTag) {
   t_memTag = t;

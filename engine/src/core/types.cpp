@@ -10,39 +10,6 @@
 
 namespace keel {
 
-std::string_view dtypeName(DType t) {
-  switch (t) {
-    case DType::Float32:
-      return "float32";
-    case DType::Float16:
-      return "float16";
-    case DType::BFloat16:
-      return "bfloat16";
-    case DType::Float64:
-      return "float64";
-    case DType::Int32:
-      return "int32";
-    case DType::Int64:
-      return "int64";
-    case DType::Bool:
-      return "bool";
-  }
-  return "?";
-}
-
-DType parseDType(std::string_view n) {
-  if (n == "float32" || n == "f32" || n == "float") return DType::Float32;
-  if (n == "float16" || n == "f16" || n == "half") return DType::Float16;
-  if (n == "bfloat16" || n == "bf16") return DType::BFloat16;
-  if (n == "float64" || n == "f64" || n == "double") return DType::Float64;
-  if (n == "int32" || n == "i32" || n == "int") return DType::Int32;
-  if (n == "int64" || n == "i64" || n == "long") return DType::Int64;
-  if (n == "bool") return DType::Bool;
-  throw Error(
-      detail::concat("unknown dtype '", n,
-                     "' (expected float32, float16, bfloat16, float64, int32, int64, bool)"));
-}
-
 std::string_view backendName(Backend b) {
   switch (b) {
     case Backend::Cpu:

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/nn.h"
 
@@ -87,17 +88,6 @@ TextDataset TextDataset::fromDocuments(const std::vector<std::string>& documents
   }
   return TextDataset(text, std::move(source), valFraction);
 }
-
-namespace {
-std::string readFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  KEEL_CHECK(in.good(), p.string(), ": cannot open for reading");
-  std::ostringstream os;
-  os << in.rdbuf();
-  KEEL_CHECK(!in.bad(), p.string(), ": read error");
-  return os.str();
-}
-}  // namespace
 
 TextDataset TextDataset::load(const std::string& path) {
   KEEL_CHECK(!path.empty(), "data path is empty");

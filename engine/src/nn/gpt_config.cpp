@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 
 namespace keel {
@@ -258,12 +259,7 @@ GptConfig loadGptConfig(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw Error(path + ": is a directory, expected a JSON config file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open config file (missing or unreadable)");
-  std::ostringstream os;
-  os << in.rdbuf();
-  if (in.bad()) throw Error(path + ": error reading config file");
-  std::string text = os.str();
+  std::string text = readFile(path, "config file");
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw Error(path + ": config file is empty");
   return parseGptConfig(text, path);

@@ -51,8 +51,8 @@ enum class GraphNodeKind { Op, Module };
 struct GraphNode {
   std::string id;  // DOT id: "o<seq>" for an op, "m:<f|b|o>:<scope>" for a module
   GraphNodeKind kind = GraphNodeKind::Op;
-  uint64_t seq = 0;              // Op: its seq; Module: the first op's
-  std::string phase;             // forward | backward | optimizer
+  uint64_t seq = 0;  // Op: its seq; Module: the first op's
+  Phase phase = Phase::Forward;
   std::string scope;             // Op: the scope it is drawn in; Module: the module's scope path
   std::string title;             // Op: name; Module: scope path (drawn bold)
   std::string subtitle;          // Op: first output shape and dtype; Module: "N ops"
@@ -62,8 +62,8 @@ struct GraphNode {
 
 // A module drawn expanded: a Graphviz cluster around its ops and sub-modules.
 struct GraphCluster {
-  std::string id;     // DOT subgraph name: "cluster_<f|b|o>:<scope>", "cluster_<f|b>" per phase
-  std::string phase;  // forward | backward | optimizer
+  std::string id;  // DOT subgraph name: "cluster_<f|b|o>:<scope>", "cluster_<f|b>" per phase
+  Phase phase = Phase::Forward;
   std::string scope;  // "" for the per-phase cluster of Both
   std::string label;  // drawn at its top-left, in the bold font
   int depth = 0;      // nesting: 0 for top level

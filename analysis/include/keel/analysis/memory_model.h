@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/base/text.h"  // formatBytes
 #include "keel/storage/records.h"
 
 namespace keel::storage {
@@ -24,7 +25,9 @@ namespace keel::analysis {
 struct MemOp {
   uint64_t seq = 0;
   int64_t step = 0;
-  std::string name, phase, scope;
+  std::string name;
+  Phase phase = Phase::Forward;
+  std::string scope;
   int64_t beginNs = 0, endNs = 0;
   uint64_t forwardSeq = 0;  // backward ops: the forward op they differentiate
   int64_t stackId = -1;
@@ -130,9 +133,6 @@ struct MemLayout {
 // (small blocks stay visible next to large ones).
 enum class MemScale { Linear, Log };
 MemLayout layoutMemory(const MemState& state, MemScale scale = MemScale::Linear);
-
-// "512 B", "1.5 KiB", "12.0 MiB".
-std::string formatBytes(uint64_t bytes);
 
 class MemoryModel {
  public:

@@ -74,8 +74,10 @@ struct OpPair {
   int64_t step = 0;
   bool inA = false, inB = false;
   uint64_t seqA = 0, seqB = 0;
-  std::string name, phase, scope;  // side A's (side B's for an op only in B)
-  std::string nameB;               // side B's name when it differs from A's, else ""
+  std::string name;  // side A's (side B's for an op only in B), as phase and scope
+  Phase phase = Phase::Forward;
+  std::string scope;
+  std::string nameB;  // side B's name when it differs from A's, else ""
   int64_t stackIdA = -1, stackIdB = -1;
   bool exactSignature = true;  // false: paired on (name, phase, scope) only; shapes differ
   DiffStatus status = DiffStatus::Equal;
@@ -89,7 +91,9 @@ struct ChainLink {
   uint64_t seq = 0;          // on the chain's side
   uint64_t consumerSeq = 0;  // the op it feeds
   int32_t consumerInput = 0;
-  std::string name, phase, scope;
+  std::string name;
+  Phase phase = Phase::Forward;
+  std::string scope;
   int64_t stackId = -1;
   DiffStatus status = DiffStatus::Unmatched;  // its pair's verdict (Unmatched: not aligned)
 };

@@ -15,8 +15,8 @@ namespace keel::storage {
 
 struct OpQuery {
   std::optional<int64_t> step;
-  std::optional<std::string> phase;  // forward | backward | optimizer
-  std::optional<std::string> name;   // exact op name
+  std::optional<Phase> phase;
+  std::optional<std::string> name;  // exact op name
   std::optional<std::string>
       scopePrefix;  // "blocks.1" matches blocks.1 and blocks.1.*, not blocks.10
   std::optional<uint64_t> seqBegin, seqEnd;
@@ -25,7 +25,8 @@ struct OpQuery {
 };
 
 struct OpCount {
-  std::string name, phase;
+  std::string name;
+  Phase phase = Phase::Forward;
   int64_t count = 0;
 };
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/vocabulary.h"
+
 namespace keel::storage {
 
 inline constexpr double kNoValue = std::numeric_limits<double>::quiet_NaN();
@@ -47,7 +49,9 @@ struct TensorRecord {
   uint64_t bufferId = 0;  // identity of the underlying buffer (views share it)
   std::vector<int64_t> shape, strides;
   int64_t offset = 0;
-  std::string dtype;       // "float32", ...
+  // "float32", ... Text, not keel::DType: a recording may hold tensors of other frameworks (a
+  // PyTorch run's uint8 or float8) that the engine has no dtype for, and storage keeps them.
+  std::string dtype;
   std::string device;      // "cpu", ...
   int64_t bytes = 0;       // numel * element size
   std::string md5;         // 32 hex chars, empty when not hashed (see docs/capture.md)
@@ -57,10 +61,10 @@ struct TensorRecord {
 };
 
 struct OpRecord {
-  uint64_t seq = 0;   // engine op sequence number (unique in a run, increasing)
-  int64_t step = 0;   // 0 before the first step (initialisation)
-  std::string phase;  // forward | backward | optimizer
-  std::string name;   // op name
+  uint64_t seq = 0;  // engine op sequence number (unique in a run, increasing)
+  int64_t step = 0;  // 0 before the first step (initialisation)
+  Phase phase = Phase::Forward;
+  std::string name;  // op name
   std::string attrsJson;
   std::string scope;   // module scope path
   int64_t thread = 0;  // small integer id of the engine thread
@@ -82,7 +86,11 @@ struct StackRecord {
   std::vector<StackFrame> frames;  // innermost first
 };
 
-enum class LogLevel : uint8_t { Error = 0, Warn = 1, Info = 2, Debug = 3, Verbose = 4 };
+// The shared vocabulary's enums (keel/base/vocabulary.h): records carry them, not their names.
+using keel::LogLevel;
+using keel::MemEventKind;
+using keel::MemTag;
+using keel::Phase;
 
 struct LogRecord {
   uint64_t opSeq = 0;  // op being dispatched (or the last one) when the line was logged
@@ -94,8 +102,7 @@ struct LogRecord {
 };
 
 struct MemRecord {
-  // alloc | free | reserve | release | map | unmap | move | compact | track_begin | track_end
-  std::string kind;
+  MemEventKind kind = MemEventKind::Alloc;
   std::string device;
   uint64_t address = 0, bytes = 0, toAddress = 0;
   uint64_t opSeq = 0;  // 0 outside ops
@@ -103,9 +110,9 @@ struct MemRecord {
   int64_t stackId = -1;
   int64_t timeNs = 0;
   uint64_t allocatedAfter = 0, reservedAfter = 0;
-  uint64_t bufferId = 0;  // alloc/free/compact of an engine Buffer (tensors' bufferId); else 0
-  std::string tag;        // alloc: parameter | optimizer_state | data | "" (an op's output)
-  std::string label;      // track_begin/track_end: the section's name
+  uint64_t bufferId = 0;      // alloc/free/compact of an engine Buffer (tensors' bufferId); else 0
+  MemTag tag = MemTag::None;  // alloc: what the block holds (None: an op's output or temporary)
+  std::string label;          // track_begin/track_end: the section's name
 };
 
 struct DumpRecord {

@@ -98,7 +98,7 @@ class GraphView : public QWidget {
 
   // Fill of a node in ColorMode::Divergence (`first`: the run's first divergence).
   static QColor statusColor(storage::DiffStatus status, bool first = false);
-  static QColor phaseColor(const std::string& phase, bool module = false);
+  static QColor phaseColor(Phase phase, bool module = false);
 
  signals:
   void layoutFinished();

@@ -18,8 +18,6 @@ namespace keel::views {
 
 class Selection;
 
-// "error", "warn", "info", "debug", "verbose".
-QString logLevelName(storage::LogLevel level);
 // Text colour of a level (errors red, warnings amber, debug/verbose grey); invalid for info.
 QColor logLevelColor(storage::LogLevel level);
 
