@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "diff_util.h"
+#include "keel/base/dtype.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/export.h"
 
@@ -15,35 +16,7 @@ using detail::fmtNum;
 
 namespace {
 
-// ---- ULPs --------------------------------------------------------------------------------------
-
-uint16_t floatToHalfBits(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x7fffffu;
-  int exp = static_cast<int>((x >> 23) & 0xffu);
-  if (exp == 255) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int e = exp - 127 + 15;
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (e <= 0) {  // half subnormal (or zero)
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    int shift = 14 - e;
-    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = (static_cast<uint32_t>(e) << 10) | (mant >> 13), rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry may reach inf: correct
-  return static_cast<uint16_t>(sign | h);
-}
-
-uint16_t floatToBf16Bits(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
+// ---- ULPs (16-bit floats round as the engine rounds them: keel/base/dtype.h) ------------------
 
 // Distance of two sign-magnitude floats of `bits` width, on the monotonic integer line.
 uint64_t ulpFromBits(uint64_t ba, uint64_t bb, int bits) {
@@ -106,12 +79,12 @@ uint64_t ulpDistance(double a, double b, const std::string& dtype) {
                        std::bit_cast<uint32_t>(static_cast<float>(b)), 32);
   }
   if (dtype == "float16") {
-    return ulpFromBits(floatToHalfBits(static_cast<float>(a)),
-                       floatToHalfBits(static_cast<float>(b)), 16);
+    return ulpFromBits(Half::fromFloat(static_cast<float>(a)),
+                       Half::fromFloat(static_cast<float>(b)), 16);
   }
   if (dtype == "bfloat16") {
-    return ulpFromBits(floatToBf16Bits(static_cast<float>(a)),
-                       floatToBf16Bits(static_cast<float>(b)), 16);
+    return ulpFromBits(BFloat16::fromFloat(static_cast<float>(a)),
+                       BFloat16::fromFloat(static_cast<float>(b)), 16);
   }
   if (dtype.rfind("int", 0) == 0 || dtype.rfind("uint", 0) == 0 || dtype == "bool") {
     double d = std::fabs(std::round(a) - std::round(b));
