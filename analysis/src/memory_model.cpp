@@ -128,6 +128,7 @@ void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
   sections_.clear();
   hasSegments_ = hasChunks_ = false;
   peakAllocated_ = peakReserved_ = 0;
+  peakEvent_ = -1;
   Work w;
   struct Open {
     size_t section;
@@ -158,6 +159,7 @@ void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
     const bool mark = kinds(i) == Kind::TrackBegin || kinds(i) == Kind::TrackEnd;
     allocated_[i] = mark ? (i ? allocated_[i - 1] : 0) : e.allocatedAfter;
     reserved_[i] = mark ? (i ? reserved_[i - 1] : 0) : e.reservedAfter;
+    if (allocated_[i] > peakAllocated_ || peakEvent_ < 0) peakEvent_ = int64_t(i);
     peakAllocated_ = std::max(peakAllocated_, allocated_[i]);
     peakReserved_ = std::max(peakReserved_, reserved_[i]);
     switch (kinds(i)) {
@@ -294,6 +296,163 @@ MemState MemoryModel::stateAt(int64_t k) const {
 double MemoryModel::fragmentationAfter(size_t i) const {
   const uint64_t r = reserved_[i], a = std::min(allocated_[i], r);
   return r ? double(r - a) / double(r) : 0.0;
+}
+
+// Note [Memory figures]: what the memory view and `keel memory stats` call each figure, so both
+// print the same numbers for the same recording. allocated and reserved are the allocator's
+// statistics as the event carries them. reserved - allocated is *cached free* memory: held by
+// the allocator for reuse, used by no block; AllocatorStats::fragmentation() names that ratio,
+// but a backward pass that frees its activations leaves most of reserved memory cached and
+// perfectly reusable, so it is not fragmentation. *Fragmentation* is AllocatorStats::scatter():
+// 1 - largest free block / free memory, how much of the free memory a request for all of it
+// could not get in one piece. Free blocks are the gaps between live blocks inside mapped memory:
+// per segment for the caching allocator (its blocks never span two segments), across touching
+// mapped chunks for vmm (a free block may cover several chunks); the host allocator reserves
+// nothing beyond its live blocks, so it has neither. The replayed blocks carry the allocator's
+// rounded sizes, so with the whole run recorded the gaps add up to reserved - allocated.
+MemFigures MemoryModel::figuresAt(int64_t k) const {
+  MemFigures f;
+  if (events_.empty() || k < 0) return f;
+  k = std::min<int64_t>(k, int64_t(events_.size()) - 1);
+  f.event = k;
+  f.allocated = allocated_[size_t(k)];
+  f.reserved = reserved_[size_t(k)];
+  f.cachedFree = f.reserved - std::min(f.allocated, f.reserved);
+  const MemState st = stateAt(k);
+  size_t bi = 0;
+  auto gaps = [&](uint64_t a0, uint64_t a1) {
+    while (bi < st.blocks.size() && st.blocks[bi].address < a0) ++bi;
+    uint64_t at = a0;
+    auto gap = [&](uint64_t bytes) {
+      if (bytes == 0) return;
+      f.freeBlocks++;
+      f.largestFree = std::max(f.largestFree, bytes);
+    };
+    for (; bi < st.blocks.size() && st.blocks[bi].address < a1; ++bi) {
+      if (st.blocks[bi].address > at) gap(st.blocks[bi].address - at);
+      at = std::max(at, st.blocks[bi].address + st.blocks[bi].bytes);
+    }
+    if (at < a1) gap(a1 - at);
+  };
+  for (size_t i = 0; i < st.segments.size();) {
+    const MemSegment& g = st.segments[i];
+    uint64_t a1 = g.address + g.bytes;
+    size_t j = i + 1;
+    if (hasChunks_)  // vmm: touching mapped chunks hold one free block
+      for (; j < st.segments.size() && st.segments[j].address == a1 &&
+             st.segments[j].mapped == g.mapped;
+           ++j)
+        a1 = st.segments[j].address + st.segments[j].bytes;
+    if (g.mapped) gaps(g.address, a1);
+    i = j;
+  }
+  return f;
+}
+
+MemFigures MemoryModel::figuresAtPeak() const {
+  return figuresAt(peakEvent_);
+}
+
+// Note [Active memory bands]: the active-memory timeline (PyTorch's memory_viz draws the same):
+// at each moment the live blocks are stacked in allocation order, the oldest at the bottom, so
+// the stack's top is the live bytes, a block freed under others lets them sink, a leak is a band
+// that grows from step to step, and at the peak every contributor is a band of its size. Level
+// of detail keeps it cheap on a million events: a range of events is cut into at most `columns`
+// columns (one per pixel), each drawn from the state at its event of most bytes allocated (a
+// peak never falls between columns); consecutive blocks under `minBytes` (less than a pixel
+// high) become one merged slice. One stateAt(first - 1) gives the blocks live when the range
+// starts; then one pass over the range's events keeps the live set in allocation order.
+MemBands MemoryModel::bands(int64_t first, int64_t last, size_t columns, uint64_t minBytes) const {
+  MemBands out;
+  const int64_t n = int64_t(events_.size());
+  first = std::max<int64_t>(first, 0);
+  last = std::min<int64_t>(last, n - 1);
+  if (n == 0 || last < first || columns == 0) return out;
+  out.first = first;
+  out.last = last;
+  struct Live {
+    uint32_t ev;
+    uint64_t bytes;
+    bool dead;
+  };
+  std::vector<Live> live;
+  std::unordered_map<uint64_t, size_t> at;  // address -> index into live
+  size_t dead = 0;
+  {  // blocks live when the range starts, in allocation order, indexed by where they are now
+    const MemState s = stateAt(first - 1);
+    for (const MemBlock& b : s.blocks) live.push_back(Live{b.allocEvent, b.bytes, false});
+    std::sort(live.begin(), live.end(), [](const Live& x, const Live& y) { return x.ev < y.ev; });
+    std::unordered_map<uint32_t, size_t> byEv;
+    for (size_t i = 0; i < live.size(); ++i) byEv[live[i].ev] = i;
+    at.reserve(live.size() * 2);
+    for (const MemBlock& b : s.blocks) at[b.address] = byEv[b.allocEvent];
+  }
+  auto kill = [&](uint64_t address) {
+    auto it = at.find(address);
+    if (it == at.end()) return;
+    live[it->second].dead = true;
+    ++dead;
+    at.erase(it);
+  };
+  const uint64_t span = uint64_t(last - first + 1);
+  const size_t cols = size_t(std::min<uint64_t>(columns, span));
+  out.columns.reserve(cols);
+  int64_t i = first;
+  for (size_t c = 0; c < cols; ++c) {
+    MemBandColumn col;
+    col.firstEvent = first + int64_t(c * span / cols);
+    col.lastEvent = first + int64_t((c + 1) * span / cols) - 1;
+    col.event = col.firstEvent;
+    for (int64_t j = col.firstEvent + 1; j <= col.lastEvent; ++j)
+      if (allocated_[size_t(j)] > allocated_[size_t(col.event)]) col.event = j;
+    for (; i <= col.event; ++i) {
+      const storage::MemRecord& e = events_[size_t(i)];
+      switch (Kind(kinds_[size_t(i)])) {
+        case Kind::Alloc:
+          kill(e.address);  // a free we never saw
+          live.push_back(Live{uint32_t(i), e.bytes, false});
+          at[e.address] = live.size() - 1;
+          break;
+        case Kind::Free:
+          kill(e.address);
+          break;
+        case Kind::Compact:
+          if (auto it = at.find(e.address); it != at.end()) {
+            const size_t idx = it->second;
+            at.erase(it);
+            kill(e.toAddress);
+            at[e.toAddress] = idx;
+          }
+          break;
+        default:
+          break;
+      }
+    }
+    for (const Live& l : live) {
+      if (l.dead) continue;
+      const bool small = l.bytes < minBytes;
+      if (small && !col.slices.empty() && col.slices.back().allocEvent == kMergedBands) {
+        col.slices.back().bytes += l.bytes;
+        col.slices.back().blocks++;
+      } else {
+        col.slices.push_back(MemBandSlice{small ? kMergedBands : l.ev, col.total, l.bytes, 1});
+      }
+      col.total += l.bytes;
+    }
+    out.maxTotal = std::max(out.maxTotal, col.total);
+    out.columns.push_back(std::move(col));
+    // Keep the live list short: drop freed entries once they outnumber the live ones.
+    if (dead > 64 && dead > live.size() / 2) {
+      std::vector<size_t> moved(live.size());
+      size_t w = 0;
+      for (size_t r = 0; r < live.size(); ++r)
+        if (!live[r].dead) moved[r] = w, live[w++] = live[r];
+      live.resize(w);
+      dead = 0;
+      for (auto& entry : at) entry.second = moved[entry.second];
+    }
+  }
+  return out;
 }
 
 std::string MemoryModel::allocatorKind() const {

@@ -2,7 +2,8 @@
 // a model config, or generated for a large MoE) replayed through the caching and VMM allocators,
 // with peak memory, fragmentation, defragmentation work and cost per call side by side. Wiring and
 // printing only: the replays, comparisons and goals are the engine's (keel/alloc_trace.h), the
-// recording-to-trace conversion capture's (keel/capture/alloc_trace_io.h).
+// recording-to-trace conversion capture's (keel/capture/alloc_trace_io.h). `keel memory stats`
+// prints a recording's memory figures as the studio's memory view computes them (analysis/).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -10,10 +11,12 @@
 
 #include "cli_common.h"
 #include "keel/alloc_trace.h"
+#include "keel/analysis/memory_model.h"
 #include "keel/base/text.h"
 #include "keel/capture/alloc_trace_io.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
+#include "keel/storage/reader.h"
 
 namespace keel::cli {
 namespace {
@@ -51,6 +54,55 @@ int runReplay(const std::string& path, const std::string& kind) {
     printRow(replayAllocTrace(t, *a), h);
   }
   std::printf("ns/call: mean allocate/deallocate time, less the replay loop's own %.1f ns\n", h);
+  return 0;
+}
+
+// The figures of Note [Memory figures] (analysis/src/memory_model.cpp) at the peak of allocated
+// memory, at the end, and at any events asked for: one column each, bytes exact.
+int runStats(const std::string& path, const std::vector<int64_t>& at) {
+  const storage::Recording rec = storage::Recording::open(path);
+  const analysis::MemoryModel m = analysis::loadMemoryModel(rec);
+  if (m.eventCount() == 0) {
+    std::printf("%s: no allocator events (record with keel record --allocator)\n", path.c_str());
+    return 0;
+  }
+  std::printf("%s: %zu allocator events, %s allocator\n", path.c_str(), m.eventCount(),
+              m.allocatorKind().c_str());
+  std::vector<std::pair<std::string, analysis::MemFigures>> cols;
+  cols.emplace_back("peak", m.figuresAtPeak());
+  cols.emplace_back("end", m.figuresAt(int64_t(m.eventCount()) - 1));
+  for (int64_t k : at) {
+    if (k < 0 || size_t(k) >= m.eventCount())
+      return fail("keel memory stats: --event " + std::to_string(k) + " is outside 0.." +
+                  std::to_string(m.eventCount() - 1));
+    cols.emplace_back("event", m.figuresAt(k));
+  }
+  auto row = [&](const char* label, auto value) {
+    std::printf("%-26s", label);
+    for (const auto& [name, f] : cols) std::printf(" %22s", value(f).c_str());
+    std::printf("\n");
+  };
+  auto bytes = [](uint64_t b) { return std::to_string(b); };
+  auto pct = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * x);
+    return std::string(buf);
+  };
+  std::printf("%-26s", "");
+  for (const auto& [name, f] : cols)
+    std::printf(" %22s", (name + " (event " + std::to_string(f.event) + ")").c_str());
+  std::printf("\n");
+  using F = analysis::MemFigures;
+  row("allocated (bytes)", [&](const F& f) { return bytes(f.allocated); });
+  row("reserved (bytes)", [&](const F& f) { return bytes(f.reserved); });
+  row("cached free (bytes)", [&](const F& f) { return bytes(f.cachedFree); });
+  row("cached free / reserved", [&](const F& f) { return pct(f.cachedShare()); });
+  row("largest free block (bytes)", [&](const F& f) { return bytes(f.largestFree); });
+  row("free blocks", [&](const F& f) { return bytes(f.freeBlocks); });
+  row("fragmentation", [&](const F& f) { return pct(f.fragmentation()); });
+  std::printf(
+      "cached free = reserved - allocated (held for reuse, not fragmentation); fragmentation = "
+      "1 - largest free block / cached free\n");
   return 0;
 }
 
@@ -132,7 +184,8 @@ void addAllocOption(CLI::App* c, std::string& kind) {
 }
 
 Command addMemoryCommand(CLI::App& root) {
-  CLI::App* c = root.add_subcommand("memory", "allocation traces: record, generate, replay");
+  CLI::App* c = root.add_subcommand(
+      "memory", "allocation traces: record, generate, replay; a recording's memory figures");
   c->require_subcommand(1);
   struct Args {
     std::string trace, allocator = "both", config = "configs/moe-mini.json", out;
@@ -140,6 +193,7 @@ Command addMemoryCommand(CLI::App& root) {
     uint64_t seed = 1;
     bool generate = false;
     MoeTraceOptions moe;
+    std::vector<int64_t> events;
   };
   auto a = std::make_shared<Args>();
   CLI::App* replay = c->add_subcommand(
@@ -157,11 +211,18 @@ Command addMemoryCommand(CLI::App& root) {
   trace->add_option("--seed", a->seed, "run seed");
   trace->add_flag("--generate-moe", a->generate, "generate a large MoE trace instead");
   addMoeOptions(trace, a->moe);
-  return {c, [a, replay, trace] {
+  CLI::App* stats = c->add_subcommand(
+      "stats",
+      "a recording's memory figures at its peak and end, as Keel Studio's memory view shows "
+      "them: allocated, reserved, cached free, largest free block, fragmentation");
+  stats->add_option("RECORDING", a->trace, "recording with allocator events")->required();
+  stats->add_option("--event", a->events, "also the figures right after these events");
+  return {c, [a, replay, trace, stats] {
             if (replay->parsed()) return runReplay(a->trace, a->allocator);
+            if (stats->parsed()) return runStats(a->trace, a->events);
             if (trace->parsed())
               return runTrace(a->config, a->out, a->steps, a->seed, a->moe, a->generate);
-            return fail("keel memory: expected replay or trace");
+            return fail("keel memory: expected replay, trace or stats");
           }};
 }
 

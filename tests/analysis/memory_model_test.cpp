@@ -399,3 +399,189 @@ TEST(MemoryModel, EmptyModel) {
   EXPECT_EQ(m.stateAt(5).cursor, int64_t(-1));
   EXPECT_TRUE(layoutMemory(m.stateAt(0)).pieces.empty());
 }
+
+namespace {
+
+// Events with the allocator's reserved figure as an allocator would report it: reserve / map add
+// their bytes, release / unmap take them away.
+MemoryModel withReserved(const std::vector<Ev>& in) {
+  std::vector<MemRecord> ev = events(in);
+  uint64_t reserved = 0;
+  for (MemRecord& e : ev) {
+    if (e.kind == keel::MemEventKind::Reserve || e.kind == keel::MemEventKind::Map)
+      reserved += e.bytes;
+    if (e.kind == keel::MemEventKind::Release || e.kind == keel::MemEventKind::Unmap)
+      reserved -= e.bytes;
+    e.reservedAfter = reserved;
+  }
+  MemoryModel m;
+  m.setEvents(std::move(ev));
+  return m;
+}
+
+using Slices = std::vector<MemBandSlice>;
+
+}  // namespace
+
+// Cached free is reserved - allocated; fragmentation is 1 - largest free block / cached free, with
+// free blocks per caching segment (two touching segments do not make one free block).
+TEST(MemoryFigures, CachingFreeBlocksStayInsideTheirSegment) {
+  const MemoryModel m = withReserved({
+      {"reserve", 0x10000, 4096},
+      {"reserve", 0x11000, 2048},  // touches the first
+      {"alloc", 0x10000, 512},
+      {"alloc", 0x10400, 1024},  // 512 free before it, 2048 after it up to 0x11000
+      {"alloc", 0x11200, 512},   // 512 free before it (touching the 2048), 1024 after
+  });
+  const MemFigures f = m.figuresAt(4);
+  EXPECT_EQ(f.event, int64_t(4));
+  EXPECT_EQ(f.allocated, uint64_t(2048));
+  EXPECT_EQ(f.reserved, uint64_t(6144));
+  EXPECT_EQ(f.cachedFree, uint64_t(4096));
+  EXPECT_EQ(f.largestFree, uint64_t(2048));
+  EXPECT_EQ(f.freeBlocks, uint64_t(4));
+  EXPECT_DOUBLE_EQ(f.cachedShare(), 4096.0 / 6144.0);
+  EXPECT_DOUBLE_EQ(f.fragmentation(), 0.5);
+  // Before any block: each segment is one free block.
+  const MemFigures g = m.figuresAt(1);
+  EXPECT_EQ(g.largestFree, uint64_t(4096));
+  EXPECT_EQ(g.freeBlocks, uint64_t(2));
+  EXPECT_DOUBLE_EQ(g.fragmentation(), 1.0 - 4096.0 / 6144.0);
+  EXPECT_EQ(m.figuresAt(-1), MemFigures{});
+  EXPECT_EQ(m.peakEvent(), int64_t(4));
+  EXPECT_EQ(m.figuresAtPeak(), f);
+}
+
+// vmm: a free block spans touching mapped chunks; an unmapped chunk holds no free block.
+TEST(MemoryFigures, VmmFreeBlocksSpanTouchingChunks) {
+  const MemoryModel m = withReserved({
+      {"map", 0, 2 * MiB},
+      {"map", 2 * MiB, 2 * MiB},
+      {"alloc", 0, MiB},
+      {"alloc", 3 * MiB, MiB},  // free: [1 MiB, 3 MiB), one block across two chunks
+      {"map", 6 * MiB, 2 * MiB},
+      {"unmap", 6 * MiB, 2 * MiB},
+  });
+  EXPECT_EQ(m.allocatorKind(), std::string("vmm"));
+  const MemFigures a = m.figuresAt(3);
+  EXPECT_EQ(a.cachedFree, 2 * MiB);
+  EXPECT_EQ(a.largestFree, 2 * MiB);
+  EXPECT_EQ(a.freeBlocks, uint64_t(1));
+  EXPECT_DOUBLE_EQ(a.fragmentation(), 0.0);
+  const MemFigures b = m.figuresAt(4);
+  EXPECT_EQ(b.reserved, 6 * MiB);
+  EXPECT_EQ(b.cachedFree, 4 * MiB);
+  EXPECT_EQ(b.largestFree, 2 * MiB);
+  EXPECT_EQ(b.freeBlocks, uint64_t(2));
+  EXPECT_DOUBLE_EQ(b.fragmentation(), 0.5);
+  EXPECT_DOUBLE_EQ(b.cachedShare(), 4.0 / 6.0);
+  const MemFigures c = m.figuresAt(5);
+  EXPECT_EQ(c.freeBlocks, uint64_t(1));
+  EXPECT_EQ(c.largestFree, 2 * MiB);
+}
+
+// The host allocator reserves nothing beyond its blocks: no cached memory, no fragmentation.
+TEST(MemoryFigures, HostHasNoFreeBlocks) {
+  std::vector<MemRecord> ev = events({{"alloc", 0x100, 64}, {"alloc", 0x400, 64}});
+  for (MemRecord& e : ev) e.reservedAfter = e.allocatedAfter;
+  MemoryModel m;
+  m.setEvents(std::move(ev));
+  const MemFigures f = m.figuresAt(1);
+  EXPECT_EQ(f.cachedFree, uint64_t(0));
+  EXPECT_EQ(f.largestFree, uint64_t(0));
+  EXPECT_EQ(f.freeBlocks, uint64_t(0));
+  EXPECT_DOUBLE_EQ(f.fragmentation(), 0.0);
+  EXPECT_DOUBLE_EQ(f.cachedShare(), 0.0);
+}
+
+// Active-memory bands: live blocks stacked in allocation order; a block freed under others lets
+// them sink; one column per event when there is room.
+TEST(MemoryBands, StackedInAllocationOrder) {
+  const MemoryModel m = model({
+      {"alloc", 0x100, 100},  // A
+      {"alloc", 0x200, 50},   // B
+      {"alloc", 0x300, 30},   // C
+      {"free", 0x100, 100},   // A goes: B and C sink
+      {"alloc", 0x100, 10},   // D, on top
+  });
+  const MemBands b = m.bands(0, 4, 100);
+  ASSERT_EQ(b.columns.size(), size_t(5));
+  EXPECT_EQ(b.first, int64_t(0));
+  EXPECT_EQ(b.last, int64_t(4));
+  EXPECT_EQ(b.maxTotal, uint64_t(180));
+  EXPECT_EQ(b.columns[0].slices, (Slices{{0, 0, 100, 1}}));
+  EXPECT_EQ(b.columns[2].slices, (Slices{{0, 0, 100, 1}, {1, 100, 50, 1}, {2, 150, 30, 1}}));
+  EXPECT_EQ(b.columns[3].slices, (Slices{{1, 0, 50, 1}, {2, 50, 30, 1}}));
+  EXPECT_EQ(b.columns[4].slices, (Slices{{1, 0, 50, 1}, {2, 50, 30, 1}, {4, 80, 10, 1}}));
+  EXPECT_EQ(b.columns[4].total, uint64_t(90));
+  EXPECT_EQ(b.columns[4].event, int64_t(4));
+
+  // Level of detail: blocks under 40 bytes merge with their small neighbours.
+  const MemBands lod = m.bands(0, 4, 100, 40);
+  EXPECT_EQ(lod.columns[4].slices, (Slices{{1, 0, 50, 1}, {kMergedBands, 50, 40, 2}}));
+  EXPECT_EQ(lod.columns[0].slices, (Slices{{0, 0, 100, 1}}));
+
+  // Two columns: each drawn at its event of most bytes allocated.
+  const MemBands two = m.bands(0, 4, 2);
+  ASSERT_EQ(two.columns.size(), size_t(2));
+  EXPECT_EQ(two.columns[0].firstEvent, int64_t(0));
+  EXPECT_EQ(two.columns[0].lastEvent, int64_t(1));
+  EXPECT_EQ(two.columns[0].event, int64_t(1));
+  EXPECT_EQ(two.columns[1].firstEvent, int64_t(2));
+  EXPECT_EQ(two.columns[1].lastEvent, int64_t(4));
+  EXPECT_EQ(two.columns[1].event, int64_t(2));
+  EXPECT_EQ(two.columns[1].total, uint64_t(180));
+
+  // A range that starts late reads the blocks live before it from the checkpoints.
+  const MemBands late = m.bands(3, 4, 100);
+  ASSERT_EQ(late.columns.size(), size_t(2));
+  EXPECT_EQ(late.columns[0].slices, (Slices{{1, 0, 50, 1}, {2, 50, 30, 1}}));
+  EXPECT_EQ(late.columns[1].slices, b.columns[4].slices);
+  EXPECT_TRUE(m.bands(5, 9, 10).columns.empty());
+}
+
+// A compacted block keeps its band (and place in the stack) at its new address.
+TEST(MemoryBands, CompactionKeepsTheBand) {
+  const MemoryModel m = model({
+      {"alloc", 0x0, 10},
+      {"alloc", 0x10, 20},
+      {"free", 0x0, 10},
+      {"compact", 0x10, 20, 0, 0, 0, {}, 0x0},
+      {"alloc", 0x40, 5},
+      {"free", 0x0, 20},  // the compacted block, at its new address
+  });
+  const MemBands b = m.bands(0, 5, 100);
+  ASSERT_EQ(b.columns.size(), size_t(6));
+  EXPECT_EQ(b.columns[3].slices, (Slices{{1, 0, 20, 1}}));
+  EXPECT_EQ(b.columns[4].slices, (Slices{{1, 0, 20, 1}, {4, 20, 5, 1}}));
+  EXPECT_EQ(b.columns[5].slices, (Slices{{4, 0, 5, 1}}));
+  const MemBands late = m.bands(4, 5, 100);  // starts after the compaction
+  EXPECT_EQ(late.columns[1].slices, (Slices{{4, 0, 5, 1}}));
+}
+
+// Many events, few columns: the live list is compacted as it goes and the figures still hold.
+TEST(MemoryBands, ManyEventsFewColumns) {
+  std::vector<Ev> in;
+  for (uint64_t i = 0; i < 2000; ++i) {
+    in.push_back({"alloc", 0x1000 + i * 0x100, 16});
+    if (i >= 10) in.push_back({"free", 0x1000 + (i - 10) * 0x100, 16});
+  }
+  const MemoryModel m = model(in);
+  const MemBands b = m.bands(0, int64_t(in.size()) - 1, 50);
+  ASSERT_EQ(b.columns.size(), size_t(50));
+  for (const MemBandColumn& c : b.columns) {
+    EXPECT_EQ(c.total, m.stateAt(c.event).liveBytes);
+    EXPECT_LE(c.slices.size(), size_t(11));
+  }
+  // Each column is drawn right after an alloc (11 live, the most its events reach), that alloc on
+  // top and the ten before it under it, oldest first.
+  const MemBandColumn& last = b.columns.back();
+  ASSERT_EQ(last.slices.size(), size_t(11));
+  EXPECT_EQ(last.slices.back().allocEvent, uint32_t(last.event));
+  for (size_t i = 0; i < 11; ++i) {
+    EXPECT_EQ(last.slices[i].base, uint64_t(16 * i));
+    if (i) {
+      EXPECT_EQ(last.slices[i].allocEvent, last.slices[i - 1].allocEvent + 2);
+    }
+  }
+}

@@ -4,6 +4,7 @@
 // once off the GUI thread and shared read-only. See Note [Memory replay] in memory_model.cpp.
 // Invariant: stateAt(k) equals replaying events 0..k from nothing (checkpoints only make it fast).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -134,6 +135,51 @@ struct MemLayout {
 enum class MemScale { Linear, Log };
 MemLayout layoutMemory(const MemState& state, MemScale scale = MemScale::Linear);
 
+// The memory figures at one moment, one definition for `keel memory stats` and the studio
+// (Note [Memory figures] in memory_model.cpp). allocated / reserved are the allocator's own
+// (the event's allocatedAfter / reservedAfter); the free blocks come from the replayed state.
+struct MemFigures {
+  int64_t event = -1;        // the figures hold right after this event
+  uint64_t allocated = 0;    // bytes in live blocks (AllocatorStats::allocated)
+  uint64_t reserved = 0;     // bytes obtained from the system (AllocatorStats::reserved)
+  uint64_t cachedFree = 0;   // reserved - allocated: cached by the allocator, used by no block
+  uint64_t largestFree = 0;  // the largest free block inside reserved memory
+  uint64_t freeBlocks = 0;   // free blocks inside reserved memory
+  // cachedFree / reserved (AllocatorStats::fragmentation(), which is cached memory, not
+  // fragmentation); 0 when nothing is reserved.
+  double cachedShare() const { return reserved ? double(cachedFree) / double(reserved) : 0.0; }
+  // Fragmentation: 1 - largestFree / cachedFree (AllocatorStats::scatter()): the share of free
+  // memory a request of all of it could not use; 0 when free memory is one block or none.
+  double fragmentation() const {
+    return cachedFree ? 1.0 - double(std::min(largestFree, cachedFree)) / double(cachedFree) : 0.0;
+  }
+  bool operator==(const MemFigures&) const = default;
+};
+
+// A live allocation drawn in one column of the active-memory timeline: stacked on the older
+// live blocks (older lower), from `base` to `base + bytes`. allocEvent == kMergedBands: a run of
+// consecutive blocks each smaller than the layout's minBytes, drawn as one slice.
+inline constexpr uint32_t kMergedBands = UINT32_MAX;
+struct MemBandSlice {
+  uint32_t allocEvent = 0;
+  uint64_t base = 0, bytes = 0;
+  uint32_t blocks = 1;  // blocks in the slice (> 1 only for merged slices)
+  bool operator==(const MemBandSlice&) const = default;
+};
+// One column: the live blocks right after `event` (the event of the column's range with the most
+// bytes allocated, so no peak falls between columns), by allocation order.
+struct MemBandColumn {
+  int64_t event = 0;
+  int64_t firstEvent = 0, lastEvent = 0;  // the events the column stands for
+  uint64_t total = 0;                     // live bytes (the top of the stack)
+  std::vector<MemBandSlice> slices;
+};
+struct MemBands {
+  int64_t first = 0, last = -1;  // the event range laid out
+  uint64_t maxTotal = 0;         // the highest stack over the columns
+  std::vector<MemBandColumn> columns;
+};
+
 class MemoryModel {
  public:
   // checkpointEvery = 0: chosen from the event count (at most ~256 checkpoints, at least 256
@@ -163,6 +209,16 @@ class MemoryModel {
   uint64_t peakAllocated() const { return peakAllocated_; }
   uint64_t peakReserved() const { return peakReserved_; }
 
+  // The figures right after event k (see MemFigures); -1: before the first event.
+  MemFigures figuresAt(int64_t k) const;
+  // The figures at the event where allocated memory peaked (the first such event).
+  MemFigures figuresAtPeak() const;
+  int64_t peakEvent() const { return peakEvent_; }
+  // The active-memory timeline of events [first, last] in at most `columns` columns: every live
+  // allocation a band stacked in allocation order, blocks under `minBytes` merged with their
+  // neighbours of the same kind (level of detail). Costs one stateAt(first) and one pass over the
+  // range; nothing outside it is read. See Note [Active memory bands] in memory_model.cpp.
+  MemBands bands(int64_t first, int64_t last, size_t columns, uint64_t minBytes = 0) const;
   // Memory right after event k (k < eventCount()); -1 gives the empty state.
   MemState stateAt(int64_t k) const;
 
@@ -205,6 +261,7 @@ class MemoryModel {
   std::vector<MemSection> sections_;
   bool hasSegments_ = false, hasChunks_ = false;
   uint64_t peakAllocated_ = 0, peakReserved_ = 0;
+  int64_t peakEvent_ = -1;
 };
 
 // Reads every allocator event of `rec`, the ops (step by step) and the stacks the events use,
