@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "keel/analysis/dataflow.h"
+#include "keel/analysis/module_summary.h"
 
 namespace keel::analysis {
 
@@ -413,7 +414,7 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
   const auto& m = options.metrics;
   for (auto& n : g.nodes) {
     if (n.kind == GraphNodeKind::Module)
-      n.subtitle = std::to_string(n.seqs.size()) + (n.seqs.size() == 1 ? " op" : " ops");
+      n.subtitle = summaryLines(summarizeOps(ops, n.seqs))[0];  // Note [Module summary]
     double w = std::max(m.width(n.title, true), m.width(n.subtitle, false));
     n.width = std::ceil(w + 2 * options.padX) + (n.kind == GraphNodeKind::Module ? 6 : 0);
     n.height =

@@ -143,8 +143,10 @@ TEST(GraphDot, CollapsedModulesMergeEdges) {
       "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10];\n"
       "  node [shape=box, fixedsize=true, fontname=\"Helvetica\", fontsize=10];\n"
       "  edge [arrowsize=0.6];\n"
-      "  \"m:f:wte\" [label=\"wte\\n1 op\", width=0.7500, height=0.6111, style=bold];\n"
-      "  \"m:f:blocks\" [label=\"blocks\\n4 ops\", width=0.9444, height=0.6111, style=bold];\n"
+      "  \"m:f:wte\" [label=\"wte\\n1 op, 500 ns, 128 B\", width=2.2083, height=0.6111, "
+      "style=bold];\n"
+      "  \"m:f:blocks\" [label=\"blocks\\n4 ops, 2.0 us, 512 B\", width=2.3056, height=0.6111, "
+      "style=bold];\n"
       "  \"o6\" [label=\"add_\\n[4,8] f32\", width=1.1528, height=0.5278];\n"
       "  \"o7\" [label=\"sum\\n[4,8] f32\", width=1.1528, height=0.5278];\n"
       "  \"m:f:wte\" -> \"m:f:blocks\" [penwidth=2];\n"
@@ -156,7 +158,7 @@ TEST(GraphDot, CollapsedModulesMergeEdges) {
   EXPECT_EQ(g.moduleNodes, 2);
   const GraphNode& blocks = g.nodes[size_t(g.nodeOfId.at("m:f:blocks"))];
   EXPECT_EQ(blocks.kind, GraphNodeKind::Module);
-  EXPECT_EQ(blocks.subtitle, "4 ops");
+  EXPECT_EQ(blocks.subtitle, "4 ops, 2.0 us, 512 B");  // Note [Module summary]
   EXPECT_EQ(blocks.seqs, (std::vector<uint64_t>{2, 3, 4, 5}));
   // Two tensors (into the norm and the residual add) flow from wte into blocks: one edge.
   ASSERT_EQ(g.edges.size(), 3u);
@@ -216,9 +218,10 @@ TEST(GraphDot, OptimizerModulesAndLabelsAreEscaped) {
   o.phase = GraphPhase::Optimizer;
   o.expandAll = false;
   const GraphDot opt = buildGraphDot(ops, o);
-  EXPECT_NE(opt.dot.find("\"m:o:wte\" [label=\"wte\\n1 op\", width=0.7500, height=0.6111, "
-                         "style=\"filled,bold\", fillcolor=\"#dfe9d8\"];"),
-            std::string::npos)
+  EXPECT_NE(
+      opt.dot.find("\"m:o:wte\" [label=\"wte\\n1 op, 500 ns, 128 B\", width=2.2083, height=0.6111, "
+                   "style=\"filled,bold\", fillcolor=\"#dfe9d8\"];"),
+      std::string::npos)
       << opt.dot;
 }
 

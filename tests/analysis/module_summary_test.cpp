@@ -1,0 +1,92 @@
+// Module summaries and non-finite marks on the hand-made step, as values: what a module's node and
+// its zoomed-out block show (ops, time, bytes, non-finite ops, worst verdict), and which ops the
+// non-finite colouring paints. See Notes [Module summary] and [Non-finite colouring].
+#include "keel/analysis/module_summary.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "small_step.h"
+
+namespace keel::analysis {
+namespace {
+
+using storage::DiffStatus;
+using storage::OpRecord;
+using test::smallStep;
+
+TEST(ModuleSummary, SumsTheOpsUnderEachModuleInItsPhase) {
+  const auto ops = smallStep();
+  const GraphDot g = buildGraphDot(ops, GraphDotOptions{});
+  const auto m = summarizeModules(ops, g);
+  // blocks (forward): norm, matmul, softmax, add: 4 ops of 500 ns, one 128-byte output each.
+  const ModuleSummary& blocks = m.at("f:blocks");
+  EXPECT_EQ(blocks.ops, 4);
+  EXPECT_EQ(blocks.timeNs, 2000);
+  EXPECT_EQ(blocks.bytes, 512);
+  EXPECT_EQ(blocks.nonFiniteOps, 0);
+  EXPECT_FALSE(blocks.worst.has_value());
+  EXPECT_EQ(m.at("f:blocks.0.attn").ops, 2);
+  // The backward side of blocks.0: add, softmax_backward and the accumulation it adopts (Note
+  // [Adopted scopes]): summaries count ops where they are drawn.
+  EXPECT_EQ(m.at("b:blocks.0").ops, 3);
+  EXPECT_EQ(m.at("b:blocks.0.attn").ops, 1);
+  EXPECT_FALSE(m.count("f:"));  // ops outside any module count in none
+  EXPECT_EQ(summaryLines(blocks), std::vector<std::string>{"4 ops, 2.0 us, 512 B"});
+}
+
+TEST(ModuleSummary, WorstVerdictAndNonFiniteOpsInside) {
+  auto ops = smallStep();
+  ops[2].tensors[1].hasStats = true;  // matmul's output: two NaNs
+  ops[2].tensors[1].stats.nanCount = 2;
+  OpVerdicts v;
+  v.status = {{2, DiffStatus::Equal}, {3, DiffStatus::WithinTolerance}, {4, DiffStatus::Diverged}};
+  v.first = 4;
+  const GraphDot g = buildGraphDot(ops, GraphDotOptions{});
+  const auto m = summarizeModules(ops, g, &v);
+  const ModuleSummary& attn = m.at("f:blocks.0.attn");
+  EXPECT_EQ(attn.nonFiniteOps, 1);
+  EXPECT_EQ(attn.worst, DiffStatus::Diverged);
+  EXPECT_TRUE(attn.firstDivergence);
+  EXPECT_EQ(summaryLines(attn), (std::vector<std::string>{"2 ops, 1.0 us, 256 B",
+                                                          "1 op non-finite, first divergence"}));
+  const ModuleSummary& norm = m.at("f:blocks.0.norm1");
+  EXPECT_EQ(norm.worst, DiffStatus::Equal);
+  EXPECT_FALSE(norm.firstDivergence);
+  EXPECT_EQ(m.at("f:blocks").nonFiniteOps, 1);
+  // The collapsed module node carries the summary's first line as its subtitle.
+  GraphDotOptions collapsed;
+  collapsed.expandAll = false;
+  const GraphDot c = buildGraphDot(ops, collapsed);
+  EXPECT_EQ(c.nodes[size_t(c.nodeOfId.at("m:f:blocks"))].subtitle, "4 ops, 2.0 us, 512 B");
+}
+
+TEST(ModuleSummary, DurationsForPeople) {
+  EXPECT_EQ(durationText(850), "850 ns");
+  EXPECT_EQ(durationText(12'500), "12.5 us");
+  EXPECT_EQ(durationText(3'200'000), "3.20 ms");
+  EXPECT_EQ(durationText(1'250'000'000), "1.25 s");
+  EXPECT_EQ(opCountText(1), "1 op");
+}
+
+TEST(NonFiniteMarks, OpsWithANanOutputAndTheOpsTheyFeed) {
+  auto ops = smallStep();
+  EXPECT_EQ(nonFiniteMarks(ops), std::vector<NonFiniteMark>(ops.size(), NonFiniteMark::None));
+  ops[2].tensors[1].hasStats = true;  // matmul (#3) writes tensor 12 with an Inf
+  ops[2].tensors[1].stats.infCount = 1;
+  ops[3].tensors[1].hasStats = true;  // softmax (#4) reads it and writes NaNs
+  ops[3].tensors[1].stats.nanCount = 32;
+  const auto marks = nonFiniteMarks(ops);
+  EXPECT_TRUE(hasNonFiniteOutput(ops[2]));
+  EXPECT_EQ(marks[2], NonFiniteMark::NonFinite);
+  EXPECT_EQ(marks[3], NonFiniteMark::NonFinite);
+  EXPECT_EQ(marks[4], NonFiniteMark::Fed);  // the residual add reads softmax's output (#13)
+  EXPECT_EQ(marks[9], NonFiniteMark::Fed);  // softmax_backward reads it too
+  EXPECT_EQ(marks[0], NonFiniteMark::None);
+  EXPECT_EQ(marks[5], NonFiniteMark::None);  // two hops away: not marked
+}
+
+}  // namespace
+}  // namespace keel::analysis
