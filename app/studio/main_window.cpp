@@ -23,6 +23,7 @@
 #include <QStatusBar>
 #include <QTimer>
 #include <QToolBar>
+#include <QVBoxLayout>
 #include <utility>
 
 #include "dialogs.h"
@@ -32,6 +33,7 @@
 #include "keel/views/log_view.h"
 #include "keel/views/loss_plot.h"
 #include "keel/views/memory_view.h"
+#include "keel/views/nonfinite_banner.h"
 #include "keel/views/op_table.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
@@ -97,6 +99,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   progress_->setMaximumWidth(120);
   progress_->hide();
   statusBar()->addWidget(statusRun_, 1);
+  statusBar()->addPermanentWidget(statusBanner_);
   statusBar()->addPermanentWidget(statusState_);
   statusBar()->addPermanentWidget(progress_);
 
@@ -210,8 +213,20 @@ void MainWindow::buildDocks() {
   logView_ = new views::LogView(selection_, Side::A);
   lossPlot_ = new views::LossPlot;
   memoryView_ = new views::MemoryView(selection_, Side::A);
+  // The first-NaN/Inf banner sits above the inspector (and in the status bar); its button selects.
+  statusBanner_ = new views::NonFiniteBanner;
+  inspectorBanner_ = new views::NonFiniteBanner;
+  for (views::NonFiniteBanner* b : {statusBanner_, inspectorBanner_})
+    connect(b, &views::NonFiniteBanner::selectRequested, this,
+            [this](quint64 seq, qint64 step) { selectOpInStep(seq, step); });
+  auto* inspectorPane = new QWidget;
+  auto* inspectorLayout = new QVBoxLayout(inspectorPane);
+  inspectorLayout->setContentsMargins(0, 0, 0, 0);
+  inspectorLayout->setSpacing(0);
+  inspectorLayout->addWidget(inspectorBanner_);
+  inspectorLayout->addWidget(inspector_, 1);
   QDockWidget* inspectorDock =
-      dock("Inspector", "dock.inspector", inspector_, Qt::RightDockWidgetArea);
+      dock("Inspector", "dock.inspector", inspectorPane, Qt::RightDockWidgetArea);
   QDockWidget* opsDock = dock("Ops", "dock.ops", opTable_, Qt::BottomDockWidgetArea);
   opsDock_ = opsDock;
   diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
@@ -249,6 +264,8 @@ void MainWindow::connectSources() {
   connect(sourceA_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
     summaryA_ = s;
+    statusBanner_->setSummary(s);
+    inspectorBanner_->setSummary(s);
     int64_t last = s->steps.empty() ? 0 : s->steps.back().step;
     stepSpin_->setRange(0, int(last));
     lossPlot_->setRuns(summaryA_, summaryB_);
@@ -264,6 +281,8 @@ void MainWindow::connectSources() {
   connect(sourceA_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {
     busy(-1);
     summaryA_ = s;
+    statusBanner_->setSummary(s);
+    inspectorBanner_->setSummary(s);
     int64_t last = s->steps.empty() ? 0 : s->steps.back().step;
     stepSpin_->setMaximum(int(std::max<int64_t>(last, stepSpin_->maximum())));
     lossPlot_->setRuns(summaryA_, summaryB_);
@@ -348,8 +367,14 @@ void MainWindow::connectSources() {
     (side == Side::A ? sourceA_ : sourceB_)->requestOp(seq);
   });
   for (views::RunSource* src : {sourceA_, sourceB_}) {
-    connect(src, &RunSource::opLoaded, this, [this](views::OpDetailsPtr d) {
+    connect(src, &RunSource::opLoaded, this, [this, src](views::OpDetailsPtr d) {
       busy(-1);
+      // A failed session's failing op: show its step, select it there (and paint it failed).
+      if (src == sourceA_ && failedSeq_ == d->op.seq && !std::exchange(failedShown_, true) &&
+          d->error.empty()) {
+        selectOpInStep(d->op.seq, d->op.step);
+        return;
+      }
       inspector_->setDetails(d);
       emit opInspected(d->op.seq);
     });
@@ -411,13 +436,15 @@ void MainWindow::connectSession() {
                   "\n\nThe failing op (#%1) is selected: the inspector shows its inputs, "
                   "call stack and the error in its log.")
                   .arg(seq);
-      pendingSelectA_ = seq;
+      failedSeq_ = seq;
+      failedShown_ = false;
       if (sourceA_->isOpen()) {
         busy(1);
         sourceA_->refresh();
         busy(1);
         sourceA_->requestLogs();
-        if (shownStep_ >= 0) showStep(shownStep_);
+        busy(1);
+        sourceA_->requestOp(seq);  // its step comes with it: see the opLoaded handler
       }
     }
     showError("Session failed", text);
@@ -440,6 +467,9 @@ void MainWindow::openRecording(const QString& path, bool verify) {
   stepA_.reset();
   shownStep_ = -1;
   diff_.reset();
+  failedSeq_.reset();
+  statusBanner_->setSummary(nullptr);
+  inspectorBanner_->setSummary(nullptr);
   diffView_->clear();
   inspector_->clear();
   selection_->clear();
@@ -566,6 +596,16 @@ void MainWindow::newSessionDialog() {
 void MainWindow::breakpointsDialog() {
   BreakpointsDialog dlg(session_->breakpoints(), this);
   if (dlg.exec() == QDialog::Accepted) session_->setBreakpoints(dlg.breakpoints());
+}
+
+void MainWindow::selectOpInStep(uint64_t seq, int64_t step) {
+  if (!sourceA_->isOpen()) return;
+  if (stepA_ && stepA_->step == step && shownStep_ == step) {
+    selection_->select(Side::A, seq, true);
+    return;
+  }
+  pendingSelectA_ = seq;
+  showStep(step);
 }
 
 void MainWindow::loadMemory() {

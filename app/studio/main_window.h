@@ -27,6 +27,7 @@ class InspectorView;
 class LogView;
 class LossPlot;
 class MemoryView;
+class NonFiniteBanner;
 class OpTableView;
 class RunSource;
 class Selection;
@@ -70,6 +71,9 @@ class MainWindow : public QMainWindow {
   views::LossPlot* lossPlot() { return lossPlot_; }
   views::MemoryView* memoryView() { return memoryView_; }
   QAction* trackMemoryAction() { return trackMemoryAct_; }
+  // The first-NaN/Inf banners: in the status bar and above the inspector.
+  views::NonFiniteBanner* statusNonFiniteBanner() { return statusBanner_; }
+  views::NonFiniteBanner* inspectorNonFiniteBanner() { return inspectorBanner_; }
   views::SummaryPtr summary(views::Side side) const {
     return side == views::Side::A ? summaryA_ : summaryB_;
   }
@@ -106,6 +110,8 @@ class MainWindow : public QMainWindow {
   void checkIdle();
   void busy(int delta);
   void loadMemory();  // (re)loads side A's allocator events into the memory view
+  // Selects op `seq` of side A everywhere, showing its step first when another one is shown.
+  void selectOpInStep(uint64_t seq, int64_t step);
 
   views::Selection* selection_;
   views::RunSource* sourceA_;
@@ -122,6 +128,8 @@ class MainWindow : public QMainWindow {
   views::LogView* logView_;
   views::LossPlot* lossPlot_;
   views::MemoryView* memoryView_;
+  views::NonFiniteBanner* statusBanner_ = nullptr;
+  views::NonFiniteBanner* inspectorBanner_ = nullptr;
   QDockWidget* memoryDock_ = nullptr;
   bool memoryLoading_ = false;  // a memory load is in flight
   bool memoryStale_ = false;    // a live run moved on since the last load
@@ -145,6 +153,8 @@ class MainWindow : public QMainWindow {
   int64_t shownStep_ = -1;
   bool live_ = false;
   std::optional<uint64_t> pendingSelectA_;
+  std::optional<uint64_t> failedSeq_;  // a failed session's failing op (painted as failed)
+  bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
   int pending_ = 0;  // outstanding loads
   std::vector<std::function<void()>> idleWaiters_;

@@ -1,12 +1,15 @@
 // A session whose op fails mid-run (KEEL_TEST_PERTURB=matmul:50:fail, set by CTest: the 50th
 // matmul is in step 2) reports the error with the op, keeps everything recorded so far (step 1,
-// the failing op with its stack and an Error log line) and returns to idle; the studio selects
-// the failing op.
+// the failing op with its stack and an Error log line) and returns to idle; the studio shows the
+// failing op's step and selects the op there.
 #include <QSignalSpy>
 #include <QStandardPaths>
+#include <QTableView>
 #include <QtTest>
 
 #include "keel/storage/reader.h"
+#include "keel/views/graph_view.h"
+#include "keel/views/op_table.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
 #include "view_test_util.h"
@@ -61,6 +64,20 @@ class SessionFailureTest : public QObject {
     QCOMPARE(int(logs[0].level), int(storage::LogLevel::Error));
     // The studio selected the failing op.
     QVERIFY(QTest::qWaitFor([&] { return w.selection()->current(views::Side::A) == seq; }, 20000));
+    // ... in its step (2), not in the step shown when the run failed: the graph has its node and
+    // the op table its row, current.
+    QVERIFY(QTest::qWaitFor([&] { return w.currentStep() && w.currentStep()->step == 2; }, 20000));
+    bool idle = false;
+    w.whenIdle([&] { idle = true; });
+    QVERIFY(QTest::qWaitFor([&] { return idle; }, 20000));
+    QCOMPARE(w.selection()->current(views::Side::A), std::optional<uint64_t>(seq));
+    QVERIFY(w.currentStep()->indexOf(seq) >= 0);
+    QVERIFY(w.graphView(views::Side::A)->opItem(seq));
+    auto* table = w.opTable()->findChild<QTableView*>();
+    QVERIFY(table);
+    const QModelIndex cur = table->currentIndex();
+    QVERIFY(cur.isValid());
+    QCOMPARE(cur.siblingAtColumn(0).data().toULongLong(), quint64(seq));
   }
 };
 

@@ -7,6 +7,7 @@
 #include <QLabel>
 #include <QMessageBox>
 #include <QPlainTextEdit>
+#include <QPushButton>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTableView>
@@ -17,6 +18,7 @@
 #include "keel/views/diff_view.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/inspector.h"
+#include "keel/views/nonfinite_banner.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
 #include "view_test_util.h"
@@ -71,6 +73,50 @@ class StudioTest : public QObject {
         views::test::recordFixture(dir_ + "/a.db", "--steps 2 --seed 7 --md5 --stats --stacks"));
     QVERIFY(views::test::recordFixture(dir_ + "/b.db", "--steps 2 --seed 7 --md5 --stats --stacks",
                                        "KEEL_TEST_PERTURB=matmul:5"));
+    QVERIFY(views::test::recordFixture(dir_ + "/nan.db", "--steps 2 --seed 7 --stats",
+                                       "KEEL_TEST_PERTURB=matmul:20:nan"));
+  }
+
+  // The first NaN/Inf is named in the status bar and above the inspector; its button shows the
+  // op's step and selects the op there (graph, op table, inspector).
+  void firstNonFiniteBannerNamesTheOpAndSelectsIt() {
+    storage::Recording rec = storage::Recording::open((dir_ + "/nan.db").toStdString());
+    auto bad = rec.firstNonFinite();
+    QVERIFY(bad);
+    QCOMPARE(QString::fromStdString(bad->name), QString("matmul"));
+    QCOMPARE(bad->step, int64_t(1));
+    MainWindow w;
+    w.show();
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.showStepOnOpen(2);
+    w.openRecording(dir_ + "/nan.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(2));
+    const QString expected = QString("first NaN/Inf: step 1, #%1 matmul, %2 — output 0: ")
+                                 .arg(bad->seq)
+                                 .arg(QString::fromStdString(bad->scope));
+    for (views::NonFiniteBanner* b : {w.statusNonFiniteBanner(), w.inspectorNonFiniteBanner()}) {
+      QVERIFY(b->isVisible());
+      QVERIFY2(b->text().startsWith(expected), qPrintable(b->text() + " vs " + expected));
+      QVERIFY2(b->text().contains(QRegularExpression(" output 0: \\d+ NaN")),
+               qPrintable(b->text()));
+    }
+    QCOMPARE(w.statusNonFiniteBanner()->text(), views::nonFiniteBannerText(*bad));
+    QSignalSpy inspected(&w, &MainWindow::opInspected);
+    QTest::mouseClick(w.inspectorNonFiniteBanner()->selectButton(), Qt::LeftButton);
+    QVERIFY(QTest::qWaitFor([&] { return inspected.count() >= 1; }, 20000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(1));
+    QCOMPARE(w.selection()->current(Side::A), std::optional<uint64_t>(bad->seq));
+    QCOMPARE(inspected.last().at(0).toULongLong(), quint64(bad->seq));
+    QVERIFY(w.graphView(Side::A)->opItem(bad->seq));
+    // A clean run has no banner.
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 3; }, 30000));
+    QVERIFY(waitIdle(w));
+    QVERIFY(!w.statusNonFiniteBanner()->isVisible());
+    QVERIFY(!w.inspectorNonFiniteBanner()->isVisible());
   }
 
   void openingFillsGraphWithTheStepsOps() {

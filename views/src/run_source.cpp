@@ -35,7 +35,10 @@ SummaryPtr loadSummary(const storage::Recording& rec, const QString& path) {
   s->steps = rec.steps();
   s->opCount = rec.opCount();
   s->opCounts = rec.opCountsByNameAndPhase();
-  if (auto bad = rec.firstNonFinite()) s->firstNonFiniteSeq = bad->seq;
+  if (auto bad = rec.firstNonFinite()) {
+    s->firstNonFiniteSeq = bad->seq;
+    s->firstNonFinite = std::move(bad);
+  }
   return s;
 }
 

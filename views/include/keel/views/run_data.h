@@ -29,6 +29,7 @@ struct RunSummary {
   int64_t opCount = 0;
   std::vector<storage::OpCount> opCounts;  // per (name, phase), all steps
   std::optional<uint64_t> firstNonFiniteSeq;
+  std::optional<storage::OpRecord> firstNonFinite;  // that op, with its tensors
 };
 
 // Every op of one step (all phases), by seq, with tensors.
