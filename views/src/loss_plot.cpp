@@ -1,22 +1,62 @@
-// LossPlot: see loss_plot.h. The only QCustomPlot user among the panels; qcustomplot.h stays in
-// this file (Impl holds the plot).
+// LossPlot (the metrics plot): see loss_plot.h. qcustomplot.h stays in this file (Impl holds the
+// plot). Invariant: graph 0 is run A's curve and graph 1 run B's whenever both have values; the
+// non-finite markers are items, not graphs, so graphCount() counts curves only.
 #include "keel/views/loss_plot.h"
 
 #include <qcustomplot.h>
 
+#include <QComboBox>
 #include <QFileInfo>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QStandardItemModel>
 #include <QVBoxLayout>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace keel::views {
 
 struct LossPlot::Impl {
   QCustomPlot* plot = nullptr;
   QCPTextElement* title = nullptr;
+  QVector<double> markedSteps;
+  QStringList markerLabels;
+  QCPRange dataX{0, 10}, dataY{0, 1};  // what rescale() fits to
 };
 
 namespace {
+
+const QColor kColorA(0x1f, 0x77, 0xb4);
+const QColor kColorB(0xe0, 0x6c, 0x00);
+const QColor kMarker(0xc6, 0x28, 0x28);
+
+double valueOf(const storage::StepRecord& s, Metric m) {
+  switch (m) {
+    case Metric::Loss:
+      return s.loss;
+    case Metric::LearningRate:
+      return s.lr;
+    case Metric::GradNorm:
+      return s.gradNorm;
+    case Metric::AuxLoss:
+      return s.auxLoss;
+    case Metric::TokensPerSec:
+      return s.tokensPerSec;
+    case Metric::ValidationLoss:
+      break;  // not recorded per step
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+// A run "recorded" a metric when some step has a value (NaN is storage's "unknown"); the loss is
+// always there, NaN or not, since a NaN loss is what a user comes to find.
+bool recorded(const RunSummary* s, Metric m) {
+  if (!s || m == Metric::ValidationLoss) return false;
+  if (m == Metric::Loss) return !s->steps.empty();
+  return std::any_of(s->steps.begin(), s->steps.end(),
+                     [m](const auto& st) { return !std::isnan(valueOf(st, m)); });
+}
 
 QString runLabel(const char* side, const RunSummary& s) {
   QString label = QStringLiteral("%1: %2").arg(QLatin1String(side), QFileInfo(s.path).fileName());
@@ -25,30 +65,49 @@ QString runLabel(const char* side, const RunSummary& s) {
   return label;
 }
 
-void addRun(QCustomPlot* plot, const RunSummary& s, const QString& name, const QColor& color,
-            QCPScatterStyle::ScatterShape shape) {
-  QVector<double> x, y;
-  for (const auto& st : s.steps) {
-    if (!std::isfinite(st.loss)) continue;
-    x << double(st.step);
-    y << st.loss;
-  }
-  QCPGraph* g = plot->addGraph();
-  g->setName(name);
-  g->setPen(QPen(color, 2));
-  g->setScatterStyle(QCPScatterStyle(shape, color, color, 7));
-  g->setData(x, y, true);
+QString nonFiniteText(double v) {
+  return std::isnan(v) ? QStringLiteral("NaN")
+         : v > 0       ? QStringLiteral("+Inf")
+                       : QStringLiteral("-Inf");
 }
 
 }  // namespace
 
+QString LossPlot::metricName(Metric m) {
+  switch (m) {
+    case Metric::Loss:
+      return tr("loss");
+    case Metric::LearningRate:
+      return tr("learning rate");
+    case Metric::GradNorm:
+      return tr("gradient norm");
+    case Metric::AuxLoss:
+      return tr("MoE aux loss");
+    case Metric::TokensPerSec:
+      return tr("tokens/s");
+    case Metric::ValidationLoss:
+      return tr("validation loss");
+  }
+  return {};
+}
+
 LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Impl>()) {
+  combo_ = new QComboBox;
+  combo_->setObjectName("metricCombo");
+  combo_->setToolTip(tr("Which per-step metric to plot (as `keel train` prints it)"));
+  for (int i = 0; i < kMetricCount; ++i) combo_->addItem(metricName(Metric(i)), i);
+  connect(combo_, &QComboBox::currentIndexChanged, this, [this](int i) {
+    if (i >= 0 && Metric(i) != metric_) {
+      metric_ = Metric(i);
+      rebuild();
+    }
+  });
+
   auto* plot = new QCustomPlot(this);
   plot->setObjectName("lossPlot");
   impl_->plot = plot;
   plot->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
   plot->xAxis->setLabel(tr("step"));
-  plot->yAxis->setLabel(tr("loss"));
   QSharedPointer<QCPAxisTickerFixed> steps(new QCPAxisTickerFixed);
   steps->setTickStep(1.0);
   steps->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
@@ -63,52 +122,197 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   plot->legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
   plot->legend->setBorderPen(Qt::NoPen);
   QFont legendFont = font();
-  legendFont.setPointSizeF(legendFont.pointSizeF() * 0.85);
+  legendFont.setPointSizeF(legendFont.pointSizeF() * 0.9);
   plot->legend->setFont(legendFont);
   plot->plotLayout()->setRowStretchFactor(1, 0.001);
   plot->plotLayout()->insertRow(0);
   QFont titleFont = font();
   titleFont.setBold(true);
-  impl_->title = new QCPTextElement(plot, tr("Loss per step"), titleFont);
+  impl_->title = new QCPTextElement(plot, QString(), titleFont);
   plot->plotLayout()->addElement(0, 0, impl_->title);
   plot->setToolTip(tr("drag to pan, wheel to zoom, double-click to fit"));
   connect(plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
 
+  auto* bar = new QHBoxLayout;
+  bar->setContentsMargins(4, 2, 4, 0);
+  bar->addWidget(new QLabel(tr("Metric")));
+  bar->addWidget(combo_);
+  bar->addStretch(1);
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
-  layout->addWidget(plot);
+  layout->setSpacing(0);
+  layout->addLayout(bar);
+  layout->addWidget(plot, 1);
   setRuns(nullptr, nullptr);
 }
 
 LossPlot::~LossPlot() = default;
 
+bool LossPlot::isAvailable(Metric m) const {
+  return recorded(a_.get(), m) || recorded(b_.get(), m);
+}
+
 void LossPlot::setRuns(SummaryPtr a, SummaryPtr b) {
+  a_ = std::move(a);
+  b_ = std::move(b);
+  // Offer only what was recorded; say why the rest is not there.
+  auto* model = qobject_cast<QStandardItemModel*>(combo_->model());
+  for (int i = 0; i < kMetricCount; ++i) {
+    const Metric m = Metric(i);
+    const bool ok = isAvailable(m);
+    QStandardItem* item = model ? model->item(i) : nullptr;
+    if (!item) continue;
+    item->setEnabled(ok || (!a_ && !b_ && m == Metric::Loss));
+    QString text = metricName(m);
+    if (!ok && (a_ || b_))
+      text += m == Metric::ValidationLoss ? tr(" — not recorded per step") : tr(" — not recorded");
+    item->setText(text);
+    item->setToolTip(m == Metric::ValidationLoss
+                         ? tr("Recordings do not keep a validation loss per step")
+                         : QString());
+  }
+  if (!isAvailable(metric_) && metric_ != Metric::Loss) metric_ = Metric::Loss;
+  combo_->setCurrentIndex(int(metric_));
+  rebuild();
+}
+
+void LossPlot::setMetric(Metric m) {
+  if (!isAvailable(m)) return;
+  metric_ = m;
+  combo_->setCurrentIndex(int(m));
+  rebuild();
+}
+
+void LossPlot::rebuild() {
   QCustomPlot* plot = impl_->plot;
   plot->clearGraphs();
-  if (a) addRun(plot, *a, runLabel("A", *a), QColor(0x1f, 0x77, 0xb4), QCPScatterStyle::ssCircle);
-  if (b) addRun(plot, *b, runLabel("B", *b), QColor(0xe0, 0x6c, 0x00), QCPScatterStyle::ssSquare);
+  plot->clearItems();
+  impl_->markedSteps.clear();
+  impl_->markerLabels.clear();
+  const bool compare = a_ && b_;
+  double xLo = std::numeric_limits<double>::infinity(), xHi = -xLo;
+  double yLo = xLo, yHi = -xLo;
+  int markerRow = 0;
+  auto addRun = [&](const RunSummary& s, const char* side, const QColor& color, bool dashed) {
+    const bool plotNaN =
+        metric_ == Metric::Loss || std::any_of(s.steps.begin(), s.steps.end(), [&](const auto& st) {
+          return std::isfinite(valueOf(st, metric_));
+        });
+    QVector<double> x, y;
+    QVector<std::pair<int64_t, double>> bad;
+    for (const auto& st : s.steps) {
+      const double v = valueOf(st, metric_);
+      xLo = std::min(xLo, double(st.step));
+      xHi = std::max(xHi, double(st.step));
+      if (std::isfinite(v)) {
+        x << double(st.step);
+        y << v;
+        yLo = std::min(yLo, v);
+        yHi = std::max(yHi, v);
+      } else if (std::isinf(v) || plotNaN) {
+        bad.push_back({st.step, v});
+      }
+    }
+    if (!x.isEmpty() || bad.isEmpty()) {
+      QCPGraph* g = plot->addGraph();
+      g->setName(runLabel(side, s));
+      QPen pen(color, dashed ? 2.0 : 3.0);
+      if (dashed) pen.setStyle(Qt::DashLine);
+      g->setPen(pen);
+      // A: filled circles under; B: hollow squares on top, so equal values show both.
+      g->setScatterStyle(dashed ? QCPScatterStyle(QCPScatterStyle::ssSquare, color, Qt::white, 7)
+                                : QCPScatterStyle(QCPScatterStyle::ssDisc, color, color, 8));
+      g->setData(x, y, true);
+    }
+    // Non-finite steps: a dashed line over the plot and, once per run of equal values, a label at
+    // the top edge (row by run, so A's and B's labels do not overlap).
+    for (int i = 0; i < bad.size(); ++i) {
+      const auto [step, v] = bad[i];
+      const QString what = nonFiniteText(v);
+      const QString label =
+          compare ? QStringLiteral("%1: %2").arg(QLatin1String(side), what) : what;
+      impl_->markedSteps << double(step);
+      impl_->markerLabels << label;
+      auto* line = new QCPItemLine(plot);
+      line->setPen(QPen(kMarker, 1.5, dashed ? Qt::DotLine : Qt::DashLine));
+      for (QCPItemPosition* p : {line->start, line->end}) {
+        p->setTypeX(QCPItemPosition::ptPlotCoords);
+        p->setTypeY(QCPItemPosition::ptAxisRectRatio);
+      }
+      line->start->setCoords(double(step), 0);
+      line->end->setCoords(double(step), 1);
+      const bool startsRun =
+          i == 0 || bad[i - 1].first != step - 1 || nonFiniteText(bad[i - 1].second) != what;
+      if (!startsRun) continue;
+      int runLength = 1;
+      while (i + runLength < bad.size() && bad[i + runLength].first == step + runLength &&
+             nonFiniteText(bad[i + runLength].second) == what)
+        ++runLength;
+      auto* text = new QCPItemText(plot);
+      text->position->setTypeX(QCPItemPosition::ptPlotCoords);
+      text->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+      text->position->setCoords(double(step), 0.01 + 0.09 * markerRow);
+      text->setPositionAlignment(Qt::AlignTop | Qt::AlignHCenter);
+      text->setText(runLength > 1
+                        ? tr("%1 at steps %2–%3").arg(label).arg(step).arg(step + runLength - 1)
+                        : tr("%1 at step %2").arg(label).arg(step));
+      text->setColor(Qt::white);
+      text->setBrush(kMarker);
+      text->setPadding(QMargins(4, 1, 4, 1));
+      text->setClipToAxisRect(false);
+    }
+    if (!bad.isEmpty()) ++markerRow;
+  };
+  if (a_) addRun(*a_, "A", kColorA, false);
+  if (b_) addRun(*b_, "B", kColorB, true);
   plot->legend->setVisible(plot->graphCount() > 0);
-  impl_->title->setText(plot->graphCount() > 0 ? tr("Loss per step")
-                                               : tr("Loss per step — no recording open"));
+
+  const QString name = metricName(metric_);
+  plot->yAxis->setLabel(name);
+  if (!a_ && !b_)
+    impl_->title->setText(tr("Metrics per step — no recording open"));
+  else if (!std::isfinite(yLo))
+    impl_->title->setText(tr("%1 per step — no finite value recorded").arg(name));
+  else
+    impl_->title->setText(tr("%1 per step").arg(name));
+
+  // Tick labels: plain numbers for big ones (tokens/s), powers of ten for tiny ones (learning
+  // rates), four significant digits otherwise.
+  const double mag = std::isfinite(yLo) ? std::max(std::abs(yLo), std::abs(yHi)) : 1.0;
+  if (mag >= 1e4) {
+    plot->yAxis->setNumberFormat("f");
+    plot->yAxis->setNumberPrecision(0);
+  } else if (mag > 0 && mag < 1e-2) {
+    plot->yAxis->setNumberFormat("gb");
+    plot->yAxis->setNumberPrecision(3);
+  } else {
+    plot->yAxis->setNumberFormat("g");
+    plot->yAxis->setNumberPrecision(4);
+  }
+
+  // Never a degenerate range: one step gets ±0.5 around it, one value ±10% (or ±1 around 0).
+  if (!std::isfinite(xLo))
+    xLo = 0, xHi = 10;
+  else
+    xLo -= 0.5, xHi += 0.5;
+  if (!std::isfinite(yLo)) {
+    yLo = 0, yHi = 1;
+  } else {
+    double pad = (yHi - yLo) * 0.12;
+    if (!(pad > 0)) pad = yLo != 0 ? std::abs(yLo) * 0.1 : 1.0;
+    // Room at the top for the markers' labels.
+    yHi += pad * (impl_->markedSteps.isEmpty() ? 1.0 : 2.5);
+    yLo -= pad;
+  }
+  impl_->dataX = QCPRange(xLo, xHi);
+  impl_->dataY = QCPRange(yLo, yHi);
   rescale();
 }
 
 void LossPlot::rescale() {
-  QCustomPlot* plot = impl_->plot;
-  bool any = false;
-  for (int i = 0; i < plot->graphCount(); ++i) any = any || plot->graph(i)->dataCount() > 0;
-  if (!any) {
-    plot->xAxis->setRange(0, 10);
-    plot->yAxis->setRange(0, 1);
-  } else {
-    plot->rescaleAxes();
-    // Margins so the first and last points and the legend do not sit on the frame.
-    QCPRange x = plot->xAxis->range(), y = plot->yAxis->range();
-    const double padY = y.size() > 0 ? y.size() * 0.15 : std::max(std::abs(y.center()) * 0.05, 0.5);
-    plot->xAxis->setRange(x.lower - 0.5, x.upper + 0.5);
-    plot->yAxis->setRange(y.lower - padY, y.upper + padY * 2);
-  }
-  plot->replot();
+  impl_->plot->xAxis->setRange(impl_->dataX);
+  impl_->plot->yAxis->setRange(impl_->dataY);
+  impl_->plot->replot();
 }
 
 int LossPlot::graphCount() const {
@@ -123,6 +327,36 @@ int LossPlot::pointCount(int graph) const {
 QString LossPlot::graphName(int graph) const {
   if (graph < 0 || graph >= impl_->plot->graphCount()) return {};
   return impl_->plot->graph(graph)->name();
+}
+
+QVector<QPointF> LossPlot::points(int graph) const {
+  QVector<QPointF> out;
+  if (graph < 0 || graph >= impl_->plot->graphCount()) return out;
+  for (const auto& d : *impl_->plot->graph(graph)->data()) out << QPointF(d.key, d.value);
+  return out;
+}
+
+QPen LossPlot::graphPen(int graph) const {
+  if (graph < 0 || graph >= impl_->plot->graphCount()) return {};
+  return impl_->plot->graph(graph)->pen();
+}
+
+QVector<double> LossPlot::markedSteps() const {
+  return impl_->markedSteps;
+}
+
+QStringList LossPlot::markerLabels() const {
+  return impl_->markerLabels;
+}
+
+std::pair<double, double> LossPlot::xRange() const {
+  const QCPRange r = impl_->plot->xAxis->range();
+  return {r.lower, r.upper};
+}
+
+std::pair<double, double> LossPlot::yRange() const {
+  const QCPRange r = impl_->plot->yAxis->range();
+  return {r.lower, r.upper};
 }
 
 }  // namespace keel::views

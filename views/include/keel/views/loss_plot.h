@@ -1,13 +1,26 @@
-// The loss plot: loss per step of run A, and of run B when comparing, as a QCustomPlot (kept out
-// of this header). Mouse drag pans, the wheel zooms, a double click fits the data again. Steps
-// whose loss is unknown (NaN) or infinite are left out of the line.
+// The metrics plot (the "Metrics" dock): one per-step metric of run A, and of run B when
+// comparing — loss, learning rate, gradient norm, MoE aux loss or tokens/s, picked in a combo box
+// — as a QCustomPlot (kept out of this header). A is solid, B dashed on top, so both show where
+// they coincide. Steps whose value is NaN or infinite are marked at the plot's top edge, not
+// dropped.
 #pragma once
+#include <QPen>
+#include <QPointF>
+#include <QVector>
 #include <QWidget>
 #include <memory>
+#include <utility>
 
 #include "keel/views/run_data.h"
 
+class QComboBox;
+
 namespace keel::views {
+
+// What the plot can show, in the combo box's order. Validation loss is not recorded per step
+// (storage::StepRecord has no column for it): the combo lists it, disabled, and says so.
+enum class Metric { Loss, LearningRate, GradNorm, AuxLoss, TokensPerSec, ValidationLoss };
+inline constexpr int kMetricCount = 6;
 
 class LossPlot : public QWidget {
   Q_OBJECT
@@ -18,16 +31,36 @@ class LossPlot : public QWidget {
   // Plots `a` (and `b` when given); either may be null. Call again after a live run's refresh.
   void setRuns(SummaryPtr a, SummaryPtr b = nullptr);
   void clear() { setRuns(nullptr, nullptr); }
+  // Shows `m` (if some run recorded it; else the plot stays on the current metric).
+  void setMetric(Metric m);
+  Metric metric() const { return metric_; }
+  // Whether run A or B has at least one recorded (non-NaN) value of `m`.
+  bool isAvailable(Metric m) const;
   // Fits both axes to the data.
   void rescale();
 
   int graphCount() const;
   int pointCount(int graph) const;  // 0 for a graph that does not exist
   QString graphName(int graph) const;
+  QVector<QPointF> points(int graph) const;  // (step, value) of the finite values
+  QPen graphPen(int graph) const;
+  // The steps marked non-finite, and each marker's label ("NaN", "B: +Inf", ...), in order.
+  QVector<double> markedSteps() const;
+  QStringList markerLabels() const;
+  std::pair<double, double> xRange() const;
+  std::pair<double, double> yRange() const;
+  QComboBox* metricCombo() const { return combo_; }
+
+  static QString metricName(Metric m);
 
  private:
+  void rebuild();
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  QComboBox* combo_ = nullptr;
+  Metric metric_ = Metric::Loss;
+  SummaryPtr a_, b_;
 };
 
 }  // namespace keel::views

@@ -1,0 +1,198 @@
+// The metrics plot (views::LossPlot) on recordings made by the real keel binary: every recorded
+// per-step metric is plotted with the recording's exact values, a 1-step run gets a real axis
+// range, NaN losses are marked rather than dropped, and a comparison draws two distinct curves.
+#include <QComboBox>
+#include <QDir>
+#include <QStandardItemModel>
+#include <QtTest>
+#include <cmath>
+
+#include "keel/storage/reader.h"
+#include "keel/views/loss_plot.h"
+#include "keel/views/run_source.h"
+#include "view_test_util.h"
+
+using namespace keel::views;
+using keel::storage::Recording;
+
+namespace {
+
+SummaryPtr summaryOf(const QString& path) {
+  return loadSummary(Recording::open(path.toStdString()), path);
+}
+
+double valueOf(const keel::storage::StepRecord& s, Metric m) {
+  switch (m) {
+    case Metric::Loss:
+      return s.loss;
+    case Metric::LearningRate:
+      return s.lr;
+    case Metric::GradNorm:
+      return s.gradNorm;
+    case Metric::AuxLoss:
+      return s.auxLoss;
+    case Metric::TokensPerSec:
+      return s.tokensPerSec;
+    default:
+      return NAN;
+  }
+}
+
+}  // namespace
+
+class MetricsTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void initTestCase() {
+    pathA_ = test::tempDir() + "/a.db";
+    pathB_ = test::tempDir() + "/b.db";
+    pathOne_ = test::tempDir() + "/one.db";
+    pathNaN_ = test::tempDir() + "/nan.db";
+    QVERIFY(test::recordFixture(pathA_, "--steps 3 --seed 5"));
+    QVERIFY(test::recordFixture(pathB_, "--steps 3 --seed 5", "KEEL_TEST_PERTURB=matmul:5"));
+    QVERIFY(test::recordFixture(pathOne_, "--steps 1 --seed 5"));
+    QVERIFY(test::recordFixture(pathNaN_, "--steps 3 --seed 5", "KEEL_TEST_PERTURB=matmul:20:nan"));
+  }
+
+  void plotsEachRecordedMetricWithTheRecordedValues() {
+    SummaryPtr a = summaryOf(pathA_);
+    QCOMPARE(int(a->steps.size()), 3);
+    LossPlot plot;
+    plot.setRuns(a);
+    int shown = 0;
+    for (int i = 0; i < kMetricCount; ++i) {
+      const Metric m = Metric(i);
+      const bool recorded = std::any_of(a->steps.begin(), a->steps.end(),
+                                        [&](const auto& s) { return !std::isnan(valueOf(s, m)); });
+      QCOMPARE(plot.isAvailable(m), recorded);
+      // The combo offers exactly the recorded metrics.
+      auto* model = qobject_cast<QStandardItemModel*>(plot.metricCombo()->model());
+      QCOMPARE(model->item(i)->isEnabled(), recorded);
+      if (!recorded) {
+        QVERIFY(model->item(i)->text().contains("not recorded"));
+        continue;
+      }
+      plot.metricCombo()->setCurrentIndex(i);
+      QCOMPARE(plot.metric(), m);
+      QCOMPARE(plot.graphCount(), 1);
+      const QVector<QPointF> pts = plot.points(0);
+      QCOMPARE(pts.size(), 3);
+      for (int k = 0; k < 3; ++k) {
+        QCOMPARE(pts[k].x(), double(a->steps[size_t(k)].step));
+        QCOMPARE(pts[k].y(), valueOf(a->steps[size_t(k)], m));  // exact, not rounded
+      }
+      const auto [y0, y1] = plot.yRange();
+      for (const QPointF& p : pts) QVERIFY(p.y() > y0 && p.y() < y1);
+      ++shown;
+    }
+    // keel train prints (and the recording keeps) at least loss, learning rate and tokens/s.
+    QVERIFY(plot.isAvailable(Metric::Loss));
+    QVERIFY(plot.isAvailable(Metric::LearningRate));
+    QVERIFY(plot.isAvailable(Metric::TokensPerSec));
+    QVERIFY(shown >= 3);
+    QVERIFY(!plot.isAvailable(Metric::ValidationLoss));  // not recorded per step
+    plot.setMetric(Metric::ValidationLoss);              // refused: stays where it was
+    QVERIFY(plot.metric() != Metric::ValidationLoss);
+  }
+
+  void oneStepRunHasANonDegenerateRange() {
+    SummaryPtr one = summaryOf(pathOne_);
+    QCOMPARE(int(one->steps.size()), 1);
+    LossPlot plot;
+    plot.setRuns(one);
+    for (Metric m : {Metric::Loss, Metric::LearningRate, Metric::TokensPerSec}) {
+      plot.setMetric(m);
+      QCOMPARE(plot.pointCount(0), 1);
+      const QPointF p = plot.points(0)[0];
+      const auto [x0, x1] = plot.xRange();
+      const auto [y0, y1] = plot.yRange();
+      QVERIFY2(x1 - x0 >= 1.0 && x0 < p.x() && p.x() < x1, qPrintable(QString::number(x1 - x0)));
+      // The value sits inside a range of its own scale (a learning rate of 1e-3 is not lost in
+      // a 0..1 axis, nor squeezed to zero height).
+      QVERIFY(y1 > y0 && y0 < p.y() && p.y() < y1);
+      QVERIFY((y1 - y0) <= std::max(std::abs(p.y()), 1e-12) * 1.0);
+      QVERIFY((y1 - y0) >= std::abs(p.y()) * 0.05);
+    }
+  }
+
+  void nanLossStepsAreMarkedNotDropped() {
+    SummaryPtr n = summaryOf(pathNaN_);
+    QCOMPARE(int(n->steps.size()), 3);
+    QVector<double> nanSteps;
+    for (const auto& s : n->steps)
+      if (std::isnan(s.loss)) nanSteps << double(s.step);
+    QVERIFY2(!nanSteps.isEmpty(), "the perturbed run's loss should become NaN");
+    QVERIFY(nanSteps.size() < 3);  // step 1 is still finite
+    LossPlot plot;
+    plot.setRuns(n);
+    QCOMPARE(plot.metric(), Metric::Loss);
+    QCOMPARE(plot.markedSteps(), nanSteps);
+    for (const QString& l : plot.markerLabels()) QCOMPARE(l, QString("NaN"));
+    QCOMPARE(plot.pointCount(0), 3 - int(nanSteps.size()));
+    const auto [x0, x1] = plot.xRange();
+    for (double s : nanSteps) QVERIFY(x0 < s && s < x1);  // the markers are on the plot
+    // A finite metric of the same run has no markers.
+    plot.setMetric(Metric::LearningRate);
+    QVERIFY(plot.markedSteps().isEmpty());
+    QCOMPARE(plot.pointCount(0), 3);
+    // Comparing: the labels say whose step it is.
+    plot.setRuns(summaryOf(pathA_), n);
+    plot.setMetric(Metric::Loss);
+    QCOMPARE(plot.markedSteps(), nanSteps);
+    for (const QString& l : plot.markerLabels()) QCOMPARE(l, QString("B: NaN"));
+  }
+
+  void compareModeDrawsTwoDistinguishableCurves() {
+    SummaryPtr a = summaryOf(pathA_), b = summaryOf(pathB_);
+    LossPlot plot;
+    plot.setRuns(a, b);
+    QCOMPARE(plot.graphCount(), 2);
+    QCOMPARE(plot.pointCount(0), 3);
+    QCOMPARE(plot.pointCount(1), 3);
+    QVERIFY(plot.graphName(0).startsWith("A: a.db"));
+    QVERIFY(plot.graphName(1).startsWith("B: b.db"));
+    QVERIFY(plot.graphName(0).contains("(cpu)"));
+    const QPen pa = plot.graphPen(0), pb = plot.graphPen(1);
+    QVERIFY(pa.color() != pb.color());
+    QCOMPARE(pa.style(), Qt::SolidLine);
+    QCOMPARE(pb.style(), Qt::DashLine);  // B dashed on top: A shows through where they coincide
+    QVERIFY(pa.widthF() > pb.widthF());
+    // Both curves are inside the view.
+    const auto [y0, y1] = plot.yRange();
+    for (int g = 0; g < 2; ++g)
+      for (const QPointF& p : plot.points(g)) QVERIFY(p.y() > y0 && p.y() < y1);
+    plot.clear();
+    QCOMPARE(plot.graphCount(), 0);
+  }
+
+  // KEEL_PANEL_SHOTS=<dir>: saves pictures of the plot (compare, NaN, one step) to look at.
+  void screenshots() {
+    const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+    if (dir.isEmpty()) QSKIP("set KEEL_PANEL_SHOTS=<dir> to save screenshots");
+    QDir().mkpath(dir);
+    auto shoot = [&](LossPlot& w, const QString& name, QSize size) {
+      w.resize(size);
+      w.show();
+      QVERIFY(QTest::qWaitForWindowExposed(&w));
+      QTest::qWait(50);
+      QVERIFY(w.grab().save(dir + "/metrics_" + name + ".png"));
+    };
+    LossPlot v;
+    v.setRuns(summaryOf(pathA_), summaryOf(pathB_));
+    shoot(v, "compare", {540, 300});
+    v.setMetric(Metric::LearningRate);
+    shoot(v, "compare_lr", {540, 300});
+    v.setMetric(Metric::TokensPerSec);
+    shoot(v, "compare_tps", {540, 300});
+    v.setRuns(summaryOf(pathNaN_));
+    shoot(v, "nan", {540, 300});
+    v.setRuns(summaryOf(pathOne_));
+    shoot(v, "one", {540, 300});
+  }
+
+ private:
+  QString pathA_, pathB_, pathOne_, pathNaN_;
+};
+
+QTEST_MAIN(MetricsTest)
+#include "metrics_test.moc"
