@@ -5,9 +5,11 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "keel/base/error.h"
 
@@ -97,24 +99,25 @@ inline float Half::toFloat(uint16_t h) {
   return f;
 }
 
-constexpr size_t dtypeSize(DType t) {
-  switch (t) {
-    case DType::Float32:
-      return 4;
-    case DType::Float16:
-      return 2;
-    case DType::BFloat16:
-      return 2;
-    case DType::Float64:
-      return 8;
-    case DType::Int32:
-      return 4;
-    case DType::Int64:
-      return 8;
-    case DType::Bool:
-      return 1;
+// The C++ element type of each DType, in DType's order: the one list dtypeSize and DTypeOf read.
+namespace detail {
+template <typename... Ts>
+struct ElementTypes {
+  static constexpr size_t sizes[] = {sizeof(Ts)...};
+  // T's place in the list; -1 when it is not there.
+  template <typename T>
+  static constexpr int indexOf() {
+    int i = 0, found = -1;
+    ((found = (found < 0 && std::is_same_v<T, Ts>) ? i : found, ++i), ...);
+    return found;
   }
-  return 0;
+};
+using DTypeElements = ElementTypes<float, Half, BFloat16, double, int32_t, int64_t, bool>;
+static_assert(std::size(DTypeElements::sizes) == size_t(kNumDTypes));
+}  // namespace detail
+
+constexpr size_t dtypeSize(DType t) {
+  return size_t(t) < size_t(kNumDTypes) ? detail::DTypeElements::sizes[size_t(t)] : 0;
 }
 
 constexpr bool isFloating(DType t) {
@@ -150,36 +153,14 @@ inline DType parseDType(std::string_view name) {
                      "' (expected float32, float16, bfloat16, float64, int32, int64, bool)"));
 }
 
-// Maps a C++ type to its DType.
+// Maps a C++ type to its DType (its place in detail::DTypeElements); any other type fails to
+// compile.
 template <typename T>
-struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::Float32;
+struct DTypeOf {
+  static constexpr int index = detail::DTypeElements::indexOf<T>();
+  static_assert(index >= 0, "no DType for this C++ type");
+  static constexpr DType value = DType(index);
 };
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::Float64;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::Float16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::BFloat16;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::Int32;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::Int64;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::Bool;
-};
+static_assert(DTypeOf<Half>::value == DType::Float16 && DTypeOf<bool>::value == DType::Bool);
 
 }  // namespace keel
