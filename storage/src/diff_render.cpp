@@ -1,51 +1,32 @@
 // Run diff, rendering (see diff.h): the names of verdicts and bases, the JSON report (`keel diff
 // --json`, ordered keys, non-finite numbers as null) and the human text report.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "diff_util.h"
+#include "keel/base/vocabulary.h"
 #include "keel/storage/diff.h"
 
 namespace keel::storage {
 
 using detail::fmtNum;
 
-const char* toString(DiffStatus s) {
-  switch (s) {
-    case DiffStatus::Equal:
-      return "equal";
-    case DiffStatus::WithinTolerance:
-      return "within-tolerance";
-    case DiffStatus::Diverged:
-      return "diverged";
-    case DiffStatus::Unmatched:
-      return "unmatched";
-  }
-  return "?";
-}
+constexpr std::array<std::string_view, 4> kDiffStatusNames = {"equal", "within-tolerance",
+                                                              "diverged", "unmatched"};
+static_assert(kDiffStatusNames.size() == size_t(DiffStatus::Unmatched) + 1);
+constexpr std::array<std::string_view, 8> kDiffBasisNames = {
+    "none", "md5", "rounded-md5", "values", "stats", "md5-only", "shape", "missing"};
+static_assert(kDiffBasisNames.size() == size_t(DiffBasis::Missing) + 1);
 
+// The names are literals, so each view's data is terminated.
+const char* toString(DiffStatus s) {
+  return keel::detail::enumName(kDiffStatusNames, s).data();
+}
 const char* toString(DiffBasis b) {
-  switch (b) {
-    case DiffBasis::None:
-      return "none";
-    case DiffBasis::Md5:
-      return "md5";
-    case DiffBasis::RoundedMd5:
-      return "rounded-md5";
-    case DiffBasis::Values:
-      return "values";
-    case DiffBasis::Stats:
-      return "stats";
-    case DiffBasis::Md5Only:
-      return "md5-only";
-    case DiffBasis::Shape:
-      return "shape";
-    case DiffBasis::Missing:
-      return "missing";
-  }
-  return "?";
+  return keel::detail::enumName(kDiffBasisNames, b).data();
 }
 
 // ---- JSON ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // Allocator statistics helpers and the choice of the host allocator (KEEL_ALLOCATOR).
 // Invariant: the default kind is read from the environment once; instances are never destroyed,
 // so buffers served by a previously selected allocator stay valid after a switch.
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -9,6 +10,7 @@
 
 #include "keel/allocator.h"
 #include "keel/base/text.h"
+#include "keel/base/vocabulary.h"
 #include "keel/error.h"
 
 namespace keel {
@@ -28,16 +30,10 @@ MemorySnapshot Allocator::snapshot() const {
   return s;
 }
 
+constexpr std::array<std::string_view, 3> kBlockStateNames = {"allocated", "free", "unmapped"};
+static_assert(kBlockStateNames.size() == size_t(BlockState::Unmapped) + 1);
 std::string_view blockStateName(BlockState s) {
-  switch (s) {
-    case BlockState::Allocated:
-      return "allocated";
-    case BlockState::Free:
-      return "free";
-    case BlockState::Unmapped:
-      return "unmapped";
-  }
-  return "?";
+  return detail::enumName(kBlockStateNames, s);
 }
 
 double AllocatorStats::peakFragmentation() const {

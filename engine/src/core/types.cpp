@@ -1,25 +1,21 @@
 // dtype, device, attribute and shape helpers: names, parsing, printing.
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
 
 #include "keel/attrs.h"
+#include "keel/base/vocabulary.h"
 #include "keel/device.h"
 #include "keel/dtype.h"
 #include "shape_util.h"
 
 namespace keel {
 
+constexpr std::array<std::string_view, 3> kBackendNames = {"cpu", "cpu-ref", "cuda"};
+static_assert(kBackendNames.size() == size_t(Backend::Cuda) + 1);
 std::string_view backendName(Backend b) {
-  switch (b) {
-    case Backend::Cpu:
-      return "cpu";
-    case Backend::CpuRef:
-      return "cpu-ref";
-    case Backend::Cuda:
-      return "cuda";
-  }
-  return "?";
+  return detail::enumName(kBackendNames, b);
 }
 
 Device::Device(const char* name) {

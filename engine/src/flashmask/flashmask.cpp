@@ -2,9 +2,11 @@
 // Note [FlashMask geometry]). Builders work on host vectors and copy the result to the device once.
 #include "keel/flashmask.h"
 
+#include <array>
 #include <numeric>
 
 #include "flashmask/flashmask_geometry.h"
+#include "keel/base/vocabulary.h"
 #include "keel/error.h"
 #include "keel/random.h"
 
@@ -115,34 +117,21 @@ int64_t checkLens(const char* what, const std::vector<int64_t>& lens) {
 
 }  // namespace
 
+constexpr std::array<std::string_view, 12> kMaskKindNames = {"full",
+                                                             "causal",
+                                                             "sliding_window",
+                                                             "causal_document",
+                                                             "document",
+                                                             "shared_question",
+                                                             "global_sliding_window",
+                                                             "causal_blockwise",
+                                                             "prefix_lm_document",
+                                                             "prefix_lm_causal",
+                                                             "qk_sparse",
+                                                             "random_eviction"};
+static_assert(kMaskKindNames.size() == size_t(MaskKind::RandomEviction) + 1);
 const char* maskKindName(MaskKind k) {
-  switch (k) {
-    case MaskKind::Full:
-      return "full";
-    case MaskKind::Causal:
-      return "causal";
-    case MaskKind::SlidingWindow:
-      return "sliding_window";
-    case MaskKind::CausalDocument:
-      return "causal_document";
-    case MaskKind::Document:
-      return "document";
-    case MaskKind::SharedQuestion:
-      return "shared_question";
-    case MaskKind::GlobalSlidingWindow:
-      return "global_sliding_window";
-    case MaskKind::CausalBlockwise:
-      return "causal_blockwise";
-    case MaskKind::PrefixLmDocument:
-      return "prefix_lm_document";
-    case MaskKind::PrefixLmCausal:
-      return "prefix_lm_causal";
-    case MaskKind::QkSparse:
-      return "qk_sparse";
-    case MaskKind::RandomEviction:
-      return "random_eviction";
-  }
-  return "?";
+  return keel::detail::enumName(kMaskKindNames, k).data();  // the names are literals: terminated
 }
 
 Mask full(int64_t s, Device device) {

@@ -1,6 +1,7 @@
 // AOA, stage 1: the line-oriented lexer and the parser (keel/aoa.h: parse, parseFile). A line
 // is one statement: sources '->' targets, then flags and options; '#' starts a comment. Errors
 // name file:line:col and what was expected there.
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "aoa_internal.h"
+#include "keel/base/vocabulary.h"
 #include "keel/error.h"
 
 namespace keel::aoa {
@@ -107,23 +109,12 @@ std::vector<Token> lexLine(std::string_view line, int lineNo, const std::string&
 }
 
 std::string describe(const Token& t) {
-  switch (t.kind) {
-    case Tok::Word:
-      return "'" + t.text + "'";
-    case Tok::String:
-      return "string \"" + t.text + "\"";
-    case Tok::Arrow:
-      return "'->'";
-    case Tok::Comma:
-      return "','";
-    case Tok::Equals:
-      return "'='";
-    case Tok::Caret:
-      return "'^T'";
-    case Tok::End:
-      return "end of line";
-  }
-  return "?";
+  if (t.kind == Tok::Word) return "'" + t.text + "'";
+  if (t.kind == Tok::String) return "string \"" + t.text + "\"";
+  static constexpr std::array<std::string_view, 7> kPunctuation = {
+      "", "", "'->'", "','", "'='", "'^T'", "end of line"};  // by Tok; words and strings above
+  static_assert(kPunctuation.size() == size_t(Tok::End) + 1);
+  return std::string(keel::detail::enumName(kPunctuation, t.kind));
 }
 
 bool isFlag(const std::string& w) {
