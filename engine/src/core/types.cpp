@@ -65,29 +65,28 @@ static Error missingAttr(const std::string& name, const char* type) {
   return Error(detail::concat("missing or mistyped attribute '", name, "' (expected ", type, ")"));
 }
 
+// The attribute as T, or as Alt converted to T (a bool for an int, an int for a float or a bool).
+template <typename T, typename Alt>
+static T attrAs(const AttrValue* v, const std::string& name, const char* type) {
+  if (v && std::holds_alternative<T>(*v)) return std::get<T>(*v);
+  if (v && std::holds_alternative<Alt>(*v)) return T(std::get<Alt>(*v));
+  throw missingAttr(name, type);
+}
+
 int64_t Attrs::getInt(const std::string& name) const {
-  const AttrValue* v = find(name);
-  if (v && std::holds_alternative<int64_t>(*v)) return std::get<int64_t>(*v);
-  if (v && std::holds_alternative<bool>(*v)) return std::get<bool>(*v);
-  throw missingAttr(name, "int");
+  return attrAs<int64_t, bool>(find(name), name, "int");
 }
 int64_t Attrs::getInt(const std::string& name, int64_t dflt) const {
   return has(name) ? getInt(name) : dflt;
 }
 double Attrs::getDouble(const std::string& name) const {
-  const AttrValue* v = find(name);
-  if (v && std::holds_alternative<double>(*v)) return std::get<double>(*v);
-  if (v && std::holds_alternative<int64_t>(*v)) return double(std::get<int64_t>(*v));
-  throw missingAttr(name, "float");
+  return attrAs<double, int64_t>(find(name), name, "float");
 }
 double Attrs::getDouble(const std::string& name, double dflt) const {
   return has(name) ? getDouble(name) : dflt;
 }
 bool Attrs::getBool(const std::string& name) const {
-  const AttrValue* v = find(name);
-  if (v && std::holds_alternative<bool>(*v)) return std::get<bool>(*v);
-  if (v && std::holds_alternative<int64_t>(*v)) return std::get<int64_t>(*v) != 0;
-  throw missingAttr(name, "bool");
+  return attrAs<bool, int64_t>(find(name), name, "bool");
 }
 bool Attrs::getBool(const std::string& name, bool dflt) const {
   return has(name) ? getBool(name) : dflt;
