@@ -133,22 +133,23 @@ void setDefaultAllocatorKind(AllocatorKind k) {
   g_kind.store(int(k), std::memory_order_release);
 }
 
-CachingAllocator& cachingAllocator() {
+// The process's one A, limited by the environment's limit (envLimit); never destroyed.
+template <typename A, typename Options>
+A& processAllocator() {
   static auto* a = [] {
-    CachingAllocatorOptions o;
+    Options o;
     o.limit = envLimit();
-    return new CachingAllocator(o);
+    return new A(o);
   }();
   return *a;
 }
 
+CachingAllocator& cachingAllocator() {
+  return processAllocator<CachingAllocator, CachingAllocatorOptions>();
+}
+
 VmmAllocator& vmmAllocator() {
-  static auto* a = [] {
-    VmmAllocatorOptions o;
-    o.limit = envLimit();
-    return new VmmAllocator(o);
-  }();
-  return *a;
+  return processAllocator<VmmAllocator, VmmAllocatorOptions>();
 }
 
 Allocator& allocatorOfKind(AllocatorKind k) {
