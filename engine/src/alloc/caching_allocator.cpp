@@ -38,6 +38,15 @@ struct BySizeAddr {
   }
 };
 using Pool = std::set<Block*, BySizeAddr>;
+
+// Merges `right` into its left neighbour `left` (same segment) and deletes it; the caller has
+// taken any free one of them out of its pool first (the pool is ordered by size).
+void absorbRight(Block* left, Block* right) {
+  left->size += right->size;
+  left->next = right->next;
+  if (right->next) right->next->prev = left;
+  delete right;
+}
 }  // namespace
 
 struct CachingAllocator::Impl {
@@ -169,18 +178,12 @@ struct CachingAllocator::Impl {
     Pool& pool = poolOf(b->small);
     if (Block* prev = b->prev; prev && prev->free) {
       pool.erase(prev);
-      prev->size += b->size;
-      prev->next = b->next;
-      if (b->next) b->next->prev = prev;
-      delete b;
+      absorbRight(prev, b);
       b = prev;
     }
     if (Block* next = b->next; next && next->free) {
       pool.erase(next);
-      b->size += next->size;
-      b->next = next->next;
-      if (next->next) next->next->prev = b;
-      delete next;
+      absorbRight(b, next);
     }
     pool.insert(b);
   }
