@@ -1,7 +1,9 @@
 // Kernel helpers shared by the backends: dtype visitation and accumulator types.
 // visitDType calls f.template operator()<T>() with the C++ type of a dtype.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "keel/dtype.h"
@@ -39,6 +41,18 @@ inline constexpr bool kIsFloat = std::is_same_v<T, float> || std::is_same_v<T, d
 template <typename T>
 using AccT = std::conditional_t<std::is_same_v<T, double>, double,
                                 std::conditional_t<kIsFloat<T>, float, int64_t>>;
+
+// A double as integer T, as every backend stores one: NaN -> 0, out-of-range values saturate
+// (no undefined conversion), the rest truncate toward zero.
+template <typename T>
+inline T saturatingInt(double x) {
+  if (std::isnan(x)) return T(0);
+  constexpr double lo = double(std::numeric_limits<T>::min());
+  constexpr double hi = double(std::numeric_limits<T>::max());
+  if (x <= lo) return std::numeric_limits<T>::min();
+  if (x >= hi) return std::numeric_limits<T>::max();
+  return T(x);
+}
 
 // Reads an index element (int32 or int64) as int64.
 inline int64_t readIndex(const Tensor& idx, int64_t elemOffset) {

@@ -45,13 +45,8 @@ T fromDouble(double x) {
     return x;
   } else if constexpr (kIsFloat<T>) {
     return T(float(x));
-  } else {  // integers: NaN -> 0, saturate out-of-range values (no UB)
-    if (std::isnan(x)) return T(0);
-    constexpr double lo = double(std::numeric_limits<T>::min());
-    constexpr double hi = double(std::numeric_limits<T>::max());
-    if (x <= lo) return std::numeric_limits<T>::min();
-    if (x >= hi) return std::numeric_limits<T>::max();
-    return T(x);
+  } else {
+    return saturatingInt<T>(x);
   }
 }
 

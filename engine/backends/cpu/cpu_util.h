@@ -73,12 +73,7 @@ inline T fromDouble(double x) {
   } else if constexpr (kIsFloat<T>) {
     return store<T>(float(x));
   } else {
-    if (std::isnan(x)) return T(0);
-    constexpr double lo = double(std::numeric_limits<T>::min());
-    constexpr double hi = double(std::numeric_limits<T>::max());
-    if (x <= lo) return std::numeric_limits<T>::min();
-    if (x >= hi) return std::numeric_limits<T>::max();
-    return T(x);
+    return saturatingInt<T>(x);
   }
 }
 
