@@ -176,6 +176,19 @@ void copyToContiguous(const Tensor& t, void* dst);
 // such calls before they get here).
 [[noreturn]] void unsupported(const KernelCtx& c, DType t);
 
+// Calls f.template operator()<T>() with the C++ type of the first input's dtype when it is a
+// float type; any other dtype is unsupported.
+template <typename F>
+void visitFloatInput(const KernelCtx& c, F&& f) {
+  const DType t = c.inputs[0].dtype();
+  visitDType(t, [&]<typename T>() {
+    if constexpr (kIsFloat<T>)
+      f.template operator()<T>();
+    else
+      unsupported(c, t);
+  });
+}
+
 // Throws the backend's out-of-range message unless 0 <= idx < extent.
 [[noreturn]] void throwIndex(std::string_view op, int64_t idx, int64_t extent);
 inline void checkIndex(std::string_view op, int64_t idx, int64_t extent) {

@@ -198,12 +198,7 @@ void floatUnary(const KernelCtx& c, int64_t grain, const FloatUnary* array, FF f
 
 template <typename FF, typename FD>
 void floatUnaryKernel(const KernelCtx& c, int64_t grain, const FloatUnary* array, FF fl, FD db) {
-  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
-    if constexpr (kIsFloat<T>)
-      floatUnary<T>(c, grain, array, fl, db);
-    else
-      unsupported(c, c.inputs[0].dtype());
-  });
+  visitFloatInput(c, [&]<typename T>() { floatUnary<T>(c, grain, array, fl, db); });
 }
 
 double sigmoidD(double x) {

@@ -446,21 +446,11 @@ void backward(const KernelCtx& c) {
 }  // namespace
 
 void kFlashmaskAttention(const KernelCtx& c) {
-  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
-    if constexpr (kIsFloat<T>)
-      forward<T>(c);
-    else
-      unsupported(c, c.inputs[0].dtype());
-  });
+  visitFloatInput(c, [&]<typename T>() { forward<T>(c); });
 }
 
 void kFlashmaskAttentionBackward(const KernelCtx& c) {
-  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
-    if constexpr (kIsFloat<T>)
-      backward<T>(c);
-    else
-      unsupported(c, c.inputs[0].dtype());
-  });
+  visitFloatInput(c, [&]<typename T>() { backward<T>(c); });
 }
 
 }  // namespace keel::cpu

@@ -547,12 +547,7 @@ void kCrossEntropyBackward(const KernelCtx& c) {
   crossEntropyBackward(c);
 }
 void kRope(const KernelCtx& c) {
-  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
-    if constexpr (kIsFloat<T>)
-      ropeRows<T>(c);
-    else
-      unsupported(c, c.inputs[0].dtype());
-  });
+  visitFloatInput(c, [&]<typename T>() { ropeRows<T>(c); });
 }
 
 }  // namespace keel::cpu

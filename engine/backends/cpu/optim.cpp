@@ -122,21 +122,11 @@ void adamw(const KernelCtx& c) {
 }  // namespace
 
 void kSgdStep(const KernelCtx& c) {
-  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
-    if constexpr (kIsFloat<T>)
-      sgd<T>(c);
-    else
-      unsupported(c, c.inputs[0].dtype());
-  });
+  visitFloatInput(c, [&]<typename T>() { sgd<T>(c); });
 }
 
 void kAdamwStep(const KernelCtx& c) {
-  visitDType(c.inputs[0].dtype(), [&]<typename T>() {
-    if constexpr (kIsFloat<T>)
-      adamw<T>(c);
-    else
-      unsupported(c, c.inputs[0].dtype());
-  });
+  visitFloatInput(c, [&]<typename T>() { adamw<T>(c); });
 }
 
 }  // namespace keel::cpu
