@@ -50,7 +50,8 @@ QStringList allText(QWidget* w) {
       for (int c = 0; c < t->columnCount(); ++c)
         if (auto* it = t->item(r, c)) out << it->text();
   for (auto* t : w->findChildren<QTreeWidget*>())
-    for (QTreeWidgetItemIterator it(t); *it; ++it) out << (*it)->text(0) << (*it)->text(1);
+    for (QTreeWidgetItemIterator it(t); *it; ++it)
+      for (int c = 0; c < t->columnCount(); ++c) out << (*it)->text(c);
   for (auto* e : w->findChildren<QPlainTextEdit*>()) out << e->toPlainText();
   return out;
 }
@@ -278,12 +279,34 @@ class PanelsTest : public QObject {
 
     Selection sel;
     InspectorView view(&sel, Side::A);
+    auto* stack = view.findChild<QTreeWidget*>("inspectorStack");
+    auto* tensors = view.findChild<QTreeWidget*>("inspectorTensors");
     view.setDetails(d);
-    const auto& f = d->stack->frames.front();
+    // Frame 0 is Keel's op wrapper; the first row is the model code that called the op, and the
+    // leading Keel frames are folded into the last row.
+    const auto& frames = d->stack->frames;
+    const auto user = std::find_if(frames.begin(), frames.end(), [](const auto& f) {
+      return f.function.rfind("keel::ops::", 0) != 0 && f.function.rfind("keel::dispatch", 0) != 0;
+    });
+    QVERIFY(user != frames.end() && user != frames.begin());
+    QVERIFY2(QString::fromStdString(frames.front().function).startsWith("keel::ops::"),
+             frames.front().function.c_str());
+    const auto& f = *user;
     QVERIFY(!f.function.empty() && !f.file.empty());
-    QVERIFY2(showsText(&view, QString::fromStdString(f.function)), f.function.c_str());
+    QCOMPARE(stack->topLevelItem(0)->text(1), QString::fromStdString(f.function));
+    QVERIFY(!stack->topLevelItem(0)->text(1).startsWith("keel::ops::"));
     const QString loc = QString("%1:%2").arg(QString::fromStdString(f.file)).arg(f.line);
-    QVERIFY2(showsText(&view, loc), qPrintable(loc));
+    QCOMPARE(stack->topLevelItem(0)->data(2, Qt::UserRole).toString(), loc);  // the whole path
+    QVERIFY(stack->topLevelItem(0)->toolTip(2).contains(loc));
+    QVERIFY2(!stack->topLevelItem(0)->text(2).startsWith("../"), "build-relative prefix shown");
+    QVERIFY(loc.endsWith(stack->topLevelItem(0)->text(2)));
+    QCOMPARE(stack->textElideMode(), Qt::ElideMiddle);
+    QTreeWidgetItem* folded = stack->topLevelItem(stack->topLevelItemCount() - 1);
+    QCOMPARE(folded->data(0, Qt::UserRole).toString(), QString("keel-frames"));
+    QCOMPARE(folded->childCount(), int(user - frames.begin()));
+    QVERIFY(!folded->isExpanded());
+    QCOMPARE(folded->child(0)->text(1), QString::fromStdString(frames.front().function));
+    QCOMPARE(stack->topLevelItemCount(), int(frames.size()) - folded->childCount() + 1);
     const auto& out = *std::find_if(d->op.tensors.begin(), d->op.tensors.end(), [](const auto& t) {
       return t.role == keel::storage::Role::Output;
     });
@@ -298,17 +321,106 @@ class PanelsTest : public QObject {
                              .arg(QString::fromStdString(keel::storage::shapeText(out.shape)))));
     QCOMPARE(view.tabs()->tabText(InspectorView::Stack),
              QString("Stack (%1)").arg(d->stack->frames.size()));
-    // Stack rows are innermost first.
-    auto* stack = view.findChild<QTableWidget*>("inspectorStack");
-    QCOMPARE(stack->rowCount(), int(d->stack->frames.size()));
-    QCOMPARE(stack->item(0, 1)->text(), QString::fromStdString(f.function));
-    // The tensor table has a row per tensor, inputs first.
-    auto* tensors = view.findChild<QTableWidget*>("inspectorTensors");
-    QCOMPARE(tensors->rowCount(), int(d->op.tensors.size()));
-    QCOMPARE(tensors->item(0, 0)->text(), QString("input 0"));
+    // The tensor table has a column per tensor, inputs first, and a row per field.
+    QCOMPARE(tensors->columnCount(), int(d->op.tensors.size()) + 1);
+    QCOMPARE(tensors->headerItem()->text(1), QString("input 0"));
+    QCOMPARE(tensors->headerItem()->text(tensors->columnCount() - 1), QString("output 0"));
+    QCOMPARE(tensors->topLevelItem(3)->text(0), QString("MD5"));
+    QCOMPARE(tensors->topLevelItem(3)->text(tensors->columnCount() - 1),
+             QString::fromStdString(out.md5));
 
     view.clear();
     QVERIFY(!showsText(&view, QString::fromStdString(out.md5)));
+  }
+
+  void inspectorComparesThePairSideBySideEachLabelled() {
+    DiffPtr report = DiffRunner::run(pathA_, pathB_);
+    QVERIFY(report && report->first);
+    const keel::storage::OpPair& p = report->first->pair;
+    QCOMPARE(QString::fromStdString(p.name), QString("matmul"));
+    OpDetailsPtr a = loadOp(pathA_, p.seqA), b = loadOp(pathB_, p.seqB);
+    QVERIFY(a && b && a->error.empty() && b->error.empty());
+    // The exact max |A - B| over the whole dumped output.
+    Recording ra = Recording::open(pathA_.toStdString()),
+              rb = Recording::open(pathB_.toStdString());
+    const auto va = ra.dumpValues(p.seqA, keel::storage::Role::Output, 0);
+    const auto vb = rb.dumpValues(p.seqB, keel::storage::Role::Output, 0);
+    QVERIFY(va && vb && va->size() == vb->size() && !va->empty());
+    double maxAbs = 0;
+    for (size_t i = 0; i < va->size(); ++i)
+      maxAbs = std::max(maxAbs, std::abs((*va)[i] - (*vb)[i]));
+    QVERIFY(maxAbs > 0);
+
+    Selection sel;
+    InspectorView view(&sel, Side::A);
+    auto* tensors = view.findChild<QTreeWidget*>("inspectorTensors");
+    auto* stack = view.findChild<QTreeWidget*>("inspectorStack");
+    view.setCompare("a.db · cpu", "b.db · cpu");
+    QVERIFY(view.comparing());
+    view.setDiff(report);
+    view.setDetails(Side::B, b);  // either order: the last one to load does not win
+    view.setDetails(Side::A, a);
+    QCOMPARE(view.details(Side::A), a);
+    QCOMPARE(view.details(Side::B), b);
+    const QString header = view.findChild<QLabel*>("inspectorHeader")->text();
+    QVERIFY2(header.contains("A: a.db · cpu") && header.contains("B: b.db · cpu"),
+             qPrintable(header));
+    QVERIFY(header.contains(QString("#%1").arg(p.seqA)) && header.contains("diverged"));
+    QCOMPARE(tensors->headerItem()->text(1), QString("A: a.db · cpu"));
+    QCOMPARE(tensors->headerItem()->text(2), QString("B: b.db · cpu"));
+
+    // Output 0 first, its verdict on its row, MD5s side by side, then the difference.
+    QTreeWidgetItem* out = tensors->topLevelItem(0);
+    QVERIFY2(out->text(0).startsWith("output 0 — diverged"), qPrintable(out->text(0)));
+    auto child = [](QTreeWidgetItem* top, const QString& field) -> QTreeWidgetItem* {
+      for (int i = 0; i < top->childCount(); ++i)
+        if (top->child(i)->text(0) == field) return top->child(i);
+      return nullptr;
+    };
+    const auto tensorOf = [](const OpDetails& d) {
+      return *std::find_if(d.op.tensors.begin(), d.op.tensors.end(), [](const auto& t) {
+        return t.role == keel::storage::Role::Output && t.index == 0;
+      });
+    };
+    const auto ta = tensorOf(*a), tb = tensorOf(*b);
+    QVERIFY(ta.md5 != tb.md5);
+    QTreeWidgetItem* md5 = child(out, "MD5");
+    QVERIFY(md5);
+    QCOMPARE(md5->text(1), QString::fromStdString(ta.md5));
+    QCOMPARE(md5->text(2), QString::fromStdString(tb.md5));
+    QVERIFY(child(out, "Shape") && child(out, "Max") && child(out, "Std"));
+    QCOMPARE(child(out, "Shape")->text(1), child(out, "Shape")->text(2));
+    QTreeWidgetItem* diff = child(out, "max |A − B|");
+    QVERIFY(diff);
+    QCOMPARE(diff->data(1, Qt::UserRole).toDouble(), maxAbs);
+    QCOMPARE(diff->text(1), QString::number(maxAbs, 'g', 6));
+    QVERIFY(child(out, "max rel") && child(out, "max ULPs") && child(out, "outside tol."));
+    const auto td = view.tensorDiff(keel::storage::Role::Output, 0);
+    QVERIFY(td && td->basis == keel::storage::DiffBasis::Values);
+    QCOMPARE(td->maxAbs, maxAbs);
+    QCOMPARE(child(out, "outside tol.")->text(1),
+             QString("%L1 of %L2").arg(td->badElements).arg(qulonglong(va->size())));
+    // Inputs follow, each with both sides.
+    QCOMPARE(tensors->topLevelItemCount(), int(a->op.tensors.size()));
+    QVERIFY(tensors->topLevelItem(1)->text(0).startsWith("input 0"));
+
+    // Both stacks, each under its run's label; both begin with the calling model code.
+    QCOMPARE(stack->topLevelItemCount(), 2);
+    QCOMPARE(stack->topLevelItem(0)->text(0), QString("A: a.db · cpu — #%1").arg(p.seqA));
+    QCOMPARE(stack->topLevelItem(1)->text(0), QString("B: b.db · cpu — #%1").arg(p.seqB));
+    for (int s = 0; s < 2; ++s) {
+      QTreeWidgetItem* first = stack->topLevelItem(s)->child(0);
+      QVERIFY(first && !first->text(1).startsWith("keel::ops::"));
+    }
+    // Values: A, B and A − B in columns.
+    const QString values = view.findChild<QPlainTextEdit*>("inspectorValues")->toPlainText();
+    QVERIFY(values.contains("A = A: a.db · cpu") && values.contains("B = B: b.db · cpu"));
+    QVERIFY(values.contains("A − B") && values.contains("≠"));
+
+    // An op chosen on A alone (B not yet loaded) says which side it shows.
+    view.clear();
+    view.setDetails(Side::A, a);
+    QVERIFY(view.findChild<QLabel*>("inspectorHeader")->text().contains("A: a.db · cpu"));
   }
 
   void inspectorLinksABackwardOpToItsForwardOp() {

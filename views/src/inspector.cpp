@@ -1,6 +1,10 @@
 // InspectorView: see inspector.h. Every section is a plain Qt item widget filled from the
-// OpDetails snapshot; cells are selectable and Ctrl+C copies the selection as tab-separated text.
+// OpDetails snapshot(s); cells are selectable and Ctrl+C copies the selection as tab-separated
+// text. Sized for a 540-px dock: tensors are columns (fields are rows), long text is elided in the
+// middle with the whole of it on hover, and Keel's own frames of a stack are folded.
 #include "keel/views/inspector.h"
+
+#include <cxxabi.h>
 
 #include <QAction>
 #include <QApplication>
@@ -13,13 +17,17 @@
 #include <QJsonObject>
 #include <QLabel>
 #include <QPlainTextEdit>
+#include <QStyledItemDelegate>
+#include <QTabBar>
 #include <QTabWidget>
 #include <QTableWidget>
 #include <QTreeWidget>
 #include <QVBoxLayout>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <set>
 
 #include "keel/storage/export.h"
 #include "keel/views/log_view.h"
@@ -44,8 +52,162 @@ QString number(double v, int digits = 5) {
   return QString::number(v, 'g', digits);
 }
 
-// Columns of the tensor table.
-enum TensorColumn { TensorNaN = 5, TensorInf = 6 };
+// Rows of the tensor table (a column per tensor), in order.
+enum TensorField {
+  FieldShape,
+  FieldDtype,
+  FieldBytes,
+  FieldMd5,
+  FieldMd5Rounded,
+  FieldNaN,
+  FieldInf,
+  FieldZeros,
+  FieldMin,
+  FieldMax,
+  FieldMean,
+  FieldStd,
+  FieldAbsMax,
+  FieldCount
+};
+const char* const kFieldNames[FieldCount] = {
+    QT_TRANSLATE_NOOP("InspectorView", "Shape"),       QT_TRANSLATE_NOOP("InspectorView", "Dtype"),
+    QT_TRANSLATE_NOOP("InspectorView", "Bytes"),       QT_TRANSLATE_NOOP("InspectorView", "MD5"),
+    QT_TRANSLATE_NOOP("InspectorView", "Rounded MD5"), QT_TRANSLATE_NOOP("InspectorView", "NaN"),
+    QT_TRANSLATE_NOOP("InspectorView", "Inf"),         QT_TRANSLATE_NOOP("InspectorView", "Zeros"),
+    QT_TRANSLATE_NOOP("InspectorView", "Min"),         QT_TRANSLATE_NOOP("InspectorView", "Max"),
+    QT_TRANSLATE_NOOP("InspectorView", "Mean"),        QT_TRANSLATE_NOOP("InspectorView", "Std"),
+    QT_TRANSLATE_NOOP("InspectorView", "|Max|")};
+
+bool isMonoField(int f) {
+  return f == FieldMd5 || f == FieldMd5Rounded || f >= FieldMin;
+}
+bool isNumberField(int f) {
+  return f == FieldBytes || f >= FieldNaN;
+}
+
+// The text of one field of a tensor ("" where it was not recorded) and its hover text.
+QString fieldText(const storage::TensorRecord& t, int f) {
+  const auto& s = t.stats;
+  switch (f) {
+    case FieldShape:
+      return QString::fromStdString(storage::shapeText(t.shape));
+    case FieldDtype:
+      return QString::fromStdString(t.dtype);
+    case FieldBytes:
+      return QStringLiteral("%L1").arg(t.bytes);
+    case FieldMd5:
+      return QString::fromStdString(t.md5);
+    case FieldMd5Rounded:
+      return QString::fromStdString(t.md5Rounded);
+    case FieldNaN:
+    case FieldInf:
+    case FieldZeros: {
+      if (!t.hasStats) return {};
+      const int64_t n = f == FieldNaN ? s.nanCount : f == FieldInf ? s.infCount : s.zeroCount;
+      return QStringLiteral("%L1").arg(n);
+    }
+    default: {
+      if (!t.hasStats) return {};
+      const double v[] = {s.min, s.max, s.mean, s.std, s.absMax};
+      return number(v[f - FieldMin]);
+    }
+  }
+}
+QString fieldTip(const storage::TensorRecord& t, int f) {
+  const auto& s = t.stats;
+  if (f >= FieldMin && t.hasStats) {
+    const double v[] = {s.min, s.max, s.mean, s.std, s.absMax};
+    return QString::number(v[f - FieldMin], 'g', 17);
+  }
+  QStringList tip;
+  tip << QObject::tr("tensor id %1, version %2, buffer %3")
+             .arg(t.tensorId)
+             .arg(t.version)
+             .arg(t.bufferId)
+      << QObject::tr("strides %1, offset %2, device %3")
+             .arg(QString::fromStdString(storage::shapeText(t.strides)))
+             .arg(t.offset)
+             .arg(QString::fromStdString(t.device));
+  if (f == FieldMd5 || f == FieldMd5Rounded) tip.prepend(fieldText(t, f));
+  return tip.join('\n');
+}
+bool isBadField(const storage::TensorRecord& t, int f) {
+  return t.hasStats &&
+         ((f == FieldNaN && t.stats.nanCount > 0) || (f == FieldInf && t.stats.infCount > 0));
+}
+
+// Elides the text of one column at the right (function names) in a view that elides in the
+// middle (paths, MD5s).
+class ElideRightDelegate : public QStyledItemDelegate {
+ public:
+  using QStyledItemDelegate::QStyledItemDelegate;
+
+ protected:
+  void initStyleOption(QStyleOptionViewItem* o, const QModelIndex& i) const override {
+    QStyledItemDelegate::initStyleOption(o, i);
+    o->textElideMode = Qt::ElideRight;
+  }
+};
+
+// A demangled function name (recorders may hand out mangled ones).
+QString demangle(const std::string& name) {
+  if (name.empty()) return QStringLiteral("??");
+  if (name.rfind("_Z", 0) == 0) {
+    int status = 0;
+    char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+    if (status == 0 && out) {
+      QString s = QString::fromUtf8(out);
+      std::free(out);
+      return s;
+    }
+    std::free(out);
+  }
+  return QString::fromStdString(name);
+}
+
+// Note [Keel frames]: the innermost frames of an op's stack are Keel's own — the op wrapper
+// (keel::ops::...), the dispatcher, autograd's backward driver and the std::function thunks it
+// calls — and tell the user nothing; the first frame outside them is the model code that called
+// the op. Those leading frames are folded (shown after the others, collapsed).
+bool isKeelFrame(const QString& fn, const std::string& file) {
+  static const char* const kPrefixes[] = {"keel::ops::",       "keel::dispatch",   "keel::detail::",
+                                          "keel::runBackward", "keel::autograd::", "keel::Buffer::",
+                                          "keel::alloc::",     "keel::capture::",  "std::",
+                                          "void std::"};
+  for (const char* p : kPrefixes)
+    if (fn.startsWith(QLatin1String(p))) return true;
+  static const char* const kFiles[] = {"engine/src/core/", "engine/include/keel/dispatch.h",
+                                       "engine/src/ops/",  "engine/src/alloc/",
+                                       "engine/backends/", "capture/"};
+  for (const char* f : kFiles)
+    if (file.find(f) != std::string::npos) return true;
+  return false;
+}
+
+// A source path without the build directory's leading "../" (the hover text keeps it all).
+QString shortPath(const std::string& file) {
+  QString p = QString::fromStdString(file);
+  while (p.startsWith(QLatin1String("../"))) p = p.mid(3);
+  if (p.startsWith(QLatin1String("./"))) p = p.mid(2);
+  return p;
+}
+
+QString tensorName(storage::Role role, int32_t index) {
+  return QStringLiteral("%1 %2")
+      .arg(role == storage::Role::Input ? QStringLiteral("input") : QStringLiteral("output"))
+      .arg(index);
+}
+
+// One tree column per field, sized to the dock: the first column to its contents, the others
+// share the rest (stretched), so nothing needs a horizontal scroll; long cells are elided in the
+// middle and carry their text as a tooltip.
+void fitTreeColumns(QTreeWidget* t) {
+  QHeaderView* h = t->header();
+  h->setMinimumSectionSize(24);
+  h->setStretchLastSection(false);
+  for (int c = 0; c < t->columnCount(); ++c)
+    h->setSectionResizeMode(c, c == 0 ? QHeaderView::ResizeToContents : QHeaderView::Stretch);
+}
 
 QString bytesText(uint64_t b) {
   if (b < 1024) return QStringLiteral("%L1 B").arg(b);
@@ -83,7 +245,11 @@ void copySelection(QTableWidget* t) {
 
 void copySelection(QTreeWidget* t) {
   QStringList lines;
-  for (auto* it : t->selectedItems()) lines << it->text(0) + '\t' + it->text(1);
+  for (auto* it : t->selectedItems()) {
+    QStringList cells;
+    for (int c = 0; c < t->columnCount(); ++c) cells << it->text(c);
+    lines << cells.join('\t');
+  }
   QApplication::clipboard()->setText(lines.join('\n'));
 }
 
@@ -194,13 +360,26 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
   tabs_ = new QTabWidget(this);
   tabs_->setObjectName("inspectorTabs");
   tabs_->setDocumentMode(true);
+  // Every tab in view at a dock's width: no scroll buttons (which let the Mask tab push Tensors
+  // off the left edge); titles are short, and elided only when the dock is narrower still.
+  tabs_->tabBar()->setUsesScrollButtons(false);
+  tabs_->tabBar()->setElideMode(Qt::ElideRight);
+  tabs_->tabBar()->setExpanding(false);
 
-  tensors_ =
-      makeTable(this,
-                {tr("Tensor"), tr("Shape"), tr("Dtype"), tr("Bytes"), tr("MD5"), tr("NaN"),
-                 tr("Inf"), tr("Zeros"), tr("Min"), tr("Max"), tr("Mean"), tr("Std"), tr("|Max|")},
-                "inspectorTensors");
-  tensors_->horizontalHeader()->setStretchLastSection(false);
+  auto makeTree = [this](const char* name) {
+    auto* t = new QTreeWidget(this);
+    t->setObjectName(name);
+    t->setAlternatingRowColors(true);
+    t->setSelectionMode(QAbstractItemView::ExtendedSelection);
+    t->setTextElideMode(Qt::ElideMiddle);
+    t->setUniformRowHeights(true);
+    t->setWordWrap(false);
+    addCopyAction(t);
+    return t;
+  };
+  tensors_ = makeTree("inspectorTensors");
+  stack_ = makeTree("inspectorStack");
+  stack_->setItemDelegateForColumn(1, new ElideRightDelegate(stack_));
   attributes_ = new QTreeWidget(this);
   attributes_->setObjectName("inspectorAttributes");
   attributes_->setHeaderLabels({tr("Attribute"), tr("Value")});
@@ -212,7 +391,6 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
   values_->setReadOnly(true);
   values_->setLineWrapMode(QPlainTextEdit::NoWrap);
   values_->setFont(monoFont());
-  stack_ = makeTable(this, {tr("#"), tr("Function"), tr("Location")}, "inspectorStack");
   logs_ = makeTable(this, {tr("Level"), tr("Scope"), tr("Message")}, "inspectorLogs");
   memory_ = makeTable(this,
                       {tr("Kind"), tr("Device"), tr("Address"), tr("Bytes"), tr("Moved to"),
@@ -267,16 +445,23 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
 }
 
 void InspectorView::clear() {
+  pair_[0].reset();
+  pair_[1].reset();
+  resetTabs();
+}
+
+void InspectorView::resetTabs() {
   details_.reset();
   setHeader(
       tr("<i>No op selected.</i> Click an op in the graph, the op table, the diff "
          "or the log to inspect it."));
   error_->hide();
   tabs_->show();
-  tensors_->setRowCount(0);
+  tensors_->clear();
+  pairDiffs_.clear();
   attributes_->clear();
   values_->clear();
-  stack_->setRowCount(0);
+  stack_->clear();
   logs_->setRowCount(0);
   memory_->setRowCount(0);
   maskSummary_->clear();
@@ -284,16 +469,17 @@ void InspectorView::clear() {
   for (QLabel* l : maskLegend_) l->clear();
   tabs_->setTabVisible(Mask, false);
   setTabCount(Tensors, tr("Tensors"), 0);
-  setTabCount(Attributes, tr("Attributes"), 0);
+  setTabCount(Attributes, tr("Attrs"), 0);
   setTabCount(Values, tr("Values"), 0);
   setTabCount(Stack, tr("Stack"), 0);
   setTabCount(Logs, tr("Logs"), 0);
   setTabCount(Memory, tr("Memory"), 0);
+  tabs_->setTabToolTip(Attributes, tr("Attributes"));
 }
 
 void InspectorView::setDetails(OpDetailsPtr details) {
   const int before = tabs_->currentIndex();
-  clear();
+  resetTabs();
   if (!details) return;
   details_ = details;
   const OpDetails& d = *details;
@@ -343,50 +529,50 @@ void InspectorView::setTabCount(Tab tab, const QString& title, qsizetype count) 
   tabs_->setTabText(tab, count > 0 ? QStringLiteral("%1 (%2)").arg(title).arg(count) : title);
 }
 
-void InspectorView::fillTensors(const OpDetails& d) {
+namespace {
+std::vector<const storage::TensorRecord*> sortedTensors(const OpDetails& d) {
   std::vector<const storage::TensorRecord*> ts;
   for (const auto& t : d.op.tensors) ts.push_back(&t);
   std::stable_sort(ts.begin(), ts.end(), [](auto* a, auto* b) {
     return std::pair(int(a->role), a->index) < std::pair(int(b->role), b->index);
   });
-  tensors_->setRowCount(int(ts.size()));
-  const QColor bad(0xf8, 0xc9, 0xc9), badText(0x8b, 0x00, 0x00);
-  for (int row = 0; row < int(ts.size()); ++row) {
-    const storage::TensorRecord& t = *ts[size_t(row)];
-    const auto& s = t.stats;
-    QStringList tip;
-    tip << tr("tensor id %1, version %2, buffer %3").arg(t.tensorId).arg(t.version).arg(t.bufferId)
-        << tr("strides %1, offset %2, device %3")
-               .arg(QString::fromStdString(storage::shapeText(t.strides)))
-               .arg(t.offset)
-               .arg(QString::fromStdString(t.device));
-    if (!t.md5Rounded.empty())
-      tip << tr("rounded MD5 %1").arg(QString::fromStdString(t.md5Rounded));
-    QList<QTableWidgetItem*> cells{
-        cell(QStringLiteral("%1 %2").arg(roleName(t.role)).arg(t.index)),
-        cell(QString::fromStdString(storage::shapeText(t.shape))),
-        cell(QString::fromStdString(t.dtype)),
-        cell(QStringLiteral("%L1").arg(t.bytes), false, true),
-        cell(t.md5.empty() ? QString() : QString::fromStdString(t.md5), true)};
-    for (int c = 0; c < int(cells.size()); ++c) cells[c]->setToolTip(tip.join('\n'));
-    for (int64_t n : {s.nanCount, s.infCount, s.zeroCount})
-      cells << cell(t.hasStats ? QStringLiteral("%L1").arg(n) : QString(), false, true);
-    for (double v : {s.min, s.max, s.mean, s.std, s.absMax}) {
-      cells << cell(t.hasStats ? number(v) : QString(), true, true);
-      if (t.hasStats) cells.back()->setToolTip(QString::number(v, 'g', 17));
-    }
-    for (int c = 0; c < int(cells.size()); ++c) tensors_->setItem(row, c, cells[c]);
-    for (int c : {int(TensorNaN), int(TensorInf)}) {
-      if (t.hasStats && (c == TensorNaN ? s.nanCount : s.infCount) > 0) {
-        cells[c]->setBackground(bad);
-        cells[c]->setForeground(badText);
-        QFont f = cells[c]->font();
-        f.setBold(true);
-        cells[c]->setFont(f);
-      }
+  return ts;
+}
+
+void styleBad(QTreeWidgetItem* it, int col) {
+  it->setBackground(col, QColor(0xf8, 0xc9, 0xc9));
+  it->setForeground(col, QColor(0x8b, 0x00, 0x00));
+  QFont f = it->font(col);
+  f.setBold(true);
+  it->setFont(col, f);
+}
+}  // namespace
+
+// One column per tensor (inputs first), one row per field: the statistics of every tensor are
+// in view at once in a narrow dock.
+void InspectorView::fillTensors(const OpDetails& d) {
+  const auto ts = sortedTensors(d);
+  QStringList headers{tr("Field")};
+  for (auto* t : ts) headers << tensorName(t->role, t->index);
+  tensors_->setColumnCount(int(headers.size()));
+  tensors_->setHeaderLabels(headers);
+  tensors_->setRootIsDecorated(false);
+  const bool rounded =
+      std::any_of(ts.begin(), ts.end(), [](auto* t) { return !t->md5Rounded.empty(); });
+  for (int f = 0; f < FieldCount; ++f) {
+    if (f == FieldMd5Rounded && !rounded) continue;
+    auto* row = new QTreeWidgetItem(tensors_);
+    row->setText(0, tr(kFieldNames[f]));
+    for (int c = 0; c < int(ts.size()); ++c) {
+      const storage::TensorRecord& t = *ts[size_t(c)];
+      row->setText(c + 1, fieldText(t, f));
+      row->setToolTip(c + 1, fieldTip(t, f));
+      if (isMonoField(f)) row->setFont(c + 1, monoFont());
+      if (isNumberField(f)) row->setTextAlignment(c + 1, Qt::AlignRight | Qt::AlignVCenter);
+      if (isBadField(t, f)) styleBad(row, c + 1);
     }
   }
-  fitColumns(tensors_);
+  fitTreeColumns(tensors_);
   setTabCount(Tensors, tr("Tensors"), qsizetype(ts.size()));
 }
 
@@ -420,7 +606,7 @@ void InspectorView::fillAttributes(const OpDetails& d) {
   attributes_->setRootIsDecorated(nested);
   attributes_->expandAll();
   attributes_->resizeColumnToContents(0);
-  setTabCount(Attributes, tr("Attributes"), count);
+  setTabCount(Attributes, tr("Attrs"), count);
 }
 
 void InspectorView::fillValues(const OpDetails& d) {
@@ -457,39 +643,67 @@ void InspectorView::fillValues(const OpDetails& d) {
   setTabCount(Values, tr("Values"), qsizetype(d.dumps.size()));
 }
 
-void InspectorView::fillStack(const OpDetails& d) {
+// Frames innermost first, except Keel's own leading frames: they are folded into one collapsed
+// row after the rest (See Note [Keel frames]), so the first row is the code that called the op.
+void InspectorView::addFrames(QTreeWidgetItem* parent, const OpDetails& d) {
+  auto add = [this](QTreeWidgetItem* under, int depth, const storage::StackFrame& f) {
+    auto* it = under ? new QTreeWidgetItem(under) : new QTreeWidgetItem(stack_);
+    const QString fn = demangle(f.function);
+    QString loc, fullLoc;
+    if (!f.file.empty()) {
+      loc = shortPath(f.file);
+      fullLoc = QString::fromStdString(f.file);
+      if (f.line > 0) {
+        loc += QStringLiteral(":%1").arg(f.line);
+        fullLoc += QStringLiteral(":%1").arg(f.line);
+      }
+    }
+    const QString tip = QStringLiteral("%1\n%2\naddress %3").arg(fn, fullLoc, hex(f.address));
+    it->setText(0, QString::number(depth));
+    it->setTextAlignment(0, Qt::AlignRight | Qt::AlignVCenter);
+    it->setText(1, fn);
+    // No file: the return address is all there is to go on.
+    it->setText(2, loc.isEmpty() ? hex(f.address) : loc);
+    if (loc.isEmpty()) {
+      it->setFont(2, monoFont());
+      it->setForeground(2, palette().color(QPalette::Disabled, QPalette::Text));
+    }
+    it->setData(2, Qt::UserRole, fullLoc);
+    for (int c = 0; c < 3; ++c) it->setToolTip(c, tip);
+  };
   if (!d.stack || d.stack->frames.empty()) {
-    stack_->setRowCount(1);
-    stack_->setItem(0, 0, cell(QString()));
-    stack_->setItem(0, 1,
-                    cell(d.op.stackId < 0 ? tr("no stack recorded (record with --stacks)")
-                                          : tr("stack #%1 not found").arg(d.op.stackId)));
-    fitColumns(stack_);
-    setTabCount(Stack, tr("Stack"), 0);
+    auto* it = parent ? new QTreeWidgetItem(parent) : new QTreeWidgetItem(stack_);
+    it->setText(1, d.op.stackId < 0 ? tr("no stack recorded (record with --stacks)")
+                                    : tr("stack #%1 not found").arg(d.op.stackId));
     return;
   }
   const auto& frames = d.stack->frames;
-  stack_->setRowCount(int(frames.size()));
-  for (int row = 0; row < int(frames.size()); ++row) {
-    const storage::StackFrame& f = frames[size_t(row)];
-    const QString fn =
-        f.function.empty() ? QStringLiteral("??") : QString::fromStdString(f.function);
-    QString loc;
-    if (!f.file.empty())
-      loc = f.line > 0 ? QStringLiteral("%1:%2").arg(QString::fromStdString(f.file)).arg(f.line)
-                       : QString::fromStdString(f.file);
-    const QString tip = QStringLiteral("%1\n%2\naddress %3").arg(fn, loc, hex(f.address));
-    auto* fnCell = cell(fn);
-    // No file: the return address is all there is to go on.
-    auto* locCell = loc.isEmpty() ? cell(hex(f.address), true) : cell(loc);
-    if (loc.isEmpty()) locCell->setForeground(palette().color(QPalette::Disabled, QPalette::Text));
-    for (auto* c : {fnCell, locCell}) c->setToolTip(tip);
-    stack_->setItem(row, 0, cell(QString::number(row), false, true));
-    stack_->setItem(row, 1, fnCell);
-    stack_->setItem(row, 2, locCell);
+  size_t lead = 0;
+  while (lead < frames.size() && isKeelFrame(demangle(frames[lead].function), frames[lead].file))
+    ++lead;
+  if (lead == frames.size())
+    lead = 0;  // all Keel's own (e.g. the optimizer): show them as they are
+  for (size_t i = lead; i < frames.size(); ++i) add(parent, int(i), frames[i]);
+  if (lead > 0) {
+    auto* group = parent ? new QTreeWidgetItem(parent) : new QTreeWidgetItem(stack_);
+    group->setText(1, tr("Keel dispatch: %n innermost frame(s), folded", "", int(lead)));
+    group->setToolTip(1, tr("The op wrapper, the dispatcher and autograd: Keel's own frames "
+                            "between the calling code (above) and the kernel"));
+    group->setForeground(1, palette().color(QPalette::Disabled, QPalette::Text));
+    group->setFirstColumnSpanned(false);
+    group->setData(0, Qt::UserRole, QStringLiteral("keel-frames"));
+    for (size_t i = 0; i < lead; ++i) add(group, int(i), frames[i]);
+    group->setExpanded(false);
   }
-  fitColumns(stack_, 64);
-  setTabCount(Stack, tr("Stack"), qsizetype(frames.size()));
+}
+
+void InspectorView::fillStack(const OpDetails& d) {
+  stack_->setColumnCount(3);
+  stack_->setHeaderLabels({tr("#"), tr("Function"), tr("Location")});
+  addFrames(nullptr, d);
+  stack_->setRootIsDecorated(true);
+  fitTreeColumns(stack_);
+  setTabCount(Stack, tr("Stack"), d.stack ? qsizetype(d.stack->frames.size()) : 0);
 }
 
 void InspectorView::fillLogs(const OpDetails& d) {
@@ -574,6 +788,347 @@ void InspectorView::fillMask(const OpDetails& d) {
     maskLegend_[i]->setToolTip(coarse ? tr("cells of the picture") : tr("tiles"));
   }
   tabs_->setTabVisible(Mask, true);
+}
+
+// ---- Comparing two runs -------------------------------------------------------------------
+
+void InspectorView::setCompare(const QString& labelA, const QString& labelB) {
+  comparing_ = true;
+  labels_[0] = labelA;
+  labels_[1] = labelB;
+  if (details_ && !pair_[0]) pair_[0] = details_;
+  showPair();
+}
+
+void InspectorView::setDetails(Side side, OpDetailsPtr details) {
+  if (!comparing_) {
+    if (side == side_) setDetails(std::move(details));
+    return;
+  }
+  pair_[int(side)] = std::move(details);
+  showPair();
+}
+
+void InspectorView::setDiff(DiffPtr report) {
+  diff_ = std::move(report);
+  if (comparing_ && (pair_[0] || pair_[1])) showPair();
+}
+
+QString InspectorView::sideLabel(Side side) const {
+  const QString letter = side == Side::A ? QStringLiteral("A") : QStringLiteral("B");
+  const QString& l = labels_[int(side)];
+  return l.isEmpty() ? letter : QStringLiteral("%1: %2").arg(letter, l);
+}
+
+std::optional<storage::TensorDiff> InspectorView::tensorDiff(storage::Role role,
+                                                             int32_t index) const {
+  for (const auto& t : pairDiffs_)
+    if (t.role == role && t.index == index) return t;
+  return std::nullopt;
+}
+
+namespace {
+QColor statusColor(storage::DiffStatus s) {
+  switch (s) {
+    case storage::DiffStatus::Equal:
+      return QColor(0x2e, 0x7d, 0x32);
+    case storage::DiffStatus::WithinTolerance:
+      return QColor(0xb2, 0x6a, 0x00);
+    case storage::DiffStatus::Diverged:
+      return QColor(0xb7, 0x1c, 0x1c);
+    case storage::DiffStatus::Unmatched:
+      break;
+  }
+  return QColor(0x75, 0x75, 0x75);
+}
+
+QString statusText(storage::DiffStatus s) {
+  switch (s) {
+    case storage::DiffStatus::Equal:
+      return QObject::tr("equal");
+    case storage::DiffStatus::WithinTolerance:
+      return QObject::tr("within tolerance");
+    case storage::DiffStatus::Diverged:
+      return QObject::tr("diverged");
+    case storage::DiffStatus::Unmatched:
+      break;
+  }
+  return QObject::tr("on one side only");
+}
+
+const storage::TensorRecord* findTensor(const OpDetails& d, storage::Role role, int32_t index) {
+  for (const auto& t : d.op.tensors)
+    if (t.role == role && t.index == index) return &t;
+  return nullptr;
+}
+
+const storage::TensorDiff* findDiff(const std::vector<storage::TensorDiff>& ds, storage::Role role,
+                                    int32_t index) {
+  for (const auto& t : ds)
+    if (t.role == role && t.index == index) return &t;
+  return nullptr;
+}
+}  // namespace
+
+void InspectorView::showPair() {
+  const int before = tabs_->currentIndex();
+  const OpDetailsPtr a = pair_[0], b = pair_[1];
+  if (!a || !b || !a->error.empty() || !b->error.empty()) {
+    // One side only (an op on one side of the alignment, or the other still loading), or an
+    // error: that side alone, said which.
+    const Side side = (a && (!b || !a->error.empty())) ? Side::A : Side::B;
+    setDetails(side == Side::A ? a : b);
+    if (details_)
+      setHeader(QStringLiteral("<b>%1</b><br>").arg(sideLabel(side).toHtmlEscaped()) +
+                header_->text());
+    return;
+  }
+  resetTabs();
+  details_ = a;
+  const storage::OpRecord& opA = a->op;
+  const storage::OpRecord& opB = b->op;
+
+  const storage::OpPair* pair = nullptr;
+  const storage::Divergence* divergence = nullptr;
+  if (diff_) {
+    for (const auto& p : diff_->pairs)
+      if (p.inA && p.inB && p.seqA == opA.seq && p.seqB == opB.seq) {
+        pair = &p;
+        break;
+      }
+    for (const auto* dv : {&diff_->first, &diff_->root})
+      if (*dv && (*dv)->pair.seqA == opA.seq && (*dv)->pair.seqB == opB.seq) divergence = &**dv;
+  }
+
+  // Header: the op, then one line per side with its run's label.
+  const QString scope = opA.scope.empty() ? tr("<i>top level</i>")
+                                          : QString::fromStdString(opA.scope).toHtmlEscaped();
+  QString text = QStringLiteral("<span style='font-size:14pt'><b>%1</b></span>")
+                     .arg(QString::fromStdString(opA.name).toHtmlEscaped());
+  if (opB.name != opA.name)
+    text += QStringLiteral(" / <b>%1</b>").arg(QString::fromStdString(opB.name).toHtmlEscaped());
+  text += QStringLiteral(" &nbsp;·&nbsp; phase <b>%1</b> &nbsp;·&nbsp; scope <b>%2</b>")
+              .arg(qs(phaseName(opA.phase)).toHtmlEscaped(), scope);
+  if (pair)
+    text += QStringLiteral(" &nbsp;·&nbsp; <b><span style='color:%1'>%2</span></b>")
+                .arg(statusColor(pair->status).name(), statusText(pair->status));
+  else if (diff_)
+    text += tr(" &nbsp;·&nbsp; <i>not an aligned pair of the diff</i>");
+  text += "<table cellspacing='0' cellpadding='1'>";
+  for (Side side : {Side::A, Side::B}) {
+    const storage::OpRecord& o = side == Side::A ? opA : opB;
+    text += QStringLiteral(
+                "<tr><td><b>%1</b>&nbsp;</td><td>#%2 &nbsp;·&nbsp; step %3 &nbsp;·&nbsp; %4 "
+                "µs</td></tr>")
+                .arg(sideLabel(side).toHtmlEscaped())
+                .arg(o.seq)
+                .arg(o.step)
+                .arg(double(o.endNs - o.beginNs) / 1000.0, 0, 'f', 1);
+  }
+  text += "</table>";
+  setHeader(text);
+
+  // Differences: the diff's (whole dumped tensors) where it has them, else computed here from
+  // the two snapshots (their dumps when complete, else MD5s and statistics).
+  const storage::DiffOptions opts = diff_ ? diff_->options : storage::DiffOptions{};
+  const storage::DumpValues values = [&](uint64_t, int role, int index,
+                                         bool sideA) -> std::optional<std::vector<double>> {
+    for (const auto& dump : (sideA ? a : b)->dumps)
+      if (int(dump.role) == role && dump.index == index && dump.numel > 0 &&
+          int64_t(dump.values.size()) == dump.numel)
+        return dump.values;
+    return std::nullopt;
+  };
+  std::set<std::pair<int, int32_t>> keys;  // outputs first
+  for (const OpDetails* d : {a.get(), b.get()})
+    for (const auto& t : d->op.tensors)
+      keys.insert({t.role == storage::Role::Output ? 0 : 1, t.index});
+  for (const auto& [r, index] : keys) {
+    const storage::Role role = r == 0 ? storage::Role::Output : storage::Role::Input;
+    const storage::TensorRecord* ta = findTensor(*a, role, index);
+    const storage::TensorRecord* tb = findTensor(*b, role, index);
+    storage::TensorDiff td;
+    if (ta && tb) {
+      const storage::TensorDiff* known = nullptr;
+      if (pair && role == storage::Role::Output) known = findDiff(pair->outputs, role, index);
+      if (divergence && role == storage::Role::Input)
+        known = findDiff(divergence->inputs, role, index);
+      td = known ? *known : storage::compareTensors(*ta, *tb, opA.seq, opB.seq, opts, values);
+    } else {
+      td.status = storage::DiffStatus::Diverged;
+      td.basis = storage::DiffBasis::Missing;
+      td.detail = ta ? "only in A" : "only in B";
+    }
+    td.role = role;
+    td.index = index;
+    pairDiffs_.push_back(td);
+  }
+  fillPairTensors(*a, *b);
+  fillAttributes(*a);
+  fillPairValues(*a, *b);
+  fillPairStack(*a, *b);
+  fillLogs(*a);
+  fillMemory(*a);
+  fillMask(*a);
+  for (Tab t : {Attributes, Logs, Memory, Mask})
+    tabs_->setTabToolTip(t, tr("%1 (run A)").arg(sideLabel(Side::A)));
+  tabs_->setCurrentIndex(before >= 0 && tabs_->isTabVisible(before) ? before : int(Tensors));
+}
+
+// Per tensor (outputs first): its verdict, then each field of A and B side by side (a B cell that
+// differs from A's is tinted), then the element-wise difference.
+void InspectorView::fillPairTensors(const OpDetails& a, const OpDetails& b) {
+  tensors_->setColumnCount(3);
+  tensors_->setHeaderLabels({tr("Field"), sideLabel(Side::A), sideLabel(Side::B)});
+  tensors_->headerItem()->setToolTip(1, sideLabel(Side::A));
+  tensors_->headerItem()->setToolTip(2, sideLabel(Side::B));
+  tensors_->setRootIsDecorated(true);
+  const QColor differs(0xff, 0xec, 0xb3);
+  for (const storage::TensorDiff& td : pairDiffs_) {
+    const storage::TensorRecord* ta = findTensor(a, td.role, td.index);
+    const storage::TensorRecord* tb = findTensor(b, td.role, td.index);
+    auto* top = new QTreeWidgetItem(tensors_);
+    QString verdict = statusText(td.status);
+    if (td.basis != storage::DiffBasis::None)
+      verdict += QStringLiteral(" (%1)").arg(QString::fromUtf8(storage::toString(td.basis)));
+    if (!td.detail.empty()) verdict += QStringLiteral(": ") + QString::fromStdString(td.detail);
+    top->setText(0, tensorName(td.role, td.index) + QStringLiteral(" — ") + verdict);
+    top->setForeground(0, statusColor(td.status));
+    QFont bold = top->font(0);
+    bold.setBold(true);
+    top->setFont(0, bold);
+    top->setFirstColumnSpanned(true);
+    top->setToolTip(0, top->text(0));
+    top->setData(0, Qt::UserRole, int(td.status));
+    for (int f = 0; f < FieldCount; ++f) {
+      if (f == FieldMd5Rounded &&
+          !((ta && !ta->md5Rounded.empty()) || (tb && !tb->md5Rounded.empty())))
+        continue;
+      auto* row = new QTreeWidgetItem(top);
+      row->setText(0, tr(kFieldNames[f]));
+      for (int c = 1; c <= 2; ++c) {
+        const storage::TensorRecord* t = c == 1 ? ta : tb;
+        if (!t) continue;
+        row->setText(c, fieldText(*t, f));
+        row->setToolTip(c, fieldTip(*t, f));
+        if (isMonoField(f)) row->setFont(c, monoFont());
+        if (isNumberField(f)) row->setTextAlignment(c, Qt::AlignRight | Qt::AlignVCenter);
+        if (isBadField(*t, f)) styleBad(row, c);
+      }
+      if (ta && tb && row->text(1) != row->text(2) && !isBadField(*tb, f))
+        row->setBackground(2, differs);
+    }
+    // The element-wise difference, where values were compared.
+    auto diffRow = [&](const QString& name, const QString& value, const QString& tip) {
+      auto* row = new QTreeWidgetItem(top);
+      row->setText(0, name);
+      row->setText(1, value);
+      row->setFont(1, monoFont());
+      row->setTextAlignment(1, Qt::AlignRight | Qt::AlignVCenter);
+      row->setToolTip(0, tip);
+      row->setToolTip(1, tip);
+      QFont f = row->font(0);
+      f.setItalic(true);
+      row->setFont(0, f);
+      return row;
+    };
+    if (td.basis == storage::DiffBasis::Values) {
+      auto* maxAbs = diffRow(tr("max |A − B|"), number(td.maxAbs, 6),
+                             tr("largest absolute difference of an element: %1")
+                                 .arg(QString::number(td.maxAbs, 'g', 17)));
+      maxAbs->setData(1, Qt::UserRole, td.maxAbs);
+      maxAbs->setData(0, Qt::UserRole, QStringLiteral("maxAbs"));
+      diffRow(
+          tr("max rel"), number(td.maxRel, 6),
+          tr("largest |A − B| / |B| of an element: %1").arg(QString::number(td.maxRel, 'g', 17)));
+      diffRow(
+          tr("max ULPs"),
+          td.maxUlps == UINT64_MAX ? tr("NaN vs number") : QStringLiteral("%L1").arg(td.maxUlps),
+          tr("largest distance in units in the last place, in the tensor's dtype"));
+      int64_t numel = 1;
+      for (int64_t x : (ta ? ta : tb)->shape) numel *= x;
+      diffRow(tr("outside tol."), tr("%L1 of %L2").arg(td.badElements).arg(numel),
+              tr("elements with |A − B| > atol + rtol·|B| (atol %1, rtol %2)")
+                  .arg(diff_ ? diff_->options.atol : storage::DiffOptions{}.atol)
+                  .arg(diff_ ? diff_->options.rtol : storage::DiffOptions{}.rtol));
+    }
+    top->setExpanded(td.role == storage::Role::Output || td.status != storage::DiffStatus::Equal);
+  }
+  fitTreeColumns(tensors_);
+  setTabCount(Tensors, tr("Tensors"), qsizetype(pairDiffs_.size()));
+}
+
+// Dumped values of A and B in columns, with A − B and a mark on each element that differs.
+void InspectorView::fillPairValues(const OpDetails& a, const OpDetails& b) {
+  std::set<std::pair<int, int32_t>> keys;
+  for (const OpDetails* d : {&a, &b})
+    for (const auto& dump : d->dumps) keys.insert({int(dump.role), dump.index});
+  if (keys.empty()) {
+    fillValues(a);
+    return;
+  }
+  auto find = [](const OpDetails& d, int role, int32_t index) -> const OpDetails::Dump* {
+    for (const auto& dump : d.dumps)
+      if (int(dump.role) == role && dump.index == index) return &dump;
+    return nullptr;
+  };
+  QString text = QStringLiteral("A = %1\nB = %2\n\n").arg(sideLabel(Side::A), sideLabel(Side::B));
+  for (const auto& [role, index] : keys) {
+    const OpDetails::Dump* da = find(a, role, index);
+    const OpDetails::Dump* db = find(b, role, index);
+    const OpDetails::Dump* any = da ? da : db;
+    text += QStringLiteral("%1  shape %2  %L3 elements")
+                .arg(tensorName(storage::Role(role), index))
+                .arg(QString::fromStdString(storage::shapeText(any->shape)))
+                .arg(any->numel);
+    if (!da || !db) text += da ? tr("  (dumped in A only)") : tr("  (dumped in B only)");
+    text += '\n';
+    const size_t n = std::max(da ? da->values.size() : 0, db ? db->values.size() : 0);
+    const int w = int(QString::number(qulonglong(n)).size());
+    text += QStringLiteral("  %1  %2 %3 %4\n")
+                .arg(QString(), w + 2)
+                .arg(QStringLiteral("A"), 13)
+                .arg(QStringLiteral("B"), 13)
+                .arg(QStringLiteral("A − B"), 13);
+    for (size_t i = 0; i < n; ++i) {
+      const bool hasA = da && i < da->values.size(), hasB = db && i < db->values.size();
+      const double va = hasA ? da->values[i] : 0, vb = hasB ? db->values[i] : 0;
+      const bool same = hasA && hasB && (va == vb || (std::isnan(va) && std::isnan(vb)));
+      text += QStringLiteral("  [%1] %2 %3 %4 %5\n")
+                  .arg(qulonglong(i), w)
+                  .arg(hasA ? number(va, 6) : QString(), 13)
+                  .arg(hasB ? number(vb, 6) : QString(), 13)
+                  .arg(hasA && hasB ? number(va - vb, 6) : QString(), 13)
+                  .arg(same ? QString() : QStringLiteral("≠"));
+    }
+    if (int64_t(n) < any->numel) text += tr("  (first %L1 shown)\n").arg(qulonglong(n));
+    text += '\n';
+  }
+  values_->setPlainText(text);
+  setTabCount(Values, tr("Values"), qsizetype(keys.size()));
+}
+
+// Both call stacks, one under each run's label.
+void InspectorView::fillPairStack(const OpDetails& a, const OpDetails& b) {
+  stack_->setColumnCount(3);
+  stack_->setHeaderLabels({tr("#"), tr("Function"), tr("Location")});
+  stack_->setRootIsDecorated(true);
+  for (Side side : {Side::A, Side::B}) {
+    const OpDetails& d = side == Side::A ? a : b;
+    auto* top = new QTreeWidgetItem(stack_);
+    top->setText(0, QStringLiteral("%1 — #%2").arg(sideLabel(side)).arg(d.op.seq));
+    top->setFirstColumnSpanned(true);
+    QFont bold = top->font(0);
+    bold.setBold(true);
+    top->setFont(0, bold);
+    addFrames(top, d);
+    top->setExpanded(true);
+  }
+  fitTreeColumns(stack_);
+  const auto count = [](const OpDetails& d) {
+    return d.stack ? qsizetype(d.stack->frames.size()) : 0;
+  };
+  setTabCount(Stack, tr("Stack"), std::max(count(a), count(b)));
 }
 
 // A word-wrapped label does not grow by itself when its text or width changes: give it the

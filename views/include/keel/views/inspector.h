@@ -1,7 +1,8 @@
 // The inspector: everything recorded about one op (OpDetails) — header, attributes, input and
 // output tensors with MD5 and statistics, dumped values, call stack, log lines, allocations, and
 // for flashmask_attention (forward and backward) the mask as a picture of its tile grid — in tabs
-// of selectable, copyable tables. It only displays what it is given: setDetails().
+// of selectable, copyable tables. When comparing two runs it shows the selected pair: A and B side
+// by side, each labelled with its run, and their difference. It only displays what it is given.
 #pragma once
 #include <QWidget>
 
@@ -12,6 +13,7 @@ class QPlainTextEdit;
 class QTabWidget;
 class QTableWidget;
 class QTreeWidget;
+class QTreeWidgetItem;
 
 namespace keel::views {
 
@@ -29,6 +31,18 @@ class InspectorView : public QWidget {
   void clear();
   OpDetailsPtr details() const { return details_; }
 
+  // Comparing two runs: each side is labelled (e.g. "a.db · cpu"); from then on setDetails(side,
+  // d) keeps one op per side and the inspector shows both, side by side. The element-wise
+  // difference of outputs comes from `report` (the whole tensors' dumps) when it has the pair,
+  // else from storage::compareTensors on what the two OpDetails hold.
+  void setCompare(const QString& labelA, const QString& labelB);
+  void setDetails(Side side, OpDetailsPtr details);
+  void setDiff(DiffPtr report);
+  bool comparing() const { return comparing_; }
+  OpDetailsPtr details(Side side) const { return pair_[int(side)]; }
+  // The difference shown for (role, index) of the pair on screen; nullopt when there is none.
+  std::optional<storage::TensorDiff> tensorDiff(storage::Role role, int32_t index) const;
+
   // Tab order, for tests and for callers that want to open one tab. The Mask tab is shown only for
   // ops that recorded a tile map; such an op opens on it unless another tab than Tensors is open.
   enum Tab { Tensors, Attributes, Values, Stack, Logs, Memory, Mask, TabCount };
@@ -38,6 +52,7 @@ class InspectorView : public QWidget {
   void resizeEvent(QResizeEvent* e) override;
 
  private:
+  void resetTabs();
   void setHeader(const QString& text);
   void fitHeader();
   void fillTensors(const OpDetails& d);
@@ -48,6 +63,12 @@ class InspectorView : public QWidget {
   void fillMemory(const OpDetails& d);
   void fillMask(const OpDetails& d);
   void setTabCount(Tab tab, const QString& title, qsizetype count);
+  void showPair();
+  void fillPairTensors(const OpDetails& a, const OpDetails& b);
+  void fillPairValues(const OpDetails& a, const OpDetails& b);
+  void fillPairStack(const OpDetails& a, const OpDetails& b);
+  void addFrames(QTreeWidgetItem* parent, const OpDetails& d);
+  QString sideLabel(Side side) const;
 
   Selection* selection_;
   Side side_;
@@ -55,16 +76,21 @@ class InspectorView : public QWidget {
   QLabel* header_;
   QLabel* error_;
   QTabWidget* tabs_;
-  QTableWidget* tensors_;
+  QTreeWidget* tensors_;
   QTreeWidget* attributes_;
   QPlainTextEdit* values_;
-  QTableWidget* stack_;
+  QTreeWidget* stack_;
   QTableWidget* logs_;
   QTableWidget* memory_;
   QWidget* maskPage_;
   QLabel* maskSummary_;
   MaskPicture* maskPicture_;
   QLabel* maskLegend_[3];
+  bool comparing_ = false;
+  QString labels_[2];
+  OpDetailsPtr pair_[2];
+  DiffPtr diff_;
+  std::vector<storage::TensorDiff> pairDiffs_;  // of the pair on screen, by (role, index)
 };
 
 }  // namespace keel::views
