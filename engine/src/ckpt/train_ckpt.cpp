@@ -31,24 +31,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The safetensors dtype of each engine DType, in DType's order.
+constexpr st::DType kStDTypes[keel::kNumDTypes] = {st::DType::F32, st::DType::F16, st::DType::BF16,
+                                                   st::DType::F64, st::DType::I32, st::DType::I64,
+                                                   st::DType::Bool};
 st::DType toSt(DType t) {
-  switch (t) {
-    case DType::Float32:
-      return st::DType::F32;
-    case DType::Float16:
-      return st::DType::F16;
-    case DType::BFloat16:
-      return st::DType::BF16;
-    case DType::Float64:
-      return st::DType::F64;
-    case DType::Int32:
-      return st::DType::I32;
-    case DType::Int64:
-      return st::DType::I64;
-    case DType::Bool:
-      return st::DType::Bool;
-  }
-  return st::DType::F32;
+  return size_t(t) < size_t(keel::kNumDTypes) ? kStDTypes[size_t(t)] : st::DType::F32;
 }
 
 Tensor hostContiguous(const Tensor& t) {
