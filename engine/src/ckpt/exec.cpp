@@ -51,30 +51,29 @@ bool isIntType(st::DType t) {
          t == st::DType::U8;
 }
 
+// One element of type T at p (unaligned), and back.
+template <typename T>
+T loadAs(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <typename T>
+void storeAs(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+// Float elements through double (16-bit floats widen and round through float).
 double loadF(const uint8_t* p, st::DType t) {
   switch (t) {
-    case st::DType::F64: {
-      double v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-    case st::DType::F32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case st::DType::F16: {
-      uint16_t b;
-      std::memcpy(&b, p, 2);
-      return Half::toFloat(b);
-    }
-    case st::DType::BF16: {
-      uint16_t b;
-      std::memcpy(&b, p, 2);
-      BFloat16 h;
-      h.bits = b;
-      return float(h);
-    }
+    case st::DType::F64:
+      return loadAs<double>(p);
+    case st::DType::F32:
+      return loadAs<float>(p);
+    case st::DType::F16:
+      return float(loadAs<Half>(p));
+    case st::DType::BF16:
+      return float(loadAs<BFloat16>(p));
     default:
       return 0;
   }
@@ -83,45 +82,27 @@ double loadF(const uint8_t* p, st::DType t) {
 void storeF(uint8_t* p, st::DType t, double v) {
   switch (t) {
     case st::DType::F64:
-      std::memcpy(p, &v, 8);
-      break;
-    case st::DType::F32: {
-      float f = float(v);
-      std::memcpy(p, &f, 4);
-      break;
-    }
-    case st::DType::F16: {
-      uint16_t b = Half::fromFloat(float(v));
-      std::memcpy(p, &b, 2);
-      break;
-    }
-    case st::DType::BF16: {
-      uint16_t b = BFloat16::fromFloat(float(v));
-      std::memcpy(p, &b, 2);
-      break;
-    }
+      return storeAs<double>(p, v);
+    case st::DType::F32:
+      return storeAs<float>(p, float(v));
+    case st::DType::F16:
+      return storeAs<Half>(p, Half(float(v)));
+    case st::DType::BF16:
+      return storeAs<BFloat16>(p, BFloat16(float(v)));
     default:
       break;
   }
 }
 
+// Integer elements through int64 (narrower ones truncate on the way back).
 int64_t loadI(const uint8_t* p, st::DType t) {
   switch (t) {
-    case st::DType::I64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-    case st::DType::I32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case st::DType::I16: {
-      int16_t v;
-      std::memcpy(&v, p, 2);
-      return v;
-    }
+    case st::DType::I64:
+      return loadAs<int64_t>(p);
+    case st::DType::I32:
+      return loadAs<int32_t>(p);
+    case st::DType::I16:
+      return loadAs<int16_t>(p);
     case st::DType::I8:
       return int8_t(*p);
     case st::DType::U8:
@@ -134,18 +115,11 @@ int64_t loadI(const uint8_t* p, st::DType t) {
 void storeI(uint8_t* p, st::DType t, int64_t v) {
   switch (t) {
     case st::DType::I64:
-      std::memcpy(p, &v, 8);
-      break;
-    case st::DType::I32: {
-      int32_t x = int32_t(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case st::DType::I16: {
-      int16_t x = int16_t(v);
-      std::memcpy(p, &x, 2);
-      break;
-    }
+      return storeAs<int64_t>(p, v);
+    case st::DType::I32:
+      return storeAs<int32_t>(p, int32_t(v));
+    case st::DType::I16:
+      return storeAs<int16_t>(p, int16_t(v));
     default:
       *p = uint8_t(v);
       break;
