@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 
+#include "keel/base/values.h"
 #include "keel/error.h"
 
 namespace keel::capture {
@@ -71,65 +72,6 @@ void forEachChunk(const Tensor& t, Fn&& fn) {
       idx[d] = 0;
     }
     if (d < 0) return;
-  }
-}
-
-// Calls fn(double) for each element of a chunk, converting from dtype.
-template <typename Fn>
-void forEachValue(DType dt, const uint8_t* p, int64_t n, Fn&& fn) {
-  switch (dt) {
-    case DType::Float32: {
-      for (int64_t i = 0; i < n; ++i) {
-        float v;
-        std::memcpy(&v, p + i * 4, 4);
-        fn(double(v));
-      }
-      return;
-    }
-    case DType::Float64: {
-      for (int64_t i = 0; i < n; ++i) {
-        double v;
-        std::memcpy(&v, p + i * 8, 8);
-        fn(v);
-      }
-      return;
-    }
-    case DType::Float16: {
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, p + i * 2, 2);
-        fn(double(Half::toFloat(b)));
-      }
-      return;
-    }
-    case DType::BFloat16: {
-      for (int64_t i = 0; i < n; ++i) {
-        BFloat16 b;
-        std::memcpy(&b.bits, p + i * 2, 2);
-        fn(double(float(b)));
-      }
-      return;
-    }
-    case DType::Int32: {
-      for (int64_t i = 0; i < n; ++i) {
-        int32_t v;
-        std::memcpy(&v, p + i * 4, 4);
-        fn(double(v));
-      }
-      return;
-    }
-    case DType::Int64: {
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t v;
-        std::memcpy(&v, p + i * 8, 8);
-        fn(double(v));
-      }
-      return;
-    }
-    case DType::Bool: {
-      for (int64_t i = 0; i < n; ++i) fn(p[i] ? 1.0 : 0.0);
-      return;
-    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "keel/base/dtype.h"
+#include "keel/base/values.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/schema.h"
 #include "packed.h"
@@ -412,19 +413,6 @@ std::vector<DumpRecord> Recording::dumps(uint64_t opSeq) const {
   return out;
 }
 
-namespace {
-
-template <class T>
-void appendAs(const std::vector<uint8_t>& raw, std::vector<double>& out) {
-  for (size_t i = 0; i + sizeof(T) <= raw.size(); i += sizeof(T)) {
-    T v;
-    std::memcpy(&v, raw.data() + i, sizeof(T));
-    out.push_back(double(v));
-  }
-}
-
-}  // namespace
-
 std::optional<std::vector<double>> Recording::dumpValues(uint64_t opSeq, Role role,
                                                          int32_t index) const {
   for (DumpRecord& d : dumps(opSeq)) {
@@ -455,29 +443,7 @@ std::optional<std::vector<double>> Recording::dumpValues(uint64_t opSeq, Role ro
                          std::to_string(numel * int64_t(es)));
     std::vector<double> out;
     out.reserve(size_t(numel));
-    switch (*dtype) {
-      case DType::Float32:
-        appendAs<float>(raw, out);
-        break;
-      case DType::Float64:
-        appendAs<double>(raw, out);
-        break;
-      case DType::Int32:
-        appendAs<int32_t>(raw, out);
-        break;
-      case DType::Int64:
-        appendAs<int64_t>(raw, out);
-        break;
-      case DType::Bool:
-        for (uint8_t b : raw) out.push_back(b ? 1.0 : 0.0);
-        break;
-      case DType::Float16:
-        appendAs<Half>(raw, out);
-        break;
-      case DType::BFloat16:
-        appendAs<BFloat16>(raw, out);
-        break;
-    }
+    forEachValue(*dtype, raw.data(), numel, [&](double v) { out.push_back(v); });
     return out;
   }
   return std::nullopt;
