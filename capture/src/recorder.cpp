@@ -126,16 +126,7 @@ class CaptureObserver : public Observer {
   void onOpEnd(const OpEvent& e) override {
     if (!active() || !opt_.graph) return;
     Pending p;
-    int64_t step;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      step = step_;
-      auto it = pending_.find(e.seq);
-      if (it != pending_.end()) {
-        p = std::move(it->second);
-        pending_.erase(it);
-      }
-    }
+    const int64_t step = takePending(e.seq, p);
     if (!opt_.filter.matches(e.op->name, e.scope, step)) return;
     storage::OpRecord r = opRecord(e, step, p.stackId);
     const bool mutates = e.op->mutatesInputs;
@@ -175,16 +166,7 @@ class CaptureObserver : public Observer {
   void onOpError(const OpEvent& e, std::string_view message) override {
     if (!active() || !opt_.graph) return;
     Pending p;
-    int64_t step;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      step = step_;
-      auto it = pending_.find(e.seq);
-      if (it != pending_.end()) {
-        p = std::move(it->second);
-        pending_.erase(it);
-      }
-    }
+    const int64_t step = takePending(e.seq, p);
     storage::OpRecord r =
         opRecord(e, step, p.stackId >= 0 || !opt_.stacks ? p.stackId : stackId(kSkipFrames + 1));
     for (size_t i = 0; i < e.inputs.size(); ++i)
@@ -304,6 +286,18 @@ class CaptureObserver : public Observer {
     int64_t stackId = -1;
     std::vector<storage::TensorRecord> inputs;  // mutating ops: inputs as read at begin
   };
+
+  // Moves op `seq`'s pending part into p (left empty when onOpBegin kept none) and returns the
+  // current step, both under one lock.
+  int64_t takePending(uint64_t seq, Pending& p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pending_.find(seq);
+    if (it != pending_.end()) {
+      p = std::move(it->second);
+      pending_.erase(it);
+    }
+    return step_;
+  }
 
   bool active() const { return !closed_.load(std::memory_order_relaxed); }
 
