@@ -67,18 +67,19 @@ fmk::Mask maskFor(const std::string& kind, int64_t n) {
   return fmk::randomEviction(n, 7, 4);
 }
 
-const char* const kAllKinds[] = {"full",
-                                 "causal",
-                                 "sliding_window",
-                                 "causal_document",
-                                 "document",
-                                 "shared_question",
-                                 "global_sliding_window",
-                                 "causal_blockwise",
-                                 "prefix_lm_document",
-                                 "prefix_lm_causal",
-                                 "qk_sparse",
-                                 "random_eviction"};
+// One timed iteration in milliseconds: each benchmark repeats and takes the best itself (bestTime).
+void oneShot(benchmark::internal::Benchmark* b) {
+  b->Iterations(1)->Unit(benchmark::kMillisecond);
+}
+
+// Reports two times in milliseconds and the ratio a / b against its goal (at most goalLe).
+void reportRatio(benchmark::State& st, const char* aMs, double a, const char* bMs, double b,
+                 double goalLe) {
+  st.counters[aMs] = a * 1e3;
+  st.counters[bMs] = b * 1e3;
+  st.counters["ratio"] = a / b;
+  st.counters["goal_le"] = goalLe;
+}
 
 // ---- full mask vs no mask argument (goal <= 1.05)
 void BM_FlashMask_FullVsNoMask(benchmark::State& st) {
@@ -90,15 +91,9 @@ void BM_FlashMask_FullVsNoMask(benchmark::State& st) {
     tNone = forwardTime(x, nullptr);
     tFull = forwardTime(x, &full);
   }
-  st.counters["t_full_ms"] = tFull * 1e3;
-  st.counters["t_nomask_ms"] = tNone * 1e3;
-  st.counters["ratio"] = tFull / tNone;
-  st.counters["goal_le"] = 1.05;
+  reportRatio(st, "t_full_ms", tFull, "t_nomask_ms", tNone, 1.05);
 }
-BENCHMARK(BM_FlashMask_FullVsNoMask)
-    ->Args({2048, 64})
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashMask_FullVsNoMask)->Args({2048, 64})->Apply(oneShot);
 
 // ---- sparsity proportionality at N = 4096: T_mask / T_full <= 1.5 (1 - rho) + 0.02; causal <=
 // 0.55
@@ -124,10 +119,7 @@ void BM_FlashMask_Sparsity(benchmark::State& st) {
   st.counters["goal_le"] = goal;
   st.counters["met"] = ratio <= goal;
 }
-BENCHMARK(BM_FlashMask_Sparsity)
-    ->ArgsProduct({{0, 1, 2, 3, 4}, {64, 128}})
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashMask_Sparsity)->ArgsProduct({{0, 1, 2, 3, 4}, {64, 128}})->Apply(oneShot);
 
 // ---- backward / forward (goal <= 3.0), causal-document mask
 void BM_FlashMask_BackwardVsForward(benchmark::State& st) {
@@ -151,15 +143,9 @@ void BM_FlashMask_BackwardVsForward(benchmark::State& st) {
                a);
     });
   }
-  st.counters["t_fwd_ms"] = tf * 1e3;
-  st.counters["t_bwd_ms"] = tb * 1e3;
-  st.counters["ratio"] = tb / tf;
-  st.counters["goal_le"] = 3.0;
+  reportRatio(st, "t_bwd_ms", tb, "t_fwd_ms", tf, 3.0);
 }
-BENCHMARK(BM_FlashMask_BackwardVsForward)
-    ->Args({2048, 64})
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashMask_BackwardVsForward)->Args({2048, 64})->Apply(oneShot);
 
 // ---- two threads vs one on a skewed causal-document mask (goal >= 1.8), one head
 void BM_FlashMask_TwoThreadsVsOne(benchmark::State& st) {
@@ -183,7 +169,7 @@ void BM_FlashMask_TwoThreadsVsOne(benchmark::State& st) {
   st.counters["speedup"] = t1 / t2;
   st.counters["goal_ge"] = 1.8;
 }
-BENCHMARK(BM_FlashMask_TwoThreadsVsOne)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashMask_TwoThreadsVsOne)->Apply(oneShot);
 
 // ---- full-mask forward GFLOP/s vs cblas_sgemm at the Q·K^T shape (goal >= 0.5), one thread each
 void BM_FlashMask_VsSgemm(benchmark::State& st) {
@@ -211,11 +197,7 @@ void BM_FlashMask_VsSgemm(benchmark::State& st) {
   st.counters["ratio"] = (attnFlops / tf) / (gemmFlops / tg);
   st.counters["goal_ge"] = 0.5;
 }
-BENCHMARK(BM_FlashMask_VsSgemm)
-    ->Args({4096, 64})
-    ->Args({4096, 128})
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashMask_VsSgemm)->Args({4096, 64})->Args({4096, 128})->Apply(oneShot);
 
 // ---- against attention over a dense N x N mask (ops: matmul, masked_fill, softmax, matmul)
 Tensor denseAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -234,7 +216,7 @@ Tensor denseMask(const fmk::Mask& m, int64_t n) {
 }
 
 void BM_FlashMask_VsDenseMask(benchmark::State& st) {
-  const std::string kind = kAllKinds[st.range(0)];
+  const std::string kind = fmk::maskKindName(fmk::MaskKind(st.range(0)));
   const int64_t n = 4096, d = 64;
   Qkv x(n, 1, d);
   fmk::Mask m = maskFor(kind, n);
@@ -250,10 +232,7 @@ void BM_FlashMask_VsDenseMask(benchmark::State& st) {
   st.counters["t_dense_ms"] = td * 1e3;
   st.counters["speedup"] = td / tf;
 }
-BENCHMARK(BM_FlashMask_VsDenseMask)
-    ->DenseRange(0, 11)
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashMask_VsDenseMask)->DenseRange(0, 11)->Apply(oneShot);
 
 // ---- peak memory (resident high-water mark growth over the call, forward + backward) as N doubles
 int64_t readKb(const char* field) {
@@ -294,7 +273,6 @@ void BM_FlashMask_PeakMemory(benchmark::State& st) {
 BENCHMARK(BM_FlashMask_PeakMemory)
     ->ArgsProduct({{1024, 2048, 4096, 8192}, {0}})
     ->ArgsProduct({{1024, 2048, 4096}, {1}})
-    ->Iterations(1)
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(oneShot);
 
 }  // namespace
