@@ -8,16 +8,14 @@
 #include <sstream>
 
 #include "keel/storage/export.h"
+#include "storage_test_util.h"
 
 namespace keel::storage {
 namespace {
 
+// Two-by-three float32 tensors: the exports print shapes and dtypes.
 TensorRecord tensor(Role role, int index, uint64_t id, uint64_t version) {
-  TensorRecord t;
-  t.role = role;
-  t.index = index;
-  t.tensorId = id;
-  t.version = version;
+  TensorRecord t = testing::tensorRef(role, index, id, version);
   t.shape = {2, 3};
   t.dtype = "float32";
   return t;

@@ -6,18 +6,12 @@
 #include <vector>
 
 #include "keel/storage/producers.h"
+#include "storage_test_util.h"
 
 namespace keel::storage {
 namespace {
 
-TensorRecord tensor(Role role, int index, uint64_t id, uint64_t version) {
-  TensorRecord t;
-  t.role = role;
-  t.index = index;
-  t.tensorId = id;
-  t.version = version;
-  return t;
-}
+constexpr auto& tensor = testing::tensorRef;
 
 OpRecord op(uint64_t seq, std::vector<TensorRecord> tensors) {
   OpRecord o;

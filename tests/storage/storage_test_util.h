@@ -32,6 +32,16 @@ class TempDir {
   std::filesystem::path dir_;
 };
 
+// A tensor as an op lists it: role, position and identity (id, version); nothing else is set.
+inline TensorRecord tensorRef(Role role, int index, uint64_t id, uint64_t version) {
+  TensorRecord t;
+  t.role = role;
+  t.index = index;
+  t.tensorId = id;
+  t.version = version;
+  return t;
+}
+
 inline RunInfo sampleRun() {
   RunInfo r;
   r.backend = "cpu-ref";
