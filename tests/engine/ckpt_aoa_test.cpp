@@ -16,11 +16,7 @@
 namespace keel::ckpt {
 namespace {
 
-using test::Arr;
-using test::randomArr;
-using test::sameArr;
-using test::tempDir;
-namespace fs = std::filesystem;
+using namespace test;  // the FlexCheckpoint tests' shared helpers (ckpt_test_util.h)
 
 using Named = std::vector<std::pair<std::string, Arr>>;
 
@@ -41,15 +37,6 @@ std::map<std::string, Arr> runRules(Named src, const std::string& rules, int dst
   const Checkpoint dst = Checkpoint::open(dir + "/dst");
   for (const auto& k : dst.metadata().keys) out[k.key] = test::assemble(dir + "/dst", k.key);
   return out;
-}
-
-std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::vector<aoa::SourceKey> keysOf(const Named& n) {

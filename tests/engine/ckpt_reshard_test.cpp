@@ -18,10 +18,7 @@
 namespace keel::ckpt {
 namespace {
 
-using test::Arr;
-using test::randomArr;
-using test::sameArr;
-using test::tempDir;
+using namespace test;  // the FlexCheckpoint tests' shared helpers (ckpt_test_util.h)
 
 const std::string kSrc = KEEL_SOURCE_DIR;
 
@@ -38,15 +35,6 @@ Arr arrOf(const Tensor& t) {
   const auto* p = static_cast<const uint8_t*>(c.data());
   a.bytes.assign(p, p + c.nbytes());
   return a;
-}
-
-std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(ReshardTest, ModelSavedAtTp4ConvertsToTp2AndTp1BitForBit) {

@@ -8,12 +8,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "keel/checkpoint.h"
 #include "keel/dtype.h"
+#include "keel/error.h"
 
 namespace keel::ckpt::test {
 
@@ -225,6 +227,16 @@ inline ::testing::AssertionResult sameArr(const Arr& a, const Arr& b) {
       return ::testing::AssertionFailure()
              << "byte " << i << " differs (element " << i / a.es() << ")";
   return ::testing::AssertionSuccess();
+}
+
+// The keel::Error message fn raises, or "(no error)".
+inline std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 // A fresh directory for the running test (ctest runs tests of one binary in parallel).
