@@ -25,6 +25,19 @@ inline std::vector<uint8_t> bytePattern(size_t n, uint8_t seed) {
   return v;
 }
 
+// The VMM remap scenario: five blocks filled a limit-sized range, the 2nd and 4th were freed, and
+// `big` (two blocks) was then served by remapping their four chunks (no byte copied) to the
+// addresses right after the 5th block.
+inline void expectTwoHolesRemapped(const AllocatorStats& s, size_t limit, size_t block, void* big,
+                                   void* fifth) {
+  EXPECT_EQ(s.reserved, limit);
+  EXPECT_EQ(s.allocated, 5 * block);
+  EXPECT_EQ(s.defrags, 1u);
+  EXPECT_EQ(s.chunksRemapped, 4u);
+  EXPECT_EQ(s.bytesCopied, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big), reinterpret_cast<uintptr_t>(fifth) + block);
+}
+
 // Records every memory event (all allocators) from construction to stop() or destruction.
 class MemEventRecorder {
  public:
