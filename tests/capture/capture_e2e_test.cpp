@@ -18,15 +18,25 @@
 namespace keel::capture {
 namespace {
 
-TEST(CaptureEndToEnd, RecordsTwoGptTinyStepsToAFile) {
-  auto dir =
-      std::filesystem::temp_directory_path() / ("keel_capture_e2e_" + std::to_string(::getpid()));
+// A directory for this process's recordings, named prefix + pid.
+std::filesystem::path freshDir(const std::string& prefix) {
+  auto dir = std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::string path = (dir / "run.db").string();
+  return dir;
+}
+
+// gpt-tiny on a short inline corpus: seed 1, a two-step schedule, on cpu.
+Trainer tinyTrainer() {
   GptConfig cfg = loadGptConfig(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
   auto data = std::make_shared<const data::TextDataset>(
       std::string(200, 'a') + "the quick brown fox jumps over the lazy dog. ", "inline");
-  Trainer trainer(cfg, Device("cpu"), 1, data, 2);
+  return Trainer(cfg, Device("cpu"), 1, data, 2);
+}
+
+TEST(CaptureEndToEnd, RecordsTwoGptTinyStepsToAFile) {
+  const auto dir = freshDir("keel_capture_e2e_");
+  const std::string path = (dir / "run.db").string();
+  Trainer trainer = tinyTrainer();
   storage::RunInfo run;
   run.backend = "cpu";
   run.device = "cpu";
@@ -81,14 +91,9 @@ TEST(CaptureEndToEnd, RecordsTwoGptTinyStepsToAFile) {
 // `keel export graph` and the diff's "fed by" chains have that edge (the studio's graph draws it
 // as the forward <-> backward link: Note [Graph shape]). See Note [Saved tensors].
 TEST(CaptureEndToEnd, EveryInputOfAGptTinyStepHasAProducerOrIsALeaf) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("keel_capture_dataflow_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::string path = (dir / "run.db").string();
-  GptConfig cfg = loadGptConfig(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
-  auto data = std::make_shared<const data::TextDataset>(
-      std::string(200, 'a') + "the quick brown fox jumps over the lazy dog. ", "inline");
-  Trainer trainer(cfg, Device("cpu"), 1, data, 2);
+  const auto dir = freshDir("keel_capture_dataflow_");
+  const std::string path = (dir / "run.db").string();
+  Trainer trainer = tinyTrainer();
   std::set<uint64_t> params;
   for (const Tensor& p : trainer.model().parameters()) params.insert(p.id());
   CaptureOptions opt;

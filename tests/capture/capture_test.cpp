@@ -594,18 +594,21 @@ int64_t runOps(int n) {
   return int64_t(lastOpSeq() - first);
 }
 
+// Runs `ops` ops through a queue of 8 to a writer that takes writeDelayUs per op; returns the ops
+// run and the recorder's counts once it has finished.
+std::pair<int64_t, RecorderCounts> runThroughSlowWriter(std::shared_ptr<Store> store,
+                                                        CaptureOptions opt, int writeDelayUs,
+                                                        int ops) {
+  opt.queueCapacity = 8;
+  Recorder rec(std::make_unique<FakeWriter>(std::move(store), writeDelayUs), opt);
+  const int64_t n = runOps(ops);
+  rec.finish();
+  return {n, rec.counts()};
+}
+
 TEST(CaptureQueue, BlockPolicyDropsNothingWithASlowWriter) {
   auto store = std::make_shared<Store>();
-  CaptureOptions opt;
-  opt.queueCapacity = 8;
-  int64_t n;
-  RecorderCounts c;
-  {
-    Recorder rec(std::make_unique<FakeWriter>(store, 100), opt);
-    n = runOps(200);
-    rec.finish();
-    c = rec.counts();
-  }
+  const auto [n, c] = runThroughSlowWriter(store, CaptureOptions{}, 100, 200);
   EXPECT_EQ(int64_t(store->ops.size()), n);
   EXPECT_EQ(c.ops, n);
   EXPECT_EQ(c.droppedOps, 0);
@@ -615,16 +618,8 @@ TEST(CaptureQueue, BlockPolicyDropsNothingWithASlowWriter) {
 TEST(CaptureQueue, DropPolicyCountsExactly) {
   auto store = std::make_shared<Store>();
   CaptureOptions opt;
-  opt.queueCapacity = 8;
   opt.dropPolicy = DropPolicy::Drop;
-  int64_t n;
-  RecorderCounts c;
-  {
-    Recorder rec(std::make_unique<FakeWriter>(store, 200), opt);
-    n = runOps(300);
-    rec.finish();
-    c = rec.counts();
-  }
+  const auto [n, c] = runThroughSlowWriter(store, opt, 200, 300);
   EXPECT_GT(c.droppedOps, 0);
   EXPECT_EQ(int64_t(store->ops.size()) + c.droppedOps, n);
   EXPECT_EQ(store->dropped["op"], c.droppedOps);
