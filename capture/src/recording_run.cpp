@@ -87,10 +87,11 @@ void BreakConditions::setSpec(BreakSpec spec) {
   spec_ = std::move(spec);
 }
 
-std::string BreakConditions::check(const OpEvent& e) {
+std::string BreakConditions::check(const OpEvent& e, int64_t step) {
   if (liveBase_ == 0) liveBase_ = e.seq;
-  if (!spec_.opName.empty() && e.op->name == spec_.opName) return "breakpoint: op " + e.op->name;
-  if (!spec_.scope.empty() && scopeWithin(e.scope, spec_.scope))
+  if (step > 0 && !spec_.opName.empty() && e.op->name == spec_.opName)
+    return "breakpoint: op " + e.op->name;
+  if (step > 0 && !spec_.scope.empty() && scopeWithin(e.scope, spec_.scope))
     return "breakpoint: scope " + spec_.scope;
   if (spec_.nonFinite && !nonFiniteHit_)
     if (std::string r = nonFiniteReason(e); !r.empty()) return r;
@@ -242,7 +243,7 @@ void RecordingRun::afterOp(const OpEvent& e) {
     }
     if (b) breaks_.setSpec(std::move(*b));  // a bad reference path throws: the run fails
   }
-  std::string reason = breaks_.check(e);
+  std::string reason = breaks_.check(e, step_);
   try {
     if (afterOp_)
       afterOp_(e, reason);

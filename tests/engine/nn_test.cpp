@@ -2,6 +2,7 @@
 // observer, Linear/attention semantics, MoE routing (dynamic shapes, capacity drops, aux loss),
 // grad clipping, optimizer updates and the LR schedule. Values are checked against hand numbers.
 #include <gtest/gtest.h>
+#include <optional>
 
 #include <algorithm>
 #include <cmath>
@@ -337,6 +338,43 @@ TEST(ScopeTest, ObserverSeesModulePathsInEveryPhase) {
   EXPECT_TRUE(optScopes.count("lm_head.weight"));
   // Scope is restored after the forward pass.
   EXPECT_EQ(currentScope(), "");
+}
+
+// Initialisation ops (step 0) carry the name of the parameter they make (Note [Initialisation
+// scopes]): the op whose output is a parameter has its full name as scope, every construction op
+// sits in some parameter's scope, and the scope is "" again afterwards. Dense and MoE.
+TEST(ScopeTest, InitialisationOpsCarryTheirParametersName) {
+  for (bool moe : {false, true}) {
+    struct Out {
+      std::string op, scope;
+    };
+    class ByOutput : public Observer {
+     public:
+      void onOpEnd(const OpEvent& e) override {
+        scopes.insert(std::string(e.scope));
+        for (auto& t : e.outputs) last[t.id()] = {e.op->name, std::string(e.scope)};
+      }
+      std::map<uint64_t, Out> last;  // tensor id -> the last op that wrote it
+      std::set<std::string> scopes;
+    };
+    auto rec = std::make_shared<ByOutput>();
+    std::optional<nn::GPT> model;
+    {
+      ObserverScope guard(rec);
+      model.emplace(tinyConfig(moe), kCpuRef, 1);
+    }
+    EXPECT_EQ(currentScope(), "");
+    std::set<std::string> names;
+    for (auto& [name, t] : model->namedParameters()) {
+      names.insert(name);
+      auto it = rec->last.find(t.id());
+      ASSERT_NE(it, rec->last.end()) << name << " was not made by an op";
+      EXPECT_EQ(it->second.scope, name) << it->second.op << " making " << name;
+    }
+    EXPECT_TRUE(names.count(moe ? "blocks.0.moe.experts.1.w2.weight" : "blocks.0.mlp.w2.weight"));
+    for (const std::string& sc : rec->scopes)
+      EXPECT_TRUE(names.count(sc)) << "construction op outside a parameter's scope: '" << sc << "'";
+  }
 }
 
 // position "rope": no wpe; every attention layer turns q and k with the rope op (twice per layer

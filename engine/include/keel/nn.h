@@ -4,6 +4,7 @@
 // ScopeGuard(fullPath(), /*absolute=*/true) so the dispatcher reports each op's module scope path.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,11 +32,24 @@ class Module {
   // Adds a parameter under a local name (no dots): marks it as requiring grad, names the tensor
   // with its full path and returns it. Throws keel::Error on a duplicate or malformed name.
   Tensor registerParameter(const std::string& name, Tensor t);
+  // The same with the tensor made by `make` inside the scope `name`, so the ops that initialise
+  // it carry the parameter's name: see Note [Initialisation scopes].
+  Tensor registerParameter(const std::string& name, const std::function<Tensor()>& make);
   // Adds a child module; the child (and its subtree) takes the path "<this path>.<name>".
   template <typename M>
   std::shared_ptr<M> registerModule(const std::string& name, std::shared_ptr<M> m) {
     addChild(name, m);
     return m;
+  }
+  // Builds a child with `make` (returning a std::shared_ptr) inside the scope `name`, then
+  // registers it: the child's initialisation ops carry its path (Note [Initialisation scopes]).
+  template <typename F>
+  auto buildModule(const std::string& name, F&& make) {
+    auto m = [&] {
+      ScopeGuard scope(name);
+      return make();
+    }();
+    return registerModule(name, std::move(m));
   }
 
   // (full name, tensor) for every parameter of this subtree: own parameters first, then each child
@@ -85,6 +99,15 @@ class ModuleList : public Module {
     registerModule(std::to_string(size_), m);
     ++size_;
     return m;
+  }
+  // append(make()), with make() run inside the scope of the next index (see Module::buildModule).
+  template <typename F>
+  auto build(F&& make) {
+    auto m = [&] {
+      ScopeGuard scope(std::to_string(size_));
+      return make();
+    }();
+    return append(std::move(m));
   }
   int64_t size() const { return size_; }
 

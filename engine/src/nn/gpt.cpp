@@ -13,17 +13,18 @@ namespace keel::nn {
 Block::Block(const GptConfig& cfg, Generator& gen, Device device,
              std::shared_ptr<Generator> dropoutGen)
     : dropout_(cfg.dropout), dropoutGen_(dropoutGen) {
-  norm1_ = registerModule("norm1", makeNorm(cfg.norm, cfg.d_model, device));
-  attn_ =
-      registerModule("attn", std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen));
-  norm2_ = registerModule("norm2", makeNorm(cfg.norm, cfg.d_model, device));
+  norm1_ = buildModule("norm1", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
+  attn_ = buildModule(
+      "attn", [&] { return std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen); });
+  norm2_ = buildModule("norm2", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   if (cfg.isMoe()) {
-    moe_ = registerModule("moe", std::make_shared<MoE>(cfg, gen, device));
+    moe_ = buildModule("moe", [&] { return std::make_shared<MoE>(cfg, gen, device); });
     mlp_ = moe_;
   } else {
     double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
-    mlp_ = registerModule("mlp",
-                          std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd));
+    mlp_ = buildModule("mlp", [&] {
+      return std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd);
+    });
   }
 }
 
@@ -41,17 +42,24 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed)
       dropoutGen_(std::make_shared<Generator>(seed ^ 0x64726f706f757400ull)) {  // "dropout\0"
   validateGptConfig(cfg_);
   Generator gen(seed);
-  wte_ =
-      registerModule("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device));
+  // The root: initialisation scopes are parameter paths (Note [Initialisation scopes]).
+  ScopeGuard root("", /*absolute=*/true);
+  wte_ = buildModule(
+      "wte", [&] { return std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device); });
   if (cfg.position == "learned")
-    wpe_ =
-        registerModule("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen, device));
+    wpe_ = buildModule(
+        "wpe", [&] { return std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen, device); });
   blockList_ = registerModule("blocks", std::make_shared<ModuleList>());
-  for (int64_t i = 0; i < cfg.n_layer; ++i)
-    blocks_.push_back(blockList_->append(std::make_shared<Block>(cfg, gen, device, dropoutGen_)));
-  normF_ = registerModule("norm_f", makeNorm(cfg.norm, cfg.d_model, device));
-  lmHead_ = registerModule(
-      "lm_head", std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen, device));
+  {
+    ScopeGuard scope("blocks");
+    for (int64_t i = 0; i < cfg.n_layer; ++i)
+      blocks_.push_back(blockList_->build(
+          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_); }));
+  }
+  normF_ = buildModule("norm_f", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
+  lmHead_ = buildModule("lm_head", [&] {
+    return std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen, device);
+  });
 }
 
 GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {

@@ -38,9 +38,11 @@ Tensor tensorFromHost(const std::vector<float>& values, const Shape& shape, DTyp
 Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd)
     : in_(in), out_(out) {
   KEEL_CHECK(in > 0 && out > 0, "Linear: sizes must be positive, got in=", in, " out=", out);
-  weight_ = registerParameter("weight",
-                              ops::normal({out, in}, 0.0, initStd, gen, DType::Float32, device));
-  if (bias) bias_ = registerParameter("bias", Tensor::zeros({out}, DType::Float32, device));
+  weight_ = registerParameter("weight", [&] {
+    return ops::normal({out, in}, 0.0, initStd, gen, DType::Float32, device);
+  });
+  if (bias)
+    bias_ = registerParameter("bias", [&] { return Tensor::zeros({out}, DType::Float32, device); });
 }
 
 Tensor Linear::forwardImpl(const Tensor& x) {
@@ -58,8 +60,9 @@ Tensor Linear::forwardImpl(const Tensor& x) {
 
 Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd) {
   KEEL_CHECK(num > 0 && dim > 0, "Embedding: sizes must be positive, got num=", num, " dim=", dim);
-  weight_ = registerParameter("weight",
-                              ops::normal({num, dim}, 0.0, initStd, gen, DType::Float32, device));
+  weight_ = registerParameter("weight", [&] {
+    return ops::normal({num, dim}, 0.0, initStd, gen, DType::Float32, device);
+  });
 }
 
 Tensor Embedding::forwardImpl(const Tensor& idx) {
@@ -69,15 +72,17 @@ Tensor Embedding::forwardImpl(const Tensor& idx) {
 // ---- Norms --------------------------------------------------------------------------------
 
 LayerNorm::LayerNorm(int64_t dim, Device device, double eps) : eps_(eps) {
-  weight_ = registerParameter("weight", Tensor::ones({dim}, DType::Float32, device));
-  bias_ = registerParameter("bias", Tensor::zeros({dim}, DType::Float32, device));
+  weight_ =
+      registerParameter("weight", [&] { return Tensor::ones({dim}, DType::Float32, device); });
+  bias_ = registerParameter("bias", [&] { return Tensor::zeros({dim}, DType::Float32, device); });
 }
 Tensor LayerNorm::forwardImpl(const Tensor& x) {
   return ops::layerNorm(x, weight_, bias_, eps_);
 }
 
 RMSNorm::RMSNorm(int64_t dim, Device device, double eps) : eps_(eps) {
-  weight_ = registerParameter("weight", Tensor::ones({dim}, DType::Float32, device));
+  weight_ =
+      registerParameter("weight", [&] { return Tensor::ones({dim}, DType::Float32, device); });
 }
 Tensor RMSNorm::forwardImpl(const Tensor& x) {
   return ops::rmsNorm(x, weight_, eps_);
@@ -108,9 +113,11 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, D
                  maskKind_ == "global_sliding_window" || maskKind_ == "causal_document",
              "CausalSelfAttention: unknown attention_mask '", maskKind_, "'");
   double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
-  qkv_ = registerModule("qkv", std::make_shared<Linear>(dModel_, 3 * dModel_, false, gen, device));
-  proj_ = registerModule("proj",
-                         std::make_shared<Linear>(dModel_, dModel_, false, gen, device, residStd));
+  qkv_ = buildModule(
+      "qkv", [&] { return std::make_shared<Linear>(dModel_, 3 * dModel_, false, gen, device); });
+  proj_ = buildModule("proj", [&] {
+    return std::make_shared<Linear>(dModel_, dModel_, false, gen, device, residStd);
+  });
 }
 
 const flashmask::Mask& CausalSelfAttention::maskFor(int64_t b, int64_t t) {
@@ -165,9 +172,12 @@ Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
 // ---- SwiGLU -------------------------------------------------------------------------------
 
 SwiGLU::SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd) {
-  w1_ = registerModule("w1", std::make_shared<Linear>(dModel, dFF, false, gen, device));
-  w3_ = registerModule("w3", std::make_shared<Linear>(dModel, dFF, false, gen, device));
-  w2_ = registerModule("w2", std::make_shared<Linear>(dFF, dModel, false, gen, device, residStd));
+  w1_ =
+      buildModule("w1", [&] { return std::make_shared<Linear>(dModel, dFF, false, gen, device); });
+  w3_ =
+      buildModule("w3", [&] { return std::make_shared<Linear>(dModel, dFF, false, gen, device); });
+  w2_ = buildModule(
+      "w2", [&] { return std::make_shared<Linear>(dFF, dModel, false, gen, device, residStd); });
 }
 
 Tensor SwiGLU::forwardImpl(const Tensor& x) {

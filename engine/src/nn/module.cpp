@@ -21,6 +21,23 @@ void checkLocalName(const std::string& name, const char* what) {
 
 }  // namespace
 
+// Note [Initialisation scopes]: a module's parameters are made (ops::normal, zeros, ones: step-0
+// ops) in its constructor, before it is registered and knows its path. So a parent builds each
+// child inside ScopeGuard(childName) (buildModule, ModuleList::build) and a module makes each
+// parameter inside ScopeGuard(paramName) (registerParameter with a factory); the scopes nest, and
+// a root module (GPT) opens an empty absolute scope first, so an initialisation op's scope is its
+// parameter's full name, e.g. "blocks.0.attn.qkv.weight". Only scopes change: op order, values and
+// so the recording's op sequence and every loss are the same as without.
+Tensor Module::registerParameter(const std::string& name, const std::function<Tensor()>& make) {
+  checkLocalName(name, "parameter");
+  Tensor t;
+  {
+    ScopeGuard scope(name);
+    t = make();
+  }
+  return registerParameter(name, std::move(t));
+}
+
 Tensor Module::registerParameter(const std::string& name, Tensor t) {
   checkLocalName(name, "parameter");
   KEEL_CHECK(t.defined(), "Module '", path_, "': parameter '", name, "' is undefined");

@@ -49,12 +49,14 @@ MoE::MoE(const GptConfig& cfg, Generator& gen, Device device)
              "MoE: need 1 <= top_k <= n_expert, got top_k=", topK_, " n_expert=", nExpert_);
   KEEL_CHECK(capacityFactor_ > 0, "MoE: capacity_factor must be > 0, got ", capacityFactor_);
   double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
-  router_ =
-      registerModule("router", std::make_shared<Linear>(cfg.d_model, nExpert_, false, gen, device));
+  router_ = buildModule("router", [&] {
+    return std::make_shared<Linear>(cfg.d_model, nExpert_, false, gen, device);
+  });
   expertList_ = registerModule("experts", std::make_shared<ModuleList>());
+  ScopeGuard scope("experts");
   for (int64_t i = 0; i < nExpert_; ++i)
-    experts_.push_back(expertList_->append(
-        std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd)));
+    experts_.push_back(expertList_->build(
+        [&] { return std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd); }));
 }
 
 int64_t MoE::capacity(int64_t tokens) const {

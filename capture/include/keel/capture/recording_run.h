@@ -63,9 +63,11 @@ class BreakConditions {
   // unchanged, else opens the new one.
   void setSpec(BreakSpec spec);
   const BreakSpec& spec() const { return spec_; }
-  // Why to stop after this op ("breakpoint: op matmul", ...), or "" to go on. Call it for every
-  // op in order (the reference pairing counts ops).
-  std::string check(const OpEvent& e);
+  // Why to stop after this op of `step` ("breakpoint: op matmul", ...), or "" to go on. Call it
+  // for every op in order (the reference pairing counts ops). Op and scope conditions hold from
+  // step 1: initialisation (step 0) ops carry their parameters' scopes (Note [Initialisation
+  // scopes]), and `scope:blocks.1` means the layer's training ops, not its weights' creation.
+  std::string check(const OpEvent& e, int64_t step);
 
  private:
   std::string nonFiniteReason(const OpEvent& e);
