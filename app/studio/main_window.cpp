@@ -37,6 +37,7 @@
 #include "keel/views/op_table.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
+#include "keel/views/timeline_view.h"
 
 namespace keel::studio {
 
@@ -213,6 +214,7 @@ void MainWindow::buildDocks() {
   logView_ = new views::LogView(selection_, Side::A);
   lossPlot_ = new views::LossPlot;
   memoryView_ = new views::MemoryView(selection_, Side::A);
+  timeline_ = new views::TimelineView(selection_, Side::A);
   // The first-NaN/Inf banner sits above the inspector (and in the status bar); its button selects.
   statusBanner_ = new views::NonFiniteBanner;
   inspectorBanner_ = new views::NonFiniteBanner;
@@ -231,11 +233,14 @@ void MainWindow::buildDocks() {
   opsDock_ = opsDock;
   diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
   QDockWidget* logsDock = dock("Logs", "dock.logs", logView_, Qt::BottomDockWidgetArea);
-  QDockWidget* lossDock = dock("Loss", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
+  QDockWidget* lossDock = dock("Metrics", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
   memoryDock_ = dock("Memory", "dock.memory", memoryView_, Qt::BottomDockWidgetArea);
+  QDockWidget* timelineDock =
+      dock("Timeline", "dock.timeline", timeline_, Qt::BottomDockWidgetArea);
   tabifyDockWidget(opsDock, diffDock_);
   tabifyDockWidget(diffDock_, logsDock);
   tabifyDockWidget(logsDock, memoryDock_);
+  tabifyDockWidget(memoryDock_, timelineDock);
   // A live run's memory is reloaded when the Memory tab is looked at, not after every step.
   connect(memoryDock_, &QDockWidget::visibilityChanged, this, [this](bool visible) {
     if (visible && memoryStale_) loadMemory();
@@ -254,7 +259,8 @@ void MainWindow::buildDocks() {
   QMenu* view = menuBar()->actions().size() > 2 ? menuBar()->actions()[2]->menu() : nullptr;
   if (view) {
     view->addSeparator();
-    for (QDockWidget* d : {inspectorDock, opsDock, diffDock_, logsDock, memoryDock_, lossDock})
+    for (QDockWidget* d :
+         {inspectorDock, opsDock, diffDock_, logsDock, memoryDock_, timelineDock, lossDock})
       view->addAction(d->toggleViewAction());
   }
 }
@@ -345,6 +351,7 @@ void MainWindow::connectSources() {
     busy(1);
     graphA_->setStep(step);
     opTable_->setStep(step);
+    timeline_->setStep(step);
     busy(-1);
     if (pendingSelectA_) {
       selection_->select(Side::A, *pendingSelectA_, true);

@@ -27,6 +27,7 @@ class InspectorView;
 class LogView;
 class LossPlot;
 class MemoryView;
+class TimelineView;
 class NonFiniteBanner;
 class OpTableView;
 class RunSource;
@@ -69,6 +70,7 @@ class MainWindow : public QMainWindow {
   views::DiffView* diffView() { return diffView_; }
   views::LogView* logView() { return logView_; }
   views::LossPlot* lossPlot() { return lossPlot_; }
+  views::TimelineView* timeline() { return timeline_; }
   views::MemoryView* memoryView() { return memoryView_; }
   QAction* trackMemoryAction() { return trackMemoryAct_; }
   // The first-NaN/Inf banners: in the status bar and above the inspector.
@@ -128,6 +130,7 @@ class MainWindow : public QMainWindow {
   views::LogView* logView_;
   views::LossPlot* lossPlot_;
   views::MemoryView* memoryView_;
+  views::TimelineView* timeline_;
   views::NonFiniteBanner* statusBanner_ = nullptr;
   views::NonFiniteBanner* inspectorBanner_ = nullptr;
   QDockWidget* memoryDock_ = nullptr;

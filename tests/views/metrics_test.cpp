@@ -185,6 +185,7 @@ class MetricsTest : public QObject {
     v.setMetric(Metric::TokensPerSec);
     shoot(v, "compare_tps", {540, 300});
     v.setRuns(summaryOf(pathNaN_));
+    v.setMetric(Metric::Loss);
     shoot(v, "nan", {540, 300});
     v.setRuns(summaryOf(pathOne_));
     shoot(v, "one", {540, 300});

@@ -269,12 +269,13 @@ void LossPlot::rebuild() {
 
   const QString name = metricName(metric_);
   plot->yAxis->setLabel(name);
+  const QString title = name.left(1).toUpper() + name.mid(1);
   if (!a_ && !b_)
     impl_->title->setText(tr("Metrics per step — no recording open"));
   else if (!std::isfinite(yLo))
-    impl_->title->setText(tr("%1 per step — no finite value recorded").arg(name));
+    impl_->title->setText(tr("%1 per step — no finite value recorded").arg(title));
   else
-    impl_->title->setText(tr("%1 per step").arg(name));
+    impl_->title->setText(tr("%1 per step").arg(title));
 
   // Tick labels: plain numbers for big ones (tokens/s), powers of ten for tiny ones (learning
   // rates), four significant digits otherwise.
