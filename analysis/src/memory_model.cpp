@@ -311,14 +311,18 @@ double MemoryModel::fragmentationAfter(size_t i) const {
 // nothing beyond its live blocks, so it has neither. The replayed blocks carry the allocator's
 // rounded sizes, so with the whole run recorded the gaps add up to reserved - allocated.
 MemFigures MemoryModel::figuresAt(int64_t k) const {
+  if (events_.empty() || k < 0) return MemFigures{};
+  return figures(stateAt(k));
+}
+
+MemFigures MemoryModel::figures(const MemState& st) const {
   MemFigures f;
-  if (events_.empty() || k < 0) return f;
-  k = std::min<int64_t>(k, int64_t(events_.size()) - 1);
+  const int64_t k = st.cursor;
+  if (k < 0 || size_t(k) >= events_.size()) return f;
   f.event = k;
   f.allocated = allocated_[size_t(k)];
   f.reserved = reserved_[size_t(k)];
   f.cachedFree = f.reserved - std::min(f.allocated, f.reserved);
-  const MemState st = stateAt(k);
   size_t bi = 0;
   auto gaps = [&](uint64_t a0, uint64_t a1) {
     while (bi < st.blocks.size() && st.blocks[bi].address < a0) ++bi;

@@ -504,6 +504,7 @@ void MainWindow::startSession(const SessionConfig& config) {
 void MainWindow::showStep(int64_t step) {
   if (!sourceA_->isOpen()) return;
   shownStep_ = step;
+  memoryView_->showStep(step);  // the memory cursor follows the step shown
   if (stepSpin_->value() != step) {
     stepSpin_->blockSignals(true);
     stepSpin_->setValue(int(step));

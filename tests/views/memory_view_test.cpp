@@ -2,14 +2,18 @@
 // allocator events, the host allocator, and no allocator events): it shows the recorded event
 // count, scrubbing (API, slider, keys, a click on the timeline) shows the block map of that moment
 // (checked against a replay written here, and against the allocator's own allocatedAfter), block
-// tooltips say why a block is alive, and a click on a block selects its op and back; and the
-// section table over a hand-made model (analysis::MemoryModel itself: tests/analysis/).
+// tooltips say why a block is alive, and a click on a block selects its op and back; the figures
+// equal `keel memory stats` on the same recording; the active-memory bands, the cursor following
+// the step shown, step labels that never overlap; and the section table over a hand-made model
+// (analysis::MemoryModel itself: tests/analysis/).
 #include <QAbstractItemModelTester>
 #include <QLabel>
 #include <QSignalSpy>
 #include <QSlider>
 #include <QtTest>
+#include <cstring>
 #include <map>
+#include <tuple>
 
 #include "keel/storage/reader.h"
 #include "keel/views/memory_view.h"
@@ -123,6 +127,56 @@ uint64_t sum(const std::map<uint64_t, uint64_t>& blocks) {
   uint64_t s = 0;
   for (auto& [a, b] : blocks) s += b;
   return s;
+}
+
+// The rows of `keel memory stats`: label -> its values (one per column: peak, end, --event ...).
+std::map<QString, QStringList> statsRows(const std::string& out) {
+  std::map<QString, QStringList> rows;
+  for (const QString& line : QString::fromStdString(out).split('\n')) {
+    for (const char* label :
+         {"allocated (bytes)", "reserved (bytes)", "cached free (bytes)", "cached free / reserved",
+          "largest free block (bytes)", "free blocks", "fragmentation"}) {
+      if (!line.startsWith(QLatin1String(label) + "  ")) continue;
+      rows[label] = line.mid(int(std::strlen(label))).split(' ', Qt::SkipEmptyParts);
+    }
+  }
+  return rows;
+}
+
+QString pct(double x) {
+  return QString::number(100.0 * x, 'f', 1) + "%";
+}
+
+// A hand-made run of `steps` steps after an initialisation, `per` events each: every step
+// allocates a growing block and frees it, and keeps one small block (a leak).
+MemoryPtr stepsModel(int steps, int per) {
+  std::vector<MemRecord> events;
+  uint64_t allocated = 0, addr = 0x1000;
+  std::vector<std::pair<uint64_t, uint64_t>> live;
+  for (int st = 0; st <= steps; ++st)
+    for (int i = 0; i < per; ++i) {
+      MemRecord r;
+      r.step = st;
+      r.timeNs = int64_t(events.size() + 1);
+      if (i % 2 == 0 || live.empty()) {
+        r.kind = MemEventKind::Alloc;
+        r.address = addr;
+        r.bytes = 1024 * uint64_t(1 + i);
+        addr += 0x100000;
+        live.emplace_back(r.address, r.bytes);
+        allocated += r.bytes;
+      } else {
+        r.kind = MemEventKind::Free;
+        std::tie(r.address, r.bytes) = live.back();
+        live.pop_back();
+        allocated -= r.bytes;
+      }
+      r.allocatedAfter = r.reservedAfter = allocated;
+      events.push_back(r);
+    }
+  auto m = std::make_shared<MemoryModel>();
+  m->setEvents(std::move(events));
+  return m;
 }
 
 }  // namespace
@@ -243,8 +297,190 @@ class MemoryViewTest : public QObject {
     const QPoint at = view.timelinePoint(int64_t(n / 2));
     QVERIFY(at.x() >= 0);
     QTest::mouseClick(view.timeline(), Qt::LeftButton, {}, at);
-    check(n / 2);
+    // With more events than pixels, a pixel stands for a couple of events: the one under it.
+    QVERIFY2(std::abs(view.cursor() - int64_t(n / 2)) <= 2,
+             qPrintable(QString::number(view.cursor())));
+    check(size_t(view.cursor()));
     QCOMPARE(moved.count(), 1);
+  }
+
+  // `keel memory stats` on a recording prints the figures the studio shows for it: cached free
+  // and fragmentation, at the peak and at any event, the same numbers through the real binary.
+  void figuresEqualTheCliForTheSameRecording_data() {
+    QTest::addColumn<QString>("path");
+    QTest::newRow("vmm") << vmm_;
+    QTest::newRow("caching") << caching_;
+  }
+  void figuresEqualTheCliForTheSameRecording() {
+    QFETCH(QString, path);
+    MemoryPtr memory = loadMemory(path);
+    QVERIFY(memory);
+    const int64_t k = int64_t(memory->eventCount() * 2 / 3);
+    std::string out;
+    QCOMPARE(test::runKeel("memory stats '" + path.toStdString() + "' --event " + std::to_string(k),
+                           &out),
+             0);
+    auto rows = statsRows(out);
+    QCOMPARE(rows.size(), size_t(7));
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.resize(1200, 700);
+    view.setMemory(memory);
+    view.setCursor(k);
+    const MemFigures peak = view.peakFigures(), at = view.figures();
+    QCOMPARE(peak.event, memory->peakEvent());
+    QCOMPARE(at.event, k);
+    // Columns: peak, end, event k.
+    for (int c : {0, 2}) {
+      const MemFigures& f = c == 0 ? peak : at;
+      QCOMPARE(rows["allocated (bytes)"][c], QString::number(f.allocated));
+      QCOMPARE(rows["reserved (bytes)"][c], QString::number(f.reserved));
+      QCOMPARE(rows["cached free (bytes)"][c], QString::number(f.cachedFree));
+      QCOMPARE(rows["cached free / reserved"][c], pct(f.cachedShare()));
+      QCOMPARE(rows["largest free block (bytes)"][c], QString::number(f.largestFree));
+      QCOMPARE(rows["free blocks"][c], QString::number(f.freeBlocks));
+      QCOMPARE(rows["fragmentation"][c], pct(f.fragmentation()));
+    }
+    // The allocator's figures, and the replayed free blocks add up to reserved - allocated.
+    QCOMPARE(at.allocated, memory->event(size_t(k)).allocatedAfter);
+    QCOMPARE(at.reserved, memory->event(size_t(k)).reservedAfter);
+    uint64_t freeBytes = 0;
+    for (const MemPiece& p : view.layout().pieces)
+      if (p.kind == MemPiece::Kind::Free) freeBytes += p.bytes;
+    QCOMPARE(freeBytes, at.cachedFree);
+    QVERIFY(peak.largestFree > 0 && peak.largestFree <= peak.cachedFree);
+    // Both figures are shown, named for what they are, with these numbers.
+    auto bytes = [](uint64_t b) { return QString::fromStdString(keel::formatBytes(b)); };
+    const QString h = view.headerText();
+    QVERIFY2(h.contains(QString("cached free %1 (%2 of reserved)")
+                            .arg(bytes(peak.cachedFree), pct(peak.cachedShare()))),
+             qPrintable(h));
+    QVERIFY2(h.contains(QString("largest free block %1").arg(bytes(peak.largestFree))),
+             qPrintable(h));
+    QVERIFY2(h.contains(QString("fragmentation %1").arg(pct(peak.fragmentation()))), qPrintable(h));
+    const QString c = view.mapCaption();
+    QVERIFY2(c.contains(QString("cached free %1 (%2 of reserved)")
+                            .arg(bytes(at.cachedFree), pct(at.cachedShare()))),
+             qPrintable(c));
+    QVERIFY2(c.contains(QString("largest free block %1").arg(bytes(at.largestFree))),
+             qPrintable(c));
+    QVERIFY2(c.contains(QString("fragmentation %1").arg(pct(at.fragmentation()))), qPrintable(c));
+  }
+
+  // The active-memory timeline draws a band for every live allocation (its stack's top is the
+  // live bytes), and a band's tooltip names the allocation's op.
+  void activeMemoryDrawsABandPerLiveAllocation() {
+    MemoryPtr memory = loadMemory(caching_);
+    QVERIFY(memory);
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.resize(1200, 700);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setMemory(memory);
+    view.layoutActive();
+    const MemBands& b = view.activeBands();
+    QVERIFY(!b.columns.empty());
+    QCOMPARE(b.first, int64_t(0));
+    QCOMPARE(b.last, view.eventCount() - 1);
+    QVERIFY(b.columns.size() <= size_t(view.activeMemory()->width()));
+    for (const MemBandColumn& c : b.columns) {
+      const MemState st = memory->stateAt(c.event);
+      QCOMPARE(c.total, st.liveBytes);
+      uint64_t blocks = 0;
+      for (const MemBandSlice& s : c.slices) blocks += s.blocks;
+      QCOMPARE(blocks, uint64_t(st.blocks.size()));
+    }
+    // The peak's column: its largest band, hovered, is that block's allocation.
+    auto col = std::find_if(b.columns.begin(), b.columns.end(), [&](const MemBandColumn& c) {
+      return c.firstEvent <= memory->peakEvent() && memory->peakEvent() <= c.lastEvent;
+    });
+    QVERIFY(col != b.columns.end());
+    QCOMPARE(col->event, memory->peakEvent());
+    const MemBandSlice big = *std::max_element(
+        col->slices.begin(), col->slices.end(),
+        [](const MemBandSlice& x, const MemBandSlice& y) { return x.bytes < y.bytes; });
+    QVERIFY(big.allocEvent != kMergedBands);
+    const QPoint at = view.activePoint(col->event, big.base + big.bytes / 2);
+    const QImage img = view.activeMemory()->grab().toImage();
+    QVERIFY(img.pixelColor(at) != view.activeMemory()->palette().base().color());
+    const QString tip = view.activeToolTip(at);
+    QVERIFY2(tip.contains(QString("allocated at event %1").arg(big.allocEvent)), qPrintable(tip));
+    QVERIFY2(tip.contains("<b>op</b>"), qPrintable(tip));
+    // A range selection replays only that range.
+    const int64_t lo = memory->peakEvent() - 20, hi = memory->peakEvent() + 20;
+    view.setRange(lo, hi);
+    view.layoutActive();
+    QCOMPARE(view.range(), std::make_pair(lo, hi));
+    QCOMPARE(view.activeBands().first, lo);
+    QCOMPARE(view.activeBands().last, hi);
+    QCOMPARE(view.activeBands().columns.size(), size_t(41));
+  }
+
+  // The cursor follows the step the studio shows: to that step's peak, unless it is there already;
+  // a step asked for before the model came applies when it comes.
+  void cursorFollowsShowStep() {
+    MemoryPtr memory = loadMemory(caching_);
+    QVERIFY(memory);
+    auto peakOf = [&](int64_t step) {
+      int64_t best = -1;
+      for (size_t i = 0; i < memory->eventCount(); ++i)
+        if (memory->event(i).step == step &&
+            (best < 0 || memory->allocatedAfter(i) > memory->allocatedAfter(size_t(best))))
+          best = int64_t(i);
+      return best;
+    };
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.resize(1200, 700);
+    view.showStep(1);
+    view.setMemory(memory);
+    QCOMPARE(view.cursor(), peakOf(1));
+    view.showStep(2);
+    QCOMPARE(view.cursor(), peakOf(2));
+    QVERIFY(peakOf(2) != peakOf(1));
+    view.showStep(0);
+    QCOMPARE(view.cursor(), peakOf(0));
+    // Already in the step: the cursor stays.
+    const int64_t inStep2 = peakOf(2) + 1;
+    QCOMPARE(memory->event(size_t(inStep2)).step, int64_t(2));
+    view.setCursor(inStep2);
+    view.showStep(2);
+    QCOMPARE(view.cursor(), inStep2);
+  }
+
+  // Step labels on the timeline never overlap, at 25 steps in a narrow and a wide window, and
+  // zooming in shows the labels that did not fit.
+  void stepLabelsDoNotOverlapAt25Steps() {
+    MemoryPtr memory = stepsModel(25, 40);
+    QCOMPARE(memory->stepStarts().size(), size_t(26));
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setMemory(memory);
+    for (QSize size : {QSize(700, 600), QSize(1366, 500), QSize(1900, 700)}) {
+      view.resize(size);
+      QCoreApplication::processEvents();
+      view.setRange(0, view.eventCount() - 1);
+      const QVector<QRect> rects = view.stepLabelRects();
+      QVERIFY2(rects.size() >= 4, qPrintable(QString::number(rects.size())));
+      const QRect plot = view.timeline()->rect();
+      for (int i = 0; i < rects.size(); ++i) {
+        QVERIFY(plot.contains(rects[i]));
+        for (int j = i + 1; j < rects.size(); ++j)
+          QVERIFY2(!rects[i].intersects(rects[j]),
+                   qPrintable(QString("labels %1 and %2 overlap at %3x%4")
+                                  .arg(view.stepLabelTexts()[i], view.stepLabelTexts()[j])
+                                  .arg(size.width())
+                                  .arg(size.height())));
+      }
+    }
+    // Zoomed to three steps, each of them is labelled.
+    view.setRange(40 * 10, 40 * 13 - 1);
+    const QStringList shown = view.stepLabelTexts();
+    for (const char* label : {"step 10", "step 11", "step 12"})
+      QVERIFY2(shown.contains(label), qPrintable(shown.join(", ")));
   }
 
   void blocksSayWhyTheyAreAlive() {

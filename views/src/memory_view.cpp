@@ -1,6 +1,7 @@
-// MemoryView: see memory_view.h. Builds the widgets, follows the shared Selection and moves the
-// cursor (each move recomputes one MemState from checkpoints: see Note [Memory replay]). Its parts:
-// memory_view_{timeline,block_map,histogram,sections}.cpp, over the private memory_view_impl.h.
+// MemoryView: see memory_view.h. Builds the widgets, follows the shared Selection and the step
+// shown, and moves the cursor (each move recomputes one MemState from checkpoints: see Note
+// [Memory replay]). Its parts: memory_view_{timeline,active,block_map,histogram,sections}.cpp,
+// over the private memory_view_impl.h.
 #include <QCheckBox>
 #include <QComboBox>
 #include <QHBoxLayout>
@@ -12,6 +13,8 @@
 #include <QTabWidget>
 #include <QTableView>
 #include <QVBoxLayout>
+#include <cmath>
+#include <utility>
 
 #include "keel/views/selection.h"
 #include "memory_view_impl.h"
@@ -115,6 +118,9 @@ void MemoryView::Impl::build() {
   auto* timelinePane = new QWidget(content);
   buildTimeline();
   plot->setParent(timelinePane);
+  buildActive();
+  active->setParent(timelinePane);
+  activeCaption->setParent(timelinePane);
   slider = new QSlider(Qt::Horizontal, timelinePane);
   slider->setObjectName("memorySlider");
   slider->setFocusPolicy(Qt::NoFocus);
@@ -132,7 +138,9 @@ void MemoryView::Impl::build() {
   auto* tl = new QVBoxLayout(timelinePane);
   tl->setContentsMargins(0, 0, 0, 0);
   tl->setSpacing(2);
-  tl->addWidget(plot, 1);
+  tl->addWidget(activeCaption);
+  tl->addWidget(active, 3);
+  tl->addWidget(plot, 2);
   tl->addWidget(slider);
   tl->addWidget(cursorLabel);
 
@@ -161,6 +169,7 @@ void MemoryView::Impl::build() {
     if (a.opSeq && selection) selection->select(side, a.opSeq);
     refreshHighlight();
     const MemOp* o = a.opSeq ? mem->op(a.opSeq) : nullptr;
+    stepEcho = o ? o->step : a.step;  // the studio shows that step: keep the cursor here
     emit q->blockClicked(quint64(a.opSeq), qint64(o ? o->step : a.step));
   };
   legend = new QLabel(mapPane);
@@ -209,8 +218,8 @@ void MemoryView::Impl::build() {
   main->setObjectName("memorySplitter");
   main->addWidget(timelinePane);
   main->addWidget(lower);
-  main->setStretchFactor(0, 2);
-  main->setStretchFactor(1, 3);
+  main->setStretchFactor(0, 1);
+  main->setStretchFactor(1, 1);
   main->setChildrenCollapsible(false);
 
   auto* cl = new QVBoxLayout(content);
@@ -271,12 +280,13 @@ void MemoryView::setMemory(MemoryPtr memory) {
   if (d.count() > 0) {
     if (old && oldCount > 0) {  // a refresh of the same run
       k = wasAtEnd ? d.count() - 1 : std::min(oldCursor, d.count() - 1);
-    } else {  // a fresh recording opens at its peak of allocated memory
-      k = 0;
-      for (size_t i = 1; i < d.mem->eventCount(); ++i)
-        if (d.mem->allocatedAfter(i) > d.mem->allocatedAfter(size_t(k))) k = int64_t(i);
+    } else {  // a fresh recording opens at the peak of the step shown, or of the run
+      k = d.mem->peakEvent();
+      if (d.pendingStep)
+        if (int64_t p = d.peakOfStep(*d.pendingStep); p >= 0) k = p;
     }
   }
+  d.peakFigures = d.mem ? d.mem->figuresAtPeak() : analysis::MemFigures{};
   d.headerCache = d.computeHeader();
   d.opColors.clear();
   if (d.mem)
@@ -301,6 +311,11 @@ void MemoryView::Impl::moveTo(int64_t k, bool force) {
   if (k == cursor && !force) return;
   cursor = k;
   state = mem ? mem->stateAt(k) : MemState{};
+  figures = mem ? mem->figures(state) : analysis::MemFigures{};
+  if (active) {
+    active->cursor = k;
+    active->update();
+  }
   layout = layoutMemory(state, scale);
   map->layout = &layout;
   map->hover = -1;
@@ -367,17 +382,92 @@ QString MemoryView::headerText() const {
 QString MemoryView::Impl::computeHeader() const {
   const MemoryModel* m = mem.get();
   if (!m || m->eventCount() == 0) return {};
-  // Fragmentation at peak, as AllocatorStats::peakFragmentation defines it (docs/memory.md):
-  // 1 - peak allocated / peak reserved, the figure `keel bench allocator` reports.
-  const double frag = m->peakReserved() == 0
-                          ? 0.0
-                          : 100.0 * (1.0 - double(m->peakAllocated()) / double(m->peakReserved()));
+  // The figures of Note [Memory figures], as `keel memory stats` prints them: at the peak of
+  // allocated memory, cached free (reserved - allocated) and fragmentation (largest free block
+  // against free memory) are two different things, and both are named.
+  const analysis::MemFigures& f = peakFigures;
   QString kind = qs(m->allocatorKind());
-  return tr("<b>%1</b> allocator events · %2 allocator · peak allocated %3 · peak reserved %4 · "
-            "fragmentation at peak %5%")
-      .arg(m->eventCount())
-      .arg(kind, bytesText(m->peakAllocated()), bytesText(m->peakReserved()))
-      .arg(frag, 0, 'f', 1);
+  QString s = tr("<b>%1</b> allocator events · %2 allocator · peak allocated %3 · peak reserved %4")
+                  .arg(m->eventCount())
+                  .arg(kind, bytesText(m->peakAllocated()), bytesText(m->peakReserved()));
+  if (m->hasSegments())
+    s += tr(" · at the peak (event %1): cached free %2 (%3% of reserved), largest free block %4, "
+            "fragmentation %5%")
+             .arg(f.event)
+             .arg(bytesText(f.cachedFree))
+             .arg(100.0 * f.cachedShare(), 0, 'f', 1)
+             .arg(bytesText(f.largestFree))
+             .arg(100.0 * f.fragmentation(), 0, 'f', 1);
+  return s;
+}
+
+analysis::MemFigures MemoryView::figures() const {
+  return d_->figures;
+}
+analysis::MemFigures MemoryView::peakFigures() const {
+  return d_->peakFigures;
+}
+
+int64_t MemoryView::Impl::peakOfStep(int64_t step) const {
+  if (!mem) return -1;
+  const auto& starts = mem->stepStarts();
+  int64_t best = -1;
+  for (size_t s = 0; s < starts.size(); ++s) {
+    if (starts[s].second != step) continue;
+    const size_t end = s + 1 < starts.size() ? starts[s + 1].first : mem->eventCount();
+    for (size_t i = starts[s].first; i < end; ++i)
+      if (best < 0 || mem->allocatedAfter(i) > mem->allocatedAfter(size_t(best))) best = int64_t(i);
+  }
+  return best;
+}
+
+void MemoryView::showStep(int64_t step) {
+  Impl& d = *d_;
+  d.pendingStep = step;
+  if (std::exchange(d.stepEcho, -2) == step) return;  // the step of a block clicked here
+  if (!d.mem || d.count() == 0) return;
+  if (d.cursor >= 0 && d.mem->event(size_t(d.cursor)).step == step) return;
+  if (int64_t k = d.peakOfStep(step); k >= 0) d.moveTo(k);
+}
+
+void MemoryView::setRange(int64_t first, int64_t last) {
+  Impl& d = *d_;
+  if (d.count() == 0) return;
+  first = std::clamp<int64_t>(first, 0, d.count() - 1);
+  last = std::clamp<int64_t>(last, first, d.count() - 1);
+  d.plot->xAxis->setRange(double(first) - 0.5, double(last) + 0.5);
+  d.clampRange();
+  d.placeStepLabels();
+  d.plot->replot();
+  d.syncActive();
+}
+
+std::pair<int64_t, int64_t> MemoryView::range() const {
+  const QCPRange r = d_->plot->xAxis->range();
+  const int64_t n = std::max<int64_t>(d_->count(), 1);
+  return {std::clamp<int64_t>(int64_t(std::ceil(r.lower)), 0, n - 1),
+          std::clamp<int64_t>(int64_t(std::floor(r.upper)), 0, n - 1)};
+}
+
+QWidget* MemoryView::activeMemory() const {
+  return d_->active;
+}
+const analysis::MemBands& MemoryView::activeBands() const {
+  return d_->active->bands;
+}
+void MemoryView::layoutActive() {
+  d_->syncActive();
+  d_->active->rebuild();
+}
+QString MemoryView::activeToolTip(QPoint pos) const {
+  const auto [ev, at] = d_->active->bandAt(pos);
+  return ev >= 0 ? d_->activeTip(uint32_t(ev), at) : QString();
+}
+QPoint MemoryView::activePoint(int64_t event, uint64_t bytes) const {
+  const ActiveMemory& a = *d_->active;
+  const QRect r = a.area();
+  return {int(std::lround(a.xOf(double(event)))),
+          int(std::lround(double(r.bottom() + 1) - double(bytes) / a.yMax * double(r.height())))};
 }
 
 QString MemoryView::cursorText() const {

@@ -120,7 +120,7 @@ void BlockMap::paintEvent(QPaintEvent*) {
     return;
   }
   const Geo g = geo();
-  const QBrush hatch(kUnmapped, Qt::BDiagPattern);
+  const QBrush hatch(QColor(255, 255, 255, 110), Qt::BDiagPattern);
   std::vector<QRectF> marks;
   for (const MemPiece& piece : layout->pieces) {
     QColor fill;
@@ -138,7 +138,7 @@ void BlockMap::paintEvent(QPaintEvent*) {
         fill = kFree;
         break;
       case MemPiece::Kind::Unmapped:
-        fill = Qt::white;
+        fill = kUnmapped;
         break;
     }
     forEachRect(g, piece, [&](const QRectF& r, bool start) {
@@ -234,8 +234,8 @@ void MemoryView::Impl::updateLegend() {
   } else {
     parts << legendSwatch(kAllocated, tr("allocated"));
   }
-  parts << legendSwatch(kFree.darker(115), tr("free"))
-        << legendSwatch(kUnmapped, tr("unmapped"), true)
+  parts << legendSwatch(kFree.darker(112), tr("free (reusable)"))
+        << legendSwatch(kUnmapped, tr("unmapped (no memory behind it)"), true)
         << QStringLiteral("<span style='color:#333'>&#9613;</span>&nbsp;") +
                tr("gap elided / new segment run")
         << QStringLiteral("<span style='color:%1'>&#9633;</span>&nbsp;").arg(kHighlight.name()) +
@@ -318,6 +318,16 @@ QString MemoryView::mapCaption() const {
                    .arg(unmapped)
              : (mapped == 1 ? tr(" in 1 segment (%1)").arg(bytesText(mappedBytes))
                             : tr(" in %1 segments (%2)").arg(mapped).arg(bytesText(mappedBytes)));
+  if (d.mem->hasSegments()) {  // Note [Memory figures], as `keel memory stats` prints them
+    const analysis::MemFigures& f = d.figures;
+    s += tr("<br>cached free %1 (%2% of reserved) in %3 · largest free block %4 · "
+            "fragmentation %5%")
+             .arg(bytesText(f.cachedFree))
+             .arg(100.0 * f.cachedShare(), 0, 'f', 1)
+             .arg(f.freeBlocks == 1 ? tr("1 free block") : tr("%1 free blocks").arg(f.freeBlocks))
+             .arg(bytesText(f.largestFree))
+             .arg(100.0 * f.fragmentation(), 0, 'f', 1);
+  }
   if (d.layout.blocksOutside)
     s += tr("; %1 outside segments, laid out by address with gaps elided")
              .arg(blocksText(d.layout.blocksOutside));
@@ -327,8 +337,11 @@ QString MemoryView::mapCaption() const {
 QString MemoryView::blockToolTip(size_t index) const {
   const Impl& d = *d_;
   if (!d.mem || index >= d.state.blocks.size()) return {};
-  const MemoryModel& m = *d.mem;
-  const MemBlock& b = d.state.blocks[index];
+  return allocationTip(*d.mem, d.state.blocks[index], d.cursor);
+}
+
+QString memory_detail::allocationTip(const MemoryModel& m, const MemBlock& b, int64_t cursor) {
+  auto tr = [](const char* s) { return MemoryView::tr(s); };
   const storage::MemRecord& a = m.allocOf(b);
   QString t = tr("<b>%1</b> at %2").arg(bytesText(b.bytes), hexAddr(b.address));
   if (a.bufferId) t += tr(" · buffer %1").arg(a.bufferId);
@@ -351,7 +364,7 @@ QString MemoryView::blockToolTip(size_t index) const {
                  : tr("<br><b>op</b>: allocated outside ops (%1)")
                        .arg(a.step == 0 ? tr("initialisation") : tr("step %1").arg(a.step));
   }
-  t += tr("<br><b>alive because</b>: %1").arg(qs(m.whyAlive(b, d.cursor).text).toHtmlEscaped());
+  t += tr("<br><b>alive because</b>: %1").arg(qs(m.whyAlive(b, cursor).text).toHtmlEscaped());
   t += tr("<br>allocated at event %1").arg(b.allocEvent);
   if (const auto* frames = a.stackId >= 0 ? m.stack(a.stackId) : nullptr;
       frames && !frames->empty()) {

@@ -1,16 +1,19 @@
 // The memory view's private pieces, shared by memory_view*.cpp: text and colour helpers, the
-// painted block map widget (BlockMap) and MemoryView::Impl, which holds the widgets, the cursor's
-// MemState and MemLayout, and the highlight. Nothing outside views/src includes this.
+// painted block map (BlockMap) and active-memory timeline (ActiveMemory) widgets and
+// MemoryView::Impl, which holds the widgets, the cursor's MemState and MemLayout, and the
+// highlight. Nothing outside views/src includes this.
 #pragma once
 #include <qcustomplot.h>
 
 #include <QColor>
+#include <QImage>
 #include <QString>
 #include <QStringList>
 #include <QWidget>
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,8 +52,11 @@ inline QString blocksText(uint64_t n) {
 }
 
 inline const QColor kAllocated(0x4c, 0x78, 0xa8);
-inline const QColor kFree(0xe9, 0xec, 0xef);
-inline const QColor kUnmapped(0xb0, 0xb0, 0xb0);
+// Free space (reusable, pale green) and unmapped chunks (no memory behind them, dark grey,
+// hatched) must never be confused: they mean opposite things.
+inline const QColor kFree(0xcd, 0xe8, 0xc6);
+inline const QColor kUnmapped(0x6e, 0x6e, 0x6e);
+inline const QColor kMergedBlocks(0xb8, 0xb8, 0xb8);
 inline const QColor kParameter(0x1f, 0x5f, 0x3f);
 inline const QColor kOptimizer(0x5b, 0x2c, 0x83);
 inline const QColor kData(0xc4, 0x51, 0x00);
@@ -60,6 +66,56 @@ inline const QColor kHighlight(0xd6, 0x27, 0x28);
 // Colour of a live block by owner: tagged blocks in fixed colours, others by their op's name.
 QColor ownerColor(const analysis::MemoryModel& m, const analysis::MemBlock& b,
                   const std::unordered_map<std::string, QColor>& opColors);
+
+// The rich-text tooltip of a live block (or of an allocation's band, with its alloc address):
+// size, tensor, op, why it is alive at `cursor`, the first frames of its allocation's stack.
+QString allocationTip(const analysis::MemoryModel& m, const analysis::MemBlock& b, int64_t cursor);
+
+// The active-memory timeline (Note [Active memory bands] in analysis/src/memory_model.cpp): every
+// live allocation a band, stacked in allocation order over the events of the range shown (the
+// timeline plot's x range, so both share one x axis), drawn one pixel column at a time into an
+// image that is rebuilt only when the range or size changes; cursor moves repaint only the line.
+class ActiveMemory : public QWidget {
+ public:
+  explicit ActiveMemory(QWidget* parent);
+
+  const analysis::MemoryModel* model = nullptr;
+  double lower = -0.5, upper = 0.5;  // the x range in event coordinates (as the plot's)
+  int axisLeft = 0, axisRight = 0;   // pixels left and right of the band area (the plot's margins)
+  int64_t cursor = -1;
+  std::vector<std::pair<size_t, int64_t>> steps;  // first event of each step
+  std::function<QColor(uint32_t allocEvent)> color;
+  std::function<QString(uint32_t allocEvent, int64_t event)> tipFor;
+  std::function<void(int64_t event)> clicked;
+  std::function<void(int64_t first, int64_t last)> rangeSelected;  // Shift+drag
+  std::function<void()> resetRange;                                // double click
+
+  analysis::MemBands bands;  // what is drawn
+  double yMax = 1;           // bytes at the top of the band area
+  QRect area() const;        // the band area in widget coordinates
+  double xOf(double event) const;
+  int64_t eventAt(double x) const;
+  // The band under `pos`: (alloc event, the column's event); alloc event kMergedBands over merged
+  // small blocks; (-1, -1) over nothing.
+  std::pair<int64_t, int64_t> bandAt(QPoint pos) const;
+  void invalidate();   // the range, size or colours changed: rebuild the image at the next paint
+  void rebuild();      // rebuild now (the benchmark and tests call it)
+  int selecting = -1;  // Shift+drag start (pixels), -1 when not selecting
+  int selectX = -1;
+
+ protected:
+  void paintEvent(QPaintEvent*) override;
+  bool event(QEvent* e) override;
+  void resizeEvent(QResizeEvent*) override;
+  void mousePressEvent(QMouseEvent* e) override;
+  void mouseMoveEvent(QMouseEvent* e) override;
+  void mouseReleaseEvent(QMouseEvent* e) override;
+  void mouseDoubleClickEvent(QMouseEvent* e) override;
+
+ private:
+  QImage image_;
+  bool dirty_ = true;
+};
 
 // The painted block map: pieces laid end to end, wrapped into rows.
 class BlockMap : public QWidget {
@@ -143,6 +199,12 @@ struct MemoryView::Impl {
   QCPLayer* cursorLayer = nullptr;
   QCPItemStraightLine* cursorLine = nullptr;
   QCPItemText* cursorTag = nullptr;
+  std::vector<QCPItemText*> stepLabels;  // one per step start; shown where they do not overlap
+  memory_detail::ActiveMemory* active = nullptr;
+  QLabel* activeCaption = nullptr;
+  analysis::MemFigures figures, peakFigures;  // at the cursor, at the peak of allocated
+  std::optional<int64_t> pendingStep;         // showStep() before the model came
+  int64_t stepEcho = -2;  // the step of the block this view clicked (its showStep echo is ignored)
   QSlider* slider = nullptr;
   QLabel* cursorLabel = nullptr;
   memory_detail::BlockMap* map = nullptr;
@@ -167,6 +229,11 @@ struct MemoryView::Impl {
   void rebuildTimeline();
   void moveTo(int64_t k, bool force = false);
   void placeCursorLine(int64_t k);  // the timeline's cursor line and tag at event k
+  void placeStepLabels();           // shows the step labels that fit, hides the rest
+  void buildActive();
+  void syncActive();  // the active-memory timeline follows the plot's x range
+  QString activeTip(uint32_t allocEvent, int64_t event) const;
+  int64_t peakOfStep(int64_t step) const;  // the event of most allocated in step (-1: none)
   void refreshHighlight();
   void updateHistogram();
   void updateTexts();

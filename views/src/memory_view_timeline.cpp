@@ -1,10 +1,12 @@
-// The memory view's timeline: allocated, reserved and fragmentation after each allocator event
-// (QCustomPlot, step boundaries marked), the cursor line on its own buffered layer so a cursor move
-// replots only that, and the mouse: click or drag scrubs, right/middle drag pans, wheel zooms.
+// The memory view's timeline: allocated, reserved and cached free memory after each allocator
+// event (QCustomPlot, step boundaries marked, step labels only where they fit), the cursor line on
+// its own buffered layer so a cursor move replots only that, and the mouse: click or drag scrubs,
+// right/middle drag pans, wheel zooms; the active-memory bands above follow its x range.
 #include <QMouseEvent>
 #include <QSlider>
 #include <QToolTip>
 #include <cmath>
+#include <limits>
 
 #include "memory_view_impl.h"
 
@@ -25,7 +27,7 @@ void MemoryView::Impl::buildTimeline() {
   plot->xAxis->setLabel(tr("allocator event #"));
   plot->yAxis->setLabel(tr("bytes"));
   plot->yAxis2->setVisible(true);
-  plot->yAxis2->setLabel(tr("fragmentation %"));
+  plot->yAxis2->setLabel(tr("cached free, % of reserved"));
   plot->yAxis2->setRange(0, 100);
   const QFont small = smallFont(0.85);
   for (QCPAxis* ax : {plot->xAxis, plot->yAxis, plot->yAxis2}) {
@@ -45,6 +47,10 @@ void MemoryView::Impl::buildTimeline() {
   cursorLayer = plot->layer("cursor");
   cursorLayer->setMode(QCPLayer::lmBuffered);
   plot->setToolTip(QString());
+  // The bands follow the x range; step labels are re-fitted to it.
+  QObject::connect(plot->xAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), q,
+                   [this](const QCPRange&) { placeStepLabels(); });
+  QObject::connect(plot, &QCustomPlot::afterReplot, q, [this] { syncActive(); });
 
   QObject::connect(plot, &QCustomPlot::mousePress, q, [this](QMouseEvent* e) {
     if (!mem || !mem->eventCount()) return;
@@ -95,6 +101,7 @@ void MemoryView::Impl::buildTimeline() {
 void MemoryView::Impl::rebuildTimeline() {
   plot->clearGraphs();
   plot->clearItems();
+  stepLabels.clear();
   cursorLine = nullptr;
   cursorTag = nullptr;
   const int64_t n = count();
@@ -121,7 +128,7 @@ void MemoryView::Impl::rebuildTimeline() {
     x[i] = double(i);
     a[i] = double(mem->allocatedAfter(size_t(i))) / unit;
     r[i] = double(mem->reservedAfter(size_t(i))) / unit;
-    f[i] = 100.0 * mem->fragmentationAfter(size_t(i));
+    f[i] = 100.0 * mem->fragmentationAfter(size_t(i));  // (reserved - allocated) / reserved
   }
   QCPGraph* gr = plot->addGraph(plot->xAxis, plot->yAxis);
   gr->setName(tr("reserved"));
@@ -135,7 +142,7 @@ void MemoryView::Impl::rebuildTimeline() {
   ga->setLineStyle(QCPGraph::lsStepLeft);
   ga->setData(x, a, true);
   QCPGraph* gf = plot->addGraph(plot->xAxis, plot->yAxis2);
-  gf->setName(tr("fragmentation %"));
+  gf->setName(tr("cached free % (reserved − allocated)"));
   gf->setPen(QPen(QColor(0x70, 0x70, 0x70), 1, Qt::DotLine));
   gf->setLineStyle(QCPGraph::lsStepLeft);
   gf->setData(x, f, true);
@@ -154,11 +161,10 @@ void MemoryView::Impl::rebuildTimeline() {
       line->point1->setCoords(bx, 0);
       line->point2->setCoords(bx, 1);
     }
-    // Labels while few, and none crowding the next one (the later label wins).
-    const bool crowded =
-        s + stride < starts.size() && starts[s + stride].first - starts[s].first < size_t(n / 25);
-    if (starts.size() <= 24 && !crowded) {
+    // Labelled where they fit: placeStepLabels() hides those that would overlap.
+    {
       auto* label = new QCPItemText(plot);
+      stepLabels.push_back(label);
       label->setClipToAxisRect(true);
       label->position->setTypeX(QCPItemPosition::ptPlotCoords);
       label->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
@@ -184,7 +190,44 @@ void MemoryView::Impl::rebuildTimeline() {
   cursorTag->setColor(kHighlight.darker(130));
   cursorTag->setBrush(QColor(255, 255, 255, 210));
   cursorTag->setPadding(QMargins(3, 1, 3, 1));
+  placeStepLabels();
   plot->replot();
+}
+
+// Step labels: left to right, a label shows only when it starts past the end of the last one
+// shown (plus a gap) and ends inside the plot; at 20+ steps every other one (or fewer) shows.
+void MemoryView::Impl::placeStepLabels() {
+  const QRect ar = plot->axisRect()->rect();
+  const QFontMetrics fm(smallFont(0.8));
+  int shownRight = std::numeric_limits<int>::min();
+  for (QCPItemText* label : stepLabels) {
+    const double px = plot->xAxis->coordToPixel(label->position->coords().x());
+    const int w = fm.horizontalAdvance(label->text()) + 6;
+    const int left = int(std::floor(px));
+    const bool fits = left >= ar.left() - 1 && left + w <= ar.right() + 1 && left > shownRight + 4;
+    label->setVisible(fits);
+    if (fits) shownRight = left + w;
+  }
+}
+
+QVector<QRect> MemoryView::stepLabelRects() const {
+  QVector<QRect> out;
+  const QFontMetrics fm(d_->smallFont(0.8));
+  for (QCPItemText* label : d_->stepLabels) {
+    if (!label->visible()) continue;
+    const double px = d_->plot->xAxis->coordToPixel(label->position->coords().x());
+    const int w = fm.horizontalAdvance(label->text()) + 6;
+    const int h = fm.height() + 2;
+    out.push_back(QRect(int(std::floor(px)), d_->plot->axisRect()->rect().top() - h, w, h));
+  }
+  return out;
+}
+
+QStringList MemoryView::stepLabelTexts() const {
+  QStringList out;
+  for (QCPItemText* label : d_->stepLabels)
+    if (label->visible()) out << label->text();
+  return out;
 }
 
 int64_t MemoryView::Impl::eventAtPixel(double px) const {
@@ -230,11 +273,12 @@ QString MemoryView::Impl::eventText(int64_t k) const {
                   o->scope.empty() ? QString() : ", " + qs(o->scope));
   else
     op = e.opSeq ? tr("op #%1").arg(e.opSeq) : tr("outside ops");
-  return tr("Event %1 of %2: %3 · %4 · %5 · allocated %6, reserved %7, fragmentation %8%")
+  const uint64_t al = mem->allocatedAfter(size_t(k)), re = mem->reservedAfter(size_t(k));
+  return tr("Event %1 of %2: %3 · %4 · %5 · allocated %6, reserved %7, cached free %8 (%9%)")
       .arg(k)
       .arg(count())
-      .arg(what, op, e.step == 0 ? tr("initialisation") : tr("step %1").arg(e.step),
-           bytesText(mem->allocatedAfter(size_t(k))), bytesText(mem->reservedAfter(size_t(k))))
+      .arg(what, op, e.step == 0 ? tr("initialisation") : tr("step %1").arg(e.step), bytesText(al),
+           bytesText(re), bytesText(re - std::min(al, re)))
       .arg(100.0 * mem->fragmentationAfter(size_t(k)), 0, 'f', 1);
 }
 

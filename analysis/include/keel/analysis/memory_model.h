@@ -211,6 +211,8 @@ class MemoryModel {
 
   // The figures right after event k (see MemFigures); -1: before the first event.
   MemFigures figuresAt(int64_t k) const;
+  // The same from a state stateAt() returned (its cursor names the event).
+  MemFigures figures(const MemState& state) const;
   // The figures at the event where allocated memory peaked (the first such event).
   MemFigures figuresAtPeak() const;
   int64_t peakEvent() const { return peakEvent_; }

@@ -1,11 +1,16 @@
-// The memory view: a recording's allocator events (analysis::MemoryModel) as a timeline of
-// allocated, reserved and fragmentation with a cursor that scrubs through the events, the block map
+// The memory view: a recording's allocator events (analysis::MemoryModel) as an active-memory
+// timeline (every live allocation a band) over a plot of allocated, reserved and cached free
+// memory, with a cursor that scrubs through the events and follows the step shown; the block map
 // at the cursor (segments and blocks by state or by owning op; tooltips say what a block holds and
-// why it is still alive), a size histogram of the live blocks and the tracked-section summaries.
+// why it is still alive) with cached free memory, the largest free block and fragmentation named
+// as `keel memory stats` names them; a size histogram and the tracked-section summaries.
 // Clicking a block selects its op in the shared Selection; selecting an op elsewhere highlights
 // its blocks and moves the cursor to the op's last event. QCustomPlot stays out of this header.
 #pragma once
 #include <QAbstractTableModel>
+#include <QRect>
+#include <QStringList>
+#include <QVector>
 #include <QWidget>
 #include <memory>
 #include <vector>
@@ -60,6 +65,26 @@ class MemoryView : public QWidget {
   const analysis::MemLayout& layout() const;  // the block map's pieces
   // Blocks (indexes into state().blocks) of the highlighted op.
   const std::vector<size_t>& highlightedBlocks() const;
+
+  // The step the studio shows: the cursor moves to that step's peak of allocated memory, unless
+  // it is in that step already (a step asked for before the model came applies when it comes).
+  void showStep(int64_t step);
+  // The figures (Note [Memory figures]) at the cursor and at the peak of allocated memory.
+  analysis::MemFigures figures() const;
+  analysis::MemFigures peakFigures() const;
+  // The range of events the timelines show (the active-memory bands replay only it).
+  void setRange(int64_t first, int64_t last);
+  std::pair<int64_t, int64_t> range() const;
+  // The active-memory timeline: the widget, the bands it draws (laid out at the next paint, or now
+  // with layoutActive()), and its tooltip at `pos` (the widget's coordinates).
+  QWidget* activeMemory() const;
+  const analysis::MemBands& activeBands() const;
+  void layoutActive();
+  QString activeToolTip(QPoint pos) const;
+  QPoint activePoint(int64_t event, uint64_t bytes) const;  // where (event, bytes high) is drawn
+  // The step labels shown on the timeline plot, in its coordinates (they never overlap).
+  QVector<QRect> stepLabelRects() const;
+  QStringList stepLabelTexts() const;
 
   void setColorByOp(bool on);
   bool colorByOp() const;
