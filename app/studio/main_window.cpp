@@ -188,16 +188,12 @@ void MainWindow::buildActions() {
   connect(stepSpin_, &QSpinBox::valueChanged, this, [this](int v) {
     if (v != shownStep_) showStep(v);
   });
-  tb->addWidget(new QLabel(" Graph "));
-  phaseCombo_ = new QComboBox;
-  phaseCombo_->addItems({"both", "forward", "backward"});
-  tb->addWidget(phaseCombo_);
-  connect(phaseCombo_, &QComboBox::currentTextChanged, this, [this](const QString& p) {
-    busy(1);
-    graphA_->setPhaseFilter(p);
-    if (graphB_->isVisible()) graphB_->setPhaseFilter(p);
-    busy(-1);
-  });
+  // The phases a graph shows: one selector, the graph's own (all phases, optimizer included);
+  // the compared run's graph follows it, and the other way round.
+  connect(graphA_, &views::GraphView::phaseFilterChanged, graphB_,
+          &views::GraphView::setPhaseFilter);
+  connect(graphB_, &views::GraphView::phaseFilterChanged, graphA_,
+          &views::GraphView::setPhaseFilter);
 }
 
 void MainWindow::buildDocks() {
@@ -324,7 +320,7 @@ void MainWindow::connectSources() {
     summaryB_ = s;
     lossPlot_->setRuns(summaryA_, summaryB_);
     graphB_->show();
-    graphB_->setPhaseFilter(phaseCombo_->currentText());
+    graphB_->setPhaseFilter(graphA_->phaseFilter());
     updateStatus();
     emit recordingOpened(Side::B);
     if (shownStep_ >= 0) {

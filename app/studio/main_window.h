@@ -145,7 +145,6 @@ class MainWindow : public QMainWindow {
       *breakpointsAct_, *fitAct_, *trackMemoryAct_;
   QMenu* recentMenu_;
   QSpinBox* stepSpin_;
-  QComboBox* phaseCombo_;
   QLabel* statusRun_;
   QLabel* statusState_;
   QProgressBar* progress_;

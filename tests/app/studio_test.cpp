@@ -3,6 +3,7 @@
 // op breakpoint, and bad input that shows a dialog while the app keeps running.
 #include <QAbstractGraphicsShapeItem>
 #include <QApplication>
+#include <QComboBox>
 #include <QGraphicsView>
 #include <QLabel>
 #include <QMessageBox>
@@ -12,6 +13,7 @@
 #include <QStandardPaths>
 #include <QTableView>
 #include <QTextEdit>
+#include <QToolBar>
 #include <QtTest>
 
 #include "keel/storage/reader.h"
@@ -207,6 +209,35 @@ class StudioTest : public QObject {
     QCOMPARE(*w.selection()->current(Side::A), report->first->pair.seqA);
     QCOMPARE(*w.selection()->current(Side::B), report->first->pair.seqB);
     QVERIFY(w.graphView(Side::B)->isVisible());
+  }
+
+  // One phase selector: the graph's own, with every phase; the compared graph follows it.
+  void onePhaseSelectorOffersEveryPhaseAndDrivesBothGraphs() {
+    MainWindow w;
+    w.show();
+    QSignalSpy opened(&w, &MainWindow::recordingOpened);
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 30000));
+    w.compareWith(dir_ + "/b.db");
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 2; }, 30000));
+    QVERIFY(waitIdle(w, 60000));
+    auto* toolbar = w.findChild<QToolBar*>("toolbar.main");
+    QVERIFY(toolbar);
+    QVERIFY(toolbar->findChildren<QComboBox*>().isEmpty());
+    QComboBox* phases = nullptr;
+    for (auto* c : w.graphView(Side::A)->findChildren<QComboBox*>())
+      if (c->findData("optimizer") >= 0) phases = c;
+    QVERIFY(phases);
+    for (const char* p : {"both", "forward", "backward", "optimizer"})
+      QVERIFY(phases->findData(p) >= 0);
+    phases->setCurrentIndex(phases->findData("optimizer"));
+    QCOMPARE(w.graphView(Side::A)->phaseFilter(), QString("optimizer"));
+    QCOMPARE(w.graphView(Side::B)->phaseFilter(), QString("optimizer"));
+    QVERIFY(waitIdle(w, 60000));
+    QVERIFY(w.graphView(Side::A)->visibleOpNodeCount() > 0);
+    w.graphView(Side::B)->setPhaseFilter("backward");
+    QCOMPARE(w.graphView(Side::A)->phaseFilter(), QString("backward"));
+    QCOMPARE(phases->currentData().toString(), QString("backward"));
   }
 
   void steppingALiveSessionAdvancesExactlyOneStep() {

@@ -257,6 +257,7 @@ void GraphView::setPhaseFilter(const QString& phase) {
   resetExpansion();
   setSearchText(searchText_);
   requestLayout();
+  emit phaseFilterChanged(QString(toString(p)));
 }
 
 QString GraphView::phaseFilter() const {

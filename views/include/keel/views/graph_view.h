@@ -102,6 +102,7 @@ class GraphView : public QWidget {
 
  signals:
   void layoutFinished();
+  void phaseFilterChanged(QString phase);  // setPhaseFilter or the view's own phase selector
 
  protected:
   void showEvent(QShowEvent* event) override;
