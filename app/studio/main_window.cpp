@@ -67,6 +67,13 @@ QString stateName(Session::State s) {
   }
   return {};
 }
+
+// How the inspector names a run when comparing: its file and backend.
+QString runLabel(const views::SummaryPtr& s, const QString& path) {
+  const QString file = QFileInfo(s ? s->path : path).fileName();
+  return s && !s->run.backend.empty() ? file + " · " + QString::fromStdString(s->run.backend)
+                                      : file;
+}
 }  // namespace
 
 MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
@@ -273,6 +280,8 @@ void MainWindow::connectSources() {
     lossPlot_->setRuns(summaryA_, summaryB_);
     updateStatus();
     if (!sourceB_->isOpen()) opsDock_->raise();  // replay: the op table; comparing: the diff
+    if (sourceB_->isOpen())
+      inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
     emit recordingOpened(Side::A);
     busy(1);
     sourceA_->requestLogs();
@@ -318,6 +327,7 @@ void MainWindow::connectSources() {
   connect(sourceB_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
     summaryB_ = s;
+    inspector_->setCompare(runLabel(summaryA_, sourceA_->path()), runLabel(s, {}));
     lossPlot_->setRuns(summaryA_, summaryB_);
     graphB_->show();
     graphB_->setPhaseFilter(graphA_->phaseFilter());
@@ -368,6 +378,15 @@ void MainWindow::connectSources() {
   connect(selection_, &views::Selection::selected, this, [this](Side side, quint64 seq) {
     busy(1);
     (side == Side::A ? sourceA_ : sourceB_)->requestOp(seq);
+    // Comparing: an op chosen on one side brings its aligned op on the other, so the inspector
+    // shows a pair.
+    if (diff_)
+      for (const auto& p : diff_->pairs)
+        if (p.inA && p.inB && (side == Side::A ? p.seqA : p.seqB) == seq) {
+          selection_->select(side == Side::A ? Side::B : Side::A,
+                             side == Side::A ? p.seqB : p.seqA);
+          break;
+        }
   });
   for (views::RunSource* src : {sourceA_, sourceB_}) {
     connect(src, &RunSource::opLoaded, this, [this, src](views::OpDetailsPtr d) {
@@ -378,7 +397,7 @@ void MainWindow::connectSources() {
         selectOpInStep(d->op.seq, d->op.step);
         return;
       }
-      inspector_->setDetails(d);
+      inspector_->setDetails(src == sourceA_ ? Side::A : Side::B, d);
       emit opInspected(d->op.seq);
     });
   }
@@ -386,6 +405,7 @@ void MainWindow::connectSources() {
     busy(-1);
     diff_ = report;
     diffView_->setReport(report);
+    inspector_->setDiff(report);
     graphA_->setDiff(report);
     graphB_->setDiff(report);
     graphA_->setColorMode(views::GraphView::ColorMode::Divergence);
