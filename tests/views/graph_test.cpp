@@ -1,6 +1,7 @@
 // GraphView on real recordings made by the keel binary: every op drawn, click selects, J jumps
 // forward <-> backward, large steps open collapsed and lay out off the GUI thread, divergence
-// colours; and `keel export graph` prints the DOT the view lays out. (The DOT text and the
+// colours, semantic zoom, non-finite colouring and failed ops; and `keel export graph` prints the
+// DOT the view lays out. (The DOT text and the
 // Graphviz layout on their own: tests/analysis/.)
 #include <QAbstractGraphicsShapeItem>
 #include <QFile>
@@ -13,6 +14,8 @@
 #include <algorithm>
 
 #include "keel/analysis/graph_dot.h"
+#include "keel/analysis/module_summary.h"
+#include "keel/base/text.h"
 #include "keel/storage/reader.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/run_source.h"
@@ -219,10 +222,13 @@ class GraphTest : public QObject {
       const QRectF top = gv->mapToScene(gv->viewport()->rect()).boundingRect();
       QVERIFY(top.top() <= view.scene()->sceneRect().top() + 1);
     }
-    // Fit: the whole graph is in the viewport.
+    // Fit (Note [Semantic zoom]): the whole graph when its text reads so, else the scale where
+    // module blocks read, from the top of the graph.
     view.fitToView();
+    QVERIFY(view.labelsReadable());
     const QRectF seen = gv->mapToScene(gv->viewport()->rect()).boundingRect();
-    QVERIFY(seen.adjusted(-1, -1, 1, 1).contains(view.scene()->sceneRect()));
+    QVERIFY(seen.adjusted(-1, -1, 1, 1).contains(view.scene()->sceneRect()) ||
+            seen.top() <= view.scene()->sceneRect().top() + 1);
     const double fit = gv->transform().m11();
     QVERIFY(fit < 1.0);
     view.zoomIn();
@@ -391,6 +397,140 @@ class GraphTest : public QObject {
                    .c_str());
       QVERIFY(out.rfind("digraph step {\n", 0) == 0);
     }
+  }
+
+  // Note [Semantic zoom]: op labels at and above kLabelScale; below, the modules of one depth as
+  // blocks with their summary, deeper blocks as zoom grows, top-level blocks when far out.
+  void semanticZoomSwitchesAtTheLabelScale() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    view.resize(1200, 800);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    StepPtr step = loadStep(path_, 1);
+    QSignalSpy done(&view, &GraphView::layoutFinished);
+    view.setStep(step);
+    QVERIFY(done.wait(60000));
+    view.expandAll();
+    QVERIFY(waitLaidOut(view));
+    view.setZoomScale(1.0);
+    QCOMPARE(view.semanticLevel(), 0);
+    QVERIFY(view.opLabelsShown());
+    view.setZoomScale(GraphView::kLabelScale);
+    QCOMPARE(view.semanticLevel(), 0);
+    view.setZoomScale(GraphView::kLabelScale * 0.98);
+    QVERIFY(!view.opLabelsShown());
+    const int near = view.semanticLevel();
+    QVERIFY(near >= 1);
+    view.setZoomScale(0.002);  // far out: top-level blocks
+    QCOMPARE(view.semanticLevel(), 1);
+    QVERIFY(!view.labelsReadable());
+    int last = 1;  // zooming in never merges blocks back
+    for (double s = 0.004; s < GraphView::kLabelScale; s *= 1.5) {
+      view.setZoomScale(s);
+      QVERIFY(view.semanticLevel() >= last);
+      last = view.semanticLevel();
+    }
+    QCOMPARE(last, near);
+    // A block's text: its scope, then the summary (ops, time, bytes) of every op under it.
+    const OpRecord* scoped = nullptr;
+    for (const auto& o : step->ops)
+      if (o.phase == Phase::Forward && !o.scope.empty()) {
+        scoped = &o;
+        break;
+      }
+    QVERIFY(scoped);
+    const QString top = QString::fromStdString(keel::analysis::scopePrefixes(scoped->scope)[0]);
+    const QStringList text = view.moduleSummaryText("forward", top);
+    QVERIFY(text.size() >= 2);
+    QCOMPARE(text[0], top);
+    int64_t under = 0;
+    for (const auto& o : step->ops)
+      if (o.phase == Phase::Forward && keel::scopeWithin(o.scope, top.toStdString())) ++under;
+    QVERIFY2(text[1].startsWith(QString::fromStdString(keel::analysis::opCountText(under)) + ", "),
+             qPrintable(text[1]));
+    QVERIFY(view.moduleSummaryText("forward", "no.such.module").isEmpty());
+    view.setZoomScale(0.1);
+    saveScreenshot(view, "graph_semantic");
+  }
+
+  // A step too tall to fit readably (a small window): Fit picks a scale where text reads.
+  void fitOnALargeExpandedStepKeepsTextReadable() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    view.resize(500, 350);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QSignalSpy done(&view, &GraphView::layoutFinished);
+    view.setStep(loadStep(path_, 1));
+    QVERIFY(done.wait(60000));
+    view.expandAll();
+    QVERIFY(waitLaidOut(view));
+    QGraphicsView* gv = view.graphicsView();
+    gv->fitInView(view.scene()->sceneRect(), Qt::KeepAspectRatio);  // the plain fit
+    const double plain = view.zoomScale();
+    QVERIFY(plain < GraphView::kLabelScale);
+    view.fitToView();
+    QVERIFY(view.labelsReadable());
+    QVERIFY(view.zoomScale() >= plain);
+    QVERIFY(view.semanticLevel() >= 1 || view.opLabelsShown());  // never tiny op labels
+  }
+
+  // Note [Non-finite colouring]: a run with a NaN opens coloured by it; exactly the ops with a
+  // NaN/Inf output are red, the ops reading them marked; a failed op paints over any mode.
+  void nonFiniteModeIsTheDefaultForARunWithNans() {
+    const QString nan = test::tempDir() + "/graph-nan.db";
+    QVERIFY(
+        test::recordFixture(nan, "--steps 1 --seed 1 --stats", "KEEL_TEST_PERTURB=matmul:20:nan"));
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    view.resize(1200, 800);
+    view.show();
+    StepPtr step = loadStep(nan, 1);
+    QSignalSpy done(&view, &GraphView::layoutFinished);
+    view.setStep(step);
+    QCOMPARE(view.colorMode(), GraphView::ColorMode::NonFinite);
+    QVERIFY(done.wait(60000));
+    view.expandAll();
+    QVERIFY(waitLaidOut(view));
+    const auto marks = keel::analysis::nonFiniteMarks(step->ops);
+    int red = 0, fed = 0;
+    for (size_t i = 0; i < step->ops.size(); ++i) {
+      const OpRecord& o = step->ops[i];
+      if (o.phase == Phase::Optimizer) continue;
+      QAbstractGraphicsShapeItem* item = view.opItem(o.seq);
+      QVERIFY(item);
+      const bool bad = keel::analysis::hasNonFiniteOutput(o);
+      QCOMPARE(marks[i] == keel::analysis::NonFiniteMark::NonFinite, bad);
+      QCOMPARE(item->brush().color(), GraphView::nonFiniteColor(marks[i]));
+      red += bad ? 1 : 0;
+      fed += marks[i] == keel::analysis::NonFiniteMark::Fed ? 1 : 0;
+    }
+    QVERIFY(red >= 1);
+    QVERIFY(red < int(step->ops.size()));
+    QVERIFY(fed + red < int(step->ops.size()));
+    saveScreenshot(view, "graph_nonfinite");
+
+    // A failed op: distinct over any colour mode, until cleared.
+    const uint64_t failed = step->ops[step->ops.size() / 3].seq;
+    view.markFailed(failed);
+    QVERIFY(view.isFailed(failed));
+    QCOMPARE(view.opItem(failed)->brush().color(), GraphView::failedColor());
+    view.setColorMode(GraphView::ColorMode::Phase);
+    QCOMPARE(view.opItem(failed)->brush().color(), GraphView::failedColor());
+    view.clearFailed();
+    QVERIFY(view.opItem(failed)->brush().color() != GraphView::failedColor());
+
+    // A clean run opens coloured by phase; told the recording has a NaN elsewhere, by NaNs.
+    GraphView clean(&sel, Side::B);
+    clean.setStep(loadStep(path_, 1));
+    QCOMPARE(clean.colorMode(), GraphView::ColorMode::Phase);
+    clean.setRecordingNonFinite(true);
+    QCOMPARE(clean.colorMode(), GraphView::ColorMode::NonFinite);
+    GraphView chosen(&sel, Side::B);  // a mode the user chose stays
+    chosen.setColorMode(GraphView::ColorMode::OpTime);
+    chosen.setStep(step);
+    QCOMPARE(chosen.colorMode(), GraphView::ColorMode::OpTime);
   }
 
   void divergenceModePaintsDivergedOpsRed() {

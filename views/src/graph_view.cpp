@@ -85,6 +85,7 @@ GraphView::GraphView(Selection* selection, Side side, QWidget* parent)
   colorBox_->addItem(tr("Colour: op time"));
   colorBox_->addItem(tr("Colour: bytes"));
   colorBox_->addItem(tr("Colour: divergence"));
+  colorBox_->addItem(tr("Colour: non-finite"));
   colorBox_->setToolTip(tr("What the node colours show"));
   legend_ = new QLabel(this);
   legend_->setTextFormat(Qt::RichText);
@@ -204,6 +205,20 @@ const storage::OpRecord* GraphView::opBySeq(uint64_t seq) const {
 
 void GraphView::setStep(StepPtr step) {
   step_ = std::move(step);
+  nonFinite_.clear();
+  if (step_) {
+    const auto marks = analysis::nonFiniteMarks(step_->ops);
+    for (size_t i = 0; i < marks.size(); ++i)
+      if (marks[i] != analysis::NonFiniteMark::None)
+        nonFinite_.emplace(step_->ops[i].seq, marks[i]);
+  }
+  if (!colorChosen_ && (recordingNonFinite_ || !nonFinite_.empty()) &&
+      colorMode_ != ColorMode::NonFinite) {  // a broken run looks broken at first sight
+    colorMode_ = ColorMode::NonFinite;
+    QSignalBlocker block(colorBox_);
+    colorBox_->setCurrentIndex(int(colorMode_));
+  }
+  updateLegend();
   fitPending_ = true;
   focusScope_.clear();
   selected_ = selection_->current(side_);
@@ -228,11 +243,35 @@ void GraphView::setDiff(DiffPtr diff) {
       if (a ? p.inA : p.inB) firstDivergence_ = a ? p.seqA : p.seqB;
     }
   }
+  computeSummaries();  // the blocks' worst verdicts; colours too
+  minimap_->refresh();
+}
+
+void GraphView::setRecordingNonFinite(bool nonFinite) {
+  recordingNonFinite_ = nonFinite;
+  if (nonFinite && !colorChosen_ && colorMode_ != ColorMode::NonFinite) {
+    setColorMode(ColorMode::NonFinite);
+    colorChosen_ = false;  // still the automatic choice
+  }
+}
+
+void GraphView::markFailed(uint64_t seq) {
+  if (!failed_.insert(seq).second) return;
   applyColors();
+  updateLegend();
+  minimap_->refresh();
+}
+
+void GraphView::clearFailed() {
+  if (failed_.empty()) return;
+  failed_.clear();
+  applyColors();
+  updateLegend();
   minimap_->refresh();
 }
 
 void GraphView::setColorMode(ColorMode mode) {
+  colorChosen_ = true;
   colorMode_ = mode;
   if (colorBox_->currentIndex() != int(mode)) {
     QSignalBlocker block(colorBox_);
@@ -480,12 +519,55 @@ void GraphView::zoomOut() {
   zoomBy(0.8);
 }
 
+double GraphView::zoomScale() const {
+  return canvas_->transform().m11();
+}
+
+void GraphView::setZoomScale(double scale) {
+  const QPointF centre = canvas_->mapToScene(canvas_->viewport()->rect().center());
+  canvas_->resetTransform();
+  canvas_->scale(scale, scale);
+  canvas_->centerOn(centre);
+  updateMinimap();
+}
+
+bool GraphView::opLabelsShown() const {
+  return zoomScale() >= kLabelScale;
+}
+
+bool GraphView::labelsReadable() const {
+  return opLabelsShown() ||
+         (!blockScales_.empty() &&
+          zoomScale() >= *std::min_element(blockScales_.begin(), blockScales_.end()));
+}
+
 void GraphView::fitToView() {
   if (scene_->items().isEmpty()) return;
-  canvas_->fitInView(scene_->sceneRect(), Qt::KeepAspectRatio);
-  if (canvas_->transform().m11() > 1) {  // never magnify a small graph beyond 100%
+  const QRectF r = scene_->sceneRect();
+  canvas_->fitInView(r, Qt::KeepAspectRatio);
+  const double fit = zoomScale();
+  if (fit > 1) {  // never magnify a small graph beyond 100%
     canvas_->resetTransform();
-    canvas_->centerOn(scene_->sceneRect().center());
+    canvas_->centerOn(r.center());
+  } else if (fit < kLabelScale && !blockScales_.empty()) {
+    // Note [Semantic zoom]: the first depth with several modules (per phase) should read.
+    std::vector<int> count(blockScales_.size(), 0);
+    for (const ClusterItem* c : clusterItems_)
+      if (c->level() > 0 && size_t(c->level()) <= count.size()) ++count[size_t(c->level() - 1)];
+    size_t d = 0;
+    while (d + 1 < count.size() && count[d] < 4) ++d;
+    const QRect vp = canvas_->viewport()->rect();
+    const double width = (vp.width() - 4) / r.width();
+    const double readable = *std::min_element(blockScales_.begin(), blockScales_.end());
+    double want = std::min(blockScales_[d], kLabelScale);
+    if (want > width && readable <= width) want = width;  // the whole width, still readable
+    want = std::max(want, readable);
+    if (want > fit) {
+      canvas_->resetTransform();
+      canvas_->scale(want, want);
+      const QRectF seen = canvas_->mapToScene(vp).boundingRect();
+      canvas_->centerOn(QPointF(r.center().x(), r.top() + seen.height() / 2));
+    }
   }
   updateMinimap();
 }
@@ -508,7 +590,9 @@ void GraphView::initialView() {
 }
 
 void GraphView::updateMinimap() {
-  if (minimap_) minimap_->place();
+  if (!minimap_) return;  // being destroyed
+  minimap_->place();
+  updateSemanticLevel();
 }
 
 void GraphView::updateStatus() {

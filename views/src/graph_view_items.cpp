@@ -1,9 +1,11 @@
 // The graph view's scene items and canvas (see graph_view_items.h): how an op or module node, an
 // edge and a cluster paint, and how the canvas turns wheel and mouse events into zoom and clicks.
-// Items skip text when zoomed far out, so 5,000 ops paint fast.
+// Items skip text when zoomed far out and what lies inside a module block, so 20,000 ops paint
+// fast.
 #include "graph_view_items.h"
 
 #include <QContextMenuEvent>
+#include <QFontMetricsF>
 #include <QMouseEvent>
 #include <QPainter>
 #include <QStyleOptionGraphicsItem>
@@ -15,9 +17,48 @@ using namespace graph_detail;
 using analysis::GraphNodeKind;
 using analysis::TextMetrics;
 
+int graph_detail::scopeLevel(std::string_view scope) {
+  return scope.empty() ? 0 : int(std::count(scope.begin(), scope.end(), '.')) + 1;
+}
+
+int graph_detail::commonLevel(std::string_view a, std::string_view b) {
+  int level = 0;
+  size_t i = 0;
+  for (; i < a.size() && i < b.size() && a[i] == b[i]; ++i)
+    if (a[i] == '.') ++level;
+  const bool whole = (i == a.size() || a[i] == '.') && (i == b.size() || b[i] == '.');
+  if (i > 0 && whole) ++level;  // the last shared component ends at a boundary in both
+  return level;
+}
+
+namespace {
+
+// Draws `lines` (the first bold) at screen size inside `sceneRect` as the painter maps it: at the
+// top left, or centred; lines that do not fit are dropped, the rest elided to its width.
+void drawScreenText(QPainter* p, const QRectF& sceneRect, const QStringList& lines,
+                    const QFont& bold, const QFont& regular, double lineHeight, bool centred) {
+  const QRectF r = p->worldTransform().mapRect(sceneRect).adjusted(5, 3, -5, -3);
+  if (r.width() < 24 || r.height() < lineHeight || lines.isEmpty()) return;
+  const int n = std::min(int(lines.size()), int(r.height() / lineHeight));
+  p->save();
+  p->resetTransform();
+  double y = centred ? r.center().y() - n * lineHeight / 2 : r.top();
+  for (int i = 0; i < n; ++i, y += lineHeight) {
+    const QFont& f = i == 0 ? bold : regular;
+    p->setFont(f);
+    const QString text = QFontMetricsF(f).elidedText(lines[i], Qt::ElideRight, r.width());
+    p->drawText(QRectF(r.left(), y, r.width(), lineHeight),
+                (centred ? Qt::AlignHCenter : Qt::AlignLeft) | Qt::AlignVCenter, text);
+  }
+  p->restore();
+}
+
+}  // namespace
+
 GraphView::NodeItem::NodeItem(const analysis::GraphNode& node, int index, const GraphView* view)
     : index_(index),
       module_(node.kind == GraphNodeKind::Module),
+      level_(scopeLevel(node.scope)),
       title_(qs(node.title)),
       subtitle_(qs(node.subtitle)),
       rect_(-node.width / 2, -node.height / 2, node.width, node.height),
@@ -34,6 +75,8 @@ void GraphView::NodeItem::setMarks(bool selected, bool matched) {
 
 void GraphView::NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
   const double lod = option->levelOfDetailFromTransform(p->worldTransform());
+  const int block = view_->blockLevel_;
+  if (block > 0 && (module_ ? level_ > block : level_ >= block)) return;  // inside a block
   QPen border = pen();
   if (selected_)
     border = QPen(kSelectedPen, 3);
@@ -44,6 +87,11 @@ void GraphView::NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* opt
     p->setPen(selected_ || matched_ ? border : Qt::NoPen);
     p->setBrush(brush());
     p->drawRect(module_ ? rect_ : r);
+    if (module_ && block > 0) {
+      p->setPen(text_);
+      drawScreenText(p, r, {title_, subtitle_}, view_->boldFont_, view_->font_,
+                     view_->metrics_.lineHeight, true);
+    }
     return;
   }
   p->setBrush(brush());
@@ -53,7 +101,14 @@ void GraphView::NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* opt
   }
   p->setPen(border);
   p->drawRoundedRect(r, 4, 4);
-  if (lod < 0.4) return;
+  if (lod < kLabelScale) {
+    if (module_) {  // a module's name and summary stay readable (Note [Semantic zoom])
+      p->setPen(text_);
+      drawScreenText(p, r, {title_, subtitle_}, view_->boldFont_, view_->font_,
+                     view_->metrics_.lineHeight, true);
+    }
+    return;
+  }
   const TextMetrics& m = view_->metrics_;
   const double padY = (r.height() - 2 * m.lineHeight) / 2;
   QRectF line(r.left(), r.top() + padY, r.width(), m.lineHeight);
@@ -64,7 +119,9 @@ void GraphView::NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* opt
   p->drawText(line.translated(0, m.lineHeight), Qt::AlignCenter | Qt::TextDontClip, subtitle_);
 }
 
-GraphView::EdgeItem::EdgeItem(const analysis::LaidOutEdge& e, double width) : width_(width) {
+GraphView::EdgeItem::EdgeItem(const analysis::LaidOutEdge& e, double width, int level,
+                              const GraphView* view)
+    : width_(width), level_(level), view_(view) {
   setZValue(0);
   if (!e.points.empty()) {
     path_.moveTo(qt(e.points[0]));
@@ -84,6 +141,8 @@ void GraphView::EdgeItem::setHighlighted(bool on) {
 }
 
 void GraphView::EdgeItem::paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) {
+  const int block = view_->blockLevel_;
+  if (block > 0 && level_ >= block && !highlighted_) return;  // inside one block
   const QColor c = highlighted_ ? kSelectedPen : kEdgeColor;
   p->setPen(QPen(c, highlighted_ ? width_ + 1 : width_));
   p->setBrush(Qt::NoBrush);
@@ -103,7 +162,7 @@ void GraphView::EdgeItem::addArrow(QPointF base, QPointF tip) {
 
 GraphView::ClusterItem::ClusterItem(const analysis::GraphCluster& c, const QRectF& box,
                                     const GraphView* view)
-    : cluster_(c), box_(box), label_(qs(c.label)), view_(view) {
+    : cluster_(c), box_(box), label_(qs(c.label)), level_(scopeLevel(c.scope)), view_(view) {
   const size_t depth = std::count(c.scope.begin(), c.scope.end(), '.') + (c.scope.empty() ? 0 : 1);
   setZValue(-10 + double(depth) * 0.01);
   if (c.scope.empty()) {  // a phase
@@ -116,8 +175,26 @@ GraphView::ClusterItem::ClusterItem(const analysis::GraphCluster& c, const QRect
   setToolTip(c.scope.empty() ? label_ : "module " + label_);
 }
 
+void GraphView::ClusterItem::setBlock(const QColor& fill, const QStringList& lines) {
+  blockFill_ = fill;
+  blockText_ = fill.lightnessF() < 0.5 ? Qt::white : QColor(0x1b, 0x1f, 0x24);
+  lines_ = lines;
+  update();
+}
+
 void GraphView::ClusterItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
   const double lod = option->levelOfDetailFromTransform(p->worldTransform());
+  const int block = view_->blockLevel_;
+  if (block > 0 && level_ > 0 && level_ >= block) {
+    if (level_ > block) return;  // inside a block
+    p->setPen(QPen(blockFill_.darker(140), 0));
+    p->setBrush(blockFill_);
+    p->drawRoundedRect(box_, 6, 6);
+    p->setPen(blockText_);
+    drawScreenText(p, box_, lines_, view_->boldFont_, view_->font_, view_->metrics_.lineHeight,
+                   false);
+    return;
+  }
   p->setPen(QPen(border_, 1));
   p->setBrush(fill_);
   p->drawRoundedRect(box_, 6, 6);

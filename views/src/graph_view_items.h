@@ -11,11 +11,13 @@
 #include <QPoint>
 #include <QRectF>
 #include <QString>
+#include <QStringList>
 #include <QWidget>
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "keel/analysis/graph_dot.h"
 #include "keel/analysis/graph_layout.h"
@@ -48,6 +50,10 @@ inline const QColor kMatchPen(0xe3, 0x74, 0x00);
 inline const QColor kEdgeColor(0x7d, 0x86, 0x93);
 inline const QColor kLinkColor(0x9b, 0x6b, 0xc9);
 
+// Module depth of a scope ("" 0, "blocks" 1, "blocks.1.attn" 3), and the depth two scopes share.
+int scopeLevel(std::string_view scope);
+int commonLevel(std::string_view a, std::string_view b);
+
 }  // namespace graph_detail
 
 struct GraphView::LayoutResult {
@@ -58,7 +64,8 @@ struct GraphView::LayoutResult {
 };
 
 // One node: an op (name over output shape) or a collapsed module (scope over op count, drawn as
-// a small stack of boxes). Text is skipped when zoomed far out.
+// a small stack of boxes). Below kLabelScale op text is skipped, a module's text is drawn at screen
+// size, and nodes inside a module block are not drawn (Note [Semantic zoom]).
 class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
  public:
   enum { Type = UserType + 1 };
@@ -68,6 +75,7 @@ class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
   bool isModule() const { return module_; }
   QRectF boundingRect() const override { return rect_.adjusted(-3, -3, 3, 3); }
   QRectF box() const { return module_ ? rect_.adjusted(0, 0, -5, -5) : rect_; }
+  int level() const { return level_; }
   void setTextColor(const QColor& c) { text_ = c; }
   void setMarks(bool selected, bool matched);
   void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) override;
@@ -75,6 +83,7 @@ class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
  private:
   int index_;
   bool module_;
+  int level_;  // scopeLevel of its scope (an op's module, a module node's own)
   QString title_, subtitle_;
   QRectF rect_;
   QColor text_ = Qt::black;
@@ -85,7 +94,8 @@ class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
 // One data edge: Graphviz's Bezier and its arrowhead(s).
 class GraphView::EdgeItem : public QGraphicsItem {
  public:
-  EdgeItem(const analysis::LaidOutEdge& e, double width);
+  // `level`: the module depth its two ends share (hidden inside a block of that depth or above).
+  EdgeItem(const analysis::LaidOutEdge& e, double width, int level, const GraphView* view);
   QRectF boundingRect() const override { return bounds_; }
   void setHighlighted(bool on);
   void paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) override;
@@ -96,10 +106,13 @@ class GraphView::EdgeItem : public QGraphicsItem {
   QPainterPath path_, arrows_;
   QRectF bounds_;
   double width_;
+  int level_;
   bool highlighted_ = false;
+  const GraphView* view_;
 };
 
-// An expanded module (or a phase): a rounded box with its label at the top left.
+// An expanded module (or a phase): a rounded box with its label at the top left; at the semantic
+// zoom's block depth a solid block with its summary, deeper ones not drawn (Note [Semantic zoom]).
 class GraphView::ClusterItem : public QGraphicsItem {
  public:
   enum { Type = UserType + 2 };
@@ -107,6 +120,9 @@ class GraphView::ClusterItem : public QGraphicsItem {
   int type() const override { return Type; }
   const analysis::GraphCluster& cluster() const { return cluster_; }
   QRectF boundingRect() const override { return box_.adjusted(-1, -1, 1, 1); }
+  int level() const { return level_; }
+  QRectF box() const { return box_; }
+  void setBlock(const QColor& fill, const QStringList& lines);
   void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) override;
 
  private:
@@ -114,6 +130,9 @@ class GraphView::ClusterItem : public QGraphicsItem {
   QRectF box_;
   QString label_;
   QColor fill_, border_;
+  int level_;
+  QColor blockFill_ = QColor(0xb9, 0xd3, 0xf0), blockText_ = Qt::black;
+  QStringList lines_;  // the block's text: scope, summary lines
   const GraphView* view_;
 };
 

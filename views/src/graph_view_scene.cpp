@@ -1,6 +1,7 @@
 // The graph view's scene builder: turns a finished layout (analysis::GraphLayout over a GraphDot)
-// into scene items, tooltips and forward/backward links, then colours the nodes (phase, op time,
-// bytes, divergence) and marks the selection and search hits. Runs on the GUI thread only.
+// into scene items, tooltips and forward/backward links, then colours the nodes and module blocks
+// (phase, op time, bytes, divergence, non-finite; failed ops over any) and marks the selection and
+// search hits. Runs on the GUI thread only.
 #include <QElapsedTimer>
 #include <QGraphicsPathItem>
 #include <QGraphicsScene>
@@ -9,6 +10,7 @@
 #include <unordered_map>
 
 #include "graph_view_items.h"
+#include "keel/base/text.h"
 #include "keel/storage/export.h"
 
 namespace keel::views {
@@ -133,10 +135,6 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
         tip += "\n" + tr("time: ") + durationText(op->endNs - op->beginNs);
         item->setToolTip(tip);
       }
-    } else {
-      item->setToolTip(tr("module %1 (%2): %3 ops. Double-click to expand")
-                           .arg(qs(n.scope), qs(phaseName(n.phase)))
-                           .arg(n.seqs.size()));
     }
     scene_->addItem(item);
     nodeItems_[size_t(it->second)] = item;
@@ -154,7 +152,10 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     if (e == edgeOf.end())
       e = edgeOf.find(uint64_t(uint32_t(h->second)) << 32 | uint32_t(t->second));
     if (e == edgeOf.end()) continue;
-    auto* item = new EdgeItem(le, g.edges[size_t(e->second)].tensors > 1 ? 1.8 : 1.1);
+    const GraphNode& from = g.nodes[size_t(t->second)];
+    const GraphNode& to = g.nodes[size_t(h->second)];
+    const int level = from.phase == to.phase ? commonLevel(from.scope, to.scope) : 0;
+    auto* item = new EdgeItem(le, g.edges[size_t(e->second)].tensors > 1 ? 1.8 : 1.1, level, this);
     scene_->addItem(item);
     edgeItems_[size_t(e->second)] = item;
   }
@@ -171,7 +172,8 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     selectedLinksItem_->setZValue(0.7);
   }
 
-  applyColors();
+  computeBlockScales();
+  computeSummaries();  // colours blocks and module nodes' tooltips too
   applyHighlights();
   times_ = {result->dotSeconds, l.seconds, 0};
 
@@ -194,10 +196,83 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     centerOnScope(focusScope_);
   }
   focusScope_.clear();
+  updateSemanticLevel();
   minimap_->refresh();
   times_.scene = double(timer.nsecsElapsed()) / 1e9;
   updateStatus();
   emit layoutFinished();
+}
+
+// Note [Semantic zoom]
+// Below kLabelScale op labels cannot be read, so the view draws modules instead: every cluster of
+// one depth (the block level) becomes a solid block filled by the colour mode, with its scope and
+// summary (Note [Module summary]) at screen size; what lies inside a block (deeper clusters, ops,
+// the edges between them) is not drawn, and ops outside every block stay small boxes. The block
+// level is the deepest whose clusters (the bigger quarter of them) are big enough on screen for
+// two lines of text, so zooming in splits blocks into their sub-modules until op labels return at
+// kLabelScale.
+// blockScales_[d - 1] is that threshold scale of depth d, computed once per layout; a change of
+// scale only compares numbers. Fit fits the graph, or, when that leaves nothing readable (a tall
+// step), takes the scale where the first level with several modules reads, capped at the width.
+void GraphView::computeBlockScales() {
+  blockScales_.clear();
+  std::vector<std::vector<double>> need;  // by depth - 1
+  const double lh = metrics_.lineHeight;
+  for (const ClusterItem* c : clusterItems_) {
+    if (c->level() <= 0) continue;
+    const QRectF b = c->box();
+    if (b.width() <= 0 || b.height() <= 0) continue;
+    if (need.size() < size_t(c->level())) need.resize(size_t(c->level()));
+    need[size_t(c->level() - 1)].push_back(std::max((2 * lh + 10) / b.height(), 110 / b.width()));
+  }
+  for (auto& v : need) {  // the bigger quarter of a depth's modules read from there
+    if (v.empty()) break;
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 4), v.end());
+    blockScales_.push_back(v[v.size() / 4]);
+  }
+}
+
+void GraphView::updateSemanticLevel() {
+  const double s = zoomScale();
+  int level = 0;
+  if (s < kLabelScale && !blockScales_.empty()) {
+    level = 1;
+    for (size_t d = 0; d < blockScales_.size(); ++d)
+      if (s >= blockScales_[d]) level = int(d) + 1;
+  }
+  if (level == blockLevel_) return;
+  blockLevel_ = level;
+  scene_->update();
+}
+
+void GraphView::computeSummaries() {
+  summaries_.clear();
+  if (graph_ && step_) {
+    analysis::OpVerdicts v;
+    v.status = status_;
+    v.first = firstDivergence_;
+    v.missingAreEqual = diff_ && diff_->options.mismatchesOnly;
+    summaries_ = analysis::summarizeModules(step_->ops, *graph_, diff_ ? &v : nullptr);
+    for (NodeItem* item : nodeItems_) {
+      if (!item || !item->isModule()) continue;
+      const GraphNode& n = graph_->nodes[size_t(item->index())];
+      QStringList lines = moduleSummaryText(qs(phaseName(n.phase)), qs(n.scope));
+      lines[0] = tr("module %1 (%2)").arg(qs(n.scope), qs(phaseName(n.phase)));
+      lines << tr("Double-click to expand");
+      item->setToolTip(lines.join('\n'));
+    }
+  }
+  applyColors();
+}
+
+QStringList GraphView::moduleSummaryText(const QString& phase, const QString& scope) const {
+  const auto p = parsePhase(phase.toStdString());
+  if (!p) return {};
+  auto it = summaries_.find(analysis::moduleKey(*p, scope.toStdString()));
+  if (it == summaries_.end()) return {};
+  QStringList lines{scope};
+  for (const auto& l : analysis::summaryLines(it->second)) lines << qs(l);
+  return lines;
 }
 
 void GraphView::applyColors() {
@@ -247,6 +322,15 @@ void GraphView::applyColors() {
         fill = mix(light, dark, t);
         break;
       }
+      case ColorMode::NonFinite: {
+        auto mark = analysis::NonFiniteMark::None;
+        for (uint64_t seq : n.seqs)
+          if (auto it = nonFinite_.find(seq); it != nonFinite_.end())
+            mark = std::max(mark, it->second);
+        fill = nonFiniteColor(mark);
+        strong = mark == analysis::NonFiniteMark::NonFinite;
+        break;
+      }
       case ColorMode::Divergence: {
         std::optional<storage::DiffStatus> worst;
         bool first = false;
@@ -269,10 +353,56 @@ void GraphView::applyColors() {
         break;
       }
     }
+    bool failed = false;
+    for (uint64_t seq : n.seqs) failed |= failed_.count(seq) != 0;
+    if (failed) fill = failedColor();
     item->setBrush(fill);
-    item->setPen(strong ? QPen(QColor(0x4a, 0x07, 0x05), 3) : QPen(fill.darker(150), 1));
+    item->setPen(failed   ? QPen(QColor(0xff, 0x3b, 0x30), 4)
+                 : strong ? QPen(QColor(0x4a, 0x07, 0x05), 3)
+                          : QPen(fill.darker(150), 1));
     item->setTextColor(fill.lightnessF() < 0.5 ? Qt::white : QColor(0x1b, 0x1f, 0x24));
     item->update();
+  }
+  // Module blocks of the semantic zoom: the same colouring over the module's summary.
+  double blo = 0, bhi = 0;
+  for (const auto& [key, s] : summaries_) {
+    const double v = double(colorMode_ == ColorMode::Bytes ? s.bytes : s.timeNs);
+    if (v > 0) blo = blo == 0 ? v : std::min(blo, v);
+    bhi = std::max(bhi, v);
+  }
+  for (ClusterItem* c : clusterItems_) {
+    if (c->cluster().scope.empty()) continue;
+    auto it = summaries_.find(analysis::moduleKey(c->cluster().phase, c->cluster().scope));
+    if (it == summaries_.end()) continue;
+    const analysis::ModuleSummary& s = it->second;
+    QColor fill = phaseColor(c->cluster().phase, true);
+    switch (colorMode_) {
+      case ColorMode::Phase:
+        break;
+      case ColorMode::OpTime:
+      case ColorMode::Bytes: {
+        const double v = double(colorMode_ == ColorMode::Bytes ? s.bytes : s.timeNs);
+        fill = mix(light, dark, v > 0 && bhi > blo ? std::log(v / blo) / std::log(bhi / blo) : 0);
+        break;
+      }
+      case ColorMode::Divergence:
+        fill = s.firstDivergence ? statusColor(storage::DiffStatus::Diverged, true)
+               : s.worst         ? statusColor(*s.worst)
+                                 : QColor(Qt::white);
+        break;
+      case ColorMode::NonFinite:
+        fill = nonFiniteColor(s.nonFiniteOps > 0 ? analysis::NonFiniteMark::NonFinite
+                                                 : analysis::NonFiniteMark::None);
+        break;
+    }
+    bool failed = false;
+    for (uint64_t seq : failed_)
+      if (const auto* op = opBySeq(seq);
+          op && op->phase == c->cluster().phase && graph_->nodeOfOp.count(seq) &&
+          keel::scopeWithin(analysis::drawnScope(*graph_, *op), c->cluster().scope))
+        failed = true;
+    if (failed) fill = failedColor();
+    c->setBlock(fill, moduleSummaryText(qs(phaseName(c->cluster().phase)), qs(c->cluster().scope)));
   }
 }
 
@@ -345,6 +475,12 @@ void GraphView::updateLegend() {
       html = swatch(QColor(0xf5, 0xf0, 0xfb), tr("few bytes")) +
              swatch(QColor(0x4b, 0x25, 0x80), tr("many (log scale)"));
       break;
+    case ColorMode::NonFinite:
+      html = swatch(nonFiniteColor(analysis::NonFiniteMark::NonFinite), tr("NaN/Inf output")) +
+             swatch(nonFiniteColor(analysis::NonFiniteMark::Fed), tr("fed by one")) +
+             swatch(nonFiniteColor(analysis::NonFiniteMark::None), tr("finite"));
+      if (nonFinite_.empty()) html += tr("<i>(none in this step)</i>");
+      break;
     case ColorMode::Divergence:
       html = swatch(statusColor(storage::DiffStatus::Equal), tr("equal")) +
              swatch(statusColor(storage::DiffStatus::WithinTolerance), tr("within tol.")) +
@@ -354,6 +490,7 @@ void GraphView::updateLegend() {
       if (!diff_) html += tr("<i>(no comparison)</i>");
       break;
   }
+  if (!failed_.empty()) html += swatch(failedColor(), tr("failed"));
   legend_->setText(html);
 }
 
@@ -370,6 +507,22 @@ QColor GraphView::statusColor(storage::DiffStatus status, bool first) {
       return QColor(0xcf, 0xd2, 0xd6);
   }
   return Qt::white;
+}
+
+QColor GraphView::failedColor() {
+  return QColor(0x4a, 0x14, 0x5c);
+}
+
+QColor GraphView::nonFiniteColor(analysis::NonFiniteMark mark) {
+  switch (mark) {
+    case analysis::NonFiniteMark::NonFinite:
+      return QColor(0xd6, 0x2a, 0x1e);
+    case analysis::NonFiniteMark::Fed:
+      return QColor(0xf7, 0xb9, 0xa8);
+    case analysis::NonFiniteMark::None:
+      break;
+  }
+  return QColor(0xee, 0xf0, 0xf3);
 }
 
 QColor GraphView::phaseColor(Phase phase, bool module) {

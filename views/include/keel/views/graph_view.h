@@ -1,12 +1,14 @@
 // The graph view: one step's forward and backward op graphs, laid out by Graphviz dot on the thread
 // pool and drawn in a QGraphicsView (zoom, pan, fit, minimap, search, module clusters that collapse
-// and expand, colouring by phase, op time, bytes or divergence). Follows the shared Selection for
-// its side both ways. The GUI never waits for a layout; see Note [Graph view layout].
+// and expand, colouring by phase, op time, bytes, divergence or non-finite outputs, semantic zoom:
+// module blocks with their summaries when op labels are too small to read). Follows the shared
+// Selection for its side both ways. The GUI never waits for a layout; see Note [Graph view layout].
 #pragma once
 #include <QColor>
 #include <QFont>
 #include <QFutureWatcher>
 #include <QString>
+#include <QStringList>
 #include <QWidget>
 #include <cstdint>
 #include <memory>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "keel/analysis/graph_dot.h"
+#include "keel/analysis/module_summary.h"
 #include "keel/views/run_data.h"
 
 class QAbstractGraphicsShapeItem;
@@ -35,7 +38,12 @@ class Selection;
 class GraphView : public QWidget {
   Q_OBJECT
  public:
-  enum class ColorMode { Phase, OpTime, Bytes, Divergence };
+  // In the colour box's order. NonFinite: See Note [Non-finite colouring] (analysis).
+  enum class ColorMode { Phase, OpTime, Bytes, Divergence, NonFinite };
+
+  // Semantic zoom (Note [Semantic zoom]): at and above this scale op labels are drawn; below it
+  // the modules of one depth are drawn as solid blocks with their summary.
+  static constexpr double kLabelScale = 0.5;
 
   // Steps with more ops than this (in the phase filter) open with their modules collapsed.
   static constexpr int kLargeGraphOps = 300;
@@ -48,6 +56,18 @@ class GraphView : public QWidget {
   void setDiff(DiffPtr diff);  // the comparison whose verdicts ColorMode::Divergence shows
   void setColorMode(ColorMode mode);
   ColorMode colorMode() const { return colorMode_; }
+  // Whether the recording holds a NaN or Inf anywhere (RunSummary::firstNonFiniteSeq): then, and
+  // when a step shown has one, the view opens coloured by ColorMode::NonFinite unless a colour
+  // mode was chosen (setColorMode).
+  void setRecordingNonFinite(bool nonFinite);
+  // Paints op `seq` as failed (a session that stopped on it), over any colour mode; clearFailed()
+  // forgets every failed op.
+  void markFailed(uint64_t seq);
+  void clearFailed();
+  bool isFailed(uint64_t seq) const { return failed_.count(seq) != 0; }
+  static QColor failedColor();
+  // ColorMode::NonFinite fills: an op with a NaN/Inf output, an op fed by one, the others.
+  static QColor nonFiniteColor(analysis::NonFiniteMark mark);
   // "forward" | "backward" | "both" (forward and backward) | "optimizer".
   void setPhaseFilter(const QString& phase);
   QString phaseFilter() const;
@@ -67,8 +87,22 @@ class GraphView : public QWidget {
   // forward op (key J, context menu). Returns false when there is none.
   bool jumpToPartner();
 
+  // Semantic zoom: 0 while op labels are drawn (scale >= kLabelScale), else the module depth
+  // (1 = top level) drawn as solid summary blocks. labelsReadable(): op labels or block texts are
+  // readable at the current scale.
+  int semanticLevel() const { return blockLevel_; }
+  bool opLabelsShown() const;
+  bool labelsReadable() const;
+  double zoomScale() const;
+  void setZoomScale(double scale);
+  // The text a module's block (or collapsed node) shows: scope, then the summary's lines
+  // (analysis::summaryLines). Empty for a module not in the graph.
+  QStringList moduleSummaryText(const QString& phase, const QString& scope) const;
+
   void zoomIn();
   void zoomOut();
+  // Fits the graph; when that would leave no text readable (a tall step), the scale where the
+  // top-level module blocks read, at the graph's top (Note [Semantic zoom]).
   void fitToView();
   // The first view of a step: see Note [Initial graph view].
   void initialView();
@@ -127,6 +161,9 @@ class GraphView : public QWidget {
   void updateStatus();
   void updateLegend();
   void updateMinimap();
+  void updateSemanticLevel();
+  void computeBlockScales();
+  void computeSummaries();
   void onSelected(Side side, quint64 seq);
   // Expands what hides `seq`; true when that needs a new layout.
   bool reveal(uint64_t seq);
@@ -146,6 +183,15 @@ class GraphView : public QWidget {
   StepPtr step_;
   DiffPtr diff_;
   ColorMode colorMode_ = ColorMode::Phase;
+  bool colorChosen_ = false;  // setColorMode was called: no automatic non-finite default
+  bool recordingNonFinite_ = false;
+  std::unordered_map<uint64_t, analysis::NonFiniteMark> nonFinite_;  // marked ops of the step
+  std::unordered_set<uint64_t> failed_;
+  // Semantic zoom: the scale from which module blocks of depth d (index d - 1) read, the depth
+  // drawn as blocks now, and the summaries by analysis::moduleKey.
+  std::vector<double> blockScales_;
+  int blockLevel_ = 0;
+  std::unordered_map<std::string, analysis::ModuleSummary> summaries_;
   analysis::GraphPhase phase_ = analysis::GraphPhase::Both;
   bool expandAll_ = true;
   std::unordered_set<std::string> expanded_;  // when !expandAll_
