@@ -273,6 +273,7 @@ void MainWindow::connectSources() {
   connect(sourceA_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
     summaryA_ = s;
+    graphA_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());  // opens coloured by NaNs
     statusBanner_->setSummary(s);
     inspectorBanner_->setSummary(s);
     int64_t last = s->steps.empty() ? 0 : s->steps.back().step;
@@ -327,6 +328,7 @@ void MainWindow::connectSources() {
   connect(sourceB_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
     summaryB_ = s;
+    graphB_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());
     inspector_->setCompare(runLabel(summaryA_, sourceA_->path()), runLabel(s, {}));
     lossPlot_->setRuns(summaryA_, summaryB_);
     graphB_->show();

@@ -82,22 +82,7 @@ void copyStrided(void* dst, const Shape& dstStrides, const void* src, const Shap
                  const Shape& shape, size_t elemSize) {
   Layout<2> l = makeLayout<2>(shape, {dstStrides, srcStrides});
   if (l.rows == 0 || l.inner == 0) return;
-  switch (elemSize) {
-    case 1:
-      copyTyped<uint8_t>(dst, src, l);
-      break;
-    case 2:
-      copyTyped<uint16_t>(dst, src, l);
-      break;
-    case 4:
-      copyTyped<uint32_t>(dst, src, l);
-      break;
-    case 8:
-      copyTyped<uint64_t>(dst, src, l);
-      break;
-    default:
-      throw Error(detail::concat("cpu copy: unsupported element size ", elemSize));
-  }
+  visitWidth(elemSize, [&]<typename E>() { copyTyped<E>(dst, src, l); });
 }
 
 void copyToContiguous(const Tensor& t, void* dst) {

@@ -9,25 +9,6 @@
 namespace keel::cpu {
 namespace {
 
-// Calls f.template operator()<E>() with an unsigned type of the dtype's size (for pure copies).
-template <typename F>
-void visitBytes(DType t, F&& f) {
-  switch (dtypeSize(t)) {
-    case 1:
-      f.template operator()<uint8_t>();
-      break;
-    case 2:
-      f.template operator()<uint16_t>();
-      break;
-    case 4:
-      f.template operator()<uint32_t>();
-      break;
-    default:
-      f.template operator()<uint64_t>();
-      break;
-  }
-}
-
 // Accumulation buffer for index_add / scatter_add: the output itself where T is its own compute
 // type, else a float copy that is rounded back once at the end.
 template <typename T>
@@ -150,7 +131,7 @@ void gather(const KernelCtx& c) {
   // Operand 1: the output (contiguous, so also the position in idx).
   Layout<2> l = linesAlong<1>(index.shape(), d, x.strides(), {contiguousStrides(index.shape())});
   const int64_t sx = x.strides()[size_t(d)], si = l.innerStride(1), sIn = l.innerStride(0);
-  visitBytes(x.dtype(), [&]<typename E>() {
+  visitWidth(dtypeSize(x.dtype()), [&]<typename E>() {
     const E* px = static_cast<const E*>(x.data());
     E* po = static_cast<E*>(out.data());
     parallelLines(l, [&](const std::array<int64_t, 2>& off, int64_t n) {
