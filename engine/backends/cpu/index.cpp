@@ -42,12 +42,24 @@ struct AccBuffer {
   }
 };
 
+// index_select's and index_add's rows: x's shape split at `dim`, and the m checked indices
+// along it.
+struct IndexRows {
+  DimSplit sp;
+  std::vector<int64_t> idx;
+  int64_t m;
+};
+IndexRows indexRows(const KernelCtx& c) {
+  const Tensor& x = c.inputs[0];
+  const DimSplit sp = splitAt(x.shape(), normDim(c.attrs.getInt("dim"), x.dim(), c.op.name));
+  std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], sp.n);
+  const int64_t m = int64_t(idx.size());
+  return {sp, std::move(idx), m};
+}
+
 void indexSelect(const KernelCtx& c) {
   const Tensor &x = c.inputs[0], &out = c.outputs[0];
-  const int64_t d = normDim(c.attrs.getInt("dim"), x.dim(), c.op.name);
-  const DimSplit sp = splitAt(x.shape(), d);
-  const std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], sp.n);
-  const int64_t m = int64_t(idx.size());
+  const auto [sp, idx, m] = indexRows(c);
   if (out.numel() == 0) return;
   Tensor xc = contig(x);
   const size_t elem = dtypeSize(x.dtype());
@@ -65,10 +77,7 @@ void indexSelect(const KernelCtx& c) {
 
 void indexAdd(const KernelCtx& c) {
   const Tensor &x = c.inputs[0], &out = c.outputs[0];
-  const int64_t d = normDim(c.attrs.getInt("dim"), x.dim(), c.op.name);
-  const DimSplit sp = splitAt(x.shape(), d);
-  const std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], sp.n);
-  const int64_t m = int64_t(idx.size());
+  const auto [sp, idx, m] = indexRows(c);
   copyToContiguous(x, out.data());
   visitDType(x.dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T> || kIsInt<T>) {
