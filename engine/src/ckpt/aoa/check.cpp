@@ -120,6 +120,23 @@ Options parseOptions(const std::string& src, const Statement& s) {
   return o;
 }
 
+// A fused flag's two directions: `parts` keys fused into one, or one split back into them.
+struct FusedForm {
+  const char* flag;
+  size_t parts;
+  Kind fuse, split;
+  const char* usage;
+};
+constexpr FusedForm kFusedForms[] = {
+    {"fused_qkv", 3, Kind::QkvFuse, Kind::QkvSplit, "'q, k, v -> qkv' or 'qkv -> q, k, v'"},
+    {"fused_ffn", 2, Kind::FfnFuse, Kind::FfnSplit, "'gate, up -> fused' or 'fused -> gate, up'"},
+};
+const FusedForm* fusedForm(const std::string& flag) {
+  for (const FusedForm& f : kFusedForms)
+    if (flag == f.flag) return &f;
+  return nullptr;
+}
+
 }  // namespace
 
 void checkFlags(const std::string& src, const Statement& s) {
@@ -150,24 +167,15 @@ Typed check(const std::string& src, const Statement& s) {
     kind = Kind::Declare;
   } else if (rhsBlank) {
     kind = Kind::Drop;
-  } else if (flag == "fused_qkv") {
-    if (nl == 3 && nr == 1)
-      kind = Kind::QkvFuse;
-    else if (nl == 1 && nr == 3)
-      kind = Kind::QkvSplit;
+  } else if (const FusedForm* f = fusedForm(flag)) {
+    if (nl == f->parts && nr == 1)
+      kind = f->fuse;
+    else if (nl == 1 && nr == f->parts)
+      kind = f->split;
     else
       fail(src, flagPos,
-           "fused_qkv expects 'q, k, v -> qkv' or 'qkv -> q, k, v', got " + std::to_string(nl) +
-               " -> " + std::to_string(nr) + " keys");
-  } else if (flag == "fused_ffn") {
-    if (nl == 2 && nr == 1)
-      kind = Kind::FfnFuse;
-    else if (nl == 1 && nr == 2)
-      kind = Kind::FfnSplit;
-    else
-      fail(src, flagPos,
-           "fused_ffn expects 'gate, up -> fused' or 'fused -> gate, up', got " +
-               std::to_string(nl) + " -> " + std::to_string(nr) + " keys");
+           std::string(f->flag) + " expects " + f->usage + ", got " + std::to_string(nl) + " -> " +
+               std::to_string(nr) + " keys");
   } else if (nl == nr && !o.axis) {
     kind = Kind::Rename;
   } else if (nl >= 2 && nr == 1) {
