@@ -38,45 +38,34 @@ void defineSoftmax(OpTable& t) {
   };
 }
 
-void defineNorms(OpTable& t) {
-  OpDef& ln = t.at(OpId::LayerNorm, 3);
-  ln.infer = [](const OpDef& op, Inputs in, const Attrs&) {
+// layer_norm (x, weight, bias) and rms_norm (x, weight): the same checks and backward wiring;
+// the backward (grad, x, weight) returns dx and one gradient per parameter.
+void defineNorm(OpTable& t, OpId fwd, OpId bwd, bool bias) {
+  OpDef& f = t.at(fwd, bias ? 3 : 2);
+  f.infer = [bias](const OpDef& op, Inputs in, const Attrs&) {
     requireSameDtype(op.name, in);
     requireFloat(op.name, in[0], "input");
     requireLastDim(op, in[0], in[1], "weight");
-    requireLastDim(op, in[0], in[2], "bias");
+    if (bias) requireLastDim(op, in[0], in[2], "bias");
     return inferUnary(in);
   };
-  ln.backward = [](const BackwardCtx& c) -> Grads {
-    return dispatch(OpId::LayerNormBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]}, c.attrs);
+  f.backward = [bwd](const BackwardCtx& c) -> Grads {
+    return dispatch(bwd, {c.gradOutputs[0], c.inputs[0], c.inputs[1]}, c.attrs);
   };
-  t.at(OpId::LayerNormBackward, 3).infer = [](const OpDef& op, Inputs in, const Attrs&) {
+  t.at(bwd, 3).infer = [bias](const OpDef& op, Inputs in, const Attrs&) {
     requireSameDtype(op.name, in);
     KEEL_CHECK(in[0].shape() == in[1].shape(), "op '", op.name, "': grad ", shapeStr(in[0].shape()),
                " and input ", shapeStr(in[1].shape()), " differ");
     requireLastDim(op, in[1], in[2], "weight");
-    return Metas{{in[1].shape(), in[1].dtype()},
-                 {in[2].shape(), in[2].dtype()},
-                 {in[2].shape(), in[2].dtype()}};
+    Metas m{{in[1].shape(), in[1].dtype()}, {in[2].shape(), in[2].dtype()}};
+    if (bias) m.push_back({in[2].shape(), in[2].dtype()});
+    return m;
   };
+}
 
-  OpDef& rms = t.at(OpId::RmsNorm, 2);
-  rms.infer = [](const OpDef& op, Inputs in, const Attrs&) {
-    requireSameDtype(op.name, in);
-    requireFloat(op.name, in[0], "input");
-    requireLastDim(op, in[0], in[1], "weight");
-    return inferUnary(in);
-  };
-  rms.backward = [](const BackwardCtx& c) -> Grads {
-    return dispatch(OpId::RmsNormBackward, {c.gradOutputs[0], c.inputs[0], c.inputs[1]}, c.attrs);
-  };
-  t.at(OpId::RmsNormBackward, 3).infer = [](const OpDef& op, Inputs in, const Attrs&) {
-    requireSameDtype(op.name, in);
-    KEEL_CHECK(in[0].shape() == in[1].shape(), "op '", op.name, "': grad ", shapeStr(in[0].shape()),
-               " and input ", shapeStr(in[1].shape()), " differ");
-    requireLastDim(op, in[1], in[2], "weight");
-    return Metas{{in[1].shape(), in[1].dtype()}, {in[2].shape(), in[2].dtype()}};
-  };
+void defineNorms(OpTable& t) {
+  defineNorm(t, OpId::LayerNorm, OpId::LayerNormBackward, true);
+  defineNorm(t, OpId::RmsNorm, OpId::RmsNormBackward, false);
 }
 
 void defineEmbedding(OpTable& t) {
