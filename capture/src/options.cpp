@@ -3,6 +3,7 @@
 #include "keel/capture/options.h"
 
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "keel/error.h"
 #include "keel/log.h"
@@ -52,24 +53,40 @@ OpFilter filterFromJson(const json& j, const std::string& where) {
   return f;
 }
 
+// The options stored as plain JSON booleans and integers, by key: toJson writes them and fromJson
+// reads them from these tables (the rest are spelled out in both).
+using Opt = CaptureOptions;
+constexpr std::pair<const char*, bool Opt::*> kBoolKeys[] = {
+    {"graph", &Opt::graph},        {"stacks", &Opt::stacks}, {"md5", &Opt::md5},
+    {"stats", &Opt::stats},        {"dumps", &Opt::dumps},   {"logs", &Opt::logs},
+    {"allocator", &Opt::allocator}};
+constexpr std::pair<const char*, int64_t Opt::*> kIntKeys[] = {
+    {"queue_capacity", &Opt::queueCapacity},
+    {"commit_every", &Opt::commitEvery},
+    {"commit_interval_ms", &Opt::commitIntervalMs}};
+
+// Reads key k into o's member from the table, if the table has k.
+template <typename T, size_t N>
+bool readKey(const std::pair<const char*, T Opt::*> (&table)[N], const std::string& k,
+             const json& v, Opt& o) {
+  for (const auto& [key, member] : table)
+    if (k == key) {
+      o.*member = v.get<T>();
+      return true;
+    }
+  return false;
+}
+
 }  // namespace
 
 std::string CaptureOptions::toJson() const {
-  json j{{"graph", graph},
-         {"stacks", stacks},
-         {"md5", md5},
-         {"rounded_md5", roundedMd5},
-         {"stats", stats},
-         {"dumps", dumps},
+  json j{{"rounded_md5", roundedMd5},
          {"dump_filter", filterToJson(dumpFilter)},
-         {"logs", logs},
-         {"allocator", allocator},
          {"filter", filterToJson(filter)},
-         {"queue_capacity", queueCapacity},
          {"drop_policy", dropPolicyName(dropPolicy)},
-         {"on_error", errorPolicyName(onError)},
-         {"commit_every", commitEvery},
-         {"commit_interval_ms", commitIntervalMs}};
+         {"on_error", errorPolicyName(onError)}};
+  for (const auto& [key, member] : kBoolKeys) j[key] = this->*member;
+  for (const auto& [key, member] : kIntKeys) j[key] = this->*member;
   return j.dump();
 }
 
@@ -84,28 +101,14 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
   KEEL_CHECK(j.is_object(), "capture options: expected a JSON object");
   try {
     for (auto& [k, v] : j.items()) {
-      if (k == "graph")
-        o.graph = v.get<bool>();
-      else if (k == "stacks")
-        o.stacks = v.get<bool>();
-      else if (k == "md5")
-        o.md5 = v.get<bool>();
+      if (readKey(kBoolKeys, k, v, o) || readKey(kIntKeys, k, v, o))
+        continue;
       else if (k == "rounded_md5")
         o.roundedMd5 = v.get<int>();
-      else if (k == "stats")
-        o.stats = v.get<bool>();
-      else if (k == "dumps")
-        o.dumps = v.get<bool>();
       else if (k == "dump_filter")
         o.dumpFilter = filterFromJson(v, k);
-      else if (k == "logs")
-        o.logs = v.get<bool>();
-      else if (k == "allocator")
-        o.allocator = v.get<bool>();
       else if (k == "filter")
         o.filter = filterFromJson(v, k);
-      else if (k == "queue_capacity")
-        o.queueCapacity = v.get<int64_t>();
       else if (k == "drop_policy") {
         auto s = v.get<std::string>();
         KEEL_CHECK(s == "block" || s == "drop", "capture options: drop_policy '", s,
@@ -116,11 +119,7 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
         KEEL_CHECK(s == "stop" || s == "throw", "capture options: on_error '", s,
                    "' (expected stop or throw)");
         o.onError = s == "stop" ? ErrorPolicy::Stop : ErrorPolicy::Throw;
-      } else if (k == "commit_every")
-        o.commitEvery = v.get<int64_t>();
-      else if (k == "commit_interval_ms")
-        o.commitIntervalMs = v.get<int64_t>();
-      else
+      } else
         throw Error("capture options: unknown key '" + k + "'");
     }
   } catch (const json::exception& e) {
