@@ -467,6 +467,18 @@ TEST(DiffTest, JsonAndTextCarryTheReport) {
             std::string::npos);
 }
 
+// diffRuns(a, b, opt), timed: prints "100,000-op diff, <what> (<alignment>): S s" and returns the
+// report and the seconds it took.
+std::pair<ks::DiffReport, double> timedDiff(const std::vector<OpRecord>& a,
+                                            const std::vector<OpRecord>& b,
+                                            const ks::DiffOptions& opt, const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("100,000-op diff, %s (%s): %.3f s\n", what, r.steps[0].alignment.c_str(), secs);
+  return {std::move(r), secs};
+}
+
 TEST(DiffTest, HundredThousandOpStepsDiffQuickly) {
   const int n = 100'000;
   auto a = chain(n), b = chain(n, 1, 1, n / 2);
@@ -489,27 +501,19 @@ TEST(DiffTest, HundredThousandOpStepsDiffQuickly) {
     c.insert(c.begin() + (n - 1000 - i * 450), extra);
   }
   for (size_t i = 0; i < c.size(); ++i) c[i].seq = 1 + i;
-  t0 = std::chrono::steady_clock::now();
-  ks::DiffReport r2 = ks::diffRuns(a, c, opt);
-  secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("100,000-op diff, 200 insertions (%s): %.3f s\n", r2.steps[0].alignment.c_str(),
-              secs);
+  auto [r2, secs2] = timedDiff(a, c, opt, "200 insertions");
   EXPECT_EQ(r2.total.equal, n);
   EXPECT_EQ(r2.total.onlyInB, 200);
-  EXPECT_LT(secs, 10.0);
+  EXPECT_LT(secs2, 10.0);
 
   // Every 50th op missing in B (2,000 deletions): still aligned op for op.
   std::vector<OpRecord> d;
   for (int i = 0; i < n; ++i)
     if (i % 50 != 25) d.push_back(a[static_cast<size_t>(i)]);
   for (size_t i = 0; i < d.size(); ++i) d[i].seq = 1 + i;
-  t0 = std::chrono::steady_clock::now();
-  ks::DiffReport r3 = ks::diffRuns(a, d, opt);
-  secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("100,000-op diff, 2,000 deletions (%s): %.3f s\n", r3.steps[0].alignment.c_str(),
-              secs);
+  auto [r3, secs3] = timedDiff(a, d, opt, "2,000 deletions");
   EXPECT_EQ(r3.total.equal, n - 2000);
   EXPECT_EQ(r3.total.onlyInA, 2000);
   EXPECT_EQ(r3.total.onlyInB + r3.total.diverged, 0);
-  EXPECT_LT(secs, 10.0);
+  EXPECT_LT(secs3, 10.0);
 }
