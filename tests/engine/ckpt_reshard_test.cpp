@@ -14,18 +14,15 @@
 #include "keel/data.h"
 #include "keel/error.h"
 #include "keel/train.h"
+#include "train_test_util.h"
 
 namespace keel::ckpt {
 namespace {
 
 using namespace test;  // the FlexCheckpoint tests' shared helpers (ckpt_test_util.h)
+using keel::test::corpus;
 
 const std::string kSrc = KEEL_SOURCE_DIR;
-
-std::shared_ptr<const data::TextDataset> corpus() {
-  static auto ds = std::make_shared<const data::TextDataset>(data::TextDataset::defaultCorpus());
-  return ds;
-}
 
 Arr arrOf(const Tensor& t) {
   Tensor c = t.contiguous();

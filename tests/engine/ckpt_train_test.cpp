@@ -14,24 +14,16 @@
 #include "keel/error.h"
 #include "keel/train.h"
 #include "test_util.h"
+#include "train_test_util.h"
 
 namespace keel::ckpt {
 namespace {
 
+using keel::test::bytesOf;
+using keel::test::corpus;
 using test::tempDir;
 
 const std::string kSrc = KEEL_SOURCE_DIR;
-
-std::shared_ptr<const data::TextDataset> corpus() {
-  static auto ds = std::make_shared<const data::TextDataset>(data::TextDataset::defaultCorpus());
-  return ds;
-}
-
-std::vector<uint8_t> bytesOf(const Tensor& t) {
-  Tensor c = t.contiguous();
-  const auto* p = static_cast<const uint8_t*>(c.data());
-  return std::vector<uint8_t>(p, p + c.nbytes());
-}
 
 struct RunOut {
   std::vector<double> losses;

@@ -13,27 +13,19 @@
 #include "keel/data.h"
 #include "keel/train.h"
 #include "test_util.h"
+#include "train_test_util.h"
 
 namespace keel {
 namespace {
 
+using test::bytesOf;
+using test::corpus;
 using test::kCpu;
 using test::kCpuRef;
 const std::string kSrc = KEEL_SOURCE_DIR;
 
-std::shared_ptr<const data::TextDataset> corpus() {
-  static auto ds = std::make_shared<const data::TextDataset>(data::TextDataset::defaultCorpus());
-  return ds;
-}
-
 GptConfig tiny(const std::string& name) {
   return loadGptConfig(kSrc + "/tests/fixtures/" + name + ".json");
-}
-
-std::vector<uint8_t> bytesOf(const Tensor& t) {
-  Tensor c = t.contiguous();
-  const auto* p = static_cast<const uint8_t*>(c.data());
-  return std::vector<uint8_t>(p, p + c.nbytes());
 }
 
 struct RunResult {
