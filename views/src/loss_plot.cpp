@@ -19,7 +19,7 @@ namespace keel::views {
 
 struct LossPlot::Impl {
   QCustomPlot* plot = nullptr;
-  QCPTextElement* title = nullptr;
+  QLabel* note = nullptr;  // beside the combo: what is missing or marked
   QVector<double> markedSteps;
   QStringList markerLabels;
   QCPRange dataX{0, 10}, dataY{0, 1};  // what rescale() fits to
@@ -125,11 +125,6 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   legendFont.setPointSizeF(legendFont.pointSizeF() * 0.9);
   plot->legend->setFont(legendFont);
   plot->plotLayout()->setRowStretchFactor(1, 0.001);
-  plot->plotLayout()->insertRow(0);
-  QFont titleFont = font();
-  titleFont.setBold(true);
-  impl_->title = new QCPTextElement(plot, QString(), titleFont);
-  plot->plotLayout()->addElement(0, 0, impl_->title);
   plot->setToolTip(tr("drag to pan, wheel to zoom, double-click to fit"));
   connect(plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
 
@@ -137,7 +132,9 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   bar->setContentsMargins(4, 2, 4, 0);
   bar->addWidget(new QLabel(tr("Metric")));
   bar->addWidget(combo_);
-  bar->addStretch(1);
+  impl_->note = new QLabel;
+  impl_->note->setObjectName("metricNote");
+  bar->addWidget(impl_->note, 1);
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
   layout->setSpacing(0);
@@ -269,13 +266,18 @@ void LossPlot::rebuild() {
 
   const QString name = metricName(metric_);
   plot->yAxis->setLabel(name);
-  const QString title = name.left(1).toUpper() + name.mid(1);
+  QString note;
   if (!a_ && !b_)
-    impl_->title->setText(tr("Metrics per step — no recording open"));
+    note = tr("no recording open");
   else if (!std::isfinite(yLo))
-    impl_->title->setText(tr("%1 per step — no finite value recorded").arg(title));
-  else
-    impl_->title->setText(tr("%1 per step").arg(title));
+    note = tr("no finite value recorded");
+  if (!impl_->markedSteps.isEmpty())
+    note += (note.isEmpty() ? QString() : QStringLiteral("; ")) +
+            QStringLiteral("<span style='color:#c62828'>%1</span>")
+                .arg(impl_->markedSteps.size() == 1
+                         ? tr("1 step not finite (dashed red)")
+                         : tr("%1 steps not finite (dashed red)").arg(impl_->markedSteps.size()));
+  impl_->note->setText(note);
 
   // Tick labels: plain numbers for big ones (tokens/s), powers of ten for tiny ones (learning
   // rates), four significant digits otherwise.
@@ -308,6 +310,13 @@ void LossPlot::rebuild() {
   impl_->dataX = QCPRange(xLo, xHi);
   impl_->dataY = QCPRange(yLo, yHi);
   rescale();
+}
+
+void LossPlot::resizeEvent(QResizeEvent* e) {
+  QWidget::resizeEvent(e);
+  // About one value tick per 40 px of height, so a docked plot's labels do not crowd.
+  impl_->plot->yAxis->ticker()->setTickCount(std::clamp(impl_->plot->height() / 40, 2, 6));
+  impl_->plot->replot();
 }
 
 void LossPlot::rescale() {

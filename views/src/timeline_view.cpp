@@ -306,9 +306,10 @@ void TimelineView::paintEvent(QPaintEvent*) {
         p.setPen(phaseFill(b.phase).darker(150));
         p.drawRect(box.adjusted(0.5, 0.5, -0.5, -0.5));
       }
-      if (box.width() > 24 && step_) {
+      // The op's name where at least a few letters of it fit.
+      const QRectF text = box.intersected(QRectF(left, top, w, h)).adjusted(3, 0, -2, 0);
+      if (step_ && text.width() > fm.horizontalAdvance(QStringLiteral("mat…"))) {
         const QString name = QString::fromStdString(step_->ops[size_t(b.op)].name);
-        const QRectF text = box.intersected(QRectF(left, top, w, h)).adjusted(3, 0, -2, 0);
         p.setPen(QColor(0x10, 0x18, 0x20));
         p.drawText(text, Qt::AlignLeft | Qt::AlignVCenter,
                    fm.elidedText(name, Qt::ElideRight, int(text.width())));
@@ -344,7 +345,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   p.fillRect(QRectF(0, 0, left - 2, kHeader), palette().window());
   p.setPen(palette().color(QPalette::PlaceholderText));
   p.drawText(QRectF(6, 0, left - 8, kHeader), Qt::AlignLeft | Qt::AlignVCenter,
-             durationText(span_));
+             tr("step %1").arg(step_ ? step_->step : 0));
   // Legend and help, bottom right, when the rows leave room.
   const double legendY = kHeader + rowCount() * kRowH + 6;
   if (legendY + fm.height() + 4 < height()) {
@@ -358,8 +359,24 @@ void TimelineView::paintEvent(QPaintEvent*) {
     }
     p.setPen(palette().color(QPalette::PlaceholderText));
     p.drawText(QPointF(x + 10, legendY + fm.ascent()),
-               tr("%1 ops · wheel: zoom · drag: pan · double-click: fit · click: select")
-                   .arg(step_ ? step_->ops.size() : 0));
+               tr("%1 ops in %2, showing %3 · wheel: zoom · drag: pan · double-click: fit · "
+                  "click: select")
+                   .arg(step_ ? step_->ops.size() : 0)
+                   .arg(durationText(double(model_.spanNs)), durationText(span_)));
+    // The selected op, in words, under the legend.
+    const double selY = legendY + fm.height() + 4;
+    if (selected && step_ && selY + fm.height() < height()) {
+      const auto& op = step_->ops[size_t(selected->op)];
+      p.setPen(palette().color(QPalette::WindowText));
+      p.drawText(QPointF(left, selY + fm.ascent()),
+                 tr("selected: %1 #%2 %3 · %4 at +%5 · thread %6")
+                     .arg(QString::fromStdString(op.name))
+                     .arg(op.seq)
+                     .arg(QString::fromStdString(op.scope))
+                     .arg(durationText(double(selected->end - selected->begin)))
+                     .arg(durationText(double(selected->begin)))
+                     .arg(op.thread));
+    }
   }
 }
 

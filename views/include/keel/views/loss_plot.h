@@ -53,6 +53,9 @@ class LossPlot : public QWidget {
 
   static QString metricName(Metric m);
 
+ protected:
+  void resizeEvent(QResizeEvent* e) override;
+
  private:
   void rebuild();
 
