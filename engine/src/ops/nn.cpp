@@ -71,9 +71,7 @@ void defineNorms(OpTable& t) {
 void defineEmbedding(OpTable& t) {
   OpDef& o = t.at(OpId::Embedding, 2);
   o.infer = [](const OpDef& op, Inputs in, const Attrs&) {
-    requireFloat(op.name, in[0], "weight");
-    KEEL_CHECK(in[0].dim() == 2, "op '", op.name, "': weight must be [V, D], got ",
-               shapeStr(in[0].shape()));
+    requireFloatMatrix(op.name, in[0], "weight", "V, D");
     requireIndex(op.name, in[1], "indices");
     Shape s = in[1].shape();
     s.push_back(in[0].size(1));
@@ -100,9 +98,7 @@ void defineEmbedding(OpTable& t) {
 void defineCrossEntropy(OpTable& t) {
   OpDef& o = t.at(OpId::CrossEntropy, 2);
   o.infer = [](const OpDef& op, Inputs in, const Attrs&) {
-    requireFloat(op.name, in[0], "logits");
-    KEEL_CHECK(in[0].dim() == 2, "op '", op.name, "': logits must be [N, C], got ",
-               shapeStr(in[0].shape()));
+    requireFloatMatrix(op.name, in[0], "logits", "N, C");
     requireIndex(op.name, in[1], "targets");
     KEEL_CHECK(in[1].dim() == 1 && in[1].size(0) == in[0].size(0), "op '", op.name, "': targets ",
                shapeStr(in[1].shape()), " do not match logits ", shapeStr(in[0].shape()),

@@ -26,6 +26,12 @@ void requireIndex(std::string_view op, const Tensor& t, std::string_view what) {
   KEEL_CHECK(isIntegral(t.dtype()), "op '", op, "': ", what, " must be int32 or int64, got ",
              dtypeName(t.dtype()), " ", shapeStr(t.shape()));
 }
+void requireFloatMatrix(std::string_view op, const Tensor& t, std::string_view what,
+                        std::string_view layout) {
+  requireFloat(op, t, what);
+  KEEL_CHECK(t.dim() == 2, "op '", op, "': ", what, " must be [", layout, "], got ",
+             shapeStr(t.shape()));
+}
 
 Tensor zerosLike(const Tensor& t) {
   return fill(t.shape(), 0.0, t.dtype(), t.device());

@@ -66,6 +66,9 @@ Metas inferGradLike(const OpDef& def, Inputs in);
 void requireSameDtype(std::string_view op, Inputs in);
 void requireFloat(std::string_view op, const Tensor& t, std::string_view what);
 void requireIndex(std::string_view op, const Tensor& t, std::string_view what);
+// A float 2-D input; else "op 'OP': WHAT must be [LAYOUT], got SHAPE" (layout: "N, C").
+void requireFloatMatrix(std::string_view op, const Tensor& t, std::string_view what,
+                        std::string_view layout);
 // The shape of s reduced over dims (empty: all), keeping size-1 dims if keepdim.
 Shape reducedShape(const Shape& s, std::vector<int64_t> dims, bool keepdim, std::string_view op);
 // Sums g over broadcast dims so it has `shape`.
