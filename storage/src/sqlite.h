@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "keel/storage/errors.h"
 
@@ -71,6 +72,15 @@ class Stmt {
     check(sqlite3_bind_blob64(st_, i, n ? p : "", n, SQLITE_STATIC));
   }
   void bindNull(int i) { check(sqlite3_bind_null(st_, i)); }
+  // Binds v... to parameters first, first + 1, ... in order: anything a string_view takes as text,
+  // numbers through bind. Arguments are evaluated before any is bound, in no set order, so pass
+  // values, not calls whose side effects must happen in sequence.
+  template <typename... V>
+  Stmt& bindFrom(int first, const V&... v) {
+    int i = first;
+    (bindOne(i++, v), ...);
+    return *this;
+  }
 
   bool prepared() const { return st_ != nullptr; }
   // Steps once: true with a row, false when done. Throws StorageError on any error.
@@ -100,6 +110,13 @@ class Stmt {
   size_t blobSize(int c) const { return static_cast<size_t>(sqlite3_column_bytes(st_, c)); }
 
  private:
+  template <typename V>
+  void bindOne(int i, const V& v) {
+    if constexpr (std::is_convertible_v<const V&, std::string_view>)
+      bindText(i, v);
+    else
+      bind(i, v);
+  }
   void check(int rc) const {
     if (rc != SQLITE_OK) db_->fail("bind failed", rc);
   }

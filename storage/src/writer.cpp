@@ -138,17 +138,10 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
                    "INSERT INTO run(id, backend, device, host, config_json, seed, engine_version,"
                    " start_time_unix_ns, capture_options_json, status, allocator) "
                    "VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
-  insRun.bindText(1, run.backend);
-  insRun.bindText(2, run.device);
-  insRun.bindText(3, run.host);
-  insRun.bindText(4, run.configJson);
-  insRun.bind(5, run.seed);
-  insRun.bindText(6, run.engineVersion);
-  insRun.bind(7, run.startTimeUnixNs);
-  insRun.bindText(8, run.captureOptionsJson);
-  insRun.bindText(9, run.status);
-  insRun.bindText(10, run.allocator);
-  insRun.run();  // autocommit: the run row is durable before the first batch
+  insRun
+      .bindFrom(1, run.backend, run.device, run.host, run.configJson, run.seed, run.engineVersion,
+                run.startTimeUnixNs, run.captureOptionsJson, run.status, run.allocator)
+      .run();  // autocommit: the run row is durable before the first batch
   begin_.run();
 }
 
@@ -203,11 +196,7 @@ int64_t SqliteWriter::intern(std::string_view s) {
 int64_t SqliteWriter::internFrame(const StackFrame& f) {
   auto key = std::tuple(f.address, intern(f.function), intern(f.file), f.line);
   if (auto it = frames_.find(key); it != frames_.end()) return it->second;
-  insFrame_.bind(1, f.address);
-  insFrame_.bind(2, std::get<1>(key));
-  insFrame_.bind(3, std::get<2>(key));
-  insFrame_.bind(4, f.line);
-  insFrame_.run();
+  insFrame_.bindFrom(1, f.address, std::get<1>(key), std::get<2>(key), f.line).run();
   int64_t id = sqlite3_last_insert_rowid(db_.get());
   frames_.emplace(key, id);
   return id;
@@ -215,31 +204,21 @@ int64_t SqliteWriter::internFrame(const StackFrame& f) {
 
 void SqliteWriter::writeStep(const StepRecord& s) {
   guarded([&] {
-    insStep_.bind(1, s.step);
-    insStep_.bind(2, s.beginNs);
-    insStep_.bind(3, s.endNs);
-    insStep_.bind(4, s.loss);
-    insStep_.bind(5, s.lr);
-    insStep_.bind(6, s.gradNorm);
-    insStep_.bind(7, s.tokensPerSec);
-    insStep_.bind(8, s.auxLoss);
-    insStep_.run();
+    insStep_
+        .bindFrom(1, s.step, s.beginNs, s.endNs, s.loss, s.lr, s.gradNorm, s.tokensPerSec,
+                  s.auxLoss)
+        .run();
   });
 }
 
 void SqliteWriter::writeOp(const OpRecord& op) {
   guarded([&] {
+    // Interned in this order (one declaration: its initializers run in sequence).
+    const int64_t phase = intern(std::string(phaseName(op.phase))), name = intern(op.name),
+                  attrs = intern(op.attrsJson), scope = intern(op.scope);
     sql::Stmt& o = insOp_;
-    o.bind(1, op.seq);
-    o.bind(2, op.step);
-    o.bind(3, intern(std::string(phaseName(op.phase))));
-    o.bind(4, intern(op.name));
-    o.bind(5, intern(op.attrsJson));
-    o.bind(6, intern(op.scope));
-    o.bind(7, op.thread);
-    o.bind(8, op.beginNs);
-    o.bind(9, op.endNs);
-    o.bind(10, op.forwardSeq);
+    o.bindFrom(1, op.seq, op.step, phase, name, attrs, scope, op.thread, op.beginNs, op.endNs,
+               op.forwardSeq);
     if (op.stackId >= 0) o.bind(11, op.stackId);
     o.run();
     if (op.tensors.empty()) return;
@@ -251,8 +230,7 @@ void SqliteWriter::writeOp(const OpRecord& op) {
       nonfinite |=
           r.role == Role::Output && r.hasStats && (r.stats.nanCount > 0 || r.stats.infCount > 0);
     }
-    insTensors_.bind(1, op.seq);
-    insTensors_.bind(2, static_cast<int64_t>(op.tensors.size()));
+    insTensors_.bindFrom(1, op.seq, static_cast<int64_t>(op.tensors.size()));
     insTensors_.bindBlob(3, packed_.bytes().data(), packed_.bytes().size());
     insTensors_.run();
     if (nonfinite) {
@@ -264,46 +242,29 @@ void SqliteWriter::writeOp(const OpRecord& op) {
 
 void SqliteWriter::writeStack(const StackRecord& s) {
   guarded([&] {
-    insStack_.bind(1, s.id);
-    insStack_.bind(2, static_cast<int64_t>(s.frames.size()));
-    insStack_.run();
+    insStack_.bindFrom(1, s.id, static_cast<int64_t>(s.frames.size())).run();
     if (sqlite3_changes(db_.get()) == 0) return;  // this id was written before
     for (size_t d = 0; d < s.frames.size(); ++d) {
       int64_t frame = internFrame(s.frames[d]);
-      insStackFrame_.bind(1, s.id);
-      insStackFrame_.bind(2, static_cast<int64_t>(d));
-      insStackFrame_.bind(3, frame);
-      insStackFrame_.run();
+      insStackFrame_.bindFrom(1, s.id, static_cast<int64_t>(d), frame).run();
     }
   });
 }
 
 void SqliteWriter::writeLog(const LogRecord& l) {
   guarded([&] {
-    insLog_.bind(1, l.opSeq);
-    insLog_.bind(2, l.step);
-    insLog_.bind(3, static_cast<int>(l.level));
-    insLog_.bind(4, intern(l.scope));
-    insLog_.bindText(5, l.message);
-    insLog_.bind(6, l.timeNs);
-    insLog_.run();
+    const int64_t scope = intern(l.scope);
+    insLog_.bindFrom(1, l.opSeq, l.step, static_cast<int>(l.level), scope, l.message, l.timeNs)
+        .run();
   });
 }
 
 void SqliteWriter::writeMem(const MemRecord& m) {
   guarded([&] {
-    insMem_.bind(1, m.timeNs);
-    insMem_.bind(2, intern(std::string(memEventName(m.kind))));
-    insMem_.bind(3, intern(m.device));
-    insMem_.bind(4, m.address);
-    insMem_.bind(5, m.bytes);
-    insMem_.bind(6, m.toAddress);
-    insMem_.bind(7, m.opSeq);
-    insMem_.bind(8, m.step);
+    const int64_t kind = intern(std::string(memEventName(m.kind))), device = intern(m.device);
+    insMem_.bindFrom(1, m.timeNs, kind, device, m.address, m.bytes, m.toAddress, m.opSeq, m.step);
     if (m.stackId >= 0) insMem_.bind(9, m.stackId);
-    insMem_.bind(10, m.allocatedAfter);
-    insMem_.bind(11, m.reservedAfter);
-    insMem_.bind(12, m.bufferId);
+    insMem_.bindFrom(10, m.allocatedAfter, m.reservedAfter, m.bufferId);
     if (m.tag != MemTag::None) insMem_.bind(13, intern(std::string(memTagName(m.tag))));
     if (!m.label.empty()) insMem_.bind(14, intern(m.label));
     insMem_.run();
@@ -313,13 +274,9 @@ void SqliteWriter::writeMem(const MemRecord& m) {
 void SqliteWriter::writeDump(const DumpRecord& d) {
   guarded([&] {
     detail::appendDims(shapeBuf_, d.shape);
-    insDump_.bind(1, d.opSeq);
-    insDump_.bind(2, static_cast<int>(d.role));
-    insDump_.bind(3, d.index);
-    insDump_.bind(4, intern(d.dtype));
-    insDump_.bindText(5, shapeBuf_);
-    insDump_.bind(6, intern(d.codec));
-    insDump_.bind(7, d.rawBytes);
+    const int64_t dtype = intern(d.dtype), codec = intern(d.codec);
+    insDump_.bindFrom(1, d.opSeq, static_cast<int>(d.role), d.index, dtype, shapeBuf_, codec,
+                      d.rawBytes);
     insDump_.bindBlob(8, d.data.data(), d.data.size());
     insDump_.run();
   });
@@ -333,11 +290,7 @@ void SqliteWriter::setRunStatus(const std::string& status) {
 }
 
 void SqliteWriter::addDropped(const std::string& kind, int64_t count) {
-  guarded([&] {
-    addDropped_.bindText(1, kind);
-    addDropped_.bind(2, count);
-    addDropped_.run();
-  });
+  guarded([&] { addDropped_.bindFrom(1, kind, count).run(); });
 }
 
 void SqliteWriter::commit() {
