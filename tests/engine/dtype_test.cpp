@@ -188,11 +188,7 @@ TEST_P(Casts, StridedSourceCastsInRowMajorOrder) {
   EXPECT_EQ(ops::cast(x, I32).toVector<int32_t>(), (std::vector<int32_t>{1, 4, 2, 5, 3, 6}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Casts, ::testing::Values(kCpuRef, kCpu),
-                         [](const ::testing::TestParamInfo<Device>& i) {
-                           return i.param == Device(Backend::Cpu) ? std::string("cpu")
-                                                                  : std::string("cpu_ref");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, Casts, ::testing::Values(kCpuRef, kCpu), backendParamName);
 
 // ---------------------------------------------------------------- views and storage
 TEST(Views, TransposeSharesStorageAndIsNotContiguous) {

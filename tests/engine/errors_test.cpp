@@ -244,11 +244,7 @@ TEST_P(IndexErrors, CrossEntropyTargetOutOfRange) {
       {"cross_entropy", "15", "5"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, IndexErrors, ::testing::Values(kCpuRef, kCpu),
-                         [](const ::testing::TestParamInfo<Device>& i) {
-                           return i.param == Device(Backend::Cpu) ? std::string("cpu")
-                                                                  : std::string("cpu_ref");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, IndexErrors, ::testing::Values(kCpuRef, kCpu), backendParamName);
 
 }  // namespace
 }  // namespace keel::test

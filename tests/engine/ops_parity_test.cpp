@@ -1226,11 +1226,7 @@ TEST_P(ExactValues, OptimizerStepsFollowTheDocumentedFormulas) {
   EXPECT_NEAR(v.item(), 0.001 * 0.25, 1e-17);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ExactValues, ::testing::Values(kCpuRef, kCpu),
-                         [](const ::testing::TestParamInfo<Device>& i) {
-                           return i.param == Device(Backend::Cpu) ? std::string("cpu")
-                                                                  : std::string("cpu_ref");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, ExactValues, ::testing::Values(kCpuRef, kCpu), backendParamName);
 
 }  // namespace
 }  // namespace keel::test

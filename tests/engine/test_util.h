@@ -28,6 +28,10 @@ namespace keel::test {
 
 inline const Device kCpu{Backend::Cpu};
 inline const Device kCpuRef{Backend::CpuRef};
+// Test names for suites parameterized over {kCpuRef, kCpu}: "cpu_ref", "cpu".
+inline std::string backendParamName(const ::testing::TestParamInfo<Device>& i) {
+  return i.param == kCpu ? "cpu" : "cpu_ref";
+}
 
 // Uniform values in [low, high) from std::mt19937_64(seed), converted to dtype (rounded to nearest
 // even for 16-bit floats, truncated toward zero for ints, x != 0 for bool).
