@@ -57,13 +57,16 @@ TEST(AllocTraceTest, ParsesAndWritesTheTextFormat) {
 }
 
 TEST(AllocTraceTest, BadLinesNameFileAndLine) {
-  EXPECT_EQ(parseError("a 1 10\nx 2\n"), "t.trace:2: unknown event 'x' (expected a, f or s)");
-  EXPECT_EQ(parseError("f 3\n"), "t.trace:1: free of block 3, which is not live");
-  EXPECT_EQ(parseError("a 1 10\na 1 20\n"), "t.trace:2: block 1 is already live");
-  EXPECT_EQ(parseError("a 1 0\n"), "t.trace:1: block size 0 is out of range (1 .. 2^44)");
-  EXPECT_EQ(parseError("a 1\n"), "t.trace:1: expected 'a ID BYTES'");
-  EXPECT_EQ(parseError("a 1 10 9\n"), "t.trace:1: unexpected '9' after the event");
-  EXPECT_EQ(parseError("a -1 10\n"), "t.trace:1: expected 'a ID BYTES'");
+  const std::pair<const char*, const char*> cases[] = {
+      {"a 1 10\nx 2\n", "t.trace:2: unknown event 'x' (expected a, f or s)"},
+      {"f 3\n", "t.trace:1: free of block 3, which is not live"},
+      {"a 1 10\na 1 20\n", "t.trace:2: block 1 is already live"},
+      {"a 1 0\n", "t.trace:1: block size 0 is out of range (1 .. 2^44)"},
+      {"a 1\n", "t.trace:1: expected 'a ID BYTES'"},
+      {"a 1 10 9\n", "t.trace:1: unexpected '9' after the event"},
+      {"a -1 10\n", "t.trace:1: expected 'a ID BYTES'"},
+  };
+  for (const auto& [text, error] : cases) EXPECT_EQ(parseError(text), error) << text;
   EXPECT_THROW(readAllocTrace("/no/such/trace"), Error);
 }
 
