@@ -265,19 +265,10 @@ Checkpoint Checkpoint::open(const std::string& path) {
     // A single safetensors file: every tensor one whole shard.
     auto r = std::make_shared<st::Reader>(path);
     c.meta_.files.push_back(fs::path(path).filename().string());
-    for (const auto& t : r->header().tensors) {
-      KeyInfo k;
-      k.key = t.name;
-      k.dtype = t.dtype;
-      k.shape = t.shape;
-      ShardInfo s;
-      s.offset.assign(t.shape.size(), 0);
-      s.shape = t.shape;
-      s.begin = r->header().dataStart + t.begin;
-      s.end = r->header().dataStart + t.end;
-      k.shards.push_back(std::move(s));
-      c.meta_.keys.push_back(std::move(k));
-    }
+    for (const auto& t : r->header().tensors)
+      c.meta_.keys.push_back(detail::wholeKey(t.name, t.dtype, t.shape,
+                                              r->header().dataStart + t.begin,
+                                              r->header().dataStart + t.end));
     // Keep the header's names in data order, as a reader listing the file would.
     c.readers_.push_back(std::move(r));
     return c;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/checkpoint.h"
@@ -24,6 +25,22 @@ struct ItemGeom {
     return v;
   }
 };
+
+// A key stored as one whole shard at bytes [begin, end) of file 0.
+inline KeyInfo wholeKey(std::string key, st::DType dtype, const Dims& shape, uint64_t begin,
+                        uint64_t end) {
+  KeyInfo k;
+  k.key = std::move(key);
+  k.dtype = dtype;
+  k.shape = shape;
+  ShardInfo s;
+  s.offset.assign(shape.size(), 0);
+  s.shape = shape;
+  s.begin = begin;
+  s.end = end;
+  k.shards.push_back(std::move(s));
+  return k;
+}
 
 // Computes the geometry of item `it` of a target shard with box (tOff, tShape). Returns false
 // when the boxes do not intersect (never for items the planner emitted).

@@ -805,16 +805,9 @@ void saveTensors(const std::string& dir, const std::vector<HostTensor>& tensors,
   for (const auto& t : tensors) {
     KEEL_CHECK(t.data != nullptr || st::byteCount(t.shape, t.dtype, t.key) == 0, "saveTensors: '",
                t.key, "' has no data");
-    KeyInfo k;
-    k.key = t.key;
-    k.dtype = t.dtype;
-    k.shape = t.shape;
-    ShardInfo s;
-    s.offset.assign(t.shape.size(), 0);
-    s.shape = t.shape;
-    s.end = st::byteCount(t.shape, t.dtype, "saveTensors: '" + t.key + "'");
-    k.shards.push_back(std::move(s));
-    src.keys.push_back(std::move(k));
+    src.keys.push_back(
+        detail::wholeKey(t.key, t.dtype, t.shape, 0,
+                         st::byteCount(t.shape, t.dtype, "saveTensors: '" + t.key + "'")));
   }
   Plan plan = makePlan(src, nullptr, spec);
   detail::MemorySource source(tensors);
