@@ -10,6 +10,7 @@
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QStandardItemModel>
+#include <QToolTip>
 #include <QVBoxLayout>
 #include <algorithm>
 #include <cmath>
@@ -127,6 +128,17 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   plot->plotLayout()->setRowStretchFactor(1, 0.001);
   plot->setToolTip(tr("drag to pan, wheel to zoom, double-click to fit"));
   connect(plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
+  // Hovering a step shows every run's value there, exactly as recorded.
+  plot->setMouseTracking(true);
+  connect(plot, &QCustomPlot::mouseMove, this, [this, plot](QMouseEvent* e) {
+    if (e->buttons() != Qt::NoButton) return;
+    const double x = plot->xAxis->pixelToCoord(e->position().x());
+    const QString text = valuesAtStep(int64_t(std::llround(x)));
+    if (text.isEmpty() || !plot->axisRect()->rect().contains(e->position().toPoint()))
+      QToolTip::hideText();
+    else
+      QToolTip::showText(e->globalPosition().toPoint(), text, plot);
+  });
 
   auto* bar = new QHBoxLayout;
   bar->setContentsMargins(4, 2, 4, 0);
@@ -144,6 +156,23 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
 }
 
 LossPlot::~LossPlot() = default;
+
+QString LossPlot::valuesAtStep(int64_t step) const {
+  QStringList parts;
+  for (const auto& [run, side] : {std::pair{a_.get(), "A"}, std::pair{b_.get(), "B"}}) {
+    if (!run) continue;
+    auto it = std::find_if(run->steps.begin(), run->steps.end(),
+                           [step](const auto& s) { return s.step == step; });
+    if (it == run->steps.end()) continue;
+    const double v = valueOf(*it, metric_);
+    const QString value = std::isfinite(v) ? QString::number(v, 'g', 8) : nonFiniteText(v);
+    parts << (a_ && b_ ? QStringLiteral("%1: %2").arg(QLatin1String(side), value) : value);
+  }
+  if (parts.isEmpty()) return {};
+  return tr("step %1, %2: %3")
+      .arg(step)
+      .arg(metricName(metric_), parts.join(QStringLiteral(" · ")));
+}
 
 bool LossPlot::isAvailable(Metric m) const {
   return recorded(a_.get(), m) || recorded(b_.get(), m);

@@ -8,6 +8,7 @@
 #include <QPointF>
 #include <QVector>
 #include <QWidget>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
@@ -50,6 +51,8 @@ class LossPlot : public QWidget {
   std::pair<double, double> xRange() const;
   std::pair<double, double> yRange() const;
   QComboBox* metricCombo() const { return combo_; }
+  // The hover text at `step`: "step 2, loss: A: 5.5500001 · B: NaN"; empty past the runs.
+  QString valuesAtStep(int64_t step) const;
 
   static QString metricName(Metric m);
 
