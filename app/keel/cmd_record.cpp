@@ -205,8 +205,10 @@ Command addRecordCommand(CLI::App& root) {
       ->capture_default_str();
   c->add_option("--break-on", a->breakOn,
                 "stop after the op that meets a condition: nan (first NaN/Inf output), op:NAME, "
-                "scope:SCOPE, md5-ref:REF.db (first output MD5 differing from REF); keeps "
-                "everything recorded, prints where it stopped and exits 1 (repeatable)")
+                "scope:SCOPE, md5-ref:REF.db (first output MD5 differing from REF); or at the end "
+                "of a step: step:N, grad-norm>X, loss>K*mean (K times the earlier steps' mean); "
+                "@N after any: the Nth hit. Keeps everything recorded, prints where it stopped "
+                "and exits 1 (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   c->add_option("--verbose", a->verbose,
                 "verbose engine logs only in these scopes, e.g. blocks.1.attn,blocks.0:backward");

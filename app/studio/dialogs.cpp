@@ -11,11 +11,15 @@
 #include <QFileInfo>
 #include <QFormLayout>
 #include <QHBoxLayout>
+#include <QHeaderView>
+#include <QLabel>
 #include <QLineEdit>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QStandardPaths>
+#include <QTableWidget>
 #include <QVBoxLayout>
+#include <algorithm>
 #include <functional>
 
 #include "keel/registry.h"
@@ -163,44 +167,142 @@ SessionConfig NewSessionDialog::config() const {
 
 BreakpointsDialog::BreakpointsDialog(const Breakpoints& b, QWidget* parent) : QDialog(parent) {
   setWindowTitle("Breakpoints");
-  auto* form = new QFormLayout;
-  opName_ = new QComboBox;
-  opName_->setEditable(true);
-  opName_->addItem(QString());
-  QStringList names;
-  for (int i = 0; i < Registry::get().size(); ++i)
-    names << QString::fromStdString(Registry::get().op(i).name);
-  names.sort();
-  opName_->addItems(names);
-  opName_->setCurrentText(b.opName);
-  form->addRow("After every call of op", opName_);
-  scope_ = new QLineEdit(b.scope);
-  scope_->setPlaceholderText("e.g. blocks.1.attn");
-  form->addRow("After every op in scope", scope_);
-  nonFinite_ = new QCheckBox("at the first op with a NaN or Inf output");
-  nonFinite_->setChecked(b.nonFinite);
-  form->addRow("NaN / Inf", nonFinite_);
-  reference_ = new QLineEdit(b.referencePath);
-  reference_->setPlaceholderText("a recording of the same config and seed");
-  form->addRow("First MD5 differing from", withBrowse(reference_, [this] {
-                 return QFileDialog::getOpenFileName(this, "Reference recording", QString(),
-                                                     "Keel recordings (*.db)");
-               }));
+  resize(620, 420);
+  table_ = new QTableWidget(0, 2);
+  table_->setObjectName("breakpointTable");
+  table_->setHorizontalHeaderLabels({"On", "Condition"});
+  table_->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
+  table_->horizontalHeader()->setStretchLastSection(true);
+  table_->verticalHeader()->hide();
+  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
+  for (const Breakpoint& p : b.list) addBreakpoint(p.item, p.enabled);
+
+  kind_ = new QComboBox;
+  kind_->setObjectName("breakpointKind");
+  kind_->addItem("After every call of op", "op:");
+  kind_->addItem("After every op in scope", "scope:");
+  kind_->addItem("At the end of step", "step:");
+  kind_->addItem("At the first NaN / Inf output", "nan");
+  kind_->addItem("When the gradient norm is above", "grad-norm>");
+  kind_->addItem("When the loss is above k × its mean, k =", "loss>");
+  kind_->addItem("At the first MD5 differing from recording", "md5-ref:");
+  value_ = new QComboBox;
+  value_->setObjectName("breakpointValue");
+  value_->setEditable(true);
+  value_->setMinimumWidth(200);
+  hits_ = new QSpinBox;
+  hits_->setObjectName("breakpointHits");
+  hits_->setRange(0, 1000000);
+  hits_->setSpecialValueText("every hit");
+  hits_->setPrefix("hit ");
+  hits_->setToolTip("Stop only at the Nth time the condition holds");
+  auto updateValues = [this] {
+    const QString k = kind_->currentData().toString();
+    value_->clear();
+    if (k == "op:") {
+      QStringList names;
+      for (int i = 0; i < Registry::get().size(); ++i)
+        names << QString::fromStdString(Registry::get().op(i).name);
+      names.sort();
+      value_->addItems(names);
+    }
+    value_->setEnabled(k != "nan");
+    value_->lineEdit()->setPlaceholderText(k == "scope:"       ? "e.g. blocks.1.attn"
+                                           : k == "step:"      ? "step number"
+                                           : k == "md5-ref:"   ? "reference recording (.db)"
+                                           : k == "grad-norm>" ? "e.g. 10"
+                                           : k == "loss>"      ? "e.g. 2"
+                                                               : QString());
+    value_->setCurrentText(k == "op:" ? "matmul" : QString());
+  };
+  connect(kind_, &QComboBox::currentIndexChanged, this, updateValues);
+  updateValues();
+  auto* browse = new QPushButton("…");
+  browse->setToolTip("Choose a reference recording");
+  connect(browse, &QPushButton::clicked, this, [this] {
+    QString p = QFileDialog::getOpenFileName(this, "Reference recording", QString(),
+                                             "Keel recordings (*.db)");
+    if (p.isEmpty()) return;
+    kind_->setCurrentIndex(kind_->findData("md5-ref:"));
+    value_->setCurrentText(p);
+  });
+  auto* add = new QPushButton("Add");
+  add->setObjectName("breakpointAdd");
+  connect(add, &QPushButton::clicked, this, [this] {
+    addBreakpoint(
+        itemFor(kind_->currentData().toString(), value_->currentText().trimmed(), hits_->value()));
+  });
+  auto* remove = new QPushButton("Remove");
+  remove->setObjectName("breakpointRemove");
+  connect(remove, &QPushButton::clicked, this, [this] {
+    QList<int> rows;
+    for (const QModelIndex& i : table_->selectionModel()->selectedRows()) rows << i.row();
+    std::sort(rows.begin(), rows.end(), std::greater<int>());
+    for (int r : rows) table_->removeRow(r);
+  });
+  auto* addRow = new QHBoxLayout;
+  addRow->addWidget(kind_);
+  addRow->addWidget(value_, 1);
+  addRow->addWidget(browse);
+  addRow->addWidget(hits_);
+  addRow->addWidget(add);
+  auto* help = new QLabel(
+      "Conditions read as <code>keel record --break-on</code> items: op:NAME, scope:SCOPE, "
+      "step:N, nan, grad-norm&gt;X, loss&gt;K*mean, md5-ref:REF.db, each optionally @N (the Nth "
+      "hit). Op-level ones pause after the op, step-level ones at the step's end.");
+  help->setWordWrap(true);
+  error_ = new QLabel;
+  error_->setObjectName("breakpointError");
+  error_->setStyleSheet("color: #c62828");
+  error_->setWordWrap(true);
+  error_->hide();
   auto* buttons = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel);
-  connect(buttons, &QDialogButtonBox::accepted, this, &QDialog::accept);
+  buttons->addButton(remove, QDialogButtonBox::ActionRole);
+  connect(buttons, &QDialogButtonBox::accepted, this, &BreakpointsDialog::accept);
   connect(buttons, &QDialogButtonBox::rejected, this, &QDialog::reject);
   auto* top = new QVBoxLayout(this);
-  top->addLayout(form);
+  top->addWidget(table_, 1);
+  top->addLayout(addRow);
+  top->addWidget(help);
+  top->addWidget(error_);
   top->addWidget(buttons);
+}
+
+QString BreakpointsDialog::itemFor(const QString& kind, const QString& value, int hits) {
+  QString item = kind == "nan"     ? QString("nan")
+                 : kind == "loss>" ? "loss>" + value + "*mean"
+                                   : kind + value;
+  if (hits > 1) item += "@" + QString::number(hits);
+  return item;
+}
+
+void BreakpointsDialog::addBreakpoint(const QString& item, bool enabled) {
+  const int row = table_->rowCount();
+  table_->insertRow(row);
+  auto* on = new QTableWidgetItem;
+  on->setFlags(Qt::ItemIsUserCheckable | Qt::ItemIsEnabled | Qt::ItemIsSelectable);
+  on->setCheckState(enabled ? Qt::Checked : Qt::Unchecked);
+  table_->setItem(row, 0, on);
+  table_->setItem(row, 1, new QTableWidgetItem(item));
 }
 
 Breakpoints BreakpointsDialog::breakpoints() const {
   Breakpoints b;
-  b.opName = opName_->currentText().trimmed();
-  b.scope = scope_->text().trimmed();
-  b.nonFinite = nonFinite_->isChecked();
-  b.referencePath = reference_->text().trimmed();
+  for (int r = 0; r < table_->rowCount(); ++r) {
+    const QString item = table_->item(r, 1) ? table_->item(r, 1)->text().trimmed() : QString();
+    if (!item.isEmpty()) b.add(item, table_->item(r, 0)->checkState() == Qt::Checked);
+  }
   return b;
+}
+
+void BreakpointsDialog::accept() {
+  const QString err = breakpoints().error();
+  if (!err.isEmpty()) {
+    error_->setText(err);
+    error_->show();
+    return;
+  }
+  QDialog::accept();
 }
 
 }  // namespace keel::studio

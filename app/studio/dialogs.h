@@ -1,5 +1,6 @@
 // The studio's two dialogs: "New session…" (model config, backend, seed, steps, capture options,
-// recording file) and "Breakpoints…" (op name, scope, first NaN/Inf, reference recording).
+// recording file) and "Breakpoints…" (a list editor: op name, scope, step, first NaN/Inf, gradient
+// norm, loss spike, reference recording; each with a hit count, on or off).
 #pragma once
 #include <QDialog>
 
@@ -9,6 +10,8 @@ class QCheckBox;
 class QComboBox;
 class QLineEdit;
 class QSpinBox;
+class QLabel;
+class QTableWidget;
 
 namespace keel::studio {
 
@@ -34,17 +37,28 @@ class NewSessionDialog : public QDialog {
   QLineEdit* workload_;
 };
 
+// The breakpoint list: one row per breakpoint (on/off, its `--break-on` item, editable); below,
+// a kind, a value and a hit count make a new one (Add), and Remove drops the selected rows. OK
+// refuses a list with an item capture cannot read and says why.
 class BreakpointsDialog : public QDialog {
   Q_OBJECT
  public:
   BreakpointsDialog(const Breakpoints& current, QWidget* parent = nullptr);
   Breakpoints breakpoints() const;
+  // The item the add row makes for a kind ("op:", "scope:", "step:", "nan", "grad-norm>",
+  // "loss>", "md5-ref:"), a value and a hit count (0: every hit).
+  static QString itemFor(const QString& kind, const QString& value, int hits);
+  void addBreakpoint(const QString& item, bool enabled = true);  // appends a row
+  QTableWidget* table() const { return table_; }
 
  private:
-  QComboBox* opName_;
-  QLineEdit* scope_;
-  QCheckBox* nonFinite_;
-  QLineEdit* reference_;
+  void accept() override;
+
+  QTableWidget* table_;
+  QComboBox* kind_;
+  QComboBox* value_;
+  QSpinBox* hits_;
+  QLabel* error_;
 };
 
 }  // namespace keel::studio

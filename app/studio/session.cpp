@@ -8,6 +8,7 @@
 
 #include "keel/allocator.h"
 #include "keel/capture/recording_run.h"
+#include "keel/dispatch.h"
 #include "keel/error.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
@@ -23,12 +24,17 @@ namespace keel::studio {
 // the state under the mutex and notifies.
 namespace {
 
+// The list as capture's BreakSpec; items it cannot read are left out (the dialog rejects them).
 capture::BreakSpec toSpec(const Breakpoints& b) {
   capture::BreakSpec s;
-  s.opName = b.opName.toStdString();
-  s.scope = b.scope.toStdString();
-  s.nonFinite = b.nonFinite;
-  s.referencePath = b.referencePath.toStdString();
+  for (const Breakpoint& p : b.list) {
+    try {
+      capture::BreakCondition c = capture::BreakCondition::parse(p.item.trimmed().toStdString());
+      c.enabled = p.enabled;
+      s.conditions.push_back(std::move(c));
+    } catch (const std::exception&) {
+    }
+  }
   return s;
 }
 
@@ -86,7 +92,15 @@ class Session::Worker {
           std::lock_guard<std::mutex> lk(s_->mu_);
           toPaused = s_->state_ == State::Stepping;
         }
-        if (toPaused) s_->setState(State::Paused);
+        // A step-level breakpoint (step N, gradient norm, loss spike): pause between steps,
+        // after the step's last op.
+        if (const std::string& why = run_->stepBreak(); !why.empty()) {
+          s_->setState(State::Paused);
+          emit s_->pausedAt(quint64(lastOpSeq()), qint64(run_->stepsDone()),
+                            QString::fromStdString(why));
+        } else if (toPaused) {
+          s_->setState(State::Paused);
+        }
       }
     } catch (const capture::RunStopped&) {
       // Stopped by the user (or a condition): everything recorded so far is kept.
@@ -237,6 +251,17 @@ void Session::stop() {
     cv_.notify_all();
   }
   emit stateChanged(State::Stopping);
+}
+
+QString Breakpoints::error() const {
+  for (const Breakpoint& p : list) {
+    try {
+      capture::BreakCondition::parse(p.item.trimmed().toStdString());
+    } catch (const std::exception& e) {
+      return QString::fromStdString(e.what());
+    }
+  }
+  return {};
 }
 
 void Session::setBreakpoints(const Breakpoints& b) {

@@ -1,9 +1,11 @@
 // Session: a live training run inside the studio. The engine trains on a worker thread while a
 // capture Recorder writes the recording the views read; Run / Pause / Step / Stop and breakpoints
 // (op name, scope, first NaN/Inf output, first output MD5 that differs from a reference recording)
-// pause the engine thread inside the step, after the op that hit, with everything so far committed.
+// pause the engine thread inside the step, after the op that hit, with everything so far committed;
+// step-level ones (step N, gradient norm above x, loss above k × its mean) pause between steps.
 // Invariant: the GUI thread never waits on the engine; every report is a queued signal.
 #pragma once
+#include <QList>
 #include <QObject>
 #include <QString>
 #include <atomic>
@@ -28,14 +30,26 @@ struct SessionConfig {
   capture::CaptureOptions capture;  // what to record
 };
 
+// One breakpoint: a `keel record --break-on` item ("op:matmul", "scope:blocks.1", "nan",
+// "md5-ref:ref.db", "step:3", "grad-norm>10", "loss>2*mean", each optionally "@N": the Nth hit;
+// capture::BreakCondition reads it), on or off.
+struct Breakpoint {
+  QString item;
+  bool enabled = true;
+  bool operator==(const Breakpoint&) const = default;
+};
+
+// The breakpoint list; the first enabled one that holds pauses the run.
 struct Breakpoints {
-  QString opName;          // pause after every call of this op ("" off)
-  QString scope;           // pause after every op in this scope or below ("" off)
-  bool nonFinite = false;  // pause after the first op with a NaN or Inf output
-  QString referencePath;   // pause at the first op whose output MD5 differs from this recording
+  QList<Breakpoint> list;
   bool any() const {
-    return !opName.isEmpty() || !scope.isEmpty() || nonFinite || !referencePath.isEmpty();
+    for (const Breakpoint& b : list)
+      if (b.enabled) return true;
+    return false;
   }
+  void add(const QString& item, bool enabled = true) { list.push_back({item, enabled}); }
+  // The error of the first item capture cannot read ("" when all are good).
+  QString error() const;
 };
 
 class Session : public QObject {

@@ -7,11 +7,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <mutex>
 
 #include "keel/base/text.h"
 #include "keel/capture/hash.h"
+#include "keel/dispatch.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
@@ -38,29 +42,118 @@ std::string hostName() {
 
 // ---- BreakSpec / BreakConditions --------------------------------------------------------------
 
-void BreakSpec::add(const std::string& item) {
+namespace {
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+}  // namespace
+
+std::string BreakCondition::item() const {
+  std::string s;
+  switch (kind) {
+    case Kind::Op:
+      s = "op:" + text;
+      break;
+    case Kind::Scope:
+      s = "scope:" + text;
+      break;
+    case Kind::NonFinite:
+      s = "nan";
+      break;
+    case Kind::Md5Ref:
+      s = "md5-ref:" + text;
+      break;
+    case Kind::Step:
+      s = "step:" + std::to_string(int64_t(value));
+      break;
+    case Kind::GradNorm:
+      s = "grad-norm>" + number(value);
+      break;
+    case Kind::LossSpike:
+      s = "loss>" + number(value) + "*mean";
+      break;
+  }
+  if (hitCount > 1) s += "@" + std::to_string(hitCount);
+  return s;
+}
+
+BreakCondition BreakCondition::parse(const std::string& itemText) {
+  const char* const kExpected =
+      "': expected nan, op:NAME, scope:SCOPE, md5-ref:RECORDING.db, step:N, grad-norm>X or "
+      "loss>K*mean, optionally followed by @N (stop at the Nth hit)";
+  BreakCondition c;
+  std::string item = itemText;
+  // "@N": the hit count (only when all digits follow the last '@': a path may hold one).
+  if (size_t at = item.rfind('@');
+      at != std::string::npos && at + 1 < item.size() &&
+      item.find_first_not_of("0123456789", at + 1) == std::string::npos) {
+    c.hitCount = std::stoll(item.substr(at + 1));
+    KEEL_CHECK(c.hitCount >= 1, "--break-on '", itemText, "': the hit count must be at least 1");
+    item.resize(at);
+  }
   auto value = [&](const char* prefix) -> std::optional<std::string> {
     const std::string p = prefix;
     if (item.compare(0, p.size(), p) != 0) return std::nullopt;
     std::string v = item.substr(p.size());
-    KEEL_CHECK(!v.empty(), "--break-on '", item, "': expected a value after '", p, "'");
+    KEEL_CHECK(!v.empty(), "--break-on '", itemText, "': expected a value after '", p, "'");
     return v;
   };
+  auto positive = [&](const std::string& v) {
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KEEL_CHECK(used == v.size() && std::isfinite(d) && d > 0, "--break-on '", itemText, "': '", v,
+               "' is not a positive number");
+    return d;
+  };
   if (item == "nan") {
-    nonFinite = true;
+    c.kind = Kind::NonFinite;
   } else if (auto op = value("op:")) {
-    KEEL_CHECK(Registry::get().find(*op), "--break-on '", item, "': unknown op '", *op,
+    KEEL_CHECK(Registry::get().find(*op), "--break-on '", itemText, "': unknown op '", *op,
                "' (see `keel ops`)");
-    opName = *op;
+    c.kind = Kind::Op;
+    c.text = *op;
   } else if (auto scope = value("scope:")) {
-    this->scope = *scope;
+    c.kind = Kind::Scope;
+    c.text = *scope;
   } else if (auto ref = value("md5-ref:")) {
-    referencePath = *ref;
+    c.kind = Kind::Md5Ref;
+    c.text = *ref;
+  } else if (auto st = value("step:")) {
+    c.kind = Kind::Step;
+    c.value = positive(*st);
+    KEEL_CHECK(c.value == std::floor(c.value), "--break-on '", itemText,
+               "': the step must be a whole number");
+  } else if (auto g = value("grad-norm>")) {
+    c.kind = Kind::GradNorm;
+    c.value = positive(*g);
+  } else if (auto l = value("loss>")) {
+    const std::string suffix = "*mean";
+    KEEL_CHECK(l->size() > suffix.size() &&
+                   l->compare(l->size() - suffix.size(), suffix.size(), suffix) == 0,
+               "--break-on '", itemText, "': expected loss>K*mean");
+    c.kind = Kind::LossSpike;
+    c.value = positive(l->substr(0, l->size() - suffix.size()));
   } else {
-    throw Error("--break-on '" + item +
-                "': expected nan, op:NAME, scope:SCOPE or md5-ref:RECORDING.db");
+    throw Error("--break-on '" + itemText + kExpected);
   }
+  return c;
 }
+
+// What one condition has seen: its hits, whether a once-only kind already hit, its reference.
+struct BreakConditions::State {
+  BreakCondition cond;
+  int64_t hits = 0;
+  bool done = false;
+  std::unique_ptr<storage::Recording> reference;
+  uint64_t referenceBase = 1;  // the reference's first op seq
+};
 
 BreakConditions::BreakConditions() = default;
 BreakConditions::BreakConditions(BreakSpec spec) {
@@ -71,33 +164,94 @@ BreakConditions::BreakConditions(BreakConditions&&) noexcept = default;
 BreakConditions& BreakConditions::operator=(BreakConditions&&) noexcept = default;
 
 void BreakConditions::setSpec(BreakSpec spec) {
-  if (spec.referencePath.empty()) {
-    reference_.reset();
-  } else if (!reference_ || spec.referencePath != spec_.referencePath) {
-    auto ref = std::make_unique<storage::Recording>(
-        storage::Recording::open(spec.referencePath, /*verify=*/false));
-    storage::OpQuery q;
-    q.limit = 1;
-    q.withTensors = false;
-    auto first = ref->ops(q);
-    referenceBase_ = first.empty() ? 1 : first[0].seq;
-    reference_ = std::move(ref);
-    referenceHit_ = false;
+  auto same = [](const BreakCondition& a, const BreakCondition& b) {
+    return a.kind == b.kind && a.text == b.text && a.value == b.value && a.hitCount == b.hitCount;
+  };
+  std::vector<std::unique_ptr<State>> states;
+  for (const BreakCondition& c : spec.conditions) {
+    std::unique_ptr<State> st;
+    for (auto& old : states_)
+      if (old && same(old->cond, c)) {
+        st = std::move(old);
+        break;
+      }
+    if (!st) {
+      st = std::make_unique<State>();
+      if (c.kind == BreakCondition::Kind::Md5Ref) {
+        st->reference = std::make_unique<storage::Recording>(
+            storage::Recording::open(c.text, /*verify=*/false));
+        storage::OpQuery q;
+        q.limit = 1;
+        q.withTensors = false;
+        auto first = st->reference->ops(q);
+        st->referenceBase = first.empty() ? 1 : first[0].seq;
+      }
+    }
+    st->cond = c;
+    states.push_back(std::move(st));
   }
+  states_ = std::move(states);
   spec_ = std::move(spec);
 }
 
+std::string BreakConditions::hit(State& s, std::string reason) {
+  const int64_t every = std::max<int64_t>(1, s.cond.hitCount);
+  if (++s.hits % every != 0) return {};
+  if (every > 1) reason += " (hit " + std::to_string(s.hits) + ")";
+  return reason;
+}
+
 std::string BreakConditions::check(const OpEvent& e, int64_t step) {
+  using Kind = BreakCondition::Kind;
   if (liveBase_ == 0) liveBase_ = e.seq;
-  if (step > 0 && !spec_.opName.empty() && e.op->name == spec_.opName)
-    return "breakpoint: op " + e.op->name;
-  if (step > 0 && !spec_.scope.empty() && scopeWithin(e.scope, spec_.scope))
-    return "breakpoint: scope " + spec_.scope;
-  if (spec_.nonFinite && !nonFiniteHit_)
-    if (std::string r = nonFiniteReason(e); !r.empty()) return r;
-  if (reference_ && !referenceHit_)
-    if (std::string r = referenceReason(e); !r.empty()) return r;
-  return {};
+  std::string out;
+  for (auto& sp : states_) {
+    State& s = *sp;
+    const BreakCondition& c = s.cond;
+    if (!c.enabled || c.stepLevel() || s.done) continue;
+    std::string r;
+    if (c.kind == Kind::Op && step > 0 && e.op->name == c.text) {
+      r = hit(s, "breakpoint: op " + e.op->name);
+    } else if (c.kind == Kind::Scope && step > 0 && scopeWithin(e.scope, c.text)) {
+      r = hit(s, "breakpoint: scope " + c.text);
+    } else if (c.kind == Kind::NonFinite) {
+      if (std::string why = nonFiniteReason(e); !why.empty()) r = hit(s, why);
+      s.done = !r.empty();
+    } else if (c.kind == Kind::Md5Ref) {
+      if (std::string why = referenceReason(s, e); !why.empty()) r = hit(s, why);
+      s.done = !r.empty();
+    }
+    if (out.empty()) out = std::move(r);
+  }
+  return out;
+}
+
+std::string BreakConditions::checkStep(int64_t step, const WorkloadMetrics& m) {
+  using Kind = BreakCondition::Kind;
+  std::string out;
+  const double mean = lossCount_ > 0 ? lossSum_ / double(lossCount_) : 0;
+  for (auto& sp : states_) {
+    State& s = *sp;
+    const BreakCondition& c = s.cond;
+    if (!c.enabled || !c.stepLevel()) continue;
+    std::string r;
+    if (c.kind == Kind::Step && double(step) == c.value) {
+      r = hit(s, "breakpoint: step " + std::to_string(step));
+    } else if (c.kind == Kind::GradNorm && std::isfinite(m.gradNorm) && m.gradNorm > c.value) {
+      r = hit(s, "breakpoint: gradient norm " + number(m.gradNorm) + " > " + number(c.value) +
+                     " at step " + std::to_string(step));
+    } else if (c.kind == Kind::LossSpike && lossCount_ > 0 && std::isfinite(m.loss) &&
+               m.loss > c.value * mean) {
+      r = hit(s, "breakpoint: loss " + number(m.loss) + " > " + number(c.value) + " × mean " +
+                     number(mean) + " at step " + std::to_string(step));
+    }
+    if (out.empty()) out = std::move(r);
+  }
+  if (std::isfinite(m.loss)) {
+    lossSum_ += m.loss;
+    ++lossCount_;
+  }
+  return out;
 }
 
 std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
@@ -106,7 +260,6 @@ std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
     if (!t.defined() || !t.device().isHost() || !isFloating(t.dtype())) continue;
     const storage::TensorStats st = tensorStats(t);
     if (st.nanCount > 0 || st.infCount > 0) {
-      nonFiniteHit_ = true;
       return "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " + e.op->name + ": " +
              std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) + " Inf)";
     }
@@ -114,16 +267,14 @@ std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
   return {};
 }
 
-std::string BreakConditions::referenceReason(const OpEvent& e) {
-  const uint64_t refSeq = e.seq - liveBase_ + referenceBase_;
-  std::optional<storage::OpRecord> ref = reference_->op(refSeq);
+std::string BreakConditions::referenceReason(State& st, const OpEvent& e) {
+  const uint64_t refSeq = e.seq - liveBase_ + st.referenceBase;
+  std::optional<storage::OpRecord> ref = st.reference->op(refSeq);
   if (!ref) {
-    referenceHit_ = true;
     return "breakpoint: op #" + std::to_string(e.seq) + " (" + e.op->name +
            ") is not in the reference recording";
   }
   if (ref->name != e.op->name) {
-    referenceHit_ = true;
     return "breakpoint: op #" + std::to_string(e.seq) + " is " + e.op->name + " here but " +
            ref->name + " in the reference";
   }
@@ -134,7 +285,6 @@ std::string BreakConditions::referenceReason(const OpEvent& e) {
     if (!t.defined() || !t.device().isHost()) continue;
     const std::string live = tensorMd5(t);
     if (live != rt.md5) {
-      referenceHit_ = true;
       return "breakpoint: first MD5 difference from the reference: output " +
              std::to_string(rt.index) + " of " + e.op->name + " (reference " + rt.md5.substr(0, 8) +
              ", live " + live.substr(0, 8) + ")";
@@ -233,16 +383,19 @@ void RecordingRun::setBreaks(BreakSpec b) {
   breaksChanged_ = true;
 }
 
-void RecordingRun::afterOp(const OpEvent& e) {
-  if (breaksChanged_.exchange(false)) {
-    std::optional<BreakSpec> b;
-    {
-      std::lock_guard<std::mutex> lk(breaksMu_);
-      b = std::move(pendingBreaks_);
-      pendingBreaks_.reset();
-    }
-    if (b) breaks_.setSpec(std::move(*b));  // a bad reference path throws: the run fails
+void RecordingRun::applyPendingBreaks() {
+  if (!breaksChanged_.exchange(false)) return;
+  std::optional<BreakSpec> b;
+  {
+    std::lock_guard<std::mutex> lk(breaksMu_);
+    b = std::move(pendingBreaks_);
+    pendingBreaks_.reset();
   }
+  if (b) breaks_.setSpec(std::move(*b));  // a bad reference path throws: the run fails
+}
+
+void RecordingRun::afterOp(const OpEvent& e) {
+  applyPendingBreaks();
   std::string reason = breaks_.check(e, step_);
   try {
     if (afterOp_)
@@ -268,7 +421,15 @@ WorkloadMetrics RecordingRun::step() {
   try {
     WorkloadMetrics m = job_->step();
     if (track) lastTrack_ = track->end();  // the section ends with the step
+    applyPendingBreaks();
+    stepBreak_ = breaks_.checkStep(job_->steps(), m);
+    if (!stepBreak_.empty() && !afterOp_) {
+      stopped_.emplace(stepBreak_, lastOpSeq(), job_->steps());
+      throw *stopped_;
+    }
     return m;
+  } catch (const RunStopped&) {
+    throw;
   } catch (...) {
     // See Note [Stopping a run from an observer].
     if (stopped_) throw *stopped_;

@@ -1,11 +1,19 @@
 // Live divergence hunting: a session run with KEEL_TEST_PERTURB=matmul:20:nan (set by CTest; the
 // 20th matmul is a backward matmul of step 1) pauses at the first MD5 that differs from a clean
 // reference recording of the same config and seed — exactly the perturbed op — and, resumed with
-// the NaN breakpoint instead, nowhere else before the end (the NaN is already past).
+// the NaN breakpoint instead, nowhere else before the end (the NaN is already past); the
+// Breakpoints dialog's list, and a step-level breakpoint pausing between steps.
+#include <QComboBox>
+#include <QDialogButtonBox>
+#include <QLabel>
+#include <QPushButton>
 #include <QSignalSpy>
+#include <QSpinBox>
 #include <QStandardPaths>
+#include <QTableWidget>
 #include <QtTest>
 
+#include "dialogs.h"
 #include "keel/storage/reader.h"
 #include "main_window.h"
 #include "view_test_util.h"
@@ -42,7 +50,7 @@ class SessionBreakpointTest : public QObject {
     c.capture.md5 = c.capture.stats = true;
     Session* s = w.session();
     studio::Breakpoints b;
-    b.referencePath = dir + "/ref.db";
+    b.add("md5-ref:" + dir + "/ref.db");
     s->setBreakpoints(b);
     QSignalSpy paused(s, &Session::pausedAt);
     w.startSession(c);
@@ -54,7 +62,7 @@ class SessionBreakpointTest : public QObject {
              qPrintable(paused.first().at(2).toString()));
 
     b = {};
-    b.nonFinite = true;
+    b.add("nan");
     s->setBreakpoints(b);
     QSignalSpy finished(s, &Session::finished);
     s->run();
@@ -67,6 +75,83 @@ class SessionBreakpointTest : public QObject {
     s->setBreakpoints(b);
     s->run();
     QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+  }
+
+  // The Breakpoints dialog is a list: rows made from a kind, a value and a hit count, each on or
+  // off, and a bad item keeps the dialog open with capture's error. A live session pauses at a
+  // step-level breakpoint (step 1) between steps; a disabled one (op:matmul) never hits.
+  void breakpointListEditsAndStepBreakpointPausesBetweenSteps() {
+    QStandardPaths::setTestModeEnabled(true);
+    studio::Breakpoints start;
+    start.add("op:matmul", false);
+    studio::BreakpointsDialog dlg(start);
+    QTableWidget* table = dlg.table();
+    QCOMPARE(table->rowCount(), 1);
+    QCOMPARE(table->item(0, 0)->checkState(), Qt::Unchecked);
+    auto* kind = dlg.findChild<QComboBox*>("breakpointKind");
+    auto* value = dlg.findChild<QComboBox*>("breakpointValue");
+    auto* hits = dlg.findChild<QSpinBox*>("breakpointHits");
+    auto* add = dlg.findChild<QPushButton*>("breakpointAdd");
+    QVERIFY(kind && value && hits && add);
+    kind->setCurrentIndex(kind->findData("step:"));
+    value->setCurrentText("1");
+    QTest::mouseClick(add, Qt::LeftButton);
+    kind->setCurrentIndex(kind->findData("grad-norm>"));
+    value->setCurrentText("1e9");
+    hits->setValue(2);
+    QTest::mouseClick(add, Qt::LeftButton);
+    kind->setCurrentIndex(kind->findData("loss>"));
+    value->setCurrentText("3");
+    hits->setValue(0);
+    QTest::mouseClick(add, Qt::LeftButton);
+    QCOMPARE(table->rowCount(), 4);
+    studio::Breakpoints b = dlg.breakpoints();
+    QCOMPARE(b.list.size(), 4);
+    QCOMPARE(b.list[0], (studio::Breakpoint{"op:matmul", false}));
+    QCOMPARE(b.list[1], (studio::Breakpoint{"step:1", true}));
+    QCOMPARE(b.list[2], (studio::Breakpoint{"grad-norm>1e9@2", true}));
+    QCOMPARE(b.list[3], (studio::Breakpoint{"loss>3*mean", true}));
+    QVERIFY(b.error().isEmpty());
+    // A bad row: OK says why and the dialog stays open.
+    dlg.addBreakpoint("step:zero");
+    dlg.show();
+    auto* box = dlg.findChild<QDialogButtonBox*>();
+    QTest::mouseClick(box->button(QDialogButtonBox::Ok), Qt::LeftButton);
+    QVERIFY(dlg.isVisible());
+    auto* err = dlg.findChild<QLabel*>("breakpointError");
+    QVERIFY2(err->text().contains("step:zero"), qPrintable(err->text()));
+    table->removeRow(4);
+    QTest::mouseClick(box->button(QDialogButtonBox::Ok), Qt::LeftButton);
+    QCOMPARE(dlg.result(), int(QDialog::Accepted));
+
+    MainWindow w;
+    w.show();
+    studio::SessionConfig c;
+    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+    c.steps = 3;
+    c.seed = 3;
+    c.output = views::test::tempDir() + "/steps.db";
+    Session* s = w.session();
+    s->setBreakpoints(dlg.breakpoints());
+    QSignalSpy paused(s, &Session::pausedAt);
+    QSignalSpy finished(s, &Session::finished);
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
+    QCOMPARE(paused.first().at(1).toLongLong(), qint64(1));
+    QCOMPARE(paused.first().at(2).toString(), QString("breakpoint: step 1"));
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 10000));
+    QCOMPARE(s->stepsDone(), int64_t(1));
+    // Paused after step 1's last op: it is the recording's last op so far.
+    storage::Recording rec = storage::Recording::open(c.output.toStdString(), false);
+    const auto ops = rec.stepOps(1);
+    QVERIFY(!ops.empty());
+    QCOMPARE(paused.first().at(0).toULongLong(), quint64(ops.back().seq));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    QCOMPARE(paused.count(), 1);
+    QCOMPARE(s->stepsDone(), int64_t(3));
   }
 };
 

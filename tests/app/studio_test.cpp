@@ -276,7 +276,7 @@ class StudioTest : public QObject {
     // An op breakpoint pauses inside step 2, right after the first attention op, which is
     // committed and selected.
     studio::Breakpoints b;
-    b.opName = "flashmask_attention";
+    b.add("op:flashmask_attention");
     s->setBreakpoints(b);
     QSignalSpy paused(s, &Session::pausedAt);
     s->run();

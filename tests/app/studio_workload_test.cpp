@@ -91,7 +91,7 @@ class StudioWorkloadTest : public QObject {
     c.output = views::test::tempDir() + "/stopped.db";
     Session* s = w.session();
     studio::Breakpoints b;
-    b.opName = "matmul";
+    b.add("op:matmul");
     s->setBreakpoints(b);
     QSignalSpy failed(s, &Session::failed);
     QSignalSpy paused(s, &Session::pausedAt);

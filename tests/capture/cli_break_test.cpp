@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -53,20 +55,94 @@ class BreakOn : public ::testing::Test {
 };
 
 TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {
+  using Kind = keel::capture::BreakCondition::Kind;
   keel::capture::BreakSpec s;
   EXPECT_FALSE(s.any());
-  s.add("nan");
-  s.add("op:matmul");
-  s.add("scope:blocks.1");
-  s.add("md5-ref:ref.db");
-  EXPECT_TRUE(s.nonFinite);
-  EXPECT_EQ(s.opName, "matmul");
-  EXPECT_EQ(s.scope, "blocks.1");
-  EXPECT_EQ(s.referencePath, "ref.db");
-  for (const char* bad : {"", "nope", "op:", "op:no_such_op", "scope:", "md5-ref:", "NaN"}) {
+  for (const char* item : {"nan", "op:matmul", "scope:blocks.1", "md5-ref:ref.db", "step:3",
+                           "grad-norm>2.5", "loss>1.5*mean", "op:matmul@3", "md5-ref:a@b.db"})
+    s.add(item);
+  ASSERT_EQ(s.conditions.size(), 9u);
+  EXPECT_TRUE(s.any());
+  const Kind kinds[] = {Kind::NonFinite, Kind::Op,        Kind::Scope, Kind::Md5Ref, Kind::Step,
+                        Kind::GradNorm,  Kind::LossSpike, Kind::Op,    Kind::Md5Ref};
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(s.conditions[i].kind, kinds[i]) << i;
+  EXPECT_EQ(s.conditions[1].text, "matmul");
+  EXPECT_EQ(s.conditions[2].text, "blocks.1");
+  EXPECT_EQ(s.conditions[3].text, "ref.db");
+  EXPECT_EQ(s.conditions[4].value, 3);
+  EXPECT_EQ(s.conditions[5].value, 2.5);
+  EXPECT_EQ(s.conditions[6].value, 1.5);
+  EXPECT_EQ(s.conditions[7].hitCount, 3);
+  EXPECT_EQ(s.conditions[8].text, "a@b.db");
+  // item() writes what parse() reads.
+  for (const auto& c : s.conditions)
+    EXPECT_EQ(keel::capture::BreakCondition::parse(c.item()), c) << c.item();
+  // Disabled conditions do not count.
+  keel::capture::BreakSpec off;
+  off.add("nan");
+  off.conditions[0].enabled = false;
+  EXPECT_FALSE(off.any());
+  for (const char* bad : {"", "nope", "op:", "op:no_such_op", "scope:", "md5-ref:", "NaN",
+                          "step:", "step:0", "step:1.5", "step:x", "grad-norm>", "grad-norm>-1",
+                          "loss>2", "loss>*mean", "loss>0*mean", "op:matmul@0"}) {
     keel::capture::BreakSpec b;
     EXPECT_THROW(b.add(bad), keel::Error) << bad;
   }
+}
+
+// step:N stops at the end of step N: the step is complete, the next never starts.
+TEST_F(BreakOn, StepStopsAtTheEndOfThatStep) {
+  CliResult r = record("step.db", "--steps 3 --break-on step:2");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording rec = keel::storage::Recording::open(db("step.db"));
+  ASSERT_EQ(rec.steps().size(), 2u);
+  EXPECT_GT(rec.steps()[1].endNs, 0);
+  const auto ops = rec.stepOps(2);
+  ASSERT_FALSE(ops.empty());
+  EXPECT_EQ(lastSeq(rec), ops.back().seq);
+  EXPECT_NE(stopLine(r).find("(step 2): breakpoint: step 2"), std::string::npos) << r.out;
+  EXPECT_EQ(rec.run().status, "stopped: breakpoint: step 2");
+}
+
+// grad-norm>X and loss>K*mean read the step's metrics at its end; a hit count skips hits.
+TEST_F(BreakOn, GradNormLossSpikeAndHitCountUseTheStepsMetrics) {
+  ASSERT_EQ(record("clean.db", "--steps 3").status, 0);
+  keel::storage::Recording clean = keel::storage::Recording::open(db("clean.db"));
+  ASSERT_EQ(clean.steps().size(), 3u);
+  const double g1 = clean.steps()[0].gradNorm, g2 = clean.steps()[1].gradNorm;
+  ASSERT_TRUE(std::isfinite(g1) && std::isfinite(g2));
+  // A threshold below step 1's norm stops at step 1.
+  CliResult r = record("g.db", "--steps 3 --break-on 'grad-norm>" + std::to_string(g1 / 2) + "'");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("(step 1): breakpoint: gradient norm "), std::string::npos) << r.out;
+  EXPECT_EQ(keel::storage::Recording::open(db("g.db")).steps().size(), 1u);
+  // ... and with @2 at the second step above it.
+  r = record("g2.db",
+             "--steps 3 --break-on 'grad-norm>" + std::to_string(std::min(g1, g2) / 2) + "@2'");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("(step 2): breakpoint: gradient norm "), std::string::npos) << r.out;
+  EXPECT_NE(stopLine(r).find("(hit 2)"), std::string::npos) << r.out;
+  // A threshold above every norm never stops.
+  r = record("g3.db", "--steps 3 --break-on 'grad-norm>1e9'");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  // The loss of step 2 is above a tiny multiple of step 1's: the first step with a mean.
+  r = record("l.db", "--steps 3 --break-on 'loss>0.001*mean'");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("(step 2): breakpoint: loss "), std::string::npos) << r.out;
+  r = record("l2.db", "--steps 3 --break-on 'loss>100*mean'");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  // op:cross_entropy@2: the second call (step 2's), not the first.
+  r = record("ce.db", "--break-on op:cross_entropy@2");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording ce = keel::storage::Recording::open(db("ce.db"));
+  uint64_t second = 0;
+  int n = 0;
+  for (const auto& o : ce.allOps())
+    if (o.name == "cross_entropy" && ++n == 2) second = o.seq;
+  ASSERT_NE(second, 0u);
+  EXPECT_EQ(lastSeq(ce), second);
+  EXPECT_NE(stopLine(r).find("(step 2): breakpoint: op cross_entropy (hit 2)"), std::string::npos)
+      << r.out;
 }
 
 // The CI use: stop at the first NaN, keep everything, say where, exit 1.

@@ -2,7 +2,8 @@
 // sessions: read and validate the config once → choose the allocator → build the run's metadata
 // → start the recorder → build the workload (initialisation recorded as step 0) → run steps →
 // finish (before the model is torn down) or fail. BreakConditions stop or pause a run after the op
-// that meets one (op name, scope, first NaN/Inf, first MD5 differing from a reference recording).
+// that meets one (op name, scope, first NaN/Inf, first MD5 differing from a reference recording)
+// or at the end of a step that meets one (step N, gradient norm above x, loss above k × its mean).
 // Invariant: the constructor validates everything and touches no file; start() creates the output.
 #pragma once
 #include <atomic>
@@ -31,25 +32,54 @@ namespace keel::capture {
 
 // ---- break conditions -------------------------------------------------------------------------
 
-// Where a run should stop. Several may be set; the first that holds after an op wins.
-struct BreakSpec {
-  std::string opName;         // after every call of this op ("" off)
-  std::string scope;          // after every op in this module scope or below ("" off)
-  bool nonFinite = false;     // after the first op with a NaN or Inf in a floating output
-  std::string referencePath;  // at the first op whose output MD5 differs from this recording
-  bool any() const {
-    return !opName.empty() || !scope.empty() || nonFinite || !referencePath.empty();
+// One breakpoint. Op-level kinds are checked after each op, step-level kinds at each step's end
+// (from the step's metrics). `hitCount` N > 1: stop only at the Nth time the condition holds (and
+// for op/scope, every Nth time after); 0 or 1: every time (NaN/Inf and MD5: the first time).
+struct BreakCondition {
+  enum class Kind {
+    Op,         // after every call of op `text`
+    Scope,      // after every op in module scope `text` or below
+    NonFinite,  // after the first op with a NaN or Inf in a floating output
+    Md5Ref,     // at the first op whose output MD5 differs from recording `text`
+    Step,       // at the end of step `value`
+    GradNorm,   // at the end of a step whose gradient norm is above `value`
+    LossSpike,  // at the end of a step whose loss is above `value` × the mean of the earlier ones
+  };
+  Kind kind = Kind::NonFinite;
+  std::string text;
+  double value = 0;
+  int64_t hitCount = 0;
+  bool enabled = true;
+  bool stepLevel() const {
+    return kind == Kind::Step || kind == Kind::GradNorm || kind == Kind::LossSpike;
   }
-  // Adds one `--break-on` item: "nan", "op:NAME", "scope:S" or "md5-ref:REF.db". Throws
-  // keel::Error naming the item when it is none of these (or names an unknown op).
-  void add(const std::string& item);
+  // The `--break-on` item it parses from ("nan", "op:matmul", "step:3", "grad-norm>10",
+  // "loss>2*mean", "md5-ref:ref.db"), with "@N" for a hit count ("op:matmul@3").
+  std::string item() const;
+  // Parses one `--break-on` item; throws keel::Error naming it when it is none of the kinds (or
+  // names an unknown op, or a value is not a positive number).
+  static BreakCondition parse(const std::string& item);
+  bool operator==(const BreakCondition&) const = default;
+};
+
+// Where a run should stop: a list of conditions; the first enabled one that holds wins.
+struct BreakSpec {
+  std::vector<BreakCondition> conditions;
+  bool any() const {
+    for (const auto& c : conditions)
+      if (c.enabled) return true;
+    return false;
+  }
+  // Appends BreakCondition::parse(item).
+  void add(const std::string& item) { conditions.push_back(BreakCondition::parse(item)); }
   bool operator==(const BreakSpec&) const = default;
 };
 
-// Evaluates a BreakSpec op by op on the engine thread. NaN/Inf and the reference each hit once
-// (the first time); op and scope hit every time. Ops are matched with the reference by position
-// in the run (the first op seen pairs with the reference's first op: sequence numbers are per
-// process, and a studio may have run sessions before).
+// Evaluates a BreakSpec op by op (and step by step) on the engine thread. NaN/Inf and the
+// reference each hit once (the first time); op and scope hit every time. Ops are matched with the
+// reference by position in the run (the first op seen pairs with the reference's first op:
+// sequence numbers are per process, and a studio may have run sessions before). A condition keeps
+// its hit count and once-only state across setSpec while it stays in the list unchanged.
 class BreakConditions {
  public:
   BreakConditions();
@@ -59,8 +89,8 @@ class BreakConditions {
   BreakConditions(BreakConditions&&) noexcept;
   BreakConditions& operator=(BreakConditions&&) noexcept;
 
-  // Replaces the spec; keeps the open reference (and whether it already hit) when its path is
-  // unchanged, else opens the new one.
+  // Replaces the spec; keeps each unchanged condition's state (an open reference included), and
+  // opens the references of new ones.
   void setSpec(BreakSpec spec);
   const BreakSpec& spec() const { return spec_; }
   // Why to stop after this op of `step` ("breakpoint: op matmul", ...), or "" to go on. Call it
@@ -68,16 +98,21 @@ class BreakConditions {
   // step 1: initialisation (step 0) ops carry their parameters' scopes (Note [Initialisation
   // scopes]), and `scope:blocks.1` means the layer's training ops, not its weights' creation.
   std::string check(const OpEvent& e, int64_t step);
+  // Why to stop at the end of training step `step` with these metrics, or "". Call it once per
+  // step, in order (the loss mean is of the steps before).
+  std::string checkStep(int64_t step, const WorkloadMetrics& m);
 
  private:
+  struct State;
+  std::string hit(State& s, std::string reason);  // counts a hit, "" until the Nth
   std::string nonFiniteReason(const OpEvent& e);
-  std::string referenceReason(const OpEvent& e);
+  std::string referenceReason(State& s, const OpEvent& e);
 
   BreakSpec spec_;
-  std::unique_ptr<storage::Recording> reference_;
-  uint64_t referenceBase_ = 1;  // the reference's first op seq
-  uint64_t liveBase_ = 0;       // this run's first op seq (0: none seen yet)
-  bool nonFiniteHit_ = false, referenceHit_ = false;
+  std::vector<std::unique_ptr<State>> states_;  // one per condition of spec_
+  uint64_t liveBase_ = 0;                       // this run's first op seq (0: none seen yet)
+  double lossSum_ = 0;                          // finite losses of the steps checked so far
+  int64_t lossCount_ = 0;
 };
 
 // ---- the run ----------------------------------------------------------------------------------
@@ -134,8 +169,11 @@ class RecordingRun {
   // during initialisation) with the recording finished and nothing left running.
   void start();
   // Runs one training step and returns its metrics. Throws RunStopped when a break condition
-  // (or AfterOp) stopped it, else what the workload threw (the op's keel::Error).
+  // (or AfterOp) stopped it, else what the workload threw (the op's keel::Error). A step-level
+  // condition met at the step's end throws RunStopped too without AfterOp; with one, step()
+  // returns and stepBreak() says why (a debugger pauses between steps).
   WorkloadMetrics step();
+  const std::string& stepBreak() const { return stepBreak_; }
   int64_t stepsDone() const { return job_ ? job_->steps() : 0; }
   // The step running now (engine thread; 0 during initialisation).
   int64_t currentStep() const { return step_; }
@@ -169,6 +207,7 @@ class RecordingRun {
   class Observer;
   friend class Observer;
   void afterOp(const OpEvent& e);
+  void applyPendingBreaks();  // engine thread: takes what setBreaks left
   void teardown();
 
   RunSpec spec_;
@@ -189,6 +228,7 @@ class RecordingRun {
   std::optional<BreakSpec> pendingBreaks_;
   std::atomic<bool> breaksChanged_{false};
   int64_t step_ = 0;
+  std::string stepBreak_;
   uint64_t failedSeq_ = 0;
   std::optional<RunStopped> stopped_;  // set on the engine thread when the run was stopped
   bool finished_ = false;
