@@ -49,6 +49,16 @@ void execSql(const std::string& path, const std::string& sqlText) {
   sqlite3_close(db);
 }
 
+// A recording written at schema `version` holding `rows` (SQL in that version's columns), opened
+// by today's reader, which migrates it: checked to be at kSchemaVersion.
+Recording openOldRecording(const std::string& path, int version, const std::string& rows) {
+  createEmptyRecording(path, version);
+  execSql(path, rows);
+  Recording rec = Recording::open(path);
+  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  return rec;
+}
+
 // A closed, checkpointed recording with `steps` steps of 40 ops each.
 void writeRecording(const std::string& path, int steps) {
   auto w = Writer::create(path, sampleRun());
@@ -146,26 +156,24 @@ TEST(RecordingMigration, Version1IsUpgradedOnOpen) {
 // NaN statistics, and indexes the first non-finite output.
 TEST(RecordingMigration, Version2TensorRowsArePackedOnOpen) {
   TempDir dir;
-  std::string path = dir.file("v2.db");
-  createEmptyRecording(path, 2);
-  execSql(path,
-          "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.0.2', 0, '{}', 'finished');"
-          "INSERT INTO strings(id, text) VALUES (1, 'forward'), (2, 'matmul'), (3, ''),"
-          " (4, 'float32'), (5, 'cpu'), (6, 'exp');"
-          "INSERT INTO ops VALUES (1, 1, 1, 2, 3, 3, 0, 10, 20, 0, NULL),"
-          " (2, 1, 1, 6, 3, 3, 0, 30, 40, 0, NULL);"
-          // op 1: two inputs, one output with stats; op 2: output with an Inf.
-          "INSERT INTO tensors VALUES"
-          " (1, 1, 0, 12, 1, 7, '2,3', '3,1', 0, 4, 5, 24, 'aaaa', NULL, -1, 2, 0.5, 1.25, 2, 0, 0,"
-          " 1),"
-          " (1, 0, 1, 11, 0, 6, '3,3', '1,3', 4, 4, 5, 36, 'bbbb', 'rr', NULL, NULL, NULL, NULL,"
-          " NULL, NULL, NULL, NULL),"
-          " (1, 0, 0, 10, 2, 5, '2,3', '3,1', 0, 4, 5, 24, NULL, NULL, NULL, NULL, NULL, NULL,"
-          " NULL, NULL, NULL, NULL),"
-          " (2, 1, 0, 13, 1, 8, '', '', 0, 4, 5, 4, 'cccc', NULL, NULL, NULL, NULL, NULL, NULL,"
-          " 0, 1, 0);");
-  Recording rec = Recording::open(path);
-  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  const std::string path = dir.file("v2.db");
+  Recording rec = openOldRecording(
+      path, 2,
+      "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.0.2', 0, '{}', 'finished');"
+      "INSERT INTO strings(id, text) VALUES (1, 'forward'), (2, 'matmul'), (3, ''),"
+      " (4, 'float32'), (5, 'cpu'), (6, 'exp');"
+      "INSERT INTO ops VALUES (1, 1, 1, 2, 3, 3, 0, 10, 20, 0, NULL),"
+      " (2, 1, 1, 6, 3, 3, 0, 30, 40, 0, NULL);"
+      // op 1: two inputs, one output with stats; op 2: output with an Inf.
+      "INSERT INTO tensors VALUES"
+      " (1, 1, 0, 12, 1, 7, '2,3', '3,1', 0, 4, 5, 24, 'aaaa', NULL, -1, 2, 0.5, 1.25, 2, 0, 0,"
+      " 1),"
+      " (1, 0, 1, 11, 0, 6, '3,3', '1,3', 4, 4, 5, 36, 'bbbb', 'rr', NULL, NULL, NULL, NULL,"
+      " NULL, NULL, NULL, NULL),"
+      " (1, 0, 0, 10, 2, 5, '2,3', '3,1', 0, 4, 5, 24, NULL, NULL, NULL, NULL, NULL, NULL,"
+      " NULL, NULL, NULL, NULL),"
+      " (2, 1, 0, 13, 1, 8, '', '', 0, 4, 5, 4, 'cccc', NULL, NULL, NULL, NULL, NULL, NULL,"
+      " 0, 1, 0);");
   auto ops = rec.stepOps(1);
   ASSERT_EQ(ops.size(), 2u);
   ASSERT_EQ(ops[0].tensors.size(), 3u);
@@ -205,15 +213,13 @@ TEST(RecordingMigration, Version2TensorRowsArePackedOnOpen) {
 // "none" (buffer 0, empty tag and label) and keep every other field.
 TEST(RecordingMigration, Version3MemEventsReadWithoutBufferTagOrLabel) {
   TempDir dir;
-  std::string path = dir.file("v3.db");
-  createEmptyRecording(path, 3);
-  execSql(path,
-          "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.0.3', 0, '{}', 'finished');"
-          "INSERT INTO strings(id, text) VALUES (1, 'alloc'), (2, 'cpu');"
-          // the 12 columns of a v3 mem_events row, in order
-          "INSERT INTO mem_events VALUES (1, 100, 1, 2, 4096, 512, 0, 7, 1, NULL, 512, 8192);");
-  Recording rec = Recording::open(path);
-  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  const std::string path = dir.file("v3.db");
+  Recording rec = openOldRecording(
+      path, 3,
+      "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.0.3', 0, '{}', 'finished');"
+      "INSERT INTO strings(id, text) VALUES (1, 'alloc'), (2, 'cpu');"
+      // the 12 columns of a v3 mem_events row, in order
+      "INSERT INTO mem_events VALUES (1, 100, 1, 2, 4096, 512, 0, 7, 1, NULL, 512, 8192);");
   auto events = rec.memEvents({});
   ASSERT_EQ(events.size(), 1u);
   const MemRecord& m = events[0];
@@ -236,13 +242,11 @@ TEST(RecordingMigration, Version3MemEventsReadWithoutBufferTagOrLabel) {
 // a new recording stores the allocator it is given.
 TEST(RecordingMigration, Version4RunReadsWithoutAllocator) {
   TempDir dir;
-  std::string path = dir.file("v4.db");
-  createEmptyRecording(path, 4);
-  execSql(path,
-          "INSERT INTO run VALUES (1, 'cpu-ref', 'cpu', 'h', '{}', 5, '0.0.4', 9, '{}', "
-          "'finished');");
-  Recording rec = Recording::open(path);
-  EXPECT_EQ(rec.schemaVersion(), kSchemaVersion);
+  const std::string path = dir.file("v4.db");
+  Recording rec = openOldRecording(
+      path, 4,
+      "INSERT INTO run VALUES (1, 'cpu-ref', 'cpu', 'h', '{}', 5, '0.0.4', 9, '{}', "
+      "'finished');");
   const RunInfo r = rec.run();
   EXPECT_EQ(r.backend, "cpu-ref");
   EXPECT_EQ(r.seed, 5u);
