@@ -17,6 +17,7 @@
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProgressBar>
+#include <QScrollArea>
 #include <QSettings>
 #include <QSpinBox>
 #include <QSplitter>
@@ -237,7 +238,14 @@ void MainWindow::buildDocks() {
   diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
   QDockWidget* logsDock = dock("Logs", "dock.logs", logView_, Qt::BottomDockWidgetArea);
   QDockWidget* lossDock = dock("Metrics", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
-  memoryDock_ = dock("Memory", "dock.memory", memoryView_, Qt::BottomDockWidgetArea);
+  // The memory view needs ~420 px of height for its timelines, block map and histogram: in a
+  // shorter bottom area it scrolls, rather than holding the window taller than a 768-px screen.
+  auto* memoryScroll = new QScrollArea;
+  memoryScroll->setObjectName("memoryScroll");
+  memoryScroll->setWidgetResizable(true);
+  memoryScroll->setFrameShape(QFrame::NoFrame);
+  memoryScroll->setWidget(memoryView_);
+  memoryDock_ = dock("Memory", "dock.memory", memoryScroll, Qt::BottomDockWidgetArea);
   QDockWidget* timelineDock =
       dock("Timeline", "dock.timeline", timeline_, Qt::BottomDockWidgetArea);
   tabifyDockWidget(opsDock, diffDock_);

@@ -4,16 +4,20 @@
 #include <QAbstractGraphicsShapeItem>
 #include <QApplication>
 #include <QComboBox>
+#include <QDockWidget>
 #include <QGraphicsView>
 #include <QLabel>
 #include <QMessageBox>
 #include <QPlainTextEdit>
 #include <QPushButton>
+#include <QScrollBar>
 #include <QSignalSpy>
 #include <QStandardPaths>
+#include <QTabBar>
 #include <QTableView>
 #include <QTextEdit>
 #include <QToolBar>
+#include <QTreeWidget>
 #include <QtTest>
 
 #include "keel/storage/reader.h"
@@ -337,6 +341,89 @@ class StudioTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 10000));
     QVERIFY(failed.first().at(0).toString().contains("no-such-config.json"));
     QCOMPARE(w.session()->state(), Session::State::Failed);
+  }
+
+  // Issue 14, item 5: at 1366x768 and 1920x1080 the window is that size, and the inspector reads
+  // without scrolling sideways: every statistic in full, every tab in view, the calling code's
+  // frame first.
+  void inspectorIsReadableAtCommonScreenSizes() {
+    for (const QSize size : {QSize(1366, 768), QSize(1920, 1080)}) {
+      MainWindow w;
+      w.resize(size);
+      w.show();
+      QVERIFY(QTest::qWaitForWindowExposed(&w));
+      QSignalSpy opened(&w, &MainWindow::recordingOpened);
+      QSignalSpy diffed(&w, &MainWindow::diffShown);
+      w.openRecording(dir_ + "/a.db");
+      QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 30000));
+      w.compareWith(dir_ + "/b.db");
+      QVERIFY(QTest::qWaitFor([&] { return diffed.count() >= 1; }, 60000));
+      QVERIFY(waitIdle(w));
+      const auto& p = w.diffReport()->first->pair;
+      w.selection()->select(Side::A, p.seqA);  // one side: the other follows
+      views::InspectorView* insp = w.inspector();
+      QVERIFY(QTest::qWaitFor(
+          [&] {
+            return insp->details(Side::A) && insp->details(Side::B) &&
+                   insp->details(Side::B)->op.seq == p.seqB;
+          },
+          10000));
+      QVERIFY(waitIdle(w));
+      QApplication::processEvents();
+      if (w.size() != size) {
+        for (QDockWidget* d : w.findChildren<QDockWidget*>())
+          qWarning() << d->objectName() << d->minimumSizeHint() << d->widget()->minimumSizeHint();
+        qWarning() << "central" << w.centralWidget()->minimumSizeHint();
+      }
+      QCOMPARE(w.size(), size);
+      QVERIFY(insp->comparing());
+
+      auto* tensors = insp->findChild<QTreeWidget*>("inspectorTensors");
+      QVERIFY(tensors && tensors->isVisible());
+      QVERIFY2(!tensors->horizontalScrollBar()->isVisible(), "tensor table scrolls sideways");
+      // Every statistic's text fits its column (plus the cell's margins).
+      const QStringList stats{"NaN", "Inf", "Zeros", "Min", "Max", "Mean", "Std", "|Max|"};
+      int checked = 0;
+      for (int t = 0; t < tensors->topLevelItemCount(); ++t) {
+        QTreeWidgetItem* top = tensors->topLevelItem(t);
+        for (int r = 0; r < top->childCount(); ++r) {
+          QTreeWidgetItem* row = top->child(r);
+          if (!stats.contains(row->text(0))) continue;
+          for (int c = 1; c <= 2; ++c) {
+            const int need = QFontMetrics(row->font(c)).horizontalAdvance(row->text(c)) + 8;
+            QVERIFY2(need <= tensors->columnWidth(c),
+                     qPrintable(QString("%1x%2: %3 %4 needs %5 px, column %6 is %7")
+                                    .arg(size.width())
+                                    .arg(size.height())
+                                    .arg(row->text(0), row->text(c))
+                                    .arg(need)
+                                    .arg(c)
+                                    .arg(tensors->columnWidth(c))));
+            ++checked;
+          }
+        }
+      }
+      QVERIFY(checked >= 16);
+      // Every tab in view, none elided.
+      QTabBar* bar = insp->tabs()->tabBar();
+      for (int i = 0; i < bar->count(); ++i) {
+        if (!bar->isTabVisible(i)) continue;
+        const QRect r = bar->tabRect(i);
+        QVERIFY2(r.left() >= 0 && r.right() < bar->width(), qPrintable(bar->tabText(i)));
+        QVERIFY2(r.width() >= bar->fontMetrics().horizontalAdvance(bar->tabText(i)) + 12,
+                 qPrintable(bar->tabText(i)));
+      }
+      // Each stack opens on the model code that called the op, not Keel's dispatch.
+      auto* stack = insp->findChild<QTreeWidget*>("inspectorStack");
+      QCOMPARE(stack->topLevelItemCount(), 2);
+      for (int side = 0; side < 2; ++side) {
+        QTreeWidgetItem* first = stack->topLevelItem(side)->child(0);
+        QVERIFY(first);
+        QVERIFY2(!first->text(1).startsWith("keel::ops::") &&
+                     !first->text(1).startsWith("keel::dispatch"),
+                 qPrintable(first->text(1)));
+      }
+    }
   }
 
  private:

@@ -414,7 +414,7 @@ class PanelsTest : public QObject {
     }
     // Values: A, B and A − B in columns.
     const QString values = view.findChild<QPlainTextEdit*>("inspectorValues")->toPlainText();
-    QVERIFY(values.contains("A = A: a.db · cpu") && values.contains("B = B: b.db · cpu"));
+    QVERIFY(values.startsWith("A: a.db · cpu\nB: b.db · cpu\n"));
     QVERIFY(values.contains("A − B") && values.contains("≠"));
 
     // An op chosen on A alone (B not yet loaded) says which side it shows.
@@ -680,6 +680,22 @@ class PanelsTest : public QObject {
       bad->error = "recording " + pathA_.toStdString() + " has no op 123456";
       v.setDetails(bad);
       shoot(&v, "inspector_error");
+    }
+    {
+      // Comparing, at the inspector dock's width.
+      InspectorView v(&sel, Side::A);
+      DiffPtr report = DiffRunner::run(pathA_, pathB_);
+      v.setCompare("a.db · cpu", "b.db · cpu");
+      v.setDiff(report);
+      v.setDetails(Side::A, loadOp(pathA_, report->first->pair.seqA));
+      v.setDetails(Side::B, loadOp(pathB_, report->first->pair.seqB));
+      for (int t = 0; t < InspectorView::TabCount; ++t) {
+        if (!v.tabs()->isTabVisible(t)) continue;
+        v.tabs()->setCurrentIndex(t);
+        shoot(&v, QString("inspector_compare_%1").arg(t));
+        v.resize(540, 700);
+        QVERIFY(v.grab().save(dir + QString("/panel_inspector_compare_%1_540.png").arg(t)));
+      }
     }
     {
       DiffView v(&sel, Side::A);

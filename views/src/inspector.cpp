@@ -914,18 +914,14 @@ void InspectorView::showPair() {
                 .arg(statusColor(pair->status).name(), statusText(pair->status));
   else if (diff_)
     text += tr(" &nbsp;·&nbsp; <i>not an aligned pair of the diff</i>");
-  text += "<table cellspacing='0' cellpadding='1'>";
   for (Side side : {Side::A, Side::B}) {
     const storage::OpRecord& o = side == Side::A ? opA : opB;
-    text += QStringLiteral(
-                "<tr><td><b>%1</b>&nbsp;</td><td>#%2 &nbsp;·&nbsp; step %3 &nbsp;·&nbsp; %4 "
-                "µs</td></tr>")
+    text += QStringLiteral("<br><b>%1</b> &nbsp;#%2 &nbsp;·&nbsp; step %3 &nbsp;·&nbsp; %4 µs")
                 .arg(sideLabel(side).toHtmlEscaped())
                 .arg(o.seq)
                 .arg(o.step)
                 .arg(double(o.endNs - o.beginNs) / 1000.0, 0, 'f', 1);
   }
-  text += "</table>";
   setHeader(text);
 
   // Differences: the diff's (whole dumped tensors) where it has them, else computed here from
@@ -991,14 +987,15 @@ void InspectorView::fillPairTensors(const OpDetails& a, const OpDetails& b) {
     QString verdict = statusText(td.status);
     if (td.basis != storage::DiffBasis::None)
       verdict += QStringLiteral(" (%1)").arg(QString::fromUtf8(storage::toString(td.basis)));
-    if (!td.detail.empty()) verdict += QStringLiteral(": ") + QString::fromStdString(td.detail);
+    // The diff's detail phrase on hover: the row stays short enough for a narrow dock.
     top->setText(0, tensorName(td.role, td.index) + QStringLiteral(" — ") + verdict);
+    if (!td.detail.empty()) verdict += QStringLiteral(": ") + QString::fromStdString(td.detail);
     top->setForeground(0, statusColor(td.status));
     QFont bold = top->font(0);
     bold.setBold(true);
     top->setFont(0, bold);
     top->setFirstColumnSpanned(true);
-    top->setToolTip(0, top->text(0));
+    top->setToolTip(0, tensorName(td.role, td.index) + QStringLiteral(" — ") + verdict);
     top->setData(0, Qt::UserRole, int(td.status));
     for (int f = 0; f < FieldCount; ++f) {
       if (f == FieldMd5Rounded &&
@@ -1072,7 +1069,7 @@ void InspectorView::fillPairValues(const OpDetails& a, const OpDetails& b) {
       if (int(dump.role) == role && dump.index == index) return &dump;
     return nullptr;
   };
-  QString text = QStringLiteral("A = %1\nB = %2\n\n").arg(sideLabel(Side::A), sideLabel(Side::B));
+  QString text = QStringLiteral("%1\n%2\n\n").arg(sideLabel(Side::A), sideLabel(Side::B));
   for (const auto& [role, index] : keys) {
     const OpDetails::Dump* da = find(a, role, index);
     const OpDetails::Dump* db = find(b, role, index);
@@ -1139,7 +1136,8 @@ void InspectorView::setHeader(const QString& text) {
 }
 
 void InspectorView::fitHeader() {
-  const int w = header_->width() > 0 ? header_->width() : width();
+  // The header spans the inspector (no layout margins); its own width lags behind in a resize.
+  const int w = width();
   header_->setFixedHeight(
       std::max(header_->heightForWidth(w), header_->fontMetrics().height() + 8));
 }
