@@ -227,8 +227,7 @@ class GraphTest : public QObject {
     view.fitToView();
     QVERIFY(view.labelsReadable());
     const QRectF seen = gv->mapToScene(gv->viewport()->rect()).boundingRect();
-    QVERIFY(seen.adjusted(-1, -1, 1, 1).contains(view.scene()->sceneRect()) ||
-            seen.top() <= view.scene()->sceneRect().top() + 1);
+    QVERIFY(seen.top() <= view.scene()->sceneRect().top() + 1);
     const double fit = gv->transform().m11();
     QVERIFY(fit < 1.0);
     view.zoomIn();
@@ -431,7 +430,9 @@ class GraphTest : public QObject {
       QVERIFY(view.semanticLevel() >= last);
       last = view.semanticLevel();
     }
-    QCOMPARE(last, near);
+    view.setZoomScale(GraphView::kLabelScale * 0.98);
+    QCOMPARE(view.semanticLevel(), near);
+    QVERIFY(near >= last);
     // A block's text: its scope, then the summary (ops, time, bytes) of every op under it.
     const OpRecord* scoped = nullptr;
     for (const auto& o : step->ops)

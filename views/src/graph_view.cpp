@@ -13,6 +13,7 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QMenu>
+#include <QScrollBar>
 #include <QShortcut>
 #include <QToolBar>
 #include <QToolButton>
@@ -536,9 +537,7 @@ bool GraphView::opLabelsShown() const {
 }
 
 bool GraphView::labelsReadable() const {
-  return opLabelsShown() ||
-         (!blockScales_.empty() &&
-          zoomScale() >= *std::min_element(blockScales_.begin(), blockScales_.end()));
+  return opLabelsShown() || blocksReadable_;
 }
 
 void GraphView::fitToView() {
@@ -567,6 +566,7 @@ void GraphView::fitToView() {
       canvas_->scale(want, want);
       const QRectF seen = canvas_->mapToScene(vp).boundingRect();
       canvas_->centerOn(QPointF(r.center().x(), r.top() + seen.height() / 2));
+      canvas_->verticalScrollBar()->setValue(canvas_->verticalScrollBar()->minimum());  // the top
     }
   }
   updateMinimap();
@@ -662,6 +662,10 @@ void GraphView::contextMenu(const QPoint& viewPos, const QPoint& globalPos) {
           const QString scope = qs(n.scope);
           menu.addAction(tr("Collapse %1").arg(scope), this, [this, scope] { collapse(scope); });
         }
+        const quint64 seq = n.seq;
+        menu.addAction(tr("Break here"), this, [this, seq] { emit breakHereRequested(seq); })
+            ->setToolTip(
+                tr("A breakpoint after this op (its name in its scope) in a live session"));
       } else {
         const QString scope = qs(n.scope);
         menu.addAction(tr("Expand %1").arg(scope), this, [this, scope] { expand(scope); });

@@ -34,21 +34,33 @@ int graph_detail::commonLevel(std::string_view a, std::string_view b) {
 namespace {
 
 // Draws `lines` (the first bold) at screen size inside `sceneRect` as the painter maps it: at the
-// top left, or centred; lines that do not fit are dropped, the rest elided to its width.
+// top left, or centred; lines that do not fit its height are dropped, the others elided. A scope
+// too wide for the box loses its leading components first ("blocks.0.attn" -> "attn").
 void drawScreenText(QPainter* p, const QRectF& sceneRect, const QStringList& lines,
                     const QFont& bold, const QFont& regular, double lineHeight, bool centred) {
-  const QRectF r = p->worldTransform().mapRect(sceneRect).adjusted(5, 3, -5, -3);
-  if (r.width() < 24 || r.height() < lineHeight || lines.isEmpty()) return;
-  const int n = std::min(int(lines.size()), int(r.height() / lineHeight));
+  const QRectF r = p->worldTransform().mapRect(sceneRect).adjusted(4, 3, -4, -3);
+  if (r.width() < 12 || r.height() < lineHeight || lines.isEmpty()) return;
+  QStringList all;  // a summary too wide breaks at its commas
+  for (int i = 0; i < lines.size(); ++i)
+    if (i > 0 && QFontMetricsF(regular).horizontalAdvance(lines[i]) > r.width())
+      all << lines[i].split(", ");
+    else
+      all << lines[i];
+  const int n = std::min(int(all.size()), int(r.height() / lineHeight));
   p->save();
   p->resetTransform();
   double y = centred ? r.center().y() - n * lineHeight / 2 : r.top();
   for (int i = 0; i < n; ++i, y += lineHeight) {
     const QFont& f = i == 0 ? bold : regular;
+    const QFontMetricsF fm(f);
+    QString text = all[i];
+    if (i == 0)
+      while (fm.horizontalAdvance(text) > r.width() && text.indexOf('.') > 0)
+        text = text.mid(text.indexOf('.') + 1);
     p->setFont(f);
-    const QString text = QFontMetricsF(f).elidedText(lines[i], Qt::ElideRight, r.width());
     p->drawText(QRectF(r.left(), y, r.width(), lineHeight),
-                (centred ? Qt::AlignHCenter : Qt::AlignLeft) | Qt::AlignVCenter, text);
+                (centred ? Qt::AlignHCenter : Qt::AlignLeft) | Qt::AlignVCenter,
+                fm.elidedText(text, Qt::ElideRight, r.width()));
   }
   p->restore();
 }
@@ -66,6 +78,10 @@ GraphView::NodeItem::NodeItem(const analysis::GraphNode& node, int index, const 
   setZValue(1);
 }
 
+bool GraphView::NodeItem::insideBlock() const {
+  return view_->blockLevel_ > 0 && container_ && container_->zoom() != ClusterItem::Zoom::Open;
+}
+
 void GraphView::NodeItem::setMarks(bool selected, bool matched) {
   if (selected == selected_ && matched == matched_) return;
   selected_ = selected;
@@ -76,7 +92,7 @@ void GraphView::NodeItem::setMarks(bool selected, bool matched) {
 void GraphView::NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
   const double lod = option->levelOfDetailFromTransform(p->worldTransform());
   const int block = view_->blockLevel_;
-  if (block > 0 && (module_ ? level_ > block : level_ >= block)) return;  // inside a block
+  if (insideBlock()) return;
   QPen border = pen();
   if (selected_)
     border = QPen(kSelectedPen, 3);
@@ -141,8 +157,10 @@ void GraphView::EdgeItem::setHighlighted(bool on) {
 }
 
 void GraphView::EdgeItem::paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) {
-  const int block = view_->blockLevel_;
-  if (block > 0 && level_ >= block && !highlighted_) return;  // inside one block
+  if (view_->blockLevel_ > 0 && !highlighted_ &&
+      ((container_ && container_->zoom() != ClusterItem::Zoom::Open) ||
+       (from_ && to_ && from_->insideBlock() && to_->insideBlock())))
+    return;  // inside one block, or between two
   const QColor c = highlighted_ ? kSelectedPen : kEdgeColor;
   p->setPen(QPen(c, highlighted_ ? width_ + 1 : width_));
   p->setBrush(Qt::NoBrush);
@@ -184,9 +202,8 @@ void GraphView::ClusterItem::setBlock(const QColor& fill, const QStringList& lin
 
 void GraphView::ClusterItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
   const double lod = option->levelOfDetailFromTransform(p->worldTransform());
-  const int block = view_->blockLevel_;
-  if (block > 0 && level_ > 0 && level_ >= block) {
-    if (level_ > block) return;  // inside a block
+  if (view_->blockLevel_ > 0 && zoom_ != Zoom::Open) {
+    if (zoom_ == Zoom::Hidden) return;  // inside a block
     p->setPen(QPen(blockFill_.darker(140), 0));
     p->setBrush(blockFill_);
     p->drawRoundedRect(box_, 6, 6);

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "keel/analysis/graph_dot.h"
 #include "keel/analysis/graph_layout.h"
@@ -76,6 +77,9 @@ class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
   QRectF boundingRect() const override { return rect_.adjusted(-3, -3, 3, 3); }
   QRectF box() const { return module_ ? rect_.adjusted(0, 0, -5, -5) : rect_; }
   int level() const { return level_; }
+  // The expanded module it is drawn in (nullptr: none): not drawn while that is a block or hidden.
+  void setContainer(const ClusterItem* c) { container_ = c; }
+  bool insideBlock() const;
   void setTextColor(const QColor& c) { text_ = c; }
   void setMarks(bool selected, bool matched);
   void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) override;
@@ -84,6 +88,7 @@ class GraphView::NodeItem : public QAbstractGraphicsShapeItem {
   int index_;
   bool module_;
   int level_;  // scopeLevel of its scope (an op's module, a module node's own)
+  const ClusterItem* container_ = nullptr;
   QString title_, subtitle_;
   QRectF rect_;
   QColor text_ = Qt::black;
@@ -98,6 +103,13 @@ class GraphView::EdgeItem : public QGraphicsItem {
   EdgeItem(const analysis::LaidOutEdge& e, double width, int level, const GraphView* view);
   QRectF boundingRect() const override { return bounds_; }
   void setHighlighted(bool on);
+  // The deepest expanded module holding both ends (nullptr: none), and the ends: hidden inside
+  // a block, and between two blocks (both ends hidden).
+  void setContainer(const ClusterItem* c, const NodeItem* from, const NodeItem* to) {
+    container_ = c;
+    from_ = from;
+    to_ = to;
+  }
   void paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) override;
 
  private:
@@ -107,6 +119,8 @@ class GraphView::EdgeItem : public QGraphicsItem {
   QRectF bounds_;
   double width_;
   int level_;
+  const ClusterItem* container_ = nullptr;
+  const NodeItem *from_ = nullptr, *to_ = nullptr;
   bool highlighted_ = false;
   const GraphView* view_;
 };
@@ -123,6 +137,18 @@ class GraphView::ClusterItem : public QGraphicsItem {
   int level() const { return level_; }
   QRectF box() const { return box_; }
   void setBlock(const QColor& fill, const QStringList& lines);
+  // Semantic zoom state (Note [Semantic zoom]): drawn open, as a block, or not (inside a block).
+  enum class Zoom { Open, Block, Hidden };
+  Zoom zoom() const { return zoom_; }
+  bool setZoom(Zoom z) {
+    if (z == zoom_) return false;
+    zoom_ = z;
+    return true;
+  }
+  double need = 1;  // the scale from which its block's text reads
+  int direct = 0;   // nodes drawn in it, outside its sub-modules
+  ClusterItem* parent = nullptr;
+  std::vector<ClusterItem*> children;
   void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) override;
 
  private:
@@ -133,6 +159,7 @@ class GraphView::ClusterItem : public QGraphicsItem {
   int level_;
   QColor blockFill_ = QColor(0xb9, 0xd3, 0xf0), blockText_ = Qt::black;
   QStringList lines_;  // the block's text: scope, summary lines
+  Zoom zoom_ = Zoom::Open;
   const GraphView* view_;
 };
 

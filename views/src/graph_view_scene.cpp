@@ -204,26 +204,69 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
 }
 
 // Note [Semantic zoom]
-// Below kLabelScale op labels cannot be read, so the view draws modules instead: every cluster of
-// one depth (the block level) becomes a solid block filled by the colour mode, with its scope and
-// summary (Note [Module summary]) at screen size; what lies inside a block (deeper clusters, ops,
-// the edges between them) is not drawn, and ops outside every block stay small boxes. The block
-// level is the deepest whose clusters (the bigger quarter of them) are big enough on screen for
-// two lines of text, so zooming in splits blocks into their sub-modules until op labels return at
-// kLabelScale.
-// blockScales_[d - 1] is that threshold scale of depth d, computed once per layout; a change of
-// scale only compares numbers. Fit fits the graph, or, when that leaves nothing readable (a tall
-// step), takes the scale where the first level with several modules reads, capped at the width.
+// Below kLabelScale op labels cannot be read, so the view draws modules instead: a module drawn
+// as a block is a solid box filled by the colour mode, with its scope and summary (Note [Module
+// summary]) at screen size, and what lies inside it (sub-modules, ops, the edges between them) is
+// not drawn, nor are edges between two blocks or the forward <-> backward links. Which modules are
+// blocks is decided top down on every change of scale: a module opens into its sub-modules when
+// at least half of them have room for their text (two lines, 70 px wide: a module's `need` scale,
+// computed once per layout) and it holds few ops of its own (at most two per sub-module, so that
+// opening it does not leave a swarm of unlabelled boxes), else it is the block. So far out the
+// top-level modules are blocks, and zooming in splits blocks into sub-modules until op labels
+// return at kLabelScale. Ops outside every block (a block's own residual add, ops outside any
+// module) stay small boxes. semanticLevel() is the depth of the deepest block. blockScales_[d - 1]
+// is the scale from which the bigger quarter of depth d's modules read; Fit fits the graph, or,
+// when that leaves no op label readable, takes the scale where the first depth with several modules
+// (four) reads, fitted to the width when that still reads.
 void GraphView::computeBlockScales() {
   blockScales_.clear();
   std::vector<std::vector<double>> need;  // by depth - 1
   const double lh = metrics_.lineHeight;
-  for (const ClusterItem* c : clusterItems_) {
+  // The module tree of the drawn clusters; what each node and edge is drawn inside.
+  std::unordered_map<std::string, ClusterItem*> byKey;
+  for (ClusterItem* c : clusterItems_)
+    if (!c->cluster().scope.empty())
+      byKey.emplace(analysis::moduleKey(c->cluster().phase, c->cluster().scope), c);
+  auto find = [&](Phase phase, std::string_view scope) -> ClusterItem* {
+    if (scope.empty()) return nullptr;
+    auto it = byKey.find(analysis::moduleKey(phase, scope));
+    return it == byKey.end() ? nullptr : it->second;
+  };
+  auto parentOf = [](std::string_view scope) {
+    const size_t dot = scope.rfind('.');
+    return dot == std::string_view::npos ? std::string_view() : scope.substr(0, dot);
+  };
+  for (ClusterItem* c : clusterItems_) {
+    c->children.clear();
+    c->direct = 0;
+    c->setZoom(ClusterItem::Zoom::Open);
+  }
+  for (ClusterItem* c : clusterItems_) {
     if (c->level() <= 0) continue;
+    c->parent = find(c->cluster().phase, parentOf(c->cluster().scope));
+    if (c->parent) c->parent->children.push_back(c);
     const QRectF b = c->box();
-    if (b.width() <= 0 || b.height() <= 0) continue;
+    c->need =
+        b.width() > 0 && b.height() > 0 ? std::max((2 * lh + 8) / b.height(), 70 / b.width()) : 1e9;
     if (need.size() < size_t(c->level())) need.resize(size_t(c->level()));
-    need[size_t(c->level() - 1)].push_back(std::max((2 * lh + 10) / b.height(), 110 / b.width()));
+    need[size_t(c->level() - 1)].push_back(c->need);
+  }
+  const GraphDot& g = *graph_;
+  for (NodeItem* n : nodeItems_) {
+    if (!n) continue;
+    const GraphNode& gn = g.nodes[size_t(n->index())];
+    ClusterItem* c = find(gn.phase, n->isModule() ? parentOf(gn.scope) : gn.scope);
+    n->setContainer(c);
+    if (c) ++c->direct;
+  }
+  for (size_t i = 0; i < edgeItems_.size(); ++i) {
+    if (!edgeItems_[i]) continue;
+    const GraphNode& a = g.nodes[size_t(g.edges[i].from)];
+    const GraphNode& b = g.nodes[size_t(g.edges[i].to)];
+    const int level = a.phase == b.phase ? commonLevel(a.scope, b.scope) : 0;
+    edgeItems_[i]->setContainer(
+        level > 0 ? find(a.phase, analysis::scopePrefixes(a.scope)[size_t(level - 1)]) : nullptr,
+        nodeItems_[size_t(g.edges[i].from)], nodeItems_[size_t(g.edges[i].to)]);
   }
   for (auto& v : need) {  // the bigger quarter of a depth's modules read from there
     if (v.empty()) break;
@@ -234,15 +277,38 @@ void GraphView::computeBlockScales() {
 
 void GraphView::updateSemanticLevel() {
   const double s = zoomScale();
+  const bool overview = s < kLabelScale && !blockScales_.empty();
+  bool changed = false;
   int level = 0;
-  if (s < kLabelScale && !blockScales_.empty()) {
-    level = 1;
-    for (size_t d = 0; d < blockScales_.size(); ++d)
-      if (s >= blockScales_[d]) level = int(d) + 1;
-  }
-  if (level == blockLevel_) return;
+  bool readable = false;
+  // Top down: a module opens into its sub-modules when half of them read; else it is the block,
+  // and everything inside it is hidden.
+  auto assign = [&](auto&& self, ClusterItem* c, bool hidden) -> void {
+    using Z = ClusterItem::Zoom;
+    Z z = Z::Open;
+    if (hidden) {
+      z = Z::Hidden;
+    } else if (overview) {
+      size_t reads = 0;  // half of them (a one-op norm need not), and few ops of its own
+      for (const ClusterItem* k : c->children) reads += s >= k->need ? 1 : 0;
+      const size_t n = c->children.size();
+      z = n > 0 && 2 * reads >= n && size_t(c->direct) <= 2 * n ? Z::Open : Z::Block;
+    }
+    changed |= c->setZoom(z);
+    if (z == Z::Block) {
+      level = std::max(level, c->level());
+      readable |= s >= c->need;
+    }
+    for (ClusterItem* k : c->children) self(self, k, z != Z::Open);
+  };
+  for (ClusterItem* c : clusterItems_)
+    if (c->level() > 0 && !c->parent) assign(assign, c, false);
+  blocksReadable_ = readable;
+  changed |= level != blockLevel_;
   blockLevel_ = level;
-  scene_->update();
+  // The forward <-> backward links would cross every block: only with op labels.
+  if (linksItem_) linksItem_->setVisible(level == 0);
+  if (changed) scene_->update();
 }
 
 void GraphView::computeSummaries() {

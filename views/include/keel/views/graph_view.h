@@ -87,9 +87,9 @@ class GraphView : public QWidget {
   // forward op (key J, context menu). Returns false when there is none.
   bool jumpToPartner();
 
-  // Semantic zoom: 0 while op labels are drawn (scale >= kLabelScale), else the module depth
-  // (1 = top level) drawn as solid summary blocks. labelsReadable(): op labels or block texts are
-  // readable at the current scale.
+  // Semantic zoom: 0 while op labels are drawn (scale >= kLabelScale), else the depth (1 = top
+  // level) of the deepest module drawn as a solid summary block. labelsReadable(): op labels or
+  // block texts are readable at the current scale.
   int semanticLevel() const { return blockLevel_; }
   bool opLabelsShown() const;
   bool labelsReadable() const;
@@ -137,6 +137,7 @@ class GraphView : public QWidget {
  signals:
   void layoutFinished();
   void phaseFilterChanged(QString phase);  // setPhaseFilter or the view's own phase selector
+  void breakHereRequested(quint64 seq);    // the context menu's "Break here" on op `seq`
 
  protected:
   void showEvent(QShowEvent* event) override;
@@ -190,7 +191,8 @@ class GraphView : public QWidget {
   // Semantic zoom: the scale from which module blocks of depth d (index d - 1) read, the depth
   // drawn as blocks now, and the summaries by analysis::moduleKey.
   std::vector<double> blockScales_;
-  int blockLevel_ = 0;
+  int blockLevel_ = 0;           // the deepest block drawn (0: none)
+  bool blocksReadable_ = false;  // a block drawn has room for its text
   std::unordered_map<std::string, analysis::ModuleSummary> summaries_;
   analysis::GraphPhase phase_ = analysis::GraphPhase::Both;
   bool expandAll_ = true;
