@@ -372,7 +372,10 @@ Targets loadTargets(const KernelCtx& c, const Tensor& targets, int64_t classes) 
   return r;
 }
 
-void crossEntropy(const KernelCtx& c) {
+}  // namespace
+
+// The cross-entropy and embedding kernels are defined under their table names (kernels.h).
+void kCrossEntropy(const KernelCtx& c) {
   const Tensor& logits = c.inputs[0];
   const int64_t n = logits.size(0), classes = logits.size(1);
   const int64_t ignore = c.attrs.getInt("ignore_index", -100);
@@ -407,7 +410,7 @@ void crossEntropy(const KernelCtx& c) {
 // probability by up to 1.5e-5 relative (an outside check measured 9.7e-6 where PyTorch's float32
 // errs by 1.9e-7). The parity table's cross_entropy_backward large_logits line holds the kernel to
 // a tolerance that rounding fails.
-void crossEntropyBackward(const KernelCtx& c) {
+void kCrossEntropyBackward(const KernelCtx& c) {
   const Tensor &grad = c.inputs[0], &logits = c.inputs[1], &out = c.outputs[0];
   const int64_t n = logits.size(0), classes = logits.size(1);
   const int64_t ignore = c.attrs.getInt("ignore_index", -100);
@@ -446,7 +449,7 @@ void crossEntropyBackward(const KernelCtx& c) {
 
 // ---------------------------------------------------------------- embedding
 
-void embedding(const KernelCtx& c) {
+void kEmbedding(const KernelCtx& c) {
   const Tensor &w = c.inputs[0], &out = c.outputs[0];
   const int64_t v = w.size(0), d = w.size(1);
   const std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], v);
@@ -469,7 +472,7 @@ void embedding(const KernelCtx& c) {
 
 // Rows of the [V, D] gradient are independent: each is the sum, in index order, of the grad rows
 // whose index names it. A counting sort groups them; rows are then summed in parallel.
-void embeddingBackward(const KernelCtx& c) {
+void kEmbeddingBackward(const KernelCtx& c) {
   const Tensor& out = c.outputs[0];
   const int64_t v = out.size(0), d = out.size(1);
   const std::vector<int64_t> idx = loadIndices(c.op.name, c.inputs[1], v);
@@ -508,8 +511,6 @@ void embeddingBackward(const KernelCtx& c) {
   });
 }
 
-}  // namespace
-
 void kSoftmax(const KernelCtx& c) {
   softmaxFamily<SoftKind::Softmax>(c);
 }
@@ -533,18 +534,6 @@ void kRmsNorm(const KernelCtx& c) {
 }
 void kRmsNormBackward(const KernelCtx& c) {
   normKernel<true>(c, true);
-}
-void kEmbedding(const KernelCtx& c) {
-  embedding(c);
-}
-void kEmbeddingBackward(const KernelCtx& c) {
-  embeddingBackward(c);
-}
-void kCrossEntropy(const KernelCtx& c) {
-  crossEntropy(c);
-}
-void kCrossEntropyBackward(const KernelCtx& c) {
-  crossEntropyBackward(c);
 }
 void kRope(const KernelCtx& c) {
   visitFloatInput(c, [&]<typename T>() { ropeRows<T>(c); });
