@@ -366,6 +366,47 @@ MemFigures MemoryModel::figuresAtPeak() const {
 // peak never falls between columns); consecutive blocks under `minBytes` (less than a pixel
 // high) become one merged slice. One stateAt(first - 1) gives the blocks live when the range
 // starts; then one pass over the range's events keeps the live set in allocation order.
+namespace {
+
+// Sums over slots 0..i-1 (Fenwick tree).
+struct Prefix {
+  std::vector<int64_t> t;
+  explicit Prefix(size_t n) : t(n + 1, 0) {}
+  void add(size_t i, int64_t v) {
+    for (++i; i < t.size(); i += i & (~i + 1)) t[i] += v;
+  }
+  int64_t before(size_t i) const {
+    int64_t s = 0;
+    for (; i > 0; i -= i & (~i + 1)) s += t[i];
+    return s;
+  }
+};
+
+// The largest value over a range of slots, and its slot (segment tree).
+struct Largest {
+  size_t n = 1;
+  std::vector<std::pair<uint64_t, uint32_t>> t;  // (bytes, slot)
+  explicit Largest(size_t size) {
+    while (n < size) n *= 2;
+    t.assign(2 * n, {0, 0});
+  }
+  void set(size_t i, uint64_t v) {
+    i += n;
+    t[i] = {v, uint32_t(i - n)};
+    for (i /= 2; i > 0; i /= 2) t[i] = std::max(t[2 * i], t[2 * i + 1]);
+  }
+  std::pair<uint64_t, uint32_t> over(size_t lo, size_t hi) const {  // [lo, hi)
+    std::pair<uint64_t, uint32_t> best{0, uint32_t(lo)};
+    for (lo += n, hi += n; lo < hi; lo /= 2, hi /= 2) {
+      if (lo & 1) best = std::max(best, t[lo++]);
+      if (hi & 1) best = std::max(best, t[--hi]);
+    }
+    return best;
+  }
+};
+
+}  // namespace
+
 MemBands MemoryModel::bands(int64_t first, int64_t last, size_t columns, uint64_t minBytes) const {
   MemBands out;
   const int64_t n = int64_t(events_.size());
@@ -374,30 +415,49 @@ MemBands MemoryModel::bands(int64_t first, int64_t last, size_t columns, uint64_
   if (n == 0 || last < first || columns == 0) return out;
   out.first = first;
   out.last = last;
-  struct Live {
-    uint32_t ev;
-    uint64_t bytes;
-    bool dead;
+  // Slots in allocation order: the blocks live when the range starts (by alloc event), then one
+  // per alloc of the range. Blocks of at least minBytes are drawn one by one (`big`, in order);
+  // the runs of smaller ones between them are sums (prefix trees) with their largest member.
+  const MemState s0 = stateAt(first - 1);
+  std::vector<MemBlock> initial = s0.blocks;
+  std::sort(initial.begin(), initial.end(),
+            [](const MemBlock& x, const MemBlock& y) { return x.allocEvent < y.allocEvent; });
+  size_t slots = initial.size();
+  for (int64_t i = first; i <= last; ++i) slots += Kind(kinds_[size_t(i)]) == Kind::Alloc;
+  std::vector<uint32_t> evOf(slots);
+  std::vector<uint64_t> bytesOf(slots, 0);
+  Prefix bytes(slots), count(slots);
+  Largest largest(slots);
+  std::set<uint32_t> big;
+  std::unordered_map<uint64_t, uint32_t> at;  // address -> slot of the live block there
+  at.reserve(initial.size() * 2);
+  uint32_t next = 0;
+  auto place = [&](uint64_t address, uint64_t b, uint32_t ev) {
+    const uint32_t k = next++;
+    evOf[k] = ev;
+    bytesOf[k] = b;
+    bytes.add(k, int64_t(b));
+    count.add(k, 1);
+    if (b >= minBytes)
+      big.insert(k);
+    else
+      largest.set(k, b);
+    at[address] = k;
   };
-  std::vector<Live> live;
-  std::unordered_map<uint64_t, size_t> at;  // address -> index into live
-  size_t dead = 0;
-  {  // blocks live when the range starts, in allocation order, indexed by where they are now
-    const MemState s = stateAt(first - 1);
-    for (const MemBlock& b : s.blocks) live.push_back(Live{b.allocEvent, b.bytes, false});
-    std::sort(live.begin(), live.end(), [](const Live& x, const Live& y) { return x.ev < y.ev; });
-    std::unordered_map<uint32_t, size_t> byEv;
-    for (size_t i = 0; i < live.size(); ++i) byEv[live[i].ev] = i;
-    at.reserve(live.size() * 2);
-    for (const MemBlock& b : s.blocks) at[b.address] = byEv[b.allocEvent];
-  }
   auto kill = [&](uint64_t address) {
     auto it = at.find(address);
     if (it == at.end()) return;
-    live[it->second].dead = true;
-    ++dead;
+    const uint32_t k = it->second;
+    bytes.add(k, -int64_t(bytesOf[k]));
+    count.add(k, -1);
+    if (bytesOf[k] >= minBytes)
+      big.erase(k);
+    else
+      largest.set(k, 0);
     at.erase(it);
   };
+  for (const MemBlock& b : initial) place(b.address, b.bytes, b.allocEvent);
+
   const uint64_t span = uint64_t(last - first + 1);
   const size_t cols = size_t(std::min<uint64_t>(columns, span));
   out.columns.reserve(cols);
@@ -414,47 +474,44 @@ MemBands MemoryModel::bands(int64_t first, int64_t last, size_t columns, uint64_
       switch (Kind(kinds_[size_t(i)])) {
         case Kind::Alloc:
           kill(e.address);  // a free we never saw
-          live.push_back(Live{uint32_t(i), e.bytes, false});
-          at[e.address] = live.size() - 1;
+          place(e.address, e.bytes, uint32_t(i));
           break;
         case Kind::Free:
           kill(e.address);
           break;
         case Kind::Compact:
           if (auto it = at.find(e.address); it != at.end()) {
-            const size_t idx = it->second;
+            const uint32_t k = it->second;
             at.erase(it);
             kill(e.toAddress);
-            at[e.toAddress] = idx;
+            at[e.toAddress] = k;
           }
           break;
         default:
           break;
       }
     }
-    for (const Live& l : live) {
-      if (l.dead) continue;
-      const bool small = l.bytes < minBytes;
-      if (small && !col.slices.empty() && col.slices.back().allocEvent == kMergedBands) {
-        col.slices.back().bytes += l.bytes;
-        col.slices.back().blocks++;
-      } else {
-        col.slices.push_back(MemBandSlice{small ? kMergedBands : l.ev, col.total, l.bytes, 1});
-      }
-      col.total += l.bytes;
+    // Small blocks in slots [lo, hi): one merged slice, if any is live.
+    auto merged = [&](size_t lo, size_t hi, uint64_t base, uint64_t top) {
+      if (top <= base) return;
+      const auto [b, k] = largest.over(lo, hi);
+      const int64_t blocks = count.before(hi) - count.before(lo);
+      col.slices.push_back(
+          MemBandSlice{kMergedBands, base, top - base, uint32_t(blocks), b ? evOf[k] : 0});
+    };
+    size_t prev = 0;  // the slot after the last big block
+    uint64_t end = 0;
+    for (uint32_t k : big) {
+      const uint64_t base = uint64_t(bytes.before(k));
+      merged(prev, k, end, base);
+      col.slices.push_back(MemBandSlice{evOf[k], base, bytesOf[k], 1, 0});
+      end = base + bytesOf[k];
+      prev = k + 1;
     }
+    col.total = uint64_t(bytes.before(next));
+    merged(prev, next, end, col.total);
     out.maxTotal = std::max(out.maxTotal, col.total);
     out.columns.push_back(std::move(col));
-    // Keep the live list short: drop freed entries once they outnumber the live ones.
-    if (dead > 64 && dead > live.size() / 2) {
-      std::vector<size_t> moved(live.size());
-      size_t w = 0;
-      for (size_t r = 0; r < live.size(); ++r)
-        if (!live[r].dead) moved[r] = w, live[w++] = live[r];
-      live.resize(w);
-      dead = 0;
-      for (auto& entry : at) entry.second = moved[entry.second];
-    }
   }
   return out;
 }

@@ -518,7 +518,7 @@ TEST(MemoryBands, StackedInAllocationOrder) {
 
   // Level of detail: blocks under 40 bytes merge with their small neighbours.
   const MemBands lod = m.bands(0, 4, 100, 40);
-  EXPECT_EQ(lod.columns[4].slices, (Slices{{1, 0, 50, 1}, {kMergedBands, 50, 40, 2}}));
+  EXPECT_EQ(lod.columns[4].slices, (Slices{{1, 0, 50, 1}, {kMergedBands, 50, 40, 2, 2}}));
   EXPECT_EQ(lod.columns[0].slices, (Slices{{0, 0, 100, 1}}));
 
   // Two columns: each drawn at its event of most bytes allocated.

@@ -87,6 +87,8 @@ void MemoryView::Impl::build() {
   header = new QLabel(content);
   header->setObjectName("memoryHeader");
   header->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  header->setWordWrap(true);  // narrow windows: wrap rather than push the controls off
+  header->setMinimumWidth(200);
   colorBox = new QCheckBox(tr("Colour by op"), content);
   colorBox->setObjectName("memoryColorByOp");
   colorBox->setToolTip(
@@ -139,8 +141,8 @@ void MemoryView::Impl::build() {
   tl->setContentsMargins(0, 0, 0, 0);
   tl->setSpacing(2);
   tl->addWidget(activeCaption);
-  tl->addWidget(active, 3);
-  tl->addWidget(plot, 2);
+  tl->addWidget(active, 1);
+  tl->addWidget(plot, 1);
   tl->addWidget(slider);
   tl->addWidget(cursorLabel);
 
@@ -149,7 +151,7 @@ void MemoryView::Impl::build() {
   caption = new QLabel(mapPane);
   caption->setObjectName("memoryMapCaption");
   caption->setWordWrap(true);
-  caption->setFixedHeight(caption->fontMetrics().lineSpacing() * 2 + 4);
+  caption->setFixedHeight(caption->fontMetrics().lineSpacing() * 3 + 4);
   caption->setAlignment(Qt::AlignLeft | Qt::AlignTop);
   map = new BlockMap(mapPane);
   map->emptyText = tr("No live blocks at this event");
@@ -460,8 +462,8 @@ void MemoryView::layoutActive() {
   d_->active->rebuild();
 }
 QString MemoryView::activeToolTip(QPoint pos) const {
-  const auto [ev, at] = d_->active->bandAt(pos);
-  return ev >= 0 ? d_->activeTip(uint32_t(ev), at) : QString();
+  const auto [slice, at] = d_->active->bandAt(pos);
+  return slice ? d_->activeTip(*slice, at) : QString();
 }
 QPoint MemoryView::activePoint(int64_t event, uint64_t bytes) const {
   const ActiveMemory& a = *d_->active;

@@ -74,14 +74,19 @@ void ActiveMemory::rebuild() {
   const int W = image_.width(), H = image_.height();
   const double perByte = double(H) / yMax;
   std::unordered_map<uint32_t, QRgb> cache;
-  auto rgb = [&](uint32_t ev) -> QRgb {
-    if (ev == kMergedBands) return kMergedBlocks.rgb();
-    auto [it, fresh] = cache.try_emplace(ev, 0);
+  std::unordered_map<uint32_t, QRgb> pale;
+  auto rgb = [&](const MemBandSlice& s) -> QRgb {
+    const bool merged = s.allocEvent == kMergedBands;
+    const uint32_t ev = merged ? s.largest : s.allocEvent;
+    auto [it, fresh] = (merged ? pale : cache).try_emplace(ev, 0);
     if (fresh) {
       QColor c = color ? color(ev) : kAllocated;
-      // Neighbouring allocations of one op differ a little in lightness, so each band shows.
-      const uint32_t h = ev * 2654435761u;
-      c = c.lighter(92 + int(h >> 28) * 2);
+      if (merged) {  // small blocks merged: their largest one's colour, paler
+        c = QColor((c.red() + 2 * 255) / 3, (c.green() + 2 * 255) / 3, (c.blue() + 2 * 255) / 3);
+      } else {  // neighbouring allocations of one op differ a little in lightness
+        const uint32_t h = ev * 2654435761u;
+        c = c.lighter(92 + int(h >> 28) * 2);
+      }
       it->second = c.rgb();
     }
     return it->second;
@@ -95,7 +100,7 @@ void ActiveMemory::rebuild() {
       const int yb = H - int(std::lround(double(s.base) * perByte));
       const int yt = std::max(0, H - int(std::lround(double(s.base + s.bytes) * perByte)));
       if (yt >= yb) continue;
-      const QRgb c = rgb(s.allocEvent);
+      const QRgb c = rgb(s);
       for (int y = yt; y < std::min(yb, H); ++y) {
         QRgb* line = reinterpret_cast<QRgb*>(image_.scanLine(y));
         std::fill(line + x0, line + x1, c);
@@ -142,26 +147,24 @@ void ActiveMemory::paintEvent(QPaintEvent*) {
              Qt::AlignRight | Qt::AlignBottom, QStringLiteral("0"));
 }
 
-std::pair<int64_t, int64_t> ActiveMemory::bandAt(QPoint pos) const {
+std::pair<const MemBandSlice*, int64_t> ActiveMemory::bandAt(QPoint pos) const {
   const QRect a = area();
-  if (!a.contains(pos) || bands.columns.empty()) return {-1, -1};
+  if (!a.contains(pos) || bands.columns.empty()) return {nullptr, -1};
   const int64_t e = eventAt(pos.x());
   auto it = std::partition_point(bands.columns.begin(), bands.columns.end(),
                                  [&](const MemBandColumn& c) { return c.lastEvent < e; });
-  if (it == bands.columns.end()) return {-1, -1};
+  if (it == bands.columns.end()) return {nullptr, -1};
   const double bytes = double(a.bottom() + 1 - pos.y()) / double(a.height()) * yMax;
   for (const MemBandSlice& s : it->slices)
-    if (bytes >= double(s.base) && bytes < double(s.base + s.bytes))
-      return {s.allocEvent == kMergedBands ? int64_t(kMergedBands) : int64_t(s.allocEvent),
-              it->event};
-  return {-1, it->event};
+    if (bytes >= double(s.base) && bytes < double(s.base + s.bytes)) return {&s, it->event};
+  return {nullptr, it->event};
 }
 
 bool ActiveMemory::event(QEvent* e) {
   if (e->type() == QEvent::ToolTip) {
     auto* he = static_cast<QHelpEvent*>(e);
-    const auto [ev, at] = bandAt(he->pos());
-    const QString tip = ev >= 0 && tipFor ? tipFor(uint32_t(ev), at) : QString();
+    const auto [slice, at] = bandAt(he->pos());
+    const QString tip = slice && tipFor ? tipFor(*slice, at) : QString();
     if (tip.isEmpty())
       QToolTip::hideText();
     else
@@ -211,7 +214,7 @@ void MemoryView::Impl::buildActive() {
     if (!mem) return kAllocated;
     return ownerColor(*mem, MemBlock{mem->event(ev).address, mem->event(ev).bytes, ev}, opColors);
   };
-  active->tipFor = [this](uint32_t ev, int64_t at) { return activeTip(ev, at); };
+  active->tipFor = [this](const MemBandSlice& s, int64_t at) { return activeTip(s, at); };
   active->clicked = [this](int64_t k) { moveTo(k); };
   active->rangeSelected = [this](int64_t first, int64_t last) { q->setRange(first, last); };
   active->resetRange = [this] { q->setRange(0, count() - 1); };
@@ -256,12 +259,15 @@ void MemoryView::Impl::syncActive() {
                           .arg(n)));
 }
 
-QString MemoryView::Impl::activeTip(uint32_t ev, int64_t at) const {
+QString MemoryView::Impl::activeTip(const MemBandSlice& slice, int64_t at) const {
   if (!mem) return {};
-  if (ev == kMergedBands)
-    return tr(
-        "<b>small allocations</b>, each under a pixel high at this zoom: select a "
-        "shorter range (Shift+drag) to see them one by one");
+  QString head;
+  const uint32_t ev = slice.allocEvent == kMergedBands ? slice.largest : slice.allocEvent;
+  if (slice.allocEvent == kMergedBands)
+    head = tr("<b>%1 small allocations</b>, %2 in all, each under a pixel high at this zoom "
+              "(Shift+drag a shorter range to see them one by one). The largest:<br>")
+               .arg(slice.blocks)
+               .arg(bytesText(slice.bytes));
   const storage::MemRecord& a = mem->event(ev);
   // Where the block is at `at` (compaction may have moved it) and when it goes.
   uint64_t address = a.address;
@@ -276,7 +282,7 @@ QString MemoryView::Impl::activeTip(uint32_t ev, int64_t at) const {
       break;
     }
   }
-  QString t = allocationTip(*mem, MemBlock{a.address, a.bytes, ev}, at);
+  QString t = head + allocationTip(*mem, MemBlock{a.address, a.bytes, ev}, at);
   if (freed >= 0) {
     const storage::MemRecord& f = mem->event(size_t(freed));
     const analysis::MemOp* o = f.opSeq ? mem->op(f.opSeq) : nullptr;

@@ -56,7 +56,6 @@ inline const QColor kAllocated(0x4c, 0x78, 0xa8);
 // hatched) must never be confused: they mean opposite things.
 inline const QColor kFree(0xcd, 0xe8, 0xc6);
 inline const QColor kUnmapped(0x6e, 0x6e, 0x6e);
-inline const QColor kMergedBlocks(0xb8, 0xb8, 0xb8);
 inline const QColor kParameter(0x1f, 0x5f, 0x3f);
 inline const QColor kOptimizer(0x5b, 0x2c, 0x83);
 inline const QColor kData(0xc4, 0x51, 0x00);
@@ -85,7 +84,7 @@ class ActiveMemory : public QWidget {
   int64_t cursor = -1;
   std::vector<std::pair<size_t, int64_t>> steps;  // first event of each step
   std::function<QColor(uint32_t allocEvent)> color;
-  std::function<QString(uint32_t allocEvent, int64_t event)> tipFor;
+  std::function<QString(const analysis::MemBandSlice&, int64_t event)> tipFor;
   std::function<void(int64_t event)> clicked;
   std::function<void(int64_t first, int64_t last)> rangeSelected;  // Shift+drag
   std::function<void()> resetRange;                                // double click
@@ -95,9 +94,8 @@ class ActiveMemory : public QWidget {
   QRect area() const;        // the band area in widget coordinates
   double xOf(double event) const;
   int64_t eventAt(double x) const;
-  // The band under `pos`: (alloc event, the column's event); alloc event kMergedBands over merged
-  // small blocks; (-1, -1) over nothing.
-  std::pair<int64_t, int64_t> bandAt(QPoint pos) const;
+  // The band under `pos` and the column's event; nullptr over nothing.
+  std::pair<const analysis::MemBandSlice*, int64_t> bandAt(QPoint pos) const;
   void invalidate();   // the range, size or colours changed: rebuild the image at the next paint
   void rebuild();      // rebuild now (the benchmark and tests call it)
   int selecting = -1;  // Shift+drag start (pixels), -1 when not selecting
@@ -232,7 +230,7 @@ struct MemoryView::Impl {
   void placeStepLabels();           // shows the step labels that fit, hides the rest
   void buildActive();
   void syncActive();  // the active-memory timeline follows the plot's x range
-  QString activeTip(uint32_t allocEvent, int64_t event) const;
+  QString activeTip(const analysis::MemBandSlice& slice, int64_t event) const;
   int64_t peakOfStep(int64_t step) const;  // the event of most allocated in step (-1: none)
   void refreshHighlight();
   void updateHistogram();

@@ -27,7 +27,7 @@ void MemoryView::Impl::buildTimeline() {
   plot->xAxis->setLabel(tr("allocator event #"));
   plot->yAxis->setLabel(tr("bytes"));
   plot->yAxis2->setVisible(true);
-  plot->yAxis2->setLabel(tr("cached free, % of reserved"));
+  plot->yAxis2->setLabel(tr("cached free %"));
   plot->yAxis2->setRange(0, 100);
   const QFont small = smallFont(0.85);
   for (QCPAxis* ax : {plot->xAxis, plot->yAxis, plot->yAxis2}) {
@@ -48,8 +48,7 @@ void MemoryView::Impl::buildTimeline() {
   cursorLayer->setMode(QCPLayer::lmBuffered);
   plot->setToolTip(QString());
   // The bands follow the x range; step labels are re-fitted to it.
-  QObject::connect(plot->xAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), q,
-                   [this](const QCPRange&) { placeStepLabels(); });
+  QObject::connect(plot, &QCustomPlot::afterLayout, q, [this] { placeStepLabels(); });
   QObject::connect(plot, &QCustomPlot::afterReplot, q, [this] { syncActive(); });
 
   QObject::connect(plot, &QCustomPlot::mousePress, q, [this](QMouseEvent* e) {
@@ -194,19 +193,22 @@ void MemoryView::Impl::rebuildTimeline() {
   plot->replot();
 }
 
-// Step labels: left to right, a label shows only when it starts past the end of the last one
-// shown (plus a gap) and ends inside the plot; at 20+ steps every other one (or fewer) shows.
+// Step labels: right to left (a later step wins over the one before it, so "step 1" beats
+// "init"), a label shows only when it ends before the start of the last one shown (less a gap)
+// and lies inside the plot; at 20+ steps every other one (or fewer) shows.
 void MemoryView::Impl::placeStepLabels() {
   const QRect ar = plot->axisRect()->rect();
   const QFontMetrics fm(smallFont(0.8));
-  int shownRight = std::numeric_limits<int>::min();
-  for (QCPItemText* label : stepLabels) {
+  int shownLeft = std::numeric_limits<int>::max();
+  for (auto it = stepLabels.rbegin(); it != stepLabels.rend(); ++it) {
+    QCPItemText* label = *it;
     const double px = plot->xAxis->coordToPixel(label->position->coords().x());
     const int w = fm.horizontalAdvance(label->text()) + 6;
     const int left = int(std::floor(px));
-    const bool fits = left >= ar.left() - 1 && left + w <= ar.right() + 1 && left > shownRight + 4;
+    const bool fits =
+        left >= ar.left() - 1 && left + w <= ar.right() + 1 && left + w < shownLeft - 4;
     label->setVisible(fits);
-    if (fits) shownRight = left + w;
+    if (fits) shownLeft = left;
   }
 }
 
@@ -218,7 +220,7 @@ QVector<QRect> MemoryView::stepLabelRects() const {
     const double px = d_->plot->xAxis->coordToPixel(label->position->coords().x());
     const int w = fm.horizontalAdvance(label->text()) + 6;
     const int h = fm.height() + 2;
-    out.push_back(QRect(int(std::floor(px)), d_->plot->axisRect()->rect().top() - h, w, h));
+    out.push_back(QRect(int(std::floor(px)), d_->plot->axisRect()->rect().bottom() - h, w, h));
   }
   return out;
 }

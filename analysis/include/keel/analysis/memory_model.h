@@ -163,7 +163,8 @@ inline constexpr uint32_t kMergedBands = UINT32_MAX;
 struct MemBandSlice {
   uint32_t allocEvent = 0;
   uint64_t base = 0, bytes = 0;
-  uint32_t blocks = 1;  // blocks in the slice (> 1 only for merged slices)
+  uint32_t blocks = 1;   // blocks in the slice (> 1 only for merged slices)
+  uint32_t largest = 0;  // merged slices: the alloc event of the largest block in it (else 0)
   bool operator==(const MemBandSlice&) const = default;
 };
 // One column: the live blocks right after `event` (the event of the column's range with the most
