@@ -366,6 +366,7 @@ void MainWindow::connectSources() {
     stepA_ = step;
     busy(1);
     graphA_->setStep(step);
+    if (failedSeq_ && step->indexOf(*failedSeq_) >= 0) graphA_->markFailed(*failedSeq_);
     opTable_->setStep(step);
     timeline_->setStep(step);
     busy(-1);
@@ -429,6 +430,10 @@ void MainWindow::connectSources() {
   });
   for (views::GraphView* g : {graphA_, graphB_})
     connect(g, &views::GraphView::layoutFinished, this, [this] { checkIdle(); });
+  connect(graphA_, &views::GraphView::breakHereRequested, this,
+          [this](quint64 seq) { breakHere(seq); });
+  connect(opTable_, &views::OpTableView::breakHereRequested, this,
+          [this](quint64 seq) { breakHere(seq); });
 }
 
 void MainWindow::connectSession() {
@@ -630,6 +635,23 @@ void MainWindow::newSessionDialog() {
 void MainWindow::breakpointsDialog() {
   BreakpointsDialog dlg(session_->breakpoints(), this);
   if (dlg.exec() == QDialog::Accepted) session_->setBreakpoints(dlg.breakpoints());
+}
+
+void MainWindow::breakHere(uint64_t seq) {
+  const int64_t i = stepA_ ? stepA_->indexOf(seq) : -1;
+  if (i < 0) return;
+  const storage::OpRecord& op = stepA_->ops[size_t(i)];
+  QString item = "op:" + QString::fromStdString(op.name);
+  if (!op.scope.empty()) item += " in " + QString::fromStdString(op.scope);
+  Breakpoints b = session_->breakpoints();
+  for (const Breakpoint& p : b.list)
+    if (p.item == item) {
+      statusBar()->showMessage("Breakpoint already set: " + item, 6000);
+      return;
+    }
+  b.add(item);
+  session_->setBreakpoints(b);
+  statusBar()->showMessage("Breakpoint added: " + item, 6000);
 }
 
 void MainWindow::selectOpInStep(uint64_t seq, int64_t step) {

@@ -114,6 +114,9 @@ class MainWindow : public QMainWindow {
   void loadMemory();  // (re)loads side A's allocator events into the memory view
   // Selects op `seq` of side A everywhere, showing its step first when another one is shown.
   void selectOpInStep(uint64_t seq, int64_t step);
+  // "Break here" (graph and op table context menus): a breakpoint after op `seq` of the shown
+  // step, its name in its scope ("op:matmul in blocks.0.mlp.w2"), added to the session's list.
+  void breakHere(uint64_t seq);
 
   views::Selection* selection_;
   views::RunSource* sourceA_;

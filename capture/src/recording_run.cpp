@@ -54,7 +54,7 @@ std::string BreakCondition::item() const {
   std::string s;
   switch (kind) {
     case Kind::Op:
-      s = "op:" + text;
+      s = "op:" + text + (scope.empty() ? "" : " in " + scope);
       break;
     case Kind::Scope:
       s = "scope:" + text;
@@ -115,6 +115,11 @@ BreakCondition BreakCondition::parse(const std::string& itemText) {
   if (item == "nan") {
     c.kind = Kind::NonFinite;
   } else if (auto op = value("op:")) {
+    if (size_t in = op->find(" in "); in != std::string::npos) {  // "op:NAME in SCOPE"
+      c.scope = op->substr(in + 4);
+      op->resize(in);
+      KEEL_CHECK(!c.scope.empty(), "--break-on '", itemText, "': expected a scope after ' in '");
+    }
     KEEL_CHECK(Registry::get().find(*op), "--break-on '", itemText, "': unknown op '", *op,
                "' (see `keel ops`)");
     c.kind = Kind::Op;
@@ -165,7 +170,8 @@ BreakConditions& BreakConditions::operator=(BreakConditions&&) noexcept = defaul
 
 void BreakConditions::setSpec(BreakSpec spec) {
   auto same = [](const BreakCondition& a, const BreakCondition& b) {
-    return a.kind == b.kind && a.text == b.text && a.value == b.value && a.hitCount == b.hitCount;
+    return a.kind == b.kind && a.text == b.text && a.scope == b.scope && a.value == b.value &&
+           a.hitCount == b.hitCount;
   };
   std::vector<std::unique_ptr<State>> states;
   for (const BreakCondition& c : spec.conditions) {
@@ -210,8 +216,9 @@ std::string BreakConditions::check(const OpEvent& e, int64_t step) {
     const BreakCondition& c = s.cond;
     if (!c.enabled || c.stepLevel() || s.done) continue;
     std::string r;
-    if (c.kind == Kind::Op && step > 0 && e.op->name == c.text) {
-      r = hit(s, "breakpoint: op " + e.op->name);
+    if (c.kind == Kind::Op && step > 0 && e.op->name == c.text &&
+        (c.scope.empty() || e.scope == c.scope)) {
+      r = hit(s, "breakpoint: op " + c.text + (c.scope.empty() ? "" : " in " + c.scope));
     } else if (c.kind == Kind::Scope && step > 0 && scopeWithin(e.scope, c.text)) {
       r = hit(s, "breakpoint: scope " + c.text);
     } else if (c.kind == Kind::NonFinite) {

@@ -3,18 +3,23 @@
 // reference recording of the same config and seed — exactly the perturbed op — and, resumed with
 // the NaN breakpoint instead, nowhere else before the end (the NaN is already past); the
 // Breakpoints dialog's list, and a step-level breakpoint pausing between steps.
+#include <QApplication>
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QLabel>
+#include <QMenu>
 #include <QPushButton>
 #include <QSignalSpy>
 #include <QSpinBox>
 #include <QStandardPaths>
+#include <QTableView>
 #include <QTableWidget>
+#include <QTimer>
 #include <QtTest>
 
 #include "dialogs.h"
 #include "keel/storage/reader.h"
+#include "keel/views/op_table.h"
 #include "main_window.h"
 #include "view_test_util.h"
 
@@ -152,6 +157,68 @@ class SessionBreakpointTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
     QCOMPARE(paused.count(), 1);
     QCOMPARE(s->stepsDone(), int64_t(3));
+  }
+
+  // "Break here" in the op table's context menu adds "op:NAME in SCOPE" for that op; the run
+  // then pauses after that op of the next step.
+  void breakHereInTheOpTablePausesAtThatOpNextStep() {
+    QStandardPaths::setTestModeEnabled(true);
+    MainWindow w;
+    w.show();
+    studio::SessionConfig c;
+    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+    c.steps = 3;
+    c.seed = 3;
+    c.output = views::test::tempDir() + "/here.db";
+    Session* s = w.session();
+    studio::Breakpoints b;
+    b.add("step:1");
+    s->setBreakpoints(b);
+    QSignalSpy paused(s, &Session::pausedAt);
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
+    QVERIFY(QTest::qWaitFor([&] { return w.currentStep() && w.currentStep()->step == 1; }, 20000));
+    // The row of step 1's first forward matmul in blocks.0.mlp.w2.
+    QTableView* table = w.opTable()->table();
+    QAbstractItemModel* m = table->model();
+    int row = -1;
+    for (int r = 0; r < m->rowCount() && row < 0; ++r)
+      if (m->index(r, views::OpTableModel::Name).data().toString() == "matmul" &&
+          m->index(r, views::OpTableModel::Scope).data().toString() == "blocks.0.mlp.w2")
+        row = r;
+    QVERIFY(row >= 0);
+    table->scrollTo(m->index(row, 0));
+    const QPoint at = table->visualRect(m->index(row, 1)).center();
+    bool triggered = false;
+    QTimer::singleShot(200, [&] {
+      auto* menu = qobject_cast<QMenu*>(QApplication::activePopupWidget());
+      if (!menu) return;
+      for (QAction* a : menu->actions())
+        if (a->text() == "Break here") {
+          triggered = true;
+          a->trigger();
+        }
+      menu->close();
+    });
+    emit table->customContextMenuRequested(at);
+    QVERIFY(QTest::qWaitFor([&] { return triggered; }, 5000));
+    const studio::Breakpoints now = s->breakpoints();
+    QCOMPARE(now.list.size(), 2);
+    QCOMPARE(now.list[1].item, QString("op:matmul in blocks.0.mlp.w2"));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 2; }, 60000));
+    QCOMPARE(paused.last().at(1).toLongLong(), qint64(2));
+    QCOMPARE(paused.last().at(2).toString(), QString("breakpoint: op matmul in blocks.0.mlp.w2"));
+    storage::Recording rec = storage::Recording::open(c.output.toStdString(), false);
+    auto op = rec.op(paused.last().at(0).toULongLong());
+    QVERIFY(op);
+    QCOMPARE(QString::fromStdString(op->scope), QString("blocks.0.mlp.w2"));
+    QCOMPARE(op->step, int64_t(2));
+    s->stop();
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Idle; }, 30000));
   }
 };
 

@@ -73,6 +73,7 @@ class SessionFailureTest : public QObject {
     QCOMPARE(w.selection()->current(views::Side::A), std::optional<uint64_t>(seq));
     QVERIFY(w.currentStep()->indexOf(seq) >= 0);
     QVERIFY(w.graphView(views::Side::A)->opItem(seq));
+    QVERIFY(w.graphView(views::Side::A)->isFailed(seq));  // painted as failed
     auto* table = w.opTable()->findChild<QTableView*>();
     QVERIFY(table);
     const QModelIndex cur = table->currentIndex();

@@ -58,10 +58,14 @@ TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {
   using Kind = keel::capture::BreakCondition::Kind;
   keel::capture::BreakSpec s;
   EXPECT_FALSE(s.any());
-  for (const char* item : {"nan", "op:matmul", "scope:blocks.1", "md5-ref:ref.db", "step:3",
-                           "grad-norm>2.5", "loss>1.5*mean", "op:matmul@3", "md5-ref:a@b.db"})
+  for (const char* item :
+       {"nan", "op:matmul", "scope:blocks.1", "md5-ref:ref.db", "step:3", "grad-norm>2.5",
+        "loss>1.5*mean", "op:matmul@3", "md5-ref:a@b.db", "op:matmul in blocks.0.mlp.w2@2"})
     s.add(item);
-  ASSERT_EQ(s.conditions.size(), 9u);
+  ASSERT_EQ(s.conditions.size(), 10u);
+  EXPECT_EQ(s.conditions[9].text, "matmul");
+  EXPECT_EQ(s.conditions[9].scope, "blocks.0.mlp.w2");
+  EXPECT_EQ(s.conditions[9].hitCount, 2);
   EXPECT_TRUE(s.any());
   const Kind kinds[] = {Kind::NonFinite, Kind::Op,        Kind::Scope, Kind::Md5Ref, Kind::Step,
                         Kind::GradNorm,  Kind::LossSpike, Kind::Op,    Kind::Md5Ref};
@@ -84,7 +88,7 @@ TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {
   EXPECT_FALSE(off.any());
   for (const char* bad : {"", "nope", "op:", "op:no_such_op", "scope:", "md5-ref:", "NaN",
                           "step:", "step:0", "step:1.5", "step:x", "grad-norm>", "grad-norm>-1",
-                          "loss>2", "loss>*mean", "loss>0*mean", "op:matmul@0"}) {
+                          "loss>2", "loss>*mean", "loss>0*mean", "op:matmul@0", "op:matmul in "}) {
     keel::capture::BreakSpec b;
     EXPECT_THROW(b.add(bad), keel::Error) << bad;
   }
@@ -188,6 +192,18 @@ TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
       firstInScope = o.seq;
   EXPECT_EQ(lastSeq(rec2), firstInScope);
   EXPECT_NE(stopLine(r).find("breakpoint: scope blocks.1"), std::string::npos) << r.out;
+
+  // "op:NAME in SCOPE" (the studio's Break here): that op in exactly that scope.
+  r = record("here.db", "--break-on 'op:matmul in blocks.0.mlp.w2'");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording rec3 = keel::storage::Recording::open(db("here.db"));
+  uint64_t here = 0;
+  for (const auto& o : rec3.allOps())
+    if (o.step == 1 && o.name == "matmul" && o.scope == "blocks.0.mlp.w2" && !here) here = o.seq;
+  ASSERT_NE(here, 0u);
+  EXPECT_EQ(lastSeq(rec3), here);
+  EXPECT_NE(stopLine(r).find("breakpoint: op matmul in blocks.0.mlp.w2"), std::string::npos)
+      << r.out;
 }
 
 // Against a clean reference, a perturbed run stops at the op the diff calls the first divergence.

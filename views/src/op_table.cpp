@@ -11,6 +11,7 @@
 #include <QItemSelectionModel>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMenu>
 #include <QTableView>
 #include <QVBoxLayout>
 
@@ -326,6 +327,17 @@ OpTableView::OpTableView(Selection* selection, Side side, QWidget* parent)
   layout->setContentsMargins(0, 0, 0, 0);
   layout->addLayout(bar);
   layout->addWidget(table_);
+
+  table_->setContextMenuPolicy(Qt::CustomContextMenu);
+  connect(table_, &QWidget::customContextMenuRequested, this, [this](const QPoint& pos) {
+    const QModelIndex i = table_->indexAt(pos);
+    if (!i.isValid()) return;
+    const quint64 seq = i.data(OpTableModel::SeqRole).value<quint64>();
+    QMenu menu(this);
+    menu.setObjectName("opTableMenu");
+    menu.addAction(tr("Break here"), this, [this, seq] { emit breakHereRequested(seq); });
+    menu.exec(table_->viewport()->mapToGlobal(pos));
+  });
 
   connect(text_, &QLineEdit::textChanged, this, [this](const QString& t) {
     syncing_ = true;

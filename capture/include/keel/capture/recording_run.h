@@ -37,7 +37,7 @@ namespace keel::capture {
 // for op/scope, every Nth time after); 0 or 1: every time (NaN/Inf and MD5: the first time).
 struct BreakCondition {
   enum class Kind {
-    Op,         // after every call of op `text`
+    Op,         // after every call of op `text` (in exactly scope `scope` when set)
     Scope,      // after every op in module scope `text` or below
     NonFinite,  // after the first op with a NaN or Inf in a floating output
     Md5Ref,     // at the first op whose output MD5 differs from recording `text`
@@ -47,13 +47,15 @@ struct BreakCondition {
   };
   Kind kind = Kind::NonFinite;
   std::string text;
+  std::string scope;  // Op: only calls in this scope ("op:matmul in blocks.0.mlp.w2"; "" any)
   double value = 0;
   int64_t hitCount = 0;
   bool enabled = true;
   bool stepLevel() const {
     return kind == Kind::Step || kind == Kind::GradNorm || kind == Kind::LossSpike;
   }
-  // The `--break-on` item it parses from ("nan", "op:matmul", "step:3", "grad-norm>10",
+  // The `--break-on` item it parses from ("nan", "op:matmul", "op:matmul in blocks.0.attn.qkv",
+  // "step:3", "grad-norm>10",
   // "loss>2*mean", "md5-ref:ref.db"), with "@N" for a hit count ("op:matmul@3").
   std::string item() const;
   // Parses one `--break-on` item; throws keel::Error naming it when it is none of the kinds (or

@@ -84,6 +84,9 @@ class OpTableView : public QWidget {
   OpFilterProxy* proxy() const { return proxy_; }
   QTableView* table() const { return table_; }
 
+ signals:
+  void breakHereRequested(quint64 seq);  // the context menu's "Break here" on op `seq`
+
  private:
   void onSelected(Side side, quint64 seq);
   void onCurrentChanged(const QModelIndex& current);
