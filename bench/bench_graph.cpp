@@ -10,6 +10,7 @@
 #include <QGraphicsView>
 #include <QImage>
 #include <QPainter>
+#include <QScrollBar>
 #include <QTimer>
 #include <algorithm>
 #include <chrono>
@@ -212,13 +213,13 @@ void ensureApp() {
   (void)app;
 }
 
-// Runs the event loop until `view` lays out (or 60 s pass).
-void waitForLayout(keel::views::GraphView& view) {
+// Runs the event loop until `view` lays out (or `timeoutMs` pass).
+void waitForLayout(keel::views::GraphView& view, int timeoutMs = 60000) {
   QEventLoop loop;
   QObject::connect(&view, &keel::views::GraphView::layoutFinished, &loop, [&] {
     if (!view.isLayingOut()) loop.quit();
   });
-  QTimer::singleShot(60000, &loop, &QEventLoop::quit);
+  QTimer::singleShot(timeoutMs, &loop, &QEventLoop::quit);
   if (view.isLayingOut()) loop.exec();
 }
 
@@ -320,6 +321,54 @@ void BM_GraphExpandBlocks20k(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_GraphExpandBlocks20k)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+
+// The 20,000-op step fully expanded (one long layout, not timed), then a repaint of the viewport
+// at each zoom: Fit, the semantic zoom's block levels, the label scale, 100%; and a pan at the
+// overview. The iteration time is the slowest frame; counters name each (ms) and the block level
+// it drew (Note [Semantic zoom]). Goal: every frame <= 50 ms.
+void BM_GraphRepaint20kExpanded(benchmark::State& state) {
+  ensureApp();
+  const auto step = syntheticStep(20000);
+  keel::views::Selection sel;
+  keel::views::GraphView view(&sel, keel::views::Side::A);
+  view.resize(1400, 900);
+  view.show();
+  view.setStep(step);
+  waitForLayout(view);
+  const auto t0 = Clock::now();
+  view.expandAll();
+  waitForLayout(view, 900000);
+  const double layout = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (auto _ : state) {
+    double worst = 0;
+    auto frame = [&](const char* name) {
+      const double s = paintSeconds(view, name);
+      worst = std::max(worst, s);
+      return s * 1e3;
+    };
+    view.fitToView();
+    state.counters["fit_scale"] = view.zoomScale();
+    state.counters["fit_level"] = view.semanticLevel();
+    state.counters["fit_ms"] = frame("bench_repaint20k_fit");
+    for (double scale : {0.01, 0.05, 0.2, 0.45, 1.0}) {
+      view.setZoomScale(scale);
+      const std::string key = "z" + std::to_string(int(scale * 100 + 0.5));
+      state.counters[key + "_ms"] = frame(("bench_repaint20k_" + key).c_str());
+      state.counters[key + "_level"] = view.semanticLevel();
+    }
+    view.setZoomScale(0.05);  // pan at the overview: a scroll of half a viewport
+    QScrollBar* bar = view.graphicsView()->verticalScrollBar();
+    bar->setValue(bar->value() + view.graphicsView()->viewport()->height() / 2);
+    state.counters["pan_ms"] = frame("bench_repaint20k_pan");
+    state.SetIterationTime(worst);
+  }
+  report(state, view, 0, int64_t(step->ops.size()));
+  state.counters["layout_s"] = layout;
+}
+BENCHMARK(BM_GraphRepaint20kExpanded)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 // The pure DOT builder alone on the fully expanded 20,000-op step (it runs on every relayout).
 void BM_GraphDot20k(benchmark::State& state) {

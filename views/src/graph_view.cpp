@@ -560,7 +560,8 @@ void GraphView::fitToView() {
     const double readable = *std::min_element(blockScales_.begin(), blockScales_.end());
     double want = std::min(blockScales_[d], kLabelScale);
     if (want > width && readable <= width) want = width;  // the whole width, still readable
-    want = std::max(want, readable);
+    // A tall narrow graph: use the width, short of op labels (blocks open as they have room).
+    want = std::max({want, readable, std::min(width, 0.95 * kLabelScale)});
     if (want > fit) {
       canvas_->resetTransform();
       canvas_->scale(want, want);

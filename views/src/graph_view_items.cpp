@@ -34,11 +34,14 @@ int graph_detail::commonLevel(std::string_view a, std::string_view b) {
 namespace {
 
 // Draws `lines` (the first bold) at screen size inside `sceneRect` as the painter maps it: at the
-// top left, or centred; lines that do not fit its height are dropped, the others elided. A scope
+// top left of its part in sight, or centred; lines that do not fit its height are dropped, the
+// others elided. A scope
 // too wide for the box loses its leading components first ("blocks.0.attn" -> "attn").
 void drawScreenText(QPainter* p, const QRectF& sceneRect, const QStringList& lines,
                     const QFont& bold, const QFont& regular, double lineHeight, bool centred) {
-  const QRectF r = p->worldTransform().mapRect(sceneRect).adjusted(4, 3, -4, -3);
+  QRectF r = p->worldTransform().mapRect(sceneRect).adjusted(4, 3, -4, -3);
+  if (const QPaintDevice* d = p->device(); d && !centred)  // a block's text stays in sight
+    r = r.intersected(QRectF(0, 0, d->width(), d->height()).adjusted(4, 3, -4, -3));
   if (r.width() < 12 || r.height() < lineHeight || lines.isEmpty()) return;
   QStringList all;  // a summary too wide breaks at its commas
   for (int i = 0; i < lines.size(); ++i)
@@ -264,6 +267,8 @@ void GraphView::Canvas::contextMenuEvent(QContextMenuEvent* e) {
 
 void GraphView::Canvas::scrollContentsBy(int dx, int dy) {
   QGraphicsView::scrollContentsBy(dx, dy);
+  // Block texts follow the viewport (drawScreenText): a scrolled copy of them would be stale.
+  if (owner_->blockLevel_ > 0) viewport()->update();
   owner_->updateMinimap();
 }
 

@@ -217,7 +217,8 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
 // module) stay small boxes. semanticLevel() is the depth of the deepest block. blockScales_[d - 1]
 // is the scale from which the bigger quarter of depth d's modules read; Fit fits the graph, or,
 // when that leaves no op label readable, takes the scale where the first depth with several modules
-// (four) reads, fitted to the width when that still reads.
+// (four) reads, fitted to the width when that still reads; a tall narrow graph takes its width,
+// up to just short of kLabelScale.
 void GraphView::computeBlockScales() {
   blockScales_.clear();
   std::vector<std::vector<double>> need;  // by depth - 1
