@@ -23,6 +23,7 @@ void MemoryView::Impl::buildTimeline() {
   plot->setFocusPolicy(Qt::ClickFocus);
   plot->setMinimumHeight(110);
   plot->setInteractions(QCP::iRangeZoom);
+  plot->setPlottingHint(QCP::phFastPolylines, true);
   plot->axisRect()->setRangeZoom(Qt::Horizontal);
   plot->xAxis->setLabel(tr("allocator event #"));
   plot->yAxis->setLabel(tr("bytes"));
@@ -48,8 +49,14 @@ void MemoryView::Impl::buildTimeline() {
   cursorLayer->setMode(QCPLayer::lmBuffered);
   plot->setToolTip(QString());
   // The bands follow the x range; step labels are re-fitted to it.
-  QObject::connect(plot, &QCustomPlot::afterLayout, q, [this] { placeStepLabels(); });
-  QObject::connect(plot, &QCustomPlot::afterReplot, q, [this] { syncActive(); });
+  // Both before anything paints: a repaint of the plot flushes the window, bands included, and
+  // bands laid out for a stale range would cost a replay of it.
+  QObject::connect(plot, &QCustomPlot::afterLayout, q, [this] {
+    placeStepLabels();
+    syncActive();
+  });
+  QObject::connect(plot->xAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), q,
+                   [this](const QCPRange&) { syncActive(); });
 
   QObject::connect(plot, &QCustomPlot::mousePress, q, [this](QMouseEvent* e) {
     if (!mem || !mem->eventCount()) return;
@@ -147,6 +154,13 @@ void MemoryView::Impl::rebuildTimeline() {
   gf->setData(x, f, true);
   plot->xAxis->setRange(-0.5, double(n) - 0.5);
   plot->yAxis->setRange(0, double(maxBytes) / unit * 1.12);
+  // Zoomed into a long run, thousands of points stay visible (no adaptive sampling below a few
+  // per pixel): antialiased wide step lines would cost hundreds of ms per replot.
+  const bool many = n > 50000;
+  for (QCPGraph* g : {gr, ga, gf}) {
+    g->setAntialiased(!many);
+    g->setAntialiasedFill(!many);
+  }
 
   // Step boundaries: a dashed line before the first event of each step (labelled while few).
   const auto& starts = mem->stepStarts();
