@@ -267,6 +267,15 @@ void MainWindow::buildDocks() {
   resizeDocks({inspectorDock}, {540}, Qt::Horizontal);
   resizeDocks({opsDock}, {280}, Qt::Vertical);
   resizeDocks({inspectorDock, lossDock}, {540, 240}, Qt::Vertical);
+  // Proportions for the window's first size, once it has one (a restored layout keeps its own):
+  // the bottom docks a quarter of the height, the inspector two thirds of its column, so that at
+  // 1366x768 a tensor's fields show without scrolling much.
+  QTimer::singleShot(0, this, [this, inspectorDock, lossDock] {
+    if (!QSettings().value("window/state").isNull()) return;
+    resizeDocks({opsDock_}, {std::max(160, height() / 4)}, Qt::Vertical);
+    const int column = inspectorDock->height() + lossDock->height();
+    resizeDocks({inspectorDock, lossDock}, {column * 2 / 3, column - column * 2 / 3}, Qt::Vertical);
+  });
   QMenu* view = menuBar()->actions().size() > 2 ? menuBar()->actions()[2]->menu() : nullptr;
   if (view) {
     view->addSeparator();

@@ -293,7 +293,11 @@ class PanelsTest : public QObject {
              frames.front().function.c_str());
     const auto& f = *user;
     QVERIFY(!f.function.empty() && !f.file.empty());
-    QCOMPARE(stack->topLevelItem(0)->text(1), QString::fromStdString(f.function));
+    // Shown without its parameters (the whole signature on hover and in the item's data).
+    QCOMPARE(stack->topLevelItem(0)->data(1, Qt::UserRole).toString(),
+             QString::fromStdString(f.function));
+    QVERIFY(QString::fromStdString(f.function).startsWith(stack->topLevelItem(0)->text(1) + "("));
+    QVERIFY(stack->topLevelItem(0)->toolTip(1).contains(QString::fromStdString(f.function)));
     QVERIFY(!stack->topLevelItem(0)->text(1).startsWith("keel::ops::"));
     const QString loc = QString("%1:%2").arg(QString::fromStdString(f.file)).arg(f.line);
     QCOMPARE(stack->topLevelItem(0)->data(2, Qt::UserRole).toString(), loc);  // the whole path
@@ -305,7 +309,8 @@ class PanelsTest : public QObject {
     QCOMPARE(folded->data(0, Qt::UserRole).toString(), QString("keel-frames"));
     QCOMPARE(folded->childCount(), int(user - frames.begin()));
     QVERIFY(!folded->isExpanded());
-    QCOMPARE(folded->child(0)->text(1), QString::fromStdString(frames.front().function));
+    QCOMPARE(folded->child(0)->data(1, Qt::UserRole).toString(),
+             QString::fromStdString(frames.front().function));
     QCOMPARE(stack->topLevelItemCount(), int(frames.size()) - folded->childCount() + 1);
     const auto& out = *std::find_if(d->op.tensors.begin(), d->op.tensors.end(), [](const auto& t) {
       return t.role == keel::storage::Role::Output;

@@ -165,6 +165,23 @@ QString demangle(const std::string& name) {
   return QString::fromStdString(name);
 }
 
+// A function's name without its trailing parameter list (and cv-qualifiers), for a narrow
+// column: "keel::nn::Block::forwardImpl(keel::Tensor const&)" -> "keel::nn::Block::forwardImpl".
+QString withoutParameters(const QString& fn) {
+  int end = int(fn.size()) - 1;
+  while (end >= 0 && fn[end] != ')') {
+    if (fn[end] == '>' || fn[end] == ']') return fn;  // not a parameter list at the end
+    --end;
+  }
+  if (end <= 0) return fn;
+  int depth = 0;
+  for (int i = end; i >= 0; --i) {
+    if (fn[i] == ')') ++depth;
+    if (fn[i] == '(' && --depth == 0) return i > 0 ? fn.left(i) : fn;
+  }
+  return fn;
+}
+
 // Note [Keel frames]: the innermost frames of an op's stack are Keel's own — the op wrapper
 // (keel::ops::...), the dispatcher, autograd's backward driver and the std::function thunks it
 // calls — and tell the user nothing; the first frame outside them is the model code that called
@@ -661,7 +678,8 @@ void InspectorView::addFrames(QTreeWidgetItem* parent, const OpDetails& d) {
     const QString tip = QStringLiteral("%1\n%2\naddress %3").arg(fn, fullLoc, hex(f.address));
     it->setText(0, QString::number(depth));
     it->setTextAlignment(0, Qt::AlignRight | Qt::AlignVCenter);
-    it->setText(1, fn);
+    it->setText(1, withoutParameters(fn));
+    it->setData(1, Qt::UserRole, fn);
     // No file: the return address is all there is to go on.
     it->setText(2, loc.isEmpty() ? hex(f.address) : loc);
     if (loc.isEmpty()) {
@@ -686,7 +704,8 @@ void InspectorView::addFrames(QTreeWidgetItem* parent, const OpDetails& d) {
   for (size_t i = lead; i < frames.size(); ++i) add(parent, int(i), frames[i]);
   if (lead > 0) {
     auto* group = parent ? new QTreeWidgetItem(parent) : new QTreeWidgetItem(stack_);
-    group->setText(1, tr("Keel dispatch: %n innermost frame(s), folded", "", int(lead)));
+    group->setText(
+        1, lead == 1 ? tr("Keel dispatch (1 frame)") : tr("Keel dispatch (%1 frames)").arg(lead));
     group->setToolTip(1, tr("The op wrapper, the dispatcher and autograd: Keel's own frames "
                             "between the calling code (above) and the kernel"));
     group->setForeground(1, palette().color(QPalette::Disabled, QPalette::Text));
