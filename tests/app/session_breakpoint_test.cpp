@@ -3,9 +3,12 @@
 // reference recording of the same config and seed — exactly the perturbed op — and, resumed with
 // the NaN breakpoint instead, nowhere else before the end (the NaN is already past); the
 // Breakpoints dialog's list, and a step-level breakpoint pausing between steps.
+#include <QAbstractGraphicsShapeItem>
 #include <QApplication>
 #include <QComboBox>
+#include <QContextMenuEvent>
 #include <QDialogButtonBox>
+#include <QGraphicsView>
 #include <QLabel>
 #include <QMenu>
 #include <QPushButton>
@@ -19,7 +22,9 @@
 
 #include "dialogs.h"
 #include "keel/storage/reader.h"
+#include "keel/views/graph_view.h"
 #include "keel/views/op_table.h"
+#include "keel/views/selection.h"
 #include "main_window.h"
 #include "view_test_util.h"
 
@@ -205,9 +210,49 @@ class SessionBreakpointTest : public QObject {
     });
     emit table->customContextMenuRequested(at);
     QVERIFY(QTest::qWaitFor([&] { return triggered; }, 5000));
-    const studio::Breakpoints now = s->breakpoints();
+    studio::Breakpoints now = s->breakpoints();
     QCOMPARE(now.list.size(), 2);
     QCOMPARE(now.list[1].item, QString("op:matmul in blocks.0.mlp.w2"));
+    // The graph's context menu on step 1's first forward matmul (blocks.0.attn.qkv).
+    uint64_t normSeq = 0;
+    for (const auto& o : w.currentStep()->ops)
+      if (o.name == "matmul" && o.phase == Phase::Forward && !normSeq) normSeq = o.seq;
+    QVERIFY(normSeq);
+    views::GraphView* g = w.graphView(views::Side::A);
+    w.selection()->select(views::Side::A, normSeq, true);  // the graph reveals and centres it
+    bool idle = false;
+    w.whenIdle([&] { idle = true; });
+    QVERIFY(QTest::qWaitFor([&] { return idle; }, 20000));
+    QVERIFY2(QTest::qWaitFor([&] { return g->opItem(normSeq) != nullptr; }, 5000),
+             qPrintable(QString("step %1, %2 op nodes, %3 module nodes, seq %4")
+                            .arg(g->step() ? g->step()->step : -1)
+                            .arg(g->visibleOpNodeCount())
+                            .arg(g->moduleNodeCount())
+                            .arg(normSeq)));
+    QAbstractGraphicsShapeItem* node = g->opItem(normSeq);
+    QGraphicsView* gv = g->graphicsView();
+    gv->centerOn(node);
+    QApplication::processEvents();
+    const QPoint nodeAt = gv->mapFromScene(node->sceneBoundingRect().center());
+    triggered = false;
+    QTimer::singleShot(200, [&] {
+      auto* menu = qobject_cast<QMenu*>(QApplication::activePopupWidget());
+      if (!menu) return;
+      for (QAction* a : menu->actions())
+        if (a->text() == "Break here") {
+          triggered = true;
+          a->trigger();
+        }
+      menu->close();
+    });
+    QContextMenuEvent ev(QContextMenuEvent::Mouse, nodeAt, gv->viewport()->mapToGlobal(nodeAt));
+    QApplication::sendEvent(gv->viewport(), &ev);
+    QVERIFY(QTest::qWaitFor([&] { return triggered; }, 5000));
+    now = s->breakpoints();
+    QCOMPARE(now.list.size(), 3);
+    QCOMPARE(now.list[2].item, QString("op:matmul in blocks.0.attn.qkv"));
+    now.list[2].enabled = false;  // off again: the matmul one is what the run meets next
+    s->setBreakpoints(now);
     s->run();
     QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 2; }, 60000));
     QCOMPARE(paused.last().at(1).toLongLong(), qint64(2));
