@@ -9,7 +9,9 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QPlainTextEdit>
+#include <QScrollBar>
 #include <QSignalSpy>
+#include <QTabBar>
 #include <QTabWidget>
 #include <QTableView>
 #include <QTableWidget>
@@ -336,6 +338,47 @@ class PanelsTest : public QObject {
 
     view.clear();
     QVERIFY(!showsText(&view, QString::fromStdString(out.md5)));
+  }
+
+  // At the inspector dock's width (540 px at 1366x768 and 1920x1080) every statistic of a matmul's
+  // three tensors is in full view: no sideways scroll, no elided number.
+  void inspectorStatisticsFitTheDockWidth() {
+    Recording rec = Recording::open(pathA_.toStdString());
+    const auto ops = rec.stepOps(1);
+    auto it =
+        std::find_if(ops.begin(), ops.end(), [](const auto& o) { return o.name == "matmul"; });
+    QVERIFY(it != ops.end());
+    OpDetailsPtr d = loadOp(pathA_, it->seq);
+    QVERIFY(d && d->error.empty());
+    Selection sel;
+    InspectorView view(&sel, Side::A);
+    view.resize(540, 500);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setDetails(d);
+    QApplication::processEvents();
+    auto* tensors = view.findChild<QTreeWidget*>("inspectorTensors");
+    QCOMPARE(tensors->columnCount(), 4);
+    QVERIFY(!tensors->horizontalScrollBar()->isVisible());
+    int checked = 0;
+    for (int r = 0; r < tensors->topLevelItemCount(); ++r) {
+      QTreeWidgetItem* row = tensors->topLevelItem(r);
+      if (!QStringList{"Min", "Max", "Mean", "Std", "|Max|", "NaN", "Zeros"}.contains(row->text(0)))
+        continue;
+      for (int c = 1; c < tensors->columnCount(); ++c) {
+        const int need = QFontMetrics(row->font(c)).horizontalAdvance(row->text(c)) + 8;
+        QVERIFY2(need <= tensors->columnWidth(c), qPrintable(QString("%1 %2: %3 px in %4")
+                                                                 .arg(row->text(0), row->text(c))
+                                                                 .arg(need)
+                                                                 .arg(tensors->columnWidth(c))));
+        ++checked;
+      }
+    }
+    QCOMPARE(checked, 7 * 3);
+    // Every tab in view at that width.
+    for (int i = 0; i < view.tabs()->count(); ++i)
+      if (view.tabs()->isTabVisible(i))
+        QVERIFY(view.tabs()->tabBar()->tabRect(i).right() < view.tabs()->tabBar()->width());
   }
 
   void inspectorComparesThePairSideBySideEachLabelled() {
