@@ -516,6 +516,19 @@ void MemoryView::keyPressEvent(QKeyEvent* e) {
 
 void MemoryView::resizeEvent(QResizeEvent* e) {
   QWidget::resizeEvent(e);
+  // Short (a 768-pixel screen's bottom dock): the plot's legend and the bands' caption give their
+  // rows to the two timelines.
+  const bool roomy = height() >= 400;
+  if (d_->activeCaption->isVisibleTo(this) != roomy || d_->plot->legend->visible() != roomy) {
+    d_->activeCaption->setVisible(roomy);
+    d_->plot->legend->setVisible(roomy);
+    d_->plot->plotLayout()->setRowStretchFactor(1, roomy ? 0.001 : 0.0001);
+    if (!roomy) d_->plot->plotLayout()->take(d_->plot->legend);
+    if (roomy && !d_->plot->plotLayout()->hasElement(1, 0))
+      d_->plot->plotLayout()->addElement(1, 0, d_->plot->legend);
+    d_->plot->plotLayout()->simplify();
+    d_->plot->replot(QCustomPlot::rpQueuedReplot);
+  }
   // Docked under the graph the view is wide and short: timeline beside the block map.
   const Qt::Orientation o = width() > 2 * height() ? Qt::Horizontal : Qt::Vertical;
   if (d_->main->orientation() != o) {

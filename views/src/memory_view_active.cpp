@@ -26,7 +26,7 @@ namespace memory_detail {
 ActiveMemory::ActiveMemory(QWidget* parent) : QWidget(parent) {
   setObjectName("memoryActive");
   setMouseTracking(true);
-  setMinimumHeight(90);
+  setMinimumHeight(50);
   setSizePolicy(QSizePolicy::Expanding, QSizePolicy::Expanding);
 }
 

@@ -21,7 +21,7 @@ void MemoryView::Impl::buildTimeline() {
   plot = new QCustomPlot(q);
   plot->setObjectName("memoryTimeline");
   plot->setFocusPolicy(Qt::ClickFocus);
-  plot->setMinimumHeight(110);
+  plot->setMinimumHeight(70);
   plot->setInteractions(QCP::iRangeZoom);
   plot->setPlottingHint(QCP::phFastPolylines, true);
   plot->axisRect()->setRangeZoom(Qt::Horizontal);
