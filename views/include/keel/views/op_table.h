@@ -1,6 +1,7 @@
 // The op table: every op of one step as a sortable, filterable table (seq, name, phase, scope,
 // time, output shape, MD5, NaN/Inf). One OpTableModel feeds one OpFilterProxy that applies every
-// filter; rows follow the shared Selection both ways (click selects, selected() scrolls to it).
+// filter; rows follow the shared Selection both ways (click selects, selected() scrolls to it);
+// a row's context menu offers "Break here" (breakHereRequested).
 #pragma once
 #include <QAbstractTableModel>
 #include <QSortFilterProxyModel>
