@@ -1,6 +1,7 @@
 // The Memory dock of Keel Studio: a recording's allocator events load into it when the recording
-// opens, clicking a block of another step's op shows that step and inspects the op, and a live
-// session with Run > Track memory per step records one tracked section per training step.
+// opens, clicking a block of another step's op shows that step and inspects the op, the memory
+// cursor follows the step shown, and a live session with Run > Track memory per step records one
+// tracked section per training step.
 #include <QDockWidget>
 #include <QSignalSpy>
 #include <QStandardPaths>
@@ -77,6 +78,29 @@ class StudioMemoryTest : public QObject {
         [&] { return !inspected.isEmpty() && inspected.last().at(0).toULongLong() == seq; },
         30000));
     QCOMPARE(mv->cursor(), k);  // its own selection, echoed back, leaves the cursor alone
+  }
+
+  // The memory cursor follows the step the window shows: the step box moves it to that step.
+  void memoryCursorFollowsTheStepShown() {
+    const QString path = views::test::tempDir() + "/follow.db";
+    QVERIFY(views::test::recordFixture(path, "--steps 2 --seed 6 --allocator",
+                                       "KEEL_ALLOCATOR=caching"));
+    MainWindow w;
+    w.resize(1600, 1000);
+    w.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    w.openRecording(path);
+    QVERIFY(waitIdle(w));
+    views::MemoryView* mv = w.memoryView();
+    QVERIFY(mv->cursor() >= 0);
+    auto cursorStep = [&] { return mv->memory()->event(size_t(mv->cursor())).step; };
+    QCOMPARE(cursorStep(), w.currentStep()->step);
+    w.showStep(2);
+    QVERIFY(waitIdle(w));
+    QCOMPARE(cursorStep(), int64_t(2));
+    w.showStep(0);
+    QVERIFY(waitIdle(w));
+    QCOMPARE(cursorStep(), int64_t(0));
   }
 
   void trackMemoryPerStepRecordsOneSectionPerStep() {
