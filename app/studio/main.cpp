@@ -9,6 +9,7 @@
 #include <QApplication>
 #include <QFileInfo>
 #include <QMetaEnum>
+#include <QSettings>
 #include <QStandardPaths>
 #include <QTimer>
 #include <cstdio>
@@ -111,6 +112,9 @@ int main(int argc, char** argv) {
   // Screenshots use the default layout and leave the user's settings (recent files, window
   // layout) alone.
   if (screenshot) QStandardPaths::setTestModeEnabled(true);
+  // The tests' windows save their layout into the same test-mode settings: forget it, so every
+  // screenshot starts from the default layout at its --size.
+  if (screenshot) QSettings().remove("window");
   MainWindow win;
   if (screenshot) win.resize(cli.size);
   win.show();

@@ -377,6 +377,18 @@ class StudioTest : public QObject {
       }
       QCOMPARE(w.size(), size);
       QVERIFY(insp->comparing());
+      // The header (op, verdict, a line per run) is whole, above the tabs.
+      auto* header = insp->findChild<QLabel*>("inspectorHeader");
+      QVERIFY(header->text().contains("A: a.db · cpu") && header->text().contains("B: b.db · cpu"));
+      QVERIFY2(header->height() >= header->heightForWidth(header->width()),
+               qPrintable(QString("header %1 px, needs %2 at %3 px")
+                              .arg(header->height())
+                              .arg(header->heightForWidth(header->width()))
+                              .arg(header->width())));
+      QVERIFY2(header->geometry().bottom() < insp->tabs()->geometry().top(),
+               qPrintable(QString("header ends at %1, tabs start at %2")
+                              .arg(header->geometry().bottom())
+                              .arg(insp->tabs()->geometry().top())));
 
       auto* tensors = insp->findChild<QTreeWidget*>("inspectorTensors");
       QVERIFY(tensors && tensors->isVisible());

@@ -1157,8 +1157,12 @@ void InspectorView::setHeader(const QString& text) {
 void InspectorView::fitHeader() {
   // The header spans the inspector (no layout margins); its own width lags behind in a resize.
   const int w = width();
-  header_->setFixedHeight(
-      std::max(header_->heightForWidth(w), header_->fontMetrics().height() + 8));
+  const int h = std::max(header_->heightForWidth(w), header_->fontMetrics().height() + 8);
+  if (h == header_->height() && h == header_->minimumHeight()) return;
+  header_->setFixedHeight(h);
+  // Lay the tabs out under the new height now, not at the next event loop pass: a picture taken
+  // right after setDetails (the screenshot mode) must not show them over the header.
+  if (layout() && !isHidden()) layout()->activate();
 }
 
 void InspectorView::resizeEvent(QResizeEvent* e) {
