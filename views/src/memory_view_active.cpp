@@ -221,6 +221,8 @@ void MemoryView::Impl::buildActive() {
   activeCaption = new QLabel(q);
   activeCaption->setObjectName("memoryActiveCaption");
   activeCaption->setWordWrap(false);
+  // One line, cut on the right when narrow: it must not widen the timeline pane.
+  activeCaption->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
   QFont f = smallFont(0.9);
   activeCaption->setFont(f);
 }
