@@ -66,8 +66,6 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
     std::printf("%s: no allocator events (record with keel record --allocator)\n", path.c_str());
     return 0;
   }
-  std::printf("%s: %zu allocator events, %s allocator\n", path.c_str(), m.eventCount(),
-              m.allocatorKind().c_str());
   std::vector<std::pair<std::string, analysis::MemFigures>> cols;
   cols.emplace_back("peak", m.figuresAtPeak());
   cols.emplace_back("end", m.figuresAt(int64_t(m.eventCount()) - 1));
@@ -77,6 +75,8 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
                   std::to_string(m.eventCount() - 1));
     cols.emplace_back("event", m.figuresAt(k));
   }
+  std::printf("%s: %zu allocator events, %s allocator\n", path.c_str(), m.eventCount(),
+              m.allocatorKind().c_str());
   auto row = [&](const char* label, auto value) {
     std::printf("%-26s", label);
     for (const auto& [name, f] : cols) std::printf(" %22s", value(f).c_str());
