@@ -79,7 +79,8 @@ void GraphView::clearScene() {
   edgeItems_.clear();
   clusterItems_.clear();
   opItems_.clear();
-  linksItem_ = selectedLinksItem_ = nullptr;
+  linkItems_.clear();
+  selectedLinksItem_ = nullptr;
 }
 
 void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
@@ -162,12 +163,20 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
 
   // Forward <-> backward links: straight dashed lines between facing sides.
   if (!g.links.empty()) {
-    const QPainterPath path = linkPath(g.links, nodeItems_, [](const auto&) { return true; });
+    // In runs of 64 (links come in forward order, so each run spans a few ranks): a frame strokes
+    // only the runs it shows, not every link of a 20,000-op step.
     QColor faint = kLinkColor;
     faint.setAlpha(100);
-    linksItem_ = scene_->addPath(path, QPen(faint, 1, Qt::DashLine));
-    linksItem_->setZValue(-0.5);
-    linksItem_->setToolTip(tr("forward op \u2194 its backward op (J jumps between them)"));
+    constexpr size_t kRun = 64;
+    for (size_t at = 0; at < g.links.size(); at += kRun) {
+      const std::vector<analysis::GraphLink> run(
+          g.links.begin() + long(at), g.links.begin() + long(std::min(g.links.size(), at + kRun)));
+      auto* item = scene_->addPath(linkPath(run, nodeItems_, [](const auto&) { return true; }),
+                                   QPen(faint, 1, Qt::DashLine));
+      item->setZValue(-0.5);
+      item->setToolTip(tr("forward op \u2194 its backward op (J jumps between them)"));
+      linkItems_.push_back(item);
+    }
     selectedLinksItem_ = scene_->addPath(QPainterPath(), QPen(kLinkColor, 2, Qt::DashLine));
     selectedLinksItem_->setZValue(0.7);
   }
@@ -308,7 +317,7 @@ void GraphView::updateSemanticLevel() {
   changed |= level != blockLevel_;
   blockLevel_ = level;
   // The forward <-> backward links would cross every block: only with op labels.
-  if (linksItem_) linksItem_->setVisible(level == 0);
+  for (QGraphicsPathItem* item : linkItems_) item->setVisible(level == 0);
   if (changed) scene_->update();
 }
 

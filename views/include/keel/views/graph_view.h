@@ -214,7 +214,7 @@ class GraphView : public QWidget {
   std::vector<EdgeItem*> edgeItems_;  // by GraphDot edge index
   std::vector<ClusterItem*> clusterItems_;
   std::unordered_map<uint64_t, NodeItem*> opItems_;
-  QGraphicsPathItem* linksItem_ = nullptr;
+  std::vector<QGraphicsPathItem*> linkItems_;  // the forward <-> backward links, in runs
   QGraphicsPathItem* selectedLinksItem_ = nullptr;
 
   // Divergence verdicts of this side's ops.
