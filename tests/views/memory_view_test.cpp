@@ -4,8 +4,8 @@
 // (checked against a replay written here, and against the allocator's own allocatedAfter), block
 // tooltips say why a block is alive, and a click on a block selects its op and back; the figures
 // equal `keel memory stats` on the same recording; the active-memory bands, the cursor following
-// the step shown, step labels that never overlap; and the section table over a hand-made model
-// (analysis::MemoryModel itself: tests/analysis/).
+// the step shown, step labels that never overlap, free and unmapped in different colours; and the
+// section table over a hand-made model (analysis::MemoryModel itself: tests/analysis/).
 #include <QAbstractItemModelTester>
 #include <QLabel>
 #include <QSignalSpy>
@@ -19,6 +19,7 @@
 #include "keel/views/memory_view.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
+#include "memory_view_impl.h"  // the block map widget, to find where a piece is drawn
 #include "view_test_util.h"
 
 using namespace keel::views;
@@ -407,6 +408,7 @@ class MemoryViewTest : public QObject {
     const QString tip = view.activeToolTip(at);
     QVERIFY2(tip.contains(QString("allocated at event %1").arg(big.allocEvent)), qPrintable(tip));
     QVERIFY2(tip.contains("<b>op</b>"), qPrintable(tip));
+    QVERIFY2(tip.contains("<b>stack</b>"), qPrintable(tip));  // recorded with --stacks
     // A range selection replays only that range.
     const int64_t lo = memory->peakEvent() - 20, hi = memory->peakEvent() + 20;
     view.setRange(lo, hi);
@@ -481,6 +483,58 @@ class MemoryViewTest : public QObject {
     const QStringList shown = view.stepLabelTexts();
     for (const char* label : {"step 10", "step 11", "step 12"})
       QVERIFY2(shown.contains(label), qPrintable(shown.join(", ")));
+  }
+
+  // Free space and unmapped chunks are drawn in clearly different colours (they mean opposite
+  // things: reusable memory, and address space with no memory behind it).
+  void freeAndUnmappedLookDifferent() {
+    constexpr uint64_t MiB = 1 << 20;
+    std::vector<MemRecord> ev;
+    auto add = [&](MemEventKind k, uint64_t a, uint64_t b) {
+      MemRecord r;
+      r.kind = k;
+      r.address = a;
+      r.bytes = b;
+      r.step = 1;
+      r.timeNs = int64_t(ev.size() + 1);
+      ev.push_back(r);
+    };
+    add(MemEventKind::Map, 0, 2 * MiB);
+    add(MemEventKind::Map, 2 * MiB, 2 * MiB);
+    add(MemEventKind::Map, 4 * MiB, 2 * MiB);
+    add(MemEventKind::Alloc, 0, MiB);
+    add(MemEventKind::Unmap, 2 * MiB, 2 * MiB);
+    auto m = std::make_shared<MemoryModel>();
+    m->setEvents(std::move(ev));
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.resize(1200, 700);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    view.setMemory(m);
+    view.setCursor(4);
+    auto* map = dynamic_cast<memory_detail::BlockMap*>(view.blockMap());
+    QVERIFY(map);
+    const QImage img = map->grab().toImage();
+    auto colourOf = [&](MemPiece::Kind kind) {
+      for (const MemPiece& p : view.layout().pieces) {
+        if (p.kind != kind) continue;
+        QColor c;
+        map->forEachRect(map->geo(), p, [&](const QRectF& r, bool first) {
+          if (first) c = img.pixelColor(r.center().toPoint() + QPoint(1, 0));
+        });
+        return c;
+      }
+      return QColor();
+    };
+    const QColor free = colourOf(MemPiece::Kind::Free),
+                 unmapped = colourOf(MemPiece::Kind::Unmapped);
+    QVERIFY(free.isValid() && unmapped.isValid());
+    const int distance = std::abs(free.red() - unmapped.red()) +
+                         std::abs(free.green() - unmapped.green()) +
+                         std::abs(free.blue() - unmapped.blue());
+    QVERIFY2(distance > 200, qPrintable(free.name() + " vs " + unmapped.name()));
+    QVERIFY(free.green() > free.red());  // free is green
   }
 
   void blocksSayWhyTheyAreAlive() {
