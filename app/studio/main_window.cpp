@@ -254,7 +254,7 @@ void MainWindow::buildDocks() {
   tabifyDockWidget(memoryDock_, timelineDock);
   // A live run's memory is reloaded when the Memory tab is looked at, not after every step.
   connect(memoryDock_, &QDockWidget::visibilityChanged, this, [this](bool visible) {
-    if (visible && memoryStale_) loadMemory();
+    if (visible && load_.memoryStale()) loadMemory();
     // The first time it shows, the bottom area grows to make room for the timeline and the map.
     if (visible && !memoryGrown_ && !memoryDock_->isFloating()) {
       memoryGrown_ = true;
@@ -317,21 +317,19 @@ void MainWindow::connectSources() {
     lossPlot_->setRuns(summaryA_, summaryB_);
     updateStatus();
     if (memoryDock_->visibleRegion().isEmpty())
-      memoryStale_ = true;
+      load_.memoryOutdated();
     else
       loadMemory();
   });
   connect(sourceA_, &RunSource::memoryLoaded, this, [this](views::MemoryPtr m) {
     busy(-1);
-    memoryLoading_ = false;
-    if (std::exchange(memoryDiscard_, false)) return;
+    if (!load_.memoryLanded()) return;
     memoryView_->setMemory(m);
-    if (memoryStale_ && !memoryDock_->visibleRegion().isEmpty()) loadMemory();
+    if (load_.memoryStale() && !memoryDock_->visibleRegion().isEmpty()) loadMemory();
   });
   connect(sourceA_, &RunSource::memoryFailed, this, [this](const QString& msg) {
     busy(-1);
-    memoryLoading_ = false;
-    if (std::exchange(memoryDiscard_, false)) return;
+    if (!load_.memoryLanded()) return;
     memoryView_->showMessage("Cannot load the allocator events: " + msg.toHtmlEscaped());
     showError("Cannot load the allocator events", msg);
   });
@@ -522,8 +520,7 @@ void MainWindow::openRecording(const QString& path, bool verify) {
   selection_->clear();
   memoryView_->clear();
   memoryView_->showMessage("Loading the allocator events…");
-  memoryStale_ = false;
-  memoryDiscard_ = memoryLoading_;
+  load_.recordingReplaced();
   busy(1);
   sourceA_->open(path, verify);
   if (verify) addRecent(path);
@@ -674,24 +671,19 @@ void MainWindow::selectOpInStep(uint64_t seq, int64_t step) {
 }
 
 void MainWindow::loadMemory() {
-  if (memoryLoading_) {  // one load at a time; the next starts when this one lands
-    memoryStale_ = true;
-    return;
-  }
-  memoryStale_ = false;
-  memoryLoading_ = true;
+  if (!load_.requestMemory()) return;  // one at a time; the next starts when this one lands
   busy(1);
   sourceA_->requestMemory();
 }
 
 void MainWindow::busy(int delta) {
-  pending_ = std::max(0, pending_ + delta);
-  progress_->setVisible(pending_ > 0);
-  if (pending_ == 0) QTimer::singleShot(0, this, [this] { checkIdle(); });
+  load_.add(delta);
+  progress_->setVisible(!load_.idle());
+  if (load_.idle()) QTimer::singleShot(0, this, [this] { checkIdle(); });
 }
 
 bool MainWindow::isIdle() const {
-  return pending_ == 0 && !graphA_->isLayingOut() && !graphB_->isLayingOut();
+  return load_.idle() && !graphA_->isLayingOut() && !graphB_->isLayingOut();
 }
 
 void MainWindow::whenIdle(std::function<void()> fn) {

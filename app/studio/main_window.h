@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "keel/views/run_data.h"
+#include "load_state.h"
 #include "session.h"
 
 class QAction;
@@ -137,10 +138,7 @@ class MainWindow : public QMainWindow {
   views::NonFiniteBanner* statusBanner_ = nullptr;
   views::NonFiniteBanner* inspectorBanner_ = nullptr;
   QDockWidget* memoryDock_ = nullptr;
-  bool memoryLoading_ = false;  // a memory load is in flight
-  bool memoryStale_ = false;    // a live run moved on since the last load
-  bool memoryDiscard_ = false;  // the load in flight is of the previous recording
-  bool memoryGrown_ = false;    // the bottom docks were made taller for the memory view once
+  bool memoryGrown_ = false;  // the bottom docks were made taller for the memory view once
   QDockWidget* diffDock_ = nullptr;
   QDockWidget* opsDock_ = nullptr;
 
@@ -161,7 +159,7 @@ class MainWindow : public QMainWindow {
   std::optional<uint64_t> failedSeq_;  // a failed session's failing op (painted as failed)
   bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
-  int pending_ = 0;  // outstanding loads
+  LoadState load_;  // outstanding loads and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;
 };

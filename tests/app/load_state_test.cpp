@@ -1,0 +1,63 @@
+// LoadState: the main window's loading state as one object (it replaced four hand-kept flags):
+// outstanding loads never go negative, one memory load at a time with a remembered request, and a
+// load of a replaced recording is dropped.
+#include <QtTest>
+
+#include "load_state.h"
+
+using keel::studio::LoadState;
+
+class LoadStateTest : public QObject {
+  Q_OBJECT
+ private slots:
+  void outstandingLoadsCountAndNeverGoNegative() {
+    LoadState s;
+    QVERIFY(s.idle());
+    s.add(1);
+    s.add(1);
+    QCOMPARE(s.pending(), 2);
+    s.add(-1);
+    QVERIFY(!s.idle());
+    s.add(-1);
+    s.add(-1);  // a stray landing
+    QCOMPARE(s.pending(), 0);
+    QVERIFY(s.idle());
+  }
+
+  void oneMemoryLoadAtATimeAndTheNextIsRemembered() {
+    LoadState s;
+    QVERIFY(s.requestMemory());   // starts
+    QVERIFY(!s.requestMemory());  // in flight: remembered
+    QVERIFY(s.memoryStale());
+    QVERIFY(s.memoryLanded());  // kept
+    QVERIFY(!s.memoryInFlight());
+    QVERIFY(s.memoryStale());    // so the caller asks again
+    QVERIFY(s.requestMemory());  // and it starts
+    QVERIFY(!s.memoryStale());
+  }
+
+  void aLoadOfAReplacedRecordingIsDropped() {
+    LoadState s;
+    QVERIFY(s.requestMemory());
+    s.recordingReplaced();
+    QVERIFY(!s.memoryStale());
+    QVERIFY(!s.memoryLanded());  // of the old recording: dropped
+    QVERIFY(s.requestMemory());
+    QVERIFY(s.memoryLanded());  // the new one's: kept
+    s.recordingReplaced();      // nothing in flight: nothing to drop
+    QVERIFY(s.requestMemory());
+    QVERIFY(s.memoryLanded());
+  }
+
+  void aHiddenViewRemembersThatItIsOutdated() {
+    LoadState s;
+    QVERIFY(!s.memoryStale());
+    s.memoryOutdated();
+    QVERIFY(s.memoryStale());
+    QVERIFY(s.requestMemory());
+    QVERIFY(!s.memoryStale());
+  }
+};
+
+QTEST_GUILESS_MAIN(LoadStateTest)
+#include "load_state_test.moc"
