@@ -493,6 +493,13 @@ std::vector<ParityCase> buildTable() {
                                fromInts({0, 4, 2, -100, 1, 3}, {6}, I64, d)};
   };
   b.add(OpId::CrossEntropyBackward, "large_logits", kF2, largeLogits).tolScale = 0.01;
+  // The same for log_softmax's forward: x - lse rounded once (outputs of a few units, ulp 2.4e-7),
+  // not with lse rounded to float32 first (1.5e-5 absolute at these logits).
+  Maker largeLogitsLsm = [](DType t, Device d) {
+    return std::vector<Tensor>{randUniform({6, 5}, 262, 278, t, d, 54)};
+  };
+  b.add(OpId::LogSoftmax, "large_logits_270", kF2, largeLogitsLsm, Attrs().set("dim", i64(-1)))
+      .tolScale = 0.01;
 
   // ---- dropout: p = 0.5 scales by exactly 2, so the values must match bit for bit; for p = 0.3
   // the kept values are x / 0.7, rounded once (ref: float64) or twice (cpu: float32 scale).
