@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Screenshot test: records a clean and a perturbed run of gpt-tiny with the real `keel`, then has
 # keel-studio (under Xvfb when xvfb-run exists, else Qt's offscreen platform) render the replay of
-# one, the comparison of both and a finished live session, saving the window and every view as PNGs into OUT_DIR for people
-# to look at. Fails when the studio exits non-zero or a picture is missing, empty or the wrong size.
+# one, the comparison of both and a finished live session (and, at 1920x1080 and 1366x768, a NaN
+# run, cpu vs cpu-ref, a failed session and moe-tiny's memory view), saving the window and every
+# view as PNGs into OUT_DIR for people to look at. Fails when the studio exits non-zero (a failed
+# session: other than 2) or a picture is missing, empty or the wrong size.
 # Usage: screenshot_test.sh KEEL KEEL_STUDIO SOURCE_DIR OUT_DIR
 set -euo pipefail
 keel="$1" studio="$2" src="$3" out="$4"
@@ -28,6 +30,32 @@ run_studio "$out/clean.db" --compare "$out/perturbed.db" --select-first-divergen
 # A finished live session, started the way scripts/run starts one.
 run_studio --session tests/fixtures/gpt-tiny.json --run --steps 2 --seed 9 --output "$out/live.db" \
   --screenshot "$out/live.png" --views-dir "$out/live"
+# At the two screen sizes a user meets first: a NaN run, cpu vs cpu-ref, clean vs perturbed, a
+# finished and a failed live session, and moe-tiny's memory view under the caching allocator.
+KEEL_TEST_PERTURB=matmul:20:nan "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 \
+  --seed 9 --md5 --stats --stacks -o "$out/nan.db" >/dev/null
+"$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 --backend cpu-ref --md5 \
+  --stats --stacks -o "$out/ref.db" >/dev/null
+"$keel" record --config tests/fixtures/moe-tiny.json --steps 2 --seed 9 --allocator --alloc caching \
+  -o "$out/moe.db" >/dev/null
+for size in 1920x1080 1366x768; do
+  d="$out/$size"
+  mkdir -p "$d"
+  run_studio "$out/nan.db" --size "$size" --screenshot "$d/nan.png" --views-dir "$d/nan"
+  run_studio "$out/ref.db" --compare "$out/clean.db" --select-first-divergence --size "$size" \
+    --screenshot "$d/cpu-vs-ref.png" --views-dir "$d/cpu-vs-ref"
+  run_studio "$out/clean.db" --compare "$out/perturbed.db" --select-first-divergence --size "$size" \
+    --screenshot "$d/compare.png" --views-dir "$d/compare"
+  run_studio --session tests/fixtures/gpt-tiny.json --run --steps 2 --seed 9 \
+    --output "$d/live.db" --size "$size" --screenshot "$d/live.png" --views-dir "$d/live"
+  # A failed session still saves its picture, and exits 2.
+  rc=0
+  KEEL_TEST_PERTURB=matmul:50:fail run_studio --session tests/fixtures/gpt-tiny.json --run \
+    --steps 2 --seed 9 --output "$d/failed.db" --size "$size" --screenshot "$d/failed.png" \
+    --views-dir "$d/failed" >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] || { echo "failed session: exit $rc, expected 2" >&2; exit 1; }
+  run_studio "$out/moe.db" --size "$size" --screenshot "$d/moe-memory.png" --views-dir "$d/moe"
+done
 python3 - "$out" <<'PY'
 import struct, sys, os
 out = sys.argv[1]
@@ -39,6 +67,10 @@ def size(path):
 for name in ('replay.png', 'compare.png', 'live.png'):
     w, h = size(os.path.join(out, name))
     assert (w, h) == (1600, 1000), f'{name} is {w}x{h}, expected 1600x1000'
+for sub, (ew, eh) in (('1920x1080', (1920, 1080)), ('1366x768', (1366, 768))):
+    for name in ('nan', 'cpu-vs-ref', 'compare', 'live', 'failed', 'moe-memory'):
+        w, h = size(os.path.join(out, sub, name + '.png'))
+        assert (w, h) == (ew, eh), f'{sub}/{name}.png is {w}x{h}'
 for d in ('replay', 'compare', 'live'):
     for view in ('graph', 'ops', 'inspector', 'diff', 'logs', 'loss', 'memory'):
         p = os.path.join(out, d, view + '.png')

@@ -235,7 +235,8 @@ void LossPlot::rebuild() {
         y << v;
         yLo = std::min(yLo, v);
         yHi = std::max(yHi, v);
-      } else if (std::isinf(v) || plotNaN) {
+      } else if ((std::isinf(v) || plotNaN) && st.endNs != 0) {
+        // (A step that never ended — a failed or stopped run — has no value, not a NaN one.)
         bad.push_back({st.step, v});
       }
     }
