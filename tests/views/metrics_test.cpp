@@ -141,7 +141,8 @@ class MetricsTest : public QObject {
     QCOMPARE(plot.markedSteps(), nanSteps);
     for (const QString& l : plot.markerLabels()) QCOMPARE(l, QString("B: NaN"));
     // Hovering a NaN step says so for B and gives A's value in full.
-    const auto& a1 = summaryOf(pathA_)->steps[size_t(nanSteps[0]) - 1];
+    const SummaryPtr a = summaryOf(pathA_);  // (held: a1 refers into it)
+    const auto& a1 = a->steps[size_t(nanSteps[0]) - 1];
     QCOMPARE(plot.valuesAtStep(int64_t(nanSteps[0])), QString("step %1, loss: A: %2 · B: NaN")
                                                           .arg(int64_t(nanSteps[0]))
                                                           .arg(QString::number(a1.loss, 'g', 8)));
