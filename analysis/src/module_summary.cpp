@@ -25,20 +25,6 @@ namespace keel::analysis {
 
 namespace {
 
-int rank(storage::DiffStatus s) {
-  switch (s) {
-    case storage::DiffStatus::Equal:
-      return 0;
-    case storage::DiffStatus::Unmatched:
-      return 1;
-    case storage::DiffStatus::WithinTolerance:
-      return 2;
-    case storage::DiffStatus::Diverged:
-      return 3;
-  }
-  return 0;
-}
-
 const storage::OpRecord* findOp(std::span<const storage::OpRecord> ops, uint64_t seq) {
   auto it = std::lower_bound(ops.begin(), ops.end(), seq,
                              [](const storage::OpRecord& o, uint64_t s) { return o.seq < s; });
@@ -60,7 +46,7 @@ void add(ModuleSummary& s, const storage::OpRecord& op, const OpVerdicts* v) {
     status = it->second;
   else if (v->missingAreEqual)
     status = storage::DiffStatus::Equal;
-  if (status && (!s.worst || rank(*status) > rank(*s.worst))) s.worst = status;
+  if (status && (!s.worst || verdictRank(*status) > verdictRank(*s.worst))) s.worst = status;
   if (v->first && *v->first == op.seq) s.firstDivergence = true;
 }
 
@@ -102,6 +88,20 @@ std::unordered_map<std::string, ModuleSummary> summarizeModules(
 
 std::string opCountText(int64_t ops) {
   return std::to_string(ops) + (ops == 1 ? " op" : " ops");
+}
+
+int verdictRank(storage::DiffStatus s) {
+  switch (s) {
+    case storage::DiffStatus::Equal:
+      return 0;
+    case storage::DiffStatus::Unmatched:
+      return 1;
+    case storage::DiffStatus::WithinTolerance:
+      return 2;
+    case storage::DiffStatus::Diverged:
+      return 3;
+  }
+  return 0;
 }
 
 std::string durationText(int64_t ns) {

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "graph_view_items.h"
+#include "keel/analysis/module_summary.h"
 #include "keel/base/text.h"
 #include "keel/storage/export.h"
 
@@ -24,32 +25,6 @@ using analysis::GraphNodeKind;
 using analysis::GraphPhase;
 
 namespace {
-
-int statusRank(storage::DiffStatus s) {
-  switch (s) {
-    case storage::DiffStatus::Equal:
-      return 0;
-    case storage::DiffStatus::Unmatched:
-      return 1;
-    case storage::DiffStatus::WithinTolerance:
-      return 2;
-    case storage::DiffStatus::Diverged:
-      return 3;
-  }
-  return 0;
-}
-
-QString durationText(int64_t ns) {
-  if (ns < 10'000) return QString::number(ns) + " ns";
-  if (ns < 10'000'000) return QString::number(double(ns) / 1e3, 'f', 1) + QString::fromUtf8(" µs");
-  return QString::number(double(ns) / 1e6, 'f', 2) + " ms";
-}
-
-QString bytesText(int64_t b) {
-  if (b < 10'000) return QString::number(b) + " B";
-  if (b < 10'000'000) return QString::number(double(b) / 1024, 'f', 1) + " KiB";
-  return QString::number(double(b) / (1024 * 1024), 'f', 1) + " MiB";
-}
 
 // The forward <-> backward links that `keep` keeps, as straight lines between facing sides of the
 // two nodes' boxes (links with a node not drawn are skipped).
@@ -132,8 +107,8 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
         for (const auto& t : op->tensors)
           if (t.role == storage::Role::Output) bytes += t.bytes;
         tip += "\n" + tr("out: ") + qs(storage::tensorList(*op, storage::Role::Output)) + " (" +
-               bytesText(bytes) + ")";
-        tip += "\n" + tr("time: ") + durationText(op->endNs - op->beginNs);
+               qs(keel::formatBytes(uint64_t(bytes))) + ")";
+        tip += "\n" + tr("time: ") + qs(analysis::durationText(op->endNs - op->beginNs));
         item->setToolTip(tip);
       }
     }
@@ -417,7 +392,7 @@ void GraphView::applyColors() {
             s = it->second;
           else if (diff_ && diff_->options.mismatchesOnly)
             s = storage::DiffStatus::Equal;  // the report kept only the others
-          if (s && (!worst || statusRank(*s) > statusRank(*worst))) worst = s;
+          if (s && (!worst || analysis::verdictRank(*s) > analysis::verdictRank(*worst))) worst = s;
           first |= firstDivergence_ && *firstDivergence_ == seq;
         }
         if (first) {

@@ -54,6 +54,9 @@ std::string durationText(int64_t ns);
 // The summary's lines: {"12 ops, 3.20 ms, 1.50 MiB"} then, when there is one, a line for what is
 // wrong inside: "3 ops non-finite", "diverged (first divergence)", "within tolerance", ...
 std::vector<std::string> summaryLines(const ModuleSummary& s);
+// How bad a pair's verdict is, for "the worst inside": Equal 0 < Unmatched 1 < WithinTolerance 2
+// < Diverged 3.
+int verdictRank(storage::DiffStatus s);
 
 // What marks an op in the graph's non-finite colouring: See Note [Non-finite colouring].
 enum class NonFiniteMark { None, Fed, NonFinite };
