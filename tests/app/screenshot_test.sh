@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Screenshot test: records a clean and a perturbed run of gpt-tiny with the real `keel`, then has
-# keel-studio (under Xvfb when xvfb-run exists, else Qt's offscreen platform) render the replay of
-# one, the comparison of both and a finished live session (and, at 1920x1080 and 1366x768, a NaN
-# run, cpu vs cpu-ref, a failed session and moe-tiny's memory view), saving the window and every
-# view as PNGs into OUT_DIR for people to look at. Fails when the studio exits non-zero (a failed
-# session: other than 2) or a picture is missing, empty or the wrong size.
+# keel-studio (under one Xvfb when it is installed, else Qt's offscreen platform) render the
+# replay of one, the comparison of both and a finished live session (and, at 1920x1080 and
+# 1366x768, a NaN run, cpu vs cpu-ref, a failed session and moe-tiny's memory view), saving the
+# window and every view as PNGs into OUT_DIR for people to look at. Fails when the studio exits
+# non-zero (a failed session: other than 2) or a picture is missing, empty or the wrong size.
 # Usage: screenshot_test.sh KEEL KEEL_STUDIO SOURCE_DIR OUT_DIR
 set -euo pipefail
 keel="$1" studio="$2" src="$3" out="$4"
@@ -17,13 +17,24 @@ KEEL_ALLOCATOR=caching "$keel" record --config tests/fixtures/gpt-tiny.json --st
   --md5 --stats --stacks --allocator --verbose blocks.0.attn -o "$out/clean.db" >/dev/null
 KEEL_TEST_PERTURB=matmul:5 "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 \
   --md5 --stats --stacks --allocator -o "$out/perturbed.db" >/dev/null
-run_studio() {
-  if command -v xvfb-run >/dev/null; then
-    xvfb-run -a -s "-screen 0 1920x1200x24" "$studio" "$@"
-  else
-    QT_QPA_PLATFORM=offscreen "$studio" "$@"
-  fi
-}
+# One X server for the whole script, started here rather than by xvfb-run per call: xvfb-run
+# replaces the program's exit status with its own 5 when removing its temporary directory races
+# with the server, which hid the studio's real exit code. Xvfb picks a free display (-displayfd).
+if command -v Xvfb >/dev/null; then
+  Xvfb -displayfd 3 -screen 0 1920x1200x24 -nolisten tcp 3>"$out/.display" >/dev/null 2>&1 &
+  xvfb_pid=$!
+  trap 'kill "$xvfb_pid" 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do
+    [ -s "$out/.display" ] && break
+    kill -0 "$xvfb_pid" 2>/dev/null || { echo "Xvfb did not start" >&2; exit 1; }
+    sleep 0.1
+  done
+  [ -s "$out/.display" ] || { echo "Xvfb did not report its display" >&2; exit 1; }
+  export DISPLAY=":$(head -n1 "$out/.display")"
+  run_studio() { "$studio" "$@"; }
+else
+  run_studio() { QT_QPA_PLATFORM=offscreen "$studio" "$@"; }
+fi
 run_studio "$out/clean.db" --select 40 --screenshot "$out/replay.png" --views-dir "$out/replay"
 run_studio "$out/clean.db" --compare "$out/perturbed.db" --select-first-divergence \
   --screenshot "$out/compare.png" --views-dir "$out/compare"
