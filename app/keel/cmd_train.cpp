@@ -86,13 +86,15 @@ int runTrain(const TrainArgs& a) {
   auto stats = trainer.run(remaining, [&](const keel::StepStats& s) {
     totalSeconds += s.seconds;  // "loss" is the lm loss; "aux" sums the MoE layers' aux losses
     if (cfg.isMoe())
-      std::printf("step %*lld/%lld  loss %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s\n", width,
+      std::printf("step %*lld/%lld  loss %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
                   static_cast<long long>(s.step), static_cast<long long>(a.steps), s.lmLoss,
                   s.auxLoss, s.lr, s.gradNorm, s.tokensPerSec);
     else
-      std::printf("step %*lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s\n", width,
+      std::printf("step %*lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
                   static_cast<long long>(s.step), static_cast<long long>(a.steps), s.loss, s.lr,
                   s.gradNorm, s.tokensPerSec);
+    if (cfg.eval_every > 0 && s.step % cfg.eval_every == 0) std::printf("  val %.4f", s.valLoss);
+    std::printf("\n");
     std::fflush(stdout);
     // Every --save-every steps, and at the end when a checkpoint directory is given.
     if (!a.ckptDir.empty() && ((a.saveEvery > 0 && s.step % a.saveEvery == 0) || s.step == a.steps))

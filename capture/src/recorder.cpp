@@ -97,6 +97,7 @@ class CaptureObserver : public Observer {
       r.gradNorm = e.gradNorm;
       r.tokensPerSec = e.tokensPerSec;
       r.auxLoss = e.auxLoss;
+      r.valLoss = e.valLoss;
     }
     const bool ended = !e.begin;
     push(std::move(r), false, nullptr, /*urgent=*/ended);  // a step end is committed at once

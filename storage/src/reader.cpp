@@ -266,11 +266,12 @@ RunInfo Recording::run() const {
 
 std::vector<StepRecord> Recording::steps() const {
   sql::Stmt s(impl_->db,
-              "SELECT step, begin_ns, end_ns, loss, lr, grad_norm, tokens_per_sec, aux_loss "
-              "FROM steps ORDER BY step");
+              "SELECT step, begin_ns, end_ns, loss, lr, grad_norm, tokens_per_sec, aux_loss, "
+              "val_loss FROM steps ORDER BY step");
   std::vector<StepRecord> out;
   while (s.step())
-    out.push_back({s.i64(0), s.i64(1), s.i64(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6), s.f64(7)});
+    out.push_back(
+        {s.i64(0), s.i64(1), s.i64(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6), s.f64(7), s.f64(8)});
   return out;
 }
 

@@ -62,7 +62,8 @@ CREATE TABLE steps (
   lr             REAL,           -- learning rate of the step; NULL when unknown (and before v5)
   grad_norm      REAL,           -- gradient norm before clipping; NULL when unknown
   tokens_per_sec REAL,           -- training throughput of the step; NULL when unknown
-  aux_loss       REAL            -- MoE auxiliary loss (0 for a dense model); NULL when unknown
+  aux_loss       REAL,           -- MoE auxiliary loss (0 for a dense model); NULL when unknown
+  val_loss       REAL            -- validation loss; NULL on steps without one (and before v6)
 );
 
 -- Every op call, in execution order.
@@ -346,6 +347,11 @@ ALTER TABLE steps ADD COLUMN lr REAL;
 ALTER TABLE steps ADD COLUMN grad_norm REAL;
 ALTER TABLE steps ADD COLUMN tokens_per_sec REAL;
 ALTER TABLE steps ADD COLUMN aux_loss REAL;
+)sql",
+     nullptr, ""},
+    // 5 -> 6: steps carry the validation loss of the steps that evaluated one (eval_every).
+    {R"sql(
+ALTER TABLE steps ADD COLUMN val_loss REAL;
 )sql",
      nullptr, ""},
 }};

@@ -100,13 +100,14 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
   begin_ = sql::Stmt(db_, "BEGIN");
   commit_ = sql::Stmt(db_, "COMMIT");
   insString_ = sql::Stmt(db_, "INSERT INTO strings(text) VALUES (?1)");
-  insStep_ = sql::Stmt(db_,
-                       "INSERT INTO steps(step, begin_ns, end_ns, loss, lr, grad_norm,"
-                       " tokens_per_sec, aux_loss) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
-                       "ON CONFLICT(step) DO UPDATE SET begin_ns = excluded.begin_ns, "
-                       "end_ns = excluded.end_ns, loss = excluded.loss, lr = excluded.lr, "
-                       "grad_norm = excluded.grad_norm, tokens_per_sec = excluded.tokens_per_sec, "
-                       "aux_loss = excluded.aux_loss");
+  insStep_ =
+      sql::Stmt(db_,
+                "INSERT INTO steps(step, begin_ns, end_ns, loss, lr, grad_norm,"
+                " tokens_per_sec, aux_loss, val_loss) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+                "ON CONFLICT(step) DO UPDATE SET begin_ns = excluded.begin_ns, "
+                "end_ns = excluded.end_ns, loss = excluded.loss, lr = excluded.lr, "
+                "grad_norm = excluded.grad_norm, tokens_per_sec = excluded.tokens_per_sec, "
+                "aux_loss = excluded.aux_loss, val_loss = excluded.val_loss");
   insOp_ = sql::Stmt(db_,
                      "INSERT INTO ops(seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread,"
                      " begin_ns, end_ns, forward_seq, stack_id) "
@@ -206,7 +207,7 @@ void SqliteWriter::writeStep(const StepRecord& s) {
   guarded([&] {
     insStep_
         .bindFrom(1, s.step, s.beginNs, s.endNs, s.loss, s.lr, s.gradNorm, s.tokensPerSec,
-                  s.auxLoss)
+                  s.auxLoss, s.valLoss)
         .run();
   });
 }

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -247,6 +248,36 @@ TEST_F(KeelCli, StepsCarryTheTrainersMetricsAndALogLine) {
   const auto moeSteps = keel::storage::Recording::open(db("moe.db")).steps();
   ASSERT_EQ(moeSteps.size(), 1u);
   EXPECT_GT(moeSteps[0].auxLoss, 0.0);
+}
+
+// A config with eval_every: keel train prints the validation loss on those steps, and the
+// recording keeps the same value per step (NULL on the others), for the studio's metrics plot.
+TEST_F(KeelCli, EvalEveryRecordsTheValidationLossPerStep) {
+  nlohmann::json cfg = nlohmann::json::parse(
+      std::ifstream(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json"));
+  cfg["eval_every"] = 2;
+  cfg["eval_batches"] = 2;
+  const std::string path = db("eval.json");
+  std::ofstream(path) << cfg.dump();
+  CliResult train = keel("train --config '" + path + "' --steps 4 --seed 3");
+  ASSERT_EQ(train.status, 0) << train.err;
+  CliResult rec = keel("record --config '" + path + "' --steps 4 --seed 3 -o '" + db("e.db") + "'");
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  const auto steps = keel::storage::Recording::open(db("e.db")).steps();
+  ASSERT_EQ(steps.size(), 4u);
+  for (const auto& s : steps) {
+    SCOPED_TRACE(s.step);
+    EXPECT_EQ(std::isnan(s.valLoss), s.step % 2 != 0);
+    if (std::isnan(s.valLoss)) continue;
+    char want[64];
+    std::snprintf(want, sizeof want, "tok/s  val %.4f\n", s.valLoss);
+    EXPECT_NE(train.out.find(want), std::string::npos) << want << "\n" << train.out;
+  }
+  int printed = 0;  // steps 2 and 4 only
+  for (size_t at = train.out.find("  val "); at != std::string::npos;
+       at = train.out.find("  val ", at + 1))
+    ++printed;
+  EXPECT_EQ(printed, 2) << train.out;
 }
 
 }  // namespace

@@ -175,6 +175,9 @@ TEST(ConfigTest, InconsistentOrOutOfRangeValues) {
   expectFieldError(with("beta1", -0.1), "beta1");
   expectFieldError(with("beta2", 1.0), "beta2");
   expectFieldError(with("eps", 0.0), "eps");
+  expectFieldError(with("eval_every", -1), "eval_every");
+  expectFieldError(with("eval_batches", 0), "eval_batches");
+  EXPECT_EQ(parseGptConfig(with("eval_every", 5).dump()).eval_every, 5);
   // top_k is only checked against n_expert for an MoE model.
   EXPECT_NO_THROW(parseGptConfig(with("top_k", 8).dump()));
 }

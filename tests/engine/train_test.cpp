@@ -307,6 +307,32 @@ TEST(TrainerTest, PackedDocumentsTrainDeterministicallyOnBothBackends) {
   }
 }
 
+TEST(TrainerTest, EvalEveryReportsTheValidationLossWithoutChangingTraining) {
+  GptConfig cfg = tiny("gpt-tiny");
+  Trainer plain(cfg, kCpu, 6, corpus(), 4);
+  cfg.eval_every = 2;
+  cfg.eval_batches = 2;
+  Trainer evaluating(cfg, kCpu, 6, corpus(), 4);
+  std::vector<StepStats> a = plain.run(4), b = evaluating.run(4);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(std::memcmp(&a[i].loss, &b[i].loss, sizeof(double)), 0) << "training is the same";
+    EXPECT_TRUE(std::isnan(a[i].valLoss));
+    // Steps 2 and 4 evaluated: the mean of 2 validation batches of the weights after the step.
+    EXPECT_EQ(std::isnan(b[i].valLoss), i % 2 == 0);
+  }
+  EXPECT_EQ(b[3].valLoss, evaluating.evaluate(2)) << "the same weights, the same batches";
+  EXPECT_NE(b[1].valLoss, b[3].valLoss);
+  // A validation split too short for a batch is refused up front, naming the field.
+  auto small = std::make_shared<const data::TextDataset>(std::string(2000, 'a'), "mem", 0.004);
+  try {
+    Trainer t(cfg, kCpu, 0, small, 1);
+    FAIL() << "expected keel::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("eval_every"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainerTest, RejectsBadSetups) {
   GptConfig cfg = tiny("gpt-tiny");
   cfg.vocab_size = 100;  // smaller than the byte vocabulary

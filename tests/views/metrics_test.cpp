@@ -33,6 +33,8 @@ double valueOf(const keel::storage::StepRecord& s, Metric m) {
       return s.auxLoss;
     case Metric::TokensPerSec:
       return s.tokensPerSec;
+    case Metric::ValidationLoss:
+      return s.valLoss;
     default:
       return NAN;
   }
@@ -52,6 +54,36 @@ class MetricsTest : public QObject {
     QVERIFY(test::recordFixture(pathB_, "--steps 3 --seed 5", "KEEL_TEST_PERTURB=matmul:5"));
     QVERIFY(test::recordFixture(pathOne_, "--steps 1 --seed 5"));
     QVERIFY(test::recordFixture(pathNaN_, "--steps 3 --seed 5", "KEEL_TEST_PERTURB=matmul:20:nan"));
+    pathEval_ = test::tempDir() + "/eval.db";
+    pathEvalNaN_ = test::tempDir() + "/eval-nan.db";
+    QVERIFY(test::recordFixture(pathEval_, "--steps 4 --seed 5", "", "gpt-tiny-eval.json"));
+    QVERIFY(test::recordFixture(pathEvalNaN_, "--steps 4 --seed 5",
+                                "KEEL_TEST_PERTURB=matmul:20:nan", "gpt-tiny-eval.json"));
+  }
+
+  // eval_every 2: the validation loss of steps 2 and 4, exactly as recorded, and no marker for
+  // the steps that did not evaluate; once the weights are NaN, the evaluated steps are marked.
+  void validationLossIsPlottedOnTheEvaluatedSteps() {
+    SummaryPtr e = summaryOf(pathEval_);
+    QCOMPARE(e->evalEvery, int64_t(2));
+    QCOMPARE(int(e->steps.size()), 4);
+    LossPlot plot;
+    plot.setRuns(e);
+    QVERIFY(plot.isAvailable(Metric::ValidationLoss));
+    plot.setMetric(Metric::ValidationLoss);
+    QCOMPARE(plot.metric(), Metric::ValidationLoss);
+    const QVector<QPointF> pts = plot.points(0);
+    QCOMPARE(pts.size(), 2);
+    for (int k = 0; k < 2; ++k) {
+      const auto& s = e->steps[size_t(2 * k + 1)];
+      QCOMPARE(s.step, int64_t(2 * k + 2));
+      QCOMPARE(pts[k], QPointF(double(s.step), s.valLoss));
+    }
+    QVERIFY(plot.markedSteps().isEmpty());
+    plot.setRuns(summaryOf(pathEvalNaN_));
+    plot.setMetric(Metric::ValidationLoss);
+    QCOMPARE(plot.markedSteps(), (QVector<double>{2, 4}));
+    QCOMPARE(plot.pointCount(0), 0);
   }
 
   void plotsEachRecordedMetricWithTheRecordedValues() {
@@ -90,7 +122,7 @@ class MetricsTest : public QObject {
     QVERIFY(plot.isAvailable(Metric::LearningRate));
     QVERIFY(plot.isAvailable(Metric::TokensPerSec));
     QVERIFY(shown >= 3);
-    QVERIFY(!plot.isAvailable(Metric::ValidationLoss));  // not recorded per step
+    QVERIFY(!plot.isAvailable(Metric::ValidationLoss));  // no eval_every in gpt-tiny
     plot.setMetric(Metric::ValidationLoss);              // refused: stays where it was
     QVERIFY(plot.metric() != Metric::ValidationLoss);
   }
@@ -199,7 +231,7 @@ class MetricsTest : public QObject {
   }
 
  private:
-  QString pathA_, pathB_, pathOne_, pathNaN_;
+  QString pathA_, pathB_, pathOne_, pathNaN_, pathEval_, pathEvalNaN_;
 };
 
 QTEST_MAIN(MetricsTest)

@@ -45,16 +45,25 @@ double valueOf(const storage::StepRecord& s, Metric m) {
     case Metric::TokensPerSec:
       return s.tokensPerSec;
     case Metric::ValidationLoss:
-      break;  // not recorded per step
+      return s.valLoss;
   }
   return std::numeric_limits<double>::quiet_NaN();
+}
+
+// Whether step `st` should have a value of `m` (so a NaN there is a NaN, not "unknown"): every
+// ended step has a loss; a validation loss only the steps the config evaluated on.
+bool expected(const RunSummary& s, const storage::StepRecord& st, Metric m) {
+  if (st.endNs == 0) return false;  // a step that never ended (failed or stopped run)
+  if (m == Metric::ValidationLoss) return s.evalEvery > 0 && st.step % s.evalEvery == 0;
+  return true;
 }
 
 // A run "recorded" a metric when some step has a value (NaN is storage's "unknown"); the loss is
 // always there, NaN or not, since a NaN loss is what a user comes to find.
 bool recorded(const RunSummary* s, Metric m) {
-  if (!s || m == Metric::ValidationLoss) return false;
+  if (!s) return false;
   if (m == Metric::Loss) return !s->steps.empty();
+  if (m == Metric::ValidationLoss && s->evalEvery > 0) return true;
   return std::any_of(s->steps.begin(), s->steps.end(),
                      [m](const auto& st) { return !std::isnan(valueOf(st, m)); });
 }
@@ -190,11 +199,11 @@ void LossPlot::setRuns(SummaryPtr a, SummaryPtr b) {
     if (!item) continue;
     item->setEnabled(ok || (!a_ && !b_ && m == Metric::Loss));
     QString text = metricName(m);
-    if (!ok && (a_ || b_))
-      text += m == Metric::ValidationLoss ? tr(" — not recorded per step") : tr(" — not recorded");
+    if (!ok && (a_ || b_)) text += tr(" — not recorded");
     item->setText(text);
-    item->setToolTip(m == Metric::ValidationLoss
-                         ? tr("Recordings do not keep a validation loss per step")
+    item->setToolTip(m == Metric::ValidationLoss && !ok
+                         ? tr("Set the config's eval_every to evaluate a validation loss every "
+                              "that many steps")
                          : QString());
   }
   if (!isAvailable(metric_) && metric_ != Metric::Loss) metric_ = Metric::Loss;
@@ -220,10 +229,10 @@ void LossPlot::rebuild() {
   double yLo = xLo, yHi = -xLo;
   int markerRow = 0;
   auto addRun = [&](const RunSummary& s, const char* side, const QColor& color, bool dashed) {
-    const bool plotNaN =
-        metric_ == Metric::Loss || std::any_of(s.steps.begin(), s.steps.end(), [&](const auto& st) {
-          return std::isfinite(valueOf(st, metric_));
-        });
+    const bool plotNaN = metric_ == Metric::Loss || metric_ == Metric::ValidationLoss ||
+                         std::any_of(s.steps.begin(), s.steps.end(), [&](const auto& st) {
+                           return std::isfinite(valueOf(st, metric_));
+                         });
     QVector<double> x, y;
     QVector<std::pair<int64_t, double>> bad;
     for (const auto& st : s.steps) {
@@ -235,8 +244,7 @@ void LossPlot::rebuild() {
         y << v;
         yLo = std::min(yLo, v);
         yHi = std::max(yHi, v);
-      } else if ((std::isinf(v) || plotNaN) && st.endNs != 0) {
-        // (A step that never ended — a failed or stopped run — has no value, not a NaN one.)
+      } else if ((std::isinf(v) || plotNaN) && expected(s, st, metric_)) {
         bad.push_back({st.step, v});
       }
     }

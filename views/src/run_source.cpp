@@ -3,6 +3,8 @@
 #include "keel/views/run_source.h"
 
 #include <QCoreApplication>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QMetaObject>
 #include <QPointer>
 #include <QThread>
@@ -35,6 +37,9 @@ SummaryPtr loadSummary(const storage::Recording& rec, const QString& path) {
   s->steps = rec.steps();
   s->opCount = rec.opCount();
   s->opCounts = rec.opCountsByNameAndPhase();
+  const QJsonDocument config =
+      QJsonDocument::fromJson(QByteArray::fromStdString(s->run.configJson));
+  s->evalEvery = std::max<int64_t>(0, config.object().value("eval_every").toInteger(0));
   if (auto bad = rec.firstNonFinite()) {
     s->firstNonFiniteSeq = bad->seq;
     s->firstNonFinite = std::move(bad);

@@ -47,7 +47,12 @@ struct GptConfig {
   double beta1 = 0.9;               // adamw only, [0, 1)
   double beta2 = 0.95;              // adamw only, [0, 1)
   double eps = 1e-8;                // adamw only, > 0
-  std::string dtype = "float32";    // only "float32" for now
+  // Validation loss during training: every eval_every steps (0: never), the mean lm loss of
+  // eval_batches validation batches, reported with the step (StepStats::valLoss, recordings'
+  // steps.val_loss, the studio's metrics plot). Training is bitwise the same either way.
+  int64_t eval_every = 0;
+  int64_t eval_batches = 4;       // >= 1
+  std::string dtype = "float32";  // only "float32" for now
   // Allocator for host tensors: "host" | "caching" | "vmm"; "" leaves the choice to
   // KEEL_ALLOCATOR (default vmm). `keel train/record --alloc` overrides it.
   std::string allocator;

@@ -71,6 +71,7 @@ struct StepEvent {
   double gradNorm = std::numeric_limits<double>::quiet_NaN();  // before clipping
   double tokensPerSec = std::numeric_limits<double>::quiet_NaN();
   double auxLoss = std::numeric_limits<double>::quiet_NaN();  // MoE aux loss (0 for dense)
+  double valLoss = std::numeric_limits<double>::quiet_NaN();  // validation loss, if evaluated
 };
 
 // Log lines (keel::log in keel/log.h), delivered to observers as they are written.

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct StepStats {
   double gradNorm = 0;  // before clipping
   double seconds = 0;   // wall time of the step
   double tokensPerSec = 0;
+  // Validation loss (GptConfig::eval_every): NaN on steps without one.
+  double valLoss = std::numeric_limits<double>::quiet_NaN();
 };
 using StepCallback = std::function<void(const StepStats&)>;
 

@@ -197,6 +197,9 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
   if (!(c.beta1 >= 0.0 && c.beta1 < 1.0)) fail("beta1", "must be in [0, 1), got " + num(c.beta1));
   if (!(c.beta2 >= 0.0 && c.beta2 < 1.0)) fail("beta2", "must be in [0, 1), got " + num(c.beta2));
   if (!(c.eps > 0.0)) fail("eps", "must be > 0, got " + num(c.eps));
+  if (c.eval_every < 0)
+    fail("eval_every", "must be >= 0 (0: never), got " + std::to_string(c.eval_every));
+  positive("eval_batches", c.eval_batches);
   if (c.dtype != "float32") fail("dtype", "only \"float32\" is supported, got \"" + c.dtype + "\"");
   if (!c.allocator.empty() && c.allocator != "host" && c.allocator != "caching" &&
       c.allocator != "vmm")
@@ -248,6 +251,8 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   r.readDouble("beta1", c.beta1);
   r.readDouble("beta2", c.beta2);
   r.readDouble("eps", c.eps);
+  r.readInt("eval_every", c.eval_every);
+  r.readInt("eval_batches", c.eval_batches);
   r.readString("dtype", c.dtype);
   r.readString("allocator", c.allocator);
   r.rejectUnknown();

@@ -4,6 +4,7 @@
 #include "keel/train.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "keel/error.h"
@@ -46,6 +47,10 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
   KEEL_CHECK(totalSteps > 0, "Trainer: the number of steps must be positive, got ", totalSteps);
   KEEL_CHECK(data_->splitTokens(data::Split::Train) >= cfg_.seq_len + 1, data_->source(),
              ": the train split has ", data_->splitTokens(data::Split::Train),
+             " tokens, fewer than seq_len + 1 = ", cfg_.seq_len + 1);
+  KEEL_CHECK(cfg_.eval_every == 0 || data_->splitTokens(data::Split::Val) >= cfg_.seq_len + 1,
+             "config field 'eval_every': ", data_->source(), "'s validation split has ",
+             data_->splitTokens(data::Split::Val),
              " tokens, fewer than seq_len + 1 = ", cfg_.seq_len + 1);
   {
     MemTagScope tag(MemTag::Parameter);
@@ -98,6 +103,10 @@ StepStats Trainer::step() {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokensPerSec = s.seconds > 0 ? double(cfg_.batch_size * cfg_.seq_len) / s.seconds : 0.0;
   ++stepsDone_;
+  // The validation loss, after the update and outside the step's time (its ops are recorded in
+  // the step, after the optimizer's, in phase forward). evaluate() draws from its own generator
+  // and dropout is off in eval mode, so training is bitwise the same with or without it.
+  if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0) s.valLoss = evaluate(cfg_.eval_batches);
   // One line per step in the run's logs (the studio's log view, `keel record`'s recording).
   char line[192];
   int n = std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
@@ -105,13 +114,16 @@ StepStats Trainer::step() {
   if (out.auxLoss.defined() && n > 0 && size_t(n) < sizeof line)
     n += std::snprintf(line + n, sizeof line - size_t(n), ", aux loss %.4f", s.auxLoss);
   if (n > 0 && size_t(n) < sizeof line)
-    std::snprintf(line + n, sizeof line - size_t(n), ", %.0f tokens/s", s.tokensPerSec);
+    n += std::snprintf(line + n, sizeof line - size_t(n), ", %.0f tokens/s", s.tokensPerSec);
+  if (!std::isnan(s.valLoss) && n > 0 && size_t(n) < sizeof line)
+    std::snprintf(line + n, sizeof line - size_t(n), ", val loss %.4f", s.valLoss);
   log(LogLevel::Info, "train", line);
   StepEvent end{s.step, false, s.loss, 0};
   end.lr = s.lr;
   end.gradNorm = s.gradNorm;
   end.tokensPerSec = s.tokensPerSec;
   end.auxLoss = s.auxLoss;
+  end.valLoss = s.valLoss;
   detail::notifyStep(end);
   return s;
 }

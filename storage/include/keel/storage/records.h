@@ -32,6 +32,7 @@ struct StepRecord {
   double loss = kNoValue;
   // What the trainer reported at the step's end (kNoValue where it did not, or before schema v5).
   double lr = kNoValue, gradNorm = kNoValue, tokensPerSec = kNoValue, auxLoss = kNoValue;
+  double valLoss = kNoValue;  // validation loss, on steps that evaluated one (schema v6)
 };
 
 enum class Role : uint8_t { Input = 0, Output = 1 };

@@ -18,8 +18,8 @@ class QComboBox;
 
 namespace keel::views {
 
-// What the plot can show, in the combo box's order. Validation loss is not recorded per step
-// (storage::StepRecord has no column for it): the combo lists it, disabled, and says so.
+// What the plot can show, in the combo box's order. A metric a recording lacks (a validation loss
+// without the config's eval_every, aux loss of a dense model) is listed disabled, saying so.
 enum class Metric { Loss, LearningRate, GradNorm, AuxLoss, TokensPerSec, ValidationLoss };
 inline constexpr int kMetricCount = 6;
 

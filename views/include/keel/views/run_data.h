@@ -30,6 +30,9 @@ struct RunSummary {
   std::vector<storage::OpCount> opCounts;  // per (name, phase), all steps
   std::optional<uint64_t> firstNonFiniteSeq;
   std::optional<storage::OpRecord> firstNonFinite;  // that op, with its tensors
+  // The config's eval_every (0: none): the steps that evaluated a validation loss, so a NaN one
+  // (stored as unknown, like every NaN) is told apart from a step that did not evaluate.
+  int64_t evalEvery = 0;
 };
 
 // Every op of one step (all phases), by seq, with tensors.
