@@ -465,8 +465,26 @@ class PanelsTest : public QObject {
     QVERIFY(values.startsWith("A: a.db · cpu\nB: b.db · cpu\n"));
     QVERIFY(values.contains("A − B") && values.contains("≠"));
 
+    // Attributes side by side under both labels; allocator events of A's op, then B's, each
+    // row headed by its side.
+    auto* attrs = view.findChild<QTreeWidget*>("inspectorAttributes");
+    QCOMPARE(attrs->columnCount(), 3);
+    QCOMPARE(attrs->headerItem()->text(1), QString("A: a.db · cpu"));
+    QCOMPARE(attrs->headerItem()->text(2), QString("B: b.db · cpu"));
+    auto* mem = view.findChild<QTableWidget*>("inspectorMemory");
+    QVERIFY(!a->mems.empty() && !b->mems.empty());
+    QCOMPARE(mem->rowCount(), int(a->mems.size() + b->mems.size()));
+    QVERIFY(!mem->verticalHeader()->isHidden());
+    QCOMPARE(mem->verticalHeaderItem(0)->text(), QString("A"));
+    QCOMPARE(mem->verticalHeaderItem(int(a->mems.size()))->text(), QString("B"));
+    QCOMPARE(mem->verticalHeaderItem(int(a->mems.size()))->toolTip(), QString("B: b.db · cpu"));
+    QCOMPARE(mem->item(int(a->mems.size()), 3)->text(),
+             QStringLiteral("%L1").arg(b->mems[0].bytes));
+
     // An op chosen on A alone (B not yet loaded) says which side it shows.
     view.clear();
+    QCOMPARE(attrs->columnCount(), 2);
+    QVERIFY(mem->verticalHeader()->isHidden());
     view.setDetails(Side::A, a);
     QVERIFY(view.findChild<QLabel*>("inspectorHeader")->text().contains("A: a.db · cpu"));
   }

@@ -475,12 +475,17 @@ void InspectorView::resetTabs() {
   error_->hide();
   tabs_->show();
   tensors_->clear();
+  tensors_->setColumnCount(1);
+  tensors_->setHeaderLabels({tr("Field")});  // not Qt's default "1" while nothing is selected
   pairDiffs_.clear();
   attributes_->clear();
+  attributes_->setColumnCount(2);
+  attributes_->setHeaderLabels({tr("Attribute"), tr("Value")});
   values_->clear();
   stack_->clear();
   logs_->setRowCount(0);
   memory_->setRowCount(0);
+  for (QTableWidget* t : {logs_, memory_}) t->verticalHeader()->hide();  // shown when comparing
   maskSummary_->clear();
   maskPicture_->setGrid({});
   for (QLabel* l : maskLegend_) l->clear();
@@ -726,9 +731,28 @@ void InspectorView::fillStack(const OpDetails& d) {
 }
 
 void InspectorView::fillLogs(const OpDetails& d) {
-  logs_->setRowCount(int(d.logs.size()));
-  for (int row = 0; row < int(d.logs.size()); ++row) {
-    const storage::LogRecord& l = d.logs[size_t(row)];
+  logs_->setRowCount(0);
+  appendLogs(d, std::nullopt);
+  fitColumns(logs_);
+  setTabCount(Logs, tr("Logs"), qsizetype(d.logs.size()));
+}
+
+// In compare mode each row's side is its vertical header ("A" / "B", the run on hover).
+void InspectorView::markRowSide(QTableWidget* t, int row, std::optional<Side> side) {
+  if (!side) return;
+  auto* h = new QTableWidgetItem(*side == Side::A ? QStringLiteral("A") : QStringLiteral("B"));
+  h->setToolTip(sideLabel(*side));
+  h->setForeground(*side == Side::A ? QColor(0x1f, 0x77, 0xb4) : QColor(0xe0, 0x6c, 0x00));
+  t->setVerticalHeaderItem(row, h);
+}
+
+void InspectorView::appendLogs(const OpDetails& d, std::optional<Side> side) {
+  const int first = logs_->rowCount();
+  logs_->setRowCount(first + int(d.logs.size()));
+  for (int i = 0; i < int(d.logs.size()); ++i) {
+    const int row = first + i;
+    markRowSide(logs_, row, side);
+    const storage::LogRecord& l = d.logs[size_t(i)];
     auto* level = cell(qs(logLevelName(l.level)));
     if (auto c = logLevelColor(l.level); c.isValid()) level->setForeground(c);
     logs_->setItem(row, 0, level);
@@ -737,14 +761,22 @@ void InspectorView::fillLogs(const OpDetails& d) {
     msg->setToolTip(msg->text());
     logs_->setItem(row, 2, msg);
   }
-  fitColumns(logs_);
-  setTabCount(Logs, tr("Logs"), qsizetype(d.logs.size()));
 }
 
 void InspectorView::fillMemory(const OpDetails& d) {
-  memory_->setRowCount(int(d.mems.size()));
-  for (int row = 0; row < int(d.mems.size()); ++row) {
-    const storage::MemRecord& m = d.mems[size_t(row)];
+  memory_->setRowCount(0);
+  appendMemory(d, std::nullopt);
+  fitColumns(memory_);
+  setTabCount(Memory, tr("Memory"), qsizetype(d.mems.size()));
+}
+
+void InspectorView::appendMemory(const OpDetails& d, std::optional<Side> side) {
+  const int first = memory_->rowCount();
+  memory_->setRowCount(first + int(d.mems.size()));
+  for (int i = 0; i < int(d.mems.size()); ++i) {
+    const int row = first + i;
+    markRowSide(memory_, row, side);
+    const storage::MemRecord& m = d.mems[size_t(i)];
     memory_->setItem(row, 0, cell(qs(memEventName(m.kind))));
     memory_->setItem(row, 1, cell(QString::fromStdString(m.device)));
     memory_->setItem(row, 2, cell(hex(m.address), true));
@@ -757,8 +789,66 @@ void InspectorView::fillMemory(const OpDetails& d) {
     memory_->item(row, 5)->setToolTip(QStringLiteral("%L1 bytes").arg(m.allocatedAfter));
     memory_->item(row, 6)->setToolTip(QStringLiteral("%L1 bytes").arg(m.reservedAfter));
   }
+}
+
+// Compare mode: A's rows, then B's, each marked with its side.
+void InspectorView::fillPairLogsAndMemory(const OpDetails& a, const OpDetails& b) {
+  logs_->setRowCount(0);
+  memory_->setRowCount(0);
+  for (QTableWidget* t : {logs_, memory_}) t->verticalHeader()->show();
+  appendLogs(a, Side::A);
+  appendLogs(b, Side::B);
+  appendMemory(a, Side::A);
+  appendMemory(b, Side::B);
+  fitColumns(logs_);
   fitColumns(memory_);
-  setTabCount(Memory, tr("Memory"), qsizetype(d.mems.size()));
+  setTabCount(Logs, tr("Logs"), qsizetype(a.logs.size() + b.logs.size()));
+  setTabCount(Memory, tr("Memory"), qsizetype(a.mems.size() + b.mems.size()));
+}
+
+// Compare mode: each attribute of A and B side by side (compact JSON), a B value that differs
+// from A's tinted, one missing on a side shown as "—".
+void InspectorView::fillPairAttributes(const OpDetails& a, const OpDetails& b) {
+  attributes_->setColumnCount(3);
+  attributes_->setHeaderLabels({tr("Attribute"), sideLabel(Side::A), sideLabel(Side::B)});
+  attributes_->setRootIsDecorated(false);
+  auto objectOf = [](const std::string& json) {
+    return QJsonDocument::fromJson(QByteArray::fromStdString(json)).object();
+  };
+  const QJsonObject oa = objectOf(a.op.attrsJson), ob = objectOf(b.op.attrsJson);
+  QStringList keys = oa.keys();
+  for (const QString& k : ob.keys())
+    if (!oa.contains(k)) keys << k;
+  auto text = [](const QJsonObject& o, const QString& k) -> QString {
+    if (!o.contains(k)) return QStringLiteral("—");
+    const QJsonValue v = o.value(k);
+    if (v.isString()) return v.toString();
+    if (v.isObject())
+      return QString::fromUtf8(QJsonDocument(v.toObject()).toJson(QJsonDocument::Compact));
+    if (v.isArray())
+      return QString::fromUtf8(QJsonDocument(v.toArray()).toJson(QJsonDocument::Compact));
+    return QString::fromUtf8(QJsonDocument(QJsonArray{v}).toJson(QJsonDocument::Compact))
+        .mid(1)
+        .chopped(1);
+  };
+  for (const QString& k : keys) {
+    auto* it = new QTreeWidgetItem(attributes_);
+    it->setText(0, k);
+    it->setText(1, text(oa, k));
+    it->setText(2, text(ob, k));
+    for (int c : {1, 2}) {
+      it->setFont(c, monoFont());
+      it->setToolTip(c, it->text(c));
+    }
+    if (it->text(1) != it->text(2)) it->setBackground(2, QColor(0xff, 0xec, 0xb3));
+  }
+  if (keys.isEmpty()) {
+    auto* it = new QTreeWidgetItem(attributes_);
+    it->setText(0, tr("(no attributes)"));
+    it->setForeground(0, palette().color(QPalette::Disabled, QPalette::Text));
+  }
+  attributes_->resizeColumnToContents(0);
+  setTabCount(Attributes, tr("Attrs"), keys.size());
 }
 
 void InspectorView::fillMask(const OpDetails& d) {
@@ -979,14 +1069,16 @@ void InspectorView::showPair() {
     pairDiffs_.push_back(td);
   }
   fillPairTensors(*a, *b);
-  fillAttributes(*a);
+  fillPairAttributes(*a, *b);
   fillPairValues(*a, *b);
   fillPairStack(*a, *b);
-  fillLogs(*a);
-  fillMemory(*a);
-  fillMask(*a);
-  for (Tab t : {Attributes, Logs, Memory, Mask})
-    tabs_->setTabToolTip(t, tr("%1 (run A)").arg(sideLabel(Side::A)));
+  fillPairLogsAndMemory(*a, *b);
+  fillMask(*a);  // the same mask attributes on both sides unless Attrs shows otherwise
+  tabs_->setTabToolTip(Attributes, tr("Attributes of A and B side by side"));
+  tabs_->setTabToolTip(Logs, tr("Log lines of A's op, then B's (the row header says which)"));
+  tabs_->setTabToolTip(Memory,
+                       tr("Allocator events of A's op, then B's (the row header says which)"));
+  tabs_->setTabToolTip(Mask, tr("%1 (run A)").arg(sideLabel(Side::A)));
   tabs_->setCurrentIndex(before >= 0 && tabs_->isTabVisible(before) ? before : int(Tensors));
 }
 

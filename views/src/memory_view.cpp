@@ -522,11 +522,14 @@ void MemoryView::resizeEvent(QResizeEvent* e) {
   if (d_->activeCaption->isVisibleTo(this) != roomy || d_->plot->legend->visible() != roomy) {
     d_->activeCaption->setVisible(roomy);
     d_->plot->legend->setVisible(roomy);
-    d_->plot->plotLayout()->setRowStretchFactor(1, roomy ? 0.001 : 0.0001);
-    if (!roomy) d_->plot->plotLayout()->take(d_->plot->legend);
-    if (roomy && !d_->plot->plotLayout()->hasElement(1, 0))
-      d_->plot->plotLayout()->addElement(1, 0, d_->plot->legend);
-    d_->plot->plotLayout()->simplify();
+    QCPLayoutGrid* layout = d_->plot->plotLayout();
+    if (!roomy) {
+      layout->take(d_->plot->legend);
+      layout->simplify();  // the legend's row goes (a stretch factor set on it would warn)
+    } else {
+      if (!layout->hasElement(1, 0)) layout->addElement(1, 0, d_->plot->legend);
+      layout->setRowStretchFactor(1, 0.001);
+    }
     d_->plot->replot(QCustomPlot::rpQueuedReplot);
   }
   // Docked under the graph the view is wide and short: timeline beside the block map.

@@ -61,6 +61,11 @@ class InspectorView : public QWidget {
   void fillStack(const OpDetails& d);
   void fillLogs(const OpDetails& d);
   void fillMemory(const OpDetails& d);
+  void appendLogs(const OpDetails& d, std::optional<Side> side);
+  void appendMemory(const OpDetails& d, std::optional<Side> side);
+  void markRowSide(QTableWidget* t, int row, std::optional<Side> side);
+  void fillPairAttributes(const OpDetails& a, const OpDetails& b);
+  void fillPairLogsAndMemory(const OpDetails& a, const OpDetails& b);
   void fillMask(const OpDetails& d);
   void setTabCount(Tab tab, const QString& title, qsizetype count);
   void showPair();
