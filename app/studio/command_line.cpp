@@ -53,6 +53,10 @@ struct Options {
                           "out.png"};
   QCommandLineOption viewsDir{"views-dir", "With --screenshot: also save each view here.", "dir"};
   QCommandLineOption size{"size", "Window size for --screenshot (default 1600x1000).", "WxH"};
+  QCommandLineOption show{"show",
+                          "Raise this view in the bottom dock: ops, diff, logs, memory or "
+                          "timeline (default: ops).",
+                          "view"};
   QCommandLineOption session{"session", "Start a live session of this model config.",
                              "config.json"};
   QCommandLineOption backend{"backend", "Live session backend: cpu | cpu-ref (default cpu).",
@@ -75,8 +79,8 @@ struct Options {
     p.addHelpOption();
     p.addVersionOption();
     p.addPositionalArgument("recording", "Recording to open (.db).", "[run.db]");
-    p.addOptions({compare, step, firstDiv, selectOp, shot, viewsDir, size, session, backend, steps,
-                  seed, output, run});
+    p.addOptions({compare, step, firstDiv, selectOp, shot, viewsDir, size, show, session, backend,
+                  steps, seed, output, run});
   }
 };
 
@@ -165,6 +169,13 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (cli.isSet(o.viewsDir)) {
     if (out.screenshot.isEmpty()) return error("--views-dir needs --screenshot");
     out.viewsDir = cli.value(o.viewsDir);
+  }
+  if (cli.isSet(o.show)) {
+    out.show = cli.value(o.show);
+    if (!kStudioViews.contains(out.show))
+      return error("--show: expected one of " + kStudioViews.join(", ") + ", got '" + out.show +
+                   "'");
+    if (out.show == "diff" && out.compare.isEmpty()) return error("--show diff needs --compare");
   }
   if (cli.isSet(o.size)) {
     const QStringList wh = cli.value(o.size).split('x');

@@ -27,10 +27,14 @@ struct StudioCommandLine {
   QString screenshot;                // save a picture of the window here and exit
   QString viewsDir;                  // with screenshot: each view as a PNG here
   QSize size{1600, 1000};            // window size for the screenshot
+  QString show;                      // bottom dock view to raise (one of kStudioViews; "" ops)
   // A live session (--session): configPath set; output "" means the default session path.
   std::optional<SessionConfig> session;
   bool run = false;  // start the session running at once
 };
+
+// The bottom dock's views, by --show name (MainWindow::showView).
+inline const QStringList kStudioViews = {"ops", "diff", "logs", "memory", "timeline"};
 
 // Parses keel-studio's arguments (args[0] is the program). Never touches the file system except
 // to check that named inputs exist.

@@ -56,6 +56,7 @@ QString describe(MainWindow& win) {
                 .arg(win.graphView(keel::views::Side::A)->visibleOpNodeCount());
   }
   if (const auto s = win.summary(keel::views::Side::B)) text += "; compared with " + s->path;
+  if (const QString v = win.raisedBottomView(); !v.isEmpty()) text += "; bottom dock: " + v;
   if (const auto d = win.diffReport(); d && d->first)
     text += QString("; first divergence: A #%1 / B #%2")
                 .arg(d->first->pair.inA ? QString::number(d->first->pair.seqA) : "-")
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
   MainWindow win;
   if (screenshot) win.resize(cli.size);
   win.show();
+  if (!cli.show.isEmpty()) win.showView(cli.show);
 
   // What to wait for before the picture: a live session's end (finished or failed), or, for a
   // session not asked to run, its pause before step 1; recordings need nothing more.

@@ -272,7 +272,9 @@ void MainWindow::buildDocks() {
   // 1366x768 a tensor's fields show without scrolling much.
   QTimer::singleShot(0, this, [this, inspectorDock, lossDock] {
     if (!QSettings().value("window/state").isNull()) return;
-    resizeDocks({opsDock_}, {std::max(160, height() / 4)}, Qt::Vertical);
+    // (The Memory tab, raised already by --show, keeps the room it grew to.)
+    const int bottom = memoryGrown_ ? height() * 9 / 20 : std::max(160, height() / 4);
+    resizeDocks({opsDock_}, {bottom}, Qt::Vertical);
     const int column = inspectorDock->height() + lossDock->height();
     resizeDocks({inspectorDock, lossDock}, {column * 2 / 3, column - column * 2 / 3}, Qt::Vertical);
   });
@@ -297,7 +299,8 @@ void MainWindow::connectSources() {
     stepSpin_->setRange(0, int(last));
     lossPlot_->setRuns(summaryA_, summaryB_);
     updateStatus();
-    if (!sourceB_->isOpen()) opsDock_->raise();  // replay: the op table; comparing: the diff
+    // Replay: the op table; comparing: the diff (unless a view was asked for: showView).
+    if (!sourceB_->isOpen()) raiseBottom(opsDock_);
     if (sourceB_->isOpen())
       inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
     emit recordingOpened(Side::A);
@@ -428,7 +431,7 @@ void MainWindow::connectSources() {
     graphB_->setDiff(report);
     graphA_->setColorMode(views::GraphView::ColorMode::Divergence);
     graphB_->setColorMode(views::GraphView::ColorMode::Divergence);
-    diffDock_->raise();
+    raiseBottom(diffDock_);
     emit diffShown();
   });
   connect(diffRunner_, &views::DiffRunner::failed, this, [this](const QString& msg) {
@@ -696,6 +699,27 @@ void MainWindow::checkIdle() {
   auto waiters = std::move(idleWaiters_);
   idleWaiters_.clear();
   for (auto& fn : waiters) fn();
+}
+
+bool MainWindow::showView(const QString& view) {
+  auto* d = findChild<QDockWidget*>("dock." + view);
+  if (!d) return false;
+  shownView_ = d;
+  d->show();
+  d->raise();
+  return true;
+}
+
+void MainWindow::raiseBottom(QDockWidget* byDefault) {
+  (shownView_ ? shownView_.data() : byDefault)->raise();
+}
+
+QString MainWindow::raisedBottomView() const {
+  for (QDockWidget* d : findChildren<QDockWidget*>())
+    if (dockWidgetArea(d) == Qt::BottomDockWidgetArea && !d->isFloating() &&
+        !d->visibleRegion().isEmpty())
+      return d->objectName().section('.', 1);
+  return {};
 }
 
 bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsDir) {

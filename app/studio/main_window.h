@@ -60,6 +60,11 @@ class MainWindow : public QMainWindow {
   bool isIdle() const;
   // Saves the window, and with `viewsDir` also each view, as PNGs. Returns false on a write error.
   bool saveScreenshots(const QString& windowPng, const QString& viewsDir = {});
+  // Raises the dock named `view` ("memory" is dock.memory) on top of its tab group; false when
+  // there is no such dock.
+  bool showView(const QString& view);
+  // The bottom dock view on top of its tab group ("ops", "memory", ...; "" none visible).
+  QString raisedBottomView() const;
 
   Session* session() { return session_; }
   views::Selection* selection() { return selection_; }
@@ -97,6 +102,9 @@ class MainWindow : public QMainWindow {
   void dropEvent(class QDropEvent* e) override;
 
  private:
+  // Raises the view asked for with showView, else `byDefault` (what a load would raise).
+  void raiseBottom(QDockWidget* byDefault);
+  QPointer<QDockWidget> shownView_;
   void buildActions();
   void buildDocks();
   void connectSources();

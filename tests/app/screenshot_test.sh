@@ -65,7 +65,8 @@ for size in 1920x1080 1366x768; do
     --steps 2 --seed 9 --output "$d/failed.db" --size "$size" --screenshot "$d/failed.png" \
     --views-dir "$d/failed" >/dev/null 2>&1 || rc=$?
   [ "$rc" -eq 2 ] || { echo "failed session: exit $rc, expected 2" >&2; exit 1; }
-  run_studio "$out/moe.db" --size "$size" --screenshot "$d/moe-memory.png" --views-dir "$d/moe"
+  run_studio "$out/moe.db" --size "$size" --show memory --screenshot "$d/moe-memory.png" \
+    --views-dir "$d/moe"
 done
 python3 - "$out" <<'PY'
 import struct, sys, os

@@ -154,6 +154,13 @@ class StudioCliTest : public QObject {
       QVERIFY2(line.contains(QString("step 2 shown: %1 ops in the table").arg(ops.size())),
                qPrintable(line));
       QVERIFY2(line.contains(QString("selected #%1").arg(seq)), qPrintable(line));
+      QVERIFY2(line.contains("bottom dock: ops"), qPrintable(line));  // the default
+    }
+    // --show raises another view of the bottom dock.
+    for (const char* view : {"memory", "timeline", "logs"}) {
+      Result r = studio({dir_ + "/a.db", "--show", view, "--screenshot", dir_ + "/show.png"});
+      QVERIFY2(r.code == 0, qPrintable(diag(r)));
+      QVERIFY2(savedLine(r).contains(QString("bottom dock: ") + view), qPrintable(diag(r)));
     }
   }
 
@@ -164,14 +171,16 @@ class StudioCliTest : public QObject {
     QVERIFY(report.first && report.first->pair.inA);
     const uint64_t seqA = report.first->pair.seqA;
     // Qt's own options still reach Qt (-platform here instead of the environment).
-    Result r = studio({dir_ + "/a.db", "--compare", dir_ + "/b.db", "--select-first-divergence",
-                       "-platform", "offscreen", "--screenshot", dir_ + "/compare.png"},
-                      {"QT_QPA_PLATFORM="});
+    Result r =
+        studio({dir_ + "/a.db", "--compare", dir_ + "/b.db", "--select-first-divergence",
+                "-platform", "offscreen", "--show", "diff", "--screenshot", dir_ + "/compare.png"},
+               {"QT_QPA_PLATFORM="});
     QVERIFY2(r.code == 0, qPrintable(diag(r)));
     const QString line = savedLine(r);
     QVERIFY2(line.contains("compared with " + dir_ + "/b.db"), qPrintable(line));
     QVERIFY2(line.contains(QString("first divergence: A #%1").arg(seqA)), qPrintable(line));
     QVERIFY2(line.contains(QString("selected #%1").arg(seqA)), qPrintable(line));
+    QVERIFY2(line.contains("bottom dock: diff"), qPrintable(line));
   }
 
   // --help and --version need no display: no platform plugin, no DISPLAY.
@@ -179,9 +188,9 @@ class StudioCliTest : public QObject {
     const QStringList noDisplay{"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="};
     Result r = studio({"--help"}, noDisplay);
     QCOMPARE(r.code, 0);
-    for (const char* opt :
-         {"--session", "--compare", "--select-first-divergence", "--screenshot", "--views-dir",
-          "--size", "--step", "--select-op", "--backend", "--steps", "--seed", "--output", "--run"})
+    for (const char* opt : {"--session", "--compare", "--select-first-divergence", "--screenshot",
+                            "--views-dir", "--size", "--show", "--step", "--select-op", "--backend",
+                            "--steps", "--seed", "--output", "--run"})
       QVERIFY2(r.out.contains(opt), opt);
     r = studio({"-h"}, noDisplay);
     QCOMPARE(r.code, 0);
@@ -216,6 +225,8 @@ class StudioCliTest : public QObject {
         {{a, "--screenshot", "s.png", "--size", "10x10"}, "--size: expected WxH"},
         {{a, "--screenshot", "s.png", "--size", "big"}, "--size: expected WxH"},
         {{a, "-platform"}, "needs a value"},
+        {{a, "--show", "graph"}, "--show: expected one of ops, diff, logs, memory, timeline"},
+        {{a, "--show", "diff"}, "--show diff needs --compare"},
     };
     for (const auto& [args, expect] : cases) {
       Result r = studio(args, {"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="});
