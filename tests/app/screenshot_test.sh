@@ -2,7 +2,7 @@
 # Screenshot test: records a clean and a perturbed run of gpt-tiny with the real `keel`, then has
 # keel-studio (under one Xvfb when it is installed, else Qt's offscreen platform) render the
 # replay of one, the comparison of both and a finished live session (and, at 1920x1080 and
-# 1366x768, a NaN run, cpu vs cpu-ref, a failed session and moe-tiny's memory view), saving the
+# 1366x768, a NaN run, cpu vs cpu-ref, a failed session and moe-mini's memory view), saving the
 # window and every view as PNGs into OUT_DIR for people to look at. Fails when the studio exits
 # non-zero (a failed session: other than 2) or a picture is missing, empty or the wrong size.
 # Usage: screenshot_test.sh KEEL KEEL_STUDIO SOURCE_DIR OUT_DIR
@@ -42,12 +42,12 @@ run_studio "$out/clean.db" --compare "$out/perturbed.db" --select-first-divergen
 run_studio --session tests/fixtures/gpt-tiny.json --run --steps 2 --seed 9 --output "$out/live.db" \
   --screenshot "$out/live.png" --views-dir "$out/live"
 # At the two screen sizes a user meets first: a NaN run, cpu vs cpu-ref, clean vs perturbed, a
-# finished and a failed live session, and moe-tiny's memory view under the caching allocator.
+# finished and a failed live session, and moe-mini's memory view under the caching allocator.
 KEEL_TEST_PERTURB=matmul:20:nan "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 \
   --seed 9 --md5 --stats --stacks -o "$out/nan.db" >/dev/null
 "$keel" record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 9 --backend cpu-ref --md5 \
   --stats --stacks -o "$out/ref.db" >/dev/null
-"$keel" record --config tests/fixtures/moe-tiny.json --steps 2 --seed 9 --allocator --alloc caching \
+"$keel" record --config configs/moe-mini.json --steps 2 --seed 9 --allocator --alloc caching \
   -o "$out/moe.db" >/dev/null
 for size in 1920x1080 1366x768; do
   d="$out/$size"

@@ -352,8 +352,12 @@ void LossPlot::rebuild() {
 
 void LossPlot::resizeEvent(QResizeEvent* e) {
   QWidget::resizeEvent(e);
-  // About one value tick per 40 px of height, so a docked plot's labels do not crowd.
-  impl_->plot->yAxis->ticker()->setTickCount(std::clamp(impl_->plot->height() / 40, 2, 6));
+  // About one value tick per 30 px of the axis rect (not the widget: the legend and the x axis
+  // take most of a docked plot's height), met exactly, so a short plot's labels do not crowd.
+  QCPAxisTicker& ticker = *impl_->plot->yAxis->ticker();
+  ticker.setTickStepStrategy(QCPAxisTicker::tssMeetTickCount);
+  impl_->plot->replot();  // lays the axis rect out at the new size
+  ticker.setTickCount(std::clamp(impl_->plot->axisRect()->height() / 30, 2, 6));
   impl_->plot->replot();
 }
 
