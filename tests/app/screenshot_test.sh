@@ -2,9 +2,10 @@
 # Screenshot test: records a clean and a perturbed run of gpt-tiny with the real `keel`, then has
 # keel-studio (under one Xvfb when it is installed, else Qt's offscreen platform) render the
 # replay of one, the comparison of both and a finished live session (and, at 1920x1080 and
-# 1366x768, a NaN run, cpu vs cpu-ref, a failed session and moe-mini's memory view), saving the
-# window and every view as PNGs into OUT_DIR for people to look at. Fails when the studio exits
-# non-zero (a failed session: other than 2) or a picture is missing, empty or the wrong size.
+# 1366x768, the replay, a NaN run, cpu vs cpu-ref, a failed session and moe-mini's memory view),
+# saving the window and every view as PNGs into OUT_DIR for people to look at. Fails when the
+# studio exits non-zero (a failed session: other than 2) or a picture is missing, empty or the
+# wrong size.
 # Usage: screenshot_test.sh KEEL KEEL_STUDIO SOURCE_DIR OUT_DIR
 set -euo pipefail
 keel="$1" studio="$2" src="$3" out="$4"
@@ -52,6 +53,8 @@ KEEL_TEST_PERTURB=matmul:20:nan "$keel" record --config tests/fixtures/gpt-tiny.
 for size in 1920x1080 1366x768; do
   d="$out/$size"
   mkdir -p "$d"
+  run_studio "$out/clean.db" --select 40 --size "$size" --screenshot "$d/replay.png" \
+    --views-dir "$d/replay"
   run_studio "$out/nan.db" --size "$size" --screenshot "$d/nan.png" --views-dir "$d/nan"
   run_studio "$out/ref.db" --compare "$out/clean.db" --select-first-divergence --size "$size" \
     --screenshot "$d/cpu-vs-ref.png" --views-dir "$d/cpu-vs-ref"
@@ -80,7 +83,7 @@ for name in ('replay.png', 'compare.png', 'live.png'):
     w, h = size(os.path.join(out, name))
     assert (w, h) == (1600, 1000), f'{name} is {w}x{h}, expected 1600x1000'
 for sub, (ew, eh) in (('1920x1080', (1920, 1080)), ('1366x768', (1366, 768))):
-    for name in ('nan', 'cpu-vs-ref', 'compare', 'live', 'failed', 'moe-memory'):
+    for name in ('replay', 'nan', 'cpu-vs-ref', 'compare', 'live', 'failed', 'moe-memory'):
         w, h = size(os.path.join(out, sub, name + '.png'))
         assert (w, h) == (ew, eh), f'{sub}/{name}.png is {w}x{h}'
 for d in ('replay', 'compare', 'live'):
