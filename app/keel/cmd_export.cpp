@@ -1,8 +1,9 @@
 // `keel export graph|trace|csv`: writes a recording's op calls as Graphviz DOT or SVG (one step:
 // the studio's graph, by the same analysis::buildGraphDot), a Chrome trace (JSON, opens in
 // Perfetto) or CSV, to a file or stdout.
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "cli_common.h"
 #include "keel/analysis/graph_dot.h"
 #include "keel/analysis/graph_layout.h"
+#include "keel/base/output_path.h"
 #include "keel/error.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
@@ -24,17 +26,32 @@ struct ExportArgs {
   std::vector<std::string> expand;
 };
 
+// stdout ("" or "-"), or a file replaced only once it is complete (Note [Outputs never destroy
+// inputs]); a write error (a full disk, a closed pipe) is an error, and a partial file is removed.
 int writeOut(const std::string& text, const std::string& output) {
   if (output.empty() || output == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    writeAll(stdout, text.data(), text.size(), "to stdout");
     return 0;
   }
-  std::ofstream out(output, std::ios::binary);
-  out << text;
-  out.close();
-  if (!out) return fail("cannot write '" + output + "'");
+  ReplaceOnCommit file(output);
+  std::FILE* f = std::fopen(file.path().c_str(), "wb");
+  if (!f) return fail("cannot write " + output + ": " + std::strerror(errno));
+  try {
+    writeAll(f, text.data(), text.size(), output);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  if (std::fclose(f) != 0) return fail("cannot write " + output + ": " + std::strerror(errno));
+  file.commit();
   std::printf("wrote %s (%zu bytes)\n", output.c_str(), text.size());
   return 0;
+}
+
+// The output guard, before the recording is opened.
+void checkOutput(const ExportArgs& a) {
+  if (a.output.empty() || a.output == "-") return;
+  checkOutputPath("-o", a.output, {{"the recording", a.recording}});
 }
 
 int runGraph(const ExportArgs& a) {
@@ -43,6 +60,7 @@ int runGraph(const ExportArgs& a) {
   const analysis::GraphPhase phase = analysis::parseGraphPhase(a.phase);
   if (a.phase != analysis::toString(phase))
     return fail("--phase: expected forward, backward, both or optimizer, got '" + a.phase + "'");
+  checkOutput(a);
   // What the studio's graph of this step shows with the same phase and expansion: every op of the
   // step as the studio loads it, through the one DOT builder (with its fixed text metrics).
   storage::Recording rec = storage::Recording::open(a.recording);
@@ -64,11 +82,13 @@ int runGraph(const ExportArgs& a) {
 }
 
 int runTrace(const ExportArgs& a) {
+  checkOutput(a);
   storage::Recording rec = storage::Recording::open(a.recording);
   return writeOut(storage::toChromeTrace(rec.ops({}), rec.steps()), a.output);
 }
 
 int runCsv(const ExportArgs& a) {
+  checkOutput(a);
   storage::Recording rec = storage::Recording::open(a.recording);
   if (a.tensors) {
     storage::OpQuery q;

@@ -5,13 +5,17 @@
 // recording-to-trace conversion capture's (keel/capture/alloc_trace_io.h). `keel memory stats`
 // prints a recording's memory figures as the studio's memory view computes them (analysis/).
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli_common.h"
 #include "keel/alloc_trace.h"
 #include "keel/analysis/memory_model.h"
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/capture/alloc_trace_io.h"
 #include "keel/error.h"
@@ -108,13 +112,19 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
 
 int runTrace(const std::string& config, const std::string& out, int steps, uint64_t seed,
              const MoeTraceOptions& moe, bool generate) {
+  checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
   AllocTrace t =
       generate ? generateMoeTrace(moe) : traceTraining(loadGptConfig(config), steps, seed);
-  std::ofstream f(out);
-  if (!f) throw Error("cannot write '" + out + "'");
-  writeAllocTrace(t, f);
-  f.close();
-  if (!f) throw Error("writing '" + out + "' failed");
+  {
+    ReplaceOnCommit file(out);  // Note [Outputs never destroy inputs]
+    std::ofstream f(file.path());
+    if (!f) throw Error("cannot write " + out + ": " + std::strerror(errno));
+    writeAllocTrace(t, f);
+    f.close();
+    if (!f)
+      throw Error("cannot write " + out + ": " + (errno ? std::strerror(errno) : "write error"));
+    file.commit();
+  }
   describe(out, t);
   return 0;
 }

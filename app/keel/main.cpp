@@ -1,7 +1,10 @@
 // keel: the command-line tool. Wiring only: each command lives in its own cmd_*.cpp.
 // Invariant: every failure prints exactly one line "keel: error: ..." to stderr and exits with
 // status 2 (help exits 0).
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -64,8 +67,18 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   keel::tuneBlasForThisCpu(argv);  // See Note [OpenBLAS core type]
+  // A closed pipe (EPIPE) and a file-size limit (EFBIG) are write errors reported in one line,
+  // not signals that kill the process mid-write.
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
-    return keel::cli::run(argc, argv);
+    const int rc = keel::cli::run(argc, argv);
+    // What was printed must have reached stdout (`keel export csv r.db > /dev/full`).
+    errno = 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+      return keel::cli::fail(std::string("cannot write to stdout: ") +
+                             (errno ? std::strerror(errno) : "write error"));
+    return rc;
   } catch (const keel::Error& e) {
     return keel::cli::fail(e.what());
   } catch (const keel::storage::StorageError& e) {

@@ -138,6 +138,7 @@ class Session::Worker {
     spec.seed = c.seed;
     spec.steps = c.steps;
     spec.output = c.output.toStdString();
+    spec.replaceInPlace = true;  // the views read the recording while it is written
     spec.capture = c.capture;
     {
       std::lock_guard<std::mutex> lk(s_->mu_);

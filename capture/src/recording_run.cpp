@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/capture/hash.h"
 #include "keel/dispatch.h"
@@ -320,6 +321,15 @@ class RecordingRun::Observer : public keel::Observer {
 RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     : spec_(std::move(spec)), afterOp_(std::move(afterOp)), device_("cpu") {
   KEEL_CHECK(spec_.steps >= 1, "steps: expected a positive number, got ", spec_.steps);
+  {  // Note [Outputs never destroy inputs]
+    std::vector<NamedInput> inputs{{"the config", spec_.configPath},
+                                   {"the workload library", spec_.workloadPath},
+                                   {"the training data", spec_.dataPath}};
+    for (const BreakCondition& c : spec_.breaks.conditions)
+      if (c.kind == BreakCondition::Kind::Md5Ref)
+        inputs.push_back({"the reference recording", c.text});
+    checkOutputPath("output", spec_.output, inputs);
+  }
   const bool builtIn = spec_.workloadPath.empty();
   KEEL_CHECK(!builtIn || !spec_.configPath.empty(),
              "--config is required (a model config, or a workload's config with --workload)");
@@ -362,7 +372,9 @@ void RecordingRun::start() {
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   // The recorder starts before the model is built so initialisation (step 0) is recorded too.
-  recorder_ = std::make_unique<Recorder>(spec_.output, run_, spec_.capture);
+  writePath_ = !spec_.replaceInPlace && fileIdentity(spec_.output) ? replacementPath(spec_.output)
+                                                                   : spec_.output;
+  recorder_ = std::make_unique<Recorder>(writePath_, run_, spec_.capture);
   obs_ = std::make_shared<Observer>(this);
   addObserver(obs_);
   WorkloadParams params;
@@ -379,9 +391,26 @@ void RecordingRun::start() {
       finish();
       throw *stopped_;
     }
+    setupFailed_ = true;  // fail() keeps an existing output as it was
     fail(e.what());
     throw;
   }
+}
+
+void RecordingRun::commitOutput() {
+  if (writePath_ == spec_.output) return;
+  // The old file's WAL companions belong to it: SQLite would apply a stale WAL to the new file.
+  for (const char* suffix : {"-wal", "-shm", "-journal"})
+    std::remove((spec_.output + suffix).c_str());
+  renameOver(writePath_, spec_.output);
+  writePath_ = spec_.output;
+}
+
+void RecordingRun::discardOutput() {
+  if (writePath_ == spec_.output) return;
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"})
+    std::remove((writePath_ + suffix).c_str());
+  writePath_ = spec_.output;
 }
 
 void RecordingRun::setBreaks(BreakSpec b) {
@@ -461,6 +490,7 @@ bool RecordingRun::finish() {
   else
     recorder_->finish();
   teardown();
+  commitOutput();
   return !recorder_->failed();
 }
 
@@ -470,6 +500,15 @@ void RecordingRun::fail(const std::string& reason) {
   if (obs_) removeObserver(obs_);
   recorder_->finishFailed(reason);
   teardown();
+  if (setupFailed_) {
+    discardOutput();
+    return;
+  }
+  try {
+    commitOutput();  // a run that failed in a step: its recording is what the user asked for
+  } catch (const std::exception&) {
+    discardOutput();  // never throws (the destructor calls fail); the old file is kept
+  }
 }
 
 }  // namespace keel::capture

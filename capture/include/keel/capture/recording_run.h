@@ -129,6 +129,10 @@ struct RunSpec {
   int64_t steps = 5;      // length of the run (and of the LR schedule)
   std::string allocator;  // "host" | "caching" | "vmm"; "" the config's, else KEEL_ALLOCATOR
   std::string output;     // the recording file
+  // An existing output is replaced in place (the studio: its views read the file while it is
+  // written); else it is kept until the new recording is complete (Note [Outputs never destroy
+  // inputs], keel/base/output_path.h).
+  bool replaceInPlace = false;
   CaptureOptions capture;
   bool trackMemoryPerStep = false;  // each step in a MemoryTrackingScope("step N")
   BreakSpec breaks;
@@ -149,9 +153,10 @@ class RecordingRun {
   // Without one, a break reason stops the run (step() throws RunStopped).
   using AfterOp = std::function<void(const OpEvent& e, const std::string& breakReason)>;
 
-  // Reads the config once and validates everything: the config (the built-in trainer's schema),
-  // the workload library, the backend, the allocator, the break conditions (a reference
-  // recording is opened). Touches no output. Throws keel::Error naming the problem.
+  // Reads the config once and validates everything: the output path (not an input, not a device
+  // or FIFO), the config (the built-in trainer's schema), the workload library, the backend, the
+  // allocator, the break conditions (a reference recording is opened). Touches no output. Throws
+  // keel::Error naming the problem.
   explicit RecordingRun(RunSpec spec, AfterOp afterOp = {});
   // An unfinished run is finished as failed ("abandoned"); never throws.
   ~RecordingRun();
@@ -168,7 +173,9 @@ class RecordingRun {
 
   // Installs the allocator, creates the recording and builds the workload (its initialisation
   // is recorded as step 0). Throws (keel::Error, storage::StorageError, RunStopped when stopped
-  // during initialisation) with the recording finished and nothing left running.
+  // during initialisation) with the recording finished and nothing left running. An existing
+  // output is replaced only by finish() or fail() after a successful start: a run whose setup
+  // fails (a bad data path) leaves it as it was.
   void start();
   // Runs one training step and returns its metrics. Throws RunStopped when a break condition
   // (or AfterOp) stopped it, else what the workload threw (the op's keel::Error). A step-level
@@ -211,6 +218,11 @@ class RecordingRun {
   void afterOp(const OpEvent& e);
   void applyPendingBreaks();  // engine thread: takes what setBreaks left
   void teardown();
+  void commitOutput();   // a replacement written beside the output: renamed over it
+  void discardOutput();  // a replacement whose run never started: removed
+
+  std::string writePath_;  // where the recording is written: the output, or a replacement
+  bool setupFailed_ = false;
 
   RunSpec spec_;
   AfterOp afterOp_;

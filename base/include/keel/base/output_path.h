@@ -1,0 +1,129 @@
+// Output files that never destroy what the user had (Note [Outputs never destroy inputs]): one
+// guard every command runs on an output path before anything is opened for writing, and a file
+// that replaces its target only once it is complete. Header-only (POSIX stat/rename), used by the
+// keel tool's commands, capture's recording runs and the studio.
+#pragma once
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/base/error.h"
+
+namespace keel {
+
+// Note [Outputs never destroy inputs]
+// An output is checked before any input is read or the output is touched:
+// - it must not be an input: the same file by device and inode (a hard link, a symlink or
+//   `./x` for `x` are all caught), so `keel record --config C.json -o C.json` is refused;
+// - if it exists it must be a regular file: a directory, a character or block device, a FIFO or
+//   a socket is refused (writing would delete the node and put a file in its place; as root
+//   `-o /dev/null` would delete /dev/null). Commands that can write to stdout take "-".
+// Exports and traces then write to a temporary file beside the output and rename it over the
+// output once it is complete (ReplaceOnCommit), so a failed write keeps the old file. A
+// recording that replaces an existing one is written the same way (capture::RecordingRun); a new
+// recording is written in place, so a killed run keeps its committed steps where it was asked.
+
+// A file's identity: (device, inode) of what the path names after symlinks.
+struct FileIdentity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+inline std::optional<FileIdentity> fileIdentity(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileIdentity{st.st_dev, st.st_ino};
+}
+
+// What kind of thing a path names, for messages ("" a regular file or nothing).
+inline std::string nonRegularKind(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
+// An input the output is checked against: what it is ("the config") and its path ("" none).
+struct NamedInput {
+  std::string what;
+  std::string path;
+};
+
+// Throws keel::Error (one line naming `option`) when `output` may not be written: empty, an
+// existing non-regular file, or the same file as one of `inputs` (Note [Outputs never destroy
+// inputs]). Touches nothing.
+inline void checkOutputPath(const std::string& option, const std::string& output,
+                            const std::vector<NamedInput>& inputs) {
+  if (output.empty()) throw Error(option + ": expected a file name, got an empty one");
+  if (const std::string kind = nonRegularKind(output); !kind.empty())
+    throw Error(option + " " + output + " is " + kind + ", not a regular file; refusing to " +
+                "write over it");
+  const std::optional<FileIdentity> out = fileIdentity(output);
+  if (!out) return;  // a new file
+  for (const NamedInput& in : inputs)
+    if (!in.path.empty() && fileIdentity(in.path) == out)
+      throw Error(option + " " + output + " is " + in.what + " (" + in.path +
+                  "); refusing to overwrite an input");
+}
+
+// The temporary name beside `target` a replacement is written under (same directory, so the
+// final rename is atomic).
+inline std::string replacementPath(const std::string& target) {
+  const size_t slash = target.rfind('/');
+  const std::string dir = slash == std::string::npos ? std::string() : target.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? target : target.substr(slash + 1);
+  return dir + "." + name + ".partial-" + std::to_string(::getpid());
+}
+
+// Renames `from` over `to` (same directory); throws keel::Error naming both on failure.
+inline void renameOver(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    throw Error("cannot replace " + to + " with the new file " + from + ": " +
+                std::strerror(errno));
+}
+
+// A file written under a temporary name beside `target` and renamed over it by commit(); never
+// committed (an error, an exception), the temporary file is removed and `target` is untouched.
+class ReplaceOnCommit {
+ public:
+  explicit ReplaceOnCommit(std::string target)
+      : target_(std::move(target)), temp_(replacementPath(target_)) {}
+  ~ReplaceOnCommit() {
+    if (!committed_) std::remove(temp_.c_str());
+  }
+  ReplaceOnCommit(const ReplaceOnCommit&) = delete;
+  ReplaceOnCommit& operator=(const ReplaceOnCommit&) = delete;
+
+  const std::string& path() const { return temp_; }  // write here
+  const std::string& target() const { return target_; }
+  void commit() {
+    renameOver(temp_, target_);
+    committed_ = true;
+  }
+
+ private:
+  std::string target_, temp_;
+  bool committed_ = false;
+};
+
+// Writes `n` bytes to `f` and flushes; throws keel::Error naming `what` on a short write or a
+// flush error (ENOSPC, EIO, EPIPE with SIGPIPE ignored, EFBIG with SIGXFSZ ignored).
+inline void writeAll(std::FILE* f, const void* data, size_t n, const std::string& what) {
+  errno = 0;
+  if ((n && std::fwrite(data, 1, n, f) != n) || std::fflush(f) != 0 || std::ferror(f))
+    throw Error("cannot write " + what + ": " + (errno ? std::strerror(errno) : "write error"));
+}
+
+}  // namespace keel

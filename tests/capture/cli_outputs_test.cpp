@@ -1,0 +1,164 @@
+// Outputs never destroy inputs (Note [Outputs never destroy inputs], keel/base/output_path.h),
+// through the real keel binary: an output that is an input, a device, a FIFO or a directory is
+// refused before anything is written; an existing recording or export is replaced only once the
+// new one is complete (a run whose setup fails keeps it byte for byte); write errors on stdout
+// are one line and exit 2.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "keel/storage/reader.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using keel::test::CliResult;
+using keel::test::expectOneLineError;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+class KeelOutputs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("keel_outputs_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    fs::copy_file(fs::path(KEEL_SOURCE_DIR) / "tests/fixtures/gpt-tiny.json", dir_ / "c.json");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  CliResult keel(const std::string& args, const std::string& env = "") {
+    return keel::test::runKeelCli(args, dir_.string(), env);
+  }
+  std::string path(const std::string& name) { return (dir_ / name).string(); }
+  CliResult record(const std::string& out, const std::string& extra = "",
+                   const std::string& env = "") {
+    return keel(
+        "record --config '" + path("c.json") + "' --steps 1 --seed 2 -o '" + out + "' " + extra,
+        env);
+  }
+  // Nothing but the named files is left in the directory (no partial replacement; the
+  // cli_out/cli_err captures of runKeelCli aside).
+  void expectOnly(std::initializer_list<std::string> names) {
+    std::set<std::string> want(names), got;
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.path().filename().string().rfind("cli_", 0) != 0)
+        got.insert(e.path().filename().string());
+    EXPECT_EQ(got, want);
+  }
+  // keel with stdout on /dev/full; stderr captured.
+  CliResult keelToFullDevice(const std::string& args) {
+    const std::string err = path("cli_full_err.txt");
+    const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 '" +
+                            std::string(KEEL_CLI_PATH) + "' " + args + " >/dev/full 2>'" + err +
+                            "'";
+    const int raw = std::system(cmd.c_str());
+    CliResult r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
+    r.err = slurp(err);
+    return r;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(KeelOutputs, AnOutputThatIsAnInputIsRefusedAndKept) {
+  const std::string config = slurp(dir_ / "c.json");
+  expectOneLineError(record(path("c.json")), "is the config");
+  EXPECT_EQ(slurp(dir_ / "c.json"), config);
+  // The same file by another name: a hard link, and ./ in the path.
+  fs::create_hard_link(dir_ / "c.json", dir_ / "link.json");
+  expectOneLineError(record(path("link.json")), "refusing to overwrite an input");
+  expectOneLineError(record(dir_.string() + "/./c.json"), "is the config");
+  EXPECT_EQ(slurp(dir_ / "c.json"), config);
+  // The corpus.
+  std::ofstream(path("corpus.txt")) << std::string(4000, 'x');
+  expectOneLineError(record(path("corpus.txt"), "--data '" + path("corpus.txt") + "'"),
+                     "is the training data");
+  EXPECT_EQ(slurp(dir_ / "corpus.txt"), std::string(4000, 'x'));
+  // An export over its own recording.
+  ASSERT_EQ(record(path("r.db")).status, 0);
+  const std::string rec = slurp(dir_ / "r.db");
+  for (const char* kind : {"csv", "trace", "graph"})
+    expectOneLineError(
+        keel(std::string("export ") + kind + " '" + path("r.db") + "' -o '" + path("r.db") + "'"),
+        "is the recording");
+  EXPECT_EQ(slurp(dir_ / "r.db"), rec);
+  EXPECT_EQ(keel::storage::Recording::open(path("r.db")).steps().size(), 1u);
+  fs::remove(dir_ / "link.json");
+  expectOnly({"c.json", "corpus.txt", "r.db"});
+}
+
+TEST_F(KeelOutputs, NonRegularOutputsAreRefusedUntouched) {
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  fs::create_directory(dir_ / "sub");
+  expectOneLineError(record(path("fifo")), "is a FIFO, not a regular file");
+  expectOneLineError(record(path("sub")), "is a directory");
+  expectOneLineError(record("/dev/null"), "/dev/null is a character device");
+  ASSERT_EQ(record(path("r.db")).status, 0);
+  expectOneLineError(keel("export csv '" + path("r.db") + "' -o '" + path("fifo") + "'"),
+                     "is a FIFO");
+  expectOneLineError(keel("memory trace '" + path("fifo") + "' --generate-moe"), "is a FIFO");
+  EXPECT_TRUE(fs::is_fifo(dir_ / "fifo"));
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  expectOnly({"c.json", "fifo", "sub", "r.db"});
+}
+
+TEST_F(KeelOutputs, AnExistingRecordingIsKeptUntilTheNewOneIsComplete) {
+  ASSERT_EQ(record(path("r.db")).status, 0);
+  const std::string before = slurp(dir_ / "r.db");
+  // A bad data path is found after the run is set up: the old recording is untouched.
+  expectOneLineError(record(path("r.db"), "--data '" + path("nope.txt") + "'"), "nope.txt");
+  EXPECT_EQ(slurp(dir_ / "r.db"), before);
+  expectOnly({"c.json", "r.db"});
+  // A complete run replaces it: 2 steps now, and nothing left beside it.
+  CliResult ok =
+      keel("record --config '" + path("c.json") + "' --steps 2 -o '" + path("r.db") + "'");
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(keel::storage::Recording::open(path("r.db")).steps().size(), 2u);
+  expectOnly({"c.json", "r.db"});
+  // A run that fails in a step replaces it too: its recording says where it failed.
+  CliResult failed = record(path("r.db"), "", "KEEL_TEST_PERTURB=matmul:30:fail");
+  EXPECT_EQ(failed.status, 2) << failed.err;
+  const auto run = keel::storage::Recording::open(path("r.db")).run();
+  EXPECT_EQ(run.status.rfind("failed: ", 0), 0u) << run.status;
+  expectOnly({"c.json", "r.db"});
+}
+
+TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {
+  ASSERT_EQ(record(path("r.db")).status, 0);
+  std::ofstream(path("out.csv")) << "old";
+  CliResult r = keel("export csv '" + path("r.db") + "' -o '" + path("out.csv") + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(dir_ / "out.csv").rfind("seq,", 0), 0u);
+  expectOnly({"c.json", "r.db", "out.csv"});
+  // stdout on a full device: one line, exit 2 (it used to exit 0 with nothing written).
+  for (const char* kind : {"csv", "trace"}) {
+    CliResult full = keelToFullDevice(std::string("export ") + kind + " '" + path("r.db") + "'");
+    EXPECT_EQ(full.status, 2) << kind;
+    EXPECT_NE(full.err.find("cannot write to stdout"), std::string::npos) << full.err;
+  }
+  CliResult inspect = keelToFullDevice("inspect '" + path("r.db") + "'");
+  EXPECT_EQ(inspect.status, 2);
+  EXPECT_NE(inspect.err.find("cannot write to stdout: No space left on device"), std::string::npos)
+      << inspect.err;
+}
+
+}  // namespace
