@@ -324,9 +324,12 @@ void BM_GraphExpandBlocks20k(benchmark::State& state) {
 BENCHMARK(BM_GraphExpandBlocks20k)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
 
 // The 20,000-op step fully expanded (one long layout, not timed), then a repaint of the viewport
-// at each zoom: Fit, the semantic zoom's block levels, the label scale, 100%; and a pan at the
-// overview. The iteration time is the slowest frame; counters name each (ms) and the block level
-// it drew (Note [Semantic zoom]). Goal: every frame <= 50 ms.
+// at each zoom: Fit, the semantic zoom's block levels, the label scale, 100%; and a pan at 100%
+// and at the overview. Each is timed as the first frame after the change (<key>_ms: the slowest
+// over the passes, the first pass's caches cold) and in the steady state (<key>_steady_ms, the
+// last pass's); after_layout_ms is the first frame after the layout landed. The iteration time
+// is the pass's slowest frame; <key>_level the block level drawn (Note [Semantic zoom]).
+// Goal: every frame <= 50 ms.
 void BM_GraphRepaint20kExpanded(benchmark::State& state) {
   ensureApp();
   const auto step = syntheticStep(20000);
@@ -340,31 +343,45 @@ void BM_GraphRepaint20kExpanded(benchmark::State& state) {
   view.expandAll();
   waitForLayout(view, 900000);
   const double layout = std::chrono::duration<double>(Clock::now() - t0).count();
+  bool laidOut = true;  // the next frame is the first after the layout landed
+  std::unordered_map<std::string, double> firstMs;  // the slowest first frame of each, over passes
   for (auto _ : state) {
     double worst = 0;
-    auto frame = [&](const char* name) {
-      const double s = paintSeconds(view, name);
-      worst = std::max(worst, s);
-      return s * 1e3;
+    // The first frame after a change of zoom or position (what the user waits for; the first
+    // pass's are cold), then the steady state: the median of five more of the same frame.
+    auto frame = [&](const std::string& key) {
+      const std::string name = "bench_repaint20k_" + key;
+      const double first = paintSeconds(view, name.c_str());
+      if (laidOut) state.counters["after_layout_ms"] = first * 1e3;
+      laidOut = false;
+      std::vector<double> again;
+      for (int i = 0; i < 5; ++i) again.push_back(paintSeconds(view, name.c_str()));
+      std::nth_element(again.begin(), again.begin() + 2, again.end());
+      worst = std::max({worst, first, again[2]});
+      firstMs[key] = std::max(firstMs[key], first * 1e3);
+      state.counters[key + "_steady_ms"] = again[2] * 1e3;
     };
     view.fitToView();
     state.counters["fit_scale"] = view.zoomScale();
     state.counters["fit_level"] = view.semanticLevel();
-    state.counters["fit_ms"] = frame("bench_repaint20k_fit");
+    frame("fit");
     for (double scale : {0.01, 0.05, 0.2, 0.45, 1.0}) {
       view.setZoomScale(scale);
       char buf[16];  // "z5": snprintf, as GCC 12 warns (-Wrestrict) on "z" + std::to_string
       std::snprintf(buf, sizeof buf, "z%d", int(scale * 100 + 0.5));
       const std::string key = buf;
-      state.counters[key + "_ms"] = frame(("bench_repaint20k_" + key).c_str());
+      frame(key);
       state.counters[key + "_level"] = view.semanticLevel();
     }
-    view.setZoomScale(0.05);  // pan at the overview: a scroll of half a viewport
     QScrollBar* bar = view.graphicsView()->verticalScrollBar();
     bar->setValue(bar->value() + view.graphicsView()->viewport()->height() / 2);
-    state.counters["pan_ms"] = frame("bench_repaint20k_pan");
+    frame("pan100");          // pan at 100%: a scroll of half a viewport
+    view.setZoomScale(0.05);  // pan at the overview
+    bar->setValue(bar->value() + view.graphicsView()->viewport()->height() / 2);
+    frame("pan");
     state.SetIterationTime(worst);
   }
+  for (const auto& [key, ms] : firstMs) state.counters[key + "_ms"] = ms;
   report(state, view, 0, int64_t(step->ops.size()));
   state.counters["layout_s"] = layout;
 }

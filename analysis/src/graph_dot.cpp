@@ -23,9 +23,11 @@ namespace keel::analysis {
 // mirrors the forward one beside it and an op's gradient sits at about its height. Data edges that
 // cross phases (a backward op reading a saved activation) are left out of that layout: there are
 // about as many of them as backward ops, each would span the graph, and they would pin the
-// backward graph below the forward one. The forward <-> backward relation is drawn instead as the
-// dashed links (GraphDot::links), which the view draws as straight lines after layout: routing
-// them through dot (even with constraint=false) adds a chain of virtual nodes per rank crossed.
+// backward graph below the forward one; routing them through dot (even with constraint=false)
+// adds a chain of virtual nodes per rank crossed, each kept out of the clusters between its ends.
+// They are listed instead (GraphDot::crossEdges), with the forward <->
+// backward links (GraphDot::links), and the view draws a node's after layout, when it is selected
+// or hovered (Note [Cross-phase relations], graph_view_scene.cpp).
 // Node sizes come from the view's font metrics and are fixed (fixedsize=true), so Graphviz never
 // sizes a node by its text (its estimate differs from Qt's); cluster labels reserve their space
 // with a fixed-size HTML table. The view draws every label itself.
@@ -38,7 +40,8 @@ namespace keel::analysis {
 // node labels after parsing: Graphviz would otherwise lay out every label's text with pango, which
 // changes no position and costs a quarter more layout time (1.42 s instead of 1.15 s for 5,042
 // ops, BM_GraphExpanded5k); cluster labels are few and stay.
-// The forward <-> backward links are not in the text (Note [Graph shape]): the studio draws them.
+// The cross-phase edges and the forward <-> backward links are not in the text (Note [Graph
+// shape]): the studio draws them.
 
 // Note [Adopted scopes]
 // Autograd's gradient accumulation (an `add` summing two gradients of one tensor) runs outside any
@@ -424,6 +427,7 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
 
   // Data edges between drawn nodes (merged), and the forward <-> backward links.
   std::unordered_map<uint64_t, int> edgeOf;  // (from << 32 | to) -> edge
+  std::unordered_map<uint64_t, int> crossOf;
   std::unordered_map<uint64_t, int> linkOf;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (!sc.shown[i]) continue;
@@ -431,15 +435,17 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
     const int to = g.nodeOfOp.at(op.seq);
     for (uint32_t p : sc.producers[i]) {
       const auto& src = ops[p];
-      if (!sc.shown[p] || (both && src.phase != op.phase)) continue;
+      if (!sc.shown[p]) continue;
       const int from = g.nodeOfOp.at(src.seq);
       if (from == to) continue;
+      const bool cross = both && src.phase != op.phase;
+      auto& edges = cross ? g.crossEdges : g.edges;
       uint64_t key = uint64_t(uint32_t(from)) << 32 | uint32_t(to);
-      auto [e, fresh] = edgeOf.emplace(key, int(g.edges.size()));
+      auto [e, fresh] = (cross ? crossOf : edgeOf).emplace(key, int(edges.size()));
       if (fresh)
-        g.edges.push_back({from, to, 1});
+        edges.push_back({from, to, 1});
       else
-        ++g.edges[size_t(e->second)].tensors;
+        ++edges[size_t(e->second)].tensors;
     }
     if (both && op.phase == Phase::Backward && op.forwardSeq != 0) {
       auto f = g.nodeOfOp.find(op.forwardSeq);

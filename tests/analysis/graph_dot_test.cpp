@@ -202,6 +202,17 @@ TEST(GraphDot, BothPhasesMirrorBackwardAndLinkPartners) {
     links.emplace_back(g.nodes[size_t(l.forward)].seq, g.nodes[size_t(l.backward)].seq);
   std::sort(links.begin(), links.end());
   EXPECT_EQ(links, (std::vector<std::pair<uint64_t, uint64_t>>{{4, 10}, {5, 9}, {7, 8}}));
+  // The saved activation is listed as a cross-phase edge instead, forward -> backward
+  // (Note [Cross-phase relations]); it is in no edge of the layout.
+  ASSERT_EQ(g.crossEdges.size(), 1u);
+  EXPECT_EQ(g.nodes[size_t(g.crossEdges[0].from)].seq, 4u);
+  EXPECT_EQ(g.nodes[size_t(g.crossEdges[0].to)].seq, 10u);
+  EXPECT_EQ(g.crossEdges[0].tensors, 1);
+  for (const auto& e : g.edges)
+    EXPECT_EQ(g.nodes[size_t(e.from)].phase, g.nodes[size_t(e.to)].phase);
+  // One phase: the backward graph alone has no cross-phase edges, its saved input no node.
+  o.phase = GraphPhase::Backward;
+  EXPECT_TRUE(buildGraphDot(ops, o).crossEdges.empty());
 }
 
 TEST(GraphDot, OptimizerModulesAndLabelsAreEscaped) {

@@ -12,6 +12,7 @@
 #include <QWheelEvent>
 #include <QtTest>
 #include <algorithm>
+#include <set>
 
 #include "keel/analysis/graph_dot.h"
 #include "keel/analysis/module_summary.h"
@@ -178,6 +179,81 @@ class GraphTest : public QObject {
       QVERIFY(!view.jumpToPartner());
       QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(acc->seq));
     }
+  }
+
+  // Note [Cross-phase relations]: the forward <-> backward links and the saved activations are
+  // drawn for the selected and the hovered node only, never for the whole graph.
+  void crossPhaseRelationsAreDrawnForTheSelectedAndHoveredNodeOnly() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    view.resize(1000, 700);
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    StepPtr step = loadStep(path_, 1);
+    QSignalSpy done(&view, &GraphView::layoutFinished);
+    view.setStep(step);
+    QVERIFY(done.wait(60000));
+    view.expandAll();
+    QVERIFY(waitLaidOut(view));
+    const auto g = view.graph();
+    QVERIFY(g && !g->links.empty() && !g->crossEdges.empty());
+    QCOMPARE(view.crossPhaseLinesDrawn().links, 0);
+    QCOMPARE(view.crossPhaseLinesDrawn().dataEdges, 0);
+    // Counted from the records, not from the graph: the backward ops differentiating `fwd`, and
+    // those reading one of its outputs (each tensor version is written once).
+    auto relationsOf = [&](const OpRecord& op) {
+      std::set<std::pair<uint64_t, uint64_t>> outputs, inputs;
+      for (const auto& t : op.tensors)
+        (t.role == keel::storage::Role::Output ? outputs : inputs).emplace(t.tensorId, t.version);
+      GraphView::CrossPhaseLines r;
+      for (const auto& o : step->ops) {
+        if (o.phase != (op.phase == Phase::Forward ? Phase::Backward : Phase::Forward)) continue;
+        const OpRecord& f = op.phase == Phase::Forward ? op : o;
+        const OpRecord& b = op.phase == Phase::Forward ? o : op;
+        r.links += b.forwardSeq == f.seq ? 1 : 0;
+        bool reads = false;
+        for (const auto& t : o.tensors) {
+          const bool out = t.role == keel::storage::Role::Output;
+          reads |= (op.phase == Phase::Forward ? !out && outputs.count({t.tensorId, t.version})
+                                               : out && inputs.count({t.tensorId, t.version}));
+        }
+        r.dataEdges += reads ? 1 : 0;
+      }
+      return r;
+    };
+    // The first flashmask_attention: differentiated by its backward op and a zero fill (of the
+    // gradient of its mask bounds), and its output is saved for the backward.
+    auto fwd = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
+      return o.phase == Phase::Forward && o.name == "flashmask_attention";
+    });
+    QVERIFY(fwd != step->ops.end());
+    const auto want = relationsOf(*fwd);
+    QCOMPARE(want.links, 2);
+    QVERIFY2(want.dataEdges >= 1, std::to_string(want.dataEdges).c_str());
+    sel.select(Side::A, fwd->seq);
+    QCOMPARE(view.crossPhaseLinesDrawn().links, want.links);
+    QCOMPARE(view.crossPhaseLinesDrawn().dataEdges, want.dataEdges);
+    // Hovering its backward op adds that op's relations; leaving the node takes them away.
+    auto bwd = std::find_if(step->ops.begin(), step->ops.end(), [&](const OpRecord& o) {
+      return o.phase == Phase::Backward && o.forwardSeq == fwd->seq;
+    });
+    QVERIFY(bwd != step->ops.end());
+    const auto hover = relationsOf(*bwd);
+    QGraphicsView* gv = view.graphicsView();
+    gv->resetTransform();
+    QAbstractGraphicsShapeItem* item = view.opItem(bwd->seq);
+    QVERIFY(item);
+    gv->centerOn(item);
+    QTest::mouseMove(gv->viewport(), gv->mapFromScene(item->scenePos()));
+    QCOMPARE(view.crossPhaseLinesDrawn().links, want.links + hover.links);
+    QCOMPARE(view.crossPhaseLinesDrawn().dataEdges, want.dataEdges + hover.dataEdges);
+    saveScreenshot(view, "graph_relations", fwd->seq);
+    QTest::mouseMove(gv->viewport(), QPoint(2, 2));
+    QCOMPARE(view.crossPhaseLinesDrawn().links, want.links);
+    QCOMPARE(view.crossPhaseLinesDrawn().dataEdges, want.dataEdges);
+    sel.clear();
+    QCOMPARE(view.crossPhaseLinesDrawn().links, 0);
+    QCOMPARE(view.crossPhaseLinesDrawn().dataEdges, 0);
   }
 
   void searchHighlightsAndEnterCyclesThroughMatches() {

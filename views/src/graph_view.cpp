@@ -7,7 +7,6 @@
 #include <QComboBox>
 #include <QEvent>
 #include <QFontMetricsF>
-#include <QGraphicsPathItem>
 #include <QGraphicsScene>
 #include <QHBoxLayout>
 #include <QLabel>
@@ -632,6 +631,25 @@ void GraphView::clicked(const QPoint& viewPos) {
   if (!item || !graph_) return;
   const GraphNode& n = graph_->nodes[size_t(item->index())];
   if (n.kind == GraphNodeKind::Op) selection_->select(side_, n.seq);
+}
+
+void GraphView::hovered(const QPoint& viewPos) {
+  if (!minimap_ || !hoverRelations_ || !graph_) return;  // no minimap: being destroyed
+  int node = -1;
+  if (canvas_->viewport()->rect().contains(viewPos))
+    if (NodeItem* item = nodeAt(viewPos); item && !item->insideBlock()) node = item->index();
+  if (selectedRelations_ && node == selectedRelations_->node()) node = -1;  // drawn, strong
+  if (node != hoverRelations_->node()) hoverRelations_->show(*graph_, nodeItems_, node);
+}
+
+GraphView::CrossPhaseLines GraphView::crossPhaseLinesDrawn() const {
+  CrossPhaseLines r;
+  for (const RelationsItem* item : {selectedRelations_, hoverRelations_})
+    if (item) {
+      r.links += item->links();
+      r.dataEdges += item->dataEdges();
+    }
+  return r;
 }
 
 void GraphView::doubleClicked(const QPoint& viewPos) {

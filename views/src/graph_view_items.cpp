@@ -181,6 +181,71 @@ void GraphView::EdgeItem::addArrow(QPointF base, QPointF tip) {
   arrows_.addPolygon(QPolygonF({tip, base + n * half, base - n * half, tip}));
 }
 
+GraphView::RelationsItem::RelationsItem(bool strong) : strong_(strong) {
+  setZValue(strong ? 0.7 : 0.6);
+  setAcceptedMouseButtons(Qt::NoButton);
+}
+
+void GraphView::RelationsItem::show(const analysis::GraphDot& g,
+                                    const std::vector<NodeItem*>& nodes, int node) {
+  prepareGeometryChange();
+  node_ = node;
+  linkPath_ = dataPath_ = arrows_ = QPainterPath();
+  links_ = dataEdges_ = 0;
+  // A curve from the side of `a` facing `b` to the side of `b` facing `a`, level at both ends,
+  // with an arrow at `b` when asked.
+  auto curve = [&](QPainterPath& path, const NodeItem* a, const NodeItem* b, bool arrowAtB) {
+    const QRectF ar = a->box().translated(a->pos()), br = b->box().translated(b->pos());
+    const bool right = br.center().x() >= ar.center().x();
+    const QPointF from(right ? ar.right() : ar.left(), ar.center().y());
+    const QPointF to(right ? br.left() : br.right(), br.center().y());
+    const double bend = std::max(40.0, std::abs(to.x() - from.x()) * 0.45) * (right ? 1 : -1);
+    path.moveTo(from);
+    path.cubicTo(from + QPointF(bend, 0), to - QPointF(bend, 0), to);
+    if (arrowAtB) {
+      const double dir = right ? 1 : -1, len = 7, half = 3.5;
+      arrows_.addPolygon(
+          QPolygonF({to, to + QPointF(-dir * len, -half), to + QPointF(-dir * len, half), to}));
+    }
+  };
+  auto item = [&](int i) {
+    return i >= 0 && size_t(i) < nodes.size() ? nodes[size_t(i)] : nullptr;
+  };
+  if (item(node)) {
+    for (const auto& l : g.links) {
+      const NodeItem *f = item(l.forward), *b = item(l.backward);
+      if ((l.forward != node && l.backward != node) || !f || !b) continue;
+      curve(linkPath_, f, b, false);
+      ++links_;
+    }
+    for (const auto& e : g.crossEdges) {
+      const NodeItem *f = item(e.from), *b = item(e.to);
+      if ((e.from != node && e.to != node) || !f || !b) continue;
+      curve(dataPath_, f, b, true);
+      ++dataEdges_;
+    }
+  }
+  bounds_ = linkPath_.controlPointRect()
+                .united(dataPath_.controlPointRect())
+                .united(arrows_.boundingRect())
+                .adjusted(-3, -3, 3, 3);
+  update();
+}
+
+void GraphView::RelationsItem::paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) {
+  if (node_ < 0) return;
+  QColor data = strong_ ? kSelectedPen : kEdgeColor, link = kLinkColor;
+  if (!strong_) link.setAlpha(200);
+  p->setBrush(Qt::NoBrush);
+  p->setPen(QPen(data, strong_ ? 1.8 : 1.3));
+  p->drawPath(dataPath_);
+  p->setPen(QPen(link, strong_ ? 2 : 1.5, Qt::DashLine));
+  p->drawPath(linkPath_);
+  p->setPen(Qt::NoPen);
+  p->setBrush(data);
+  p->drawPath(arrows_);
+}
+
 GraphView::ClusterItem::ClusterItem(const analysis::GraphCluster& c, const QRectF& box,
                                     const GraphView* view)
     : cluster_(c), box_(box), label_(qs(c.label)), level_(scopeLevel(c.scope)), view_(view) {
@@ -233,6 +298,7 @@ GraphView::Canvas::Canvas(QGraphicsScene* scene, GraphView* owner)
   setViewportUpdateMode(QGraphicsView::SmartViewportUpdate);
   setBackgroundBrush(Qt::white);
   setFrameShape(QFrame::NoFrame);
+  viewport()->setMouseTracking(true);  // hover without a button held
 }
 
 void GraphView::Canvas::wheelEvent(QWheelEvent* e) {
@@ -255,6 +321,16 @@ void GraphView::Canvas::mouseReleaseEvent(QMouseEvent* e) {
   QGraphicsView::mouseReleaseEvent(e);
   if (e->button() == Qt::LeftButton && (e->pos() - pressPos_).manhattanLength() < 5)
     owner_->clicked(e->pos());
+}
+
+void GraphView::Canvas::mouseMoveEvent(QMouseEvent* e) {
+  QGraphicsView::mouseMoveEvent(e);
+  if (e->buttons() == Qt::NoButton) owner_->hovered(e->pos());
+}
+
+bool GraphView::Canvas::viewportEvent(QEvent* e) {
+  if (e->type() == QEvent::Leave) owner_->hovered(QPoint(-1, -1));
+  return QGraphicsView::viewportEvent(e);
 }
 
 void GraphView::Canvas::mouseDoubleClickEvent(QMouseEvent* e) {

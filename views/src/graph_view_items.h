@@ -125,6 +125,28 @@ class GraphView::EdgeItem : public QGraphicsItem {
   const GraphView* view_;
 };
 
+// The cross-phase relations of one node (Note [Cross-phase relations]): its forward <-> backward
+// links (dashed) and the saved activations it writes or reads (solid, arrow at the backward op),
+// as curves that leave each node's facing side level.
+class GraphView::RelationsItem : public QGraphicsItem {
+ public:
+  // `strong`: the selected node's (drawn over everything); else the hovered node's, lighter.
+  explicit RelationsItem(bool strong);
+  QRectF boundingRect() const override { return bounds_; }
+  // The relations of node `node` (-1: none) in `g`, between the items in `nodes`.
+  void show(const analysis::GraphDot& g, const std::vector<NodeItem*>& nodes, int node);
+  int node() const { return node_; }
+  int links() const { return links_; }
+  int dataEdges() const { return dataEdges_; }
+  void paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) override;
+
+ private:
+  QPainterPath linkPath_, dataPath_, arrows_;
+  QRectF bounds_;
+  bool strong_;
+  int node_ = -1, links_ = 0, dataEdges_ = 0;
+};
+
 // An expanded module (or a phase): a rounded box with its label at the top left; at the semantic
 // zoom's block depth a solid block with its summary, deeper ones not drawn (Note [Semantic zoom]).
 class GraphView::ClusterItem : public QGraphicsItem {
@@ -163,7 +185,8 @@ class GraphView::ClusterItem : public QGraphicsItem {
   const GraphView* view_;
 };
 
-// The graphics view: ctrl+wheel zooms, drag pans, a click that did not move selects.
+// The graphics view: ctrl+wheel zooms, drag pans, a click that did not move selects, the pointer
+// over a node draws its cross-phase relations.
 class GraphView::Canvas : public QGraphicsView {
  public:
   Canvas(QGraphicsScene* scene, GraphView* owner);
@@ -172,8 +195,10 @@ class GraphView::Canvas : public QGraphicsView {
   void wheelEvent(QWheelEvent* e) override;
   void mousePressEvent(QMouseEvent* e) override;
   void mouseReleaseEvent(QMouseEvent* e) override;
+  void mouseMoveEvent(QMouseEvent* e) override;  // no button held: hovers the node there
   void mouseDoubleClickEvent(QMouseEvent* e) override;
   void contextMenuEvent(QContextMenuEvent* e) override;
+  bool viewportEvent(QEvent* e) override;  // leaving the viewport: no node hovered
   void scrollContentsBy(int dx, int dy) override;
 
  private:

@@ -3,7 +3,6 @@
 // (phase, op time, bytes, divergence, non-finite; failed ops over any) and marks the selection and
 // search hits. Runs on the GUI thread only.
 #include <QElapsedTimer>
-#include <QGraphicsPathItem>
 #include <QGraphicsScene>
 #include <QLabel>
 #include <cmath>
@@ -24,28 +23,19 @@ using analysis::GraphNode;
 using analysis::GraphNodeKind;
 using analysis::GraphPhase;
 
-namespace {
-
-// The forward <-> backward links that `keep` keeps, as straight lines between facing sides of the
-// two nodes' boxes (links with a node not drawn are skipped).
-template <class Items, class Keep>
-QPainterPath linkPath(const std::vector<analysis::GraphLink>& links, const Items& nodeItems,
-                      Keep keep) {
-  QPainterPath path;
-  for (const auto& link : links) {
-    if (!keep(link)) continue;
-    const auto* f = nodeItems[size_t(link.forward)];
-    const auto* b = nodeItems[size_t(link.backward)];
-    if (!f || !b) continue;
-    QRectF fr = f->box().translated(f->pos()), br = b->box().translated(b->pos());
-    const bool right = br.center().x() >= fr.center().x();
-    path.moveTo(right ? fr.right() : fr.left(), fr.center().y());
-    path.lineTo(right ? br.left() : br.right(), br.center().y());
-  }
-  return path;
-}
-
-}  // namespace
+// Note [Cross-phase relations]
+// With both phases shown, two relations join the forward graph to the backward one: each backward
+// op's forward op (GraphDot::links, what J jumps along) and the saved activations (a forward
+// output a backward op reads: GraphDot::crossEdges). There are about as many of each as backward
+// ops, and dot does not lay them out (Note [Graph shape]). Drawn as straight lines for every node,
+// they crossed the gap between the phases in a sheaf of diagonals over both graphs and their
+// cluster borders, as the backward graph, taller, drifts below the forward one; and stroking them
+// all took most of a 100 % frame of a 20,000-op step (60 ms with them, 5 ms without:
+// BM_GraphRepaint20kExpanded). So they are drawn for one node at a time: the selected node's
+// (strong) and the hovered node's (lighter), over the edges and under the nodes, as curves that
+// leave each node's facing side level, links dashed, data edges solid with the arrow at the
+// backward op. Every one stays discoverable: hovering any node draws its relations, an op's
+// tooltip counts its saved activations, J follows a link.
 
 // Empties the scene and forgets its items (the graph and its layout stay).
 void GraphView::clearScene() {
@@ -54,8 +44,7 @@ void GraphView::clearScene() {
   edgeItems_.clear();
   clusterItems_.clear();
   opItems_.clear();
-  linkItems_.clear();
-  selectedLinksItem_ = nullptr;
+  selectedRelations_ = hoverRelations_ = nullptr;
 }
 
 void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
@@ -88,6 +77,11 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
   }
 
   nodeItems_.assign(g.nodes.size(), nullptr);
+  std::vector<int> savedFor(g.nodes.size(), 0);  // cross-phase data edges at each node
+  for (const auto& e : g.crossEdges) {
+    ++savedFor[size_t(e.from)];
+    ++savedFor[size_t(e.to)];
+  }
   std::vector<QPointF> centers(g.nodes.size());
   for (const auto& ln : l.nodes) {
     auto it = g.nodeOfId.find(ln.id);
@@ -109,6 +103,10 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
         tip += "\n" + tr("out: ") + qs(storage::tensorList(*op, storage::Role::Output)) + " (" +
                qs(keel::formatBytes(uint64_t(bytes))) + ")";
         tip += "\n" + tr("time: ") + qs(analysis::durationText(op->endNs - op->beginNs));
+        if (const int saved = savedFor[size_t(it->second)]; saved > 0)
+          tip += "\n" + (n.phase == Phase::Forward
+                             ? tr("output saved for %n backward op(s)", "", saved)
+                             : tr("reads %n saved forward output(s)", "", saved));
         item->setToolTip(tip);
       }
     }
@@ -136,24 +134,12 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     edgeItems_[size_t(e->second)] = item;
   }
 
-  // Forward <-> backward links: straight dashed lines between facing sides.
-  if (!g.links.empty()) {
-    // In runs of 64 (links come in forward order, so each run spans a few ranks): a frame strokes
-    // only the runs it shows, not every link of a 20,000-op step.
-    QColor faint = kLinkColor;
-    faint.setAlpha(100);
-    constexpr size_t kRun = 64;
-    for (size_t at = 0; at < g.links.size(); at += kRun) {
-      const std::vector<analysis::GraphLink> run(
-          g.links.begin() + long(at), g.links.begin() + long(std::min(g.links.size(), at + kRun)));
-      auto* item = scene_->addPath(linkPath(run, nodeItems_, [](const auto&) { return true; }),
-                                   QPen(faint, 1, Qt::DashLine));
-      item->setZValue(-0.5);
-      item->setToolTip(tr("forward op \u2194 its backward op (J jumps between them)"));
-      linkItems_.push_back(item);
-    }
-    selectedLinksItem_ = scene_->addPath(QPainterPath(), QPen(kLinkColor, 2, Qt::DashLine));
-    selectedLinksItem_->setZValue(0.7);
+  // Cross-phase relations: drawn for the selected and the hovered node only.
+  if (!g.links.empty() || !g.crossEdges.empty()) {
+    selectedRelations_ = new RelationsItem(true);
+    hoverRelations_ = new RelationsItem(false);
+    scene_->addItem(selectedRelations_);
+    scene_->addItem(hoverRelations_);
   }
 
   computeBlockScales();
@@ -191,18 +177,19 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
 // Below kLabelScale op labels cannot be read, so the view draws modules instead: a module drawn
 // as a block is a solid box filled by the colour mode, with its scope and summary (Note [Module
 // summary]) at screen size, and what lies inside it (sub-modules, ops, the edges between them) is
-// not drawn, nor are edges between two blocks or the forward <-> backward links. Which modules are
-// blocks is decided top down on every change of scale: a module opens into its sub-modules when
-// at least half of them have room for their text (two lines, 70 px wide: a module's `need` scale,
-// computed once per layout) and it holds few ops of its own (at most two per sub-module, so that
-// opening it does not leave a swarm of unlabelled boxes), else it is the block. So far out the
-// top-level modules are blocks, and zooming in splits blocks into sub-modules until op labels
-// return at kLabelScale. Ops outside every block (a block's own residual add, ops outside any
-// module) stay small boxes. semanticLevel() is the depth of the deepest block. blockScales_[d - 1]
-// is the scale from which the bigger quarter of depth d's modules read; Fit fits the graph, or,
-// when that leaves no op label readable, takes the scale where the first depth with several modules
-// (four) reads, fitted to the width when that still reads; a tall narrow graph takes its width,
-// up to just short of kLabelScale.
+// not drawn, nor are edges between two blocks (the selected op's edges and relations still are;
+// a node inside a block is not hovered). Which modules are blocks is decided top down on every
+// change of scale: a module opens into its sub-modules when at least half of them have room for
+// their text (two lines, 70 px wide: a module's `need` scale, computed once per layout) and it
+// holds few ops of its own (at most two per sub-module, so that opening it does not leave a swarm
+// of unlabelled boxes), else it is the block. So far out the top-level modules are blocks, and
+// zooming in splits blocks into sub-modules until op labels return at kLabelScale. Ops outside
+// every block (a block's own residual add, ops outside any module) stay small boxes.
+// semanticLevel() is the depth of the deepest block. blockScales_[d - 1] is the scale from which
+// the bigger quarter of depth d's modules read; Fit fits the graph, or, when that leaves no op
+// label readable, takes the scale where the first depth with several modules (four) reads, fitted
+// to the width when that still reads; a tall narrow graph takes its width, up to just short of
+// kLabelScale.
 void GraphView::computeBlockScales() {
   blockScales_.clear();
   std::vector<std::vector<double>> need;  // by depth - 1
@@ -291,8 +278,9 @@ void GraphView::updateSemanticLevel() {
   blocksReadable_ = readable;
   changed |= level != blockLevel_;
   blockLevel_ = level;
-  // The forward <-> backward links would cross every block: only with op labels.
-  for (QGraphicsPathItem* item : linkItems_) item->setVisible(level == 0);
+  if (changed && hoverRelations_ && hoverRelations_->node() >= 0)  // now inside a block?
+    if (const NodeItem* n = nodeItems_[size_t(hoverRelations_->node())]; n && n->insideBlock())
+      hoverRelations_->show(*graph_, nodeItems_, -1);
   if (changed) scene_->update();
 }
 
@@ -483,11 +471,8 @@ void GraphView::applyHighlights() {
     if (edgeItems_[i])
       edgeItems_[i]->setHighlighted(
           selectedNode >= 0 && (g.edges[i].from == selectedNode || g.edges[i].to == selectedNode));
-  if (selectedLinksItem_) {
-    selectedLinksItem_->setPath(linkPath(g.links, nodeItems_, [&](const analysis::GraphLink& l) {
-      return l.forward == selectedNode || l.backward == selectedNode;
-    }));
-  }
+  if (selectedRelations_ && selectedRelations_->node() != selectedNode)
+    selectedRelations_->show(g, nodeItems_, selectedNode);
   if (searchText_.isEmpty())
     matchLabel_->clear();
   else if (matchIndex_ >= 0)

@@ -87,6 +87,10 @@ struct GraphDot {
   std::vector<GraphEdge> edges;
   std::vector<GraphCluster> clusters;
   std::vector<GraphLink> links;
+  // Data edges that cross phases (a backward node reading a forward node's output: a saved
+  // activation), merged like `edges`, `from` the forward node (Both only). Not in the DOT: the
+  // view draws a node's on demand (Note [Cross-phase relations]).
+  std::vector<GraphEdge> crossEdges;
   std::unordered_map<uint64_t, int> nodeOfOp;  // every op shown -> its node (op or module)
   std::unordered_map<std::string, int> nodeOfId;
   // Ops drawn in another module than their recorded scope: see Note [Adopted scopes].

@@ -25,7 +25,6 @@
 class QAbstractGraphicsShapeItem;
 class QComboBox;
 class QGraphicsItem;
-class QGraphicsPathItem;
 class QGraphicsScene;
 class QGraphicsView;
 class QLabel;
@@ -124,6 +123,12 @@ class GraphView : public QWidget {
   // The node of a collapsed module ("forward"/"backward"/"optimizer", scope), or nullptr.
   QAbstractGraphicsShapeItem* moduleItem(const QString& phase, const QString& scope) const;
 
+  // The cross-phase relations drawn now, of the selected and the hovered node: forward <->
+  // backward links and saved-activation data edges (Note [Cross-phase relations]).
+  struct CrossPhaseLines {
+    int links = 0, dataEdges = 0;
+  };
+  CrossPhaseLines crossPhaseLinesDrawn() const;
   // Timings of the last layout, seconds: DOT text, Graphviz, scene (items and minimap).
   struct LayoutTimes {
     double dot = 0, graphviz = 0, scene = 0;
@@ -150,6 +155,7 @@ class GraphView : public QWidget {
   class NodeItem;
   class EdgeItem;
   class ClusterItem;
+  class RelationsItem;
   struct LayoutResult;
 
   void requestLayout();
@@ -174,6 +180,7 @@ class GraphView : public QWidget {
   ClusterItem* clusterAt(const QPoint& viewPos) const;
   void clicked(const QPoint& viewPos);
   void doubleClicked(const QPoint& viewPos);
+  void hovered(const QPoint& viewPos);  // outside the viewport: no node hovered
   void contextMenu(const QPoint& viewPos, const QPoint& globalPos);
   std::optional<uint64_t> partnerOf(uint64_t seq) const;
   const storage::OpRecord* opBySeq(uint64_t seq) const;
@@ -214,8 +221,9 @@ class GraphView : public QWidget {
   std::vector<EdgeItem*> edgeItems_;  // by GraphDot edge index
   std::vector<ClusterItem*> clusterItems_;
   std::unordered_map<uint64_t, NodeItem*> opItems_;
-  std::vector<QGraphicsPathItem*> linkItems_;  // the forward <-> backward links, in runs
-  QGraphicsPathItem* selectedLinksItem_ = nullptr;
+  // The selected and the hovered node's cross-phase relations (Note [Cross-phase relations]).
+  RelationsItem* selectedRelations_ = nullptr;
+  RelationsItem* hoverRelations_ = nullptr;
 
   // Divergence verdicts of this side's ops.
   std::unordered_map<uint64_t, storage::DiffStatus> status_;
