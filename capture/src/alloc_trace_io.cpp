@@ -4,6 +4,7 @@
 #include <fstream>
 #include <unordered_map>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/storage/reader.h"
 
@@ -11,6 +12,7 @@ namespace keel::capture {
 
 namespace {
 bool isSqlite(const std::string& path) {
+  requireRegularFile(path, "trace");
   std::ifstream f(path, std::ios::binary);
   char magic[16] = {};
   f.read(magic, 16);

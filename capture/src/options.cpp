@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/log.h"
 
@@ -94,6 +95,7 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
   CaptureOptions o;
   json j;
   try {
+    checkJsonDepth(text, "capture options");  // Note [Bounded JSON]
     j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(std::string("capture options: invalid JSON: ") + e.what());

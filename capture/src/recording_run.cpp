@@ -333,7 +333,8 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   const bool builtIn = spec_.workloadPath.empty();
   KEEL_CHECK(!builtIn || !spec_.configPath.empty(),
              "--config is required (a model config, or a workload's config with --workload)");
-  if (!spec_.configPath.empty()) configText_ = readFile(spec_.configPath, "config file");
+  if (!spec_.configPath.empty())
+    configText_ = readFile(spec_.configPath, "config file", kMaxConfigBytes);
   workload_ = builtIn ? gptWorkload() : loadWorkload(spec_.workloadPath);
   std::string configAllocator;
   if (builtIn) {  // validated before anything is created

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "keel/base/dtype.h"
+#include "keel/base/text.h"
 #include "keel/base/values.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/schema.h"
@@ -188,6 +189,9 @@ Recording Recording::open(const std::string& path, bool verify) {
   auto st = fs::status(path, ec);
   if (!fs::exists(st)) throw StorageError("recording " + path + ": no such file");
   if (fs::is_directory(st)) throw StorageError("recording " + path + " is a directory");
+  // A FIFO would block the read below until a writer came; a device is no recording.
+  if (const std::string kind = nonRegularKind(path); !kind.empty())
+    throw StorageError("recording " + path + " is " + kind + ", not a regular file");
   {
     char header[16] = {};
     std::ifstream f(path, std::ios::binary);

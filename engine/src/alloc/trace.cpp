@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 
 namespace keel {
@@ -81,6 +82,7 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
 }
 
 AllocTrace readAllocTrace(const std::string& path) {
+  requireRegularFile(path, "allocation trace");
   std::ifstream f(path);
   if (!f) throw Error("cannot open allocation trace '" + path + "'");
   return parseAllocTrace(f, path);

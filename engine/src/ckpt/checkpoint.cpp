@@ -84,7 +84,10 @@ std::string metadataToJson(const Metadata& m) {
     keys[k.key] = std::move(e);
   }
   j["keys"] = std::move(keys);
-  if (!m.trainState.empty()) j["train_state"] = ordered_json::parse(m.trainState);
+  if (!m.trainState.empty()) {
+    checkJsonDepth(m.trainState, "train_state");  // Note [Bounded JSON]
+    j["train_state"] = ordered_json::parse(m.trainState);
+  }
   return j.dump(1);
 }
 
@@ -176,6 +179,7 @@ void checkTiling(const KeyInfo& k, const std::string& source) {
 Metadata metadataFromJson(std::string_view text, const std::string& source) {
   ordered_json j;
   try {
+    checkJsonDepth(text, source);  // Note [Bounded JSON]
     j = ordered_json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
     throw Error(source + ": not valid JSON (" + e.what() + ")");
@@ -278,7 +282,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
   const std::string metaPath = (fs::path(path) / kMetadataFile).string();
   KEEL_CHECK(fs::exists(metaPath, ec), path, ": not a checkpoint directory (no ", kMetadataFile,
              ")");
-  c.meta_ = metadataFromJson(readFile(metaPath), metaPath);
+  c.meta_ =
+      metadataFromJson(readFile(metaPath, "checkpoint metadata", uint64_t(256) << 20), metaPath);
   std::vector<std::unordered_map<std::string, const st::TensorEntry*>> byName;
   for (const auto& f : c.meta_.files) {
     c.readers_.push_back(std::make_shared<st::Reader>((fs::path(path) / f).string()));

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 
 namespace keel::st {
@@ -46,29 +47,6 @@ constexpr DTypeInfo kDTypes[kNumDTypes] = {{DType::F64, "F64", 8}, {DType::F32, 
 
 std::string errnoText() {
   return std::strerror(errno);
-}
-
-// Deepest bracket nesting of JSON text outside strings (0 for a scalar).
-size_t jsonDepth(std::string_view s) {
-  size_t depth = 0, maxDepth = 0;
-  bool inString = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (inString) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        inString = false;
-      continue;
-    }
-    if (c == '"')
-      inString = true;
-    else if (c == '{' || c == '[')
-      maxDepth = std::max(maxDepth, ++depth);
-    else if ((c == '}' || c == ']') && depth > 0)
-      --depth;
-  }
-  return maxDepth;
 }
 
 uint64_t readU64LE(const uint8_t* p) {
@@ -132,7 +110,7 @@ const TensorEntry* Header::find(std::string_view name) const {
 Header parseHeaderJson(std::string_view text, uint64_t dataBytes, const std::string& source) {
   KEEL_CHECK(!text.empty() && text.front() == '{', source,
              ": safetensors header does not start with '{'");
-  KEEL_CHECK(jsonDepth(text) <= 8, source, ": safetensors header is nested too deeply");
+  KEEL_CHECK(jsonNestingDepth(text) <= 8, source, ": safetensors header is nested too deeply");
   std::set<std::string> seen;
   std::string duplicate;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {

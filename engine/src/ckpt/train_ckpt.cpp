@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ckpt_internal.h"
+#include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/error.h"
 #include "keel/train.h"
@@ -118,6 +119,7 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
   Checkpoint ck = Checkpoint::open(path);
   const std::string& text = ck.metadata().trainState;
   KEEL_CHECK(!text.empty(), path, ": not a training checkpoint (its metadata has no train_state)");
+  checkJsonDepth(text, path + ": train_state");  // Note [Bounded JSON]
   json state = json::parse(text);
   const std::string what = path + ": train_state";
   KEEL_CHECK(state.contains("step") && state["step"].is_number_integer() &&

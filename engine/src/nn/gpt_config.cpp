@@ -209,6 +209,7 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
 GptConfig parseGptConfig(const std::string& jsonText, const std::string& source) {
   Json j;
   try {
+    checkJsonDepth(jsonText, source);  // Note [Bounded JSON]
     j = Json::parse(jsonText);
   } catch (const Json::exception& e) {
     throw Error(source + ": invalid JSON: " + oneLine(e.what()));
@@ -264,7 +265,7 @@ GptConfig loadGptConfig(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw Error(path + ": is a directory, expected a JSON config file");
-  std::string text = readFile(path, "config file");
+  std::string text = readFile(path, "config file", kMaxConfigBytes);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw Error(path + ": config file is empty");
   return parseGptConfig(text, path);

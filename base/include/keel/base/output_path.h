@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "keel/base/error.h"
+#include "keel/base/text.h"
 
 namespace keel {
 
@@ -41,18 +42,6 @@ inline std::optional<FileIdentity> fileIdentity(const std::string& path) {
   struct stat st {};
   if (path.empty() || ::stat(path.c_str(), &st) != 0) return std::nullopt;
   return FileIdentity{st.st_dev, st.st_ino};
-}
-
-// What kind of thing a path names, for messages ("" a regular file or nothing).
-inline std::string nonRegularKind(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
-  if (S_ISDIR(st.st_mode)) return "a directory";
-  if (S_ISCHR(st.st_mode)) return "a character device";
-  if (S_ISBLK(st.st_mode)) return "a block device";
-  if (S_ISFIFO(st.st_mode)) return "a FIFO";
-  if (S_ISSOCK(st.st_mode)) return "a socket";
-  return "not a regular file";
 }
 
 // An input the output is checked against: what it is ("the config") and its path ("" none).

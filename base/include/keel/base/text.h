@@ -1,6 +1,8 @@
 // Small text helpers of the shared vocabulary: module-scope matching, byte counts for people, and
 // reading a whole file. One definition each, used by every layer.
 #pragma once
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -47,11 +49,84 @@ inline std::string formatMiB(uint64_t bytes) {
   return buf;
 }
 
-// The whole file as bytes. Throws keel::Error "<path>: cannot open <what> (missing or
-// unreadable)" or "<path>: error reading <what>".
-inline std::string readFile(const std::string& path, std::string_view what = "file") {
+// What kind of non-regular thing a path names ("a directory", "a FIFO", "a character device",
+// ...), or "" for a regular file or nothing there. Inputs that must be files are checked with it
+// before they are opened: opening a FIFO for reading blocks until a writer comes, and /dev/zero
+// never ends.
+inline std::string nonRegularKind(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Throws keel::Error "<path>: <what> is a FIFO, not a regular file" unless `path` is a regular
+// file or does not exist (opening it then says so).
+inline void requireRegularFile(const std::string& path, std::string_view what) {
+  if (const std::string kind = nonRegularKind(path); !kind.empty())
+    throw Error(detail::concat(path, ": ", what, " is ", kind, ", not a regular file"));
+}
+
+// Deepest bracket nesting of JSON text outside strings (0 for a scalar). A linear scan with no
+// recursion, run before any JSON Keel reads is parsed (Note [Bounded JSON]).
+inline size_t jsonNestingDepth(std::string_view s) {
+  size_t depth = 0, deepest = 0;
+  bool inString = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+      continue;
+    }
+    if (c == '"')
+      inString = true;
+    else if ((c == '{' || c == '[') && ++depth > deepest)
+      deepest = depth;
+    else if ((c == '}' || c == ']') && depth > 0)
+      --depth;
+  }
+  return deepest;
+}
+
+// Note [Bounded JSON]
+// Every JSON document Keel reads (configs, capture options, checkpoint metadata and train state,
+// safetensors headers) is checked by checkJsonDepth before it is parsed: a config with 100,000
+// nested arrays in one field crashed the process (SIGSEGV, deep recursion) instead of giving one
+// line. No Keel document nests deeper than a few levels; 64 leaves room for user metadata.
+inline constexpr size_t kMaxJsonDepth = 64;
+
+// Throws keel::Error "<source>: JSON nested N levels deep, more than the M allowed".
+inline void checkJsonDepth(std::string_view text, std::string_view source,
+                           size_t maxDepth = kMaxJsonDepth) {
+  if (const size_t d = jsonNestingDepth(text); d > maxDepth)
+    throw Error(detail::concat(source, ": JSON nested ", d, " levels deep, more than the ",
+                               maxDepth, " allowed"));
+}
+
+// The largest model or workload config read (a real one is a few hundred bytes).
+inline constexpr uint64_t kMaxConfigBytes = 1 << 20;
+
+// The whole file as bytes, at most `maxBytes` (a config has no business being 40 MB). Throws
+// keel::Error "<path>: cannot open <what> (missing or unreadable)", "<path>: <what> is a FIFO,
+// not a regular file", or "<path>: <what> is 40.0 MiB, more than the 1.00 MiB allowed".
+inline std::string readFile(const std::string& path, std::string_view what = "file",
+                            uint64_t maxBytes = UINT64_MAX) {
+  requireRegularFile(path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(detail::concat(path, ": cannot open ", what, " (missing or unreadable)"));
+  in.seekg(0, std::ios::end);
+  const auto size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size >= 0 && uint64_t(size) > maxBytes)
+    throw Error(detail::concat(path, ": ", what, " is ", formatBytes(uint64_t(size)),
+                               ", more than the ", formatBytes(maxBytes), " allowed"));
   std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw Error(detail::concat(path, ": error reading ", what));
   return out;

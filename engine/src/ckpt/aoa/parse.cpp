@@ -4,11 +4,13 @@
 #include <array>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "aoa_internal.h"
+#include "keel/base/text.h"
 #include "keel/base/vocabulary.h"
 #include "keel/error.h"
 
@@ -227,11 +229,13 @@ Program parse(std::string_view text, const std::string& source) {
 }
 
 Program parseFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KEEL_CHECK(in.good(), path, ": cannot open AOA rules file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  // A regular file (a FIFO would block, /dev/zero never end, a directory read as empty), at
+  // most 16 MiB of rules.
+  std::error_code ec;
+  KEEL_CHECK(!std::filesystem::is_directory(path, ec), path,
+             ": AOA rules file is a directory, not a file");
+  KEEL_CHECK(std::filesystem::exists(path, ec), path, ": cannot open AOA rules file");
+  return parse(readFile(path, "AOA rules file", uint64_t(16) << 20), path);
 }
 
 }  // namespace keel::aoa

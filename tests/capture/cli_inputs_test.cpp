@@ -1,0 +1,95 @@
+// Inputs that must be files are files (issue 20): a FIFO, a device or a directory given as a
+// config, an AOA rules file, a trace or a recording is one line and exit 2 — never a hang — and
+// JSON nested 100,000 deep or a 40 MB config is refused in one line instead of crashing or being
+// read whole (Note [Bounded JSON], keel/base/text.h). Through the real keel binary, each call
+// bounded by `timeout` so a regression fails instead of hanging the suite.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using keel::test::CliResult;
+using keel::test::expectOneLineError;
+
+class KeelInputs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("keel_inputs_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // 124 (timeout's status) if keel blocked.
+  CliResult keel(const std::string& args) {
+    return keel::test::runKeelCli(args, dir_.string(), "timeout 30");
+  }
+  std::string path(const std::string& name) { return (dir_ / name).string(); }
+  std::string q(const std::string& name) {  // (appended: GCC 12's -Wrestrict misfires on + here)
+    std::string s(1, '\'');
+    s += path(name);
+    s += '\'';
+    return s;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
+  expectOneLineError(keel("record --config " + q("fifo") + " -o " + q("r.db")),
+                     "config file is a FIFO, not a regular file");
+  expectOneLineError(keel("train --config " + q("fifo") + " --steps 1"), "is a FIFO");
+  expectOneLineError(keel("record --config /dev/zero -o " + q("r.db")),
+                     "/dev/zero: config file is a character device");
+  for (const std::string cmd : {"inspect", "ops", "export csv", "export trace", "memory stats"})
+    expectOneLineError(keel(cmd + " " + q("fifo")), "is a FIFO, not a regular file");
+  expectOneLineError(keel("diff " + q("fifo") + " " + q("fifo")), "is a FIFO");
+  expectOneLineError(keel("memory replay " + q("fifo")), "is a FIFO");
+  expectOneLineError(keel("memory replay /dev/zero"), "is a character device");
+  // AOA rules: a FIFO and a directory (it used to be read as an empty rule file).
+  CliResult train =
+      keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --ckpt-dir " + q("ck"));
+  ASSERT_EQ(train.status, 0) << train.err;
+  const std::string ck =
+      (dir_ / "ck" / fs::directory_iterator(dir_ / "ck")->path().filename()).string();
+  expectOneLineError(keel("ckpt plan '" + ck + "' --target-tp 1 --aoa " + q("fifo")),
+                     "AOA rules file is a FIFO");
+  fs::create_directory(dir_ / "rules");
+  expectOneLineError(keel("ckpt plan '" + ck + "' --target-tp 1 --aoa " + q("rules")),
+                     "AOA rules file is a directory");
+}
+
+TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {
+  const std::string base =
+      R"("vocab_size": 256, "seq_len": 16, "n_layer": 1, "n_head": 1, "d_model": 8)";
+  std::ofstream(path("deep.json")) << "{\"name\": " << std::string(100000, '[')
+                                   << std::string(100000, ']') << ", " << base << "}";
+  expectOneLineError(keel("record --config " + q("deep.json") + " -o " + q("r.db")),
+                     "deep.json: JSON nested 100001 levels deep, more than the 64 allowed");
+  expectOneLineError(keel("train --config " + q("deep.json") + " --steps 1"), "levels deep");
+  // 40 MB of leading whitespace: refused by size, not parsed.
+  {
+    std::ofstream f(path("big.json"));
+    f << std::string(40 << 20, ' ') << "{" << base << "}";
+  }
+  expectOneLineError(keel("record --config " + q("big.json") + " -o " + q("r.db")),
+                     "config file is 40.0 MiB, more than the 1.00 MiB allowed");
+  // A config nested a little (a list in a field) is still read: the bound is on depth.
+  std::ofstream(path("ok.json")) << "{" << base << ", \"name\": \"ok\"}";
+  CliResult ok = keel("record --config " + q("ok.json") + " --steps 1 -o " + q("r.db"));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+}  // namespace
