@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace {
@@ -86,6 +88,15 @@ TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {
   }
   expectOneLineError(keel("record --config " + q("big.json") + " -o " + q("r.db")),
                      "config file is 40.0 MiB, more than the 1.00 MiB allowed");
+  // A model or batch far beyond the machine: one line naming the fields (it used to crash with
+  // SIGSEGV, or train until killed).
+  for (const char* field : {"d_model", "batch_size", "n_layer"}) {
+    nlohmann::json c = nlohmann::json::parse("{" + base + "}");
+    c[field] = int64_t(1) << 62;
+    std::ofstream(path("huge.json"), std::ios::trunc) << c.dump();
+    expectOneLineError(keel("record --config " + q("huge.json") + " -o " + q("r.db")),
+                       std::string(field) + " 4611686018427387904");
+  }
   // A config nested a little (a list in a field) is still read: the bound is on depth.
   std::ofstream(path("ok.json")) << "{" << base << ", \"name\": \"ok\"}";
   CliResult ok = keel("record --config " + q("ok.json") + " --steps 1 -o " + q("r.db"));

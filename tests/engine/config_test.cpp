@@ -176,6 +176,23 @@ TEST(ConfigTest, InconsistentOrOutOfRangeValues) {
   expectFieldError(with("beta2", 1.0), "beta2");
   expectFieldError(with("eps", 0.0), "eps");
   expectFieldError(with("eval_every", -1), "eval_every");
+  // Far beyond any machine: refused up front, naming the fields and the bytes (they used to
+  // crash with SIGSEGV or train until killed; Note [A config that cannot fit]).
+  for (const auto& [field, part] : {std::pair<const char*, const char*>{"d_model", "parameters"},
+                                    {"n_layer", "parameters"},
+                                    {"batch_size", "activations"}}) {
+    Json j = with(field, int64_t(1) << 62);
+    if (std::string(field) == "d_model") j["n_head"] = 1;
+    try {
+      parseGptConfig(j.dump(), "big.json");
+      ADD_FAILURE() << field << ": expected keel::Error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("big.json: the model needs about "), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string(part) + " "), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string(field) + " 4611686018427387904"), std::string::npos) << m;
+    }
+  }
   expectFieldError(with("eval_batches", 0), "eval_batches");
   EXPECT_EQ(parseGptConfig(with("eval_every", 5).dump()).eval_every, 5);
   // top_k is only checked against n_expert for an MoE model.

@@ -36,6 +36,18 @@ Tensor f32(const Shape& s, Device d = kCpuRef) {
 }
 
 // ---------------------------------------------------------------- shapes, dtypes, devices
+// Element and byte counts are overflow-checked: a shape whose count wraps past 2^63 used to
+// allocate a small buffer and crash on the first write.
+TEST(Errors, TensorSizesThatOverflowAreRefused) {
+  EXPECT_TRUE(throwsWith(
+      [] {
+        Tensor::empty({int64_t(1) << 40, int64_t(1) << 40});
+      },
+      {"[1099511627776, 1099511627776]", "more than 2^63 elements"}));
+  EXPECT_TRUE(throwsWith([] { Tensor::empty({int64_t(1) << 62}, F32); },
+                         {"float32", "more than 2^63 bytes"}));
+}
+
 TEST(Errors, AddWithUnbroadcastableShapesNamesOpAndShapes) {
   EXPECT_TRUE(throwsWith([] { ops::add(f32({2, 3}), f32({4})); }, {"add", "[2, 3]", "[4]"}));
   EXPECT_TRUE(throwsWith(

@@ -16,13 +16,21 @@ std::atomic<uint64_t> g_nextTensorId{1};
 }
 
 Tensor makeTensor(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape)
+  // Overflow-checked: an element or byte count past 2^63 would wrap into a small buffer.
+  int64_t numel = 1, bytes = 0;
+  for (int64_t d : shape) {
     KEEL_CHECK(d >= 0, "cannot create a tensor of shape ", shapeStr(shape), ": negative extent");
+    KEEL_CHECK(!__builtin_mul_overflow(numel, d, &numel), "cannot create a tensor of shape ",
+               shapeStr(shape), ": more than 2^63 elements");
+  }
+  KEEL_CHECK(!__builtin_mul_overflow(numel, int64_t(dtypeSize(dtype)), &bytes),
+             "cannot create a tensor of shape ", shapeStr(shape), " of ", dtypeName(dtype),
+             ": more than 2^63 bytes");
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguousStrides(shape);
   impl->dtype = dtype;
-  impl->buffer = std::make_shared<Buffer>(size_t(shapeNumel(shape)) * dtypeSize(dtype), device);
+  impl->buffer = std::make_shared<Buffer>(size_t(bytes), device);
   impl->id = g_nextTensorId.fetch_add(1, std::memory_order_relaxed);
   return Tensor(std::move(impl));
 }

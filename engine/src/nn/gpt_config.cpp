@@ -3,6 +3,10 @@
 // Required keys: vocab_size, seq_len, n_layer, n_head, d_model; every other key has a default.
 #include "keel/gpt_config.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -137,6 +141,57 @@ void validateAttention(const GptConfig& c, const Fail& fail) {
              c.attention_mask + "\"");
 }
 
+// The memory the host can give a process: physical memory, or less under an address-space limit.
+long double hostMemoryBytes() {
+  long double bytes = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    bytes = std::min(bytes, (long double)as.rlim_cur);
+  return bytes > 0 ? bytes : std::numeric_limits<long double>::infinity();
+}
+
+std::string bytesForPeople(long double b) {
+  if (b < 1e18L) return formatBytes(uint64_t(b));
+  std::ostringstream os;
+  os.precision(3);
+  os << double(b) << " bytes";
+  return os.str();
+}
+
+// Note [A config that cannot fit]
+// A model or batch far beyond the machine (d_model or batch_size 2^62, n_layer 2^62) used to
+// crash with SIGSEGV (an element count wrapping into a small buffer) or train until killed. The
+// config is refused up front instead, from a lower estimate computed in long double (it cannot
+// wrap): parameters with their gradients and AdamW's two moments (16 bytes each), and the
+// float32 activations a training step keeps (per token and layer: about 12·d_model plus 3·d_ff
+// per routed expert; per token: 3·vocab_size for the logits, their softmax and gradient).
+// Refused when that exceeds physical memory (or RLIMIT_AS), naming the fields and the bytes.
+// (Host memory: the trainer runs on the host backends; a device backend will check its own.)
+void checkFitsInMemory(const GptConfig& c, const std::string& source) {
+  using LD = long double;
+  const LD d = LD(c.d_model), ff = LD(c.d_ff), L = LD(c.n_layer), V = LD(c.vocab_size),
+           T = LD(c.seq_len), B = LD(c.batch_size);
+  const LD experts = c.n_expert > 0 ? LD(c.n_expert) : 1, routed = c.n_expert > 0 ? LD(c.top_k) : 1;
+  const LD params = 2 * V * d + (c.position == "learned" ? T * d : 0) +
+                    L * (4 * d * d + experts * 3 * d * ff + (c.n_expert > 0 ? d * experts : 0));
+  const LD paramBytes = params * 16;
+  const LD activationBytes = B * T * (L * (12 * d + 3 * ff * routed) + 3 * V) * 4;
+  const LD limit = hostMemoryBytes();
+  if (paramBytes + activationBytes <= limit) return;
+  std::ostringstream os;
+  os << source << ": the model needs about " << bytesForPeople(paramBytes + activationBytes)
+     << " to train, more than this machine's " << bytesForPeople(limit) << " of memory: ";
+  if (paramBytes >= activationBytes)
+    os << "parameters and optimizer state " << bytesForPeople(paramBytes) << " (d_model "
+       << c.d_model << ", d_ff " << c.d_ff << ", n_layer " << c.n_layer << ", vocab_size "
+       << c.vocab_size << (c.n_expert > 0 ? ", n_expert " + std::to_string(c.n_expert) : "") << ")";
+  else
+    os << "activations " << bytesForPeople(activationBytes) << " (batch_size " << c.batch_size
+       << ", seq_len " << c.seq_len << ", d_model " << c.d_model << ", n_layer " << c.n_layer
+       << ")";
+  throw Error(os.str());
+}
+
 }  // namespace
 
 void validateGptConfig(const GptConfig& c, const std::string& source) {
@@ -204,6 +259,7 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
   if (!c.allocator.empty() && c.allocator != "host" && c.allocator != "caching" &&
       c.allocator != "vmm")
     fail("allocator", "expected \"host\", \"caching\" or \"vmm\", got \"" + c.allocator + "\"");
+  checkFitsInMemory(c, source);
 }
 
 GptConfig parseGptConfig(const std::string& jsonText, const std::string& source) {
@@ -225,7 +281,9 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   r.readInt("n_layer", c.n_layer, true);
   r.readInt("n_head", c.n_head, true);
   r.readInt("d_model", c.d_model, true);
-  c.d_ff = 4 * c.d_model;
+  // (Saturating: a d_model past 2^61 must not wrap the default into 0; the memory check refuses.)
+  if (__builtin_mul_overflow(int64_t(4), c.d_model, &c.d_ff))
+    c.d_ff = std::numeric_limits<int64_t>::max();
   r.readInt("d_ff", c.d_ff);
   r.readString("norm", c.norm);
   r.readString("position", c.position);
