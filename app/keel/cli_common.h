@@ -13,6 +13,21 @@ inline constexpr int kExitError = 2;
 // Prints "keel: error: <msg>" (newlines folded) to stderr; returns kExitError.
 int fail(const std::string& msg);
 
+// Numeric option checks whose errors say the option, the value and the range in words
+// ("--steps: must be a whole number ≥ 1, got -1"), instead of CLI11's 300-digit bounds; each is a
+// documented range in --help ("INT in [1, 4096]").
+// A whole number in [lo, hi] (written in decimal; "1e3" and "2.5" are not whole numbers).
+CLI::Validator wholeNumber(int64_t lo, int64_t hi = INT64_MAX);
+// The longest run `keel train` / `keel record` take (a billion steps; 2^63 used to fail in
+// vector::reserve, 10^10 in bad_alloc).
+inline constexpr int64_t kMaxSteps = 1000000000;
+// A seed: a whole number in [0, 2^64 - 1] (-1 used to wrap silently to 2^64 - 1).
+CLI::Validator seedNumber();
+// A finite real number ≥ lo (nan and inf refused).
+CLI::Validator finiteAtLeast(double lo);
+// A file or directory name that is not "" (an empty --data used to mean "not given").
+CLI::Validator nonEmptyName();
+
 // --alloc host|caching|vmm: the allocator for host tensors (default: KEEL_ALLOCATOR, else vmm).
 void addAllocOption(CLI::App* c, std::string& kind);
 

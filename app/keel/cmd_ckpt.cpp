@@ -141,18 +141,18 @@ Command addCkptCommand(CLI::App& root) {
       ->required();
   for (CLI::App* sub : {a->plan, a->convert}) {
     sub->add_option("--target-tp", a->targetTp, "tensor-parallel degree of the target")
-        ->check(CLI::Range(1, 4096))
+        ->check(wholeNumber(1, 4096))
         ->capture_default_str();
     sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)");
   }
   a->plan->add_option("--max-reads", a->maxReads, "reads listed per target shard")
-      ->check(CLI::NonNegativeNumber)
+      ->check(wholeNumber(0))
       ->capture_default_str();
   a->convert
       ->add_option(
           "--threads", a->threads,
           "worker threads (each holds one target shard); default: one per core, at most 16")
-      ->check(CLI::Range(1, 256))
+      ->check(wholeNumber(1, 256))
       ->capture_default_str();
   return {ck, [a] {
             if (a->inspect->parsed()) return runInspect(*a);

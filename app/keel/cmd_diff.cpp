@@ -67,9 +67,14 @@ Command addDiffCommand(CLI::App& root) {
   CLI::App* c = root.add_subcommand("diff", "compare two recordings op by op");
   c->add_option("a", a->a, "recording A (.db)")->required();
   c->add_option("b", a->b, "recording B (.db)")->required();
-  c->add_option("--atol", a->atol, "absolute tolerance")->capture_default_str();
-  c->add_option("--rtol", a->rtol, "relative tolerance (against B)")->capture_default_str();
-  c->add_option("--ulps", a->ulps, "also accept elements within N ULPs (0: off)");
+  c->add_option("--atol", a->atol, "absolute tolerance")
+      ->check(finiteAtLeast(0))
+      ->capture_default_str();
+  c->add_option("--rtol", a->rtol, "relative tolerance (against B)")
+      ->check(finiteAtLeast(0))
+      ->capture_default_str();
+  c->add_option("--ulps", a->ulps, "also accept elements within N ULPs (0: off)")
+      ->check(wholeNumber(0));
   c->add_flag("--json", a->json, "machine-readable report");
   c->add_flag("--mismatches-only", a->mismatchesOnly, "list only pairs that are not equal");
   c->add_flag("--strict", a->strict, "ops present in only one run count as divergent");

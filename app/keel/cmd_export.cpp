@@ -107,7 +107,9 @@ Command addExportCommand(CLI::App& root) {
   CLI::App* graph =
       c->add_subcommand("graph", "dataflow graph of one step (Graphviz DOT): the studio's graph");
   graph->add_option("recording", a->recording, "recording file (.db)")->required();
-  graph->add_option("--step", a->step, "training step")->capture_default_str();
+  graph->add_option("--step", a->step, "training step")
+      ->check(wholeNumber(0))
+      ->capture_default_str();
   graph->add_option("--phase", a->phase, "forward | backward | both | optimizer")
       ->capture_default_str();
   graph->add_option("--format", a->format, "dot | svg (laid out with Graphviz)")

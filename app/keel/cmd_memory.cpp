@@ -171,19 +171,19 @@ int runBenchAllocator(const std::string& config, int steps, const MoeTraceOption
 
 void addMoeOptions(CLI::App* c, MoeTraceOptions& m) {
   c->add_option("--experts", m.experts, "generated trace: experts per layer")
-      ->check(CLI::Range(1, 4096));
-  c->add_option("--top-k", m.topK, "generated trace: experts per token")->check(CLI::Range(1, 64));
-  c->add_option("--layers", m.layers, "generated trace: MoE layers")->check(CLI::Range(1, 256));
+      ->check(wholeNumber(1, 4096));
+  c->add_option("--top-k", m.topK, "generated trace: experts per token")->check(wholeNumber(1, 64));
+  c->add_option("--layers", m.layers, "generated trace: MoE layers")->check(wholeNumber(1, 256));
   c->add_option("--tokens", m.tokens, "generated trace: tokens per step")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+      ->check(wholeNumber(1, int64_t(1) << 24));
   c->add_option("--d-model", m.dModel, "generated trace: model width")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+      ->check(wholeNumber(1, int64_t(1) << 16));
   c->add_option("--d-ff", m.dFf, "generated trace: expert hidden width")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 18));
-  c->add_option("--moe-steps", m.steps, "generated trace: steps")->check(CLI::Range(1, 100000));
+      ->check(wholeNumber(1, int64_t(1) << 18));
+  c->add_option("--moe-steps", m.steps, "generated trace: steps")->check(wholeNumber(1, 100000));
   c->add_option("--skew", m.skew, "generated trace: Zipf exponent of the routing")
       ->check(CLI::Range(0.0, 8.0));
-  c->add_option("--trace-seed", m.seed, "generated trace: seed");
+  c->add_option("--trace-seed", m.seed, "generated trace: seed")->check(seedNumber());
 }
 
 }  // namespace
@@ -217,8 +217,8 @@ Command addMemoryCommand(CLI::App& root) {
       "trace", "write the allocation trace of a training run (or a generated MoE trace)");
   trace->add_option("OUT", a->out, "output trace file")->required();
   trace->add_option("--config", a->config, "model config to train");
-  trace->add_option("--steps", a->steps, "training steps")->check(CLI::Range(1, 100000));
-  trace->add_option("--seed", a->seed, "run seed");
+  trace->add_option("--steps", a->steps, "training steps")->check(wholeNumber(1, 100000));
+  trace->add_option("--seed", a->seed, "run seed")->check(seedNumber());
   trace->add_flag("--generate-moe", a->generate, "generate a large MoE trace instead");
   addMoeOptions(trace, a->moe);
   CLI::App* stats = c->add_subcommand(
@@ -250,7 +250,7 @@ Command addBenchCommand(CLI::App& root) {
                         "caching vs VMM allocator on a model's training trace and a generated MoE "
                         "trace: fragmentation, peak reserved, cost per call, remap cost");
   alloc->add_option("--config", a->config, "model config whose training trace is replayed");
-  alloc->add_option("--steps", a->steps, "training steps traced")->check(CLI::Range(1, 10000));
+  alloc->add_option("--steps", a->steps, "training steps traced")->check(wholeNumber(1, 10000));
   addMoeOptions(alloc, a->moe);
   return {c, [a, alloc] {
             if (alloc->parsed()) return runBenchAllocator(a->config, a->steps, a->moe);

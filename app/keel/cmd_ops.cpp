@@ -85,11 +85,11 @@ Command addOpsCommand(CLI::App& root) {
   CLI::App* ops = root.add_subcommand(
       "ops", "list the registered ops, or the op calls of a recording (keel ops run.db --step 2)");
   ops->add_option("recording", a->recording, "recording file (.db); omit to list the registry");
-  ops->add_option("--step", a->step, "only this step (0: initialisation)");
+  ops->add_option("--step", a->step, "only this step (0: initialisation)")->check(wholeNumber(0));
   ops->add_option("--phase", a->phase, "forward | backward | optimizer");
   ops->add_option("--name", a->name, "only this op name");
   ops->add_option("--scope", a->scope, "only ops under this module scope (e.g. blocks.1)");
-  ops->add_option("--limit", a->limit, "at most N rows");
+  ops->add_option("--limit", a->limit, "at most N rows")->check(wholeNumber(0));
   ops->add_flag("--markdown", a->markdown,
                 "print the registry as docs/ops.md's tables (between its generated markers)");
   return {ops, [a] {

@@ -175,16 +175,17 @@ Command addRecordCommand(CLI::App& root) {
   c->add_option("-o,--output", a->output, "recording file to write (SQLite)")->required();
   c->add_option("--backend", a->backend, "cpu | cpu-ref")->capture_default_str();
   c->add_option("--steps", a->steps, "training steps")
-      ->check(CLI::PositiveNumber)
+      ->check(wholeNumber(1, kMaxSteps))
       ->capture_default_str();
-  c->add_option("--seed", a->seed, "random seed")->capture_default_str();
-  c->add_option("--data", a->data, "text file or directory (default: the Debian licenses)");
-  c->add_option("--threads", a->threads, "cpu backend threads")->check(CLI::PositiveNumber);
+  c->add_option("--seed", a->seed, "random seed")->check(seedNumber())->capture_default_str();
+  c->add_option("--data", a->data, "text file or directory (default: the Debian licenses)")
+      ->check(nonEmptyName());
+  c->add_option("--threads", a->threads, "cpu backend threads")->check(wholeNumber(1));
   c->add_flag("--all", a->all, "stacks, md5, stats and allocator events");
   c->add_flag("--stacks", a->stacks, "native call stack of every op");
   c->add_flag("--md5", a->md5, "MD5 of every tensor an op reads or writes");
   c->add_option("--rounded-md5", a->roundedMd5, "also hash values rounded to N significant digits")
-      ->check(CLI::Range(1, 17));
+      ->check(wholeNumber(1, 17));
   c->add_flag("--stats", a->stats, "min/max/mean/std/abs-max and NaN/Inf/zero counts");
   c->add_flag("--allocator", a->allocator, "allocator events");
   addAllocOption(c, a->alloc);

@@ -130,28 +130,32 @@ Command addTrainCommand(CLI::App& root) {
   train->add_option("--config", ta->config, "model + training config (JSON)")->required();
   train->add_option("--backend", ta->backend, "cpu | cpu-ref")->capture_default_str();
   train->add_option("--steps", ta->steps, "number of training steps")
-      ->check(CLI::PositiveNumber)
+      ->check(wholeNumber(1, kMaxSteps))
       ->capture_default_str();
   train->add_option("--seed", ta->seed, "random seed (weights, batches, dropout)")
+      ->check(seedNumber())
       ->capture_default_str();
-  train->add_option(
-      "--data", ta->data,
-      std::string("text file or directory (default: ") + keel::data::kDefaultCorpusDir + ")");
+  train
+      ->add_option(
+          "--data", ta->data,
+          std::string("text file or directory (default: ") + keel::data::kDefaultCorpusDir + ")")
+      ->check(nonEmptyName());
   addAllocOption(train, ta->alloc);
   train->add_option("--threads", ta->threads, "cpu backend threads (default: all cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(wholeNumber(1));
   train
       ->add_option("--eval-batches", ta->evalBatches,
                    "validation batches for the final val loss (0: skip)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(wholeNumber(0))
       ->capture_default_str();
   train
       ->add_option("--save-every", ta->saveEvery,
                    "save a checkpoint every K steps (and at the end) into --ckpt-dir/step-NNNNNN")
-      ->check(CLI::PositiveNumber);
-  train->add_option("--ckpt-dir", ta->ckptDir, "checkpoint directory (alone: save at the end)");
+      ->check(wholeNumber(1));
+  train->add_option("--ckpt-dir", ta->ckptDir, "checkpoint directory (alone: save at the end)")
+      ->check(nonEmptyName());
   train->add_option("--tp", ta->tp, "tensor-parallel degree of saved checkpoints (files)")
-      ->check(CLI::Range(1, 4096))
+      ->check(wholeNumber(1, 4096))
       ->capture_default_str();
   train->add_option("--resume", ta->resume,
                     "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)");

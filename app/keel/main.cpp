@@ -2,11 +2,15 @@
 // Invariant: every failure prints exactly one line "keel: error: ..." to stderr and exits with
 // status 2 (help exits 0).
 #include <cerrno>
+#include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cli_common.h"
@@ -24,6 +28,80 @@ int fail(const std::string& msg) {
   std::fflush(stdout);
   std::fprintf(stderr, "keel: error: %s\n", line.c_str());
   return kExitError;
+}
+
+namespace {
+
+// Parses `s` as a whole decimal number; false if it is not one (or out of int64/uint64 range).
+template <typename T>
+bool parseWhole(const std::string& s, T& out) {
+  if (s.empty()) return false;
+  size_t used = 0;
+  try {
+    if constexpr (std::is_signed_v<T>) {
+      out = std::stoll(s, &used, 10);
+    } else {
+      if (s.find('-') != std::string::npos) return false;
+      out = std::stoull(s, &used, 10);
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == s.size();
+}
+
+std::string rangeText(int64_t lo, int64_t hi) {
+  if (hi == INT64_MAX) return "≥ " + std::to_string(lo);
+  return "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
+}  // namespace
+
+CLI::Validator wholeNumber(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (!parseWhole(s, v) || v < lo || v > hi)
+          return "must be a whole number " + rangeText(lo, hi) + ", got '" + s + "'";
+        return {};
+      },
+      "INT " + rangeText(lo, hi));
+}
+
+CLI::Validator seedNumber() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        if (!parseWhole(s, v))
+          return "must be a whole number in [0, 18446744073709551615], got '" + s + "'";
+        return {};
+      },
+      "SEED in [0, 2^64-1]");
+}
+
+CLI::Validator finiteAtLeast(double lo) {
+  std::ostringstream os;
+  os << lo;
+  const std::string bound = os.str();
+  return CLI::Validator(
+      [lo, bound](std::string& s) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size() || !std::isfinite(v) || v < lo)
+          return "must be a finite number ≥ " + bound + ", got '" + s + "'";
+        return {};
+      },
+      "REAL ≥ " + bound);
+}
+
+CLI::Validator nonEmptyName() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string { return s.empty() ? "must not be empty" : ""; }, "PATH");
 }
 
 namespace {

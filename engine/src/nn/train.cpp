@@ -3,6 +3,7 @@
 // seeded by the run's seed (weights: seed; batches and dropout: seeds derived from it).
 #include "keel/train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -130,7 +131,7 @@ StepStats Trainer::step() {
 
 std::vector<StepStats> Trainer::run(int64_t steps, const StepCallback& cb) {
   std::vector<StepStats> all;
-  all.reserve(size_t(std::max<int64_t>(steps, 0)));
+  all.reserve(size_t(std::clamp<int64_t>(steps, 0, 1 << 16)));  // grows past that (a long run)
   for (int64_t i = 0; i < steps; ++i) {
     all.push_back(step());
     if (cb) cb(all.back());
