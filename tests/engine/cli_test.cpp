@@ -66,6 +66,40 @@ TEST_F(CliTest, ParseErrors) {
       "/no/such/file");
 }
 
+// Every numeric option has a range, and a value outside it is one line naming the option, the
+// value and the range in words (not CLI11's 300-digit bound); nothing is wrapped or taken as
+// "not given" silently.
+TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
+  const std::string train = "train --config tests/fixtures/gpt-tiny.json ";
+  const std::string rec = "record --config tests/fixtures/gpt-tiny.json -o /tmp/never.db ";
+  const std::pair<std::string, std::string> cases[] = {
+      {train + "--steps -1", "--steps: must be a whole number in [1, 1000000000], got '-1'"},
+      {train + "--steps 9223372036854775808", "--steps: must be a whole number in [1, 1000000000]"},
+      {train + "--steps 10000000000", "got '10000000000'"},
+      {train + "--steps 1e3", "got '1e3'"},
+      {train + "--seed -1",
+       "--seed: must be a whole number in [0, 18446744073709551615], got '-1'"},
+      {train + "--seed 18446744073709551616", "--seed: must be a whole number in [0, "},
+      {train + "--data ''", "--data: must not be empty"},
+      {train + "--ckpt-dir ''", "--ckpt-dir: must not be empty"},
+      {train + "--threads 0", "--threads: must be a whole number ≥ 1, got '0'"},
+      {rec + "--seed -1", "--seed: must be a whole number"},
+      {rec + "--rounded-md5 18", "--rounded-md5: must be a whole number in [1, 17], got '18'"},
+      {"diff a.db b.db --atol -1", "--atol: must be a finite number ≥ 0, got '-1'"},
+      {"diff a.db b.db --atol nan", "--atol: must be a finite number ≥ 0, got 'nan'"},
+      {"diff a.db b.db --rtol inf", "--rtol: must be a finite number ≥ 0, got 'inf'"},
+      {"diff a.db b.db --ulps -1", "--ulps: must be a whole number ≥ 0, got '-1'"},
+      {"ops a.db --step -5", "--step: must be a whole number ≥ 0, got '-5'"},
+      {"ops a.db --limit -1", "--limit: must be a whole number ≥ 0, got '-1'"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args);
+    const CliResult r = runKeel(args);
+    expectOneLineError(r, message);
+    EXPECT_LT(r.err.size(), 200u) << r.err;
+  }
+}
+
 TEST_F(CliTest, HelpExitsZero) {
   CliResult r = runKeel("--help");
   EXPECT_EQ(r.status, 0);
