@@ -140,9 +140,12 @@ Command addCkptCommand(CLI::App& root) {
   a->convert->add_option("DST", a->dst, "new checkpoint directory (must not exist or be empty)")
       ->required();
   for (CLI::App* sub : {a->plan, a->convert}) {
-    sub->add_option("--target-tp", a->targetTp, "tensor-parallel degree of the target")
+    // Required: a resharding names its target (a plan without one used to print tp=1's plan
+    // and exit 0, hiding a mistyped option).
+    sub->add_option("--target-tp", a->targetTp,
+                    "tensor-parallel degree of the target (1: one file)")
         ->check(wholeNumber(1, 4096))
-        ->capture_default_str();
+        ->required();
     sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)");
   }
   a->plan->add_option("--max-reads", a->maxReads, "reads listed per target shard")

@@ -135,7 +135,9 @@ std::string toJson(const DiffReport& r) {
   Json pairs = Json::array();
   for (const OpPair& p : r.pairs) pairs.push_back(pairJson(p));
   j["pairs"] = std::move(pairs);
-  return j.dump(2);
+  // Recorded strings need not be UTF-8 (a workload's op names, a damaged file): invalid bytes
+  // become U+FFFD instead of a bare type_error 316.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // ---- text --------------------------------------------------------------------------------------

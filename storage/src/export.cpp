@@ -71,7 +71,9 @@ std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<St
                     {"pid", 1},
                     {"tid", 0},
                     {"args", {{"name", "steps"}}}});
-  return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ns"}}).dump() + "\n";
+  return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ns"}})
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";  // invalid UTF-8 in recorded strings: U+FFFD, not an exception
 }
 
 std::string toCsv(const std::vector<OpRecord>& ops) {

@@ -222,8 +222,8 @@ TEST(CkptCliTest, TrainSaveEveryAndResume) {
   EXPECT_NE(plan.out.find("permute [1,0]"), std::string::npos);
   EXPECT_NE(plan.out.find("bytes moved:"), std::string::npos);
 
-  auto conv =
-      runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/tp1 --threads 2", dir);
+  auto conv = runKeelCli(
+      "ckpt convert " + dir + "/ck/step-000002 " + dir + "/tp1 --target-tp 1 --threads 2", dir);
   ASSERT_EQ(conv.status, 0) << conv.err;
   EXPECT_NE(conv.out.find("(tp=1)"), std::string::npos) << conv.out;
   auto again = runKeelCli(base + "--steps 6 --resume " + dir + "/tp1", dir);
@@ -244,8 +244,9 @@ TEST(CkptCliTest, OneLineErrors) {
   expectOneLineError(runKeelCli(base + "--steps 2 --resume " + dir + "/ck", dir),
                      "is at step 2, not before --steps 2: nothing left to train");
   expectOneLineError(runKeelCli("ckpt inspect " + dir + "/nothing", dir), "no such checkpoint");
-  expectOneLineError(runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/ck", dir),
-                     "is not empty (refusing to overwrite)");
+  expectOneLineError(
+      runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/ck --target-tp 1", dir),
+      "is not empty (refusing to overwrite)");
   test::writeFile(dir + "/bad.aoa", "wte.weight -> x\nnorm_f.weight -> x\n");
   expectOneLineError(
       runKeelCli("ckpt plan " + dir + "/ck --target-tp 2 --aoa " + dir + "/bad.aoa", dir),

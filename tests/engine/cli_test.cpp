@@ -91,6 +91,7 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
       {"diff a.db b.db --ulps -1", "--ulps: must be a whole number ≥ 0, got '-1'"},
       {"ops a.db --step -5", "--step: must be a whole number ≥ 0, got '-5'"},
       {"ops a.db --limit -1", "--limit: must be a whole number ≥ 0, got '-1'"},
+      {"ckpt plan a", "--target-tp is required"},
   };
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(args);

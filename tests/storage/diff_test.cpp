@@ -437,6 +437,13 @@ TEST(DiffTest, AlignOpsRowsInOrder) {
   EXPECT_EQ(al.method, "lcs");
 }
 
+TEST(DiffTest, JsonReplacesInvalidUtf8) {
+  auto a = chain(3), b = chain(3, 1, 1, 2);
+  a[1].scope = b[1].scope = std::string("bad\xc3(");
+  const auto j = nlohmann::json::parse(ks::toJson(ks::diffRuns(a, b)));
+  EXPECT_NE(j.dump().find("bad\xef\xbf\xbd("), std::string::npos);
+}
+
 TEST(DiffTest, JsonAndTextCarryTheReport) {
   auto a = chain(12), b = chain(12, 1, 1, 7);
   ks::DiffReport r = ks::diffRuns(a, b);

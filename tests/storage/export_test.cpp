@@ -48,6 +48,19 @@ std::vector<OpRecord> smallGraph() {
              {tensor(Role::Input, 0, 12, 5), tensor(Role::Output, 0, 15, 0)})};
 }
 
+// A recorded string need not be UTF-8: the trace replaces the bad bytes (U+FFFD) instead of
+// failing with nlohmann's bare type_error 316.
+TEST(ExportTrace, InvalidUtf8InRecordedStringsIsReplaced) {
+  std::vector<OpRecord> ops = smallGraph();
+  ops[0].scope = std::string("blocks.\xff\xfe.attn");
+  const std::string text = toChromeTrace(ops, {});
+  auto j = nlohmann::json::parse(text);
+  bool found = false;
+  for (const auto& e : j["traceEvents"])
+    if (e.dump().find("blocks.\xef\xbf\xbd\xef\xbf\xbd.attn") != std::string::npos) found = true;
+  EXPECT_TRUE(found) << text.substr(0, 400);
+}
+
 TEST(ExportTrace, OneCompleteEventPerOpAndStep) {
   StepRecord s;
   s.step = 1;
