@@ -373,6 +373,9 @@ void RecordingRun::start() {
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   // The recorder starts before the model is built so initialisation (step 0) is recorded too.
+  // One writer per output (Note [Outputs never destroy inputs]); the lock is taken before the
+  // output is looked at, so two runs cannot both decide to replace it.
+  outputLock_ = std::make_unique<OutputLock>(spec_.output);
   writePath_ = !spec_.replaceInPlace && fileIdentity(spec_.output) ? replacementPath(spec_.output)
                                                                    : spec_.output;
   recorder_ = std::make_unique<Recorder>(writePath_, run_, spec_.capture);
@@ -492,6 +495,7 @@ bool RecordingRun::finish() {
     recorder_->finish();
   teardown();
   commitOutput();
+  outputLock_.reset();
   return !recorder_->failed();
 }
 
@@ -503,13 +507,14 @@ void RecordingRun::fail(const std::string& reason) {
   teardown();
   if (setupFailed_) {
     discardOutput();
-    return;
+  } else {
+    try {
+      commitOutput();  // a run that failed in a step: its recording is what the user asked for
+    } catch (const std::exception&) {
+      discardOutput();  // never throws (the destructor calls fail); the old file is kept
+    }
   }
-  try {
-    commitOutput();  // a run that failed in a step: its recording is what the user asked for
-  } catch (const std::exception&) {
-    discardOutput();  // never throws (the destructor calls fail); the old file is kept
-  }
+  outputLock_.reset();
 }
 
 }  // namespace keel::capture

@@ -4,6 +4,7 @@
 // new one is complete (a run whose setup fails keeps it byte for byte); write errors on stdout
 // are one line and exit 2.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -140,6 +141,30 @@ TEST_F(KeelOutputs, AnExistingRecordingIsKeptUntilTheNewOneIsComplete) {
   const auto run = keel::storage::Recording::open(path("r.db")).run();
   EXPECT_EQ(run.status.rfind("failed: ", 0), 0u) << run.status;
   expectOnly({"c.json", "r.db"});
+}
+
+// Two keel record processes, one -o: the second is refused in one line while the first writes,
+// and the first's recording is whole.
+TEST_F(KeelOutputs, ASecondWriterOfTheSameOutputIsRefused) {
+  const std::string out = path("r.db"), lock = path(".r.db.lock");
+  const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 '" +
+                          std::string(KEEL_CLI_PATH) + "' record --config '" + path("c.json") +
+                          "' --steps 60 --all -o '" + out + "' >'" + path("cli_a.txt") +
+                          "' 2>&1 & echo $! >'" + path("cli_a.pid") + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  bool locked = false;  // the first writer holds the lock once its run has started
+  for (int i = 0; i < 600 && !locked; ++i) {
+    locked = fs::exists(lock);
+    if (!locked) ::usleep(10000);
+  }
+  ASSERT_TRUE(locked) << slurp(dir_ / "cli_a.txt");
+  CliResult second = record(out);
+  expectOneLineError(second, "is being written by another process (pid ");
+  // Wait for the first to finish; its recording has all 60 steps and the lock is gone.
+  const std::string pid = slurp(dir_ / "cli_a.pid");
+  for (int i = 0; i < 6000 && ::kill(std::stoi(pid), 0) == 0; ++i) ::usleep(10000);
+  EXPECT_EQ(keel::storage::Recording::open(out).steps().size(), 60u) << slurp(dir_ / "cli_a.txt");
+  EXPECT_FALSE(fs::exists(lock));
 }
 
 TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {

@@ -3,6 +3,8 @@
 // that replaces its target only once it is complete. Header-only (POSIX stat/rename), used by the
 // keel tool's commands, capture's recording runs and the studio.
 #pragma once
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -105,6 +107,51 @@ class ReplaceOnCommit {
  private:
   std::string target_, temp_;
   bool committed_ = false;
+};
+
+// The lock file beside `output` that OutputLock holds.
+inline std::string lockPath(const std::string& output) {
+  const size_t slash = output.rfind('/');
+  const std::string dir = slash == std::string::npos ? std::string() : output.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? output : output.substr(slash + 1);
+  return dir + "." + name + ".lock";
+}
+
+// An exclusive lock on an output for as long as it is written (flock on `.NAME.lock` beside it,
+// holding the writer's pid): a second process given the same output is refused in one line
+// instead of interleaving into one damaged file. Released (and the lock file removed) on
+// destruction; a crashed writer's lock goes with its process.
+class OutputLock {
+ public:
+  explicit OutputLock(const std::string& output) : path_(lockPath(output)) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw Error("cannot lock output " + output + " (" + path_ + "): " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char pid[32] = {};
+      const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      throw Error("output " + output + " is being written by another process" +
+                  (n > 0 ? std::string(" (pid ") + std::string(pid, size_t(n)) + ")" : "") +
+                  "; refusing to write it at the same time");
+    }
+    const std::string me = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
+      // (the pid is informative only)
+    }
+  }
+  ~OutputLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());
+    ::close(fd_);
+  }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
 };
 
 // Writes `n` bytes to `f` and flushes; throws keel::Error naming `what` on a short write or a

@@ -28,6 +28,10 @@ namespace keel::storage {
 class Recording;
 }
 
+namespace keel {
+class OutputLock;  // keel/base/output_path.h
+}
+
 namespace keel::capture {
 
 // ---- break conditions -------------------------------------------------------------------------
@@ -222,6 +226,7 @@ class RecordingRun {
   void discardOutput();  // a replacement whose run never started: removed
 
   std::string writePath_;  // where the recording is written: the output, or a replacement
+  std::unique_ptr<OutputLock> outputLock_;  // held from start() to finish()/fail()
   bool setupFailed_ = false;
 
   RunSpec spec_;
