@@ -23,16 +23,8 @@ namespace fs = std::filesystem;
 using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
-class BreakOn : public ::testing::Test {
+class BreakOn : public keel::test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("keel_break_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string db(const std::string& name) { return (dir_ / name).string(); }
   CliResult record(const std::string& out, const std::string& extra, const std::string& env = "") {
     return keel::test::runKeelCli(
@@ -51,7 +43,6 @@ class BreakOn : public ::testing::Test {
     for (const auto& o : rec.allOps()) last = std::max(last, o.seq);
     return last;
   }
-  fs::path dir_;
 };
 
 TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {

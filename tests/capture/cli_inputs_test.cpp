@@ -22,17 +22,12 @@ namespace fs = std::filesystem;
 using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
-class KeelInputs : public ::testing::Test {
+class KeelInputs : public keel::test::TempDirTest {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("keel_inputs_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // 124 (timeout's status) if keel blocked.
   CliResult keel(const std::string& args) {
@@ -45,8 +40,6 @@ class KeelInputs : public ::testing::Test {
     s += '\'';
     return s;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {

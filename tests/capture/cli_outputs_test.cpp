@@ -33,17 +33,12 @@ std::string slurp(const fs::path& p) {
   return s.str();
 }
 
-class KeelOutputs : public ::testing::Test {
+class KeelOutputs : public keel::test::TempDirTest {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("keel_outputs_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     fs::copy_file(fs::path(KEEL_SOURCE_DIR) / "tests/fixtures/gpt-tiny.json", dir_ / "c.json");
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   CliResult keel(const std::string& args, const std::string& env = "") {
     return keel::test::runKeelCli(args, dir_.string(), env);
@@ -76,8 +71,6 @@ class KeelOutputs : public ::testing::Test {
     r.err = slurp(err);
     return r;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(KeelOutputs, AnOutputThatIsAnInputIsRefusedAndKept) {

@@ -23,17 +23,8 @@ namespace fs = std::filesystem;
 using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
-class KeelCli : public ::testing::Test {
+class KeelCli : public keel::test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("keel_record_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   CliResult keel(const std::string& args, const std::string& env = "") {
     return keel::test::runKeelCli(args, dir_.string(), env);
   }
@@ -43,8 +34,6 @@ class KeelCli : public ::testing::Test {
         "record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + db(name) + "' " + extra,
         env);
   }
-
-  fs::path dir_;
 };
 
 TEST_F(KeelCli, InspectShowsTheRecordedAttentionMask) {

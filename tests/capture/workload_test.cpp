@@ -78,19 +78,10 @@ TEST(WorkloadLoader, TheBuiltInTrainerIsAWorkload) {
   expectError([&] { keel::WorkloadRun run(info, params); }, {"needs a model config"});
 }
 
-class WorkloadRecord : public ::testing::Test {
+class WorkloadRecord : public keel::test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("keel_workload_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
   std::string db(const std::string& name) { return (dir_ / name).string(); }
-  fs::path dir_;
 };
 
 TEST_F(WorkloadRecord, MismatchedApiVersionIsOneErrorLineAndNoRecording) {

@@ -3,6 +3,8 @@
 // Every helper is deterministic: the same arguments give the same bits on every run and device.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
+#include <filesystem>
 
 #include <cstdint>
 #include <functional>
@@ -90,6 +92,22 @@ struct GradcheckOptions {
                                      GradcheckOptions opt = {});
 
 // ---- the keel command-line tool, run as a child process (tests with a KEEL_CLI_PATH)
+// A test with a fresh directory of its own, dir_ (under the test temp dir, named after the test
+// and the process), removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("keel_test_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" +
+            info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
 struct CliResult {
   int status = -1;  // exit status (128 + signal when killed)
   std::string out, err;
