@@ -101,6 +101,17 @@ TEST(AoaParseTest, ErrorsCarryFileLineColumnAndWhatWasExpected) {
             "r.aoa:1:2: unexpected byte 0x01 (expected a key name, ',', '->', '=' or '^T')");
 }
 
+// A 10 MB key name in an error is quoted as a bounded excerpt: its start, how much was left out
+// and its end, in one short line.
+TEST(AoaParseTest, HugeOffendingTextIsExcerpted) {
+  const std::string name(10 << 20, 'k');
+  const std::string e = errorOf([&] { aoa::parse(name + " " + name + " -> c", "r.aoa"); });
+  EXPECT_LT(e.size(), 300u);
+  EXPECT_EQ(e.rfind("r.aoa:1:10485762: expected ',' or '->' after 'kkk", 0), 0u) << e;
+  EXPECT_NE(e.find(" bytes left out) … "), std::string::npos) << e;
+  EXPECT_EQ(e.substr(e.size() - 3), "kk'");
+}
+
 TEST(AoaParseTest, RandomBytesGiveErrorsNotCrashes) {
   std::mt19937_64 rng(7);
   const Named src = {{"a", randomArr(st::DType::F32, {4, 4}, 1)}};
