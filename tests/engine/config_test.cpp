@@ -176,6 +176,9 @@ TEST(ConfigTest, InconsistentOrOutOfRangeValues) {
   expectFieldError(with("beta2", 1.0), "beta2");
   expectFieldError(with("eps", 0.0), "eps");
   expectFieldError(with("eval_every", -1), "eval_every");
+  expectFieldError(with("name", std::string("gpt\0tiny", 8)), "name");
+  // A UTF-8 byte order mark before the object is accepted (editors write one).
+  EXPECT_EQ(parseGptConfig("\xEF\xBB\xBF" + with("name", "bom").dump()).name, "bom");
   // Far beyond any machine: refused up front, naming the fields and the bytes (they used to
   // crash with SIGSEGV or train until killed; Note [A config that cannot fit]).
   for (const auto& [field, part] : {std::pair<const char*, const char*>{"d_model", "parameters"},

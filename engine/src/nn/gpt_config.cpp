@@ -74,6 +74,8 @@ class FieldReader {
     if (!v) return;
     if (!v->is_string()) fail(key, "expected a string, got " + describe(*v));
     out = v->get<std::string>();
+    // A "\u0000" escape would cut the name short in every C string it later passes through.
+    if (out.find('\0') != std::string::npos) fail(key, "contains a NUL character (\\u0000)");
   }
   bool has(const char* key) const { return obj_.contains(key); }
 
