@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -64,6 +65,22 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
   fs::create_directory(dir_ / "rules");
   expectOneLineError(keel("ckpt plan '" + ck + "' --target-tp 1 --aoa " + q("rules")),
                      "AOA rules file is a directory");
+}
+
+// A damaged allocator event (bytes -1, read as 2^64 - 1) is refused by `keel memory replay` in
+// one line: it used to make the vmm allocator grow to 6-17 GB before std::bad_alloc.
+TEST_F(KeelInputs, ADamagedAllocationSizeIsRefusedNotReplayed) {
+  CliResult rec =
+      keel("record --config tests/fixtures/gpt-tiny.json --steps 1 --allocator -o " + q("r.db"));
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  const std::string damage =
+      "python3 -c \"import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute("
+      "'UPDATE mem_events SET bytes=-1 WHERE id=(SELECT min(id) FROM mem_events WHERE "
+      "kind_sid=(SELECT id FROM strings WHERE text=\\\"alloc\\\"))'); c.commit()\" " +
+      q("r.db");
+  ASSERT_EQ(std::system(damage.c_str()), 0);
+  expectOneLineError(keel("memory replay " + q("r.db") + " --allocator vmm"),
+                     "allocates -1 bytes (out of range 0 .. 2^44)");
 }
 
 TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {

@@ -14,6 +14,10 @@
 
 namespace keel {
 
+// The largest block a trace may allocate (16 TiB): anything larger is a broken file, and replaying
+// it would make the allocator reserve without bound.
+inline constexpr uint64_t kMaxTraceBlock = uint64_t(1) << 44;
+
 struct TraceEvent {
   enum Kind : uint8_t { Alloc, Free, Step } kind = Alloc;
   uint64_t id = 0;     // block name (Alloc/Free), step number (Step)

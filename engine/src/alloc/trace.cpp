@@ -34,7 +34,7 @@ size_t AllocTrace::steps() const {
 // ---- text format -----------------------------------------------------------------------------
 
 AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
-  constexpr uint64_t kMaxBlock = uint64_t(1) << 44;  // 16 TiB: anything larger is a broken file
+  constexpr uint64_t kMaxBlock = kMaxTraceBlock;
   AllocTrace t;
   std::unordered_set<uint64_t> live;
   std::string line;
