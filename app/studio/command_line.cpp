@@ -16,6 +16,8 @@
 #include <QSet>
 #include <utility>
 
+#include "keel/base/text.h"
+
 namespace keel::studio {
 
 namespace {
@@ -84,6 +86,14 @@ struct Options {
   }
 };
 
+// Why `path` cannot be opened as a `what`: missing, or a FIFO (opening it would block), a device
+// or a directory (keel::nonRegularKind, the rule every keel input follows).
+QString notAFile(const QString& what, const QString& path) {
+  const std::string kind = keel::nonRegularKind(path.toStdString());
+  if (kind.empty()) return "no such " + what + ": " + path;
+  return QString("%1 %2 is %3, not a regular file").arg(what, path, QString::fromStdString(kind));
+}
+
 StudioCommandLine error(QString message) {
   StudioCommandLine c;
   c.action = StudioCommandLine::Action::Error;
@@ -146,7 +156,7 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     out.compare = cli.value(o.compare);
   }
   for (const QString& f : {out.recording, out.compare})
-    if (!f.isEmpty() && !QFileInfo(f).isFile()) return error("no such recording: " + f);
+    if (!f.isEmpty() && !QFileInfo(f).isFile()) return error(notAFile("recording", f));
   bool ok = true;
   if (cli.isSet(o.step)) {
     out.step = cli.value(o.step).toLongLong(&ok);
@@ -200,7 +210,7 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (!out.recording.isEmpty()) return error("--session and a recording to open are exclusive");
   SessionConfig s;
   s.configPath = cli.value(o.session);
-  if (!QFileInfo(s.configPath).isFile()) return error("no such config: " + s.configPath);
+  if (!QFileInfo(s.configPath).isFile()) return error(notAFile("config", s.configPath));
   s.backend = cli.value(o.backend);
   if (s.backend != "cpu" && s.backend != "cpu-ref")
     return error("--backend: expected cpu or cpu-ref, got '" + s.backend + "'");

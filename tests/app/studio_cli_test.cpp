@@ -215,6 +215,8 @@ class StudioCliTest : public QObject {
         {{"--steps", "3"}, "belong to a live session"},
         {{"--run"}, "belong to a live session"},
         {{dir_ + "/nope.db"}, "no such recording"},
+        {{"/dev/zero"}, "recording /dev/zero is a character device, not a regular file"},
+        {{"--session", "/dev/zero"}, "config /dev/zero is a character device"},
         {{a, "b.db", "c.db"}, "at most one recording"},
         {{"--compare", a}, "--compare needs a recording"},
         {{a, "--compare", dir_ + "/nope.db"}, "no such recording"},

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -322,9 +321,6 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
 }
 
 GptConfig loadGptConfig(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw Error(path + ": is a directory, expected a JSON config file");
   std::string text = readFile(path, "config file", kMaxConfigBytes);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw Error(path + ": config file is empty");
