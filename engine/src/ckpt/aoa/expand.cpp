@@ -251,12 +251,15 @@ std::vector<Statement> Expander::expandVariables(const Statement& s, const Space
 }
 
 std::vector<Statement> Expander::expandWildcards(const Statement& s, const Space& space) {
+  // Whether a target carries '*', once (asked per starred source it made range-expanded
+  // statements quadratic: a 195-byte rule took 37 s in the fuzzer).
+  const bool rhsStar = std::any_of(s.rhs.begin(), s.rhs.end(), [](const Name& n) {
+    return n.text.find('*') != std::string::npos;
+  });
   int starLhs = -1;
   for (size_t i = 0; i < s.lhs.size(); ++i)
     if (s.lhs[i].text.find('*') != std::string::npos && !s.lhs[i].blank) {
-      if (starLhs >= 0 && std::any_of(s.rhs.begin(), s.rhs.end(), [](const Name& n) {
-            return n.text.find('*') != std::string::npos;
-          }))
+      if (starLhs >= 0 && rhsStar)
         fail(src_, s.lhs[i].pos, "only one source name may carry '*' when a target name does");
       if (starLhs < 0) starLhs = int(i);
     }
