@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "keel/allocator.h"
+#include "keel/base/text.h"
 #include "keel/capture/recording_run.h"
 #include "keel/data.h"
 #include "keel/error.h"
@@ -30,7 +31,8 @@ struct RecordArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool all = false, stacks = false, md5 = false, stats = false, dumps = false, allocator = false;
-  bool noLogs = false, noGraph = false, drop = false, trackMemory = false;
+  bool noLogs = false, noGraph = false, drop = false, trackMemory = false, hashInline = false;
+  int64_t hashBacklogMiB = 64;
   std::string alloc;
   int roundedMd5 = 0;
   std::string ops, scope, stepRange, dumpOps, dumpScope, dumpSteps, onError = "stop", verbose;
@@ -91,6 +93,8 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
   o.dumpFilter.scope = a.dumpScope;
   parseStepRange(a.dumpSteps, o.dumpFilter, "--dump-steps");
   o.dropPolicy = a.drop ? capture::DropPolicy::Drop : capture::DropPolicy::Block;
+  o.hashThread = !a.hashInline;
+  o.hashBacklogBytes = a.hashBacklogMiB << 20;
   if (a.onError == "stop")
     o.onError = capture::ErrorPolicy::Stop;
   else if (a.onError == "throw")
@@ -150,7 +154,17 @@ int runRecord(const RecordArgs& a) {
   int64_t dropped = c.droppedOps + c.droppedLogs + c.droppedMems + c.droppedDumps;
   if (dropped > 0)
     std::printf(" (%lld records dropped by the drop policy)", static_cast<long long>(dropped));
+  if (c.droppedHashes > 0)
+    std::printf(" (%lld tensors without checksums: the hashing backlog was full)",
+                static_cast<long long>(c.droppedHashes));
   std::printf("\n");
+  if (c.hashedTensors > 0)
+    std::printf(
+        "hashed %lld tensors, %s (%lld on the run's own thread, %lld by the writer; at most "
+        "%s waiting)\n",
+        static_cast<long long>(c.hashedTensors), formatBytes(uint64_t(c.hashedBytes)).c_str(),
+        static_cast<long long>(c.hashedByEngine), static_cast<long long>(c.hashedByWriter),
+        formatBytes(uint64_t(c.peakHashBacklogBytes)).c_str());
   if (stopped) {
     // One line saying where, on stdout after the counts (a CI job greps it), and exit 1.
     std::printf("keel record: stopped at op #%llu (step %lld): %s\n",
@@ -200,8 +214,17 @@ Command addRecordCommand(CLI::App& root) {
   c->add_option("--dump-ops", a->dumpOps, "dump only these ops (comma-separated)");
   c->add_option("--dump-scope", a->dumpScope, "dump only ops under this scope");
   c->add_option("--dump-steps", a->dumpSteps, "dump only in these steps (A:B)");
-  c->add_flag("--drop", a->drop,
-              "when the queue is full drop records (counted) instead of waiting");
+  c->add_flag(
+      "--drop", a->drop,
+      "when the queue (or the hashing backlog) is full drop records, or tensors' checksums, "
+      "counted, instead of waiting");
+  c->add_option("--hash-backlog", a->hashBacklogMiB,
+                "MiB of tensors waiting to be hashed beyond which the run waits (or drops)")
+      ->check(wholeNumber(1, int64_t(1) << 20))
+      ->capture_default_str();
+  c->add_flag("--hash-inline", a->hashInline,
+              "hash tensors inside each op (one at a time, on the engine's thread) instead of on "
+              "the hashing thread");
   c->add_option("--on-error", a->onError, "writer failure: stop recording | throw (stop the run)")
       ->capture_default_str();
   c->add_option("--break-on", a->breakOn,

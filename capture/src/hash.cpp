@@ -165,11 +165,13 @@ void roundedCode(double v, int digits, const double* P, uint8_t out[12]) {
 // in lane order at the end: a view and its contiguous copy give the same bits, and so do the AVX2
 // and the scalar float32 loops below (same operations per lane, no FMA).
 constexpr int kLanes = 8;
-struct StatsAcc {
+}  // namespace
+
+struct StatsStream::Acc {
   double s1[kLanes] = {}, s2[kLanes] = {};
   double mn[kLanes], mx[kLanes], amax[kLanes] = {};
   int64_t finite[kLanes] = {}, nan[kLanes] = {}, inf[kLanes] = {}, zero[kLanes] = {};
-  StatsAcc() {
+  Acc() {
     for (int j = 0; j < kLanes; ++j) {
       mn[j] = std::numeric_limits<double>::infinity();
       mx[j] = -std::numeric_limits<double>::infinity();
@@ -192,6 +194,10 @@ struct StatsAcc {
     amax[j] = a > amax[j] ? a : amax[j];
   }
 };
+
+using StatsAcc = StatsStream::Acc;
+
+namespace {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KEEL_HAVE_AVX2_STATS 1
@@ -260,13 +266,75 @@ __attribute__((target("avx2"))) int64_t statsFloat32Avx2(const float* p, int64_t
   }
   return i;
 }
+
+// AVX-512F: 16 float32 values per iteration. The sums go to lanes 0..7 as two groups of 8
+// doubles one after the other, exactly as the AVX2 and scalar loops add them (same operations per
+// lane, no FMA: the GCC target contracts mul+add unless told not to). Minimum, maximum and
+// largest magnitude are exact whatever the order, so they run on 16 floats and fold into lane 0
+// (StatsStream::finish reports a zero extreme as +0 whichever zero came first). NaN/Inf/zero/finite
+// counts are integers, summed in lane 0.
+constexpr __mmask8 kAll8 = 0xff;
+__attribute__((target("avx512f"), optimize("fp-contract=off"))) int64_t statsFloat32Avx512(
+    const float* p, int64_t n, double shift, StatsAcc& acc) {
+  const __m512d shiftD = _mm512_set1_pd(shift);
+  const __m512 infF = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __m512d zeroD = _mm512_setzero_pd();
+  __m512d s1 = _mm512_loadu_pd(acc.s1), s2 = _mm512_loadu_pd(acc.s2);
+  __m512 mn = infF, mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 am = _mm512_setzero_ps();
+  int64_t cNan = 0, cInf = 0, cZero = 0, cFin = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(p + i);
+    const __m512 ax = _mm512_abs_ps(x);
+    const __mmask16 nanM = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __mmask16 infM = _mm512_cmp_ps_mask(ax, infF, _CMP_EQ_OQ);
+    const __mmask16 finM = _mm512_cmp_ps_mask(ax, infF, _CMP_LT_OQ);
+    const __mmask16 zeroM = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_EQ_OQ);
+    cNan += __builtin_popcount(nanM);
+    cInf += __builtin_popcount(infM);
+    cZero += __builtin_popcount(zeroM);
+    cFin += __builtin_popcount(finM);
+    mn = _mm512_mask_min_ps(mn, finM, x, mn);
+    mx = _mm512_mask_max_ps(mx, finM, x, mx);
+    am = _mm512_mask_max_ps(am, finM, ax, am);
+    for (int h = 0; h < 2; ++h) {
+      const __mmask8 fm = __mmask8(h == 0 ? finM : finM >> 8);
+      const __m256 part = _mm256_castpd_ps(
+          _mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), kAll8, _mm512_castps_pd(x), h));
+      const __m512d v = _mm512_mask_cvtps_pd(zeroD, fm, part);  // non-finite -> 0
+      const __m512d d = _mm512_maskz_sub_pd(fm, v, shiftD);
+      s1 = _mm512_add_pd(s1, d);
+      s2 = _mm512_add_pd(s2, _mm512_mul_pd(d, d));
+    }
+  }
+  _mm512_storeu_pd(acc.s1, s1);
+  _mm512_storeu_pd(acc.s2, s2);
+  // Folded by hand: GCC 12's _mm512_reduce_*_ps trip -Wuninitialized (bug 105593).
+  float vmn[16], vmx[16], vam[16];
+  _mm512_storeu_ps(vmn, mn);
+  _mm512_storeu_ps(vmx, mx);
+  _mm512_storeu_ps(vam, am);
+  for (int k = 0; k < 16; ++k) {
+    acc.mn[0] = std::min(acc.mn[0], double(vmn[k]));
+    acc.mx[0] = std::max(acc.mx[0], double(vmx[k]));
+    acc.amax[0] = std::max(acc.amax[0], double(vam[k]));
+  }
+  acc.nan[0] += cNan;
+  acc.inf[0] += cInf;
+  acc.zero[0] += cZero;
+  acc.finite[0] += cFin;
+  return i;
+}
 #endif
 
 void statsFloat32(const float* p, int64_t n, double shift, StatsAcc& acc, int& lane) {
   int64_t i = 0;
   for (; i < n && lane != 0; ++i, lane = (lane + 1) % kLanes) acc.add(lane, double(p[i]), shift);
 #ifdef KEEL_HAVE_AVX2_STATS
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
   static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx512) i += statsFloat32Avx512(p + i, n - i, shift, acc);
   // int32 lane counters: at most 2^31 - 1 groups per call.
   constexpr int64_t kMaxPerCall = (int64_t(1) << 30) * kLanes;
   while (avx2 && n - i >= kLanes)
@@ -363,32 +431,26 @@ std::string tensorMd5Rounded(const Tensor& t, int digits) {
   return md5RoundedElements(t, digits).finish(hashTrailer(t.dtype(), t.shape()));
 }
 
-storage::TensorStats tensorStats(const Tensor& t) {
+StatsStream::StatsStream(DType dtype, double shift)
+    : acc_(std::make_unique<Acc>()), dtype_(dtype), shift_(shift) {}
+StatsStream::~StatsStream() = default;
+StatsStream::StatsStream(StatsStream&&) noexcept = default;
+StatsStream& StatsStream::operator=(StatsStream&&) noexcept = default;
+
+void StatsStream::add(const uint8_t* p, int64_t n) {
+  if (dtype_ == DType::Float32) {
+    statsFloat32(reinterpret_cast<const float*>(p), n, shift_, *acc_, lane_);
+    return;
+  }
+  forEachValue(dtype_, p, n, [&](double v) {
+    acc_->add(lane_, v, shift_);
+    lane_ = (lane_ + 1) % kLanes;
+  });
+}
+
+storage::TensorStats StatsStream::finish() const {
   storage::TensorStats s;
-  // shift: the first finite value in row-major order.
-  bool haveShift = false;
-  double shift = 0;
-  forEachChunk(t, [&](const uint8_t* p, int64_t cnt) {
-    if (haveShift) return;
-    forEachValue(t.dtype(), p, cnt, [&](double v) {
-      if (!haveShift && std::isfinite(v)) {
-        haveShift = true;
-        shift = v;
-      }
-    });
-  });
-  StatsAcc acc;
-  int lane = 0;
-  forEachChunk(t, [&](const uint8_t* p, int64_t cnt) {
-    if (t.dtype() == DType::Float32) {
-      statsFloat32(reinterpret_cast<const float*>(p), cnt, shift, acc, lane);
-      return;
-    }
-    forEachValue(t.dtype(), p, cnt, [&](double v) {
-      acc.add(lane, v, shift);
-      lane = (lane + 1) % kLanes;
-    });
-  });
+  const Acc& acc = *acc_;
   double s1 = 0, s2 = 0, mn = acc.mn[0], mx = acc.mx[0], amax = 0;
   int64_t n = 0;
   for (int j = 0; j < kLanes; ++j) {
@@ -403,14 +465,36 @@ storage::TensorStats tensorStats(const Tensor& t) {
     s.zeroCount += acc.zero[j];
   }
   if (n > 0) {
-    s.min = mn;
-    s.max = mx;
+    // +0 for a zero extreme: which zero comes first depends on the order the lanes saw them.
+    s.min = mn == 0 ? 0.0 : mn;
+    s.max = mx == 0 ? 0.0 : mx;
     s.absMax = amax;
-    s.mean = shift + s1 / double(n);
+    s.mean = shift_ + s1 / double(n);
     double var = (s2 - s1 * s1 / double(n)) / double(n);
     s.std = std::sqrt(var > 0 ? var : 0.0);
   }
   return s;
+}
+
+double statsShift(const Tensor& t) {
+  bool found = false;
+  double shift = 0;
+  forEachChunk(t, [&](const uint8_t* p, int64_t cnt) {
+    if (found) return;
+    forEachValue(t.dtype(), p, cnt, [&](double v) {
+      if (!found && std::isfinite(v)) {
+        found = true;
+        shift = v;
+      }
+    });
+  });
+  return shift;
+}
+
+storage::TensorStats tensorStats(const Tensor& t) {
+  StatsStream stream(t.dtype(), statsShift(t));
+  forEachChunk(t, [&](const uint8_t* p, int64_t cnt) { stream.add(p, cnt); });
+  return stream.finish();
 }
 
 std::vector<uint8_t> contiguousBytes(const Tensor& t) {

@@ -35,7 +35,7 @@ namespace {
 constexpr uint32_t kInit[4] = {0x67452301u, 0xefcdab89u, 0x98badcfeu, 0x10325476u};
 
 // RFC 1321's sine table: kK[i] = floor(2^32 * |sin(i + 1)|).
-[[maybe_unused]] constexpr uint32_t kK[64] = {
+constexpr uint32_t kK[64] = {
     0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
     0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821,
     0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8,
@@ -45,6 +45,48 @@ constexpr uint32_t kInit[4] = {0x67452301u, 0xefcdab89u, 0x98badcfeu, 0x10325476
     0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
     0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391};
 
+uint32_t rotl32(uint32_t x, int c) {
+  return (x << c) | (x >> (32 - c));
+}
+
+// One MD5 compression of a 64-byte block into s (RFC 1321, plain C): the lanes=1 midstate path
+// and the finish of every midstate.
+void md5Compress(uint32_t s[4], const uint8_t* block) {
+  static constexpr int kShift[4][4] = {
+      {7, 12, 17, 22}, {5, 9, 14, 20}, {4, 11, 16, 23}, {6, 10, 15, 21}};
+  uint32_t w[16];
+  for (int i = 0; i < 16; ++i)
+    w[i] = uint32_t(block[4 * i]) | uint32_t(block[4 * i + 1]) << 8 |
+           uint32_t(block[4 * i + 2]) << 16 | uint32_t(block[4 * i + 3]) << 24;
+  uint32_t a = s[0], b = s[1], c = s[2], d = s[3];
+  for (int i = 0; i < 64; ++i) {
+    uint32_t f;
+    int g;
+    if (i < 16) {
+      f = d ^ (b & (c ^ d));
+      g = i;
+    } else if (i < 32) {
+      f = c ^ (d & (b ^ c));
+      g = (5 * i + 1) & 15;
+    } else if (i < 48) {
+      f = b ^ c ^ d;
+      g = (3 * i + 5) & 15;
+    } else {
+      f = c ^ (b | ~d);
+      g = (7 * i) & 15;
+    }
+    const uint32_t t = d;
+    d = c;
+    c = b;
+    b = b + rotl32(a + f + kK[i] + w[g], kShift[i / 16][i % 4]);
+    a = t;
+  }
+  s[0] += a;
+  s[1] += b;
+  s[2] += c;
+  s[3] += d;
+}
+
 // Runs `blocks` MD5 compressions on every lane. state: 4 x L words (a of every lane, then b, c, d);
 // ptr[j]: lane j's first block, each next one step[j] bytes further (0: the same block again).
 using Kernel = void (*)(uint32_t* state, const uint8_t* const* ptr, const size_t* step,
@@ -53,10 +95,13 @@ using Kernel = void (*)(uint32_t* state, const uint8_t* const* ptr, const size_t
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KEEL_HAVE_MD5_LANES 1
 
-// One MD5 step on every lane: a = b + rotl(a + f(b, c, d) + w[g] + K[i], s). The helpers are
-// overloaded on the vector type, so the same 64 steps expand in the AVX2 and the AVX-512 kernel.
+// One MD5 step on every lane of each of G interleaved groups: a = b + rotl(a + f(b, c, d) + w[g] +
+// K[i], s). The helpers are overloaded on the vector type, so the same 64 steps expand in the AVX2
+// and the AVX-512 kernels. Each step is a chain of dependent instructions; G independent groups
+// (more messages in flight) let the CPU overlap one group's chain with the other's.
 #define KEEL_MD5_STEP(f, a, b, c, d, g, i, s) \
-  a = add(b, rotl<s>(add(add(a, f(b, c, d)), add(w[g], splat(a, kK[i])))))
+  for (int q = 0; q < G; ++q)                 \
+  a[q] = add(b[q], rotl<s>(add(add(a[q], f(b[q], c[q], d[q])), add(w[q][g], splat(a[q], kK[i])))))
 #define KEEL_MD5_4(f, i, g0, g1, g2, g3, s0, s1, s2, s3) \
   KEEL_MD5_STEP(f, a, b, c, d, g0, i, s0);               \
   KEEL_MD5_STEP(f, d, a, b, c, g1, i + 1, s1);           \
@@ -135,32 +180,49 @@ KEEL_AVX2_INLINE void transpose8(__m256i r[8]) {
   }
 }
 
+// G groups of 8 lanes: lane 8q + j is group q's lane j (state word r of lane l at state[r * L +
+// l]).
+template <int G>
 __attribute__((target("avx2"))) void md5Avx2(uint32_t* state, const uint8_t* const* ptr,
                                              const size_t* step, size_t blocks) {
-  constexpr int L = 8;
+  constexpr int L = 8 * G;
   const uint8_t* p[L];
   for (int j = 0; j < L; ++j) p[j] = ptr[j];
-  __m256i s[4];
+  __m256i s[4][G];
   for (int r = 0; r < 4; ++r)
-    s[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state + r * L));
+    for (int q = 0; q < G; ++q)
+      s[r][q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state + r * L + 8 * q));
   for (size_t blk = 0; blk < blocks; ++blk) {
-    __m256i w[16];
-    for (int j = 0; j < L; ++j) {
-      w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[j]));
-      w[8 + j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[j] + 32));
-      prefetchAhead(p[j]);
-      p[j] += step[j];
+    __m256i w[G][16];
+    for (int q = 0; q < G; ++q) {
+      for (int j = 0; j < 8; ++j) {
+        const int l = 8 * q + j;
+        w[q][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[l]));
+        w[q][8 + j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[l] + 32));
+        prefetchAhead(p[l]);
+        p[l] += step[l];
+      }
+      transpose8(w[q]);
+      transpose8(w[q] + 8);
     }
-    transpose8(w);
-    transpose8(w + 8);
-    __m256i a = s[0], b = s[1], c = s[2], d = s[3];
+    __m256i a[G], b[G], c[G], d[G];
+    for (int q = 0; q < G; ++q) {
+      a[q] = s[0][q];
+      b[q] = s[1][q];
+      c[q] = s[2][q];
+      d[q] = s[3][q];
+    }
     KEEL_MD5_64_STEPS;
-    s[0] = add(s[0], a);
-    s[1] = add(s[1], b);
-    s[2] = add(s[2], c);
-    s[3] = add(s[3], d);
+    for (int q = 0; q < G; ++q) {
+      s[0][q] = add(s[0][q], a[q]);
+      s[1][q] = add(s[1][q], b[q]);
+      s[2][q] = add(s[2][q], c[q]);
+      s[3][q] = add(s[3][q], d[q]);
+    }
   }
-  for (int r = 0; r < 4; ++r) _mm256_storeu_si256(reinterpret_cast<__m256i*>(state + r * L), s[r]);
+  for (int r = 0; r < 4; ++r)
+    for (int q = 0; q < G; ++q)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(state + r * L + 8 * q), s[r][q]);
 }
 
 // ---- AVX-512F: 16 lanes ----
@@ -221,29 +283,44 @@ KEEL_AVX512_INLINE void transpose16(__m512i r[16]) {
   }
 }
 
+// G groups of 16 lanes, laid out as md5Avx2's.
+template <int G>
 __attribute__((target("avx512f"))) void md5Avx512(uint32_t* state, const uint8_t* const* ptr,
                                                   const size_t* step, size_t blocks) {
-  constexpr int L = 16;
+  constexpr int L = 16 * G;
   const uint8_t* p[L];
   for (int j = 0; j < L; ++j) p[j] = ptr[j];
-  __m512i s[4];
-  for (int r = 0; r < 4; ++r) s[r] = _mm512_loadu_si512(state + r * L);
+  __m512i s[4][G];
+  for (int r = 0; r < 4; ++r)
+    for (int q = 0; q < G; ++q) s[r][q] = _mm512_loadu_si512(state + r * L + 16 * q);
   for (size_t blk = 0; blk < blocks; ++blk) {
-    __m512i w[16];
-    for (int j = 0; j < L; ++j) {
-      w[j] = _mm512_loadu_si512(p[j]);
-      prefetchAhead(p[j]);
-      p[j] += step[j];
+    __m512i w[G][16];
+    for (int q = 0; q < G; ++q) {
+      for (int j = 0; j < 16; ++j) {
+        const int l = 16 * q + j;
+        w[q][j] = _mm512_loadu_si512(p[l]);
+        prefetchAhead(p[l]);
+        p[l] += step[l];
+      }
+      transpose16(w[q]);
     }
-    transpose16(w);
-    __m512i a = s[0], b = s[1], c = s[2], d = s[3];
+    __m512i a[G], b[G], c[G], d[G];
+    for (int q = 0; q < G; ++q) {
+      a[q] = s[0][q];
+      b[q] = s[1][q];
+      c[q] = s[2][q];
+      d[q] = s[3][q];
+    }
     KEEL_MD5_64_STEPS;
-    s[0] = add(s[0], a);
-    s[1] = add(s[1], b);
-    s[2] = add(s[2], c);
-    s[3] = add(s[3], d);
+    for (int q = 0; q < G; ++q) {
+      s[0][q] = add(s[0][q], a[q]);
+      s[1][q] = add(s[1][q], b[q]);
+      s[2][q] = add(s[2][q], c[q]);
+      s[3][q] = add(s[3][q], d[q]);
+    }
   }
-  for (int r = 0; r < 4; ++r) _mm512_storeu_si512(state + r * L, s[r]);
+  for (int r = 0; r < 4; ++r)
+    for (int q = 0; q < G; ++q) _mm512_storeu_si512(state + r * L + 16 * q, s[r][q]);
 }
 
 #undef KEEL_MD5_64_STEPS
@@ -251,41 +328,54 @@ __attribute__((target("avx512f"))) void md5Avx512(uint32_t* state, const uint8_t
 #undef KEEL_MD5_STEP
 #endif  // x86-64
 
-int detectLaneWidth() {
+// The vector ISA this CPU offers the kernels: 0 none, 1 AVX2, 2 AVX-512F (and AVX2).
+int detectIsa() {
 #ifdef KEEL_HAVE_MD5_LANES
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return 16;
-  if (__builtin_cpu_supports("avx2")) return 8;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2")) return 2;
+  if (__builtin_cpu_supports("avx2")) return 1;
 #endif
-  return 1;
+  return 0;
+}
+int isa() {
+  static const int level = detectIsa();
+  return level;
 }
 
+// Note [MD5 lane widths]: 16 lanes where the CPU has AVX2 — one group of 16 with AVX-512F, two
+// interleaved groups of 8 with AVX2 alone (each MD5 step is a chain of dependent instructions; a
+// second group fills the gaps: 1.25x one group of 8 on AVX2). 32 lanes (two groups of 16) run
+// where AVX-512F does, but measured slower than 16 on AMD Zen 4 (64 live vectors spill), so they
+// are not the default. md5_multi_test and bench_hash cover every width.
 int laneWidth() {
-  static const int width = detectLaneWidth();
-  return width;
+  return isa() > 0 ? 16 : 1;
 }
 [[maybe_unused]] const int kLaneWidthAtLoad = laneWidth();  // decided when the library loads
 
 // One lane's read position in its message (see Note [Multi-buffer MD5]).
 struct Lane {
-  const Md5Message* msg = nullptr;  // null: idle
-  size_t index = 0;                 // the message's index in the batch
-  size_t part = 0, off = 0;         // next byte: msg->parts[part][off]
-  uint64_t left = 0;                // message bytes not yet fed
-  uint64_t bits = 0;                // message length in bits, mod 2^64
-  int tailBlocks = 0;               // 0 while feeding data; 1 or 2 once the padded tail is built
-  int tailNext = 0;                 // the next tail block to feed
-  bool direct = false;              // this round's blocks are read straight from a part
+  Md5Message msg;  // the message being hashed (its parts); parts empty and !busy: idle
+  bool busy = false;
+  size_t id = 0;             // the caller's id of the message
+  size_t part = 0, off = 0;  // next byte: msg.parts[part][off]
+  uint64_t total = 0;        // message length in bytes
+  uint64_t left = 0;         // message bytes not yet fed
+  int tailBlocks = 0;        // 0 while feeding data; 1 or 2 once the padded tail is built
+  int tailNext = 0;          // the next tail block to feed
+  bool direct = false;       // this round's blocks are read straight from a part
   alignas(64) uint8_t buf[128];
 };
 
-// Copies the next n bytes of lane's message to dst (n <= lane.left).
-void take(Lane& lane, uint8_t* dst, size_t n) {
+// Copies the next n bytes of lane's message to dst (n <= lane.left), showing them to sink.
+void take(Lane& lane, uint8_t* dst, size_t n, Md5ByteSink* sink) {
   lane.left -= n;
   while (n > 0) {
-    const std::span<const uint8_t> part = lane.msg->parts[lane.part];
+    const std::span<const uint8_t> part = lane.msg.parts[lane.part];
     const size_t m = std::min(n, part.size() - lane.off);
-    if (m > 0) std::memcpy(dst, part.data() + lane.off, m);
+    if (m > 0) {
+      std::memcpy(dst, part.data() + lane.off, m);
+      if (sink) sink->bytes(lane.id, part.data() + lane.off, m);
+    }
     dst += m;
     n -= m;
     lane.off += m;
@@ -302,9 +392,191 @@ uint64_t messageBytes(const Md5Message& m) {
   return n;
 }
 
+// Blocks one kernel call runs at most: 4 KiB per lane, so that 16 lanes' bytes (64 KiB) are still
+// in L2 when a byte sink has just read them (statistics fused into the pass).
+constexpr size_t kMaxBlocksPerCall = 512;
+
+// Asks for the lane's next kMaxBlocksPerCall blocks from `from` on (at most to its part's end).
+void prefetchSegment(const Lane& lane, const uint8_t* from) {
+#ifdef KEEL_HAVE_MD5_LANES
+  const std::span<const uint8_t> part = lane.msg.parts[lane.part];
+  const uint8_t* end = part.data() + part.size();
+  const uint8_t* stop = std::min(end, from + 64 * kMaxBlocksPerCall);
+  for (const uint8_t* p = from; p < stop; p += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+#else
+  (void)lane;
+  (void)from;
+#endif
+}
+
+// lanes = 1 in midstate mode: the scalar compression on lane 0's state (4 words: a, b, c, d).
+void md5Scalar(uint32_t* state, const uint8_t* const* ptr, const size_t* step, size_t blocks) {
+  const uint8_t* p = ptr[0];
+  for (size_t b = 0; b < blocks; ++b, p += step[0]) md5Compress(state, p);
+}
+
+}  // namespace
+
+// Note [Lane streams]: the lanes are a small machine that messages join and leave. add() puts a
+// message on a free lane; step() runs one kernel call (at most kMaxBlocksPerCall blocks) over the
+// busy lanes and reports the messages that finished. A batch call (md5Many, md5ManyMidstates)
+// feeds its messages longest first; the capture's hashing thread feeds jobs as they arrive, so a
+// lane freed by a short tensor takes the next queued one instead of idling until the batch ends.
+class Md5LaneStream::Impl {
+ public:
+  virtual ~Impl() = default;
+  virtual bool hasFreeLane() const = 0;
+  virtual bool busy() const = 0;
+  virtual void add(Md5Message msg, size_t id) = 0;
+  virtual void step(std::vector<Md5LaneStream::Finished>& out) = 0;
+};
+
+namespace {
+
 template <int L>
-void md5Lanes(std::span<const Md5Message> msgs, std::span<Md5Digest> out, Kernel kernel) {
-  static const uint8_t kZeroBlock[64] = {};
+class LaneSet final : public Md5LaneStream::Impl {
+ public:
+  // midstates: results are midstates after each message's whole blocks; else full digests.
+  LaneSet(Kernel kernel, bool midstates, Md5ByteSink* sink)
+      : kernel_(kernel), midstates_(midstates), sink_(sink) {}
+
+  bool hasFreeLane() const override { return busyCount_ < L; }
+  bool busy() const override { return busyCount_ > 0; }
+
+  void add(Md5Message msg, size_t id) override {
+    int j = 0;
+    while (lanes_[j].busy) ++j;  // the caller checked hasFreeLane()
+    Lane& lane = lanes_[j];
+    lane.msg = std::move(msg);
+    lane.busy = true;
+    lane.id = id;
+    lane.part = lane.off = 0;
+    lane.total = lane.left = messageBytes(lane.msg);
+    lane.tailBlocks = lane.tailNext = 0;
+    for (int r = 0; r < 4; ++r) state_[r * L + j] = kInit[r];
+    ++busyCount_;
+  }
+
+  void step(std::vector<Md5LaneStream::Finished>& out) override {
+    static const uint8_t kZeroBlock[64] = {};
+    // Each busy lane's next block(s); blocks = how many every busy lane can supply.
+    size_t blocks = kMaxBlocksPerCall;
+    bool any = false;
+    for (int j = 0; j < L; ++j) {
+      Lane& lane = lanes_[j];
+      // A message shorter than a block: all of it is the midstate's tail.
+      if (lane.busy && midstates_ && lane.left < 64) finishMidstate(j, out);
+      lane.direct = false;
+      step_[j] = 0;
+      if (!lane.busy) {
+        ptr_[j] = kZeroBlock;
+        continue;
+      }
+      any = true;
+      if (lane.tailBlocks == 0 && lane.left >= 64) {
+        while (lane.off == lane.msg.parts[lane.part].size()) {  // past the end of a part
+          ++lane.part;
+          lane.off = 0;
+        }
+        const std::span<const uint8_t> part = lane.msg.parts[lane.part];
+        const size_t avail = part.size() - lane.off;
+        if (avail >= 64) {
+          lane.direct = true;
+          ptr_[j] = part.data() + lane.off;
+          step_[j] = 64;
+          blocks = std::min<size_t>(blocks, std::min<uint64_t>(avail, lane.left) / 64);
+          continue;
+        }
+        take(lane, lane.buf, 64, sink_);  // a block across a part boundary
+      } else if (lane.tailBlocks == 0) {
+        // The padded tail: the last left (< 64) bytes, 0x80, zeros, the bit length.
+        const size_t r = size_t(lane.left);
+        lane.tailBlocks = r <= 55 ? 1 : 2;
+        std::memset(lane.buf, 0, sizeof lane.buf);
+        take(lane, lane.buf, r, sink_);
+        lane.buf[r] = 0x80;
+        const uint64_t bits = lane.total * 8;
+        uint8_t* len = lane.buf + 64 * lane.tailBlocks - 8;
+        for (int k = 0; k < 8; ++k) len[k] = uint8_t(bits >> (8 * k));
+      }
+      ptr_[j] = lane.tailBlocks == 0 ? lane.buf : lane.buf + 64 * lane.tailNext;
+      blocks = 1;
+    }
+    if (!any) return;
+    if (sink_) {
+      // The sink reads this call's bytes first (and takes the cache misses); the next call's are
+      // asked for now, so they arrive while this one is hashed.
+      for (int j = 0; j < L; ++j)
+        if (lanes_[j].busy && lanes_[j].direct) prefetchSegment(lanes_[j], ptr_[j] + 64 * blocks);
+      for (int j = 0; j < L; ++j)
+        if (lanes_[j].busy && lanes_[j].direct) sink_->bytes(lanes_[j].id, ptr_[j], 64 * blocks);
+    }
+    kernel_(state_, ptr_, step_, blocks);
+    for (int j = 0; j < L; ++j) {
+      Lane& lane = lanes_[j];
+      if (!lane.busy) continue;
+      if (lane.direct) {
+        lane.off += 64 * blocks;
+        lane.left -= 64 * blocks;
+        if (midstates_ && lane.left < 64) finishMidstate(j, out);  // the lane is free at once
+      } else if (midstates_ && lane.left < 64) {
+        finishMidstate(j, out);
+      } else if (lane.tailBlocks != 0 && ++lane.tailNext == lane.tailBlocks) {
+        Md5LaneStream::Finished f;
+        f.id = lane.id;
+        for (int r = 0; r < 4; ++r)
+          for (int k = 0; k < 4; ++k)
+            f.digest[size_t(4 * r + k)] = uint8_t(state_[r * L + j] >> (8 * k));
+        out.push_back(f);
+        release(j);
+      }
+    }
+  }
+
+ private:
+  void finishMidstate(int j, std::vector<Md5LaneStream::Finished>& out) {
+    Lane& lane = lanes_[j];
+    Md5LaneStream::Finished f;
+    f.id = lane.id;
+    for (int r = 0; r < 4; ++r) f.midstate.abcd[size_t(r)] = state_[r * L + j];
+    f.midstate.bytes = lane.total;
+    f.midstate.tailLen = uint8_t(lane.left);
+    take(lane, f.midstate.tail.data(), size_t(lane.left), sink_);
+    out.push_back(f);
+    release(j);
+  }
+  void release(int j) {
+    lanes_[j].busy = false;
+    lanes_[j].msg.parts.clear();
+    --busyCount_;
+  }
+
+  Kernel kernel_;
+  bool midstates_;
+  Md5ByteSink* sink_;
+  alignas(64) uint32_t state_[4 * L];
+  Lane lanes_[L];
+  const uint8_t* ptr_[L];
+  size_t step_[L];
+  int busyCount_ = 0;
+};
+
+std::unique_ptr<Md5LaneStream::Impl> makeLanes(int lanes, bool midstates, Md5ByteSink* sink) {
+#ifdef KEEL_HAVE_MD5_LANES
+  if (lanes == 32) return std::make_unique<LaneSet<32>>(md5Avx512<2>, midstates, sink);
+  if (lanes == 16 && isa() >= 2)
+    return std::make_unique<LaneSet<16>>(md5Avx512<1>, midstates, sink);
+  if (lanes == 16) return std::make_unique<LaneSet<16>>(md5Avx2<2>, midstates, sink);
+  if (lanes == 8) return std::make_unique<LaneSet<8>>(md5Avx2<1>, midstates, sink);
+#endif
+  return std::make_unique<LaneSet<1>>(md5Scalar, midstates, sink);
+}
+
+// A whole batch through a lane stream, longest message first (a long one must not start last
+// and run alone); results by message index.
+template <typename Store>
+void runBatch(Md5LaneStream::Impl& lanes, std::span<const Md5Message> msgs, Store&& store) {
   std::vector<uint64_t> bytes(msgs.size());
   for (size_t i = 0; i < msgs.size(); ++i) bytes[i] = messageBytes(msgs[i]);
   std::vector<size_t> order(msgs.size());
@@ -312,81 +584,16 @@ void md5Lanes(std::span<const Md5Message> msgs, std::span<Md5Digest> out, Kernel
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t x, size_t y) { return bytes[x] > bytes[y]; });
   size_t next = 0;
-
-  alignas(64) uint32_t state[4 * L];
-  Lane lanes[L];
-  const uint8_t* ptr[L];
-  size_t step[L];
-  auto start = [&](int j) {
-    Lane& lane = lanes[j];
-    lane.msg = nullptr;
-    if (next == order.size()) return;
-    lane.index = order[next++];
-    lane.msg = &msgs[lane.index];
-    lane.part = lane.off = 0;
-    lane.left = bytes[lane.index];
-    lane.bits = lane.left * 8;
-    lane.tailBlocks = lane.tailNext = 0;
-    for (int r = 0; r < 4; ++r) state[r * L + j] = kInit[r];
-  };
-  for (int j = 0; j < L; ++j) start(j);
-
+  std::vector<Md5LaneStream::Finished> done;
   for (;;) {
-    // Each busy lane's next block(s); blocks = how many every busy lane can supply.
-    size_t blocks = std::numeric_limits<size_t>::max();
-    bool busy = false;
-    for (int j = 0; j < L; ++j) {
-      Lane& lane = lanes[j];
-      lane.direct = false;
-      step[j] = 0;
-      if (lane.msg == nullptr) {
-        ptr[j] = kZeroBlock;
-        continue;
-      }
-      busy = true;
-      if (lane.tailBlocks == 0 && lane.left >= 64) {
-        while (lane.off == lane.msg->parts[lane.part].size()) {  // past the end of a part
-          ++lane.part;
-          lane.off = 0;
-        }
-        const std::span<const uint8_t> part = lane.msg->parts[lane.part];
-        const size_t avail = part.size() - lane.off;
-        if (avail >= 64) {
-          lane.direct = true;
-          ptr[j] = part.data() + lane.off;
-          step[j] = 64;
-          blocks = std::min(blocks, avail / 64);
-          continue;
-        }
-        take(lane, lane.buf, 64);  // a block across a part boundary
-      } else if (lane.tailBlocks == 0) {
-        // The padded tail: the last left (< 64) bytes, 0x80, zeros, the bit length.
-        const size_t r = size_t(lane.left);
-        lane.tailBlocks = r <= 55 ? 1 : 2;
-        std::memset(lane.buf, 0, sizeof lane.buf);
-        take(lane, lane.buf, r);
-        lane.buf[r] = 0x80;
-        uint8_t* len = lane.buf + 64 * lane.tailBlocks - 8;
-        for (int k = 0; k < 8; ++k) len[k] = uint8_t(lane.bits >> (8 * k));
-      }
-      ptr[j] = lane.tailBlocks == 0 ? lane.buf : lane.buf + 64 * lane.tailNext;
-      blocks = 1;
+    while (next < order.size() && lanes.hasFreeLane()) {
+      lanes.add(msgs[order[next]], order[next]);
+      ++next;
     }
-    if (!busy) break;
-    kernel(state, ptr, step, blocks);
-    for (int j = 0; j < L; ++j) {
-      Lane& lane = lanes[j];
-      if (lane.msg == nullptr) continue;
-      if (lane.direct) {
-        lane.off += 64 * blocks;
-        lane.left -= 64 * blocks;
-      } else if (lane.tailBlocks != 0 && ++lane.tailNext == lane.tailBlocks) {
-        Md5Digest& d = out[lane.index];
-        for (int r = 0; r < 4; ++r)
-          for (int k = 0; k < 4; ++k) d[size_t(4 * r + k)] = uint8_t(state[r * L + j] >> (8 * k));
-        start(j);
-      }
-    }
+    if (!lanes.busy()) break;
+    lanes.step(done);
+    for (const auto& f : done) store(f);
+    done.clear();
   }
 }
 
@@ -421,8 +628,8 @@ int md5LaneWidth() {
 bool md5LanesSupported(int lanes) {
   if (lanes == 1) return true;
 #ifdef KEEL_HAVE_MD5_LANES
-  if (lanes == 8) return laneWidth() >= 8;
-  if (lanes == 16) return laneWidth() >= 16;
+  if (lanes == 8 || lanes == 16) return isa() >= 1;  // AVX2 (16: AVX-512F where it is)
+  if (lanes == 32) return isa() >= 2;
 #endif
   return false;
 }
@@ -433,11 +640,71 @@ void md5ManyWithLanes(std::span<const Md5Message> msgs, std::span<Md5Digest> out
   KEEL_CHECK(md5LanesSupported(lanes), "capture: md5Many cannot run ", lanes,
              " lanes on this CPU (lane width here: ", laneWidth(), ")");
   if (msgs.empty()) return;
-#ifdef KEEL_HAVE_MD5_LANES
-  if (lanes == 16) return md5Lanes<16>(msgs, out, md5Avx512);
-  if (lanes == 8) return md5Lanes<8>(msgs, out, md5Avx2);
-#endif
-  md5OpenSsl(msgs, out);
+  if (lanes == 1) return md5OpenSsl(msgs, out);
+  auto set = makeLanes(lanes, false, nullptr);
+  runBatch(*set, msgs, [&](const Md5LaneStream::Finished& f) { out[f.id] = f.digest; });
+}
+
+Md5Midstate md5Start() {
+  Md5Midstate m;
+  for (int r = 0; r < 4; ++r) m.abcd[size_t(r)] = kInit[r];
+  return m;
+}
+
+Md5Digest Md5Midstate::finish(std::span<const uint8_t> more) const {
+  uint32_t s[4] = {abcd[0], abcd[1], abcd[2], abcd[3]};
+  uint8_t buf[128];
+  size_t used = tailLen;
+  std::memcpy(buf, tail.data(), used);
+  for (size_t i = 0; i < more.size();) {
+    const size_t k = std::min(more.size() - i, 64 - used);
+    std::memcpy(buf + used, more.data() + i, k);
+    used += k;
+    i += k;
+    if (used == 64) {
+      md5Compress(s, buf);
+      used = 0;
+    }
+  }
+  const uint64_t bits = (bytes + more.size()) * 8;
+  buf[used++] = 0x80;
+  const size_t total = used <= 56 ? 64 : 128;
+  std::memset(buf + used, 0, total - used);
+  for (int k = 0; k < 8; ++k) buf[total - 8 + size_t(k)] = uint8_t(bits >> (8 * k));
+  md5Compress(s, buf);
+  if (total == 128) md5Compress(s, buf + 64);
+  Md5Digest d;
+  for (int r = 0; r < 4; ++r)
+    for (int k = 0; k < 4; ++k) d[size_t(4 * r + k)] = uint8_t(s[r] >> (8 * k));
+  return d;
+}
+
+void md5ManyMidstates(std::span<const Md5Message> msgs, std::span<Md5Midstate> out, int lanes,
+                      Md5ByteSink* sink) {
+  KEEL_CHECK(out.size() == msgs.size(), "capture: md5ManyMidstates got ", msgs.size(),
+             " messages but ", out.size(), " midstate slots");
+  Md5LaneStream stream(lanes, sink);
+  runBatch(*stream.impl_, msgs, [&](const Md5LaneStream::Finished& f) { out[f.id] = f.midstate; });
+}
+
+Md5LaneStream::Md5LaneStream(int lanes, Md5ByteSink* sink) {
+  if (lanes == 0) lanes = laneWidth();
+  KEEL_CHECK(md5LanesSupported(lanes), "capture: md5Many cannot run ", lanes,
+             " lanes on this CPU (lane width here: ", laneWidth(), ")");
+  impl_ = makeLanes(lanes, true, sink);
+}
+Md5LaneStream::~Md5LaneStream() = default;
+bool Md5LaneStream::hasFreeLane() const {
+  return impl_->hasFreeLane();
+}
+bool Md5LaneStream::busy() const {
+  return impl_->busy();
+}
+void Md5LaneStream::add(Md5Message msg, size_t id) {
+  impl_->add(std::move(msg), id);
+}
+void Md5LaneStream::step(std::vector<Finished>& finished) {
+  impl_->step(finished);
 }
 
 void md5Many(std::span<const Md5Message> msgs, std::span<Md5Digest> out) {

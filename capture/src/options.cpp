@@ -58,13 +58,15 @@ OpFilter filterFromJson(const json& j, const std::string& where) {
 // reads them from these tables (the rest are spelled out in both).
 using Opt = CaptureOptions;
 constexpr std::pair<const char*, bool Opt::*> kBoolKeys[] = {
-    {"graph", &Opt::graph},        {"stacks", &Opt::stacks}, {"md5", &Opt::md5},
-    {"stats", &Opt::stats},        {"dumps", &Opt::dumps},   {"logs", &Opt::logs},
-    {"allocator", &Opt::allocator}};
+    {"graph", &Opt::graph},         {"stacks", &Opt::stacks},         {"md5", &Opt::md5},
+    {"stats", &Opt::stats},         {"dumps", &Opt::dumps},           {"logs", &Opt::logs},
+    {"allocator", &Opt::allocator}, {"hash_thread", &Opt::hashThread}};
 constexpr std::pair<const char*, int64_t Opt::*> kIntKeys[] = {
     {"queue_capacity", &Opt::queueCapacity},
     {"commit_every", &Opt::commitEvery},
-    {"commit_interval_ms", &Opt::commitIntervalMs}};
+    {"commit_interval_ms", &Opt::commitIntervalMs},
+    {"hash_backlog_bytes", &Opt::hashBacklogBytes},
+    {"hash_lanes", &Opt::hashLanes}};
 
 // Reads key k into o's member from the table, if the table has k.
 template <typename T, size_t N>
@@ -130,6 +132,10 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
   KEEL_CHECK(o.roundedMd5 >= 0 && o.roundedMd5 <= 17, "capture options: rounded_md5 must be 0..17");
   KEEL_CHECK(o.queueCapacity >= 1, "capture options: queue_capacity must be >= 1");
   KEEL_CHECK(o.commitEvery >= 1, "capture options: commit_every must be >= 1");
+  KEEL_CHECK(o.hashBacklogBytes >= 1, "capture options: hash_backlog_bytes must be >= 1");
+  KEEL_CHECK(o.hashLanes == 0 || o.hashLanes == 1 || o.hashLanes == 8 || o.hashLanes == 16 ||
+                 o.hashLanes == 32,
+             "capture options: hash_lanes must be 0, 1, 8, 16 or 32");
   return o;
 }
 

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "hash_pool.h"
 #include "keel/storage/records.h"
 #include "stacks.h"
 
@@ -30,7 +31,18 @@ struct RawStackItem {
 struct FlushMarker {
   int64_t id = 0;
 };
-using Item = std::variant<storage::StepRecord, storage::OpRecord, RawStackItem, storage::LogRecord,
+// A checksum the writer fills into an op's tensor record once its job is done (Note [Hashing off
+// the engine thread]).
+struct HashFill {
+  uint32_t tensor = 0;  // index into OpItem::rec.tensors
+  DType dtype = DType::Float32;
+  detail::HashJobPtr job;
+};
+struct OpItem {
+  storage::OpRecord rec;
+  std::vector<HashFill> fills;
+};
+using Item = std::variant<storage::StepRecord, OpItem, RawStackItem, storage::LogRecord,
                           storage::MemRecord, storage::DumpRecord, FlushMarker>;
 
 class RecordQueue {
@@ -39,10 +51,12 @@ class RecordQueue {
       : capacity_(capacity), wakeAt_(std::max<size_t>(1, std::min<size_t>(capacity / 4, 2048))) {}
 
   // Blocks while full, unless dropIfFull: then returns false without queueing. Also returns
-  // false (discarding the item) once the queue was aborted.
+  // false (discarding the item) once the queue was aborted. The capture's own threads never wait
+  // (detail::onCaptureThread(): the writer may be waiting for them); their few records may take
+  // the queue past its capacity.
   bool push(Item&& item, bool dropIfFull, bool urgent = false) {
     std::unique_lock<std::mutex> lk(mu_);
-    if (items_.size() >= capacity_) {
+    if (items_.size() >= capacity_ && !detail::onCaptureThread()) {
       if (dropIfFull || aborted_) return false;
       notEmpty_.notify_one();
       ++producersWaiting_;

@@ -3,6 +3,7 @@
 // thread symbolizes stacks, compresses dumps and calls storage::Writer, committing in batches.
 #include "keel/capture/recorder.h"
 
+#include <pthread.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "hash_pool.h"
+#include "keel/buffer.h"
 #include "keel/capture/hash.h"
 #include "keel/dispatch.h"
 #include "keel/error.h"
@@ -22,6 +25,27 @@
 
 namespace keel::capture {
 namespace detail {
+
+// Note [Hashing off the engine thread]: an op's callback does not read its tensors' bytes. For
+// each tensor whose MD5 or statistics are wanted it looks the content up (ContentKey: buffer,
+// version, offset, dtype, count, walk) and, the first time, queues a HashJob that holds the
+// tensor — and so its buffer — on the HashPool; the op record goes to the writer's queue with a
+// HashFill per tensor. The pool's thread hashes queued jobs in batches (multi-buffer MD5 with
+// the statistics fused into the same pass, Note [Multi-buffer MD5]); the writer waits for (or
+// itself hashes) an op's jobs before it writes the op, so records keep their order. The MD5 of
+// a job is a midstate after the elements: the writer finishes it with each tensor's trailer, so
+// a reshape and its input still share one pass over the bytes. What the bytes are when hashed
+// must be what the op produced:
+// - a buffer about to be written (a mutating op's inputs, a host copy into a tensor, a
+//   checkpoint load) is settled first: Observer::onBufferWrite waits for its jobs, hashing them
+//   on the engine thread if no thread has taken them yet;
+// - an allocator that moves live buffers (VMM compaction) waits for the hashing in flight
+//   (Note [Reading buffers off the engine thread]);
+// - a held buffer is not freed: a tensor the engine dropped lives on until it is hashed (the
+//   allocator events show the free when the capture lets go), at most hashBacklogBytes of them.
+// Past that backlog the engine hashes queued jobs itself (drop policy block) or records tensors
+// without checksums and counts them in the recording's dropped table as "hash" (drop).
+// hashThread = false keeps the older path: hashed in the callback, on the engine's thread.
 
 namespace {
 
@@ -55,6 +79,7 @@ struct ContentKeyHash {
     return size_t(h);
   }
 };
+// The engine-thread path (hashThread false).
 struct HashEntry {
   Md5Stream md5, md5Rounded;
   bool hasStats = false;
@@ -73,6 +98,8 @@ class CaptureObserver : public Observer {
  public:
   CaptureObserver(std::unique_ptr<storage::Writer> writer, CaptureOptions opt)
       : opt_(std::move(opt)), writer_(std::move(writer)), queue_(size_t(opt_.queueCapacity)) {
+    if (opt_.hashThread && (opt_.md5 || opt_.roundedMd5 > 0 || opt_.stats))
+      pool_ = std::make_unique<HashPool>(opt_.hashBacklogBytes, int(opt_.hashLanes));
     thread_ = std::thread([this] { writerLoop(); });
   }
   ~CaptureObserver() override { stop(); }
@@ -116,10 +143,11 @@ class CaptureObserver : public Observer {
     if (!opt_.filter.matches(e.op->name, e.scope, step)) return;
     Pending p;
     if (opt_.stacks) p.stackId = stackId(kSkipFrames + 1);
-    // Mutating (optimizer-style) ops write their inputs: record them as read, before the write.
+    // Mutating (optimizer-style) ops write their inputs: record them as read, before the write
+    // (the dispatcher's onBufferWrite settles their hashing before the kernel runs).
     if (mutates)
       for (size_t i = 0; i < e.inputs.size(); ++i)
-        p.inputs.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
+        addTensor(p.inputs, p.fills, e.inputs[i], storage::Role::Input, int32_t(i));
     std::lock_guard<std::mutex> lk(mu_);
     pending_[e.seq] = std::move(p);
   }
@@ -129,20 +157,22 @@ class CaptureObserver : public Observer {
     Pending p;
     const int64_t step = takePending(e.seq, p);
     if (!opt_.filter.matches(e.op->name, e.scope, step)) return;
-    storage::OpRecord r = opRecord(e, step, p.stackId);
+    OpItem item{opRecord(e, step, p.stackId), {}};
+    auto& tensors = item.rec.tensors;
     const bool mutates = e.op->mutatesInputs;
-    r.tensors.reserve(e.inputs.size() + e.outputs.size());
+    tensors.reserve(e.inputs.size() + e.outputs.size());
     if (mutates) {
-      r.tensors = std::move(p.inputs);
+      tensors = std::move(p.inputs);
+      item.fills = std::move(p.fills);
       // The written inputs, at their new version, are this op's outputs (see docs/capture.md).
       for (size_t i = 0; i < e.inputs.size(); ++i)
-        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Output, int32_t(i)));
+        addTensor(tensors, item.fills, e.inputs[i], storage::Role::Output, int32_t(i));
     } else {
       for (size_t i = 0; i < e.inputs.size(); ++i)
-        r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
+        addTensor(tensors, item.fills, e.inputs[i], storage::Role::Input, int32_t(i));
     }
     for (size_t i = 0; i < e.outputs.size(); ++i)
-      r.tensors.push_back(tensorRecord(e.outputs[i], storage::Role::Output, int32_t(i)));
+      addTensor(tensors, item.fills, e.outputs[i], storage::Role::Output, int32_t(i));
     if (opt_.dumps && opt_.dumpFilter.matches(e.op->name, e.scope, step)) {
       for (size_t i = 0; i < e.outputs.size(); ++i) {
         const Tensor& t = e.outputs[i];
@@ -159,7 +189,7 @@ class CaptureObserver : public Observer {
         push(std::move(d), opt_.dropPolicy == DropPolicy::Drop, &droppedDumps_);
       }
     }
-    push(std::move(r), opt_.dropPolicy == DropPolicy::Drop, &droppedOps_);
+    push(std::move(item), opt_.dropPolicy == DropPolicy::Drop, &droppedOps_);
   }
 
   // A failing op: recorded with its inputs (no outputs) and its stack, plus an Error log line
@@ -168,11 +198,12 @@ class CaptureObserver : public Observer {
     if (!active() || !opt_.graph) return;
     Pending p;
     const int64_t step = takePending(e.seq, p);
-    storage::OpRecord r =
-        opRecord(e, step, p.stackId >= 0 || !opt_.stacks ? p.stackId : stackId(kSkipFrames + 1));
+    OpItem item{
+        opRecord(e, step, p.stackId >= 0 || !opt_.stacks ? p.stackId : stackId(kSkipFrames + 1)),
+        {}};
     for (size_t i = 0; i < e.inputs.size(); ++i)
-      r.tensors.push_back(tensorRecord(e.inputs[i], storage::Role::Input, int32_t(i)));
-    push(std::move(r), false, nullptr);
+      addTensor(item.rec.tensors, item.fills, e.inputs[i], storage::Role::Input, int32_t(i));
+    push(std::move(item), false, nullptr);
     storage::LogRecord l;
     l.step = step;
     l.opSeq = e.seq;
@@ -207,7 +238,9 @@ class CaptureObserver : public Observer {
       }
     }
     if (!opt_.filter.matchesStep(m.step)) return;
-    if (opt_.stacks && m.stackId < 0) m.stackId = stackId(kSkipFrames + 1);
+    // A buffer the hashing thread let go of is freed there: its stack would show the capture,
+    // not the program (the event's time says when the capture let go).
+    if (opt_.stacks && m.stackId < 0 && !onCaptureThread()) m.stackId = stackId(kSkipFrames + 1);
     push(std::move(m), opt_.dropPolicy == DropPolicy::Drop, &droppedMems_);
   }
 
@@ -225,6 +258,10 @@ class CaptureObserver : public Observer {
     l.message = std::string(e.message);
     l.timeNs = e.timeNs;
     push(std::move(l), opt_.dropPolicy == DropPolicy::Drop, &droppedLogs_);
+  }
+
+  void onBufferWrite(const Buffer& b) override {
+    if (pool_) pool_->settle(b.id());  // See Note [Hashing off the engine thread]
   }
 
   // ---- control ----
@@ -278,6 +315,15 @@ class CaptureObserver : public Observer {
     c.droppedLogs = droppedLogs_.load();
     c.droppedMems = droppedMems_.load();
     c.droppedDumps = droppedDumps_.load();
+    c.droppedHashes = droppedHashes_.load();
+    if (pool_) {
+      const HashPoolCounts h = pool_->counts();
+      c.hashedTensors = h.jobs;
+      c.hashedBytes = h.bytes;
+      c.hashedByEngine = h.helpedJobs;
+      c.hashedByWriter = h.writerJobs;
+      c.peakHashBacklogBytes = h.peakBacklogBytes;
+    }
     return c;
   }
   const CaptureOptions& options() const { return opt_; }
@@ -286,6 +332,7 @@ class CaptureObserver : public Observer {
   struct Pending {
     int64_t stackId = -1;
     std::vector<storage::TensorRecord> inputs;  // mutating ops: inputs as read at begin
+    std::vector<HashFill> fills;                // ... and their checksums to come
   };
 
   // Moves op `seq`'s pending part into p (left empty when onOpBegin kept none) and returns the
@@ -340,11 +387,14 @@ class CaptureObserver : public Observer {
   // The Buffer's process-wide id: the same number allocator events carry (memory view joins).
   static uint64_t bufferId(const Tensor& t) { return t.buffer()->id(); }
 
-  storage::TensorRecord tensorRecord(const Tensor& t, storage::Role role, int32_t index) {
-    storage::TensorRecord r;
+  // Appends t's record to out; its checksums and statistics are computed now (hashThread off),
+  // or come later through a HashFill appended to fills (Note [Hashing off the engine thread]).
+  void addTensor(std::vector<storage::TensorRecord>& out, std::vector<HashFill>& fills,
+                 const Tensor& t, storage::Role role, int32_t index) {
+    storage::TensorRecord& r = out.emplace_back();
     r.role = role;
     r.index = index;
-    if (!t.defined()) return r;
+    if (!t.defined()) return;
     r.tensorId = t.id();
     r.version = t.version();
     r.bufferId = bufferId(t);
@@ -355,12 +405,45 @@ class CaptureObserver : public Observer {
     r.device = t.device().name();
     r.bytes = int64_t(t.nbytes());
     const bool wantStats = opt_.stats && isFloating(t.dtype());
-    if (!(opt_.md5 || opt_.roundedMd5 > 0 || wantStats) || !t.device().isHost()) return r;
+    if (!(opt_.md5 || opt_.roundedMd5 > 0 || wantStats) || !t.device().isHost()) return;
     ContentKey key{r.bufferId, r.version, r.offset, t.numel(), t.dtype(), {}, {}};
     if (!t.isContiguous()) {
       key.shape = t.shape();
       key.strides = t.strides();
     }
+    if (!pool_) {
+      hashNow(r, t, key, wantStats);
+      return;
+    }
+    HashJobPtr job;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = jobCache_.find(key);
+      if (it != jobCache_.end()) job = it->second;
+    }
+    if (!job) {
+      job = std::make_shared<HashJob>();
+      job->tensor = t;
+      job->bufferId = r.bufferId;
+      job->md5 = opt_.md5;
+      job->roundedDigits = opt_.roundedMd5;
+      job->stats = wantStats;
+      job->bytes = r.bytes;
+      // Not under mu_: a full backlog makes this thread hash, and freeing what it hashed reaches
+      // onMemory.
+      if (!pool_->submit(job, opt_.dropPolicy == DropPolicy::Block)) {
+        droppedHashes_.fetch_add(1);
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      if (jobCache_.size() >= kHashCacheMax) jobCache_.clear();
+      jobCache_[key] = job;
+    }
+    fills.push_back({uint32_t(out.size() - 1), t.dtype(), std::move(job)});
+  }
+
+  // The engine-thread path: hashes r's tensor now (through the content cache).
+  void hashNow(storage::TensorRecord& r, const Tensor& t, const ContentKey& key, bool wantStats) {
     HashEntry entry;
     bool hit = false;
     {
@@ -390,7 +473,31 @@ class CaptureObserver : public Observer {
     }
     r.hasStats = entry.hasStats;
     r.stats = entry.stats;
-    return r;
+  }
+
+  // Writer thread: waits for (or hashes) an op's jobs and fills their results in.
+  void fillHashes(OpItem& item) {
+    for (HashFill& f : item.fills) {
+      pool_->wait(f.job);
+      const HashJob& job = *f.job;
+      if (!job.error.empty()) throw Error("capture: hashing a tensor failed: " + job.error);
+      storage::TensorRecord& r = item.rec.tensors[f.tensor];
+      if (job.md5 || job.roundedDigits > 0) {
+        const std::string trailer = hashTrailer(f.dtype, r.shape);
+        const std::span<const uint8_t> tb(reinterpret_cast<const uint8_t*>(trailer.data()),
+                                          trailer.size());
+        if (job.md5) {
+          const Md5Digest d = job.md5State.finish(tb);
+          r.md5 = toHex(d.data(), d.size());
+        }
+        if (job.roundedDigits > 0) r.md5Rounded = job.md5Rounded.finish(trailer);
+      }
+      if (job.stats) {
+        r.hasStats = true;
+        r.stats = job.statsResult;
+      }
+    }
+    item.fills.clear();
   }
 
   void fail(const std::string& why) {
@@ -416,10 +523,13 @@ class CaptureObserver : public Observer {
     flush("log", droppedLogs_, reportedDropped_[1]);
     flush("mem", droppedMems_, reportedDropped_[2]);
     flush("dump", droppedDumps_, reportedDropped_[3]);
+    flush("hash", droppedHashes_, reportedDropped_[4]);
   }
 
   // ---- writer thread ----
   void writerLoop() {
+    markCaptureThread();  // it may hash, and free what it hashed (onMemory must not wait for it)
+    pthread_setname_np(pthread_self(), "keel-writer");
     std::unique_ptr<Symbolizer> symbolizer;  // made on the first stack (reads /proc/self/maps)
     std::vector<Item> batch;
     int64_t sinceCommit = 0;
@@ -465,8 +575,9 @@ class CaptureObserver : public Observer {
   }
 
   void write(Item& item, std::unique_ptr<Symbolizer>& sym, bool& stepEnded) {
-    if (auto* op = std::get_if<storage::OpRecord>(&item)) {
-      writer_->writeOp(*op);
+    if (auto* op = std::get_if<OpItem>(&item)) {
+      if (!op->fills.empty()) fillHashes(*op);
+      writer_->writeOp(op->rec);
       written_[0].fetch_add(1);
     } else if (auto* s = std::get_if<storage::StepRecord>(&item)) {
       writer_->writeStep(*s);
@@ -516,7 +627,9 @@ class CaptureObserver : public Observer {
   int64_t stepBeginNs_ = 0;
   std::unordered_map<uint64_t, Pending> pending_;  // by op seq, between begin and end
   StackTable stacks_;
-  std::unordered_map<ContentKey, HashEntry, ContentKeyHash> hashCache_;
+  std::unordered_map<ContentKey, HashEntry, ContentKeyHash> hashCache_;  // hashThread off
+  std::unordered_map<ContentKey, HashJobPtr, ContentKeyHash> jobCache_;  // hashThread on
+  std::unique_ptr<HashPool> pool_;  // null: hashThread off, or nothing to hash
 
   std::atomic<bool> closed_{false};
   std::atomic<bool> failed_{false};
@@ -533,7 +646,8 @@ class CaptureObserver : public Observer {
 
   std::atomic<int64_t> written_[6] = {};
   std::atomic<int64_t> droppedOps_{0}, droppedLogs_{0}, droppedMems_{0}, droppedDumps_{0};
-  int64_t reportedDropped_[4] = {0, 0, 0, 0};  // writer side (or stop(), after the join)
+  std::atomic<int64_t> droppedHashes_{0};
+  int64_t reportedDropped_[5] = {0, 0, 0, 0, 0};  // writer side (or stop(), after the join)
 };
 
 }  // namespace detail

@@ -12,6 +12,8 @@ struct KernelRow {
   OpId op;
   KernelFn fn;
   DTypeMask dtypes;  // checked against the dispatch dtype (first input's, else first output's)
+  const char* variant = "";         // Note [Kernel identity] in keel/registry.h
+  KernelParamsFn params = nullptr;  // run-time parameters of one call
 };
 
 inline constexpr OpId kNoOp = OpId(-1);
@@ -40,7 +42,8 @@ struct KernelTableCovers {
 };
 
 inline void registerKernelTable(Registry& r, Backend b, std::span<const KernelRow> rows) {
-  for (const KernelRow& row : rows) r.setKernel(int(row.op), b, row.fn, row.dtypes);
+  for (const KernelRow& row : rows)
+    r.setKernel(int(row.op), b, row.fn, row.dtypes, row.variant, row.params);
 }
 
 }  // namespace keel::detail

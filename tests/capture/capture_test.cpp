@@ -15,12 +15,14 @@
 #include <thread>
 
 #include "keel/capture/hash.h"
+#include "keel/capture/md5_multi.h"
 #include "keel/capture/options.h"
 #include "keel/capture/recorder.h"
 #include "keel/dispatch.h"
 #include "keel/log.h"
 #include "keel/ops.h"
 #include "keel/registry.h"
+#include "keel/train.h"
 #include "test_util.h"
 
 namespace keel::capture {
@@ -658,6 +660,173 @@ TEST(CaptureErrors, ThrowPolicyThrowsOnceToTheEngine) {
   EXPECT_NE(caught.find("disk is full"), std::string::npos) << caught;
   EXPECT_NO_THROW(runOps(10));  // once only; recording has stopped
   EXPECT_TRUE(rec.failed());
+}
+
+// ---- hashing off the engine thread (Note [Hashing off the engine thread]) ----
+
+CaptureOptions hashOptions(bool hashThread) {
+  CaptureOptions o;
+  o.md5 = true;
+  o.stats = true;
+  o.hashThread = hashThread;
+  return o;
+}
+
+// The recorded output `index` of the op named `name` (the first such op).
+const storage::TensorRecord* recordedOutput(const Store& s, const std::string& name, int index) {
+  for (const auto& op : s.ops)
+    if (op.name == name)
+      for (const auto& t : op.tensors)
+        if (t.role == Role::Output && t.index == index) return &t;
+  return nullptr;
+}
+
+// An op's output written in place right after the op (by an optimizer step, by a host copy): the
+// recorded MD5 and statistics are of what the op produced, not of the bytes after the write.
+TEST(CaptureHashThread, InPlaceWritesRightAfterAnOpDoNotChangeItsRecord) {
+  std::vector<double> v;
+  for (int i = 0; i < 4096; ++i) v.push_back(std::sin(i * 0.1));
+  const Tensor x = f32(v, {64, 64});
+  const Tensor ref = ops::mulScalar(x, 2.0);  // what mul_scalar produces, hashed here directly
+  const std::string refMd5 = tensorMd5(ref);
+  const storage::TensorStats refStats = tensorStats(ref);
+  for (int lanes : {0, 1, 8, 16, 32}) {
+    if (lanes != 0 && !md5LanesSupported(lanes)) continue;
+    auto store = std::make_shared<Store>();
+    CaptureOptions opt = hashOptions(true);
+    opt.hashLanes = lanes;
+    {
+      Recorder rec(std::make_unique<FakeWriter>(store), opt);
+      Tensor y = ops::mulScalar(x, 2.0);
+      Tensor z = ops::addScalar(x, 1.0);  // a second op, so the first is not alone in a batch
+      Tensor g = Tensor::full({64, 64}, 1.0, DType::Float32, Device(Backend::Cpu));
+      Tensor mom = Tensor::zeros({64, 64}, DType::Float32, Device(Backend::Cpu));
+      ops::sgdStep(y, g, mom, 0.5, 0.0, 0.0, false);                 // y -= 0.5, in place, at once
+      copyFromHost(z, v.data(), DType::Float64, int64_t(v.size()));  // z overwritten from host
+      rec.finish();
+      ASSERT_EQ(rec.status(), RecorderStatus::Finished) << rec.error();
+    }
+    const storage::TensorRecord* mul = recordedOutput(*store, "mul_scalar", 0);
+    ASSERT_NE(mul, nullptr);
+    EXPECT_EQ(mul->md5, refMd5) << "lanes " << lanes;
+    EXPECT_EQ(mul->stats.mean, refStats.mean);
+    EXPECT_EQ(mul->stats.std, refStats.std);
+    const storage::TensorRecord* add = recordedOutput(*store, "add_scalar", 0);
+    ASSERT_NE(add, nullptr);
+    EXPECT_EQ(add->md5, tensorMd5(ops::addScalar(x, 1.0))) << "lanes " << lanes;
+    // sgd_step's input 0 is y as read (the mul's bytes), its output 0 y after the step.
+    const storage::OpRecord* sgd = nullptr;
+    for (const auto& op : store->ops)
+      if (op.name == "sgd_step") sgd = &op;
+    ASSERT_NE(sgd, nullptr);
+    EXPECT_EQ(sgd->tensors[0].md5, refMd5);
+    EXPECT_EQ(recordedOutput(*store, "sgd_step", 0)->md5, tensorMd5(ops::addScalar(ref, -0.5)));
+  }
+}
+
+// Every tensor record of two gpt-tiny training steps is the same, bit for bit, whether hashed on
+// the hashing thread (at every lane width this CPU runs) or in the op's callback through OpenSSL.
+TEST(CaptureHashThread, SameChecksumsAndStatisticsAsHashingInTheCallback) {
+  auto record = [](CaptureOptions opt) {
+    auto store = std::make_shared<Store>();
+    GptConfig cfg = loadGptConfig(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
+    auto data = std::make_shared<const data::TextDataset>(
+        std::string(200, 'a') + "the quick brown fox jumps over the lazy dog. ", "inline");
+    Trainer trainer(cfg, Device("cpu"), 1, data, 2);
+    Recorder rec(std::make_unique<FakeWriter>(store), opt);
+    trainer.run(2);
+    rec.finish();
+    EXPECT_EQ(rec.status(), RecorderStatus::Finished) << rec.error();
+    return std::make_pair(store, rec.counts());
+  };
+  const auto [ref, refCounts] = record(hashOptions(false));
+  ASSERT_GT(ref->ops.size(), 100u);
+  for (int lanes : {0, 1, 8, 16, 32}) {
+    if (lanes != 0 && !md5LanesSupported(lanes)) continue;
+    CaptureOptions opt = hashOptions(true);
+    opt.hashLanes = lanes;
+    const auto [got, counts] = record(opt);
+    EXPECT_GT(counts.hashedTensors, 100);
+    ASSERT_EQ(got->ops.size(), ref->ops.size()) << "lanes " << lanes;
+    int64_t compared = 0;
+    for (size_t i = 0; i < ref->ops.size(); ++i) {
+      const auto& a = ref->ops[i].tensors;
+      const auto& b = got->ops[i].tensors;
+      ASSERT_EQ(a.size(), b.size()) << ref->ops[i].name;
+      for (size_t k = 0; k < a.size(); ++k) {
+        ASSERT_EQ(a[k].md5, b[k].md5) << "op " << i << " " << ref->ops[i].name << " tensor " << k;
+        ASSERT_EQ(a[k].hasStats, b[k].hasStats);
+        EXPECT_EQ(std::memcmp(&a[k].stats, &b[k].stats, sizeof a[k].stats), 0)
+            << "op " << i << " " << ref->ops[i].name << " tensor " << k;
+        compared += !a[k].md5.empty();
+      }
+    }
+    EXPECT_GT(compared, 500);
+  }
+}
+
+// A backlog of one byte: with the block policy every tensor still gets its checksum (the engine
+// hashes the queue itself); with drop, the tensors recorded without one are exactly those counted.
+TEST(CaptureHashThread, FullBacklogBlocksOrDropsAsDocumented) {
+  auto run = [](DropPolicy policy) {
+    auto store = std::make_shared<Store>();
+    CaptureOptions opt = hashOptions(true);
+    opt.hashBacklogBytes = 1;
+    opt.dropPolicy = policy;
+    std::vector<double> v(4096, 0.25);
+    Recorder rec(std::make_unique<FakeWriter>(store), opt);
+    Tensor x = f32(v, {4096});
+    for (int i = 0; i < 300; ++i) x = ops::addScalar(x, 1.0);
+    rec.finish();
+    return std::make_pair(store, rec.counts());
+  };
+  {
+    const auto [store, c] = run(DropPolicy::Block);
+    EXPECT_EQ(c.droppedHashes, 0);
+    EXPECT_EQ(store->dropped.count("hash"), 0u);
+    int64_t tensors = 0;
+    for (const auto& op : store->ops)
+      for (const auto& t : op.tensors) {
+        EXPECT_EQ(t.md5.size(), 32u) << op.name;
+        EXPECT_TRUE(t.hasStats);
+        ++tensors;
+      }
+    EXPECT_GE(tensors, 600);
+    EXPECT_GT(c.hashedByEngine, 0);  // the engine hashed when the backlog was full
+  }
+  {
+    const auto [store, c] = run(DropPolicy::Drop);
+    int64_t missing = 0;
+    for (const auto& op : store->ops)
+      for (const auto& t : op.tensors) missing += t.md5.empty();
+    EXPECT_GT(c.droppedHashes, 0);
+    EXPECT_EQ(missing, c.droppedHashes);
+    EXPECT_EQ(store->dropped["hash"], c.droppedHashes);
+    EXPECT_EQ(store->status, "finished");
+  }
+}
+
+TEST(CaptureHashThread, LaneCountsAreCheckedAsTheyAreRead) {
+  for (int lanes : {0, 1, 8, 16, 32})
+    EXPECT_EQ(CaptureOptions::fromJson("{\"hash_lanes\": " + std::to_string(lanes) + "}").hashLanes,
+              lanes);
+  for (const char* bad : {"4", "-1", "64", "\"16\""})
+    EXPECT_THROW(CaptureOptions::fromJson(std::string("{\"hash_lanes\": ") + bad + "}"), Error)
+        << bad;
+  EXPECT_THROW(CaptureOptions::fromJson("{\"hash_backlog_bytes\": 0}"), Error);
+  // A count this CPU cannot run is refused when the recorder starts, naming it.
+  for (int lanes : {8, 16, 32}) {
+    if (md5LanesSupported(lanes)) continue;
+    CaptureOptions opt = hashOptions(true);
+    opt.hashLanes = lanes;
+    try {
+      Recorder rec(std::make_unique<FakeWriter>(std::make_shared<Store>()), opt);
+      ADD_FAILURE() << lanes << " lanes accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(lanes) + " MD5 lanes"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -45,6 +45,35 @@ Allocator& allocatorFor(Device d);
 // Replaces the allocator for a backend; returns the previous one. Buffers remember their allocator.
 Allocator* setAllocator(Backend b, Allocator* a);
 
+// Note [Reading buffers off the engine thread]: a thread that reads live buffers' bytes while the
+// engine runs on (the capture's hasher, Note [Hashing off the engine thread]) pins each buffer
+// for as long as it reads it (BufferPin) and reads data() after pinning. An allocator that moves
+// live buffers (compaction) holds a detail::BufferMoveLock from choosing what to move until the
+// moves are done and never moves a pinned buffer, so a reader never sees a buffer moved under it.
+// Pinning and unpinning take the lock briefly; a pin holds no lock, so a reader may free other
+// buffers (call the allocator) while it holds pins.
+class Buffer;
+class BufferPin {
+ public:
+  explicit BufferPin(const Buffer& b);
+  ~BufferPin();
+  BufferPin(const BufferPin&) = delete;
+  BufferPin& operator=(const BufferPin&) = delete;
+
+ private:
+  const Buffer* b_;
+};
+
+namespace detail {
+class BufferMoveLock {
+ public:
+  BufferMoveLock();
+  ~BufferMoveLock();
+  BufferMoveLock(const BufferMoveLock&) = delete;
+  BufferMoveLock& operator=(const BufferMoveLock&) = delete;
+};
+}  // namespace detail
+
 class Buffer {
  public:
   Buffer(size_t bytes, Device device);
@@ -61,8 +90,13 @@ class Buffer {
   void relocate(void* newData) { data_ = newData; }
   // Process-wide identity (starts at 1, never reused); allocator events carry it.
   uint64_t id() const { return id_; }
+  // A reader holds a BufferPin on it: compaction leaves it where it is. Read under a
+  // detail::BufferMoveLock (Note [Reading buffers off the engine thread]).
+  bool pinned() const { return pins_ > 0; }
 
  private:
+  friend class BufferPin;
+  mutable int pins_ = 0;  // guarded by the move lock
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;

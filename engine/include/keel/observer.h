@@ -20,6 +20,15 @@ namespace keel {
 struct OpDef;
 class Buffer;
 
+// Which kernel ran an op call (Note [Kernel identity] in keel/registry.h): the backend, the
+// kernel's variant — what decides its numerics: algorithm, accumulation dtype, reduction order —
+// and its run-time parameters (vector ISA, BLAS library and core type, threads, tile sizes).
+struct KernelIdentity {
+  Backend backend = Backend::Cpu;
+  std::string_view variant;
+  std::string_view params;
+};
+
 struct OpEvent {
   uint64_t seq = 0;         // process-wide op call counter, starts at 1
   uint64_t forwardSeq = 0;  // backward ops: seq of the forward op whose grad node ran; else 0
@@ -31,6 +40,9 @@ struct OpEvent {
   std::string_view scope;  // module scope path, e.g. "blocks.3.attn"
   int64_t beginNs = 0;
   int64_t endNs = 0;  // 0 in onOpBegin
+  // onOpEnd and onOpError (once the kernel was chosen): the kernel that ran; null for views,
+  // which run no kernel, and in onOpBegin.
+  const KernelIdentity* kernel = nullptr;
 };
 
 // Sets the tag of allocations on this thread for its lifetime (nests; restores the previous tag).
@@ -107,7 +119,17 @@ class Observer {
   virtual void onMemory(const MemEvent&) {}
   virtual void onStep(const StepEvent&) {}
   virtual void onLog(const LogEvent&) {}
+  // Code is about to write into a live buffer that earlier ops may have read or produced: a
+  // mutating op's inputs, a host copy into an existing tensor, a checkpoint loaded into the
+  // parameters. An observer that reads buffers after the op that made them (the capture's
+  // hashing, Note [Hashing off the engine thread]) finishes reading this one before returning.
+  virtual void onBufferWrite(const Buffer&) {}
 };
+
+// Tells observers that t's buffer is about to be written outside an op's fresh outputs (see
+// Observer::onBufferWrite). Code that writes through Tensor::data() into a tensor that ops have
+// already seen calls it first; with no observer installed it is one relaxed atomic load.
+void beforeBufferWrite(const Tensor& t);
 
 void addObserver(std::shared_ptr<Observer> obs);
 void removeObserver(const std::shared_ptr<Observer>& obs);
@@ -137,6 +159,7 @@ AllocContext& allocContext();
 void notifyOpBegin(const OpEvent& e);
 void notifyOpEnd(const OpEvent& e);
 void notifyOpError(const OpEvent& e, std::string_view message);
+void notifyBufferWrite(const Buffer& b);
 void notifyStep(StepEvent e);  // fills timeNs
 void notifyLog(const LogEvent& e);
 int64_t nowNs();

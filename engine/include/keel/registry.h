@@ -64,9 +64,21 @@ inline constexpr DTypeMask kFloatTypes = dtypeBit(DType::Float32) | dtypeBit(DTy
 inline constexpr DTypeMask kIntTypes = dtypeBit(DType::Int32) | dtypeBit(DType::Int64);
 inline constexpr DTypeMask kAllTypes = kFloatTypes | kIntTypes | dtypeBit(DType::Bool);
 
+// Note [Kernel identity]: a recording says which kernel ran each op call, so that a diff of two
+// runs can tell "same inputs, different kernel" from a bug. A kernel is described by its variant —
+// the things that decide its numerics: the algorithm, the accumulation dtype and the reduction
+// order ("sum: 8 strided lanes, float64 accumulation") — fixed where the kernel is registered, and
+// by run-time parameters its params function returns for one call (vector ISA, BLAS library and
+// core type, thread partition, tile sizes). Two calls ran the same kernel variant when the
+// variants are equal, whatever the backend: a copy is a copy on cpu and cpu-ref. The dispatcher
+// asks for the parameters only while an observer is installed (keel/observer.h, OpEvent::kernel).
+using KernelParamsFn = std::string (*)(const KernelCtx&);
+
 struct KernelEntry {
   KernelFn fn = nullptr;
   DTypeMask dtypes = 0;  // checked against the dispatch dtype (first input's, else first output's)
+  std::string variant;   // Note [Kernel identity]; empty: an undescribed (user) kernel
+  KernelParamsFn params = nullptr;  // null: no run-time parameters
 };
 
 // What the op reference (docs/ops.md) says of an op; `keel ops --markdown` prints it as one table
@@ -81,12 +93,14 @@ struct OpDoc {
 
 struct OpDef {
   std::string name;
-  int numInputs = 0;           // -1: variadic (at least one)
-  InferFn infer;               // required unless view is set
-  ViewFn view;                 // view ops build outputs over their input's buffer; no kernels
-  BackwardFn backward;         // empty: not differentiable
-  DescribeFn describe;         // empty: observers see the attributes as passed
-  bool mutatesInputs = false;  // optimizer-style ops: write into inputs, return nothing
+  int numInputs = 0;            // -1: variadic (at least one)
+  InferFn infer;                // required unless view is set
+  ViewFn view;                  // view ops build outputs over their input's buffer; no kernels
+  BackwardFn backward;          // empty: not differentiable
+  DescribeFn describe;          // empty: observers see the attributes as passed
+  bool mutatesInputs = false;   // optimizer-style ops: write into inputs, return nothing
+  uint32_t readOnlyInputs = 0;  // mutatesInputs ops: bit i set when input i is only read (so
+                                // observers need not finish reading it first; onBufferWrite)
   OpDoc doc;
   KernelEntry kernels[kNumBackends];
   int id = -1;
@@ -97,7 +111,9 @@ class Registry {
   static Registry& get();  // built-in ops and kernels are registered on first use
   // Adds an op; returns its id. Throws keel::Error if the name is taken.
   int add(OpDef def);
-  void setKernel(int opId, Backend backend, KernelFn fn, DTypeMask dtypes);
+  // variant and params: see Note [Kernel identity].
+  void setKernel(int opId, Backend backend, KernelFn fn, DTypeMask dtypes, std::string variant = {},
+                 KernelParamsFn params = nullptr);
   const OpDef& op(int id) const;
   const OpDef& op(OpId id) const { return op(int(id)); }
   const OpDef* find(std::string_view name) const;

@@ -29,7 +29,8 @@ namespace keel::alloc {
 // blocks (blocks of a Buffer); they are tried cheapest first (fewest live bytes), each after a
 // simulation that best-fits the window's live blocks into free space outside it. The moves then
 // copy each block, call Buffer::relocate, and free the old place; remapping then fills the window.
-// Blocks not owned by a Buffer (raw allocate calls) are never moved.
+// Blocks not owned by a Buffer (raw allocate calls), and Buffers a reader has pinned (Note [Reading
+// buffers off the engine thread]), are never moved.
 
 VmmCore::VmmCore(const VmmAllocatorOptions& o, uintptr_t base, VmmChunkOps& ops, Device device)
     : o_(o), base_(base), ops_(ops) {
@@ -352,6 +353,7 @@ uintptr_t VmmCore::placeOutside(size_t size, uintptr_t w0, uintptr_t w1) const {
 
 // See Note [VMM compaction]. True when a window was cleared of live blocks.
 bool VmmCore::compactFor(size_t size) {
+  detail::BufferMoveLock pins;  // no pin changes from here to the last move
   const size_t w = (size + o_.chunk - 1) / o_.chunk;
   // Chunks the window's unmapped slots can get: fresh ones under the limit, or mapped chunks
   // no live block touches (moving blocks out of the window only fills holes elsewhere).
@@ -366,8 +368,8 @@ bool VmmCore::compactFor(size_t size) {
     bool movable = true;
     for (auto it = firstEndingAfter(w0); it != blocks_.end() && it->first < w1; ++it) {
       if (it->second.free) continue;
-      if (!it->second.meta.owner) {
-        movable = false;
+      if (!it->second.meta.owner || it->second.meta.owner->pinned()) {
+        movable = false;  // a raw block, or a buffer a reader has pinned
         break;
       }
       cost += it->second.size;

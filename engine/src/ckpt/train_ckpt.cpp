@@ -11,6 +11,7 @@
 #include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/error.h"
+#include "keel/observer.h"
 #include "keel/train.h"
 
 namespace keel::ckpt {
@@ -172,6 +173,7 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
     }
   }
   LoadOptions lo;
+  for (auto& p : params) beforeBufferWrite(p);  // See Observer::onBufferWrite
   loadTensors(ck, rules, targets, lo);
   for (auto& s : states) opt.setParamState(s.param, s.name, s.t);
   for (auto& p : params) p.bumpVersion();

@@ -14,6 +14,12 @@
 namespace keel {
 namespace {
 
+// See Note [Reading buffers off the engine thread].
+std::mutex& bufferMoveMutex() {
+  static std::mutex m;
+  return m;
+}
+
 class HostAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes) override {
@@ -101,6 +107,21 @@ Buffer::Buffer(size_t bytes, Device device)
       id_(g_nextBufferId.fetch_add(1, std::memory_order_relaxed)) {
   OwnerGuard g(id_, this);
   data_ = allocator_->allocate(bytes);
+}
+
+BufferPin::BufferPin(const Buffer& b) : b_(&b) {
+  std::lock_guard<std::mutex> lk(bufferMoveMutex());
+  ++b_->pins_;
+}
+BufferPin::~BufferPin() {
+  std::lock_guard<std::mutex> lk(bufferMoveMutex());
+  --b_->pins_;
+}
+detail::BufferMoveLock::BufferMoveLock() {
+  bufferMoveMutex().lock();
+}
+detail::BufferMoveLock::~BufferMoveLock() {
+  bufferMoveMutex().unlock();
 }
 
 Buffer::~Buffer() {

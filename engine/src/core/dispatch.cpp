@@ -260,6 +260,8 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
 
   std::vector<Tensor> outputs;
   Attrs described;  // See Note [Op descriptions]
+  KernelIdentity kernelId;
+  std::string kernelParams;
   auto run = [&] {
     if (def.view) {
       outputs = def.view(def, inputs, attrs);
@@ -291,7 +293,22 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
         } restoreSafe{ac, saved};
         for (auto& m : metas) outputs.push_back(makeTensor(m.shape, m.dtype, outDev));
       }
-      k.fn(KernelCtx{def, inputs, outputs, attrs});
+      const KernelCtx kctx{def, inputs, outputs, attrs};
+      if (observe) {
+        // See Note [Kernel identity]; a mutating op's inputs are read by observers first.
+        kernelId.backend = dev.backend;
+        kernelId.variant = k.variant;
+        if (k.params) {
+          kernelParams = k.params(kctx);
+          kernelId.params = kernelParams;
+        }
+        ev.kernel = &kernelId;
+        if (def.mutatesInputs)
+          for (size_t i = 0; i < inputs.size(); ++i)
+            if (!(i < 32 && (def.readOnlyInputs >> i) & 1u))
+              detail::notifyBufferWrite(*inputs[i].buffer());
+      }
+      k.fn(kctx);
       if (g_perturb.on) [[unlikely]]
         maybePerturb(def, outputs);  // See Note [Test perturbation]
       if (def.mutatesInputs)

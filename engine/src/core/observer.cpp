@@ -73,6 +73,11 @@ void removeObserver(const std::shared_ptr<Observer>& obs) {
   publish(std::move(next));
 }
 
+void beforeBufferWrite(const Tensor& t) {
+  if (detail::hasObservers() && t.defined()) [[unlikely]]
+    detail::notifyBufferWrite(*t.buffer());
+}
+
 namespace detail {
 
 int64_t nowNs() {
@@ -105,6 +110,9 @@ void notifyOpEnd(const OpEvent& e) {
 }
 void notifyOpError(const OpEvent& e, std::string_view message) {
   for (auto& o : *snapshot()) o->onOpError(e, message);
+}
+void notifyBufferWrite(const Buffer& b) {
+  for (auto& o : *snapshot()) o->onBufferWrite(b);
 }
 void notifyStep(StepEvent e) {
   if (!hasObservers()) return;

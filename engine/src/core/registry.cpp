@@ -30,9 +30,10 @@ int Registry::add(OpDef def) {
   return ops_.back()->id;
 }
 
-void Registry::setKernel(int opId, Backend backend, KernelFn fn, DTypeMask dtypes) {
+void Registry::setKernel(int opId, Backend backend, KernelFn fn, DTypeMask dtypes,
+                         std::string variant, KernelParamsFn params) {
   KEEL_CHECK(opId >= 0 && opId < size(), "setKernel: no op with id ", opId);
-  ops_[size_t(opId)]->kernels[int(backend)] = KernelEntry{fn, dtypes};
+  ops_[size_t(opId)]->kernels[int(backend)] = KernelEntry{fn, dtypes, std::move(variant), params};
 }
 
 const OpDef& Registry::op(int id) const {

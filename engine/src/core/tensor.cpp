@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "keel/autograd.h"
+#include "keel/observer.h"
 #include "keel/ops.h"
 #include "kernel_util.h"
 
@@ -51,6 +52,7 @@ void copyFromHost(const Tensor& t, const void* src, DType srcType, int64_t n) {
              "copyFromHost needs a contiguous host tensor");
   KEEL_CHECK(n == t.numel(), "copyFromHost: ", n, " values for a tensor of shape ",
              shapeStr(t.shape()));
+  beforeBufferWrite(t);  // See Observer::onBufferWrite
   visitDType(srcType, [&]<typename S>() {
     const S* s = static_cast<const S*>(src);
     visitDType(t.dtype(), [&]<typename D>() {

@@ -16,6 +16,7 @@ void defineOptimOps(OpTable& t) {
   for (OpId id : {OpId::SgdStep, OpId::AdamwStep}) {
     OpDef& o = t.at(id, id == OpId::SgdStep ? 3 : 4);
     o.mutatesInputs = true;
+    o.readOnlyInputs = 1u << 1;  // the gradient is read, never written
     o.infer = [](const OpDef& op, Inputs in, const Attrs&) {
       requireSameDtype(op.name, in);
       requireFloat(op.name, in[0], "param");

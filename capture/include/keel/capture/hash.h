@@ -51,6 +51,32 @@ std::string tensorMd5(const Tensor& t);
 // MD5(rounded codes of the elements + hashTrailer), digits significant decimal digits in 1..17.
 std::string tensorMd5Rounded(const Tensor& t, int digits);
 
+// Running statistics over a tensor's elements fed in row-major order, in pieces of whole elements
+// (the capture's hashing pass feeds them as it reads the bytes). shift is statsShift(t) of the
+// tensor: every sum is of (v - shift). finish() gives exactly tensorStats(t).
+class StatsStream {
+ public:
+  StatsStream(DType dtype, double shift);
+  ~StatsStream();
+  StatsStream(StatsStream&&) noexcept;
+  StatsStream& operator=(StatsStream&&) noexcept;
+  // n elements of the stream's dtype at p (raw little-endian bytes).
+  void add(const uint8_t* p, int64_t n);
+  storage::TensorStats finish() const;
+
+  struct Acc;  // hash.cpp
+
+ private:
+  std::unique_ptr<Acc> acc_;
+  DType dtype_;
+  double shift_;
+  int lane_ = 0;
+};
+
+// The first finite element of t in row-major order (0 when there is none): the shift of its
+// statistics' sums, which keeps the one-pass variance accurate.
+double statsShift(const Tensor& t);
+
 // Statistics of a floating-point tensor, in double: min, max, mean, std (population) and absMax
 // over the finite elements (NaN when there are none); counts of NaN, ±Inf and zero (±0) elements.
 storage::TensorStats tensorStats(const Tensor& t);

@@ -41,6 +41,14 @@ struct CaptureOptions {
   ErrorPolicy onError = ErrorPolicy::Stop;
   int64_t commitEvery = 4096;  // records per transaction (also every ~100 ms and each step end)
   int64_t commitIntervalMs = 100;
+  // MD5s and statistics computed on the capture's hashing thread while the engine goes on (Note
+  // [Hashing off the engine thread]); false: on the engine thread inside each op's callback.
+  bool hashThread = true;
+  // Element bytes waiting to be hashed beyond which the engine waits (dropPolicy block: it hashes
+  // queued tensors itself) or records tensors without checksums, counted (drop).
+  int64_t hashBacklogBytes = int64_t(64) << 20;
+  // MD5 lanes of the hashing thread: 0 md5LaneWidth(), or 1, 8, 16, 32 (md5_multi.h).
+  int64_t hashLanes = 0;
 
   std::string toJson() const;
   // Throws keel::Error on malformed JSON, an unknown key or a bad value.

@@ -18,6 +18,12 @@ enum class RecorderStatus : uint8_t { Recording, Finished, Failed };
 struct RecorderCounts {
   int64_t ops = 0, steps = 0, stacks = 0, logs = 0, mems = 0, dumps = 0;  // written
   int64_t droppedOps = 0, droppedLogs = 0, droppedMems = 0, droppedDumps = 0;
+  int64_t droppedHashes = 0;  // tensors recorded without checksums (drop policy, backlog full)
+  // The hashing thread (Note [Hashing off the engine thread]): tensors and element bytes hashed,
+  // how many of those tensors the engine's thread hashed itself (a buffer about to be written, a
+  // full backlog) and how many the writer's, and the most element bytes that waited at once.
+  int64_t hashedTensors = 0, hashedBytes = 0, hashedByEngine = 0, hashedByWriter = 0;
+  int64_t peakHashBacklogBytes = 0;
 };
 
 namespace detail {
