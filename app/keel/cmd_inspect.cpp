@@ -99,6 +99,20 @@ int runInspect(const std::string& path) {
 
   printAttention(rec);
 
+  // Which kernels ran the ops (schema v7; see Note [Kernel identity]).
+  if (auto kernels = rec.kernelUses(); !kernels.empty()) {
+    std::printf("\nkernels    %zu (calls, variant, run-time parameters, ops)\n", kernels.size());
+    for (const auto& k : kernels) {
+      std::string ops;
+      for (size_t i = 0; i < k.ops.size() && i < 4; ++i) ops += (i ? ", " : "") + k.ops[i].first;
+      if (k.ops.size() > 4) ops += ", +" + std::to_string(k.ops.size() - 4);
+      std::printf("  %7lld  %s %s%s  [%s]\n", static_cast<long long>(k.calls),
+                  k.kernel.backend.c_str(), k.kernel.variant.c_str(),
+                  k.kernel.params.empty() ? "" : (" (" + k.kernel.params + ")").c_str(),
+                  ops.c_str());
+    }
+  }
+
   for (const auto& d : rec.dropped())
     if (d.count > 0)
       std::printf("\ndropped    %lld %s records (drop policy)\n", static_cast<long long>(d.count),

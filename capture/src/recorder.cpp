@@ -363,6 +363,11 @@ class CaptureObserver : public Observer {
     r.endNs = e.endNs;
     r.forwardSeq = e.forwardSeq;
     r.stackId = stackId;
+    if (e.kernel) {  // See Note [Kernel identity]
+      r.kernel.backend = std::string(backendName(e.kernel->backend));
+      r.kernel.variant = std::string(e.kernel->variant);
+      r.kernel.params = std::string(e.kernel->params);
+    }
     return r;
   }
 

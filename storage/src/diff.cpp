@@ -89,8 +89,8 @@ OpPair toPair(const Row& r) {
   p.name = main->name;
   p.phase = main->phase;
   p.scope = main->scope;
-  if (r.a) p.seqA = r.a->seq, p.stackIdA = r.a->stackId;
-  if (r.b) p.seqB = r.b->seq, p.stackIdB = r.b->stackId;
+  if (r.a) p.seqA = r.a->seq, p.stackIdA = r.a->stackId, p.kernelA = r.a->kernel;
+  if (r.b) p.seqB = r.b->seq, p.stackIdB = r.b->stackId, p.kernelB = r.b->kernel;
   if (r.a && r.b && r.a->name != r.b->name) p.nameB = r.b->name;
   p.exactSignature = r.exact;
   p.status = r.status;

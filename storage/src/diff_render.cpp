@@ -1,5 +1,6 @@
 // Run diff, rendering (see diff.h): the names of verdicts and bases, the JSON report (`keel diff
 // --json`, ordered keys, non-finite numbers as null) and the human text report.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -54,13 +55,23 @@ Json tensorJson(const TensorDiff& t) {
   return j;
 }
 
+Json kernelJson(const KernelRecord& k) {
+  if (k.empty()) return nullptr;
+  return Json{{"backend", k.backend}, {"variant", k.variant}, {"params", k.params}};
+}
+
 Json pairJson(const OpPair& p) {
   Json j{{"step", p.step},   {"status", toString(p.status)},
          {"name", p.name},   {"phase", phaseName(p.phase)},
          {"scope", p.scope}, {"exactSignature", p.exactSignature}};
   if (!p.nameB.empty()) j["nameB"] = p.nameB;
-  j["a"] = p.inA ? Json{{"seq", p.seqA}, {"stackId", p.stackIdA}} : Json(nullptr);
-  j["b"] = p.inB ? Json{{"seq", p.seqB}, {"stackId", p.stackIdB}} : Json(nullptr);
+  j["a"] = p.inA ? Json{{"seq", p.seqA}, {"stackId", p.stackIdA}, {"kernel", kernelJson(p.kernelA)}}
+                 : Json(nullptr);
+  j["b"] = p.inB ? Json{{"seq", p.seqB}, {"stackId", p.stackIdB}, {"kernel", kernelJson(p.kernelB)}}
+                 : Json(nullptr);
+  const KernelMatch km = kernelMatch(p);
+  j["sameKernelVariant"] =
+      km == KernelMatch::Unknown ? Json(nullptr) : Json(km == KernelMatch::Same);
   if (!p.outputs.empty()) {
     Json outs = Json::array();
     for (const TensorDiff& t : p.outputs) outs.push_back(tensorJson(t));
@@ -172,6 +183,10 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
   out += std::string(title) + ": step " + std::to_string(p.step) + "  " + opLabel(p) + "\n";
   out += "  stacks: A " + (p.stackIdA >= 0 ? "stack #" + std::to_string(p.stackIdA) : "none") +
          ", B " + (p.stackIdB >= 0 ? "stack #" + std::to_string(p.stackIdB) : "none") + "\n";
+  const bool inputsEqual = std::all_of(d.inputs.begin(), d.inputs.end(), [](const TensorDiff& t) {
+    return t.status == DiffStatus::Equal;
+  });
+  if (std::string k = kernelPhrase(p, inputsEqual); !k.empty()) out += "  " + k + "\n";
   for (const TensorDiff& t : p.outputs) out += "  " + tensorLine(t) + "\n";
   for (const TensorDiff& t : d.inputs) out += "  " + tensorLine(t) + "\n";
   for (auto [side, chain] : {std::pair{"A", &d.chainA}, std::pair{"B", &d.chainB}}) {
@@ -190,6 +205,29 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
 }
 
 }  // namespace
+
+KernelMatch kernelMatch(const OpPair& p) {
+  if (!p.inA || !p.inB || p.kernelA.empty() || p.kernelB.empty()) return KernelMatch::Unknown;
+  return p.kernelA.variant == p.kernelB.variant ? KernelMatch::Same : KernelMatch::Different;
+}
+
+std::string kernelPhrase(const OpPair& p, bool inputsEqual) {
+  const KernelRecord &a = p.kernelA, &b = p.kernelB;
+  auto side = [](const KernelRecord& k) {
+    return k.backend + " " + k.variant + (k.params.empty() ? "" : " (" + k.params + ")");
+  };
+  switch (kernelMatch(p)) {
+    case KernelMatch::Unknown:
+      return "";
+    case KernelMatch::Same:
+      return "same kernel variant: " + a.variant +
+             (a.params != b.params ? " (A " + a.params + ", B " + b.params + ")" : "");
+    case KernelMatch::Different:
+      return std::string(inputsEqual ? "same inputs, different kernel: " : "different kernels: ") +
+             side(a) + " vs " + side(b);
+  }
+  return "";
+}
 
 std::string toText(const DiffReport& r, bool mismatchesOnly) {
   std::string out;
@@ -246,9 +284,11 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     out += std::string("  ") + mark + " step " + std::to_string(p.step) + "  " + opLabel(p);
     if (!p.exactSignature && p.inA && p.inB) out += "  (signature differs)";
     out += "\n";
-    if (p.status != DiffStatus::Equal)
+    if (p.status != DiffStatus::Equal) {
       for (const TensorDiff& td : p.outputs)
         if (td.status != DiffStatus::Equal) out += "      " + tensorLine(td) + "\n";
+      if (std::string k = kernelPhrase(p, false); !k.empty()) out += "      " + k + "\n";
+    }
   }
   return out;
 }

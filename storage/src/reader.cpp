@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <system_error>
 #include <tuple>
+#include <unordered_map>
 #include <variant>
 
 #include "keel/base/dtype.h"
@@ -28,7 +30,7 @@ namespace {
 
 constexpr const char* kOpColumns =
     "seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread, begin_ns, end_ns, forward_seq,"
-    " stack_id";
+    " stack_id, kernel_id";
 
 // Binds collected while building a dynamic WHERE clause.
 struct Binds {
@@ -77,6 +79,7 @@ struct Recording::Impl {
   mutable std::vector<std::string> strings;  // index = strings.id
   mutable std::vector<bool> known;
   mutable sql::Stmt tensorsOfOp, tensorsInRange, opBySeq;
+  mutable std::unordered_map<int64_t, KernelRecord> kernels;
 
   // A stored name as its vocabulary enum; a name this keel does not know is a damaged (or newer)
   // recording: a StorageError naming the file and the value.
@@ -123,7 +126,24 @@ struct Recording::Impl {
     o.endNs = s.i64(8);
     o.forwardSeq = s.u64(9);
     o.stackId = s.isNull(10) ? -1 : s.i64(10);
+    if (!s.isNull(11)) o.kernel = kernel(s.i64(11));
     return o;
+  }
+
+  // The kernels table is small (a run repeats a handful); read once, again on an unknown id (a
+  // recording still being written).
+  const KernelRecord& kernel(int64_t id) const {
+    auto it = kernels.find(id);
+    if (it == kernels.end()) {
+      sql::Stmt k(db, "SELECT id, backend_sid, variant_sid, params_sid FROM kernels");
+      while (k.step())
+        kernels[k.i64(0)] = KernelRecord{str(k.i64(1)), str(k.i64(2)), str(k.i64(3))};
+      it = kernels.find(id);
+      if (it == kernels.end())
+        throw StorageError("damaged recording " + db.path() + ": an op names kernel " +
+                           std::to_string(id) + ", which the kernels table lacks");
+    }
+    return it->second;
   }
 
   // Appends the op's packed tensors from a row (op_seq, count, data) of op_tensors.
@@ -458,6 +478,28 @@ std::vector<DroppedCount> Recording::dropped() const {
   sql::Stmt s(impl_->db, "SELECT kind, count FROM dropped ORDER BY kind");
   std::vector<DroppedCount> out;
   while (s.step()) out.push_back({s.text(0), s.i64(1)});
+  return out;
+}
+
+std::vector<KernelUse> Recording::kernelUses() const {
+  sql::Stmt s(impl_->db,
+              "SELECT kernel_id, name_sid, count(*) FROM ops WHERE kernel_id IS NOT NULL"
+              " GROUP BY kernel_id, name_sid");
+  std::map<int64_t, KernelUse> byId;
+  while (s.step()) {
+    KernelUse& u = byId[s.i64(0)];
+    if (u.kernel.empty()) u.kernel = impl_->kernel(s.i64(0));
+    u.calls += s.i64(2);
+    u.ops.emplace_back(impl_->str(s.i64(1)), s.i64(2));
+  }
+  std::vector<KernelUse> out;
+  for (auto& [id, u] : byId) {
+    std::stable_sort(u.ops.begin(), u.ops.end(),
+                     [](const auto& x, const auto& y) { return x.second > y.second; });
+    out.push_back(std::move(u));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const KernelUse& x, const KernelUse& y) { return x.calls > y.calls; });
   return out;
 }
 

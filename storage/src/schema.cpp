@@ -78,7 +78,18 @@ CREATE TABLE ops (
   begin_ns    INTEGER NOT NULL,    -- op start, ns
   end_ns      INTEGER NOT NULL,    -- op end, ns
   forward_seq INTEGER NOT NULL,    -- backward ops: seq of the forward op differentiated; else 0
-  stack_id    INTEGER              -- -> stacks(id): call stack at dispatch; NULL when not captured
+  stack_id    INTEGER,             -- -> stacks(id): call stack at dispatch; NULL when not captured
+  kernel_id   INTEGER              -- -> kernels(id): the kernel that ran it; NULL for views (no
+                                   --   kernel) and before v7
+);
+-- The kernels that ran ops, interned (Note [Kernel identity] in the engine's keel/registry.h):
+-- most ops of a run repeat a handful of kernels.
+CREATE TABLE kernels (
+  id          INTEGER PRIMARY KEY,  -- kernel id, referenced by ops.kernel_id
+  backend_sid INTEGER NOT NULL,  -- -> strings: cpu | cpu-ref | cuda
+  variant_sid INTEGER NOT NULL,  -- -> strings: algorithm, accumulation dtype, reduction order
+  params_sid  INTEGER NOT NULL,  -- -> strings: run-time parameters (ISA, BLAS core, threads, tiles)
+  UNIQUE (backend_sid, variant_sid, params_sid)
 );
 )sql"
     // Note [Packed tensors]
@@ -352,6 +363,18 @@ ALTER TABLE steps ADD COLUMN aux_loss REAL;
     // 5 -> 6: steps carry the validation loss of the steps that evaluated one (eval_every).
     {R"sql(
 ALTER TABLE steps ADD COLUMN val_loss REAL;
+)sql",
+     nullptr, ""},
+    // 6 -> 7: each op names the kernel that ran it (a diff says "same inputs, different kernel").
+    {R"sql(
+ALTER TABLE ops ADD COLUMN kernel_id INTEGER;  -- -> kernels(id); NULL for views
+CREATE TABLE kernels (
+  id          INTEGER PRIMARY KEY,  -- kernel id, referenced by ops.kernel_id
+  backend_sid INTEGER NOT NULL,  -- -> strings: cpu | cpu-ref | cuda
+  variant_sid INTEGER NOT NULL,  -- -> strings: algorithm, accumulation dtype, reduction order
+  params_sid  INTEGER NOT NULL,  -- -> strings: run-time parameters (ISA, BLAS core, threads, tiles)
+  UNIQUE (backend_sid, variant_sid, params_sid)
+);
 )sql",
      nullptr, ""},
 }};

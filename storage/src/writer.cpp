@@ -59,12 +59,14 @@ class SqliteWriter final : public Writer {
   void reloadCaches();
   int64_t intern(std::string_view s);
   int64_t internFrame(const StackFrame& f);
+  int64_t internKernel(const KernelRecord& k);
 
   sql::Db db_;
   sql::Stmt begin_, commit_, insString_, insStep_, insOp_, insTensors_, insNonfinite_, insStack_,
-      insFrame_, insStackFrame_, insLog_, insMem_, insDump_, setStatus_, addDropped_;
+      insFrame_, insStackFrame_, insLog_, insMem_, insDump_, setStatus_, addDropped_, insKernel_;
   std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> strings_;
   std::map<std::tuple<uint64_t, int64_t, int64_t, int32_t>, int64_t> frames_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> kernels_;  // (string ids) -> id
   std::string shapeBuf_;
   detail::PackedWriter packed_;
 };
@@ -110,8 +112,10 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
                 "aux_loss = excluded.aux_loss, val_loss = excluded.val_loss");
   insOp_ = sql::Stmt(db_,
                      "INSERT INTO ops(seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread,"
-                     " begin_ns, end_ns, forward_seq, stack_id) "
-                     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+                     " begin_ns, end_ns, forward_seq, stack_id, kernel_id) "
+                     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+  insKernel_ = sql::Stmt(
+      db_, "INSERT INTO kernels(backend_sid, variant_sid, params_sid) VALUES (?1, ?2, ?3)");
   insTensors_ = sql::Stmt(db_, "INSERT INTO op_tensors(op_seq, count, data) VALUES (?1, ?2, ?3)");
   insNonfinite_ = sql::Stmt(db_, "INSERT OR IGNORE INTO nonfinite_ops(op_seq) VALUES (?1)");
   insStack_ = sql::Stmt(db_, "INSERT OR IGNORE INTO stacks(id, depth) VALUES (?1, ?2)");
@@ -171,18 +175,22 @@ void SqliteWriter::rollbackBatch() noexcept {
   } catch (...) {
     strings_.clear();
     frames_.clear();
+    kernels_.clear();
   }
 }
 
 void SqliteWriter::reloadCaches() {
   strings_.clear();
   frames_.clear();
+  kernels_.clear();
   sql::Stmt s(db_, "SELECT id, text FROM strings");
   while (s.step()) strings_.emplace(s.text(1), s.i64(0));
   sql::Stmt f(db_, "SELECT id, address, function_sid, file_sid, line FROM frames");
   while (f.step())
     frames_.emplace(std::tuple(f.u64(1), f.i64(2), f.i64(3), static_cast<int32_t>(f.i64(4))),
                     f.i64(0));
+  sql::Stmt k(db_, "SELECT id, backend_sid, variant_sid, params_sid FROM kernels");
+  while (k.step()) kernels_.emplace(std::tuple(k.i64(1), k.i64(2), k.i64(3)), k.i64(0));
 }
 
 int64_t SqliteWriter::intern(std::string_view s) {
@@ -200,6 +208,15 @@ int64_t SqliteWriter::internFrame(const StackFrame& f) {
   insFrame_.bindFrom(1, f.address, std::get<1>(key), std::get<2>(key), f.line).run();
   int64_t id = sqlite3_last_insert_rowid(db_.get());
   frames_.emplace(key, id);
+  return id;
+}
+
+int64_t SqliteWriter::internKernel(const KernelRecord& k) {
+  auto key = std::tuple(intern(k.backend), intern(k.variant), intern(k.params));
+  if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+  insKernel_.bindFrom(1, std::get<0>(key), std::get<1>(key), std::get<2>(key)).run();
+  int64_t id = sqlite3_last_insert_rowid(db_.get());
+  kernels_.emplace(key, id);
   return id;
 }
 
@@ -221,6 +238,7 @@ void SqliteWriter::writeOp(const OpRecord& op) {
     o.bindFrom(1, op.seq, op.step, phase, name, attrs, scope, op.thread, op.beginNs, op.endNs,
                op.forwardSeq);
     if (op.stackId >= 0) o.bind(11, op.stackId);
+    if (!op.kernel.empty()) o.bind(12, internKernel(op.kernel));
     o.run();
     if (op.tensors.empty()) return;
     // One packed row for all of the op's tensors (storage/src/packed.h).
@@ -326,8 +344,8 @@ void SqliteWriter::close() {
   // Statements must be finalized before the connection closes (the last close checkpoints the
   // WAL into the main file and removes it).
   for (sql::Stmt* s : {&begin_, &commit_, &insString_, &insStep_, &insOp_, &insTensors_,
-                       &insNonfinite_, &insStack_, &insFrame_, &insStackFrame_, &insLog_, &insMem_,
-                       &insDump_, &setStatus_, &addDropped_})
+                       &insKernel_, &insNonfinite_, &insStack_, &insFrame_, &insStackFrame_,
+                       &insLog_, &insMem_, &insDump_, &setStatus_, &addDropped_})
     *s = sql::Stmt();
   db_.close();
 }

@@ -322,6 +322,52 @@ TEST(StorageRoundTrip, StringsAreInternedOnceAndStacksDeduplicated) {
   EXPECT_EQ(rec.stack(1)->frames[0].function, "b()");
 }
 
+// Each op names the kernel that ran it (schema v7); kernels are interned, a view has none, and an
+// op naming a kernel the table lacks is a damaged recording.
+TEST(StorageRoundTrip, KernelsAreInternedAndReadBack) {
+  TempDir dir;
+  const std::string path = dir.file("run.db");
+  const KernelRecord sum{"cpu", "sum: 8 strided lanes, float64", "x86-64-v2, 2 threads"};
+  const KernelRecord gemm{"cpu", "sgemm (OpenBLAS), float32", "OpenBLAS 0.3.21 Haswell"};
+  {
+    auto w = Writer::create(path, sampleRun());
+    for (uint64_t seq = 1; seq <= 30; ++seq) {
+      OpRecord o = sampleOp(seq, 1);
+      if (seq % 3 == 1) o.kernel = sum;
+      if (seq % 3 == 2) o.kernel = gemm;  // seq % 3 == 0: a view, no kernel
+      w->writeOp(o);
+    }
+    w->close();
+  }
+  EXPECT_EQ(countRows(path, "SELECT count(*) FROM kernels"), 2);
+  EXPECT_EQ(countRows(path, "SELECT count(*) FROM ops WHERE kernel_id IS NULL"), 10);
+  {
+    Recording rec = Recording::open(path);
+    auto ops = rec.stepOps(1);
+    ASSERT_EQ(ops.size(), 30u);
+    for (const OpRecord& o : ops) {
+      const KernelRecord want = o.seq % 3 == 1 ? sum : o.seq % 3 == 2 ? gemm : KernelRecord{};
+      EXPECT_EQ(o.kernel, want) << o.seq;
+    }
+    EXPECT_EQ(rec.op(2)->kernel, gemm);
+  }
+  // Damage: an op pointing at a kernel that is not there.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "UPDATE ops SET kernel_id = 99 WHERE seq = 4", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  Recording rec = Recording::open(path);
+  try {
+    rec.stepOps(1);
+    FAIL() << "a dangling kernel id was accepted";
+  } catch (const StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("damaged recording"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kernel 99"), std::string::npos) << e.what();
+  }
+}
+
 class StorageQueries : public ::testing::Test {
  protected:
   void SetUp() override {

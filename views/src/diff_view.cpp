@@ -204,6 +204,16 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
           auto* w = worstOutput(*p);
           return w ? QString::fromUtf8(storage::toString(w->basis)) : QString();
         }
+        case Kernel:
+          switch (storage::kernelMatch(*p)) {
+            case storage::KernelMatch::Same:
+              return tr("same");
+            case storage::KernelMatch::Different:
+              return tr("different");
+            case storage::KernelMatch::Unknown:
+              return QString();
+          }
+          return QString();
         case Detail: {
           QStringList parts;
           if (!p->exactSignature && p->inA && p->inB)
@@ -248,6 +258,7 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
         return tip.trimmed();
       }
       if (col == Scope || col == Detail || col == Name) return data(index, Qt::DisplayRole);
+      if (col == Kernel) return QString::fromStdString(storage::kernelPhrase(*p, false));
       if (col == MaxAbs || col == MaxRel) {
         const double v = col == MaxAbs ? maxAbs(*p) : maxRel(*p);
         return std::isnan(v) ? tr("not compared by values") : QString::number(v, 'g', 17);
@@ -260,6 +271,10 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
       return {};
     case Qt::BackgroundRole:
       if (col == Status) return statusBackground(p->status, mark != NoMark);
+      // A diverged pair whose two runs ran different kernels: the likely reason, marked.
+      if (col == Kernel && p->status != DiffStatus::Equal &&
+          storage::kernelMatch(*p) == storage::KernelMatch::Different)
+        return QColor(0xff, 0xf0, 0xb3);
       return {};
     case Qt::ForegroundRole:
       if (col == Status) return QColor(0x1a, 0x1a, 0x1a);  // readable on the light status colours
@@ -299,6 +314,8 @@ QVariant DiffModel::headerData(int section, Qt::Orientation orientation, int rol
         return tr("Max rel");
       case Basis:
         return tr("Basis");
+      case Kernel:
+        return tr("Kernel");
       case Detail:
         return tr("Detail");
     }
@@ -310,6 +327,10 @@ QVariant DiffModel::headerData(int section, Qt::Orientation orientation, int rol
         return tr("largest |a - b| / |b| over the outputs (dumped values only)");
       case Basis:
         return tr("what settled the verdict of the worst output");
+      case Kernel:
+        return tr(
+            "whether the two runs ran the same kernel variant for this op (algorithm, "
+            "accumulation dtype, reduction order); the variants on hover");
     }
   }
   return {};

@@ -499,6 +499,18 @@ void InspectorView::resetTabs() {
   tabs_->setTabToolTip(Attributes, tr("Attributes"));
 }
 
+namespace {
+// "kernel cpu · VARIANT" with the run-time parameters on hover (Note [Kernel identity]); red
+// when the compared runs' kernels differ.
+QString kernelHtml(const storage::KernelRecord& k, bool differs = false) {
+  QString variant = QString::fromStdString(k.variant).toHtmlEscaped();
+  if (differs) variant = QStringLiteral("<span style='color:#b00020'>%1</span>").arg(variant);
+  return QObject::tr("kernel <span title='%1'>%2 · <b>%3</b></span>")
+      .arg(QString::fromStdString(k.params).toHtmlEscaped(),
+           QString::fromStdString(k.backend).toHtmlEscaped(), variant);
+}
+}  // namespace
+
 void InspectorView::setDetails(OpDetailsPtr details) {
   const int before = tabs_->currentIndex();
   resetTabs();
@@ -528,6 +540,7 @@ void InspectorView::setDetails(OpDetailsPtr details) {
   if (op.forwardSeq != 0)
     facts << tr("gradient of forward op <a href='op:%1'>#%1</a>").arg(op.forwardSeq);
   text += facts.join(QStringLiteral(" &nbsp;·&nbsp; "));
+  if (!op.kernel.empty()) text += QStringLiteral("<br>") + kernelHtml(op.kernel);
   setHeader(text);
 
   fillTensors(d);
@@ -1023,6 +1036,9 @@ void InspectorView::showPair() {
                 .arg(statusColor(pair->status).name(), statusText(pair->status));
   else if (diff_)
     text += tr(" &nbsp;·&nbsp; <i>not an aligned pair of the diff</i>");
+  // Which kernel each side ran, the differing one in red (Note [Kernel identity]).
+  const bool kernelsDiffer =
+      !opA.kernel.empty() && !opB.kernel.empty() && opA.kernel.variant != opB.kernel.variant;
   for (Side side : {Side::A, Side::B}) {
     const storage::OpRecord& o = side == Side::A ? opA : opB;
     text += QStringLiteral("<br><b>%1</b> &nbsp;#%2 &nbsp;·&nbsp; step %3 &nbsp;·&nbsp; %4 µs")
@@ -1030,7 +1046,13 @@ void InspectorView::showPair() {
                 .arg(o.seq)
                 .arg(o.step)
                 .arg(double(o.endNs - o.beginNs) / 1000.0, 0, 'f', 1);
+    if (!o.kernel.empty())
+      text += QStringLiteral(" &nbsp;·&nbsp; ") + kernelHtml(o.kernel, kernelsDiffer);
   }
+  if (kernelsDiffer)
+    text +=
+        tr("<br><span style='color:#b00020'><b>different kernels</b></span>: the two runs "
+           "computed this op differently");
   setHeader(text);
 
   // Differences: the diff's (whole dumped tensors) where it has them, else computed here from

@@ -79,7 +79,8 @@ struct OpPair {
   std::string scope;
   std::string nameB;  // side B's name when it differs from A's, else ""
   int64_t stackIdA = -1, stackIdB = -1;
-  bool exactSignature = true;  // false: paired on (name, phase, scope) only; shapes differ
+  KernelRecord kernelA, kernelB;  // the kernels that ran it (empty: not recorded, or a view)
+  bool exactSignature = true;     // false: paired on (name, phase, scope) only; shapes differ
   DiffStatus status = DiffStatus::Equal;
   std::vector<TensorDiff> outputs;
 };
@@ -97,6 +98,15 @@ struct ChainLink {
   int64_t stackId = -1;
   DiffStatus status = DiffStatus::Unmatched;  // its pair's verdict (Unmatched: not aligned)
 };
+
+// Whether the two sides of a pair ran the same kernel variant (Note [Kernel identity]): Unknown
+// when either side recorded none.
+enum class KernelMatch : uint8_t { Unknown, Same, Different };
+KernelMatch kernelMatch(const OpPair& p);
+// The phrase a report puts beside a pair: "same kernel variant: V" or "different kernels: cpu V1 vs
+// cpu-ref V2" (run-time parameters in parentheses when they differ), "" when unknown. inputsEqual:
+// every input of the pair compared equal, so the report can say "same inputs, different kernel".
+std::string kernelPhrase(const OpPair& p, bool inputsEqual);
 
 struct Divergence {
   OpPair pair;

@@ -48,6 +48,13 @@ struct DroppedCount {
   int64_t count = 0;
 };
 
+// One kernel that ran ops in a recording, with the ops it ran (by name, most calls first).
+struct KernelUse {
+  KernelRecord kernel;
+  int64_t calls = 0;
+  std::vector<std::pair<std::string, int64_t>> ops;  // op name, calls
+};
+
 class Recording {
  public:
   // Opens `path` read-only. Throws StorageError with a one-line message naming the file when it is
@@ -80,6 +87,8 @@ class Recording {
   // zstd frame, size that does not match dtype and shape, unknown dtype or codec).
   std::optional<std::vector<double>> dumpValues(uint64_t opSeq, Role role, int32_t index) const;
   std::vector<DroppedCount> dropped() const;
+  // The kernels that ran the recorded ops (schema v7), most calls first; empty for older files.
+  std::vector<KernelUse> kernelUses() const;
   // The earliest op (by seq) with an output whose nanCount or infCount > 0, with its tensors.
   std::optional<OpRecord> firstNonFinite() const;
   // Every op of every step (step 0, initialisation, first), with tensors, by step then seq: what

@@ -61,6 +61,17 @@ struct TensorRecord {
   TensorStats stats;
 };
 
+// Which kernel ran an op call (Note [Kernel identity] in the engine's keel/registry.h): its
+// backend, its variant — what decides its numerics: algorithm, accumulation dtype, reduction order
+// — and the call's run-time parameters (ISA, BLAS core, threads, tiles). Two calls ran the same
+// kernel variant when their variants are equal, whatever the backend. An empty backend: none
+// recorded (a view, a recording older than schema v7, another framework's op).
+struct KernelRecord {
+  std::string backend, variant, params;
+  bool empty() const { return backend.empty(); }
+  bool operator==(const KernelRecord&) const = default;
+};
+
 struct OpRecord {
   uint64_t seq = 0;  // engine op sequence number (unique in a run, increasing)
   int64_t step = 0;  // 0 before the first step (initialisation)
@@ -72,6 +83,7 @@ struct OpRecord {
   int64_t beginNs = 0, endNs = 0;
   uint64_t forwardSeq = 0;  // backward ops: the forward op's seq; else 0
   int64_t stackId = -1;     // -1: no stack captured
+  KernelRecord kernel;      // the kernel that ran it (schema v7)
   std::vector<TensorRecord> tensors;
 };
 

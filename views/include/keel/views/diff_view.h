@@ -32,6 +32,7 @@ class DiffModel : public QAbstractTableModel {
     MaxAbs,
     MaxRel,
     Basis,
+    Kernel,  // whether both runs ran the same kernel variant (Note [Kernel identity])
     Detail,
     ColumnCount
   };
