@@ -1,6 +1,7 @@
 // `keel ops`: without a file, lists every registered op with its inputs, whether it is
-// differentiable, and the backends that have kernels for it (--markdown: docs/ops.md's tables);
-// with a recording, a table of the op calls it holds, filtered by step, phase, op name and scope.
+// differentiable, and the backends that have kernels for it (--markdown: docs/ops.md's tables;
+// --kernels: each backend's kernel variant); with a recording, a table of the op calls it holds,
+// filtered by step, phase, op name and scope.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -38,11 +39,38 @@ int runOps() {
   return 0;
 }
 
+// One line per op and backend with a kernel: the kernel's variant (Note [Kernel identity]), what
+// `keel diff` compares when two runs' kernels differ. Views run no kernel: one line, "view".
+int runKernels() {
+  const keel::Registry& reg = keel::Registry::get();
+  std::printf("%-28s %-8s %s\n", "OP", "BACKEND", "VARIANT");
+  int kernels = 0, views = 0;
+  for (int i = 0; i < reg.size(); ++i) {
+    const keel::OpDef& op = reg.op(i);
+    if (op.view) {
+      std::printf("%-28s %-8s %s\n", op.name.c_str(), "all", "view (no kernel)");
+      ++views;
+      continue;
+    }
+    for (int b = 0; b < keel::kNumBackends; ++b) {
+      const keel::KernelEntry& k = op.kernels[b];
+      if (!k.fn) continue;
+      const std::string backend(keel::backendName(keel::Backend(b)));
+      std::printf("%-28s %-8s %s\n", op.name.c_str(), backend.c_str(),
+                  k.variant.empty() ? "(not described)" : k.variant.c_str());
+      ++kernels;
+    }
+  }
+  std::printf("%d kernels, %d views\n", kernels, views);
+  return 0;
+}
+
 struct OpsArgs {
   std::string recording, phase, name, scope;
   int64_t step = -1;
   int64_t limit = -1;
   bool markdown = false;
+  bool kernels = false;
 };
 
 int runRecordedOps(const OpsArgs& a) {
@@ -92,7 +120,14 @@ Command addOpsCommand(CLI::App& root) {
   ops->add_option("--limit", a->limit, "at most N rows")->check(wholeNumber(0));
   ops->add_flag("--markdown", a->markdown,
                 "print the registry as docs/ops.md's tables (between its generated markers)");
+  ops->add_flag("--kernels", a->kernels,
+                "print each op's kernel variant per backend (what decides its numerics)");
   return {ops, [a] {
+            if (a->kernels) {
+              if (!a->recording.empty()) return fail("--kernels lists the registry, not a file");
+              if (a->markdown) return fail("--kernels and --markdown are two different lists");
+              return runKernels();
+            }
             if (a->markdown) {
               if (!a->recording.empty()) return fail("--markdown lists the registry, not a file");
               std::fputs(keel::opsMarkdown(keel::Registry::get()).c_str(), stdout);

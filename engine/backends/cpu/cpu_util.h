@@ -385,6 +385,8 @@ T store(CompT<T> c) {
 enum class FloatUnary { Exp, Tanh, Sigmoid, Gelu, Silu };
 enum class FloatGrad { Gelu, Silu };  // y = g * d/dx op(x)
 void floatUnaryArray(FloatUnary op, const float* x, float* y, int64_t n);
+// Which clone of those loops this CPU runs: "avx2" or "baseline" (kernel parameters).
+const char* vecMathClone();
 void floatGradArray(FloatGrad op, const float* g, const float* x, float* y, int64_t n);
 // y[i] = e^(x[i] - shift)
 void expShiftArray(const float* x, float shift, float* y, int64_t n);

@@ -5,11 +5,22 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define KEEL_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define KEEL_CPU_CLONES_ON 1
 #else
 #define KEEL_CPU_CLONES
 #endif
 
 namespace keel::cpu {
+
+const char* vecMathClone() {
+#if defined(KEEL_CPU_CLONES_ON)
+  // GCC's resolver for target_clones("avx2", "default") asks the same question.
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") ? "avx2" : "baseline";
+#else
+  return "baseline";
+#endif
+}
 
 KEEL_CPU_CLONES
 void floatUnaryArray(FloatUnary op, const float* x, float* y, int64_t n) {
