@@ -186,7 +186,7 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
   const bool inputsEqual = std::all_of(d.inputs.begin(), d.inputs.end(), [](const TensorDiff& t) {
     return t.status == DiffStatus::Equal;
   });
-  if (std::string k = kernelPhrase(p, inputsEqual); !k.empty()) out += "  " + k + "\n";
+  if (std::string k = kernelPhrase(p, inputsEqual, true); !k.empty()) out += "  " + k + "\n";
   for (const TensorDiff& t : p.outputs) out += "  " + tensorLine(t) + "\n";
   for (const TensorDiff& t : d.inputs) out += "  " + tensorLine(t) + "\n";
   for (auto [side, chain] : {std::pair{"A", &d.chainA}, std::pair{"B", &d.chainB}}) {
@@ -211,17 +211,19 @@ KernelMatch kernelMatch(const OpPair& p) {
   return p.kernelA.variant == p.kernelB.variant ? KernelMatch::Same : KernelMatch::Different;
 }
 
-std::string kernelPhrase(const OpPair& p, bool inputsEqual) {
+std::string kernelPhrase(const OpPair& p, bool inputsEqual, bool withParams) {
   const KernelRecord &a = p.kernelA, &b = p.kernelB;
-  auto side = [](const KernelRecord& k) {
-    return k.backend + " " + k.variant + (k.params.empty() ? "" : " (" + k.params + ")");
+  auto side = [&](const KernelRecord& k) {
+    return k.backend + " " + k.variant +
+           (withParams && !k.params.empty() ? " (" + k.params + ")" : "");
   };
   switch (kernelMatch(p)) {
     case KernelMatch::Unknown:
       return "";
     case KernelMatch::Same:
       return "same kernel variant: " + a.variant +
-             (a.params != b.params ? " (A " + a.params + ", B " + b.params + ")" : "");
+             (withParams && a.params != b.params ? " (A " + a.params + ", B " + b.params + ")"
+                                                 : "");
     case KernelMatch::Different:
       return std::string(inputsEqual ? "same inputs, different kernel: " : "different kernels: ") +
              side(a) + " vs " + side(b);
@@ -287,7 +289,7 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     if (p.status != DiffStatus::Equal) {
       for (const TensorDiff& td : p.outputs)
         if (td.status != DiffStatus::Equal) out += "      " + tensorLine(td) + "\n";
-      if (std::string k = kernelPhrase(p, false); !k.empty()) out += "      " + k + "\n";
+      if (std::string k = kernelPhrase(p, false, false); !k.empty()) out += "      " + k + "\n";
     }
   }
   return out;

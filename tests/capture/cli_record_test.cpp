@@ -115,6 +115,50 @@ TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
   EXPECT_NE(d.out.find("0 diverged"), std::string::npos) << d.out;
 }
 
+// Every pair names both sides' kernels (Note [Kernel identity]): cpu and cpu-ref run different
+// sum kernels and the same copy; under zero tolerance the root divergence is an op whose inputs
+// match and whose kernels differ, and the text says so in those words.
+TEST_F(KeelCli, DiffNamesTheKernelsOfEachPair) {
+  ASSERT_EQ(record("ref.db", "--seed 3 --backend cpu-ref --md5 --stats").status, 0);
+  ASSERT_EQ(record("cpu.db", "--seed 3 --backend cpu --md5 --stats").status, 0);
+  CliResult d = keel("diff '" + db("cpu.db") + "' '" + db("ref.db") + "' --json");
+  ASSERT_EQ(d.status, 0) << d.err;
+  nlohmann::json j = nlohmann::json::parse(d.out);
+  int sums = 0, concats = 0;
+  for (const auto& p : j["pairs"]) {
+    if (p["name"] == "sum") {
+      ++sums;
+      EXPECT_EQ(p["sameKernelVariant"], false) << p.dump();
+      EXPECT_EQ(p["a"]["kernel"]["backend"], "cpu");
+      EXPECT_EQ(p["b"]["kernel"]["backend"], "cpu-ref");
+      EXPECT_EQ(p["b"]["kernel"]["variant"], "float64, sequential") << p.dump();
+    }
+    if (p["name"] == "concat") {
+      ++concats;
+      EXPECT_EQ(p["sameKernelVariant"], true) << p.dump();
+      EXPECT_EQ(p["a"]["kernel"]["variant"], "copy (exact)") << p.dump();
+    }
+    if (p["name"] == "reshape") {
+      EXPECT_TRUE(p["sameKernelVariant"].is_null()) << p.dump();  // a view runs no kernel
+    }
+  }
+  EXPECT_GT(sums, 0);
+  EXPECT_GT(concats, 0);
+
+  CliResult z = keel("diff '" + db("cpu.db") + "' '" + db("ref.db") + "' --atol 0 --rtol 0");
+  EXPECT_EQ(z.status, 1) << z.err;
+  // The first divergence is the root here (a layer_norm whose inputs all match).
+  const size_t first = z.out.find("first divergence: step 1");
+  ASSERT_NE(first, std::string::npos) << z.out;
+  EXPECT_NE(z.out.find("root divergence: the first divergence (its inputs all match)"),
+            std::string::npos)
+      << z.out;
+  const size_t phrase = z.out.find("same inputs, different kernel: cpu ", first);
+  ASSERT_NE(phrase, std::string::npos) << z.out;
+  EXPECT_LT(phrase, z.out.find("fed by", first)) << z.out;
+  EXPECT_NE(z.out.find(" vs cpu-ref ", phrase), std::string::npos) << z.out;
+}
+
 // With --dumps the diff compares matmul outputs element by element (basis "values", with the
 // measured max abs error), not only by statistics; and a one-element perturbation is located with
 // its exact size.

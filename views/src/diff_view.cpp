@@ -258,7 +258,7 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
         return tip.trimmed();
       }
       if (col == Scope || col == Detail || col == Name) return data(index, Qt::DisplayRole);
-      if (col == Kernel) return QString::fromStdString(storage::kernelPhrase(*p, false));
+      if (col == Kernel) return QString::fromStdString(storage::kernelPhrase(*p, false, true));
       if (col == MaxAbs || col == MaxRel) {
         const double v = col == MaxAbs ? maxAbs(*p) : maxRel(*p);
         return std::isnan(v) ? tr("not compared by values") : QString::number(v, 'g', 17);

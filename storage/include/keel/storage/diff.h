@@ -104,9 +104,9 @@ struct ChainLink {
 enum class KernelMatch : uint8_t { Unknown, Same, Different };
 KernelMatch kernelMatch(const OpPair& p);
 // The phrase a report puts beside a pair: "same kernel variant: V" or "different kernels: cpu V1 vs
-// cpu-ref V2" (run-time parameters in parentheses when they differ), "" when unknown. inputsEqual:
-// every input of the pair compared equal, so the report can say "same inputs, different kernel".
-std::string kernelPhrase(const OpPair& p, bool inputsEqual);
+// cpu-ref V2", "" when unknown. inputsEqual: every input of the pair compared equal, so the report
+// can say "same inputs, different kernel". withParams: each side's run-time parameters too.
+std::string kernelPhrase(const OpPair& p, bool inputsEqual, bool withParams);
 
 struct Divergence {
   OpPair pair;
