@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_recording.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/writer.h"
@@ -98,13 +99,7 @@ void BM_DiffRecordings(benchmark::State& state) {
   const std::string pathA = dir + "/keel_bench_diff_" + std::to_string(::getpid()) + "_a.db";
   const std::string pathB = dir + "/keel_bench_diff_" + std::to_string(::getpid()) + "_b.db";
   auto write = [&](const std::string& path, const std::vector<ks::OpRecord>& ops) {
-    ks::RunInfo run;
-    run.backend = "cpu";
-    run.device = "cpu";
-    run.host = "bench";
-    run.configJson = "{}";
-    run.engineVersion = "bench";
-    auto w = ks::Writer::create(path, run);
+    auto w = ks::Writer::create(path, keel::bench::benchRunInfo());
     w->writeStep({1, 0, 1, 1.0});
     for (const auto& o : ops) w->writeOp(o);
     w->close();

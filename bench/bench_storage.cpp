@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "bench_recording.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/writer.h"
 
@@ -23,16 +24,6 @@ std::string benchPath(const char* name) {
 void removeRecording(const std::string& path) {
   std::error_code ec;
   for (const char* s : {"", "-wal", "-shm"}) std::filesystem::remove(path + s, ec);
-}
-
-RunInfo benchRun() {
-  RunInfo r;
-  r.backend = "cpu";
-  r.device = "cpu";
-  r.host = "bench";
-  r.configJson = "{}";
-  r.engineVersion = "0.1.0";
-  return r;
 }
 
 // A realistic op: a handful of names and scopes, 2 inputs + 1 output, hashed, with statistics.
@@ -75,7 +66,7 @@ void BM_StorageWriterOps(benchmark::State& state) {
   std::vector<OpRecord> ops;
   for (int64_t i = 0; i < n; ++i) ops.push_back(benchOp(static_cast<uint64_t>(i + 1)));
   for (auto _ : state) {
-    auto w = Writer::create(path, benchRun());
+    auto w = Writer::create(path, keel::bench::benchRunInfo());
     for (int64_t i = 0; i < n; ++i) {
       w->writeOp(ops[static_cast<size_t>(i)]);
       if ((i + 1) % 10000 == 0) w->commit();
@@ -92,7 +83,7 @@ void BM_StorageStepOps(benchmark::State& state) {
   const std::string path = benchPath("reader");
   const int64_t n = state.range(0);
   {
-    auto w = Writer::create(path, benchRun());
+    auto w = Writer::create(path, keel::bench::benchRunInfo());
     for (int64_t i = 0; i < n; ++i) w->writeOp(benchOp(static_cast<uint64_t>(i + 1)));
     w->close();
   }

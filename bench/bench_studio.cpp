@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "bench_recording.h"
 #include "keel/storage/writer.h"
 #include "main_window.h"
 
@@ -82,13 +83,7 @@ void BM_StudioOpenRecording(benchmark::State& state) {
                             ("keel_bench_studio_" + std::to_string(::getpid()) + ".db"))
                                .string();
   {
-    ks::RunInfo run;
-    run.backend = "cpu";
-    run.device = "cpu";
-    run.host = "bench";
-    run.configJson = "{}";
-    run.engineVersion = "bench";
-    auto w = ks::Writer::create(path, run);
+    auto w = ks::Writer::create(path, keel::bench::benchRunInfo());
     uint64_t seq = 1;
     for (int s = 1; s <= steps; ++s) writeStep(*w, s, perStep, seq);
     w->close();

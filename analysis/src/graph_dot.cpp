@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "keel/analysis/dataflow.h"
 #include "keel/analysis/module_summary.h"
+#include "keel/base/dtype.h"
 
 namespace keel::analysis {
 
@@ -176,13 +178,9 @@ void appendNumber(std::string& out, double v, int decimals) {
   out.append(buf, size_t(n));
 }
 
+// The vocabulary's short name ("f32"); a dtype the engine has none for as recorded (records.h).
 std::string dtypeShort(const std::string& dtype) {
-  if (dtype == "float32") return "f32";
-  if (dtype == "float16") return "f16";
-  if (dtype == "bfloat16") return "bf16";
-  if (dtype == "float64") return "f64";
-  if (dtype == "int64") return "i64";
-  if (dtype == "int32") return "i32";
+  if (const std::optional<DType> t = tryParseDType(dtype)) return std::string(dtypeShortName(*t));
   return dtype;
 }
 
@@ -344,6 +342,14 @@ OpScopes opScopes(std::span<const storage::OpRecord> ops, GraphPhase phase) {
 
 }  // namespace
 
+std::string moduleNodeId(Phase phase, std::string_view scope) {
+  std::string id = "m:";
+  id += phaseLetter(phase);
+  id += ':';
+  id += scope;
+  return id;
+}
+
 GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOptions& options) {
   GraphDot g;
   const bool both = options.phase == GraphPhase::Both;
@@ -378,10 +384,7 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
       }
     }
     if (hidden) {
-      std::string id = "m:";
-      id += letter;
-      id += ':';
-      id += collapsed;
+      std::string id = moduleNodeId(op.phase, collapsed);
       auto [it, fresh] = moduleOf.emplace(id, int(g.nodes.size()));
       if (fresh) {
         GraphNode m;

@@ -69,6 +69,25 @@ void blankNodeLabels(Agraph_t* g) {
   for (Agnode_t* n = agfstnode(g); n; n = agnxtnode(g, n)) agxset(n, label, empty);
 }
 
+// `dot` read and laid out by the dot engine (the caller holds gMutex, and frees the result with
+// gvFreeLayout and agclose), `prepare` run on it first; nullptr after setting `error`.
+Agraph_t* readAndLayOut(GVC_t* gvc, const std::string& dot, std::string& error,
+                        void (*prepare)(Agraph_t*) = nullptr) {
+  gErrors.clear();
+  Agraph_t* g = agmemread(dot.c_str());
+  if (!g) {
+    error = "Graphviz could not read the graph: " + (gErrors.empty() ? "syntax error" : gErrors);
+    return nullptr;
+  }
+  if (prepare) prepare(g);
+  if (gvLayout(gvc, g, "dot") != 0) {
+    error = "Graphviz layout failed: " + gErrors;
+    agclose(g);
+    return nullptr;
+  }
+  return g;
+}
+
 }  // namespace
 
 GraphLayout layoutGraph(const std::string& dot) {
@@ -76,18 +95,8 @@ GraphLayout layoutGraph(const std::string& dot) {
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard lock(gMutex);
   GVC_t* gvc = context();
-  gErrors.clear();
-  Agraph_t* g = agmemread(dot.c_str());
-  if (!g) {
-    r.error = "Graphviz could not read the graph: " + (gErrors.empty() ? "syntax error" : gErrors);
-    return r;
-  }
-  blankNodeLabels(g);
-  if (gvLayout(gvc, g, "dot") != 0) {
-    r.error = "Graphviz layout failed: " + gErrors;
-    agclose(g);
-    return r;
-  }
+  Agraph_t* g = readAndLayOut(gvc, dot, r.error, blankNodeLabels);
+  if (!g) return r;
   const boxf bb = GD_bb(g);
   const Flip flip{bb.UR.y};
   r.bounds = flip(bb);
@@ -123,17 +132,8 @@ GraphSvg renderSvg(const std::string& dot) {
   GraphSvg r;
   std::lock_guard lock(gMutex);
   GVC_t* gvc = context();
-  gErrors.clear();
-  Agraph_t* g = agmemread(dot.c_str());
-  if (!g) {
-    r.error = "Graphviz could not read the graph: " + (gErrors.empty() ? "syntax error" : gErrors);
-    return r;
-  }
-  if (gvLayout(gvc, g, "dot") != 0) {
-    r.error = "Graphviz layout failed: " + gErrors;
-    agclose(g);
-    return r;
-  }
+  Agraph_t* g = readAndLayOut(gvc, dot, r.error);
+  if (!g) return r;
   char* data = nullptr;
   unsigned int len = 0;
   if (gvRenderData(gvc, g, "svg", &data, &len) == 0 && data) r.svg.assign(data, len);

@@ -516,10 +516,11 @@ MemBands MemoryModel::bands(int64_t first, int64_t last, size_t columns, uint64_
   return out;
 }
 
-std::string MemoryModel::allocatorKind() const {
-  if (hasChunks_) return "vmm";
-  if (hasSegments_) return "caching";
-  return events_.empty() ? std::string() : std::string("host");
+std::optional<AllocatorKind> MemoryModel::allocatorKind() const {
+  if (hasChunks_) return AllocatorKind::Vmm;
+  if (hasSegments_) return AllocatorKind::Caching;
+  if (events_.empty()) return std::nullopt;
+  return AllocatorKind::Host;
 }
 
 const MemOp* MemoryModel::op(uint64_t seq) const {

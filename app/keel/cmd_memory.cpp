@@ -17,6 +17,7 @@
 #include "keel/analysis/memory_model.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
+#include "keel/base/vocabulary.h"
 #include "keel/capture/alloc_trace_io.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
@@ -80,7 +81,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
     cols.emplace_back("event", m.figuresAt(k));
   }
   std::printf("%s: %zu allocator events, %s allocator\n", path.c_str(), m.eventCount(),
-              m.allocatorKind().c_str());
+              std::string(allocatorKindName(*m.allocatorKind())).c_str());
   auto row = [&](const char* label, auto value) {
     std::printf("%-26s", label);
     for (const auto& [name, f] : cols) std::printf(" %22s", value(f).c_str());
@@ -189,8 +190,9 @@ void addMoeOptions(CLI::App* c, MoeTraceOptions& m) {
 }  // namespace
 
 void addAllocOption(CLI::App* c, std::string& kind) {
-  c->add_option("--alloc", kind, "allocator for host tensors: host, caching or vmm")
-      ->check(CLI::IsMember({"host", "caching", "vmm"}));
+  c->add_option("--alloc", kind, "allocator for host tensors")
+      ->check(CLI::IsMember(
+          std::vector<std::string>(kAllocatorKindNames.begin(), kAllocatorKindNames.end())));
 }
 
 Command addMemoryCommand(CLI::App& root) {

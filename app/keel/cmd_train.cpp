@@ -31,17 +31,11 @@ struct TrainArgs {
   std::string resume;
 };
 
-keel::Device parseBackend(const std::string& name) {
-  if (name == "cpu") return keel::Device(keel::Backend::Cpu);
-  if (name == "cpu-ref") return keel::Device(keel::Backend::CpuRef);
-  throw keel::Error("unknown backend '" + name + "' (expected cpu or cpu-ref)");
-}
-
 int runTrain(const TrainArgs& a) {
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
   // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's).
   keel::setDefaultAllocatorKind(keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"));
-  keel::Device device = parseBackend(a.backend);
+  keel::Device device = keel::trainingDevice(a.backend);
   keel::setCpuThreads(a.threads);
   auto dataset = std::make_shared<const keel::data::TextDataset>(
       a.data.empty() ? keel::data::TextDataset::defaultCorpus()

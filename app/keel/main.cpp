@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "cli_common.h"
+#include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/runtime.h"
 #include "keel/storage/errors.h"
@@ -85,15 +87,8 @@ CLI::Validator finiteAtLeast(double lo) {
   const std::string bound = os.str();
   return CLI::Validator(
       [lo, bound](std::string& s) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(s, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != s.size() || !std::isfinite(v) || v < lo)
-          return "must be a finite number ≥ " + bound + ", got '" + s + "'";
+        const std::optional<double> v = parseFiniteNumber(s);
+        if (!v || *v < lo) return "must be a finite number ≥ " + bound + ", got '" + s + "'";
         return {};
       },
       "REAL ≥ " + bound);

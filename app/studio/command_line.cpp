@@ -17,6 +17,8 @@
 #include <utility>
 
 #include "keel/base/text.h"
+#include "keel/device.h"
+#include "keel/error.h"
 
 namespace keel::studio {
 
@@ -212,8 +214,11 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   s.configPath = cli.value(o.session);
   if (!QFileInfo(s.configPath).isFile()) return error(notAFile("config", s.configPath));
   s.backend = cli.value(o.backend);
-  if (s.backend != "cpu" && s.backend != "cpu-ref")
-    return error("--backend: expected cpu or cpu-ref, got '" + s.backend + "'");
+  try {
+    (void)keel::trainingDevice(s.backend.toStdString());
+  } catch (const keel::Error& e) {
+    return error("--backend: " + QString::fromUtf8(e.what()));
+  }
   s.steps = cli.value(o.steps).toLongLong(&ok);
   if (!ok || s.steps < 1)
     return error("--steps: expected a positive number, got '" + cli.value(o.steps) + "'");

@@ -1,7 +1,6 @@
 // See alloc_trace_io.h.
 #include "keel/capture/alloc_trace_io.h"
 
-#include <fstream>
 #include <unordered_map>
 
 #include "keel/base/text.h"
@@ -9,16 +8,6 @@
 #include "keel/storage/reader.h"
 
 namespace keel::capture {
-
-namespace {
-bool isSqlite(const std::string& path) {
-  requireRegularFile(path, "trace");
-  std::ifstream f(path, std::ios::binary);
-  char magic[16] = {};
-  f.read(magic, 16);
-  return f.gcount() == 16 && std::string(magic, 15) == "SQLite format 3";
-}
-}  // namespace
 
 AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
   AllocTrace t;
@@ -54,7 +43,8 @@ AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
 }
 
 AllocTrace loadAllocTrace(const std::string& path) {
-  if (!isSqlite(path)) return readAllocTrace(path);
+  requireRegularFile(path, "trace");
+  if (storage::sqliteHeader(path) != storage::SqliteHeader::Sqlite) return readAllocTrace(path);
   return allocTraceFromRecording(storage::Recording::open(path));
 }
 

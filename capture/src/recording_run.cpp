@@ -102,16 +102,9 @@ BreakCondition BreakCondition::parse(const std::string& itemText) {
     return v;
   };
   auto positive = [&](const std::string& v) {
-    size_t used = 0;
-    double d = 0;
-    try {
-      d = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KEEL_CHECK(used == v.size() && std::isfinite(d) && d > 0, "--break-on '", itemText, "': '", v,
-               "' is not a positive number");
-    return d;
+    const std::optional<double> d = parseFiniteNumber(v);
+    KEEL_CHECK(d && *d > 0, "--break-on '", itemText, "': '", v, "' is not a positive number");
+    return *d;
   };
   if (item == "nan") {
     c.kind = Kind::NonFinite;
@@ -337,16 +330,14 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     configText_ = readFile(spec_.configPath, "config file", kMaxConfigBytes);
   workload_ = builtIn ? gptWorkload() : loadWorkload(spec_.workloadPath);
   std::string configAllocator;
-  if (builtIn) {  // validated before anything is created
-    const GptConfig cfg = parseGptConfig(configText_, spec_.configPath);
-    name_ = cfg.name;
-    configAllocator = cfg.allocator;
+  if (builtIn) {  // validated before anything is created; parsed once (the workload gets it too)
+    gptConfig_ = parseGptConfig(configText_, spec_.configPath);
+    name_ = gptConfig_->name;
+    configAllocator = gptConfig_->allocator;
   } else {
     name_ = workload_.name;
   }
-  device_ = Device(spec_.backend);
-  KEEL_CHECK(device_.isHost(), "backend '", spec_.backend,
-             "' is not available (expected cpu or cpu-ref)");
+  device_ = trainingDevice(spec_.backend);
   // The allocator: the explicit choice, else the config's, else KEEL_ALLOCATOR (never what an
   // earlier run in this process installed).
   allocator_ = resolveAllocatorKind(spec_.allocator, configAllocator);
@@ -389,7 +380,9 @@ void RecordingRun::start() {
   params.seed = spec_.seed;
   params.totalSteps = spec_.steps;
   try {
-    job_ = std::make_unique<WorkloadRun>(workload_, params);
+    // The built-in trainer takes the config parsed above: Note [Built-in config parsed once].
+    job_ = gptConfig_ ? gptWorkloadRun(*gptConfig_, params)
+                      : std::make_unique<WorkloadRun>(workload_, params);
   } catch (const std::exception& e) {
     if (stopped_) {  // stopped while initialising (see Note [Stopping a run from an observer])
       finish();

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "diff_util.h"
 #include "keel/base/dtype.h"
@@ -74,19 +75,24 @@ TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const Diff
 uint64_t ulpDistance(double a, double b, const std::string& dtype) {
   bool na = std::isnan(a), nb = std::isnan(b);
   if (na || nb) return na && nb ? 0 : std::numeric_limits<uint64_t>::max();
-  if (dtype == "float32") {
+  const std::optional<DType> t = tryParseDType(dtype);
+  if (t == DType::Float32) {
     return ulpFromBits(std::bit_cast<uint32_t>(static_cast<float>(a)),
                        std::bit_cast<uint32_t>(static_cast<float>(b)), 32);
   }
-  if (dtype == "float16") {
+  if (t == DType::Float16) {
     return ulpFromBits(Half::fromFloat(static_cast<float>(a)),
                        Half::fromFloat(static_cast<float>(b)), 16);
   }
-  if (dtype == "bfloat16") {
+  if (t == DType::BFloat16) {
     return ulpFromBits(BFloat16::fromFloat(static_cast<float>(a)),
                        BFloat16::fromFloat(static_cast<float>(b)), 16);
   }
-  if (dtype.rfind("int", 0) == 0 || dtype.rfind("uint", 0) == 0 || dtype == "bool") {
+  // A dtype the engine has none for stays a string (records.h): a foreign integer type (a
+  // PyTorch run's uint8, int16) is told by its name, anything else is measured as float64.
+  const bool integral = t ? isIntegral(*t) || *t == DType::Bool
+                          : dtype.starts_with("int") || dtype.starts_with("uint");
+  if (integral) {
     double d = std::fabs(std::round(a) - std::round(b));
     return d >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(d);
   }

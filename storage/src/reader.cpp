@@ -71,6 +71,24 @@ std::string limitClause(int64_t limit) {
   return limit >= 0 ? " LIMIT " + std::to_string(limit) : std::string();
 }
 
+// keel_scope_within(scope, prefix) in SQL is keel::scopeWithin itself, so the scope filter of
+// Recording::ops is the one scope rule, not a second spelling of it in SQL.
+void sqlScopeWithin(sqlite3_context* ctx, int, sqlite3_value** argv) {
+  const auto text = [](sqlite3_value* v) {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_value_text(v));
+    return p ? std::string_view(p, size_t(sqlite3_value_bytes(v))) : std::string_view();
+  };
+  const std::string_view scope = text(argv[0]);
+  sqlite3_result_int(ctx, scopeWithin(scope, text(argv[1])) ? 1 : 0);
+}
+
+void registerScopeWithin(const sql::Db& db) {
+  const int rc = sqlite3_create_function_v2(db.get(), "keel_scope_within", 2,
+                                            SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS,
+                                            nullptr, sqlScopeWithin, nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) db.fail("cannot register keel_scope_within", rc);
+}
+
 }  // namespace
 
 struct Recording::Impl {
@@ -198,6 +216,16 @@ struct Recording::Impl {
   }
 };
 
+SqliteHeader sqliteHeader(const std::string& path) {
+  char header[16] = {};
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return SqliteHeader::Unreadable;
+  f.read(header, sizeof header);
+  if (f.gcount() == 0) return SqliteHeader::Empty;
+  return f.gcount() == 16 && std::memcmp(header, "SQLite format 3", 16) == 0 ? SqliteHeader::Sqlite
+                                                                             : SqliteHeader::Other;
+}
+
 Recording::Recording(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Recording::Recording(Recording&&) noexcept = default;
 Recording& Recording::operator=(Recording&&) noexcept = default;
@@ -212,18 +240,22 @@ Recording Recording::open(const std::string& path, bool verify) {
   // A FIFO would block the read below until a writer came; a device is no recording.
   if (const std::string kind = nonRegularKind(path); !kind.empty())
     throw StorageError("recording " + path + " is " + kind + ", not a regular file");
-  {
-    char header[16] = {};
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw StorageError("recording " + path + ": cannot read (permission denied?)");
-    f.read(header, sizeof header);
-    if (f.gcount() == 0) throw StorageError("recording " + path + " is empty");
-    if (f.gcount() < 16 || std::memcmp(header, "SQLite format 3", 16) != 0)
+  switch (sqliteHeader(path)) {
+    case SqliteHeader::Unreadable:
+      throw StorageError("recording " + path + ": cannot read (permission denied?)");
+    case SqliteHeader::Empty:
+      throw StorageError("recording " + path + " is empty");
+    case SqliteHeader::Other:
       throw StorageError("recording " + path + " is not an SQLite file");
+    case SqliteHeader::Sqlite:
+      break;
   }
 
   auto impl = std::make_unique<Impl>();
-  auto openRo = [&] { impl->db = sql::Db(path, SQLITE_OPEN_READONLY); };
+  auto openRo = [&] {
+    impl->db = sql::Db(path, SQLITE_OPEN_READONLY);
+    registerScopeWithin(impl->db);
+  };
   openRo();
   if (impl->db.queryInt("PRAGMA application_id") != kApplicationId)
     throw StorageError("recording " + path + " is an SQLite database but not a Keel recording");
@@ -310,10 +342,7 @@ std::vector<OpRecord> Recording::ops(const OpQuery& q) const {
     b.add("phase_sid = (SELECT id FROM strings WHERE text = ?)", std::string(phaseName(*q.phase)));
   if (q.name) b.add("name_sid = (SELECT id FROM strings WHERE text = ?)", *q.name);
   if (q.scopePrefix && !q.scopePrefix->empty())
-    b.add(
-        "scope_sid IN (SELECT id FROM strings WHERE text = ? OR "
-        "substr(text, 1, length(?) + 1) = ? || '.')",
-        *q.scopePrefix);
+    b.add("scope_sid IN (SELECT id FROM strings WHERE keel_scope_within(text, ?))", *q.scopePrefix);
   if (q.seqBegin) b.add("seq >= ?", static_cast<int64_t>(*q.seqBegin));
   if (q.seqEnd) b.add("seq < ?", static_cast<int64_t>(*q.seqEnd));
   return impl_->queryOps(std::string("SELECT ") + kOpColumns + " FROM ops" + b.where +

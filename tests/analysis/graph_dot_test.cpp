@@ -156,7 +156,11 @@ TEST(GraphDot, CollapsedModulesMergeEdges) {
   EXPECT_EQ(g.dot, expected);
   EXPECT_EQ(g.opNodes, 2);
   EXPECT_EQ(g.moduleNodes, 2);
-  const GraphNode& blocks = g.nodes[size_t(g.nodeOfId.at("m:f:blocks"))];
+  // moduleNodeId is the id the view looks a module up by (GraphView::moduleItem).
+  EXPECT_EQ(moduleNodeId(Phase::Forward, "blocks"), "m:f:blocks");
+  EXPECT_EQ(moduleNodeId(Phase::Optimizer, "wte"), "m:o:wte");
+  const GraphNode& blocks = g.nodes[size_t(g.nodeOfId.at(moduleNodeId(Phase::Forward, "blocks")))];
+  EXPECT_EQ(blocks.id, "m:f:blocks");
   EXPECT_EQ(blocks.kind, GraphNodeKind::Module);
   EXPECT_EQ(blocks.subtitle, "4 ops, 2.0 us, 512 B");  // Note [Module summary]
   EXPECT_EQ(blocks.seqs, (std::vector<uint64_t>{2, 3, 4, 5}));

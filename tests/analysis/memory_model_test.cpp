@@ -114,7 +114,7 @@ TEST(MemoryModel, CachingReplayEveryEvent) {
   });
   EXPECT_EQ(m.eventCount(), size_t(9));
   EXPECT_TRUE(m.hasSegments());
-  EXPECT_EQ(m.allocatorKind(), std::string("caching"));
+  EXPECT_EQ(m.allocatorKind(), keel::AllocatorKind::Caching);
   EXPECT_EQ(m.stateAt(-1).blocks.size(), size_t(0));
   EXPECT_EQ(blocksOf(m.stateAt(0)), Blocks{});
   EXPECT_EQ(m.stateAt(0).segments, (std::vector<MemSegment>{{0x10000, 4096, true}}));
@@ -175,7 +175,7 @@ TEST(MemoryModel, VmmRemapAndCompaction) {
       {"compact", c1, 2 * MiB, 0, 0, 21, {}, c2},
       {"alloc", c1, 512, 3, 0, 22},
   });
-  EXPECT_EQ(m.allocatorKind(), std::string("vmm"));
+  EXPECT_EQ(m.allocatorKind(), keel::AllocatorKind::Vmm);
   // The move itself changes nothing: unmap and map carry the remap.
   EXPECT_EQ(m.stateAt(6).segments, m.stateAt(5).segments);
   EXPECT_EQ(m.stateAt(5).segments,
@@ -205,7 +205,7 @@ TEST(MemoryModel, HostBlocksLaidOutCompactly) {
       {"free", 0x5000, 256},
   });
   EXPECT_TRUE(!m.hasSegments());
-  EXPECT_EQ(m.allocatorKind(), std::string("host"));
+  EXPECT_EQ(m.allocatorKind(), keel::AllocatorKind::Host);
   const MemState s = m.stateAt(4);
   EXPECT_EQ(blocksOf(s), (Blocks{{0x1000, 128}, {0x1080, 64}, {0x9000, 64}}));
   const MemLayout L = layoutMemory(s);
@@ -395,7 +395,7 @@ TEST(MemoryModel, HistogramAndSteps) {
 TEST(MemoryModel, EmptyModel) {
   const MemoryModel m = model({});
   EXPECT_EQ(m.eventCount(), size_t(0));
-  EXPECT_EQ(m.allocatorKind(), std::string());
+  EXPECT_EQ(m.allocatorKind(), std::nullopt);
   EXPECT_EQ(m.stateAt(5).cursor, int64_t(-1));
   EXPECT_TRUE(layoutMemory(m.stateAt(0)).pieces.empty());
 }
@@ -462,7 +462,7 @@ TEST(MemoryFigures, VmmFreeBlocksSpanTouchingChunks) {
       {"map", 6 * MiB, 2 * MiB},
       {"unmap", 6 * MiB, 2 * MiB},
   });
-  EXPECT_EQ(m.allocatorKind(), std::string("vmm"));
+  EXPECT_EQ(m.allocatorKind(), keel::AllocatorKind::Vmm);
   const MemFigures a = m.figuresAt(3);
   EXPECT_EQ(a.cachedFree, 2 * MiB);
   EXPECT_EQ(a.largestFree, 2 * MiB);

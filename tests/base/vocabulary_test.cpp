@@ -34,6 +34,7 @@ TEST(Vocabulary, EveryEnumRoundTripsThroughItsOneSpelling) {
   expectRoundTrip<MemEventKind>(kMemEventNames, parseMemEventKind, memEventName);
   expectRoundTrip<MemTag>(kMemTagNames, parseMemTag, memTagName);
   expectRoundTrip<AllocatorKind>(kAllocatorKindNames, parseAllocatorKind, allocatorKindName);
+  expectRoundTrip<LogLevel>(kLogLevelNames, parseLogLevel, logLevelName);
   EXPECT_EQ(phaseName(Phase::Optimizer), "optimizer");
   EXPECT_EQ(memEventName(MemEventKind::TrackEnd), "track_end");
   EXPECT_EQ(memTagName(MemTag::None), "");
@@ -46,6 +47,11 @@ TEST(Vocabulary, DTypeNamesAndAliases) {
   for (int i = 0; i < kNumDTypes; ++i) {
     EXPECT_EQ(parseDType(dtypeName(DType(i))), DType(i));
   }
+  for (int i = 0; i < kNumDTypes; ++i) {  // short names are aliases too
+    EXPECT_EQ(tryParseDType(dtypeShortName(DType(i))), DType(i));
+  }
+  EXPECT_EQ(dtypeShortName(DType::BFloat16), "bf16");
+  EXPECT_EQ(dtypeShortName(DType::Bool), "bool");
   EXPECT_EQ(parseDType("bf16"), DType::BFloat16);
   EXPECT_EQ(parseDType("half"), DType::Float16);
   EXPECT_FALSE(tryParseDType("float8").has_value());
@@ -63,6 +69,15 @@ TEST(Vocabulary, ScopeWithinMatchesOnDotBoundaries) {
   EXPECT_TRUE(scopeWithin("anything", ""));
   EXPECT_TRUE(scopeWithin("", ""));
   static_assert(scopeWithin("a.b", "a"));
+}
+
+TEST(Vocabulary, ParsesWholeFiniteNumbers) {
+  EXPECT_EQ(parseFiniteNumber("0.5"), 0.5);
+  EXPECT_EQ(parseFiniteNumber("1e-3"), 1e-3);
+  EXPECT_EQ(parseFiniteNumber("-2"), -2.0);
+  EXPECT_EQ(parseFiniteNumber(" 2"), 2.0);
+  for (const char* bad : {"", " ", "2x", "2 ", "x", "inf", "-inf", "nan", "1e999", "0x"})
+    EXPECT_FALSE(parseFiniteNumber(bad).has_value()) << "'" << bad << "'";
 }
 
 TEST(Vocabulary, FormatsBytes) {

@@ -564,9 +564,12 @@ TEST(CaptureVerbose, RuleParsingAndEnvironment) {
   EXPECT_TRUE(ruleMatches(r[1], "blocks.1.mlp", Phase::Backward));
   EXPECT_FALSE(ruleMatches(r[1], "blocks.10", Phase::Backward));
   EXPECT_FALSE(ruleMatches(r[1], "blocks.1", Phase::Forward));
-  EXPECT_EQ(parseLogLevel("debug"), LogLevel::Debug);
-  EXPECT_EQ(parseLogLevel("4"), LogLevel::Verbose);
-  EXPECT_THROW(parseLogLevel("loud"), Error);
+  EXPECT_EQ(parseLogLevelSetting("debug"), LogLevel::Debug);
+  EXPECT_EQ(parseLogLevelSetting(" warning "), LogLevel::Warn);
+  EXPECT_EQ(parseLogLevelSetting("0"), LogLevel::Error);
+  EXPECT_EQ(parseLogLevelSetting("4"), LogLevel::Verbose);
+  EXPECT_THROW(parseLogLevelSetting("5"), Error);
+  EXPECT_THROW(parseLogLevelSetting("loud"), Error);
 
   EXPECT_FALSE(keel::detail::verboseActive());
   ::setenv("KEEL_VERBOSE", "blocks.3.attn,blocks.1:backward", 1);

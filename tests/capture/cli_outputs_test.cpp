@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "keel/base/text.h"
 #include "keel/storage/reader.h"
 #include "test_util.h"
 
@@ -27,10 +28,7 @@ using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
 std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  return keel::readFile(p.string());
 }
 
 class KeelOutputs : public keel::test::TempDirTest {

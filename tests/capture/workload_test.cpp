@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <string>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
+#include "keel/gpt_config.h"
 #include "keel/storage/reader.h"
 #include "keel/workload.h"
 #include "test_util.h"
@@ -76,6 +78,37 @@ TEST(WorkloadLoader, TheBuiltInTrainerIsAWorkload) {
   EXPECT_EQ(info.source, "built-in");
   keel::WorkloadParams params;
   expectError([&] { keel::WorkloadRun run(info, params); }, {"needs a model config"});
+}
+
+// Note [Built-in config parsed once]: a run of the built-in trainer from the host's parsed config
+// never reads params.configJson, trains the same bits as the C path from the text, and fails
+// with the C path's message.
+TEST(WorkloadLoader, TheBuiltInTrainerRunsFromTheHostsParsedConfig) {
+  const std::string path = std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+  const keel::GptConfig cfg = keel::loadGptConfig(path);
+  keel::WorkloadParams params;
+  params.configJson = "not JSON: would fail if parsed";
+  std::unique_ptr<keel::WorkloadRun> parsed = keel::gptWorkloadRun(cfg, params);
+  EXPECT_EQ(parsed->info().name, "gpt");
+  const double loss = parsed->step().loss;
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_EQ(parsed->steps(), 1);
+
+  keel::WorkloadParams text;
+  text.configJson = keel::readFile(path);
+  text.configPath = path;
+  keel::WorkloadRun viaText(keel::gptWorkload(), text);
+  EXPECT_EQ(viaText.step().loss, loss);
+
+  params.dataPath = text.dataPath = "/nonexistent/corpus.txt";
+  std::string viaTextError;
+  try {
+    keel::WorkloadRun run(keel::gptWorkload(), text);
+  } catch (const keel::Error& e) {
+    viaTextError = e.what();
+  }
+  EXPECT_NE(viaTextError.find("workload 'gpt': "), std::string::npos) << viaTextError;
+  expectError([&] { keel::gptWorkloadRun(cfg, params); }, {viaTextError});
 }
 
 class WorkloadRecord : public keel::test::TempDirTest {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "keel/autograd.h"
+#include "keel/log.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
 #include "test_util.h"
@@ -416,6 +417,36 @@ TEST(Observer, NothingIsCalledWithoutAnInstalledObserver) {
   EXPECT_TRUE(rec->begins.empty());
   EXPECT_TRUE(rec->ends.empty());
   EXPECT_TRUE(rec->mem.empty());
+}
+
+// Note [One load per op]: observers and verbose rules share one word, each readable on its own,
+// and the word is zero when neither is active (the dispatcher's one-load fast path).
+TEST(Observer, ObserversAndVerboseRulesShareOneWordReadApart) {
+  ASSERT_EQ(detail::instrumentation(), 0u);
+  auto rec = std::make_shared<Recorder>();
+  {
+    VerboseGuard verbose("blocks.1");
+    EXPECT_TRUE(detail::verboseActive());
+    EXPECT_FALSE(detail::hasObservers());
+    addObserver(rec);
+    EXPECT_TRUE(detail::verboseActive());
+    EXPECT_TRUE(detail::hasObservers());
+    {
+      VerboseGuard nested;
+      EXPECT_TRUE(detail::verboseActive());
+    }
+    EXPECT_TRUE(detail::verboseActive());
+  }
+  EXPECT_FALSE(detail::verboseActive());
+  EXPECT_TRUE(detail::hasObservers());
+  removeObserver(rec);
+  EXPECT_FALSE(detail::hasObservers());
+  EXPECT_EQ(detail::instrumentation(), 0u);
+  // With only a verbose rule an op is logged but no observer hears of it.
+  VerboseGuard verbose;
+  Tensor x = leaf({1, 2});
+  ops::exp(x);
+  EXPECT_TRUE(rec->begins.empty());
 }
 
 TEST(Observer, TwoObserversBothSeeEveryOp) {

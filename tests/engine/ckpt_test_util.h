@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
@@ -270,8 +271,7 @@ inline void writeFile(const std::string& path, const std::string& bytes) {
 }
 
 inline std::string readFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  return keel::readFile(path);
 }
 
 }  // namespace keel::ckpt::test

@@ -3,10 +3,13 @@
 // storage, contiguous(), version counters, and attribute values keeping their types.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "cpu/cpu_util.h"  // the cpu backend's branch-free 16-bit conversions
 #include "test_util.h"
 
 namespace keel::test {
@@ -106,6 +109,58 @@ TEST(BFloat16, RoundsToNearestEven) {
   EXPECT_EQ(bf16Bits(0x1p-133f), 0x0001);                  // subnormals keep their top bits
   EXPECT_EQ(bf16Value(0x3f81), 1.0f + 0x1p-7f);
   EXPECT_TRUE(std::isnan(bf16Value(bf16Bits(NAN))));
+}
+
+// ---------------------------------------------------------------- the cpu backend's conversions
+// engine/backends/cpu/cpu_util.h converts with branch-free copies of Half / BFloat16 (they
+// vectorize); these tests pin them to the vocabulary's conversions bit for bit.
+uint32_t floatBits(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
+
+TEST(CpuConversions, EveryHalfBitPatternWidensLikeHalfToFloat) {
+  for (uint32_t b = 0; b < 0x10000; ++b)
+    ASSERT_EQ(floatBits(cpu::math::halfToFloat(uint16_t(b))), floatBits(Half::toFloat(uint16_t(b))))
+        << std::hex << b;
+}
+
+// The floats a 16-bit rounding can go wrong on: every 16-bit value itself, the tie halfway to its
+// neighbour and one bit either side of the tie, for both signs; plus zeros, infinities, NaNs with
+// and without payloads, float subnormals and the float range's ends.
+std::vector<uint32_t> trickyFloatBits() {
+  std::vector<uint32_t> out;
+  const auto addAround = [&](float f) {
+    const uint32_t u = floatBits(f) & 0x7fffffffu;
+    for (uint32_t sign : {0u, 0x80000000u})
+      for (uint32_t v : {u - 1, u, u + 1}) out.push_back(sign | v);
+  };
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // every finite half and the tie above it
+    const double lo = Half::toFloat(uint16_t(h));
+    const double hi = h + 1 == 0x7c00 ? 65536.0 : double(Half::toFloat(uint16_t(h + 1)));
+    addAround(float(lo));
+    addAround(float((lo + hi) / 2));  // exact: a half has 11 significant bits
+  }
+  for (uint32_t b = 0; b < 0x7f80; ++b) {  // every finite bfloat16 and the tie above it
+    addAround(std::bit_cast<float>(b << 16));
+    addAround(std::bit_cast<float>((b << 16) | 0x8000u));
+  }
+  for (uint32_t u : {0x00000000u, 0x00000001u, 0x00000002u, 0x00400000u, 0x007fffffu, 0x00800000u,
+                     0x7f7fffffu, 0x7f800000u, 0x7f800001u, 0x7fbfffffu, 0x7fc00000u, 0x7fc00001u,
+                     0x7fffffffu, 0x7fffe000u, 0x7f80e000u})
+    for (uint32_t sign : {0u, 0x80000000u}) out.push_back(sign | u);
+  for (uint32_t u = 0; u < 0x00800000u; u += 997) out.push_back(u);  // float subnormals
+  return out;
+}
+
+TEST(CpuConversions, FloatsNarrowToHalfAndBFloat16LikeTheVocabulary) {
+  std::vector<uint32_t> patterns = trickyFloatBits();
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) patterns.push_back(uint32_t(u));
+  ASSERT_GT(patterns.size(), 1'500'000u);
+  for (uint32_t u : patterns) {
+    const float f = std::bit_cast<float>(u);
+    ASSERT_EQ(cpu::math::halfFromFloat(f), Half::fromFloat(f)) << std::hex << u;
+    ASSERT_EQ(cpu::math::bf16FromFloat(f), BFloat16::fromFloat(f)) << std::hex << u;
+  }
 }
 
 // ---------------------------------------------------------------- tensors of 16-bit floats
@@ -296,6 +351,22 @@ TEST(DeviceNames, ParseAndPrint) {
   EXPECT_EQ(Device("cuda:3").name(), "cuda:3");
   EXPECT_EQ(Device("cpu-ref").name(), "cpu-ref");
   EXPECT_EQ(Device(), Device("cpu"));
+}
+
+// The one backend rule of keel train, keel record and a studio session.
+TEST(DeviceNames, TrainingRunsOnTheHostBackendsOnly) {
+  EXPECT_EQ(trainingDevice("cpu"), Device(Backend::Cpu));
+  EXPECT_EQ(trainingDevice("cpu-ref"), Device(Backend::CpuRef));
+  for (const char* bad : {"cuda", "cuda:0", "gpu", "", "CPU"}) {
+    try {
+      trainingDevice(bad);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("backend '") + bad +
+                                           "' is not available for training (expected cpu or "
+                                           "cpu-ref)");
+    }
+  }
 }
 
 TEST(AttrsValues, KeepTheTypeTheyWereSetWith) {

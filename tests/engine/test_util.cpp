@@ -14,6 +14,8 @@
 #include <random>
 #include <sstream>
 
+#include "keel/base/text.h"
+
 namespace keel::test {
 namespace {
 
@@ -260,16 +262,10 @@ CliResult runKeelCli(const std::string& args, const std::string& workDir, const 
   std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 " + env + " '" +
                     std::string(KEEL_CLI_PATH) + "' " + args + " >'" + out + "' 2>'" + err + "'";
   int raw = std::system(cmd.c_str());
-  auto slurp = [](const std::string& path) {
-    std::ifstream in(path);
-    std::ostringstream os;
-    os << in.rdbuf();
-    return os.str();
-  };
   CliResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
-  r.out = slurp(out);
-  r.err = slurp(err);
+  r.out = readFile(out, "keel's stdout");
+  r.err = readFile(err, "keel's stderr");
   return r;
 #else
   ADD_FAILURE() << "this test binary was built without the keel tool (KEEL_CLI_PATH)";

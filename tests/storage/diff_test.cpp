@@ -314,6 +314,12 @@ TEST(DiffTest, UlpDistanceInEachDtype) {
   EXPECT_EQ(ks::ulpDistance(1.0, 2.0, "bfloat16"), 128u);
   EXPECT_EQ(ks::ulpDistance(1.0, std::nextafter(1.0, 2.0), "float64"), 1u);
   EXPECT_EQ(ks::ulpDistance(3.0, 7.0, "int64"), 4u);
+  EXPECT_EQ(ks::ulpDistance(0.0, 1.0, "bool"), 1u);
+  // Dtypes the engine has none for, as a foreign recording may hold: integers by their name,
+  // anything else as float64.
+  EXPECT_EQ(ks::ulpDistance(3.0, 7.0, "uint8"), 4u);
+  EXPECT_EQ(ks::ulpDistance(-2.0, 2.0, "int16"), 4u);
+  EXPECT_EQ(ks::ulpDistance(1.0, std::nextafter(1.0, 2.0), "float8_e4m3"), 1u);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   EXPECT_EQ(ks::ulpDistance(nan, 1.0, "float32"), std::numeric_limits<uint64_t>::max());
   EXPECT_EQ(ks::ulpDistance(nan, nan, "float32"), 0u);

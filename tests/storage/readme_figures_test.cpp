@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/text.h"
 #include "keel/op_ids.h"
 #include "keel/registry.h"
 #include "keel/storage/schema.h"
@@ -26,11 +27,7 @@ namespace keel::storage {
 namespace {
 
 std::string readDoc(const std::string& relPath) {
-  std::ifstream in(std::string(KEEL_SOURCE_DIR) + "/" + relPath);
-  EXPECT_TRUE(in.good()) << "cannot read " << relPath;
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return readFile(std::string(KEEL_SOURCE_DIR) + "/" + relPath, relPath);
 }
 
 // The number in group 1 of every match of `pattern` (line breaks count as spaces).

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "keel/base/text.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/schema.h"
 #include "keel/storage/writer.h"
@@ -437,6 +438,40 @@ TEST_F(StorageQueries, FiltersByStepPhaseNameScopeAndSeq) {
   OpQuery none;
   none.name = "no_such_op";
   EXPECT_TRUE(rec.ops(none).empty());
+}
+
+// Recording::ops's scope filter runs in SQL (keel_scope_within) and must be keel::scopeWithin
+// exactly: every prefix below against every scope, dot boundaries, empty and non-ASCII scopes.
+TEST(StorageScopeFilter, IsScopeWithinOverTrickyScopes) {
+  TempDir dir;
+  const std::string path = dir.file("scopes.db");
+  const std::vector<std::string> scopes = {
+      "",          "blocks",        "blocks.1",       "blocks.10",
+      "blocks.1x", "blocks.1.attn", "blocks.10.attn", "blocks.1.attn.proj",
+      "Blocks.1",  "blöcks.1",      "blöcks.1.ä",     "blocks.1."};
+  {
+    auto w = Writer::create(path, sampleRun());
+    w->writeStep({1, 0, 1, 1.0});
+    uint64_t seq = 1;
+    for (const std::string& s : scopes) w->writeOp(sampleOp(seq++, 1, Phase::Forward, "add", s));
+    w->close();
+  }
+  Recording rec = Recording::open(path);
+  std::vector<std::string> prefixes = scopes;
+  prefixes.insert(prefixes.end(), {"blocks.1.", "b", "blocks.1.attn.proj.x", "%", "blocks_1"});
+  for (const std::string& prefix : prefixes) {
+    OpQuery q;
+    q.scopePrefix = prefix;
+    q.withTensors = false;
+    std::vector<std::string> got, want;
+    for (const OpRecord& o : rec.ops(q)) got.push_back(o.scope);
+    for (const std::string& s : scopes)
+      if (scopeWithin(s, prefix)) want.push_back(s);
+    EXPECT_EQ(got, want) << "prefix '" << prefix << "'";
+  }
+  OpQuery blocks1;
+  blocks1.scopePrefix = "blocks.1";
+  EXPECT_EQ(rec.ops(blocks1).size(), 4u);  // blocks.1, .attn, .attn.proj and "blocks.1."
 }
 
 TEST_F(StorageQueries, CountsLogsMemAndStepOps) {

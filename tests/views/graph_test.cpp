@@ -361,14 +361,14 @@ class GraphTest : public QObject {
     QVERIFY(view.visibleOpNodeCount() < count);
     saveScreenshot(view, "graph_collapsed");
 
-    QVERIFY(view.moduleItem("forward", "blocks.1.attn"));
+    QVERIFY(view.moduleItem(Phase::Forward, "blocks.1.attn"));
     const int before = view.visibleOpNodeCount();
     done.clear();
     view.expand("blocks.1.attn");
     QVERIFY(done.wait(60000));
     QVERIFY(view.visibleOpNodeCount() > before);
-    QVERIFY(!view.moduleItem("forward", "blocks.1.attn"));
-    QVERIFY(view.moduleItem("forward", "blocks.2.attn"));  // the rest stays collapsed
+    QVERIFY(!view.moduleItem(Phase::Forward, "blocks.1.attn"));
+    QVERIFY(view.moduleItem(Phase::Forward, "blocks.2.attn"));  // the rest stays collapsed
     const auto attn = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
       return o.phase == Phase::Forward && o.scope == "blocks.1.attn" &&
              o.name == "flashmask_attention";
@@ -377,7 +377,7 @@ class GraphTest : public QObject {
 
     // Double-clicking a module's node expands it.
     {
-      QAbstractGraphicsShapeItem* module = view.moduleItem("backward", "blocks.2.mlp");
+      QAbstractGraphicsShapeItem* module = view.moduleItem(Phase::Backward, "blocks.2.mlp");
       QVERIFY(module);
       QGraphicsView* gv = view.graphicsView();
       gv->resetTransform();
@@ -385,8 +385,8 @@ class GraphTest : public QObject {
       done.clear();
       QTest::mouseDClick(gv->viewport(), Qt::LeftButton, {}, gv->mapFromScene(module->scenePos()));
       QVERIFY(done.wait(60000));
-      QVERIFY(!view.moduleItem("backward", "blocks.2.mlp"));
-      QVERIFY(view.moduleItem("forward", "blocks.2.attn"));
+      QVERIFY(!view.moduleItem(Phase::Backward, "blocks.2.mlp"));
+      QVERIFY(view.moduleItem(Phase::Forward, "blocks.2.attn"));
     }
 
     // Selecting an op hidden in a collapsed module expands it and draws the op.
@@ -402,7 +402,7 @@ class GraphTest : public QObject {
     // Collapsing a module gives back its node.
     view.collapse("blocks.3");
     QVERIFY(waitLaidOut(view));
-    QVERIFY(view.moduleItem("backward", "blocks.3"));
+    QVERIFY(view.moduleItem(Phase::Backward, "blocks.3"));
 
     view.expandAll();
     QVERIFY(waitLaidOut(view));

@@ -134,10 +134,9 @@ class MaskTest : public QObject {
       QVERIFY(view.tabs()->isTabVisible(InspectorView::Mask));
 
       // KEEL_PANEL_SHOTS=<dir>: also save the picture, to look at (as panels_test does).
-      const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+      const QString dir = test::panelShotsDir();
       if (!dir.isEmpty()) {
         view.tabs()->setCurrentIndex(InspectorView::Mask);
-        QDir().mkpath(dir);
         QTest::qWait(50);
         QVERIFY(view.grab().save(dir + "/inspector_mask_" + QString(name) + ".png"));
       }

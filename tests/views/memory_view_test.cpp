@@ -220,7 +220,8 @@ class MemoryViewTest : public QObject {
     QVERIFY2(view.headerText().contains(QString("<b>%1</b> allocator events").arg(events.size())),
              qPrintable(view.headerText()));
     QVERIFY(view.headerText().contains(kind + " allocator"));
-    QCOMPARE(QString::fromStdString(memory->allocatorKind()), kind);
+    QVERIFY(memory->allocatorKind());
+    QCOMPARE(QString::fromUtf8(keel::allocatorKindName(*memory->allocatorKind()).data()), kind);
     QVERIFY(view.hostNote().isEmpty());
     // Opens at the peak of allocated memory.
     uint64_t peak = 0;

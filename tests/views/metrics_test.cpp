@@ -21,23 +21,14 @@ SummaryPtr summaryOf(const QString& path) {
   return loadSummary(Recording::open(path.toStdString()), path);
 }
 
-double valueOf(const keel::storage::StepRecord& s, Metric m) {
-  switch (m) {
-    case Metric::Loss:
-      return s.loss;
-    case Metric::LearningRate:
-      return s.lr;
-    case Metric::GradNorm:
-      return s.gradNorm;
-    case Metric::AuxLoss:
-      return s.auxLoss;
-    case Metric::TokensPerSec:
-      return s.tokensPerSec;
-    case Metric::ValidationLoss:
-      return s.valLoss;
-    default:
-      return NAN;
-  }
+// Each metric's field of a step record, in Metric's order: the test's own reading of a metric,
+// which keel::views::metricValue (the plot's) is checked against.
+using keel::storage::StepRecord;
+constexpr double StepRecord::*kFieldOf[kMetricCount] = {
+    &StepRecord::loss,    &StepRecord::lr,           &StepRecord::gradNorm,
+    &StepRecord::auxLoss, &StepRecord::tokensPerSec, &StepRecord::valLoss};
+double valueOf(const StepRecord& s, Metric m) {
+  return s.*kFieldOf[int(m)];
 }
 
 }  // namespace
@@ -84,6 +75,15 @@ class MetricsTest : public QObject {
     plot.setMetric(Metric::ValidationLoss);
     QCOMPARE(plot.markedSteps(), (QVector<double>{2, 4}));
     QCOMPARE(plot.pointCount(0), 0);
+  }
+
+  void metricValueReadsEachMetricsOwnField() {
+    StepRecord s;
+    s.loss = 1, s.lr = 2, s.gradNorm = 3, s.auxLoss = 4, s.tokensPerSec = 5, s.valLoss = 6;
+    for (int i = 0; i < kMetricCount; ++i) {
+      QCOMPARE(metricValue(s, Metric(i)), valueOf(s, Metric(i)));
+      QCOMPARE(metricValue(s, Metric(i)), double(i + 1));
+    }
   }
 
   void plotsEachRecordedMetricWithTheRecordedValues() {
@@ -206,15 +206,10 @@ class MetricsTest : public QObject {
 
   // KEEL_PANEL_SHOTS=<dir>: saves pictures of the plot (compare, NaN, one step) to look at.
   void screenshots() {
-    const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+    const QString dir = test::panelShotsDir();
     if (dir.isEmpty()) QSKIP("set KEEL_PANEL_SHOTS=<dir> to save screenshots");
-    QDir().mkpath(dir);
     auto shoot = [&](LossPlot& w, const QString& name, QSize size) {
-      w.resize(size);
-      w.show();
-      QVERIFY(QTest::qWaitForWindowExposed(&w));
-      QTest::qWait(50);
-      QVERIFY(w.grab().save(dir + "/metrics_" + name + ".png"));
+      QVERIFY(test::saveShot(&w, size, dir, "metrics_" + name));
     };
     LossPlot v;
     v.setRuns(summaryOf(pathA_), summaryOf(pathB_));

@@ -19,6 +19,7 @@
 #include <QtTest>
 #include <algorithm>
 
+#include "keel/base/text.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 #include "keel/views/diff_view.h"
@@ -636,13 +637,13 @@ class PanelsTest : public QObject {
 
     // Scope prefix and message text, alone and together.
     const std::string scope = "blocks.0.attn.proj";
-    const int inScope = count([&](const auto& l) { return l.scope.rfind(scope, 0) == 0; });
+    const int inScope = count([&](const auto& l) { return keel::scopeWithin(l.scope, scope); });
     QVERIFY(inScope > 0 && inScope < int(lines.size()));
     view.findChild<QLineEdit*>("logFilterScope")->setText(QString::fromStdString(scope));
     QCOMPARE(view.proxy()->rowCount(), inScope);
     view.setTextFilter("MATMUL");
     const int both = count([&](const auto& l) {
-      return l.scope.rfind(scope, 0) == 0 && l.message.find("matmul") != std::string::npos;
+      return keel::scopeWithin(l.scope, scope) && l.message.find("matmul") != std::string::npos;
     });
     QVERIFY(both > 0 && both < inScope);
     QCOMPARE(view.proxy()->rowCount(), both);
@@ -651,6 +652,39 @@ class PanelsTest : public QObject {
              count([](const auto& l) { return l.message.find("matmul") != std::string::npos; }));
     view.setTextFilter("");
     QCOMPARE(size_t(view.proxy()->rowCount()), lines.size());
+  }
+
+  // The scope filter is keel::scopeWithin, whole dotted segments: "blocks.1" keeps blocks.1 and
+  // what lies below it, never blocks.10 or blocks.1x (a plain prefix test kept them).
+  void logScopeFilterKeepsWholeScopeSegments() {
+    std::vector<keel::storage::LogRecord> lines;
+    for (const char* s : {"blocks.1", "blocks.1.attn", "blocks.10.attn", "blocks.10", "blocks.1x",
+                          "blocks", "", "Blocks.1.attn"}) {
+      keel::storage::LogRecord l;
+      l.scope = s;
+      l.message = std::string("in ") + s;
+      lines.push_back(l);
+    }
+    LogModel model;
+    LogFilterProxy proxy;
+    QAbstractItemModelTester proxyTester(&proxy, kFailHard);
+    proxy.setSourceModel(&model);
+    model.setLogs(std::make_shared<const std::vector<keel::storage::LogRecord>>(lines));
+    const auto kept = [&] {
+      QStringList out;
+      for (int r = 0; r < proxy.rowCount(); ++r)
+        out << proxy.index(r, LogModel::Scope).data().toString();
+      return out;
+    };
+    proxy.setScopePrefix("blocks.1");
+    QCOMPARE(kept(), QStringList({"blocks.1", "blocks.1.attn"}));
+    proxy.setScopePrefix("blocks.10");
+    QCOMPARE(kept(), QStringList({"blocks.10.attn", "blocks.10"}));
+    proxy.setScopePrefix("blocks");  // everything under it, not "" or "Blocks.1.attn"
+    QCOMPARE(kept(), QStringList({"blocks.1", "blocks.1.attn", "blocks.10.attn", "blocks.10",
+                                  "blocks.1x", "blocks"}));
+    proxy.setScopePrefix("");
+    QCOMPARE(proxy.rowCount(), int(lines.size()));
   }
 
   void logClickSelectsItsOp() {
@@ -706,17 +740,12 @@ class PanelsTest : public QObject {
 
   // KEEL_PANEL_SHOTS=<dir>: saves a picture of each panel on the fixtures, to look at.
   void screenshots() {
-    const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+    const QString dir = test::panelShotsDir();
     if (dir.isEmpty()) QSKIP("set KEEL_PANEL_SHOTS=<dir> to save screenshots");
-    QDir().mkpath(dir);
     Recording rec = Recording::open(pathA_.toStdString());
     Selection sel;
     auto shoot = [&](QWidget* w, const QString& name) {
-      w->resize(900, 500);
-      w->show();
-      QVERIFY(QTest::qWaitForWindowExposed(w));
-      QTest::qWait(50);
-      QVERIFY(w->grab().save(dir + "/panel_" + name + ".png"));
+      QVERIFY(test::saveShot(w, {900, 500}, dir, "panel_" + name));
     };
     {
       OpTableView v(&sel, Side::A);

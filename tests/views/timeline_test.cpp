@@ -204,9 +204,8 @@ class TimelineTest : public QObject {
 
   // KEEL_PANEL_SHOTS=<dir>: saves pictures of the timeline to look at.
   void screenshots() {
-    const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+    const QString dir = test::panelShotsDir();
     if (dir.isEmpty()) QSKIP("set KEEL_PANEL_SHOTS=<dir> to save screenshots");
-    QDir().mkpath(dir);
     Recording rec = Recording::open(path_.toStdString());
     StepPtr step = stepOf(rec, 1);
     Selection sel;

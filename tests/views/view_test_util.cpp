@@ -5,6 +5,8 @@
 
 #include <QDir>
 #include <QTemporaryDir>
+#include <QTest>
+#include <QWidget>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -14,6 +16,20 @@ namespace keel::views::test {
 QString tempDir() {
   static QTemporaryDir dir;
   return dir.path();
+}
+
+QString panelShotsDir() {
+  const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
+  if (!dir.isEmpty()) QDir().mkpath(dir);
+  return dir;
+}
+
+bool saveShot(QWidget* w, QSize size, const QString& dir, const QString& name) {
+  w->resize(size);
+  w->show();
+  if (!QTest::qWaitForWindowExposed(w)) return false;
+  QTest::qWait(50);
+  return w->grab().save(dir + "/" + name + ".png");
 }
 
 int runKeel(const std::string& args, std::string* output, const std::string& env) {

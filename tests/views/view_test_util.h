@@ -1,8 +1,11 @@
 // Helpers for the Qt tests: fixture recordings made by the real `keel` binary (so they are what a
-// user records), and waiting for a RunSource signal.
+// user records), and pictures of views saved to look at.
 #pragma once
+#include <QSize>
 #include <QString>
 #include <string>
+
+class QWidget;
 
 namespace keel::views::test {
 
@@ -16,5 +19,12 @@ bool recordFixture(const QString& out, const std::string& extra, const std::stri
 
 // Runs the keel binary with `args`; returns its exit status (stdout/stderr go to `output`).
 int runKeel(const std::string& args, std::string* output = nullptr, const std::string& env = "");
+
+// KEEL_PANEL_SHOTS=<dir>: the folder (made here) the screenshot tests save pictures of views
+// into, to look at; "" when unset (they skip then).
+QString panelShotsDir();
+// Shows `w` at `size`, waits until it is on screen and painted, and saves it as <dir>/<name>.png;
+// false when it could not.
+bool saveShot(QWidget* w, QSize size, const QString& dir, const QString& name);
 
 }  // namespace keel::views::test

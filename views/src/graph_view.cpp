@@ -706,13 +706,9 @@ QAbstractGraphicsShapeItem* GraphView::opItem(uint64_t seq) const {
   return it == opItems_.end() ? nullptr : it->second;
 }
 
-QAbstractGraphicsShapeItem* GraphView::moduleItem(const QString& phase,
-                                                  const QString& scope) const {
+QAbstractGraphicsShapeItem* GraphView::moduleItem(Phase phase, const QString& scope) const {
   if (!graph_) return nullptr;
-  std::string id = "m:";
-  id += phase == "forward" ? 'f' : phase == "backward" ? 'b' : 'o';
-  id += ':' + scope.toStdString();
-  auto it = graph_->nodeOfId.find(id);
+  auto it = graph_->nodeOfId.find(analysis::moduleNodeId(phase, scope.toStdString()));
   return it == graph_->nodeOfId.end() ? nullptr : nodeItems_[size_t(it->second)];
 }
 

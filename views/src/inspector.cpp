@@ -226,12 +226,6 @@ void fitTreeColumns(QTreeWidget* t) {
     h->setSectionResizeMode(c, c == 0 ? QHeaderView::ResizeToContents : QHeaderView::Stretch);
 }
 
-QString bytesText(uint64_t b) {
-  if (b < 1024) return QStringLiteral("%L1 B").arg(b);
-  if (b < 1024 * 1024) return QStringLiteral("%L1 KiB").arg(double(b) / 1024.0, 0, 'f', 1);
-  return QStringLiteral("%L1 MiB").arg(double(b) / (1024.0 * 1024.0), 0, 'f', 2);
-}
-
 QString roleName(storage::Role r) {
   return r == storage::Role::Input ? QStringLiteral("input") : QStringLiteral("output");
 }

@@ -128,6 +128,7 @@ void LogFilterProxy::setMaxLevel(storage::LogLevel level) {
 void LogFilterProxy::setScopePrefix(const QString& prefix) {
   if (prefix == scope_) return;
   scope_ = prefix;
+  scopeUtf8_ = prefix.toStdString();
   invalidateFilter();
 }
 
@@ -142,9 +143,7 @@ bool LogFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourcePa
   const storage::LogRecord* l =
       model && !sourceParent.isValid() ? model->lineAt(sourceRow) : nullptr;
   if (!l || l->level > maxLevel_) return false;
-  if (!scope_.isEmpty() &&
-      !QString::fromStdString(l->scope).startsWith(scope_, Qt::CaseInsensitive))
-    return false;
+  if (!keel::scopeWithin(l->scope, scopeUtf8_)) return false;
   if (!text_.isEmpty() && !QString::fromStdString(l->message).contains(text_, Qt::CaseInsensitive))
     return false;
   return true;

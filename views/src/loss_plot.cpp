@@ -32,24 +32,6 @@ const QColor kColorA(0x1f, 0x77, 0xb4);
 const QColor kColorB(0xe0, 0x6c, 0x00);
 const QColor kMarker(0xc6, 0x28, 0x28);
 
-double valueOf(const storage::StepRecord& s, Metric m) {
-  switch (m) {
-    case Metric::Loss:
-      return s.loss;
-    case Metric::LearningRate:
-      return s.lr;
-    case Metric::GradNorm:
-      return s.gradNorm;
-    case Metric::AuxLoss:
-      return s.auxLoss;
-    case Metric::TokensPerSec:
-      return s.tokensPerSec;
-    case Metric::ValidationLoss:
-      return s.valLoss;
-  }
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
 // Whether step `st` should have a value of `m` (so a NaN there is a NaN, not "unknown"): every
 // ended step has a loss; a validation loss only the steps the config evaluated on.
 bool expected(const RunSummary& s, const storage::StepRecord& st, Metric m) {
@@ -65,7 +47,7 @@ bool recorded(const RunSummary* s, Metric m) {
   if (m == Metric::Loss) return !s->steps.empty();
   if (m == Metric::ValidationLoss && s->evalEvery > 0) return true;
   return std::any_of(s->steps.begin(), s->steps.end(),
-                     [m](const auto& st) { return !std::isnan(valueOf(st, m)); });
+                     [m](const auto& st) { return !std::isnan(metricValue(st, m)); });
 }
 
 QString runLabel(const char* side, const RunSummary& s) {
@@ -82,6 +64,24 @@ QString nonFiniteText(double v) {
 }
 
 }  // namespace
+
+double metricValue(const storage::StepRecord& s, Metric m) {
+  switch (m) {
+    case Metric::Loss:
+      return s.loss;
+    case Metric::LearningRate:
+      return s.lr;
+    case Metric::GradNorm:
+      return s.gradNorm;
+    case Metric::AuxLoss:
+      return s.auxLoss;
+    case Metric::TokensPerSec:
+      return s.tokensPerSec;
+    case Metric::ValidationLoss:
+      return s.valLoss;
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
 
 QString LossPlot::metricName(Metric m) {
   switch (m) {
@@ -173,7 +173,7 @@ QString LossPlot::valuesAtStep(int64_t step) const {
     auto it = std::find_if(run->steps.begin(), run->steps.end(),
                            [step](const auto& s) { return s.step == step; });
     if (it == run->steps.end()) continue;
-    const double v = valueOf(*it, metric_);
+    const double v = metricValue(*it, metric_);
     const QString value = std::isfinite(v) ? QString::number(v, 'g', 8) : nonFiniteText(v);
     parts << (a_ && b_ ? QStringLiteral("%1: %2").arg(QLatin1String(side), value) : value);
   }
@@ -231,12 +231,12 @@ void LossPlot::rebuild() {
   auto addRun = [&](const RunSummary& s, const char* side, const QColor& color, bool dashed) {
     const bool plotNaN = metric_ == Metric::Loss || metric_ == Metric::ValidationLoss ||
                          std::any_of(s.steps.begin(), s.steps.end(), [&](const auto& st) {
-                           return std::isfinite(valueOf(st, metric_));
+                           return std::isfinite(metricValue(st, metric_));
                          });
     QVector<double> x, y;
     QVector<std::pair<int64_t, double>> bad;
     for (const auto& st : s.steps) {
-      const double v = valueOf(st, metric_);
+      const double v = metricValue(st, metric_);
       xLo = std::min(xLo, double(st.step));
       xHi = std::max(xHi, double(st.step));
       if (std::isfinite(v)) {

@@ -388,7 +388,7 @@ QString MemoryView::Impl::computeHeader() const {
   // allocated memory, cached free (reserved - allocated) and fragmentation (largest free block
   // against free memory) are two different things, and both are named.
   const analysis::MemFigures& f = peakFigures;
-  QString kind = qs(m->allocatorKind());
+  const QString kind = qs(allocatorKindName(*m->allocatorKind()));  // events: a kind
   QString s = tr("<b>%1</b> allocator events · %2 allocator · peak allocated %3 · peak reserved %4")
                   .arg(m->eventCount())
                   .arg(kind, bytesText(m->peakAllocated()), bytesText(m->peakReserved()));

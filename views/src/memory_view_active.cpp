@@ -164,11 +164,7 @@ bool ActiveMemory::event(QEvent* e) {
   if (e->type() == QEvent::ToolTip) {
     auto* he = static_cast<QHelpEvent*>(e);
     const auto [slice, at] = bandAt(he->pos());
-    const QString tip = slice && tipFor ? tipFor(*slice, at) : QString();
-    if (tip.isEmpty())
-      QToolTip::hideText();
-    else
-      QToolTip::showText(he->globalPos(), tip, this);
+    showTip(he, slice && tipFor ? tipFor(*slice, at) : QString(), this);
     return true;
   }
   return QWidget::event(e);

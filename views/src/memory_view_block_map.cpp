@@ -178,11 +178,7 @@ bool BlockMap::event(QEvent* e) {
   if (e->type() == QEvent::ToolTip) {
     auto* he = static_cast<QHelpEvent*>(e);
     const int i = pieceAt(he->pos());
-    const QString tip = i >= 0 && tipFor ? tipFor(i) : QString();
-    if (tip.isEmpty())
-      QToolTip::hideText();
-    else
-      QToolTip::showText(he->globalPos(), tip, this);
+    showTip(he, i >= 0 && tipFor ? tipFor(i) : QString(), this);
     return true;
   }
   return QWidget::event(e);
@@ -309,7 +305,7 @@ QString MemoryView::mapCaption() const {
   QString s = tr("<b>Block map at event %1</b>: %2 live, %3")
                   .arg(d.cursor)
                   .arg(blocksText(d.state.blocks.size()), bytesText(d.state.liveBytes));
-  const bool chunks = d.mem->allocatorKind() == "vmm";
+  const bool chunks = d.mem->allocatorKind() == AllocatorKind::Vmm;
   if (mapped || unmapped)
     s += chunks
              ? tr(" in %1 mapped chunks (%2), %3 unmapped")

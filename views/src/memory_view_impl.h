@@ -6,9 +6,11 @@
 #include <qcustomplot.h>
 
 #include <QColor>
+#include <QHelpEvent>
 #include <QImage>
 #include <QString>
 #include <QStringList>
+#include <QToolTip>
 #include <QWidget>
 #include <algorithm>
 #include <cstdint>
@@ -34,10 +36,8 @@ namespace keel::views {
 
 namespace memory_detail {
 
+using views::bytesText;
 using views::qs;
-inline QString bytesText(uint64_t b) {
-  return qs(keel::formatBytes(b));
-}
 inline QString hexAddr(uint64_t a) {
   return QStringLiteral("0x") + QString::number(a, 16);
 }
@@ -49,6 +49,13 @@ inline QString pow2Text(int lg) {
 }
 inline QString blocksText(uint64_t n) {
   return n == 1 ? QStringLiteral("1 block") : QStringLiteral("%1 blocks").arg(n);
+}
+// A painted widget's tooltip: `tip` where the help event `he` asks over `w`, or none when empty.
+inline void showTip(const QHelpEvent* he, const QString& tip, QWidget* w) {
+  if (tip.isEmpty())
+    QToolTip::hideText();
+  else
+    QToolTip::showText(he->globalPos(), tip, w);
 }
 
 inline const QColor kAllocated(0x4c, 0x78, 0xa8);

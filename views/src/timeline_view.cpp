@@ -13,7 +13,9 @@
 #include <cmath>
 #include <map>
 
+#include "keel/analysis/module_summary.h"
 #include "keel/views/selection.h"
+#include "text_util.h"
 
 namespace keel::views {
 
@@ -30,11 +32,9 @@ QColor phaseFill(Phase p) {
   return QColor(0x6d, 0xb8, 0x5a);
 }
 
+// analysis::durationText ("850 ns", "12.5 us", "3.20 ms"), as the graph's module summaries say it.
 QString durationText(double ns) {
-  if (ns >= 1e9) return QStringLiteral("%1 s").arg(ns / 1e9, 0, 'g', 4);
-  if (ns >= 1e6) return QStringLiteral("%1 ms").arg(ns / 1e6, 0, 'g', 4);
-  if (ns >= 1e3) return QStringLiteral("%1 µs").arg(ns / 1e3, 0, 'g', 4);
-  return QStringLiteral("%1 ns").arg(ns, 0, 'f', 0);
+  return qs(analysis::durationText(std::llround(ns)));
 }
 
 // A tick step of 1, 2 or 5 × 10^k ns giving about `target` ticks over `span`.
@@ -54,7 +54,7 @@ QString tickText(double t, double step) {
   else if (step >= 1e6)
     unit = 1e6, name = "ms";
   else if (step >= 1e3)
-    unit = 1e3, name = "µs";
+    unit = 1e3, name = "us";  // spelt as durationText spells it
   const double v = t / unit, s = step / unit;
   const int decimals = s >= 1 ? 0 : int(std::ceil(-std::log10(s) - 1e-9));
   return QStringLiteral("%1 %2").arg(v, 0, 'f', decimals).arg(QString::fromUtf8(name));

@@ -310,7 +310,10 @@ inline float geluGradF(float x) {
   return 0.5f * erfcF(-x * kInvSqrt2) + x * expF(-0.5f * x * x) * kInvSqrt2Pi;
 }
 // float16 <-> float32 without branches (F. Giesen's conversions; round to nearest even, NaN ->
-// quiet NaN with the sign kept). Bit-identical to Half::fromFloat / Half::toFloat.
+// quiet NaN with the sign kept). Bit-identical to Half::fromFloat / Half::toFloat, and so is
+// bf16FromFloat to BFloat16::fromFloat: kept beside keel/base/dtype.h's conversions because these
+// vectorize. tests/engine/dtype_test.cpp (CpuConversions) pins them: all 65,536 halves widened,
+// and every 4093rd float bit pattern plus every tie, special and subnormal narrowed.
 inline uint16_t halfFromFloat(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint32_t sign = u & 0x80000000u, a = u ^ sign;

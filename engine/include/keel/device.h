@@ -26,4 +26,9 @@ struct Device {
 
 std::string_view backendName(Backend b);
 
+// The device a training run (keel train, keel record, a studio session) runs on, by backend name:
+// "cpu" or "cpu-ref". Throws keel::Error "backend 'NAME' is not available for training (expected
+// cpu or cpu-ref)" for anything else, a CUDA device included.
+Device trainingDevice(std::string_view name);
+
 }  // namespace keel

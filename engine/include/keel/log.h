@@ -24,8 +24,9 @@ void log(LogLevel level, std::string_view message);
 // KEEL_LOG_LEVEL=error|warn|info|debug|verbose (or 0..4) at start-up.
 void setLogEchoLevel(LogLevel level);
 LogLevel logEchoLevel();
-// Parses error|warn|info|debug|verbose or a digit 0..4; throws keel::Error otherwise.
-LogLevel parseLogLevel(std::string_view text);
+// A level as a person sets it (KEEL_LOG_LEVEL): a name of keel::parseLogLevel, "warning", or a
+// digit 0..4, blanks around ignored; throws keel::Error otherwise.
+LogLevel parseLogLevelSetting(std::string_view text);
 
 // A verbose rule: ops (and log lines) whose module scope starts with `scopePrefix` on a dot
 // boundary ("blocks.1" matches "blocks.1" and "blocks.1.attn", not "blocks.10"); an empty prefix
@@ -73,10 +74,9 @@ bool verboseEnabled();
 bool verboseEnabled(std::string_view scope, Phase phase);
 
 namespace detail {
-// Count of live guards plus 1 while global rules are set: the dispatcher's cheap check.
-extern std::atomic<int> g_verboseActive;
+// Any live guard or global rule: the count in the instrumentation word (Note [One load per op]).
 inline bool verboseActive() {
-  return g_verboseActive.load(std::memory_order_relaxed) != 0;
+  return verboseIn(instrumentation());
 }
 }  // namespace detail
 

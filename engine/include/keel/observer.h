@@ -1,7 +1,8 @@
 // The one observer seam. The dispatcher calls every installed observer before and after each op
 // with the op, attributes, inputs, outputs, phase, module scope path and (for backward ops) the
 // forward op they differentiate; allocators report memory events the same way. With no observer
-// installed the cost is one relaxed atomic load per op.
+// installed the dispatcher's cost is one relaxed atomic load per op (Note [One load per op]), and
+// an allocator's one more per allocation or free it reports.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -135,9 +136,25 @@ void addObserver(std::shared_ptr<Observer> obs);
 void removeObserver(const std::shared_ptr<Observer>& obs);
 
 namespace detail {
-extern std::atomic<bool> g_hasObservers;
+// Note [One load per op]
+// Everything that instruments ops lives in one atomic word: bit 0 is set while an observer is
+// installed, and the bits above count verbose rules (each live VerboseGuard, plus one while global
+// KEEL_VERBOSE rules are set; keel/log.h). The dispatcher loads the word once per op and asks
+// observersIn / verboseIn of that value, so with neither active an op costs that one relaxed load.
+inline constexpr uint32_t kObserversBit = 1;
+inline constexpr uint32_t kVerboseUnit = 2;  // one verbose activation
+extern std::atomic<uint32_t> g_instrumentation;
+inline uint32_t instrumentation() {
+  return g_instrumentation.load(std::memory_order_relaxed);
+}
+inline bool observersIn(uint32_t word) {
+  return (word & kObserversBit) != 0;
+}
+inline bool verboseIn(uint32_t word) {
+  return word >= kVerboseUnit;
+}
 inline bool hasObservers() {
-  return g_hasObservers.load(std::memory_order_relaxed);
+  return observersIn(instrumentation());
 }
 // Some installed observer wants op descriptions; read only when hasObservers().
 extern std::atomic<bool> g_wantOpDescriptions;

@@ -72,7 +72,9 @@ typedef const KeelWorkloadV1* (*KeelWorkloadEntryFn)(void);
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "keel/device.h"
@@ -183,6 +185,13 @@ WorkloadInfo loadWorkload(const std::string& path);
 // data_path a text file or directory (default: the built-in corpus).
 WorkloadInfo gptWorkload();
 
+struct GptConfig;
+class WorkloadRun;
+// A run of the built-in trainer from a config the host has already parsed and checked:
+// params.configJson is not parsed again (see Note [Built-in config parsed once]). Fails, steps
+// and marks steps exactly as WorkloadRun(gptWorkload(), params) does.
+std::unique_ptr<WorkloadRun> gptWorkloadRun(const GptConfig& config, const WorkloadParams& params);
+
 // One instance of a workload: created from params, stepped, destroyed with this object.
 class WorkloadRun {
  public:
@@ -199,6 +208,11 @@ class WorkloadRun {
   const WorkloadInfo& info() const { return info_; }
 
  private:
+  friend std::unique_ptr<WorkloadRun> gptWorkloadRun(const GptConfig&, const WorkloadParams&);
+  // A built-in's instance made in process by `create` (what info's create() would return), in
+  // place of calling create(); a throw fails like create() does.
+  WorkloadRun(WorkloadInfo info, const std::function<void*()>& create);
+
   WorkloadInfo info_;
   void* handle_ = nullptr;
   int64_t steps_ = 0;

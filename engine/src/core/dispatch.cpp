@@ -241,10 +241,12 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
     uint64_t v;
     ~Restore() { slot = v; }
   } restore{t_opSeq, prevSeq};
-  if (detail::verboseActive()) [[unlikely]]
+  // Observers and verbose rules from one relaxed load: Note [One load per op] (keel/observer.h).
+  const uint32_t instrumented = detail::instrumentation();
+  if (detail::verboseIn(instrumented)) [[unlikely]]
     logOpVerbose(def, inputs);
 
-  const bool observe = detail::hasObservers();
+  const bool observe = detail::observersIn(instrumented);
   OpEvent ev;
   if (observe) {
     ev.seq = seq;

@@ -1,6 +1,6 @@
 // Scoped logging and the verbose guard (see keel/log.h). Global rules sit behind a mutex and are
-// read only when g_verboseActive is non-zero; guard rules are thread-local, so a guard on one
-// thread never turns verbose on for another.
+// read only when verboseActive() (the count in Note [One load per op]'s word is non-zero); guard
+// rules are thread-local, so a guard on one thread never turns verbose on for another.
 #include "keel/log.h"
 
 #include <cstdio>
@@ -12,9 +12,6 @@
 #include "keel/error.h"
 
 namespace keel {
-namespace detail {
-std::atomic<int> g_verboseActive{0};
-}
 
 namespace {
 std::mutex g_rulesMu;
@@ -42,7 +39,7 @@ bool readLogEnv() {
   bool ok = true;
   if (const char* lv = std::getenv("KEEL_LOG_LEVEL")) {
     try {
-      setLogEchoLevel(parseLogLevel(lv));
+      setLogEchoLevel(parseLogLevelSetting(lv));
     } catch (const Error& e) {
       std::fprintf(stderr, "keel: ignoring KEEL_LOG_LEVEL: %s\n", e.what());
       ok = false;
@@ -59,13 +56,12 @@ bool readLogEnv() {
 }
 static const bool g_envRead = readLogEnv();
 
-LogLevel parseLogLevel(std::string_view text) {
+LogLevel parseLogLevelSetting(std::string_view text) {
   text = trim(text);
-  if (text == "error" || text == "0") return LogLevel::Error;
-  if (text == "warn" || text == "warning" || text == "1") return LogLevel::Warn;
-  if (text == "info" || text == "2") return LogLevel::Info;
-  if (text == "debug" || text == "3") return LogLevel::Debug;
-  if (text == "verbose" || text == "4") return LogLevel::Verbose;
+  if (const auto level = parseLogLevel(text)) return *level;
+  if (text == "warning") return LogLevel::Warn;
+  if (text.size() == 1 && text[0] >= '0' && size_t(text[0] - '0') < kLogLevelNames.size())
+    return LogLevel(text[0] - '0');
   throw Error("unknown log level '" + std::string(text) +
               "' (expected error, warn, info, debug, verbose or 0..4)");
 }
@@ -94,12 +90,8 @@ std::vector<VerboseRule> parseVerboseRules(std::string_view text) {
     std::string_view scope = trim(item.substr(0, colon));
     if (colon != std::string_view::npos) {
       std::string_view ph = trim(item.substr(colon + 1));
-      if (ph == "forward")
-        r.phase = Phase::Forward;
-      else if (ph == "backward")
-        r.phase = Phase::Backward;
-      else if (ph == "optimizer")
-        r.phase = Phase::Optimizer;
+      if (const auto phase = parsePhase(ph))
+        r.phase = *phase;
       else if (!ph.empty() && ph != "*")
         throw Error("verbose rule '" + std::string(item) + "': unknown phase '" + std::string(ph) +
                     "' (expected forward, backward or optimizer)");
@@ -114,7 +106,12 @@ void setGlobalVerboseRules(std::vector<VerboseRule> rules) {
   std::lock_guard<std::mutex> lk(g_rulesMu);
   bool has = !rules.empty();
   g_rules = std::move(rules);
-  if (has != g_hasGlobalRules) detail::g_verboseActive.fetch_add(has ? 1 : -1);
+  if (has != g_hasGlobalRules) {
+    if (has)
+      detail::g_instrumentation.fetch_add(detail::kVerboseUnit);
+    else
+      detail::g_instrumentation.fetch_sub(detail::kVerboseUnit);
+  }
   g_hasGlobalRules = has;
 }
 
@@ -127,11 +124,11 @@ VerboseGuard::VerboseGuard() : VerboseGuard(std::vector<VerboseRule>{VerboseRule
 VerboseGuard::VerboseGuard(std::string_view rules) : VerboseGuard(parseVerboseRules(rules)) {}
 VerboseGuard::VerboseGuard(std::vector<VerboseRule> rules) : prevSize_(t_rules.size()) {
   for (auto& r : rules) t_rules.push_back(std::move(r));
-  detail::g_verboseActive.fetch_add(1);
+  detail::g_instrumentation.fetch_add(detail::kVerboseUnit);
 }
 VerboseGuard::~VerboseGuard() {
   t_rules.resize(prevSize_);
-  detail::g_verboseActive.fetch_sub(1);
+  detail::g_instrumentation.fetch_sub(detail::kVerboseUnit);
 }
 
 bool verboseEnabled(std::string_view scope, Phase phase) {

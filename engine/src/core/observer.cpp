@@ -11,7 +11,7 @@
 
 namespace keel {
 namespace detail {
-std::atomic<bool> g_hasObservers{false};
+std::atomic<uint32_t> g_instrumentation{0};  // Note [One load per op]
 std::atomic<bool> g_wantOpDescriptions{false};
 }  // namespace detail
 
@@ -29,7 +29,10 @@ void publish(std::shared_ptr<const ObserverList> next) {
   g_observers = std::move(next);
   g_generation.fetch_add(1, std::memory_order_release);
   detail::g_wantOpDescriptions.store(want);
-  detail::g_hasObservers.store(any);
+  if (any)
+    detail::g_instrumentation.fetch_or(detail::kObserversBit);
+  else
+    detail::g_instrumentation.fetch_and(~detail::kObserversBit);
 }
 
 // Each thread caches the list and refreshes it (under the lock) only when the generation moved,

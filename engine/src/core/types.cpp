@@ -20,9 +20,9 @@ std::string_view backendName(Backend b) {
 
 Device::Device(const char* name) {
   std::string_view n(name ? name : "");
-  if (n == "cpu") {
+  if (n == backendName(Backend::Cpu)) {
     backend = Backend::Cpu;
-  } else if (n == "cpu-ref") {
+  } else if (n == backendName(Backend::CpuRef)) {
     backend = Backend::CpuRef;
   } else if (n == "cuda" || n.starts_with("cuda:")) {
     backend = Backend::Cuda;
@@ -37,6 +37,13 @@ Device::Device(const char* name) {
   } else {
     throw Error(detail::concat("unknown backend '", n, "' (expected cpu, cpu-ref or cuda:N)"));
   }
+}
+
+Device trainingDevice(std::string_view name) {
+  for (Backend b : {Backend::Cpu, Backend::CpuRef})
+    if (name == backendName(b)) return Device(b);
+  throw Error(detail::concat("backend '", name,
+                             "' is not available for training (expected cpu or cpu-ref)"));
 }
 
 std::string Device::name() const {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "keel/base/text.h"
+#include "keel/base/vocabulary.h"
 #include "keel/error.h"
 
 namespace keel {
@@ -257,8 +258,7 @@ void validateGptConfig(const GptConfig& c, const std::string& source) {
     fail("eval_every", "must be >= 0 (0: never), got " + std::to_string(c.eval_every));
   positive("eval_batches", c.eval_batches);
   if (c.dtype != "float32") fail("dtype", "only \"float32\" is supported, got \"" + c.dtype + "\"");
-  if (!c.allocator.empty() && c.allocator != "host" && c.allocator != "caching" &&
-      c.allocator != "vmm")
+  if (!c.allocator.empty() && !parseAllocatorKind(c.allocator))
     fail("allocator", "expected \"host\", \"caching\" or \"vmm\", got \"" + c.allocator + "\"");
   checkFitsInMemory(c, source);
 }

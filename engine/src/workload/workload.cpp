@@ -79,6 +79,19 @@ WorkloadRun::WorkloadRun(WorkloadInfo info, const WorkloadParams& params) : info
     throw Error("workload '" + info_.name + "': " + (err[0] ? err.data() : "create failed"));
 }
 
+WorkloadRun::WorkloadRun(WorkloadInfo info, const std::function<void*()>& create)
+    : info_(std::move(info)) {
+  KEEL_CHECK(info_.api != nullptr, "WorkloadRun: no workload");
+  try {
+    handle_ = create();
+  } catch (const std::exception& e) {  // as the trampolines' create() reports it
+    throw Error("workload '" + info_.name + "': " + e.what());
+  } catch (...) {
+    throw Error("workload '" + info_.name + "': unknown exception");
+  }
+  if (handle_ == nullptr) throw Error("workload '" + info_.name + "': create failed");
+}
+
 WorkloadRun::~WorkloadRun() {
   if (handle_ != nullptr) info_.api->destroy(handle_);
 }

@@ -104,6 +104,10 @@ struct GraphDot {
 // Graphviz when the DOT is rendered as such, ignored by layoutGraph: Note [Labels in the DOT]).
 GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOptions& options);
 
+// The DOT id of the node a collapsed module is drawn as, "m:<f|b|o>:<scope>": GraphNode::id and
+// the key of GraphDot::nodeOfId for a module node.
+std::string moduleNodeId(Phase phase, std::string_view scope);
+
 // The module an op is drawn in: its scope, or the one `graph` adopted it into.
 std::string_view drawnScope(const GraphDot& graph, const storage::OpRecord& op);
 

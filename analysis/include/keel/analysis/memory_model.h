@@ -198,8 +198,8 @@ class MemoryModel {
   const std::vector<storage::MemRecord>& events() const { return events_; }
   // Any reserve/map event: the allocator has segments (caching, vmm); false for host.
   bool hasSegments() const { return hasSegments_; }
-  // The allocator the events came from: "host", "caching" or "vmm" (by the event kinds seen).
-  std::string allocatorKind() const;
+  // The allocator the events came from (by the event kinds seen); nullopt with no events.
+  std::optional<AllocatorKind> allocatorKind() const;
   size_t checkpointEvery() const { return every_; }
   // The allocator's allocated / reserved bytes right after event i: the event's own figures, or
   // for a track_begin/track_end mark (which carries none) those of the event before it; and

@@ -132,17 +132,23 @@ inline constexpr std::string_view kDTypeNames[kNumDTypes] = {
 constexpr std::string_view dtypeName(DType t) {
   return size_t(t) < size_t(kNumDTypes) ? kDTypeNames[size_t(t)] : std::string_view("?");
 }
-// Parses the names above and the aliases "f32"/"float", "f16"/"half", "bf16", "f64"/"double",
-// "i32"/"int", "i64"/"long"; nullopt for anything else.
+// Short names where space is tight (graph labels): "f32", "f16", "bf16", "f64", "i32", "i64",
+// "bool".
+inline constexpr std::string_view kDTypeShortNames[kNumDTypes] = {"f32", "f16", "bf16", "f64",
+                                                                  "i32", "i64", "bool"};
+constexpr std::string_view dtypeShortName(DType t) {
+  return size_t(t) < size_t(kNumDTypes) ? kDTypeShortNames[size_t(t)] : std::string_view("?");
+}
+// Parses the names above, the short names, and the aliases "float", "half", "double", "int",
+// "long"; nullopt for anything else.
 constexpr std::optional<DType> tryParseDType(std::string_view n) {
   for (int i = 0; i < kNumDTypes; ++i)
-    if (n == kDTypeNames[i]) return DType(i);
-  if (n == "f32" || n == "float") return DType::Float32;
-  if (n == "f16" || n == "half") return DType::Float16;
-  if (n == "bf16") return DType::BFloat16;
-  if (n == "f64" || n == "double") return DType::Float64;
-  if (n == "i32" || n == "int") return DType::Int32;
-  if (n == "i64" || n == "long") return DType::Int64;
+    if (n == kDTypeNames[i] || n == kDTypeShortNames[i]) return DType(i);
+  if (n == "float") return DType::Float32;
+  if (n == "half") return DType::Float16;
+  if (n == "double") return DType::Float64;
+  if (n == "int") return DType::Int32;
+  if (n == "long") return DType::Int64;
   return std::nullopt;
 }
 // tryParseDType, throwing keel::Error for anything else.

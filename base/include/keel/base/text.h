@@ -1,12 +1,16 @@
-// Small text helpers of the shared vocabulary: module-scope matching, byte counts for people, and
-// reading a whole file. One definition each, used by every layer.
+// Small text helpers of the shared vocabulary: module-scope matching, byte counts for people,
+// numbers from the command line, and reading a whole file. One definition each, used by every
+// layer.
 #pragma once
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -47,6 +51,21 @@ inline std::string formatMiB(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
   return buf;
+}
+
+// All of `text` read as a finite number ("0.5", "1e-3", " 2" with blanks before it), or nullopt:
+// nothing or something after the number, "inf", "nan", or out of double's range. The one reading
+// of a number option (keel's validators, --break-on's thresholds).
+inline std::optional<double> parseFiniteNumber(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
 }
 
 // What kind of non-regular thing a path names ("a directory", "a FIFO", "a character device",

@@ -79,6 +79,9 @@ inline constexpr std::array<std::string_view, 5> kLogLevelNames = {"error", "war
 constexpr std::string_view logLevelName(LogLevel l) {
   return detail::enumName(kLogLevelNames, l);
 }
+constexpr std::optional<LogLevel> parseLogLevel(std::string_view s) {
+  return detail::enumParse<LogLevel>(kLogLevelNames, s);
+}
 
 enum class AllocatorKind : uint8_t { Host, Caching, Vmm };
 inline constexpr std::array<std::string_view, 3> kAllocatorKindNames = {"host", "caching", "vmm"};

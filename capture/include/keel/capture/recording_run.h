@@ -20,6 +20,7 @@
 #include "keel/capture/options.h"
 #include "keel/capture/recorder.h"
 #include "keel/device.h"
+#include "keel/gpt_config.h"
 #include "keel/observer.h"
 #include "keel/storage/records.h"
 #include "keel/workload.h"
@@ -232,6 +233,9 @@ class RecordingRun {
   RunSpec spec_;
   AfterOp afterOp_;
   std::string configText_, name_;
+  // The built-in trainer's config, parsed once here and handed to its workload (Note [Built-in
+  // config parsed once] in engine/src/workload/gpt_workload.cpp); empty with --workload.
+  std::optional<GptConfig> gptConfig_;
   WorkloadInfo workload_;
   Device device_;
   AllocatorKind allocator_ = AllocatorKind::Host;

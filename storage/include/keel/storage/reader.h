@@ -18,7 +18,7 @@ struct OpQuery {
   std::optional<Phase> phase;
   std::optional<std::string> name;  // exact op name
   std::optional<std::string>
-      scopePrefix;  // "blocks.1" matches blocks.1 and blocks.1.*, not blocks.10
+      scopePrefix;  // keel::scopeWithin: "blocks.1" matches blocks.1 and blocks.1.*, not blocks.10
   std::optional<uint64_t> seqBegin, seqEnd;
   int64_t limit = -1;       // < 0: no limit
   bool withTensors = true;  // fill OpRecord::tensors
@@ -42,6 +42,12 @@ struct MemQuery {
   std::optional<uint64_t> opSeqBegin, opSeqEnd;
   int64_t limit = -1;
 };
+
+// What a file's first 16 bytes say: SQLite's header ("SQLite format 3" and a NUL), some other
+// bytes (or fewer than 16), no bytes at all, or nothing readable. The one header check of
+// Recording::open and of inputs that may be a recording or something else (allocator traces).
+enum class SqliteHeader { Unreadable, Empty, Other, Sqlite };
+SqliteHeader sqliteHeader(const std::string& path);
 
 struct DroppedCount {
   std::string kind;

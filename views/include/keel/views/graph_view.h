@@ -120,8 +120,8 @@ class GraphView : public QWidget {
   QGraphicsView* graphicsView() const;
   // The item drawing op `seq` as its own node, or nullptr (filtered out, collapsed, no layout).
   QAbstractGraphicsShapeItem* opItem(uint64_t seq) const;
-  // The node of a collapsed module ("forward"/"backward"/"optimizer", scope), or nullptr.
-  QAbstractGraphicsShapeItem* moduleItem(const QString& phase, const QString& scope) const;
+  // The node of a collapsed module of `phase` and `scope`, or nullptr.
+  QAbstractGraphicsShapeItem* moduleItem(Phase phase, const QString& scope) const;
 
   // The cross-phase relations drawn now, of the selected and the hovered node: forward <->
   // backward links and saved-activation data edges (Note [Cross-phase relations]).

@@ -6,6 +6,7 @@
 #include <QColor>
 #include <QSortFilterProxyModel>
 #include <QWidget>
+#include <string>
 
 #include "keel/views/run_data.h"
 
@@ -45,8 +46,9 @@ class LogModel : public QAbstractTableModel {
   LogsPtr logs_;
 };
 
-// Keeps lines at or below a level (Error < Warn < Info < Debug < Verbose) whose scope starts with
-// a prefix and whose message contains a text (both any case; empty = all).
+// Keeps lines at or below a level (Error < Warn < Info < Debug < Verbose) whose scope lies within
+// a scope (keel::scopeWithin: "blocks.1" keeps "blocks.1.attn", not "blocks.10") and whose
+// message contains a text (any case); an empty scope or text keeps all.
 class LogFilterProxy : public QSortFilterProxyModel {
   Q_OBJECT
  public:
@@ -62,6 +64,7 @@ class LogFilterProxy : public QSortFilterProxyModel {
  private:
   storage::LogLevel maxLevel_ = storage::LogLevel::Verbose;
   QString scope_, text_;
+  std::string scopeUtf8_;  // scope_ as scopeWithin compares it
 };
 
 class LogView : public QWidget {

@@ -23,6 +23,9 @@ namespace keel::views {
 enum class Metric { Loss, LearningRate, GradNorm, AuxLoss, TokensPerSec, ValidationLoss };
 inline constexpr int kMetricCount = 6;
 
+// The step record's value of metric `m` (NaN where the run did not report it).
+double metricValue(const storage::StepRecord& s, Metric m);
+
 class LossPlot : public QWidget {
   Q_OBJECT
  public:
