@@ -1,6 +1,7 @@
 // `keel ops`: without a file, lists every registered op with its inputs, whether it is
 // differentiable, and the backends that have kernels for it (--markdown: docs/ops.md's tables;
-// --kernels: each backend's kernel variant); with a recording, a table of the op calls it holds,
+// --kernels: each backend's kernel variant); with a recording, a table of the op calls it holds
+// (--kernels: with the kernel that ran each),
 // filtered by step, phase, op name and scope.
 #include <cstdio>
 #include <memory>
@@ -86,8 +87,10 @@ int runRecordedOps(const OpsArgs& a) {
   if (!a.scope.empty()) q.scopePrefix = a.scope;
   q.limit = a.limit;
   auto ops = rec.ops(q);
+  // --kernels: the kernel that ran each call (Note [Kernel identity]) instead of its tensors.
   std::printf("%8s %5s %-9s %-22s %-28s %9s  %-16s %s\n", "SEQ", "STEP", "PHASE", "OP", "SCOPE",
-              "TIME(us)", "MD5(out0)", "INPUTS -> OUTPUTS");
+              "TIME(us)", "MD5(out0)",
+              a.kernels ? "KERNEL (variant; run-time parameters)" : "INPUTS -> OUTPUTS");
   for (const auto& op : ops) {
     std::string md5 = "-";
     for (const auto& t : op.tensors)
@@ -95,6 +98,18 @@ int runRecordedOps(const OpsArgs& a) {
         md5 = t.md5.substr(0, 16);
         break;
       }
+    if (a.kernels) {
+      const storage::KernelRecord& k = op.kernel;
+      const std::string kernel =
+          k.empty() ? std::string("- (no kernel recorded)")
+                    : k.backend + " " + k.variant + (k.params.empty() ? "" : "; " + k.params);
+      std::printf("%8llu %5lld %-9s %-22s %-28s %9.1f  %-16s %s\n",
+                  static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
+                  phaseName(op.phase).data(), op.name.c_str(),
+                  op.scope.empty() ? "-" : op.scope.c_str(), double(op.endNs - op.beginNs) / 1e3,
+                  md5.c_str(), kernel.c_str());
+      continue;
+    }
     std::printf("%8llu %5lld %-9s %-22s %-28s %9.1f  %-16s %s -> %s\n",
                 static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
                 phaseName(op.phase).data(), op.name.c_str(),
@@ -121,12 +136,12 @@ Command addOpsCommand(CLI::App& root) {
   ops->add_flag("--markdown", a->markdown,
                 "print the registry as docs/ops.md's tables (between its generated markers)");
   ops->add_flag("--kernels", a->kernels,
-                "print each op's kernel variant per backend (what decides its numerics)");
+                "print each op's kernel variant per backend (what decides its numerics); with a "
+                "recording, the kernel that ran each call");
   return {ops, [a] {
             if (a->kernels) {
-              if (!a->recording.empty()) return fail("--kernels lists the registry, not a file");
               if (a->markdown) return fail("--kernels and --markdown are two different lists");
-              return runKernels();
+              if (a->recording.empty()) return runKernels();
             }
             if (a->markdown) {
               if (!a->recording.empty()) return fail("--markdown lists the registry, not a file");

@@ -184,6 +184,20 @@ void HashPool::waitDone(std::unique_lock<std::mutex>& lk) {
   --waiters_;
 }
 
+void HashPool::drain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (backlogBytes_ > 0 || !pending_.empty()) {
+    if (!queue_.empty()) {
+      auto batch = takeQueuedLocked();
+      lk.unlock();
+      runBatch(batch, Who::Engine);
+      lk.lock();
+    } else {
+      waitDone(lk);
+    }
+  }
+}
+
 HashPoolCounts HashPool::counts() const {
   std::lock_guard<std::mutex> lk(mu_);
   return counts_;

@@ -84,6 +84,8 @@ class HashPool {
   void wait(const HashJobPtr& job);
   // Returns once every job on this buffer is done (the buffer is about to be written).
   void settle(uint64_t bufferId);
+  // Returns once every job queued so far is done (hashing queued ones on this thread).
+  void drain();
   HashPoolCounts counts() const;
 
  private:

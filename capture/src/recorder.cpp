@@ -94,7 +94,7 @@ constexpr int kSkipFrames = 1;
 }  // namespace
 
 // The Observer itself; Recorder is its RAII handle (the observer list holds a shared_ptr).
-class CaptureObserver : public Observer {
+class CaptureObserver : public Observer, public std::enable_shared_from_this<CaptureObserver> {
  public:
   CaptureObserver(std::unique_ptr<storage::Writer> writer, CaptureOptions opt)
       : opt_(std::move(opt)), writer_(std::move(writer)), queue_(size_t(opt_.queueCapacity)) {
@@ -105,8 +105,20 @@ class CaptureObserver : public Observer {
   ~CaptureObserver() override { stop(); }
 
   // ---- engine side ----
+  // Outside the filter's step range the observer pauses (Note [Paused observers]): the engine then
+  // pays for it what it pays for no observer. Checked at each step's start, and at the start.
+  void followStepRange(int64_t step) {
+    const bool pause = !opt_.filter.matchesStep(step);
+    if (pause == paused_) return;
+    // Nothing may still read a buffer once writes stop being announced: settle every hash first.
+    if (pause && pool_) pool_->drain();
+    paused_ = pause;
+    setObserverPaused(shared_from_this(), pause);
+  }
+
   void onStep(const StepEvent& e) override {
     if (!active()) return;
+    if (e.begin) followStepRange(e.step);
     storage::StepRecord r;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -635,6 +647,7 @@ class CaptureObserver : public Observer {
   std::unordered_map<ContentKey, HashEntry, ContentKeyHash> hashCache_;  // hashThread off
   std::unordered_map<ContentKey, HashJobPtr, ContentKeyHash> jobCache_;  // hashThread on
   std::unique_ptr<HashPool> pool_;  // null: hashThread off, or nothing to hash
+  bool paused_ = false;             // outside the step range (engine side; followStepRange)
 
   std::atomic<bool> closed_{false};
   std::atomic<bool> failed_{false};
@@ -662,6 +675,7 @@ Recorder::Recorder(std::unique_ptr<storage::Writer> writer, CaptureOptions optio
   KEEL_CHECK(options.queueCapacity >= 1, "capture: queue capacity must be >= 1");
   obs_ = std::make_shared<detail::CaptureObserver>(std::move(writer), std::move(options));
   addObserver(obs_);
+  obs_->followStepRange(0);  // initialisation runs as step 0
 }
 
 Recorder::~Recorder() {

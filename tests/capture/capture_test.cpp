@@ -768,6 +768,42 @@ TEST(CaptureHashThread, SameChecksumsAndStatisticsAsHashingInTheCallback) {
   }
 }
 
+// A step range: the recorder pauses outside it (Note [Paused observers]) and records exactly the
+// ops of the steps inside, with the same checksums as a recording of every step.
+TEST(CaptureHashThread, AStepRangeRecordsItsStepsAsAFullRecordingDoes) {
+  auto record = [](CaptureOptions opt) {
+    auto store = std::make_shared<Store>();
+    GptConfig cfg = loadGptConfig(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
+    auto data = std::make_shared<const data::TextDataset>(
+        std::string(200, 'a') + "the quick brown fox jumps over the lazy dog. ", "inline");
+    Recorder rec(std::make_unique<FakeWriter>(store), opt);
+    Trainer trainer(cfg, Device("cpu"), 1, data, 4);
+    trainer.run(4);
+    rec.finish();
+    EXPECT_EQ(rec.status(), RecorderStatus::Finished) << rec.error();
+    return store;
+  };
+  const auto all = record(hashOptions(true));
+  CaptureOptions ranged = hashOptions(true);
+  ranged.filter.stepMin = 2;
+  ranged.filter.stepMax = 3;
+  const auto some = record(ranged);
+  std::vector<const storage::OpRecord*> want;
+  for (const auto& op : all->ops)
+    if (op.step == 2 || op.step == 3) want.push_back(&op);
+  ASSERT_GT(want.size(), 100u);
+  ASSERT_EQ(some->ops.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(some->ops[i].name, want[i]->name);
+    ASSERT_EQ(some->ops[i].tensors.size(), want[i]->tensors.size());
+    for (size_t k = 0; k < want[i]->tensors.size(); ++k)
+      EXPECT_EQ(some->ops[i].tensors[k].md5, want[i]->tensors[k].md5)
+          << some->ops[i].name << " tensor " << k;
+  }
+  EXPECT_EQ(some->steps.size(), all->steps.size());  // every step's row, recorded or not
+  EXPECT_FALSE(keel::detail::hasObservers());        // the finished recorder left nothing behind
+}
+
 // A backlog of one byte: with the block policy every tensor still gets its checksum (the engine
 // hashes the queue itself); with drop, the tensors recorded without one are exactly those counted.
 TEST(CaptureHashThread, FullBacklogBlocksOrDropsAsDocumented) {

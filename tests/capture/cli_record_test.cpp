@@ -144,6 +144,11 @@ TEST_F(KeelCli, DiffNamesTheKernelsOfEachPair) {
   }
   EXPECT_GT(sums, 0);
   EXPECT_GT(concats, 0);
+  // keel ops shows the kernel that ran each recorded call.
+  CliResult ops = keel("ops '" + db("ref.db") + "' --kernels --name sum --limit 1");
+  ASSERT_EQ(ops.status, 0) << ops.err;
+  EXPECT_NE(ops.out.find("KERNEL (variant; run-time parameters)"), std::string::npos) << ops.out;
+  EXPECT_NE(ops.out.find(" cpu-ref float64, sequential\n"), std::string::npos) << ops.out;
 
   CliResult z = keel("diff '" + db("cpu.db") + "' '" + db("ref.db") + "' --atol 0 --rtol 0");
   EXPECT_EQ(z.status, 1) << z.err;

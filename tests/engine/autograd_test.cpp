@@ -449,6 +449,41 @@ TEST(Observer, ObserversAndVerboseRulesShareOneWordReadApart) {
   EXPECT_TRUE(rec->begins.empty());
 }
 
+// Note [Paused observers]: a paused observer hears steps only, and while every observer is paused
+// the dispatcher sees none; another observer installed meanwhile still hears everything.
+TEST(Observer, APausedObserverHearsStepsOnly) {
+  struct Steps : Recorder {
+    std::vector<int64_t> steps;
+    void onStep(const StepEvent& e) override { steps.push_back(e.step); }
+  };
+  auto rec = std::make_shared<Steps>();
+  addObserver(rec);
+  Tensor x = leaf({1, 2});
+  ops::exp(x);
+  EXPECT_EQ(rec->ends.size(), 1u);
+  setObserverPaused(rec, true);
+  EXPECT_FALSE(detail::hasObservers());
+  EXPECT_EQ(detail::instrumentation(), 0u);
+  ops::exp(x);
+  detail::notifyStep(StepEvent{7, true});
+  EXPECT_EQ(rec->ends.size(), 1u);  // the op passed unheard
+  EXPECT_EQ(rec->steps, std::vector<int64_t>{7});
+  {
+    ObserverScope other;  // not paused: hears the op, and the paused one still does not
+    ops::exp(x);
+    EXPECT_EQ(other.rec->ends.size(), 1u);
+    EXPECT_EQ(rec->ends.size(), 1u);
+  }
+  setObserverPaused(rec, true);  // already paused: nothing changes
+  setObserverPaused(rec, false);
+  EXPECT_TRUE(detail::hasObservers());
+  ops::exp(x);
+  EXPECT_EQ(rec->ends.size(), 2u);
+  removeObserver(rec);
+  setObserverPaused(rec, true);  // not installed: a no-op
+  EXPECT_EQ(detail::instrumentation(), 0u);
+}
+
 TEST(Observer, TwoObserversBothSeeEveryOp) {
   ObserverScope a, b;
   ops::exp(fromDoubles({1}, {1}));

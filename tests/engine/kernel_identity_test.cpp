@@ -246,7 +246,6 @@ TEST_F(KeelOpsKernels, PrintsEachBackendsVariantPerOp) {
   EXPECT_EQ(listedVariant(r.out, "copy_to", "cpu-ref"), "copy (exact)");
   EXPECT_EQ(listedVariant(r.out, "reshape", "all"), "view (no kernel)");
   EXPECT_EQ(r.out.rfind("OP ", 0), 0u) << r.out.substr(0, 80);
-  test::expectOneLineError(test::runKeelCli("ops run.db --kernels", dir_.string()), "--kernels");
   test::expectOneLineError(test::runKeelCli("ops --kernels --markdown", dir_.string()),
                            "--kernels");
 }

@@ -134,13 +134,20 @@ void beforeBufferWrite(const Tensor& t);
 
 void addObserver(std::shared_ptr<Observer> obs);
 void removeObserver(const std::shared_ptr<Observer>& obs);
+// Note [Paused observers]: a paused observer hears step events only (onStep) — ops, memory events,
+// logs and buffer writes skip it — so an observer that records a range of steps (capture's
+// --step-range) pauses itself at a step outside the range and resumes at the range's first step.
+// While every installed observer is paused the dispatcher pays what it pays with none: the one
+// load of Note [One load per op] (hasObservers() is false). No-op for an observer not installed.
+void setObserverPaused(const std::shared_ptr<Observer>& obs, bool paused);
 
 namespace detail {
 // Note [One load per op]
 // Everything that instruments ops lives in one atomic word: bit 0 is set while an observer is
-// installed, and the bits above count verbose rules (each live VerboseGuard, plus one while global
-// KEEL_VERBOSE rules are set; keel/log.h). The dispatcher loads the word once per op and asks
-// observersIn / verboseIn of that value, so with neither active an op costs that one relaxed load.
+// installed and not paused (Note [Paused observers]), and the bits above count verbose rules (each
+// live VerboseGuard, plus one while global KEEL_VERBOSE rules are set; keel/log.h). The dispatcher
+// loads the word once per op and asks observersIn / verboseIn of that value, so with neither active
+// an op costs that one relaxed load.
 inline constexpr uint32_t kObserversBit = 1;
 inline constexpr uint32_t kVerboseUnit = 2;  // one verbose activation
 extern std::atomic<uint32_t> g_instrumentation;

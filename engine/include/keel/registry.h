@@ -67,8 +67,9 @@ inline constexpr DTypeMask kAllTypes = kFloatTypes | kIntTypes | dtypeBit(DType:
 // Note [Kernel identity]: a recording says which kernel ran each op call, so that a diff of two
 // runs can tell "same inputs, different kernel" from a bug. A kernel is described by its variant —
 // the things that decide its numerics: the algorithm, the accumulation dtype and the reduction
-// order ("sum: 8 strided lanes, float64 accumulation") — fixed where the kernel is registered, and
-// by run-time parameters its params function returns for one call (vector ISA, BLAS library and
+// order ("float64, 8 strided lanes per 1024 block, blocks in order" for the cpu sum; see Note
+// [Kernel variant vocabulary] in engine/src/kernel_table.h) — fixed where the kernel is registered,
+// and by run-time parameters its params function returns for one call (vector ISA, BLAS library and
 // core type, thread partition, tile sizes). Two calls ran the same kernel variant when the
 // variants are equal, whatever the backend: a copy is a copy on cpu and cpu-ref. The dispatcher
 // asks for the parameters only while an observer is installed (keel/observer.h, OpEvent::kernel).

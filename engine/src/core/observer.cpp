@@ -18,36 +18,55 @@ std::atomic<bool> g_wantOpDescriptions{false};
 namespace {
 using ObserverList = std::vector<std::shared_ptr<Observer>>;
 std::mutex g_obsMu;
-std::shared_ptr<const ObserverList> g_observers = std::make_shared<ObserverList>();
-std::atomic<uint64_t> g_generation{1};  // bumped on every change of g_observers
+ObserverList g_installed;               // every observer (g_obsMu)
+std::vector<const Observer*> g_paused;  // those paused (g_obsMu); See Note [Paused observers]
+struct Lists {
+  ObserverList all, active;  // all hear steps; active (not paused) hear everything else
+};
+std::shared_ptr<const Lists> g_lists = std::make_shared<Lists>();
+std::atomic<uint64_t> g_generation{1};  // bumped on every change of g_lists
+std::atomic<bool> g_anyInstalled{false};
 
-// Publishes a new list (caller holds g_obsMu).
-void publish(std::shared_ptr<const ObserverList> next) {
+// Publishes the lists for g_installed and g_paused (caller holds g_obsMu).
+void publish() {
+  auto next = std::make_shared<Lists>();
+  next->all = g_installed;
   bool want = false;
-  for (const auto& o : *next) want = want || o->wantsOpDescriptions();
-  const bool any = !next->empty();
-  g_observers = std::move(next);
+  for (const auto& o : g_installed)
+    if (std::find(g_paused.begin(), g_paused.end(), o.get()) == g_paused.end()) {
+      next->active.push_back(o);
+      want = want || o->wantsOpDescriptions();
+    }
+  const bool active = !next->active.empty();
+  g_anyInstalled.store(!g_installed.empty());
+  g_lists = std::move(next);
   g_generation.fetch_add(1, std::memory_order_release);
   detail::g_wantOpDescriptions.store(want);
-  if (any)
+  if (active)
     detail::g_instrumentation.fetch_or(detail::kObserversBit);
   else
     detail::g_instrumentation.fetch_and(~detail::kObserversBit);
 }
 
-// Each thread caches the list and refreshes it (under the lock) only when the generation moved,
-// so notification takes no lock on the hot path.
-std::shared_ptr<const ObserverList> snapshot() {
-  thread_local std::shared_ptr<const ObserverList> cached;
+// Each thread caches the lists and refreshes them (under the lock) only when the generation
+// moved, so notification takes no lock on the hot path.
+std::shared_ptr<const Lists> snapshotLists() {
+  thread_local std::shared_ptr<const Lists> cached;
   thread_local uint64_t seenGeneration = 0;
   uint64_t g = g_generation.load(std::memory_order_acquire);
   if (g != seenGeneration) {
     std::lock_guard<std::mutex> lk(g_obsMu);
-    cached = g_observers;
+    cached = g_lists;
     seenGeneration = g_generation.load(std::memory_order_relaxed);
   }
   return cached;  // a copy: safe if a callback changes the observers while we iterate
 }
+// The observers that are not paused, held alive while the caller iterates.
+struct Active {
+  std::shared_ptr<const Lists> lists = snapshotLists();
+  auto begin() const { return lists->active.begin(); }
+  auto end() const { return lists->active.end(); }
+};
 }  // namespace
 
 namespace {
@@ -64,16 +83,27 @@ MemTagScope::~MemTagScope() {
 
 void addObserver(std::shared_ptr<Observer> obs) {
   std::lock_guard<std::mutex> lk(g_obsMu);
-  auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
-  next->push_back(std::move(obs));
-  publish(std::move(next));
+  g_installed.push_back(std::move(obs));
+  publish();
 }
 
 void removeObserver(const std::shared_ptr<Observer>& obs) {
   std::lock_guard<std::mutex> lk(g_obsMu);
-  auto next = std::make_shared<std::vector<std::shared_ptr<Observer>>>(*g_observers);
-  next->erase(std::remove(next->begin(), next->end(), obs), next->end());
-  publish(std::move(next));
+  g_installed.erase(std::remove(g_installed.begin(), g_installed.end(), obs), g_installed.end());
+  g_paused.erase(std::remove(g_paused.begin(), g_paused.end(), obs.get()), g_paused.end());
+  publish();
+}
+
+void setObserverPaused(const std::shared_ptr<Observer>& obs, bool paused) {
+  std::lock_guard<std::mutex> lk(g_obsMu);
+  if (std::find(g_installed.begin(), g_installed.end(), obs) == g_installed.end()) return;
+  const auto it = std::find(g_paused.begin(), g_paused.end(), obs.get());
+  if (paused == (it != g_paused.end())) return;  // already so: nothing to publish
+  if (paused)
+    g_paused.push_back(obs.get());
+  else
+    g_paused.erase(it);
+  publish();
 }
 
 void beforeBufferWrite(const Tensor& t) {
@@ -103,28 +133,30 @@ void notifyMemory(MemEvent e) {
     if (!e.bufferId) e.bufferId = t_allocContext.bufferId;
     if (e.kind == MemEventKind::Alloc) e.tag = t_memTag;
   }
-  for (auto& o : *snapshot()) o->onMemory(e);
+  for (auto& o : Active{}) o->onMemory(e);
 }
 void notifyOpBegin(const OpEvent& e) {
-  for (auto& o : *snapshot()) o->onOpBegin(e);
+  for (auto& o : Active{}) o->onOpBegin(e);
 }
 void notifyOpEnd(const OpEvent& e) {
-  for (auto& o : *snapshot()) o->onOpEnd(e);
+  for (auto& o : Active{}) o->onOpEnd(e);
 }
 void notifyOpError(const OpEvent& e, std::string_view message) {
-  for (auto& o : *snapshot()) o->onOpError(e, message);
+  for (auto& o : Active{}) o->onOpError(e, message);
 }
 void notifyBufferWrite(const Buffer& b) {
-  for (auto& o : *snapshot()) o->onBufferWrite(b);
+  for (auto& o : Active{}) o->onBufferWrite(b);
 }
 void notifyStep(StepEvent e) {
-  if (!hasObservers()) return;
+  // Paused observers too: a step is where they decide to resume (Note [Paused observers]).
+  if (!g_anyInstalled.load(std::memory_order_relaxed)) return;
   e.timeNs = nowNs();
-  for (auto& o : *snapshot()) o->onStep(e);
+  const auto lists = snapshotLists();
+  for (auto& o : lists->all) o->onStep(e);
 }
 void notifyLog(const LogEvent& e) {
   if (!hasObservers()) return;
-  for (auto& o : *snapshot()) o->onLog(e);
+  for (auto& o : Active{}) o->onLog(e);
 }
 
 }  // namespace detail
