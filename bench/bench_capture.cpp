@@ -37,7 +37,8 @@ class NullWriter : public keel::storage::Writer {
 
 // Interleaved A/B: rounds of `perRound` steps without capture, then the same number with a
 // recorder at `level` (1 graph, 2 graph+stacks, 3 graph+stacks+md5+stats, 4 graph+stacks+stats,
-// 5 graph+stacks+md5+stats hashed in the op callbacks — the path before the hashing thread), on
+// 5 graph+stacks+md5+stats hashed in the op callbacks — the path before the hashing thread, 6
+// everything (--all) but for steps outside the recorder's step range), on
 // one trainer. A captured round starts a recorder and runs one untimed step (its new call stacks
 // are symbolized once, as in a long run), then times kPerRound steps and a flush (everything
 // captured is hashed and handed to the writer), so hashing that runs on after the steps counts. The
@@ -53,9 +54,11 @@ void captureOverhead(benchmark::State& state) {
   const int level = int(state.range(0));
   keel::capture::CaptureOptions o;
   o.stacks = level >= 2;
-  o.md5 = level == 3 || level == 5;
+  o.md5 = level == 3 || level == 5 || level == 6;
   o.stats = level >= 3;
   o.hashThread = level != 5;
+  o.allocator = level == 6;
+  if (level == 6) o.filter.stepMin = o.filter.stepMax = int64_t(1) << 40;  // never reached
   constexpr int kRounds = 8, kPerRound = 3;
   std::vector<double> base, with, hashed, hashedTensors;
   auto ms = [](auto t0) {
@@ -90,9 +93,10 @@ void captureOverhead(benchmark::State& state) {
                  : level == 2 ? "graph+stacks"
                  : level == 3 ? "graph+stacks+md5+stats"
                  : level == 4 ? "graph+stacks+stats"
-                              : "graph+stacks+md5+stats, hashed in the callbacks");
+                 : level == 5 ? "graph+stacks+md5+stats, hashed in the callbacks"
+                              : "--all, steps outside --step-range");
 }
-BENCHMARK(captureOverhead)->DenseRange(1, 5)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(captureOverhead)->DenseRange(1, 6)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 #ifdef KEEL_CLI_PATH
 // Whole processes, as a user runs them: `keel train` and `keel record --all` (and the other

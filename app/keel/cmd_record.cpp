@@ -160,10 +160,11 @@ int runRecord(const RecordArgs& a) {
   std::printf("\n");
   if (c.hashedTensors > 0)
     std::printf(
-        "hashed %lld tensors, %s (%lld on the run's own thread, %lld by the writer; at most "
-        "%s waiting)\n",
+        "hashed %lld tensors, %s (%lld on the run's own thread, %lld by the writer, %lld copied "
+        "before an in-place write; at most %s waiting)\n",
         static_cast<long long>(c.hashedTensors), formatBytes(uint64_t(c.hashedBytes)).c_str(),
         static_cast<long long>(c.hashedByEngine), static_cast<long long>(c.hashedByWriter),
+        static_cast<long long>(c.copiedBeforeWrite),
         formatBytes(uint64_t(c.peakHashBacklogBytes)).c_str());
   if (stopped) {
     // One line saying where, on stdout after the counts (a CI job greps it), and exit 1.

@@ -491,6 +491,18 @@ double statsShift(const Tensor& t) {
   return shift;
 }
 
+double statsShift(DType dtype, const uint8_t* p, int64_t n) {
+  bool found = false;
+  double shift = 0;
+  forEachValue(dtype, p, n, [&](double v) {
+    if (!found && std::isfinite(v)) {
+      found = true;
+      shift = v;
+    }
+  });
+  return shift;
+}
+
 storage::TensorStats tensorStats(const Tensor& t) {
   StatsStream stream(t.dtype(), statsShift(t));
   forEachChunk(t, [&](const uint8_t* p, int64_t cnt) { stream.add(p, cnt); });

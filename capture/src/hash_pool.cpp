@@ -38,6 +38,19 @@ struct InFlight {
 // job without MD5); returns the message for the lanes, or nothing.
 std::optional<Md5Message> prepare(InFlight& f) {
   HashJob& job = *f.job;
+  if (job.detached) {  // the elements were copied when the buffer was about to be written
+    const int64_t n = job.bytes / int64_t(dtypeSize(job.dtype));
+    if (job.stats) f.stats.emplace(job.dtype, statsShift(job.dtype, job.snapshot.data(), n));
+    f.elementBytes = dtypeSize(job.dtype);
+    if (!job.md5) {
+      if (f.stats) {
+        f.stats->add(job.snapshot.data(), n);
+        job.statsResult = f.stats->finish();
+      }
+      return std::nullopt;
+    }
+    return Md5Message{{std::span<const uint8_t>(job.snapshot)}};
+  }
   const Tensor& t = job.tensor;
   f.pin.emplace(*t.buffer());
   if (job.roundedDigits > 0) job.md5Rounded = md5RoundedElements(t, job.roundedDigits);
@@ -162,11 +175,27 @@ void HashPool::wait(const HashJobPtr& job) {
 }
 
 void HashPool::settle(uint64_t bufferId) {
+  std::vector<Tensor> release;  // let go of after the lock (freeing reaches the observers)
   std::unique_lock<std::mutex> lk(mu_);
+  bool rounded = false;
+  for (auto& j : queue_) {
+    if (j->bufferId != bufferId || j->detached) continue;
+    if (j->roundedDigits > 0) {
+      rounded = true;  // needs the tensor itself: hashed below
+      continue;
+    }
+    j->snapshot = contiguousBytes(j->tensor);  // this thread is the only writer: no pin needed
+    if (j->dtype == DType::Bool)
+      for (auto& b : j->snapshot) b = b ? 1 : 0;
+    j->detached = true;
+    release.push_back(std::move(j->tensor));
+    auto it = pending_.find(bufferId);
+    if (it != pending_.end() && --it->second == 0) pending_.erase(it);
+    counts_.snapshots++;
+  }
   while (pending_.count(bufferId)) {
-    const bool queued = std::any_of(queue_.begin(), queue_.end(),
-                                    [&](const HashJobPtr& j) { return j->bufferId == bufferId; });
-    if (queued) {
+    if (rounded) {
+      rounded = false;
       auto batch = takeQueuedLocked();
       lk.unlock();
       runBatch(batch, Who::Engine);
@@ -175,6 +204,8 @@ void HashPool::settle(uint64_t bufferId) {
       waitDone(lk);
     }
   }
+  lk.unlock();
+  release.clear();
 }
 
 void HashPool::waitDone(std::unique_lock<std::mutex>& lk) {
@@ -233,7 +264,7 @@ void HashPool::runBatch(std::vector<HashJobPtr>& batch, Who who) {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& j : batch) {
       backlogBytes_ -= j->bytes;
-      auto it = pending_.find(j->bufferId);
+      auto it = j->detached ? pending_.end() : pending_.find(j->bufferId);
       if (it != pending_.end() && --it->second == 0) pending_.erase(it);
       counts_.jobs++;
       counts_.bytes += j->bytes;
@@ -264,7 +295,7 @@ void HashPool::streamRun() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       backlogBytes_ -= job->bytes;
-      auto it = pending_.find(job->bufferId);
+      auto it = job->detached ? pending_.end() : pending_.find(job->bufferId);
       if (it != pending_.end() && --it->second == 0) pending_.erase(it);
       counts_.jobs++;
       counts_.bytes += job->bytes;

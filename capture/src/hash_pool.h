@@ -31,6 +31,11 @@ struct HashJob {
   int roundedDigits = 0;  // 0: no rounded MD5
   bool stats = false;
   int64_t bytes = 0;  // element bytes the job reads
+  DType dtype = DType::Float32;
+  // Set when the buffer was about to be written before the job ran (HashPool::settle): the
+  // elements, contiguous (bool as 0/1), copied then; the job reads them instead of the tensor.
+  std::vector<uint8_t> snapshot;
+  bool detached = false;
 
   // Results: valid once done().
   Md5Midstate md5State;
@@ -64,6 +69,7 @@ struct HashPoolCounts {
                                  // (settle, a full backlog) ...
   int64_t writerJobs = 0;        // ... or the writer's (wait)
   int64_t peakBacklogBytes = 0;  // most element bytes waiting at once
+  int64_t snapshots = 0;         // queued jobs whose elements were copied before a write
 };
 
 class HashPool {
@@ -82,7 +88,10 @@ class HashPool {
   // Returns once job is done; hashes it here (with everything else queued) if no thread has
   // taken it yet.
   void wait(const HashJobPtr& job);
-  // Returns once every job on this buffer is done (the buffer is about to be written).
+  // Returns once no job still reads this buffer (it is about to be written): queued jobs on it
+  // take a copy of their elements and stay queued (a copy costs far less than hashing the queue
+  // on this thread; rounded-MD5 jobs, which need the tensor, are hashed here), running ones are
+  // waited for.
   void settle(uint64_t bufferId);
   // Returns once every job queued so far is done (hashing queued ones on this thread).
   void drain();

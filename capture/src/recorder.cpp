@@ -335,6 +335,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
       c.hashedByEngine = h.helpedJobs;
       c.hashedByWriter = h.writerJobs;
       c.peakHashBacklogBytes = h.peakBacklogBytes;
+      c.copiedBeforeWrite = h.snapshots;
     }
     return c;
   }
@@ -446,6 +447,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
       job->roundedDigits = opt_.roundedMd5;
       job->stats = wantStats;
       job->bytes = r.bytes;
+      job->dtype = t.dtype();
       // Not under mu_: a full backlog makes this thread hash, and freeing what it hashed reaches
       // onMemory.
       if (!pool_->submit(job, opt_.dropPolicy == DropPolicy::Block)) {

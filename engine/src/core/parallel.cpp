@@ -1,6 +1,8 @@
 // A small fixed thread pool for parallelFor. See parallel.h for the determinism contract.
 #include "parallel.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -50,6 +52,7 @@ class Pool {
  private:
   void loop(int idx) {
     t_inWorker = true;
+    pthread_setname_np(pthread_self(), "keel-pool");  // as debuggers and profilers show it
     uint64_t seen = 0;
     for (;;) {
       const std::function<void(int)>* task;

@@ -76,6 +76,8 @@ class StatsStream {
 // The first finite element of t in row-major order (0 when there is none): the shift of its
 // statistics' sums, which keeps the one-pass variance accurate.
 double statsShift(const Tensor& t);
+// The same over n contiguous elements of dtype at p (raw little-endian bytes).
+double statsShift(DType dtype, const uint8_t* p, int64_t n);
 
 // Statistics of a floating-point tensor, in double: min, max, mean, std (population) and absMax
 // over the finite elements (NaN when there are none); counts of NaN, ±Inf and zero (±0) elements.

@@ -24,6 +24,7 @@ struct RecorderCounts {
   // full backlog) and how many the writer's, and the most element bytes that waited at once.
   int64_t hashedTensors = 0, hashedBytes = 0, hashedByEngine = 0, hashedByWriter = 0;
   int64_t peakHashBacklogBytes = 0;
+  int64_t copiedBeforeWrite = 0;  // waiting tensors copied because their buffer was to be written
 };
 
 namespace detail {
