@@ -148,6 +148,12 @@ struct Recording::Impl {
     return o;
   }
 
+  // Whether the op counts were summarised (the recording was closed by its writer or migrated).
+  bool hasOpCounts() const {
+    sql::Stmt s(db, "SELECT 1 FROM op_counts LIMIT 1");
+    return s.step();
+  }
+
   // The kernels table is small (a run repeats a handful); read once, again on an unknown id (a
   // recording still being written).
   const KernelRecord& kernel(int64_t id) const {
@@ -366,8 +372,13 @@ std::optional<OpRecord> Recording::op(uint64_t seq) const {
 std::vector<OpCount> Recording::opCountsByNameAndPhase(std::optional<int64_t> step) const {
   Binds b;
   if (step) b.add("step = ?", *step);
-  sql::Stmt s(impl_->db, "SELECT name_sid, phase_sid, count(*) FROM ops" + b.where +
-                             " GROUP BY name_sid, phase_sid");
+  // A closed recording has its op counts summarised (op_counts); a recording being written, or
+  // one whose writer was killed, is counted from its ops.
+  sql::Stmt s(impl_->db, impl_->hasOpCounts()
+                             ? "SELECT name_sid, phase_sid, sum(count) FROM op_counts" + b.where +
+                                   " GROUP BY name_sid, phase_sid"
+                             : "SELECT name_sid, phase_sid, count(*) FROM ops" + b.where +
+                                   " GROUP BY name_sid, phase_sid");
   b.apply(s);
   std::vector<OpCount> out;
   while (s.step())
@@ -511,9 +522,11 @@ std::vector<DroppedCount> Recording::dropped() const {
 }
 
 std::vector<KernelUse> Recording::kernelUses() const {
-  sql::Stmt s(impl_->db,
-              "SELECT kernel_id, name_sid, count(*) FROM ops WHERE kernel_id IS NOT NULL"
-              " GROUP BY kernel_id, name_sid");
+  sql::Stmt s(impl_->db, impl_->hasOpCounts()
+                             ? "SELECT kernel_id, name_sid, sum(count) FROM op_counts WHERE"
+                               " kernel_id IS NOT NULL GROUP BY kernel_id, name_sid"
+                             : "SELECT kernel_id, name_sid, count(*) FROM ops WHERE kernel_id IS"
+                               " NOT NULL GROUP BY kernel_id, name_sid");
   std::map<int64_t, KernelUse> byId;
   while (s.step()) {
     KernelUse& u = byId[s.i64(0)];

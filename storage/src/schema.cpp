@@ -91,6 +91,16 @@ CREATE TABLE kernels (
   params_sid  INTEGER NOT NULL,  -- -> strings: run-time parameters (ISA, BLAS core, threads, tiles)
   UNIQUE (backend_sid, variant_sid, params_sid)
 );
+-- Op calls counted per step, op, phase and kernel, written when a recording is closed (and by
+-- the v6 -> v7 migration): `keel inspect` and the studio summarise a long run from it instead of
+-- scanning every op. Empty while a run is recorded (readers then count the ops themselves).
+CREATE TABLE op_counts (
+  step      INTEGER NOT NULL,  -- as ops.step
+  name_sid  INTEGER NOT NULL,  -- -> strings: op name
+  phase_sid INTEGER NOT NULL,  -- -> strings: phase
+  kernel_id INTEGER,           -- -> kernels(id); NULL for views
+  count     INTEGER NOT NULL   -- op calls
+);
 )sql"
     // Note [Packed tensors]
     // An op's tensors are one BLOB, not one SQL row each: SQLite spends most of an insert on
@@ -234,6 +244,14 @@ CREATE INDEX IF NOT EXISTS mem_events_op ON mem_events(op_seq);
 CREATE INDEX IF NOT EXISTS dumps_op ON dumps(op_seq);
 )sql";
 
+// The summary tables, made from the ops when a recording is closed or migrated (op_counts).
+const char* const kSummaries = R"sql(
+DELETE FROM op_counts;
+INSERT INTO op_counts(step, name_sid, phase_sid, kernel_id, count)
+  SELECT step, name_sid, phase_sid, kernel_id, count(*) FROM ops
+  GROUP BY step, name_sid, phase_sid, kernel_id;
+)sql";
+
 }  // namespace detail
 
 namespace {
@@ -365,7 +383,8 @@ ALTER TABLE steps ADD COLUMN aux_loss REAL;
 ALTER TABLE steps ADD COLUMN val_loss REAL;
 )sql",
      nullptr, ""},
-    // 6 -> 7: each op names the kernel that ran it (a diff says "same inputs, different kernel").
+    // 6 -> 7: each op names the kernel that ran it (a diff says "same inputs, different kernel");
+    // op calls counted per step, op, phase and kernel (filled after the migration, kSummaries).
     {R"sql(
 ALTER TABLE ops ADD COLUMN kernel_id INTEGER;  -- -> kernels(id); NULL for views
 CREATE TABLE kernels (
@@ -374,6 +393,13 @@ CREATE TABLE kernels (
   variant_sid INTEGER NOT NULL,  -- -> strings: algorithm, accumulation dtype, reduction order
   params_sid  INTEGER NOT NULL,  -- -> strings: run-time parameters (ISA, BLAS core, threads, tiles)
   UNIQUE (backend_sid, variant_sid, params_sid)
+);
+CREATE TABLE op_counts (
+  step      INTEGER NOT NULL,  -- as ops.step
+  name_sid  INTEGER NOT NULL,  -- -> strings: op name
+  phase_sid INTEGER NOT NULL,  -- -> strings: phase
+  kernel_id INTEGER,           -- -> kernels(id); NULL for views
+  count     INTEGER NOT NULL   -- op calls
 );
 )sql",
      nullptr, ""},
@@ -431,6 +457,7 @@ void migrateSchema(sql::Db& db, int from) {
     for (int v = from; v < kSchemaVersion; ++v) runMigration(db, v);
     stamp(db, kSchemaVersion);
     db.exec(kDeferredIndexes, "cannot create indexes");
+    db.exec(kSummaries, "cannot count ops");
     db.exec("COMMIT", "cannot commit migration");
   } catch (...) {
     sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);

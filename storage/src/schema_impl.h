@@ -22,6 +22,9 @@ void migrateSchema(sql::Db& db, int from);
 // when a writer closes a recording and after a migration; a recording whose writer was killed
 // lacks them and is read with scans instead.
 extern const char* const kDeferredIndexes;
+// The summary tables (op_counts), rebuilt from the ops when a writer closes a recording and after
+// a migration.
+extern const char* const kSummaries;
 // History: the full DDL of schema version 1 as shipped (schema_history.cpp). Only for creating
 // older-version files; never the source of the current schema.
 extern const char* const kSchemaV1;

@@ -328,11 +328,14 @@ void SqliteWriter::close() {
     db_.close();
     throw;
   }
-  // Secondary indexes are built once here, by sorting, instead of on every insert. Best effort:
-  // the data is committed, and a recording without them reads the same, by scans (a full disk
-  // must not turn a recorded run into a failed close).
+  // Secondary indexes and the op counts are built once here, by sorting, instead of on every
+  // insert. Best effort: the data is committed, and a recording without them reads the same, by
+  // scans (a full disk must not turn a recorded run into a failed close).
   try {
     db_.exec(detail::kDeferredIndexes, "cannot create indexes");
+    db_.exec("BEGIN", "cannot count ops");
+    db_.exec(detail::kSummaries, "cannot count ops");
+    db_.exec("COMMIT", "cannot count ops");
   } catch (const StorageError&) {
     sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
   }

@@ -342,6 +342,28 @@ TEST(StorageRoundTrip, KernelsAreInternedAndReadBack) {
   }
   EXPECT_EQ(countRows(path, "SELECT count(*) FROM kernels"), 2);
   EXPECT_EQ(countRows(path, "SELECT count(*) FROM ops WHERE kernel_id IS NULL"), 10);
+  // Closed: the op counts are summarised, and read the same as counting the ops.
+  EXPECT_EQ(countRows(path, "SELECT sum(count) FROM op_counts"), 30);
+  auto summarised = [&] {
+    Recording rec = Recording::open(path);
+    std::vector<std::string> out;
+    for (const auto& c : rec.opCountsByNameAndPhase())
+      out.push_back(c.name + " " + std::string(phaseName(c.phase)) + " " + std::to_string(c.count));
+    for (const auto& k : rec.kernelUses())
+      out.push_back(k.kernel.variant + " " + std::to_string(k.calls) + " " + k.ops.at(0).first);
+    return out;
+  };
+  const std::vector<std::string> fromSummary = summarised();
+  ASSERT_EQ(fromSummary.size(), 3u);
+  EXPECT_EQ(fromSummary[0], "matmul forward 30");
+  EXPECT_EQ(fromSummary[1], "sum: 8 strided lanes, float64 10 matmul");
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "DELETE FROM op_counts", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  EXPECT_EQ(summarised(), fromSummary);  // counted from the ops, as while a run is recorded
   {
     Recording rec = Recording::open(path);
     auto ops = rec.stepOps(1);
