@@ -48,6 +48,13 @@ inline constexpr char kDropout[] = "Philox4x32-10 mask, x/(1-p) in float64, roun
 inline constexpr char kUniform[] = "Philox4x32-10, lo+(hi-lo)*u in float64, rounded once";
 inline constexpr char kNormal[] = "Philox4x32-10 Box-Muller in float64, rounded once";
 inline constexpr char kIndexOrderSum[] = "float64 sum in index order, rounded once";
+// Collectives that only move bytes between ranks (keel/dist.h), exact on every backend.
+inline constexpr char kGatherRanks[] = "MPI all-gather (exact)";
+inline constexpr char kBroadcast[] = "MPI broadcast (exact)";
+inline constexpr char kAllToAll[] = "MPI all-to-all (exact)";
+// cpu-ref's reductions across ranks (Note [Reference all-reduce] in dist/collective_kernels.cpp).
+inline constexpr char kRankOrderReduce[] =
+    "all-gather, then float64 reduction in rank order, rounded once";
 }  // namespace variant
 
 struct KernelRow {

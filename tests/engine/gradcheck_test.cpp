@@ -320,6 +320,42 @@ std::vector<GradCase> buildCases() {
             Attrs().set("p", dbl(0.3)).set("seed", int64_t(5)).set("offset", int64_t(7)));
       });
 
+  // ---- collectives, on a group of one rank (in one process); tests/dist/ checks their gradients
+  // across 2 and 4 ranks.
+  add(
+      OpId::AllReduce, "sum_strided",
+      [](Device d) {
+        return V{uni({3, 4}, -2, 2, d, 80)};
+      },
+      [](const V& x) { return ops::allReduce(ops::transpose(x[0], 0, 1), "sum", "world"); });
+  add(
+      OpId::AllReduce, "mean", [](Device d) { return V{uni({5}, -2, 2, d, 81)}; },
+      [](const V& x) { return ops::allReduce(x[0], "mean", "dp"); });
+  add(
+      OpId::CopyToGroup, "tp",
+      [](Device d) {
+        return V{uni({2, 3}, -2, 2, d, 82)};
+      },
+      [](const V& x) { return ops::copyToGroup(x[0], "tp"); });
+  add(
+      OpId::AllGather, "dim1",
+      [](Device d) {
+        return V{uni({2, 3}, -2, 2, d, 83)};
+      },
+      [](const V& x) { return ops::allGather(x[0], 1, "world"); });
+  add(
+      OpId::ReduceScatter, "dim0",
+      [](Device d) {
+        return V{uni({4, 2}, -2, 2, d, 84)};
+      },
+      [](const V& x) { return ops::reduceScatter(x[0], 0, "sum", "tp"); });
+  add(
+      OpId::AllToAll, "dp",
+      [](Device d) {
+        return V{uni({4, 3}, -2, 2, d, 85)};
+      },
+      [](const V& x) { return ops::allToAll(x[0], "dp"); });
+
   // ---- rope (its backward is rope turned back)
   add(
       OpId::Rope, "t5_h2_d6",

@@ -884,6 +884,26 @@ std::vector<ParityCase> buildTable() {
   };
   optimizerCase(OpId::AdamwStep, "step1", adamw(0.0, 1));
   optimizerCase(OpId::AdamwStep, "step3_weight_decay", adamw(0.1, 3));
+
+  // ---- collectives: in one process every group has one rank, so each is a copy of its input
+  // (tests/dist/ runs them on 2 and 4 ranks under mpirun). Strided inputs, every dtype.
+  auto str = [](const char* v) { return AttrValue(std::string(v)); };
+  auto strided = [](DType t, Device d) {
+    return std::vector<Tensor>{ops::transpose(anyVals({6, 5}, t, d, 70), 0, 1)};
+  };
+  for (const char* op : {"sum", "max"})
+    b.add(OpId::AllReduce, std::string(op), kAll, strided,
+          Attrs().set("op", str(op)).set("group", str("world")));
+  b.add(OpId::AllReduce, "mean_dp", kF4, strided,
+        Attrs().set("op", str("mean")).set("group", str("dp")));
+  b.add(OpId::CopyToGroup, "tp", kAll, strided, Attrs().set("group", str("tp")));
+  b.add(OpId::AllGather, "dim1", kAll, strided,
+        Attrs().set("dim", i64(1)).set("group", str("world")));
+  b.add(OpId::ReduceScatter, "dim0_sum", kF4I, strided,
+        Attrs().set("dim", i64(0)).set("op", str("sum")).set("group", str("tp")));
+  b.add(OpId::Broadcast, "root0", kAll, strided,
+        Attrs().set("root", i64(0)).set("group", str("world")));
+  b.add(OpId::AllToAll, "dp", kAll, strided, Attrs().set("group", str("dp")));
   return b.cases;
 }
 

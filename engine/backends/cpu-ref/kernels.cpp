@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 
+#include "dist/collective_kernels.h"
 #include "keel/random.h"
 #include "kernel_table.h"
 #include "kernel_util.h"
@@ -897,6 +898,27 @@ void kAdamwStep(const KernelCtx& c) {
 constexpr DTypeMask kF = kFloatTypes, kFI = kFloatTypes | kIntTypes, kAll = kAllTypes;
 constexpr DTypeMask kFIB = kFloatTypes | kIntTypes | dtypeBit(DType::Bool);
 
+// Collectives: the shared implementation, reducing in rank order in float64 (Note [Reference
+// all-reduce] in dist/collective_kernels.cpp).
+void kAllReduce(const KernelCtx& c) {
+  collectiveKernel(OpId::AllReduce, c, true);
+}
+void kCopyToGroup(const KernelCtx& c) {
+  collectiveKernel(OpId::CopyToGroup, c, true);
+}
+void kAllGather(const KernelCtx& c) {
+  collectiveKernel(OpId::AllGather, c, true);
+}
+void kReduceScatter(const KernelCtx& c) {
+  collectiveKernel(OpId::ReduceScatter, c, true);
+}
+void kBroadcast(const KernelCtx& c) {
+  collectiveKernel(OpId::Broadcast, c, true);
+}
+void kAllToAll(const KernelCtx& c) {
+  collectiveKernel(OpId::AllToAll, c, true);
+}
+
 // One row per kernel, in op_ids.h order, with its variant (Note [Kernel variant vocabulary] in
 // kernel_table.h; variant::k* are the strings the cpu backend shares). No run-time parameters.
 constexpr KernelRow kTable[] = {
@@ -972,6 +994,12 @@ constexpr KernelRow kTable[] = {
     {OpId::Arange, kArange, kFI, variant::kArange},
     {OpId::SgdStep, kSgdStep, kF, "float64, rounded once"},
     {OpId::AdamwStep, kAdamwStep, kF, "float64, rounded once"},
+    {OpId::AllReduce, kAllReduce, kAll, variant::kRankOrderReduce},
+    {OpId::CopyToGroup, kCopyToGroup, kAll, variant::kCopy},
+    {OpId::AllGather, kAllGather, kAll, variant::kGatherRanks},
+    {OpId::ReduceScatter, kReduceScatter, kAll, variant::kRankOrderReduce},
+    {OpId::Broadcast, kBroadcast, kAll, variant::kBroadcast},
+    {OpId::AllToAll, kAllToAll, kAll, variant::kAllToAll},
 };
 static_assert(KernelTableCovers<firstBadRow(kTable)>::ok);
 

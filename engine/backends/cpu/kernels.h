@@ -86,7 +86,14 @@ inline constexpr DTypeMask kF = kFloatTypes, kFI = kFloatTypes | kIntTypes, kAll
   X(CopyTo, kCopyTo, kAll, variant::kCopy, paramsThreads) \
   /* optim.cpp */ \
   X(SgdStep, kSgdStep, kF, "elementwise in float32", paramsThreads) \
-  X(AdamwStep, kAdamwStep, kF, "float32, reciprocal bias corrections", paramsThreads)
+  X(AdamwStep, kAdamwStep, kF, "float32, reciprocal bias corrections", paramsThreads) \
+  /* collective.cpp */ \
+  X(AllReduce, kAllReduce, kAll, "MPI_Allreduce in the dtype (16-bit floats in float32), MPI's order", paramsCollective) \
+  X(CopyToGroup, kCopyToGroup, kAll, variant::kCopy, paramsCollective) \
+  X(AllGather, kAllGather, kAll, variant::kGatherRanks, paramsCollective) \
+  X(ReduceScatter, kReduceScatter, kAll, "MPI_Reduce_scatter_block in the dtype, MPI's order", paramsCollective) \
+  X(Broadcast, kBroadcast, kAll, variant::kBroadcast, paramsCollective) \
+  X(AllToAll, kAllToAll, kAll, variant::kAllToAll, paramsCollective)
 // clang-format on
 
 #define KEEL_X_DECLARE(op, fn, dtypes, var, params) void fn(const KernelCtx& c);

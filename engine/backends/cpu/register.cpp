@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cpu_util.h"
+#include "dist/collective_kernels.h"
 #include "keel/flashmask.h"
 #include "kernel_table.h"
 #include "kernels.h"
@@ -84,6 +85,11 @@ std::string paramsFlashmask(const KernelCtx& c) {
 }
 std::string paramsFlashmaskBackward(const KernelCtx& c) {
   return flashmaskParams(c.inputs[1]);  // grad, q, k, v, out, lse, grad_lse[, indices]
+}
+
+// Collectives: the MPI library and the group (dist/collective_kernels.h).
+std::string paramsCollective(const KernelCtx& c) {
+  return collectiveParams(c);
 }
 
 constexpr KernelRow kTable[] = {

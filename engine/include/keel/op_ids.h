@@ -87,7 +87,14 @@
   X(Arange, "arange")                                    \
   /* optimizer updates (in place) */                     \
   X(SgdStep, "sgd_step")                                 \
-  X(AdamwStep, "adamw_step")
+  X(AdamwStep, "adamw_step")                             \
+  /* collectives across the ranks of a group (keel/dist.h) */ \
+  X(AllReduce, "all_reduce")                             \
+  X(CopyToGroup, "copy_to_group")                        \
+  X(AllGather, "all_gather")                             \
+  X(ReduceScatter, "reduce_scatter")                     \
+  X(Broadcast, "broadcast")                              \
+  X(AllToAll, "all_to_all")
 // clang-format on
 
 namespace keel {

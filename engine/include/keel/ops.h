@@ -141,6 +141,25 @@ void sgdStep(const Tensor& param, const Tensor& grad, const Tensor& momentumBuf,
 void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
                double beta1, double beta2, double eps, double weightDecay, int64_t step);
 
+// Collectives across the ranks of a process group ("world", "dp", "tp"; keel/dist.h), recorded
+// like every op. Alone (one rank) each returns a copy of x. See docs/ops.md, "Collectives".
+// all_reduce: the reduction (sum, mean, max) of every rank's x; backward: the gradient as is
+// (sum; divided by the group size for mean), for a replicated consumer (Megatron's g).
+Tensor allReduce(const Tensor& x, const std::string& op, const std::string& group);
+// copy_to_group: x itself; backward: the all_reduce sum of the gradients (Megatron's f).
+Tensor copyToGroup(const Tensor& x, const std::string& group);
+// all_gather: the ranks' x concatenated along dim, in group rank order; backward: this rank's
+// block of the gradient.
+Tensor allGather(const Tensor& x, int64_t dim, const std::string& group);
+// reduce_scatter: the reduction of every rank's x, split along dim, this rank's block; backward:
+// all_gather of the gradient.
+Tensor reduceScatter(const Tensor& x, int64_t dim, const std::string& op, const std::string& group);
+// broadcast: rank root's x on every rank (not differentiable).
+Tensor broadcast(const Tensor& x, int64_t root, const std::string& group);
+// all_to_all: x split along dim 0 into one block per rank; block j goes to rank j; the result is
+// the blocks received, in sender order; backward: all_to_all of the gradient.
+Tensor allToAll(const Tensor& x, const std::string& group);
+
 }  // namespace keel::ops
 
 namespace keel {

@@ -356,4 +356,24 @@ void adamwStep(const Tensor& param, const Tensor& grad, const Tensor& m, const T
                .set("step", step));
 }
 
+Tensor allReduce(const Tensor& x, const std::string& op, const std::string& group) {
+  return d1(OpId::AllReduce, {x}, Attrs().set("op", op).set("group", group));
+}
+Tensor copyToGroup(const Tensor& x, const std::string& group) {
+  return d1(OpId::CopyToGroup, {x}, Attrs().set("group", group));
+}
+Tensor allGather(const Tensor& x, int64_t dim, const std::string& group) {
+  return d1(OpId::AllGather, {x}, Attrs().set("dim", dim).set("group", group));
+}
+Tensor reduceScatter(const Tensor& x, int64_t dim, const std::string& op,
+                     const std::string& group) {
+  return d1(OpId::ReduceScatter, {x}, Attrs().set("dim", dim).set("op", op).set("group", group));
+}
+Tensor broadcast(const Tensor& x, int64_t root, const std::string& group) {
+  return d1(OpId::Broadcast, {x}, Attrs().set("root", root).set("group", group));
+}
+Tensor allToAll(const Tensor& x, const std::string& group) {
+  return d1(OpId::AllToAll, {x}, Attrs().set("group", group));
+}
+
 }  // namespace keel::ops

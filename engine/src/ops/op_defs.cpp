@@ -156,6 +156,7 @@ void registerBuiltinOpDefs(Registry& r) {
   defineIndexOps(t);
   defineFactoryOps(t);
   defineOptimOps(t);
+  defineCollectiveOps(t);
   for (size_t i = 0; i < t.defs().size(); ++i) {
     OpDef& d = t.defs()[i];
     KEEL_CHECK(d.infer || d.view, "built-in op '", d.name, "' has no definition");

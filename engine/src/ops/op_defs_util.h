@@ -45,12 +45,13 @@ class OpTable {
 void defineElementwiseOps(OpTable& t);  // binary, comparisons, unary, with a scalar
 void defineReduceOps(OpTable& t);       // sum, mean, max, argmax
 void defineMatmulOps(OpTable& t);
-void defineNnOps(OpTable& t);         // softmax, norms, embedding, cross entropy, dropout
-void defineAttentionOps(OpTable& t);  // flashmask_attention
-void defineShapeOps(OpTable& t);      // views, concat, contiguous, copy_to
-void defineIndexOps(OpTable& t);      // indexing, sorting, selection, cast
-void defineFactoryOps(OpTable& t);    // fill, uniform, normal, arange
-void defineOptimOps(OpTable& t);      // sgd_step, adamw_step
+void defineNnOps(OpTable& t);          // softmax, norms, embedding, cross entropy, dropout
+void defineAttentionOps(OpTable& t);   // flashmask_attention
+void defineShapeOps(OpTable& t);       // views, concat, contiguous, copy_to
+void defineIndexOps(OpTable& t);       // indexing, sorting, selection, cast
+void defineFactoryOps(OpTable& t);     // fill, uniform, normal, arange
+void defineOptimOps(OpTable& t);       // sgd_step, adamw_step
+void defineCollectiveOps(OpTable& t);  // all_reduce, copy_to_group, all_gather, ... (keel/dist.h)
 
 inline Metas one(Shape s, DType d) {
   return {TensorMeta{std::move(s), d}};
