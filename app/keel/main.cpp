@@ -105,9 +105,9 @@ int run(int argc, char** argv) {
   CLI::App app{"keel: train, record and inspect models with the Keel engine"};
   app.require_subcommand(1);
   std::vector<Command> commands = {
-      addTrainCommand(app),  addRecordCommand(app), addInspectCommand(app),
-      addDiffCommand(app),   addExportCommand(app), addOpsCommand(app),
-      addMemoryCommand(app), addBenchCommand(app),  addCkptCommand(app)};
+      addTrainCommand(app),  addRecordCommand(app), addInspectCommand(app), addDiffCommand(app),
+      addExportCommand(app), addOpsCommand(app),    addMemoryCommand(app),  addBenchCommand(app),
+      addCkptCommand(app),   addLaunchCommand(app)};
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
@@ -140,17 +140,21 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   keel::tuneBlasForThisCpu(argv);  // See Note [OpenBLAS core type]
-  // A closed pipe (EPIPE) and a file-size limit (EFBIG) are write errors reported in one line,
-  // not signals that kill the process mid-write.
+  // A file-size limit (EFBIG) is a write error reported in one line, not a signal that kills the
+  // process mid-write; a closed pipe (EPIPE) ends it quietly after the command returns.
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGXFSZ, SIG_IGN);
   try {
     const int rc = keel::cli::run(argc, argv);
     // What was printed must have reached stdout (`keel export csv r.db > /dev/full`).
     errno = 0;
-    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      // A reader that closed the pipe (`keel ops | head`, `| grep -q`) took what it wanted: exit
+      // as a process killed by SIGPIPE would, without a message.
+      if (errno == EPIPE) return 128 + SIGPIPE;
       return keel::cli::fail(std::string("cannot write to stdout: ") +
                              (errno ? std::strerror(errno) : "write error"));
+    }
     return rc;
   } catch (const keel::Error& e) {
     return keel::cli::fail(e.what());

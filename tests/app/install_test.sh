@@ -12,5 +12,6 @@ for f in bin/keel bin/keel-studio share/applications/keel-studio.desktop \
   [ -s "$prefix/$f" ] || { echo "install_test: missing $prefix/$f" >&2; exit 1; }
 done
 grep -q '^Exec=keel-studio %f$' "$prefix/share/applications/keel-studio.desktop"
-KEEL_BLAS_TUNE=0 "$prefix/bin/keel" ops | grep -q matmul
+ops=$(KEEL_BLAS_TUNE=0 "$prefix/bin/keel" ops)
+grep -q matmul <<<"$ops"
 echo "installed into $prefix"

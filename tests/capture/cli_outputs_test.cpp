@@ -177,4 +177,29 @@ TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {
       << inspect.err;
 }
 
+// A reader that closed the pipe (`keel ops | head -1`, `| grep -q`) is not an error: keel ends
+// quietly with the status of a process killed by SIGPIPE. The pipe's read end is closed before
+// keel starts, so its first write meets EPIPE every time.
+TEST_F(KeelOutputs, AClosedPipeEndsQuietly) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  const std::string err = path("cli_pipe_err.txt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(99);
+    ::setenv("KEEL_BLAS_TUNE", "0", 1);
+    ::execl(KEEL_CLI_PATH, KEEL_CLI_PATH, "ops", static_cast<char*>(nullptr));
+    ::_exit(98);
+  }
+  ::close(fds[1]);
+  int raw = 0;
+  ASSERT_EQ(::waitpid(pid, &raw, 0), pid);
+  ASSERT_TRUE(WIFEXITED(raw));
+  EXPECT_EQ(WEXITSTATUS(raw), 128 + SIGPIPE);
+  EXPECT_EQ(slurp(err), "");
+}
+
 }  // namespace
