@@ -31,6 +31,18 @@ CLI::Validator nonEmptyName();
 // --alloc host|caching|vmm: the allocator for host tensors (default: KEEL_ALLOCATOR, else vmm).
 void addAllocOption(CLI::App* c, std::string& kind);
 
+// Multi-rank runs (keel/dist.h): --dp, --tp, --collective-timeout, --check-collectives.
+struct ParallelArgs {
+  int dp = 0;  // 0: what the launcher's world leaves after tp
+  int tp = 1;
+  double collectiveTimeout = 600;
+  bool checkCollectives = false;
+};
+void addParallelOptions(CLI::App* c, ParallelArgs& a);
+// Starts the process group for the options and the launcher's world (alone: world size 1).
+// Throws keel::Error for a layout that does not fit.
+void startProcessGroup(const ParallelArgs& a);
+
 // One subcommand: its CLI11 node and what runs when it was chosen (returns the exit status).
 struct Command {
   CLI::App* app = nullptr;
@@ -46,5 +58,6 @@ Command addExportCommand(CLI::App& root);
 Command addCkptCommand(CLI::App& root);
 Command addMemoryCommand(CLI::App& root);
 Command addBenchCommand(CLI::App& root);
+Command addLaunchCommand(CLI::App& root);
 
 }  // namespace keel::cli

@@ -15,6 +15,7 @@
 #include "keel/base/text.h"
 #include "keel/capture/recording_run.h"
 #include "keel/data.h"
+#include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/log.h"
 #include "keel/registry.h"
@@ -37,6 +38,7 @@ struct RecordArgs {
   int roundedMd5 = 0;
   std::string ops, scope, stepRange, dumpOps, dumpScope, dumpSteps, onError = "stop", verbose;
   std::vector<std::string> breakOn;
+  ParallelArgs parallel;  // --dp, --tp (keel/dist.h): -o is then a run folder
 };
 
 std::vector<std::string> splitList(const std::string& s) {
@@ -105,6 +107,9 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 }
 
 int runRecord(const RecordArgs& a) {
+  startProcessGroup(a.parallel);
+  // Rank 0 speaks for a multi-rank run; the others print only their errors.
+  if (dist::worldRank() != 0) std::freopen("/dev/null", "w", stdout);
   capture::RunSpec spec;
   spec.configPath = a.config;
   spec.workloadPath = a.workload;
@@ -235,6 +240,7 @@ Command addRecordCommand(CLI::App& root) {
                 "@N after any: the Nth hit. Keeps everything recorded, prints where it stopped "
                 "and exits 1 (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  addParallelOptions(c, a->parallel);
   c->add_option("--verbose", a->verbose,
                 "verbose engine logs only in these scopes, e.g. blocks.1.attn,blocks.0:backward");
   return {c, [a] { return runRecord(*a); }};

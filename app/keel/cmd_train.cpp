@@ -1,6 +1,7 @@
 // `keel train`: runs a GPT training job on a CPU backend and prints one line per step and a
 // summary with the validation loss; optionally saves sharded checkpoints (--save-every,
-// --ckpt-dir, --tp) and resumes from one (--resume) with the same loss curve.
+// --ckpt-dir, --ckpt-tp) and resumes from one (--resume) with the same loss curve. Under mpirun
+// (or keel launch) with --dp/--tp it is one rank of a multi-rank run; rank 0 prints.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "keel/allocator.h"
 #include "keel/checkpoint.h"
 #include "keel/data.h"
+#include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
 #include "keel/train.h"
@@ -27,12 +29,21 @@ struct TrainArgs {
   int64_t evalBatches = 8;
   int64_t saveEvery = 0;
   std::string ckptDir;
-  int tp = 1;
+  int ckptTp = 1;  // files of a saved checkpoint (one process)
   std::string resume;
+  ParallelArgs parallel;  // --dp, --tp: the run's own layout (keel/dist.h)
 };
 
 int runTrain(const TrainArgs& a) {
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
+  startProcessGroup(a.parallel);
+  const keel::dist::Layout layout = keel::dist::layout();
+  const bool many = layout.world() > 1;
+  KEEL_CHECK(!many || (a.ckptDir.empty() && a.resume.empty()),
+             "checkpoints of a multi-rank run (--ckpt-dir, --resume with dp ", layout.dp, " x tp ",
+             layout.tp, ") are not supported yet; train on one rank to save or resume");
+  // Rank 0 speaks for the run; the others print only their errors.
+  const bool speak = keel::dist::worldRank() == 0;
   // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's).
   keel::setDefaultAllocatorKind(keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"));
   keel::Device device = keel::trainingDevice(a.backend);
@@ -49,10 +60,15 @@ int runTrain(const TrainArgs& a) {
                ", not before --steps ", a.steps, ": nothing left to train");
   }
 
+  if (!speak) std::freopen("/dev/null", "w", stdout);  // the others would repeat rank 0
   std::printf("keel train: %s (%s), %s, backend %s, %d threads, seed %llu\n",
               cfg.name.empty() ? "gpt" : cfg.name.c_str(), a.config.c_str(),
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
               static_cast<unsigned long long>(a.seed));
+  if (many)
+    std::printf("ranks: %d (dp %d x tp %d); each rank trains on %lld of the batch's rows\n",
+                layout.world(), layout.dp, layout.tp,
+                static_cast<long long>(cfg.batch_size / layout.dp));
   std::printf(
       "model: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld\n",
       static_cast<long long>(trainer.model().numParameters()), static_cast<long long>(cfg.n_layer),
@@ -69,8 +85,8 @@ int runTrain(const TrainArgs& a) {
   std::fflush(stdout);
   auto save = [&] {
     const std::string dir = a.ckptDir + "/" + keel::ckpt::stepDirName(trainer.stepsDone());
-    keel::ckpt::saveTrainingCheckpoint(trainer, dir, a.tp);
-    std::printf("saved %s (tp=%d)\n", dir.c_str(), a.tp);
+    keel::ckpt::saveTrainingCheckpoint(trainer, dir, a.ckptTp);
+    std::printf("saved %s (tp=%d)\n", dir.c_str(), a.ckptTp);
     std::fflush(stdout);
   };
 
@@ -148,9 +164,12 @@ Command addTrainCommand(CLI::App& root) {
       ->check(wholeNumber(1));
   train->add_option("--ckpt-dir", ta->ckptDir, "checkpoint directory (alone: save at the end)")
       ->check(nonEmptyName());
-  train->add_option("--tp", ta->tp, "tensor-parallel degree of saved checkpoints (files)")
+  train
+      ->add_option("--ckpt-tp", ta->ckptTp,
+                   "tensor-parallel degree of saved checkpoints (files written by one process)")
       ->check(wholeNumber(1, 4096))
       ->capture_default_str();
+  addParallelOptions(train, ta->parallel);
   train->add_option("--resume", ta->resume,
                     "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)");
   return {train, [ta] { return runTrain(*ta); }};

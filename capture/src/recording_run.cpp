@@ -11,18 +11,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/capture/hash.h"
 #include "keel/dispatch.h"
+#include "keel/dist.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
 #include "keel/log.h"
 #include "keel/registry.h"
 #include "keel/storage/reader.h"
+#include "keel/storage/run_folder.h"
 #include "keel/version.h"
 
 namespace keel::capture {
@@ -314,6 +317,17 @@ class RecordingRun::Observer : public keel::Observer {
 RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     : spec_(std::move(spec)), afterOp_(std::move(afterOp)), device_("cpu") {
   KEEL_CHECK(spec_.steps >= 1, "steps: expected a positive number, got ", spec_.steps);
+  if (dist::worldSize() > 1) {
+    // A multi-rank run records into a run folder, each rank its own file (Note [Run folders]).
+    std::error_code ec;
+    KEEL_CHECK(!std::filesystem::exists(spec_.output, ec) ||
+                   std::filesystem::is_directory(spec_.output, ec),
+               spec_.output, ": a multi-rank run records into a folder (one file per rank), and ",
+               "this is a file");
+    runDir_ = spec_.output;
+    spec_.output =
+        (std::filesystem::path(runDir_) / storage::rankFileName(dist::worldRank())).string();
+  }
   {  // Note [Outputs never destroy inputs]
     std::vector<NamedInput> inputs{{"the config", spec_.configPath},
                                    {"the workload library", spec_.workloadPath},
@@ -351,10 +365,16 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   run_.seed = spec_.seed;
   run_.engineVersion = KEEL_VERSION_STRING;
   run_.allocator = std::string(allocatorKindName(allocator_));
+  const dist::Layout layout = dist::layout();
+  run_.rank = dist::worldRank();
+  run_.worldSize = dist::worldSize();
+  if (run_.worldSize > 1)
+    run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp);
 }
 
 RecordingRun::~RecordingRun() {
   if (recorder_ && !finished_) fail("abandoned");
+  if (hangHandler_) dist::removeHangHandler(hangHandler_);
 }
 
 void RecordingRun::start() {
@@ -366,10 +386,36 @@ void RecordingRun::start() {
   // The recorder starts before the model is built so initialisation (step 0) is recorded too.
   // One writer per output (Note [Outputs never destroy inputs]); the lock is taken before the
   // output is looked at, so two runs cannot both decide to replace it.
+  if (!runDir_.empty()) {  // every rank makes the folder; rank 0 writes the manifest
+    std::error_code ec;
+    std::filesystem::create_directories(runDir_, ec);
+    KEEL_CHECK(!ec, runDir_, ": cannot create the run folder (", ec.message(), ")");
+    if (dist::worldRank() == 0) {
+      const dist::Layout l = dist::layout();
+      storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
+      m.model = name_;
+      m.seed = spec_.seed;
+      m.steps = spec_.steps;
+      storage::writeManifest(runDir_, m);
+    }
+  }
   outputLock_ = std::make_unique<OutputLock>(spec_.output);
   writePath_ = !spec_.replaceInPlace && fileIdentity(spec_.output) ? replacementPath(spec_.output)
                                                                    : spec_.output;
   recorder_ = std::make_unique<Recorder>(writePath_, run_, spec_.capture);
+  // A rank stuck in a collective (Note [Collective timeouts]): the report goes into the recording,
+  // which ends as failed, before the watchdog ends the process.
+  hangHandler_ = dist::addHangHandler([this](const std::string& report) {
+    std::string first = report.substr(0, report.find('\n'));
+    size_t at = 0;
+    while (at < report.size()) {
+      const size_t end = std::min(report.find('\n', at), report.size());
+      log(LogLevel::Error, "collectives", report.substr(at, end - at));
+      at = end + 1;
+    }
+    recorder_->flush();
+    recorder_->finishFailed("hang: " + first);
+  });
   obs_ = std::make_shared<Observer>(this);
   addObserver(obs_);
   WorkloadParams params;

@@ -310,7 +310,8 @@ int Recording::schemaVersion() const {
 RunInfo Recording::run() const {
   sql::Stmt s(impl_->db,
               "SELECT backend, device, host, config_json, seed, engine_version, "
-              "start_time_unix_ns, capture_options_json, status, allocator FROM run WHERE id = 1");
+              "start_time_unix_ns, capture_options_json, status, allocator, rank, world_size,"
+              " layout FROM run WHERE id = 1");
   if (!s.step()) throw StorageError("recording " + path() + " has no run record");
   RunInfo r;
   r.backend = s.text(0);
@@ -323,6 +324,9 @@ RunInfo Recording::run() const {
   r.captureOptionsJson = s.text(7);
   r.status = s.text(8);
   r.allocator = s.text(9);
+  r.rank = s.i64(10);
+  r.worldSize = s.i64(11);
+  r.layout = s.text(12);
   return r;
 }
 

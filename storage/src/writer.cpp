@@ -141,11 +141,12 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
 
   sql::Stmt insRun(db_,
                    "INSERT INTO run(id, backend, device, host, config_json, seed, engine_version,"
-                   " start_time_unix_ns, capture_options_json, status, allocator) "
-                   "VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+                   " start_time_unix_ns, capture_options_json, status, allocator, rank, world_size,"
+                   " layout) VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
   insRun
       .bindFrom(1, run.backend, run.device, run.host, run.configJson, run.seed, run.engineVersion,
-                run.startTimeUnixNs, run.captureOptionsJson, run.status, run.allocator)
+                run.startTimeUnixNs, run.captureOptionsJson, run.status, run.allocator, run.rank,
+                run.worldSize, run.layout)
       .run();  // autocommit: the run row is durable before the first batch
   begin_.run();
 }

@@ -193,7 +193,8 @@ TEST(CkptCliTest, TrainSaveEveryAndResume) {
   const std::string base = "train --config tests/fixtures/gpt-tiny.json --seed 4 --eval-batches 0 ";
   auto whole = runKeelCli(base + "--steps 6", dir);
   ASSERT_EQ(whole.status, 0) << whole.err;
-  auto part = runKeelCli(base + "--steps 6 --save-every 2 --ckpt-dir " + dir + "/ck --tp 4", dir);
+  auto part =
+      runKeelCli(base + "--steps 6 --save-every 2 --ckpt-dir " + dir + "/ck --ckpt-tp 4", dir);
   ASSERT_EQ(part.status, 0) << part.err;
   EXPECT_NE(part.out.find("saved " + dir + "/ck/step-000004 (tp=4)"), std::string::npos);
   EXPECT_TRUE(std::filesystem::exists(dir + "/ck/step-000006/keel-checkpoint.json"));

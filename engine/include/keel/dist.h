@@ -31,6 +31,10 @@ bool launchedByMpi();
 // The world size the launcher gave (1 when not launched by one), without initialising MPI.
 int launcherWorldSize();
 
+// The layout for a world of `world` ranks: dp 0 means "what tp leaves" (world / tp). keel::Error,
+// naming the numbers, when tp does not divide the world or dp × tp is not the world.
+Layout resolveLayout(int dp, int tp, int world);
+
 // Starts the process group once for `layout` (MPI_Init under a launcher; nothing alone). Throws
 // keel::Error when dp × tp is not the world size, naming both. Calling it again with the same
 // layout is a no-op; with another, an error.

@@ -115,12 +115,41 @@ class ModuleList : public Module {
   int64_t size_ = 0;
 };
 
-// y = x · Wᵀ + b; weight [out, in] ~ normal(0, initStd), bias [out] zeros. x is [..., in].
+// Note [Tensor-parallel layers]: Megatron's split. The ranks of a tensor-parallel group each hold
+// a shard of a layer's weight: column-parallel layers (attention's qkv, the MLP's w1 and w3) the
+// rows of their output features, row-parallel layers (attention's proj, the MLP's w2) the columns
+// of their input features; everything else is replicated. A shard is cut from the full weight the
+// single-process model would draw (the same generator calls, then this rank's part), so a run at
+// any tp starts from the single-process weights. Attention splits by heads, so its fused qkv
+// weight is three blocks (q, k, v) each cut. Forward: copy_to_group before the column-parallel
+// layer (its backward sums the ranks' input gradients), all_reduce after the row-parallel one.
+struct TensorParallel {
+  int size = 1;  // ranks of the group (1: no tensor parallelism)
+  int rank = 0;
+  std::string group = "tp";
+  bool on() const { return size > 1; }
+};
+
+// Which part of a weight a rank holds (Note [Tensor-parallel layers]): along axis 0 (rows) or 1
+// (columns) of [out, in], the axis made of `blocks` equal blocks each cut into `parts`, part
+// `part` of each; axis -1: the whole weight.
+struct Shard {
+  int axis = -1;
+  int parts = 1;
+  int part = 0;
+  int blocks = 1;
+};
+
+// y = x · Wᵀ + b; weight [out, in] ~ normal(0, initStd), bias [out] zeros. x is [..., in]. With
+// a shard, the weight is that part of the full [out, in] weight (in and out are then the local
+// sizes); a sharded layer has no bias.
 class Linear : public UnaryModule {
  public:
-  Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd = 0.02);
+  Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd = 0.02,
+         Shard shard = {});
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }  // undefined without bias
+  bool sharded() const { return shard_.axis >= 0 && shard_.parts > 1; }
 
  protected:
   Tensor forwardImpl(const Tensor& x) override;
@@ -128,6 +157,7 @@ class Linear : public UnaryModule {
  private:
   int64_t in_, out_;
   Tensor weight_, bias_;
+  Shard shard_;
 };
 
 // weight [num, dim] ~ normal(0, initStd); indices of any shape -> [..., dim].
@@ -178,7 +208,7 @@ std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Devi
 class CausalSelfAttention : public UnaryModule {
  public:
   CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
-                      std::shared_ptr<Generator> dropoutGen);
+                      std::shared_ptr<Generator> dropoutGen, TensorParallel tp = {});
   // causal_document only: the document mask of the batch about to run ([B, 1, T, 1], built from
   // its tokens by data::documentMask; GPT::forward sets it and clears it after the blocks). Without
   // one, each row is one document.
@@ -191,6 +221,7 @@ class CausalSelfAttention : public UnaryModule {
  private:
   const flashmask::Mask& maskFor(int64_t b, int64_t t);  // the config's mask for [B, T]
   int64_t nHead_, dModel_;
+  TensorParallel tp_;
   double dropout_;
   bool rope_;  // config position "rope": q and k through the rope op
   std::string maskKind_;
@@ -206,12 +237,14 @@ class CausalSelfAttention : public UnaryModule {
 // w2(silu(w1 x) * w3 x): w1, w3 [d_ff, d] (gate, up), w2 [d, d_ff] (down, init std residStd).
 class SwiGLU : public UnaryModule {
  public:
-  SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd);
+  SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd,
+         TensorParallel tp = {});
 
  protected:
   Tensor forwardImpl(const Tensor& x) override;
 
  private:
+  TensorParallel tp_;
   std::shared_ptr<Linear> w1_, w3_, w2_;
 };
 
@@ -254,7 +287,8 @@ class MoE : public UnaryModule {
 // Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)) (mlp dense or MoE).
 class Block : public UnaryModule {
  public:
-  Block(const GptConfig& cfg, Generator& gen, Device device, std::shared_ptr<Generator> dropoutGen);
+  Block(const GptConfig& cfg, Generator& gen, Device device, std::shared_ptr<Generator> dropoutGen,
+        TensorParallel tp = {});
   const std::shared_ptr<MoE>& moe() const { return moe_; }  // null for a dense block
   const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
 
@@ -283,17 +317,23 @@ struct GptOutput {
 // residual projections (attn.proj, mlp.w2, experts' w2) normal(0, 0.02 / sqrt(2 · n_layer)).
 class GPT : public Module {
  public:
-  GPT(const GptConfig& cfg, Device device, uint64_t seed);
+  // tp: this rank's place in a tensor-parallel group (Note [Tensor-parallel layers]); keel::Error
+  // when it does not divide n_head and d_ff, or for a mixture-of-experts model.
+  GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp = {});
   // idx int64 [B, T] with T <= seq_len; targets int64 [B, T] (optional).
   GptOutput forward(const Tensor& idx, const Tensor& targets = {});
   const GptConfig& config() const { return cfg_; }
   Device device() const { return device_; }
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
   Generator& dropoutGenerator() { return *dropoutGen_; }  // saved in training checkpoints
+  const TensorParallel& tensorParallel() const { return tp_; }
+  // Whether the named parameter is a tensor-parallel shard (its gradient norm sums over the group).
+  bool isShardedParameter(const std::string& name) const;
 
  private:
   GptConfig cfg_;
   Device device_;
+  TensorParallel tp_;
   std::shared_ptr<Generator> dropoutGen_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList> blockList_;

@@ -89,7 +89,15 @@ class AdamW : public Optimizer {
 // Total L2 norm of all gradients (parameters without one are skipped). When maxNorm > 0 and the
 // norm exceeds it, every gradient is scaled by maxNorm / (norm + 1e-6). Returns the norm before
 // clipping. Runs under NoGradGuard in Phase::Optimizer.
-double clipGradNorm(const std::vector<Tensor>& params, double maxNorm);
+// Under tensor parallelism (Note [Tensor-parallel layers]) the parameters marked in `sharded` are
+// shards: their squared norms are summed over the ranks of `group` (an all_reduce) before the
+// replicated ones are added, so every rank computes the norm of the whole model.
+struct ShardedGrads {
+  std::vector<bool> sharded;  // by parameter index; empty: nothing is sharded
+  std::string group = "tp";
+};
+double clipGradNorm(const std::vector<Tensor>& params, double maxNorm,
+                    const ShardedGrads& shards = {});
 
 // Linear warmup from maxLr/warmupSteps to maxLr over steps [0, warmupSteps), then cosine decay to
 // minLr at totalSteps - 1 (and minLr after). step is 0-based.

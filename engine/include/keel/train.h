@@ -30,10 +30,21 @@ struct StepStats {
 };
 using StepCallback = std::function<void(const StepStats&)>;
 
+// Note [Data-parallel steps]: under a dp × tp layout (keel/dist.h, started before the Trainer is
+// made) every rank draws the same global batch of batch_size rows and trains on its dp rank's
+// batch_size / dp rows; after backward the gradients are averaged over the dp group (all_reduce
+// mean, in buckets of up to kGradBucketBytes, parameters in order), so every replica takes the
+// same update and the run follows the single-process loss curve of the same global batch (summed
+// in another order: equal within tolerance, not bit for bit). The reported loss is the dp mean.
+// Tensor parallelism is the model's (Note [Tensor-parallel layers]); the gradient norm sums the
+// shards' squares over the tp group.
+inline constexpr int64_t kGradBucketBytes = int64_t(16) << 20;
+
 class Trainer {
  public:
   // totalSteps sets the length of the cosine schedule. Throws keel::Error on a bad config or a
-  // vocabulary smaller than the tokenizer's.
+  // vocabulary smaller than the tokenizer's, or a layout that does not divide the batch (dp) or
+  // the heads and d_ff (tp).
   Trainer(const GptConfig& cfg, Device device, uint64_t seed,
           std::shared_ptr<const data::TextDataset> dataset, int64_t totalSteps);
 
@@ -55,8 +66,13 @@ class Trainer {
   // generator resumes a run bit for bit (Note [Resume bit for bit]).
   Generator& batchGenerator() { return batchGen_; }
   void restoreProgress(int64_t stepsDone, uint64_t seed);
+  int dataParallelSize() const { return dpSize_; }
+  int dataParallelRank() const { return dpRank_; }
 
  private:
+  void syncGradients();                 // Note [Data-parallel steps]
+  double dpMean(const Tensor& scalar);  // a scalar averaged over the dp group, on the host
+
   GptConfig cfg_;
   Device device_;
   uint64_t seed_;
@@ -66,6 +82,8 @@ class Trainer {
   optim::LrSchedule schedule_;
   Generator batchGen_;
   int64_t stepsDone_ = 0;
+  int dpSize_ = 1, dpRank_ = 0;
+  optim::ShardedGrads shards_;  // which parameters are tensor-parallel shards
 };
 
 // Worker threads of the cpu backend (n <= 0: the default, KEEL_NUM_THREADS or the core count).

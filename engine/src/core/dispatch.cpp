@@ -112,8 +112,9 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
 // output 0 (gross on purpose: its MD5 and its statistics both change); "nan" sets it to NaN;
 // "fail" makes the kernel throw keel::Error. Tests use it to inject a divergence, a NaN or an op
 // failure into one kernel of one run and check that `keel diff`, the studio's breakpoints and its
-// failed-session handling find it at that op. Read once at start-up; when unset the cost is one
-// predictable branch per op.
+// failed-session handling find it at that op. KEEL_TEST_PERTURB_RANK=<r> limits it to rank r of a
+// multi-rank run (the launcher's OMPI_COMM_WORLD_RANK or PMI_RANK), so one replica can be made to
+// drift. Read once at start-up; when unset the cost is one predictable branch per op.
 struct Perturbation {
   enum class Mode { Add, Nan, Fail };
   bool on = false;
@@ -137,6 +138,11 @@ struct Perturbation {
     }
     n = std::atoll(rest.c_str());
     on = n > 0;
+    if (const char* only = std::getenv("KEEL_TEST_PERTURB_RANK")) {
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      if (!rank) rank = std::getenv("PMI_RANK");
+      on = on && std::string(only) == (rank ? rank : "0");
+    }
   }
 };
 Perturbation g_perturb;

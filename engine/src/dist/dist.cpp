@@ -273,6 +273,21 @@ int launcherWorldSize() {
   return 1;
 }
 
+Layout resolveLayout(int dp, int tp, int world) {
+  KEEL_CHECK(tp >= 1 && dp >= 0, "parallel layout: --tp must be >= 1 and --dp >= 1, got tp ", tp,
+             " and dp ", dp);
+  KEEL_CHECK(world % tp == 0, "parallel layout: --tp ", tp, " does not divide the ", world,
+             world == 1 ? " process (start " + std::to_string(tp) + " ranks: mpirun -np " +
+                              std::to_string(tp) + ", or keel launch -n " + std::to_string(tp) + ")"
+                        : " ranks the launcher started");
+  Layout l{dp == 0 ? world / tp : dp, tp};
+  KEEL_CHECK(l.world() == world, "parallel layout: dp ", l.dp, " x tp ", l.tp, " = ", l.world(),
+             " ranks, but ", world,
+             world == 1 ? " process was started (start it under mpirun -np N, or keel launch -n N)"
+                        : " were started (mpirun -np)");
+  return l;
+}
+
 void init(const Layout& layout) {
   State& s = st();
   std::lock_guard<std::mutex> lk(s.mu);

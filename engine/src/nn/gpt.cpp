@@ -11,11 +11,12 @@
 namespace keel::nn {
 
 Block::Block(const GptConfig& cfg, Generator& gen, Device device,
-             std::shared_ptr<Generator> dropoutGen)
+             std::shared_ptr<Generator> dropoutGen, TensorParallel tp)
     : dropout_(cfg.dropout), dropoutGen_(dropoutGen) {
   norm1_ = buildModule("norm1", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
-  attn_ = buildModule(
-      "attn", [&] { return std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen); });
+  attn_ = buildModule("attn", [&] {
+    return std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen, tp);
+  });
   norm2_ = buildModule("norm2", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   if (cfg.isMoe()) {
     moe_ = buildModule("moe", [&] { return std::make_shared<MoE>(cfg, gen, device); });
@@ -23,7 +24,7 @@ Block::Block(const GptConfig& cfg, Generator& gen, Device device,
   } else {
     double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
     mlp_ = buildModule("mlp", [&] {
-      return std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd);
+      return std::make_shared<SwiGLU>(cfg.d_model, cfg.d_ff, gen, device, residStd, tp);
     });
   }
 }
@@ -36,11 +37,17 @@ Tensor Block::forwardImpl(const Tensor& x) {
   return ops::add(h, m);
 }
 
-GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed)
+GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp)
     : cfg_(cfg),
       device_(device),
+      tp_(std::move(tp)),
       dropoutGen_(std::make_shared<Generator>(seed ^ 0x64726f706f757400ull)) {  // "dropout\0"
   validateGptConfig(cfg_);
+  KEEL_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor parallelism: rank ",
+             tp_.rank, " of ", tp_.size);
+  KEEL_CHECK(!tp_.on() || !cfg_.isMoe(), "tensor parallelism: tp ", tp_.size,
+             " needs a dense model; this config has ", cfg_.n_expert,
+             " experts (expert parallelism is not built yet)");
   Generator gen(seed);
   // The root: initialisation scopes are parameter paths (Note [Initialisation scopes]).
   ScopeGuard root("", /*absolute=*/true);
@@ -54,7 +61,7 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed)
     ScopeGuard scope("blocks");
     for (int64_t i = 0; i < cfg.n_layer; ++i)
       blocks_.push_back(blockList_->build(
-          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_); }));
+          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_, tp_); }));
   }
   normF_ = buildModule("norm_f", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   lmHead_ = buildModule("lm_head", [&] {
@@ -117,6 +124,18 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
       out.loss = ops::add(out.loss, ops::mulScalar(out.auxLoss, cfg_.aux_loss_coef));
   }
   return out;
+}
+
+bool GPT::isShardedParameter(const std::string& name) const {
+  if (!tp_.on()) return false;
+  auto ends = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (std::string_view s :
+       {"attn.qkv.weight", "attn.proj.weight", "mlp.w1.weight", "mlp.w2.weight", "mlp.w3.weight"})
+    if (ends(s)) return true;
+  return false;
 }
 
 }  // namespace keel::nn

@@ -35,12 +35,32 @@ Tensor tensorFromHost(const std::vector<float>& values, const Shape& shape, DTyp
 
 // ---- Linear -------------------------------------------------------------------------------
 
-Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd)
-    : in_(in), out_(out) {
+namespace {
+// This rank's part of a full weight (Note [Tensor-parallel layers]).
+Tensor cutShard(const Tensor& full, const Shard& s) {
+  NoGradGuard ng;
+  const int64_t size = full.size(s.axis);
+  KEEL_CHECK(size % (int64_t(s.blocks) * s.parts) == 0, "Linear: axis ", s.axis, " of ",
+             shapeStr(full.shape()), " does not split into ", s.blocks, " x ", s.parts, " parts");
+  const int64_t block = size / s.blocks, piece = block / s.parts;
+  std::vector<Tensor> pieces;
+  for (int b = 0; b < s.blocks; ++b)
+    pieces.push_back(
+        ops::slice(full, s.axis, b * block + s.part * piece, b * block + (s.part + 1) * piece));
+  return pieces.size() == 1 ? ops::contiguous(pieces[0]) : ops::concat(pieces, s.axis);
+}
+}  // namespace
+
+Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd,
+               Shard shard)
+    : in_(in), out_(out), shard_(shard) {
   KEEL_CHECK(in > 0 && out > 0, "Linear: sizes must be positive, got in=", in, " out=", out);
+  KEEL_CHECK(!sharded() || !bias, "Linear: a tensor-parallel shard has no bias");
   weight_ = registerParameter("weight", [&] {
-    return ops::normal({out, in}, 0.0, initStd, gen, DType::Float32, device);
+    Tensor full = ops::normal({out, in}, 0.0, initStd, gen, DType::Float32, device);
+    return sharded() ? cutShard(full, shard_) : full;
   });
+  if (sharded()) (shard_.axis == 0 ? out_ : in_) /= shard_.parts;
   if (bias)
     bias_ = registerParameter("bias", [&] { return Tensor::zeros({out}, DType::Float32, device); });
 }
@@ -97,9 +117,10 @@ std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Devi
 // ---- Attention ----------------------------------------------------------------------------
 
 CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
-                                         std::shared_ptr<Generator> dropoutGen)
+                                         std::shared_ptr<Generator> dropoutGen, TensorParallel tp)
     : nHead_(cfg.n_head),
       dModel_(cfg.d_model),
+      tp_(std::move(tp)),
       dropout_(cfg.dropout),
       rope_(cfg.position == "rope"),
       maskKind_(cfg.attention_mask),
@@ -112,11 +133,17 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, D
   KEEL_CHECK(maskKind_ == "causal" || maskKind_ == "sliding_window" ||
                  maskKind_ == "global_sliding_window" || maskKind_ == "causal_document",
              "CausalSelfAttention: unknown attention_mask '", maskKind_, "'");
+  KEEL_CHECK(nHead_ % tp_.size == 0, "tensor parallelism: tp ", tp_.size,
+             " does not divide n_head ", nHead_, " (attention splits by heads)");
   double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
-  qkv_ = buildModule(
-      "qkv", [&] { return std::make_shared<Linear>(dModel_, 3 * dModel_, false, gen, device); });
+  // Note [Tensor-parallel layers]: qkv column-parallel by heads (three blocks), proj row-parallel.
+  qkv_ = buildModule("qkv", [&] {
+    return std::make_shared<Linear>(dModel_, 3 * dModel_, false, gen, device, 0.02,
+                                    Shard{tp_.on() ? 0 : -1, tp_.size, tp_.rank, 3});
+  });
   proj_ = buildModule("proj", [&] {
-    return std::make_shared<Linear>(dModel_, dModel_, false, gen, device, residStd);
+    return std::make_shared<Linear>(dModel_, dModel_, false, gen, device, residStd,
+                                    Shard{tp_.on() ? 1 : -1, tp_.size, tp_.rank, 1});
   });
 }
 
@@ -151,9 +178,12 @@ const flashmask::Mask& CausalSelfAttention::maskFor(int64_t b, int64_t t) {
 Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
   KEEL_CHECK(x.dim() == 3 && x.size(2) == dModel_, "CausalSelfAttention '", fullPath(),
              "': expected input [B, T, ", dModel_, "], got ", shapeStr(x.shape()));
-  const int64_t b = x.size(0), t = x.size(1), c = dModel_, h = nHead_, hd = dModel_ / nHead_;
+  // This rank's heads (all of them without tensor parallelism).
+  const int64_t b = x.size(0), t = x.size(1), hd = dModel_ / nHead_, h = nHead_ / tp_.size,
+                c = h * hd;
   const bool drop = isTraining() && dropout_ > 0.0 && dropoutGen_;
-  auto parts = ops::split(qkv_->forward(x), {c, c, c}, -1);
+  const Tensor in = tp_.on() ? ops::copyToGroup(x, tp_.group) : x;
+  auto parts = ops::split(qkv_->forward(in), {c, c, c}, -1);
   auto heads = [&](const Tensor& p) { return ops::reshape(p, {b, t, h, hd}); };  // [B, T, H, hd]
   Tensor q = heads(parts[0]), k = heads(parts[1]);
   if (rope_) {  // position t of the row, base 10000
@@ -165,23 +195,34 @@ Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
                                      drop ? dropout_ : 0.0, 0.0, dropoutGen_.get(), drop)
                  .first;  // [B, T, H, hd]
   y = proj_->forward(ops::reshape(y, {b, t, c}));
+  if (tp_.on()) y = ops::allReduce(y, "sum", tp_.group);  // the heads' shares of the projection
   if (drop) y = ops::dropout(y, dropout_, *dropoutGen_, true);
   return y;
 }
 
 // ---- SwiGLU -------------------------------------------------------------------------------
 
-SwiGLU::SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd) {
-  w1_ =
-      buildModule("w1", [&] { return std::make_shared<Linear>(dModel, dFF, false, gen, device); });
-  w3_ =
-      buildModule("w3", [&] { return std::make_shared<Linear>(dModel, dFF, false, gen, device); });
-  w2_ = buildModule(
-      "w2", [&] { return std::make_shared<Linear>(dFF, dModel, false, gen, device, residStd); });
+SwiGLU::SwiGLU(int64_t dModel, int64_t dFF, Generator& gen, Device device, double residStd,
+               TensorParallel tp)
+    : tp_(std::move(tp)) {
+  KEEL_CHECK(dFF % tp_.size == 0, "tensor parallelism: tp ", tp_.size, " does not divide d_ff ",
+             dFF);
+  // Note [Tensor-parallel layers]: w1 and w3 column-parallel, w2 row-parallel.
+  const Shard rows{tp_.on() ? 0 : -1, tp_.size, tp_.rank, 1};
+  const Shard cols{tp_.on() ? 1 : -1, tp_.size, tp_.rank, 1};
+  w1_ = buildModule(
+      "w1", [&] { return std::make_shared<Linear>(dModel, dFF, false, gen, device, 0.02, rows); });
+  w3_ = buildModule(
+      "w3", [&] { return std::make_shared<Linear>(dModel, dFF, false, gen, device, 0.02, rows); });
+  w2_ = buildModule("w2", [&] {
+    return std::make_shared<Linear>(dFF, dModel, false, gen, device, residStd, cols);
+  });
 }
 
 Tensor SwiGLU::forwardImpl(const Tensor& x) {
-  return w2_->forward(ops::mul(ops::silu(w1_->forward(x)), w3_->forward(x)));
+  const Tensor in = tp_.on() ? ops::copyToGroup(x, tp_.group) : x;
+  Tensor y = w2_->forward(ops::mul(ops::silu(w1_->forward(in)), w3_->forward(in)));
+  return tp_.on() ? ops::allReduce(y, "sum", tp_.group) : y;
 }
 
 }  // namespace keel::nn

@@ -133,16 +133,22 @@ void AdamW::setParamState(size_t i, const std::string& name, const Tensor& value
   }
 }
 
-double clipGradNorm(const std::vector<Tensor>& params, double maxNorm) {
+double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, const ShardedGrads& shards) {
   NoGradGuard ng;
   PhaseGuard phase(Phase::Optimizer);
   ScopeGuard scope("clip_grad_norm", /*absolute=*/true);
-  Tensor total;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
+  Tensor total, sharded;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = params[i].grad();
     if (!g.defined()) continue;
     Tensor sq = ops::sum(ops::mul(g, g));
-    total = total.defined() ? ops::add(total, sq) : sq;
+    Tensor& into = i < shards.sharded.size() && shards.sharded[i] ? sharded : total;
+    into = into.defined() ? ops::add(into, sq) : sq;
+  }
+  if (!shards.sharded.empty()) {  // every rank of the group calls it, with or without shards
+    if (!sharded.defined()) sharded = Tensor::zeros({}, DType::Float32, params.at(0).device());
+    sharded = ops::allReduce(sharded, "sum", shards.group);
+    total = total.defined() ? ops::add(total, sharded) : sharded;
   }
   if (!total.defined()) return 0.0;
   double sumSq = total.device().isHost() ? total.item() : total.to(Device(Backend::Cpu)).item();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/log.h"
 #include "keel/observer.h"
@@ -53,10 +54,21 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
              "config field 'eval_every': ", data_->source(), "'s validation split has ",
              data_->splitTokens(data::Split::Val),
              " tokens, fewer than seq_len + 1 = ", cfg_.seq_len + 1);
+  // The parallel layout (keel/dist.h; {1, 1} for a process alone).
+  const dist::Layout layout = dist::layout();
+  dpSize_ = layout.dp;
+  dpRank_ = dist::group("dp").rank;
+  KEEL_CHECK(cfg_.batch_size % dpSize_ == 0, "data parallelism: dp ", dpSize_,
+             " does not divide config field 'batch_size' ", cfg_.batch_size,
+             " (each rank trains on batch_size / dp rows of the global batch)");
+  nn::TensorParallel tp{layout.tp, dist::group("tp").rank, "tp"};
   {
     MemTagScope tag(MemTag::Parameter);
-    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_);
+    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_, tp);
   }
+  if (tp.on())
+    for (const auto& [name, p] : model_->namedParameters())
+      shards_.sharded.push_back(model_->isShardedParameter(name));
   if (cfg_.optimizer == "sgd") {
     optimizer_ = std::make_unique<optim::SGD>(
         model_->parameters(),
@@ -89,18 +101,27 @@ StepStats Trainer::step() {
 
   auto [x, y] = [&] {
     MemTagScope tag(MemTag::Data);
-    return data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
+    auto batch =
+        data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
+    if (dpSize_ > 1) {  // this replica's rows of the global batch (Note [Data-parallel steps])
+      NoGradGuard ng;
+      const int64_t rows = cfg_.batch_size / dpSize_;
+      for (Tensor* t : {&batch.first, &batch.second})
+        *t = ops::contiguous(ops::slice(*t, 0, dpRank_ * rows, (dpRank_ + 1) * rows));
+    }
+    return batch;
   }();
   model_->train();
   optimizer_->zeroGrad();
   nn::GptOutput out = model_->forward(x, y);
   out.loss.backward();
-  s.gradNorm = optim::clipGradNorm(optimizer_->params(), cfg_.grad_clip);
+  if (dpSize_ > 1) syncGradients();
+  s.gradNorm = optim::clipGradNorm(optimizer_->params(), cfg_.grad_clip, shards_);
   optimizer_->step();
 
-  s.loss = hostScalar(out.loss);
-  s.lmLoss = hostScalar(out.lmLoss);
-  s.auxLoss = out.auxLoss.defined() ? hostScalar(out.auxLoss) : 0.0;
+  s.loss = dpMean(out.loss);
+  s.lmLoss = dpMean(out.lmLoss);
+  s.auxLoss = out.auxLoss.defined() ? dpMean(out.auxLoss) : 0.0;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.tokensPerSec = s.seconds > 0 ? double(cfg_.batch_size * cfg_.seq_len) / s.seconds : 0.0;
   ++stepsDone_;
@@ -127,6 +148,48 @@ StepStats Trainer::step() {
   end.valLoss = s.valLoss;
   detail::notifyStep(end);
   return s;
+}
+
+void Trainer::syncGradients() {
+  NoGradGuard ng;
+  PhaseGuard phase(Phase::Backward);
+  ScopeGuard scope("dp_grad_sync", /*absolute=*/true);
+  const std::vector<Tensor>& params = optimizer_->params();
+  // Buckets of consecutive parameters with gradients, each at most kGradBucketBytes (a larger
+  // gradient is a bucket of its own): one all_reduce per bucket.
+  std::vector<size_t> bucket;
+  int64_t bytes = 0;
+  auto flush = [&] {
+    if (bucket.empty()) return;
+    std::vector<Tensor> flat;
+    std::vector<int64_t> sizes;
+    for (size_t i : bucket) {
+      const Tensor g = params[i].grad();
+      flat.push_back(ops::reshape(g, {g.numel()}));
+      sizes.push_back(g.numel());
+    }
+    const Tensor mean = ops::allReduce(
+        flat.size() == 1 ? ops::contiguous(flat[0]) : ops::concat(flat, 0), "mean", "dp");
+    const std::vector<Tensor> parts = ops::split(mean, sizes, 0);
+    for (size_t k = 0; k < bucket.size(); ++k)
+      params[bucket[k]].setGrad(ops::reshape(parts[k], params[bucket[k]].shape()));
+    bucket.clear();
+    bytes = 0;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad().defined()) continue;
+    const int64_t b = int64_t(params[i].grad().nbytes());
+    if (!bucket.empty() && bytes + b > kGradBucketBytes) flush();
+    bucket.push_back(i);
+    bytes += b;
+  }
+  flush();
+}
+
+double Trainer::dpMean(const Tensor& scalar) {
+  if (dpSize_ == 1) return hostScalar(scalar);
+  NoGradGuard ng;
+  return hostScalar(ops::allReduce(scalar, "mean", "dp"));
 }
 
 std::vector<StepStats> Trainer::run(int64_t steps, const StepCallback& cb) {

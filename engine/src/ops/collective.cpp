@@ -26,7 +26,7 @@ Tensor ownBlock(const Tensor& g, int64_t dim, const std::string& group) {
 // place in it, the collective's per-group number (the one the ring, the descriptor check and a
 // hang report use) and the bytes this rank sends; the op's time is the time this rank waited.
 void describeCollective(const std::string& kind, Inputs in, Attrs& a) {
-  const std::string& group = a.getString("group");
+  const std::string group = a.getString("group");  // a copy: set() below may move the attributes
   const dist::GroupInfo gi = dist::group(group);
   a.set("rank", int64_t(gi.rank));
   a.set("group_size", int64_t(gi.size));

@@ -226,6 +226,8 @@ class RecordingRun {
   void commitOutput();   // a replacement written beside the output: renamed over it
   void discardOutput();  // a replacement whose run never started: removed
 
+  std::string runDir_;     // a multi-rank run's folder (spec_.output is this rank's file in it)
+  int hangHandler_ = 0;    // dist::addHangHandler's id (0: none)
   std::string writePath_;  // where the recording is written: the output, or a replacement
   std::unique_ptr<OutputLock> outputLock_;  // held from start() to finish()/fail()
   bool setupFailed_ = false;

@@ -1,0 +1,93 @@
+// `keel launch -n N COMMAND ...`: runs `keel COMMAND ...` on N ranks through mpirun, adding what
+// running as root and more ranks than cores need, so one machine and a cluster (--hostfile) use
+// the same commands; and the multi-rank options every training command shares (--dp, --tp, ...).
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_common.h"
+#include "keel/dist.h"
+#include "keel/error.h"
+
+namespace keel::cli {
+
+void addParallelOptions(CLI::App* c, ParallelArgs& a) {
+  c->add_option("--dp", a.dp,
+                "data-parallel replicas (default: the launcher's ranks / --tp; keel/dist.h)")
+      ->check(wholeNumber(1, 1 << 20));
+  c->add_option("--tp", a.tp, "tensor-parallel ranks per replica (divides n_head and d_ff)")
+      ->check(wholeNumber(1, 4096))
+      ->capture_default_str();
+  c->add_option("--collective-timeout", a.collectiveTimeout,
+                "seconds a rank waits in a collective before the run is reported hung")
+      ->check(finiteAtLeast(0.001))
+      ->capture_default_str();
+  c->add_flag("--check-collectives", a.checkCollectives,
+              "before each collective, check every rank calls the same one (names a rank that "
+              "skipped one or called it with another shape)");
+}
+
+void startProcessGroup(const ParallelArgs& a) {
+  const dist::Layout layout = dist::resolveLayout(a.dp, a.tp, dist::launcherWorldSize());
+  dist::setOptions({a.collectiveTimeout, a.checkCollectives});
+  if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
+}
+
+namespace {
+
+// The keel binary this process runs (what every rank will run).
+std::string selfPath() {
+  std::vector<char> buf(4096);
+  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) throw Error("keel launch: cannot find its own binary (/proc/self/exe)");
+  return std::string(buf.data(), size_t(n));
+}
+
+}  // namespace
+
+Command addLaunchCommand(CLI::App& root) {
+  struct Args {
+    int ranks = 1;
+    std::string hostfile;
+    std::vector<std::string> command;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = root.add_subcommand(
+      "launch", "run a keel command on N ranks through mpirun (keel launch -n 4 train ...)");
+  c->add_option("-n,--ranks", a->ranks, "number of ranks")
+      ->required()
+      ->check(wholeNumber(1, 1 << 20));
+  c->add_option("--hostfile", a->hostfile, "MPI hostfile (a cluster); default: this machine")
+      ->check(nonEmptyName());
+  c->add_option("command", a->command, "the keel command and its options (train ..., record ...)")
+      ->required();
+  c->prefix_command();  // everything after the command is the command's
+  return {c, [a] {
+            const std::string& sub = a->command.front();
+            if (sub != "train" && sub != "record")
+              return fail("keel launch: runs train or record on many ranks, not '" + sub + "'");
+            std::vector<std::string> args = {"mpirun", "-np", std::to_string(a->ranks)};
+            if (::geteuid() == 0) args.push_back("--allow-run-as-root");
+            if (a->hostfile.empty() && a->ranks > int(std::thread::hardware_concurrency()))
+              args.push_back("--oversubscribe");  // more ranks than cores on one machine
+            if (!a->hostfile.empty()) {
+              args.push_back("--hostfile");
+              args.push_back(a->hostfile);
+            }
+            args.push_back(selfPath());
+            args.insert(args.end(), a->command.begin(), a->command.end());
+            std::vector<char*> argv;
+            for (auto& s : args) argv.push_back(s.data());
+            argv.push_back(nullptr);
+            std::fflush(stdout);
+            ::execvp("mpirun", argv.data());
+            return fail("keel launch: cannot run mpirun (" + std::string(std::strerror(errno)) +
+                        "): install Open MPI (openmpi-bin)");
+          }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,43 @@
+// Note [Run folders]: a multi-rank run (keel/dist.h) is a folder: manifest.json (world size,
+// layout, each rank's place and file) and one recording per rank, rank-R.db, each written by its
+// own rank. Rank 0 writes the manifest when the run starts (written beside and renamed, so a
+// reader sees a whole one or none); every tool that takes a recording takes a run folder too.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel::storage {
+
+struct RankEntry {
+  int64_t rank = 0;
+  int64_t dpRank = 0, tpRank = 0;
+  std::string file;  // relative to the folder: rank-R.db
+};
+
+struct RunManifest {
+  int64_t worldSize = 1;
+  int64_t dp = 1, tp = 1;
+  std::string model;  // the config's name
+  uint64_t seed = 0;
+  int64_t steps = 0;
+  std::vector<RankEntry> ranks;  // by rank
+};
+
+inline constexpr const char* kManifestFile = "manifest.json";
+
+// The file rank r writes in a run folder ("rank-3.db").
+std::string rankFileName(int64_t rank);
+// The manifest of world size n in layout dp × tp (rank r: tp rank r % tp, dp rank r / tp).
+RunManifest makeManifest(int64_t dp, int64_t tp);
+// Writes dir/manifest.json beside and renames it into place. Throws StorageError.
+void writeManifest(const std::string& dir, const RunManifest& m);
+// Whether path is a directory holding a manifest.json.
+bool isRunFolder(const std::string& path);
+// Reads and checks dir/manifest.json: world size, layout and ranks consistent, files that name
+// no other folder. Throws StorageError ("run folder X: ...") naming what is wrong.
+RunManifest readManifest(const std::string& dir);
+// dir/<file> of rank r.
+std::string rankPath(const std::string& dir, const RunManifest& m, int64_t rank);
+
+}  // namespace keel::storage

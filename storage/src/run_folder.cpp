@@ -1,0 +1,111 @@
+// Run folders: the manifest of a multi-rank run (see keel/storage/run_folder.h).
+#include "keel/storage/run_folder.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/base/text.h"
+#include "keel/storage/errors.h"
+
+namespace keel::storage {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string rankFileName(int64_t rank) {
+  return "rank-" + std::to_string(rank) + ".db";
+}
+
+RunManifest makeManifest(int64_t dp, int64_t tp) {
+  RunManifest m;
+  m.dp = dp;
+  m.tp = tp;
+  m.worldSize = dp * tp;
+  for (int64_t r = 0; r < m.worldSize; ++r) m.ranks.push_back({r, r / tp, r % tp, rankFileName(r)});
+  return m;
+}
+
+void writeManifest(const std::string& dir, const RunManifest& m) {
+  json ranks = json::array();
+  for (const RankEntry& e : m.ranks)
+    ranks.push_back(
+        {{"rank", e.rank}, {"dp_rank", e.dpRank}, {"tp_rank", e.tpRank}, {"file", e.file}});
+  const json j = {{"keel_run", 1},    {"world_size", m.worldSize},
+                  {"dp", m.dp},       {"tp", m.tp},
+                  {"model", m.model}, {"seed", m.seed},
+                  {"steps", m.steps}, {"ranks", ranks}};
+  const fs::path path = fs::path(dir) / kManifestFile;
+  const fs::path tmp = fs::path(dir) / (std::string(".") + kManifestFile + ".tmp");
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) throw StorageError("run folder " + dir + ": cannot write " + kManifestFile);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec)
+    throw StorageError("run folder " + dir + ": cannot write " + kManifestFile + " (" +
+                       ec.message() + ")");
+}
+
+bool isRunFolder(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifestFile, ec);
+}
+
+RunManifest readManifest(const std::string& dir) {
+  const std::string where = "run folder " + dir;
+  json j;
+  try {
+    const std::string text =
+        readFile((fs::path(dir) / kManifestFile).string(), std::string(kManifestFile), 1 << 20);
+    checkJsonDepth(text, where + ": " + kManifestFile);  // Note [Bounded JSON]
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw StorageError(where + ": " + e.what());
+  }
+  RunManifest m;
+  try {
+    m.worldSize = j.at("world_size").get<int64_t>();
+    m.dp = j.at("dp").get<int64_t>();
+    m.tp = j.at("tp").get<int64_t>();
+    m.model = j.value("model", std::string());
+    m.seed = j.value("seed", uint64_t(0));
+    m.steps = j.value("steps", int64_t(0));
+    for (const json& r : j.at("ranks"))
+      m.ranks.push_back({r.at("rank").get<int64_t>(), r.at("dp_rank").get<int64_t>(),
+                         r.at("tp_rank").get<int64_t>(), r.at("file").get<std::string>()});
+  } catch (const json::exception& e) {
+    throw StorageError(where + ": damaged " + kManifestFile + " (" + e.what() + ")");
+  }
+  auto bad = [&](const std::string& what) {
+    return StorageError(where + ": damaged " + kManifestFile + ": " + what);
+  };
+  if (m.worldSize < 1 || m.worldSize > (1 << 20) || m.dp < 1 || m.tp < 1 ||
+      m.dp * m.tp != m.worldSize)
+    throw bad("world size " + std::to_string(m.worldSize) + " is not dp " + std::to_string(m.dp) +
+              " x tp " + std::to_string(m.tp));
+  if (int64_t(m.ranks.size()) != m.worldSize)
+    throw bad(std::to_string(m.ranks.size()) + " ranks listed for a world of " +
+              std::to_string(m.worldSize));
+  for (size_t i = 0; i < m.ranks.size(); ++i) {
+    const RankEntry& e = m.ranks[i];
+    if (e.rank != int64_t(i) || e.dpRank != e.rank / m.tp || e.tpRank != e.rank % m.tp)
+      throw bad("rank entry " + std::to_string(i) + " does not follow the layout");
+    if (e.file.empty() || e.file.find('/') != std::string::npos || e.file == "." || e.file == "..")
+      throw bad("rank " + std::to_string(e.rank) + "'s file '" + e.file +
+                "' is not a file name in the folder");
+  }
+  return m;
+}
+
+std::string rankPath(const std::string& dir, const RunManifest& m, int64_t rank) {
+  if (rank < 0 || rank >= int64_t(m.ranks.size()))
+    throw StorageError("run folder " + dir + " has ranks 0.." + std::to_string(m.ranks.size() - 1) +
+                       ", not " + std::to_string(rank));
+  return (fs::path(dir) / m.ranks[size_t(rank)].file).string();
+}
+
+}  // namespace keel::storage
