@@ -43,6 +43,11 @@ void addParallelOptions(CLI::App* c, ParallelArgs& a);
 // Throws keel::Error for a layout that does not fit.
 void startProcessGroup(const ParallelArgs& a);
 
+// A recording argument that may be a run folder (Note [Run folders]): --rank N picks a rank's
+// file; a folder without --rank, or --rank with a single recording, is a one-line error.
+void addRankOption(CLI::App* c, int64_t& rank);
+std::string recordingOfRank(const std::string& path, int64_t rank);  // rank < 0: not given
+
 // One subcommand: its CLI11 node and what runs when it was chosen (returns the exit status).
 struct Command {
   CLI::App* app = nullptr;

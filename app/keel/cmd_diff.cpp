@@ -1,11 +1,18 @@
 // `keel diff a.db b.db`: aligns two recordings step by step and reports the first (and root)
-// divergence with both call stacks. Exit status: 0 equal within tolerance, 1 divergent, 2 error.
+// divergence with both call stacks. `keel diff RUN_A/ RUN_B/` does it rank by rank for two run
+// folders of one layout; `keel diff RUN/ --replicas` checks a run's dp replicas against each
+// other (Note [Replica check]). Exit status: 0 equal within tolerance, 1 divergent, 2 error.
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cli_common.h"
+#include "keel/analysis/ranks.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/reader.h"
+#include "keel/storage/run_folder.h"
 
 namespace keel::cli {
 namespace {
@@ -14,7 +21,7 @@ struct DiffArgs {
   std::string a, b;
   double atol = 1e-6, rtol = 1e-4;
   uint64_t ulps = 0;
-  bool json = false, mismatchesOnly = false, strict = false;
+  bool json = false, mismatchesOnly = false, strict = false, replicas = false;
 };
 
 void printStack(const storage::Recording& r, int64_t id, const char* label) {
@@ -29,27 +36,29 @@ void printStack(const storage::Recording& r, int64_t id, const char* label) {
                 f.file.empty() ? "??" : f.file.c_str(), f.line);
 }
 
-int runDiff(const DiffArgs& a) {
-  storage::Recording ra = storage::Recording::open(a.a);
-  storage::Recording rb = storage::Recording::open(a.b);
+storage::DiffOptions diffOptions(const DiffArgs& a) {
   storage::DiffOptions opt;
   opt.atol = a.atol;
   opt.rtol = a.rtol;
   opt.maxUlps = a.ulps;
   opt.mismatchesOnly = a.mismatchesOnly;
   opt.unmatchedIsDivergent = a.strict;
-  // Ops with dumped values (keel record --dumps) are compared element by element.
+  return opt;
+}
+
+// Two recordings compared. Ops with dumped values (keel record --dumps) are compared element by
+// element.
+storage::DiffReport diffRecordings(const storage::Recording& ra, const storage::Recording& rb,
+                                   const storage::DiffOptions& opt) {
   storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
     return (sideA ? ra : rb).dumpValues(seq, static_cast<storage::Role>(role), index);
   };
-  storage::DiffReport report = storage::diffRuns(ra.allOps(), rb.allOps(), opt, values);
-  if (a.json) {
-    std::printf("%s\n", storage::toJson(report).c_str());
-    return storage::diffExitCode(report);
-  }
-  std::printf("keel diff: A = %s (%s), B = %s (%s)\n", a.a.c_str(), ra.run().backend.c_str(),
-              a.b.c_str(), rb.run().backend.c_str());
-  std::printf("%s", storage::toText(report, a.mismatchesOnly).c_str());
+  return storage::diffRuns(ra.allOps(), rb.allOps(), opt, values);
+}
+
+void printReport(const storage::Recording& ra, const storage::Recording& rb,
+                 const storage::DiffReport& report, bool mismatchesOnly) {
+  std::printf("%s", storage::toText(report, mismatchesOnly).c_str());
   if (report.root) {
     std::printf("\nroot divergence stacks (op #%llu in A, #%llu in B):\n",
                 static_cast<unsigned long long>(report.root->pair.seqA),
@@ -57,16 +66,108 @@ int runDiff(const DiffArgs& a) {
     printStack(ra, report.root->pair.stackIdA, "A");
     printStack(rb, report.root->pair.stackIdB, "B");
   }
+}
+
+int runDiff(const DiffArgs& a) {
+  storage::Recording ra = storage::Recording::open(a.a);
+  storage::Recording rb = storage::Recording::open(a.b);
+  storage::DiffReport report = diffRecordings(ra, rb, diffOptions(a));
+  if (a.json) {
+    std::printf("%s\n", storage::toJson(report).c_str());
+    return storage::diffExitCode(report);
+  }
+  std::printf("keel diff: A = %s (%s), B = %s (%s)\n", a.a.c_str(), ra.run().backend.c_str(),
+              a.b.c_str(), rb.run().backend.c_str());
+  printReport(ra, rb, report, a.mismatchesOnly);
   return storage::diffExitCode(report);
+}
+
+// Two run folders of one layout, rank by rank: a verdict line per rank, then the whole report of
+// the first rank that diverges.
+int runDiffFolders(const DiffArgs& a) {
+  const storage::RunManifest ma = storage::readManifest(a.a);
+  const storage::RunManifest mb = storage::readManifest(a.b);
+  if (ma.dp != mb.dp || ma.tp != mb.tp)
+    return fail("rank-by-rank diff needs one layout: " + a.a + " is dp " + std::to_string(ma.dp) +
+                " x tp " + std::to_string(ma.tp) + ", " + a.b + " is dp " + std::to_string(mb.dp) +
+                " x tp " + std::to_string(mb.tp));
+  const storage::DiffOptions opt = diffOptions(a);
+  struct RankDiff {
+    storage::Recording ra, rb;
+    storage::DiffReport report;
+  };
+  std::vector<RankDiff> diffs;
+  int status = 0;
+  std::optional<size_t> earliest;  // the rank whose first divergence comes first, by step
+  for (int64_t r = 0; r < ma.worldSize; ++r) {
+    storage::Recording ra = storage::Recording::open(storage::rankPath(a.a, ma, r));
+    storage::Recording rb = storage::Recording::open(storage::rankPath(a.b, mb, r));
+    storage::DiffReport report = diffRecordings(ra, rb, opt);
+    status = std::max(status, storage::diffExitCode(report));
+    if (report.first &&
+        (!earliest || report.first->pair.step < diffs[*earliest].report.first->pair.step))
+      earliest = size_t(r);
+    diffs.push_back({std::move(ra), std::move(rb), std::move(report)});
+  }
+  if (a.json) {
+    std::printf("[");
+    for (size_t r = 0; r < diffs.size(); ++r)
+      std::printf("%s{\"rank\": %zu, \"report\": %s}", r ? ",\n" : "\n", r,
+                  storage::toJson(diffs[r].report).c_str());
+    std::printf("\n]\n");
+    return status;
+  }
+  std::printf("keel diff: A = %s, B = %s, %lld ranks (dp %lld x tp %lld), rank by rank\n",
+              a.a.c_str(), a.b.c_str(), static_cast<long long>(ma.worldSize),
+              static_cast<long long>(ma.dp), static_cast<long long>(ma.tp));
+  for (size_t r = 0; r < diffs.size(); ++r) {
+    const storage::DiffReport& report = diffs[r].report;
+    std::string verdict =
+        storage::diffExitCode(report) == 0 ? "equal within tolerance" : "diverged";
+    if (report.first)
+      verdict += ": first at step " + std::to_string(report.first->pair.step) + ", op #" +
+                 std::to_string(report.first->pair.seqA) + " " + report.first->pair.name +
+                 (report.first->pair.scope.empty() ? "" : " (" + report.first->pair.scope + ")");
+    std::printf("  rank %zu: %s\n", r, verdict.c_str());
+  }
+  if (earliest) {
+    std::printf("\nrank %zu (the first to diverge):\n", *earliest);
+    const RankDiff& d = diffs[*earliest];
+    printReport(d.ra, d.rb, d.report, a.mismatchesOnly);
+  }
+  return status;
+}
+
+int runReplicas(const DiffArgs& a) {
+  if (!a.b.empty()) return fail("--replicas checks one run folder; got a second path " + a.b);
+  if (!storage::isRunFolder(a.a))
+    return fail("--replicas needs a run folder (keel record under mpirun, --dp 2 or more); " + a.a +
+                " is not one");
+  const analysis::ReplicaReport r = analysis::checkReplicas(a.a);
+  std::printf("%s", (a.json ? analysis::replicaJson(r) + "\n" : analysis::replicaText(r)).c_str());
+  return r.first ? 1 : 0;
+}
+
+int runAnyDiff(const DiffArgs& a) {
+  if (a.replicas) return runReplicas(a);
+  if (a.b.empty()) return fail("diff needs two recordings (or one run folder and --replicas)");
+  const bool fa = storage::isRunFolder(a.a), fb = storage::isRunFolder(a.b);
+  if (fa && fb) return runDiffFolders(a);
+  if (fa || fb)
+    return fail((fa ? a.a : a.b) +
+                " is a run folder and the other a single recording: compare two run folders, "
+                "or one rank's file (RUN/rank-R.db) with the recording");
+  return runDiff(a);
 }
 
 }  // namespace
 
 Command addDiffCommand(CLI::App& root) {
   auto a = std::make_shared<DiffArgs>();
-  CLI::App* c = root.add_subcommand("diff", "compare two recordings op by op");
-  c->add_option("a", a->a, "recording A (.db)")->required();
-  c->add_option("b", a->b, "recording B (.db)")->required();
+  CLI::App* c =
+      root.add_subcommand("diff", "compare two recordings (or run folders, rank by rank) op by op");
+  c->add_option("a", a->a, "recording A (.db) or run folder")->required();
+  c->add_option("b", a->b, "recording B (.db) or run folder");
   c->add_option("--atol", a->atol, "absolute tolerance")
       ->check(finiteAtLeast(0))
       ->capture_default_str();
@@ -78,7 +179,10 @@ Command addDiffCommand(CLI::App& root) {
   c->add_flag("--json", a->json, "machine-readable report");
   c->add_flag("--mismatches-only", a->mismatchesOnly, "list only pairs that are not equal");
   c->add_flag("--strict", a->strict, "ops present in only one run count as divergent");
-  return {c, [a] { return runDiff(*a); }};
+  c->add_flag("--replicas", a->replicas,
+              "A is a run folder: check that its dp replicas hold the same parameters, averaged "
+              "gradients and updates (MD5s), and name the first difference");
+  return {c, [a] { return runAnyDiff(*a); }};
 }
 
 }  // namespace keel::cli

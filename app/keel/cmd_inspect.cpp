@@ -1,7 +1,8 @@
-// `keel inspect run.db`: a summary of a recording — run metadata, steps with their loss, op counts
-// by name and phase, the attention masks of the first recorded step (kind, block sparsity, tile
-// map of each flashmask_attention op), records lost to a drop policy, and the first NaN/Inf (the
-// earliest op in execution order with a non-finite output) with its call stack.
+// `keel inspect run.db`: a summary of a recording (of a run folder: keel/analysis/ranks.h) — run
+// metadata, steps with their loss, op counts by name and phase, the attention masks of the first
+// recorded step (kind, block sparsity, tile map of each flashmask_attention op), records lost to a
+// drop policy, and the first NaN/Inf (the earliest op in execution order with a non-finite output)
+// with its call stack.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,9 +12,11 @@
 #include <string>
 
 #include "cli_common.h"
+#include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
+#include "keel/storage/run_folder.h"
 
 namespace keel::cli {
 namespace {
@@ -143,10 +146,23 @@ int runInspect(const std::string& path) {
 }  // namespace
 
 Command addInspectCommand(CLI::App& root) {
-  auto path = std::make_shared<std::string>();
-  CLI::App* c = root.add_subcommand("inspect", "summarise a recording");
-  c->add_option("recording", *path, "recording file (.db)")->required();
-  return {c, [path] { return runInspect(*path); }};
+  struct Args {
+    std::string path;
+    int64_t rank = -1;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = root.add_subcommand("inspect", "summarise a recording or a multi-rank run folder");
+  c->add_option("recording", a->path, "recording file (.db) or run folder")->required();
+  addRankOption(c, a->rank);
+  return {c, [a] {
+            // A run folder: every rank in one table, collectives lined up, a hang explained.
+            if (storage::isRunFolder(a->path) && a->rank < 0) {
+              std::printf("run folder %s\n%s", a->path.c_str(),
+                          analysis::runSummaryText(analysis::summarizeRun(a->path)).c_str());
+              return 0;
+            }
+            return runInspect(recordingOfRank(a->path, a->rank));
+          }};
 }
 
 }  // namespace keel::cli

@@ -63,10 +63,13 @@ Command addLaunchCommand(CLI::App& root) {
       ->check(wholeNumber(1, 1 << 20));
   c->add_option("--hostfile", a->hostfile, "MPI hostfile (a cluster); default: this machine")
       ->check(nonEmptyName());
-  c->add_option("command", a->command, "the keel command and its options (train ..., record ...)")
-      ->required();
-  c->prefix_command();  // everything after the command is the command's
-  return {c, [a] {
+  // Everything from the first word that is not launch's own is the command, kept in order.
+  c->prefix_command();
+  c->footer("Then the keel command and its options: train ... or record ...");
+  return {c, [a, c] {
+            a->command = c->remaining();
+            if (a->command.empty())
+              return fail("keel launch: which command? (keel launch -n 4 train --config ...)");
             const std::string& sub = a->command.front();
             if (sub != "train" && sub != "record")
               return fail("keel launch: runs train or record on many ranks, not '" + sub + "'");

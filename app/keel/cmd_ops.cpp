@@ -70,12 +70,13 @@ struct OpsArgs {
   std::string recording, phase, name, scope;
   int64_t step = -1;
   int64_t limit = -1;
+  int64_t rank = -1;
   bool markdown = false;
   bool kernels = false;
 };
 
 int runRecordedOps(const OpsArgs& a) {
-  storage::Recording rec = storage::Recording::open(a.recording);
+  storage::Recording rec = storage::Recording::open(recordingOfRank(a.recording, a.rank));
   storage::OpQuery q;
   if (a.step >= 0) q.step = a.step;
   if (!a.phase.empty()) {
@@ -133,6 +134,7 @@ Command addOpsCommand(CLI::App& root) {
   ops->add_option("--name", a->name, "only this op name");
   ops->add_option("--scope", a->scope, "only ops under this module scope (e.g. blocks.1)");
   ops->add_option("--limit", a->limit, "at most N rows")->check(wholeNumber(0));
+  addRankOption(ops, a->rank);
   ops->add_flag("--markdown", a->markdown,
                 "print the registry as docs/ops.md's tables (between its generated markers)");
   ops->add_flag("--kernels", a->kernels,
@@ -148,6 +150,8 @@ Command addOpsCommand(CLI::App& root) {
               std::fputs(keel::opsMarkdown(keel::Registry::get()).c_str(), stdout);
               return 0;
             }
+            if (a->recording.empty() && a->rank >= 0)
+              return fail("--rank needs a recording (a run folder)");
             return a->recording.empty() ? runOps() : runRecordedOps(*a);
           }};
 }

@@ -19,6 +19,7 @@
 #include "keel/error.h"
 #include "keel/runtime.h"
 #include "keel/storage/errors.h"
+#include "keel/storage/run_folder.h"
 
 namespace keel::cli {
 
@@ -97,6 +98,24 @@ CLI::Validator finiteAtLeast(double lo) {
 CLI::Validator nonEmptyName() {
   return CLI::Validator(
       [](std::string& s) -> std::string { return s.empty() ? "must not be empty" : ""; }, "PATH");
+}
+
+void addRankOption(CLI::App* c, int64_t& rank) {
+  c->add_option("--rank", rank, "with a run folder (multi-rank run): the rank whose recording")
+      ->check(wholeNumber(0, 1 << 20));
+}
+
+std::string recordingOfRank(const std::string& path, int64_t rank) {
+  if (!storage::isRunFolder(path)) {
+    if (rank >= 0)
+      throw Error("--rank needs a run folder (a multi-rank recording); " + path + " is not one");
+    return path;
+  }
+  const storage::RunManifest m = storage::readManifest(path);
+  if (rank < 0)
+    throw Error(path + " is a run folder of " + std::to_string(m.worldSize) +
+                " ranks: choose one with --rank 0.." + std::to_string(m.worldSize - 1));
+  return storage::rankPath(path, m, rank);
 }
 
 namespace {

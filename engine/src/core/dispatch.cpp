@@ -110,13 +110,15 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
 // Note [Test perturbation]: KEEL_TEST_PERTURB="<op>:<n>[:<mode>]" changes the n-th call (1-based,
 // counted in this process) of op <op>. Modes: "add" (default) adds 1000 to the first element of
 // output 0 (gross on purpose: its MD5 and its statistics both change); "nan" sets it to NaN;
-// "fail" makes the kernel throw keel::Error. Tests use it to inject a divergence, a NaN or an op
-// failure into one kernel of one run and check that `keel diff`, the studio's breakpoints and its
-// failed-session handling find it at that op. KEEL_TEST_PERTURB_RANK=<r> limits it to rank r of a
-// multi-rank run (the launcher's OMPI_COMM_WORLD_RANK or PMI_RANK), so one replica can be made to
-// drift. Read once at start-up; when unset the cost is one predictable branch per op.
+// "fail" makes the kernel throw keel::Error; "skip" makes the call not happen (the op returns its
+// first input, nothing is dispatched or recorded: a rank whose program skipped a collective). Tests
+// use it to inject a divergence, a NaN or an op failure into one kernel of one run and check that
+// `keel diff`, the studio's breakpoints and its failed-session handling find it at that op.
+// KEEL_TEST_PERTURB_RANK=<r> limits it to rank r of a multi-rank run (the launcher's
+// OMPI_COMM_WORLD_RANK or PMI_RANK), so one replica can be made to drift. Read once at start-up;
+// when unset the cost is one predictable branch per op.
 struct Perturbation {
-  enum class Mode { Add, Nan, Fail };
+  enum class Mode { Add, Nan, Fail, Skip };
   bool on = false;
   std::string op;
   int64_t n = 0;
@@ -133,7 +135,10 @@ struct Perturbation {
     auto colon2 = rest.find(':');
     if (colon2 != std::string::npos) {
       std::string m = rest.substr(colon2 + 1);
-      mode = m == "nan" ? Mode::Nan : m == "fail" ? Mode::Fail : Mode::Add;
+      mode = m == "nan"    ? Mode::Nan
+             : m == "fail" ? Mode::Fail
+             : m == "skip" ? Mode::Skip
+                           : Mode::Add;
       rest = rest.substr(0, colon2);
     }
     n = std::atoll(rest.c_str());
@@ -148,6 +153,7 @@ struct Perturbation {
 Perturbation g_perturb;
 
 void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs) {
+  if (g_perturb.mode == Perturbation::Mode::Skip) return;
   if (def.name != g_perturb.op || outputs.empty() || outputs[0].numel() == 0) return;
   if (g_perturb.seen.fetch_add(1) + 1 != g_perturb.n) return;
   if (g_perturb.mode == Perturbation::Mode::Fail)
@@ -232,6 +238,10 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
   for (size_t i = 1; i < inputs.size(); ++i)
     KEEL_CHECK(inputs[i].device() == dev, "op '", def.name, "': inputs on different devices (",
                describeInputs(inputs), ")");
+
+  if (g_perturb.on && g_perturb.mode == Perturbation::Mode::Skip) [[unlikely]]
+    if (def.name == g_perturb.op && g_perturb.seen.fetch_add(1) + 1 == g_perturb.n)
+      return {inputs.at(0)};  // See Note [Test perturbation]
 
   uint64_t seq = g_seq.fetch_add(1, std::memory_order_relaxed) + 1;
   uint64_t prevSeq = t_opSeq;

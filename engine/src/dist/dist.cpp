@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -15,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -40,7 +40,26 @@ struct Group {
 // timeouts]). beginNs 0: none.
 struct Waiting {
   int64_t beginNs = 0;
-  std::string what;  // "all_reduce #12 of group dp (2 ranks), called by op ..."
+  const Group* group = nullptr;  // the collective is the ring's newest record
+};
+
+// Note [Collective ring] keeps kRingSize records in a circle whose strings are assigned in place,
+// so that after warm-up a collective allocates nothing for it.
+struct Ring {
+  std::array<CollectiveRecord, kRingSize> slots;
+  size_t next = 0, count = 0;
+  CollectiveRecord& push() {
+    CollectiveRecord& r = slots[next];
+    next = (next + 1) % kRingSize;
+    count = std::min(count + 1, kRingSize);
+    return r;
+  }
+  CollectiveRecord& newest() { return slots[(next + kRingSize - 1) % kRingSize]; }
+  // Oldest first.
+  template <typename F>
+  void forEach(F&& f) const {
+    for (size_t i = 0; i < count; ++i) f(slots[(next + kRingSize - count + i) % kRingSize]);
+  }
 };
 
 struct State {
@@ -52,7 +71,7 @@ struct State {
   int rank = 0, size = 1;
   Group groups[3];  // world, dp, tp
   Options opt;
-  std::deque<CollectiveRecord> ring;
+  Ring ring;
   Waiting waiting;
   std::vector<std::pair<int, HangHandler>> handlers;
   int nextHandler = 1;
@@ -136,16 +155,16 @@ std::string describeCall(const Call& c, const Group& g, int64_t seq) {
 // per-group number, bytes, when it entered and left, and the op (with module scope) that called
 // it — so that a hang report says what every rank did last, as PyTorch's Flight Recorder does.
 void ringPush(State& s, const Call& c, const Group& g, int64_t seq) {
-  CollectiveRecord r;
-  r.kind = std::string(c.kind);
-  r.group = g.name;
+  CollectiveRecord& r = s.ring.push();
+  r.kind.assign(c.kind);
+  r.group.assign(g.name);
   r.seq = seq;
   r.bytes = c.count * int64_t(dtypeSize(c.dtype));
   r.beginNs = nowNs();
+  r.endNs = 0;
   const std::string& scope = currentScope();
-  r.op = std::string(currentOpName()) + (scope.empty() ? "" : " in " + scope);
-  s.ring.push_back(std::move(r));
-  while (s.ring.size() > kRingSize) s.ring.pop_front();
+  r.op.assign(currentOpName());
+  if (!scope.empty()) r.op.append(" in ").append(scope);
 }
 
 // The descriptor check (Note [Collective timeouts]): every rank of the group learns what the
@@ -200,18 +219,15 @@ void runCollective(const Call& c, F&& mpiCall) {
   if (check) checkDescriptors(*g, c, seq);
   {
     std::lock_guard<std::mutex> lk(s.mu);
-    s.waiting = {nowNs(), describeCall(c, *g, seq) + ", called by op " + s.ring.back().op};
+    s.waiting = {nowNs(), g};
   }
-  s.wake.notify_all();
+  // No wake-up for the watchdog: it looks every 200 ms (a futex wake per collective cost more
+  // than a 4 KiB all_reduce).
   const int rc = g->size > 1 ? mpiCall(*g) : MPI_SUCCESS;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     s.waiting = {};
-    for (auto it = s.ring.rbegin(); it != s.ring.rend(); ++it)
-      if (it->group == g->name && it->seq == seq) {
-        it->endNs = nowNs();
-        break;
-      }
+    s.ring.newest().endNs = nowNs();  // only this thread pushes: the newest is this collective
   }
   if (rc != MPI_SUCCESS)
     throw CollectiveError(describeCall(c, *g, seq) + " failed: " + mpiError(rc));
@@ -219,12 +235,12 @@ void runCollective(const Call& c, F&& mpiCall) {
 
 std::string ringText(const State& s) {
   std::string out;
-  for (const auto& r : s.ring) {
+  s.ring.forEach([&](const CollectiveRecord& r) {
     out += "  " + r.kind + " #" + std::to_string(r.seq) + " of " + r.group + ", " +
            std::to_string(r.bytes) + " bytes, by op " + r.op;
     out += r.endNs ? ", " + std::to_string((r.endNs - r.beginNs) / 1000) + " us\n"
                    : ", still waiting\n";
-  }
+  });
   return out;
 }
 
@@ -237,10 +253,14 @@ void watchdogLoop() {
     if (s.stopWatchdog || s.waiting.beginNs == 0) continue;
     const double waited = double(nowNs() - s.waiting.beginNs) * 1e-9;
     if (waited < s.opt.timeoutSeconds) continue;
+    const CollectiveRecord& r = s.ring.newest();
+    const std::string what = r.kind + " #" + std::to_string(r.seq) + " of group " +
+                             s.waiting.group->name + " (" + std::to_string(s.waiting.group->size) +
+                             " ranks), called by op " + r.op;
     const std::string line = "rank " + std::to_string(s.rank) + " (dp rank " +
                              std::to_string(s.groups[1].rank) + ", tp rank " +
                              std::to_string(s.groups[2].rank) + ") waited " +
-                             std::to_string(int64_t(waited)) + " s in " + s.waiting.what +
+                             std::to_string(int64_t(waited)) + " s in " + what +
                              ": a rank of the group never joined it (it died, hangs, or called "
                              "another collective; --check-collectives names it)";
     const std::string report = line + "\nlast collectives of rank " + std::to_string(s.rank) +
@@ -383,7 +403,9 @@ Options options() {
 
 std::vector<CollectiveRecord> recentCollectives() {
   std::lock_guard<std::mutex> lk(st().mu);
-  return {st().ring.begin(), st().ring.end()};
+  std::vector<CollectiveRecord> out;
+  st().ring.forEach([&](const CollectiveRecord& r) { out.push_back(r); });
+  return out;
 }
 
 int64_t groupSeq(std::string_view name) {
@@ -425,9 +447,11 @@ void checkCount(const Call& c, int64_t n) {
 void allReduce(const Call& c, const void* in, void* out, ReduceOp op) {
   ensureGroupNames();
   const size_t es = dtypeSize(c.dtype);
-  copyIfApart(in, out, size_t(c.count) * es);
+  const MPI_Datatype t = mpiType(c.dtype);
+  // Half types are reduced from `out` (below); the rest from `in` straight into `out` (no copy,
+  // MPI_IN_PLACE only when they are one buffer).
+  if (t == MPI_DATATYPE_NULL) copyIfApart(in, out, size_t(c.count) * es);
   runCollective(c, [&](Group& g) {
-    MPI_Datatype t = mpiType(c.dtype);
     if (t == MPI_DATATYPE_NULL) {
       // float16 / bfloat16: reduced in float32, rounded once.
       std::vector<float> f(size_t(c.count));
@@ -448,10 +472,12 @@ void allReduce(const Call& c, const void* in, void* out, ReduceOp op) {
       return int(MPI_SUCCESS);
     }
     auto* o = static_cast<uint8_t*>(out);
+    const auto* i = static_cast<const uint8_t*>(in);
     for (int64_t at = 0; at < c.count; at += kMaxPiece) {
       const int n = int(std::min(kMaxPiece, c.count - at));
-      const int rc =
-          MPI_Allreduce(MPI_IN_PLACE, o + size_t(at) * es, n, t, mpiOp(op, c.dtype), g.comm);
+      const size_t off = size_t(at) * es;
+      const int rc = MPI_Allreduce(in == out ? MPI_IN_PLACE : i + off, o + off, n, t,
+                                   mpiOp(op, c.dtype), g.comm);
       if (rc != MPI_SUCCESS) return rc;
     }
     if (op == ReduceOp::Mean) divideBy(out, c.count, c.dtype, g.size);

@@ -189,6 +189,7 @@ void Trainer::syncGradients() {
 double Trainer::dpMean(const Tensor& scalar) {
   if (dpSize_ == 1) return hostScalar(scalar);
   NoGradGuard ng;
+  ScopeGuard scope("dp_loss", /*absolute=*/true);
   return hostScalar(ops::allReduce(scalar, "mean", "dp"));
 }
 

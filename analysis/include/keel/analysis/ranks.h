@@ -1,0 +1,105 @@
+// Multi-rank analyses over a run folder (keel/storage/run_folder.h): the replica check of data
+// parallelism (replicas must hold the same parameters and gradients after every all_reduce) and
+// each rank's collectives lined up by group and number (who waited, who never arrived). Qt-free:
+// `keel diff --replicas`, `keel inspect RUN/` and the studio show the same results.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/storage/records.h"
+#include "keel/storage/run_folder.h"
+
+namespace keel::analysis {
+
+// Note [Replica check]: the ranks of a dp group (one per replica, same tp rank) run the same
+// program on different rows of the batch, so their activations differ, but everything the
+// optimizer sees must be bit for bit the same on every replica: initialisation (step 0), the
+// outputs of every all_reduce of group dp (the averaged gradients) and every op of the optimizer
+// phase (gradient clipping and the updates, inputs and outputs). The check pairs the replicas'
+// ops step by step in order (the programs are the same: a different op count or op is itself a
+// desync) and compares the MD5s of those tensors; the first difference is where the replicas
+// drifted apart — what nothing else catches until the loss goes wrong.
+struct ReplicaDifference {
+  int64_t tpRank = 0;
+  int64_t rankA = 0, rankB = 0;  // world ranks: the group's first replica and the one that differs
+  int64_t step = 0;
+  int64_t index = 0;  // the op's position in the step (0-based): the same on every replica
+  uint64_t seqA = 0, seqB = 0;
+  std::string op, scope;
+  storage::Phase phase = storage::Phase::Forward;
+  std::string tensor;  // "output 0", "input 2"
+  std::string md5A, md5B;
+  std::string what;  // one line: where and how they differ
+};
+
+struct ReplicaReport {
+  int64_t dp = 1, tp = 1;
+  int64_t steps = 0;                       // steps compared (those every replica finished)
+  int64_t opsCompared = 0;                 // op pairs whose tensors were compared
+  int64_t tensorsCompared = 0;             // tensors compared by MD5
+  std::optional<ReplicaDifference> first;  // the earliest difference, by step then op
+};
+
+// Note [Collectives across ranks]: every rank records its collectives as ops whose attributes
+// name the group, the rank's place in it and the collective's per-group number ("all_reduce #12").
+// The same number in the same group instance (the dp group of one tp rank, the tp group of one dp
+// rank) is one collective seen from each of its ranks: lined up, a rank's op time is how long it
+// waited there, and the rank that waited least arrived last — the straggler. (Wait times, not
+// clocks: ranks on other machines have other clocks.) A rank that recorded fewer collectives of a
+// group than another never arrived at the rest.
+struct AlignedCollective {
+  std::string group;       // "dp", "tp", "world"
+  int64_t groupIndex = 0;  // which instance: a dp group's tp rank, a tp group's dp rank, 0
+  int64_t number = 0;      // per-group number, 1-based
+  std::string kind;        // all_reduce, ...
+  std::string scope;       // the module scope of the first rank's op
+  int64_t step = 0;
+  int64_t bytes = 0;
+  std::vector<int64_t> ranks;                  // the group's world ranks, by group rank
+  std::vector<std::optional<int64_t>> waitNs;  // per rank; nullopt: that rank never recorded it
+  int64_t straggler = -1;                      // world rank that waited least; -1 if one rank
+};
+
+struct RankSummary {
+  int64_t rank = 0, dpRank = 0, tpRank = 0;
+  std::string file;
+  std::string status;  // the recording's run status
+  std::string backend;
+  int64_t steps = 0;  // recorded steps
+  double lastLoss = 0;
+  int64_t ops = 0;
+  int64_t collectives = 0;  // recorded collective calls
+  int64_t waitNs = 0;       // time spent in them
+  bool md5 = false;         // whether MD5s were recorded
+};
+
+struct RunSummary {
+  storage::RunManifest manifest;
+  std::vector<RankSummary> ranks;
+  std::vector<AlignedCollective> collectives;  // by group, group index, number
+  // Stragglers: per world rank, how often it arrived last at a collective of a group of 2+.
+  std::vector<int64_t> lastArrivals;
+  // What the recordings say about a hang (Note [Collective timeouts] in keel/dist.h): for a rank
+  // whose run failed in a collective, which ranks of the group never joined it and what each of
+  // them did last. Empty when no rank hung.
+  std::vector<std::string> hang;
+};
+
+// Reads the run folder `dir`: each rank's recording summarised, collectives lined up, a hang
+// explained. Throws storage::StorageError for a folder, manifest or recording that cannot be read.
+RunSummary summarizeRun(const std::string& dir);
+// What `keel inspect RUN/` prints: layout, a line per rank, collectives per group with the
+// stragglers and the longest waits, and the hang diagnosis.
+std::string runSummaryText(const RunSummary& s);
+
+// Compares the replicas of every dp group of the run folder `dir`. Throws storage::StorageError
+// for a folder, manifest or recording that cannot be read, and for recordings without MD5s
+// (record with --md5 or --all).
+ReplicaReport checkReplicas(const std::string& dir);
+// Human report: the verdict, what was compared, and the first difference with both MD5s.
+std::string replicaText(const ReplicaReport& r);
+std::string replicaJson(const ReplicaReport& r);
+
+}  // namespace keel::analysis

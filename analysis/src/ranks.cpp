@@ -1,0 +1,501 @@
+// Multi-rank analyses over a run folder: the replica check (Note [Replica check]), collectives
+// lined up across ranks and the hang diagnosis (Note [Collectives across ranks]).
+#include "keel/analysis/ranks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <tuple>
+
+#include "keel/storage/errors.h"
+#include "keel/storage/reader.h"
+
+namespace keel::analysis {
+
+namespace {
+
+using nlohmann::json;
+using storage::OpRecord;
+using storage::Recording;
+using storage::RunManifest;
+
+// The ops that talk to other ranks (copy_to_group does not, forward).
+bool isCollective(const std::string& name) {
+  return name == "all_reduce" || name == "all_gather" || name == "reduce_scatter" ||
+         name == "broadcast" || name == "all_to_all";
+}
+
+// A recorded collective's attributes (Note [Recorded collectives] in the engine).
+struct CollectiveAttrs {
+  std::string group;
+  int64_t number = 0;
+  int64_t bytes = 0;
+};
+
+std::optional<CollectiveAttrs> collectiveAttrs(const std::string& attrsJson) {
+  json j = json::parse(attrsJson, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("group") || !j["group"].is_string() ||
+      !j.contains("collective") || !j["collective"].is_string())
+    return std::nullopt;
+  CollectiveAttrs a;
+  a.group = j["group"].get<std::string>();
+  const std::string c = j["collective"].get<std::string>();
+  const size_t hash = c.rfind('#');
+  if (hash == std::string::npos) return std::nullopt;
+  a.number = std::atoll(c.c_str() + hash + 1);
+  if (j.contains("bytes") && j["bytes"].is_number_integer()) a.bytes = j["bytes"].get<int64_t>();
+  return a;
+}
+
+// Which instance of `group` world rank r is in: a dp group is named by its tp rank, a tp group by
+// its dp rank; the world is one group.
+int64_t groupIndexOf(const RunManifest& m, const std::string& group, int64_t r) {
+  if (group == "dp") return r % m.tp;
+  if (group == "tp") return r / m.tp;
+  return 0;
+}
+
+// The world ranks of that instance, by group rank.
+std::vector<int64_t> groupMembers(const RunManifest& m, const std::string& group, int64_t index) {
+  std::vector<int64_t> out;
+  if (group == "dp")
+    for (int64_t d = 0; d < m.dp; ++d) out.push_back(d * m.tp + index);
+  else if (group == "tp")
+    for (int64_t t = 0; t < m.tp; ++t) out.push_back(index * m.tp + t);
+  else
+    for (int64_t r = 0; r < m.worldSize; ++r) out.push_back(r);
+  return out;
+}
+
+std::vector<Recording> openRanks(const std::string& dir, const RunManifest& m) {
+  std::vector<Recording> recs;
+  for (int64_t r = 0; r < m.worldSize; ++r) {
+    Recording rec = Recording::open(storage::rankPath(dir, m, r));
+    const storage::RunInfo run = rec.run();
+    if (run.worldSize > 1 && (run.rank != r || run.worldSize != m.worldSize))
+      throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
+                                  " was recorded by rank " + std::to_string(run.rank) + " of " +
+                                  std::to_string(run.worldSize) + ", the manifest says rank " +
+                                  std::to_string(r) + " of " + std::to_string(m.worldSize));
+    recs.push_back(std::move(rec));
+  }
+  return recs;
+}
+
+bool recordsMd5(const Recording& rec) {
+  json j = json::parse(rec.run().captureOptionsJson, nullptr, false);
+  return j.is_object() && j.value("md5", false);
+}
+
+std::string ms(int64_t ns) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f ms", double(ns) / 1e6);
+  return b;
+}
+
+// One rank's collectives, keyed by (group, number).
+struct RankCollective {
+  std::string kind, scope;
+  int64_t step = 0, bytes = 0, waitNs = 0;
+};
+using RankCollectives = std::map<std::pair<std::string, int64_t>, RankCollective>;
+
+RankCollectives collectivesOf(const Recording& rec) {
+  RankCollectives out;
+  storage::OpQuery q;
+  q.withTensors = false;
+  for (const char* name :
+       {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}) {
+    q.name = name;
+    for (const OpRecord& op : rec.ops(q)) {
+      const std::optional<CollectiveAttrs> a = collectiveAttrs(op.attrsJson);
+      if (!a) continue;
+      out[{a->group, a->number}] = {op.name, op.scope, op.step, a->bytes,
+                                    std::max<int64_t>(0, op.endNs - op.beginNs)};
+    }
+  }
+  return out;
+}
+
+// Where the hang report of a failed run says it waited: "... in all_reduce #31 of group dp ...".
+struct HangPoint {
+  std::string kind, group;
+  int64_t number = 0;
+};
+std::optional<HangPoint> hangPoint(const std::string& status) {
+  if (status.rfind("failed: hang:", 0) != 0) return std::nullopt;
+  static const std::regex re(R"( in ([a-z_]+) #([0-9]+) of group ([a-z]+))");
+  std::smatch m;
+  if (!std::regex_search(status, m, re)) return std::nullopt;
+  return HangPoint{m[1].str(), m[3].str(), std::atoll(m[2].str().c_str())};
+}
+
+std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<RankSummary>& ranks,
+                                      const std::vector<RankCollectives>& colls) {
+  std::vector<std::string> out;
+  for (const RankSummary& s : ranks) {
+    const std::optional<HangPoint> h = hangPoint(s.status);
+    if (!h) continue;
+    const int64_t index = groupIndexOf(m, h->group, s.rank);
+    std::string line = "rank " + std::to_string(s.rank) + " waited in " + h->kind + " #" +
+                       std::to_string(h->number) + " of group " + h->group + ":";
+    bool named = false;
+    for (int64_t r : groupMembers(m, h->group, index)) {
+      if (r == s.rank) continue;
+      const RankCollectives& c = colls[size_t(r)];
+      // This rank's last recorded collective of the group.
+      int64_t last = 0;
+      const RankCollective* lastRec = nullptr;
+      for (auto it = c.lower_bound({h->group, 0}); it != c.end() && it->first.first == h->group;
+           ++it) {
+        last = it->first.second;
+        lastRec = &it->second;
+      }
+      const RankSummary& o = ranks[size_t(r)];
+      if (hangPoint(o.status) && hangPoint(o.status)->group == h->group &&
+          hangPoint(o.status)->number == h->number)
+        continue;  // waiting in the same collective: it joined
+      named = true;
+      if (last < h->number) {
+        line += " rank " + std::to_string(r) + " never joined it (its last " + h->group +
+                " collective is " +
+                (lastRec ? lastRec->kind + " #" + std::to_string(last) + " in step " +
+                               std::to_string(lastRec->step) +
+                               (lastRec->scope.empty() ? "" : ", scope " + lastRec->scope)
+                         : std::string("none")) +
+                "; its run " + o.status + ");";
+      } else {
+        const auto it = c.find({h->group, h->number});
+        line += " rank " + std::to_string(r) + " passed #" + std::to_string(h->number) + " (" +
+                (it != c.end() ? it->second.kind : std::string("?")) +
+                ") without it: the ranks called different collectives (--check-collectives "
+                "names where);";
+      }
+    }
+    if (!named) line += " every rank of the group waits there too;";
+    line.pop_back();
+    out.push_back(line);
+  }
+  return out;
+}
+
+}  // namespace
+
+RunSummary summarizeRun(const std::string& dir) {
+  RunSummary s;
+  s.manifest = storage::readManifest(dir);
+  const RunManifest& m = s.manifest;
+  std::vector<Recording> recs = openRanks(dir, m);
+  std::vector<RankCollectives> colls;
+  for (int64_t r = 0; r < m.worldSize; ++r) {
+    const Recording& rec = recs[size_t(r)];
+    RankSummary rs;
+    rs.rank = r;
+    rs.dpRank = m.ranks[size_t(r)].dpRank;
+    rs.tpRank = m.ranks[size_t(r)].tpRank;
+    rs.file = m.ranks[size_t(r)].file;
+    const storage::RunInfo run = rec.run();
+    rs.status = run.status;
+    rs.backend = run.backend;
+    const std::vector<storage::StepRecord> steps = rec.steps();
+    rs.steps = int64_t(steps.size());
+    rs.lastLoss = steps.empty() ? storage::kNoValue : steps.back().loss;
+    rs.ops = rec.opCount();
+    rs.md5 = recordsMd5(rec);
+    colls.push_back(collectivesOf(rec));
+    for (const auto& [key, c] : colls.back()) {
+      ++rs.collectives;
+      rs.waitNs += c.waitNs;
+    }
+    s.ranks.push_back(rs);
+  }
+  // Line up: every (group, instance, number) any rank recorded.
+  std::map<std::tuple<std::string, int64_t, int64_t>, AlignedCollective> aligned;
+  for (int64_t r = 0; r < m.worldSize; ++r)
+    for (const auto& [key, c] : colls[size_t(r)]) {
+      const int64_t index = groupIndexOf(m, key.first, r);
+      AlignedCollective& a = aligned[{key.first, index, key.second}];
+      if (a.ranks.empty()) {
+        a.group = key.first;
+        a.groupIndex = index;
+        a.number = key.second;
+        a.kind = c.kind;
+        a.scope = c.scope;
+        a.step = c.step;
+        a.bytes = c.bytes;
+        a.ranks = groupMembers(m, key.first, index);
+        a.waitNs.assign(a.ranks.size(), std::nullopt);
+      }
+      const auto at = std::find(a.ranks.begin(), a.ranks.end(), r);
+      if (at != a.ranks.end()) a.waitNs[size_t(at - a.ranks.begin())] = c.waitNs;
+    }
+  s.lastArrivals.assign(size_t(m.worldSize), 0);
+  for (auto& [key, a] : aligned) {
+    if (a.ranks.size() > 1) {
+      int64_t least = -1;
+      for (size_t i = 0; i < a.ranks.size(); ++i)
+        if (a.waitNs[i] && (least < 0 || *a.waitNs[i] < *a.waitNs[size_t(least)]))
+          least = int64_t(i);
+      if (least >= 0) {
+        a.straggler = a.ranks[size_t(least)];
+        ++s.lastArrivals[size_t(a.straggler)];
+      }
+    }
+    s.collectives.push_back(std::move(a));
+  }
+  s.hang = diagnoseHang(m, s.ranks, colls);
+  return s;
+}
+
+std::string runSummaryText(const RunSummary& s) {
+  const RunManifest& m = s.manifest;
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s\n",
+                static_cast<long long>(m.worldSize), static_cast<long long>(m.dp),
+                static_cast<long long>(m.tp), m.model.empty() ? "" : ", model ", m.model.c_str());
+  out += line;
+  out +=
+      "\n  rank  dp  tp  file          steps  last loss  ops      collectives  waited     "
+      "last to arrive  status\n";
+  for (const RankSummary& r : s.ranks) {
+    std::snprintf(line, sizeof line,
+                  "  %-4lld  %-2lld  %-2lld  %-12s  %-5lld  %-9s  %-7lld  %-11lld  %-9s  %-14lld  "
+                  "%s\n",
+                  static_cast<long long>(r.rank), static_cast<long long>(r.dpRank),
+                  static_cast<long long>(r.tpRank), r.file.c_str(), static_cast<long long>(r.steps),
+                  std::isnan(r.lastLoss) ? "-" : std::to_string(r.lastLoss).substr(0, 6).c_str(),
+                  static_cast<long long>(r.ops), static_cast<long long>(r.collectives),
+                  ms(r.waitNs).c_str(), static_cast<long long>(s.lastArrivals[size_t(r.rank)]),
+                  r.status.c_str());
+    out += line;
+  }
+  // Per group: how many instances, collectives per instance, bytes per rank, the longest waits.
+  struct GroupTotals {
+    std::map<int64_t, int64_t> perInstance;  // group index -> collectives
+    int64_t bytes = 0, incomplete = 0;
+  };
+  std::map<std::string, GroupTotals> byGroup;
+  for (const AlignedCollective& a : s.collectives) {
+    GroupTotals& g = byGroup[a.group];
+    ++g.perInstance[a.groupIndex];
+    g.bytes += a.bytes;
+    if (std::any_of(a.waitNs.begin(), a.waitNs.end(), [](const auto& w) { return !w; }))
+      ++g.incomplete;
+  }
+  if (!byGroup.empty()) {
+    out +=
+        "\ncollectives (lined up across ranks by group and number; the last to arrive waited "
+        "least)\n";
+    for (const auto& [name, g] : byGroup) {
+      const int64_t groups = int64_t(g.perInstance.size());
+      int64_t most = 0;
+      for (const auto& [index, n] : g.perInstance) most = std::max(most, n);
+      std::snprintf(line, sizeof line, "  %-6s %lld group%s of %lld ranks, %lld collectives each, "
+                    "%lld bytes sent per rank%s\n",
+                    name.c_str(), static_cast<long long>(groups), groups == 1 ? "" : "s",
+                    static_cast<long long>(s.collectives.empty() ? 0 : [&] {
+                      for (const AlignedCollective& a : s.collectives)
+                        if (a.group == name) return int64_t(a.ranks.size());
+                      return int64_t(0);
+                    }()),
+                    static_cast<long long>(most), static_cast<long long>(g.bytes / groups),
+                    g.incomplete ? (", " + std::to_string(g.incomplete) +
+                                    " not recorded by every rank of their group")
+                                       .c_str()
+                                 : "");
+      out += line;
+    }
+    // The longest single waits: where a rank stood still for another.
+    std::vector<std::pair<int64_t, const AlignedCollective*>> waits;
+    for (const AlignedCollective& a : s.collectives) {
+      int64_t most = 0;
+      for (const auto& w : a.waitNs)
+        if (w) most = std::max(most, *w);
+      waits.push_back({most, &a});
+    }
+    std::sort(waits.begin(), waits.end(),
+              [](const auto& x, const auto& y) { return x.first > y.first; });
+    out += "  longest waits:\n";
+    for (size_t i = 0; i < waits.size() && i < 5; ++i) {
+      const AlignedCollective& a = *waits[i].second;
+      std::string per;
+      for (size_t k = 0; k < a.ranks.size(); ++k)
+        per += (k ? ", " : "") + std::string("rank ") + std::to_string(a.ranks[k]) + " " +
+               (a.waitNs[k] ? ms(*a.waitNs[k]) : std::string("never"));
+      std::snprintf(line, sizeof line, "    %s #%lld of %s (step %lld, %s): %s; last: rank %lld\n",
+                    a.kind.c_str(), static_cast<long long>(a.number), a.group.c_str(),
+                    static_cast<long long>(a.step), a.scope.empty() ? "-" : a.scope.c_str(),
+                    per.c_str(), static_cast<long long>(a.straggler));
+      out += line;
+    }
+  }
+  if (!s.hang.empty()) {
+    out += "\nhang\n";
+    for (const std::string& h : s.hang) out += "  " + h + "\n";
+  }
+  return out;
+}
+
+// ---- The replica check (Note [Replica check]) ----
+
+namespace {
+
+// Which of an op's tensors the replicas must agree on.
+bool mustAgree(const OpRecord& op, const storage::TensorRecord& t) {
+  if (op.step == 0) return t.role == storage::Role::Output;  // initialisation
+  if (op.phase == Phase::Optimizer) return true;
+  if (isCollective(op.name) && t.role == storage::Role::Output) {
+    const std::optional<CollectiveAttrs> a = collectiveAttrs(op.attrsJson);
+    return a && a->group == "dp";
+  }
+  return false;
+}
+
+std::string tensorName(const storage::TensorRecord& t) {
+  return std::string(t.role == storage::Role::Input ? "input " : "output ") +
+         std::to_string(t.index);
+}
+
+// Compares replica b's ops of one step against replica a's; the first difference, if any.
+std::optional<ReplicaDifference> compareStep(const std::vector<OpRecord>& a,
+                                             const std::vector<OpRecord>& b, int64_t step,
+                                             ReplicaReport& report) {
+  auto diff = [&](size_t i, const std::string& what) {
+    ReplicaDifference d;
+    d.step = step;
+    const OpRecord& op = i < a.size() ? a[i] : b[i];
+    d.op = op.name;
+    d.scope = op.scope;
+    d.phase = op.phase;
+    if (i < a.size()) d.seqA = a[i].seq;
+    if (i < b.size()) d.seqB = b[i].seq;
+    d.what = what;
+    d.index = int64_t(i);
+    return d;
+  };
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const OpRecord& x = a[i];
+    const OpRecord& y = b[i];
+    if (x.name != y.name || x.phase != y.phase)
+      return diff(i, "op " + std::to_string(i + 1) + " of the step is " + x.name + " (" +
+                         std::string(phaseName(x.phase)) + ") on one replica and " + y.name + " (" +
+                         std::string(phaseName(y.phase)) +
+                         ") on the other: the replicas ran different programs");
+    bool compared = false;
+    for (const storage::TensorRecord& t : x.tensors) {
+      if (!mustAgree(x, t) || t.md5.empty()) continue;
+      const auto u = std::find_if(y.tensors.begin(), y.tensors.end(), [&](const auto& v) {
+        return v.role == t.role && v.index == t.index;
+      });
+      if (u == y.tensors.end() || u->md5.empty()) continue;
+      compared = true;
+      ++report.tensorsCompared;
+      if (u->md5 != t.md5) {
+        ReplicaDifference d = diff(i, tensorName(t) + " differs");
+        d.tensor = tensorName(t);
+        d.md5A = t.md5;
+        d.md5B = u->md5;
+        return d;
+      }
+    }
+    if (compared) ++report.opsCompared;
+  }
+  if (a.size() != b.size())
+    return diff(n, "the step has " + std::to_string(a.size()) + " ops on one replica and " +
+                       std::to_string(b.size()) + " on the other");
+  return std::nullopt;
+}
+
+}  // namespace
+
+ReplicaReport checkReplicas(const std::string& dir) {
+  const RunManifest m = storage::readManifest(dir);
+  ReplicaReport report;
+  report.dp = m.dp;
+  report.tp = m.tp;
+  std::vector<Recording> recs = openRanks(dir, m);
+  int64_t steps = -1;
+  for (int64_t r = 0; r < m.worldSize; ++r) {
+    if (!recordsMd5(recs[size_t(r)]))
+      throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
+                                  " has no MD5s; record with --md5 or --all to check replicas");
+    const int64_t n = int64_t(recs[size_t(r)].steps().size());
+    steps = steps < 0 ? n : std::min(steps, n);
+  }
+  report.steps = std::max<int64_t>(steps, 0);
+  if (m.dp < 2) return report;
+  for (int64_t step = 0; step <= report.steps; ++step) {
+    for (int64_t t = 0; t < m.tp; ++t) {
+      const std::vector<OpRecord> first = recs[size_t(t)].stepOps(step);
+      for (int64_t d = 1; d < m.dp; ++d) {
+        const int64_t r = d * m.tp + t;
+        std::optional<ReplicaDifference> diff =
+            compareStep(first, recs[size_t(r)].stepOps(step), step, report);
+        if (!diff) continue;
+        diff->tpRank = t;
+        diff->rankA = t;
+        diff->rankB = r;
+        if (!report.first || diff->index < report.first->index) report.first = diff;
+      }
+    }
+    if (report.first) break;  // the earliest step with a difference
+  }
+  return report;
+}
+
+std::string replicaText(const ReplicaReport& r) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "replica check: dp %lld x tp %lld, %lld steps and initialisation, %lld ops and "
+                "%lld tensors compared by MD5\n",
+                static_cast<long long>(r.dp), static_cast<long long>(r.tp),
+                static_cast<long long>(r.steps), static_cast<long long>(r.opsCompared),
+                static_cast<long long>(r.tensorsCompared));
+  std::string out = line;
+  if (r.dp < 2) return out + "one replica per model shard (dp 1): nothing to compare\n";
+  if (!r.first)
+    return out +
+           "replicas identical: every parameter, averaged gradient and optimizer update the "
+           "same on every dp rank\n";
+  const ReplicaDifference& d = *r.first;
+  std::snprintf(line, sizeof line,
+                "replicas differ: step %lld, op %s (%s%s%s), tp rank %lld: rank %lld op #%llu vs "
+                "rank %lld op #%llu\n",
+                static_cast<long long>(d.step), d.op.c_str(), phaseName(d.phase).data(),
+                d.scope.empty() ? "" : ", scope ", d.scope.c_str(),
+                static_cast<long long>(d.tpRank), static_cast<long long>(d.rankA),
+                static_cast<unsigned long long>(d.seqA), static_cast<long long>(d.rankB),
+                static_cast<unsigned long long>(d.seqB));
+  out += line;
+  out += "  " + d.what + "\n";
+  if (!d.md5A.empty())
+    out += "  md5 rank " + std::to_string(d.rankA) + " " + d.md5A + ", rank " +
+           std::to_string(d.rankB) + " " + d.md5B + "\n";
+  return out;
+}
+
+std::string replicaJson(const ReplicaReport& r) {
+  json j = {{"dp", r.dp},
+            {"tp", r.tp},
+            {"steps", r.steps},
+            {"ops_compared", r.opsCompared},
+            {"tensors_compared", r.tensorsCompared},
+            {"identical", !r.first.has_value()}};
+  if (r.first) {
+    const ReplicaDifference& d = *r.first;
+    j["first_difference"] = {
+        {"step", d.step},     {"tp_rank", d.tpRank}, {"rank_a", d.rankA},
+        {"rank_b", d.rankB},  {"seq_a", d.seqA},     {"seq_b", d.seqB},
+        {"op", d.op},         {"scope", d.scope},    {"phase", phaseName(d.phase)},
+        {"tensor", d.tensor}, {"md5_a", d.md5A},     {"md5_b", d.md5B},
+        {"what", d.what}};
+  }
+  return j.dump(2, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace keel::analysis

@@ -1,0 +1,229 @@
+// Multi-rank runs through the real keel binary under mpirun (2 and 4 processes, oversubscribed):
+// data- and tensor-parallel training gives the single-process losses, a recorded run is a run
+// folder that inspect, ops, diff and the replica check read, an injected desync is found at its
+// op, a rank that skips a collective is named by the hang report and the descriptor check, and
+// bad layouts are one line and exit 2 on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "keel/storage/reader.h"
+#include "keel/storage/run_folder.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using keel::test::CliResult;
+
+constexpr const char* kTiny = "tests/fixtures/gpt-tiny.json";
+
+class KeelRanks : public keel::test::TempDirTest {
+ protected:
+  // keel with `args` in `np` processes under mpirun (bounded: a hang fails the test, not CI).
+  // env: VAR=value words passed to every rank.
+  CliResult mpi(int np, const std::string& args, const std::string& env = "") {
+    std::string exports;
+    std::istringstream words(env);
+    for (std::string w; words >> w;) exports += " -x " + w.substr(0, w.find('='));
+    return keel::test::runKeelCli(
+        args, dir_.string(),
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+        "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none " +
+            env + " timeout 120 mpirun -np " + std::to_string(np) + " -x KEEL_BLAS_TUNE" + exports);
+  }
+  CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
+  std::string path(const std::string& name) { return (dir_ / name).string(); }
+  // The recorded run folder `name`: dp x tp ranks, `steps` steps with MD5s.
+  CliResult record(const std::string& name, int dp, int tp, int steps, const std::string& env = "",
+                   const std::string& extra = "") {
+    return mpi(dp * tp,
+               "record --config " + std::string(kTiny) + " --steps " + std::to_string(steps) +
+                   " --dp " + std::to_string(dp) + " --tp " + std::to_string(tp) + " --md5 -o '" +
+                   path(name) + "' " + extra,
+               env);
+  }
+};
+
+// The losses "step N/M  loss X" that keel train prints.
+std::vector<double> losses(const std::string& out) {
+  static const std::regex re(R"(step \d+/\d+  loss ([0-9.]+))");
+  std::vector<double> v;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
+    v.push_back(std::stod((*it)[1].str()));
+  return v;
+}
+
+// Every "keel: error:" line of a multi-rank failure is `fragment`'s; at least one was printed
+// (mpirun may end the other ranks before they print theirs).
+void expectErrorOnRanks(const CliResult& r, const std::string& fragment) {
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  int lines = 0;
+  std::istringstream in(r.err);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("keel: error: ", 0) != 0) continue;
+    ++lines;
+    EXPECT_NE(l.find(fragment), std::string::npos) << l;
+  }
+  EXPECT_GE(lines, 1) << r.err;
+}
+
+TEST_F(KeelRanks, DataAndTensorParallelTrainingGiveTheSingleProcessLosses) {
+  const std::string train = "train --config " + std::string(kTiny) + " --steps 4";
+  const CliResult one = keel(train);
+  ASSERT_EQ(one.status, 0) << one.err;
+  const std::vector<double> want = losses(one.out);
+  ASSERT_EQ(want.size(), 4u) << one.out;
+  struct Layout {
+    int np;
+    std::string args;
+  };
+  // keel launch runs mpirun itself (as root, oversubscribed).
+  const CliResult launched = keel("launch -n 2 " + train + " --dp 2");
+  for (const auto& [np, args] :
+       std::vector<Layout>{{2, "--dp 2"}, {2, "--tp 2"}, {4, "--dp 2 --tp 2"}}) {
+    const CliResult r = mpi(np, train + " " + args);
+    ASSERT_EQ(r.status, 0) << args << "\n" << r.err;
+    const std::vector<double> got = losses(r.out);
+    ASSERT_EQ(got.size(), want.size()) << args << "\n"
+                                       << r.out;  // rank 0 prints; the rest are quiet
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 2e-4) << args << ", step " << i + 1;
+  }
+  ASSERT_EQ(launched.status, 0) << launched.err;
+  const std::vector<double> got = losses(launched.out);
+  ASSERT_EQ(got.size(), want.size()) << launched.out;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-4);
+}
+
+TEST_F(KeelRanks, ARecordedRunIsAFolderThatEveryCommandReads) {
+  ASSERT_EQ(record("run", 2, 2, 2).status, 0);
+  const keel::storage::RunManifest m = keel::storage::readManifest(path("run"));
+  EXPECT_EQ(m.worldSize, 4);
+  EXPECT_EQ(m.dp, 2);
+  EXPECT_EQ(m.tp, 2);
+  for (int64_t r = 0; r < 4; ++r) {
+    keel::storage::Recording rec =
+        keel::storage::Recording::open(path("run/rank-") + std::to_string(r) + ".db");
+    EXPECT_EQ(rec.run().rank, r);
+    EXPECT_EQ(rec.run().worldSize, 4);
+    EXPECT_EQ(rec.run().layout, "dp 2 x tp 2");
+    EXPECT_EQ(rec.run().status, "finished");
+    EXPECT_EQ(rec.steps().size(), 2u);
+  }
+  const CliResult inspect = keel("inspect '" + path("run") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("4 ranks: dp 2 x tp 2, model gpt-tiny"), std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("dp     2 groups of 2 ranks, 6 collectives each"), std::string::npos)
+      << inspect.out;  // per step: one gradient bucket and two loss means
+  EXPECT_NE(inspect.out.find("tp     2 groups of 2 ranks"), std::string::npos) << inspect.out;
+  EXPECT_EQ(inspect.out.find("hang"), std::string::npos) << inspect.out;
+  const CliResult rank3 = keel("inspect '" + path("run") + "' --rank 3");
+  ASSERT_EQ(rank3.status, 0) << rank3.err;
+  EXPECT_NE(rank3.out.find("rank-3.db"), std::string::npos);
+
+  const CliResult ops = keel("ops '" + path("run") + "' --rank 1 --name all_reduce --step 1");
+  ASSERT_EQ(ops.status, 0) << ops.err;
+  EXPECT_NE(ops.out.find("dp_grad_sync"), std::string::npos) << ops.out;
+  EXPECT_NE(ops.out.find("dp_loss"), std::string::npos) << ops.out;
+  keel::test::expectOneLineError(keel("ops '" + path("run") + "'"),
+                                 "is a run folder of 4 ranks: choose one with --rank 0..3");
+  keel::test::expectOneLineError(keel("ops '" + path("run") + "' --rank 4"),
+                                 "has ranks 0..3, not 4");
+  keel::test::expectOneLineError(keel("ops '" + path("run/rank-0.db") + "' --rank 0"),
+                                 "--rank needs a run folder");
+
+  const CliResult replicas = keel("diff '" + path("run") + "' --replicas");
+  EXPECT_EQ(replicas.status, 0) << replicas.out << replicas.err;
+  EXPECT_NE(replicas.out.find("replicas identical"), std::string::npos) << replicas.out;
+
+  // The same run twice, rank by rank: equal.
+  ASSERT_EQ(record("again", 2, 2, 2).status, 0);
+  const CliResult same = keel("diff '" + path("run") + "' '" + path("again") + "'");
+  EXPECT_EQ(same.status, 0) << same.out << same.err;
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(same.out.find("rank " + std::to_string(r) + ": equal within tolerance"),
+              std::string::npos)
+        << same.out;
+  keel::test::expectOneLineError(keel("diff '" + path("run") + "' '" + path("run/rank-0.db") + "'"),
+                                 "is a run folder and the other a single recording");
+}
+
+// A replica whose averaged gradient is changed (KEEL_TEST_PERTURB on rank 1's fourth all_reduce:
+// step 2's gradient bucket; steps hold one bucket and two loss means) drifts from its twin; the
+// replica check names that op, and a rank-by-rank diff against a clean run finds rank 1 there.
+TEST_F(KeelRanks, TheReplicaCheckFindsAnInjectedDesyncAtItsOp) {
+  ASSERT_EQ(
+      record("bad", 2, 1, 3, "KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1").status, 0);
+  const CliResult r = keel("diff '" + path("bad") + "' --replicas");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("replicas differ: step 2, op all_reduce (backward, scope dp_grad_sync), "
+                       "tp rank 0: rank 0 op #"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("output 0 differs"), std::string::npos) << r.out;
+  const CliResult j = keel("diff '" + path("bad") + "' --replicas --json");
+  EXPECT_EQ(j.status, 1);
+  EXPECT_NE(j.out.find("\"rank_b\": 1"), std::string::npos) << j.out;
+  EXPECT_NE(j.out.find("\"step\": 2"), std::string::npos) << j.out;
+
+  ASSERT_EQ(record("good", 2, 1, 3).status, 0);
+  const CliResult d = keel("diff '" + path("good") + "' '" + path("bad") + "'");
+  EXPECT_EQ(d.status, 1) << d.out << d.err;
+  EXPECT_NE(d.out.find("rank 1 (the first to diverge)"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("rank 1: diverged: first at step 2"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("all_reduce (dp_grad_sync)"), std::string::npos) << d.out;
+}
+
+// Rank 1 skips the run's last all_reduce (step 3's second loss mean): rank 0 waits there until
+// the timeout, its watchdog writes the report into its recording and ends the job; the recordings
+// then say which rank never joined which collective.
+TEST_F(KeelRanks, AHangIsReportedNamingTheRankThatNeverJoined) {
+  const CliResult r =
+      record("hang", 2, 1, 3, "KEEL_TEST_PERTURB=all_reduce:9:skip KEEL_TEST_PERTURB_RANK=1",
+             "--collective-timeout 2");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("keel: error: rank 0 (dp rank 0, tp rank 0) waited 2 s in all_reduce #9 "
+                       "of group dp (2 ranks), called by op all_reduce in dp_loss"),
+            std::string::npos)
+      << r.err;
+  keel::storage::Recording rank0 = keel::storage::Recording::open(path("hang/rank-0.db"));
+  EXPECT_EQ(rank0.run().status.rfind("failed: hang: rank 0", 0), 0u) << rank0.run().status;
+  const CliResult inspect = keel("inspect '" + path("hang") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("rank 0 waited in all_reduce #9 of group dp: rank 1 never joined it "
+                             "(its last dp collective is all_reduce #8 in step 3, scope dp_loss; "
+                             "its run finished)"),
+            std::string::npos)
+      << inspect.out;
+}
+
+// The descriptor check finds the skipped collective where it happens, naming both ranks.
+TEST_F(KeelRanks, TheDescriptorCheckNamesTheRanksThatCallDifferentCollectives) {
+  const CliResult r =
+      record("mismatch", 2, 1, 3, "KEEL_TEST_PERTURB=all_reduce:2:skip KEEL_TEST_PERTURB_RANK=1",
+             "--check-collectives");
+  expectErrorOnRanks(r, "collective mismatch in group dp: rank ");
+  EXPECT_NE(r.err.find("all_reduce #3 (float32 x 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("all_reduce #3 (float32 x 37696)"), std::string::npos) << r.err;
+}
+
+TEST_F(KeelRanks, BadLayoutsAreOneLineOnEveryRank) {
+  const std::string train = "train --config " + std::string(kTiny) + " --steps 1 ";
+  expectErrorOnRanks(mpi(4, train + "--dp 3 --tp 2"),
+                     "parallel layout: dp 3 x tp 2 = 6 ranks, but 4 were started (mpirun -np)");
+  expectErrorOnRanks(mpi(3, train + "--tp 3"), "tensor parallelism: tp 3 does not divide n_head 2");
+  expectErrorOnRanks(mpi(3, train + "--dp 3"),
+                     "data parallelism: dp 3 does not divide config field 'batch_size' 4");
+  keel::test::expectOneLineError(keel(train + "--dp 2"),
+                                 "dp 2 x tp 1 = 2 ranks, but 1 process was started");
+}
+
+}  // namespace
