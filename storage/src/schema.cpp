@@ -51,8 +51,8 @@ CREATE TABLE run (
   capture_options_json TEXT NOT NULL,    -- what was recorded (capture options as JSON)
   status               TEXT NOT NULL,    -- running | finished | stopped: <why> | failed: <why>
   allocator            TEXT NOT NULL DEFAULT '', -- host allocator: host | caching | vmm ('' before v5)
-  rank                 INTEGER NOT NULL DEFAULT 0, -- this process's rank in a multi-rank run (v7)
-  world_size           INTEGER NOT NULL DEFAULT 1, -- ranks of the run (1 before v7)
+  rank                 INTEGER NOT NULL DEFAULT 0, -- this process's rank in a multi-rank run (v8)
+  world_size           INTEGER NOT NULL DEFAULT 1, -- ranks of the run (1 before v8)
   layout               TEXT NOT NULL DEFAULT ''  -- parallel layout, "dp 2 x tp 2" ('' alone)
 );
 
@@ -386,13 +386,9 @@ ALTER TABLE steps ADD COLUMN aux_loss REAL;
 ALTER TABLE steps ADD COLUMN val_loss REAL;
 )sql",
      nullptr, ""},
-    // 6 -> 7: the run names its rank in a multi-rank run; each op names the kernel that ran it
-    // (a diff says "same inputs, different kernel");
+    // 6 -> 7: each op names the kernel that ran it (a diff says "same inputs, different kernel");
     // op calls counted per step, op, phase and kernel (filled after the migration, kSummaries).
     {R"sql(
-ALTER TABLE run ADD COLUMN rank INTEGER NOT NULL DEFAULT 0;        -- rank in a multi-rank run
-ALTER TABLE run ADD COLUMN world_size INTEGER NOT NULL DEFAULT 1;  -- ranks of the run
-ALTER TABLE run ADD COLUMN layout TEXT NOT NULL DEFAULT '';        -- "dp 2 x tp 2"
 ALTER TABLE ops ADD COLUMN kernel_id INTEGER;  -- -> kernels(id); NULL for views
 CREATE TABLE kernels (
   id          INTEGER PRIMARY KEY,  -- kernel id, referenced by ops.kernel_id
@@ -408,6 +404,13 @@ CREATE TABLE op_counts (
   kernel_id INTEGER,           -- -> kernels(id); NULL for views
   count     INTEGER NOT NULL   -- op calls
 );
+)sql",
+     nullptr, ""},
+    // 7 -> 8: the run names its place in a multi-rank run (Note [Run folders]).
+    {R"sql(
+ALTER TABLE run ADD COLUMN rank INTEGER NOT NULL DEFAULT 0;        -- rank in a multi-rank run
+ALTER TABLE run ADD COLUMN world_size INTEGER NOT NULL DEFAULT 1;  -- ranks of the run
+ALTER TABLE run ADD COLUMN layout TEXT NOT NULL DEFAULT '';        -- "dp 2 x tp 2"
 )sql",
      nullptr, ""},
 }};

@@ -25,7 +25,7 @@ struct RunInfo {
   std::string status = "running";  // running | finished | stopped: <reason> | failed: <reason>
   std::string allocator;           // host allocator the run used: host | caching | vmm ("" unknown)
   // A multi-rank run (keel/dist.h): this process's rank, the ranks, and the layout ("dp 2 x tp
-  // 2"); 0, 1 and "" for a process alone (and before schema v7).
+  // 2"); 0, 1 and "" for a process alone (and before schema v8).
   int64_t rank = 0;
   int64_t worldSize = 1;
   std::string layout;
