@@ -19,6 +19,7 @@
 #include "keel/base/text.h"
 #include "keel/device.h"
 #include "keel/error.h"
+#include "keel/storage/run_folder.h"
 
 namespace keel::studio {
 
@@ -47,6 +48,7 @@ struct Options {
   QCommandLineOption compare{
       "compare", "Recording to compare with (side by side, diffed op by op).", "other.db"};
   QCommandLineOption step{"step", "Training step to show.", "N"};
+  QCommandLineOption rank{"rank", "With a run folder (a multi-rank run): the rank to show.", "R"};
   QCommandLineOption firstDiv{"select-first-divergence",
                               "Select the first divergence (with --compare)."};
   QCommandLineOption selectOp{QStringList{"select-op", "select"},
@@ -58,8 +60,8 @@ struct Options {
   QCommandLineOption viewsDir{"views-dir", "With --screenshot: also save each view here.", "dir"};
   QCommandLineOption size{"size", "Window size for --screenshot (default 1600x1000).", "WxH"};
   QCommandLineOption show{"show",
-                          "Raise this view in the bottom dock: ops, diff, logs, memory or "
-                          "timeline (default: ops).",
+                          "Raise this view in the bottom dock: ops, diff, logs, memory, "
+                          "timeline or ranks (default: ops; a run folder: ranks).",
                           "view"};
   QCommandLineOption session{"session", "Start a live session of this model config.",
                              "config.json"};
@@ -83,8 +85,8 @@ struct Options {
     p.addHelpOption();
     p.addVersionOption();
     p.addPositionalArgument("recording", "Recording to open (.db).", "[run.db]");
-    p.addOptions({compare, step, firstDiv, selectOp, shot, viewsDir, size, show, session, backend,
-                  steps, seed, output, run});
+    p.addOptions({compare, step, rank, firstDiv, selectOp, shot, viewsDir, size, show, session,
+                  backend, steps, seed, output, run});
   }
 };
 
@@ -158,12 +160,31 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     out.compare = cli.value(o.compare);
   }
   for (const QString& f : {out.recording, out.compare})
-    if (!f.isEmpty() && !QFileInfo(f).isFile()) return error(notAFile("recording", f));
+    if (!f.isEmpty() && !QFileInfo(f).isFile() && !storage::isRunFolder(f.toStdString()))
+      return error(notAFile("recording", f));
   bool ok = true;
   if (cli.isSet(o.step)) {
     out.step = cli.value(o.step).toLongLong(&ok);
     if (!ok || out.step < 0)
       return error("--step: expected a step number, got '" + cli.value(o.step) + "'");
+  }
+  if (cli.isSet(o.rank)) {
+    const int r = cli.value(o.rank).toInt(&ok);
+    if (!ok || r < 0)
+      return error("--rank: expected a rank number, got '" + cli.value(o.rank) + "'");
+    if (out.recording.isEmpty() || !keel::storage::isRunFolder(out.recording.toStdString()))
+      return error("--rank needs a run folder (a multi-rank recording)");
+    try {
+      const keel::storage::RunManifest m = keel::storage::readManifest(out.recording.toStdString());
+      if (r >= m.worldSize)
+        return error(QString("--rank: %1 has ranks 0..%2, not %3")
+                         .arg(out.recording)
+                         .arg(m.worldSize - 1)
+                         .arg(r));
+    } catch (const std::exception& e) {
+      return error(QString::fromStdString(e.what()));
+    }
+    out.rank = r;
   }
   out.selectFirstDivergence = cli.isSet(o.firstDiv);
   if (out.selectFirstDivergence && out.compare.isEmpty())

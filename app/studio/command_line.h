@@ -22,6 +22,7 @@ struct StudioCommandLine {
   QString recording;  // replay this recording ("" none)
   QString compare;    // and compare it with this one ("" none)
   int64_t step = -1;  // step to show (-1: the first; a finished live session: the last)
+  int rank = -1;      // a run folder's rank to show (-1: rank 0)
   bool selectFirstDivergence = false;
   std::optional<uint64_t> selectOp;  // op sequence number to select
   QString screenshot;                // save a picture of the window here and exit
@@ -34,7 +35,7 @@ struct StudioCommandLine {
 };
 
 // The bottom dock's views, by --show name (MainWindow::showView).
-inline const QStringList kStudioViews = {"ops", "diff", "logs", "memory", "timeline"};
+inline const QStringList kStudioViews = {"ops", "diff", "logs", "memory", "timeline", "ranks"};
 
 // Parses keel-studio's arguments (args[0] is the program). Never touches the file system except
 // to check that named inputs exist.

@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   }
   if (!cli.recording.isEmpty()) {
     if (cli.step >= 0) win.showStepOnOpen(cli.step);
+    if (cli.rank >= 0) win.showRankOnOpen(cli.rank);
     win.openRecording(cli.recording);
     if (!cli.compare.isEmpty()) {
       QObject::connect(&win, &MainWindow::recordingOpened, &win, [&](keel::views::Side side) {

@@ -25,9 +25,12 @@
 #include <QTimer>
 #include <QToolBar>
 #include <QVBoxLayout>
+#include <algorithm>
 #include <utility>
 
 #include "dialogs.h"
+#include "keel/storage/errors.h"
+#include "keel/storage/run_folder.h"
 #include "keel/views/diff_view.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/inspector.h"
@@ -36,6 +39,7 @@
 #include "keel/views/memory_view.h"
 #include "keel/views/nonfinite_banner.h"
 #include "keel/views/op_table.h"
+#include "keel/views/ranks_view.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
 #include "keel/views/timeline_view.h"
@@ -130,6 +134,10 @@ void MainWindow::buildActions() {
   openAct_->setShortcut(QKeySequence::Open);
   compareAct_ = file->addAction("&Compare with…", this, &MainWindow::compareDialog);
   compareAct_->setShortcut(QKeySequence("Ctrl+D"));
+  file->addAction("Open run &folder…", this, [this] {
+    const QString d = QFileDialog::getExistingDirectory(this, "Open run folder (multi-rank run)");
+    if (!d.isEmpty()) openRecording(d);
+  });
   recentMenu_ = file->addMenu("Open &recent");
   file->addSeparator();
   file->addAction("Save &screenshot…", this, [this] {
@@ -196,6 +204,22 @@ void MainWindow::buildActions() {
   connect(stepSpin_, &QSpinBox::valueChanged, this, [this](int v) {
     if (v != shownStep_) showStep(v);
   });
+  // A run folder's ranks (Note [Run folders]): the rank every view shows, and one to compare it
+  // with in the diff view. Shown only while a run folder is open.
+  rankCombo_ = new QComboBox;
+  rankCombo_->setObjectName("rankCombo");
+  rankCombo_->setToolTip("The rank whose recording every view shows");
+  compareRankCombo_ = new QComboBox;
+  compareRankCombo_->setObjectName("compareRankCombo");
+  compareRankCombo_->setToolTip("Compare the shown rank with another rank of the run (diff view)");
+  tb->addSeparator();
+  rankActs_ = {tb->addWidget(new QLabel(" Rank ")), tb->addWidget(rankCombo_),
+               tb->addWidget(new QLabel(" vs ")), tb->addWidget(compareRankCombo_)};
+  for (QAction* a : rankActs_) a->setVisible(false);
+  connect(rankCombo_, &QComboBox::activated, this, [this](int rank) { showRank(rank); });
+  connect(compareRankCombo_, &QComboBox::activated, this, [this](int index) {
+    if (index > 0) compareWith(rankFile(index - 1));
+  });
   // The phases a graph shows: one selector, the graph's own (all phases, optimizer included);
   // the compared run's graph follows it, and the other way round.
   connect(graphA_, &views::GraphView::phaseFilterChanged, graphB_,
@@ -248,10 +272,34 @@ void MainWindow::buildDocks() {
   memoryDock_ = dock("Memory", "dock.memory", memoryScroll, Qt::BottomDockWidgetArea);
   QDockWidget* timelineDock =
       dock("Timeline", "dock.timeline", timeline_, Qt::BottomDockWidgetArea);
+  ranksView_ = new views::RanksView;
+  ranksDock_ = dock("Ranks", "dock.ranks", ranksView_, Qt::BottomDockWidgetArea);
+  connect(ranksView_, &views::RanksView::rankActivated, this, [this](int rank) {
+    rankCombo_->setCurrentIndex(rank);
+    showRank(rank);
+  });
+  connect(ranksView_, &views::RanksView::opActivated, this,
+          [this](int rank, qint64 step, quint64 seq) {
+            if (rankCombo_->currentIndex() == rank && summaryA_) {
+              selectOpInStep(seq, step);
+              return;
+            }
+            showStepOnOpen(step);
+            showRank(rank);
+            pendingSelectA_ = seq;
+          });
+  connect(ranksView_, &views::RanksView::failed, this, [this](const QString& msg) {
+    if (std::exchange(ranksLoading_, false)) busy(-1);
+    showError("Run folder", msg);
+  });
+  connect(ranksView_, &views::RanksView::loaded, this, [this] {
+    if (std::exchange(ranksLoading_, false)) busy(-1);
+  });
   tabifyDockWidget(opsDock, diffDock_);
   tabifyDockWidget(diffDock_, logsDock);
   tabifyDockWidget(logsDock, memoryDock_);
   tabifyDockWidget(memoryDock_, timelineDock);
+  tabifyDockWidget(timelineDock, ranksDock_);
   // A live run's memory is reloaded when the Memory tab is looked at, not after every step.
   connect(memoryDock_, &QDockWidget::visibilityChanged, this, [this](bool visible) {
     if (visible && load_.memoryStale()) loadMemory();
@@ -299,8 +347,9 @@ void MainWindow::connectSources() {
     stepSpin_->setRange(0, int(last));
     lossPlot_->setRuns(summaryA_, summaryB_);
     updateStatus();
-    // Replay: the op table; comparing: the diff (unless a view was asked for: showView).
-    if (!sourceB_->isOpen()) raiseBottom(opsDock_);
+    // Replay: the op table (a run folder just opened: its Ranks panel); comparing: the diff
+    // (unless a view was asked for: showView).
+    if (!sourceB_->isOpen()) raiseBottom(std::exchange(ranksFirst_, false) ? ranksDock_ : opsDock_);
     if (sourceB_->isOpen())
       inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
     emit recordingOpened(Side::A);
@@ -510,6 +559,66 @@ void MainWindow::connectSession() {
 }
 
 void MainWindow::openRecording(const QString& path, bool verify) {
+  if (storage::isRunFolder(path.toStdString())) {
+    openRunFolder(path);
+    return;
+  }
+  // A file outside the open run folder leaves it.
+  if (!runFolder_.isEmpty() &&
+      QFileInfo(path).absolutePath() != QFileInfo(runFolder_).absoluteFilePath())
+    leaveRunFolder();
+  openFile(path, verify);
+}
+
+void MainWindow::openRunFolder(const QString& folder) {
+  storage::RunManifest m;
+  try {
+    m = storage::readManifest(folder.toStdString());
+  } catch (const std::exception& e) {
+    showError("Open run folder", QString::fromStdString(e.what()));
+    return;
+  }
+  runFolder_ = folder;
+  rankFiles_.clear();
+  rankCombo_->clear();
+  compareRankCombo_->clear();
+  compareRankCombo_->addItem("—");
+  for (const storage::RankEntry& r : m.ranks) {
+    rankFiles_ << QString::fromStdString(storage::rankPath(folder.toStdString(), m, r.rank));
+    const QString label = QString("%1 (dp %2, tp %3)").arg(r.rank).arg(r.dpRank).arg(r.tpRank);
+    rankCombo_->addItem(label);
+    compareRankCombo_->addItem(label);
+  }
+  for (QAction* a : rankActs_) a->setVisible(true);
+  if (!std::exchange(ranksLoading_, true)) busy(1);
+  ranksView_->load(folder);
+  ranksFirst_ = true;
+  addRecent(folder);
+  showRank(std::clamp(std::exchange(rankOnOpen_, 0), 0, int(rankFiles_.size()) - 1));
+}
+
+void MainWindow::leaveRunFolder() {
+  runFolder_.clear();
+  rankFiles_.clear();
+  for (QAction* a : rankActs_) a->setVisible(false);
+  ranksView_->clear();
+}
+
+QString MainWindow::rankFile(int rank) const {
+  return rank >= 0 && rank < rankFiles_.size() ? rankFiles_[rank] : QString();
+}
+
+void MainWindow::showRank(int rank) {
+  const QString f = rankFile(rank);
+  if (f.isEmpty()) return;
+  if (rankCombo_->currentIndex() != rank) rankCombo_->setCurrentIndex(rank);
+  compareRankCombo_->setCurrentIndex(0);
+  summaryB_.reset();
+  stepB_.reset();
+  openFile(f, /*verify=*/true);
+}
+
+void MainWindow::openFile(const QString& path, bool verify) {
   live_ = !verify;
   summaryA_.reset();
   stepA_.reset();
@@ -526,7 +635,7 @@ void MainWindow::openRecording(const QString& path, bool verify) {
   load_.recordingReplaced();
   busy(1);
   sourceA_->open(path, verify);
-  if (verify) addRecent(path);
+  if (verify && runFolder_.isEmpty()) addRecent(path);
 }
 
 void MainWindow::compareWith(const QString& path) {

@@ -5,6 +5,7 @@
 #include <QMainWindow>
 #include <QPointer>
 #include <QString>
+#include <QStringList>
 #include <functional>
 #include <optional>
 
@@ -31,6 +32,7 @@ class MemoryView;
 class TimelineView;
 class NonFiniteBanner;
 class OpTableView;
+class RanksView;
 class RunSource;
 class Selection;
 }  // namespace keel::views
@@ -44,7 +46,14 @@ class MainWindow : public QMainWindow {
   ~MainWindow() override;
 
   // Replays a recording (side A). verify = SQLite quick_check (off for a file being written).
+  // A run folder (a multi-rank run) opens its rank 0, with a rank selector and the Ranks panel.
   void openRecording(const QString& path, bool verify = true);
+  // The run folder's rank `rank` in every view (a run folder must be open).
+  void showRank(int rank);
+  QString runFolder() const { return runFolder_; }
+  // The rank to show when the next run folder opens (instead of rank 0); used once.
+  void showRankOnOpen(int rank) { rankOnOpen_ = rank; }
+  views::RanksView* ranksView() { return ranksView_; }
   // Opens `path` as side B, side by side with A, and diffs the two.
   void compareWith(const QString& path);
   // Starts a live session recording to config.output.
@@ -115,6 +124,10 @@ class MainWindow : public QMainWindow {
   void addRecent(const QString& path);
   void rebuildRecentMenu();
   void openDialog();
+  void openFile(const QString& path, bool verify);
+  void openRunFolder(const QString& folder);
+  void leaveRunFolder();
+  QString rankFile(int rank) const;
   void compareDialog();
   void newSessionDialog();
   void breakpointsDialog();
@@ -149,6 +162,17 @@ class MainWindow : public QMainWindow {
   bool memoryGrown_ = false;  // the bottom docks were made taller for the memory view once
   QDockWidget* diffDock_ = nullptr;
   QDockWidget* opsDock_ = nullptr;
+  views::RanksView* ranksView_ = nullptr;
+  QDockWidget* ranksDock_ = nullptr;
+  QString runFolder_;      // the open run folder; "" when a single recording is open
+  QStringList rankFiles_;  // its ranks' recordings, by rank
+  QComboBox* rankCombo_ = nullptr;
+  QComboBox* compareRankCombo_ = nullptr;
+  QList<QAction*> rankActs_;
+  bool ranksLoading_ = false;  // the Ranks panel is loading (counted in busy)
+  int rankOnOpen_ = 0;
+  bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)  // the
+                             // toolbar's rank selectors (visible with a run folder)
 
   QAction *newSessionAct_, *openAct_, *compareAct_, *runAct_, *pauseAct_, *stepAct_, *stopAct_,
       *breakpointsAct_, *fitAct_, *trackMemoryAct_;

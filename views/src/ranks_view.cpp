@@ -1,0 +1,236 @@
+// The Ranks panel (see keel/views/ranks_view.h).
+#include "keel/views/ranks_view.h"
+
+#include <QHeaderView>
+#include <QLabel>
+#include <QSplitter>
+#include <QTableWidget>
+#include <QVBoxLayout>
+#include <QtConcurrent/QtConcurrent>
+#include <algorithm>
+#include <cmath>
+
+#include "keel/storage/errors.h"
+
+namespace keel::views {
+
+namespace {
+
+QString ms(int64_t ns) {
+  return QString::number(double(ns) / 1e6, 'f', 2) + " ms";
+}
+
+QTableWidget* makeTable(const QStringList& headers, const QString& name) {
+  auto* t = new QTableWidget(0, int(headers.size()));
+  t->setObjectName(name);
+  t->setHorizontalHeaderLabels(headers);
+  t->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  t->setSelectionBehavior(QAbstractItemView::SelectRows);
+  t->setSelectionMode(QAbstractItemView::SingleSelection);
+  t->verticalHeader()->setVisible(false);
+  t->verticalHeader()->setDefaultSectionSize(t->fontMetrics().height() + 6);
+  t->horizontalHeader()->setStretchLastSection(true);
+  t->setAlternatingRowColors(true);
+  return t;
+}
+
+QTableWidgetItem* item(const QString& text, Qt::Alignment align = Qt::AlignLeft) {
+  auto* i = new QTableWidgetItem(text);
+  i->setTextAlignment(align | Qt::AlignVCenter);
+  return i;
+}
+
+QTableWidgetItem* number(double v, int decimals = 0) {
+  return item(std::isnan(v) ? "-" : QString::number(v, 'f', decimals), Qt::AlignRight);
+}
+
+std::shared_ptr<RanksData> loadFolder(const QString& folder) {
+  auto d = std::make_shared<RanksData>();
+  d->folder = folder;
+  const std::string dir = folder.toStdString();
+  try {
+    d->summary = analysis::summarizeRun(dir);
+  } catch (const std::exception& e) {
+    d->error = QString::fromStdString(e.what());
+    return d;
+  }
+  const bool md5 = std::all_of(d->summary.ranks.begin(), d->summary.ranks.end(),
+                               [](const analysis::RankSummary& r) { return r.md5; });
+  if (d->summary.manifest.dp < 2)
+    d->replicaNote = "one replica per model shard (dp 1): nothing to compare";
+  else if (!md5)
+    d->replicaNote = "not checked: recorded without MD5s (keel record --md5 or --all)";
+  else
+    try {
+      d->replicas = analysis::checkReplicas(dir);
+    } catch (const std::exception& e) {
+      d->replicaNote = "not checked: " + QString::fromStdString(e.what());
+    }
+  return d;
+}
+
+}  // namespace
+
+RanksView::RanksView(QWidget* parent) : QWidget(parent) {
+  setObjectName("ranksView");
+  verdict_ = new QLabel;
+  verdict_->setObjectName("ranksVerdict");
+  verdict_->setWordWrap(true);
+  verdict_->setTextFormat(Qt::RichText);
+  verdict_->setTextInteractionFlags(Qt::TextBrowserInteraction);
+  verdict_->setContentsMargins(6, 4, 6, 4);
+  ranks_ = makeTable({"Rank", "dp", "tp", "Steps", "Last loss", "Ops", "Collectives", "Waited",
+                      "Last to arrive", "Status"},
+                     "ranksTable");
+  collectives_ = makeTable(
+      {"Collective", "Group", "Step", "Scope", "Bytes", "Waits (per rank)", "Last to arrive"},
+      "collectivesTable");
+  auto* split = new QSplitter(Qt::Horizontal);
+  split->addWidget(ranks_);
+  split->addWidget(collectives_);
+  split->setStretchFactor(0, 5);
+  split->setStretchFactor(1, 4);
+  auto* layout = new QVBoxLayout(this);
+  layout->setContentsMargins(0, 0, 0, 0);
+  layout->setSpacing(0);
+  layout->addWidget(verdict_);
+  layout->addWidget(split, 1);
+  watcher_ = new QFutureWatcher<std::shared_ptr<RanksData>>(this);
+  connect(watcher_, &QFutureWatcher<std::shared_ptr<RanksData>>::finished, this,
+          [this] { show(watcher_->result()); });
+  // "op:RANK:STEP:SEQ" links of the verdicts.
+  connect(verdict_, &QLabel::linkActivated, this, [this](const QString& href) {
+    const QStringList f = href.split(':');
+    if (f.size() == 4 && f[0] == "op")
+      emit opActivated(f[1].toInt(), f[2].toLongLong(), f[3].toULongLong());
+  });
+  connect(ranks_, &QTableWidget::cellDoubleClicked, this,
+          [this](int row, int) { emit rankActivated(row); });
+  clear();
+}
+
+RanksView::~RanksView() {
+  watcher_->waitForFinished();
+}
+
+void RanksView::clear() {
+  data_.reset();
+  verdict_->setText("Open a run folder (a multi-rank recording) to see its ranks.");
+  ranks_->setRowCount(0);
+  collectives_->setRowCount(0);
+}
+
+void RanksView::load(const QString& folder) {
+  clear();
+  verdict_->setText("Reading the ranks of " + folder.toHtmlEscaped() + "…");
+  watcher_->setFuture(QtConcurrent::run([folder] { return loadFolder(folder); }));
+}
+
+void RanksView::show(std::shared_ptr<RanksData> d) {
+  if (!d->error.isEmpty()) {
+    verdict_->setText("<span style='color:#b00020'>" + d->error.toHtmlEscaped() + "</span>");
+    emit failed(d->error);
+    return;
+  }
+  data_ = d;
+  const analysis::RunSummary& s = d->summary;
+  // Verdicts, the important thing first: a hang, then the replicas.
+  QStringList lines;
+  const QString red = "<b style='color:#b00020'>", green = "<b style='color:#1b7f3b'>";
+  for (const std::string& h : s.hang)
+    lines << red + "Hang:</b> " + QString::fromStdString(h).toHtmlEscaped();
+  if (d->replicas) {
+    const analysis::ReplicaReport& r = *d->replicas;
+    if (r.first) {
+      const analysis::ReplicaDifference& x = *r.first;
+      const QString link = QString(" <a href='op:%1:%2:%3'>show rank %1's op</a>")
+                               .arg(x.rankB)
+                               .arg(x.step)
+                               .arg(x.seqB);
+      lines << red + "Replicas differ:</b> " +
+                   QString("step %1, op %2 (%3%4), %5 — rank %6 op #%7 vs rank %8 op #%9")
+                       .arg(x.step)
+                       .arg(QString::fromStdString(x.op),
+                            QString::fromStdString(std::string(phaseName(x.phase))),
+                            x.scope.empty() ? QString() : ", " + QString::fromStdString(x.scope),
+                            QString::fromStdString(x.what))
+                       .arg(x.rankA)
+                       .arg(x.seqA)
+                       .arg(x.rankB)
+                       .arg(x.seqB)
+                       .toHtmlEscaped() +
+                   link;
+    } else {
+      lines << green + "Replicas identical:</b> " +
+                   QString("%1 steps and initialisation, %2 tensors compared by MD5")
+                       .arg(r.steps)
+                       .arg(r.tensorsCompared);
+    }
+  } else {
+    lines << "Replicas: " + d->replicaNote.toHtmlEscaped();
+  }
+  lines << QString("%1 ranks: dp %2 × tp %3%4")
+               .arg(s.manifest.worldSize)
+               .arg(s.manifest.dp)
+               .arg(s.manifest.tp)
+               .arg(s.manifest.model.empty()
+                        ? QString()
+                        : ", model " + QString::fromStdString(s.manifest.model).toHtmlEscaped());
+  verdict_->setText(lines.join("<br>"));
+
+  ranks_->setRowCount(int(s.ranks.size()));
+  for (int row = 0; row < int(s.ranks.size()); ++row) {
+    const analysis::RankSummary& r = s.ranks[size_t(row)];
+    ranks_->setItem(row, 0, number(double(r.rank)));
+    ranks_->setItem(row, 1, number(double(r.dpRank)));
+    ranks_->setItem(row, 2, number(double(r.tpRank)));
+    ranks_->setItem(row, 3, number(double(r.steps)));
+    ranks_->setItem(row, 4, number(r.lastLoss, 4));
+    ranks_->setItem(row, 5, number(double(r.ops)));
+    ranks_->setItem(row, 6, number(double(r.collectives)));
+    ranks_->setItem(row, 7, item(ms(r.waitNs), Qt::AlignRight));
+    ranks_->setItem(row, 8, number(double(s.lastArrivals[size_t(row)])));
+    auto* status = item(QString::fromStdString(r.status));
+    status->setToolTip(QString::fromStdString(r.status));
+    if (r.status.rfind("failed", 0) == 0) status->setForeground(QColor("#b00020"));
+    ranks_->setItem(row, 9, status);
+  }
+  ranks_->resizeColumnsToContents();
+
+  // Collectives, the longest wait first: where some rank stood still for another.
+  std::vector<const analysis::AlignedCollective*> order;
+  for (const auto& a : s.collectives) order.push_back(&a);
+  auto longest = [](const analysis::AlignedCollective* a) {
+    int64_t m = 0;
+    for (const auto& w : a->waitNs) m = std::max(m, w ? *w : INT64_MAX);
+    return m;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](auto* x, auto* y) { return longest(x) > longest(y); });
+  collectives_->setRowCount(int(order.size()));
+  for (int row = 0; row < int(order.size()); ++row) {
+    const analysis::AlignedCollective& a = *order[size_t(row)];
+    QStringList waits;
+    bool missing = false;
+    for (size_t k = 0; k < a.ranks.size(); ++k) {
+      waits << QString("rank %1 %2").arg(a.ranks[k]).arg(a.waitNs[k] ? ms(*a.waitNs[k]) : "never");
+      missing = missing || !a.waitNs[k];
+    }
+    collectives_->setItem(row, 0,
+                          item(QString::fromStdString(a.kind) + " #" + QString::number(a.number)));
+    collectives_->setItem(
+        row, 1, item(QString("%1 %2").arg(QString::fromStdString(a.group)).arg(a.groupIndex)));
+    collectives_->setItem(row, 2, number(double(a.step)));
+    collectives_->setItem(row, 3, item(QString::fromStdString(a.scope)));
+    collectives_->setItem(row, 4, number(double(a.bytes)));
+    auto* w = item(waits.join(", "));
+    if (missing) w->setForeground(QColor("#b00020"));
+    collectives_->setItem(row, 5, w);
+    collectives_->setItem(row, 6,
+                          item(a.straggler < 0 ? "-" : QString("rank %1").arg(a.straggler)));
+  }
+  collectives_->resizeColumnsToContents();
+  emit loaded();
+}
+
+}  // namespace keel::views
