@@ -29,7 +29,7 @@ struct TrainArgs {
   int64_t evalBatches = 8;
   int64_t saveEvery = 0;
   std::string ckptDir;
-  int ckptTp = 1;  // files of a saved checkpoint (one process)
+  int ckptTp = 0;  // files of a saved checkpoint (0: the run's tp)
   std::string resume;
   ParallelArgs parallel;  // --dp, --tp: the run's own layout (keel/dist.h)
 };
@@ -38,10 +38,8 @@ int runTrain(const TrainArgs& a) {
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
   startProcessGroup(a.parallel);
   const keel::dist::Layout layout = keel::dist::layout();
-  const bool many = layout.world() > 1;
-  KEEL_CHECK(!many || (a.ckptDir.empty() && a.resume.empty()),
-             "checkpoints of a multi-rank run (--ckpt-dir, --resume with dp ", layout.dp, " x tp ",
-             layout.tp, ") are not supported yet; train on one rank to save or resume");
+  // A multi-rank run saves and resumes like one process (Note [Multi-rank checkpoints]).
+  const int ckptTp = a.ckptTp > 0 ? a.ckptTp : layout.tp;
   // Rank 0 speaks for the run; the others print only their errors.
   const bool speak = keel::dist::worldRank() == 0;
   // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's).
@@ -65,7 +63,7 @@ int runTrain(const TrainArgs& a) {
               cfg.name.empty() ? "gpt" : cfg.name.c_str(), a.config.c_str(),
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
               static_cast<unsigned long long>(a.seed));
-  if (many)
+  if (layout.world() > 1)
     std::printf("ranks: %d (dp %d x tp %d); each rank trains on %lld of the batch's rows\n",
                 layout.world(), layout.dp, layout.tp,
                 static_cast<long long>(cfg.batch_size / layout.dp));
@@ -85,8 +83,8 @@ int runTrain(const TrainArgs& a) {
   std::fflush(stdout);
   auto save = [&] {
     const std::string dir = a.ckptDir + "/" + keel::ckpt::stepDirName(trainer.stepsDone());
-    keel::ckpt::saveTrainingCheckpoint(trainer, dir, a.ckptTp);
-    std::printf("saved %s (tp=%d)\n", dir.c_str(), a.ckptTp);
+    keel::ckpt::saveTrainingCheckpoint(trainer, dir, ckptTp);
+    std::printf("saved %s (tp=%d)\n", dir.c_str(), ckptTp);
     std::fflush(stdout);
   };
 
@@ -166,9 +164,9 @@ Command addTrainCommand(CLI::App& root) {
       ->check(nonEmptyName());
   train
       ->add_option("--ckpt-tp", ta->ckptTp,
-                   "tensor-parallel degree of saved checkpoints (files written by one process)")
-      ->check(wholeNumber(1, 4096))
-      ->capture_default_str();
+                   "tensor-parallel degree of saved checkpoints: their number of files (default: "
+                   "the run's --tp)")
+      ->check(wholeNumber(1, 4096));
   addParallelOptions(train, ta->parallel);
   train->add_option("--resume", ta->resume,
                     "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/text.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
 #include "test_util.h"
@@ -224,6 +225,48 @@ TEST_F(KeelRanks, BadLayoutsAreOneLineOnEveryRank) {
                      "data parallelism: dp 3 does not divide config field 'batch_size' 4");
   keel::test::expectOneLineError(keel(train + "--dp 2"),
                                  "dp 2 x tp 1 = 2 ranks, but 1 process was started");
+}
+
+// Note [Multi-rank checkpoints]: a dp 2 x tp 2 run saves one checkpoint (rank 0 writes two files,
+// the sharded keys joined); resuming it on the same 4 ranks gives the uninterrupted run's next
+// checkpoint byte for byte, and on 2 ranks at tp 2 and on 1 rank the same loss curve.
+TEST_F(KeelRanks, ACheckpointOfFourRanksResumesOnFourTwoAndOne) {
+  const std::string train = "train --config " + std::string(kTiny) + " ";
+  const CliResult whole =
+      mpi(4, train + "--steps 4 --dp 2 --tp 2 --save-every 2 --ckpt-dir '" + path("whole") + "'");
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  const std::vector<double> want = losses(whole.out);
+  ASSERT_EQ(want.size(), 4u) << whole.out;
+  EXPECT_NE(whole.out.find("saved " + path("whole") + "/step-000002 (tp=2)"), std::string::npos)
+      << whole.out;
+  const CliResult files = keel("ckpt inspect '" + path("whole/step-000002") + "'");
+  ASSERT_EQ(files.status, 0) << files.err;
+  EXPECT_NE(files.out.find("model-00001-of-00002.safetensors"), std::string::npos) << files.out;
+
+  // The same layout: byte for byte.
+  const CliResult again =
+      mpi(4, train + "--steps 4 --dp 2 --tp 2 --save-every 2 --ckpt-dir '" + path("again") +
+                 "' --resume '" + path("whole/step-000002") + "'");
+  ASSERT_EQ(again.status, 0) << again.err;
+  for (const char* f : {"model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors"})
+    EXPECT_EQ(keel::readFile(path(std::string("again/step-000004/") + f)),
+              keel::readFile(path(std::string("whole/step-000004/") + f)))
+        << f;
+  // Other layouts: the same curve.
+  for (const auto& [np, layout] :
+       std::vector<std::pair<int, std::string>>{{2, "--tp 2"}, {1, ""}}) {
+    const std::string args =
+        train + "--steps 4 " + layout + " --resume '" + path("whole/step-000002") + "'";
+    const CliResult r = np == 1 ? keel(args) : mpi(np, args);
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
+    EXPECT_NE(r.out.find("resumed from " + path("whole") + "/step-000002 at step 2"),
+              std::string::npos)
+        << r.out;
+    const std::vector<double> got = losses(r.out);
+    ASSERT_EQ(got.size(), 2u) << r.out;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
+  }
 }
 
 }  // namespace

@@ -138,7 +138,13 @@ struct Shard {
   int parts = 1;
   int part = 0;
   int blocks = 1;
+  bool on() const { return axis >= 0; }
 };
+// This rank's part of a full weight under s (the whole weight when s is off).
+Tensor cutShard(const Tensor& full, const Shard& s);
+// The full weight from every rank's part: an all_gather over `group` (every rank of it calls
+// this), the blocks put back in order. The inverse of cutShard.
+Tensor joinShards(const Tensor& part, const Shard& s, const std::string& group);
 
 // y = x · Wᵀ + b; weight [out, in] ~ normal(0, initStd), bias [out] zeros. x is [..., in]. With
 // a shard, the weight is that part of the full [out, in] weight (in and out are then the local
@@ -328,7 +334,9 @@ class GPT : public Module {
   Generator& dropoutGenerator() { return *dropoutGen_; }  // saved in training checkpoints
   const TensorParallel& tensorParallel() const { return tp_; }
   // Whether the named parameter is a tensor-parallel shard (its gradient norm sums over the group).
-  bool isShardedParameter(const std::string& name) const;
+  bool isShardedParameter(const std::string& name) const { return parameterShard(name).on(); }
+  // Which part of the named parameter this rank holds (off: all of it).
+  Shard parameterShard(const std::string& name) const;
 
  private:
   GptConfig cfg_;

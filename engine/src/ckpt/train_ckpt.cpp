@@ -3,6 +3,7 @@
 // bit].
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -10,7 +11,9 @@
 #include "ckpt_internal.h"
 #include "keel/base/text.h"
 #include "keel/checkpoint.h"
+#include "keel/dist.h"
 #include "keel/error.h"
+#include "keel/nn.h"
 #include "keel/observer.h"
 #include "keel/train.h"
 
@@ -27,6 +30,13 @@ namespace keel::ckpt {
 // overwrites all of it in a freshly built Trainer, so step k+1 after a resume computes exactly
 // what step k+1 of the uninterrupted run computed, whatever the tensor-parallel layout the
 // checkpoint was saved in (resharding moves bytes, never values).
+//
+// Note [Multi-rank checkpoints]: a checkpoint describes every tensor from a single-device point
+// of view, so a run at tp > 1 joins each sharded parameter and its optimizer state (an all_gather
+// over the tensor-parallel group, key by key) and world rank 0 writes the files; the dp replicas
+// hold the same values and write nothing. Resuming, every rank reads the full keys it needs and
+// keeps its own part (nn::cutShard, the layers' cut), whatever layout saved them — 4 ranks at
+// dp 2 x tp 2, 2 at tp 2 or 1 — so a run resumes bit for bit on another layout.
 
 namespace {
 
@@ -92,11 +102,20 @@ void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
     keep.push_back(h);
     tensors.push_back({key, toSt(h.dtype()), h.shape(), h.data()});
   };
+  nn::GPT& model = tr.model();
+  // A sharded parameter, or a state shaped like it, joined (Note [Multi-rank checkpoints]).
+  auto whole = [&](const Tensor& param, const Tensor& t) {
+    const nn::Shard s = model.parameterShard(param.name());
+    return s.on() && t.shape() == param.shape() ? nn::joinShards(t, s, model.tensorParallel().group)
+                                                : t;
+  };
   auto& opt = tr.optimizer();
-  for (const auto& [name, p] : tr.model().namedParameters()) add(name, p);
+  for (const auto& [name, p] : model.namedParameters()) add(name, whole(p, p));
   for (size_t i = 0; i < opt.params().size(); ++i)
     for (const auto& [sname, t] : opt.paramState(i))
-      add(opt.params()[i].name() + std::string(aoa::kStateSeparator) + sname, t);
+      add(opt.params()[i].name() + std::string(aoa::kStateSeparator) + sname,
+          whole(opt.params()[i], t));
+  if (dist::worldRank() != 0) return;  // rank 0 writes for the run
   json state = {{"step", tr.stepsDone()},
                 {"seed", tr.seed()},
                 {"optimizer", tr.config().optimizer},
@@ -144,10 +163,28 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
 
   std::vector<HostTensor> targets;
   std::vector<Tensor> params;
-  for (const auto& [name, p] : tr.model().namedParameters()) {
+  nn::GPT& model = tr.model();
+  // A sharded parameter is read whole, then cut (Note [Multi-rank checkpoints]).
+  auto wholeShape = [&](const Tensor& p) {
+    const nn::Shard s = model.parameterShard(p.name());
+    Shape g = p.shape();
+    if (s.on()) g[size_t(s.axis)] *= s.parts;
+    return g;
+  };
+  struct Joined {
+    Tensor param, whole;
+  };
+  std::vector<Joined> joined;
+  for (const auto& [name, p] : model.namedParameters()) {
     KEEL_CHECK(p.device().isHost() && p.isContiguous(), "resume: parameter '", name,
                "' is not in contiguous host memory");
     params.push_back(p);
+    if (model.parameterShard(p.name()).on()) {
+      joined.push_back({p, Tensor::empty(wholeShape(p), p.dtype(), Device(Backend::Cpu))});
+      targets.push_back(
+          {name, toSt(p.dtype()), joined.back().whole.shape(), joined.back().whole.data()});
+      continue;
+    }
     targets.push_back({name, toSt(p.dtype()), p.shape(), p.data()});
   }
   auto& opt = tr.optimizer();
@@ -167,7 +204,7 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
       for (const auto& x : keys.keys)
         if (x.name == *it) k = &x;
       Tensor t = k->shape.empty() ? Tensor::empty({}, DType::Int64, Device(Backend::Cpu))
-                                  : Tensor::empty(p.shape(), p.dtype(), Device(Backend::Cpu));
+                                  : Tensor::empty(wholeShape(p), p.dtype(), Device(Backend::Cpu));
       states.push_back({i, sname, t});
       targets.push_back({*it, toSt(t.dtype()), t.shape(), t.data()});
     }
@@ -175,7 +212,16 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
   LoadOptions lo;
   for (auto& p : params) beforeBufferWrite(p);  // See Observer::onBufferWrite
   loadTensors(ck, rules, targets, lo);
-  for (auto& s : states) opt.setParamState(s.param, s.name, s.t);
+  for (const Joined& j : joined) {
+    const Tensor part = nn::cutShard(j.whole, model.parameterShard(j.param.name()));
+    std::memcpy(j.param.data(), part.data(), size_t(part.nbytes()));
+  }
+  for (auto& s : states) {
+    const Tensor& p = opt.params()[s.param];
+    const nn::Shard sh = model.parameterShard(p.name());
+    opt.setParamState(s.param, s.name,
+                      sh.on() && s.t.shape() == wholeShape(p) ? nn::cutShard(s.t, sh) : s.t);
+  }
   for (auto& p : params) p.bumpVersion();
   restoreGenerator(tr.batchGenerator(), state["batch_generator"], what + " batch_generator");
   restoreGenerator(tr.model().dropoutGenerator(), state["dropout_generator"],

@@ -126,16 +126,17 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
   return out;
 }
 
-bool GPT::isShardedParameter(const std::string& name) const {
-  if (!tp_.on()) return false;
+Shard GPT::parameterShard(const std::string& name) const {
+  if (!tp_.on()) return {};
   auto ends = [&](std::string_view suffix) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  for (std::string_view s :
-       {"attn.qkv.weight", "attn.proj.weight", "mlp.w1.weight", "mlp.w2.weight", "mlp.w3.weight"})
-    if (ends(s)) return true;
-  return false;
+  // As the layers cut them (Note [Tensor-parallel layers]).
+  if (ends("attn.qkv.weight")) return {0, tp_.size, tp_.rank, 3};
+  if (ends("mlp.w1.weight") || ends("mlp.w3.weight")) return {0, tp_.size, tp_.rank, 1};
+  if (ends("attn.proj.weight") || ends("mlp.w2.weight")) return {1, tp_.size, tp_.rank, 1};
+  return {};
 }
 
 }  // namespace keel::nn

@@ -35,9 +35,9 @@ Tensor tensorFromHost(const std::vector<float>& values, const Shape& shape, DTyp
 
 // ---- Linear -------------------------------------------------------------------------------
 
-namespace {
 // This rank's part of a full weight (Note [Tensor-parallel layers]).
 Tensor cutShard(const Tensor& full, const Shard& s) {
+  if (!s.on()) return full;
   NoGradGuard ng;
   const int64_t size = full.size(s.axis);
   KEEL_CHECK(size % (int64_t(s.blocks) * s.parts) == 0, "Linear: axis ", s.axis, " of ",
@@ -49,7 +49,21 @@ Tensor cutShard(const Tensor& full, const Shard& s) {
         ops::slice(full, s.axis, b * block + s.part * piece, b * block + (s.part + 1) * piece));
   return pieces.size() == 1 ? ops::contiguous(pieces[0]) : ops::concat(pieces, s.axis);
 }
-}  // namespace
+
+Tensor joinShards(const Tensor& part, const Shard& s, const std::string& group) {
+  if (!s.on()) return part;
+  NoGradGuard ng;
+  // Gathered: rank 0's blocks, then rank 1's, ...; the full weight is block 0 of every rank, then
+  // block 1 of every rank, ...
+  const Tensor all = ops::allGather(ops::contiguous(part), s.axis, group);
+  if (s.blocks == 1) return all;
+  const int64_t local = part.size(s.axis), piece = local / s.blocks;
+  std::vector<Tensor> pieces;
+  for (int b = 0; b < s.blocks; ++b)
+    for (int r = 0; r < s.parts; ++r)
+      pieces.push_back(ops::slice(all, s.axis, r * local + b * piece, r * local + (b + 1) * piece));
+  return ops::concat(pieces, s.axis);
+}
 
 Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device, double initStd,
                Shard shard)
