@@ -131,6 +131,7 @@ int runTrace(const std::string& config, const std::string& out, int steps, uint6
 }
 
 int runBenchAllocator(const std::string& config, int steps, const MoeTraceOptions& moe) {
+  prepareEngineRun();  // it trains to trace the allocations
   struct Case {
     std::string name;
     AllocTrace trace;

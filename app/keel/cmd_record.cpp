@@ -105,6 +105,7 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 }
 
 int runRecord(const RecordArgs& a) {
+  prepareEngineRun();
   capture::RunSpec spec;
   spec.configPath = a.config;
   spec.workloadPath = a.workload;
@@ -120,6 +121,7 @@ int runRecord(const RecordArgs& a) {
   // Everything is validated (config, workload, backend, allocator, reference) before the
   // recording is created.
   capture::RecordingRun run(spec);
+  if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   setCpuThreads(a.threads);
   run.start();

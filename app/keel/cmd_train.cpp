@@ -32,9 +32,14 @@ struct TrainArgs {
 };
 
 int runTrain(const TrainArgs& a) {
+  prepareEngineRun();
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
-  // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's).
-  keel::setDefaultAllocatorKind(keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"));
+  // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's), and
+  // the caching allocator where the VMM allocator cannot be created (Note [VMM fallback]).
+  std::string why;
+  keel::setDefaultAllocatorKind(keel::usableAllocatorKind(
+      keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"), &why));
+  if (!why.empty()) warn(why);
   keel::Device device = keel::trainingDevice(a.backend);
   keel::setCpuThreads(a.threads);
   auto dataset = std::make_shared<const keel::data::TextDataset>(
