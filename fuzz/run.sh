@@ -21,10 +21,11 @@ for name in safetensors aoa metadata; do
   t="$seconds"
   [ "$name" = metadata ] && t=$(( (seconds + 1) / 2 ))
   # Every seed once, whole (fuzzing reads them cut to -max_len): the many-key seeds time out on a
-  # reader that is quadratic in the keys (fuzz/many_keys.py).
+  # reader that is quadratic in the keys (fuzz/many_keys.py). They take about 10 s each here
+  # under the sanitizers; a quadratic reader would take hours.
   seeds=("$here/corpus/$name"/*)
   [ -d "$build/seeds/$name" ] && seeds+=("$build/seeds/$name"/*)
-  if ! "$build/fuzz_$name" -timeout=10 -rss_limit_mb=2048 \
+  if ! "$build/fuzz_$name" -timeout=60 -rss_limit_mb=2048 \
     -artifact_prefix="$build/artifacts/$name-" "${seeds[@]}" >"$build/replay-$name.log" 2>&1; then
     echo "fuzz_$name: a seed failed (see $build/replay-$name.log)"
     tail -5 "$build/replay-$name.log"
