@@ -71,11 +71,12 @@ void tuneBlasForThisCpu(char** argv) {
 //   setenv: libc's initializer runs next and resets the environment to the one the kernel gave.
 //   Below 2 GiB everything computes on the main thread, so one buffer serves the whole run.
 // - ensureBlasBuffer, under a finite limit, checks that a buffer can be mapped (an mmap probe of
-//   its size) and then maps the main thread's with one sgemm, which OpenBLAS keeps for the
+//   its size and an 8 MiB margin: with the bare size the probe passed at 187 MiB and the sgemm
+//   still spun) and then maps the main thread's with one sgemm, which OpenBLAS keeps for the
 //   process's life; when it cannot, it throws keel::Error naming the limit instead of letting
-//   OpenBLAS spin. `keel train`, `keel record` and `keel bench` call it before they build
-//   anything, so a limit too small for any training (64 or 128 MiB) is one line and exit 2, then
-//   print addressLimitWarning(); the cpu kernels call it before their BLAS calls.
+//   OpenBLAS spin. `keel train`, `record`, `memory trace` and `bench allocator` call it before
+//   they build anything, so a limit too small for any training (64 to 195 MiB here) is one line
+//   and exit 2, then print addressLimitWarning(); the cpu kernels call it before their BLAS calls.
 // Above 2 GiB per thread, the other threads' buffers are mapped when they first compute; a run
 // whose model fills nearly all of such a limit could still find no room for them.
 
