@@ -4,8 +4,9 @@
 // conversion), against the write floor (the same bytes written from memory into new files in the
 // same folder: what any conversion through the page cache pays at least), with the peak resident
 // memory of the conversion; (2) planning a reshard of 50,000 keys x 64 source shards x 64 target
-// shards. KEEL_BENCH_CKPT_MIB sets the checkpoint size (default 2048), KEEL_BENCH_CKPT_DIR its
-// folder (default /dev/shm when it has room, else the temp directory).
+// shards; (3) opening, planning and loading checkpoints of 5,000 to 40,000 keys, fitted to O(N)
+// (Note [Linear headers]). KEEL_BENCH_CKPT_MIB sets the checkpoint size (default 2048),
+// KEEL_BENCH_CKPT_DIR its folder (default /dev/shm when it has room, else the temp directory).
 #include <benchmark/benchmark.h>
 
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -324,5 +326,110 @@ void BM_CkptPlan50kKeys64x64(benchmark::State& state) {
   state.counters["reads"] = double(items);
 }
 BENCHMARK(BM_CkptPlan50kKeys64x64)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// ---- many keys (Note [Linear headers]) ----------------------------------------------------
+
+// A safetensors file of n small tensors ("layers.<i/4>.w<i%4>", F32 [2]) and its tp=2 conversion
+// (a checkpoint directory: metadata JSON and two files), made once per n in the temp directory.
+struct ManyKeys {
+  std::string file, dir;
+};
+const ManyKeys& manyKeys(int n) {
+  static std::map<int, ManyKeys> made;
+  auto it = made.find(n);
+  if (it != made.end()) return it->second;
+  const fs::path root = fs::temp_directory_path() /
+                        ("keel_bench_keys_" + std::to_string(::getpid()) + "_" + std::to_string(n));
+  static std::vector<fs::path> roots;  // removed at exit
+  if (roots.empty())
+    std::atexit([] {
+      for (const auto& r : roots) fs::remove_all(r);
+    });
+  roots.push_back(root);
+  fs::remove_all(root);
+  fs::create_directories(root);
+  ManyKeys m{(root / "many.safetensors").string(), (root / "tp2").string()};
+  std::vector<st::WriteEntry> entries;
+  for (int i = 0; i < n; ++i)
+    entries.push_back(
+        {"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4), st::DType::F32, {2}});
+  {
+    st::Writer w(m.file, entries);
+    const float v[2] = {1.0f, 2.0f};
+    for (size_t i = 0; i < entries.size(); ++i) w.write(i, 0, v, sizeof v);
+    w.close();
+  }
+  ckpt::TargetSpec spec;
+  spec.tp = 2;
+  ckpt::convert(ckpt::Checkpoint::open(m.file), m.dir, spec, nullptr);
+  return made.emplace(n, m).first->second;
+}
+
+// Opening a safetensors file of n keys (its header parsed and checked) and planning a tp=2
+// reshard of it; with rules, through an AOA macro whose wildcard runs once per layer
+// ("layers.$LAYER_ID.* -> blocks.$LAYER_ID.*"). Linear in n: the big-O fit below is O(N).
+void ckptOpenPlan(benchmark::State& state, bool rules) {
+  const int n = int(state.range(0));
+  const ManyKeys& m = manyKeys(n);
+  aoa::Program prog = aoa::parse("layers.$LAYER_ID.* -> blocks.$LAYER_ID.*\n", "bench.aoa");
+  ckpt::TargetSpec spec;
+  spec.tp = 2;
+  for (auto _ : state) {
+    ckpt::Checkpoint c = ckpt::Checkpoint::open(m.file);
+    ckpt::Plan p = ckpt::makePlan(c.metadata(), rules ? &prog : nullptr, spec);
+    benchmark::DoNotOptimize(p.bytesWritten);
+  }
+  state.SetComplexityN(n);
+}
+void BM_CkptOpenPlanKeys(benchmark::State& state) {
+  ckptOpenPlan(state, false);
+}
+void BM_CkptOpenPlanKeysMacroRule(benchmark::State& state) {
+  ckptOpenPlan(state, true);
+}
+
+// Opening the tp=2 checkpoint directory of n keys (metadata JSON read, shards checked against
+// both files' headers) and loading every key into memory (the AOA key space, the load plan, the
+// reads): what `keel train --resume` does with a checkpoint.
+void BM_CkptOpenLoadKeys(benchmark::State& state) {
+  const int n = int(state.range(0));
+  const ManyKeys& m = manyKeys(n);
+  std::vector<float> values(size_t(n) * 2);
+  for (auto _ : state) {
+    ckpt::Checkpoint c = ckpt::Checkpoint::open(m.dir);
+    std::vector<ckpt::HostTensor> targets;
+    targets.reserve(size_t(n));
+    for (const auto& k : c.metadata().keys)
+      targets.push_back({k.key, k.dtype, k.shape, values.data() + 2 * targets.size()});
+    ckpt::loadTensors(c, nullptr, targets);
+    benchmark::DoNotOptimize(values.data());
+  }
+  state.SetComplexityN(n);
+}
+
+BENCHMARK(BM_CkptOpenPlanKeys)
+    ->Arg(5000)
+    ->Arg(10000)
+    ->Arg(20000)
+    ->Arg(40000)
+    ->Complexity(benchmark::oN)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CkptOpenPlanKeysMacroRule)
+    ->Arg(5000)
+    ->Arg(10000)
+    ->Arg(20000)
+    ->Arg(40000)
+    ->Complexity(benchmark::oN)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CkptOpenLoadKeys)
+    ->Arg(5000)
+    ->Arg(10000)
+    ->Arg(20000)
+    ->Arg(40000)
+    ->Complexity(benchmark::oN)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

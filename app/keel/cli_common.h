@@ -12,6 +12,13 @@ inline constexpr int kExitError = 2;
 
 // Prints "keel: error: <msg>" (newlines folded) to stderr; returns kExitError.
 int fail(const std::string& msg);
+// Prints "keel: warning: <msg>" (newlines folded) to stderr; the run goes on.
+void warn(const std::string& msg);
+// First thing in a command that runs the engine (train, record, bench): throws keel::Error when
+// an address-space limit leaves no room for OpenBLAS's work buffer, and warns when that limit cut
+// OpenBLAS's threads. See Note [OpenBLAS under an address-space limit]
+// (engine/src/core/runtime.cpp).
+void prepareEngineRun();
 
 // Numeric option checks whose errors say the option, the value and the range in words
 // ("--steps: must be a whole number ≥ 1, got -1"), instead of CLI11's 300-digit bounds; each is a

@@ -114,6 +114,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
 int runTrace(const std::string& config, const std::string& out, int steps, uint64_t seed,
              const MoeTraceOptions& moe, bool generate) {
   checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
+  if (!generate) prepareEngineRun();  // it trains to trace the allocations
   AllocTrace t =
       generate ? generateMoeTrace(moe) : traceTraining(loadGptConfig(config), steps, seed);
   {
@@ -131,6 +132,7 @@ int runTrace(const std::string& config, const std::string& out, int steps, uint6
 }
 
 int runBenchAllocator(const std::string& config, int steps, const MoeTraceOptions& moe) {
+  prepareEngineRun();  // it trains to trace the allocations
   struct Case {
     std::string name;
     AllocTrace trace;

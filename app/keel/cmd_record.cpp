@@ -107,6 +107,7 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 }
 
 int runRecord(const RecordArgs& a) {
+  prepareEngineRun();
   startProcessGroup(a.parallel);
   // Rank 0 speaks for a multi-rank run; the others print only their errors.
   if (dist::worldRank() != 0) std::freopen("/dev/null", "w", stdout);
@@ -125,6 +126,7 @@ int runRecord(const RecordArgs& a) {
   // Everything is validated (config, workload, backend, allocator, reference) before the
   // recording is created.
   capture::RecordingRun run(spec);
+  if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   setCpuThreads(a.threads);
   run.start();

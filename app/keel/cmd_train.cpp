@@ -35,6 +35,7 @@ struct TrainArgs {
 };
 
 int runTrain(const TrainArgs& a) {
+  prepareEngineRun();
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
   startProcessGroup(a.parallel);
   const keel::dist::Layout layout = keel::dist::layout();
@@ -42,8 +43,12 @@ int runTrain(const TrainArgs& a) {
   const int ckptTp = a.ckptTp > 0 ? a.ckptTp : layout.tp;
   // Rank 0 speaks for the run; the others print only their errors.
   const bool speak = keel::dist::worldRank() == 0;
-  // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's).
-  keel::setDefaultAllocatorKind(keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"));
+  // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's), and
+  // the caching allocator where the VMM allocator cannot be created (Note [VMM fallback]).
+  std::string why;
+  keel::setDefaultAllocatorKind(keel::usableAllocatorKind(
+      keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"), &why));
+  if (!why.empty()) warn(why);
   keel::Device device = keel::trainingDevice(a.backend);
   keel::setCpuThreads(a.threads);
   auto dataset = std::make_shared<const keel::data::TextDataset>(

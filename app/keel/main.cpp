@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -23,14 +25,33 @@
 
 namespace keel::cli {
 
-int fail(const std::string& msg) {
+namespace {
+
+// msg on one line: newlines folded, trailing blanks dropped.
+std::string oneLine(const std::string& msg) {
   std::string line = msg;
   for (char& c : line)
     if (c == '\n' || c == '\r') c = ' ';
   while (!line.empty() && line.back() == ' ') line.pop_back();
+  return line;
+}
+
+}  // namespace
+
+int fail(const std::string& msg) {
   std::fflush(stdout);
-  std::fprintf(stderr, "keel: error: %s\n", line.c_str());
+  std::fprintf(stderr, "keel: error: %s\n", oneLine(msg).c_str());
   return kExitError;
+}
+
+void warn(const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "keel: warning: %s\n", oneLine(msg).c_str());
+}
+
+void prepareEngineRun() {
+  keel::ensureBlasBuffer();  // before the warning: a refusal is the one line printed
+  if (std::string w = keel::addressLimitWarning(); !w.empty()) warn(w);
 }
 
 namespace {
@@ -157,6 +178,8 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace keel::cli
 
+KEEL_THREADS_PREINIT;  // See Note [OpenBLAS under an address-space limit]
+
 int main(int argc, char** argv) {
   keel::tuneBlasForThisCpu(argv);  // See Note [OpenBLAS core type]
   // A file-size limit (EFBIG) is a write error reported in one line, not a signal that kills the
@@ -178,6 +201,14 @@ int main(int argc, char** argv) {
   } catch (const keel::Error& e) {
     return keel::cli::fail(e.what());
   } catch (const keel::storage::StorageError& e) {
+    return keel::cli::fail(e.what());
+  } catch (const std::bad_alloc&) {
+    return keel::cli::fail(keel::outOfMemoryText());
+  } catch (const std::system_error& e) {
+    // std::thread's EAGAIN: no room for a thread's stack (an address-space limit) or too many.
+    if (e.code() == std::errc::resource_unavailable_try_again)
+      return keel::cli::fail("cannot start a thread (" + std::string(e.what()) + ")" +
+                             keel::underAddressLimit());
     return keel::cli::fail(e.what());
   } catch (const std::exception& e) {
     return keel::cli::fail(e.what());

@@ -20,6 +20,7 @@
 #include "keel/error.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
+#include "keel/runtime.h"
 #include "queue.h"
 #include "stacks.h"
 
@@ -292,7 +293,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
       writer_->close();
       status_.store(RecorderStatus::Finished);
     } catch (const std::exception& ex) {
-      fail(ex.what());
+      fail(exceptionText(ex));
     } catch (...) {
       fail("unknown error");
     }
@@ -572,7 +573,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
         }
       }
     } catch (const std::exception& ex) {
-      writerFailed(ex.what());
+      writerFailed(exceptionText(ex));
     } catch (...) {
       writerFailed("unknown error");
     }

@@ -354,7 +354,8 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   device_ = trainingDevice(spec_.backend);
   // The allocator: the explicit choice, else the config's, else KEEL_ALLOCATOR (never what an
   // earlier run in this process installed).
-  allocator_ = resolveAllocatorKind(spec_.allocator, configAllocator);
+  allocator_ = usableAllocatorKind(resolveAllocatorKind(spec_.allocator, configAllocator),
+                                   &allocatorWarning_);  // Note [VMM fallback]
   trackMemory_ = spec_.trackMemoryPerStep;
   breaks_.setSpec(spec_.breaks);
 

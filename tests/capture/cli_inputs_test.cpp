@@ -1,19 +1,24 @@
 // Inputs that must be files are files (issue 20): a FIFO, a device or a directory given as a
 // config, an AOA rules file, a trace or a recording is one line and exit 2 — never a hang — and
 // JSON nested 100,000 deep or a 40 MB config is refused in one line instead of crashing or being
-// read whole (Note [Bounded JSON], keel/base/text.h). Through the real keel binary, each call
-// bounded by `timeout` so a regression fails instead of hanging the suite.
+// read whole (Note [Bounded JSON], keel/base/text.h), and a checkpoint of 200,000 tensors is read
+// in bounded time. Through the real keel binary, each call bounded by `timeout` so a regression
+// fails instead of hanging the suite.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "keel/checkpoint.h"
+#include "keel/safetensors.h"
 #include "test_util.h"
 
 namespace {
@@ -111,6 +116,67 @@ TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {
   std::ofstream(path("ok.json")) << "{" << base << ", \"name\": \"ok\"}";
   CliResult ok = keel("record --config " + q("ok.json") + " --steps 1 -o " + q("r.db"));
   EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// A checkpoint of 200,000 tensors is inspected, planned, converted and resumed from in bounded
+// time: each of these was quadratic in the tensors (Note [Linear headers]: 40,000 took 13 s to
+// load, 200,000 minutes). `timeout` bounds each command loosely; bench_ckpt's BM_Ckpt*Keys
+// measure the speed (linear in the keys).
+TEST_F(KeelInputs, ACheckpointWithManyTensorsIsReadInBoundedTime) {
+  constexpr int kTensors = 200000;
+  auto slow = [&](const std::string& args) {
+    return keel::test::runKeelCli(args, dir_.string(), "timeout 60");
+  };
+  auto name = [](int i) {  // t000000, t000001, ...
+    char n[16];
+    std::snprintf(n, sizeof n, "t%06d", i);
+    return std::string(n);
+  };
+  std::vector<keel::st::WriteEntry> entries;
+  for (int i = 0; i < kTensors; ++i) entries.push_back({name(i), keel::st::DType::F32, {0}});
+  keel::st::Writer(path("many.safetensors"), entries).close();
+
+  CliResult inspect = slow("ckpt inspect " + q("many.safetensors"));
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find(": 1 files, 200000 keys, 200000 shards, 0 B\n"), std::string::npos)
+      << inspect.out.substr(0, 300);
+  const size_t first = inspect.out.find("\n  t000000 "), last = inspect.out.find("\n  t199999 ");
+  EXPECT_TRUE(first != std::string::npos && last != std::string::npos && first < last)
+      << "keys in the header's order";
+  CliResult plan = slow("ckpt plan " + q("many.safetensors") + " --target-tp 2 --max-reads 0");
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_EQ(plan.out.substr(0, plan.out.find('\n')),
+            "plan: 200000 source keys in 1 files -> 200000 target keys in 2 files (tp=2), 200000 "
+            "target shards, 0 reads");
+  CliResult convert =
+      slow("ckpt convert " + q("many.safetensors") + " " + q("tp2") + " --target-tp 2 --threads 2");
+  ASSERT_EQ(convert.status, 0) << convert.err;
+  EXPECT_NE(convert.out.find("(tp=2): 200000 shards in 2 files, 0 B written, 0 B read"),
+            std::string::npos)
+      << convert.out;
+
+  // A training checkpoint with the 200,000 tensors added: resuming from it reads them all and
+  // refuses them in one line (they match nothing in the model).
+  CliResult train =
+      slow("train --config tests/fixtures/gpt-tiny.json --steps 1 --ckpt-dir " + q("ck"));
+  ASSERT_EQ(train.status, 0) << train.err;
+  const auto trained = keel::ckpt::Checkpoint::open(keel::ckpt::resolveCheckpoint(path("ck")));
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<keel::ckpt::HostTensor> tensors;
+  for (const auto& k : trained.metadata().keys)
+    bytes.emplace_back(keel::st::byteCount(k.shape, k.dtype, k.key));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const auto& k = trained.metadata().keys[i];
+    tensors.push_back({k.key, k.dtype, k.shape, bytes[i].data()});
+  }
+  keel::ckpt::loadTensors(trained, nullptr, tensors);
+  for (const auto& e : entries) tensors.push_back({e.name, e.dtype, e.shape, nullptr});
+  keel::ckpt::TargetSpec one;
+  keel::ckpt::saveTensors(path("big"), tensors, one, trained.metadata().trainState);
+  expectOneLineError(
+      slow("train --config tests/fixtures/gpt-tiny.json --steps 2 --resume " + q("big")),
+      "checkpoint key 't000000', 't000001', 't000002' and 199997 more matches "
+      "nothing in the target (drop it with 'key -> _')");
 }
 
 }  // namespace

@@ -315,6 +315,33 @@ TEST(AoaMacroTest, RangesAndWildcardsInNumericOrder) {
   EXPECT_TRUE(sameArr(out.at("g.6"), src[1].second));
 }
 
+// A wildcard in each instance of a macro reads only the keys that start with its literal text (an
+// ordered index, not a scan of every key per instance: Note [Linear headers]); matches keep
+// numeric order, ties (the same number written two ways) the order of the key space, and keys an
+// earlier statement produced are found like source keys.
+TEST(AoaMacroTest, WildcardsInMacroInstancesSeeTheirOwnKeysInOrder) {
+  Named src;
+  for (int l : {10, 1, 2})
+    for (const char* w : {"b", "a"})
+      src.push_back({"layers." + std::to_string(l) + "." + w,
+                     randomArr(st::DType::F32, {1, 2}, uint64_t(l * 2 + (*w == 'a')))});
+  auto out = runRules(src,
+                      "layers.$LAYER_ID.* -> blocks.$LAYER_ID.*\n"
+                      "blocks.*.a -> all_a, axis=0\n");
+  EXPECT_EQ(out.size(), 4u);  // blocks.{1,2,10}.b and all_a
+  EXPECT_TRUE(sameArr(out.at("blocks.10.b"), src[0].second));
+  EXPECT_TRUE(
+      sameArr(out.at("all_a"), test::concatArr({src[3].second, src[5].second, src[1].second}, 0)))
+      << "layers 1, 2, 10";
+  Named ties = {{"x.1", randomArr(st::DType::F32, {1, 2}, 7)},
+                {"x.01", randomArr(st::DType::F32, {1, 2}, 8)}};
+  EXPECT_TRUE(sameArr(runRules(ties, "x.* -> all, axis=0\n").at("all"),
+                      test::concatArr({ties[0].second, ties[1].second}, 0)));
+  std::swap(ties[0], ties[1]);
+  EXPECT_TRUE(sameArr(runRules(ties, "x.* -> all, axis=0\n").at("all"),
+                      test::concatArr({ties[0].second, ties[1].second}, 0)));
+}
+
 TEST(AoaMacroTest, MacroErrors) {
   Named src = {{"layers.0.w", randomArr(st::DType::F32, {2}, 1)}};
   EXPECT_EQ(applyError(src, "layers.$LAYER_ID.w -> blocks.$LAYER_ID_OFFSET.w"),

@@ -368,6 +368,29 @@ TEST_F(HostileMetadataTest, BadTilingsAndFields) {
             std::string::npos);
 }
 
+// Keys keep the order the metadata file names them in (the JSON reader's map would sort them;
+// ordered_json read them in quadratic time: Note [Linear headers]), through a write and a read,
+// and a key named twice is refused instead of the last one silently kept.
+TEST(MetadataTest, KeysKeepTheFileOrderAndAreNamedOnce) {
+  auto key = [](const std::string& name) {
+    return "\"" + name +
+           R"(":{"dtype":"F32","shape":[0],"shards":[{"file":0,"offset":[0],"shape":[0],)"
+           R"("byte_range":[8,8]}]})";
+  };
+  const std::string head = R"({"format":"keel-flexcheckpoint","version":1,"files":["f"],"keys":{)";
+  Metadata m = metadataFromJson(head + key("z") + "," + key("b") + "," + key("y") + "}}", "m");
+  std::vector<std::string> names;
+  for (const auto& k : m.keys) names.push_back(k.key);
+  EXPECT_EQ(names, (std::vector<std::string>{"z", "b", "y"}));
+  names.clear();
+  for (const auto& k : metadataFromJson(metadataToJson(m), "m2").keys) names.push_back(k.key);
+  EXPECT_EQ(names, (std::vector<std::string>{"z", "b", "y"}));
+  EXPECT_EQ(errorOf([&] {
+              metadataFromJson(head + key("z") + "," + key("b") + "," + key("z") + "}}", "m");
+            }),
+            "m: key 'z' is named twice");
+}
+
 TEST_F(HostileMetadataTest, ATruncatedShardFile) {
   const std::string f = dir + "/model-00001-of-00002.safetensors";
   std::string bytes = test::readFileBytes(f);

@@ -148,6 +148,32 @@ TEST(SafetensorsTest, DuplicateNames) {
               "names tensor 'a' twice");
 }
 
+// A name repeated far from its first use is found too (one pass over the header's names, not the
+// parser callback that made headers quadratic: Note [Linear headers]).
+TEST(SafetensorsTest, ADuplicateAmongManyNames) {
+  std::string h = "{";
+  for (int i = 0; i < 1000; ++i)
+    h += "\"t" + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)";
+  h += R"("t7":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})";
+  expectError(image(h, 0), "names tensor 't7' twice");
+}
+
+// Empty tensors all sit at one offset; they keep the order the header names them in (the data
+// order of the others), as a reader listing the file would show them.
+TEST(SafetensorsTest, EmptyTensorsKeepTheHeaderOrder) {
+  const std::string h = R"({"z":{"dtype":"U8","shape":[2],"data_offsets":[1,3]},)"
+                        R"("b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                        R"("__metadata__":{"k":"v"},)"
+                        R"("y":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                        R"("a":{"dtype":"F32","shape":[3,0],"data_offsets":[0,0]}})";
+  const std::string bytes = image(h, 3);
+  Header hd = parseFile(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "x");
+  std::vector<std::string> names;
+  for (const auto& t : hd.tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"b", "a", "y", "z"}));
+  EXPECT_EQ(hd.metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+}
+
 TEST(SafetensorsTest, ReaderChecksFilesOnDisk) {
   const std::string dir = tempDir();
   writeFile(dir + "/short", le64(64) + "{}");

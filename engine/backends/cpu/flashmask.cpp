@@ -14,6 +14,7 @@
 #include "flashmask/flashmask_geometry.h"
 #include "keel/flashmask.h"
 #include "keel/random.h"
+#include "keel/runtime.h"
 #include "kernels.h"
 
 namespace keel::cpu {
@@ -446,10 +447,12 @@ void backward(const KernelCtx& c) {
 }  // namespace
 
 void kFlashmaskAttention(const KernelCtx& c) {
+  ensureBlasBuffer();  // Note [OpenBLAS under an address-space limit]
   visitFloatInput(c, [&]<typename T>() { forward<T>(c); });
 }
 
 void kFlashmaskAttentionBackward(const KernelCtx& c) {
+  ensureBlasBuffer();
   visitFloatInput(c, [&]<typename T>() { backward<T>(c); });
 }
 

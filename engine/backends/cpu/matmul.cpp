@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include "cpu_util.h"
+#include "keel/runtime.h"
 #include "kernels.h"
 
 namespace keel::cpu {
@@ -144,6 +145,7 @@ std::vector<float> toFloat(const Tensor& t) {
 }  // namespace
 
 void kMatmul(const KernelCtx& c) {
+  ensureBlasBuffer();  // Note [OpenBLAS under an address-space limit]
   const Tensor &a = c.inputs[0], &b = c.inputs[1], &out = c.outputs[0];
   const bool ta = c.attrs.getBool("trans_a"), tb = c.attrs.getBool("trans_b");
   KEEL_CHECK(a.dim() >= 2 && b.dim() >= 2 && out.dim() >= 2, "op '", c.op.name,

@@ -206,6 +206,11 @@ AllocatorKind environmentAllocatorKind();
 // when it is not host, caching or vmm.
 AllocatorKind resolveAllocatorKind(std::string_view flag, std::string_view configValue,
                                    std::string_view what = "allocator");
+// The allocator a run gets when it asks for k: k itself, or the caching allocator when k is vmm
+// and the process's VMM allocator cannot be created here (an address-space or file-size limit
+// smaller than its reservation: Note [VMM fallback]); *why then says why in one line (else it is
+// emptied). Creates the VMM allocator when k is vmm.
+AllocatorKind usableAllocatorKind(AllocatorKind k, std::string* why);
 // Process-wide instances (created on first use, never destroyed). KEEL_MEMORY_LIMIT (bytes, with
 // an optional K/M/G suffix) sets the caching and vmm limits.
 Allocator& hostAllocator();

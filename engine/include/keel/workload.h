@@ -78,6 +78,7 @@ typedef const KeelWorkloadV1* (*KeelWorkloadEntryFn)(void);
 #include <string>
 
 #include "keel/device.h"
+#include "keel/runtime.h"
 
 namespace keel {
 
@@ -133,7 +134,7 @@ struct WorkloadTrampolines {
     try {
       return new T(toParams(params));
     } catch (const std::exception& e) {
-      copyError(error, errorSize, e.what());
+      copyError(error, errorSize, exceptionText(e).c_str());
     } catch (...) {
       copyError(error, errorSize, "unknown exception");
     }
@@ -145,7 +146,7 @@ struct WorkloadTrampolines {
       *out = KeelStepMetrics{m.loss, m.lr, m.gradNorm, m.tokensPerSec};
       return 0;
     } catch (const std::exception& e) {
-      copyError(error, errorSize, e.what());
+      copyError(error, errorSize, exceptionText(e).c_str());
     } catch (...) {
       copyError(error, errorSize, "unknown exception");
     }

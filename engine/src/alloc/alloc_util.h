@@ -1,6 +1,8 @@
 // Helpers shared by the caching and VMM allocators: rounding, the out-of-memory message and
 // deferred observer events (collected under the allocator's lock, delivered after it is released).
 #pragma once
+#include <sys/resource.h>
+
 #include <cstddef>
 #include <mutex>
 #include <string>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "keel/allocator.h"
+#include "keel/base/text.h"
 #include "keel/dispatch.h"
 #include "keel/error.h"
 #include "keel/observer.h"
@@ -64,13 +67,25 @@ inline BlockInfo blockInfo(uintptr_t address, size_t size, size_t requested, Blo
   return b;
 }
 
+// With no limit of its own (limit 0) the allocator ran out because the system refused it memory:
+// the message then names the process's address-space limit (ulimit -v) when there is one.
 inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limit,
                          const AllocatorStats& s) {
   uint64_t op = currentOpSeq();
+  std::string why;
+  if (limit != 0) {
+    why = detail::concat(" with a limit of ", limit, " bytes");
+  } else {
+    rlimit as{};
+    why = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY
+              ? detail::concat(" under the address-space limit (ulimit -v) of ",
+                               formatBytes(uint64_t(as.rlim_cur)))
+              : std::string(": the system refused the memory");
+  }
   return Error(
       detail::concat("out of memory in the ", allocator, " allocator: requested ", bytes, " bytes",
-                     op ? detail::concat(" by op #", op, " ", currentOpName()) : std::string(),
-                     " with a limit of ", limit, " bytes; ", memorySummary(s)));
+                     op ? detail::concat(" by op #", op, " ", currentOpName()) : std::string(), why,
+                     "; ", memorySummary(s)));
 }
 
 // Events are queued while the lock is held and sent afterwards, so an observer may allocate.

@@ -120,6 +120,31 @@ AllocatorKind resolveAllocatorKind(std::string_view flag, std::string_view confi
   return *k;
 }
 
+// Note [VMM fallback]: the VMM allocator reserves 64 GiB of addresses and backs them with a memfd
+// of that size, so an address-space limit (ulimit -v) or a file-size limit (ulimit -f: the memfd
+// is a file) smaller than that refuses it, and every run failed ("vmm allocator: ftruncate
+// failed: File too large"). A limit the user set for other reasons should not stop training, so
+// a run that would use the VMM allocator (by default, or asked for) gets the caching allocator
+// instead, with a one-line warning saying why; the recording names the allocator that ran.
+// The VMM allocator is tried once per process (creating it is what would fail at the first
+// allocation anyway).
+AllocatorKind usableAllocatorKind(AllocatorKind k, std::string* why) {
+  if (why) why->clear();
+  if (k != AllocatorKind::Vmm) return k;
+  static const std::string failure = [] {
+    envLimit();  // a bad KEEL_MEMORY_LIMIT is the user's error, not a reason to fall back
+    try {
+      vmmAllocator();
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  }();
+  if (failure.empty()) return k;
+  if (why) *why = failure + ": using the caching allocator";
+  return AllocatorKind::Caching;
+}
+
 AllocatorKind defaultAllocatorKind() {
   int k = g_kind.load(std::memory_order_acquire);
   if (k >= 0) return AllocatorKind(k);

@@ -4,12 +4,14 @@
 // See Note [VMM remap] and Note [VMM compaction] in vmm_core.cpp.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "alloc/vmm_core.h"
+#include "keel/base/text.h"
 
 namespace keel {
 
@@ -18,6 +20,17 @@ namespace keel {
 // creating a chunk costs nothing. Mapping is mmap(MAP_FIXED|MAP_SHARED) of that range; unmapping
 // maps PROT_NONE anonymous memory over the slot (munmap would give the addresses away) and keeps
 // the chunk's bytes in the memfd; releasing punches a hole (fallocate PUNCH_HOLE).
+namespace {
+
+// A soft resource limit, or 0 when there is none.
+uint64_t softLimit(int resource) {
+  rlimit r{};
+  if (getrlimit(resource, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 0;
+  return uint64_t(r.rlim_cur);
+}
+
+}  // namespace
+
 struct VmmAllocator::Impl final : alloc::VmmChunkOps {
   int fd = -1;
   uintptr_t base = 0;
@@ -51,6 +64,11 @@ VmmAllocator::VmmAllocator(VmmAllocatorOptions o) : impl_(std::make_unique<Impl>
   o.reserve = alloc::roundUp(std::max(o.reserve, o.chunk), o.chunk);
   m.reserve = o.reserve;
   m.chunk = o.chunk;
+  // The memfd is a file: a file-size limit smaller than the reservation refuses it (and would
+  // raise SIGXFSZ in ftruncate), so it is checked first. See Note [VMM fallback] (select.cpp).
+  if (const uint64_t fsize = softLimit(RLIMIT_FSIZE); fsize != 0 && fsize < m.reserve)
+    throw Error(detail::concat("vmm allocator: its memfd cannot grow to ", formatBytes(m.reserve),
+                               " under the file-size limit (ulimit -f) of ", formatBytes(fsize)));
   m.fd = memfd_create("keel-vmm", MFD_CLOEXEC);
   KEEL_CHECK(m.fd >= 0, "vmm allocator: memfd_create failed: ", std::strerror(errno));
   if (ftruncate(m.fd, off_t(m.reserve)) != 0) {
@@ -62,6 +80,10 @@ VmmAllocator::VmmAllocator(VmmAllocatorOptions o) : impl_(std::make_unique<Impl>
   if (p == MAP_FAILED) {
     int e = errno;
     close(m.fd);
+    if (const uint64_t as = softLimit(RLIMIT_AS); as != 0)
+      throw Error(detail::concat("vmm allocator: cannot reserve ", formatBytes(m.reserve),
+                                 " of addresses under the address-space limit (ulimit -v) of ",
+                                 formatBytes(as)));
     throw Error(detail::concat("vmm allocator: reserving ", m.reserve,
                                " bytes of addresses failed: ", std::strerror(e)));
   }

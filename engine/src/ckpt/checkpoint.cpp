@@ -11,8 +11,10 @@
 #include <set>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt_internal.h"
+#include "json_keys.h"
 #include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/error.h"
@@ -20,6 +22,7 @@
 namespace keel::ckpt {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 using nlohmann::ordered_json;
 
 // Note [TP sharding]
@@ -68,7 +71,10 @@ std::string metadataToJson(const Metadata& m) {
   j["version"] = kFormatVersion;
   j["files"] = m.files;
   ordered_json keys = ordered_json::object();
+  keys.get_ref<ordered_json::object_t&>().reserve(m.keys.size());
+  std::unordered_set<std::string_view> names;
   for (const auto& k : m.keys) {
+    KEEL_CHECK(names.insert(k.key).second, "checkpoint metadata: key '", k.key, "' named twice");
     ordered_json e;
     e["dtype"] = std::string(st::dtypeName(k.dtype));
     e["shape"] = k.shape;
@@ -81,7 +87,7 @@ std::string metadataToJson(const Metadata& m) {
                         {"replica_id", s.replica},
                         {"byte_range", {s.begin, s.end}}});
     e["shards"] = std::move(shards);
-    keys[k.key] = std::move(e);
+    detail::appendDistinct(keys, k.key, std::move(e));  // Note [Linear headers]
   }
   j["keys"] = std::move(keys);
   if (!m.trainState.empty()) {
@@ -93,7 +99,7 @@ std::string metadataToJson(const Metadata& m) {
 
 namespace {
 
-Dims dimsFrom(const ordered_json& v, const std::string& what, bool allowNegative = false) {
+Dims dimsFrom(const json& v, const std::string& what, bool allowNegative = false) {
   KEEL_CHECK(v.is_array(), what, " must be an array of integers");
   KEEL_CHECK(v.size() <= st::kMaxRank, what, " has rank ", v.size(), " (limit ", st::kMaxRank, ")");
   Dims d;
@@ -107,7 +113,7 @@ Dims dimsFrom(const ordered_json& v, const std::string& what, bool allowNegative
   return d;
 }
 
-uint64_t u64From(const ordered_json& v, const std::string& what) {
+uint64_t u64From(const json& v, const std::string& what) {
   KEEL_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), what,
              " must be a non-negative integer");
   return v.get<uint64_t>();
@@ -177,10 +183,10 @@ void checkTiling(const KeyInfo& k, const std::string& source) {
 }
 
 Metadata metadataFromJson(std::string_view text, const std::string& source) {
-  ordered_json j;
+  json j;
   try {
     checkJsonDepth(text, source);  // Note [Bounded JSON]
-    j = ordered_json::parse(text.begin(), text.end());
+    j = json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
     throw Error(source + ": not valid JSON (" + e.what() + ")");
   }
@@ -203,12 +209,18 @@ Metadata metadataFromJson(std::string_view text, const std::string& source) {
     m.files.push_back(name);
   }
   KEEL_CHECK(j.contains("keys") && j["keys"].is_object(), source, ": missing object 'keys'");
-  for (auto it = j["keys"].begin(); it != j["keys"].end(); ++it) {
-    const std::string what = source + ": key '" + it.key() + "'";
-    const ordered_json& e = it.value();
+  // The keys in file order (the DOM's map sorts them) and none named twice: Note [Linear headers].
+  const detail::ObjectKeys order = detail::objectKeys(text, {"keys"});
+  KEEL_CHECK(!order.hasDuplicate, source, ": key '", order.duplicate, "' is named twice");
+  const json& keys = j["keys"];
+  KEEL_CHECK(order.keys.size() == keys.size(), source, ": the names in 'keys' could not be read");
+  m.keys.reserve(order.keys.size());
+  for (const std::string& name : order.keys) {
+    const std::string what = source + ": key '" + name + "'";
+    const json& e = keys.find(name).value();
     KEEL_CHECK(e.is_object(), what, " is not an object");
     KeyInfo k;
-    k.key = it.key();
+    k.key = name;
     KEEL_CHECK(e.contains("dtype") && e["dtype"].is_string(), what, ": missing string 'dtype'");
     auto dt = st::dtypeFromHeaderName(e["dtype"].get<std::string>());
     KEEL_CHECK(dt.has_value(), what, ": unknown dtype ", e["dtype"].dump());

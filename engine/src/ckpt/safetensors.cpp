@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "json_keys.h"
 #include "keel/base/text.h"
 #include "keel/error.h"
 
@@ -111,30 +112,25 @@ Header parseHeaderJson(std::string_view text, uint64_t dataBytes, const std::str
   KEEL_CHECK(!text.empty() && text.front() == '{', source,
              ": safetensors header does not start with '{'");
   KEEL_CHECK(jsonNestingDepth(text) <= 8, source, ": safetensors header is nested too deeply");
-  std::set<std::string> seen;
-  std::string duplicate;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-      const auto& k = parsed.get_ref<const std::string&>();
-      if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
-    }
-    return true;
-  };
   json j;
   try {
-    j = json::parse(text.begin(), text.end(), cb);
+    j = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     throw Error(source + ": safetensors header is not valid JSON (" + e.what() + ")");
   }
   KEEL_CHECK(j.is_object(), source, ": safetensors header is not a JSON object");
-  KEEL_CHECK(duplicate.empty(), source, ": safetensors header names tensor '", duplicate,
+  // The names in header order, and the first one named twice (the DOM keeps the last value of a
+  // repeated name silently). See Note [Linear headers].
+  const ckpt::detail::ObjectKeys names = ckpt::detail::objectKeys(text, {});
+  KEEL_CHECK(!names.hasDuplicate, source, ": safetensors header names tensor '", names.duplicate,
              "' twice");
+  KEEL_CHECK(names.keys.size() == j.size(), source, ": safetensors header names could not be read");
 
   Header h;
   h.dataBytes = dataBytes;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
+  h.tensors.reserve(names.keys.size());
+  for (const std::string& name : names.keys) {
+    const json& v = j.find(name).value();
     if (name == "__metadata__") {
       KEEL_CHECK(v.is_object(), source, ": __metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
@@ -185,9 +181,11 @@ Header parseHeaderJson(std::string_view text, uint64_t dataBytes, const std::str
                want, " bytes but data_offsets give ", e.end - e.begin);
     h.tensors.push_back(std::move(e));
   }
-  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  // Stable: empty tensors (all at one offset) keep their header order.
+  std::stable_sort(h.tensors.begin(), h.tensors.end(),
+                   [](const TensorEntry& a, const TensorEntry& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
   uint64_t cursor = 0;
   for (const auto& e : h.tensors) {
     KEEL_CHECK(e.begin >= cursor, source, ": tensor '", e.name, "' data_offsets [", e.begin, ", ",
@@ -317,7 +315,8 @@ std::string headerJson(const std::vector<WriteEntry>& entries,
                        const std::map<std::string, std::string>& metadata,
                        std::vector<uint64_t>* begins, std::vector<uint64_t>* sizes) {
   // Keys in file order (nlohmann's ordered_json keeps insertion order), so a reader that lists
-  // the header sees tensors in the order of their bytes.
+  // the header sees tensors in the order of their bytes. Names are checked distinct, so they are
+  // appended without ordered_json's search (Note [Linear headers]).
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -330,9 +329,10 @@ std::string headerJson(const std::vector<WriteEntry>& entries,
     KEEL_CHECK(e.name != "__metadata__", "safetensors: a tensor cannot be named __metadata__");
     KEEL_CHECK(names.insert(e.name).second, "safetensors: tensor '", e.name, "' written twice");
     uint64_t n = byteCount(e.shape, e.dtype, "safetensors: tensor '" + e.name + "'");
-    j[e.name] = {{"dtype", std::string(dtypeName(e.dtype))},
-                 {"shape", e.shape},
-                 {"data_offsets", {cursor, cursor + n}}};
+    ckpt::detail::appendDistinct(j, e.name,
+                                 {{"dtype", std::string(dtypeName(e.dtype))},
+                                  {"shape", e.shape},
+                                  {"data_offsets", {cursor, cursor + n}}});
     if (begins) begins->push_back(cursor);
     if (sizes) sizes->push_back(n);
     cursor += n;

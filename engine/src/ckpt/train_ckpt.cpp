@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "ckpt_internal.h"
 #include "keel/base/text.h"
@@ -158,8 +158,8 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
 
   // The keys the checkpoint offers after the rules decide which optimizer states exist.
   aoa::Result keys = aoa::apply(rules, detail::sourceKeys(ck.metadata()));
-  std::set<std::string> present;
-  for (const auto& k : keys.keys) present.insert(k.name);
+  std::map<std::string, const aoa::TargetKey*> present;  // by name: Note [Linear headers]
+  for (const auto& k : keys.keys) present.emplace(k.name, &k);
 
   std::vector<HostTensor> targets;
   std::vector<Tensor> params;
@@ -197,16 +197,14 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
   for (size_t i = 0; i < opt.params().size(); ++i) {
     const Tensor& p = opt.params()[i];
     const std::string prefix = p.name() + std::string(aoa::kStateSeparator);
-    for (auto it = present.lower_bound(prefix); it != present.end() && it->rfind(prefix, 0) == 0;
-         ++it) {
-      const std::string sname = it->substr(prefix.size());
-      const aoa::TargetKey* k = nullptr;
-      for (const auto& x : keys.keys)
-        if (x.name == *it) k = &x;
+    for (auto it = present.lower_bound(prefix);
+         it != present.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      const std::string sname = it->first.substr(prefix.size());
+      const aoa::TargetKey* k = it->second;
       Tensor t = k->shape.empty() ? Tensor::empty({}, DType::Int64, Device(Backend::Cpu))
                                   : Tensor::empty(wholeShape(p), p.dtype(), Device(Backend::Cpu));
       states.push_back({i, sname, t});
-      targets.push_back({*it, toSt(t.dtype()), t.shape(), t.data()});
+      targets.push_back({it->first, toSt(t.dtype()), t.shape(), t.data()});
     }
   }
   LoadOptions lo;

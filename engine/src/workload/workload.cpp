@@ -85,7 +85,7 @@ WorkloadRun::WorkloadRun(WorkloadInfo info, const std::function<void*()>& create
   try {
     handle_ = create();
   } catch (const std::exception& e) {  // as the trampolines' create() reports it
-    throw Error("workload '" + info_.name + "': " + e.what());
+    throw Error("workload '" + info_.name + "': " + exceptionText(e));
   } catch (...) {
     throw Error("workload '" + info_.name + "': unknown exception");
   }

@@ -171,7 +171,10 @@ class RecordingRun {
   const RunSpec& spec() const { return spec_; }
   const std::string& modelName() const { return name_; }         // config's or workload's name
   const std::string& configText() const { return configText_; }  // "" without a config
+  // The allocator the run uses: the one asked for, or caching where the VMM allocator cannot be
+  // created (Note [VMM fallback]; allocatorWarning() then says why, in one line).
   AllocatorKind allocator() const { return allocator_; }
+  const std::string& allocatorWarning() const { return allocatorWarning_; }
   const Device& device() const { return device_; }
   // The run's metadata as recorded (start time set by start()).
   const storage::RunInfo& runInfo() const { return run_; }
@@ -241,6 +244,7 @@ class RecordingRun {
   WorkloadInfo workload_;
   Device device_;
   AllocatorKind allocator_ = AllocatorKind::Host;
+  std::string allocatorWarning_;
   storage::RunInfo run_;
   std::unique_ptr<Recorder> recorder_;
   std::unique_ptr<WorkloadRun> job_;

@@ -2,9 +2,11 @@
 // expand.cpp (macros), check.cpp (typed statements), keys.cpp (the key space, box arithmetic) and
 // eval.cpp (one evaluator per statement kind). Like keel/aoa.h, no tensor code.
 #pragma once
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -33,8 +35,10 @@ class Space {
   // The optimizer state suffixes present for a base key ("exp_avg", "step", ...).
   std::set<std::string> statesOf(const std::string& base) const;
   int consumedAt(const std::string& n) const;  // 0: never consumed
-  // Base keys (no "::"), in space order.
-  std::vector<std::string> baseKeys() const;
+  // Base keys (no "::") that start with `prefix`, in space order. An ordered index finds them,
+  // so a wildcard in each of a macro's instances reads only its own keys, not all of them once
+  // per instance (See Note [Linear headers] in ckpt/json_keys.h).
+  std::vector<std::string> baseKeys(std::string_view prefix = {}) const;
   // " (keys look like '<first key>')", for "matches no key" messages.
   std::string nearKeyHint() const;
   Result result();
@@ -43,6 +47,7 @@ class Space {
   std::vector<TargetKey> slots_;
   std::vector<bool> alive_;
   std::unordered_map<std::string, size_t> index_;
+  std::map<std::string, size_t, std::less<>> bases_;  // live base keys -> slot, for prefixes
   std::unordered_map<std::string, std::set<std::string>> states_;
   std::unordered_map<std::string, int> consumedAt_;
 };

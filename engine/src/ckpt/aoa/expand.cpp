@@ -54,6 +54,12 @@ std::vector<Segment> compile(const std::string& text) {
   return segs;
 }
 
+// The text every key a pattern matches starts with.
+std::string_view literalPrefix(const std::vector<Segment>& segs) {
+  return !segs.empty() && segs.front().kind == Seg::Lit ? std::string_view(segs.front().lit)
+                                                        : std::string_view();
+}
+
 bool hasMacro(const std::string& t) {
   return t.find("$LAYER_ID") != std::string::npos || t.find("$EXPERT_ID") != std::string::npos;
 }
@@ -210,7 +216,7 @@ std::vector<Statement> Expander::expandVariables(const Statement& s, const Space
                  "' does not capture");
   // Distinct (layer, expert) ids over the keys present.
   std::set<std::pair<int64_t, int64_t>> ids;
-  for (const std::string& key : space.baseKeys()) {
+  for (const std::string& key : space.baseKeys(literalPrefix(segs))) {
     std::vector<std::string> caps;
     if (!match(segs, 0, key, 0, caps)) continue;
     int64_t layer = -1, expert = -1;
@@ -278,7 +284,7 @@ std::vector<Statement> Expander::expandWildcards(const Statement& s, const Space
   auto matchesOf = [&](const Name& n) {
     auto segs = compile(n.text);
     std::vector<std::pair<std::vector<std::string>, std::string>> m;
-    for (const std::string& key : space.baseKeys()) {
+    for (const std::string& key : space.baseKeys(literalPrefix(segs))) {
       std::vector<std::string> caps;
       if (match(segs, 0, key, 0, caps)) m.push_back({caps, key});
     }

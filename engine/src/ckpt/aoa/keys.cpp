@@ -70,7 +70,10 @@ void Space::add(TargetKey k) {
   slots_.push_back(std::move(k));
   alive_.push_back(true);
   auto sep = n.find(kStateSeparator);
-  if (sep != std::string::npos) states_[n.substr(0, sep)].insert(n.substr(sep + 2));
+  if (sep != std::string::npos)
+    states_[n.substr(0, sep)].insert(n.substr(sep + 2));
+  else
+    bases_[n] = slots_.size() - 1;
 }
 
 TargetKey Space::take(const std::string& n, int line) {
@@ -82,6 +85,8 @@ TargetKey Space::take(const std::string& n, int line) {
   if (sep != std::string::npos) {
     auto it = states_.find(n.substr(0, sep));
     if (it != states_.end()) it->second.erase(n.substr(sep + 2));
+  } else {
+    bases_.erase(n);
   }
   return std::move(slots_[i]);
 }
@@ -96,11 +101,15 @@ int Space::consumedAt(const std::string& n) const {
   return it == consumedAt_.end() ? 0 : it->second;
 }
 
-std::vector<std::string> Space::baseKeys() const {
+std::vector<std::string> Space::baseKeys(std::string_view prefix) const {
+  std::vector<size_t> at;
+  for (auto it = bases_.lower_bound(prefix);
+       it != bases_.end() && std::string_view(it->first).substr(0, prefix.size()) == prefix; ++it)
+    at.push_back(it->second);
+  std::sort(at.begin(), at.end());  // space order
   std::vector<std::string> out;
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (alive_[i] && slots_[i].name.find(kStateSeparator) == std::string::npos)
-      out.push_back(slots_[i].name);
+  out.reserve(at.size());
+  for (size_t i : at) out.push_back(slots_[i].name);
   return out;
 }
 
