@@ -68,7 +68,8 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
 }
 
 // A damaged allocator event (bytes -1, read as 2^64 - 1) is refused by `keel memory replay` in
-// one line: it used to make the vmm allocator grow to 6-17 GB before std::bad_alloc.
+// one line, by the reader (Note [Damaged recordings]): it used to make the vmm allocator grow to
+// 6-17 GB before std::bad_alloc.
 TEST_F(KeelInputs, ADamagedAllocationSizeIsRefusedNotReplayed) {
   CliResult rec =
       keel("record --config tests/fixtures/gpt-tiny.json --steps 1 --allocator -o " + q("r.db"));
@@ -79,8 +80,48 @@ TEST_F(KeelInputs, ADamagedAllocationSizeIsRefusedNotReplayed) {
       "kind_sid=(SELECT id FROM strings WHERE text=\\\"alloc\\\"))'); c.commit()\" " +
       q("r.db");
   ASSERT_EQ(std::system(damage.c_str()), 0);
-  expectOneLineError(keel("memory replay " + q("r.db") + " --allocator vmm"),
-                     "allocates -1 bytes (out of range 0 .. 2^44)");
+  expectOneLineError(
+      keel("memory replay " + q("r.db") + " --allocator vmm"),
+      "allocator event claims -1 bytes (out of range 0 .. 2^44), in mem_events row ");
+}
+
+// Recordings that open but are wrong inside (Note [Damaged recordings]): a forward link in a
+// cycle, and a dump claiming 3 GiB (the studio took 3.2 GB when its op was selected), are one
+// line naming the file, the table and the row, exit 2, from every command that reads them.
+TEST_F(KeelInputs, ADamagedRecordingIsOneLine) {
+  CliResult rec = keel(
+      "record --config tests/fixtures/gpt-tiny.json --steps 1 --dumps --dump-ops "
+      "matmul -o " +
+      q("r.db"));
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  auto damage = [&](const std::string& copy, const std::string& sql) {
+    fs::copy_file(path("r.db"), path(copy));
+    const std::string cmd =
+        "python3 -c \"import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); "
+        "c.executescript(sys.argv[2]); "
+        "c.commit()\" " +
+        q(copy) + " '" + sql + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  };
+  // Two backward ops linking each other: the first one's link points forward.
+  damage(
+      "cycle.db",
+      "UPDATE ops SET forward_seq = (SELECT max(seq) FROM ops WHERE forward_seq > 0) WHERE seq = "
+      "(SELECT min(seq) FROM ops WHERE forward_seq > 0); UPDATE ops SET forward_seq = (SELECT "
+      "min(seq) FROM ops WHERE forward_seq > 0) WHERE seq = (SELECT max(seq) FROM ops WHERE "
+      "forward_seq > 0);");
+  const std::string cycle =
+      "damaged recording " + path("cycle.db") + ": op ";  // then "<seq> links to forward op ..."
+  for (const std::string cmd : {"ops", "export csv", "export trace"}) {
+    const CliResult r = keel(cmd + " " + q("cycle.db"));
+    expectOneLineError(r, cycle);
+    expectOneLineError(r, ", which did not run before it, in ops row ");
+  }
+  expectOneLineError(keel("diff " + q("r.db") + " " + q("cycle.db")), cycle);
+  damage("dump.db", "UPDATE dumps SET raw_bytes = 3 << 30 WHERE id = (SELECT min(id) FROM dumps);");
+  const CliResult r = keel("diff " + q("r.db") + " " + q("dump.db"));
+  expectOneLineError(r, "damaged recording " + path("dump.db") + ": dump of op ");
+  expectOneLineError(r, " claims 3221225472 bytes (out of range 0 .. 2^30), in dumps row 1");
 }
 
 TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {
