@@ -3,7 +3,10 @@
 #include "keel/analysis/tile_map.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+
+#include "keel/base/text.h"
 
 namespace keel::analysis {
 
@@ -52,7 +55,8 @@ std::string tileMapText(const TileGrid& grid) {
 }
 
 std::optional<MaskSummary> maskSummaryFromAttrs(const std::string& attrsJson) {
-  if (attrsJson.empty()) return std::nullopt;
+  // Recorded text, possibly damaged: depth-checked first (Note [Bounded JSON]).
+  if (attrsJson.empty() || jsonNestingDepth(attrsJson) > kMaxJsonDepth) return std::nullopt;
   const auto o = nlohmann::json::parse(attrsJson, nullptr, false);
   if (!o.is_object()) return std::nullopt;
   const auto map = o.find("tile_map");
@@ -66,8 +70,12 @@ std::optional<MaskSummary> maskSummaryFromAttrs(const std::string& attrsJson) {
   const auto sparsity = o.find("block_sparsity");
   if (sparsity != o.end() && sparsity->is_number()) s.blockSparsity = sparsity->get<double>();
   const auto shape = o.find("tile_shape");
-  if (shape != o.end() && shape->is_array() && shape->size() == 2 && (*shape)[0].is_number() &&
-      (*shape)[1].is_number()) {
+  // Whole numbers in int's range only: get<int>() of 1e300 is a cast C++ leaves undefined.
+  const auto tileSide = [](const nlohmann::json& v) {
+    return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+  };
+  if (shape != o.end() && shape->is_array() && shape->size() == 2 && tileSide((*shape)[0]) &&
+      tileSide((*shape)[1])) {
     s.tileRows = (*shape)[0].get<int>();
     s.tileCols = (*shape)[1].get<int>();
   }

@@ -468,6 +468,7 @@ void MainWindow::connectSources() {
         return;
       }
       inspector_->setDetails(src == sourceA_ ? Side::A : Side::B, d);
+      if (d->damaged) showError("Damaged recording", QString::fromStdString(d->error));
       emit opInspected(d->op.seq);
     });
   }

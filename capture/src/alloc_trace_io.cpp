@@ -12,27 +12,33 @@ namespace keel::capture {
 AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
   AllocTrace t;
   std::unordered_map<uint64_t, uint64_t> liveByAddress;  // address -> trace id
+  std::unordered_map<uint64_t, uint64_t> liveIds;        // trace id -> its address, live blocks
   uint64_t nextId = uint64_t(1) << 62;                   // ids for events without a Buffer
   int64_t step = -1;
-  int64_t row = 0;  // the event's position among the recording's allocator events
   for (const auto& m : rec.memEvents({})) {
-    ++row;
     if (m.kind != MemEventKind::Alloc && m.kind != MemEventKind::Free) continue;
     if (m.step != step) {
       step = m.step;
       t.events.push_back({TraceEvent::Step, uint64_t(step), 0});
     }
     if (m.kind == MemEventKind::Alloc) {
-      // A damaged row (bytes -1 reads as 2^64 - 1) would make the replay reserve without bound.
-      if (m.bytes > kMaxTraceBlock)
-        throw Error("damaged recording " + rec.path() + ": allocator event " + std::to_string(row) +
-                    " allocates " + std::to_string(int64_t(m.bytes)) +
-                    " bytes (out of range 0 .. 2^44)");
+      // m.bytes <= kMaxTraceBlock: the reader refuses larger ones (Note [Damaged recordings]).
       uint64_t id = m.bufferId ? m.bufferId : nextId++;
+      // A Buffer allocated again while live (a damaged recording: Buffer ids are never reused)
+      // frees its old block first, so the trace stays well formed, no id live twice (found by
+      // fuzz_recording). A block whose address is allocated again stays live, as before.
+      if (auto old = liveIds.find(id); old != liveIds.end()) {
+        t.events.push_back({TraceEvent::Free, id, 0});
+        if (auto a = liveByAddress.find(old->second); a != liveByAddress.end() && a->second == id)
+          liveByAddress.erase(a);
+        liveIds.erase(old);
+      }
       liveByAddress[m.address] = id;
+      liveIds[id] = m.address;
       t.events.push_back({TraceEvent::Alloc, id, m.bytes});
     } else if (auto it = liveByAddress.find(m.address); it != liveByAddress.end()) {
       t.events.push_back({TraceEvent::Free, it->second, 0});
+      liveIds.erase(it->second);
       liveByAddress.erase(it);
     }
   }

@@ -2,7 +2,10 @@
 // rejects unknown keys and wrong types with keel::Error, so a typo never silently records less.
 #include "keel/capture/options.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 #include <utility>
 
 #include "keel/base/text.h"
@@ -36,6 +39,15 @@ json filterToJson(const OpFilter& f) {
   return json{{"ops", f.ops}, {"scope", f.scope}, {"step_min", f.stepMin}, {"step_max", f.stepMax}};
 }
 
+// A JSON integer that fits int64_t, else keel::Error naming the key: nlohmann's get<int64_t>()
+// converts 1e300 or -1e30 with a cast C++ leaves undefined, and 2^64 - 1 to -1 (fuzz_config).
+int64_t wholeNumber(const json& v, const std::string& key) {
+  if (v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= INT64_MAX))
+    return v.get<int64_t>();
+  throw Error("capture options: '" + key + "' must be a whole number below 2^63, got " +
+              (v.is_number() ? v.dump() : std::string("a ") + v.type_name()));
+}
+
 OpFilter filterFromJson(const json& j, const std::string& where) {
   KEEL_CHECK(j.is_object(), "capture options: '", where, "' must be an object");
   OpFilter f;
@@ -45,9 +57,9 @@ OpFilter filterFromJson(const json& j, const std::string& where) {
     else if (k == "scope")
       f.scope = v.get<std::string>();
     else if (k == "step_min")
-      f.stepMin = v.get<int64_t>();
+      f.stepMin = wholeNumber(v, where + "." + k);
     else if (k == "step_max")
-      f.stepMax = v.get<int64_t>();
+      f.stepMax = wholeNumber(v, where + "." + k);
     else
       throw Error("capture options: unknown key '" + where + "." + k + "'");
   }
@@ -74,7 +86,10 @@ bool readKey(const std::pair<const char*, T Opt::*> (&table)[N], const std::stri
              const json& v, Opt& o) {
   for (const auto& [key, member] : table)
     if (k == key) {
-      o.*member = v.get<T>();
+      if constexpr (std::is_same_v<T, bool>)
+        o.*member = v.get<bool>();
+      else
+        o.*member = wholeNumber(v, k);
       return true;
     }
   return false;
@@ -108,7 +123,7 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
       if (readKey(kBoolKeys, k, v, o) || readKey(kIntKeys, k, v, o))
         continue;
       else if (k == "rounded_md5")
-        o.roundedMd5 = v.get<int>();
+        o.roundedMd5 = int(std::clamp<int64_t>(wholeNumber(v, k), -1, 18));  // checked below
       else if (k == "dump_filter")
         o.dumpFilter = filterFromJson(v, k);
       else if (k == "filter")

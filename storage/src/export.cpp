@@ -20,15 +20,6 @@ std::string csvField(const std::string& s) {
 
 }  // namespace
 
-std::string shapeText(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ',';
-    r += std::to_string(s[i]);
-  }
-  return r + "]";
-}
-
 std::string tensorList(const OpRecord& op, Role role) {
   std::string r;
   for (const auto& t : op.tensors) {

@@ -93,13 +93,18 @@ class PackedWriter {
   std::vector<uint8_t> buf_;
 };
 
-// Decodes `count` entries; resolve(id) -> string. Throws StorageError naming `what` on a truncated
-// or malformed blob.
-template <class Resolve>
+// The largest tensor a recording describes: fewer than 2^40 elements and bytes (1 TiB, several
+// times the memory of any device a run records). A packed entry claiming more is damage (Note
+// [Damaged recordings], reader.cpp): views multiply these numbers.
+constexpr int64_t kMaxTensorElements = int64_t(1) << 40;
+
+// Decodes `count` entries; resolve(id) -> string. On a truncated or malformed blob, or an entry
+// out of range, throws fail(problem) ("packed tensor data is truncated", ...).
+template <class Resolve, class Fail>
 void unpackTensors(const uint8_t* p, size_t n, int64_t count, Resolve&& resolve,
-                   std::vector<TensorRecord>& out, const std::string& what) {
+                   std::vector<TensorRecord>& out, Fail&& fail) {
   size_t at = 0;
-  auto truncated = [&] { return StorageError(what + ": packed tensor data is truncated"); };
+  auto truncated = [&] { return fail("packed tensor data is truncated"); };
   auto byte = [&]() -> uint8_t {
     if (at >= n) throw truncated();
     return p[at++];
@@ -111,7 +116,7 @@ void unpackTensors(const uint8_t* p, size_t n, int64_t count, Resolve&& resolve,
       v |= uint64_t(b & 0x7f) << shift;
       if (!(b & 0x80)) return v;
     }
-    throw StorageError(what + ": packed tensor data has a malformed number");
+    throw fail("packed tensor data has a malformed number");
   };
   auto svar = [&]() -> int64_t {
     uint64_t u = uvar();
@@ -134,18 +139,23 @@ void unpackTensors(const uint8_t* p, size_t n, int64_t count, Resolve&& resolve,
       at += len;
     }
   };
-  if (count < 0 || count > int64_t(n)) throw StorageError(what + ": bad packed tensor count");
+  if (count < 0 || count > int64_t(n)) throw fail("bad packed tensor count");
   out.reserve(out.size() + size_t(count));
   for (int64_t i = 0; i < count; ++i) {
     TensorRecord t;
     const uint8_t role = byte(), flags = byte();
-    if (role > 1) throw StorageError(what + ": packed tensor has an invalid role");
+    if (role > 1) throw fail("packed tensor has an invalid role");
     t.role = static_cast<Role>(role);
-    t.index = static_cast<int32_t>(uvar());
+    const uint64_t index = uvar();
+    const std::string name =
+        std::string(role ? "output " : "input ") + std::to_string(int64_t(index));
+    if (index > uint64_t(INT32_MAX))
+      throw fail("packed tensor " + name + " has an index past 2^31 - 1");
+    t.index = static_cast<int32_t>(index);
     t.dtype = resolve(int64_t(uvar()));
     t.device = resolve(int64_t(uvar()));
     const uint64_t rank = uvar(), srank = uvar();
-    if (rank > n || srank > n) throw StorageError(what + ": packed tensor has a bad rank");
+    if (rank > n || srank > n) throw fail("packed tensor has a bad rank");
     t.tensorId = uvar();
     t.version = uvar();
     t.bufferId = uvar();
@@ -155,6 +165,19 @@ void unpackTensors(const uint8_t* p, size_t n, int64_t count, Resolve&& resolve,
     for (auto& d : t.shape) d = svar();
     t.strides.resize(size_t(srank));
     for (auto& d : t.strides) d = svar();
+    // Sizes views multiply: no negative size, fewer than 2^40 elements and bytes.
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) throw fail("packed tensor " + name + " has a negative size " + std::to_string(d));
+      numel = d == 0 || numel == 0                   ? 0
+              : numel > (kMaxTensorElements - 1) / d ? kMaxTensorElements
+                                                     : numel * d;
+    }
+    if (numel >= kMaxTensorElements)
+      throw fail("packed tensor " + name + " claims 2^40 or more elements");
+    if (t.bytes < 0 || t.bytes >= kMaxTensorElements)
+      throw fail("packed tensor " + name + " claims " + std::to_string(t.bytes) +
+                 " bytes (out of range 0 .. 2^40 - 1)");
     checksum(t.md5, flags & kPackedMd5Raw, flags & kPackedHasMd5);
     checksum(t.md5Rounded, flags & kPackedRoundedRaw, flags & kPackedHasRounded);
     if (flags & kPackedHasStats) {
@@ -170,7 +193,7 @@ void unpackTensors(const uint8_t* p, size_t n, int64_t count, Resolve&& resolve,
     }
     out.push_back(std::move(t));
   }
-  if (at != n) throw StorageError(what + ": packed tensor data has trailing bytes");
+  if (at != n) throw fail("packed tensor data has trailing bytes");
 }
 
 }  // namespace keel::storage::detail

@@ -3,6 +3,8 @@
 // mask picture and `keel inspect` both read them through these functions.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "keel/analysis/tile_map.h"
 
 namespace keel::analysis {
@@ -59,6 +61,14 @@ TEST(TileMap, SummaryFromTheRecordedAttributes) {
   EXPECT_EQ(bare->blockSparsity, -1);
   EXPECT_EQ(bare->tileRows, 0);
   EXPECT_EQ(bare->grid.count(TileClass::Full), 1);
+  // Damaged attributes (a recording's text): nested past Note [Bounded JSON]'s 64 levels, no
+  // summary; a tile side that is no int, no tile shape (1e300 was cast to int, undefined in C++).
+  EXPECT_FALSE(maskSummaryFromAttrs("{\"tile_map\":\"f\",\"x\":" + std::string(65, '[') +
+                                    std::string(65, ']') + "}"));
+  auto huge = maskSummaryFromAttrs("{\"tile_map\":\"f\",\"tile_shape\":[1e300,-1]}");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->tileRows, 0);
+  EXPECT_EQ(huge->tileCols, 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Keel Studio end to end, driving the real window offscreen: replay, selection shared between
 // views, comparison with an injected divergence, a live session stepped one step at a time with an
-// op breakpoint, and bad input that shows a dialog while the app keeps running.
+// op breakpoint, and bad input (a file that is no recording, a recording damaged inside) that
+// shows a dialog while the app keeps running.
 #include <QAbstractGraphicsShapeItem>
 #include <QApplication>
 #include <QComboBox>
@@ -19,6 +20,7 @@
 #include <QToolBar>
 #include <QTreeWidget>
 #include <QtTest>
+#include <cstdlib>
 
 #include "keel/storage/reader.h"
 #include "keel/views/diff_view.h"
@@ -308,6 +310,71 @@ class StudioTest : public QObject {
     storage::Recording rec = storage::Recording::open(c.output.toStdString());
     QCOMPARE(int(rec.steps().size()), 3);
     QCOMPARE(QString::fromStdString(rec.run().status), QString("finished"));
+  }
+
+  // A recording that opens but is wrong inside (Note [Damaged recordings]) shows the reader's one
+  // line in a dialog: a forward link to the op itself (a cycle of one) when its step is shown, and
+  // a dump claiming 3 GiB when its op is inspected (it made the studio take 3.2 GB).
+  void damagedRecordingsShowTheReadersLineInADialog() {
+    uint64_t backward = 0, first = 0;
+    {
+      storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
+      storage::OpQuery q;
+      q.step = 1;
+      q.withTensors = false;
+      for (const storage::OpRecord& o : rec.ops(q)) {
+        if (!first) first = o.seq;
+        if (!backward && o.forwardSeq) backward = o.seq;
+      }
+    }
+    QVERIFY(backward && first);
+    auto damaged = [&](const QString& name, const std::string& sql) {
+      const QString path = dir_ + "/" + name;
+      QFile::remove(path);
+      if (!QFile::copy(dir_ + "/a.db", path)) return QString();
+      const std::string cmd =
+          "python3 -c \"import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); "
+          "c.executescript(sys.argv[2]); c.commit()\" '" +
+          path.toStdString() + "' \"" + sql + "\"";
+      return std::system(cmd.c_str()) == 0 ? path : QString();
+    };
+    const QString cycle = damaged(
+        "cycle.db", "UPDATE ops SET forward_seq = seq WHERE seq = " + std::to_string(backward));
+    QVERIFY(!cycle.isEmpty());
+    MainWindow w;
+    w.show();
+    QSignalSpy err(&w, &MainWindow::errorShown);
+    w.showStepOnOpen(1);
+    w.openRecording(cycle);
+    QVERIFY(QTest::qWaitFor([&] { return err.count() >= 1; }, 30000));
+    const QString b = QString::number(backward);
+    QCOMPARE(err.last().at(0).toString(), "damaged recording " + cycle + ": op " + b +
+                                              " links to forward op " + b +
+                                              ", which did not run before it, in ops row " + b);
+    QVERIFY(w.findChild<QMessageBox*>("errorDialog"));
+
+    const QString dump = damaged(
+        "dump.db",
+        "INSERT INTO dumps(op_seq, role, idx, dtype_sid, shape, codec_sid, raw_bytes, data) "
+        "VALUES (" +
+            std::to_string(first) +
+            ", 1, 0, (SELECT id FROM strings WHERE text = 'float32'), '2', (SELECT id FROM "
+            "strings WHERE text = 'float32'), 3 << 30, x'00')");
+    QVERIFY(!dump.isEmpty());
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.showStepOnOpen(1);
+    w.openRecording(dump);
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    const int before = err.count();
+    w.selection()->select(Side::A, first);
+    QVERIFY(QTest::qWaitFor([&] { return err.count() > before; }, 30000));
+    QCOMPARE(err.last().at(0).toString(),
+             "damaged recording " + dump + ": dump of op " + QString::number(first) +
+                 " output 0 claims 3221225472 bytes (out of range 0 .. 2^30), in dumps row 1");
+    // Still alive: the undamaged recording opens afterwards.
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 2; }, 30000));
   }
 
   void badFilesShowADialogAndTheAppKeepsRunning() {

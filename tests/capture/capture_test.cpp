@@ -3,6 +3,7 @@
 // back-pressure and writer failures — all through an in-memory fake storage::Writer.
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "keel/capture/alloc_trace_io.h"
 #include "keel/capture/hash.h"
 #include "keel/capture/md5_multi.h"
 #include "keel/capture/options.h"
@@ -22,6 +24,8 @@
 #include "keel/log.h"
 #include "keel/ops.h"
 #include "keel/registry.h"
+#include "keel/storage/reader.h"
+#include "keel/storage/writer.h"
 #include "keel/train.h"
 #include "test_util.h"
 
@@ -289,10 +293,71 @@ TEST(CaptureOptions, JsonRoundTripAndErrors) {
   EXPECT_THROW(CaptureOptions::fromJson(R"({"drop_policy": "sometimes"})"), Error);
   EXPECT_THROW(CaptureOptions::fromJson(R"({"md5": 3})"), Error);
   EXPECT_THROW(CaptureOptions::fromJson("not json"), Error);
+  // Found by fuzz_config: a number that is not a whole one below 2^63 is refused in words (-1e30
+  // was cast to an integer, which C++ leaves undefined; 2^64 - 1 read as -1; rounded_md5 2^32 + 5
+  // as 5).
+  auto refused = [](const std::string& json) {
+    try {
+      CaptureOptions::fromJson(json);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused(R"({"queue_capacity": -1e30})"),
+            "capture options: 'queue_capacity' must be a whole number below 2^63, got -1e+30");
+  EXPECT_EQ(refused(R"({"filter": {"step_max": 18446744073709551615}})"),
+            "capture options: 'filter.step_max' must be a whole number below 2^63, got "
+            "18446744073709551615");
+  EXPECT_EQ(refused(R"({"commit_every": "8"})"),
+            "capture options: 'commit_every' must be a whole number below 2^63, got a string");
+  EXPECT_EQ(refused(R"({"rounded_md5": 4294967301})"),
+            "capture options: rounded_md5 must be 0..17");
+  EXPECT_EQ(refused(R"({"hash_lanes": 8.0})"),
+            "capture options: 'hash_lanes' must be a whole number below 2^63, got 8.0");
   EXPECT_TRUE(o.filter.matches("add", "", 2));
   EXPECT_FALSE(o.filter.matches("add", "", 4));
   EXPECT_TRUE(o.dumpFilter.matches("matmul", "blocks.1.attn", 9));
   EXPECT_FALSE(o.dumpFilter.matches("matmul", "blocks.10", 9));
+}
+
+// A damaged recording naming one Buffer in two live allocations (found by fuzz_recording): the
+// replay trace frees the first block before the second is allocated, so no id is live twice, and
+// the first block's address no longer names it.
+TEST(AllocTraceFromRecording, ABufferAllocatedTwiceWhileLiveIsFreedFirst) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) /
+                            ("keel_trace_twice_" + std::to_string(::getpid()) + ".db"))
+                               .string();
+  std::filesystem::remove(path);
+  {
+    auto w = storage::Writer::create(path, storage::RunInfo{});
+    w->writeStep({1, 0, 1, 0.5});
+    auto event = [&](MemEventKind kind, uint64_t address, uint64_t bytes) {
+      storage::MemRecord m;
+      m.kind = kind;
+      m.device = "cpu";
+      m.address = address;
+      m.bytes = bytes;
+      m.step = 1;
+      m.bufferId = 5;
+      w->writeMem(m);
+    };
+    event(MemEventKind::Alloc, 4096, 64);
+    event(MemEventKind::Alloc, 8192, 32);  // Buffer 5 again, still live at 4096
+    event(MemEventKind::Free, 4096, 64);   // no longer names a live block: skipped
+    event(MemEventKind::Free, 8192, 32);
+    w->close();
+  }
+  const AllocTrace t = allocTraceFromRecording(storage::Recording::open(path));
+  std::string events;
+  for (const TraceEvent& e : t.events)
+    events += std::string(e.kind == TraceEvent::Alloc  ? " a"
+                          : e.kind == TraceEvent::Free ? " f"
+                                                       : " s") +
+              std::to_string(e.id) +
+              (e.kind == TraceEvent::Alloc ? ":" + std::to_string(e.bytes) : "");
+  EXPECT_EQ(events, " s1 a5:64 f5 a5:32 f5");
+  std::filesystem::remove(path);
 }
 
 // ---- recording ----

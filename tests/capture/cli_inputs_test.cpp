@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,29 @@ class KeelInputs : public keel::test::TempDirTest {
     return keel::test::runKeelCli(args, dir_.string(), "timeout 30");
   }
   std::string path(const std::string& name) { return (dir_ / name).string(); }
+  // Runs the SQL `script` on the file `name` (through Python's sqlite3) and returns the first
+  // column of the first row of its last statement, "" when it returns none.
+  std::string sql(const std::string& name, const std::string& script) {
+    const std::string out = path("sql_out.txt");
+    std::ofstream(path("sql.py"))
+        << "import sqlite3, sys\n"
+           "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+           "parts = [p for p in sys.argv[2].split(';') if p.strip()]\n"
+           "row = None\n"
+           "for p in parts: row = c.execute(p).fetchone()\n"
+           "open(sys.argv[3], 'w').write('' if row is None else str(row[0]))\n";
+    std::ofstream(path("sql.txt")) << script;
+    const std::string cmd = "python3 " + q("sql.py") + " " + q(name) + " \"$(cat " + q("sql.txt") +
+                            ")\" " + q("sql_out.txt");
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << script;
+    std::ifstream in(out);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // Exit status 2 and exactly the line "keel: error: <message>".
+  static void expectExactError(const CliResult& r, const std::string& message) {
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_EQ(r.err, "keel: error: " + message + "\n");
+  }
   std::string q(const std::string& name) {  // (appended: GCC 12's -Wrestrict misfires on + here)
     std::string s(1, '\'');
     s += path(name);
@@ -58,7 +82,10 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
     expectOneLineError(keel(cmd + " " + q("fifo")), "is a FIFO, not a regular file");
   expectOneLineError(keel("diff " + q("fifo") + " " + q("fifo")), "is a FIFO");
   expectOneLineError(keel("memory replay " + q("fifo")), "is a FIFO");
-  expectOneLineError(keel("memory replay /dev/zero"), "is a character device");
+  // /dev/zero as a trace grew to 6 GB.
+  for (const std::string alloc : {"", " --allocator vmm"})
+    expectExactError(keel("memory replay /dev/zero" + alloc),
+                     "/dev/zero: trace is a character device, not a regular file");
   // AOA rules: a FIFO and a directory (it used to be read as an empty rule file).
   CliResult train =
       keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --ckpt-dir " + q("ck"));
@@ -73,19 +100,89 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
 }
 
 // A damaged allocator event (bytes -1, read as 2^64 - 1) is refused by `keel memory replay` in
-// one line: it used to make the vmm allocator grow to 6-17 GB before std::bad_alloc.
+// one line, by the reader (Note [Damaged recordings]): it used to make the vmm allocator grow to
+// 6-17 GB before std::bad_alloc.
 TEST_F(KeelInputs, ADamagedAllocationSizeIsRefusedNotReplayed) {
   CliResult rec =
       keel("record --config tests/fixtures/gpt-tiny.json --steps 1 --allocator -o " + q("r.db"));
   ASSERT_EQ(rec.status, 0) << rec.err;
-  const std::string damage =
-      "python3 -c \"import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute("
-      "'UPDATE mem_events SET bytes=-1 WHERE id=(SELECT min(id) FROM mem_events WHERE "
-      "kind_sid=(SELECT id FROM strings WHERE text=\\\"alloc\\\"))'); c.commit()\" " +
-      q("r.db");
-  ASSERT_EQ(std::system(damage.c_str()), 0);
-  expectOneLineError(keel("memory replay " + q("r.db") + " --allocator vmm"),
-                     "allocates -1 bytes (out of range 0 .. 2^44)");
+  const std::string row = sql(
+      "r.db",
+      "UPDATE mem_events SET bytes = -1 WHERE id = (SELECT min(id) FROM mem_events WHERE kind_sid ="
+      " (SELECT id FROM strings WHERE text = 'alloc')); SELECT id FROM mem_events WHERE bytes = "
+      "-1");
+  ASSERT_FALSE(row.empty());
+  for (const std::string& cmd : {"memory replay " + q("r.db") + " --allocator vmm",
+                                 "memory replay " + q("r.db"), "memory stats " + q("r.db")})
+    expectExactError(keel(cmd),
+                     "damaged recording " + path("r.db") +
+                         ": allocator event claims -1 bytes (out of range 0 .. 2^44), in "
+                         "mem_events row " +
+                         row);
+}
+
+// Recordings that open but are wrong inside (Note [Damaged recordings]): a forward link in a
+// cycle, a negative sequence number, and a dump claiming 3 GiB (the studio took 3.2 GB when its
+// op was selected), are one line naming the file, the table and the row, exit 2, from every
+// command that reads them.
+TEST_F(KeelInputs, ADamagedRecordingIsOneLine) {
+  CliResult rec = keel(
+      "record --config tests/fixtures/gpt-tiny.json --steps 1 --dumps --dump-ops "
+      "matmul -o " +
+      q("r.db"));
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  // The first and the last backward op (each links to an earlier forward op), the last op, and
+  // the first dump's op, role and index.
+  const std::string first = sql("r.db", "SELECT min(seq) FROM ops WHERE forward_seq > 0"),
+                    last = sql("r.db", "SELECT max(seq) FROM ops WHERE forward_seq > 0"),
+                    lastOp = sql("r.db", "SELECT max(seq) FROM ops"),
+                    dump = sql("r.db",
+                               "SELECT op_seq || ' ' || (CASE role WHEN 0 THEN 'input' ELSE "
+                               "'output' END) || ' ' || idx FROM dumps ORDER BY id LIMIT 1");
+  ASSERT_FALSE(first.empty() || last.empty() || first == last || dump.empty());
+  auto damaged = [&](const std::string& copy, const std::string& script) {
+    fs::copy_file(path("r.db"), path(copy));
+    sql(copy, script);
+    return "damaged recording " + path(copy) + ": ";
+  };
+  // Two backward ops linking each other: the first one's link points forward.
+  const std::string cycle =
+      damaged("cycle.db", "UPDATE ops SET forward_seq = " + last + " WHERE seq = " + first +
+                              "; UPDATE ops SET forward_seq = " + first + " WHERE seq = " + last);
+  const std::string cycleLine = cycle + "op " + first + " links to forward op " + last +
+                                ", which did not run before it, in ops row " + first;
+  for (const std::string cmd : {"ops", "export csv", "export trace"})
+    expectExactError(keel(cmd + " " + q("cycle.db")), cycleLine);
+  expectExactError(keel("diff " + q("r.db") + " " + q("cycle.db")), cycleLine);
+  const std::string negative =
+      damaged("negative.db", "UPDATE ops SET seq = -seq WHERE seq = " + lastOp);
+  expectExactError(keel("ops " + q("negative.db")),
+                   negative + "op seq -" + lastOp + " is not positive, in ops row -" + lastOp);
+  const std::string huge = damaged(
+      "dump.db", "UPDATE dumps SET raw_bytes = 3 << 30 WHERE id = (SELECT min(id) FROM dumps)");
+  expectExactError(keel("diff " + q("r.db") + " " + q("dump.db")),
+                   huge + "dump of op " + dump +
+                       " claims 3221225472 bytes (out of range 0 .. 2^30), in dumps row 1");
+}
+
+// `keel diff --json` on recorded strings that are not UTF-8 (a scope with a 0xFF byte) writes
+// U+FFFD for the bad bytes: it used to fail with nlohmann's bare "[json.exception.type_error.316]".
+TEST_F(KeelInputs, DiffJsonReplacesBytesThatAreNotUtf8) {
+  CliResult rec = keel("record --config tests/fixtures/gpt-tiny.json --steps 1 -o " + q("r.db"));
+  ASSERT_EQ(rec.status, 0) << rec.err;
+  fs::copy_file(path("r.db"), path("bad.db"));
+  sql("bad.db",
+      "UPDATE strings SET text = CAST(X'626C6F636B732EFF2E61' AS TEXT) WHERE text = "
+      "'blocks.0.attn'");
+  const CliResult r = keel("diff --json " + q("r.db") + " " + q("bad.db"));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("verdict"), "equal");
+  int replaced = 0;
+  for (const nlohmann::json& p : j.at("pairs"))
+    if (p.value("scope", "") == "blocks.\xef\xbf\xbd.a") ++replaced;
+  EXPECT_GT(replaced, 0) << r.out.substr(0, 2000);
 }
 
 TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {

@@ -1,6 +1,8 @@
 // Bad input and crash safety: every unusable file gives a one-line StorageError naming it; a
-// writer killed with SIGKILL leaves every committed step readable; a full disk or an unwritable
-// path fails clearly; older schemas migrate, newer ones are refused.
+// recording wrong inside is "damaged recording <file>: <what>, in <table> row <id>" for each kind
+// of damage the reader detects, and reads as stored for each it tolerates (Note [Damaged
+// recordings]); a writer killed with SIGKILL leaves every committed step readable; a full disk or
+// an unwritable path fails clearly; older schemas migrate, newer ones are refused.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "keel/storage/reader.h"
@@ -278,6 +281,296 @@ TEST(RecordingErrors, TruncatedPackedTensorsIsAClearError) {
     EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
+}
+
+int64_t queryInt(const std::string& path, const std::string& query) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, query.c_str(), -1, &st, nullptr), SQLITE_OK) << query;
+  const int64_t n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return n;
+}
+
+// One of everything the reader reads, small: steps 1 and 2 of 40 ops each (op 5 a backward op of
+// op 2, op 41 one of op 2 too), a stack, a log line, an alloc and a free, and op 3's output 0
+// dumped (raw, 2 float32 values); tensors as sampleOp makes them (stack ids 0..2, of which only 1
+// is stored).
+void writeFullRecording(const std::string& path) {
+  auto w = Writer::create(path, sampleRun());
+  uint64_t seq = 1;
+  for (int64_t s = 1; s <= 2; ++s) {
+    w->writeStep({s, 100 * s, 100 * s + 50, 0.5});
+    for (int i = 0; i < 40; ++i, ++seq) {
+      OpRecord o = sampleOp(seq, s, seq == 5 || seq == 41 ? Phase::Backward : Phase::Forward);
+      if (seq == 41) o.forwardSeq = 2;
+      w->writeOp(o);
+    }
+  }
+  w->writeStack({1, {{0x1000, "f()", "a.cpp", 3}}});
+  w->writeLog({3, 1, LogLevel::Info, "blocks.1", "hello", 10});
+  MemRecord m;
+  m.device = "cpu";
+  m.address = 4096;
+  m.bytes = 512;
+  m.opSeq = 3;
+  m.step = 1;
+  m.bufferId = 37;
+  w->writeMem(m);
+  m.kind = MemEventKind::Free;
+  w->writeMem(m);
+  DumpRecord d;
+  d.opSeq = 3;
+  d.dtype = "float32";
+  d.shape = {2};
+  d.codec = "raw";
+  d.data = std::vector<uint8_t>(8, 0);
+  d.rawBytes = 8;
+  w->writeDump(d);
+  w->close();
+}
+
+// Everything the read API offers, read in full: what a command or view may ask of a recording.
+void readEverything(const Recording& rec) {
+  rec.run();
+  rec.opCountsByNameAndPhase();
+  rec.kernelUses();
+  rec.firstNonFinite();
+  for (const OpRecord& o : rec.allOps()) {
+    if (o.stackId >= 0) rec.stack(o.stackId);
+    for (const DumpRecord& d : rec.dumps(o.seq)) rec.dumpValues(o.seq, d.role, d.index);
+  }
+  rec.ops({});
+  rec.logs({});
+  rec.memEvents({});
+  rec.dropped();
+}
+
+// A copy of a full recording (writeFullRecording) damaged by `sql` (its `{}` replaced by the id
+// of the string `text`), then opened and read in full: the one line it must give after
+// "damaged recording <file>: ".
+struct Damage {
+  std::string sql;
+  std::string expected;  // "<what>, in <table> row <id>"
+};
+
+class RecordingDamage : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = dir_.file("base.db");
+    writeFullRecording(base_);
+  }
+  // The damaged copy's path.
+  std::string damage(const std::string& sql) {
+    const std::string path = dir_.file("damaged" + std::to_string(++n_) + ".db");
+    std::filesystem::copy_file(base_, path);
+    execSql(path, sql);
+    return path;
+  }
+  void expectDamaged(const Damage& d) {
+    const std::string path = damage(d.sql);
+    try {
+      readEverything(Recording::open(path));
+      ADD_FAILURE() << "read without complaint: " << d.sql;
+    } catch (const DamagedRecording& e) {
+      EXPECT_EQ(std::string(e.what()), "damaged recording " + path + ": " + d.expected) << d.sql;
+    }
+  }
+  int64_t sid(const std::string& text) {
+    return queryInt(base_, "SELECT id FROM strings WHERE text = '" + text + "'");
+  }
+  TempDir dir_;
+  std::string base_;
+  int n_ = 0;
+};
+
+TEST_F(RecordingDamage, TheUndamagedFileReadsInFull) {
+  Recording rec = Recording::open(base_);
+  readEverything(rec);
+  EXPECT_EQ(rec.allOps().size(), 80u);
+  EXPECT_EQ(*rec.dumpValues(3, Role::Output, 0), (std::vector<double>{0.0, 0.0}));
+}
+
+// Forward links point back: a link forward, to itself or in a cycle cannot be read.
+TEST_F(RecordingDamage, ForwardLinksToOpsNotEarlier) {
+  expectDamaged({"UPDATE ops SET forward_seq = 6 WHERE seq = 5",
+                 "op 5 links to forward op 6, which did not run before it, in ops row 5"});
+  expectDamaged({"UPDATE ops SET forward_seq = 5 WHERE seq = 5",
+                 "op 5 links to forward op 5, which did not run before it, in ops row 5"});
+  expectDamaged({"UPDATE ops SET forward_seq = 41 WHERE seq = 5",
+                 "op 5 links to forward op 41, which did not run before it, in ops row 5"});
+  expectDamaged({"UPDATE ops SET forward_seq = -2 WHERE seq = 41",
+                 "op 41 links to forward op -2, which did not run before it, in ops row 41"});
+}
+
+TEST_F(RecordingDamage, SequenceNumbersStepsAndTimesOutOfRange) {
+  expectDamaged(
+      {"UPDATE ops SET seq = -5 WHERE seq = 5", "op seq -5 is not positive, in ops row -5"});
+  expectDamaged({"UPDATE ops SET seq = 0 WHERE seq = 1", "op seq 0 is not positive, in ops row 0"});
+  expectDamaged({"UPDATE ops SET step = -1 WHERE seq = 1",
+                 "op 1: step -1 is out of range (0 .. 2^31 - 1), in ops row 1"});
+  expectDamaged({"UPDATE ops SET step = 1 << 40 WHERE seq = 80",
+                 "op 80: step 1099511627776 is out of range (0 .. 2^31 - 1), in ops row 80"});
+  expectDamaged({"UPDATE steps SET step = -4 WHERE step = 2",
+                 "step -4 is out of range (1 .. 2^31 - 1), in steps row -4"});
+  expectDamaged({"UPDATE ops SET begin_ns = -1 WHERE seq = 2",
+                 "op 2: time -1 ns is out of range (0 .. 2^62), in ops row 2"});
+  expectDamaged(
+      {"UPDATE steps SET end_ns = 1 << 63 WHERE step = 1",
+       "step 1: time -9223372036854775808 ns is out of range (0 .. 2^62), in steps row 1"});
+}
+
+// A step is one seq range: an op of step 2 inside step 1's range (or step 1's last op moved past
+// step 2's first) is damage, not a reason to read step 1 around it.
+TEST_F(RecordingDamage, StepsWovenIntoEachOther) {
+  expectDamaged({"UPDATE ops SET step = 2 WHERE seq = 3",
+                 "op 3 of step 2 lies among the ops of step 1 (seq 1 to 40), in ops row 3"});
+  expectDamaged({"UPDATE ops SET seq = 100 WHERE seq = 40",
+                 "op 41 of step 2 lies among the ops of step 1 (seq 1 to 100), in ops row 41"});
+}
+
+TEST_F(RecordingDamage, ReferencesToMissingStringsAndKernels) {
+  expectDamaged({"UPDATE ops SET name_sid = 999 WHERE seq = 4",
+                 "string 999 is not in the strings table, in ops row 4"});
+  expectDamaged(
+      {"UPDATE logs SET scope_sid = -3", "string -3 is not in the strings table, in logs row 1"});
+  expectDamaged({"UPDATE frames SET file_sid = 999",
+                 "string 999 is not in the strings table, in frames row 1"});
+  expectDamaged({"UPDATE mem_events SET device_sid = 999 WHERE id = 2",
+                 "string 999 is not in the strings table, in mem_events row 2"});
+  expectDamaged({"UPDATE dumps SET dtype_sid = 999",
+                 "string 999 is not in the strings table, in dumps row 1"});
+  expectDamaged({"UPDATE ops SET kernel_id = 99 WHERE seq = 4",
+                 "kernel 99 is not in the kernels table, in ops row 4"});
+  expectDamaged({"UPDATE strings SET text = 'sideways' WHERE text = 'forward'",
+                 "unknown phase 'sideways', in op_counts row 1"});
+  expectDamaged({"UPDATE strings SET text = 'explode' WHERE text = 'alloc'",
+                 "unknown memory event kind 'explode', in mem_events row 1"});
+  expectDamaged({"INSERT INTO nonfinite_ops VALUES (999)",
+                 "op 999 is not in the ops table, in nonfinite_ops row 999"});
+}
+
+// Strings: a 10 MB one where a name is expected, a scope nested past any model, an id that would
+// size the cache to 2^40 entries.
+TEST_F(RecordingDamage, AbsurdStrings) {
+  expectDamaged({"UPDATE strings SET text = hex(zeroblob(5242880)) WHERE text = 'matmul'",
+                 "string " + std::to_string(sid("matmul")) +
+                     " is 10485760 bytes long (names, scopes and attributes are at most 65536), in "
+                     "strings row " +
+                     std::to_string(sid("matmul"))});
+  // A scope 101 modules deep (the graph builds a cluster per level and every prefix of the path).
+  expectDamaged(
+      {"UPDATE strings SET text = 'a' || replace(hex(zeroblob(100)), '00', '.a') WHERE "
+       "text = 'blocks.1.attn'",
+       "op 1: scope nests 101 modules deep (at most 64), in ops row 1"});
+  const int64_t rows = queryInt(base_, "SELECT count(*) FROM strings");
+  expectDamaged({"INSERT INTO strings(id, text) VALUES (1 << 40, 'far')",
+                 "string id 1099511627776 lies far past the " + std::to_string(rows) +
+                     " strings before it, in strings row 1099511627776"});
+}
+
+TEST_F(RecordingDamage, AbsurdLogsEventsAndDumps) {
+  expectDamaged({"UPDATE logs SET level = 9",
+                 "log level 9 is out of range (0 error .. 4 verbose), in logs row 1"});
+  expectDamaged({"UPDATE mem_events SET bytes = -1 WHERE id = 1",
+                 "allocator event claims -1 bytes (out of range 0 .. 2^44), in mem_events row 1"});
+  expectDamaged({"UPDATE dumps SET role = 7",
+                 "dump of op 3: role 7 is out of range (0 input, 1 output), in dumps row 1"});
+  expectDamaged({"UPDATE dumps SET idx = -1",
+                 "dump of op 3: index -1 is out of range (0 .. 2^31 - 1), in dumps row 1"});
+  // 3 GiB claimed: refused before anything is allocated (the studio took 3.2 GB).
+  expectDamaged({"UPDATE dumps SET raw_bytes = 3 << 30",
+                 "dump of op 3 output 0 claims 3221225472 bytes (out of range 0 .. 2^30), in dumps "
+                 "row 1"});
+  // 1 GiB from 8 bytes of "zstd": more than any frame of 8 bytes expands to.
+  expectDamaged(
+      {"UPDATE dumps SET raw_bytes = 1 << 30, codec_sid = (SELECT id FROM strings WHERE "
+       "text = 'float32')",
+       "dump of op 3 output 0 has unknown codec 'float32', in dumps row 1"});
+  expectDamaged(
+      {"INSERT INTO strings(text) VALUES ('zstd'); UPDATE dumps SET raw_bytes = 1 << 30, "
+       "codec_sid = (SELECT id FROM strings WHERE text = 'zstd')",
+       "dump of op 3 output 0 claims 1073741824 bytes, which its 8 compressed bytes do "
+       "not hold, in dumps row 1"});
+  expectDamaged({"UPDATE dumps SET shape = '3'",
+                 "dump of op 3 output 0 holds 8 bytes, not the float32 elements of shape [3], in "
+                 "dumps row 1"});
+  expectDamaged({"UPDATE dumps SET shape = '4611686018427387904,4'",
+                 "dump of op 3 output 0 holds 8 bytes, not the float32 elements of shape "
+                 "[4611686018427387904,4], in dumps row 1"});
+}
+
+// Packed tensor entries that claim what no device holds (written through the writer, which packs
+// whatever it is given).
+TEST(RecordingErrors, PackedTensorsOfAbsurdSize) {
+  TempDir dir;
+  struct Case {
+    std::vector<int64_t> shape;
+    int64_t bytes;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{int64_t(1) << 40}, 4, "packed tensor output 0 claims 2^40 or more elements"},
+      {{int64_t(1) << 21, int64_t(1) << 21, 0}, 0, ""},  // no elements: fine
+      {{int64_t(1) << 32, int64_t(1) << 32},
+       4,
+       "packed tensor output 0 claims 2^40 or more elements"},
+      {{4, -3}, 4, "packed tensor output 0 has a negative size -3"},
+      {{4},
+       int64_t(1) << 40,
+       "packed tensor output 0 claims 1099511627776 bytes (out of range 0 .. 2^40 - 1)"},
+      {{4}, -1, "packed tensor output 0 claims -1 bytes (out of range 0 .. 2^40 - 1)"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string path = dir.file("packed" + std::to_string(++n) + ".db");
+    {
+      auto w = Writer::create(path, sampleRun());
+      w->writeStep({1, 0, 1, 0.5});
+      for (uint64_t seq = 1; seq <= 3; ++seq) {
+        OpRecord o = sampleOp(seq, 1);
+        if (seq == 2) o.tensors[2].shape = c.shape, o.tensors[2].bytes = c.bytes;
+        w->writeOp(o);
+      }
+      w->close();
+    }
+    Recording rec = Recording::open(path);
+    try {
+      const auto ops = rec.stepOps(1);
+      EXPECT_TRUE(c.expected.empty()) << "read " << c.expected;
+      EXPECT_EQ(ops.at(1).tensors.at(2).shape, c.shape);
+    } catch (const DamagedRecording& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "damaged recording " + path + ": op 2: " + c.expected + ", in op_tensors row 2");
+    }
+  }
+}
+
+// What the reader tolerates reads as stored: links to ops the file lacks (capture filters leave
+// them), stacks the file lacks (a batch lost to a full disk), a 100 KB log message (cut at 64 KiB).
+TEST_F(RecordingDamage, ToleratedDamageReadsAsStored) {
+  const std::string path = damage(
+      "DELETE FROM ops WHERE seq = 2; UPDATE logs SET op_seq = -7, message = 'é' || "
+      "hex(zeroblob(50000)); UPDATE mem_events SET op_seq = 12345, stack_id = 77; DELETE FROM "
+      "stack_frames");
+  Recording rec = Recording::open(path);
+  readEverything(rec);
+  const auto ops = rec.stepOps(1);
+  ASSERT_EQ(ops.size(), 39u);
+  EXPECT_EQ(ops[3].seq, 5u);
+  EXPECT_EQ(ops[3].forwardSeq, 2u);  // op 2 is gone: the link is kept, the op is not found
+  EXPECT_FALSE(rec.op(2));
+  EXPECT_FALSE(rec.stack(0));  // sampleOp's stack 0 was never stored
+  EXPECT_TRUE(rec.stack(1)->frames.empty());
+  const auto logs = rec.logs({});
+  ASSERT_EQ(logs.size(), 1u);
+  EXPECT_EQ(logs[0].opSeq, uint64_t(-7));
+  // 'é' (2 bytes) and 100,000 hex digits: cut at the 65,536th byte, a character boundary.
+  EXPECT_EQ(logs[0].message.size(), 65536u + std::string("... (34466 more bytes)").size());
+  EXPECT_EQ(logs[0].message.substr(65536), "... (34466 more bytes)");
+  EXPECT_EQ(rec.memEvents({}).at(0).stackId, 77);
 }
 
 TEST(RecordingMigration, NewerVersionRefusedByMigrate) {

@@ -105,6 +105,7 @@ class RunSource::Worker : public QObject {
     } catch (const std::exception& e) {
       d->op.seq = seq;
       d->error = e.what();
+      d->damaged = dynamic_cast<const storage::DamagedRecording*>(&e) != nullptr;
     }
     emit owner_->opLoaded(d);
   }

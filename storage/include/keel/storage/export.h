@@ -9,8 +9,16 @@
 
 namespace keel::storage {
 
-// "[2,3]" ("[]" for a scalar).
-std::string shapeText(const std::vector<int64_t>& shape);
+// "[2,3]" ("[]" for a scalar). Inline: the reader's messages use it too, and the fuzz build of
+// the reader (fuzz/CMakeLists.txt) does not compile the exports.
+inline std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string r = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) r += ',';
+    r += std::to_string(shape[i]);
+  }
+  return r + "]";
+}
 // The op's inputs or outputs as "[2,3] float32, [3] int64".
 std::string tensorList(const OpRecord& op, Role role);
 

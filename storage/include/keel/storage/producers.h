@@ -53,16 +53,17 @@ class ProducerIndex {
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
-  // Every output of one value, chained newest first: entries_[latest_[key]], then .prev.
+  // The outputs of one value are entries_[begin, end) of its range, by seq: a lookup is a binary
+  // search, whatever the number of ops that output one value (a damaged or crafted recording can
+  // list one value as the output of every op; walking them all per lookup was quadratic).
   struct Entry {
     uint64_t seq;
     uint32_t position;
-    uint32_t prev;
   };
-  static constexpr uint32_t kEnd = UINT32_MAX;
-  void add(const OpRecord& op, size_t position);
+  void add(const OpRecord& op, size_t position, std::vector<std::pair<Key, Entry>>& out) const;
+  void build(std::vector<std::pair<Key, Entry>> outputs);
 
-  std::unordered_map<Key, uint32_t, KeyHash> latest_;
+  std::unordered_map<Key, std::pair<uint32_t, uint32_t>, KeyHash> ranges_;
   std::vector<Entry> entries_;
 };
 

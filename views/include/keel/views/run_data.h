@@ -58,7 +58,8 @@ struct OpDetails {
     int64_t numel = 0;
   };
   std::vector<Dump> dumps;
-  std::string error;  // non-empty when the op could not be read (e.g. a damaged row)
+  std::string error;     // non-empty when the op could not be read (e.g. a damaged row)
+  bool damaged = false;  // error is a storage::DamagedRecording (the studio shows it in a dialog)
 };
 inline constexpr size_t kMaxDumpValues = 4096;
 
