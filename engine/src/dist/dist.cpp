@@ -449,8 +449,9 @@ void allReduce(const Call& c, const void* in, void* out, ReduceOp op) {
   const size_t es = dtypeSize(c.dtype);
   const MPI_Datatype t = mpiType(c.dtype);
   // Half types are reduced from `out` (below); the rest from `in` straight into `out` (no copy,
-  // MPI_IN_PLACE only when they are one buffer).
-  if (t == MPI_DATATYPE_NULL) copyIfApart(in, out, size_t(c.count) * es);
+  // MPI_IN_PLACE only when they are one buffer); a group of one rank calls no MPI: a copy.
+  if (t == MPI_DATATYPE_NULL || group(c.group).size == 1)
+    copyIfApart(in, out, size_t(c.count) * es);
   runCollective(c, [&](Group& g) {
     if (t == MPI_DATATYPE_NULL) {
       // float16 / bfloat16: reduced in float32, rounded once.
