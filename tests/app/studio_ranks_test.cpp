@@ -35,6 +35,7 @@ bool recordDriftingRun(const QString& folder) {
       "cd '" KEEL_SOURCE_DIR
       "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "OMPI_MCA_memory=^patcher ASAN_OPTIONS=detect_leaks=0 "
       "KEEL_BLAS_TUNE=0 KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1 timeout 120 "
       "mpirun -np 2 -x KEEL_BLAS_TUNE -x KEEL_TEST_PERTURB -x KEEL_TEST_PERTURB_RANK "
       "'" KEEL_CLI_PATH
