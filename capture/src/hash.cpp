@@ -273,7 +273,15 @@ __attribute__((target("avx2"))) int64_t statsFloat32Avx2(const float* p, int64_t
 // largest magnitude are exact whatever the order, so they run on 16 floats and fold into lane 0
 // (StatsStream::finish reports a zero extreme as +0 whichever zero came first). NaN/Inf/zero/finite
 // counts are integers, summed in lane 0.
-constexpr __mmask8 kAll8 = 0xff;
+constexpr __mmask8 kAll8 = 0xff;  // (the masked extract: the plain one warns of undefined lanes)
+// Eight floats' finite values (fm), shifted, into the running sum and sum of squares.
+__attribute__((target("avx512f"), optimize("fp-contract=off"), always_inline)) inline void
+addHalfAvx512(__m256 part, __mmask8 fm, __m512d zeroD, __m512d shiftD, __m512d& s1, __m512d& s2) {
+  const __m512d v = _mm512_mask_cvtps_pd(zeroD, fm, part);  // non-finite -> 0
+  const __m512d d = _mm512_maskz_sub_pd(fm, v, shiftD);
+  s1 = _mm512_add_pd(s1, d);
+  s2 = _mm512_add_pd(s2, _mm512_mul_pd(d, d));
+}
 __attribute__((target("avx512f"), optimize("fp-contract=off"))) int64_t statsFloat32Avx512(
     const float* p, int64_t n, double shift, StatsAcc& acc) {
   const __m512d shiftD = _mm512_set1_pd(shift);
@@ -298,15 +306,14 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) int64_t statsFlo
     mn = _mm512_mask_min_ps(mn, finM, x, mn);
     mx = _mm512_mask_max_ps(mx, finM, x, mx);
     am = _mm512_mask_max_ps(am, finM, ax, am);
-    for (int h = 0; h < 2; ++h) {
-      const __mmask8 fm = __mmask8(h == 0 ? finM : finM >> 8);
-      const __m256 part = _mm256_castpd_ps(
-          _mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), kAll8, _mm512_castps_pd(x), h));
-      const __m512d v = _mm512_mask_cvtps_pd(zeroD, fm, part);  // non-finite -> 0
-      const __m512d d = _mm512_maskz_sub_pd(fm, v, shiftD);
-      s1 = _mm512_add_pd(s1, d);
-      s2 = _mm512_add_pd(s2, _mm512_mul_pd(d, d));
-    }
+    // Each half of x as float64 (the extract's index must be a literal: a loop over it compiles
+    // only where the optimiser unrolls it).
+    addHalfAvx512(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), kAll8,
+                                                               _mm512_castps_pd(x), 0)),
+                  __mmask8(finM), zeroD, shiftD, s1, s2);
+    addHalfAvx512(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), kAll8,
+                                                               _mm512_castps_pd(x), 1)),
+                  __mmask8(finM >> 8), zeroD, shiftD, s1, s2);
   }
   _mm512_storeu_pd(acc.s1, s1);
   _mm512_storeu_pd(acc.s2, s2);
