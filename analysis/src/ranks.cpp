@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <tuple>
 
 #include "keel/storage/errors.h"
@@ -127,10 +126,29 @@ struct HangPoint {
 };
 std::optional<HangPoint> hangPoint(const std::string& status) {
   if (status.rfind("failed: hang:", 0) != 0) return std::nullopt;
-  static const std::regex re(R"( in ([a-z_]+) #([0-9]+) of group ([a-z]+))");
-  std::smatch m;
-  if (!std::regex_search(status, m, re)) return std::nullopt;
-  return HangPoint{m[1].str(), m[3].str(), std::atoll(m[2].str().c_str())};
+  // " in <kind> #<n> of group <group>" (the watchdog's words, Note [Collective timeouts]).
+  auto word = [&](size_t& at, auto ok) {
+    const size_t from = at;
+    while (at < status.size() && ok(status[at])) ++at;
+    return status.substr(from, at - from);
+  };
+  auto lowerOr_ = [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; };
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  for (size_t at = status.find(" in "); at != std::string::npos; at = status.find(" in ", at + 1)) {
+    size_t p = at + 4;
+    HangPoint h;
+    h.kind = word(p, lowerOr_);
+    if (h.kind.empty() || status.compare(p, 2, " #") != 0) continue;
+    p += 2;
+    const std::string n = word(p, digit);
+    if (n.empty() || status.compare(p, 10, " of group ") != 0) continue;
+    p += 10;
+    h.group = word(p, lowerOr_);
+    if (h.group.empty()) continue;
+    h.number = std::atoll(n.c_str());
+    return h;
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<RankSummary>& ranks,

@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -57,11 +56,13 @@ class KeelRanks : public keel::test::TempDirTest {
 
 // The losses "step N/M  loss X" that keel train prints.
 std::vector<double> losses(const std::string& out) {
-  static const std::regex re(R"(step \d+/\d+  loss ([0-9.]+))");
   std::vector<double> v;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
-       ++it)
-    v.push_back(std::stod((*it)[1].str()));
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) {
+    const size_t at = l.find("  loss ");
+    if (l.rfind("step ", 0) == 0 && l.find('/') < at && at != std::string::npos)
+      v.push_back(std::stod(l.substr(at + 7)));
+  }
   return v;
 }
 
