@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "keel/base/text.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/reader.h"
 
@@ -35,6 +36,7 @@ struct CollectiveAttrs {
 };
 
 std::optional<CollectiveAttrs> collectiveAttrs(const std::string& attrsJson) {
+  if (jsonNestingDepth(attrsJson) > kMaxJsonDepth) return std::nullopt;  // Note [Bounded JSON]
   json j = json::parse(attrsJson, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("group") || !j["group"].is_string() ||
       !j.contains("collective") || !j["collective"].is_string())
@@ -85,7 +87,9 @@ std::vector<Recording> openRanks(const std::string& dir, const RunManifest& m) {
 }
 
 bool recordsMd5(const Recording& rec) {
-  json j = json::parse(rec.run().captureOptionsJson, nullptr, false);
+  const std::string options = rec.run().captureOptionsJson;
+  if (jsonNestingDepth(options) > kMaxJsonDepth) return false;  // Note [Bounded JSON]
+  json j = json::parse(options, nullptr, false);
   return j.is_object() && j.value("md5", false);
 }
 

@@ -32,6 +32,8 @@ inline constexpr int64_t kMaxSteps = 1000000000;
 CLI::Validator seedNumber();
 // A finite real number ≥ lo (nan and inf refused).
 CLI::Validator finiteAtLeast(double lo);
+// A finite real number in [lo, hi].
+CLI::Validator finiteIn(double lo, double hi);
 // A file or directory name that is not "" (an empty --data used to mean "not given").
 CLI::Validator nonEmptyName();
 

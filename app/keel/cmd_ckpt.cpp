@@ -132,13 +132,15 @@ Command addCkptCommand(CLI::App& root) {
   ck->require_subcommand(1);
   a->inspect = ck->add_subcommand("inspect", "files, keys, shapes and shards of a checkpoint");
   a->inspect->add_option("DIR", a->src, "checkpoint directory (or one .safetensors file)")
-      ->required();
+      ->required()
+      ->check(nonEmptyName());
   a->plan = ck->add_subcommand("plan", "print the read plan of a resharding (file ranges, bytes)");
-  a->plan->add_option("SRC", a->src, "source checkpoint")->required();
+  a->plan->add_option("SRC", a->src, "source checkpoint")->required()->check(nonEmptyName());
   a->convert = ck->add_subcommand("convert", "reshard (and transform) a checkpoint into DST");
-  a->convert->add_option("SRC", a->src, "source checkpoint")->required();
+  a->convert->add_option("SRC", a->src, "source checkpoint")->required()->check(nonEmptyName());
   a->convert->add_option("DST", a->dst, "new checkpoint directory (must not exist or be empty)")
-      ->required();
+      ->required()
+      ->check(nonEmptyName());
   for (CLI::App* sub : {a->plan, a->convert}) {
     // Required: a resharding names its target (a plan without one used to print tp=1's plan
     // and exit 0, hiding a mistyped option).
@@ -146,7 +148,7 @@ Command addCkptCommand(CLI::App& root) {
                     "tensor-parallel degree of the target (1: one file)")
         ->check(wholeNumber(1, 4096))
         ->required();
-    sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)");
+    sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)")->check(nonEmptyName());
   }
   a->plan->add_option("--max-reads", a->maxReads, "reads listed per target shard")
       ->check(wholeNumber(0))

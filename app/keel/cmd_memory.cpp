@@ -114,7 +114,14 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
 int runTrace(const std::string& config, const std::string& out, int steps, uint64_t seed,
              const MoeTraceOptions& moe, bool generate) {
   checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
-  if (!generate) prepareEngineRun();  // it trains to trace the allocations
+  if (!generate) {
+    prepareEngineRun();  // it trains to trace the allocations
+    // The trace is of the allocation requests, whatever serves them: where the VMM allocator
+    // cannot run (Note [VMM fallback]), the caching allocator does.
+    std::string why;
+    setDefaultAllocatorKind(usableAllocatorKind(defaultAllocatorKind(), &why));
+    if (!why.empty()) warn(why);
+  }
   AllocTrace t =
       generate ? generateMoeTrace(moe) : traceTraining(loadGptConfig(config), steps, seed);
   {
@@ -133,6 +140,16 @@ int runTrace(const std::string& config, const std::string& out, int steps, uint6
 
 int runBenchAllocator(const std::string& config, int steps, const MoeTraceOptions& moe) {
   prepareEngineRun();  // it trains to trace the allocations
+  {                    // the benchmark is of the VMM allocator: no fallback
+    std::string why;
+    if (usableAllocatorKind(AllocatorKind::Vmm, &why) != AllocatorKind::Vmm) {
+      const std::string fallback = ": using the caching allocator";
+      if (why.size() > fallback.size() &&
+          why.compare(why.size() - fallback.size(), fallback.size(), fallback) == 0)
+        why.resize(why.size() - fallback.size());
+      throw Error("bench allocator measures the VMM allocator, which cannot run here: " + why);
+    }
+  }
   struct Case {
     std::string name;
     AllocTrace trace;
@@ -185,7 +202,7 @@ void addMoeOptions(CLI::App* c, MoeTraceOptions& m) {
       ->check(wholeNumber(1, int64_t(1) << 18));
   c->add_option("--moe-steps", m.steps, "generated trace: steps")->check(wholeNumber(1, 100000));
   c->add_option("--skew", m.skew, "generated trace: Zipf exponent of the routing")
-      ->check(CLI::Range(0.0, 8.0));
+      ->check(finiteIn(0, 8));
   c->add_option("--trace-seed", m.seed, "generated trace: seed")->check(seedNumber());
 }
 
@@ -230,7 +247,8 @@ Command addMemoryCommand(CLI::App& root) {
       "a recording's memory figures at its peak and end, as Keel Studio's memory view shows "
       "them: allocated, reserved, cached free, largest free block, fragmentation");
   stats->add_option("RECORDING", a->trace, "recording with allocator events")->required();
-  stats->add_option("--event", a->events, "also the figures right after these events");
+  stats->add_option("--event", a->events, "also the figures right after these events")
+      ->check(wholeNumber(0));
   return {c, [a, replay, trace, stats] {
             if (replay->parsed()) return runReplay(a->trace, a->allocator);
             if (stats->parsed()) return runStats(a->trace, a->events);

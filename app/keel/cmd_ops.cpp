@@ -128,7 +128,8 @@ Command addOpsCommand(CLI::App& root) {
   auto a = std::make_shared<OpsArgs>();
   CLI::App* ops = root.add_subcommand(
       "ops", "list the registered ops, or the op calls of a recording (keel ops run.db --step 2)");
-  ops->add_option("recording", a->recording, "recording file (.db); omit to list the registry");
+  ops->add_option("recording", a->recording, "recording file (.db); omit to list the registry")
+      ->check(nonEmptyName());
   ops->add_option("--step", a->step, "only this step (0: initialisation)")->check(wholeNumber(0));
   ops->add_option("--phase", a->phase, "forward | backward | optimizer");
   ops->add_option("--name", a->name, "only this op name");

@@ -3,8 +3,11 @@
 // Invariant: a failed recording (unwritable path, disk full) is reported as one error line with
 // exit status 2; what was committed before the failure stays readable. A --break-on condition
 // stops the run (exit 1) keeping everything. The sequence itself is capture::RecordingRun's.
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -106,6 +109,20 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
   return o;
 }
 
+// Ctrl-C (SIGINT) or SIGTERM: the run stops after the op running now, like a break condition,
+// and the recording is finished and put in place ("stopped: interrupted (SIGINT)") instead of a
+// hidden replacement file and a stale lock left behind. A second signal ends the process at once.
+std::atomic<int> g_interrupt{0};
+extern "C" void onInterrupt(int sig) {
+  if (g_interrupt.exchange(sig) != 0) std::_Exit(128 + sig);
+}
+std::string interruptReason() {
+  const int sig = g_interrupt.load();
+  return sig == 0        ? std::string()
+         : sig == SIGINT ? "interrupted (SIGINT)"
+                         : "interrupted (SIGTERM)";
+}
+
 int runRecord(const RecordArgs& a) {
   prepareEngineRun();
   startProcessGroup(a.parallel);
@@ -125,7 +142,13 @@ int runRecord(const RecordArgs& a) {
   for (const std::string& b : a.breakOn) spec.breaks.add(b);
   // Everything is validated (config, workload, backend, allocator, reference) before the
   // recording is created.
-  capture::RecordingRun run(spec);
+  capture::RecordingRun run(spec, [](const OpEvent&, const std::string& breakReason) {
+    if (!breakReason.empty()) capture::RecordingRun::stopHere(breakReason);
+    if (const std::string why = interruptReason(); !why.empty())
+      capture::RecordingRun::stopHere(why);
+  });
+  std::signal(SIGINT, onInterrupt);
+  std::signal(SIGTERM, onInterrupt);
   if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   setCpuThreads(a.threads);
@@ -142,6 +165,13 @@ int runRecord(const RecordArgs& a) {
       std::printf("\n");
       if (run.lastTrack()) std::printf("%s\n", formatTrackSummary(*run.lastTrack(), 3).c_str());
       std::fflush(stdout);
+      // A step-level break condition, or a signal between ops: stop here, between steps.
+      std::string why = run.stepBreak();
+      if (why.empty()) why = interruptReason();
+      if (!why.empty()) {
+        run.markStopped(why);
+        throw capture::RunStopped(why, 0, run.stepsDone());
+      }
     }
   } catch (const capture::RunStopped& s) {
     stopped = s;  // a break condition: everything so far is kept
@@ -179,7 +209,7 @@ int runRecord(const RecordArgs& a) {
                 static_cast<unsigned long long>(stopped->seq),
                 static_cast<long long>(stopped->step), stopped->what());
     std::fflush(stdout);
-    return 1;
+    return g_interrupt.load() != 0 ? 128 + g_interrupt.load() : 1;
   }
   return 0;
 }

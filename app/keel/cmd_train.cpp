@@ -3,6 +3,7 @@
 // --ckpt-dir, --ckpt-tp) and resumes from one (--resume) with the same loss curve. Under mpirun
 // (or keel launch) with --dp/--tp it is one rank of a multi-rank run; rank 0 prints.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -55,6 +56,12 @@ int runTrain(const TrainArgs& a) {
       a.data.empty() ? keel::data::TextDataset::defaultCorpus()
                      : keel::data::TextDataset::load(a.data));
   KEEL_CHECK(a.saveEvery == 0 || !a.ckptDir.empty(), "--save-every needs --ckpt-dir");
+  {  // before any step: a --ckpt-dir that cannot hold checkpoints fails now, not at the first save
+    std::error_code ec;
+    KEEL_CHECK(a.ckptDir.empty() || !std::filesystem::exists(a.ckptDir, ec) ||
+                   std::filesystem::is_directory(a.ckptDir, ec),
+               "--ckpt-dir ", a.ckptDir, " exists and is not a directory");
+  }
   keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
   std::string resumedFrom;
   if (!a.resume.empty()) {
@@ -173,8 +180,10 @@ Command addTrainCommand(CLI::App& root) {
                    "the run's --tp)")
       ->check(wholeNumber(1, 4096));
   addParallelOptions(train, ta->parallel);
-  train->add_option("--resume", ta->resume,
-                    "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)");
+  train
+      ->add_option("--resume", ta->resume,
+                   "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)")
+      ->check(nonEmptyName());
   return {train, [ta] { return runTrain(*ta); }};
 }
 

@@ -103,6 +103,20 @@ CLI::Validator seedNumber() {
       "SEED in [0, 2^64-1]");
 }
 
+CLI::Validator finiteIn(double lo, double hi) {
+  std::ostringstream os;
+  os << "[" << lo << ", " << hi << "]";
+  const std::string range = os.str();
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        const std::optional<double> v = parseFiniteNumber(s);
+        if (!v || *v < lo || *v > hi)
+          return "must be a finite number in " + range + ", got '" + s + "'";
+        return {};
+      },
+      "REAL in " + range);
+}
+
 CLI::Validator finiteAtLeast(double lo) {
   std::ostringstream os;
   os << lo;

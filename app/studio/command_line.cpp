@@ -14,8 +14,10 @@
 #include <QCommandLineParser>
 #include <QFileInfo>
 #include <QSet>
+#include <optional>
 #include <utility>
 
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/device.h"
 #include "keel/error.h"
@@ -220,6 +222,20 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     out.size = QSize(w, h);
   }
 
+  // The picture never replaces an input or a device (Note [Outputs never destroy inputs]).
+  auto shotRefused = [&](const QString& config, const QString& output) -> std::optional<QString> {
+    if (out.screenshot.isEmpty()) return std::nullopt;
+    try {
+      keel::checkOutputPath("--screenshot", out.screenshot.toStdString(),
+                            {{"the recording", out.recording.toStdString()},
+                             {"the compared recording", out.compare.toStdString()},
+                             {"the session's config", config.toStdString()},
+                             {"the session's recording", output.toStdString()}});
+    } catch (const keel::Error& e) {
+      return QString::fromUtf8(e.what());
+    }
+    return std::nullopt;
+  };
   const bool sessionOnly[] = {cli.isSet(o.backend), cli.isSet(o.steps), cli.isSet(o.seed),
                               cli.isSet(o.output), cli.isSet(o.run)};
   if (!cli.isSet(o.session)) {
@@ -228,6 +244,7 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
         return error(
             "--backend, --steps, --seed, --output and --run belong to a live session: add "
             "--session config.json");
+    if (auto why = shotRefused({}, {})) return error(*why);
     return out;
   }
   if (!out.recording.isEmpty()) return error("--session and a recording to open are exclusive");
@@ -256,6 +273,7 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   s.capture.allocator = true;
   out.session = s;
   out.run = cli.isSet(o.run);
+  if (auto why = shotRefused(s.configPath, s.output)) return error(*why);
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProgressBar>
+#include <QSaveFile>
 #include <QScrollArea>
 #include <QSettings>
 #include <QSpinBox>
@@ -29,6 +30,8 @@
 #include <utility>
 
 #include "dialogs.h"
+#include "keel/base/output_path.h"
+#include "keel/error.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/run_folder.h"
 #include "keel/views/diff_view.h"
@@ -143,7 +146,17 @@ void MainWindow::buildActions() {
   file->addAction("Save &screenshot…", this, [this] {
     QString p = QFileDialog::getSaveFileName(this, "Save screenshot", "keel-studio.png",
                                              "PNG images (*.png)");
-    if (!p.isEmpty() && !saveScreenshots(p)) showError("Screenshot", "Cannot write " + p);
+    if (p.isEmpty()) return;
+    try {  // never over the open recordings or a device (Note [Outputs never destroy inputs])
+      keel::checkOutputPath("screenshot", p.toStdString(),
+                            {{"the open recording", sourceA_->path().toStdString()},
+                             {"the compared recording", sourceB_->path().toStdString()},
+                             {"the run folder", runFolder_.toStdString()}});
+    } catch (const keel::Error& e) {
+      showError("Screenshot", QString::fromUtf8(e.what()));
+      return;
+    }
+    if (!saveScreenshots(p)) showError("Screenshot", "Cannot write " + p);
   });
   file->addSeparator();
   QAction* quit = file->addAction("&Quit", this, &QWidget::close);
@@ -833,10 +846,19 @@ QString MainWindow::raisedBottomView() const {
 }
 
 bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsDir) {
-  bool ok = grab().save(windowPng);
+  // Written beside and renamed into place: a failed write leaves what was there.
+  auto save = [](const QPixmap& picture, const QString& path) {
+    QSaveFile f(path);
+    if (!f.open(QIODevice::WriteOnly) || !picture.save(&f, "PNG")) {
+      f.cancelWriting();
+      return false;
+    }
+    return f.commit();
+  };
+  bool ok = save(grab(), windowPng);
   if (!viewsDir.isEmpty()) {
     QDir().mkpath(viewsDir);
-    ok = graphs_->grab().save(QDir(viewsDir).filePath("graph.png")) && ok;
+    ok = save(graphs_->grab(), QDir(viewsDir).filePath("graph.png")) && ok;
     // Each dock in turn on top of its tab group, so hidden tabs are laid out at full size.
     const QList<QDockWidget*> docks = findChildren<QDockWidget*>();
     QList<QDockWidget*> raised;
@@ -846,7 +868,7 @@ bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsD
       d->raise();
       QApplication::processEvents();
       const QString name = d->objectName().section('.', 1);
-      ok = d->widget()->grab().save(QDir(viewsDir).filePath(name + ".png")) && ok;
+      ok = save(d->widget()->grab(), QDir(viewsDir).filePath(name + ".png")) && ok;
     }
     for (QDockWidget* d : raised) d->raise();
     QApplication::processEvents();

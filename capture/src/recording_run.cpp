@@ -17,6 +17,7 @@
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/capture/hash.h"
+#include "keel/data.h"
 #include "keel/dispatch.h"
 #include "keel/dist.h"
 #include "keel/dtype.h"
@@ -332,6 +333,8 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     std::vector<NamedInput> inputs{{"the config", spec_.configPath},
                                    {"the workload library", spec_.workloadPath},
                                    {"the training data", spec_.dataPath}};
+    if (spec_.dataPath.empty() && spec_.workloadPath.empty())
+      inputs.push_back({"the default training data", data::kDefaultCorpusDir});
     for (const BreakCondition& c : spec_.breaks.conditions)
       if (c.kind == BreakCondition::Kind::Md5Ref)
         inputs.push_back({"the reference recording", c.text});

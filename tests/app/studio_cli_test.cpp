@@ -230,7 +230,15 @@ class StudioCliTest : public QObject {
         {{a, "-platform"}, "needs a value"},
         {{a, "--show", "graph"}, "--show: expected one of ops, diff, logs, memory, timeline"},
         {{a, "--show", "diff"}, "--show diff needs --compare"},
+        // The picture never replaces an input or a device.
+        {{a, "--screenshot", a}, "--screenshot " + a + " is the recording"},
+        {{"--session", kTiny, "--screenshot", kTiny}, "is the session's config"},
+        {{a, "--screenshot", "/dev/null"}, "/dev/null is a character device, not a regular file"},
     };
+    QFile check(a);
+    QVERIFY(check.open(QIODevice::ReadOnly));
+    const QByteArray before = check.readAll();
+    check.close();
     for (const auto& [args, expect] : cases) {
       Result r = studio(args, {"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="});
       const QString what = args.join(' ') + "\n" + diag(r);
@@ -240,6 +248,8 @@ class StudioCliTest : public QObject {
       QVERIFY2(r.err.contains(expect), qPrintable(what));
       QVERIFY2(r.out.isEmpty(), qPrintable(what));
     }
+    QVERIFY(check.open(QIODevice::ReadOnly));
+    QCOMPARE(check.readAll(), before);  // the recording refused as a picture is untouched
   }
 
   // A recording that cannot be opened: the picture is still saved, the error is printed, exit 2.

@@ -76,6 +76,9 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
   expectOneLineError(keel("record --config " + q("fifo") + " -o " + q("r.db")),
                      "config file is a FIFO, not a regular file");
   expectOneLineError(keel("train --config " + q("fifo") + " --steps 1"), "is a FIFO");
+  // A workload library: dlopen of a FIFO blocked forever.
+  expectOneLineError(keel("record --workload " + q("fifo") + " -o " + q("r.db")),
+                     "the workload library is a FIFO, not a regular file");
   expectOneLineError(keel("record --config /dev/zero -o " + q("r.db")),
                      "/dev/zero: config file is a character device");
   for (const std::string cmd : {"inspect", "ops", "export csv", "export trace", "memory stats"})

@@ -159,6 +159,19 @@ TEST_F(KeelLimits, UnderAFileSizeLimitARunUsesTheCachingAllocator) {
     ASSERT_EQ(i.status, 0) << i.err;
     EXPECT_NE(i.out.find(", seed 0, allocator caching, keel "), std::string::npos) << i.out;
   }
+  // keel memory trace traces the requests on the caching allocator; keel bench allocator, whose
+  // subject is the VMM allocator, refuses in one line.
+  CliResult m = keel(
+      fsize, "memory trace " + q("t.trace") + " --config tests/fixtures/gpt-tiny.json --steps 1");
+  EXPECT_EQ(m.status, 0) << m.err;
+  EXPECT_NE(m.out.find("trace " + dir_.string() + "/t.trace: "), std::string::npos) << m.out;
+  CliResult b = keel(fsize, "bench allocator --config tests/fixtures/gpt-tiny.json");
+  EXPECT_EQ(b.status, 2);
+  EXPECT_NE(b.err.find("keel: error: bench allocator measures the VMM allocator, which cannot run "
+                       "here: vmm allocator: its memfd cannot grow to 64.0 GiB under the "
+                       "file-size limit (ulimit -f) of 64.0 MiB\n"),
+            std::string::npos)
+      << b.err;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "keel/base/text.h"
+#include "keel/data.h"
 #include "keel/storage/reader.h"
 #include "test_util.h"
 
@@ -96,6 +97,46 @@ TEST_F(KeelOutputs, AnOutputThatIsAnInputIsRefusedAndKept) {
   EXPECT_EQ(keel::storage::Recording::open(path("r.db")).steps().size(), 1u);
   fs::remove(dir_ / "link.json");
   expectOnly({"c.json", "corpus.txt", "r.db"});
+}
+
+// A corpus given as a directory holds every file below it: an output there (an existing document
+// or a new file the next run would train on) is refused, as is one in the default corpus.
+TEST_F(KeelOutputs, AnOutputInsideTheDataDirectoryIsRefused) {
+  fs::create_directories(dir_ / "corpus/sub");
+  std::ofstream(path("corpus/a.txt")) << std::string(3000, 'a');
+  std::ofstream(path("corpus/sub/b.txt")) << std::string(3000, 'b');
+  for (const char* out :
+       {"corpus/a.txt", "corpus/sub/b.txt", "corpus/new.db", "corpus/sub/../x.db"})
+    expectOneLineError(record(path(out), "--data '" + path("corpus") + "'"),
+                       "is inside the training data (the directory " + path("corpus") + ")");
+  expectOneLineError(record(std::string(keel::data::kDefaultCorpusDir) + "/GPL-3"),
+                     "is inside the default training data");
+  EXPECT_EQ(slurp(dir_ / "corpus/a.txt"), std::string(3000, 'a'));
+  EXPECT_EQ(slurp(dir_ / "corpus/sub/b.txt"), std::string(3000, 'b'));
+  EXPECT_FALSE(fs::exists(dir_ / "corpus/new.db"));
+  EXPECT_FALSE(fs::exists(dir_ / "corpus/x.db"));
+  // Beside the corpus is fine.
+  EXPECT_EQ(record(path("corpus.db"), "--data '" + path("corpus") + "'").status, 0);
+}
+
+// A checkpoint that cannot be written (a file-size limit) leaves nothing: no step-N.tmp of a
+// training run, no half-written DST of a conversion (the same command can run again); a
+// --ckpt-dir that is a file is refused before the first step.
+TEST_F(KeelOutputs, AFailedCheckpointWriteLeavesNothingBehind) {
+  const std::string train = "train --config '" + path("c.json") + "' --steps 2 --alloc caching ";
+  ASSERT_EQ(keel(train + "--ckpt-dir '" + path("ck") + "'").status, 0);
+  const std::string limited = "prlimit --fsize=4096 ";
+  expectOneLineError(keel(train + "--ckpt-dir '" + path("small") + "'", limited), "small");
+  EXPECT_TRUE(!fs::exists(dir_ / "small") || fs::is_empty(dir_ / "small"));
+  expectOneLineError(
+      keel("ckpt convert '" + path("ck") + "' '" + path("dst") + "' --target-tp 2", limited), "");
+  EXPECT_FALSE(fs::exists(dir_ / "dst"));
+  EXPECT_EQ(keel("ckpt convert '" + path("ck") + "' '" + path("dst") + "' --target-tp 2").status,
+            0);
+  const std::string config = slurp(dir_ / "c.json");
+  expectOneLineError(keel(train + "--ckpt-dir '" + path("c.json") + "'"),
+                     "--ckpt-dir " + path("c.json") + " exists and is not a directory");
+  EXPECT_EQ(slurp(dir_ / "c.json"), config);
 }
 
 TEST_F(KeelOutputs, NonRegularOutputsAreRefusedUntouched) {
@@ -200,6 +241,31 @@ TEST_F(KeelOutputs, AClosedPipeEndsQuietly) {
   ASSERT_TRUE(WIFEXITED(raw));
   EXPECT_EQ(WEXITSTATUS(raw), 128 + SIGPIPE);
   EXPECT_EQ(slurp(err), "");
+}
+
+// Ctrl-C of a keel record that replaces an existing recording: the run stops after the op it is
+// in, the new recording (status "stopped: interrupted (SIGINT)", every step so far) takes the
+// old one's place, and no hidden replacement file or lock is left; exit 130 as for SIGINT.
+TEST_F(KeelOutputs, AnInterruptedRecordingIsFinishedAndPutInPlace) {
+  ASSERT_EQ(record(path("r.db")).status, 0);
+  const std::string out = path("cli_int_out.txt"), err = path("cli_int_err.txt");
+  const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && (KEEL_BLAS_TUNE=0 '" +
+                          std::string(KEEL_CLI_PATH) + "' record --config '" + path("c.json") +
+                          "' --steps 1000000 --md5 -o '" + path("r.db") + "' >'" + out + "' 2>'" +
+                          err + "' & pid=$!; for i in $(seq 100); do grep -q '^step 2/' '" + out +
+                          "' 2>/dev/null && break; sleep 0.1; done; kill -INT $pid; wait $pid; "
+                          "exit $?)";
+  const std::string script = path("cli_int.sh");
+  std::ofstream(script) << cmd << "\n";
+  const int raw = std::system(("bash '" + script + "'").c_str());
+  fs::remove(script);
+  ASSERT_TRUE(WIFEXITED(raw));
+  EXPECT_EQ(WEXITSTATUS(raw), 130) << slurp(out) << slurp(err);
+  EXPECT_NE(slurp(out).find("): interrupted (SIGINT)"), std::string::npos) << slurp(out);
+  keel::storage::Recording rec = keel::storage::Recording::open(path("r.db"));
+  EXPECT_EQ(rec.run().status, "stopped: interrupted (SIGINT)");
+  EXPECT_GE(rec.steps().size(), 2u);
+  expectOnly({"c.json", "r.db"});
 }
 
 }  // namespace

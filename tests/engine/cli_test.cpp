@@ -92,6 +92,18 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
       {"ops a.db --step -5", "--step: must be a whole number ≥ 0, got '-5'"},
       {"ops a.db --limit -1", "--limit: must be a whole number ≥ 0, got '-1'"},
       {"ckpt plan a", "--target-tp is required"},
+      // Empty names are not "not given".
+      {train + "--resume ''", "--resume: must not be empty"},
+      {"ops ''", "recording: must not be empty"},
+      {"ckpt plan a --target-tp 2 --aoa ''", "--aoa: must not be empty"},
+      {"ckpt convert a '' --target-tp 2", "DST: must not be empty"},
+      {"memory trace /tmp/never.trace --generate-moe --skew -1",
+       "--skew: must be a finite number in [0, 8], got '-1'"},
+      {"memory trace /tmp/never.trace --generate-moe --skew nan",
+       "--skew: must be a finite number in [0, 8], got 'nan'"},
+      {"memory stats a.db --event abc", "--event: must be a whole number ≥ 0, got 'abc'"},
+      {"memory stats a.db --event 99999999999999999999",
+       "--event: must be a whole number ≥ 0, got '99999999999999999999'"},
   };
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(args);

@@ -794,7 +794,21 @@ ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const Tar
                      const aoa::Program* rules, const ConvertOptions& opt) {
   Plan plan = makePlan(src.metadata(), rules, spec);  // validates everything first
   detail::FileSource source(src);
-  return detail::runToDir(plan, src.metadata(), source, dstDir, src.metadata().trainState, opt);
+  // A conversion that fails (a full disk, a file-size limit) leaves DST as it found it: absent,
+  // or empty — so the same command can run again.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool existed = fs::exists(dstDir, ec);
+  try {
+    return detail::runToDir(plan, src.metadata(), source, dstDir, src.metadata().trainState, opt);
+  } catch (...) {
+    if (!existed) {
+      fs::remove_all(dstDir, ec);
+    } else if (fs::is_directory(dstDir, ec)) {
+      for (const auto& e : fs::directory_iterator(dstDir, ec)) fs::remove_all(e.path(), ec);
+    }
+    throw;
+  }
 }
 
 void saveTensors(const std::string& dir, const std::vector<HostTensor>& tensors,

@@ -128,7 +128,12 @@ void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
   fs::remove_all(tmp, ec);
   TargetSpec spec;
   spec.tp = tp;
-  saveTensors(tmp, tensors, spec, state.dump());
+  try {
+    saveTensors(tmp, tensors, spec, state.dump());
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // a failed save leaves no step-N.tmp behind
+    throw;
+  }
   if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
   KEEL_CHECK(!ec, dir, ": cannot move the checkpoint into place (", ec.message(), ")");

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/log.h"
 #include "keel/observer.h"
@@ -34,6 +35,7 @@ std::string orEmpty(const char* s) {
 WorkloadInfo loadWorkload(const std::string& path) {
   // A path without a slash would make dlopen search the library path; the user means a file.
   std::string file = path.find('/') == std::string::npos ? "./" + path : path;
+  requireRegularFile(file, "the workload library");  // dlopen of a FIFO blocks forever
   dlerror();
   void* lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {

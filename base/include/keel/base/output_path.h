@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -61,6 +62,23 @@ inline void checkOutputPath(const std::string& option, const std::string& output
   if (const std::string kind = nonRegularKind(output); !kind.empty())
     throw Error(option + " " + output + " is " + kind + ", not a regular file; refusing to " +
                 "write over it");
+  // An input that is a directory (a corpus of documents) holds every file below it, existing or
+  // new: writing there would replace a document or add one to the next run's data.
+  for (const NamedInput& in : inputs) {
+    std::error_code ec;
+    if (in.path.empty() || !std::filesystem::is_directory(in.path, ec)) continue;
+    const std::filesystem::path dir = std::filesystem::canonical(in.path, ec);
+    if (ec) continue;
+    const std::filesystem::path out = std::filesystem::weakly_canonical(output, ec);
+    if (ec) continue;
+    auto o = out.begin();
+    bool inside = true;
+    for (auto d = dir.begin(); d != dir.end() && inside; ++d, ++o)
+      inside = o != out.end() && *o == *d;
+    if (inside)
+      throw Error(option + " " + output + " is inside " + in.what + " (the directory " + in.path +
+                  "); refusing to write among the inputs");
+  }
   const std::optional<FileIdentity> out = fileIdentity(output);
   if (!out) return;  // a new file
   for (const NamedInput& in : inputs)
