@@ -165,6 +165,9 @@ int runRecord(const RecordArgs& a) {
       std::printf("\n");
       if (run.lastTrack()) std::printf("%s\n", formatTrackSummary(*run.lastTrack(), 3).c_str());
       std::fflush(stdout);
+      // The recording failed (a full disk, a size limit): training on would record nothing.
+      if (const std::string err = run.recorder().error(); !err.empty())
+        throw Error("recording failed: " + err);
       // A step-level break condition, or a signal between ops: stop here, between steps.
       std::string why = run.stepBreak();
       if (why.empty()) why = interruptReason();

@@ -2,21 +2,37 @@
 // that turns an sqlite result code into a one-line StorageError naming the file.
 #include "sqlite.h"
 
+#include <sys/resource.h>
 #include <algorithm>
+
+#include <cerrno>
+#include <cstring>
 
 namespace keel::storage::sql {
 
-std::string describe(const std::string& file, const std::string& what, int rc, const char* msg) {
+// A write past a file-size limit (EFBIG, SIGXFSZ being ignored) or onto a full disk is reported
+// as such, whatever SQLite's code (SQLITE_FULL, or SQLITE_IOERR_WRITE for EFBIG).
+std::string describe(const std::string& file, const std::string& what, int rc, const char* msg,
+                     int sysErrno) {
   std::string m = msg ? msg : sqlite3_errstr(rc);
   std::replace(m.begin(), m.end(), '\n', ' ');  // messages are one line
+  // (Past a file-size limit write() returns short, with no errno: SQLite says "disk I/O error".)
+  rlimit fsize{};
+  const bool fsizeLimited = getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY;
+  if ((rc & 0xff) == SQLITE_IOERR &&
+      (sysErrno == EFBIG || sysErrno == ENOSPC || sysErrno == EDQUOT ||
+       (sysErrno == 0 && fsizeLimited && (rc == SQLITE_IOERR_WRITE || rc == SQLITE_IOERR))))
+    rc = SQLITE_FULL;
+  if ((rc & 0xff) == SQLITE_IOERR && sysErrno != 0)
+    m += std::string(": ") + std::strerror(sysErrno);
   switch (rc & 0xff) {
     case SQLITE_CORRUPT:
       return "recording " + file + " is corrupted or truncated (" + m + ")";
     case SQLITE_NOTADB:
       return "recording " + file + " is not an SQLite database (" + m + ")";
     case SQLITE_FULL:
-      return "recording " + file + ": disk full or size limit reached while " + what + " (" + m +
-             ")";
+      return "recording " + file + ": " + what +
+             ": the disk is full or a size limit was reached (" + m + ")";
     case SQLITE_CANTOPEN:
       return "recording " + file + ": cannot open or create (" + m + ")";
     case SQLITE_READONLY:
@@ -66,12 +82,13 @@ void Db::exec(const char* sqlText, const char* what) {
   if (rc != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errstr(rc);
     sqlite3_free(err);
-    throw StorageError(describe(path_, what, rc, msg.c_str()));
+    throw StorageError(describe(path_, what, rc, msg.c_str(), sqlite3_system_errno(db_)));
   }
 }
 
 void Db::fail(const std::string& what, int rc) const {
-  throw StorageError(describe(path_, what, rc, db_ ? sqlite3_errmsg(db_) : nullptr));
+  throw StorageError(describe(path_, what, rc, db_ ? sqlite3_errmsg(db_) : nullptr,
+                              db_ ? sqlite3_system_errno(db_) : 0));
 }
 
 int64_t Db::queryInt(const char* sqlText) {
@@ -101,7 +118,8 @@ bool Stmt::step() {
   if (rc == SQLITE_DONE) return false;
   std::string msg = sqlite3_errmsg(db_->get());
   sqlite3_reset(st_);
-  throw StorageError(describe(db_->path(), "query failed", rc, msg.c_str()));
+  throw StorageError(
+      describe(db_->path(), "query failed", rc, msg.c_str(), sqlite3_system_errno(db_->get())));
 }
 
 }  // namespace keel::storage::sql

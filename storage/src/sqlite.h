@@ -16,7 +16,9 @@ namespace keel::storage::sql {
 
 // One-line message for an sqlite result code: "recording <file>: <what>: <sqlite message>", with
 // corruption, not-a-database and disk-full spelled out so users see what to do.
-std::string describe(const std::string& file, const std::string& what, int rc, const char* msg);
+// sysErrno: the OS error behind an I/O error (sqlite3_system_errno), 0 unknown.
+std::string describe(const std::string& file, const std::string& what, int rc, const char* msg,
+                     int sysErrno = 0);
 
 class Db {
  public:

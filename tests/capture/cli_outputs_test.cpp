@@ -268,4 +268,51 @@ TEST_F(KeelOutputs, AnInterruptedRecordingIsFinishedAndPutInPlace) {
   expectOnly({"c.json", "r.db"});
 }
 
+// A file-size limit (SIGXFSZ ignored, EFBIG reported): keel record stops in one line keeping every
+// committed step; an export over the limit is one line and leaves no partial file.
+TEST_F(KeelOutputs, AFileSizeLimitIsAWriteErrorNotASignal) {
+  const std::string limited = "prlimit --fsize=2097152 ";
+  const CliResult r = keel("record --config '" + path("c.json") +
+                               "' --steps 300 --md5 --alloc caching -o '" + path("r.db") + "'",
+                           limited);
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("the disk is full or a size limit was reached"), std::string::npos) << r.err;
+  keel::storage::Recording rec = keel::storage::Recording::open(path("r.db"));
+  EXPECT_GE(rec.steps().size(), 1u);
+  EXPECT_EQ(rec.run().status.rfind("failed: ", 0), 0u) << rec.run().status;
+  const CliResult e = keel("export csv --tensors '" + path("r.db") + "' -o '" + path("t.csv") + "'",
+                           "prlimit --fsize=4096 ");
+  expectOneLineError(e, "t.csv");
+  EXPECT_FALSE(fs::exists(dir_ / "t.csv"));
+}
+
+// Readers while a recording is written, as separate processes: every keel inspect and keel ops
+// of the growing file succeeds (WAL readers see the committed steps, never a half-written row).
+TEST_F(KeelOutputs, ReadersOfARecordingBeingWrittenSeeCommittedSteps) {
+  const std::string out = path("cli_live_out.txt"), err = path("cli_live_err.txt");
+  const std::string k = "KEEL_BLAS_TUNE=0 '" + std::string(KEEL_CLI_PATH) + "'";
+  const std::string script = path("cli_live.sh");
+  std::ofstream(script) << "cd '" << KEEL_SOURCE_DIR << "'\n"
+                        << k << " record --config '" << path("c.json") << "' --steps 60 --md5 -o '"
+                        << path("r.db") << "' >/dev/null 2>&1 &\n"
+                        << "pid=$!; n=0; bad=0\n"
+                        << "while kill -0 $pid 2>/dev/null; do\n"
+                        << "  if [ -e '" << path("r.db") << "' ]; then\n"
+                        << "    " << k << " inspect '" << path("r.db") << "' >/dev/null 2>>'" << err
+                        << "' || bad=$((bad+1))\n"
+                        << "    " << k << " ops '" << path("r.db") << "' --limit 5 >/dev/null 2>>'"
+                        << err << "' || bad=$((bad+1))\n"
+                        << "    n=$((n+1))\n"
+                        << "  fi\n"
+                        << "done\n"
+                        << "wait $pid; echo \"$? $n $bad\" >'" << out << "'\n";
+  ASSERT_EQ(std::system(("bash '" + script + "'").c_str()), 0);
+  std::istringstream result(slurp(out));
+  int recordStatus = -1, reads = 0, failures = -1;
+  result >> recordStatus >> reads >> failures;
+  EXPECT_EQ(recordStatus, 0);
+  EXPECT_GE(reads, 1);
+  EXPECT_EQ(failures, 0) << slurp(err);
+}
+
 }  // namespace

@@ -628,7 +628,7 @@ TEST(RecordingWriter, DiskFullThrowsAndCommittedStaysReadable) {
   }
   ASSERT_FALSE(error.empty()) << "the size limit was never reached";
   EXPECT_NE(error.find(path), std::string::npos) << error;
-  EXPECT_NE(error.find("disk full"), std::string::npos) << error;
+  EXPECT_NE(error.find("the disk is full or a size limit was reached"), std::string::npos) << error;
   ASSERT_GT(committed, 0);
   // The writer stays usable for small things (the run can record its failure) ...
   EXPECT_NO_THROW(w->setRunStatus("failed: disk full"));
