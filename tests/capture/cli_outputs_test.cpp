@@ -133,6 +133,12 @@ TEST_F(KeelOutputs, AFailedCheckpointWriteLeavesNothingBehind) {
   EXPECT_FALSE(fs::exists(dir_ / "dst"));
   EXPECT_EQ(keel("ckpt convert '" + path("ck") + "' '" + path("dst") + "' --target-tp 2").status,
             0);
+  // A DST that is refused (not empty) is never cleaned: what the user had there stays.
+  fs::create_directory(dir_ / "full");
+  std::ofstream(path("full/keep.txt")) << "mine";
+  expectOneLineError(keel("ckpt convert '" + path("ck") + "' '" + path("full") + "' --target-tp 2"),
+                     "is not empty (refusing to overwrite)");
+  EXPECT_EQ(slurp(dir_ / "full/keep.txt"), "mine");
   const std::string config = slurp(dir_ / "c.json");
   expectOneLineError(keel(train + "--ckpt-dir '" + path("c.json") + "'"),
                      "--ckpt-dir " + path("c.json") + " exists and is not a directory");

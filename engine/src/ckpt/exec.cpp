@@ -15,10 +15,12 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <unordered_map>
 
 #include "ckpt_internal.h"
+#include "keel/base/text.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
 
@@ -537,7 +539,14 @@ uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Si
         const size_t ed = st::dtypeSize(k.dtype);
         auto* dst = static_cast<uint8_t*>(sink.direct(si));
         const bool own = dst == nullptr;
-        if (own) dst = w.targetBuf(size_t(std::max<uint64_t>(ts.bytes, 1)));
+        if (own) {
+          try {
+            dst = w.targetBuf(size_t(std::max<uint64_t>(ts.bytes, 1)));
+          } catch (const std::bad_alloc&) {  // name what was asked, not a bare bad_alloc
+            throw Error(keel::detail::concat("out of memory for the ", formatBytes(ts.bytes),
+                                             " shard of key '", k.name, "' (file ", ts.file, ")"));
+          }
+        }
         // Elements no piece covers (declared keys) are zeros.
         uint64_t covered = 0;
         detail::ItemGeom g;
@@ -799,6 +808,8 @@ ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const Tar
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool existed = fs::exists(dstDir, ec);
+  // DST must be absent or empty (refused here, before the try: a refused DST is never cleaned).
+  detail::prepareDir(dstDir);
   try {
     return detail::runToDir(plan, src.metadata(), source, dstDir, src.metadata().trainState, opt);
   } catch (...) {
