@@ -252,6 +252,37 @@ class StudioCliTest : public QObject {
     QCOMPARE(check.readAll(), before);  // the recording refused as a picture is untouched
   }
 
+  // A recording being written by another process (keel record): the studio opens the steps
+  // committed so far (SQLite WAL readers), never an error about a half-written row.
+  void aRecordingBeingWrittenOpensWithItsCommittedSteps() {
+    const QString live = dir_ + "/live.db";
+    QProcess rec;
+    QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+    e.insert("KEEL_BLAS_TUNE", "0");
+    rec.setProcessEnvironment(e);
+    rec.start(KEEL_CLI_PATH,
+              {"record", "--config", kTiny, "--steps", "100000", "--md5", "-o", live});
+    QVERIFY(rec.waitForStarted());
+    // Wait for a few steps' lines on its stdout.
+    QByteArray printed;
+    QVERIFY(QTest::qWaitFor(
+        [&] {
+          rec.waitForReadyRead(100);
+          printed += rec.readAllStandardOutput();
+          return printed.contains("step 3/");
+        },
+        60000));
+    for (int i = 0; i < 2; ++i) {
+      const Result r = studio({live, "--screenshot", dir_ + "/live.png"});
+      QVERIFY2(r.code == 0, qPrintable(diag(r)));
+      QVERIFY2(savedLine(r).contains(live + ": ") && savedLine(r).contains(" steps, "),
+               qPrintable(diag(r)));
+    }
+    rec.terminate();  // SIGTERM: the run stops after its op and finishes the recording
+    QVERIFY(rec.waitForFinished(60000));
+    QCOMPARE(rec.exitCode(), 128 + 15);
+  }
+
   // A recording that cannot be opened: the picture is still saved, the error is printed, exit 2.
   void unreadableRecordingExits2AfterThePicture() {
     const QString bad = dir_ + "/garbage.db";
