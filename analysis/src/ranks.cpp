@@ -254,9 +254,40 @@ RunSummary summarizeRun(const std::string& dir) {
       const auto at = std::find(a.ranks.begin(), a.ranks.end(), r);
       if (at != a.ranks.end()) a.waitNs[size_t(at - a.ranks.begin())] = c.waitNs;
     }
+  // The collective a hung rank was still waiting in is in no recording as an op (it never ended):
+  // it comes from the hang report, the waiting rank's wait being the timeout it reported.
+  for (const RankSummary& r : s.ranks) {
+    const std::optional<HangPoint> h = hangPoint(r.status);
+    if (!h) continue;
+    const int64_t index = groupIndexOf(m, h->group, r.rank);
+    AlignedCollective& a = aligned[{h->group, index, h->number}];
+    if (a.ranks.empty()) {
+      a.group = h->group;
+      a.groupIndex = index;
+      a.number = h->number;
+      a.kind = h->kind;
+      a.step = r.steps;  // the step it hung in
+      // "..., called by op all_reduce in dp_loss: ..." (Note [Collective timeouts])
+      const std::string by = "called by op ";
+      if (const size_t at = r.status.find(by); at != std::string::npos) {
+        const size_t in = r.status.find(" in ", at + by.size());
+        const size_t end = r.status.find(':', at + by.size());
+        if (in != std::string::npos && end != std::string::npos && in < end)
+          a.scope = r.status.substr(in + 4, end - in - 4);
+      }
+      a.ranks = groupMembers(m, h->group, index);
+      a.waitNs.assign(a.ranks.size(), std::nullopt);
+    }
+    a.pending = true;
+    const auto at = std::find(a.ranks.begin(), a.ranks.end(), r.rank);
+    const size_t waited = r.status.find(" waited ");
+    if (at != a.ranks.end() && waited != std::string::npos)
+      a.waitNs[size_t(at - a.ranks.begin())] =
+          int64_t(std::atoll(r.status.c_str() + waited + 8)) * 1000000000;
+  }
   s.lastArrivals.assign(size_t(m.worldSize), 0);
   for (auto& [key, a] : aligned) {
-    if (a.ranks.size() > 1) {
+    if (a.ranks.size() > 1 && !a.pending) {
       int64_t least = -1;
       for (size_t i = 0; i < a.ranks.size(); ++i)
         if (a.waitNs[i] && (least < 0 || *a.waitNs[i] < *a.waitNs[size_t(least)]))
@@ -347,11 +378,15 @@ std::string runSummaryText(const RunSummary& s) {
       std::string per;
       for (size_t k = 0; k < a.ranks.size(); ++k)
         per += (k ? ", " : "") + std::string("rank ") + std::to_string(a.ranks[k]) + " " +
-               (a.waitNs[k] ? ms(*a.waitNs[k]) : std::string("never"));
-      std::snprintf(line, sizeof line, "    %s #%lld of %s (step %lld, %s): %s; last: rank %lld\n",
+               (!a.waitNs[k] ? std::string("never")
+                : a.pending  ? ms(*a.waitNs[k]) + ", still waiting"
+                             : ms(*a.waitNs[k]));
+      const std::string last =
+          a.straggler < 0 ? std::string("-") : "rank " + std::to_string(a.straggler);
+      std::snprintf(line, sizeof line, "    %s #%lld of %s (step %lld, %s): %s; last: %s\n",
                     a.kind.c_str(), static_cast<long long>(a.number), a.group.c_str(),
                     static_cast<long long>(a.step), a.scope.empty() ? "-" : a.scope.c_str(),
-                    per.c_str(), static_cast<long long>(a.straggler));
+                    per.c_str(), last.c_str());
       out += line;
     }
   }

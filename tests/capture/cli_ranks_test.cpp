@@ -210,6 +210,11 @@ TEST_F(KeelRanks, AHangIsReportedNamingTheRankThatNeverJoined) {
                              "its run finished)"),
             std::string::npos)
       << inspect.out;
+  // The collective it hung in is lined up too (from the report: it ended as no op).
+  EXPECT_NE(inspect.out.find("all_reduce #9 of dp (step 3, dp_loss): rank 0 6000.00 ms, still "
+                             "waiting, rank 1 never; last: -"),
+            std::string::npos)
+      << inspect.out;
 }
 
 // The descriptor check finds the skipped collective where it happens, naming both ranks.

@@ -213,7 +213,11 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     QStringList waits;
     bool missing = false;
     for (size_t k = 0; k < a.ranks.size(); ++k) {
-      waits << QString("rank %1 %2").arg(a.ranks[k]).arg(a.waitNs[k] ? ms(*a.waitNs[k]) : "never");
+      waits << QString("rank %1 %2")
+                   .arg(a.ranks[k])
+                   .arg(!a.waitNs[k] ? QString("never")
+                        : a.pending  ? ms(*a.waitNs[k]) + ", still waiting"
+                                     : ms(*a.waitNs[k]));
       missing = missing || !a.waitNs[k];
     }
     collectives_->setItem(row, 0,

@@ -59,7 +59,8 @@ struct AlignedCollective {
   int64_t bytes = 0;
   std::vector<int64_t> ranks;                  // the group's world ranks, by group rank
   std::vector<std::optional<int64_t>> waitNs;  // per rank; nullopt: that rank never recorded it
-  int64_t straggler = -1;                      // world rank that waited least; -1 if one rank
+  int64_t straggler = -1;  // world rank that waited least; -1 if one rank or pending
+  bool pending = false;    // a rank was still waiting in it when the run ended (a hang report)
 };
 
 struct RankSummary {
