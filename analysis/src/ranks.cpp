@@ -93,6 +93,13 @@ bool recordsMd5(const Recording& rec) {
   return j.is_object() && j.value("md5", false);
 }
 
+std::string lossText(double loss) {
+  if (std::isnan(loss)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4f", loss);
+  return b;
+}
+
 std::string ms(int64_t ns) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f ms", double(ns) / 1e6);
@@ -224,7 +231,12 @@ RunSummary summarizeRun(const std::string& dir) {
     rs.backend = run.backend;
     const std::vector<storage::StepRecord> steps = rec.steps();
     rs.steps = int64_t(steps.size());
-    rs.lastLoss = steps.empty() ? storage::kNoValue : steps.back().loss;
+    rs.lastLoss = storage::kNoValue;  // of the last step the rank finished
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+      if (it->endNs != 0 && !std::isnan(it->loss)) {
+        rs.lastLoss = it->loss;
+        break;
+      }
     rs.ops = rec.opCount();
     rs.md5 = recordsMd5(rec);
     colls.push_back(collectivesOf(rec));
@@ -320,10 +332,9 @@ std::string runSummaryText(const RunSummary& s) {
                   "%s\n",
                   static_cast<long long>(r.rank), static_cast<long long>(r.dpRank),
                   static_cast<long long>(r.tpRank), r.file.c_str(), static_cast<long long>(r.steps),
-                  std::isnan(r.lastLoss) ? "-" : std::to_string(r.lastLoss).substr(0, 6).c_str(),
-                  static_cast<long long>(r.ops), static_cast<long long>(r.collectives),
-                  ms(r.waitNs).c_str(), static_cast<long long>(s.lastArrivals[size_t(r.rank)]),
-                  r.status.c_str());
+                  lossText(r.lastLoss).c_str(), static_cast<long long>(r.ops),
+                  static_cast<long long>(r.collectives), ms(r.waitNs).c_str(),
+                  static_cast<long long>(s.lastArrivals[size_t(r.rank)]), r.status.c_str());
     out += line;
   }
   // Per group: how many instances, collectives per instance, bytes per rank, the longest waits.
@@ -481,7 +492,11 @@ ReplicaReport checkReplicas(const std::string& dir) {
     if (!recordsMd5(recs[size_t(r)]))
       throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
                                   " has no MD5s; record with --md5 or --all to check replicas");
-    const int64_t n = int64_t(recs[size_t(r)].steps().size());
+    // Steps the rank finished (a run stopped or hung mid-step has a last step with no end: its
+    // ops stop wherever the rank was, which is not a desync).
+    int64_t n = 0;
+    for (const storage::StepRecord& st : recs[size_t(r)].steps())
+      if (st.endNs != 0 && st.step == n + 1) n = st.step;
     steps = steps < 0 ? n : std::min(steps, n);
   }
   report.steps = std::max<int64_t>(steps, 0);

@@ -18,6 +18,7 @@
 #include "keel/base/text.h"
 #include "keel/capture/recording_run.h"
 #include "keel/data.h"
+#include "keel/dispatch.h"
 #include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/log.h"
@@ -111,11 +112,20 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 
 // Ctrl-C (SIGINT) or SIGTERM: the run stops after the op running now, like a break condition,
 // and the recording is finished and put in place ("stopped: interrupted (SIGINT)") instead of a
-// hidden replacement file and a stale lock left behind. A second signal ends the process at once.
+// hidden replacement file and a stale lock left behind. A second signal ends a process alone at
+// once. A rank of a multi-rank run stops only between steps (stopping mid-step would leave its
+// peers waiting in a collective) and ignores a second signal (the launcher's, which would cut
+// its recording short). The launcher forwards the signal to every rank at once and the ranks
+// move in lockstep, so they stop at the same step boundary unless the signal lands just as one
+// rank enters the next step; that rank then waits in its first collective until the launcher
+// ends it, its recording keeping every step it finished. (Agreeing through a collective after
+// every step would make every step of every run pay for it, and hang where a peer is gone.)
 std::atomic<int> g_interrupt{0};
+std::atomic<bool> g_alone{true};
 extern "C" void onInterrupt(int sig) {
-  if (g_interrupt.exchange(sig) != 0) std::_Exit(128 + sig);
+  if (g_interrupt.exchange(sig) != 0 && g_alone.load()) std::_Exit(128 + sig);
 }
+
 std::string interruptReason() {
   const int sig = g_interrupt.load();
   return sig == 0        ? std::string()
@@ -144,9 +154,11 @@ int runRecord(const RecordArgs& a) {
   // recording is created.
   capture::RecordingRun run(spec, [](const OpEvent&, const std::string& breakReason) {
     if (!breakReason.empty()) capture::RecordingRun::stopHere(breakReason);
-    if (const std::string why = interruptReason(); !why.empty())
-      capture::RecordingRun::stopHere(why);
+    if (g_alone.load())
+      if (const std::string why = interruptReason(); !why.empty())
+        capture::RecordingRun::stopHere(why);
   });
+  g_alone.store(dist::worldSize() == 1);
   std::signal(SIGINT, onInterrupt);
   std::signal(SIGTERM, onInterrupt);
   if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
@@ -170,10 +182,11 @@ int runRecord(const RecordArgs& a) {
         throw Error("recording failed: " + err);
       // A step-level break condition, or a signal between ops: stop here, between steps.
       std::string why = run.stepBreak();
+      const uint64_t seq = why.empty() ? 0 : lastOpSeq();  // a step condition: the step's last op
       if (why.empty()) why = interruptReason();
       if (!why.empty()) {
         run.markStopped(why);
-        throw capture::RunStopped(why, 0, run.stepsDone());
+        throw capture::RunStopped(why, seq, run.stepsDone());
       }
     }
   } catch (const capture::RunStopped& s) {
@@ -208,9 +221,13 @@ int runRecord(const RecordArgs& a) {
         formatBytes(uint64_t(c.peakHashBacklogBytes)).c_str());
   if (stopped) {
     // One line saying where, on stdout after the counts (a CI job greps it), and exit 1.
-    std::printf("keel record: stopped at op #%llu (step %lld): %s\n",
-                static_cast<unsigned long long>(stopped->seq),
-                static_cast<long long>(stopped->step), stopped->what());
+    if (stopped->seq == 0)  // between steps
+      std::printf("keel record: stopped after step %lld: %s\n",
+                  static_cast<long long>(stopped->step), stopped->what());
+    else
+      std::printf("keel record: stopped at op #%llu (step %lld): %s\n",
+                  static_cast<unsigned long long>(stopped->seq),
+                  static_cast<long long>(stopped->step), stopped->what());
     std::fflush(stdout);
     return g_interrupt.load() != 0 ? 128 + g_interrupt.load() : 1;
   }

@@ -366,6 +366,7 @@ void MainWindow::connectSources() {
     if (sourceB_->isOpen())
       inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
     emit recordingOpened(Side::A);
+    if (!pendingCompare_.isEmpty()) compareWith(std::exchange(pendingCompare_, QString()));
     busy(1);
     sourceA_->requestLogs();
     int64_t first = live_ ? last : (s->steps.empty() ? 0 : s->steps.front().step);
@@ -613,6 +614,7 @@ void MainWindow::openRunFolder(const QString& folder) {
 
 void MainWindow::leaveRunFolder() {
   runFolder_.clear();
+  pendingCompare_.clear();
   rankFiles_.clear();
   for (QAction* a : rankActs_) a->setVisible(false);
   ranksView_->clear();
@@ -626,9 +628,9 @@ void MainWindow::showRank(int rank) {
   const QString f = rankFile(rank);
   if (f.isEmpty()) return;
   if (rankCombo_->currentIndex() != rank) rankCombo_->setCurrentIndex(rank);
-  compareRankCombo_->setCurrentIndex(0);
-  summaryB_.reset();
-  stepB_.reset();
+  // A comparison open (another rank, or any recording) is opened again once the new rank is:
+  // its diff is against A, which changes.
+  if (sourceB_->isOpen()) pendingCompare_ = sourceB_->path();
   openFile(f, /*verify=*/true);
 }
 

@@ -171,7 +171,8 @@ class MainWindow : public QMainWindow {
   QList<QAction*> rankActs_;
   bool ranksLoading_ = false;  // the Ranks panel is loading (counted in busy)
   int rankOnOpen_ = 0;
-  bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)  // the
+  bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)
+  QString pendingCompare_;   // compared again once the next side A has opened (rank switch)  // the
                              // toolbar's rank selectors (visible with a run folder)
 
   QAction *newSessionAct_, *openAct_, *compareAct_, *runAct_, *pauseAct_, *stepAct_, *stopAct_,

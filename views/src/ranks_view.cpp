@@ -115,6 +115,7 @@ RanksView::~RanksView() {
 
 void RanksView::clear() {
   data_.reset();
+  folder_.clear();  // a load still running is ignored when it lands
   verdict_->setText("Open a run folder (a multi-rank recording) to see its ranks.");
   ranks_->setRowCount(0);
   collectives_->setRowCount(0);
@@ -122,11 +123,16 @@ void RanksView::clear() {
 
 void RanksView::load(const QString& folder) {
   clear();
+  folder_ = folder;
   verdict_->setText("Reading the ranks of " + folder.toHtmlEscaped() + "…");
   watcher_->setFuture(QtConcurrent::run([folder] { return loadFolder(folder); }));
 }
 
 void RanksView::show(std::shared_ptr<RanksData> d) {
+  if (d->folder != folder_) {  // the folder was left (or another opened) while it loaded
+    emit loaded();
+    return;
+  }
   if (!d->error.isEmpty()) {
     verdict_->setText("<span style='color:#b00020'>" + d->error.toHtmlEscaped() + "</span>");
     emit failed(d->error);

@@ -41,7 +41,7 @@ class RanksView : public QWidget {
   QTableWidget* collectiveTable() const { return collectives_; }
 
  signals:
-  void loaded();
+  void loaded();  // also when a load for a folder no longer shown lands (nothing shown)
   void failed(QString message);
   void rankActivated(int rank);
   // The verdict's link to the op where the replicas differ: show it on that rank.
@@ -54,6 +54,7 @@ class RanksView : public QWidget {
   QTableWidget* collectives_;
   std::shared_ptr<RanksData> data_;
   QFutureWatcher<std::shared_ptr<RanksData>>* watcher_;
+  QString folder_;  // the folder loading or shown; "" after clear()
 };
 
 }  // namespace keel::views
