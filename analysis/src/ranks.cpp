@@ -184,8 +184,8 @@ std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<Ra
         lastRec = &it->second;
       }
       const RankSummary& o = ranks[size_t(r)];
-      if (hangPoint(o.status) && hangPoint(o.status)->group == h->group &&
-          hangPoint(o.status)->number == h->number)
+      if (const std::optional<HangPoint> oh = hangPoint(o.status);
+          oh && oh->group == h->group && oh->number == h->number)
         continue;  // waiting in the same collective: it joined
       named = true;
       if (last < h->number) {

@@ -655,6 +655,8 @@ void MainWindow::openFile(const QString& path, bool verify) {
 }
 
 void MainWindow::compareWith(const QString& path) {
+  // The "vs" selector names the compared rank when it is one of the open run folder's.
+  compareRankCombo_->setCurrentIndex(int(rankFiles_.indexOf(path)) + 1);
   summaryB_.reset();
   stepB_.reset();
   busy(1);

@@ -141,10 +141,7 @@ bool HashPool::submit(const HashJobPtr& job, bool block) {
   while (backlogBytes_ > 0 && backlogBytes_ + job->bytes > backlogLimit_) {
     if (!block) return false;
     if (!queue_.empty()) {
-      auto batch = takeQueuedLocked();
-      lk.unlock();
-      runBatch(batch, Who::Engine);
-      lk.lock();
+      runQueued(lk, Who::Engine);
     } else {
       waitDone(lk);
     }
@@ -164,10 +161,7 @@ void HashPool::wait(const HashJobPtr& job) {
   std::unique_lock<std::mutex> lk(mu_);
   while (!job->done()) {
     if (!job->taken_) {
-      auto batch = takeQueuedLocked();
-      lk.unlock();
-      runBatch(batch, Who::Writer);
-      lk.lock();
+      runQueued(lk, Who::Writer);
     } else {
       waitDone(lk);
     }
@@ -196,16 +190,20 @@ void HashPool::settle(uint64_t bufferId) {
   while (pending_.count(bufferId)) {
     if (rounded) {
       rounded = false;
-      auto batch = takeQueuedLocked();
-      lk.unlock();
-      runBatch(batch, Who::Engine);
-      lk.lock();
+      runQueued(lk, Who::Engine);
     } else {
       waitDone(lk);
     }
   }
   lk.unlock();
   release.clear();
+}
+
+void HashPool::runQueued(std::unique_lock<std::mutex>& lk, Who who) {
+  auto batch = takeQueuedLocked();
+  lk.unlock();
+  runBatch(batch, who);
+  lk.lock();
 }
 
 void HashPool::waitDone(std::unique_lock<std::mutex>& lk) {
@@ -219,10 +217,7 @@ void HashPool::drain() {
   std::unique_lock<std::mutex> lk(mu_);
   while (backlogBytes_ > 0 || !pending_.empty()) {
     if (!queue_.empty()) {
-      auto batch = takeQueuedLocked();
-      lk.unlock();
-      runBatch(batch, Who::Engine);
-      lk.lock();
+      runQueued(lk, Who::Engine);
     } else {
       waitDone(lk);
     }

@@ -107,6 +107,8 @@ class HashPool {
   // The pool thread: hashes queued jobs through a lane stream until none is left.
   void streamRun();
   // Waits for some job to complete (mutex held by lk), counted as a waiter meanwhile.
+  // Takes the queue and hashes it on the calling thread (`who`), the lock released meanwhile.
+  void runQueued(std::unique_lock<std::mutex>& lk, Who who);
   void waitDone(std::unique_lock<std::mutex>& lk);
 
   const int64_t backlogLimit_;

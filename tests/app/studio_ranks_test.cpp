@@ -97,6 +97,18 @@ class StudioRanksTest : public QObject {
     w.showRank(0);
     QVERIFY(waitIdle(w));
     QVERIFY(w.summary(Side::A)->path.endsWith("/run/rank-0.db"));
+    // A comparison stays open across a rank switch, against the new rank.
+    QSignalSpy diffs(&w, &MainWindow::diffShown);
+    w.compareWith(dir_ + "/run/rank-1.db");
+    QVERIFY(QTest::qWaitFor([&] { return diffs.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    w.showRank(1);
+    QVERIFY(QTest::qWaitFor([&] { return diffs.count() >= 2; }, 30000));
+    QVERIFY(waitIdle(w));
+    QVERIFY(w.summary(Side::A)->path.endsWith("/run/rank-1.db"));
+    QVERIFY(w.summary(Side::B) && w.summary(Side::B)->path.endsWith("/run/rank-1.db"));
+    w.showRank(0);
+    QVERIFY(waitIdle(w));
     w.openRecording(dir_ + "/run/rank-1.db");  // a file of the folder keeps it open
     QVERIFY(waitIdle(w));
     QCOMPARE(w.runFolder(), dir_ + "/run");
