@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -12,6 +15,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "keel/base/output_path.h"
 #include "keel/storage/schema.h"
 #include "keel/storage/writer.h"
 #include "packed.h"
@@ -28,6 +32,68 @@ struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
+
+// Note [A recording appears whole]
+// Readers open recordings while they are written (keel inspect of a live run, the studio's views,
+// another rank's tools). Between SQLite creating a file and the schema being in it there is an
+// empty database a reader would call "not a Keel recording", so a new recording is built under a
+// hidden name beside it (`.NAME.creating-PID`): page size, WAL mode (persistent in the header),
+// schema and the run row; closed, which checkpoints and removes its WAL; then renamed into place,
+// atomically replacing any old file. A reader sees no file or a whole recording, never less.
+void createWhole(const std::string& path, const RunInfo& run) {
+  const std::string building = replacementPath(path, "creating");
+  std::error_code ec;
+  auto removeWithSidecars = [&ec](const std::string& p) {
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+      std::filesystem::remove(p + suffix, ec);
+      if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+        return false;
+    }
+    return true;
+  };
+  removeWithSidecars(building);
+  try {
+    sql::Db db(building, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    // Page size must be set before the first table exists; WAL before the schema is written.
+    db.exec("PRAGMA page_size = 8192; PRAGMA journal_mode = WAL;", "cannot configure database");
+    detail::createSchema(db, kSchemaVersion);
+    sql::Stmt insRun(db,
+                     "INSERT INTO run(id, backend, device, host, config_json, seed, engine_version,"
+                     " start_time_unix_ns, capture_options_json, status, allocator, rank,"
+                     " world_size, layout) VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,"
+                     " ?12, ?13)");
+    insRun
+        .bindFrom(1, run.backend, run.device, run.host, run.configJson, run.seed, run.engineVersion,
+                  run.startTimeUnixNs, run.captureOptionsJson, run.status, run.allocator, run.rank,
+                  run.worldSize, run.layout)
+        .run();
+    insRun = sql::Stmt();
+    db.close();
+  } catch (const StorageError& e) {
+    removeWithSidecars(building);
+    // Name the file the user asked for, not the hidden one it is built under.
+    std::string message = e.what();
+    for (size_t at = message.find(building); at != std::string::npos;
+         at = message.find(building, at + path.size()))
+      message.replace(at, building.size(), path);
+    throw StorageError(message);
+  }
+  // A stale -wal beside an old file would be replayed into the new one: remove the sidecars
+  // first (the old file itself is replaced by the rename, atomically).
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+    std::filesystem::remove(path + suffix, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+      const std::string reason = ec.message();
+      removeWithSidecars(building);
+      throw StorageError("recording " + path + ": cannot replace existing file (" + reason + ")");
+    }
+  }
+  if (std::rename(building.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    removeWithSidecars(building);
+    throw StorageError("recording " + path + ": cannot create (" + reason + ")");
+  }
+}
 
 class SqliteWriter final : public Writer {
  public:
@@ -76,18 +142,10 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw StorageError("recording " + path + " is a directory");
-  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
-    std::filesystem::remove(path + suffix, ec);
-    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
-      throw StorageError("recording " + path + ": cannot replace existing file (" + ec.message() +
-                         ")");
-  }
-  db_ = sql::Db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-  // Page size must be set before the first table exists; WAL before the schema is written.
-  db_.exec(
-      "PRAGMA page_size = 8192; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"
-      "PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY;",
-      "cannot configure database");
+  createWhole(path, run);
+  db_ = sql::Db(path, SQLITE_OPEN_READWRITE);
+  db_.exec("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -32768; PRAGMA temp_store = MEMORY;",
+           "cannot configure database");
   {
     sql::Stmt jm(db_, "PRAGMA journal_mode");
     if (!jm.step() || jm.textView(0) != "wal")
@@ -97,7 +155,6 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
     std::string p = "PRAGMA max_page_count = " + std::to_string(options.maxBytes / 8192 + 1);
     db_.exec(p.c_str(), "cannot set size limit");
   }
-  detail::createSchema(db_, kSchemaVersion);
 
   begin_ = sql::Stmt(db_, "BEGIN");
   commit_ = sql::Stmt(db_, "COMMIT");
@@ -139,15 +196,6 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
                           "INSERT INTO dropped(kind, count) VALUES (?1, ?2) "
                           "ON CONFLICT(kind) DO UPDATE SET count = count + excluded.count");
 
-  sql::Stmt insRun(db_,
-                   "INSERT INTO run(id, backend, device, host, config_json, seed, engine_version,"
-                   " start_time_unix_ns, capture_options_json, status, allocator, rank, world_size,"
-                   " layout) VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
-  insRun
-      .bindFrom(1, run.backend, run.device, run.host, run.configJson, run.seed, run.engineVersion,
-                run.startTimeUnixNs, run.captureOptionsJson, run.status, run.allocator, run.rank,
-                run.worldSize, run.layout)
-      .run();  // autocommit: the run row is durable before the first batch
   begin_.run();
 }
 

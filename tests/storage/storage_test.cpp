@@ -6,9 +6,13 @@
 #include <sqlite3.h>
 #include <cstring>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
+#include <thread>
+#include <vector>
 
 #include "keel/base/text.h"
 #include "keel/storage/reader.h"
@@ -564,6 +568,43 @@ TEST(StorageLive, ReaderSeesCommittedBatchesOfARunningWriter) {
   EXPECT_EQ(step2[0].scope, "new.scope");
   EXPECT_EQ(rec.op(2)->name, "uncommitted_op");
   w->close();
+}
+
+// Note [A recording appears whole]: a reader that opens a recording the moment it exists finds a
+// Keel recording with its run row, never the empty database SQLite creates first. A reader thread
+// polls for each of 150 new files while they are created; every open that finds the file
+// succeeds, and no hidden build file is left behind.
+TEST(StorageLive, ARecordingBeingCreatedIsNeverSeenHalfMade) {
+  TempDir dir;
+  constexpr int kFiles = 150;
+  auto nth = [&dir](int i) {
+    std::string name = std::to_string(i);
+    name += ".db";
+    return dir.file(name);
+  };
+  std::atomic<int> created{0};
+  std::vector<std::string> failures;
+  std::thread reader([&] {
+    for (int i = 0; i < kFiles; ++i) {
+      const std::string path = nth(i);
+      while (!std::filesystem::exists(path) && created.load() <= i) std::this_thread::yield();
+      try {
+        Recording rec = Recording::open(path);
+        if (rec.run().backend != sampleRun().backend) failures.emplace_back("wrong run row");
+      } catch (const std::exception& e) {
+        failures.push_back(e.what());
+      }
+    }
+  });
+  for (int i = 0; i < kFiles; ++i) {
+    auto w = Writer::create(nth(i), sampleRun());
+    created.store(i + 1);
+    w->close();
+  }
+  reader.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed opens, first: " << failures[0];
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("")))
+    EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
 }
 
 // The diff goal: two 100,000-op recordings compared in <= 2 s, so one step's ops must load fast.

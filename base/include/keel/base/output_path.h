@@ -88,12 +88,12 @@ inline void checkOutputPath(const std::string& option, const std::string& output
 }
 
 // The temporary name beside `target` a replacement is written under (same directory, so the
-// final rename is atomic).
-inline std::string replacementPath(const std::string& target) {
+// final rename is atomic): `.NAME.TAG-PID`.
+inline std::string replacementPath(const std::string& target, const char* tag = "partial") {
   const size_t slash = target.rfind('/');
   const std::string dir = slash == std::string::npos ? std::string() : target.substr(0, slash + 1);
   const std::string name = slash == std::string::npos ? target : target.substr(slash + 1);
-  return dir + "." + name + ".partial-" + std::to_string(::getpid());
+  return dir + "." + name + "." + tag + "-" + std::to_string(::getpid());
 }
 
 // Renames `from` over `to` (same directory); throws keel::Error naming both on failure.
