@@ -319,9 +319,10 @@ std::string runSummaryText(const RunSummary& s) {
   const RunManifest& m = s.manifest;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s\n",
+  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s%s\n",
                 static_cast<long long>(m.worldSize), static_cast<long long>(m.dp),
-                static_cast<long long>(m.tp), m.model.empty() ? "" : ", model ", m.model.c_str());
+                static_cast<long long>(m.tp), m.zero ? " (optimizer state sharded over dp)" : "",
+                m.model.empty() ? "" : ", model ", m.model.c_str());
   out += line;
   out +=
       "\n  rank  dp  tp  file          steps  last loss  ops      collectives  waited     "
@@ -415,12 +416,22 @@ namespace {
 // Which of an op's tensors the replicas must agree on.
 bool mustAgree(const OpRecord& op, const storage::TensorRecord& t) {
   if (op.step == 0) return t.role == storage::Role::Output;  // initialisation
-  if (op.phase == Phase::Optimizer) return true;
-  if (isCollective(op.name) && t.role == storage::Role::Output) {
+  if (op.phase == Phase::Optimizer && !isCollective(op.name)) return true;
+  if (isCollective(op.name) && t.role == storage::Role::Output && op.name != "reduce_scatter" &&
+      op.name != "all_to_all") {  // those two hand each rank its own block
     const std::optional<CollectiveAttrs> a = collectiveAttrs(op.attrsJson);
     return a && a->group == "dp";
   }
   return false;
+}
+
+// Under --zero a replica's optimizer phase is its own rows' updates: only its collectives pair.
+std::vector<OpRecord> pairedOps(std::vector<OpRecord> ops, bool zero) {
+  if (zero)
+    std::erase_if(ops, [](const OpRecord& op) {
+      return op.phase == Phase::Optimizer && !isCollective(op.name);
+    });
+  return ops;
 }
 
 std::string tensorName(const storage::TensorRecord& t) {
@@ -486,6 +497,7 @@ ReplicaReport checkReplicas(const std::string& dir) {
   ReplicaReport report;
   report.dp = m.dp;
   report.tp = m.tp;
+  report.zero = m.zero;
   std::vector<Recording> recs = openRanks(dir, m);
   int64_t steps = -1;
   for (int64_t r = 0; r < m.worldSize; ++r) {
@@ -503,11 +515,11 @@ ReplicaReport checkReplicas(const std::string& dir) {
   if (m.dp < 2) return report;
   for (int64_t step = 0; step <= report.steps; ++step) {
     for (int64_t t = 0; t < m.tp; ++t) {
-      const std::vector<OpRecord> first = recs[size_t(t)].stepOps(step);
+      const std::vector<OpRecord> first = pairedOps(recs[size_t(t)].stepOps(step), m.zero);
       for (int64_t d = 1; d < m.dp; ++d) {
         const int64_t r = d * m.tp + t;
         std::optional<ReplicaDifference> diff =
-            compareStep(first, recs[size_t(r)].stepOps(step), step, report);
+            compareStep(first, pairedOps(recs[size_t(r)].stepOps(step), m.zero), step, report);
         if (!diff) continue;
         diff->tpRank = t;
         diff->rankA = t;
@@ -523,13 +535,17 @@ ReplicaReport checkReplicas(const std::string& dir) {
 std::string replicaText(const ReplicaReport& r) {
   char line[256];
   std::snprintf(line, sizeof line,
-                "replica check: dp %lld x tp %lld, %lld steps and initialisation, %lld ops and "
+                "replica check: dp %lld x tp %lld%s, %lld steps and initialisation, %lld ops and "
                 "%lld tensors compared by MD5\n",
-                static_cast<long long>(r.dp), static_cast<long long>(r.tp),
+                static_cast<long long>(r.dp), static_cast<long long>(r.tp), r.zero ? ", zero" : "",
                 static_cast<long long>(r.steps), static_cast<long long>(r.opsCompared),
                 static_cast<long long>(r.tensorsCompared));
   std::string out = line;
   if (r.dp < 2) return out + "one replica per model shard (dp 1): nothing to compare\n";
+  if (!r.first && r.zero)
+    return out +
+           "replicas identical: every averaged gradient and every all-gathered parameter the same "
+           "on every dp rank (--zero: each rank's optimizer rows are its own)\n";
   if (!r.first)
     return out +
            "replicas identical: every parameter, averaged gradient and optimizer update the "
@@ -554,6 +570,7 @@ std::string replicaText(const ReplicaReport& r) {
 std::string replicaJson(const ReplicaReport& r) {
   json j = {{"dp", r.dp},
             {"tp", r.tp},
+            {"zero", r.zero},
             {"steps", r.steps},
             {"ops_compared", r.opsCompared},
             {"tensors_compared", r.tensorsCompared},

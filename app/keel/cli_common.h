@@ -46,6 +46,7 @@ struct ParallelArgs {
   int tp = 1;
   double collectiveTimeout = 600;
   bool checkCollectives = false;
+  bool zero = false;  // --zero: Note [Sharded optimizer state]
 };
 void addParallelOptions(CLI::App* c, ParallelArgs& a);
 // Starts the process group for the options and the launcher's world (alone: world size 1).

@@ -29,10 +29,18 @@ void addParallelOptions(CLI::App* c, ParallelArgs& a) {
   c->add_flag("--check-collectives", a.checkCollectives,
               "before each collective, check every rank calls the same one (names a rank that "
               "skipped one or called it with another shape)");
+  c->add_flag("--zero", a.zero,
+              "shard AdamW's state across the data-parallel ranks (gradients reduce-scattered, "
+              "parameters all-gathered; checkpoints stay reshardable)");
 }
 
 void startProcessGroup(const ParallelArgs& a) {
-  const dist::Layout layout = dist::resolveLayout(a.dp, a.tp, dist::launcherWorldSize());
+  dist::Layout layout = dist::resolveLayout(a.dp, a.tp, dist::launcherWorldSize());
+  KEEL_CHECK(!a.zero || layout.dp > 1,
+             "--zero shards the optimizer state across data-parallel "
+             "ranks, and this run has dp 1 (start more ranks: keel launch -n ",
+             2 * layout.tp, " ... --dp 2)");
+  layout.zero = a.zero;
   dist::setOptions({a.collectiveTimeout, a.checkCollectives});
   if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
 }

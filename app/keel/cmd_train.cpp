@@ -40,7 +40,10 @@ int runTrain(const TrainArgs& a) {
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
   startProcessGroup(a.parallel);
   const keel::dist::Layout layout = keel::dist::layout();
-  // A multi-rank run saves and resumes like one process (Note [Multi-rank checkpoints]).
+  // A multi-rank run writes one file per rank (Note [Multi-rank checkpoints]).
+  KEEL_CHECK(a.ckptTp == 0 || layout.world() == 1,
+             "--ckpt-tp: a multi-rank run saves one file per rank; reshard its checkpoints with "
+             "keel ckpt convert --target-tp N");
   const int ckptTp = a.ckptTp > 0 ? a.ckptTp : layout.tp;
   // Rank 0 speaks for the run; the others print only their errors.
   const bool speak = keel::dist::worldRank() == 0;
@@ -76,8 +79,9 @@ int runTrain(const TrainArgs& a) {
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
               static_cast<unsigned long long>(a.seed));
   if (layout.world() > 1)
-    std::printf("ranks: %d (dp %d x tp %d); each rank trains on %lld of the batch's rows\n",
+    std::printf("ranks: %d (dp %d x tp %d%s); each rank trains on %lld of the batch's rows\n",
                 layout.world(), layout.dp, layout.tp,
+                layout.zero ? ", optimizer state sharded over dp" : "",
                 static_cast<long long>(cfg.batch_size / layout.dp));
   std::printf(
       "model: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld\n",
@@ -96,7 +100,11 @@ int runTrain(const TrainArgs& a) {
   auto save = [&] {
     const std::string dir = a.ckptDir + "/" + keel::ckpt::stepDirName(trainer.stepsDone());
     keel::ckpt::saveTrainingCheckpoint(trainer, dir, ckptTp);
-    std::printf("saved %s (tp=%d)\n", dir.c_str(), ckptTp);
+    if (layout.world() > 1)
+      std::printf("saved %s (each of the %d ranks wrote its shards)\n", dir.c_str(),
+                  layout.world());
+    else
+      std::printf("saved %s (tp=%d)\n", dir.c_str(), ckptTp);
     std::fflush(stdout);
   };
 

@@ -373,7 +373,8 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   run_.rank = dist::worldRank();
   run_.worldSize = dist::worldSize();
   if (run_.worldSize > 1)
-    run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp);
+    run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp) +
+                  (layout.zero ? ", zero" : "");
 }
 
 RecordingRun::~RecordingRun() {
@@ -397,6 +398,7 @@ void RecordingRun::start() {
     if (dist::worldRank() == 0) {
       const dist::Layout l = dist::layout();
       storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
+      m.zero = l.zero;
       m.model = name_;
       m.seed = spec_.seed;
       m.steps = spec_.steps;

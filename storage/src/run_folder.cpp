@@ -35,7 +35,8 @@ void writeManifest(const std::string& dir, const RunManifest& m) {
   const json j = {{"keel_run", 1},    {"world_size", m.worldSize},
                   {"dp", m.dp},       {"tp", m.tp},
                   {"model", m.model}, {"seed", m.seed},
-                  {"steps", m.steps}, {"ranks", ranks}};
+                  {"steps", m.steps}, {"zero", m.zero},
+                  {"ranks", ranks}};
   const fs::path path = fs::path(dir) / kManifestFile;
   const fs::path tmp = fs::path(dir) / (std::string(".") + kManifestFile + ".tmp");
   {
@@ -74,6 +75,7 @@ RunManifest readManifest(const std::string& dir) {
     m.model = j.value("model", std::string());
     m.seed = j.value("seed", uint64_t(0));
     m.steps = j.value("steps", int64_t(0));
+    m.zero = j.value("zero", false);
     for (const json& r : j.at("ranks"))
       m.ranks.push_back({r.at("rank").get<int64_t>(), r.at("dp_rank").get<int64_t>(),
                          r.at("tp_rank").get<int64_t>(), r.at("file").get<std::string>()});

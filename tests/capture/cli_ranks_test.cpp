@@ -7,6 +7,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -238,9 +241,10 @@ TEST_F(KeelRanks, BadLayoutsAreOneLineOnEveryRank) {
                                  "dp 2 x tp 1 = 2 ranks, but 1 process was started");
 }
 
-// Note [Multi-rank checkpoints]: a dp 2 x tp 2 run saves one checkpoint (rank 0 writes two files,
-// the sharded keys joined); resuming it on the same 4 ranks gives the uninterrupted run's next
-// checkpoint byte for byte, and on 2 ranks at tp 2 and on 1 rank the same loss curve.
+// Note [Multi-rank checkpoints]: a dp 2 x tp 2 run saves one checkpoint (the first replica's two
+// ranks write a file each; the other replica's have nothing of their own); resuming it on the
+// same 4 ranks gives the uninterrupted run's next checkpoint byte for byte, and on 2 ranks at
+// tp 2 and on 1 rank the same loss curve.
 TEST_F(KeelRanks, ACheckpointOfFourRanksResumesOnFourTwoAndOne) {
   const std::string train = "train --config " + std::string(kTiny) + " ";
   const CliResult whole =
@@ -248,18 +252,22 @@ TEST_F(KeelRanks, ACheckpointOfFourRanksResumesOnFourTwoAndOne) {
   ASSERT_EQ(whole.status, 0) << whole.err;
   const std::vector<double> want = losses(whole.out);
   ASSERT_EQ(want.size(), 4u) << whole.out;
-  EXPECT_NE(whole.out.find("saved " + path("whole") + "/step-000002 (tp=2)"), std::string::npos)
+  EXPECT_NE(whole.out.find("saved " + path("whole") +
+                           "/step-000002 (each of the 4 ranks wrote its shards)"),
+            std::string::npos)
       << whole.out;
   const CliResult files = keel("ckpt inspect '" + path("whole/step-000002") + "'");
   ASSERT_EQ(files.status, 0) << files.err;
-  EXPECT_NE(files.out.find("model-00001-of-00002.safetensors"), std::string::npos) << files.out;
+  EXPECT_NE(files.out.find("2 files"), std::string::npos) << files.out;
+  EXPECT_NE(files.out.find("model-00001-of-00004.safetensors"), std::string::npos) << files.out;
+  EXPECT_EQ(files.out.find("model-00002-of-00004.safetensors"), std::string::npos) << files.out;
 
   // The same layout: byte for byte.
   const CliResult again =
       mpi(4, train + "--steps 4 --dp 2 --tp 2 --save-every 2 --ckpt-dir '" + path("again") +
                  "' --resume '" + path("whole/step-000002") + "'");
   ASSERT_EQ(again.status, 0) << again.err;
-  for (const char* f : {"model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors"})
+  for (const char* f : {"model-00000-of-00004.safetensors", "model-00001-of-00004.safetensors"})
     EXPECT_EQ(keel::readFile(path(std::string("again/step-000004/") + f)),
               keel::readFile(path(std::string("whole/step-000004/") + f)))
         << f;
@@ -278,6 +286,109 @@ TEST_F(KeelRanks, ACheckpointOfFourRanksResumesOnFourTwoAndOne) {
     for (size_t i = 0; i < 2; ++i)
       EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
   }
+}
+
+// Note [Sharded optimizer state]: --zero keeps each dp rank's rows of AdamW's moments only, and
+// follows the replicated run's curve. Its checkpoints are written by every rank (the moments'
+// rows as boxes, a fused q/k/v part as three), resume byte for byte on the same layout and on
+// others (2 ranks at dp 2 --zero, 4 without it, 1 process) with the same curve.
+TEST_F(KeelRanks, ShardedOptimizerStateFollowsTheReplicatedRunAndReshards) {
+  const std::string train = "train --config " + std::string(kTiny) + " --steps 4 ";
+  const CliResult zero =
+      mpi(4, train + "--dp 2 --tp 2 --zero --save-every 2 --ckpt-dir '" + path("z") + "'");
+  ASSERT_EQ(zero.status, 0) << zero.err;
+  EXPECT_NE(zero.out.find("ranks: 4 (dp 2 x tp 2, optimizer state sharded over dp)"),
+            std::string::npos)
+      << zero.out;
+  EXPECT_NE(zero.out.find("saved " + path("z") +
+                          "/step-000002 (each of the 4 ranks wrote its "
+                          "shards)"),
+            std::string::npos)
+      << zero.out;
+  const std::vector<double> want = losses(zero.out);
+  ASSERT_EQ(want.size(), 4u) << zero.out;
+  const CliResult plain = mpi(4, train + "--dp 2 --tp 2");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  const std::vector<double> replicated = losses(plain.out);
+  ASSERT_EQ(replicated.size(), 4u) << plain.out;
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(want[i], replicated[i], 1e-5) << "step " << i + 1;
+
+  // Who wrote what: the q/k/v weight's two tp parts are three boxes each (6 shards, by ranks 0
+  // and 1); its moments' rows come from all four ranks (each rank's 48 local rows split in two
+  // at row 24, across block boundaries at 16 and 32: 8 shards).
+  const nlohmann::json meta =
+      nlohmann::json::parse(keel::readFile(path("z/step-000002/keel-checkpoint.json")));
+  ASSERT_EQ(meta.at("files").size(), 4u) << meta.dump();
+  auto filesOf = [&](const std::string& key) {
+    std::set<int> files;
+    for (const auto& shard : meta.at("keys").at(key).at("shards"))
+      files.insert(shard.at("file").get<int>());
+    return files;
+  };
+  EXPECT_EQ(meta.at("keys").at("blocks.0.attn.qkv.weight").at("shards").size(), 6u);
+  EXPECT_EQ(filesOf("blocks.0.attn.qkv.weight"), (std::set<int>{0, 1}));
+  EXPECT_EQ(meta.at("keys").at("blocks.0.attn.qkv.weight::exp_avg").at("shards").size(), 8u);
+  EXPECT_EQ(filesOf("blocks.0.attn.qkv.weight::exp_avg"), (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(filesOf("wte.weight::exp_avg_sq"), (std::set<int>{0, 2}));  // tp rank 0 of each dp rank
+  EXPECT_EQ(filesOf("wte.weight::step"), (std::set<int>{0}));
+
+  const CliResult again = mpi(4, train + "--dp 2 --tp 2 --zero --save-every 2 --ckpt-dir '" +
+                                     path("again") + "' --resume '" + path("z/step-000002") + "'");
+  ASSERT_EQ(again.status, 0) << again.err;
+  for (int r = 0; r < 4; ++r) {
+    const std::string f = "/step-000004/model-0000" + std::to_string(r) + "-of-00004.safetensors";
+    EXPECT_EQ(keel::readFile(path("again" + f)), keel::readFile(path("z" + f))) << f;
+  }
+  for (const auto& [np, layout] : std::vector<std::pair<int, std::string>>{
+           {2, "--dp 2 --zero"}, {4, "--dp 2 --tp 2"}, {1, ""}}) {
+    const std::string args = train + layout + " --resume '" + path("z/step-000002") + "'";
+    const CliResult r = np == 1 ? keel(args) : mpi(np, args);
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
+    const std::vector<double> got = losses(r.out);
+    ASSERT_EQ(got.size(), 2u) << r.out;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
+  }
+}
+
+// The replica check of a --zero run pairs the all_gather of the updated parameters (the
+// optimizer's own ops are each rank's rows), and finds a desync injected into it.
+TEST_F(KeelRanks, TheReplicaCheckOfAZeroRunComparesTheGatheredParameters) {
+  ASSERT_EQ(record("good", 2, 1, 2, "", "--zero").status, 0);
+  const CliResult good = keel("diff '" + path("good") + "' --replicas");
+  EXPECT_EQ(good.status, 0) << good.out << good.err;
+  EXPECT_NE(good.out.find("replica check: dp 2 x tp 1, zero, 2 steps"), std::string::npos)
+      << good.out;
+  EXPECT_NE(good.out.find("replicas identical: every averaged gradient and every all-gathered "
+                          "parameter the same"),
+            std::string::npos)
+      << good.out;
+  const CliResult inspect = keel("inspect '" + path("good") + "'");
+  EXPECT_NE(inspect.out.find("dp 2 x tp 1 (optimizer state sharded over dp)"), std::string::npos)
+      << inspect.out;
+
+  ASSERT_EQ(
+      record("bad", 2, 1, 2, "KEEL_TEST_PERTURB=all_gather:2 KEEL_TEST_PERTURB_RANK=1", "--zero")
+          .status,
+      0);
+  const CliResult bad = keel("diff '" + path("bad") + "' --replicas");
+  EXPECT_EQ(bad.status, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("op all_gather (optimizer, scope dp_param_gather)"), std::string::npos)
+      << bad.out;
+}
+
+// --zero needs replicas to shard over and AdamW's state to shard: one line otherwise.
+TEST_F(KeelRanks, ZeroWithoutReplicasOrWithSgdIsOneLine) {
+  const CliResult alone = keel("train --config " + std::string(kTiny) + " --steps 1 --zero");
+  expectErrorOnRanks(alone,
+                     "--zero shards the optimizer state across data-parallel ranks, and "
+                     "this run has dp 1");
+  const std::string sgd = path("sgd.json");
+  std::string cfg = keel::readFile(std::string(KEEL_SOURCE_DIR) + "/" + kTiny);
+  cfg.replace(cfg.find("\"adamw\""), 7, "\"sgd\"");
+  std::ofstream(sgd) << cfg;
+  expectErrorOnRanks(mpi(2, "train --config '" + sgd + "' --steps 1 --dp 2 --zero"),
+                     "--zero shards AdamW's state; config field 'optimizer' is 'sgd'");
 }
 
 }  // namespace

@@ -29,12 +29,15 @@ inline constexpr const char* kFormatName = "keel-flexcheckpoint";
 inline constexpr int kFormatVersion = 1;
 
 // One saved shard of a key: the box [offset, offset + shape) of the global tensor, stored as the
-// tensor named like the key in files[file], at absolute bytes [begin, end) of that file.
+// tensor named `tensor` (empty: like the key) in files[file], at absolute bytes [begin, end) of
+// that file. A file holds several boxes of one key when a rank's part is not one box (a fused
+// q/k/v weight's three blocks: Note [Multi-rank checkpoints]).
 struct ShardInfo {
   Dims offset, shape;
   int64_t replica = 0;  // which replica was written (the rank whose copy it is)
   uint32_t file = 0;
   uint64_t begin = 0, end = 0;
+  std::string tensor;
 };
 
 struct KeyInfo {
@@ -177,7 +180,9 @@ void loadRank(const Checkpoint& src, const aoa::Program* rules, const TargetSpec
 // ---- training checkpoints ------------------------------------------------------------------
 
 // Saves parameters, optimizer state and training progress (step, seed, generator positions) of
-// a trainer as dir (written to dir.tmp, then renamed). See Note [Resume bit for bit].
+// a trainer as dir (written to dir.tmp, then renamed). See Note [Resume bit for bit]. A process
+// alone writes `tp` files; in a multi-rank run every rank calls it and writes its own file (`tp`
+// is not used: Note [Multi-rank checkpoints]).
 void saveTrainingCheckpoint(Trainer& trainer, const std::string& dir, int tp);
 // Restores everything saveTrainingCheckpoint wrote (through optional rules). `dir` may also be a
 // --ckpt-dir holding step-* checkpoints: the latest is used. Returns the checkpoint used.

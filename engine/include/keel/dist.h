@@ -21,6 +21,12 @@ namespace keel::dist {
 struct Layout {
   int dp = 1;
   int tp = 1;
+  // Note [Sharded optimizer state]: AdamW's moments split across the dp group (ZeRO stage 2:
+  // gradients reduce-scattered, updated parameters all-gathered); keel train --zero.
+  bool zero = false;
+  // Expert parallelism (keel train --ep): a MoE layer's experts split across ep data-parallel
+  // ranks (ep divides dp), tokens exchanged with all_to_all (Note [Expert-parallel MoE]).
+  int ep = 1;
   int world() const { return dp * tp; }
   bool operator==(const Layout&) const = default;
 };
@@ -44,8 +50,10 @@ int worldRank();  // 0 alone
 int worldSize();  // 1 alone
 Layout layout();  // {1, 1} before init
 
-// A group of ranks by name: "world", "dp" (the ranks holding the same model shard) or "tp" (the
-// ranks holding one replica's shards). keel::Error for another name.
+// A group of ranks by name: "world", "dp" (the ranks holding the same model shard), "tp" (the
+// ranks holding one replica's shards), "ep" (ep consecutive dp ranks whose experts together make
+// one MoE layer: they exchange tokens) or "edp" (the dp ranks holding the same experts).
+// keel::Error for another name.
 struct GroupInfo {
   int rank = 0;
   int size = 1;

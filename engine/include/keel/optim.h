@@ -86,16 +86,62 @@ class AdamW : public Optimizer {
   std::vector<int64_t> steps_;  // per parameter, 1-based after its first update
 };
 
+// Which parameters are tensor-parallel shards (for the gradient norm; see clipGradNorm).
+struct ShardedGrads {
+  std::vector<bool> sharded;  // by parameter index; empty: nothing is sharded
+  std::string group = "tp";
+};
+
+// Note [Sharded optimizer state]
+// ZeRO stage 2 over a data-parallel group of D ranks (keel train --zero). Every parameter's rows
+// (dim 0; a 1-D parameter's elements) are split D ways, larger parts first; dp rank r owns part
+// r of every parameter and keeps AdamW's moments for those rows only, 1/D of the state.
+//  - reduceGradients(), after backward: per bucket of parameters (kGradBucketBytes) one
+//    reduce_scatter (mean) of the gradients laid out owner by owner, which leaves each rank the
+//    dp-averaged gradient of its own rows; the full gradients are then dropped.
+//  - clipGradNorm(): the owned pieces' squared norms summed over the dp group (tensor-parallel
+//    shards then over tp, as optim::clipGradNorm), so every rank clips by the whole model's norm.
+//  - step(): adamw_step on each owned row range (a view of the parameter, updated in place),
+//    then per bucket one all_gather of the updated rows, written into the other ranks' rows of
+//    every parameter: the replicas hold the same bits after every step.
+// The arithmetic per element is AdamW's, on the same averaged gradient, so a --zero run follows
+// the unsharded run's curve (the reduction order of reduce_scatter and all_reduce may differ).
+// Optimizer state reads and writes (checkpoints) are the owned pieces: paramState(i) returns
+// tensors of ownedRows(i).second rows; setParamState takes those or the whole parameter's state,
+// of which it keeps its rows.
+class ShardedAdamW : public Optimizer {
+ public:
+  // `group`: the data-parallel group; `shards`: the tensor-parallel shards (for the norm).
+  ShardedAdamW(std::vector<Tensor> params, AdamWOptions opt, std::string group,
+               ShardedGrads shards);
+  void reduceGradients();
+  double clipGradNorm(double maxNorm);
+  void step() override;
+  // [first row, number of rows) of parameter i this rank owns (number may be 0).
+  std::pair<int64_t, int64_t> ownedRows(size_t i) const;
+  std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const override;
+  void setParamState(size_t i, const std::string& name, const Tensor& value) override;
+
+ private:
+  std::pair<int64_t, int64_t> rowsOf(size_t i, int part) const;
+  std::vector<std::vector<size_t>> buckets() const;  // parameters with gradients, in order
+
+  AdamWOptions opt_;
+  std::string group_;
+  ShardedGrads shards_;
+  int rank_ = 0, size_ = 1;
+  std::vector<Tensor> grads_;  // per parameter: the averaged gradient of the owned rows
+  std::vector<bool> hasGrad_;  // parameters whose gradients were reduced this step
+  std::vector<Tensor> m_, v_;  // owned rows, created at a parameter's first step
+  std::vector<int64_t> steps_;
+};
+
 // Total L2 norm of all gradients (parameters without one are skipped). When maxNorm > 0 and the
 // norm exceeds it, every gradient is scaled by maxNorm / (norm + 1e-6). Returns the norm before
 // clipping. Runs under NoGradGuard in Phase::Optimizer.
 // Under tensor parallelism (Note [Tensor-parallel layers]) the parameters marked in `sharded` are
 // shards: their squared norms are summed over the ranks of `group` (an all_reduce) before the
 // replicated ones are added, so every rank computes the norm of the whole model.
-struct ShardedGrads {
-  std::vector<bool> sharded;  // by parameter index; empty: nothing is sharded
-  std::string group = "tp";
-};
 double clipGradNorm(const std::vector<Tensor>& params, double maxNorm,
                     const ShardedGrads& shards = {});
 

@@ -83,7 +83,8 @@ class Trainer {
   Generator batchGen_;
   int64_t stepsDone_ = 0;
   int dpSize_ = 1, dpRank_ = 0;
-  optim::ShardedGrads shards_;  // which parameters are tensor-parallel shards
+  optim::ShardedGrads shards_;           // which parameters are tensor-parallel shards
+  optim::ShardedAdamW* zero_ = nullptr;  // optimizer_ under --zero (Note [Sharded optimizer state])
 };
 
 // Worker threads of the cpu backend (n <= 0: the default, KEEL_NUM_THREADS or the core count).

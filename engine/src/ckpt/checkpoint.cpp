@@ -80,12 +80,14 @@ std::string metadataToJson(const Metadata& m) {
     e["shape"] = k.shape;
     e["split_axis"] = k.splitAxis;
     ordered_json shards = ordered_json::array();
-    for (const auto& s : k.shards)
+    for (const auto& s : k.shards) {
       shards.push_back({{"file", s.file},
                         {"offset", s.offset},
                         {"shape", s.shape},
                         {"replica_id", s.replica},
                         {"byte_range", {s.begin, s.end}}});
+      if (!s.tensor.empty() && s.tensor != k.key) shards.back()["tensor"] = s.tensor;
+    }
     e["shards"] = std::move(shards);
     detail::appendDistinct(keys, k.key, std::move(e));  // Note [Linear headers]
   }
@@ -249,6 +251,11 @@ Metadata metadataFromJson(std::string_view text, const std::string& source) {
       si.shape = dimsFrom(s["shape"], what + " shard shape");
       if (s.contains("replica_id"))
         si.replica = int64_t(u64From(s["replica_id"], what + " replica_id"));
+      if (s.contains("tensor")) {
+        KEEL_CHECK(s["tensor"].is_string() && !s["tensor"].get_ref<const std::string&>().empty(),
+                   what, ": a shard's 'tensor' must be a non-empty name");
+        si.tensor = s["tensor"].get<std::string>();
+      }
       const auto& br = s["byte_range"];
       KEEL_CHECK(br.is_array() && br.size() == 2, what, ": byte_range must be [begin, end]");
       si.begin = u64From(br[0], what + " byte_range");
@@ -308,10 +315,11 @@ Checkpoint Checkpoint::open(const std::string& path) {
     for (const auto& s : k.shards) {
       const std::string& file = c.meta_.files[s.file];
       const std::string what = metaPath + ": key '" + k.key + "' shard at " + dimsStr(s.offset);
-      auto it = byName[s.file].find(k.key);
-      KEEL_CHECK(it != byName[s.file].end(), what, ": ", file, " holds no tensor '", k.key, "'");
-      KEEL_CHECK(used[s.file].insert(k.key).second, what, ": ", file,
-                 " is named by two shards of the key");
+      const std::string& name = s.tensor.empty() ? k.key : s.tensor;
+      auto it = byName[s.file].find(name);
+      KEEL_CHECK(it != byName[s.file].end(), what, ": ", file, " holds no tensor '", name, "'");
+      KEEL_CHECK(used[s.file].insert(name).second, what, ": ", file, " tensor '", name,
+                 "' is named by two shards");
       const st::TensorEntry& t = *it->second;
       const uint64_t ds = c.readers_[s.file]->header().dataStart;
       KEEL_CHECK(t.dtype == k.dtype, what, ": metadata says ", st::dtypeName(k.dtype), ", ", file,

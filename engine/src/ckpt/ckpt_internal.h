@@ -87,4 +87,7 @@ std::vector<aoa::SourceKey> sourceKeys(const Metadata& m);
 
 std::string fileName(int rank, int ranks);  // "model-00000-of-00004.safetensors"
 
+// Writes dir/keel-checkpoint.json (beside, then renamed into place).
+void writeMetadata(const std::string& dir, const Metadata& m);
+
 }  // namespace keel::ckpt::detail

@@ -760,22 +760,6 @@ void prepareDir(const std::string& dir) {
   }
 }
 
-void writeMetadata(const std::string& dir, const Metadata& m) {
-  namespace fs = std::filesystem;
-  const std::string path = (fs::path(dir) / kMetadataFile).string();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    KEEL_CHECK(out.good(), tmp, ": cannot create");
-    out << metadataToJson(m) << "\n";
-    out.flush();
-    KEEL_CHECK(out.good(), tmp, ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  KEEL_CHECK(!ec, path, ": cannot rename into place (", ec.message(), ")");
-}
-
 ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& source,
                       const std::string& dstDir, const std::string& trainState,
                       const ConvertOptions& opt) {
@@ -797,6 +781,23 @@ ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& sourc
 }
 
 }  // namespace
+
+void writeMetadata(const std::string& dir, const Metadata& m) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(dir) / kMetadataFile).string();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    KEEL_CHECK(out.good(), tmp, ": cannot create");
+    out << metadataToJson(m) << "\n";
+    out.flush();
+    KEEL_CHECK(out.good(), tmp, ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  KEEL_CHECK(!ec, path, ": cannot rename into place (", ec.message(), ")");
+}
+
 }  // namespace detail
 
 ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const TargetSpec& spec,

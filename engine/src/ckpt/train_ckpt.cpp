@@ -2,6 +2,7 @@
 // FlexCheckpoint, and restored so that the run continues bit for bit. See Note [Resume bit for
 // bit].
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include "keel/error.h"
 #include "keel/nn.h"
 #include "keel/observer.h"
+#include "keel/ops.h"
+#include "keel/optim.h"
 #include "keel/train.h"
 
 namespace keel::ckpt {
@@ -32,11 +35,18 @@ namespace keel::ckpt {
 // checkpoint was saved in (resharding moves bytes, never values).
 //
 // Note [Multi-rank checkpoints]: a checkpoint describes every tensor from a single-device point
-// of view, so a run at tp > 1 joins each sharded parameter and its optimizer state (an all_gather
-// over the tensor-parallel group, key by key) and world rank 0 writes the files; the dp replicas
-// hold the same values and write nothing. Resuming, every rank reads the full keys it needs and
-// keeps its own part (nn::cutShard, the layers' cut), whatever layout saved them — 4 ranks at
-// dp 2 x tp 2, 2 at tp 2 or 1 — so a run resumes bit for bit on another layout.
+// of view (global shape; each shard a box in it), so each rank of a multi-rank run writes its own
+// file, `model-RRRRR-of-WWWWW.safetensors`, holding the boxes only it has: its tensor-parallel
+// part of a sharded key (a fused q/k/v weight's part is three boxes, stored as KEY, KEY#1, KEY#2),
+// written by the first data-parallel replica; a replicated key by tensor-parallel rank 0 of that
+// replica; under --zero (Note [Sharded optimizer state]) each dp rank's rows of the optimizer
+// moments; the step counters by rank 0. Every file carries its boxes in its header's metadata
+// ("keel_boxes"); once every rank has written (an all_reduce of a success flag), rank 0 reads the
+// headers, checks each key is tiled exactly, writes keel-checkpoint.json and renames the
+// directory into place. Nothing is gathered, and no rank holds more than its own part. Resuming,
+// every rank reads the full keys it needs and keeps its own part (nn::cutShard, then its --zero
+// rows), whatever layout saved them — 4 ranks at dp 2 x tp 2, with or without --zero, 2 at tp 2
+// or 1 — so a run resumes bit for bit on another layout.
 
 namespace {
 
@@ -94,28 +104,180 @@ std::string resolveCheckpoint(const std::string& dir) {
   return bestPath;
 }
 
+namespace {
+
+// Whether every rank of the world got here without an error: an all_reduce (max) of a flag.
+bool everyRankOk(bool ok) {
+  int32_t bad = ok ? 0 : 1, any = 0;
+  dist::allReduce({"all_reduce", "world", DType::Int32, 1, 0}, &bad, &any, dist::ReduceOp::Max);
+  return any == 0;
+}
+
+// A local range [a, b) along `axis` of a rank's part as (local begin, global begin, length)
+// pieces: contiguous globally except across the blocks of a fused shard (nn::cutShard's layout).
+std::vector<std::array<int64_t, 3>> globalSegments(int64_t a, int64_t b, const nn::Shard& s,
+                                                   int axis, int64_t globalSize) {
+  if (!s.on() || s.axis != axis) return {{a, a, b - a}};
+  const int64_t block = globalSize / s.blocks, piece = block / s.parts;
+  std::vector<std::array<int64_t, 3>> out;
+  for (int64_t l = a; l < b;) {
+    const int64_t bi = l / piece, end = std::min(b, (bi + 1) * piece);
+    out.push_back({l, bi * block + s.part * piece + (l - bi * piece), end - l});
+    l = end;
+  }
+  return out;
+}
+
+// This rank's file of a multi-rank checkpoint (Note [Multi-rank checkpoints]).
+class RankFile {
+ public:
+  // Adds the boxes of `t`: rows [rowOffset, rowOffset + t.size(0)) of a local part shaped by
+  // shard s of a key of global shape `global` (a scalar: one box).
+  void add(const std::string& key, const Tensor& t, int64_t rowOffset, const nn::Shard& s,
+           const Shape& global) {
+    if (t.dim() == 0) return push(key, key, hostContiguous(t), {});
+    if (t.size(0) == 0) return;
+    const auto rows = globalSegments(rowOffset, rowOffset + t.size(0), s, 0, global[0]);
+    std::vector<std::array<int64_t, 3>> cols = {{0, 0, -1}};
+    if (s.on() && s.axis != 0) cols = globalSegments(0, t.size(s.axis), s, s.axis, global[s.axis]);
+    for (const auto& r : rows)
+      for (const auto& c : cols) {
+        NoGradGuard ng;
+        Tensor part = ops::slice(t, 0, r[0] - rowOffset, r[0] - rowOffset + r[2]);
+        Dims offset(global.size(), 0);
+        offset[0] = r[1];
+        if (c[2] >= 0) {
+          part = ops::slice(part, s.axis, c[0], c[0] + c[2]);
+          offset[size_t(s.axis)] = c[1];
+        }
+        size_t& n = boxesOfKey_[key];  // the boxes of this key so far
+        push(n == 0 ? key : key + "#" + std::to_string(n), key, hostContiguous(part), offset,
+             global);
+        ++n;
+      }
+  }
+  bool empty() const { return entries_.empty(); }
+  void write(const std::string& path) const {
+    st::Writer w(path, entries_, {{"keel_boxes", boxes_.dump()}});
+    for (size_t i = 0; i < data_.size(); ++i)
+      w.write(i, 0, data_[i].data(), size_t(data_[i].nbytes()));
+    w.close();
+  }
+
+ private:
+  void push(const std::string& name, const std::string& key, const Tensor& part, const Dims& offset,
+            const Shape& global = {}) {
+    entries_.push_back({name, toSt(part.dtype()), part.shape()});
+    data_.push_back(part);
+    boxes_[name] = {{"key", key}, {"offset", offset}, {"global", global}};
+  }
+  std::vector<st::WriteEntry> entries_;
+  std::vector<Tensor> data_;
+  json boxes_ = json::object();
+  std::map<std::string, size_t> boxesOfKey_;
+};
+
+// Rank 0's part: the metadata of the files every rank wrote into `tmp`.
+Metadata gatherMetadata(const std::string& tmp, int world, const std::string& trainState) {
+  Metadata m;
+  m.trainState = trainState;
+  std::map<std::string, size_t> index;
+  for (int r = 0; r < world; ++r) {
+    const std::string file = detail::fileName(r, world);
+    std::error_code ec;
+    if (!fs::exists(fs::path(tmp) / file, ec)) continue;
+    const st::Reader reader((fs::path(tmp) / file).string());
+    const auto it = reader.header().metadata.find("keel_boxes");
+    KEEL_CHECK(it != reader.header().metadata.end(), file, ": no keel_boxes in its header");
+    const json boxes = json::parse(it->second);
+    const uint32_t fileIndex = uint32_t(m.files.size());
+    m.files.push_back(file);
+    for (const st::TensorEntry& e : reader.header().tensors) {
+      const json& b = boxes.at(e.name);
+      const std::string key = b.at("key").get<std::string>();
+      auto [at, fresh] = index.emplace(key, m.keys.size());
+      if (fresh) m.keys.push_back({key, e.dtype, b.at("global").get<Dims>(), -1, {}});
+      ShardInfo s;
+      s.offset = b.at("offset").get<Dims>();
+      s.shape = e.shape;
+      s.replica = r;
+      s.file = fileIndex;
+      s.begin = reader.header().dataStart + e.begin;
+      s.end = reader.header().dataStart + e.end;
+      if (e.name != key) s.tensor = e.name;
+      m.keys[at->second].shards.push_back(std::move(s));
+    }
+  }
+  for (const KeyInfo& k : m.keys) checkTiling(k, tmp);
+  return m;
+}
+
+void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trainState) {
+  const int rank = dist::worldRank(), world = dist::worldSize();
+  const int dpRank = dist::group("dp").rank, tpRank = dist::group("tp").rank;
+  const std::string tmp = dir + ".tmp";
+  std::error_code ec;
+  std::string error;
+  if (rank == 0) {
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) error = tmp + ": cannot create (" + ec.message() + ")";
+  }
+  if (!everyRankOk(error.empty()))
+    throw Error(error.empty() ? dir + ": rank 0 could not create " + tmp : error);
+  try {
+    nn::GPT& model = tr.model();
+    auto& opt = tr.optimizer();
+    const auto* zero = dynamic_cast<const optim::ShardedAdamW*>(&opt);
+    RankFile file;
+    // Who writes a tensor of parameter p: its tp part by every tp rank (a replicated key by tp
+    // rank 0), of the first dp replica — or by every dp rank, its rows, for --zero's moments.
+    auto add = [&](const std::string& key, const Tensor& p, const Tensor& t, bool zeroRows,
+                   int64_t rowOffset) {
+      const nn::Shard s = model.parameterShard(p.name());
+      if ((!s.on() && tpRank != 0) || (!zeroRows && dpRank != 0)) return;
+      Shape global = p.shape();
+      if (s.on()) global[size_t(s.axis)] *= s.parts;
+      file.add(key, t, rowOffset, s, global);
+    };
+    for (const auto& [name, p] : model.namedParameters()) add(name, p, p, false, 0);
+    for (size_t i = 0; i < opt.params().size(); ++i) {
+      const Tensor& p = opt.params()[i];
+      for (const auto& [sname, t] : opt.paramState(i)) {
+        const std::string key = p.name() + std::string(aoa::kStateSeparator) + sname;
+        if (t.dim() == 0) {
+          if (rank == 0) file.add(key, t, 0, {}, {});
+        } else if (zero) {
+          add(key, p, t, true, zero->ownedRows(i).first);
+        } else {
+          add(key, p, t, false, 0);
+        }
+      }
+    }
+    if (!file.empty()) file.write((fs::path(tmp) / detail::fileName(rank, world)).string());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!everyRankOk(error.empty()))
+    throw Error(error.empty() ? dir + ": another rank could not write its shards" : error);
+  if (rank == 0) {
+    try {
+      detail::writeMetadata(tmp, gatherMetadata(tmp, world, trainState));
+      if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
+      fs::rename(tmp, dir, ec);
+      if (ec) error = dir + ": cannot move the checkpoint into place (" + ec.message() + ")";
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!error.empty()) fs::remove_all(tmp, ec);
+  }
+  if (!everyRankOk(error.empty()))
+    throw Error(error.empty() ? dir + ": rank 0 could not finish the checkpoint" : error);
+}
+
+}  // namespace
+
 void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
-  std::vector<Tensor> keep;
-  std::vector<HostTensor> tensors;
-  auto add = [&](const std::string& key, const Tensor& t) {
-    Tensor h = hostContiguous(t);
-    keep.push_back(h);
-    tensors.push_back({key, toSt(h.dtype()), h.shape(), h.data()});
-  };
-  nn::GPT& model = tr.model();
-  // A sharded parameter, or a state shaped like it, joined (Note [Multi-rank checkpoints]).
-  auto whole = [&](const Tensor& param, const Tensor& t) {
-    const nn::Shard s = model.parameterShard(param.name());
-    return s.on() && t.shape() == param.shape() ? nn::joinShards(t, s, model.tensorParallel().group)
-                                                : t;
-  };
-  auto& opt = tr.optimizer();
-  for (const auto& [name, p] : model.namedParameters()) add(name, whole(p, p));
-  for (size_t i = 0; i < opt.params().size(); ++i)
-    for (const auto& [sname, t] : opt.paramState(i))
-      add(opt.params()[i].name() + std::string(aoa::kStateSeparator) + sname,
-          whole(opt.params()[i], t));
-  if (dist::worldRank() != 0) return;  // rank 0 writes for the run
   json state = {{"step", tr.stepsDone()},
                 {"seed", tr.seed()},
                 {"optimizer", tr.config().optimizer},
@@ -123,6 +285,19 @@ void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
                 {"data_tokens", tr.dataset().numTokens()},
                 {"batch_generator", generatorJson(tr.batchGenerator())},
                 {"dropout_generator", generatorJson(tr.model().dropoutGenerator())}};
+  if (dist::worldSize() > 1) return saveRankShards(tr, dir, state.dump());
+  std::vector<Tensor> keep;
+  std::vector<HostTensor> tensors;
+  auto add = [&](const std::string& key, const Tensor& t) {
+    Tensor h = hostContiguous(t);
+    keep.push_back(h);
+    tensors.push_back({key, toSt(h.dtype()), h.shape(), h.data()});
+  };
+  auto& opt = tr.optimizer();
+  for (const auto& [name, p] : tr.model().namedParameters()) add(name, p);
+  for (size_t i = 0; i < opt.params().size(); ++i)
+    for (const auto& [sname, t] : opt.paramState(i))
+      add(opt.params()[i].name() + std::string(aoa::kStateSeparator) + sname, t);
   const std::string tmp = dir + ".tmp";
   std::error_code ec;
   fs::remove_all(tmp, ec);

@@ -27,6 +27,9 @@ namespace keel::dist {
 namespace {
 
 constexpr size_t kRingSize = 64;
+// The process groups (keel/dist.h), in State::groups' order.
+constexpr const char* kGroupNames[5] = {"world", "dp", "tp", "ep", "edp"};
+constexpr const char* kGroupList = "world, dp, tp, ep and edp";
 
 struct Group {
   std::string name;
@@ -69,7 +72,7 @@ struct State {
   bool finalized = false;
   Layout layout;
   int rank = 0, size = 1;
-  Group groups[3];  // world, dp, tp
+  Group groups[5];  // kGroupNames
   Options opt;
   Ring ring;
   Waiting waiting;
@@ -99,8 +102,8 @@ const char* env(const char* name) {
 Group& groupByName(State& s, std::string_view name) {
   for (Group& g : s.groups)
     if (g.name == name) return g;
-  throw Error(std::string("no process group '") + std::string(name) +
-              "' (the groups are world, dp and tp)");
+  throw Error(std::string("no process group '") + std::string(name) + "' (the groups are " +
+              kGroupList + ")");
 }
 
 std::string mpiError(int rc) {
@@ -314,13 +317,16 @@ void init(const Layout& layout) {
   KEEL_CHECK(layout.dp >= 1 && layout.tp >= 1, "parallel layout: --dp and --tp must be >= 1, got ",
              layout.dp, " and ", layout.tp);
   if (s.initialized) {
-    KEEL_CHECK(s.layout == layout, "parallel layout: already started as dp ", s.layout.dp, " x tp ",
-               s.layout.tp, ", asked for dp ", layout.dp, " x tp ", layout.tp);
+    KEEL_CHECK(s.layout.dp == layout.dp && s.layout.tp == layout.tp && s.layout.ep == layout.ep,
+               "parallel layout: already started as dp ", s.layout.dp, " x tp ", s.layout.tp,
+               ", asked for dp ", layout.dp, " x tp ", layout.tp);
+    s.layout.zero = layout.zero;
     return;
   }
-  s.groups[0].name = "world";
-  s.groups[1].name = "dp";
-  s.groups[2].name = "tp";
+  KEEL_CHECK(layout.ep >= 1 && layout.dp % layout.ep == 0, "parallel layout: --ep ", layout.ep,
+             " does not divide dp ", layout.dp,
+             " (experts are placed on the data-parallel ranks: ep must divide dp)");
+  for (size_t i = 0; i < std::size(kGroupNames); ++i) s.groups[i].name = kGroupNames[i];
   if (launchedByMpi()) {
     int provided = 0;
     int flag = 0;
@@ -342,6 +348,12 @@ void init(const Layout& layout) {
     MPI_Comm_dup(MPI_COMM_WORLD, &s.groups[0].comm);
     MPI_Comm_split(MPI_COMM_WORLD, s.rank % layout.tp, s.rank, &s.groups[1].comm);  // dp
     MPI_Comm_split(MPI_COMM_WORLD, s.rank / layout.tp, s.rank, &s.groups[2].comm);  // tp
+    // Note [Expert parallel groups]: dp rank d holds experts of ep rank d % ep; an ep group is ep
+    // consecutive dp ranks (they exchange tokens), an edp group the dp ranks holding the same
+    // experts (they average those experts' gradients).
+    const int d = s.rank / layout.tp, t = s.rank % layout.tp;
+    MPI_Comm_split(MPI_COMM_WORLD, (d / layout.ep) * layout.tp + t, s.rank, &s.groups[3].comm);
+    MPI_Comm_split(MPI_COMM_WORLD, (d % layout.ep) * layout.tp + t, s.rank, &s.groups[4].comm);
     for (Group& g : s.groups) {
       MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN);
       MPI_Comm_rank(g.comm, &g.rank);
@@ -373,9 +385,10 @@ GroupInfo group(std::string_view name) {
   State& s = st();
   std::lock_guard<std::mutex> lk(s.mu);
   if (!s.initialized) {  // alone: every group is this one rank
-    if (name == "world" || name == "dp" || name == "tp") return {};
-    throw Error(std::string("no process group '") + std::string(name) +
-                "' (the groups are world, dp and tp)");
+    for (const char* known : kGroupNames)
+      if (name == known) return {};
+    throw Error(std::string("no process group '") + std::string(name) + "' (the groups are " +
+                kGroupList + ")");
   }
   const Group& g = groupByName(s, name);
   return {g.rank, g.size};
@@ -424,11 +437,8 @@ namespace {
 void ensureGroupNames() {
   State& s = st();
   std::lock_guard<std::mutex> lk(s.mu);
-  if (s.groups[0].name.empty()) {
-    s.groups[0].name = "world";
-    s.groups[1].name = "dp";
-    s.groups[2].name = "tp";
-  }
+  if (s.groups[0].name.empty())
+    for (size_t i = 0; i < std::size(kGroupNames); ++i) s.groups[i].name = kGroupNames[i];
 }
 
 void copyIfApart(const void* in, void* out, size_t bytes) {

@@ -69,18 +69,25 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
   if (tp.on())
     for (const auto& [name, p] : model_->namedParameters())
       shards_.sharded.push_back(model_->isShardedParameter(name));
-  if (cfg_.optimizer == "sgd") {
+  optim::AdamWOptions adamw;
+  adamw.lr = cfg_.lr;
+  adamw.beta1 = cfg_.beta1;
+  adamw.beta2 = cfg_.beta2;
+  adamw.eps = cfg_.eps;
+  adamw.weightDecay = cfg_.weight_decay;
+  if (layout.zero) {  // Note [Sharded optimizer state]
+    KEEL_CHECK(cfg_.optimizer == "adamw",
+               "--zero shards AdamW's state; config field 'optimizer' is '", cfg_.optimizer, "'");
+    auto sharded =
+        std::make_unique<optim::ShardedAdamW>(model_->parameters(), adamw, "dp", shards_);
+    zero_ = sharded.get();
+    optimizer_ = std::move(sharded);
+  } else if (cfg_.optimizer == "sgd") {
     optimizer_ = std::make_unique<optim::SGD>(
         model_->parameters(),
         optim::SgdOptions{cfg_.lr, cfg_.momentum, cfg_.weight_decay, cfg_.nesterov});
   } else {
-    optim::AdamWOptions o;
-    o.lr = cfg_.lr;
-    o.beta1 = cfg_.beta1;
-    o.beta2 = cfg_.beta2;
-    o.eps = cfg_.eps;
-    o.weightDecay = cfg_.weight_decay;
-    optimizer_ = std::make_unique<optim::AdamW>(model_->parameters(), o);
+    optimizer_ = std::make_unique<optim::AdamW>(model_->parameters(), adamw);
   }
   schedule_ = optim::LrSchedule{cfg_.lr, cfg_.min_lr, cfg_.warmup_steps, totalSteps};
 }
@@ -115,8 +122,13 @@ StepStats Trainer::step() {
   optimizer_->zeroGrad();
   nn::GptOutput out = model_->forward(x, y);
   out.loss.backward();
-  if (dpSize_ > 1) syncGradients();
-  s.gradNorm = optim::clipGradNorm(optimizer_->params(), cfg_.grad_clip, shards_);
+  if (zero_) {
+    zero_->reduceGradients();
+    s.gradNorm = zero_->clipGradNorm(cfg_.grad_clip);
+  } else {
+    if (dpSize_ > 1) syncGradients();
+    s.gradNorm = optim::clipGradNorm(optimizer_->params(), cfg_.grad_clip, shards_);
+  }
   optimizer_->step();
 
   s.loss = dpMean(out.loss);

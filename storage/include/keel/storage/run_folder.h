@@ -18,6 +18,7 @@ struct RankEntry {
 struct RunManifest {
   int64_t worldSize = 1;
   int64_t dp = 1, tp = 1;
+  bool zero = false;  // optimizer state sharded across dp (Note [Sharded optimizer state])
   std::string model;  // the config's name
   uint64_t seed = 0;
   int64_t steps = 0;
