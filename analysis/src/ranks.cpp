@@ -319,9 +319,11 @@ std::string runSummaryText(const RunSummary& s) {
   const RunManifest& m = s.manifest;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s%s\n",
+  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s%s%s\n",
                 static_cast<long long>(m.worldSize), static_cast<long long>(m.dp),
-                static_cast<long long>(m.tp), m.zero ? " (optimizer state sharded over dp)" : "",
+                static_cast<long long>(m.tp),
+                m.ep > 1 ? (" (experts over ep " + std::to_string(m.ep) + ")").c_str() : "",
+                m.zero ? " (optimizer state sharded over dp)" : "",
                 m.model.empty() ? "" : ", model ", m.model.c_str());
   out += line;
   out +=
@@ -413,24 +415,41 @@ std::string runSummaryText(const RunSummary& s) {
 
 namespace {
 
+// Which replicas a comparison pairs: whether they hold the same experts (Note [Expert-parallel
+// MoE] in the engine: dp ranks d and d' do when d % ep == d' % ep) and whether the optimizer state
+// is sharded (--zero: each rank updates its own rows).
+struct Pairing {
+  bool sameExperts = true;
+  bool zero = false;
+};
+
+bool isExpertScope(const std::string& scope) {
+  return scope.find(".moe.experts.") != std::string::npos;
+}
+
 // Which of an op's tensors the replicas must agree on.
-bool mustAgree(const OpRecord& op, const storage::TensorRecord& t) {
+bool mustAgree(const OpRecord& op, const storage::TensorRecord& t, const Pairing& p) {
   if (op.step == 0) return t.role == storage::Role::Output;  // initialisation
   if (op.phase == Phase::Optimizer && !isCollective(op.name)) return true;
   if (isCollective(op.name) && t.role == storage::Role::Output && op.name != "reduce_scatter" &&
       op.name != "all_to_all") {  // those two hand each rank its own block
     const std::optional<CollectiveAttrs> a = collectiveAttrs(op.attrsJson);
-    return a && a->group == "dp";
+    return a && (a->group == "dp" || (a->group == "edp" && p.sameExperts));
   }
   return false;
 }
 
-// Under --zero a replica's optimizer phase is its own rows' updates: only its collectives pair.
-std::vector<OpRecord> pairedOps(std::vector<OpRecord> ops, bool zero) {
-  if (zero)
-    std::erase_if(ops, [](const OpRecord& op) {
-      return op.phase == Phase::Optimizer && !isCollective(op.name);
-    });
+// The ops of a replica's step the check pairs, in order: the collectives, initialisation, and the
+// optimizer's own ops — the forward and backward ops work on each replica's own rows, and may
+// differ (a MoE expert that no token of this rank reached runs nothing). Under --zero the
+// optimizer's ops are each rank's rows; between replicas holding different experts, the experts'
+// updates and the gradient clipping (which squares the experts' gradients) are theirs alone.
+std::vector<OpRecord> pairedOps(std::vector<OpRecord> ops, const Pairing& p) {
+  std::erase_if(ops, [&](const OpRecord& op) {
+    if (isCollective(op.name) || op.step == 0) return false;
+    if (op.phase != Phase::Optimizer || p.zero) return true;
+    return !p.sameExperts && (isExpertScope(op.scope) || op.scope == "clip_grad_norm");
+  });
   return ops;
 }
 
@@ -442,7 +461,7 @@ std::string tensorName(const storage::TensorRecord& t) {
 // Compares replica b's ops of one step against replica a's; the first difference, if any.
 std::optional<ReplicaDifference> compareStep(const std::vector<OpRecord>& a,
                                              const std::vector<OpRecord>& b, int64_t step,
-                                             ReplicaReport& report) {
+                                             const Pairing& pairing, ReplicaReport& report) {
   auto diff = [&](size_t i, const std::string& what) {
     ReplicaDifference d;
     d.step = step;
@@ -461,13 +480,13 @@ std::optional<ReplicaDifference> compareStep(const std::vector<OpRecord>& a,
     const OpRecord& x = a[i];
     const OpRecord& y = b[i];
     if (x.name != y.name || x.phase != y.phase)
-      return diff(i, "op " + std::to_string(i + 1) + " of the step is " + x.name + " (" +
+      return diff(i, "compared op " + std::to_string(i + 1) + " of the step is " + x.name + " (" +
                          std::string(phaseName(x.phase)) + ") on one replica and " + y.name + " (" +
                          std::string(phaseName(y.phase)) +
                          ") on the other: the replicas ran different programs");
     bool compared = false;
     for (const storage::TensorRecord& t : x.tensors) {
-      if (!mustAgree(x, t) || t.md5.empty()) continue;
+      if (!mustAgree(x, t, pairing) || t.md5.empty()) continue;
       const auto u = std::find_if(y.tensors.begin(), y.tensors.end(), [&](const auto& v) {
         return v.role == t.role && v.index == t.index;
       });
@@ -498,6 +517,7 @@ ReplicaReport checkReplicas(const std::string& dir) {
   report.dp = m.dp;
   report.tp = m.tp;
   report.zero = m.zero;
+  report.ep = m.ep;
   std::vector<Recording> recs = openRanks(dir, m);
   int64_t steps = -1;
   for (int64_t r = 0; r < m.worldSize; ++r) {
@@ -515,11 +535,13 @@ ReplicaReport checkReplicas(const std::string& dir) {
   if (m.dp < 2) return report;
   for (int64_t step = 0; step <= report.steps; ++step) {
     for (int64_t t = 0; t < m.tp; ++t) {
-      const std::vector<OpRecord> first = pairedOps(recs[size_t(t)].stepOps(step), m.zero);
+      const std::vector<OpRecord> all = recs[size_t(t)].stepOps(step);
       for (int64_t d = 1; d < m.dp; ++d) {
         const int64_t r = d * m.tp + t;
+        const Pairing pairing{d % m.ep == 0, m.zero};
         std::optional<ReplicaDifference> diff =
-            compareStep(first, pairedOps(recs[size_t(r)].stepOps(step), m.zero), step, report);
+            compareStep(pairedOps(all, pairing), pairedOps(recs[size_t(r)].stepOps(step), pairing),
+                        step, pairing, report);
         if (!diff) continue;
         diff->tpRank = t;
         diff->rankA = t;
@@ -535,9 +557,10 @@ ReplicaReport checkReplicas(const std::string& dir) {
 std::string replicaText(const ReplicaReport& r) {
   char line[256];
   std::snprintf(line, sizeof line,
-                "replica check: dp %lld x tp %lld%s, %lld steps and initialisation, %lld ops and "
+                "replica check: dp %lld x tp %lld%s%s, %lld steps and initialisation, %lld ops and "
                 "%lld tensors compared by MD5\n",
-                static_cast<long long>(r.dp), static_cast<long long>(r.tp), r.zero ? ", zero" : "",
+                static_cast<long long>(r.dp), static_cast<long long>(r.tp),
+                r.ep > 1 ? (", ep " + std::to_string(r.ep)).c_str() : "", r.zero ? ", zero" : "",
                 static_cast<long long>(r.steps), static_cast<long long>(r.opsCompared),
                 static_cast<long long>(r.tensorsCompared));
   std::string out = line;
@@ -546,6 +569,10 @@ std::string replicaText(const ReplicaReport& r) {
     return out +
            "replicas identical: every averaged gradient and every all-gathered parameter the same "
            "on every dp rank (--zero: each rank's optimizer rows are its own)\n";
+  if (!r.first && r.ep > 1)
+    return out +
+           "replicas identical: every parameter, averaged gradient and optimizer update the "
+           "same on every dp rank holding it (--ep: each expert on the ranks holding it)\n";
   if (!r.first)
     return out +
            "replicas identical: every parameter, averaged gradient and optimizer update the "
@@ -571,6 +598,7 @@ std::string replicaJson(const ReplicaReport& r) {
   json j = {{"dp", r.dp},
             {"tp", r.tp},
             {"zero", r.zero},
+            {"ep", r.ep},
             {"steps", r.steps},
             {"ops_compared", r.opsCompared},
             {"tensors_compared", r.tensorsCompared},

@@ -47,6 +47,7 @@ struct ParallelArgs {
   double collectiveTimeout = 600;
   bool checkCollectives = false;
   bool zero = false;  // --zero: Note [Sharded optimizer state]
+  int ep = 1;         // --ep: Note [Expert-parallel MoE]
 };
 void addParallelOptions(CLI::App* c, ParallelArgs& a);
 // Starts the process group for the options and the launcher's world (alone: world size 1).

@@ -29,6 +29,11 @@ void addParallelOptions(CLI::App* c, ParallelArgs& a) {
   c->add_flag("--check-collectives", a.checkCollectives,
               "before each collective, check every rank calls the same one (names a rank that "
               "skipped one or called it with another shape)");
+  c->add_option("--ep", a.ep,
+                "expert-parallel ranks: a MoE model's experts split across this many of the dp "
+                "ranks (divides dp and n_expert)")
+      ->check(wholeNumber(1, 4096))
+      ->capture_default_str();
   c->add_flag("--zero", a.zero,
               "shard AdamW's state across the data-parallel ranks (gradients reduce-scattered, "
               "parameters all-gathered; checkpoints stay reshardable)");
@@ -41,6 +46,9 @@ void startProcessGroup(const ParallelArgs& a) {
              "ranks, and this run has dp 1 (start more ranks: keel launch -n ",
              2 * layout.tp, " ... --dp 2)");
   layout.zero = a.zero;
+  KEEL_CHECK(layout.dp % a.ep == 0, "parallel layout: --ep ", a.ep, " does not divide dp ",
+             layout.dp, " (experts are split across data-parallel ranks: ep must divide dp)");
+  layout.ep = a.ep;
   dist::setOptions({a.collectiveTimeout, a.checkCollectives});
   if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
 }

@@ -79,8 +79,9 @@ int runTrain(const TrainArgs& a) {
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
               static_cast<unsigned long long>(a.seed));
   if (layout.world() > 1)
-    std::printf("ranks: %d (dp %d x tp %d%s); each rank trains on %lld of the batch's rows\n",
+    std::printf("ranks: %d (dp %d x tp %d%s%s); each rank trains on %lld of the batch's rows\n",
                 layout.world(), layout.dp, layout.tp,
+                layout.ep > 1 ? (", experts over ep " + std::to_string(layout.ep)).c_str() : "",
                 layout.zero ? ", optimizer state sharded over dp" : "",
                 static_cast<long long>(cfg.batch_size / layout.dp));
   std::printf(

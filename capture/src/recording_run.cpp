@@ -374,6 +374,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   run_.worldSize = dist::worldSize();
   if (run_.worldSize > 1)
     run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp) +
+                  (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : std::string()) +
                   (layout.zero ? ", zero" : "");
 }
 
@@ -399,6 +400,7 @@ void RecordingRun::start() {
       const dist::Layout l = dist::layout();
       storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
       m.zero = l.zero;
+      m.ep = l.ep;
       m.model = name_;
       m.seed = spec_.seed;
       m.steps = spec_.steps;

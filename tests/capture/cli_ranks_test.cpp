@@ -391,4 +391,99 @@ TEST_F(KeelRanks, ZeroWithoutReplicasOrWithSgdIsOneLine) {
                      "--zero shards AdamW's state; config field 'optimizer' is 'sgd'");
 }
 
+// Note [Expert-parallel MoE]: a MoE model at dp 2 routes the two ranks' tokens as one batch, and
+// with --ep its experts are split across ranks (tokens exchanged with all_to_all): the same
+// assignments, drops and aux loss as one process, so the same losses. Checkpoints of an ep run
+// hold every expert once (from the first rank holding it) and resume on other layouts.
+TEST_F(KeelRanks, ExpertParallelMoeGivesTheSingleProcessLosses) {
+  const std::string train = "train --config tests/fixtures/moe-tiny.json --steps 4 ";
+  const CliResult one = keel(train);
+  ASSERT_EQ(one.status, 0) << one.err;
+  const std::vector<double> want = losses(one.out);
+  ASSERT_EQ(want.size(), 4u) << one.out;
+  for (const auto& [np, layout] : std::vector<std::pair<int, std::string>>{
+           {2, "--dp 2"}, {2, "--dp 2 --ep 2"}, {4, "--dp 4 --ep 2"}}) {
+    const std::string ckpt = np == 4 ? " --save-every 2 --ckpt-dir '" + path("e") + "'" : "";
+    const CliResult r = mpi(np, train + layout + ckpt);
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
+    const std::vector<double> got = losses(r.out);
+    ASSERT_EQ(got.size(), 4u) << r.out;
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_NEAR(got[i], want[i], 2e-4) << layout << " step " << i + 1;
+    // Evaluation: every rank routes the whole validation batch itself (exchanging under ep).
+    auto valLoss = [](const std::string& out) {
+      const size_t at = out.find("val loss ");
+      return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 9));
+    };
+    EXPECT_NEAR(valLoss(r.out), valLoss(one.out), 2e-4) << layout << "\n" << r.out;
+    EXPECT_GT(valLoss(one.out), 0.0) << one.out;
+    if (np == 4) {
+      EXPECT_NE(r.out.find("ranks: 4 (dp 4 x tp 1, experts over ep 2)"), std::string::npos)
+          << r.out;
+    }
+  }
+  // dp 4 x ep 2: ranks 0 and 1 hold experts 0-1 and 2-3 first; ranks 2 and 3 write nothing.
+  const nlohmann::json meta =
+      nlohmann::json::parse(keel::readFile(path("e/step-000002/keel-checkpoint.json")));
+  EXPECT_EQ(meta.at("files"), nlohmann::json({"model-00000-of-00004.safetensors",
+                                              "model-00001-of-00004.safetensors"}));
+  const auto& expert3 = meta.at("keys").at("blocks.0.moe.experts.3.w1.weight::exp_avg");
+  ASSERT_EQ(expert3.at("shards").size(), 1u);
+  EXPECT_EQ(expert3.at("shards")[0].at("file"), 1);
+  for (const auto& [np, layout] :
+       std::vector<std::pair<int, std::string>>{{2, "--dp 2 --ep 2"}, {1, ""}}) {
+    const std::string args = train + layout + " --resume '" + path("e/step-000002") + "'";
+    const CliResult r = np == 1 ? keel(args) : mpi(np, args);
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
+    const std::vector<double> got = losses(r.out);
+    ASSERT_EQ(got.size(), 2u) << r.out;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
+  }
+}
+
+// The replica check of an expert-parallel run: ranks holding other experts agree on everything
+// but those experts; ranks holding the same experts (dp ranks 0 and 2 at ep 2) also on the
+// experts' averaged gradients, where a change on one of them is found.
+TEST_F(KeelRanks, TheReplicaCheckOfAnExpertParallelRunPairsTheRanksHoldingTheSameExperts) {
+  const std::string rec =
+      "record --config tests/fixtures/moe-tiny.json --steps 2 --dp 4 --ep 2 "
+      "--md5 -o '";
+  ASSERT_EQ(mpi(4, rec + path("good") + "'").status, 0);
+  const CliResult good = keel("diff '" + path("good") + "' --replicas");
+  EXPECT_EQ(good.status, 0) << good.out << good.err;
+  EXPECT_NE(good.out.find("replica check: dp 4 x tp 1, ep 2, 2 steps"), std::string::npos)
+      << good.out;
+  EXPECT_NE(good.out.find("replicas identical"), std::string::npos) << good.out;
+  // Rank 2's 8th all_reduce of step 1 is the edp average of its experts' gradients.
+  ASSERT_EQ(
+      mpi(4, rec + path("bad") + "'", "KEEL_TEST_PERTURB=all_reduce:8 KEEL_TEST_PERTURB_RANK=2")
+          .status,
+      0);
+  const CliResult bad = keel("diff '" + path("bad") + "' --replicas");
+  EXPECT_EQ(bad.status, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("replicas differ: step 1, op all_reduce (backward, scope dp_grad_sync), "
+                         "tp rank 0: rank 0 op #"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("vs rank 2 op #"), std::string::npos) << bad.out;
+}
+
+// --ep needs a MoE model whose experts it divides, and divides dp: one line otherwise.
+TEST_F(KeelRanks, BadExpertLayoutsAreOneLine) {
+  expectErrorOnRanks(mpi(2, "train --config " + std::string(kTiny) + " --steps 1 --dp 2 --ep 2"),
+                     "--ep 2 needs a mixture-of-experts model; this config is dense");
+  expectErrorOnRanks(mpi(2, "train --config tests/fixtures/moe-tiny.json --steps 1 --tp 2 --ep 2"),
+                     "parallel layout: --ep 2 does not divide dp 1");
+  expectErrorOnRanks(
+      mpi(4, "train --config tests/fixtures/moe-tiny.json --steps 1 --dp 4 --ep 4 --zero"),
+      "--zero with --ep: sharding the optimizer state of expert-parallel runs is not built yet");
+  const std::string three = path("moe3.json");
+  std::string cfg = keel::readFile(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/moe-tiny.json");
+  cfg.replace(cfg.find("\"n_expert\": 4"), 13, "\"n_expert\": 3");
+  std::ofstream(three) << cfg;
+  expectErrorOnRanks(mpi(2, "train --config '" + three + "' --steps 1 --dp 2 --ep 2"),
+                     "--ep 2 does not divide config field 'n_expert' 3");
+}
+
 }  // namespace

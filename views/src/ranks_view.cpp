@@ -175,10 +175,12 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
   } else {
     lines << "Replicas: " + d->replicaNote.toHtmlEscaped();
   }
-  lines << QString("%1 ranks: dp %2 × tp %3%4%5")
+  lines << QString("%1 ranks: dp %2 × tp %3%4%5%6")
                .arg(s.manifest.worldSize)
                .arg(s.manifest.dp)
                .arg(s.manifest.tp)
+               .arg(s.manifest.ep > 1 ? QString(", experts over ep %1").arg(s.manifest.ep)
+                                      : QString())
                .arg(s.manifest.zero ? QString(", optimizer state sharded over dp") : QString())
                .arg(s.manifest.model.empty()
                         ? QString()

@@ -110,6 +110,17 @@ class ModuleList : public Module {
     return append(std::move(m));
   }
   int64_t size() const { return size_; }
+  // Runs make() in the scope of the next index as build() does (the same initialisation draws)
+  // but keeps nothing there: the index is another rank's (an expert of another ep rank). The
+  // next module built gets the index after it.
+  template <typename F>
+  void buildElsewhere(F&& make) {
+    {
+      ScopeGuard scope(std::to_string(size_));
+      (void)make();
+    }
+    ++size_;
+  }
 
  private:
   int64_t size_ = 0;
@@ -258,6 +269,27 @@ class SwiGLU : public UnaryModule {
 // differentiable), topIdx [N, k] chosen experts (f_e = share of the N·k assignments, no grad).
 Tensor loadBalancingLoss(const Tensor& probs, const Tensor& topIdx);
 
+// Note [Expert-parallel MoE]
+// Under data parallelism a MoE layer routes the dp group's tokens as one batch while training:
+// the ranks all-gather their top-k choices, and every rank runs the single-process assignment
+// (capacity ceil(capacity_factor · N · k / E) over all N tokens, token order = global batch order)
+// so the same assignments are kept and dropped as in one process; the aux loss uses the global
+// f_e and P_e (the ranks' probability sums all-reduced; its gradient reaches every rank's tokens
+// whole, as in one process). With ep > 1 the experts are split across the ep group (ep consecutive
+// dp ranks; expert e on ep rank e / (E / ep)): each rank sends its kept tokens to the experts'
+// ranks with one all_to_all (blocks padded to the largest), runs its experts on what it received
+// (in sender order, which is the global token order), and a second all_to_all returns the outputs,
+// which the sender gates and adds. Expert gradients are averaged over the ranks holding the same
+// experts (group edp) and scaled by 1 / ep, the rest over dp. In eval mode each rank routes its
+// own tokens (evaluation batches are not split), exchanging them the same way under ep.
+struct ExpertParallel {
+  int size = 1;        // ep: ranks the experts are split across
+  int rank = 0;        // this rank's place in the ep group
+  int routeRanks = 1;  // dp: ranks whose tokens are one batch while training (group "dp")
+  int routeRank = 0;   // this rank's place among them (its tokens' place in the batch)
+  bool on() const { return size > 1; }
+};
+
 // Mixture of SwiGLU experts with a softmax router and top-k routing. Capacity per expert is
 // ceil(capacity_factor · N · k / E); assignments are taken token by token (slot order within a
 // token) and those past an expert's capacity are dropped (the token keeps only its residual).
@@ -265,9 +297,12 @@ Tensor loadBalancingLoss(const Tensor& probs, const Tensor& topIdx);
 // See Note [MoE routing].
 class MoE : public UnaryModule {
  public:
-  MoE(const GptConfig& cfg, Generator& gen, Device device);
+  MoE(const GptConfig& cfg, Generator& gen, Device device, ExpertParallel ep = {});
 
   int64_t numExperts() const { return nExpert_; }
+  // The experts this rank holds: [firstExpert, firstExpert + localExperts).
+  int64_t firstExpert() const { return firstExpert_; }
+  int64_t localExperts() const { return int64_t(experts_.size()); }
   int64_t capacity(int64_t tokens) const;
   // From the last forward: the aux loss (scalar, differentiable through the router), the tokens
   // each expert processed, and how many (token, slot) assignments were dropped.
@@ -279,9 +314,20 @@ class MoE : public UnaryModule {
   Tensor forwardImpl(const Tensor& x) override;
 
  private:
+  // The (token, slot) assignments kept per expert, tokens numbered over the routing scope.
+  struct Routing {
+    std::vector<std::vector<int64_t>> tokens, slots;  // by expert
+    int64_t firstToken = 0;                           // this rank's first token in the scope
+  };
+  Routing route(const std::vector<int64_t>& choice, int64_t firstToken, int64_t scopeTokens);
+  Tensor runExperts(const Tensor& x2, const Tensor& gatesFlat, const Routing& r);
+  Tensor exchangeWithExperts(const Tensor& x2, const Tensor& gatesFlat, const Routing& r);
+
   int64_t nExpert_, topK_;
   double capacityFactor_;
   Device device_;
+  ExpertParallel ep_;
+  int64_t firstExpert_ = 0;
   std::shared_ptr<Linear> router_;
   std::shared_ptr<ModuleList> expertList_;
   std::vector<std::shared_ptr<SwiGLU>> experts_;
@@ -294,7 +340,7 @@ class MoE : public UnaryModule {
 class Block : public UnaryModule {
  public:
   Block(const GptConfig& cfg, Generator& gen, Device device, std::shared_ptr<Generator> dropoutGen,
-        TensorParallel tp = {});
+        TensorParallel tp = {}, ExpertParallel ep = {});
   const std::shared_ptr<MoE>& moe() const { return moe_; }  // null for a dense block
   const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
 
@@ -324,8 +370,11 @@ struct GptOutput {
 class GPT : public Module {
  public:
   // tp: this rank's place in a tensor-parallel group (Note [Tensor-parallel layers]); keel::Error
-  // when it does not divide n_head and d_ff, or for a mixture-of-experts model.
-  GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp = {});
+  // when it does not divide n_head and d_ff, or for a mixture-of-experts model. ep: the MoE
+  // layers' expert parallelism (Note [Expert-parallel MoE]); keel::Error for a dense model or
+  // an ep that does not divide n_expert.
+  GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp = {},
+      ExpertParallel ep = {});
   // idx int64 [B, T] with T <= seq_len; targets int64 [B, T] (optional).
   GptOutput forward(const Tensor& idx, const Tensor& targets = {});
   const GptConfig& config() const { return cfg_; }
@@ -337,11 +386,15 @@ class GPT : public Module {
   bool isShardedParameter(const std::string& name) const { return parameterShard(name).on(); }
   // Which part of the named parameter this rank holds (off: all of it).
   Shard parameterShard(const std::string& name) const;
+  const ExpertParallel& expertParallel() const { return ep_; }
+  // Whether the named parameter belongs to an expert of a MoE layer (".moe.experts.").
+  static bool isExpertParameter(const std::string& name);
 
  private:
   GptConfig cfg_;
   Device device_;
   TensorParallel tp_;
+  ExpertParallel ep_;
   std::shared_ptr<Generator> dropoutGen_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList> blockList_;

@@ -92,6 +92,14 @@ struct ShardedGrads {
   std::string group = "tp";
 };
 
+// Gives each parameter that has a gradient on some rank of `group` one on this rank too (zeros
+// where it has none), for the parameters `which` accepts (all when empty): the ranks' gradient
+// collectives then pair up. A MoE expert that no token of this rank reached has no gradient here
+// but may have one on another rank; averaged, this rank's share is zero. One all_reduce (max) of
+// a flag per parameter.
+void agreeOnGradients(const std::vector<Tensor>& params,
+                      const std::function<bool(const Tensor&)>& which, const std::string& group);
+
 // Note [Sharded optimizer state]
 // ZeRO stage 2 over a data-parallel group of D ranks (keel train --zero). Every parameter's rows
 // (dim 0; a 1-D parameter's elements) are split D ways, larger parts first; dp rank r owns part

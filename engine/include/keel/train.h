@@ -70,7 +70,11 @@ class Trainer {
   int dataParallelRank() const { return dpRank_; }
 
  private:
-  void syncGradients();                 // Note [Data-parallel steps]
+  void syncGradients();  // Note [Data-parallel steps]
+  // The gradients of the parameters `which` accepts (all when empty), averaged over `group` in
+  // buckets and multiplied by `scale`.
+  void syncGradientBuckets(const std::function<bool(const std::string&)>& which,
+                           const std::string& group, double scale);
   double dpMean(const Tensor& scalar);  // a scalar averaged over the dp group, on the host
 
   GptConfig cfg_;
@@ -83,6 +87,7 @@ class Trainer {
   Generator batchGen_;
   int64_t stepsDone_ = 0;
   int dpSize_ = 1, dpRank_ = 0;
+  int expertRanks_ = 1;                  // ep (Note [Expert-parallel MoE])
   optim::ShardedGrads shards_;           // which parameters are tensor-parallel shards
   optim::ShardedAdamW* zero_ = nullptr;  // optimizer_ under --zero (Note [Sharded optimizer state])
 };

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt_internal.h"
 #include "keel/base/text.h"
@@ -38,9 +39,10 @@ namespace keel::ckpt {
 // of view (global shape; each shard a box in it), so each rank of a multi-rank run writes its own
 // file, `model-RRRRR-of-WWWWW.safetensors`, holding the boxes only it has: its tensor-parallel
 // part of a sharded key (a fused q/k/v weight's part is three boxes, stored as KEY, KEY#1, KEY#2),
-// written by the first data-parallel replica; a replicated key by tensor-parallel rank 0 of that
-// replica; under --zero (Note [Sharded optimizer state]) each dp rank's rows of the optimizer
-// moments; the step counters by rank 0. Every file carries its boxes in its header's metadata
+// written by the first data-parallel replica (an expert's by the first rank holding it: Note
+// [Expert-parallel MoE]); a replicated key by tensor-parallel rank 0 of that replica; under --zero
+// (Note [Sharded optimizer state]) each dp rank's rows of the optimizer moments; a step counter
+// with its parameter's first box. Every file carries its boxes in its header's metadata
 // ("keel_boxes"); once every rank has written (an all_reduce of a success flag), rank 0 reads the
 // headers, checks each key is tiled exactly, writes keel-checkpoint.json and renames the
 // directory into place. Nothing is gathered, and no rank holds more than its own part. Resuming,
@@ -215,6 +217,7 @@ Metadata gatherMetadata(const std::string& tmp, int world, const std::string& tr
 void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trainState) {
   const int rank = dist::worldRank(), world = dist::worldSize();
   const int dpRank = dist::group("dp").rank, tpRank = dist::group("tp").rank;
+  const int edpRank = dist::group("edp").rank;
   const std::string tmp = dir + ".tmp";
   std::error_code ec;
   std::string error;
@@ -230,12 +233,17 @@ void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trai
     auto& opt = tr.optimizer();
     const auto* zero = dynamic_cast<const optim::ShardedAdamW*>(&opt);
     RankFile file;
+    // Which replica of parameter p this rank holds: its place among the ranks with the same
+    // experts for an expert's (Note [Expert-parallel MoE]), among the dp ranks otherwise.
+    auto replica = [&](const Tensor& p) {
+      return nn::GPT::isExpertParameter(p.name()) ? edpRank : dpRank;
+    };
     // Who writes a tensor of parameter p: its tp part by every tp rank (a replicated key by tp
-    // rank 0), of the first dp replica — or by every dp rank, its rows, for --zero's moments.
+    // rank 0), of the first replica — or by every dp rank, its rows, for --zero's moments.
     auto add = [&](const std::string& key, const Tensor& p, const Tensor& t, bool zeroRows,
                    int64_t rowOffset) {
       const nn::Shard s = model.parameterShard(p.name());
-      if ((!s.on() && tpRank != 0) || (!zeroRows && dpRank != 0)) return;
+      if ((!s.on() && tpRank != 0) || (!zeroRows && replica(p) != 0)) return;
       Shape global = p.shape();
       if (s.on()) global[size_t(s.axis)] *= s.parts;
       file.add(key, t, rowOffset, s, global);
@@ -245,8 +253,8 @@ void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trai
       const Tensor& p = opt.params()[i];
       for (const auto& [sname, t] : opt.paramState(i)) {
         const std::string key = p.name() + std::string(aoa::kStateSeparator) + sname;
-        if (t.dim() == 0) {
-          if (rank == 0) file.add(key, t, 0, {}, {});
+        if (t.dim() == 0) {  // a step counter: by the parameter's first writer
+          if (tpRank == 0 && replica(p) == 0) file.add(key, t, 0, {}, {});
         } else if (zero) {
           add(key, p, t, true, zero->ownedRows(i).first);
         } else {
@@ -388,6 +396,15 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
     }
   }
   LoadOptions lo;
+  // Under expert parallelism the other ranks' experts are in the checkpoint too: leave those
+  // keys, and only those, unread (anything else unused is still an error).
+  if (model.expertParallel().on()) {
+    std::set<std::string> wanted;
+    for (const HostTensor& t : targets) wanted.insert(t.key);
+    lo.allowUnused = std::all_of(present.begin(), present.end(), [&](const auto& k) {
+      return wanted.count(k.first) || nn::GPT::isExpertParameter(k.first);
+    });
+  }
   for (auto& p : params) beforeBufferWrite(p);  // See Observer::onBufferWrite
   loadTensors(ck, rules, targets, lo);
   for (const Joined& j : joined) {

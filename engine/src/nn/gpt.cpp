@@ -11,7 +11,7 @@
 namespace keel::nn {
 
 Block::Block(const GptConfig& cfg, Generator& gen, Device device,
-             std::shared_ptr<Generator> dropoutGen, TensorParallel tp)
+             std::shared_ptr<Generator> dropoutGen, TensorParallel tp, ExpertParallel ep)
     : dropout_(cfg.dropout), dropoutGen_(dropoutGen) {
   norm1_ = buildModule("norm1", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   attn_ = buildModule("attn", [&] {
@@ -19,7 +19,7 @@ Block::Block(const GptConfig& cfg, Generator& gen, Device device,
   });
   norm2_ = buildModule("norm2", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   if (cfg.isMoe()) {
-    moe_ = buildModule("moe", [&] { return std::make_shared<MoE>(cfg, gen, device); });
+    moe_ = buildModule("moe", [&] { return std::make_shared<MoE>(cfg, gen, device, ep); });
     mlp_ = moe_;
   } else {
     double residStd = 0.02 / std::sqrt(2.0 * double(cfg.n_layer));
@@ -37,17 +37,22 @@ Tensor Block::forwardImpl(const Tensor& x) {
   return ops::add(h, m);
 }
 
-GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp)
+GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, ExpertParallel ep)
     : cfg_(cfg),
       device_(device),
       tp_(std::move(tp)),
+      ep_(ep),
       dropoutGen_(std::make_shared<Generator>(seed ^ 0x64726f706f757400ull)) {  // "dropout\0"
   validateGptConfig(cfg_);
   KEEL_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor parallelism: rank ",
              tp_.rank, " of ", tp_.size);
   KEEL_CHECK(!tp_.on() || !cfg_.isMoe(), "tensor parallelism: tp ", tp_.size,
              " needs a dense model; this config has ", cfg_.n_expert,
-             " experts (expert parallelism is not built yet)");
+             " experts (split the experts with --ep instead)");
+  KEEL_CHECK(!ep_.on() || cfg_.isMoe(), "expert parallelism: --ep ", ep_.size,
+             " needs a mixture-of-experts model; this config is dense (n_expert 0)");
+  KEEL_CHECK(!ep_.on() || cfg_.n_expert % ep_.size == 0, "expert parallelism: --ep ", ep_.size,
+             " does not divide config field 'n_expert' ", cfg_.n_expert);
   Generator gen(seed);
   // The root: initialisation scopes are parameter paths (Note [Initialisation scopes]).
   ScopeGuard root("", /*absolute=*/true);
@@ -61,7 +66,7 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp)
     ScopeGuard scope("blocks");
     for (int64_t i = 0; i < cfg.n_layer; ++i)
       blocks_.push_back(blockList_->build(
-          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_, tp_); }));
+          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_, tp_, ep_); }));
   }
   normF_ = buildModule("norm_f", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   lmHead_ = buildModule("lm_head", [&] {
@@ -124,6 +129,10 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
       out.loss = ops::add(out.loss, ops::mulScalar(out.auxLoss, cfg_.aux_loss_coef));
   }
   return out;
+}
+
+bool GPT::isExpertParameter(const std::string& name) {
+  return name.find(".moe.experts.") != std::string::npos;
 }
 
 Shard GPT::parameterShard(const std::string& name) const {

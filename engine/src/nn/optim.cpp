@@ -133,6 +133,23 @@ void AdamW::setParamState(size_t i, const std::string& name, const Tensor& value
   }
 }
 
+void agreeOnGradients(const std::vector<Tensor>& params,
+                      const std::function<bool(const Tensor&)>& which, const std::string& group) {
+  if (params.empty()) return;
+  NoGradGuard ng;
+  std::vector<float> have(params.size(), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i)
+    have[i] = params[i].grad().defined() && (!which || which(params[i])) ? 1.0f : 0.0f;
+  const Device dev = params[0].device();
+  Tensor any = ops::allReduce(Tensor::fromVector(have, {int64_t(have.size())}, DType::Float32, dev),
+                              "max", group);
+  if (!any.device().isHost()) any = any.to(Device(Backend::Cpu));
+  const std::vector<float> anyHas = any.toVector<float>();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (anyHas[i] > 0.0f && !params[i].grad().defined())
+      params[i].setGrad(Tensor::zeros(params[i].shape(), params[i].dtype(), params[i].device()));
+}
+
 double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, const ShardedGrads& shards) {
   NoGradGuard ng;
   PhaseGuard phase(Phase::Optimizer);

@@ -62,13 +62,24 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
              " does not divide config field 'batch_size' ", cfg_.batch_size,
              " (each rank trains on batch_size / dp rows of the global batch)");
   nn::TensorParallel tp{layout.tp, dist::group("tp").rank, "tp"};
+  // Note [Expert-parallel MoE]: a MoE model routes the dp group's tokens as one batch.
+  const nn::ExpertParallel ep{layout.ep, dist::group("ep").rank, dpSize_, dpRank_};
+  expertRanks_ = layout.ep;
+  KEEL_CHECK(!layout.zero || layout.ep == 1,
+             "--zero with --ep: sharding the optimizer state of expert-parallel runs is not built "
+             "yet");
   {
     MemTagScope tag(MemTag::Parameter);
-    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_, tp);
+    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_, tp, ep);
   }
   if (tp.on())
     for (const auto& [name, p] : model_->namedParameters())
       shards_.sharded.push_back(model_->isShardedParameter(name));
+  if (ep.on()) {  // the experts are split over the ep group: their norms sum over it
+    shards_.group = "ep";
+    for (const auto& [name, p] : model_->namedParameters())
+      shards_.sharded.push_back(nn::GPT::isExpertParameter(name));
+  }
   optim::AdamWOptions adamw;
   adamw.lr = cfg_.lr;
   adamw.beta1 = cfg_.beta1;
@@ -166,7 +177,26 @@ void Trainer::syncGradients() {
   NoGradGuard ng;
   PhaseGuard phase(Phase::Backward);
   ScopeGuard scope("dp_grad_sync", /*absolute=*/true);
+  // Under expert parallelism an expert's gradient is the sum over the tokens of its ep group: it
+  // is averaged over the ranks holding the same expert (edp) and divided by ep (Note
+  // [Expert-parallel MoE]); everything else is averaged over dp.
+  if (expertRanks_ > 1) {
+    syncGradientBuckets([](const std::string& n) { return !nn::GPT::isExpertParameter(n); }, "dp",
+                        1.0);
+    syncGradientBuckets(nn::GPT::isExpertParameter, "edp", 1.0 / double(expertRanks_));
+  } else {
+    syncGradientBuckets({}, "dp", 1.0);
+  }
+}
+
+void Trainer::syncGradientBuckets(const std::function<bool(const std::string&)>& which,
+                                  const std::string& group, double scale) {
   const std::vector<Tensor>& params = optimizer_->params();
+  const bool alone = dist::group(group).size == 1;
+  // A MoE expert may have a gradient on some ranks only (no tokens reached it on the others).
+  if (cfg_.isMoe() && !alone)
+    optim::agreeOnGradients(
+        params, [&](const Tensor& p) { return !which || which(p.name()); }, group);
   // Buckets of consecutive parameters with gradients, each at most kGradBucketBytes (a larger
   // gradient is a bucket of its own): one all_reduce per bucket.
   std::vector<size_t> bucket;
@@ -180,8 +210,9 @@ void Trainer::syncGradients() {
       flat.push_back(ops::reshape(g, {g.numel()}));
       sizes.push_back(g.numel());
     }
-    const Tensor mean = ops::allReduce(
-        flat.size() == 1 ? ops::contiguous(flat[0]) : ops::concat(flat, 0), "mean", "dp");
+    Tensor mean = flat.size() == 1 ? ops::contiguous(flat[0]) : ops::concat(flat, 0);
+    if (!alone) mean = ops::allReduce(mean, "mean", group);
+    if (scale != 1.0) mean = ops::mulScalar(mean, scale);
     const std::vector<Tensor> parts = ops::split(mean, sizes, 0);
     for (size_t k = 0; k < bucket.size(); ++k)
       params[bucket[k]].setGrad(ops::reshape(parts[k], params[bucket[k]].shape()));
@@ -189,7 +220,7 @@ void Trainer::syncGradients() {
     bytes = 0;
   };
   for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].grad().defined()) continue;
+    if (!params[i].grad().defined() || (which && !which(params[i].name()))) continue;
     const int64_t b = int64_t(params[i].grad().nbytes());
     if (!bucket.empty() && bytes + b > kGradBucketBytes) flush();
     bucket.push_back(i);

@@ -84,6 +84,7 @@ void ShardedAdamW::reduceGradients() {
   NoGradGuard ng;
   PhaseGuard phase(Phase::Backward);
   ScopeGuard scope("dp_grad_sync", /*absolute=*/true);
+  agreeOnGradients(params_, {}, group_);  // the buckets must be the same on every rank
   for (size_t i = 0; i < params_.size(); ++i) {
     hasGrad_[i] = params_[i].grad().defined();
     grads_[i] = Tensor();
@@ -92,7 +93,8 @@ void ShardedAdamW::reduceGradients() {
     std::vector<int64_t> blockLen(size_t(size_), 0);
     for (int j = 0; j < size_; ++j)
       for (size_t i : bucket) blockLen[size_t(j)] += rowsOf(i, j).second * rowElems(params_[i]);
-    const int64_t longest = std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
+    const int64_t longest =
+        std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
     const Tensor& first = params_[bucket.front()];
     std::vector<Tensor> pieces;
     for (int j = 0; j < size_; ++j) {
@@ -136,7 +138,8 @@ double ShardedAdamW::clipGradNorm(double maxNorm) {
   }
   const Tensor both = ops::allReduce(ops::concat({parts[0], parts[1]}, 0), "sum", group_);
   Tensor sharded = ops::slice(both, 0, 0, 1);
-  if (!shards_.sharded.empty()) sharded = ops::allReduce(ops::contiguous(sharded), "sum", shards_.group);
+  if (!shards_.sharded.empty())
+    sharded = ops::allReduce(ops::contiguous(sharded), "sum", shards_.group);
   const Tensor total = ops::sum(ops::add(sharded, ops::slice(both, 0, 1, 2)));
   const double norm =
       std::sqrt(total.device().isHost() ? total.item() : total.to(Device(Backend::Cpu)).item());
@@ -173,7 +176,8 @@ void ShardedAdamW::step() {
     std::vector<int64_t> blockLen(size_t(size_), 0);
     for (int j = 0; j < size_; ++j)
       for (size_t i : bucket) blockLen[size_t(j)] += rowsOf(i, j).second * rowElems(params_[i]);
-    const int64_t longest = std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
+    const int64_t longest =
+        std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
     const Tensor& first = params_[bucket.front()];
     std::vector<Tensor> mine;
     for (size_t i : bucket)
@@ -191,7 +195,8 @@ void ShardedAdamW::step() {
       for (size_t i : bucket) {
         const auto [row, rows] = rowsOf(i, j);
         const size_t bytes = size_t(rows * rowElems(params_[i])) * dtypeSize(all.dtype());
-        KEEL_CHECK(params_[i].device().isHost(), "sharded optimizer: parameters must be on the host");
+        KEEL_CHECK(params_[i].device().isHost(),
+                   "sharded optimizer: parameters must be on the host");
         std::memcpy(static_cast<char*>(params_[i].data()) +
                         size_t(row * rowElems(params_[i])) * dtypeSize(all.dtype()),
                     src, bytes);

@@ -17,14 +17,17 @@ namespace keel::analysis {
 // program on different rows of the batch, so their activations differ, but everything the
 // optimizer sees must be bit for bit the same on every replica: initialisation (step 0), the
 // outputs of every all_reduce of group dp (the averaged gradients) and every op of the optimizer
-// phase (gradient clipping and the updates, inputs and outputs). The check pairs the replicas'
-// ops step by step in order (the programs are the same: a different op count or op is itself a
-// desync) and compares the MD5s of those tensors; the first difference is where the replicas
-// drifted apart — what nothing else catches until the loss goes wrong. (A reduce_scatter or an
-// all_to_all hands each rank its own block, so their outputs differ by design and are not
-// compared.) Under --zero (Note [Sharded optimizer state] in the engine) each replica updates its
-// own rows: the optimizer phase's own ops are left out of the pairing, and what must agree is the
-// all_gather of the updated parameters, besides initialisation and the all_reduces.
+// phase (gradient clipping and the updates, inputs and outputs). The check pairs those ops and
+// the collectives of the replicas step by step in order (a different count or op there is itself
+// a desync; the forward and backward ops of each replica's own rows may differ, as a MoE expert
+// no token reached runs nothing) and compares the MD5s of those tensors; the first difference is
+// where the replicas drifted apart — what nothing else catches until the loss goes wrong. (A
+// reduce_scatter or an all_to_all hands each rank its own block, so their outputs differ by design
+// and are not compared.) Under --zero (Note [Sharded optimizer state] in the engine) each replica
+// updates its own rows: the optimizer phase's own ops are left out of the pairing, and what must
+// agree is the all_gather of the updated parameters, besides initialisation and the all_reduces.
+// Under --ep replicas holding different experts compare everything but the experts' updates and the
+// gradient clipping; those holding the same experts also compare their edp all_reduces.
 struct ReplicaDifference {
   int64_t tpRank = 0;
   int64_t rankA = 0, rankB = 0;  // world ranks: the group's first replica and the one that differs
@@ -41,6 +44,7 @@ struct ReplicaDifference {
 struct ReplicaReport {
   int64_t dp = 1, tp = 1;
   bool zero = false;                       // optimizer state sharded across dp
+  int64_t ep = 1;                          // experts split across ep dp ranks
   int64_t steps = 0;                       // steps compared (those every replica finished)
   int64_t opsCompared = 0;                 // op pairs whose tensors were compared
   int64_t tensorsCompared = 0;             // tensors compared by MD5
