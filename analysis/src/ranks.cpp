@@ -52,20 +52,35 @@ std::optional<CollectiveAttrs> collectiveAttrs(const std::string& attrsJson) {
 }
 
 // Which instance of `group` world rank r is in: a dp group is named by its tp rank, a tp group by
-// its dp rank; the world is one group.
+// its dp rank; an ep or cp group (k consecutive dp ranks of one tp rank) by its block of dp ranks
+// and its tp rank, an edp group by its place in the ep blocks and its tp rank; the world is one
+// group (the engine's Note [Expert parallel groups]).
+int64_t blockOf(const RunManifest& m, const std::string& group) {
+  return group == "cp" ? m.cp : group == "ep" || group == "edp" ? m.ep : 1;
+}
+
 int64_t groupIndexOf(const RunManifest& m, const std::string& group, int64_t r) {
-  if (group == "dp") return r % m.tp;
-  if (group == "tp") return r / m.tp;
+  const int64_t d = r / m.tp, t = r % m.tp, k = blockOf(m, group);
+  if (group == "dp") return t;
+  if (group == "tp") return d;
+  if (group == "ep" || group == "cp") return (d / k) * m.tp + t;
+  if (group == "edp") return (d % k) * m.tp + t;
   return 0;
 }
 
 // The world ranks of that instance, by group rank.
 std::vector<int64_t> groupMembers(const RunManifest& m, const std::string& group, int64_t index) {
   std::vector<int64_t> out;
+  const int64_t k = blockOf(m, group), t = index % m.tp;
   if (group == "dp")
     for (int64_t d = 0; d < m.dp; ++d) out.push_back(d * m.tp + index);
   else if (group == "tp")
-    for (int64_t t = 0; t < m.tp; ++t) out.push_back(index * m.tp + t);
+    for (int64_t u = 0; u < m.tp; ++u) out.push_back(index * m.tp + u);
+  else if (group == "ep" || group == "cp")
+    for (int64_t d = (index / m.tp) * k; d < (index / m.tp + 1) * k; ++d)
+      out.push_back(d * m.tp + t);
+  else if (group == "edp")
+    for (int64_t d = index / m.tp; d < m.dp; d += k) out.push_back(d * m.tp + t);
   else
     for (int64_t r = 0; r < m.worldSize; ++r) out.push_back(r);
   return out;
@@ -322,7 +337,9 @@ std::string runSummaryText(const RunSummary& s) {
   std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s%s%s\n",
                 static_cast<long long>(m.worldSize), static_cast<long long>(m.dp),
                 static_cast<long long>(m.tp),
-                m.ep > 1 ? (" (experts over ep " + std::to_string(m.ep) + ")").c_str() : "",
+                m.ep > 1   ? (" (experts over ep " + std::to_string(m.ep) + ")").c_str()
+                : m.cp > 1 ? (" (sequence over cp " + std::to_string(m.cp) + ")").c_str()
+                           : "",
                 m.zero ? " (optimizer state sharded over dp)" : "",
                 m.model.empty() ? "" : ", model ", m.model.c_str());
   out += line;

@@ -48,6 +48,7 @@ struct ParallelArgs {
   bool checkCollectives = false;
   bool zero = false;  // --zero: Note [Sharded optimizer state]
   int ep = 1;         // --ep: Note [Expert-parallel MoE]
+  int cp = 1;         // --cp: Note [Context-parallel attention]
 };
 void addParallelOptions(CLI::App* c, ParallelArgs& a);
 // Starts the process group for the options and the launcher's world (alone: world size 1).

@@ -34,6 +34,11 @@ void addParallelOptions(CLI::App* c, ParallelArgs& a) {
                 "ranks (divides dp and n_expert)")
       ->check(wholeNumber(1, 4096))
       ->capture_default_str();
+  c->add_option("--cp", a.cp,
+                "context-parallel ranks: each row's sequence split across this many of the dp "
+                "ranks, attention by a ring of keys and values (divides dp; zig-zag split)")
+      ->check(wholeNumber(1, 4096))
+      ->capture_default_str();
   c->add_flag("--zero", a.zero,
               "shard AdamW's state across the data-parallel ranks (gradients reduce-scattered, "
               "parameters all-gathered; checkpoints stay reshardable)");
@@ -49,6 +54,10 @@ void startProcessGroup(const ParallelArgs& a) {
   KEEL_CHECK(layout.dp % a.ep == 0, "parallel layout: --ep ", a.ep, " does not divide dp ",
              layout.dp, " (experts are split across data-parallel ranks: ep must divide dp)");
   layout.ep = a.ep;
+  KEEL_CHECK(layout.dp % a.cp == 0, "parallel layout: --cp ", a.cp, " does not divide dp ",
+             layout.dp,
+             " (a row's sequence is split across data-parallel ranks: cp must divide dp)");
+  layout.cp = a.cp;
   dist::setOptions({a.collectiveTimeout, a.checkCollectives});
   if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
 }

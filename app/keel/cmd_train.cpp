@@ -79,11 +79,32 @@ int runTrain(const TrainArgs& a) {
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
               static_cast<unsigned long long>(a.seed));
   if (layout.world() > 1)
-    std::printf("ranks: %d (dp %d x tp %d%s%s); each rank trains on %lld of the batch's rows\n",
+    std::printf("ranks: %d (dp %d x tp %d%s%s%s); each rank trains on %lld of the batch's rows%s\n",
                 layout.world(), layout.dp, layout.tp,
                 layout.ep > 1 ? (", experts over ep " + std::to_string(layout.ep)).c_str() : "",
+                layout.cp > 1 ? (", sequence over cp " + std::to_string(layout.cp)).c_str() : "",
                 layout.zero ? ", optimizer state sharded over dp" : "",
-                static_cast<long long>(cfg.batch_size / layout.dp));
+                static_cast<long long>(cfg.batch_size / (layout.dp / layout.cp)),
+                layout.cp > 1
+                    ? (", 1/" + std::to_string(layout.cp) + " of each row's tokens").c_str()
+                    : "");
+  if (layout.cp > 1) {  // Note [Context-parallel attention]: how evenly the mask's work splits
+    auto percents = [](const std::vector<double>& shares) {
+      std::string s;
+      for (double x : shares) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.1f%%", s.empty() ? "" : " ", 100.0 * x);
+        s += buf;
+      }
+      return s;
+    };
+    std::printf(
+        "context parallel: each row's %lld tokens split zig-zag over %d ranks; the %s "
+        "mask's work by rank: %s (a contiguous split: %s)\n",
+        static_cast<long long>(cfg.seq_len), layout.cp, cfg.attention_mask.c_str(),
+        percents(trainer.contextWorkShares(keel::cp::Split::ZigZag)).c_str(),
+        percents(trainer.contextWorkShares(keel::cp::Split::Contiguous)).c_str());
+  }
   std::printf(
       "model: %lld parameters, %lld layers, d_model %lld, %lld heads, seq %lld, batch %lld\n",
       static_cast<long long>(trainer.model().numParameters()), static_cast<long long>(cfg.n_layer),

@@ -375,6 +375,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   if (run_.worldSize > 1)
     run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp) +
                   (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : std::string()) +
+                  (layout.cp > 1 ? ", cp " + std::to_string(layout.cp) : std::string()) +
                   (layout.zero ? ", zero" : "");
 }
 
@@ -401,6 +402,7 @@ void RecordingRun::start() {
       storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
       m.zero = l.zero;
       m.ep = l.ep;
+      m.cp = l.cp;
       m.model = name_;
       m.seed = spec_.seed;
       m.steps = spec_.steps;

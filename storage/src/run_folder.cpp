@@ -36,7 +36,8 @@ void writeManifest(const std::string& dir, const RunManifest& m) {
                   {"dp", m.dp},       {"tp", m.tp},
                   {"model", m.model}, {"seed", m.seed},
                   {"steps", m.steps}, {"zero", m.zero},
-                  {"ep", m.ep},       {"ranks", ranks}};
+                  {"ep", m.ep},       {"cp", m.cp},
+                  {"ranks", ranks}};
   const fs::path path = fs::path(dir) / kManifestFile;
   const fs::path tmp = fs::path(dir) / (std::string(".") + kManifestFile + ".tmp");
   {
@@ -77,6 +78,7 @@ RunManifest readManifest(const std::string& dir) {
     m.steps = j.value("steps", int64_t(0));
     m.zero = j.value("zero", false);
     m.ep = j.value("ep", int64_t(1));
+    m.cp = j.value("cp", int64_t(1));
     for (const json& r : j.at("ranks"))
       m.ranks.push_back({r.at("rank").get<int64_t>(), r.at("dp_rank").get<int64_t>(),
                          r.at("tp_rank").get<int64_t>(), r.at("file").get<std::string>()});
@@ -90,8 +92,9 @@ RunManifest readManifest(const std::string& dir) {
       m.dp * m.tp != m.worldSize)
     throw bad("world size " + std::to_string(m.worldSize) + " is not dp " + std::to_string(m.dp) +
               " x tp " + std::to_string(m.tp));
-  if (m.ep < 1 || m.dp % m.ep != 0)
-    throw bad("ep " + std::to_string(m.ep) + " does not divide dp " + std::to_string(m.dp));
+  if (m.ep < 1 || m.dp % m.ep != 0 || m.cp < 1 || m.dp % m.cp != 0)
+    throw bad("ep " + std::to_string(m.ep) + " or cp " + std::to_string(m.cp) +
+              " does not divide dp " + std::to_string(m.dp));
   if (int64_t(m.ranks.size()) != m.worldSize)
     throw bad(std::to_string(m.ranks.size()) + " ranks listed for a world of " +
               std::to_string(m.worldSize));

@@ -27,6 +27,10 @@ struct Layout {
   // Expert parallelism (keel train --ep): a MoE layer's experts split across ep data-parallel
   // ranks (ep divides dp), tokens exchanged with all_to_all (Note [Expert-parallel MoE]).
   int ep = 1;
+  // Context parallelism (keel train --cp): each row's sequence split across cp data-parallel
+  // ranks (cp divides dp; the batch is split over dp / cp), attention by a ring of keys and values
+  // (Note [Context-parallel attention] in keel/context_parallel.h).
+  int cp = 1;
   int world() const { return dp * tp; }
   bool operator==(const Layout&) const = default;
 };
@@ -52,7 +56,8 @@ Layout layout();  // {1, 1} before init
 
 // A group of ranks by name: "world", "dp" (the ranks holding the same model shard), "tp" (the
 // ranks holding one replica's shards), "ep" (ep consecutive dp ranks whose experts together make
-// one MoE layer: they exchange tokens) or "edp" (the dp ranks holding the same experts).
+// one MoE layer: they exchange tokens), "edp" (the dp ranks holding the same experts) or "cp"
+// (cp consecutive dp ranks holding one row's sequence between them).
 // keel::Error for another name.
 struct GroupInfo {
   int rank = 0;

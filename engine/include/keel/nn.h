@@ -141,6 +141,17 @@ struct TensorParallel {
   bool on() const { return size > 1; }
 };
 
+// This rank's place in a context-parallel group (keel train --cp; Note [Context-parallel
+// attention] in keel/context_parallel.h): the model sees this rank's tokens of each row (the
+// zig-zag split), positions and masks are those of the whole row, and attention runs round the
+// group's ring.
+struct ContextParallel {
+  int size = 1;
+  int rank = 0;
+  std::string group = "cp";
+  bool on() const { return size > 1; }
+};
+
 // Which part of a weight a rank holds (Note [Tensor-parallel layers]): along axis 0 (rows) or 1
 // (columns) of [out, in], the axis made of `blocks` equal blocks each cut into `parts`, part
 // `part` of each; axis -1: the whole weight.
@@ -225,7 +236,8 @@ std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Devi
 class CausalSelfAttention : public UnaryModule {
  public:
   CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
-                      std::shared_ptr<Generator> dropoutGen, TensorParallel tp = {});
+                      std::shared_ptr<Generator> dropoutGen, TensorParallel tp = {},
+                      ContextParallel cp = {});
   // causal_document only: the document mask of the batch about to run ([B, 1, T, 1], built from
   // its tokens by data::documentMask; GPT::forward sets it and clears it after the blocks). Without
   // one, each row is one document.
@@ -239,6 +251,7 @@ class CausalSelfAttention : public UnaryModule {
   const flashmask::Mask& maskFor(int64_t b, int64_t t);  // the config's mask for [B, T]
   int64_t nHead_, dModel_;
   TensorParallel tp_;
+  ContextParallel cp_;
   double dropout_;
   bool rope_;  // config position "rope": q and k through the rope op
   std::string maskKind_;
@@ -340,7 +353,7 @@ class MoE : public UnaryModule {
 class Block : public UnaryModule {
  public:
   Block(const GptConfig& cfg, Generator& gen, Device device, std::shared_ptr<Generator> dropoutGen,
-        TensorParallel tp = {}, ExpertParallel ep = {});
+        TensorParallel tp = {}, ExpertParallel ep = {}, ContextParallel cp = {});
   const std::shared_ptr<MoE>& moe() const { return moe_; }  // null for a dense block
   const std::shared_ptr<CausalSelfAttention>& attn() const { return attn_; }
 
@@ -374,8 +387,9 @@ class GPT : public Module {
   // layers' expert parallelism (Note [Expert-parallel MoE]); keel::Error for a dense model or
   // an ep that does not divide n_expert.
   GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp = {},
-      ExpertParallel ep = {});
-  // idx int64 [B, T] with T <= seq_len; targets int64 [B, T] (optional).
+      ExpertParallel ep = {}, ContextParallel cp = {});
+  // idx int64 [B, T] with T <= seq_len; targets int64 [B, T] (optional). Under context
+  // parallelism idx and targets are this rank's zig-zag part of rows of cp · T tokens.
   GptOutput forward(const Tensor& idx, const Tensor& targets = {});
   const GptConfig& config() const { return cfg_; }
   Device device() const { return device_; }
@@ -387,6 +401,7 @@ class GPT : public Module {
   // Which part of the named parameter this rank holds (off: all of it).
   Shard parameterShard(const std::string& name) const;
   const ExpertParallel& expertParallel() const { return ep_; }
+  const ContextParallel& contextParallel() const { return cp_; }
   // Whether the named parameter belongs to an expert of a MoE layer (".moe.experts.").
   static bool isExpertParameter(const std::string& name);
 
@@ -395,6 +410,7 @@ class GPT : public Module {
   Device device_;
   TensorParallel tp_;
   ExpertParallel ep_;
+  ContextParallel cp_;
   std::shared_ptr<Generator> dropoutGen_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList> blockList_;
@@ -402,6 +418,12 @@ class GPT : public Module {
   std::shared_ptr<UnaryModule> normF_;
   std::shared_ptr<Linear> lmHead_;
 };
+
+// The attention mask of one row of t tokens: kind, window and global are the config's
+// attention_mask, attention_window and attention_global (a causal_document row as one
+// document). What every GPT layer applies to each row.
+flashmask::Mask rowMask(const std::string& kind, int64_t t, int64_t window, int64_t global,
+                        Device device);
 
 // Host helpers shared by nn, data and train: int64 values of a tensor on any device, and a tensor
 // on `device` holding host values.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "keel/context_parallel.h"
 #include "keel/data.h"
 #include "keel/gpt_config.h"
 #include "keel/nn.h"
@@ -67,10 +68,15 @@ class Trainer {
   Generator& batchGenerator() { return batchGen_; }
   void restoreProgress(int64_t stepsDone, uint64_t seed);
   int dataParallelSize() const { return dpSize_; }
+  // Under --cp: the share of the config's attention mask each rank of a cp group computes, under
+  // `split` (one row of seq_len tokens; a causal_document row as one document).
+  std::vector<double> contextWorkShares(cp::Split split) const;
   int dataParallelRank() const { return dpRank_; }
 
  private:
   void syncGradients();  // Note [Data-parallel steps]
+  // This rank's zig-zag part of each row of (inputs, targets) (Note [Context-parallel attention]).
+  void shardSequence(std::pair<Tensor, Tensor>& batch) const;
   // The gradients of the parameters `which` accepts (all when empty), averaged over `group` in
   // buckets and multiplied by `scale`.
   void syncGradientBuckets(const std::function<bool(const std::string&)>& which,
@@ -88,6 +94,7 @@ class Trainer {
   int64_t stepsDone_ = 0;
   int dpSize_ = 1, dpRank_ = 0;
   int expertRanks_ = 1;                  // ep (Note [Expert-parallel MoE])
+  int cpSize_ = 1, cpRank_ = 0;          // Note [Context-parallel attention]
   optim::ShardedGrads shards_;           // which parameters are tensor-parallel shards
   optim::ShardedAdamW* zero_ = nullptr;  // optimizer_ under --zero (Note [Sharded optimizer state])
 };

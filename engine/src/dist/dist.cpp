@@ -28,8 +28,8 @@ namespace {
 
 constexpr size_t kRingSize = 64;
 // The process groups (keel/dist.h), in State::groups' order.
-constexpr const char* kGroupNames[5] = {"world", "dp", "tp", "ep", "edp"};
-constexpr const char* kGroupList = "world, dp, tp, ep and edp";
+constexpr const char* kGroupNames[6] = {"world", "dp", "tp", "ep", "edp", "cp"};
+constexpr const char* kGroupList = "world, dp, tp, ep, edp and cp";
 
 struct Group {
   std::string name;
@@ -72,7 +72,7 @@ struct State {
   bool finalized = false;
   Layout layout;
   int rank = 0, size = 1;
-  Group groups[5];  // kGroupNames
+  Group groups[6];  // kGroupNames
   Options opt;
   Ring ring;
   Waiting waiting;
@@ -317,7 +317,8 @@ void init(const Layout& layout) {
   KEEL_CHECK(layout.dp >= 1 && layout.tp >= 1, "parallel layout: --dp and --tp must be >= 1, got ",
              layout.dp, " and ", layout.tp);
   if (s.initialized) {
-    KEEL_CHECK(s.layout.dp == layout.dp && s.layout.tp == layout.tp && s.layout.ep == layout.ep,
+    KEEL_CHECK(s.layout.dp == layout.dp && s.layout.tp == layout.tp && s.layout.ep == layout.ep &&
+                   s.layout.cp == layout.cp,
                "parallel layout: already started as dp ", s.layout.dp, " x tp ", s.layout.tp,
                ", asked for dp ", layout.dp, " x tp ", layout.tp);
     s.layout.zero = layout.zero;
@@ -326,6 +327,9 @@ void init(const Layout& layout) {
   KEEL_CHECK(layout.ep >= 1 && layout.dp % layout.ep == 0, "parallel layout: --ep ", layout.ep,
              " does not divide dp ", layout.dp,
              " (experts are placed on the data-parallel ranks: ep must divide dp)");
+  KEEL_CHECK(layout.cp >= 1 && layout.dp % layout.cp == 0, "parallel layout: --cp ", layout.cp,
+             " does not divide dp ", layout.dp,
+             " (a row's sequence is split across data-parallel ranks: cp must divide dp)");
   for (size_t i = 0; i < std::size(kGroupNames); ++i) s.groups[i].name = kGroupNames[i];
   if (launchedByMpi()) {
     int provided = 0;
@@ -354,6 +358,8 @@ void init(const Layout& layout) {
     const int d = s.rank / layout.tp, t = s.rank % layout.tp;
     MPI_Comm_split(MPI_COMM_WORLD, (d / layout.ep) * layout.tp + t, s.rank, &s.groups[3].comm);
     MPI_Comm_split(MPI_COMM_WORLD, (d % layout.ep) * layout.tp + t, s.rank, &s.groups[4].comm);
+    // A cp group: cp consecutive dp ranks, one row's sequence between them.
+    MPI_Comm_split(MPI_COMM_WORLD, (d / layout.cp) * layout.tp + t, s.rank, &s.groups[5].comm);
     for (Group& g : s.groups) {
       MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN);
       MPI_Comm_rank(g.comm, &g.rank);

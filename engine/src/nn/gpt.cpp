@@ -4,6 +4,7 @@
 // same weights on every backend.
 #include <cmath>
 
+#include "keel/context_parallel.h"
 #include "keel/data.h"
 #include "keel/error.h"
 #include "keel/nn.h"
@@ -11,11 +12,12 @@
 namespace keel::nn {
 
 Block::Block(const GptConfig& cfg, Generator& gen, Device device,
-             std::shared_ptr<Generator> dropoutGen, TensorParallel tp, ExpertParallel ep)
+             std::shared_ptr<Generator> dropoutGen, TensorParallel tp, ExpertParallel ep,
+             ContextParallel cp)
     : dropout_(cfg.dropout), dropoutGen_(dropoutGen) {
   norm1_ = buildModule("norm1", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   attn_ = buildModule("attn", [&] {
-    return std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen, tp);
+    return std::make_shared<CausalSelfAttention>(cfg, gen, device, dropoutGen, tp, cp);
   });
   norm2_ = buildModule("norm2", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   if (cfg.isMoe()) {
@@ -37,11 +39,13 @@ Tensor Block::forwardImpl(const Tensor& x) {
   return ops::add(h, m);
 }
 
-GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, ExpertParallel ep)
+GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, ExpertParallel ep,
+         ContextParallel cp)
     : cfg_(cfg),
       device_(device),
       tp_(std::move(tp)),
       ep_(ep),
+      cp_(std::move(cp)),
       dropoutGen_(std::make_shared<Generator>(seed ^ 0x64726f706f757400ull)) {  // "dropout\0"
   validateGptConfig(cfg_);
   KEEL_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor parallelism: rank ",
@@ -51,6 +55,22 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, 
              " experts (split the experts with --ep instead)");
   KEEL_CHECK(!ep_.on() || cfg_.isMoe(), "expert parallelism: --ep ", ep_.size,
              " needs a mixture-of-experts model; this config is dense (n_expert 0)");
+  if (cp_.on()) {  // Note [Context-parallel attention]
+    KEEL_CHECK(cfg_.position == "learned",
+               "context parallelism: --cp with config field "
+               "'position' \"",
+               cfg_.position, "\" is not built yet (learned positions only)");
+    KEEL_CHECK(cfg_.dropout == 0.0,
+               "context parallelism: --cp needs config field 'dropout' 0 "
+               "(attention dropout round the ring is not built), got ",
+               cfg_.dropout);
+    KEEL_CHECK(!cfg_.isMoe(),
+               "context parallelism: --cp with a mixture-of-experts model is not "
+               "built yet");
+    KEEL_CHECK(cfg_.seq_len % (2 * cp_.size) == 0, "context parallelism: --cp ", cp_.size,
+               " needs config field 'seq_len' a multiple of ", 2 * cp_.size,
+               " (the zig-zag split's chunks), got ", cfg_.seq_len);
+  }
   KEEL_CHECK(!ep_.on() || cfg_.n_expert % ep_.size == 0, "expert parallelism: --ep ", ep_.size,
              " does not divide config field 'n_expert' ", cfg_.n_expert);
   Generator gen(seed);
@@ -66,7 +86,7 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, 
     ScopeGuard scope("blocks");
     for (int64_t i = 0; i < cfg.n_layer; ++i)
       blocks_.push_back(blockList_->build(
-          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_, tp_, ep_); }));
+          [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_, tp_, ep_, cp_); }));
   }
   normF_ = buildModule("norm_f", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
   lmHead_ = buildModule("lm_head", [&] {
@@ -81,7 +101,8 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
              idx.defined() ? shapeStr(idx.shape()) + " " + std::string(dtypeName(idx.dtype()))
                            : std::string("undefined"));
   const int64_t b = idx.size(0), t = idx.size(1), v = cfg_.vocab_size;
-  KEEL_CHECK(t >= 1 && t <= cfg_.seq_len, "GPT: sequence length ", t,
+  const int64_t row = t * cp_.size;  // the whole row (this rank's part of it under --cp)
+  KEEL_CHECK(t >= 1 && row <= cfg_.seq_len, "GPT: sequence length ", row,
              " not in [1, seq_len=", cfg_.seq_len, "]");
   KEEL_CHECK(idx.device() == device_, "GPT: idx is on ", idx.device().name(), ", the model on ",
              device_.name());
@@ -92,7 +113,10 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
 
   Tensor x;
   if (wpe_) {
-    Tensor pos = ops::arange(t, DType::Int64, device_);
+    Tensor pos =
+        cp_.on() ? tensorFromHost(cp::localPositions(row, cp_.size, cp_.rank, cp::Split::ZigZag),
+                                  {t}, DType::Int64, device_)
+                 : ops::arange(t, DType::Int64, device_);
     x = ops::add(wte_->forward(idx), wpe_->forward(pos));  // [B, T, C] + [T, C]
   } else {
     x = wte_->forward(idx);  // positions enter the attention (rope)
@@ -106,7 +130,9 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
         for (auto& blk : blocks) blk->attn()->clearDocumentMask();
       }
     } clear{blocks_};
-    flashmask::Mask docs = data::documentMask(idx, device_);
+    // Under --cp the boundaries are the whole rows' (every rank of the group gathers them).
+    flashmask::Mask docs = data::documentMask(
+        cp_.on() ? cp::unshard(idx, 1, cp::Split::ZigZag, cp_.group) : idx, device_);
     for (auto& blk : blocks_) blk->attn()->setDocumentMask(docs);
     for (auto& blk : blocks_) x = blk->forward(x);
   } else {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "keel/context_parallel.h"
 #include "keel/error.h"
 #include "keel/nn.h"
 
@@ -131,10 +132,12 @@ std::shared_ptr<UnaryModule> makeNorm(const std::string& kind, int64_t dim, Devi
 // ---- Attention ----------------------------------------------------------------------------
 
 CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, Device device,
-                                         std::shared_ptr<Generator> dropoutGen, TensorParallel tp)
+                                         std::shared_ptr<Generator> dropoutGen, TensorParallel tp,
+                                         ContextParallel cp)
     : nHead_(cfg.n_head),
       dModel_(cfg.d_model),
       tp_(std::move(tp)),
+      cp_(std::move(cp)),
       dropout_(cfg.dropout),
       rope_(cfg.position == "rope"),
       maskKind_(cfg.attention_mask),
@@ -161,6 +164,20 @@ CausalSelfAttention::CausalSelfAttention(const GptConfig& cfg, Generator& gen, D
   });
 }
 
+flashmask::Mask rowMask(const std::string& kind, int64_t t, int64_t window, int64_t global,
+                        Device device) {
+  if (kind == "causal") {
+    flashmask::Mask m;
+    m.causal = true;  // no index tensor: the diagonal alone
+    m.kind = flashmask::MaskKind::Causal;
+    return m;
+  }
+  if (kind == "causal_document") return flashmask::causalDocumentRows({{t}}, device);
+  return kind == "sliding_window"
+             ? flashmask::slidingWindow(t, window, device)
+             : flashmask::globalSlidingWindow(t, std::min(global, t), window, device);
+}
+
 const flashmask::Mask& CausalSelfAttention::maskFor(int64_t b, int64_t t) {
   if (maskKind_ == "causal_document" && docMask_.startendRowIndices.defined()) {
     const Shape want{b, 1, t, 1};
@@ -171,18 +188,9 @@ const flashmask::Mask& CausalSelfAttention::maskFor(int64_t b, int64_t t) {
   }
   if (b == maskB_ && t == maskT_) return mask_;
   NoGradGuard ng;
-  flashmask::Mask m;
-  if (maskKind_ == "causal") {
-    m.causal = true;  // no index tensor: the diagonal alone
-    m.kind = flashmask::MaskKind::Causal;
-  } else if (maskKind_ == "causal_document") {
-    m = flashmask::causalDocumentRows(std::vector<std::vector<int64_t>>(size_t(b), {t}), device_);
-  } else {
-    m = maskKind_ == "sliding_window"
-            ? flashmask::slidingWindow(t, window_, device_)
-            : flashmask::globalSlidingWindow(t, std::min(global_, t), window_, device_);
+  flashmask::Mask m = rowMask(maskKind_, t, window_, global_, device_);
+  if (m.startendRowIndices.defined())  // one mask row per batch row
     m.startendRowIndices = flashmask::repeatMask(m.startendRowIndices, b, 1);
-  }
   mask_ = std::move(m);
   maskB_ = b;
   maskT_ = t;
@@ -204,10 +212,16 @@ Tensor CausalSelfAttention::forwardImpl(const Tensor& x) {
     q = ops::rope(q);
     k = ops::rope(k);
   }
-  // Scale 0: 1/sqrt(hd). Attention dropout draws B·H·T·T counters, one per probability.
-  Tensor y = ops::flashmaskAttention(q, k, heads(parts[2]), maskFor(b, t), -1,
-                                     drop ? dropout_ : 0.0, 0.0, dropoutGen_.get(), drop)
-                 .first;  // [B, T, H, hd]
+  // Scale 0: 1/sqrt(hd). Attention dropout draws B·H·T·T counters, one per probability. Under
+  // context parallelism this rank's queries attend to the whole row round the ring, under the
+  // whole row's mask.
+  Tensor y = cp_.on() ? cp::ringAttention(q, k, heads(parts[2]), maskFor(b, t * cp_.size), -1, 0.0,
+                                          cp::Split::ZigZag, cp_.group)
+                            .first
+                      : ops::flashmaskAttention(q, k, heads(parts[2]), maskFor(b, t), -1,
+                                                drop ? dropout_ : 0.0, 0.0, dropoutGen_.get(),
+                                                drop)
+                            .first;  // [B, T, H, hd]
   y = proj_->forward(ops::reshape(y, {b, t, c}));
   if (tp_.on()) y = ops::allReduce(y, "sum", tp_.group);  // the heads' shares of the projection
   if (drop) y = ops::dropout(y, dropout_, *dropoutGen_, true);

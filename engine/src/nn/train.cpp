@@ -58,9 +58,15 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
   const dist::Layout layout = dist::layout();
   dpSize_ = layout.dp;
   dpRank_ = dist::group("dp").rank;
-  KEEL_CHECK(cfg_.batch_size % dpSize_ == 0, "data parallelism: dp ", dpSize_,
+  // Under --cp, cp consecutive dp ranks share rows and split their sequence (Note
+  // [Context-parallel attention]): the batch is split dp / cp ways.
+  cpSize_ = layout.cp;
+  cpRank_ = dist::group("cp").rank;
+  const int slices = dpSize_ / cpSize_;
+  KEEL_CHECK(cfg_.batch_size % slices == 0, "data parallelism: dp ", slices,
              " does not divide config field 'batch_size' ", cfg_.batch_size,
-             " (each rank trains on batch_size / dp rows of the global batch)");
+             " (each rank trains on batch_size / dp rows of the global batch",
+             cpSize_ > 1 ? ", dp counting a cp group once" : "", ")");
   nn::TensorParallel tp{layout.tp, dist::group("tp").rank, "tp"};
   // Note [Expert-parallel MoE]: a MoE model routes the dp group's tokens as one batch.
   const nn::ExpertParallel ep{layout.ep, dist::group("ep").rank, dpSize_, dpRank_};
@@ -70,7 +76,8 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
              "yet");
   {
     MemTagScope tag(MemTag::Parameter);
-    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_, tp, ep);
+    model_ = std::make_unique<nn::GPT>(cfg_, device_, seed_, tp, ep,
+                                       nn::ContextParallel{cpSize_, cpRank_, "cp"});
   }
   if (tp.on())
     for (const auto& [name, p] : model_->namedParameters())
@@ -123,10 +130,11 @@ StepStats Trainer::step() {
         data_->getBatch(cfg_.batch_size, cfg_.seq_len, batchGen_, data::Split::Train, device_);
     if (dpSize_ > 1) {  // this replica's rows of the global batch (Note [Data-parallel steps])
       NoGradGuard ng;
-      const int64_t rows = cfg_.batch_size / dpSize_;
+      const int64_t rows = cfg_.batch_size / (dpSize_ / cpSize_), slice = dpRank_ / cpSize_;
       for (Tensor* t : {&batch.first, &batch.second})
-        *t = ops::contiguous(ops::slice(*t, 0, dpRank_ * rows, (dpRank_ + 1) * rows));
+        *t = ops::contiguous(ops::slice(*t, 0, slice * rows, (slice + 1) * rows));
     }
+    if (cpSize_ > 1) shardSequence(batch);
     return batch;
   }();
   model_->train();
@@ -246,6 +254,18 @@ std::vector<StepStats> Trainer::run(int64_t steps, const StepCallback& cb) {
   return all;
 }
 
+void Trainer::shardSequence(std::pair<Tensor, Tensor>& batch) const {
+  NoGradGuard ng;
+  for (Tensor* t : {&batch.first, &batch.second})
+    *t = cp::shard(*t, 1, cpSize_, cpRank_, cp::Split::ZigZag);
+}
+
+std::vector<double> Trainer::contextWorkShares(cp::Split split) const {
+  const flashmask::Mask mask = nn::rowMask(cfg_.attention_mask, cfg_.seq_len, cfg_.attention_window,
+                                           cfg_.attention_global, Device(Backend::Cpu));
+  return cp::workShares(mask, cfg_.seq_len, cpSize_, split);
+}
+
 double Trainer::evaluate(int64_t batches) {
   KEEL_CHECK(batches > 0, "evaluate: the number of batches must be positive, got ", batches);
   NoGradGuard ng;
@@ -253,8 +273,17 @@ double Trainer::evaluate(int64_t batches) {
   model_->eval();
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    auto [x, y] = data_->getBatch(cfg_.batch_size, cfg_.seq_len, gen, data::Split::Val, device_);
-    total += hostScalar(model_->forward(x, y).lmLoss);
+    auto batch = data_->getBatch(cfg_.batch_size, cfg_.seq_len, gen, data::Split::Val, device_);
+    if (cpSize_ == 1) {
+      total += hostScalar(model_->forward(batch.first, batch.second).lmLoss);
+      continue;
+    }
+    // Every rank of a cp group evaluates its part of the rows; the mean of the parts (equal
+    // sizes) is the rows' loss.
+    shardSequence(batch);
+    const Tensor part = model_->forward(batch.first, batch.second).lmLoss;
+    ScopeGuard scope("cp_val_loss", /*absolute=*/true);
+    total += hostScalar(ops::allReduce(part, "mean", "cp"));
   }
   model_->train();
   return total / double(batches);

@@ -20,6 +20,7 @@ struct RunManifest {
   int64_t dp = 1, tp = 1;
   bool zero = false;  // optimizer state sharded across dp (Note [Sharded optimizer state])
   int64_t ep = 1;     // experts split across ep dp ranks (Note [Expert-parallel MoE])
+  int64_t cp = 1;     // each row's sequence split across cp dp ranks
   std::string model;  // the config's name
   uint64_t seed = 0;
   int64_t steps = 0;
