@@ -82,15 +82,23 @@ int runDiff(const DiffArgs& a) {
   return storage::diffExitCode(report);
 }
 
+// Two runs of different layouts (a run folder against one process, or two folders): the same
+// named parameters, their pieces joined (Note [Parameters across layouts]).
+int runByParameter(const DiffArgs& a) {
+  const analysis::ParameterReport r = analysis::compareParameters(a.a, a.b, a.atol, a.rtol);
+  std::printf("%s", (a.json ? analysis::parameterJson(r) + "\n"
+                            : analysis::parameterText(r, a.atol, a.rtol))
+                        .c_str());
+  return r.first ? 1 : 0;
+}
+
 // Two run folders of one layout, rank by rank: a verdict line per rank, then the whole report of
 // the first rank that diverges.
 int runDiffFolders(const DiffArgs& a) {
   const storage::RunManifest ma = storage::readManifest(a.a);
   const storage::RunManifest mb = storage::readManifest(a.b);
-  if (ma.dp != mb.dp || ma.tp != mb.tp)
-    return fail("rank-by-rank diff needs one layout: " + a.a + " is dp " + std::to_string(ma.dp) +
-                " x tp " + std::to_string(ma.tp) + ", " + a.b + " is dp " + std::to_string(mb.dp) +
-                " x tp " + std::to_string(mb.tp));
+  if (ma.dp != mb.dp || ma.tp != mb.tp || ma.ep != mb.ep || ma.cp != mb.cp || ma.zero != mb.zero)
+    return runByParameter(a);  // other layouts: by parameter name
   const storage::DiffOptions opt = diffOptions(a);
   struct RankDiff {
     storage::Recording ra, rb;
@@ -153,10 +161,7 @@ int runAnyDiff(const DiffArgs& a) {
   if (a.b.empty()) return fail("diff needs two recordings (or one run folder and --replicas)");
   const bool fa = storage::isRunFolder(a.a), fb = storage::isRunFolder(a.b);
   if (fa && fb) return runDiffFolders(a);
-  if (fa || fb)
-    return fail((fa ? a.a : a.b) +
-                " is a run folder and the other a single recording: compare two run folders, "
-                "or one rank's file (RUN/rank-R.db) with the recording");
+  if (fa || fb) return runByParameter(a);  // a parallel run against one process
   return runDiff(a);
 }
 

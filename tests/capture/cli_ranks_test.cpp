@@ -162,8 +162,9 @@ TEST_F(KeelRanks, ARecordedRunIsAFolderThatEveryCommandReads) {
     EXPECT_NE(same.out.find("rank " + std::to_string(r) + ": equal within tolerance"),
               std::string::npos)
         << same.out;
+  // A run folder against one recording is compared by parameter name, which needs statistics.
   keel::test::expectOneLineError(keel("diff '" + path("run") + "' '" + path("run/rank-0.db") + "'"),
-                                 "is a run folder and the other a single recording");
+                                 "has no tensor statistics; record with --stats or --all");
 }
 
 // A replica whose averaged gradient is changed (KEEL_TEST_PERTURB on rank 1's fourth all_reduce:
@@ -537,6 +538,47 @@ TEST_F(KeelRanks, BadContextParallelLayoutsAreOneLine) {
   std::ofstream(odd) << cfg;
   expectErrorOnRanks(mpi(2, "train --config '" + odd + "' --steps 1 --dp 2 --cp 2"),
                      "--cp 2 needs config field 'seq_len' a multiple of 4");
+}
+
+// Note [Parameters across layouts]: a run folder against a run of another layout — one process,
+// or another folder — is compared by parameter name, each parameter's shards, --zero rows and
+// experts joined: equal for tp 2 and dp 2 x tp 2 --zero against one process, and a change in
+// one rank's forward found at the first step's gradients.
+TEST_F(KeelRanks, ARunDiffsAgainstAnotherLayoutByParameterName) {
+  const std::string rec = "record --config " + std::string(kTiny) + " --steps 3 --stats ";
+  ASSERT_EQ(keel(rec + "-o '" + path("one.db") + "'").status, 0);
+  ASSERT_EQ(mpi(2, rec + "--tp 2 -o '" + path("tp") + "'").status, 0);
+  ASSERT_EQ(mpi(4, rec + "--dp 2 --tp 2 --zero -o '" + path("zero") + "'").status, 0);
+  const CliResult tp = keel("diff '" + path("tp") + "' '" + path("one.db") + "'");
+  EXPECT_EQ(tp.status, 0) << tp.out << tp.err;
+  EXPECT_NE(tp.out.find("keel diff by parameter: A is dp 1 x tp 2 (2 ranks), B is one process; 3 "
+                        "steps, 23 parameters"),
+            std::string::npos)
+      << tp.out;
+  EXPECT_NE(tp.out.find("equal within tolerance (atol 1e-06, rtol 0.0001): 138 values and "
+                        "gradients compared"),
+            std::string::npos)
+      << tp.out;
+  const CliResult zero = keel("diff '" + path("zero") + "' '" + path("tp") + "' --json");
+  EXPECT_EQ(zero.status, 0) << zero.out << zero.err;
+  EXPECT_NE(zero.out.find("\"equal\": true"), std::string::npos) << zero.out;
+
+  ASSERT_EQ(mpi(2, rec + "--tp 2 -o '" + path("bad") + "'",
+                "KEEL_TEST_PERTURB=matmul:30 KEEL_TEST_PERTURB_RANK=1")
+                .status,
+            0);
+  const CliResult bad = keel("diff '" + path("bad") + "' '" + path("one.db") + "'");
+  EXPECT_EQ(bad.status, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("first difference: step 1, parameter wte.weight, gradient: "),
+            std::string::npos)
+      << bad.out;
+
+  ASSERT_EQ(
+      keel("record --config " + std::string(kTiny) + " --steps 1 -o '" + path("plain.db") + "'")
+          .status,
+      0);
+  keel::test::expectOneLineError(keel("diff '" + path("tp") + "' '" + path("plain.db") + "'"),
+                                 "has no tensor statistics; record with --stats or --all");
 }
 
 }  // namespace

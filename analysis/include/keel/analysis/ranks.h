@@ -112,4 +112,36 @@ ReplicaReport checkReplicas(const std::string& dir);
 std::string replicaText(const ReplicaReport& r);
 std::string replicaJson(const ReplicaReport& r);
 
+// Note [Parameters across layouts]: a run at one parallel layout against a run at another (a
+// tp 2 run folder against a single-process recording; dp x tp against --zero or --ep) cannot be
+// compared op by op — the ops differ in shape and in count — but both update the same named
+// parameters. Each optimizer update (adamw_step, sgd_step: phase optimizer, scope the parameter's
+// name) records the parameter before its update (input 0) and its gradient (input 1); with
+// statistics recorded (--stats or --all), the pieces a run's ranks hold of one parameter — its
+// tensor-parallel shards, its --zero rows, an expert on the rank holding it; one replica of each
+// — combine exactly into the whole tensor's element count, mean, std (population), min, max and
+// abs-max. The comparison walks the steps both runs finished and the parameters in the second
+// run's order and reports the first (step, parameter, value or gradient, statistic) outside
+// |a - b| <= atol + rtol · |b|.
+struct ParameterDifference {
+  int64_t step = 0;
+  std::string parameter;
+  std::string what;       // "value before the update" or "gradient"
+  std::string statistic;  // "mean", "std", "min", "max", "abs-max", "elements", "missing"
+  double a = 0, b = 0;
+};
+struct ParameterReport {
+  std::string layoutA, layoutB;  // "dp 1 x tp 2 (2 ranks)", "one process"
+  int64_t steps = 0;             // steps compared
+  int64_t parameters = 0;        // parameters per step
+  int64_t compared = 0;          // (step, parameter, tensor) statistics compared
+  std::optional<ParameterDifference> first;
+};
+// a and b: a run folder or a single recording each. Throws storage::StorageError for unreadable
+// inputs and for recordings without statistics (record with --stats or --all).
+ParameterReport compareParameters(const std::string& a, const std::string& b, double atol,
+                                  double rtol);
+std::string parameterText(const ParameterReport& r, double atol, double rtol);
+std::string parameterJson(const ParameterReport& r);
+
 }  // namespace keel::analysis
