@@ -463,7 +463,14 @@ bool mustAgree(const OpRecord& op, const storage::TensorRecord& t, const Pairing
 // updates and the gradient clipping (which squares the experts' gradients) are theirs alone.
 std::vector<OpRecord> pairedOps(std::vector<OpRecord> ops, const Pairing& p) {
   std::erase_if(ops, [&](const OpRecord& op) {
-    if (isCollective(op.name) || op.step == 0) return false;
+    if (isCollective(op.name)) {
+      // An ep group's exchanges depend on its own tokens (a group where no token was kept skips
+      // them), and an edp group's on which of its experts were reached: only replicas holding
+      // the same experts (one edp group) pair those.
+      const std::optional<CollectiveAttrs> a = collectiveAttrs(op.attrsJson);
+      return a && (a->group == "ep" || (a->group == "edp" && !p.sameExperts));
+    }
+    if (op.step == 0) return false;
     if (op.phase != Phase::Optimizer || p.zero) return true;
     return !p.sameExperts && (isExpertScope(op.scope) || op.scope == "clip_grad_norm");
   });

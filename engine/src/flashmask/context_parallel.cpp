@@ -81,8 +81,8 @@ class ColumnMask {
         KEEL_CHECK(h.up0 >= h.up1 || h.up0 == 0,
                    "context parallel: a window on a mask with "
                    "an upper band that does not start at row 0 is not supported");
+        h.up1 = h.up0 >= h.up1 ? above : std::max(h.up1, above);  // an empty band: the window's
         h.up0 = 0;
-        h.up1 = std::max(h.up1, above);
       }
     }
     return h;
@@ -148,10 +148,19 @@ PairMask pairMask(const ColumnMask& cols, const Shape& maskShape, Chunk q, Chunk
   return pm;
 }
 
-// The log-sum-exp merge of one query chunk's partial results.
+// A zero scalar that depends on x in the autograd graph whatever x holds (the sum of none of its
+// elements: no NaN or overflow from x's values), to keep a collective's output in every rank's
+// graph (Note [Context-parallel attention]).
+Tensor zeroTie(const Tensor& x) {
+  return ops::sum(ops::slice(ops::reshape(x, {-1}), 0, 0, 0));
+}
+
+// The log-sum-exp merge of one query chunk's partial results, in float32 (or float64) whatever
+// the inputs' dtype, rounded once at the end as the kernel rounds its output.
 std::pair<Tensor, Tensor> merge(const std::vector<std::pair<Tensor, Tensor>>& parts) {
   if (parts.size() == 1) return parts[0];
   const double inf = std::numeric_limits<double>::infinity();
+  const DType outType = parts[0].first.dtype(), wide = parts[0].second.dtype();
   Tensor m = parts[0].second.detach();
   for (size_t i = 1; i < parts.size(); ++i) m = ops::maximum(m, parts[i].second.detach());
   // Rows that see no key anywhere have every lse -inf: shift by 0 there.
@@ -162,17 +171,19 @@ std::pair<Tensor, Tensor> merge(const std::vector<std::pair<Tensor, Tensor>>& pa
     weights.push_back(ops::exp(ops::sub(lse, m)));
     total = total.defined() ? ops::add(total, weights.back()) : weights.back();
   }
-  const Tensor lse = ops::add(m, ops::log(total));
-  const Tensor safe = ops::maskedFill(
-      total, ops::eq(total, ops::fill(total.shape(), 0.0, total.dtype(), total.device())), 1.0);
+  // Rows no key reached: total 0, lse -inf (through log(1), so its gradient stays finite).
+  const Tensor none = ops::eq(total, ops::fill(total.shape(), 0.0, total.dtype(), total.device()));
+  const Tensor safe = ops::maskedFill(total, none, 1.0);
+  const Tensor lse = ops::maskedFill(ops::add(m, ops::log(safe)), none, -inf);
   Tensor out;
   for (size_t i = 0; i < parts.size(); ++i) {
-    Tensor w = ops::unsqueeze(ops::transpose(ops::div(weights[i], safe), 1, 2), -1);  // [B,Lq,H,1]
-    if (w.dtype() != parts[i].first.dtype()) w = ops::cast(w, parts[i].first.dtype());
-    const Tensor term = ops::mul(parts[i].first, w);
+    const Tensor w = ops::unsqueeze(ops::transpose(ops::div(weights[i], safe), 1, 2), -1);
+    Tensor o = parts[i].first;  // [B, Lq, H, D]; w [B, Lq, H, 1]
+    if (o.dtype() != wide) o = ops::cast(o, wide);
+    const Tensor term = ops::mul(o, w);
     out = out.defined() ? ops::add(out, term) : term;
   }
-  return {out, lse};
+  return {outType == wide ? out : ops::cast(out, outType), lse};
 }
 
 // Passes kv on round the ring: rank r's kv to rank r+1, rank r-1's back (an all_to_all whose
@@ -298,7 +309,7 @@ std::pair<Tensor, Tensor> ringAttention(const Tensor& q, const Tensor& k, const 
       kAt += kc.len;
     }
     if (!used && step > 0) {
-      const Tensor zero = ops::mulScalar(ops::sum(kv), 0.0);
+      const Tensor zero = zeroTie(kv);
       anchor = anchor.defined() ? ops::add(anchor, zero) : zero;
     }
   }

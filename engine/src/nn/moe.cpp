@@ -62,6 +62,12 @@ Tensor scopeBalancingLoss(const Tensor& probs, const std::vector<int64_t>& choic
   return ops::mulScalar(ops::sum(ops::mul(p, f)), double(e));
 }
 
+// A zero scalar tied to x in the autograd graph, whatever x holds (the sum of none of its
+// elements), so an exchange stays in every rank's backward (see exchangeWithExperts).
+Tensor zeroTie(const Tensor& x) {
+  return ops::sum(ops::slice(ops::reshape(x, {-1}), 0, 0, 0));
+}
+
 Tensor indexTensor(const std::vector<int64_t>& v, Device device) {
   return tensorFromHost(v, {int64_t(v.size())}, DType::Int64, device);
 }
@@ -211,14 +217,15 @@ Tensor MoE::exchangeWithExperts(const Tensor& x2, const Tensor& gatesFlat, const
     sentTokens.insert(sentTokens.end(), rows.begin(), rows.end());
   }
   Tensor send = ops::concat(parts, 0);
-  if (!sends) send = ops::add(send, ops::mulScalar(ops::sum(x2), 0.0));
+  if (!sends) send = ops::add(send, zeroTie(x2));
   const Tensor received = ops::allToAll(send, "ep");  // [ep · block, C]
   // This rank's experts on what arrived: in sender order, the global token order.
   int64_t arrived = 0;
   for (int64_t s = 0; s < ep; ++s)
     for (int64_t e = firstExpert_; e < firstExpert_ + local; ++e) arrived += count(s, e);
   Tensor results =
-      arrived > 0 ? Tensor::zeros({ep * block, c}, x2.dtype(), dev) : ops::mulScalar(received, 0.0);
+      arrived > 0 ? Tensor::zeros({ep * block, c}, x2.dtype(), dev)
+                  : ops::add(Tensor::zeros({ep * block, c}, x2.dtype(), dev), zeroTie(received));
   for (int64_t li = 0; li < local; ++li) {
     const int64_t e = firstExpert_ + li;
     std::vector<int64_t> at;
@@ -233,7 +240,7 @@ Tensor MoE::exchangeWithExperts(const Tensor& x2, const Tensor& gatesFlat, const
     results = ops::indexAdd(results, 0, idx, ye);
   }
   const Tensor returned = ops::allToAll(results, "ep");  // block j: j's outputs for what we sent
-  if (sentTokens.empty()) return ops::add(out, ops::mulScalar(ops::sum(returned), 0.0));
+  if (sentTokens.empty()) return ops::add(out, zeroTie(returned));
   const int64_t m = int64_t(sentTokens.size());
   const Tensor y = ops::indexSelect(returned, 0, indexTensor(sentRows, dev));
   const Tensor g =
@@ -252,8 +259,6 @@ Tensor MoE::forwardImpl(const Tensor& x) {
   Routing routing;
   if (isTraining() && ep_.routeRanks > 1) {  // the dp group's tokens are one batch
     const Tensor all = ops::allGather(ops::contiguous(topi), 0, "dp");  // [dp · N, k]
-    KEEL_CHECK(all.size(0) == n * ep_.routeRanks, "MoE '", fullPath(),
-               "': the data-parallel ranks routed different numbers of tokens");
     const std::vector<int64_t> choice = hostInts(all);
     aux_ = scopeBalancingLoss(probs, choice, all.size(0));
     routing = route(choice, ep_.routeRank * n, all.size(0));

@@ -29,9 +29,13 @@ ShardedAdamW::ShardedAdamW(std::vector<Tensor> params, AdamWOptions opt, std::st
   const dist::GroupInfo g = dist::group(group_);
   rank_ = g.rank;
   size_ = g.size;
-  for (const Tensor& p : params_)
+  for (const Tensor& p : params_) {
     KEEL_CHECK(p.dim() >= 1 && p.isContiguous(), "sharded optimizer: parameter '", p.name(),
                "' must be a contiguous tensor of rank >= 1");
+    // The gathered rows are written with memcpy (step()); checked here, before any update.
+    KEEL_CHECK(p.device().isHost(), "--zero: sharding the optimizer state of parameters on ",
+               p.device().name(), " is not built yet (host parameters only)");
+  }
   grads_.resize(params_.size());
   hasGrad_.assign(params_.size(), false);
   m_.resize(params_.size());
@@ -195,8 +199,6 @@ void ShardedAdamW::step() {
       for (size_t i : bucket) {
         const auto [row, rows] = rowsOf(i, j);
         const size_t bytes = size_t(rows * rowElems(params_[i])) * dtypeSize(all.dtype());
-        KEEL_CHECK(params_[i].device().isHost(),
-                   "sharded optimizer: parameters must be on the host");
         std::memcpy(static_cast<char*>(params_[i].data()) +
                         size_t(row * rowElems(params_[i])) * dtypeSize(all.dtype()),
                     src, bytes);
