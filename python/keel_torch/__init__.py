@@ -1,0 +1,277 @@
+"""Record a PyTorch training run into a Keel recording that every Keel tool opens.
+
+    import keel_torch
+    with keel_torch.record("run.db", model=model, optimizer=opt, md5=True, stats=True):
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()          # ends the step: its loss is the tensor .backward() was called on
+            opt.zero_grad()
+
+Every ATen op call (a TorchDispatchMode) is recorded with its phase (forward; backward while
+.backward() runs; optimizer while the optimizer's step runs), its module scope (the innermost
+module running, named as model.named_modules() names it), its inputs and outputs (shape, strides,
+dtype, device, and with md5/stats Keel's MD5 and statistics of their bytes, computed by Keel's own
+hasher) and, with stacks=True, the Python call stack of the user's code (frames inside torch and
+keel_torch left out). The file is written by Keel's own C++ writer (the _keel extension), one
+batch per step. keel_torch.step(loss) ends a step by hand (without an optimizer, or to attach
+another loss). CUDA tensors are copied to the host for hashing.
+
+Not yet: the scope of backward ops, the forward op a backward op differentiates, rounded MD5s,
+importing PyTorch memory snapshots, and comparing a PyTorch run with a Keel run op by op.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from . import _keel
+
+__all__ = ["record", "step", "hash_tensor"]
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.bool: "bool",
+}
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(__file__)
+
+
+def _dtype_name(t):
+    return _DTYPES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+
+
+def hash_tensor(t, md5=True, stats=True):
+    """(md5, stats) of a tensor's values as Keel computes them for the same bytes; ("", None)
+    for a dtype Keel has no name for."""
+    name = _dtype_name(t)
+    if t.dtype not in _DTYPES:
+        return "", None
+    host = t.detach().contiguous().cpu()
+    if host.dtype in (torch.float16, torch.bfloat16):
+        data = host.view(torch.int16).numpy()
+    elif host.dtype == torch.bool:
+        data = host.view(torch.uint8).numpy()
+    else:
+        data = host.numpy()
+    return _keel.hash(memoryview(data.reshape(-1)).cast("B"), name, list(host.shape), md5, stats)
+
+
+_active = threading.local()
+
+
+class _Session(TorchDispatchMode):
+    def __init__(self, path, model, optimizer, md5, stats, stacks, config, seed):
+        super().__init__()
+        self.md5, self.stats, self.stacks = md5, stats, stacks
+        options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks})
+        self.rec = _keel.Recording(
+            path, "cpu", socket.gethostname(), json.dumps(config) if config is not None else "{}",
+            seed, options, torch.__version__)
+        self.names = {}
+        if model is not None:
+            for name, module in model.named_modules():
+                self.names[id(module)] = name
+        self.scopes = []
+        self.phase = "forward"
+        self.seq = 0
+        self.step_no = 1
+        self.step_begin = time.monotonic_ns()
+        self.step_ops = 0
+        self.last_loss = float("nan")
+        self.stack_ids = {}
+        self.busy = False
+        self.optimizer = optimizer
+        self.pending_end = None  # the optimizer stepped: the step's record is due
+        self.in_zero_grad = False
+        self.undo = []
+
+    # ---- scopes, phases, step boundaries -----------------------------------------------------
+
+    def _pre(self, module, inputs):
+        self.scopes.append(self.names.get(id(module), type(module).__name__))
+
+    def _post(self, module, inputs, output):
+        if self.scopes:
+            self.scopes.pop()
+
+    def install(self):
+        pre = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
+        post = torch.nn.modules.module.register_module_forward_hook(self._post)
+        self.undo += [pre.remove, post.remove]
+        session = self
+        original_backward = torch.Tensor.backward
+
+        def backward(tensor, *args, **kwargs):
+            if tensor.numel() == 1:
+                session.last_loss = session.value(tensor)
+            previous, session.phase = session.phase, "backward"
+            try:
+                return original_backward(tensor, *args, **kwargs)
+            finally:
+                session.phase = previous
+
+        torch.Tensor.backward = backward
+        self.undo.append(lambda: setattr(torch.Tensor, "backward", original_backward))
+        if self.optimizer is not None:
+            opt = self.optimizer
+            original_step = opt.step
+
+            original_zero_grad = opt.zero_grad
+
+            def optimizer_step(*args, **kwargs):
+                previous, session.phase = session.phase, "optimizer"
+                try:
+                    return original_step(*args, **kwargs)
+                finally:
+                    session.phase = previous
+                    # The step ends here; its record waits for the next step's first op.
+                    session.pending_end = time.monotonic_ns()
+
+            def zero_grad(*args, **kwargs):
+                previous, session.phase = session.phase, "optimizer"
+                session.in_zero_grad = True
+                try:
+                    return original_zero_grad(*args, **kwargs)
+                finally:
+                    session.phase = previous
+                    session.in_zero_grad = False
+
+            opt.step = optimizer_step
+            opt.zero_grad = zero_grad
+            self.undo.append(lambda: setattr(opt, "step", original_step))
+            self.undo.append(lambda: setattr(opt, "zero_grad", original_zero_grad))
+
+    def uninstall(self):
+        for undo in reversed(self.undo):
+            undo()
+        self.undo = []
+
+    def value(self, t):
+        """A scalar tensor's value, read without recording the reads."""
+        busy, self.busy = self.busy, True
+        try:
+            return float(t.detach().cpu().reshape(())) if torch.is_tensor(t) else float(t)
+        finally:
+            self.busy = busy
+
+    def end_step(self, loss, end=None):
+        if loss is not None:
+            self.last_loss = self.value(loss)
+        self.pending_end = None
+        if self.step_ops == 0:
+            return
+        self.rec.step(self.step_no, self.step_begin, end or time.monotonic_ns(), self.last_loss)
+        self.step_no += 1
+        self.step_ops = 0
+        self.last_loss = float("nan")
+        self.step_begin = time.monotonic_ns()
+
+    # ---- ops ---------------------------------------------------------------------------------
+
+    def _tensor(self, t, role, index):
+        md5, stats = hash_tensor(t, self.md5, self.stats) if (self.md5 or self.stats) else ("", None)
+        try:
+            buffer = t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
+        except Exception:
+            buffer = 0
+        return {
+            "role": role, "index": index, "id": id(t), "version": int(getattr(t, "_version", 0)),
+            "buffer": int(buffer), "shape": list(t.shape), "strides": list(t.stride()),
+            "offset": int(t.storage_offset()), "dtype": _dtype_name(t), "device": str(t.device),
+            "bytes": t.numel() * t.element_size(), "md5": md5 or "", "stats": stats,
+        }
+
+    def _stack(self):
+        frames = []
+        for f in reversed(traceback.extract_stack()[:-3]):
+            if f.filename.startswith(_TORCH_DIR) or f.filename.startswith(_OWN_DIR):
+                continue
+            frames.append((f.name, f.filename, int(f.lineno or 0)))
+        key = tuple(frames)
+        if key not in self.stack_ids:
+            self.stack_ids[key] = len(self.stack_ids) + 1
+            self.rec.stack(self.stack_ids[key], frames)
+        return self.stack_ids[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.busy:
+            return func(*args, **kwargs)
+        self.busy = True
+        try:
+            # After the optimizer's step the next step begins with the next module forward (or
+            # backward): zero_grad, reading the loss, preparing the next batch stay in this one.
+            if self.pending_end is not None and (self.scopes or self.phase == "backward"):
+                self.end_step(None, self.pending_end)
+                self.step_begin = time.monotonic_ns()
+            inputs = [a for a in tree_flatten((args, kwargs))[0] if torch.is_tensor(a)]
+            records = [self._tensor(t, "input", i) for i, t in enumerate(inputs)]
+            begin = time.monotonic_ns()
+            out = func(*args, **kwargs)
+            end = time.monotonic_ns()
+            outputs = [o for o in tree_flatten(out)[0] if torch.is_tensor(o)]
+            records += [self._tensor(t, "output", i) for i, t in enumerate(outputs)]
+            self.seq += 1
+            self.step_ops += 1
+            name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+            if name.startswith("_record_function"):  # the profiler's markers, not computation
+                self.seq -= 1
+                self.step_ops -= 1
+                return out
+            scope = self.scopes[-1] if self.scopes else ""
+            stack = self._stack() if self.stacks else -1
+            self.rec.op(self.seq, self.step_no, self.phase, name, scope,
+                        json.dumps({"aten": str(func)}), begin, end, 0, stack, records)
+            return out
+        finally:
+            self.busy = False
+
+
+@contextlib.contextmanager
+def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
+           seed=0):
+    """Records the PyTorch ops run inside the block into the Keel recording `path` (see the
+    module's docstring). An existing file is replaced."""
+    session = _Session(path, model, optimizer, md5, stats, stacks, config, seed)
+    session.install()
+    _active.session = session
+    status = "finished"
+    try:
+        with session:
+            yield session
+    except KeyboardInterrupt:
+        status = "stopped: interrupted (SIGINT)"
+        raise
+    except BaseException as e:  # the recording keeps what was recorded, and says why it ended
+        status = "failed: " + (str(e).splitlines() or [type(e).__name__])[0]
+        raise
+    finally:
+        session.uninstall()
+        _active.session = None
+        try:
+            session.end_step(None, session.pending_end)
+        finally:
+            session.rec.close(status)
+
+
+def step(loss=None):
+    """Ends the current step of the active recording (its loss: `loss`, a number or a scalar
+    tensor, else the tensor .backward() was last called on)."""
+    session = getattr(_active, "session", None)
+    if session is None:
+        raise RuntimeError("keel_torch.step() outside keel_torch.record()")
+    session.end_step(loss)

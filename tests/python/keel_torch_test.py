@@ -1,0 +1,109 @@
+"""keel_torch (issue 19) through the real package and the real keel binary: a PyTorch training
+loop recorded with keel_torch.record() opens in `keel inspect` and `keel ops` with its steps,
+losses, phases and module scopes; the MD5s are Keel's (the documented digest of the element
+bytes and the dtype/shape trailer); a failure inside the block ends the recording as failed,
+keeping what was recorded. Run by ctest with PYTHONPATH at the build tree and KEEL_CLI the keel
+binary."""
+
+import hashlib
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import torch
+
+import keel_torch
+
+KEEL = os.environ["KEEL_CLI"]
+
+
+def keel(*args):
+    r = subprocess.run([KEEL, *args], capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+def keel_md5(t):
+    """docs/capture.md: MD5 over the row-major element bytes, then dtype name, NUL, the rank and
+    each dimension as little-endian int64."""
+    data = t.detach().contiguous().numpy().tobytes()
+    trailer = b"float32\0" + struct.pack("<q", t.dim()) + b"".join(struct.pack("<q", d) for d in t.shape)
+    return hashlib.md5(data + trailer).hexdigest()
+
+
+def train(path, steps=2, fail_at=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    losses = []
+    with keel_torch.record(path, model=model, optimizer=opt, stacks=True):
+        for i in range(steps):
+            if fail_at == i:
+                raise ValueError("the data loader broke")
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+class KeelTorchTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "torch.db")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_a_training_loop_opens_in_keel_with_steps_losses_phases_and_scopes(self):
+        losses = train(self.path)
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("backend torch", out)
+        self.assertIn("status finished", out)
+        self.assertIn("steps      2", out)
+        self.assertIn("step 1    loss %.4f" % losses[0], out)
+        self.assertIn("step 2    loss %.4f" % losses[1], out)
+        # Two Linear layers' addmm in each step's forward; SGD's add_ in the optimizer phase;
+        # zero_grad's zero_ with it (zero_grad belongs to the step it follows).
+        self.assertRegex(out, r"addmm\s+4\s+0\s+0")
+        self.assertRegex(out, r"zero_\s+0\s+0\s+8")
+        rc, out, err = keel("ops", self.path, "--step", "1", "--phase", "forward")
+        self.assertEqual(rc, 0, err)
+        rows = [l.split() for l in out.splitlines() if " addmm " in l]
+        self.assertEqual([r[4] for r in rows], ["0", "2"])  # scopes: model[0], model[2]
+
+    def test_md5s_are_keels_digest_of_the_bytes(self):
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+        md5, stats = keel_torch.hash_tensor(t)
+        self.assertEqual(md5, keel_md5(t))
+        self.assertAlmostEqual(stats["mean"], float(t.mean()), places=6)
+        self.assertAlmostEqual(stats["max"], 11 / 7, places=6)
+        # A non-contiguous view hashes like its contiguous copy.
+        self.assertEqual(keel_torch.hash_tensor(t.t())[0], keel_md5(t.t().contiguous()))
+        # Recorded: the first op's output is model[0].weight transposed.
+        train(self.path, steps=1)
+        rc, out, err = keel("ops", self.path, "--step", "1", "--limit", "1")
+        self.assertEqual(rc, 0, err)
+        torch.manual_seed(0)
+        weight = torch.nn.Linear(8, 16).weight
+        self.assertIn(keel_md5(weight.t().contiguous())[:16], out)
+
+    def test_a_failure_inside_the_block_keeps_what_was_recorded(self):
+        with self.assertRaises(ValueError):
+            train(self.path, steps=3, fail_at=1)
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("status failed: the data loader broke", out)
+        self.assertIn("steps      1", out)
+
+    def test_step_outside_a_recording_is_an_error(self):
+        with self.assertRaises(RuntimeError):
+            keel_torch.step()
+
+
+if __name__ == "__main__":
+    unittest.main()
