@@ -32,6 +32,9 @@ constexpr const char* kMpiEnv =
     "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
     "OMPI_MCA_memory=^patcher ASAN_OPTIONS=detect_leaks=0";
 
+// The losses "step N/M  loss X" that keel train prints (defined below).
+std::vector<double> losses(const std::string& out);
+
 class KeelRanks : public keel::test::TempDirTest {
  protected:
   // keel with `args` in `np` processes under mpirun (bounded: a hang fails the test, not CI).
@@ -46,6 +49,30 @@ class KeelRanks : public keel::test::TempDirTest {
   }
   CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
   std::string path(const std::string& name) { return (dir_ / name).string(); }
+  // A copy of the config `base` (a path in the source tree) with `from` replaced by `to`, as
+  // `name` in the test's directory.
+  std::string variantConfig(const std::string& base, const std::string& name,
+                            const std::string& from, const std::string& to) {
+    std::string cfg = keel::readFile(std::string(KEEL_SOURCE_DIR) + "/" + base);
+    cfg.replace(cfg.find(from), from.size(), to);
+    std::ofstream(path(name)) << cfg;
+    return path(name);
+  }
+  // `train` resumed from checkpoint `ckpt` (saved at step 2) on each (ranks, layout): its steps
+  // 3 and 4 follow `want`, the uninterrupted run's four losses, within 2e-4.
+  void expectResumedCurve(const std::string& train, const std::string& ckpt,
+                          const std::vector<std::pair<int, std::string>>& layouts,
+                          const std::vector<double>& want) {
+    for (const auto& [np, layout] : layouts) {
+      const std::string args = train + " " + layout + " --resume '" + path(ckpt) + "'";
+      const CliResult r = np == 1 ? keel(args) : mpi(np, args);
+      ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
+      const std::vector<double> got = losses(r.out);
+      ASSERT_EQ(got.size(), 2u) << r.out;
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
+    }
+  }
   // The recorded run folder `name`: dp x tp ranks, `steps` steps with MD5s.
   CliResult record(const std::string& name, int dp, int tp, int steps, const std::string& env = "",
                    const std::string& extra = "") {
@@ -340,16 +367,8 @@ TEST_F(KeelRanks, ShardedOptimizerStateFollowsTheReplicatedRunAndReshards) {
     const std::string f = "/step-000004/model-0000" + std::to_string(r) + "-of-00004.safetensors";
     EXPECT_EQ(keel::readFile(path("again" + f)), keel::readFile(path("z" + f))) << f;
   }
-  for (const auto& [np, layout] : std::vector<std::pair<int, std::string>>{
-           {2, "--dp 2 --zero"}, {4, "--dp 2 --tp 2"}, {1, ""}}) {
-    const std::string args = train + layout + " --resume '" + path("z/step-000002") + "'";
-    const CliResult r = np == 1 ? keel(args) : mpi(np, args);
-    ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
-    const std::vector<double> got = losses(r.out);
-    ASSERT_EQ(got.size(), 2u) << r.out;
-    for (size_t i = 0; i < 2; ++i)
-      EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
-  }
+  expectResumedCurve(train, "z/step-000002", {{2, "--dp 2 --zero"}, {4, "--dp 2 --tp 2"}, {1, ""}},
+                     want);
 }
 
 // The replica check of a --zero run pairs the all_gather of the updated parameters (the
@@ -384,10 +403,7 @@ TEST_F(KeelRanks, ZeroWithoutReplicasOrWithSgdIsOneLine) {
   expectErrorOnRanks(alone,
                      "--zero shards the optimizer state across data-parallel ranks, and "
                      "this run has dp 1");
-  const std::string sgd = path("sgd.json");
-  std::string cfg = keel::readFile(std::string(KEEL_SOURCE_DIR) + "/" + kTiny);
-  cfg.replace(cfg.find("\"adamw\""), 7, "\"sgd\"");
-  std::ofstream(sgd) << cfg;
+  const std::string sgd = variantConfig(kTiny, "sgd.json", "\"adamw\"", "\"sgd\"");
   expectErrorOnRanks(mpi(2, "train --config '" + sgd + "' --steps 1 --dp 2 --zero"),
                      "--zero shards AdamW's state; config field 'optimizer' is 'sgd'");
 }
@@ -431,16 +447,7 @@ TEST_F(KeelRanks, ExpertParallelMoeGivesTheSingleProcessLosses) {
   const auto& expert3 = meta.at("keys").at("blocks.0.moe.experts.3.w1.weight::exp_avg");
   ASSERT_EQ(expert3.at("shards").size(), 1u);
   EXPECT_EQ(expert3.at("shards")[0].at("file"), 1);
-  for (const auto& [np, layout] :
-       std::vector<std::pair<int, std::string>>{{2, "--dp 2 --ep 2"}, {1, ""}}) {
-    const std::string args = train + layout + " --resume '" + path("e/step-000002") + "'";
-    const CliResult r = np == 1 ? keel(args) : mpi(np, args);
-    ASSERT_EQ(r.status, 0) << layout << "\n" << r.err;
-    const std::vector<double> got = losses(r.out);
-    ASSERT_EQ(got.size(), 2u) << r.out;
-    for (size_t i = 0; i < 2; ++i)
-      EXPECT_NEAR(got[i], want[i + 2], 2e-4) << layout << " step " << i + 3;
-  }
+  expectResumedCurve(train, "e/step-000002", {{2, "--dp 2 --ep 2"}, {1, ""}}, want);
 }
 
 // The replica check of an expert-parallel run: ranks holding other experts agree on everything
@@ -479,10 +486,8 @@ TEST_F(KeelRanks, BadExpertLayoutsAreOneLine) {
   expectErrorOnRanks(
       mpi(4, "train --config tests/fixtures/moe-tiny.json --steps 1 --dp 4 --ep 4 --zero"),
       "--zero with --ep: sharding the optimizer state of expert-parallel runs is not built yet");
-  const std::string three = path("moe3.json");
-  std::string cfg = keel::readFile(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/moe-tiny.json");
-  cfg.replace(cfg.find("\"n_expert\": 4"), 13, "\"n_expert\": 3");
-  std::ofstream(three) << cfg;
+  const std::string three = variantConfig("tests/fixtures/moe-tiny.json", "moe3.json",
+                                          "\"n_expert\": 4", "\"n_expert\": 3");
   expectErrorOnRanks(mpi(2, "train --config '" + three + "' --steps 1 --dp 2 --ep 2"),
                      "--ep 2 does not divide config field 'n_expert' 3");
 }
@@ -532,10 +537,7 @@ TEST_F(KeelRanks, BadContextParallelLayoutsAreOneLine) {
       "context parallelism: --cp with config field 'position' \"rope\" is not built yet");
   expectErrorOnRanks(mpi(2, "train --config tests/fixtures/moe-tiny.json --steps 1 --dp 2 --cp 2"),
                      "context parallelism: --cp with a mixture-of-experts model is not built yet");
-  const std::string odd = path("odd.json");
-  std::string cfg = keel::readFile(std::string(KEEL_SOURCE_DIR) + "/" + kTiny);
-  cfg.replace(cfg.find("\"seq_len\": 16"), 13, "\"seq_len\": 18");
-  std::ofstream(odd) << cfg;
+  const std::string odd = variantConfig(kTiny, "odd.json", "\"seq_len\": 16", "\"seq_len\": 18");
   expectErrorOnRanks(mpi(2, "train --config '" + odd + "' --steps 1 --dp 2 --cp 2"),
                      "--cp 2 needs config field 'seq_len' a multiple of 4");
 }

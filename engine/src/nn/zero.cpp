@@ -43,10 +43,32 @@ ShardedAdamW::ShardedAdamW(std::vector<Tensor> params, AdamWOptions opt, std::st
   steps_.assign(params_.size(), 0);
 }
 
-std::pair<int64_t, int64_t> ShardedAdamW::rowsOf(size_t i, int part) const {
-  const int64_t rows = params_.at(i).size(0);
-  const int64_t base = rows / size_, extra = rows % size_;
+namespace {
+
+// Part `part` of `parts` of `rows` rows: [first, count), larger parts first.
+std::pair<int64_t, int64_t> rowPart(int64_t rows, int parts, int part) {
+  const int64_t base = rows / parts, extra = rows % parts;
   return {part * base + std::min<int64_t>(part, extra), base + (part < extra ? 1 : 0)};
+}
+
+int64_t rowElems(const Tensor& t) {
+  return t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+}
+
+// The elements of each rank's block of a bucket: its rows of every parameter of the bucket.
+std::vector<int64_t> blockLengths(const std::vector<Tensor>& params,
+                                  const std::vector<size_t>& bucket, int parts) {
+  std::vector<int64_t> len(size_t(parts), 0);
+  for (int j = 0; j < parts; ++j)
+    for (size_t i : bucket)
+      len[size_t(j)] += rowPart(params[i].size(0), parts, j).second * rowElems(params[i]);
+  return len;
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> ShardedAdamW::rowsOf(size_t i, int part) const {
+  return rowPart(params_.at(i).size(0), size_, part);
 }
 
 std::pair<int64_t, int64_t> ShardedAdamW::ownedRows(size_t i) const {
@@ -76,10 +98,6 @@ Tensor flatRows(const Tensor& t, std::pair<int64_t, int64_t> rows) {
   return ops::reshape(ops::slice(t, 0, rows.first, rows.first + rows.second), {-1});
 }
 
-int64_t rowElems(const Tensor& t) {
-  return t.size(0) == 0 ? 0 : t.numel() / t.size(0);
-}
-
 }  // namespace
 
 // One bucket's layout: block j holds part j's rows of every parameter of the bucket, one after
@@ -94,9 +112,7 @@ void ShardedAdamW::reduceGradients() {
     grads_[i] = Tensor();
   }
   for (const std::vector<size_t>& bucket : buckets()) {
-    std::vector<int64_t> blockLen(size_t(size_), 0);
-    for (int j = 0; j < size_; ++j)
-      for (size_t i : bucket) blockLen[size_t(j)] += rowsOf(i, j).second * rowElems(params_[i]);
+    const std::vector<int64_t> blockLen = blockLengths(params_, bucket, size_);
     const int64_t longest =
         std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
     const Tensor& first = params_[bucket.front()];
@@ -177,9 +193,7 @@ void ShardedAdamW::step() {
   // Every rank's updated rows to every rank, bucket by bucket, in the reduce-scatter's layout.
   ScopeGuard scope("dp_param_gather", /*absolute=*/true);
   for (const std::vector<size_t>& bucket : buckets()) {
-    std::vector<int64_t> blockLen(size_t(size_), 0);
-    for (int j = 0; j < size_; ++j)
-      for (size_t i : bucket) blockLen[size_t(j)] += rowsOf(i, j).second * rowElems(params_[i]);
+    const std::vector<int64_t> blockLen = blockLengths(params_, bucket, size_);
     const int64_t longest =
         std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
     const Tensor& first = params_[bucket.front()];
