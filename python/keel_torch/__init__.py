@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -98,6 +99,22 @@ class _Session(TorchDispatchMode):
         self.pending_end = None  # the optimizer stepped: the step's record is due
         self.in_zero_grad = False
         self.undo = []
+        # Tensor identities: a number per tensor object for its lifetime (Python's id() is
+        # reused once an object is freed, which would join unrelated ops in the graph).
+        self.ids = {}
+        self.next_id = 0
+
+    def tensor_id(self, t):
+        key = id(t)
+        n = self.ids.get(key)
+        if n is None:
+            self.next_id += 1
+            n = self.ids[key] = self.next_id
+            try:  # forget the object when it dies: its id() may be reused
+                weakref.finalize(t, self.ids.pop, key, None)
+            except TypeError:
+                pass
+        return n
 
     # ---- scopes, phases, step boundaries -----------------------------------------------------
 
@@ -189,7 +206,7 @@ class _Session(TorchDispatchMode):
         except Exception:
             buffer = 0
         return {
-            "role": role, "index": index, "id": id(t), "version": int(getattr(t, "_version", 0)),
+            "role": role, "index": index, "id": self.tensor_id(t), "version": int(getattr(t, "_version", 0)),
             "buffer": int(buffer), "shape": list(t.shape), "strides": list(t.stride()),
             "offset": int(t.storage_offset()), "dtype": _dtype_name(t), "device": str(t.device),
             "bytes": t.numel() * t.element_size(), "md5": md5 or "", "stats": stats,
