@@ -17,7 +17,8 @@ keel_torch left out). The file is written by Keel's own C++ writer (the _keel ex
 batch per step. keel_torch.step(loss) ends a step by hand (without an optimizer, or to attach
 another loss). CUDA tensors are copied to the host for hashing.
 
-Not yet: the scope of backward ops, the forward op a backward op differentiates, rounded MD5s,
+A backward op's scope is the module whose output gradient autograd was working back from (a
+hook on each module's outputs). Not yet: the forward op a backward op differentiates, rounded MD5s,
 importing PyTorch memory snapshots, and comparing a PyTorch run with a Keel run op by op.
 """
 
@@ -102,6 +103,8 @@ class _Session(TorchDispatchMode):
         # Tensor identities: a number per tensor object for its lifetime (Python's id() is
         # reused once an object is freed, which would join unrelated ops in the graph).
         self.ids = {}
+        self.hooked = set()       # output tensors given a backward-scope hook
+        self.backward_scope = ""  # the module whose backward is running
         self.next_id = 0
 
     def tensor_id(self, t):
@@ -122,8 +125,27 @@ class _Session(TorchDispatchMode):
         self.scopes.append(self.names.get(id(module), type(module).__name__))
 
     def _post(self, module, inputs, output):
-        if self.scopes:
-            self.scopes.pop()
+        name = self.scopes.pop() if self.scopes else ""
+        # Backward scopes: a hook on the module's output tensors fires when their gradient is
+        # ready, just before autograd runs the ops that produced them; the backward ops from
+        # then on are this module's (the innermost module's: an output already hooked keeps
+        # its first, innermost, scope).
+        for t in tree_flatten(output)[0]:
+            if torch.is_tensor(t) and t.requires_grad and t.grad_fn is not None:
+                key = id(t)
+                if key in self.hooked:
+                    continue
+                self.hooked.add(key)
+                try:
+                    weakref.finalize(t, self.hooked.discard, key)
+                except TypeError:
+                    pass
+                t.register_hook(self._backward_scope(name))
+
+    def _backward_scope(self, name):
+        def hook(grad):
+            self.backward_scope = name
+        return hook
 
     def install(self):
         pre = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
@@ -136,6 +158,7 @@ class _Session(TorchDispatchMode):
             if tensor.numel() == 1:
                 session.last_loss = session.value(tensor)
             previous, session.phase = session.phase, "backward"
+            session.backward_scope = ""
             try:
                 return original_backward(tensor, *args, **kwargs)
             finally:
@@ -249,7 +272,10 @@ class _Session(TorchDispatchMode):
                 self.seq -= 1
                 self.step_ops -= 1
                 return out
-            scope = self.scopes[-1] if self.scopes else ""
+            if self.phase == "backward":
+                scope = self.backward_scope
+            else:
+                scope = self.scopes[-1] if self.scopes else ""
             stack = self._stack() if self.stacks else -1
             self.rec.op(self.seq, self.step_no, self.phase, name, scope,
                         json.dumps({"aten": str(func)}), begin, end, 0, stack, records)

@@ -75,6 +75,15 @@ class KeelTorchTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         rows = [l.split() for l in out.splitlines() if " addmm " in l]
         self.assertEqual([r[4] for r in rows], ["0", "2"])  # scopes: model[0], model[2]
+        # Backward ops carry the scope of the module they work back through: ReLU's backward is
+        # model[1]'s, the second Linear's matmuls model[2]'s.
+        rc, out, err = keel("ops", self.path, "--step", "1", "--phase", "backward")
+        self.assertEqual(rc, 0, err)
+        rows = [l.split() for l in out.splitlines()]
+        scopes = {r[3]: r[4] for r in rows if len(r) > 5 and r[0].isdigit()}
+        self.assertEqual(scopes["threshold_backward"], "1")
+        first_mm = [l.split()[4] for l in out.splitlines() if " mm " in l][0]
+        self.assertEqual(first_mm, "2")
 
     def test_md5s_are_keels_digest_of_the_bytes(self):
         t = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
