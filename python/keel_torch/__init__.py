@@ -72,6 +72,18 @@ def hash_tensor(t, md5=True, stats=True):
     return _keel.hash(memoryview(data.reshape(-1)).cast("B"), name, list(host.shape), md5, stats)
 
 
+def _tensors(values):
+    """The tensors among an op's arguments or results (top level and inside lists/tuples), in
+    order: what ATen ops take and return (a cheaper tree_flatten)."""
+    found = []
+    for v in values if isinstance(values, (list, tuple)) else (values,):
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(x for x in v if isinstance(x, torch.Tensor))
+    return found
+
+
 _active = threading.local()
 
 
@@ -103,6 +115,7 @@ class _Session(TorchDispatchMode):
         # Tensor identities: a number per tensor object for its lifetime (Python's id() is
         # reused once an object is freed, which would join unrelated ops in the graph).
         self.ids = {}
+        self.funcs = {}  # ATen overload -> (op name, attributes JSON)
         self.hooked = set()       # output tensors given a backward-scope hook
         self.backward_scope = ""  # the module whose backward is running
         self.next_id = 0
@@ -222,18 +235,18 @@ class _Session(TorchDispatchMode):
 
     # ---- ops ---------------------------------------------------------------------------------
 
-    def _tensor(self, t, role, index):
+    def _tensor(self, t, output, index):
+        """One tensor as _keel.Recording.op takes it: a tuple (see _keel.cpp tensorRecord)."""
         md5, stats = hash_tensor(t, self.md5, self.stats) if (self.md5 or self.stats) else ("", None)
-        try:
-            buffer = t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
+        size = t.element_size()
+        offset = t.storage_offset()
+        try:  # the storage's base address: views of one buffer share it
+            buffer = t.data_ptr() - offset * size
         except Exception:
             buffer = 0
-        return {
-            "role": role, "index": index, "id": self.tensor_id(t), "version": int(getattr(t, "_version", 0)),
-            "buffer": int(buffer), "shape": list(t.shape), "strides": list(t.stride()),
-            "offset": int(t.storage_offset()), "dtype": _dtype_name(t), "device": str(t.device),
-            "bytes": t.numel() * t.element_size(), "md5": md5 or "", "stats": stats,
-        }
+        return (output, index, self.tensor_id(t), t._version, buffer, tuple(t.shape),
+                t.stride(), offset, _DTYPES.get(t.dtype) or _dtype_name(t),
+                str(t.device) if t.is_cuda else "cpu", t.numel() * size, md5 or "", stats)
 
     def _stack(self):
         frames = []
@@ -258,16 +271,20 @@ class _Session(TorchDispatchMode):
             if self.pending_end is not None and (self.scopes or self.phase == "backward"):
                 self.end_step(None, self.pending_end)
                 self.step_begin = time.monotonic_ns()
-            inputs = [a for a in tree_flatten((args, kwargs))[0] if torch.is_tensor(a)]
-            records = [self._tensor(t, "input", i) for i, t in enumerate(inputs)]
+            inputs = _tensors(args) + (_tensors(tuple(kwargs.values())) if kwargs else [])
+            records = [self._tensor(t, False, i) for i, t in enumerate(inputs)]
             begin = time.monotonic_ns()
             out = func(*args, **kwargs)
             end = time.monotonic_ns()
-            outputs = [o for o in tree_flatten(out)[0] if torch.is_tensor(o)]
-            records += [self._tensor(t, "output", i) for i, t in enumerate(outputs)]
+            outputs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
+            records += [self._tensor(t, True, i) for i, t in enumerate(outputs)]
             self.seq += 1
             self.step_ops += 1
-            name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+            known = self.funcs.get(func)
+            if known is None:  # name and attributes once per ATen overload
+                name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+                known = self.funcs[func] = (name, json.dumps({"aten": str(func)}))
+            name, attrs = known
             if name.startswith("_record_function"):  # the profiler's markers, not computation
                 self.seq -= 1
                 self.step_ops -= 1
@@ -277,8 +294,8 @@ class _Session(TorchDispatchMode):
             else:
                 scope = self.scopes[-1] if self.scopes else ""
             stack = self._stack() if self.stacks else -1
-            self.rec.op(self.seq, self.step_no, self.phase, name, scope,
-                        json.dumps({"aten": str(func)}), begin, end, 0, stack, records)
+            self.rec.op(self.seq, self.step_no, self.phase, name, scope, attrs, begin, end, 0,
+                        stack, records)
             return out
         finally:
             self.busy = False

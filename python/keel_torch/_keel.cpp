@@ -76,22 +76,25 @@ py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vecto
   return py::make_tuple(digest, s);
 }
 
-storage::TensorRecord tensorRecord(const py::dict& d) {
+// One tensor from keel_torch's tuple: (output, index, id, version, buffer, shape, strides,
+// offset, dtype, device, bytes, md5, stats dict or None).
+storage::TensorRecord tensorRecord(const py::tuple& d) {
+  if (d.size() != 13) throw std::invalid_argument("keel_torch: a tensor record has 13 fields");
   storage::TensorRecord t;
-  t.role = d["role"].cast<std::string>() == "output" ? storage::Role::Output : storage::Role::Input;
-  t.index = d["index"].cast<int32_t>();
-  t.tensorId = d["id"].cast<uint64_t>();
-  t.version = d["version"].cast<uint64_t>();
-  t.bufferId = d["buffer"].cast<uint64_t>();
-  t.shape = d["shape"].cast<std::vector<int64_t>>();
-  t.strides = d["strides"].cast<std::vector<int64_t>>();
-  t.offset = d["offset"].cast<int64_t>();
-  t.dtype = d["dtype"].cast<std::string>();
-  t.device = d["device"].cast<std::string>();
-  t.bytes = d["bytes"].cast<int64_t>();
-  t.md5 = d["md5"].cast<std::string>();
-  if (d.contains("stats") && !d["stats"].is_none()) {
-    const py::dict s = d["stats"].cast<py::dict>();
+  t.role = d[0].cast<bool>() ? storage::Role::Output : storage::Role::Input;
+  t.index = d[1].cast<int32_t>();
+  t.tensorId = d[2].cast<uint64_t>();
+  t.version = d[3].cast<uint64_t>();
+  t.bufferId = d[4].cast<uint64_t>();
+  t.shape = d[5].cast<std::vector<int64_t>>();
+  t.strides = d[6].cast<std::vector<int64_t>>();
+  t.offset = d[7].cast<int64_t>();
+  t.dtype = d[8].cast<std::string>();
+  t.device = d[9].cast<std::string>();
+  t.bytes = d[10].cast<int64_t>();
+  t.md5 = d[11].cast<std::string>();
+  if (!d[12].is_none()) {
+    const py::dict s = d[12].cast<py::dict>();
     t.hasStats = true;
     t.stats.min = s["min"].cast<double>();
     t.stats.max = s["max"].cast<double>();
@@ -136,7 +139,7 @@ class Recording {
     op.endNs = endNs;
     op.forwardSeq = forwardSeq;
     op.stackId = stackId;
-    for (const py::handle& t : tensors) op.tensors.push_back(tensorRecord(t.cast<py::dict>()));
+    for (const py::handle& t : tensors) op.tensors.push_back(tensorRecord(t.cast<py::tuple>()));
     live().writeOp(op);
   }
   void stack(int64_t id, const std::vector<std::tuple<std::string, std::string, int32_t>>& frames) {
