@@ -18,8 +18,9 @@ batch per step. keel_torch.step(loss) ends a step by hand (without an optimizer,
 another loss). CUDA tensors are copied to the host for hashing.
 
 A backward op's scope is the module whose output gradient autograd was working back from (a
-hook on each module's outputs). Not yet: the forward op a backward op differentiates, rounded MD5s,
-importing PyTorch memory snapshots, and comparing a PyTorch run with a Keel run op by op.
+hook on each module's outputs). Memory snapshots: keel_torch.snapshot.import_snapshot (python3 -m keel_torch import-snapshot).
+Not yet: the forward op a backward op differentiates, rounded MD5s, and comparing a PyTorch run
+with a Keel run op by op.
 """
 
 import contextlib

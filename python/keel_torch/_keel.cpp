@@ -170,6 +170,24 @@ class Recording {
     l.timeNs = nowUnixNs();
     live().writeLog(l);
   }
+  // One allocator event (kind: Keel's name, "alloc", "free", "reserve", "release", ...).
+  void mem(const std::string& kind, const std::string& device, uint64_t address, uint64_t bytes,
+           int64_t step, int64_t stackId, int64_t timeNs, uint64_t allocatedAfter,
+           uint64_t reservedAfter) {
+    storage::MemRecord r;
+    const std::optional<MemEventKind> k = parseMemEventKind(kind);
+    if (!k) throw std::invalid_argument("keel_torch: unknown allocator event '" + kind + "'");
+    r.kind = *k;
+    r.device = device;
+    r.address = address;
+    r.bytes = bytes;
+    r.step = step;
+    r.stackId = stackId;
+    r.timeNs = timeNs;
+    r.allocatedAfter = allocatedAfter;
+    r.reservedAfter = reservedAfter;
+    live().writeMem(r);
+  }
   void close(const std::string& status) {
     if (!writer_) return;
     writer_->setRunStatus(status);
@@ -199,6 +217,7 @@ PYBIND11_MODULE(_keel, m) {
       .def("stack", &Recording::stack)
       .def("step", &Recording::step)
       .def("log", &Recording::log)
+      .def("mem", &Recording::mem)
       .def("close", &Recording::close);
   // keel::Error (and storage errors) become RuntimeError with Keel's one-line message.
   py::register_exception_translator([](std::exception_ptr p) {

@@ -9,6 +9,7 @@ import hashlib
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -112,6 +113,72 @@ class KeelTorchTest(unittest.TestCase):
     def test_step_outside_a_recording_is_an_error(self):
         with self.assertRaises(RuntimeError):
             keel_torch.step()
+
+
+MB = 1 << 20
+
+
+def snapshot():
+    """A hand-made snapshot as torch.cuda.memory._snapshot() returns it: at the end, one 8 MiB
+    segment holding a 2 MiB block still allocated and a 4 MiB segment (allocated by the trace)
+    holding 3 MiB; the trace allocated 1 MiB at 0x10200000 and freed it, created the second
+    segment and allocated in it, and freed a 2 MiB block that was live before it began."""
+    frames = [{"filename": "train.py", "line": 12, "name": "forward"}]
+    return {
+        "segments": [
+            {"device": 0, "address": 0x10000000, "total_size": 8 * MB, "stream": 0,
+             "segment_type": "large",
+             "blocks": [{"size": 2 * MB, "state": "active_allocated", "frames": frames},
+                        {"size": 6 * MB, "state": "inactive"}]},
+            {"device": 0, "address": 0x20000000, "total_size": 4 * MB, "stream": 0,
+             "segment_type": "large",
+             "blocks": [{"size": 3 * MB, "state": "active_allocated"},
+                        {"size": 1 * MB, "state": "inactive"}]},
+        ],
+        "device_traces": [[
+            {"action": "alloc", "addr": 0x10200000, "size": MB, "stream": 0, "frames": frames},
+            {"action": "free_requested", "addr": 0x10200000, "size": MB, "stream": 0},
+            {"action": "free_completed", "addr": 0x10200000, "size": MB, "stream": 0},
+            {"action": "segment_alloc", "addr": 0x20000000, "size": 4 * MB, "stream": 0},
+            {"action": "alloc", "addr": 0x20000000, "size": 3 * MB, "stream": 0},
+            {"action": "free_completed", "addr": 0x10400000, "size": 2 * MB, "stream": 0},
+        ]],
+    }
+
+
+class SnapshotImportTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_a_snapshot_becomes_a_recording_with_its_allocator_events(self):
+        import pickle
+        src = os.path.join(self.dir.name, "snapshot.pickle")
+        out = os.path.join(self.dir.name, "mem.db")
+        with open(src, "wb") as f:
+            pickle.dump(snapshot(), f)
+        r = subprocess.run([sys.executable, "-m", "keel_torch", "import-snapshot", src, "-o", out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # Start: 8 MiB reserved, 2 + 2 MiB live (3 events); then +1, -1, +4 reserved, +3, -2.
+        self.assertIn("8 allocator events", r.stdout)
+        rc, stats, err = keel("memory", "stats", out)
+        self.assertEqual(rc, 0, err)
+        # Allocated peaks at 7 MiB (after the +3) and ends at 5 MiB; reserved 12 MiB.
+        self.assertRegex(stats, r"allocated \(bytes\)\s+%d\s+%d" % (7 * MB, 5 * MB))
+        self.assertRegex(stats, r"reserved \(bytes\)\s+%d\s+%d" % (12 * MB, 12 * MB))
+
+    def test_a_bad_snapshot_is_one_line_and_status_2(self):
+        bad = os.path.join(self.dir.name, "bad.pickle")
+        with open(bad, "wb") as f:
+            f.write(b"not a pickle")
+        r = subprocess.run([sys.executable, "-m", "keel_torch", "import-snapshot", bad, "-o",
+                            os.path.join(self.dir.name, "x.db")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("not a PyTorch memory snapshot", r.stderr)
 
 
 if __name__ == "__main__":
