@@ -19,7 +19,8 @@ another loss). CUDA tensors are copied to the host for hashing.
 
 A backward op's scope is the module whose output gradient autograd was working back from (a
 hook on each module's outputs). Memory snapshots: keel_torch.snapshot.import_snapshot (python3 -m keel_torch import-snapshot).
-Not yet: the forward op a backward op differentiates, rounded MD5s, and comparing a PyTorch run
+rounded_md5=N adds Keel's rounded MD5 (N significant digits: equal across frameworks within
+rounding). Not yet: the forward op a backward op differentiates, and comparing a PyTorch run
 with a Keel run op by op.
 """
 
@@ -57,12 +58,13 @@ def _dtype_name(t):
     return _DTYPES.get(t.dtype, str(t.dtype).replace("torch.", ""))
 
 
-def hash_tensor(t, md5=True, stats=True):
-    """(md5, stats) of a tensor's values as Keel computes them for the same bytes; ("", None)
+def hash_tensor(t, md5=True, stats=True, rounded_digits=0):
+    """(md5, stats, rounded md5) of a tensor's values as Keel computes them for the same bytes
+    (rounded: to rounded_digits significant digits, 0 for none; docs/capture.md); ("", None, "")
     for a dtype Keel has no name for."""
     name = _dtype_name(t)
     if t.dtype not in _DTYPES:
-        return "", None
+        return "", None, ""
     host = t.detach().contiguous().cpu()
     if host.dtype in (torch.float16, torch.bfloat16):
         data = host.view(torch.int16).numpy()
@@ -70,7 +72,8 @@ def hash_tensor(t, md5=True, stats=True):
         data = host.view(torch.uint8).numpy()
     else:
         data = host.numpy()
-    return _keel.hash(memoryview(data.reshape(-1)).cast("B"), name, list(host.shape), md5, stats)
+    return _keel.hash(memoryview(data.reshape(-1)).cast("B"), name, list(host.shape), md5, stats,
+                      rounded_digits)
 
 
 def _tensors(values):
@@ -89,10 +92,11 @@ _active = threading.local()
 
 
 class _Session(TorchDispatchMode):
-    def __init__(self, path, model, optimizer, md5, stats, stacks, config, seed):
+    def __init__(self, path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5):
         super().__init__()
-        self.md5, self.stats, self.stacks = md5, stats, stacks
-        options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks})
+        self.md5, self.stats, self.stacks, self.rounded = md5, stats, stacks, rounded_md5
+        options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks,
+                              "rounded_md5_digits": rounded_md5})
         self.rec = _keel.Recording(
             path, "cpu", socket.gethostname(), json.dumps(config) if config is not None else "{}",
             seed, options, torch.__version__)
@@ -238,7 +242,8 @@ class _Session(TorchDispatchMode):
 
     def _tensor(self, t, output, index):
         """One tensor as _keel.Recording.op takes it: a tuple (see _keel.cpp tensorRecord)."""
-        md5, stats = hash_tensor(t, self.md5, self.stats) if (self.md5 or self.stats) else ("", None)
+        md5, stats, rounded = (hash_tensor(t, self.md5, self.stats, self.rounded)
+                               if (self.md5 or self.stats or self.rounded) else ("", None, ""))
         size = t.element_size()
         offset = t.storage_offset()
         try:  # the storage's base address: views of one buffer share it
@@ -247,7 +252,8 @@ class _Session(TorchDispatchMode):
             buffer = 0
         return (output, index, self.tensor_id(t), t._version, buffer, tuple(t.shape),
                 t.stride(), offset, _DTYPES.get(t.dtype) or _dtype_name(t),
-                str(t.device) if t.is_cuda else "cpu", t.numel() * size, md5 or "", stats)
+                str(t.device) if t.is_cuda else "cpu", t.numel() * size, md5 or "", stats,
+                rounded or "")
 
     def _stack(self):
         frames = []
@@ -304,10 +310,10 @@ class _Session(TorchDispatchMode):
 
 @contextlib.contextmanager
 def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
-           seed=0):
+           seed=0, rounded_md5=0):
     """Records the PyTorch ops run inside the block into the Keel recording `path` (see the
     module's docstring). An existing file is replaced."""
-    session = _Session(path, model, optimizer, md5, stats, stacks, config, seed)
+    session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5)
     session.install()
     _active.session = session
     status = "finished"

@@ -44,12 +44,16 @@ int64_t nowUnixNs() {
       .count();
 }
 
-// MD5 and statistics of a contiguous buffer of `dtype` elements of `shape`, exactly as Keel
-// hashes its own tensors. Returns (md5, stats dict or None); both empty for a dtype Keel lacks.
+// MD5, rounded MD5 (digits 1..17; 0: none) and statistics of a contiguous buffer of `dtype`
+// elements of `shape`, exactly as Keel hashes its own tensors. Returns (md5, stats dict or None,
+// rounded md5); all empty for a dtype Keel lacks.
 py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vector<int64_t>& shape,
-                     bool md5, bool stats) {
+                     bool md5, bool stats, int roundedDigits) {
   const std::optional<DType> t = keelDType(dtype);
-  if (!t) return py::make_tuple(std::string(), py::none());
+  if (!t) return py::make_tuple(std::string(), py::none(), std::string());
+  if (roundedDigits < 0 || roundedDigits > 17)
+    throw std::invalid_argument("keel_torch: rounded MD5 digits must be in 1..17, got " +
+                                std::to_string(roundedDigits));
   const py::buffer_info info = data.request();
   Tensor host = Tensor::empty(shape, *t, Device(Backend::Cpu));
   const size_t bytes = size_t(host.nbytes());
@@ -59,6 +63,9 @@ py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vecto
                                 " bytes");
   if (bytes) std::memcpy(host.data(), info.ptr, bytes);
   std::string digest = md5 ? capture::tensorMd5(host) : std::string();
+  std::string rounded = roundedDigits > 0 && isFloating(*t)
+                            ? capture::tensorMd5Rounded(host, roundedDigits)
+                            : std::string();
   py::object s = py::none();
   if (stats && isFloating(*t)) {
     const storage::TensorStats st = capture::tensorStats(host);
@@ -73,13 +80,13 @@ py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vecto
     d["zero"] = st.zeroCount;
     s = d;
   }
-  return py::make_tuple(digest, s);
+  return py::make_tuple(digest, s, rounded);
 }
 
 // One tensor from keel_torch's tuple: (output, index, id, version, buffer, shape, strides,
-// offset, dtype, device, bytes, md5, stats dict or None).
+// offset, dtype, device, bytes, md5, stats dict or None, rounded md5).
 storage::TensorRecord tensorRecord(const py::tuple& d) {
-  if (d.size() != 13) throw std::invalid_argument("keel_torch: a tensor record has 13 fields");
+  if (d.size() != 14) throw std::invalid_argument("keel_torch: a tensor record has 14 fields");
   storage::TensorRecord t;
   t.role = d[0].cast<bool>() ? storage::Role::Output : storage::Role::Input;
   t.index = d[1].cast<int32_t>();
@@ -93,6 +100,7 @@ storage::TensorRecord tensorRecord(const py::tuple& d) {
   t.device = d[9].cast<std::string>();
   t.bytes = d[10].cast<int64_t>();
   t.md5 = d[11].cast<std::string>();
+  t.md5Rounded = d[13].cast<std::string>();
   if (!d[12].is_none()) {
     const py::dict s = d[12].cast<py::dict>();
     t.hasStats = true;
@@ -209,7 +217,7 @@ class Recording {
 PYBIND11_MODULE(_keel, m) {
   m.doc() = "Keel's recording writer and tensor hasher (see keel_torch)";
   m.def("hash", &hashTensor, py::arg("data"), py::arg("dtype"), py::arg("shape"),
-        py::arg("md5") = true, py::arg("stats") = true);
+        py::arg("md5") = true, py::arg("stats") = true, py::arg("rounded_digits") = 0);
   py::class_<Recording>(m, "Recording")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
                     uint64_t, const std::string&, const std::string&>())

@@ -88,8 +88,12 @@ class KeelTorchTest(unittest.TestCase):
 
     def test_md5s_are_keels_digest_of_the_bytes(self):
         t = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
-        md5, stats = keel_torch.hash_tensor(t)
+        md5, stats, rounded = keel_torch.hash_tensor(t, rounded_digits=4)
         self.assertEqual(md5, keel_md5(t))
+        # Rounded to 4 digits, a change in the 7th digit keeps the digest; in the 3rd, not.
+        self.assertEqual(keel_torch.hash_tensor(t * (1 + 1e-7), rounded_digits=4)[2], rounded)
+        self.assertNotEqual(keel_torch.hash_tensor(t * 1.01, rounded_digits=4)[2], rounded)
+        self.assertEqual(len(rounded), 32)
         self.assertAlmostEqual(stats["mean"], float(t.mean()), places=6)
         self.assertAlmostEqual(stats["max"], 11 / 7, places=6)
         # A non-contiguous view hashes like its contiguous copy.
