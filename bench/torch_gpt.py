@@ -82,10 +82,12 @@ def corpus():
     return torch.tensor(list(b"\x1c".join(docs)), dtype=torch.long)
 
 
-def main():
+def setup(default_steps):
+    """The command line (config, --steps, --threads) and what a run needs: (args, config, model,
+    AdamW optimizer, corpus, batch generator). Shared with bench/torch_record.py."""
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=default_steps)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -95,9 +97,12 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=c.get("lr", 3e-3),
                             betas=(c.get("beta1", 0.9), c.get("beta2", 0.95)),
                             weight_decay=c.get("weight_decay", 0.1))
-    data = corpus()
+    return a, c, model, opt, corpus(), torch.Generator().manual_seed(1)
+
+
+def main():
+    a, c, model, opt, data, g = setup(30)
     b, t = c["batch_size"], c["seq_len"]
-    g = torch.Generator().manual_seed(1)
     losses, times = [], []
     for step in range(a.steps + 3):
         ix = torch.randint(len(data) - t - 1, (b,), generator=g)

@@ -7,8 +7,6 @@ ratios share the machine's state. Prints the median step time of each and the ra
 Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_record.py \
            configs/gpt-mini.json [--steps 15] [--threads 2]
 """
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -18,25 +16,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import GPT, corpus  # noqa: E402
+from torch_gpt import setup  # noqa: E402
 
 import keel_torch  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("config")
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(1)
-    c = json.load(open(a.config))
-    model = GPT(c)
-    opt = torch.optim.AdamW(model.parameters(), lr=c.get("lr", 3e-3))
-    data = corpus()
+    a, c, model, opt, data, g = setup(15)
     b, t = c["batch_size"], c["seq_len"]
-    g = torch.Generator().manual_seed(1)
 
     def one_step():
         ix = torch.randint(len(data) - t - 1, (b,), generator=g)
