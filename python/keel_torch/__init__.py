@@ -62,9 +62,13 @@ def hash_tensor(t, md5=True, stats=True, rounded_digits=0):
     """(md5, stats, rounded md5) of a tensor's values as Keel computes them for the same bytes
     (rounded: to rounded_digits significant digits, 0 for none; docs/capture.md); ("", None, "")
     for a dtype Keel has no name for."""
-    name = _dtype_name(t)
     if t.dtype not in _DTYPES:
         return "", None, ""
+    return _keel.hash(_host_bytes(t), _dtype_name(t), list(t.shape), md5, stats, rounded_digits)
+
+
+def _host_bytes(t):
+    """A tensor's elements in row-major order as a byte buffer on the host (CUDA tensors copied)."""
     host = t.detach().contiguous().cpu()
     if host.dtype in (torch.float16, torch.bfloat16):
         data = host.view(torch.int16).numpy()
@@ -72,8 +76,7 @@ def hash_tensor(t, md5=True, stats=True, rounded_digits=0):
         data = host.view(torch.uint8).numpy()
     else:
         data = host.numpy()
-    return _keel.hash(memoryview(data.reshape(-1)).cast("B"), name, list(host.shape), md5, stats,
-                      rounded_digits)
+    return memoryview(data.reshape(-1)).cast("B")
 
 
 def _tensors(values):
@@ -100,6 +103,9 @@ class _Session(TorchDispatchMode):
         self.rec = _keel.Recording(
             path, "cpu", socket.gethostname(), json.dumps(config) if config is not None else "{}",
             seed, options, torch.__version__)
+        self.hashes = bool(md5 or stats or rounded_md5)
+        # Hashed off the Python thread (Note [keel_torch hashing off the Python thread]).
+        self.rec.hashing(md5, stats, rounded_md5, max(1, min(4, (os.cpu_count() or 2))))
         self.names = {}
         if model is not None:
             for name, module in model.named_modules():
@@ -241,9 +247,9 @@ class _Session(TorchDispatchMode):
     # ---- ops ---------------------------------------------------------------------------------
 
     def _tensor(self, t, output, index):
-        """One tensor as _keel.Recording.op takes it: a tuple (see _keel.cpp tensorRecord)."""
-        md5, stats, rounded = (hash_tensor(t, self.md5, self.stats, self.rounded)
-                               if (self.md5 or self.stats or self.rounded) else ("", None, ""))
+        """One tensor as _keel.Recording.op takes it: a tuple (see _keel.cpp tensorRecord), its
+        bytes to hash (copied and hashed off this thread) or None."""
+        data = _host_bytes(t) if self.hashes and t.dtype in _DTYPES else None
         size = t.element_size()
         offset = t.storage_offset()
         try:  # the storage's base address: views of one buffer share it
@@ -252,8 +258,7 @@ class _Session(TorchDispatchMode):
             buffer = 0
         return (output, index, self.tensor_id(t), t._version, buffer, tuple(t.shape),
                 t.stride(), offset, _DTYPES.get(t.dtype) or _dtype_name(t),
-                str(t.device) if t.is_cuda else "cpu", t.numel() * size, md5 or "", stats,
-                rounded or "")
+                str(t.device) if t.is_cuda else "cpu", t.numel() * size, data)
 
     def _stack(self):
         frames = []
