@@ -13,6 +13,7 @@
 #include "keel/analysis/ranks.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/reader.h"
+#include "run_folder_util.h"
 
 namespace keel::analysis {
 
@@ -56,10 +57,6 @@ bool isUpdate(const OpRecord& op) {
   return op.phase == Phase::Optimizer && (op.name == "adamw_step" || op.name == "sgd_step");
 }
 
-bool isExpert(const std::string& name) {
-  return name.find(".moe.experts.") != std::string::npos;
-}
-
 // A run folder or one recording, read step by step: per parameter (in update order), the value
 // before its update (input 0) and its gradient (input 1), whole.
 class Source {
@@ -67,24 +64,14 @@ class Source {
   explicit Source(const std::string& path) {
     if (storage::isRunFolder(path)) {
       m_ = storage::readManifest(path);
-      for (int64_t r = 0; r < m_.worldSize; ++r)
-        recs_.push_back(Recording::open(storage::rankPath(path, m_, r)));
-      layout_ = "dp " + std::to_string(m_.dp) + " x tp " + std::to_string(m_.tp) +
-                (m_.ep > 1 ? ", ep " + std::to_string(m_.ep) : std::string()) +
-                (m_.cp > 1 ? ", cp " + std::to_string(m_.cp) : std::string()) +
-                (m_.zero ? ", zero" : "") + " (" + std::to_string(m_.worldSize) + " ranks)";
+      recs_ = detail::openRanks(path, m_);
+      layout_ = detail::layoutText(m_.dp, m_.tp, m_.ep, m_.cp, m_.zero) + " (" +
+                std::to_string(m_.worldSize) + " ranks)";
     } else {
       recs_.push_back(Recording::open(path));
       layout_ = "one process";
     }
-    int64_t done = -1;
-    for (Recording& rec : recs_) {
-      int64_t n = 0;
-      for (const storage::StepRecord& st : rec.steps())
-        if (st.endNs != 0 && st.step == n + 1) n = st.step;
-      done = done < 0 ? n : std::min(done, n);
-    }
-    steps_ = std::max<int64_t>(done, 0);
+    steps_ = detail::finishedSteps(recs_);
     path_ = path;
   }
   const std::string& layout() const { return layout_; }
@@ -108,7 +95,7 @@ class Source {
       const int64_t d = int64_t(r) / m_.tp;
       for (const OpRecord& op : recs_[r].stepOps(step)) {
         if (!isUpdate(op)) continue;
-        if (!m_.zero && d != 0 && !(isExpert(op.scope) && d < m_.ep)) continue;
+        if (!m_.zero && d != 0 && !(detail::isExpertScope(op.scope) && d < m_.ep)) continue;
         auto [it, fresh] = index.emplace(op.scope, out.size());
         if (fresh) out.push_back({op.scope, {}, {}});
         for (const TensorRecord& t : op.tensors) {

@@ -12,6 +12,7 @@
 #include "keel/base/text.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/reader.h"
+#include "run_folder_util.h"
 
 namespace keel::analysis {
 
@@ -84,21 +85,6 @@ std::vector<int64_t> groupMembers(const RunManifest& m, const std::string& group
   else
     for (int64_t r = 0; r < m.worldSize; ++r) out.push_back(r);
   return out;
-}
-
-std::vector<Recording> openRanks(const std::string& dir, const RunManifest& m) {
-  std::vector<Recording> recs;
-  for (int64_t r = 0; r < m.worldSize; ++r) {
-    Recording rec = Recording::open(storage::rankPath(dir, m, r));
-    const storage::RunInfo run = rec.run();
-    if (run.worldSize > 1 && (run.rank != r || run.worldSize != m.worldSize))
-      throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
-                                  " was recorded by rank " + std::to_string(run.rank) + " of " +
-                                  std::to_string(run.worldSize) + ", the manifest says rank " +
-                                  std::to_string(r) + " of " + std::to_string(m.worldSize));
-    recs.push_back(std::move(rec));
-  }
-  return recs;
 }
 
 bool recordsMd5(const Recording& rec) {
@@ -232,7 +218,7 @@ RunSummary summarizeRun(const std::string& dir) {
   RunSummary s;
   s.manifest = storage::readManifest(dir);
   const RunManifest& m = s.manifest;
-  std::vector<Recording> recs = openRanks(dir, m);
+  std::vector<Recording> recs = detail::openRanks(dir, m);
   std::vector<RankCollectives> colls;
   for (int64_t r = 0; r < m.worldSize; ++r) {
     const Recording& rec = recs[size_t(r)];
@@ -440,10 +426,6 @@ struct Pairing {
   bool zero = false;
 };
 
-bool isExpertScope(const std::string& scope) {
-  return scope.find(".moe.experts.") != std::string::npos;
-}
-
 // Which of an op's tensors the replicas must agree on.
 bool mustAgree(const OpRecord& op, const storage::TensorRecord& t, const Pairing& p) {
   if (op.step == 0) return t.role == storage::Role::Output;  // initialisation
@@ -472,7 +454,7 @@ std::vector<OpRecord> pairedOps(std::vector<OpRecord> ops, const Pairing& p) {
     }
     if (op.step == 0) return false;
     if (op.phase != Phase::Optimizer || p.zero) return true;
-    return !p.sameExperts && (isExpertScope(op.scope) || op.scope == "clip_grad_norm");
+    return !p.sameExperts && (detail::isExpertScope(op.scope) || op.scope == "clip_grad_norm");
   });
   return ops;
 }
@@ -542,20 +524,12 @@ ReplicaReport checkReplicas(const std::string& dir) {
   report.tp = m.tp;
   report.zero = m.zero;
   report.ep = m.ep;
-  std::vector<Recording> recs = openRanks(dir, m);
-  int64_t steps = -1;
-  for (int64_t r = 0; r < m.worldSize; ++r) {
+  std::vector<Recording> recs = detail::openRanks(dir, m);
+  for (int64_t r = 0; r < m.worldSize; ++r)
     if (!recordsMd5(recs[size_t(r)]))
       throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
                                   " has no MD5s; record with --md5 or --all to check replicas");
-    // Steps the rank finished (a run stopped or hung mid-step has a last step with no end: its
-    // ops stop wherever the rank was, which is not a desync).
-    int64_t n = 0;
-    for (const storage::StepRecord& st : recs[size_t(r)].steps())
-      if (st.endNs != 0 && st.step == n + 1) n = st.step;
-    steps = steps < 0 ? n : std::min(steps, n);
-  }
-  report.steps = std::max<int64_t>(steps, 0);
+  report.steps = detail::finishedSteps(recs);  // a rank stopped mid-step is not a desync
   if (m.dp < 2) return report;
   for (int64_t step = 0; step <= report.steps; ++step) {
     for (int64_t t = 0; t < m.tp; ++t) {
@@ -581,10 +555,9 @@ ReplicaReport checkReplicas(const std::string& dir) {
 std::string replicaText(const ReplicaReport& r) {
   char line[256];
   std::snprintf(line, sizeof line,
-                "replica check: dp %lld x tp %lld%s%s, %lld steps and initialisation, %lld ops and "
+                "replica check: %s, %lld steps and initialisation, %lld ops and "
                 "%lld tensors compared by MD5\n",
-                static_cast<long long>(r.dp), static_cast<long long>(r.tp),
-                r.ep > 1 ? (", ep " + std::to_string(r.ep)).c_str() : "", r.zero ? ", zero" : "",
+                detail::layoutText(r.dp, r.tp, r.ep, 1, r.zero).c_str(),
                 static_cast<long long>(r.steps), static_cast<long long>(r.opsCompared),
                 static_cast<long long>(r.tensorsCompared));
   std::string out = line;

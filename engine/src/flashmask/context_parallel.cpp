@@ -11,6 +11,8 @@
 #include "keel/error.h"
 #include "keel/ops.h"
 
+#include "graph_tie.h"
+
 namespace keel::cp {
 
 namespace {
@@ -148,13 +150,6 @@ PairMask pairMask(const ColumnMask& cols, const Shape& maskShape, Chunk q, Chunk
   return pm;
 }
 
-// A zero scalar that depends on x in the autograd graph whatever x holds (the sum of none of its
-// elements: no NaN or overflow from x's values), to keep a collective's output in every rank's
-// graph (Note [Context-parallel attention]).
-Tensor zeroTie(const Tensor& x) {
-  return ops::sum(ops::slice(ops::reshape(x, {-1}), 0, 0, 0));
-}
-
 // The log-sum-exp merge of one query chunk's partial results, in float32 (or float64) whatever
 // the inputs' dtype, rounded once at the end as the kernel rounds its output.
 std::pair<Tensor, Tensor> merge(const std::vector<std::pair<Tensor, Tensor>>& parts) {
@@ -274,8 +269,8 @@ std::pair<Tensor, Tensor> ringAttention(const Tensor& q, const Tensor& k, const 
   std::vector<std::vector<std::pair<Tensor, Tensor>>> parts(mine.size());
   Tensor kv = ops::concat({k, v}, 0);  // [2B, S/n, Hk, D]: one tensor round the ring
   const int64_t b = k.size(0);
-  Tensor
-      anchor;  // ties a received kv no pair used to the output (Note [Context-parallel attention])
+  Tensor anchor;  // ties a received kv no pair used to the output (Note [Collectives in every
+                  // rank's backward])
   for (int step = 0; step < n; ++step) {
     if (step > 0) kv = passOn(kv, group, n, r);
     const int owner = (r + n - step) % n;
@@ -309,7 +304,7 @@ std::pair<Tensor, Tensor> ringAttention(const Tensor& q, const Tensor& k, const 
       kAt += kc.len;
     }
     if (!used && step > 0) {
-      const Tensor zero = zeroTie(kv);
+      const Tensor zero = detail::zeroTie(kv);
       anchor = anchor.defined() ? ops::add(anchor, zero) : zero;
     }
   }

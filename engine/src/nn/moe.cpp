@@ -11,6 +11,8 @@
 #include "keel/nn.h"
 #include "keel/ops.h"
 
+#include "graph_tie.h"
+
 namespace keel::nn {
 
 // Note [MoE routing]
@@ -24,24 +26,37 @@ namespace keel::nn {
 // show. The aux loss E · Σ_e f_e · P_e uses f_e over all k·N routed assignments (before capacity)
 // and P_e = mean_n probs[n, e]; it is 1 for perfectly uniform routing.
 
+namespace {
+
+// f_e: each expert's share of the k · N assignments in `choice` (no gradient), as a tensor like
+// probs. keel::Error for an expert index outside [0, e).
+Tensor assignmentShares(const std::vector<int64_t>& choice, int64_t e, const Tensor& probs) {
+  std::vector<float> frac(size_t(e), 0.0f);
+  for (int64_t i : choice) {
+    KEEL_CHECK(i >= 0 && i < e, "loadBalancingLoss: expert index ", i, " out of range [0, ", e,
+               ")");
+    frac[size_t(i)] += 1.0f;
+  }
+  const float total = float(choice.size());
+  if (total > 0)
+    for (auto& f : frac) f /= total;
+  return tensorFromHost(frac, {e}, probs.dtype(), probs.device());
+}
+
+// E · Σ_e f_e · P_e.
+Tensor balance(const Tensor& p, const Tensor& f, int64_t e) {
+  return ops::mulScalar(ops::sum(ops::mul(p, f)), double(e));
+}
+
+}  // namespace
+
 Tensor loadBalancingLoss(const Tensor& probs, const Tensor& topIdx) {
   KEEL_CHECK(probs.dim() == 2 && topIdx.dim() == 2 && topIdx.size(0) == probs.size(0),
              "loadBalancingLoss: expected probs [N, E] and topIdx [N, k], got ",
              shapeStr(probs.shape()), " and ", shapeStr(topIdx.shape()));
   const int64_t e = probs.size(1);
-  std::vector<int64_t> idx = hostInts(topIdx);
-  std::vector<float> frac(size_t(e), 0.0f);
-  for (int64_t i : idx) {
-    KEEL_CHECK(i >= 0 && i < e, "loadBalancingLoss: expert index ", i, " out of range [0, ", e,
-               ")");
-    frac[size_t(i)] += 1.0f;
-  }
-  const float total = float(idx.size());
-  if (total > 0)
-    for (auto& f : frac) f /= total;
-  Tensor f = tensorFromHost(frac, {e}, probs.dtype(), probs.device());
-  Tensor p = ops::mean(probs, {0});  // [E]
-  return ops::mulScalar(ops::sum(ops::mul(p, f)), double(e));
+  const Tensor f = assignmentShares(hostInts(topIdx), e, probs);
+  return balance(ops::mean(probs, {0}), f, e);  // P_e: [E]
 }
 
 namespace {
@@ -53,19 +68,9 @@ namespace {
 Tensor scopeBalancingLoss(const Tensor& probs, const std::vector<int64_t>& choice,
                           int64_t scopeTokens) {
   const int64_t e = probs.size(1);
-  std::vector<float> frac(size_t(e), 0.0f);
-  for (int64_t i : choice) frac[size_t(i)] += 1.0f;
-  for (auto& f : frac) f /= float(std::max<size_t>(1, choice.size()));
-  const Tensor f = tensorFromHost(frac, {e}, probs.dtype(), probs.device());
+  const Tensor f = assignmentShares(choice, e, probs);
   const Tensor mine = ops::mulScalar(ops::sum(probs, {0}), 1.0 / double(scopeTokens));
-  const Tensor p = ops::copyToGroup(ops::allReduce(mine, "sum", "dp"), "dp");
-  return ops::mulScalar(ops::sum(ops::mul(p, f)), double(e));
-}
-
-// A zero scalar tied to x in the autograd graph, whatever x holds (the sum of none of its
-// elements), so an exchange stays in every rank's backward (see exchangeWithExperts).
-Tensor zeroTie(const Tensor& x) {
-  return ops::sum(ops::slice(ops::reshape(x, {-1}), 0, 0, 0));
+  return balance(ops::copyToGroup(ops::allReduce(mine, "sum", "dp"), "dp"), f, e);
 }
 
 Tensor indexTensor(const std::vector<int64_t>& v, Device device) {
@@ -200,7 +205,8 @@ Tensor MoE::exchangeWithExperts(const Tensor& x2, const Tensor& gatesFlat, const
   if (block == 0) return out;  // nothing kept anywhere in the group: every rank agrees
   // Both exchanges must be in every rank's graph, or backward would run an all_to_all on some
   // ranks only (the autograd engine runs a node only when a gradient reaches it): a rank that
-  // sends, computes or receives nothing ties the exchange to its graph with a zero term.
+  // sends, computes or receives nothing ties the exchange to its graph with a zero term (Note
+  // [Collectives in every rank's backward]).
   const bool sends = std::any_of(mine.begin(), mine.end(), [](int64_t m) { return m > 0; });
   std::vector<Tensor> parts;
   std::vector<int64_t> sentTokens, sentSlots, sentRows;
@@ -217,15 +223,15 @@ Tensor MoE::exchangeWithExperts(const Tensor& x2, const Tensor& gatesFlat, const
     sentTokens.insert(sentTokens.end(), rows.begin(), rows.end());
   }
   Tensor send = ops::concat(parts, 0);
-  if (!sends) send = ops::add(send, zeroTie(x2));
+  if (!sends) send = ops::add(send, detail::zeroTie(x2));
   const Tensor received = ops::allToAll(send, "ep");  // [ep · block, C]
   // This rank's experts on what arrived: in sender order, the global token order.
   int64_t arrived = 0;
   for (int64_t s = 0; s < ep; ++s)
     for (int64_t e = firstExpert_; e < firstExpert_ + local; ++e) arrived += count(s, e);
-  Tensor results =
-      arrived > 0 ? Tensor::zeros({ep * block, c}, x2.dtype(), dev)
-                  : ops::add(Tensor::zeros({ep * block, c}, x2.dtype(), dev), zeroTie(received));
+  Tensor results = arrived > 0 ? Tensor::zeros({ep * block, c}, x2.dtype(), dev)
+                               : ops::add(Tensor::zeros({ep * block, c}, x2.dtype(), dev),
+                                          detail::zeroTie(received));
   for (int64_t li = 0; li < local; ++li) {
     const int64_t e = firstExpert_ + li;
     std::vector<int64_t> at;
@@ -240,7 +246,7 @@ Tensor MoE::exchangeWithExperts(const Tensor& x2, const Tensor& gatesFlat, const
     results = ops::indexAdd(results, 0, idx, ye);
   }
   const Tensor returned = ops::allToAll(results, "ep");  // block j: j's outputs for what we sent
-  if (sentTokens.empty()) return ops::add(out, zeroTie(returned));
+  if (sentTokens.empty()) return ops::add(out, detail::zeroTie(returned));
   const int64_t m = int64_t(sentTokens.size());
   const Tensor y = ops::indexSelect(returned, 0, indexTensor(sentRows, dev));
   const Tensor g =

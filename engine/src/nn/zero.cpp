@@ -55,14 +55,41 @@ int64_t rowElems(const Tensor& t) {
   return t.size(0) == 0 ? 0 : t.numel() / t.size(0);
 }
 
-// The elements of each rank's block of a bucket: its rows of every parameter of the bucket.
-std::vector<int64_t> blockLengths(const std::vector<Tensor>& params,
-                                  const std::vector<size_t>& bucket, int parts) {
-  std::vector<int64_t> len(size_t(parts), 0);
+// Rows [first, first + count) of t, flattened (a view of contiguous t).
+Tensor flatRows(const Tensor& t, std::pair<int64_t, int64_t> rows) {
+  return ops::reshape(ops::slice(t, 0, rows.first, rows.first + rows.second), {-1});
+}
+
+// A bucket's layout in the collectives: block j holds part j's rows of every parameter of the
+// bucket, one after another, padded with zeros to the longest block (at least one element), so
+// the blocks are equal.
+struct Blocks {
+  std::vector<int64_t> len;  // elements of each block before padding
+  int64_t longest = 1;
+};
+
+Blocks bucketBlocks(const std::vector<Tensor>& params, const std::vector<size_t>& bucket,
+                    int parts) {
+  Blocks b;
+  b.len.assign(size_t(parts), 0);
   for (int j = 0; j < parts; ++j)
     for (size_t i : bucket)
-      len[size_t(j)] += rowPart(params[i].size(0), parts, j).second * rowElems(params[i]);
-  return len;
+      b.len[size_t(j)] += rowPart(params[i].size(0), parts, j).second * rowElems(params[i]);
+  b.longest = std::max<int64_t>(1, *std::max_element(b.len.begin(), b.len.end()));
+  return b;
+}
+
+// Appends block j: part j's rows of each parameter's value (or gradient), then its padding.
+void appendBlock(std::vector<Tensor>& out, const std::vector<Tensor>& params,
+                 const std::vector<size_t>& bucket, int parts, int j, const Blocks& b,
+                 bool gradients) {
+  for (size_t i : bucket) {
+    const auto rows = rowPart(params[i].size(0), parts, j);
+    if (rows.second > 0) out.push_back(flatRows(gradients ? params[i].grad() : params[i], rows));
+  }
+  const Tensor& first = params[bucket.front()];
+  if (b.len[size_t(j)] < b.longest)
+    out.push_back(Tensor::zeros({b.longest - b.len[size_t(j)]}, first.dtype(), first.device()));
 }
 
 }  // namespace
@@ -91,17 +118,7 @@ std::vector<std::vector<size_t>> ShardedAdamW::buckets() const {
   return out;
 }
 
-namespace {
-
-// Rows [first, first + count) of t, flattened (a view of contiguous t).
-Tensor flatRows(const Tensor& t, std::pair<int64_t, int64_t> rows) {
-  return ops::reshape(ops::slice(t, 0, rows.first, rows.first + rows.second), {-1});
-}
-
-}  // namespace
-
-// One bucket's layout: block j holds part j's rows of every parameter of the bucket, one after
-// another, padded with zeros to the longest block, so the reduce_scatter's blocks are equal.
+// Per bucket, one reduce_scatter of the blocks (Blocks): this rank keeps its rows' mean gradient.
 void ShardedAdamW::reduceGradients() {
   NoGradGuard ng;
   PhaseGuard phase(Phase::Backward);
@@ -112,18 +129,10 @@ void ShardedAdamW::reduceGradients() {
     grads_[i] = Tensor();
   }
   for (const std::vector<size_t>& bucket : buckets()) {
-    const std::vector<int64_t> blockLen = blockLengths(params_, bucket, size_);
-    const int64_t longest =
-        std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
-    const Tensor& first = params_[bucket.front()];
+    const Blocks blocks = bucketBlocks(params_, bucket, size_);
     std::vector<Tensor> pieces;
-    for (int j = 0; j < size_; ++j) {
-      for (size_t i : bucket)
-        if (rowsOf(i, j).second > 0) pieces.push_back(flatRows(params_[i].grad(), rowsOf(i, j)));
-      if (blockLen[size_t(j)] < longest)
-        pieces.push_back(
-            Tensor::zeros({longest - blockLen[size_t(j)]}, first.dtype(), first.device()));
-    }
+    for (int j = 0; j < size_; ++j)
+      appendBlock(pieces, params_, bucket, size_, j, blocks, /*gradients=*/true);
     const Tensor mine = ops::reduceScatter(ops::concat(pieces, 0), 0, "mean", group_);
     int64_t at = 0;
     for (size_t i : bucket) {
@@ -193,23 +202,16 @@ void ShardedAdamW::step() {
   // Every rank's updated rows to every rank, bucket by bucket, in the reduce-scatter's layout.
   ScopeGuard scope("dp_param_gather", /*absolute=*/true);
   for (const std::vector<size_t>& bucket : buckets()) {
-    const std::vector<int64_t> blockLen = blockLengths(params_, bucket, size_);
-    const int64_t longest =
-        std::max<int64_t>(1, *std::max_element(blockLen.begin(), blockLen.end()));
-    const Tensor& first = params_[bucket.front()];
+    const Blocks blocks = bucketBlocks(params_, bucket, size_);
     std::vector<Tensor> mine;
-    for (size_t i : bucket)
-      if (ownedRows(i).second > 0) mine.push_back(flatRows(params_[i], ownedRows(i)));
-    if (blockLen[size_t(rank_)] < longest)
-      mine.push_back(
-          Tensor::zeros({longest - blockLen[size_t(rank_)]}, first.dtype(), first.device()));
+    appendBlock(mine, params_, bucket, size_, rank_, blocks, /*gradients=*/false);
     Tensor all = ops::allGather(ops::concat(mine, 0), 0, group_);
     if (!all.device().isHost()) all = all.to(Device(Backend::Cpu));
     for (size_t i : bucket) beforeBufferWrite(params_[i]);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       const char* src = static_cast<const char*>(all.data()) +
-                        size_t(j) * size_t(longest) * dtypeSize(all.dtype());
+                        size_t(j) * size_t(blocks.longest) * dtypeSize(all.dtype());
       for (size_t i : bucket) {
         const auto [row, rows] = rowsOf(i, j);
         const size_t bytes = size_t(rows * rowElems(params_[i])) * dtypeSize(all.dtype());

@@ -1,0 +1,58 @@
+// Helpers the multi-rank analyses share (ranks.cpp, parameters.cpp): a run folder's recordings
+// opened and checked against its manifest, the steps every rank finished, expert scopes and the
+// layout's one-line spelling.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/storage/errors.h"
+#include "keel/storage/reader.h"
+#include "keel/storage/run_folder.h"
+
+namespace keel::analysis::detail {
+
+// Each rank's recording, in rank order; StorageError when one was recorded by another rank.
+inline std::vector<storage::Recording> openRanks(const std::string& dir,
+                                                 const storage::RunManifest& m) {
+  std::vector<storage::Recording> recs;
+  for (int64_t r = 0; r < m.worldSize; ++r) {
+    storage::Recording rec = storage::Recording::open(storage::rankPath(dir, m, r));
+    const storage::RunInfo run = rec.run();
+    if (run.worldSize > 1 && (run.rank != r || run.worldSize != m.worldSize))
+      throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
+                                  " was recorded by rank " + std::to_string(run.rank) + " of " +
+                                  std::to_string(run.worldSize) + ", the manifest says rank " +
+                                  std::to_string(r) + " of " + std::to_string(m.worldSize));
+    recs.push_back(std::move(rec));
+  }
+  return recs;
+}
+
+// The steps every recording finished: 1..n with an end time (a run stopped or hung mid-step has
+// a last step with no end, whose ops stop wherever the rank was).
+inline int64_t finishedSteps(std::vector<storage::Recording>& recs) {
+  int64_t steps = -1;
+  for (storage::Recording& rec : recs) {
+    int64_t n = 0;
+    for (const storage::StepRecord& st : rec.steps())
+      if (st.endNs != 0 && st.step == n + 1) n = st.step;
+    steps = steps < 0 ? n : std::min(steps, n);
+  }
+  return std::max<int64_t>(steps, 0);
+}
+
+// An op or parameter of a MoE layer's experts (the engine's GPT::isExpertParameter naming).
+inline bool isExpertScope(const std::string& scope) {
+  return scope.find(".moe.experts.") != std::string::npos;
+}
+
+// "dp 2 x tp 2", then ", ep E", ", cp C", ", zero" where they apply.
+inline std::string layoutText(int64_t dp, int64_t tp, int64_t ep, int64_t cp, bool zero) {
+  return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
+         (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) +
+         (cp > 1 ? ", cp " + std::to_string(cp) : std::string()) + (zero ? ", zero" : "");
+}
+
+}  // namespace keel::analysis::detail
