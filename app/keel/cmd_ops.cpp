@@ -15,7 +15,12 @@
 namespace keel::cli {
 namespace {
 
-int runOps() {
+// Backends whose kernels a listing shows: all, or one (--backend).
+bool shown(int b, int only) {
+  return only < 0 || b == only;
+}
+
+int runOps(int only) {
   const keel::Registry& reg = keel::Registry::get();
   std::printf("%-24s %-7s %-5s %s\n", "OP", "INPUTS", "GRAD", "KERNELS");
   for (int i = 0; i < reg.size(); ++i) {
@@ -26,7 +31,7 @@ int runOps() {
       kernels = "view (all backends)";
     } else {
       for (int b = 0; b < keel::kNumBackends; ++b)
-        if (op.kernels[b].fn) {
+        if (op.kernels[b].fn && shown(b, only)) {
           if (!kernels.empty()) kernels += ' ';
           kernels += keel::backendName(keel::Backend(b));
         }
@@ -42,7 +47,7 @@ int runOps() {
 
 // One line per op and backend with a kernel: the kernel's variant (Note [Kernel identity]), what
 // `keel diff` compares when two runs' kernels differ. Views run no kernel: one line, "view".
-int runKernels() {
+int runKernels(int only) {
   const keel::Registry& reg = keel::Registry::get();
   std::printf("%-28s %-8s %s\n", "OP", "BACKEND", "VARIANT");
   int kernels = 0, views = 0;
@@ -55,7 +60,7 @@ int runKernels() {
     }
     for (int b = 0; b < keel::kNumBackends; ++b) {
       const keel::KernelEntry& k = op.kernels[b];
-      if (!k.fn) continue;
+      if (!k.fn || !shown(b, only)) continue;
       const std::string backend(keel::backendName(keel::Backend(b)));
       std::printf("%-28s %-8s %s\n", op.name.c_str(), backend.c_str(),
                   k.variant.empty() ? "(not described)" : k.variant.c_str());
@@ -71,9 +76,28 @@ struct OpsArgs {
   int64_t step = -1;
   int64_t limit = -1;
   int64_t rank = -1;
+  std::string backend;
   bool markdown = false;
   bool kernels = false;
 };
+
+// The registry with the CUDA backend's kernels when it can be loaded (Note [CUDA backend plugin]);
+// --backend cuda insists on it. Returns the backend to show (-1: all), or fails.
+int chooseBackend(const std::string& name, int* only) {
+  const std::string why = keel::loadCudaBackend();
+  *only = -1;
+  if (name.empty()) return 0;
+  keel::Device d;
+  try {
+    d = keel::Device(name);
+  } catch (const keel::Error& e) {
+    return fail(std::string("--backend: ") + e.what());
+  }
+  if (d.backend == keel::Backend::Cuda && !why.empty())
+    return fail("the cuda backend is not available: " + why);
+  *only = int(d.backend);
+  return 0;
+}
 
 int runRecordedOps(const OpsArgs& a) {
   storage::Recording rec = storage::Recording::open(recordingOfRank(a.recording, a.rank));
@@ -138,13 +162,20 @@ Command addOpsCommand(CLI::App& root) {
   addRankOption(ops, a->rank);
   ops->add_flag("--markdown", a->markdown,
                 "print the registry as docs/ops.md's tables (between its generated markers)");
+  ops->add_option("--backend", a->backend,
+                  "only this backend's kernels (cpu, cpu-ref, cuda) in the registry listings");
   ops->add_flag("--kernels", a->kernels,
                 "print each op's kernel variant per backend (what decides its numerics); with a "
                 "recording, the kernel that ran each call");
   return {ops, [a] {
+            int only = -1;
+            if (a->recording.empty())
+              if (int rc = chooseBackend(a->backend, &only)) return rc;
+            if (!a->recording.empty() && !a->backend.empty())
+              return fail("--backend filters the registry listings, not a recording");
             if (a->kernels) {
               if (a->markdown) return fail("--kernels and --markdown are two different lists");
-              if (a->recording.empty()) return runKernels();
+              if (a->recording.empty()) return runKernels(only);
             }
             if (a->markdown) {
               if (!a->recording.empty()) return fail("--markdown lists the registry, not a file");
@@ -153,7 +184,7 @@ Command addOpsCommand(CLI::App& root) {
             }
             if (a->recording.empty() && a->rank >= 0)
               return fail("--rank needs a recording (a run folder)");
-            return a->recording.empty() ? runOps() : runRecordedOps(*a);
+            return a->recording.empty() ? runOps(only) : runRecordedOps(*a);
           }};
 }
 

@@ -188,8 +188,8 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
       addTensor(tensors, item.fills, e.outputs[i], storage::Role::Output, int32_t(i));
     if (opt_.dumps && opt_.dumpFilter.matches(e.op->name, e.scope, step)) {
       for (size_t i = 0; i < e.outputs.size(); ++i) {
-        const Tensor& t = e.outputs[i];
-        if (!t.defined() || !t.device().isHost()) continue;
+        if (!e.outputs[i].defined()) continue;
+        const Tensor t = hostCopy(e.outputs[i]);  // a device tensor's values, read back
         storage::DumpRecord d;
         d.opSeq = e.seq;
         d.role = storage::Role::Output;
@@ -424,7 +424,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
     r.device = t.device().name();
     r.bytes = int64_t(t.nbytes());
     const bool wantStats = opt_.stats && isFloating(t.dtype());
-    if (!(opt_.md5 || opt_.roundedMd5 > 0 || wantStats) || !t.device().isHost()) return;
+    if (!(opt_.md5 || opt_.roundedMd5 > 0 || wantStats)) return;
     ContentKey key{r.bufferId, r.version, r.offset, t.numel(), t.dtype(), {}, {}};
     if (!t.isContiguous()) {
       key.shape = t.shape();
@@ -442,7 +442,12 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
     }
     if (!job) {
       job = std::make_shared<HashJob>();
-      job->tensor = t;
+      // Note [Device tensors]: a device tensor is hashed from a host copy of its values, made
+      // here on the engine thread (a wait for the device) once per content (the cache above):
+      // its checksums and statistics are the same bytes' as on the host, so a cuda run's MD5s
+      // compare with a cpu run's. The copy is a fresh buffer nothing writes, so the job needs
+      // no settle.
+      job->tensor = hostCopy(t);
       job->bufferId = r.bufferId;
       job->md5 = opt_.md5;
       job->roundedDigits = opt_.roundedMd5;
@@ -476,11 +481,12 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
     }
     if (!hit) {
       entry = HashEntry{};
-      if (opt_.md5) entry.md5 = md5Elements(t);
-      if (opt_.roundedMd5 > 0) entry.md5Rounded = md5RoundedElements(t, opt_.roundedMd5);
+      const Tensor h = hostCopy(t);  // a device tensor's values, read back (Note [Device tensors])
+      if (opt_.md5) entry.md5 = md5Elements(h);
+      if (opt_.roundedMd5 > 0) entry.md5Rounded = md5RoundedElements(h, opt_.roundedMd5);
       if (wantStats) {
         entry.hasStats = true;
-        entry.stats = tensorStats(t);
+        entry.stats = tensorStats(h);
       }
       std::lock_guard<std::mutex> lk(mu_);
       if (hashCache_.size() >= kHashCacheMax) hashCache_.clear();

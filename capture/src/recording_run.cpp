@@ -261,9 +261,8 @@ std::string BreakConditions::checkStep(int64_t step, const WorkloadMetrics& m) {
 
 std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
   for (size_t i = 0; i < e.outputs.size(); ++i) {
-    const Tensor& t = e.outputs[i];
-    if (!t.defined() || !t.device().isHost() || !isFloating(t.dtype())) continue;
-    const storage::TensorStats st = tensorStats(t);
+    if (!e.outputs[i].defined() || !isFloating(e.outputs[i].dtype())) continue;
+    const storage::TensorStats st = tensorStats(hostCopy(e.outputs[i]));
     if (st.nanCount > 0 || st.infCount > 0) {
       return "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " + e.op->name + ": " +
              std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) + " Inf)";
@@ -287,8 +286,8 @@ std::string BreakConditions::referenceReason(State& st, const OpEvent& e) {
     if (rt.role != storage::Role::Output || rt.md5.empty()) continue;
     if (rt.index < 0 || size_t(rt.index) >= e.outputs.size()) continue;
     const Tensor& t = e.outputs[size_t(rt.index)];
-    if (!t.defined() || !t.device().isHost()) continue;
-    const std::string live = tensorMd5(t);
+    if (!t.defined()) continue;
+    const std::string live = tensorMd5(hostCopy(t));
     if (live != rt.md5) {
       return "breakpoint: first MD5 difference from the reference: output " +
              std::to_string(rt.index) + " of " + e.op->name + " (reference " + rt.md5.substr(0, 8) +

@@ -207,7 +207,8 @@ class StudioCliTest : public QObject {
         {{"--session", dir_ + "/nope.json"}, "no such config"},
         {{"--session"}, "missing value"},
         {{"--session", kTiny, "--backend", "gpu"},
-         "--backend: backend 'gpu' is not available for training (expected cpu or cpu-ref)"},
+         "--backend: backend 'gpu' is not available for training (expected cpu, cpu-ref or "
+         "cuda[:N])"},
         {{"--session", kTiny, "--steps", "0"}, "--steps: expected a positive number"},
         {{"--session", kTiny, "--seed", "x"}, "--seed: expected"},
         {{"--session", kTiny, "--output", dir_}, "--output: expected a recording file name"},

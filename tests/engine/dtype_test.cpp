@@ -354,17 +354,31 @@ TEST(DeviceNames, ParseAndPrint) {
 }
 
 // The one backend rule of keel train, keel record and a studio session.
-TEST(DeviceNames, TrainingRunsOnTheHostBackendsOnly) {
+TEST(DeviceNames, TrainingRunsOnTheHostBackendsAndCuda) {
   EXPECT_EQ(trainingDevice("cpu"), Device(Backend::Cpu));
   EXPECT_EQ(trainingDevice("cpu-ref"), Device(Backend::CpuRef));
-  for (const char* bad : {"cuda", "cuda:0", "gpu", "", "CPU"}) {
+  for (const char* bad : {"gpu", "", "CPU", "cuda0"}) {
     try {
       trainingDevice(bad);
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()), std::string("backend '") + bad +
-                                           "' is not available for training (expected cpu or "
-                                           "cpu-ref)");
+                                           "' is not available for training (expected cpu, "
+                                           "cpu-ref or cuda[:N])");
+    }
+  }
+  // cuda names a device; where it cannot run, the reason comes with the device's name.
+  if (cudaDevices() > 0) {
+    EXPECT_EQ(trainingDevice("cuda"), Device(Backend::Cuda, 0));
+    return;
+  }
+  for (const char* name : {"cuda", "cuda:0"}) {
+    try {
+      trainingDevice(name);
+      ADD_FAILURE() << name;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("device 'cuda:0' is not available: ", 0), 0u)
+          << e.what();
     }
   }
 }

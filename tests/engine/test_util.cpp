@@ -158,7 +158,9 @@ Tolerance defaultTolerance(DType t) {
            << "shape/dtype differ: actual " << shapeStr(actual.shape()) << " "
            << dtypeName(actual.dtype()) << ", expected " << shapeStr(expected.shape()) << " "
            << dtypeName(expected.dtype());
-  Tensor a = actual.contiguous(), e = expected.contiguous();
+  // Bytes compared on the host (a cuda tensor is copied back first).
+  auto host = [](const Tensor& t) { return t.device().isHost() ? t.contiguous() : t.to(kCpu); };
+  Tensor a = host(actual), e = host(expected);
   size_t es = dtypeSize(a.dtype());
   const auto* pa = static_cast<const unsigned char*>(a.data());
   const auto* pe = static_cast<const unsigned char*>(e.data());

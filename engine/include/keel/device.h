@@ -26,9 +26,17 @@ struct Device {
 
 std::string_view backendName(Backend b);
 
+// The CUDA backend is a plugin the engine loads when a cuda:N device is first used (Note [CUDA
+// backend plugin]). loadCudaBackend() loads it now and returns why it could not be loaded (empty
+// when it is loaded: its kernels are in the registry); cudaDevices() is the number of CUDA devices
+// (0 without the backend, a driver or a device).
+std::string loadCudaBackend();
+int cudaDevices();
+
 // The device a training run (keel train, keel record, a studio session) runs on, by backend name:
-// "cpu" or "cpu-ref". Throws keel::Error "backend 'NAME' is not available for training (expected
-// cpu or cpu-ref)" for anything else, a CUDA device included.
+// "cpu", "cpu-ref", "cuda" (cuda:0) or "cuda:N". Throws keel::Error "backend 'NAME' is not
+// available for training (expected cpu, cpu-ref or cuda[:N])" for anything else, and "device
+// 'cuda:N' is not available: WHY" for a CUDA device this machine cannot run.
 Device trainingDevice(std::string_view name);
 
 }  // namespace keel

@@ -135,7 +135,7 @@ namespace detail {
 void registerBuiltinOpDefs(Registry& r);
 void registerCpuRefKernels(Registry& r);
 void registerCpuKernels(Registry& r);
-void registerCudaKernels(Registry& r);  // no-op where CUDA is not built
+// (The cuda kernels come with the CUDA backend plugin: Note [CUDA backend plugin].)
 }  // namespace detail
 
 }  // namespace keel

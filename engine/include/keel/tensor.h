@@ -120,6 +120,12 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// t's values in host memory, read without running an op (observers see none, and an observer may
+// call it while it handles an op): a host tensor is returned as it is (any layout); a device
+// tensor comes back as a contiguous cpu tensor, after the work queued on its device (a wait).
+// What toVector(), item() and the capture read device tensors through.
+Tensor hostCopy(const Tensor& t);
+
 // Creates a tensor with fresh contiguous storage (values uninitialised).
 Tensor makeTensor(const Shape& shape, DType dtype, Device device);
 // Copies raw host values of type dtype into t (t contiguous, host).

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "cuda_backend.h"
 #include "keel/error.h"
 #include "keel/observer.h"
 
@@ -74,8 +75,7 @@ Allocator& allocatorFor(Device d) {
   Allocator* a = g_allocators[int(d.backend)];
   if (a) return *a;
   if (d.isHost()) return allocatorOfKind(defaultAllocatorKind());
-  throw Error(detail::concat("device '", d.name(),
-                             "' is not available: this build has no allocator for it"));
+  return *detail::cudaApiFor(d).allocator(d.index);  // See Note [CUDA backend plugin]
 }
 
 Allocator* setAllocator(Backend b, Allocator* a) {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda_backend.h"
 #include "keel/autograd.h"
 #include "keel/log.h"
 #include "keel/registry.h"
@@ -159,13 +160,26 @@ void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs) {
   if (g_perturb.mode == Perturbation::Mode::Fail)
     throw Error("op '" + def.name + "': injected failure (KEEL_TEST_PERTURB)");
   const bool nan = g_perturb.mode == Perturbation::Mode::Nan;
-  visitDType(outputs[0].dtype(), [&]<typename T>() {
+  const Tensor& out = outputs[0];
+  visitDType(out.dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
-      T* p = outputs[0].data<T>();
-      if constexpr (std::is_same_v<T, double>)
-        p[0] = nan ? std::nan("") : p[0] + 1000.0;
+      // Element 0, read and written back through the host for a device output.
+      T v;
+      const bool dev = !out.device().isHost();
+      if (dev)
+        detail::cudaApiFor(out.device())
+            .copy(out.device().index, &v, false, out.data(), true, sizeof(T));
       else
-        p[0] = T(nan ? std::nanf("") : float(p[0]) + 1000.0f);
+        v = out.data<T>()[0];
+      if constexpr (std::is_same_v<T, double>)
+        v = nan ? std::nan("") : v + 1000.0;
+      else
+        v = T(nan ? std::nanf("") : float(v) + 1000.0f);
+      if (dev)
+        detail::cudaApiFor(out.device())
+            .copy(out.device().index, out.data(), true, &v, false, sizeof(T));
+      else
+        out.data<T>()[0] = v;
     }
   });
 }
@@ -291,13 +305,18 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
         ev.attrs = &described;
       }
       Device outDev = opId == int(OpId::CopyTo) ? Device(attrs.getString("device")) : dev;
-      const KernelEntry& k = def.kernels[int(dev.backend)];
+      // A copy to or from a cuda device runs the cuda kernel, which moves bytes between the host
+      // and the device; any op on a cuda device loads the CUDA backend first (Note [CUDA backend
+      // plugin]) and fails here, naming the device, where it cannot run.
+      const Backend kb = outDev.isHost() ? dev.backend : Backend::Cuda;
+      if (kb == Backend::Cuda) detail::cudaApiFor(outDev.isHost() ? dev : outDev);
+      const KernelEntry& k = def.kernels[int(kb)];
       KEEL_CHECK(k.fn != nullptr, "op '", def.name, "' has no kernel for backend '",
-                 backendName(dev.backend), "' (inputs: ", describeInputs(inputs), ")");
+                 backendName(kb), "' (inputs: ", describeInputs(inputs), ")");
       DType kdt = inputs.empty() ? metas.at(0).dtype : inputs[0].dtype();
-      KEEL_CHECK(k.dtypes & dtypeBit(kdt), "op '", def.name, "' on backend '",
-                 backendName(dev.backend), "' does not support dtype ", dtypeName(kdt),
-                 " (inputs: ", describeInputs(inputs), ")");
+      KEEL_CHECK(k.dtypes & dtypeBit(kdt), "op '", def.name, "' on backend '", backendName(kb),
+                 "' does not support dtype ", dtypeName(kdt), " (inputs: ", describeInputs(inputs),
+                 ")");
       outputs.reserve(metas.size());
       {
         // Top-level outputs are allocated at a safe point (Note [Buffer move]).
@@ -314,7 +333,7 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
       const KernelCtx kctx{def, inputs, outputs, attrs};
       if (observe) {
         // See Note [Kernel identity]; a mutating op's inputs are read by observers first.
-        kernelId.backend = dev.backend;
+        kernelId.backend = kb;
         kernelId.variant = k.variant;
         if (k.params) {
           kernelParams = k.params(kctx);

@@ -15,7 +15,6 @@ Registry& Registry::get() {
                " entries, op_ids.h lists ", kNumBuiltinOps);
     detail::registerCpuRefKernels(*reg);
     detail::registerCpuKernels(*reg);
-    detail::registerCudaKernels(*reg);
     return reg;
   }();
   return *r;

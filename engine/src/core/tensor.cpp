@@ -6,10 +6,12 @@
 #include <cstring>
 #include <sstream>
 
+#include "cuda_backend.h"
 #include "keel/autograd.h"
 #include "keel/observer.h"
 #include "keel/ops.h"
 #include "kernel_util.h"
+#include "shape_util.h"
 
 namespace keel {
 namespace {
@@ -47,9 +49,49 @@ Tensor Tensor::makeView(const Tensor& base, Shape shape, Shape strides, int64_t 
   return Tensor(std::move(impl));
 }
 
+namespace {
+// The bytes of a contiguous tensor moved between a cuda device and a host tensor of the same
+// shape and dtype, outside the op stream (no op for observers: as for host reads and writes).
+void copyBytes(const Tensor& dst, const Tensor& src) {
+  const bool dstDev = !dst.device().isHost(), srcDev = !src.device().isHost();
+  const Device d = dstDev ? dst.device() : src.device();
+  detail::cudaApiFor(d).copy(d.index, dst.data(), dstDev, src.data(), srcDev, src.nbytes());
+}
+}  // namespace
+
+Tensor hostCopy(const Tensor& t) {
+  if (t.device().isHost()) return t;
+  Tensor h = makeTensor(t.shape(), t.dtype(), Device(Backend::Cpu));
+  if (t.isContiguous() || t.numel() == 0) {
+    if (t.numel() > 0) copyBytes(h, t);
+    return h;
+  }
+  // A strided view: the bytes its elements span come back whole, then are gathered here (no op
+  // runs, so an observer may call this while it handles an op).
+  int64_t span = 1;
+  for (size_t d = 0; d < t.shape().size(); ++d) span += (t.shape()[d] - 1) * t.strides()[d];
+  Tensor raw = Tensor::makeView(t, {span}, {1}, t.offset());
+  Tensor hr = makeTensor({span}, t.dtype(), Device(Backend::Cpu));
+  copyBytes(hr, raw);
+  const size_t es = dtypeSize(t.dtype());
+  const char* src = static_cast<const char*>(hr.data());
+  char* dst = static_cast<char*>(h.data());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    std::memcpy(dst + size_t(i) * es, src + size_t(stridedOffset(i, t.shape(), t.strides())) * es,
+                es);
+  return h;
+}
+
 void copyFromHost(const Tensor& t, const void* src, DType srcType, int64_t n) {
-  KEEL_CHECK(t.device().isHost() && t.isContiguous(),
-             "copyFromHost needs a contiguous host tensor");
+  KEEL_CHECK(t.isContiguous(), "copyFromHost needs a contiguous tensor");
+  if (!t.device().isHost()) {  // staged through a host tensor of t's dtype
+    Tensor h = makeTensor(t.shape(), t.dtype(), Device(Backend::Cpu));
+    copyFromHost(h, src, srcType, n);
+    beforeBufferWrite(t);
+    copyBytes(t, h);
+    t.bumpVersion();
+    return;
+  }
   KEEL_CHECK(n == t.numel(), "copyFromHost: ", n, " values for a tensor of shape ",
              shapeStr(t.shape()));
   beforeBufferWrite(t);  // See Observer::onBufferWrite
@@ -162,10 +204,8 @@ void Tensor::registerHook(TensorHook hook) const {
 
 template <typename T>
 std::vector<T> Tensor::toVector() const {
-  KEEL_CHECK(device().isHost(), "toVector: tensor is on ", device().name(),
-             "; copy it to the host first");
-  Tensor c = *this;
-  if (!isContiguous()) {
+  Tensor c = hostCopy(*this);
+  if (!c.isContiguous()) {
     NoGradGuard ng;
     c = ops::contiguous(*this);
   }
@@ -201,7 +241,7 @@ Tensor Tensor::contiguous() const {
 std::string Tensor::toString(int64_t maxElements) const {
   std::ostringstream os;
   os << "Tensor(" << shapeStr(shape()) << ", " << dtypeName(dtype()) << ", " << device().name();
-  if (device().isHost()) {
+  {
     auto v = toVector<double>();
     os << ", [";
     for (int64_t i = 0; i < std::min<int64_t>(maxElements, int64_t(v.size())); ++i)

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "cuda_backend.h"
 #include "keel/attrs.h"
 #include "keel/base/vocabulary.h"
 #include "keel/device.h"
@@ -42,8 +43,13 @@ Device::Device(const char* name) {
 Device trainingDevice(std::string_view name) {
   for (Backend b : {Backend::Cpu, Backend::CpuRef})
     if (name == backendName(b)) return Device(b);
-  throw Error(detail::concat("backend '", name,
-                             "' is not available for training (expected cpu or cpu-ref)"));
+  if (name == "cuda" || name.starts_with("cuda:")) {
+    const Device d{std::string(name)};
+    detail::cudaApiFor(d);  // loads the backend; throws "device 'cuda:N' is not available: ..."
+    return d;
+  }
+  throw Error(detail::concat(
+      "backend '", name, "' is not available for training (expected cpu, cpu-ref or cuda[:N])"));
 }
 
 std::string Device::name() const {

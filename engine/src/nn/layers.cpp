@@ -12,16 +12,15 @@
 namespace keel::nn {
 
 std::vector<int64_t> hostInts(const Tensor& t) {
-  if (t.device().isHost()) return t.toVector<int64_t>();
-  return t.to(Device(Backend::Cpu)).toVector<int64_t>();
+  return t.toVector<int64_t>();  // a device tensor is read back outside the op stream
 }
 
 namespace {
 template <typename T>
 Tensor fromHostImpl(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
-  if (device.isHost()) return Tensor::fromVector(values, shape, dtype, device);
-  NoGradGuard ng;
-  return Tensor::fromVector(values, shape, dtype, Device(Backend::Cpu)).to(device);
+  // On a device the values are staged through the host outside the op stream, as host reads are
+  // (no copy_to op: a cuda run's recording lines up with a cpu run's).
+  return Tensor::fromVector(values, shape, dtype, device);
 }
 }  // namespace
 

@@ -143,7 +143,6 @@ void agreeOnGradients(const std::vector<Tensor>& params,
   const Device dev = params[0].device();
   Tensor any = ops::allReduce(Tensor::fromVector(have, {int64_t(have.size())}, DType::Float32, dev),
                               "max", group);
-  if (!any.device().isHost()) any = any.to(Device(Backend::Cpu));
   const std::vector<float> anyHas = any.toVector<float>();
   for (size_t i = 0; i < params.size(); ++i)
     if (anyHas[i] > 0.0f && !params[i].grad().defined())
@@ -168,7 +167,7 @@ double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, const Sha
     total = total.defined() ? ops::add(total, sharded) : sharded;
   }
   if (!total.defined()) return 0.0;
-  double sumSq = total.device().isHost() ? total.item() : total.to(Device(Backend::Cpu)).item();
+  double sumSq = total.item();
   double norm = std::sqrt(sumSq);
   if (maxNorm > 0.0 && norm > maxNorm) {
     double coef = maxNorm / (norm + 1e-6);

@@ -170,8 +170,7 @@ double ShardedAdamW::clipGradNorm(double maxNorm) {
   if (!shards_.sharded.empty())
     sharded = ops::allReduce(ops::contiguous(sharded), "sum", shards_.group);
   const Tensor total = ops::sum(ops::add(sharded, ops::slice(both, 0, 1, 2)));
-  const double norm =
-      std::sqrt(total.device().isHost() ? total.item() : total.to(Device(Backend::Cpu)).item());
+  const double norm = std::sqrt(total.item());
   if (maxNorm > 0.0 && norm > maxNorm) {
     const double coef = maxNorm / (norm + 1e-6);
     for (Tensor& g : grads_)

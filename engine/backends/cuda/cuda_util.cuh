@@ -1,0 +1,225 @@
+// Device-side helpers shared by the cuda kernels: the element types as the device stores them
+// (16-bit floats converted with exactly the host's rounding, keel/base/dtype.h), strided geometry
+// of an input seen at the output's shape (broadcast dims have stride 0), the compute types, and a
+// dtype switch for launching a kernel template. Included by .cu files only.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "keel/registry.h"
+#include "launch.h"
+#include "runtime.h"
+
+namespace keel::cuda {
+
+// ---------------------------------------------------------------- element types
+// Same bits and layout as keel::Half / keel::BFloat16 (the host's), so buffers move unchanged.
+struct alignas(2) DHalf {
+  uint16_t bits;
+};
+struct alignas(2) DBFloat16 {
+  uint16_t bits;
+};
+
+// Float values of stored elements, and stores rounded to nearest even (NaN stays NaN), as the
+// host converts (Half::fromFloat, BFloat16::fromFloat).
+__device__ __forceinline__ float toFloat(DHalf h) {
+  return __half2float(__ushort_as_half(h.bits));
+}
+__device__ __forceinline__ float toFloat(DBFloat16 b) {
+  return __uint_as_float(uint32_t(b.bits) << 16);
+}
+__device__ __forceinline__ DBFloat16 toBFloat16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {uint16_t(u >> 16)};
+}
+__device__ __forceinline__ DHalf toHalf(float f) {
+  if (f != f) return {uint16_t((__float_as_uint(f) >> 16 & 0x8000u) | 0x7e00u)};  // host's NaN
+  return {__half_as_ushort(__float2half_rn(f))};
+}
+
+template <typename T>
+inline constexpr bool kIsFloatD = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                  std::is_same_v<T, DHalf> || std::is_same_v<T, DBFloat16>;
+template <typename T>
+inline constexpr bool kIs16D = std::is_same_v<T, DHalf> || std::is_same_v<T, DBFloat16>;
+
+// Compute type: float for float32 and the 16-bit floats, double for float64, int64 for integers
+// and bool (as the cpu backend's AccT).
+template <typename T>
+using Compute = std::conditional_t<std::is_same_v<T, double>, double,
+                                   std::conditional_t<kIsFloatD<T>, float, int64_t>>;
+
+// Reads an element as type C (C: float, double or int64_t). Integers read as floats convert
+// exactly below 2^24 / 2^53, as on the host.
+template <typename C, typename T>
+__device__ __forceinline__ C readAs(T v) {
+  if constexpr (kIs16D<T>)
+    return C(toFloat(v));
+  else
+    return C(v);
+}
+
+// A double/float/int64 stored as T: floats rounded once (16-bit through float), integers from
+// floating values saturate with NaN -> 0 (keel::saturatingInt), bool is "non-zero".
+template <typename T, typename C>
+__device__ __forceinline__ T storeAs(C x) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return x != C(0);
+  } else if constexpr (std::is_same_v<T, DHalf>) {
+    return toHalf(float(x));
+  } else if constexpr (std::is_same_v<T, DBFloat16>) {
+    return toBFloat16(float(x));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return T(x);
+  } else if constexpr (std::is_floating_point_v<C>) {
+    if (x != x) return T(0);
+    constexpr T tmin = std::numeric_limits<T>::min(), tmax = std::numeric_limits<T>::max();
+    if (double(x) <= double(tmin)) return tmin;
+    if (double(x) >= double(tmax)) return tmax;
+    return T(x);
+  } else {
+    return T(x);
+  }
+}
+
+// ---------------------------------------------------------------- geometry
+inline constexpr int kMaxDims = 8;
+
+// A strided view: element i (row-major over shape) is at data + offset(i).
+struct Geom {
+  int rank = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t stride[kMaxDims] = {};
+  bool contiguous = true;  // offset(i) == i
+
+  __device__ __forceinline__ int64_t offset(int64_t i) const {
+    if (contiguous) return i;
+    int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t s = shape[d];
+      off += (i % s) * stride[d];
+      i /= s;
+    }
+    return off;
+  }
+};
+// t's geometry, or t seen at `shape` (broadcast dims: stride 0). Throws keel::Error naming the op
+// for more than kMaxDims dims.
+Geom geomOf(const Tensor& t);
+Geom geomAs(const Tensor& t, const Shape& shape);
+
+// ---------------------------------------------------------------- dtype switch
+// Calls f.template operator()<T>() with the device storage type of t.
+template <typename F>
+decltype(auto) visit(DType t, F&& f) {
+  switch (t) {
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Float16:
+      return f.template operator()<DHalf>();
+    case DType::BFloat16:
+      return f.template operator()<DBFloat16>();
+    case DType::Int32:
+      return f.template operator()<int32_t>();
+    case DType::Int64:
+      return f.template operator()<int64_t>();
+    case DType::Bool:
+      return f.template operator()<bool>();
+  }
+  throw Error("unknown dtype");
+}
+// Floating dtypes only (kernels registered for kFloatTypes).
+template <typename F>
+decltype(auto) visitFloat(DType t, F&& f) {
+  switch (t) {
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Float16:
+      return f.template operator()<DHalf>();
+    case DType::BFloat16:
+      return f.template operator()<DBFloat16>();
+    default:
+      throw Error("a floating dtype was expected");
+  }
+}
+
+// Typed device address of a tensor's element [0,...,0].
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data());
+}
+
+// Reads an index (int32 or int64 storage) as int64.
+__device__ __forceinline__ int64_t readIndex(const void* p, bool is64, int64_t off) {
+  return is64 ? static_cast<const int64_t*>(p)[off] : int64_t(static_cast<const int32_t*>(p)[off]);
+}
+
+// Note [Deferred device errors] (runtime.h): the first bad value wins.
+__device__ __forceinline__ void reportError(int* word, long long* value, int code, long long v) {
+  if (atomicCAS(word, 0, code) == 0) *value = v;
+}
+
+// Warp and block sums in a fixed tree (the same order every run: deterministic).
+template <typename C>
+__device__ __forceinline__ C warpSum(C v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename C>
+__device__ __forceinline__ C warpMax(C v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    C w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 values in shared memory.
+template <typename C>
+__device__ C blockSum(C v, C* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  // Only warp 0 reads the partial sums, so thread 0's write below races with no reader.
+  if (warp == 0) {
+    v = lane < warps ? scratch[lane] : C(0);
+    v = warpSum(v);
+  }
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  v = scratch[0];
+  __syncthreads();
+  return v;
+}
+template <typename C>
+__device__ C blockMax(C v, C* scratch, C lowest) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? scratch[lane] : lowest;
+    v = warpMax(v);
+  }
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  v = scratch[0];
+  __syncthreads();
+  return v;
+}
+
+}  // namespace keel::cuda
