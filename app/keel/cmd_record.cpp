@@ -245,7 +245,7 @@ Command addRecordCommand(CLI::App& root) {
   c->add_option("--workload", a->workload,
                 "a workload library (KEEL_WORKLOAD, see docs/api.md); default: the built-in gpt");
   c->add_option("-o,--output", a->output, "recording file to write (SQLite)")->required();
-  c->add_option("--backend", a->backend, "cpu | cpu-ref")->capture_default_str();
+  c->add_option("--backend", a->backend, "cpu | cpu-ref | cuda[:N]")->capture_default_str();
   c->add_option("--steps", a->steps, "training steps")
       ->check(wholeNumber(1, kMaxSteps))
       ->capture_default_str();

@@ -178,7 +178,7 @@ Command addTrainCommand(CLI::App& root) {
   // A repeated option takes its last value (scripts/run passes defaults, the user overrides).
   train->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   train->add_option("--config", ta->config, "model + training config (JSON)")->required();
-  train->add_option("--backend", ta->backend, "cpu | cpu-ref")->capture_default_str();
+  train->add_option("--backend", ta->backend, "cpu | cpu-ref | cuda[:N]")->capture_default_str();
   train->add_option("--steps", ta->steps, "number of training steps")
       ->check(wholeNumber(1, kMaxSteps))
       ->capture_default_str();

@@ -67,8 +67,8 @@ struct Options {
                           "view"};
   QCommandLineOption session{"session", "Start a live session of this model config.",
                              "config.json"};
-  QCommandLineOption backend{"backend", "Live session backend: cpu | cpu-ref (default cpu).",
-                             "name", "cpu"};
+  QCommandLineOption backend{
+      "backend", "Live session backend: cpu | cpu-ref | cuda[:N] (default cpu).", "name", "cpu"};
   QCommandLineOption steps{"steps", "Live session length in steps (default 50).", "N", "50"};
   QCommandLineOption seed{"seed", "Live session seed (default 1).", "S", "1"};
   QCommandLineOption output{"output",

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "keel/device.h"
 #include "keel/registry.h"
 
 namespace keel::studio {
@@ -105,6 +106,9 @@ NewSessionDialog::NewSessionDialog(QWidget* parent) : QDialog(parent) {
   });
   backendCombo_ = new QComboBox;
   backendCombo_->addItems({"cpu", "cpu-ref"});
+  // CUDA devices where the CUDA backend loads and finds some (Note [CUDA backend plugin]).
+  for (int i = 0, n = keel::cudaDevices(); i < n; ++i)
+    backendCombo_->addItem(QString("cuda:%1").arg(i));
   form->addRow("Backend", backendCombo_);
   seedSpin_ = new QSpinBox;
   seedSpin_->setRange(0, 1 << 30);

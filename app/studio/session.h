@@ -23,7 +23,7 @@ struct SessionConfig {
   QString configPath;       // model + training config (JSON), e.g. configs/gpt-mini.json
                             // (with a workload library: its config, "" for its defaults)
   QString workloadPath;     // a workload library (docs/api.md); "" for the built-in trainer
-  QString backend = "cpu";  // cpu | cpu-ref
+  QString backend = "cpu";  // cpu | cpu-ref | cuda[:N]
   uint64_t seed = 1;
   int64_t steps = 20;               // length of the run (and of the LR schedule)
   QString output;                   // recording file to write
