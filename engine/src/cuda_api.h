@@ -24,8 +24,8 @@ struct CudaApi {
   const char* (*unavailableReason)() = nullptr;
   // Fills the cuda column of the op table (no device needed).
   void (*registerKernels)(Registry&) = nullptr;
-  // The allocator for new buffers on cuda:N (created on first use: the device VMM allocator or the
-  // caching one, by KEEL_ALLOCATOR). Throws keel::Error naming the device when it is not usable.
+  // The allocator for new buffers on cuda:N (created on first use: the device VMM allocator,
+  // whatever KEEL_ALLOCATOR says). Throws keel::Error naming the device when it is not usable.
   Allocator* (*allocator)(int device) = nullptr;
   // Copies bytes between host and device memory (either side may be the device's), ordered after
   // all work queued on cuda:N's stream; returns once the bytes are in place.

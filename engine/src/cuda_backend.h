@@ -8,7 +8,7 @@
 namespace keel::detail {
 
 // The plugin's table once loaded (kernels registered); null when this build has no CUDA backend
-// or it cannot be loaded (cudaBackendError() says why). Loads on the first call; thread-safe.
+// or it cannot be loaded (loadCudaBackend() says why). Loads on the first call; thread-safe.
 const CudaApi* cudaApi();
 // The table for a cuda:N device that must be usable: throws keel::Error "device 'cuda:N' is not
 // available: ..." (no backend, no device, N out of range).

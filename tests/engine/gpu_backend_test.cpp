@@ -1,15 +1,18 @@
-// The CUDA backend's host side, tested on every machine (no GPU needed): the launch plans of
-// engine/backends/cuda/launch.h, loading the backend plugin (Note [CUDA backend plugin]) and the
-// one-line errors a cuda:N device gives where it cannot run. The kernels themselves are tested on
-// a GPU (cuda_ops_parity_test, label gpu).
+// The CUDA backend's host side, tested on every machine (no GPU needed): the launch and FlashMask
+// tile plans (engine/backends/cuda/launch.h, flashmask_plan.h), loading the backend plugin (Note
+// [CUDA backend plugin]) and the one-line errors a cuda:N device gives where it cannot run. The
+// kernels themselves are tested on a GPU (cuda_ops_parity_test, label gpu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "cuda/flashmask_plan.h"
 #include "cuda/launch.h"
+#include "flashmask/flashmask_geometry.h"
 #include "keel/ops.h"
 #include "keel/registry.h"
 #include "test_util.h"
@@ -53,6 +56,82 @@ TEST(CudaLaunchPlan, ReductionPlanDependsOnTheShapeOnly) {
   EXPECT_FALSE(cuda::reducePlan(4, 4096, 16).blockPerOutput);
   EXPECT_FALSE(cuda::reducePlan(4, 10, 1).blockPerOutput);
   EXPECT_EQ(cuda::reducePlan(4, 4096, 16).blocks, 1u);
+}
+
+// The cuda FlashMask kernels' plan (engine/backends/cuda/flashmask_plan.h): every supported head
+// dim fits the opt-in shared memory and the tiles cover the sequence.
+TEST(CudaFlashMaskPlan, EveryHeadDimFitsSharedMemoryAndTilesCoverTheSequence) {
+  namespace fp = cuda::fmplan;
+  for (int cb : {4, 8})
+    for (int64_t d = 1; d <= fp::kMaxHeadDim; ++d) {
+      SCOPED_TRACE("head dim " + std::to_string(d) + ", compute bytes " + std::to_string(cb));
+      const fp::ForwardPlan f = fp::forwardPlan(2, 1000, 777, 3, d, cb);
+      EXPECT_LE(f.smemBytes, fp::kMaxSmem);
+      EXPECT_EQ(f.br % 16, 0);
+      EXPECT_GE(f.nqt * f.br, 1000);
+      EXPECT_LT((f.nqt - 1) * f.br, 1000);
+      EXPECT_GE(f.nkt * f.bc, 777);
+      EXPECT_EQ(f.gridX, unsigned(f.nqt));
+      const fp::BackwardPlan b = fp::backwardPlan(2, 1000, 777, 4, 2, d, cb);
+      EXPECT_LE(b.dkvSmemBytes, fp::kMaxSmem);
+      EXPECT_LE(b.dqSmemBytes, fp::kMaxSmem);
+      EXPECT_EQ(b.dkvGridY, 2u);  // one block per kv head: no two blocks write one dK row
+      EXPECT_EQ(b.dqGridY, 4u);
+    }
+  EXPECT_EQ(fp::headDimBucket(0), 0);
+  EXPECT_EQ(fp::headDimBucket(fp::kMaxHeadDim + 1), 0);
+}
+
+// The tile classes the cuda kernels compute (fmplan::classifyTile, the host's rule run on the
+// device) against the dense masks: a skipped tile has no visible pair, an unmasked one no masked
+// pair, for every mask kind and both tile shapes.
+TEST(CudaFlashMaskPlan, TileClassesAgreeWithTheDenseMask) {
+  namespace fm = keel::flashmask;
+  namespace geo = keel::detail::flashmask;
+  struct Case {
+    const char* name;
+    fm::Mask mask;
+    int64_t window;
+  };
+  const int64_t s = 300;
+  const std::vector<Case> cases{{"causal_document", fm::causalDocument({70, 130, 100}), -1},
+                                {"document", fm::document({100, 64, 136}), -1},
+                                {"sliding_window", fm::slidingWindow(s, 40), -1},
+                                {"shared_question", fm::sharedQuestion(60, {90, 80, 70}), -1},
+                                {"global_sliding_window", fm::globalSlidingWindow(s, 8, 50), -1},
+                                {"random_eviction", fm::randomEviction(s, 7), -1},
+                                {"prefix_lm_causal", fm::prefixLmCausal(s, 90), -1},
+                                {"causal_window_33", fm::causal(s), 33}};
+  for (const Case& c : cases)
+    for (DType dt : {DType::BFloat16, DType::Float64})
+      for (bool backward : {false, true}) {
+        SCOPED_TRACE(std::string(c.name) + " " + std::string(dtypeName(dt)) +
+                     (backward ? " backward" : " forward"));
+        const fm::TileShape ts = cuda::fmplan::tileShape(64, dt, backward);
+        const Tensor& idx = c.mask.startendRowIndices;
+        const geo::Geometry g{s, s, c.mask.causal, c.window};
+        const geo::ColumnBounds cb = geo::readBounds(idx, 0, 0, g);
+        const std::vector<geo::TileBounds> tiles = geo::tileBounds(cb, s, ts.cols);
+        const std::vector<uint8_t> dense = fm::denseVisibility(idx, c.mask.causal, s, s, c.window);
+        int64_t skipped = 0;
+        for (int64_t m0 = 0; m0 < s; m0 += ts.rows)
+          for (int64_t n0 = 0, kt = 0; n0 < s; n0 += ts.cols, ++kt) {
+            const int64_t m1 = std::min(s, m0 + ts.rows), n1 = std::min(s, n0 + ts.cols);
+            const int cls = cuda::fmplan::classifyTile(tiles[size_t(kt)], c.mask.causal, c.window,
+                                                       0, m0, m1, n0, n1);
+            int64_t visible = 0;
+            for (int64_t i = m0; i < m1; ++i)
+              for (int64_t j = n0; j < n1; ++j) visible += dense[size_t(i * s + j)];
+            if (cls == cuda::fmplan::kSkip) {
+              EXPECT_EQ(visible, 0) << "tile " << m0 << "," << n0;
+              ++skipped;
+            }
+            if (cls == cuda::fmplan::kUnmasked) {
+              EXPECT_EQ(visible, (m1 - m0) * (n1 - n0)) << "tile " << m0 << "," << n0;
+            }
+          }
+        EXPECT_GT(skipped, 0) << "every one of these masks has wholly masked tiles";
+      }
 }
 
 // These tests describe a machine without a usable CUDA device (this one, and CI); on a GPU machine

@@ -6,6 +6,7 @@
 #include "cpu_util.h"
 #include "keel/runtime.h"
 #include "kernels.h"
+#include "matmul_layout.h"
 
 namespace keel::cpu {
 namespace {
@@ -14,20 +15,8 @@ namespace {
 // are spread over our own threads instead.
 constexpr double kSmallGemm = 262144.0;
 
-// How a stored [rows, cols] matrix with strides (s0, s1) can be handed to BLAS.
-struct MatLayout {
-  bool ok = false;
-  bool colMajor = false;  // stored transposed: element (i, j) at i + j * ld
-  int64_t ld = 1;
-};
-
-MatLayout classify(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
-  if ((cols == 1 || s1 == 1) && (rows == 1 || s0 >= std::max<int64_t>(cols, 1)))
-    return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : s0};
-  if ((rows == 1 || s0 == 1) && (cols == 1 || s1 >= std::max<int64_t>(rows, 1)))
-    return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : s1};
-  return {};
-}
+using detail::MatLayout;
+constexpr auto classify = detail::classifyMatrix;  // engine/src/matmul_layout.h
 
 // One operand: base pointer, its batch strides aligned to the output batch (0 = broadcast), and
 // the BLAS view of its trailing matrix.

@@ -5,28 +5,23 @@
 #include <vector>
 
 #include "dist/collective_kernels.h"
-#include "keel/dispatch.h"
-#include "keel/ops.h"
+#include "keel/tensor.h"
 #include "kernels.h"
 #include "runtime.h"
 
 namespace keel::cuda {
 namespace {
 
-Tensor toHost(const Tensor& t) {
-  Tensor c = t;
-  if (!t.isContiguous()) {  // contiguous on the device first (the kernel's own copy)
-    NoGradGuard ng;
-    c = ops::contiguous(t);
-  }
-  Tensor h = makeTensor(c.shape(), c.dtype(), Device(Backend::Cpu));
-  copyBytes(c.device().index, h.data(), false, c.data(), true, c.nbytes());
-  return h;
-}
-
 void staged(OpId op, const KernelCtx& c) {
+  if (c.op.mutatesInputs)  // refused before any rank communicates
+    for (size_t i = 0; i < c.inputs.size(); ++i)
+      if (!(i < 32 && (c.op.readOnlyInputs >> i) & 1u))
+        KEEL_CHECK(c.inputs[i].isContiguous(), "op '", c.op.name,
+                   "': an in-place collective on cuda needs a contiguous input");
   std::vector<Tensor> in, out;
-  for (const Tensor& t : c.inputs) in.push_back(toHost(t));
+  // hostCopy, not ops::contiguous on the device: a kernel dispatches no op (observers would see
+  // one nested in the collective, which a host run does not have).
+  for (const Tensor& t : c.inputs) in.push_back(hostCopy(t));
   for (const Tensor& t : c.outputs)
     out.push_back(makeTensor(t.shape(), t.dtype(), Device(Backend::Cpu)));
   const KernelCtx host{c.op, in, out, c.attrs};
@@ -36,12 +31,9 @@ void staged(OpId op, const KernelCtx& c) {
               out[i].nbytes());
   if (c.op.mutatesInputs)  // in-place collectives write their inputs back
     for (size_t i = 0; i < in.size(); ++i)
-      if (!(i < 32 && (c.op.readOnlyInputs >> i) & 1u)) {
-        KEEL_CHECK(c.inputs[i].isContiguous(), "op '", c.op.name,
-                   "': an in-place collective on cuda needs a contiguous input");
+      if (!(i < 32 && (c.op.readOnlyInputs >> i) & 1u))
         copyBytes(c.inputs[i].device().index, c.inputs[i].data(), true, in[i].data(), false,
                   in[i].nbytes());
-      }
 }
 
 }  // namespace

@@ -11,23 +11,51 @@
 
 namespace keel::cuda {
 
-Geom geomAs(const Tensor& t, const Shape& shape) {
+// A geometry from explicit shape and strides (also the destination side of concat and
+// slice_backward).
+Geom geomFrom(const Shape& shape, const Shape& strides) {
   KEEL_CHECK(shape.size() <= size_t(kMaxDims), "cuda kernels take at most ", kMaxDims,
              " dims, got shape ", shapeStr(shape));
-  const Shape st = broadcastStrides(t, shape);
   Geom g;
   g.rank = int(shape.size());
   int64_t expect = 1;
   for (int d = g.rank - 1; d >= 0; --d) {
     g.shape[d] = shape[size_t(d)];
-    g.stride[d] = st[size_t(d)];
+    g.stride[d] = strides[size_t(d)];
     if (g.shape[d] != 1 && g.stride[d] != expect) g.contiguous = false;
     expect *= g.shape[d];
   }
   return g;
 }
+
+Geom geomAs(const Tensor& t, const Shape& shape) {
+  KEEL_CHECK(shape.size() <= size_t(kMaxDims), "cuda kernels take at most ", kMaxDims,
+             " dims, got shape ", shapeStr(shape));
+  return geomFrom(shape, broadcastStrides(t, shape));
+}
+
 Geom geomOf(const Tensor& t) {
   return geomAs(t, t.shape());
+}
+
+Geom packDims(const KernelCtx& c, const std::vector<std::pair<int64_t, int64_t>>& dims) {
+  Geom g;
+  g.contiguous = false;
+  g.rank = 0;
+  for (auto [size, stride] : dims) {
+    if (size == 1) continue;
+    if (g.rank > 0 && g.stride[g.rank - 1] == stride * size) {
+      g.shape[g.rank - 1] *= size;
+      g.stride[g.rank - 1] = stride;
+      continue;
+    }
+    KEEL_CHECK(g.rank < kMaxDims, "op '", c.op.name, "': cuda kernels take at most ", kMaxDims,
+               " dims after merging");
+    g.shape[g.rank] = size;
+    g.stride[g.rank] = stride;
+    ++g.rank;
+  }
+  return g;
 }
 
 namespace {
@@ -49,37 +77,8 @@ void copyStrided(const KernelCtx& c, cudaStream_t s, void* dst, const Geom& dg, 
     copyKernel<E><<<l.blocks, l.threads, 0, s>>>(static_cast<E*>(dst), dg,
                                                  static_cast<const E*>(src), sg, n);
   };
-  switch (elem) {
-    case 1:
-      go.template operator()<uint8_t>();
-      break;
-    case 2:
-      go.template operator()<uint16_t>();
-      break;
-    case 4:
-      go.template operator()<uint32_t>();
-      break;
-    default:
-      go.template operator()<uint64_t>();
-      break;
-  }
+  visitWidth(elem, go);
   checkLaunch(c, "copyKernel");
-}
-
-// A geometry from explicit shape and strides (the destination side of concat / slice_backward).
-Geom geomFrom(const Shape& shape, const Shape& strides) {
-  KEEL_CHECK(shape.size() <= size_t(kMaxDims), "cuda kernels take at most ", kMaxDims,
-             " dims, got shape ", shapeStr(shape));
-  Geom g;
-  g.rank = int(shape.size());
-  int64_t expect = 1;
-  for (int d = g.rank - 1; d >= 0; --d) {
-    g.shape[d] = shape[size_t(d)];
-    g.stride[d] = strides[size_t(d)];
-    if (g.shape[d] != 1 && g.stride[d] != expect) g.contiguous = false;
-    expect *= g.shape[d];
-  }
-  return g;
 }
 
 template <typename D, typename S>
@@ -193,7 +192,7 @@ void kCopyTo(const KernelCtx& c) {
   // Another device: its stream waits for the source's, then copies peer to peer. An event is
   // recorded on a stream of the device it was current for at its creation: the first on the
   // source's, the second on the destination's (deviceCtx makes its device current).
-  check(cudaSetDevice(src.index), "cudaSetDevice", src.index);
+  deviceCtx(src.index);  // the source current again (deviceCtx keeps the thread's record of it)
   cudaEvent_t ready = nullptr;
   check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate", src.index);
   check(cudaEventRecord(ready, src.stream), "cudaEventRecord", src.index);

@@ -8,7 +8,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "keel/registry.h"
 #include "launch.h"
@@ -110,6 +113,14 @@ struct Geom {
     return off;
   }
 };
+// Dims (size, stride) with size-1 dims dropped and adjacent mergeable dims merged, as a strided
+// Geom whose offset(i) is the i-th element's offset in row-major order (offsetOf reads it, with a
+// fast path for one dim). Throws keel::Error naming the op past kMaxDims dims after merging.
+Geom packDims(const KernelCtx& c, const std::vector<std::pair<int64_t, int64_t>>& dims);
+__device__ __forceinline__ int64_t offsetOf(const Geom& g, int64_t i) {
+  return g.rank == 1 ? i * g.stride[0] : g.offset(i);
+}
+
 // t's geometry, or t seen at `shape` (broadcast dims: stride 0). Throws keel::Error naming the op
 // for more than kMaxDims dims.
 Geom geomOf(const Tensor& t);
@@ -137,6 +148,24 @@ decltype(auto) visit(DType t, F&& f) {
   }
   throw Error("unknown dtype");
 }
+// Calls f.template operator()<E>() with the unsigned integer type of `bytes` (1, 2, 4 or 8): for
+// kernels that only move elements, whatever their dtype.
+template <typename F>
+void visitWidth(size_t bytes, F&& f) {
+  switch (bytes) {
+    case 1:
+      return f.template operator()<uint8_t>();
+    case 2:
+      return f.template operator()<uint16_t>();
+    case 4:
+      return f.template operator()<uint32_t>();
+    case 8:
+      return f.template operator()<uint64_t>();
+    default:
+      throw Error("no element type of " + std::to_string(bytes) + " bytes");
+  }
+}
+
 // Floating dtypes only (kernels registered for kFloatTypes).
 template <typename F>
 decltype(auto) visitFloat(DType t, F&& f) {

@@ -553,22 +553,7 @@ void kWhere(const KernelCtx& c) {
     whereKernel<E><<<l.blocks, l.threads, 0, d.stream>>>(
         ptr<E>(out), ptr<const bool>(cond), gc, ptr<const E>(a), ga, ptr<const E>(b), gb, n);
   };
-  switch (dtypeSize(out.dtype())) {
-    case 1:
-      go.template operator()<uint8_t>();
-      break;
-    case 2:
-      go.template operator()<uint16_t>();
-      break;
-    case 4:
-      go.template operator()<uint32_t>();
-      break;
-    case 8:
-      go.template operator()<uint64_t>();
-      break;
-    default:
-      unsupported(c, out.dtype());
-  }
+  visitWidth(dtypeSize(out.dtype()), go);
   checkLaunch(c, "whereKernel");
 }
 

@@ -473,6 +473,40 @@ __device__ __forceinline__ void probGrad(const Geo& g, bool ok, C s, C dpv, C ls
 }
 
 // dK and dV of key tile blockIdx.x, kv head blockIdx.y, batch blockIdx.z.
+// The backward's two tile products at once (Note [cuda FlashMask]): s[i][j] = a1[r_i] . b1[c_j]
+// and p[i][j] = a2[r_i] . b2[c_j] over the head dim, with r_i = ty + 16 i rows of the a tiles and
+// c_j = tx + 16 j rows of the b tiles (shared-memory tiles of row stride ld), summed over x in
+// order. The dK/dV kernel calls it with (K, V; Q, dO), the dQ kernel with (Q, dO; K, V).
+template <int RA, int RB, typename C>
+__device__ __forceinline__ void dualTileProduct(const C* a1, const C* a2, const C* b1, const C* b2,
+                                                int64_t ld, int d, int ty, int tx, C (&s)[RA][RB],
+                                                C (&p)[RA][RB]) {
+#pragma unroll
+  for (int i = 0; i < RA; ++i)
+#pragma unroll
+    for (int j = 0; j < RB; ++j) s[i][j] = p[i][j] = C(0);
+  for (int x = 0; x < d; ++x) {
+    C ra1[RA], ra2[RA], rb1[RB], rb2[RB];
+#pragma unroll
+    for (int i = 0; i < RA; ++i) {
+      ra1[i] = a1[(ty + 16 * i) * ld + x];
+      ra2[i] = a2[(ty + 16 * i) * ld + x];
+    }
+#pragma unroll
+    for (int j = 0; j < RB; ++j) {
+      rb1[j] = b1[(tx + 16 * j) * ld + x];
+      rb2[j] = b2[(tx + 16 * j) * ld + x];
+    }
+#pragma unroll
+    for (int i = 0; i < RA; ++i)
+#pragma unroll
+      for (int j = 0; j < RB; ++j) {
+        s[i][j] += ra1[i] * rb1[j];
+        p[i][j] += ra2[i] * rb2[j];
+      }
+  }
+}
+
 template <typename T, int DMAX, int RM, int RN>
 __global__ void __launch_bounds__(fp::kThreads) dkvKernel(BwdArgs<T> a) {
   using C = Compute<T>;
@@ -530,30 +564,7 @@ __global__ void __launch_bounds__(fp::kThreads) dkvKernel(BwdArgs<T> a) {
         dl[j] = row < m1 ? a.delta[r] : C(0);
       }
       C s[RN][RM], dpv[RN][RM];
-#pragma unroll
-      for (int i = 0; i < RN; ++i)
-#pragma unroll
-        for (int j = 0; j < RM; ++j) s[i][j] = dpv[i][j] = C(0);
-      for (int x = 0; x < d; ++x) {
-        C kr[RN], vr[RN], qr[RM], orr[RM];
-#pragma unroll
-        for (int i = 0; i < RN; ++i) {
-          kr[i] = Ks[(ty + 16 * i) * ld + x];
-          vr[i] = Vs[(ty + 16 * i) * ld + x];
-        }
-#pragma unroll
-        for (int j = 0; j < RM; ++j) {
-          qr[j] = Qs[(tx + 16 * j) * ld + x];
-          orr[j] = dOs[(tx + 16 * j) * ld + x];
-        }
-#pragma unroll
-        for (int i = 0; i < RN; ++i)
-#pragma unroll
-          for (int j = 0; j < RM; ++j) {
-            s[i][j] += kr[i] * qr[j];
-            dpv[i][j] += vr[i] * orr[j];
-          }
-      }
+      dualTileProduct<RN, RM>(Ks, Vs, Qs, dOs, ld, d, ty, tx, s, dpv);  // K Q^T, V dO^T
 #pragma unroll
       for (int i = 0; i < RN; ++i) {
         const int64_t col = n0 + ty + 16 * i;
@@ -648,30 +659,7 @@ __global__ void __launch_bounds__(fp::kThreads) dqKernel(BwdArgs<T> a) {
     __syncthreads();
 
     C s[RM][RN], dpv[RM][RN];
-#pragma unroll
-    for (int i = 0; i < RM; ++i)
-#pragma unroll
-      for (int j = 0; j < RN; ++j) s[i][j] = dpv[i][j] = C(0);
-    for (int x = 0; x < d; ++x) {
-      C qr[RM], orr[RM], kr[RN], vr[RN];
-#pragma unroll
-      for (int i = 0; i < RM; ++i) {
-        qr[i] = Qs[(ty + 16 * i) * ld + x];
-        orr[i] = dOs[(ty + 16 * i) * ld + x];
-      }
-#pragma unroll
-      for (int j = 0; j < RN; ++j) {
-        kr[j] = Ks[(tx + 16 * j) * ld + x];
-        vr[j] = Vs[(tx + 16 * j) * ld + x];
-      }
-#pragma unroll
-      for (int i = 0; i < RM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN; ++j) {
-          s[i][j] += qr[i] * kr[j];
-          dpv[i][j] += orr[i] * vr[j];
-        }
-    }
+    dualTileProduct<RM, RN>(Qs, dOs, Ks, Vs, ld, d, ty, tx, s, dpv);  // Q K^T, dO V^T
 #pragma unroll
     for (int j = 0; j < RN; ++j) {
       const int64_t col = n0 + tx + 16 * j;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "flashmask/tile_class.h"
 #include "keel/flashmask.h"
 
 #ifdef __CUDACC__
@@ -121,28 +122,17 @@ inline keel::flashmask::TileCounts countTiles(const Tensor& startendRowIndices, 
                                      tileShape(d, dtype, backward));
 }
 
-// Min and max of each canonical column bound over one key tile (as keel::detail::flashmask::
-// TileBounds).
-struct TileMinMax {
-  int32_t ltsMin, ltsMax, lteMin, lteMax, utsMin, utsMax, uteMin, uteMax;
-};
-
+// The column bounds of one key tile and the class of a tile pair: the host's rule itself
+// (flashmask/tile_class.h), as an int for the kernels (kSkip, kPartial, kUnmasked).
+using TileMinMax = keel::detail::flashmask::TileBounds;
 enum TileKind : int { kSkip = 0, kPartial = 1, kUnmasked = 2 };
+static_assert(int(keel::detail::flashmask::TileClass::Skip) == kSkip &&
+              int(keel::detail::flashmask::TileClass::Partial) == kPartial &&
+              int(keel::detail::flashmask::TileClass::Unmasked) == kUnmasked);
 
-// The class of query rows [m0, m1) x key columns [n0, n1) (both non-empty, clipped to Sq and Sk):
-// the same rule as keel::detail::flashmask::classify (Note [FlashMask geometry]), with diag =
-// Sk - Sq and window -1 (off) or >= 1. Skip: every pair masked; Unmasked: none is.
 KEEL_FM_HD inline int classifyTile(const TileMinMax& t, bool causal, int64_t window, int64_t diag,
                                    int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  const int64_t w = window;
-  if ((m0 >= t.ltsMax && m1 <= t.lteMin) || (m0 >= t.utsMax && m1 <= t.uteMin)) return kSkip;
-  if (causal && n0 > m1 - 1 + diag) return kSkip;
-  if (w > 0 && (m0 + diag - (n1 - 1) >= w || (!causal && n0 - (m1 - 1 + diag) >= w))) return kSkip;
-  const bool lower = t.ltsMin < m1 && t.lteMax > m0;
-  const bool upper = t.utsMin < m1 && t.uteMax > m0;
-  const bool dg = causal && n1 - 1 > m0 + diag;
-  const bool win = w > 0 && ((m1 - 1 + diag) - n0 >= w || (!causal && (n1 - 1) - (m0 + diag) >= w));
-  return lower || upper || dg || win ? kPartial : kUnmasked;
+  return int(keel::detail::flashmask::classifyTile(t, causal, window, diag, m0, m1, n0, n1));
 }
 
 }  // namespace keel::cuda::fmplan

@@ -114,22 +114,6 @@ IndexView indexView(const KernelCtx& c, const Tensor& idx) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 
-// Calls f.template operator()<E>() with an unsigned type of the element width (moves only).
-template <typename F>
-void visitWidth(size_t bytes, F&& f) {
-  switch (bytes) {
-    case 1:
-      return f.template operator()<uint8_t>();
-    case 2:
-      return f.template operator()<uint16_t>();
-    case 4:
-      return f.template operator()<uint32_t>();
-    case 8:
-      return f.template operator()<uint64_t>();
-  }
-  throw Error("unsupported element size");
-}
-
 // Sum in the compute type: integers wrap (two's complement, as the cpu backend's wrapAdd).
 template <typename C>
 __device__ __forceinline__ C addC(C a, C b) {

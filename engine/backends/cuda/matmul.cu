@@ -9,6 +9,7 @@
 
 #include "cuda_util.cuh"
 #include "kernels.h"
+#include "matmul_layout.h"
 
 namespace keel::cuda {
 namespace {
@@ -39,20 +40,8 @@ namespace {
 // documents bit-wise reproducible results for a given library version, GPU model and SM count.
 // The summation order within each dot product is cuBLAS's (the chosen kernel's tiling).
 
-// How a stored [rows, cols] matrix with element strides (s0, s1) can be handed to BLAS.
-struct MatLayout {
-  bool ok = false;
-  bool colMajor = false;  // stored transposed: element (i, j) at i + j * ld
-  int64_t ld = 1;
-};
-
-MatLayout classify(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
-  if ((cols == 1 || s1 == 1) && (rows == 1 || s0 >= std::max<int64_t>(cols, 1)))
-    return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : s0};
-  if ((rows == 1 || s0 == 1) && (cols == 1 || s1 >= std::max<int64_t>(rows, 1)))
-    return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : s1};
-  return {};
-}
+using detail::MatLayout;
+constexpr auto classify = detail::classifyMatrix;  // engine/src/matmul_layout.h
 
 // Contiguous copy of a strided tensor, element by element (width E bytes).
 template <typename E>

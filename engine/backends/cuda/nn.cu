@@ -19,31 +19,12 @@ namespace {
 
 // ---------------------------------------------------------------- geometry
 
-// t's dims (except `skip`, when >= 0) with size-1 dims dropped and mergeable neighbours merged:
-// offset(i) is the element offset of the i-th element of those dims in row-major order.
-Geom packDims(const KernelCtx& c, const Tensor& t, int64_t skip = -1) {
-  Geom g;
-  g.contiguous = false;
-  g.rank = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t size = t.shape()[size_t(d)], stride = t.strides()[size_t(d)];
-    if (d == skip || size == 1) continue;
-    if (g.rank > 0 && g.stride[g.rank - 1] == stride * size) {
-      g.shape[g.rank - 1] *= size;
-      g.stride[g.rank - 1] = stride;
-      continue;
-    }
-    KEEL_CHECK(g.rank < kMaxDims, "op '", c.op.name, "': cuda kernels take at most ", kMaxDims,
-               " dims after merging, got shape ", shapeStr(t.shape()));
-    g.shape[g.rank] = size;
-    g.stride[g.rank] = stride;
-    ++g.rank;
-  }
-  return g;
-}
-
-__device__ __forceinline__ int64_t offsetOf(const Geom& g, int64_t i) {
-  return g.rank == 1 ? i * g.stride[0] : g.offset(i);
+// t's dims (except `skip`, when >= 0) packed (packDims, cuda_util.cuh).
+Geom packDimsExcept(const KernelCtx& c, const Tensor& t, int64_t skip = -1) {
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (d != skip) dims.emplace_back(t.shape()[size_t(d)], t.strides()[size_t(d)]);
+  return packDims(c, dims);
 }
 
 // Rows along one dim of a tensor: row r (row-major over the other dims) starts at
@@ -53,7 +34,7 @@ struct RowGeom {
   int64_t step = 0;
 };
 RowGeom rowGeom(const KernelCtx& c, const Tensor& t, int64_t dim) {
-  return {packDims(c, t, dim), t.strides()[size_t(dim)]};
+  return {packDimsExcept(c, t, dim), t.strides()[size_t(dim)]};
 }
 
 // ---------------------------------------------------------------- shared device helpers
@@ -633,7 +614,7 @@ void kEmbedding(const KernelCtx& c) {
   const Tensor &w = c.inputs[0], &idx = c.inputs[1], &out = c.outputs[0];
   if (out.numel() == 0) return;
   const int64_t v = w.size(0), d = w.size(1), n = idx.numel();
-  const Geom gi = packDims(c, idx);
+  const Geom gi = packDimsExcept(c, idx);
   const DeviceErrors err = deviceErrors(c);
   const Launch1D l = launch1D(n * d);
   cudaStream_t stream = deviceCtx(c).stream;
@@ -665,8 +646,8 @@ void kEmbeddingBackward(const KernelCtx& c) {
     uint64_t* kout = static_cast<uint64_t*>(keysOut.data());
     const Launch1D lk = launch1D(n);
     embeddingKeysKernel<<<lk.blocks, lk.threads, 0, stream>>>(
-        idx.data(), idx.dtype() == DType::Int64, packDims(c, idx), n, v, kin, ptr<int64_t>(posIn),
-        deviceErrors(c));
+        idx.data(), idx.dtype() == DType::Int64, packDimsExcept(c, idx), n, v, kin,
+        ptr<int64_t>(posIn), deviceErrors(c));
     checkLaunch(c, "embeddingKeysKernel");
     const int endBit = int(std::bit_width(uint64_t(v)));  // keys are in [0, V]
     size_t bytes = 0;

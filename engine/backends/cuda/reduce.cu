@@ -40,32 +40,6 @@ constexpr int64_t kThreadChunkOutputs = 32768;
 
 // ---------------------------------------------------------------- geometry
 
-// Dims (shape, stride) with size-1 dims dropped and adjacent mergeable dims merged, as a strided
-// Geom; its offset(i) is the element offset of the i-th element in row-major order.
-Geom packDims(const KernelCtx& c, const std::vector<std::pair<int64_t, int64_t>>& dims) {
-  Geom g;
-  g.contiguous = false;
-  g.rank = 0;
-  for (auto [size, stride] : dims) {
-    if (size == 1) continue;
-    if (g.rank > 0 && g.stride[g.rank - 1] == stride * size) {
-      g.shape[g.rank - 1] *= size;
-      g.stride[g.rank - 1] = stride;
-      continue;
-    }
-    KEEL_CHECK(g.rank < kMaxDims, "op '", c.op.name, "': cuda kernels take at most ", kMaxDims,
-               " dims after merging, got shape ", shapeStr(c.inputs[0].shape()));
-    g.shape[g.rank] = size;
-    g.stride[g.rank] = stride;
-    ++g.rank;
-  }
-  return g;
-}
-
-__device__ __forceinline__ int64_t offsetOf(const Geom& g, int64_t i) {
-  return g.rank == 1 ? i * g.stride[0] : g.offset(i);
-}
-
 // ---------------------------------------------------------------- sum and mean
 
 template <typename T>

@@ -4,6 +4,7 @@
 #include "runtime.h"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -54,20 +55,46 @@ struct DeviceState {
   std::unique_ptr<CudaVmmAllocator> allocator;
   std::array<void*, 2> staging = {nullptr, nullptr};  // pinned host buffers of kStaging bytes
   std::array<cudaEvent_t, 2> stagingDone = {nullptr, nullptr};
-  std::string lastOp;  // the op whose kernels were enqueued last (messages of async errors)
-  std::mutex copyMu;   // one staged copy at a time per device
+  // The op whose kernels were enqueued last (messages of async errors); written by whichever
+  // thread dispatches, read by whichever waits. OpDefs live as long as the registry.
+  std::atomic<const OpDef*> lastOp{nullptr};
+  std::mutex copyMu;  // one staged copy at a time per device
 };
 constexpr size_t kStaging = size_t(4) << 20;
 
+// Contexts by device, created under g_mu and never destroyed: left to the process's end, since
+// buffers that outlive static destruction (or threads still running) free into their allocators,
+// and the CUDA runtime may be gone by then.
 std::mutex g_mu;
-std::vector<std::unique_ptr<DeviceState>> g_devices;
+std::vector<std::unique_ptr<DeviceState>>& g_devices =
+    *new std::vector<std::unique_ptr<DeviceState>>;
+// The allocator of each device once created, for check()'s out-of-memory summary: check() runs
+// with and without g_mu held, so it reads these instead of g_devices.
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<CudaVmmAllocator*>, kMaxDevices> g_allocatorOf{};
+
+std::string lastOpName(const DeviceState& s) {
+  const OpDef* op = s.lastOp.load(std::memory_order_relaxed);
+  return op ? op->name : std::string();
+}
+
+// Contexts once created, read without the lock: every kernel launch looks its device up.
+std::array<std::atomic<DeviceState*>, kMaxDevices> g_created{};
+// The device this thread last made current through state() (cudaSetDevice costs a driver call;
+// code that changes the current device elsewhere restores it: DeviceGuard, kCopyTo).
+thread_local int t_current = -1;
 
 DeviceState& state(int device) {
   const Devices& ds = devices();
-  KEEL_CHECK(device >= 0 && device < ds.count, "device 'cuda:", device, "' is not available: ",
+  KEEL_CHECK(device >= 0 && device < ds.count && device < kMaxDevices, "device 'cuda:", device,
+             "' is not available: ",
              ds.count == 0 ? "no CUDA device (" + ds.reason + ")"
                            : detail::concat(ds.count, " CUDA device(s)"));
-  check(cudaSetDevice(device), "cudaSetDevice", device);
+  if (t_current != device) {
+    check(cudaSetDevice(device), "cudaSetDevice", device);
+    t_current = device;
+  }
+  if (DeviceState* made = g_created[size_t(device)].load(std::memory_order_acquire)) return *made;
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_devices.size() < size_t(ds.count)) g_devices.resize(size_t(ds.count));
   std::unique_ptr<DeviceState>& s = g_devices[size_t(device)];
@@ -97,7 +124,8 @@ DeviceState& state(int device) {
   checkBlas(cublasLtCreate(&c.blasLt), "cublasLtCreate", device);
   void* words = nullptr;
   check(cudaMalloc(&words, 16), "cudaMalloc (error word)", device);
-  check(cudaMemset(words, 0, 16), "cudaMemset", device);
+  // On the op stream: a non-blocking stream is not ordered after the legacy default stream.
+  check(cudaMemsetAsync(words, 0, 16, c.stream), "cudaMemsetAsync", device);
   c.errorWord = static_cast<int*>(words);
   c.errorValue = reinterpret_cast<long long*>(static_cast<char*>(words) + 8);
   for (int i = 0; i < 2; ++i) {
@@ -107,6 +135,7 @@ DeviceState& state(int device) {
           "cudaEventCreate", device);
   }
   s = std::move(st);
+  g_created[size_t(device)].store(s.get(), std::memory_order_release);
   return *s;
 }
 
@@ -119,7 +148,8 @@ void raiseDeferred(DeviceState& s) {
   if (code[0] == 0) return;
   long long value = 0;
   std::memcpy(&value, &code[2], 8);
-  check(cudaMemset(s.ctx.errorWord, 0, 16), "cudaMemset", s.ctx.index);
+  // Cleared on the op stream, so no later kernel's report can be cleared by it.
+  check(cudaMemsetAsync(s.ctx.errorWord, 0, 16, s.ctx.stream), "cudaMemsetAsync", s.ctx.index);
   const int kind = code[0] % 16, opId = code[0] / 16 - 1;
   const Registry& reg = Registry::get();
   const std::string op =
@@ -135,9 +165,10 @@ void syncState(DeviceState& s) {
   const cudaError_t e = cudaStreamSynchronize(s.ctx.stream);
   if (e != cudaSuccess) {
     cudaGetLastError();
+    const std::string op = lastOpName(s);
     throw Error(detail::concat("CUDA error on cuda:", s.ctx.index,
-                               s.lastOp.empty() ? std::string() : " after op '" + s.lastOp + "'",
-                               ": ", cudaGetErrorString(e), " (", int(e), ")"));
+                               op.empty() ? std::string() : " after op '" + op + "'", ": ",
+                               cudaGetErrorString(e), " (", int(e), ")"));
   }
   raiseDeferred(s);
 }
@@ -170,15 +201,19 @@ void copyStaged(DeviceState& s, char* dst, bool dstDev, const char* src, bool sr
     for (size_t i = 0; i < chunks; ++i) {
       if (i + 1 < chunks) enqueue(i + 1);
       const cudaError_t e = cudaEventSynchronize(s.stagingDone[i % 2]);
-      if (e != cudaSuccess) syncState(s);  // names the op that failed
+      if (e != cudaSuccess) {
+        syncState(s);  // names the op that failed
+        check(e, "cudaEventSynchronize", dev);
+      }
       const size_t off = i * kStaging, n = std::min(kStaging, bytes - off);
       std::memcpy(dst + off, s.staging[i % 2], n);
     }
   } else {
-    // Host to device: the host fills staging[i % 2] once the copy that last used it is done.
+    // Host to device: the host fills staging[i % 2] once the copy that last used it is done (also
+    // one of an earlier call that threw before its final wait; an unrecorded event is complete).
     for (size_t i = 0; i < chunks; ++i) {
       const size_t off = i * kStaging, n = std::min(kStaging, bytes - off);
-      if (i >= 2) check(cudaEventSynchronize(s.stagingDone[i % 2]), "cudaEventSynchronize", dev);
+      check(cudaEventSynchronize(s.stagingDone[i % 2]), "cudaEventSynchronize", dev);
       std::memcpy(s.staging[i % 2], src + off, n);
       check(cudaMemcpyAsync(dst + off, s.staging[i % 2], n, cudaMemcpyHostToDevice, st),
             "cudaMemcpyAsync (host to device)", dev);
@@ -202,6 +237,7 @@ Allocator* apiAllocator(int device) {
     CudaVmmAllocatorOptions o;
     o.device = device;
     s.allocator = std::make_unique<CudaVmmAllocator>(o);
+    if (device < kMaxDevices) g_allocatorOf[size_t(device)].store(s.allocator.get());
   }
   return s.allocator.get();
 }
@@ -215,9 +251,9 @@ void check(cudaError_t e, const char* what, int device) {
   if (e == cudaSuccess) return;
   cudaGetLastError();  // clears a sticky-free error so the next call starts clean
   std::string extra;
-  if (e == cudaErrorMemoryAllocation && device >= 0 && size_t(device) < g_devices.size() &&
-      g_devices[size_t(device)] && g_devices[size_t(device)]->allocator)
-    extra = "; " + memorySummary(g_devices[size_t(device)]->allocator->stats());
+  if (e == cudaErrorMemoryAllocation && device >= 0 && device < kMaxDevices)
+    if (const CudaVmmAllocator* a = g_allocatorOf[size_t(device)].load())
+      extra = "; " + memorySummary(a->stats());
   throw Error(detail::concat("CUDA error in ", what, " on cuda:", device, ": ",
                              cudaGetErrorString(e), " (", int(e), ")", extra));
 }
@@ -246,12 +282,13 @@ DeviceCtx& deviceCtx(const KernelCtx& c) {
   const Tensor* t = cudaTensorOf(c);
   KEEL_CHECK(t, "op '", c.op.name, "': the cuda kernel was given no cuda tensor");
   DeviceState& s = state(t->device().index);
-  s.lastOp = c.op.name;
+  s.lastOp.store(&c.op, std::memory_order_relaxed);
   return s.ctx;
 }
 
 void noteOp(const KernelCtx& c) {
-  if (const Tensor* t = cudaTensorOf(c)) state(t->device().index).lastOp = c.op.name;
+  if (const Tensor* t = cudaTensorOf(c))
+    state(t->device().index).lastOp.store(&c.op, std::memory_order_relaxed);
 }
 
 void checkLaunch(const KernelCtx& c, const char* kernel) {

@@ -71,11 +71,16 @@ Allocator& hostAllocator() {
 }
 
 Allocator& allocatorFor(Device d) {
-  std::lock_guard<std::mutex> lk(g_allocMu);
-  Allocator* a = g_allocators[int(d.backend)];
-  if (a) return *a;
-  if (d.isHost()) return allocatorOfKind(defaultAllocatorKind());
-  return *detail::cudaApiFor(d).allocator(d.index);  // See Note [CUDA backend plugin]
+  {
+    std::lock_guard<std::mutex> lk(g_allocMu);
+    Allocator* a = g_allocators[int(d.backend)];
+    if (a) return *a;
+    if (d.isHost()) return allocatorOfKind(defaultAllocatorKind());
+  }
+  // Not under g_allocMu: the first call loads the plugin and creates the device's context and
+  // allocator (seconds), and nothing there may wait on a host allocation (Note [CUDA backend
+  // plugin]).
+  return *detail::cudaApiFor(d).allocator(d.index);
 }
 
 Allocator* setAllocator(Backend b, Allocator* a) {

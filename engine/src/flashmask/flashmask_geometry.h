@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "flashmask/tile_class.h"
 #include "keel/attrs.h"
 #include "keel/tensor.h"
 
@@ -76,11 +77,6 @@ inline bool masked(const ColumnBounds& cb, const Geometry& g, int64_t i, int64_t
   return false;
 }
 
-// Min and max of each bound vector over one key tile.
-struct TileBounds {
-  int32_t ltsMin, ltsMax, lteMin, lteMax, utsMin, utsMax, uteMin, uteMax;
-};
-
 inline std::vector<TileBounds> tileBounds(const ColumnBounds& cb, int64_t sk, int64_t bc) {
   std::vector<TileBounds> t;
   for (int64_t n0 = 0; n0 < sk; n0 += bc) {
@@ -103,25 +99,10 @@ inline std::vector<TileBounds> tileBounds(const ColumnBounds& cb, int64_t sk, in
   return t;
 }
 
-// Skip: every (row, column) pair is masked; Partial: some may be (apply the element mask);
-// Unmasked: none is (no mask work). Conservative: Partial whenever in doubt.
-enum class TileClass : uint8_t { Skip, Partial, Unmasked };
-
+// TileBounds, TileClass and the rule itself: flashmask/tile_class.h (shared with the cuda kernels).
 inline TileClass classify(const TileBounds& t, const Geometry& g, int64_t m0, int64_t m1,
                           int64_t n0, int64_t n1) {
-  const int64_t off = g.diag(), w = g.window;
-  if ((m0 >= t.ltsMax && m1 <= t.lteMin) || (m0 >= t.utsMax && m1 <= t.uteMin)) {
-    return TileClass::Skip;
-  }
-  if (g.causal && n0 > m1 - 1 + off) return TileClass::Skip;
-  if (w > 0 && (m0 + off - (n1 - 1) >= w || (!g.causal && n0 - (m1 - 1 + off) >= w))) {
-    return TileClass::Skip;
-  }
-  const bool lower = t.ltsMin < m1 && t.lteMax > m0;
-  const bool upper = t.utsMin < m1 && t.uteMax > m0;
-  const bool diag = g.causal && n1 - 1 > m0 + off;
-  const bool win = w > 0 && ((m1 - 1 + off) - n0 >= w || (!g.causal && (n1 - 1) - (m0 + off) >= w));
-  return lower || upper || diag || win ? TileClass::Partial : TileClass::Unmasked;
+  return classifyTile(t, g.causal, g.window, g.diag(), m0, m1, n0, n1);
 }
 
 // Note [FlashMask op attributes]: a recording of flashmask_attention (and of its backward op)
