@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "cuda/dd_math.h"
 #include "cuda/flashmask_plan.h"
 #include "cuda/launch.h"
 #include "flashmask/flashmask_geometry.h"
@@ -132,6 +134,53 @@ TEST(CudaFlashMaskPlan, TileClassesAgreeWithTheDenseMask) {
           }
         EXPECT_GT(skipped, 0) << "every one of these masks has wholly masked tiles";
       }
+}
+
+// The device's float64 normals use double-double log and cos (engine/backends/cuda/dd_math.h), the
+// same code on the host: correctly rounded against long double (64-bit mantissa, 11 bits more)
+// wherever long double's value is not within 1/128 ulp of a rounding midpoint, over the inputs
+// Box-Muller gives them (u1 in (0, 1], 2πu2 in [0, 2π)) and near the zeros of cos.
+TEST(CudaDeviceMath, DoubleDoubleLogAndCosAreCorrectlyRounded) {
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  // r rounded to double unless it lies too near a midpoint between two doubles to tell.
+  auto clearRounding = [](long double r, double* out) {
+    const double d = double(r);
+    const long double ulp = std::fabs(std::nextafter(d, 2.0 * d + 1.0) - d);
+    const long double frac = std::fabs(r - (long double)d) / ulp;  // in [0, 0.5]
+    *out = d;
+    return std::fabs(frac - 0.5L) > 0x1p-7L && ulp > 0;
+  };
+  int checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t w = next();
+    const double u1 = (double(uint32_t(w)) + 1.0) / 4294967296.0;
+    const double a = 6.283185307179586 * (double(uint32_t(w >> 32)) / 4294967296.0);
+    double want;
+    if (u1 != 1.0 && clearRounding(logl((long double)u1), &want)) {
+      ASSERT_EQ(cuda::dd::logCr(u1), want) << "log(" << u1 << ")";
+      ++checked;
+    }
+    if (clearRounding(cosl((long double)a), &want)) {
+      ASSERT_EQ(cuda::dd::cosCr(a), want) << "cos(" << a << ")";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(cuda::dd::logCr(1.0), 0.0);
+  for (double z : {1.5707963267948966, 4.71238898038469}) {  // next to the zeros of cos
+    double a = std::nextafter(z, 0.0), want;
+    for (int k = 0; k < 4; ++k, a = std::nextafter(a, 8.0)) {
+      if (clearRounding(cosl((long double)a), &want)) {
+        EXPECT_EQ(cuda::dd::cosCr(a), want) << a;
+      }
+    }
+  }
+  EXPECT_GT(checked, 390000);
 }
 
 // These tests describe a machine without a usable CUDA device (this one, and CI); on a GPU machine
