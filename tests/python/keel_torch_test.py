@@ -7,6 +7,7 @@ binary."""
 
 import hashlib
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -148,6 +149,27 @@ def snapshot():
             {"action": "free_completed", "addr": 0x10400000, "size": 2 * MB, "stream": 0},
         ]],
     }
+
+
+class GuideTest(unittest.TestCase):
+    """docs/torch.md followed to the letter: its Python block is run as a user's train.py, and
+    `keel inspect` shows what the guide says (3 steps, and the op count in its comment)."""
+
+    def test_the_guides_five_lines_record_what_it_says(self):
+        guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "torch.md")).read()
+        code = guide.split("```python\n", 1)[1].split("```", 1)[0]
+        claim = re.search(r"inspect run\.db\s+# (\d+) steps, their losses, (\d+) ATen op calls", guide)
+        self.assertIsNotNone(claim, "the guide's keel inspect line")
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "train.py"), "w") as f:
+                f.write(code)
+            r = subprocess.run([sys.executable, "train.py"], cwd=d, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            rc, out, err = keel("inspect", os.path.join(d, "run.db"))
+            self.assertEqual(rc, 0, err)
+            self.assertRegex(out, r"\nsteps\s+%s\n" % claim.group(1))
+            self.assertRegex(out, r"\nops\s+%s\s" % claim.group(2))
+            self.assertIn('"md5": true', out)
 
 
 class SnapshotImportTest(unittest.TestCase):
