@@ -10,6 +10,8 @@
 
 namespace keel {
 
+struct KernelCtx;
+
 // Maps d in [-rank, rank) to [0, rank); throws naming the op otherwise.
 int64_t normDim(int64_t d, int64_t rank, std::string_view op);
 // NumPy broadcast of two shapes; throws naming the op and both shapes.
@@ -32,6 +34,14 @@ inline int64_t stridedOffset(int64_t i, const Shape& shape, const Shape& strides
 // returns {start, length}. Throws for step <= 0.
 std::pair<int64_t, int64_t> sliceBounds(int64_t n, int64_t start, int64_t end, int64_t step,
                                         std::string_view op);
+
+// Where slice_backward's gradient (input 0) goes in its output: along `dim`, `length` slices from
+// `start`, `step` apart — its attributes as every backend's kernel reads them, the gradient's
+// shape checked against them.
+struct SlicePlace {
+  int64_t dim = 0, start = 0, length = 0, step = 1;
+};
+SlicePlace slicePlace(const KernelCtx& c);
 
 // Splits shape around dim: outer = prod(shape[:dim]), n = shape[dim], inner = prod(shape[dim+1:]).
 struct DimSplit {

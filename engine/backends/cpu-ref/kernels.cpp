@@ -682,10 +682,7 @@ void kCopy(const KernelCtx& c) {
 }
 void kSliceBackward(const KernelCtx& c) {
   const Tensor& out = c.outputs[0];
-  int64_t d = normDim(c.attrs.getInt("dim"), out.dim(), c.op.name);
-  auto [s0, len] = sliceBounds(out.size(d), c.attrs.getInt("start"), c.attrs.getInt("end"),
-                               c.attrs.getInt("step", 1), c.op.name);
-  int64_t step = c.attrs.getInt("step", 1);
+  const auto [d, s0, len, step] = slicePlace(c);
   DimSplit sp = splitAt(out.shape(), d);
   Vec g = load(c.inputs[0]), r(size_t(out.numel()), 0.0);
   for (int64_t o = 0; o < sp.outer; ++o)

@@ -182,12 +182,7 @@ void kConcat(const KernelCtx& c) {
 
 void kSliceBackward(const KernelCtx& c) {
   const Tensor &g = c.inputs[0], &out = c.outputs[0];
-  const int64_t d = normDim(c.attrs.getInt("dim"), out.dim(), c.op.name);
-  const int64_t step = c.attrs.getInt("step", 1);
-  auto [s0, len] =
-      sliceBounds(out.size(d), c.attrs.getInt("start"), c.attrs.getInt("end"), step, c.op.name);
-  KEEL_CHECK(g.dim() == out.dim() && g.size(d) == len, "op '", c.op.name, "': grad ",
-             shapeStr(g.shape()), " does not match the slice of ", shapeStr(out.shape()));
+  const auto [d, s0, len, step] = slicePlace(c);
   const size_t elem = dtypeSize(out.dtype());
   char* o = static_cast<char*>(out.data());
   const int64_t bytes = out.numel() * int64_t(elem);

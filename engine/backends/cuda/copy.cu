@@ -226,12 +226,8 @@ void kConcat(const KernelCtx& c) {
 
 void kSliceBackward(const KernelCtx& c) {
   const Tensor &g = c.inputs[0], &out = c.outputs[0];
-  const int64_t d = normDim(c.attrs.getInt("dim"), out.dim(), c.op.name);
-  const int64_t step = c.attrs.getInt("step", 1);
-  auto [s0, len] =
-      sliceBounds(out.size(d), c.attrs.getInt("start"), c.attrs.getInt("end"), step, c.op.name);
-  KEEL_CHECK(g.dim() == out.dim() && g.size(d) == len, "op '", c.op.name, "': grad ",
-             shapeStr(g.shape()), " does not match the slice of ", shapeStr(out.shape()));
+  const auto [d, s0, len, step] = slicePlace(c);
+  (void)len;
   DeviceCtx& ctx = deviceCtx(c);
   const size_t elem = dtypeSize(out.dtype());
   check(cudaMemsetAsync(out.data(), 0, out.nbytes(), ctx.stream), "cudaMemsetAsync", ctx.index);

@@ -284,6 +284,26 @@ struct FwdArgs {
   C scale, keep;
 };
 
+// acc[i][jj] += sum over c < n, in order, of w[(ty + 16 i) * ldw + c] * rows[c * ld + tx + 16 jj]:
+// a score tile (P, or dS) times a value tile (V, or K) from shared memory, into the thread's
+// accumulators (the forward's output, the dQ kernel's dQ).
+template <int R, int NJ, typename C>
+__device__ __forceinline__ void accumulateTile(C (&acc)[R][NJ], const C* w, int ldw, const C* rows,
+                                               int64_t ld, int n, int d, int ty, int tx) {
+  for (int c = 0; c < n; ++c) {
+    const C* row = rows + c * ld;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const C wv = w[(ty + 16 * i) * ldw + c];
+#pragma unroll
+      for (int jj = 0; jj < NJ; ++jj) {
+        const int x = tx + 16 * jj;
+        if (x < d) acc[i][jj] += wv * row[x];
+      }
+    }
+  }
+}
+
 template <typename T, int DMAX, int RM, int RN>
 __global__ void __launch_bounds__(fp::kThreads) fwdKernel(FwdArgs<T> a) {
   using C = Compute<T>;
@@ -386,19 +406,7 @@ __global__ void __launch_bounds__(fp::kThreads) fwdKernel(FwdArgs<T> a) {
     __syncthreads();  // K is no longer read; P is complete
     loadTile<BC>(KVs, ld, a.v, a.vv, bi, n0, n1 - n0, kh, d, C(1));
     __syncthreads();
-    const int ncol = int(n1 - n0);
-    for (int cc = 0; cc < ncol; ++cc) {
-      const C* vrow = KVs + cc * ld;
-#pragma unroll
-      for (int i = 0; i < RM; ++i) {
-        const C p = Ps[(ty + 16 * i) * LDP + cc];
-#pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-          const int x = tx + 16 * jj;
-          if (x < d) acc[i][jj] += p * vrow[x];
-        }
-      }
-    }
+    accumulateTile<RM, NJ>(acc, Ps, LDP, KVs, ld, int(n1 - n0), d, ty, tx);  // += P V
   }
 
 #pragma unroll
@@ -676,19 +684,7 @@ __global__ void __launch_bounds__(fp::kThreads) dqKernel(BwdArgs<T> a) {
       }
     }
     __syncthreads();
-    const int ncol = int(n1 - n0);
-    for (int cc = 0; cc < ncol; ++cc) {
-      const C* krow = Ks + cc * ld;
-#pragma unroll
-      for (int i = 0; i < RM; ++i) {
-        const C ds = dSs[(ty + 16 * i) * LDS + cc];
-#pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-          const int x = tx + 16 * jj;
-          if (x < d) dq[i][jj] += ds * krow[x];
-        }
-      }
-    }
+    accumulateTile<RM, NJ>(dq, dSs, LDS, Ks, ld, int(n1 - n0), d, ty, tx);  // += dS K
   }
 
 #pragma unroll

@@ -3,12 +3,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <tuple>
 
 #include "cuda_backend.h"
 #include "keel/attrs.h"
 #include "keel/base/vocabulary.h"
 #include "keel/device.h"
 #include "keel/dtype.h"
+#include "keel/registry.h"
 #include "shape_util.h"
 
 namespace keel {
@@ -202,6 +204,18 @@ Shape broadcastStrides(const Tensor& t, const Shape& outShape) {
     st[o] = t.shape()[i] == 1 && outShape[o] != 1 ? 0 : t.strides()[i];
   }
   return st;
+}
+
+SlicePlace slicePlace(const KernelCtx& c) {
+  const Tensor &g = c.inputs[0], &out = c.outputs[0];
+  SlicePlace p;
+  p.dim = normDim(c.attrs.getInt("dim"), out.dim(), c.op.name);
+  p.step = c.attrs.getInt("step", 1);
+  std::tie(p.start, p.length) = sliceBounds(out.size(p.dim), c.attrs.getInt("start"),
+                                            c.attrs.getInt("end"), p.step, c.op.name);
+  KEEL_CHECK(g.dim() == out.dim() && g.size(p.dim) == p.length, "op '", c.op.name, "': grad ",
+             shapeStr(g.shape()), " does not match the slice of ", shapeStr(out.shape()));
+  return p;
 }
 
 std::pair<int64_t, int64_t> sliceBounds(int64_t n, int64_t start, int64_t end, int64_t step,
