@@ -4,6 +4,7 @@
 // engine giving bitwise-identical results (ops and 3 training steps) under host, caching and vmm.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -126,6 +127,58 @@ TEST(CachingAllocatorTest, OutOfMemoryMessageHasTheSummary) {
   }
   EXPECT_EQ(a.stats().ooms, 1u);
   a.deallocate(p, 4 * kMiB);
+}
+
+// The segment source a device's caching allocator uses (Note [cuda allocators]): every segment
+// comes from mapSegment and goes back through unmapSegment with its size, a null segment is out of
+// memory (after releasing what is cached), and events carry the allocator's device.
+TEST(CachingAllocatorTest, SegmentsComeFromTheGivenSourceAndEventsNameItsDevice) {
+  std::map<void*, size_t> mapped;
+  size_t budget = 6 * kMiB;  // what the "device" has
+  CachingAllocatorOptions o;
+  o.name = "test-device-caching";
+  o.device = Device(Backend::Cuda, 3);
+  o.mapSegment = [&](size_t bytes) -> void* {
+    if (bytes > budget) return nullptr;
+    budget -= bytes;
+    void* p = std::malloc(bytes);
+    mapped[p] = bytes;
+    return p;
+  };
+  o.unmapSegment = [&](void* p, size_t bytes) {
+    ASSERT_EQ(mapped.at(p), bytes);
+    mapped.erase(p);
+    budget += bytes;
+    std::free(p);
+  };
+  test::MemEventRecorder rec;
+  {
+    CachingAllocator a(o);
+    void* x = a.allocate(1000);  // a 2 MiB small-pool segment
+    ASSERT_EQ(mapped.size(), 1u);
+    EXPECT_EQ(mapped.begin()->second, 2 * kMiB);
+    try {
+      a.allocate(3 * kMiB);  // wants a 20 MiB large-pool segment: more than the 4 MiB left
+      FAIL() << "expected keel::Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("out of memory in the test-device-caching allocator"),
+                std::string::npos)
+          << e.what();
+    }
+    a.deallocate(x, 1000);
+    a.emptyCache();
+    EXPECT_TRUE(mapped.empty());
+    EXPECT_EQ(budget, 6 * kMiB);
+  }
+  rec.stop();
+  int reserves = 0, releases = 0;
+  for (const MemEvent& e : rec.events()) {
+    EXPECT_EQ(e.device, Device(Backend::Cuda, 3));
+    reserves += e.kind == MemEventKind::Reserve;
+    releases += e.kind == MemEventKind::Release;
+  }
+  EXPECT_EQ(reserves, 1);
+  EXPECT_EQ(releases, 1);
 }
 
 // ---- the classic case -----------------------------------------------------------------------

@@ -52,7 +52,7 @@ bool envFlag(const char* name) {
 // What a context holds besides DeviceCtx: the allocator, pinned staging, the last op's name.
 struct DeviceState {
   DeviceCtx ctx;
-  std::unique_ptr<CudaVmmAllocator> allocator;
+  std::unique_ptr<Allocator> allocator;
   std::array<void*, 2> staging = {nullptr, nullptr};  // pinned host buffers of kStaging bytes
   std::array<cudaEvent_t, 2> stagingDone = {nullptr, nullptr};
   // The op whose kernels were enqueued last (messages of async errors); written by whichever
@@ -71,7 +71,7 @@ std::vector<std::unique_ptr<DeviceState>>& g_devices =
 // The allocator of each device once created, for check()'s out-of-memory summary: check() runs
 // with and without g_mu held, so it reads these instead of g_devices.
 constexpr int kMaxDevices = 64;
-std::array<std::atomic<CudaVmmAllocator*>, kMaxDevices> g_allocatorOf{};
+std::array<std::atomic<Allocator*>, kMaxDevices> g_allocatorOf{};
 
 std::string lastOpName(const DeviceState& s) {
   const OpDef* op = s.lastOp.load(std::memory_order_relaxed);
@@ -234,9 +234,40 @@ Allocator* apiAllocator(int device) {
   DeviceState& s = state(device);
   std::lock_guard<std::mutex> lk(g_mu);
   if (!s.allocator) {
-    CudaVmmAllocatorOptions o;
-    o.device = device;
-    s.allocator = std::make_unique<CudaVmmAllocator>(o);
+    // Note [cuda allocators]: the device VMM allocator by default; where the run asks for the
+    // caching allocator (--alloc caching, the config's "allocator", KEEL_ALLOCATOR), the same
+    // caching allocator as the host's over cudaMalloc'd segments, so the two compare on the
+    // device as on the host. cudaFree waits for the device, so releasing a segment never races a
+    // kernel still using it. Chosen once per device, when its first buffer is allocated.
+    if (defaultAllocatorKind() == AllocatorKind::Caching) {
+      CachingAllocatorOptions o;
+      o.name = "cuda-caching";
+      o.device = Device(Backend::Cuda, device);
+      // On `device`, the calling thread's current device restored after (t_current stays true).
+      auto onDevice = [device](auto&& f) {
+        int prev = -1;
+        cudaGetDevice(&prev);
+        if (prev != device) cudaSetDevice(device);
+        f();
+        if (prev >= 0 && prev != device) cudaSetDevice(prev);
+      };
+      o.mapSegment = [onDevice](size_t bytes) -> void* {
+        void* p = nullptr;
+        onDevice([&] {
+          if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            cudaGetLastError();  // out of memory: the allocator's own error follows
+            p = nullptr;
+          }
+        });
+        return p;
+      };
+      o.unmapSegment = [onDevice](void* p, size_t) { onDevice([&] { cudaFree(p); }); };
+      s.allocator = std::make_unique<CachingAllocator>(std::move(o));
+    } else {
+      CudaVmmAllocatorOptions o;
+      o.device = device;
+      s.allocator = std::make_unique<CudaVmmAllocator>(o);
+    }
     if (device < kMaxDevices) g_allocatorOf[size_t(device)].store(s.allocator.get());
   }
   return s.allocator.get();
@@ -252,7 +283,7 @@ void check(cudaError_t e, const char* what, int device) {
   cudaGetLastError();  // clears a sticky-free error so the next call starts clean
   std::string extra;
   if (e == cudaErrorMemoryAllocation && device >= 0 && device < kMaxDevices)
-    if (const CudaVmmAllocator* a = g_allocatorOf[size_t(device)].load())
+    if (const Allocator* a = g_allocatorOf[size_t(device)].load())
       extra = "; " + memorySummary(a->stats());
   throw Error(detail::concat("CUDA error in ", what, " on cuda:", device, ": ",
                              cudaGetErrorString(e), " (", int(e), ")", extra));

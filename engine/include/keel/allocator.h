@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,6 +124,12 @@ struct CachingAllocatorOptions {
   size_t largeSegment = 20 << 20;  // segment size for requests in (smallMax, midMax)
   size_t largeRound = 2 << 20;     // requests >= midMax get a segment rounded to this
   std::string name = "caching";
+  // Where segments come from: null, anonymous mmap (host memory); otherwise these (a device's
+  // memory: the CUDA backend passes cudaMalloc and cudaFree). mapSegment returns null when out of
+  // memory. `device` stamps the allocator's events.
+  std::function<void*(size_t)> mapSegment;
+  std::function<void(void*, size_t)> unmapSegment;
+  Device device;
 };
 
 // Best-fit over free blocks ordered by (size, address) in a small and a large pool; splits blocks

@@ -56,6 +56,19 @@ struct CachingAllocator::Impl {
   std::unordered_map<uintptr_t, Block*> live;
   AllocatorStats st;
   alloc::PendingEvents events;
+
+  // A segment from the options' source, or anonymous mmap; null when out of memory.
+  void* mapSegment(size_t bytes) const {
+    if (o.mapSegment) return o.mapSegment(bytes);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  void unmapSegment(void* p, size_t bytes) const {
+    if (o.unmapSegment)
+      o.unmapSegment(p, bytes);
+    else
+      munmap(p, bytes);
+  }
   alloc::ReuseCounter reuse;
 
   Pool& poolOf(bool small) { return small ? smallFree : largeFree; }
@@ -87,7 +100,7 @@ struct CachingAllocator::Impl {
           continue;
         }
         it = pool->erase(it);
-        munmap(reinterpret_cast<void*>(b->addr), b->size);
+        unmapSegment(reinterpret_cast<void*>(b->addr), b->size);
         st.reserved -= b->size;
         st.segments--;
         events.add(MemEventKind::Release, b->addr, b->size, st.allocated, st.reserved);
@@ -105,11 +118,11 @@ struct CachingAllocator::Impl {
       releaseCached();
       if (st.reserved + segSize > o.limit) return nullptr;
     }
-    void* p = mmap(nullptr, segSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    void* p = mapSegment(segSize);
+    if (!p) {
       releaseCached();
-      p = mmap(nullptr, segSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) return nullptr;
+      p = mapSegment(segSize);
+      if (!p) return nullptr;
     }
     auto* b = new Block;
     b->addr = reinterpret_cast<uintptr_t>(p);
@@ -192,6 +205,7 @@ struct CachingAllocator::Impl {
 CachingAllocator::CachingAllocator(CachingAllocatorOptions o) : impl_(std::make_unique<Impl>()) {
   KEEL_CHECK(o.round > 0 && o.smallSegment >= o.smallMax && o.largeRound > 0,
              "caching allocator: inconsistent options");
+  impl_->events.setDevice(o.device);
   impl_->o = std::move(o);
 }
 
@@ -213,7 +227,7 @@ CachingAllocator::~CachingAllocator() {
       if (b != h) delete b;
       b = n;
     }
-    munmap(reinterpret_cast<void*>(h->addr), total);
+    impl_->unmapSegment(reinterpret_cast<void*>(h->addr), total);
     delete h;
   }
 }
