@@ -81,20 +81,24 @@ struct OpsArgs {
   bool kernels = false;
 };
 
-// The registry with the CUDA backend's kernels when it can be loaded (Note [CUDA backend plugin]);
-// --backend cuda insists on it. Returns the backend to show (-1: all), or fails.
+// The backend a registry listing shows (-1: all), or fails. The CUDA backend's kernels are loaded
+// (Note [CUDA backend plugin]) only for a listing that shows them: all backends, where it can be
+// loaded, or --backend cuda, which insists on it.
 int chooseBackend(const std::string& name, int* only) {
-  const std::string why = keel::loadCudaBackend();
   *only = -1;
-  if (name.empty()) return 0;
+  if (name.empty()) {
+    (void)keel::loadCudaBackend();
+    return 0;
+  }
   keel::Device d;
   try {
     d = keel::Device(name);
   } catch (const keel::Error& e) {
     return fail(std::string("--backend: ") + e.what());
   }
-  if (d.backend == keel::Backend::Cuda && !why.empty())
-    return fail("the cuda backend is not available: " + why);
+  if (d.backend == keel::Backend::Cuda)
+    if (const std::string why = keel::loadCudaBackend(); !why.empty())
+      return fail("the cuda backend is not available: " + why);
   *only = int(d.backend);
   return 0;
 }
@@ -168,11 +172,12 @@ Command addOpsCommand(CLI::App& root) {
                 "print each op's kernel variant per backend (what decides its numerics); with a "
                 "recording, the kernel that ran each call");
   return {ops, [a] {
+            if ((!a->recording.empty() || a->markdown) && !a->backend.empty())
+              return fail("--backend filters the registry listings (keel ops, keel ops --kernels)");
+            // --markdown documents the dtypes every backend shares: nothing to load for it.
             int only = -1;
-            if (a->recording.empty())
+            if (a->recording.empty() && !a->markdown)
               if (int rc = chooseBackend(a->backend, &only)) return rc;
-            if (!a->recording.empty() && !a->backend.empty())
-              return fail("--backend filters the registry listings, not a recording");
             if (a->kernels) {
               if (a->markdown) return fail("--kernels and --markdown are two different lists");
               if (a->recording.empty()) return runKernels(only);
