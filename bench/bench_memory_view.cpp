@@ -9,11 +9,13 @@
 #include <QApplication>
 #include <QImage>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "keel/analysis/memory_model.h"
+#include "keel/storage/reader.h"
 #include "keel/views/memory_view.h"
 #include "keel/views/selection.h"
 
@@ -180,6 +182,81 @@ void BM_MemoryBands1M(benchmark::State& state) {
   state.counters["events"] = double(len);
 }
 BENCHMARK(BM_MemoryBands1M)->Arg(1)->Arg(10)->Arg(100)->Unit(benchmark::kMillisecond);
+
+// A recording's memory: KEEL_BENCH_MEMORY_RECORDING names it (bench/torch_snapshot_import.sh sets
+// it to the recording imported from a 2 GB, 5,000,000-event PyTorch snapshot). Reading its
+// events, building the model, opening the view and painting it; then moving the cursor (the event
+// slider and a click in the timeline) and selecting ranges, each with a repaint.
+const char* recordingPath() {
+  return std::getenv("KEEL_BENCH_MEMORY_RECORDING");
+}
+
+void BM_MemoryRecordingOpen(benchmark::State& state) {
+  if (!recordingPath()) return state.SkipWithError("set KEEL_BENCH_MEMORY_RECORDING");
+  ensureQt();
+  for (auto _ : state) {
+    const auto t = Clock::now();
+    auto events = keel::storage::Recording::open(recordingPath()).memEvents({});
+    const double readS = seconds(t);
+    auto m = std::make_shared<keel::analysis::MemoryModel>();
+    m->setEvents(std::move(events));
+    const double modelS = seconds(t) - readS;
+    keel::views::Selection sel;
+    keel::views::MemoryView view(&sel, keel::views::Side::A);
+    view.resize(1920, 1080);
+    view.show();
+    QApplication::processEvents();
+    view.setMemory(m);
+    QImage img(view.size(), QImage::Format_RGB32);
+    view.render(&img);
+    state.SetIterationTime(seconds(t));
+    state.counters["events"] = double(m->eventCount());
+    state.counters["read_ms"] = 1000 * readS;
+    state.counters["model_ms"] = 1000 * modelS;
+  }
+}
+BENCHMARK(BM_MemoryRecordingOpen)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+
+// arg 0: the cursor moved to 20 places (state at that event: block map, sizes) and painted;
+// arg N > 0: a range of 1/N of the run selected (timeline bands and plot) and painted.
+void BM_MemoryRecordingInteract(benchmark::State& state) {
+  if (!recordingPath()) return state.SkipWithError("set KEEL_BENCH_MEMORY_RECORDING");
+  ensureQt();
+  static const std::shared_ptr<const keel::analysis::MemoryModel> m = [] {
+    auto p = std::make_shared<keel::analysis::MemoryModel>();
+    p->setEvents(keel::storage::Recording::open(recordingPath()).memEvents({}));
+    return std::shared_ptr<const keel::analysis::MemoryModel>(p);
+  }();
+  keel::views::Selection sel;
+  keel::views::MemoryView view(&sel, keel::views::Side::A);
+  view.resize(1920, 1080);
+  view.show();
+  QApplication::processEvents();
+  view.setMemory(m);
+  const int64_t n = int64_t(m->eventCount());
+  std::mt19937_64 rng(3);
+  for (auto _ : state) {
+    const auto t = Clock::now();
+    if (state.range(0) == 0) {
+      view.setCursor(int64_t(rng() % uint64_t(n)));
+    } else {
+      const int64_t len = n / state.range(0), first = int64_t(rng() % uint64_t(n - len + 1));
+      view.setRange(first, first + len - 1);
+      view.layoutActive();
+    }
+    QImage img(view.size(), QImage::Format_RGB32);
+    view.render(&img);
+    state.SetIterationTime(seconds(t));
+  }
+  state.counters["events"] = double(n);
+}
+BENCHMARK(BM_MemoryRecordingInteract)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(100)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(20);
 
 }  // namespace
 #endif

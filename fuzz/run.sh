@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (fuzz/CMakeLists.txt), replays every seed of each once
 # and runs each briefly on its seed corpus (fuzz/corpus/<name>).
-# Usage: fuzz/run.sh BUILD_DIR [SECONDS per target (20)] [NAME...] (default: all six).
+# Usage: fuzz/run.sh BUILD_DIR [SECONDS per target (20)] [NAME...] (default: all seven).
 # Exit status 0 when no target found a crash; crash inputs are kept in BUILD_DIR/artifacts.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -14,7 +14,7 @@ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
 # Only the named targets are built: ctest runs the checkpoint parsers' and the other inputs'
 # targets as two tests (tests/CMakeLists.txt), in two build folders, side by side.
-names=(safetensors aoa metadata recording config trace)
+names=(safetensors aoa metadata recording config trace torch_memory)
 [ $# -gt 0 ] && names=("$@")
 ninja -C "$build" -j"${KEEL_FUZZ_JOBS:-1}" "${names[@]/#/fuzz_}" >/dev/null
 mkdir -p "$build/artifacts"
@@ -30,7 +30,7 @@ for name in "${names[@]}"; do
   mkdir -p "$work"
   case "$name" in
     metadata) t=$(( (seconds + 1) / 2 )); len=4096 ;;
-    config|trace) t=$(( (seconds + 1) / 2 )); len=8192 ;;
+    config|trace|torch_memory) t=$(( (seconds + 1) / 2 )); len=8192 ;;
     recording) t=$(( seconds * 3 / 2 )); len=262144 ;;
     *) t="$seconds"; len=4096 ;;
   esac

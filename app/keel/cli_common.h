@@ -76,5 +76,6 @@ Command addCkptCommand(CLI::App& root);
 Command addMemoryCommand(CLI::App& root);
 Command addBenchCommand(CLI::App& root);
 Command addLaunchCommand(CLI::App& root);
+Command addImportCommand(CLI::App& root);
 
 }  // namespace keel::cli

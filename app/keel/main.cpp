@@ -161,7 +161,7 @@ int run(int argc, char** argv) {
   std::vector<Command> commands = {
       addTrainCommand(app),  addRecordCommand(app), addInspectCommand(app), addDiffCommand(app),
       addExportCommand(app), addOpsCommand(app),    addMemoryCommand(app),  addBenchCommand(app),
-      addCkptCommand(app),   addLaunchCommand(app)};
+      addCkptCommand(app),   addLaunchCommand(app), addImportCommand(app)};
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];

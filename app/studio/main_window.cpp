@@ -11,6 +11,7 @@
 #include <QDropEvent>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QFutureWatcher>
 #include <QKeySequence>
 #include <QLabel>
 #include <QMenuBar>
@@ -26,6 +27,7 @@
 #include <QTimer>
 #include <QToolBar>
 #include <QVBoxLayout>
+#include <QtConcurrent/QtConcurrentRun>
 #include <algorithm>
 #include <utility>
 
@@ -34,6 +36,7 @@
 #include "keel/error.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/run_folder.h"
+#include "keel/storage/torch_memory.h"
 #include "keel/views/diff_view.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/inspector.h"
@@ -142,6 +145,8 @@ void MainWindow::buildActions() {
     if (!d.isEmpty()) openRecording(d);
   });
   recentMenu_ = file->addMenu("Open &recent");
+  QMenu* import = file->addMenu("&Import");
+  import->addAction("PyTorch &memory snapshot…", this, &MainWindow::importTorchMemoryDialog);
   file->addSeparator();
   file->addAction("Save &screenshot…", this, [this] {
     QString p = QFileDialog::getSaveFileName(this, "Save screenshot", "keel-studio.png",
@@ -751,6 +756,58 @@ void MainWindow::openDialog() {
   QString p = QFileDialog::getOpenFileName(this, "Open recording", QString(),
                                            "Keel recordings (*.db);;All files (*)");
   if (!p.isEmpty()) openRecording(p);
+}
+
+void MainWindow::importTorchMemoryDialog() {
+  const QString snap =
+      QFileDialog::getOpenFileName(this, "Import PyTorch memory snapshot", QString(),
+                                   "PyTorch memory snapshots (*.pickle *.pkl);;All files (*)");
+  if (snap.isEmpty()) return;
+  const QFileInfo fi(snap);
+  const QString out = QFileDialog::getSaveFileName(this, "Save the imported recording as",
+                                                   fi.dir().filePath(fi.completeBaseName() + ".db"),
+                                                   "Keel recordings (*.db)");
+  if (!out.isEmpty()) importTorchMemory(snap, out);
+}
+
+void MainWindow::importTorchMemory(const QString& snapshot, const QString& output) {
+  try {
+    keel::checkOutputPath("the imported recording", output.toStdString(),
+                          {{"the snapshot", snapshot.toStdString()},
+                           {"the open recording", sourceA_->path().toStdString()},
+                           {"the compared recording", sourceB_->path().toStdString()}});
+  } catch (const keel::Error& e) {
+    showError("Import PyTorch memory snapshot", QString::fromUtf8(e.what()));
+    return;
+  }
+  statusBar()->showMessage("Importing " + snapshot + " (about 30 s per GB)…");
+  busy(1);
+  auto* watcher = new QFutureWatcher<QString>(this);
+  connect(watcher, &QFutureWatcher<QString>::finished, this, [this, watcher, output] {
+    const QString error = watcher->result();
+    watcher->deleteLater();
+    busy(-1);
+    if (!error.isEmpty()) {
+      showError("Import PyTorch memory snapshot", error);
+      return;
+    }
+    showView("memory");
+    openRecording(output);
+  });
+  const std::string in = snapshot.toStdString(), out = output.toStdString();
+  watcher->setFuture(QtConcurrent::run([in, out]() -> QString {
+    try {
+      const storage::TorchMemorySnapshot snap = storage::readTorchMemorySnapshot(in);
+      keel::OutputLock lock(out);
+      keel::ReplaceOnCommit file(out);
+      storage::writeTorchMemoryRecording(
+          snap, file.path(), std::string("torch memory snapshot, keel studio ") + KEEL_VERSION, in);
+      file.commit();
+      return {};
+    } catch (const std::exception& e) {
+      return QString::fromUtf8(e.what());
+    }
+  }));
 }
 
 void MainWindow::compareDialog() {

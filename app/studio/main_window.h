@@ -56,6 +56,11 @@ class MainWindow : public QMainWindow {
   views::RanksView* ranksView() { return ranksView_; }
   // Opens `path` as side B, side by side with A, and diffs the two.
   void compareWith(const QString& path);
+  // File > Import > PyTorch memory snapshot: reads `snapshot` (Note [Torch memory snapshots],
+  // storage/) on a worker thread into the recording `output` (written beside it and renamed, so
+  // an existing file is replaced only by a complete one), then opens it with the Memory view
+  // raised. Errors (a hostile or damaged pickle, an output that may not be written): a dialog.
+  void importTorchMemory(const QString& snapshot, const QString& output);
   // Starts a live session recording to config.output.
   void startSession(const SessionConfig& config);
   void showStep(int64_t step);
@@ -124,6 +129,7 @@ class MainWindow : public QMainWindow {
   void addRecent(const QString& path);
   void rebuildRecentMenu();
   void openDialog();
+  void importTorchMemoryDialog();
   void openFile(const QString& path, bool verify);
   void openRunFolder(const QString& folder);
   void leaveRunFolder();

@@ -16,9 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include "keel/base/output_path.h"
 #include "keel/capture/hash.h"
 #include "keel/capture/md5_multi.h"
 #include "keel/dtype.h"
+#include "keel/storage/torch_memory.h"
 #include "keel/storage/writer.h"
 #include "keel/tensor.h"
 #include "keel/version.h"
@@ -388,12 +390,47 @@ class Recording {
   std::unique_ptr<storage::Writer> writer_;
 };
 
+// A PyTorch memory snapshot file as a recording at `out` (the keel tool's `import torch-memory`):
+// the restricted unpickler reads it, the output guard and the replace-on-complete rule apply.
+py::dict importTorchMemory(const std::string& snapshot, const std::string& out, int device) {
+  checkOutputPath("output", out, {{"the snapshot", snapshot}});
+  storage::TorchMemoryReadOptions o;
+  o.device = device;
+  storage::TorchMemorySnapshot snap;
+  {
+    py::gil_scoped_release free;
+    snap = storage::readTorchMemorySnapshot(snapshot, o);
+  }
+  OutputLock lock(out);
+  ReplaceOnCommit file(out);
+  storage::TorchMemoryWritten w;
+  {
+    py::gil_scoped_release free;
+    w = storage::writeTorchMemoryRecording(
+        snap, file.path(), std::string("torch memory snapshot, keel ") + KEEL_VERSION_STRING,
+        snapshot);
+  }
+  file.commit();
+  py::dict r;
+  r["events"] = w.events;
+  r["segments"] = snap.segments;
+  r["trace_entries"] = snap.traceEntries;
+  r["stacks"] = snap.stacks.size();
+  r["peak_allocated"] = w.peakAllocated;
+  r["peak_reserved"] = w.peakReserved;
+  r["end_allocated"] = w.endAllocated;
+  r["end_reserved"] = w.endReserved;
+  return r;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_keel, m) {
   m.doc() = "Keel's recording writer and tensor hasher (see keel_torch)";
   m.def("hash", &hashTensor, py::arg("data"), py::arg("dtype"), py::arg("shape"),
         py::arg("md5") = true, py::arg("stats") = true, py::arg("rounded_digits") = 0);
+  m.def("import_torch_memory", &importTorchMemory, py::arg("snapshot"), py::arg("out"),
+        py::arg("device") = 0);
   py::class_<Recording>(m, "Recording")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
                     uint64_t, const std::string&, const std::string&>())

@@ -3,6 +3,9 @@
 // cursor follows the step shown, and a live session with Run > Track memory per step records one
 // tracked section per training step.
 #include <QDockWidget>
+#include <QFile>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QtTest>
@@ -81,6 +84,51 @@ class StudioMemoryTest : public QObject {
   }
 
   // The memory cursor follows the step the window shows: the step box moves it to that step.
+  // File > Import > PyTorch memory snapshot (the dialog's two paths given): the snapshot is read
+  // on a worker, the recording opens with the Memory view raised and every event in it; a pickle
+  // that would run code is an error dialog, and nothing is written.
+  void importsATorchMemorySnapshotAndRefusesAHostileOne() {
+    const QString fixtures = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/torch/";
+    QFile json(fixtures + "snapshot-p4.json");
+    QVERIFY(json.open(QIODevice::ReadOnly));
+    const qint64 events = QJsonDocument::fromJson(json.readAll())["0"]["events"].toInteger();
+    QVERIFY(events > 100);
+    const QString out = views::test::tempDir() + "/imported.db";
+    QFile::remove(out);
+    MainWindow w;
+    w.resize(1600, 1000);
+    w.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    w.importTorchMemory(fixtures + "snapshot-p4.pickle", out);
+    QVERIFY(QTest::qWaitFor([&] { return w.memoryView()->eventCount() == events; }, 60000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.raisedBottomView(), QString("memory"));
+    QCOMPARE(w.summary(views::Side::A)->run.backend, std::string("torch"));
+
+    const QString evil = views::test::tempDir() + "/evil.pickle";
+    QFile f(evil);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(
+        QByteArray("\x80\x02"
+                   "cposix\nsystem\nX\x05\x00\x00\x00"
+                   "touch\x85R.",
+                   29));
+    f.close();
+    QSignalSpy errors(&w, &MainWindow::errorShown);
+    const QString out2 = views::test::tempDir() + "/evil.db";
+    w.importTorchMemory(evil, out2);
+    QVERIFY(errors.wait(30000));
+    QVERIFY2(errors.first().first().toString().contains("which would run code"),
+             qPrintable(errors.first().first().toString()));
+    QVERIFY(!QFile::exists(out2));
+    QVERIFY(!QFile::exists("touch"));
+    // The output may not be the snapshot.
+    errors.clear();
+    w.importTorchMemory(evil, evil);
+    QCOMPARE(errors.size(), 1);
+    QVERIFY(errors.first().first().toString().contains("is the snapshot"));
+  }
+
   void memoryCursorFollowsTheStepShown() {
     const QString path = views::test::tempDir() + "/follow.db";
     QVERIFY(views::test::recordFixture(path, "--steps 2 --seed 6 --allocator",

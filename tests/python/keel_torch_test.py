@@ -196,6 +196,59 @@ class SnapshotImportTest(unittest.TestCase):
         self.assertRegex(stats, r"allocated \(bytes\)\s+%d\s+%d" % (7 * MB, 5 * MB))
         self.assertRegex(stats, r"reserved \(bytes\)\s+%d\s+%d" % (12 * MB, 12 * MB))
 
+    def test_generated_snapshots_give_the_generators_figures(self):
+        """Snapshots written by Python's pickle from a simulated caching allocator (two devices,
+        the trace cut as PyTorch's ring buffer cuts it): the importer's event count and peak/end
+        bytes equal what the generator computed, through both front ends."""
+        import json
+        import pickle
+        sys.path.insert(0, os.path.dirname(__file__))
+        import torch_snapshot_gen
+        snap, want = torch_snapshot_gen.generate(6000, keep=2500, seed=11, devices=2)
+        src = os.path.join(self.dir.name, "gen.pickle")
+        with open(src, "wb") as f:
+            pickle.dump(snap, f)
+        for dev in (0, 1):
+            out = os.path.join(self.dir.name, f"gen{dev}.db")
+            r = subprocess.run([sys.executable, "-m", "keel_torch", "import-snapshot", src, "-o",
+                                out, "--device", str(dev)], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"{want[dev]['events']} allocator events", r.stdout)
+            rc, stats, err = keel("memory", "stats", out)
+            self.assertEqual(rc, 0, err)
+            self.assertRegex(stats, r"allocated \(bytes\)\s+%d\s+%d" %
+                             (want[dev]["peak_allocated"], want[dev]["end_allocated"]))
+            # keel import torch-memory: the same reader in C++, the same figures
+            out2 = os.path.join(self.dir.name, f"cli{dev}.db")
+            rc, text, err = keel("import", "torch-memory", src, "-o", out2, "--device", str(dev))
+            self.assertEqual(rc, 0, err)
+            self.assertIn(f"{want[dev]['events']} allocator events", text)
+            self.assertIn(f"{want[dev]['trace_entries']} trace entries", text)
+        # the dict torch.cuda.memory._snapshot() returns, imported in the process
+        out3 = os.path.join(self.dir.name, "dict.db")
+        from keel_torch.snapshot import import_snapshot
+        self.assertEqual(import_snapshot(snap, out3, 1), want[1]["events"])
+
+    def test_a_pickle_that_runs_code_is_refused_and_runs_nothing(self):
+        import pickle
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch " + os.path.join(self_dir, "PWNED"),))
+
+        self_dir = self.dir.name
+        evil = os.path.join(self.dir.name, "evil.pickle")
+        with open(evil, "wb") as f:
+            pickle.dump({"segments": [Evil()], "device_traces": []}, f)
+        out = os.path.join(self.dir.name, "x.db")
+        r = subprocess.run([sys.executable, "-m", "keel_torch", "import-snapshot", evil, "-o", out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("which would run code", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir.name, "PWNED")))
+        self.assertFalse(os.path.exists(out))
+
     def test_a_bad_snapshot_is_one_line_and_status_2(self):
         bad = os.path.join(self.dir.name, "bad.pickle")
         with open(bad, "wb") as f:
@@ -204,7 +257,7 @@ class SnapshotImportTest(unittest.TestCase):
                             os.path.join(self.dir.name, "x.db")], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
-        self.assertIn("not a PyTorch memory snapshot", r.stderr)
+        self.assertIn("not a memory snapshot Keel can read", r.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+// PyTorch CUDA memory snapshots (the pickle torch.cuda.memory._dump_snapshot() writes) as Keel
+// recordings: read with the restricted unpickler (storage/src/pickle.h, Note [Restricted
+// unpickler]) and written as one recording's allocator events, for `keel memory`, the studio's
+// memory view and the fragmentation figures. See Note [Torch memory snapshots].
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "keel/base/vocabulary.h"
+#include "keel/storage/records.h"
+
+namespace keel::storage {
+
+// One device's allocator history from a snapshot, ready to be written.
+struct TorchMemorySnapshot {
+  struct Event {
+    MemEventKind kind = MemEventKind::Alloc;  // reserve, release, alloc or free
+    uint64_t address = 0, bytes = 0;
+    int64_t stackId = -1;
+    int64_t timeUs = 0;  // the trace entry's time_us; 0 when it has none
+  };
+  int device = 0;
+  std::vector<Event> initial;       // the state the trace starts from: reserves, then live blocks
+  std::vector<Event> trace;         // the trace's entries that change the picture, in order
+  std::vector<StackRecord> stacks;  // ids 1..n, frames innermost first
+  uint64_t segments = 0;            // the device's segments in the snapshot
+  uint64_t traceEntries = 0;        // every entry of the device's trace, skipped kinds included
+  std::vector<int> devices;         // the devices with segments or a trace, ascending
+};
+
+struct TorchMemoryReadOptions {
+  int device = 0;
+  int64_t maxBytes = int64_t(4) << 30;  // what the reader may hold (the trace is not held)
+};
+
+// Reads a snapshot from `file` (its current position to its end, `size` bytes; read twice).
+// Throws StorageError with one line naming `name` for anything that is not a snapshot, or has no
+// memory of the device.
+TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, const std::string& name,
+                                            const TorchMemoryReadOptions& options = {});
+TorchMemorySnapshot readTorchMemorySnapshot(const std::string& path,
+                                            const TorchMemoryReadOptions& options = {});
+
+struct TorchMemoryWritten {
+  uint64_t events = 0;
+  uint64_t peakAllocated = 0, peakReserved = 0;
+  uint64_t endAllocated = 0, endReserved = 0;
+};
+
+// Writes `snapshot` as a new recording at `path` (which must not exist; callers write beside the
+// target and rename). `engineVersion` goes into the run's metadata, `source` into its options.
+TorchMemoryWritten writeTorchMemoryRecording(const TorchMemorySnapshot& snapshot,
+                                             const std::string& path,
+                                             const std::string& engineVersion,
+                                             const std::string& source);
+
+}  // namespace keel::storage

@@ -1,0 +1,348 @@
+// PyTorch memory snapshots imported through the restricted unpickler (storage/torch_memory.h):
+// exact figures on snapshots Python's pickle wrote (tests/fixtures/torch, from
+// tests/python/torch_snapshot_gen.py, with the figures it computed), hostile pickles refused in
+// one line, every truncation and random damage of a real one refused or read without a crash,
+// and `keel import torch-memory` through the real binary.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "keel/storage/errors.h"
+#include "keel/storage/reader.h"
+#include "keel/storage/torch_memory.h"
+#include "test_util.h"
+
+namespace keel::storage {
+namespace {
+
+const std::string kFixtures = std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/torch/";
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Reads `bytes` as a snapshot (from memory, through fmemopen).
+TorchMemorySnapshot readBytes(const std::string& bytes, TorchMemoryReadOptions o = {}) {
+  std::string copy = bytes.empty() ? std::string(1, '\0') : bytes;
+  std::FILE* f = fmemopen(copy.data(), copy.size(), "rb");
+  EXPECT_NE(f, nullptr);
+  try {
+    TorchMemorySnapshot s = readTorchMemorySnapshot(f, bytes.size(), "test.pickle", o);
+    std::fclose(f);
+    return s;
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+}
+
+// The one-line error reading `bytes` gives (fails the test if it reads).
+std::string errorOf(const std::string& bytes, TorchMemoryReadOptions o = {}) {
+  try {
+    readBytes(bytes, o);
+  } catch (const StorageError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "read without an error";
+  return "";
+}
+
+// A few pickle opcodes, to write hostile files by hand.
+struct P {
+  std::string b = "\x80\x04";
+  P& op(char c) {
+    b += c;
+    return *this;
+  }
+  P& op(int c) { return op(char(c)); }
+  P& str(const std::string& s) {
+    b += char(0x8c);
+    b += char(s.size());
+    b += s;
+    return *this;
+  }
+  P& int1(int v) {
+    b += 'K';
+    b += char(v);
+    return *this;
+  }
+  P& stop() { return op('.'); }
+};
+
+// {"segments": [], "device_traces": [[entry]]} with the entry given as its key/value opcodes.
+std::string withTraceEntry(const std::function<void(P&)>& entry) {
+  P p;
+  p.op('}').op('(').str("segments").op(']').str("device_traces").op(']').op(']').op('}').op('(');
+  entry(p);
+  p.op('u').op('a').op('a').op('u').stop();
+  return p.b;
+}
+
+TEST(TorchMemoryTest, FixturesGiveTheFiguresTheGeneratorComputed) {
+  for (const char* name : {"snapshot-p4", "snapshot-p2"}) {
+    const nlohmann::json want = nlohmann::json::parse(readFile(kFixtures + name + ".json"));
+    for (const auto& [dev, fig] : want.items()) {
+      SCOPED_TRACE(std::string(name) + " device " + dev);
+      TorchMemoryReadOptions o;
+      o.device = std::stoi(dev);
+      const TorchMemorySnapshot s = readTorchMemorySnapshot(kFixtures + name + ".pickle", o);
+      EXPECT_EQ(s.traceEntries, fig["trace_entries"].get<uint64_t>());
+      EXPECT_EQ(s.initial.size() + s.trace.size(), fig["events"].get<uint64_t>());
+      const std::filesystem::path out =
+          std::filesystem::path(::testing::TempDir()) / (std::string(name) + dev + ".db");
+      std::filesystem::remove(out);
+      const TorchMemoryWritten w = writeTorchMemoryRecording(s, out, "test", name);
+      EXPECT_EQ(w.events, fig["events"].get<uint64_t>());
+      EXPECT_EQ(w.peakAllocated, fig["peak_allocated"].get<uint64_t>());
+      EXPECT_EQ(w.endAllocated, fig["end_allocated"].get<uint64_t>());
+      EXPECT_EQ(w.peakReserved, fig["peak_reserved"].get<uint64_t>());
+      EXPECT_EQ(w.endReserved, fig["end_reserved"].get<uint64_t>());
+      // What was written reads back: every event, in order, with its stack.
+      Recording rec = Recording::open(out);
+      const std::vector<MemRecord> mem = rec.memEvents({});
+      ASSERT_EQ(mem.size(), w.events);
+      EXPECT_EQ(mem.back().allocatedAfter, w.endAllocated);
+      EXPECT_EQ(rec.run().device, "cuda:" + dev);
+      EXPECT_EQ(rec.run().backend, "torch");
+      // Every event has its stack but the reserves of the segments live when the trace starts
+      // (the generator gives every trace entry and live block frames).
+      size_t withStack = 0, startReserves = 0;
+      for (const MemRecord& m : mem) withStack += m.stackId >= 0;
+      for (const auto& e : s.initial) startReserves += e.kind == MemEventKind::Reserve;
+      EXPECT_EQ(withStack, mem.size() - startReserves);
+      const std::optional<StackRecord> st = rec.stack(mem.back().stackId);
+      ASSERT_TRUE(st.has_value());
+      EXPECT_GE(st->frames.size(), 4u);
+      EXPECT_FALSE(st->frames.front().file.empty());
+      std::filesystem::remove(out);
+    }
+  }
+}
+
+TEST(TorchMemoryTest, TheTraceIsUndoneToFindWhereItStarts) {
+  // Python's test snapshot (tests/python/keel_torch_test.py), by hand: at the end an 8 MiB
+  // segment with a 2 MiB block and a 4 MiB segment (made by the trace) with 3 MiB; the trace
+  // allocated and freed 1 MiB, made the second segment and allocated in it, and freed a 2 MiB
+  // block that was live before it began.
+  const int MB = 1 << 20;
+  P p;
+  auto i4 = [&](uint32_t v) {
+    p.b += 'J';
+    for (int k = 0; k < 4; ++k) p.b += char((v >> (8 * k)) & 0xff);
+  };
+  auto entry = [&](const char* action, uint32_t addr, uint32_t size) {
+    p.op('}').op('(').str("action").str(action).str("addr");
+    i4(addr);
+    p.str("size");
+    i4(size);
+    p.op('u');
+  };
+  auto block = [&](uint32_t size, const char* state) {
+    p.op('}').op('(').str("size");
+    i4(size);
+    p.str("state").str(state).op('u');
+  };
+  p.op('}').op('(').str("segments").op(']').op('(');
+  p.op('}').op('(').str("device").int1(0).str("address");
+  i4(0x10000000);
+  p.str("total_size");
+  i4(8 * MB);
+  p.str("blocks").op(']').op('(');
+  block(2 * MB, "active_allocated");
+  block(6 * MB, "inactive");
+  p.op('e').op('u');
+  p.op('}').op('(').str("device").int1(0).str("address");
+  i4(0x20000000);
+  p.str("total_size");
+  i4(4 * MB);
+  p.str("blocks").op(']').op('(');
+  block(3 * MB, "active_allocated");
+  block(1 * MB, "inactive");
+  p.op('e').op('u');
+  p.op('e');
+  p.str("device_traces").op(']').op(']').op('(');
+  entry("alloc", 0x10200000, MB);
+  entry("free_requested", 0x10200000, MB);
+  entry("free_completed", 0x10200000, MB);
+  entry("segment_alloc", 0x20000000, 4 * MB);
+  entry("alloc", 0x20000000, 3 * MB);
+  entry("free_completed", 0x10400000, 2 * MB);
+  p.op('e').op('a').op('u').stop();
+  const TorchMemorySnapshot s = readBytes(p.b);
+  // Start: the 8 MiB segment, and its 2 MiB blocks at +0 and +4 MiB.
+  ASSERT_EQ(s.initial.size(), 3u);
+  EXPECT_EQ(s.initial[0].kind, MemEventKind::Reserve);
+  EXPECT_EQ(s.initial[0].bytes, uint64_t(8 * MB));
+  EXPECT_EQ(s.initial[1].address, 0x10000000u);
+  EXPECT_EQ(s.initial[2].address, 0x10400000u);
+  ASSERT_EQ(s.trace.size(), 5u);  // free_requested changes nothing
+  EXPECT_EQ(s.traceEntries, 6u);
+  EXPECT_EQ(s.trace[2].kind, MemEventKind::Reserve);
+  EXPECT_EQ(s.segments, 2u);
+  EXPECT_EQ(s.devices, std::vector<int>{0});
+}
+
+TEST(TorchMemoryTest, PicklesThatRunCodeAreRefusedByName) {
+  // pickle.dumps(os.system) with a REDUCE: what `pickle.load` would run.
+  using namespace std::string_literals;
+  const std::string global =
+      "\x80\x02"s + "cposix\nsystem\nq\x00X\x04\x00\x00\x00"s + "true\x85R."s;
+  EXPECT_NE(errorOf(global).find("opcode GLOBAL (0x63), which would run code"), std::string::npos);
+  P sg;
+  sg.str("os").str("system").op(0x93).stop();
+  EXPECT_NE(errorOf(sg.b).find("opcode STACK_GLOBAL"), std::string::npos);
+  for (int code : {int('R'), int('b'), int('i'), int('o'), 0x81, 0x92, int('P'), int('Q'), 0x82}) {
+    P p;
+    p.op('N').op(code).stop();
+    EXPECT_NE(errorOf(p.b).find("would run code"), std::string::npos) << code;
+  }
+  P set;
+  set.op(0x8f).stop();
+  EXPECT_NE(errorOf(set.b).find("EMPTY_SET (0x8f), which a memory snapshot never uses"),
+            std::string::npos);
+  P unknown;
+  unknown.op(0xff).stop();
+  EXPECT_NE(errorOf(unknown.b).find("unknown opcode 0xff"), std::string::npos);
+}
+
+TEST(TorchMemoryTest, HostileStructureIsRefusedInOneLine) {
+  auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("test.pickle: ", 0), 0u) << msg;
+  };
+  has(errorOf(""), "the file is empty");
+  has(errorOf("not a pickle"), "no PROTO opcode");
+  has(errorOf("\x80\x06N."), "pickle protocol 6");
+  // A length far past the file's end, in every width.
+  has(errorOf(std::string("\x80\x04\x8d") + std::string(7, '\xff') + "\x3f."),
+      "runs past the file's end");
+  has(errorOf(std::string("\x80\x04X\xff\xff\xff\x7f") + "abc."), "runs past the file's end");
+  has(errorOf(std::string("\x80\x04\x95") + std::string(8, '\x7f')), "a frame runs past");
+  // A list that contains itself (pickle's recursive structures): refused, not leaked.
+  P cyc;
+  cyc.op(']').op(0x94).op('h').op(0).op('a').stop();
+  has(errorOf(cyc.b), "changes a container that is already shared");
+  // 100,000 nested lists.
+  P deep;
+  for (int k = 0; k < 100000; ++k) deep.op(']');
+  for (int k = 0; k < 99999; ++k) deep.op('a');
+  has(errorOf(deep.b.append(".")), "nested more than 64 deep");
+  P get;
+  get.op('h').op(5).stop();
+  has(errorOf(get.b), "entry 5, which was never stored");
+  P put;
+  put.op('N').op('r').op(0xff).op(0xff).op(0xff).op(0xff).stop();
+  has(errorOf(put.b), "out of order");
+  P big;
+  big.op(0x8a).op(9);
+  big.b += std::string(9, '\x01');
+  has(errorOf(big.stop().b), "an integer of 9 bytes");
+  has(errorOf(P().op('a').stop().b), "the stack is empty");
+  has(errorOf(P().op('N').op('N').stop().b), "stops with 2 values on its stack");
+  has(errorOf(P().op('e').stop().b), "a MARK is missing");
+  has(errorOf(P().op('N').op('(').op('N').op('N').op('u').stop().b), "SETITEMS without a dict");
+  has(errorOf(P().op('}').op('(').op('N').op('u').stop().b), "SETITEMS with a key and no value");
+  has(errorOf(P().op('}').op(']').op('N').op('s').stop().b), "a dict key that is a list");
+  has(errorOf(P().op(']').op(0x94).op('N').b), "ends in the middle");
+  // Values past the memory bound: a million Nones in a list, with a 16 MiB bound.
+  P many;
+  many.op(']').op('(');
+  many.b += std::string(1000000, 'N');
+  many.op('e').stop();
+  TorchMemoryReadOptions small;
+  small.maxBytes = 16 << 20;
+  has(errorOf(many.b, small), "more than 16 MiB of values");
+  // Data, but not a snapshot.
+  has(errorOf(P().op(']').stop().b), "the pickle holds no dict");
+  has(errorOf(P().op('}').stop().b), "it has no 'segments'");
+  has(errorOf(P().op('}').op('(').str("segments").int1(3).op('u').stop().b),
+      "'segments' is not a list");
+  has(errorOf(withTraceEntry([](P& p) { p.str("action").str("alloc").str("size").int1(8); })),
+      "trace entry 0 (alloc) has no address or size");
+  has(errorOf(withTraceEntry([](P& p) { p.str("addr").int1(8); })), "trace entry 0 has no action");
+  TorchMemoryReadOptions dev3;
+  dev3.device = 3;
+  has(errorOf(withTraceEntry([](P& p) {
+                p.str("action").str("alloc").str("addr").int1(0).str("size").int1(8);
+              }),
+              dev3),
+      "has no memory of device 3 (devices in it: 0)");
+}
+
+TEST(TorchMemoryTest, EveryTruncationAndRandomDamageIsRefusedOrRead) {
+  const std::string good = readFile(kFixtures + "snapshot-p4.pickle");
+  ASSERT_GT(good.size(), 1000u);
+  // Every cut of the file's head and tail, and every 97th cut in between.
+  for (size_t n = 0; n < good.size(); n += (n < 600 || n + 600 > good.size()) ? 1 : 97)
+    EXPECT_THROW(readBytes(good.substr(0, n)), StorageError) << n;
+  std::mt19937 rng(7);
+  int read = 0, refused = 0;
+  for (int k = 0; k < 400; ++k) {
+    std::string bad = good;
+    for (int e = 0; e < 1 + k % 4; ++e) bad[rng() % bad.size()] = char(rng());
+    try {
+      readBytes(bad);
+      ++read;
+    } catch (const StorageError&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(read + refused, 400);
+  EXPECT_GT(refused, 0);
+}
+
+class TorchMemoryCliTest : public test::TempDirTest {};
+
+TEST_F(TorchMemoryCliTest, ImportsThroughTheRealBinaryAndKeepsExistingFiles) {
+  const std::string out = (dir_ / "mem.db").string();
+  const nlohmann::json want = nlohmann::json::parse(readFile(kFixtures + "snapshot-p4.json"));
+  test::CliResult r = test::runKeelCli(
+      "import torch-memory " + kFixtures + "snapshot-p4.pickle -o " + out + " --device 1", dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("wrote " + out + ": " + std::to_string(want["1"]["events"].get<int>()) +
+                       " allocator events"),
+            std::string::npos)
+      << r.out;
+  r = test::runKeelCli("memory stats " + out, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(std::to_string(want["1"]["peak_allocated"].get<uint64_t>())),
+            std::string::npos)
+      << r.out;
+  // A hostile pickle: one line, status 2, and the recording already there is untouched.
+  const std::string evil = (dir_ / "evil.pickle").string();
+  std::ofstream(evil, std::ios::binary)
+      << "\x80\x02"
+      << "cposix\nsystem\nX\x05" << std::string(3, '\0') << "touch"
+      << "\x85R.";
+  const std::string before = readFile(out);
+  r = test::runKeelCli("import torch-memory " + evil + " -o " + out, dir_);
+  test::expectOneLineError(r, "opcode GLOBAL (0x63), which would run code");
+  EXPECT_EQ(readFile(out), before);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "touch"));
+  // The output is the snapshot itself; a device that is not there; bad arguments.
+  test::expectOneLineError(test::runKeelCli("import torch-memory " + evil + " -o " + evil, dir_),
+                           "is the snapshot");
+  test::expectOneLineError(
+      test::runKeelCli("import torch-memory " + kFixtures + "snapshot-p2.pickle -o x.db --device 2",
+                       dir_),
+      "has no memory of device 2 (devices in it: 0)");
+  test::expectOneLineError(test::runKeelCli("import torch-memory nope.pickle -o x.db", dir_),
+                           "nope.pickle: cannot open: No such file or directory");
+  test::expectOneLineError(
+      test::runKeelCli("import torch-memory " + evil + " -o x.db --device -1", dir_), "--device");
+  test::expectOneLineError(test::runKeelCli("import torch-memory " + evil + " -o /dev/null", dir_),
+                           "not a regular file");
+  test::expectOneLineError(test::runKeelCli("import", dir_), "");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "x.db"));
+}
+
+}  // namespace
+}  // namespace keel::storage
