@@ -90,6 +90,18 @@ const std::shared_ptr<const keel::analysis::MemoryModel>& model1M() {
   return m;
 }
 
+// A MemoryView at 1920x1080, shown (offscreen) and laid out, with no memory yet.
+struct ShownMemoryView {
+  keel::views::Selection sel;
+  keel::views::MemoryView view{&sel, keel::views::Side::A};
+  ShownMemoryView() {
+    ensureQt();
+    view.resize(1920, 1080);
+    view.show();
+    QApplication::processEvents();
+  }
+};
+
 using Clock = std::chrono::steady_clock;
 double seconds(Clock::time_point a) {
   return std::chrono::duration<double>(Clock::now() - a).count();
@@ -115,11 +127,8 @@ void BM_MemoryViewOpen1M(benchmark::State& state) {
   ensureQt();
   const auto& m = model1M();
   for (auto _ : state) {
-    keel::views::Selection sel;
-    keel::views::MemoryView view(&sel, keel::views::Side::A);
-    view.resize(1920, 1080);
-    view.show();
-    QApplication::processEvents();
+    ShownMemoryView shown;
+    keel::views::MemoryView& view = shown.view;
     const auto t = Clock::now();
     view.setMemory(m);
     QImage img(view.size(), QImage::Format_RGB32);
@@ -135,11 +144,8 @@ BENCHMARK(BM_MemoryViewOpen1M)->UseManualTime()->Unit(benchmark::kMillisecond)->
 void BM_MemoryActiveTimeline1M(benchmark::State& state) {
   ensureQt();
   const auto& m = model1M();
-  keel::views::Selection sel;
-  keel::views::MemoryView view(&sel, keel::views::Side::A);
-  view.resize(1920, 1080);
-  view.show();
-  QApplication::processEvents();
+  ShownMemoryView shown;
+  keel::views::MemoryView& view = shown.view;
   view.setMemory(m);
   const int64_t n = int64_t(m->eventCount());
   const int64_t len = n / state.range(0);
@@ -201,11 +207,8 @@ void BM_MemoryRecordingOpen(benchmark::State& state) {
     auto m = std::make_shared<keel::analysis::MemoryModel>();
     m->setEvents(std::move(events));
     const double modelS = seconds(t) - readS;
-    keel::views::Selection sel;
-    keel::views::MemoryView view(&sel, keel::views::Side::A);
-    view.resize(1920, 1080);
-    view.show();
-    QApplication::processEvents();
+    ShownMemoryView shown;
+    keel::views::MemoryView& view = shown.view;
     view.setMemory(m);
     QImage img(view.size(), QImage::Format_RGB32);
     view.render(&img);
@@ -227,11 +230,8 @@ void BM_MemoryRecordingInteract(benchmark::State& state) {
     p->setEvents(keel::storage::Recording::open(recordingPath()).memEvents({}));
     return std::shared_ptr<const keel::analysis::MemoryModel>(p);
   }();
-  keel::views::Selection sel;
-  keel::views::MemoryView view(&sel, keel::views::Side::A);
-  view.resize(1920, 1080);
-  view.show();
-  QApplication::processEvents();
+  ShownMemoryView shown;
+  keel::views::MemoryView& view = shown.view;
   view.setMemory(m);
   const int64_t n = int64_t(m->eventCount());
   std::mt19937_64 rng(3);

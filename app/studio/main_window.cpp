@@ -396,6 +396,12 @@ void MainWindow::connectSources() {
     busy(-1);
     if (!load_.memoryLanded()) return;
     memoryView_->setMemory(m);
+    // A recording of allocator events alone (an imported PyTorch snapshot) has no graph or loss
+    // to show: the Memory view takes two thirds of the window's height.
+    if (summaryA_ && summaryA_->opCount == 0 && m && m->eventCount() > 0) {
+      memoryDock_->raise();
+      resizeDocks({memoryDock_}, {height() * 2 / 3}, Qt::Vertical);
+    }
     if (load_.memoryStale() && !memoryDock_->visibleRegion().isEmpty()) loadMemory();
   });
   connect(sourceA_, &RunSource::memoryFailed, this, [this](const QString& msg) {

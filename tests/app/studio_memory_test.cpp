@@ -104,6 +104,9 @@ class StudioMemoryTest : public QObject {
     QVERIFY(waitIdle(w));
     QCOMPARE(w.raisedBottomView(), QString("memory"));
     QCOMPARE(w.summary(views::Side::A)->run.backend, std::string("torch"));
+    // No ops to show: the Memory view has most of the window.
+    QVERIFY2(w.memoryView()->height() > w.height() / 2,
+             qPrintable(QString::number(w.memoryView()->height())));
 
     const QString evil = views::test::tempDir() + "/evil.pickle";
     QFile f(evil);

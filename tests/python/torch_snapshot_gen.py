@@ -104,6 +104,22 @@ def frame_pool(rng, n):
             for _ in range(n)]
 
 
+def replay(trace):
+    """The segments (address -> size) and live blocks (address -> (size, frames)) after `trace`."""
+    segs, live = {}, {}
+    for e in trace:
+        a = e["action"]
+        if a == "segment_alloc":
+            segs[e["addr"]] = e["size"]
+        elif a == "segment_free":
+            del segs[e["addr"]]
+        elif a == "alloc":
+            live[e["addr"]] = (e["size"], e["frames"])
+        elif a == "free_completed":
+            del live[e["addr"]]
+    return segs, live
+
+
 def generate(events, keep=None, seed=1, depth=(8, 24), devices=1):
     rng = random.Random(seed)
     frames = frame_pool(rng, 400)
@@ -133,34 +149,14 @@ def generate(events, keep=None, seed=1, depth=(8, 24), devices=1):
     snap = {"segments": [], "device_traces": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
     expected = {}
     for d, al in enumerate(allocs):
-        segs, live = {}, {}
-        for e in al.trace:
-            a = e["action"]
-            if a == "segment_alloc":
-                segs[e["addr"]] = e["size"]
-            elif a == "segment_free":
-                del segs[e["addr"]]
-            elif a == "alloc":
-                live[e["addr"]] = (e["size"], e["frames"])
-            elif a == "free_completed":
-                del live[e["addr"]]
+        segs, live = replay(al.trace)
         k = len(al.trace) if keep is None else min(keep, len(al.trace))
         cut = len(al.trace) - k
         # the state when the kept trace begins
-        segs0, live0 = {}, {}
-        for e in al.trace[:cut]:
-            a = e["action"]
-            if a == "segment_alloc":
-                segs0[e["addr"]] = e["size"]
-            elif a == "segment_free":
-                del segs0[e["addr"]]
-            elif a == "alloc":
-                live0[e["addr"]] = e["size"]
-            elif a == "free_completed":
-                del live0[e["addr"]]
+        segs0, live0 = replay(al.trace[:cut])
         kept = al.trace[cut:]
         reserved = sum(segs0.values())
-        allocated = sum(live0.values())
+        allocated = sum(size for size, _ in live0.values())
         peak_r, peak_a = reserved, allocated
         n = len(segs0) + len(live0)
         for e in kept:
