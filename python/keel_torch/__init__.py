@@ -18,10 +18,21 @@ batch per step. keel_torch.step(loss) ends a step by hand (without an optimizer,
 another loss). CUDA tensors are copied to the host for hashing.
 
 A backward op's scope is the module whose output gradient autograd was working back from (a
-hook on each module's outputs). Memory snapshots: keel_torch.snapshot.import_snapshot (python3 -m keel_torch import-snapshot).
-rounded_md5=N adds Keel's rounded MD5 (N significant digits: equal across frameworks within
-rounding). Not yet: the forward op a backward op differentiates, and comparing a PyTorch run
-with a Keel run op by op.
+hook on each module's outputs), and its forward op the one whose autograd node it runs in
+(Note [keel_torch forward links]). Memory snapshots: keel_torch.snapshot.import_snapshot
+(python3 -m keel_torch import-snapshot). rounded_md5=N adds Keel's rounded MD5 (N significant
+digits: equal across frameworks within rounding). Not yet: comparing a PyTorch run with a Keel
+run op by op.
+
+Note [keel_torch forward links]
+A backward op differentiates the forward op whose autograd node is running. The dispatch mode
+sees a forward op below autograd, before its outputs have a grad_fn; they get one on the way back
+up. So each forward op's outputs wait in `pending_outputs` until the next op (or .backward())
+starts; then every one that requires grad and has a grad_fn gets a tensor hook. Autograd runs a
+tensor's hooks when its gradient is ready, just before the node that made it, so the hook sets
+`forward_seq` to that op's seq and the backward ops dispatched next carry it. A parameter's hook
+sets it to 0: what follows is gradient accumulation, not a forward op's backward. Ops that were
+not hooked (an output that died before the next op started) leave the link of the node before.
 """
 
 import contextlib
@@ -107,6 +118,7 @@ class _Session(TorchDispatchMode):
         # Hashed off the Python thread (Note [keel_torch hashing off the Python thread]).
         self.rec.hashing(md5, stats, rounded_md5, max(1, min(4, (os.cpu_count() or 2))))
         self.names = {}
+        self.model = model
         if model is not None:
             for name, module in model.named_modules():
                 self.names[id(module)] = name
@@ -129,6 +141,9 @@ class _Session(TorchDispatchMode):
         self.funcs = {}  # ATen overload -> (op name, attributes JSON)
         self.hooked = set()       # output tensors given a backward-scope hook
         self.backward_scope = ""  # the module whose backward is running
+        # Note [keel_torch forward links]
+        self.pending_outputs = []  # (seq, outputs) of the last forward op, hooked at the next op
+        self.forward_seq = 0       # the forward op whose autograd node is running (backward)
         self.next_id = 0
 
     def tensor_id(self, t):
@@ -166,6 +181,18 @@ class _Session(TorchDispatchMode):
                     pass
                 t.register_hook(self._backward_scope(name))
 
+    def _hook_forward_outputs(self):
+        pending, self.pending_outputs = self.pending_outputs, []
+        for seq, outputs in pending:
+            for t in outputs:
+                if t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(self._backward_of(seq))
+
+    def _backward_of(self, seq):
+        def hook(grad):
+            self.forward_seq = seq
+        return hook
+
     def _backward_scope(self, name):
         def hook(grad):
             self.backward_scope = name
@@ -181,8 +208,10 @@ class _Session(TorchDispatchMode):
         def backward(tensor, *args, **kwargs):
             if tensor.numel() == 1:
                 session.last_loss = session.value(tensor)
+            session._hook_forward_outputs()
             previous, session.phase = session.phase, "backward"
             session.backward_scope = ""
+            session.forward_seq = 0
             try:
                 return original_backward(tensor, *args, **kwargs)
             finally:
@@ -190,6 +219,12 @@ class _Session(TorchDispatchMode):
 
         torch.Tensor.backward = backward
         self.undo.append(lambda: setattr(torch.Tensor, "backward", original_backward))
+        # Note [keel_torch forward links]: gradient accumulation into a parameter is no forward
+        # op's backward.
+        if self.model is not None:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    self.undo.append(p.register_hook(self._backward_of(0)).remove)
         if self.optimizer is not None:
             opt = self.optimizer
             original_step = opt.step
@@ -283,6 +318,8 @@ class _Session(TorchDispatchMode):
             if self.pending_end is not None and (self.scopes or self.phase == "backward"):
                 self.end_step(None, self.pending_end)
                 self.step_begin = time.monotonic_ns()
+            if self.pending_outputs:
+                self._hook_forward_outputs()
             inputs = _tensors(args) + (_tensors(tuple(kwargs.values())) if kwargs else [])
             records = [self._tensor(t, False, i) for i, t in enumerate(inputs)]
             begin = time.monotonic_ns()
@@ -301,13 +338,17 @@ class _Session(TorchDispatchMode):
                 self.seq -= 1
                 self.step_ops -= 1
                 return out
+            forward_seq = 0
             if self.phase == "backward":
                 scope = self.backward_scope
+                forward_seq = self.forward_seq
             else:
                 scope = self.scopes[-1] if self.scopes else ""
+                if self.phase == "forward" and torch.is_grad_enabled():
+                    self.pending_outputs.append((self.seq, outputs))
             stack = self._stack() if self.stacks else -1
-            self.rec.op(self.seq, self.step_no, self.phase, name, scope, attrs, begin, end, 0,
-                        stack, records)
+            self.rec.op(self.seq, self.step_no, self.phase, name, scope, attrs, begin, end,
+                        forward_seq, stack, records)
             return out
         finally:
             self.busy = False

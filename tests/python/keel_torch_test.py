@@ -87,6 +87,38 @@ class KeelTorchTest(unittest.TestCase):
         first_mm = [l.split()[4] for l in out.splitlines() if " mm " in l][0]
         self.assertEqual(first_mm, "2")
 
+    def test_backward_ops_name_the_forward_op_they_differentiate(self):
+        """Note [keel_torch forward links]: each backward op's forward_seq (keel export csv) is
+        the forward op whose autograd node ran it, in the same step."""
+        import csv
+        import io
+        train(self.path)
+        rc, out, err = keel("export", "csv", self.path)
+        self.assertEqual(rc, 0, err)
+        rows = list(csv.DictReader(io.StringIO(out)))
+        by_seq = {int(r["seq"]): r for r in rows}
+        pairs = set()
+        for r in rows:
+            f = int(r["forward_seq"])
+            if r["phase"] != "backward":
+                self.assertEqual(f, 0, r)
+                continue
+            if f == 0:
+                continue
+            fwd = by_seq[f]
+            self.assertEqual(fwd["phase"], "forward", r)
+            self.assertEqual(fwd["step"], r["step"], r)
+            self.assertLess(f, int(r["seq"]))
+            pairs.add((r["op"], fwd["op"], fwd["scope"]))
+        self.assertIn(("mse_loss_backward", "mse_loss", ""), pairs)
+        self.assertIn(("threshold_backward", "relu", "1"), pairs)
+        # A Linear is t + addmm: the weight's gradient (mm) belongs to addmm, its transpose to t.
+        self.assertIn(("mm", "addmm", "2"), pairs)
+        self.assertIn(("mm", "addmm", "0"), pairs)
+        self.assertIn(("t", "t", "2"), pairs)
+        linked = sum(1 for r in rows if r["phase"] == "backward" and r["forward_seq"] != "0")
+        self.assertGreaterEqual(linked, 10)
+
     def test_md5s_are_keels_digest_of_the_bytes(self):
         t = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
         md5, stats, rounded = keel_torch.hash_tensor(t, rounded_digits=4)
