@@ -344,7 +344,10 @@ class _Session(TorchDispatchMode):
                 forward_seq = self.forward_seq
             else:
                 scope = self.scopes[-1] if self.scopes else ""
-                if self.phase == "forward" and torch.is_grad_enabled():
+                # Outputs get a grad_fn when an input requires grad (only those are held: holding
+                # the others changed what PyTorch 1.13 dispatched, an extra detach).
+                if (self.phase == "forward" and torch.is_grad_enabled()
+                        and any(t.requires_grad for t in inputs)):
                     self.pending_outputs.append((self.seq, outputs))
             stack = self._stack() if self.stacks else -1
             self.rec.op(self.seq, self.step_no, self.phase, name, scope, attrs, begin, end,
