@@ -204,6 +204,7 @@ struct MemoryView::Impl {
   QCPLayer* cursorLayer = nullptr;
   QCPItemStraightLine* cursorLine = nullptr;
   QCPItemText* cursorTag = nullptr;
+  QCPGraph* allocatedFill = nullptr;     // the allocated area (fitAllocatedFill)
   std::vector<QCPItemText*> stepLabels;  // one per step start; shown where they do not overlap
   memory_detail::ActiveMemory* active = nullptr;
   QLabel* activeCaption = nullptr;
@@ -247,6 +248,7 @@ struct MemoryView::Impl {
   QString eventText(int64_t k) const;
   QString pieceTip(int piece) const;
   void clampRange();
+  void fitAllocatedFill();  // the allocated area's data for the x range and the plot's width
   void ensureVisible(int64_t k);
   void showPages();
   QString computeHeader() const;

@@ -54,9 +54,13 @@ void MemoryView::Impl::buildTimeline() {
   QObject::connect(plot, &QCustomPlot::afterLayout, q, [this] {
     placeStepLabels();
     syncActive();
+    fitAllocatedFill();
   });
   QObject::connect(plot->xAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), q,
-                   [this](const QCPRange&) { syncActive(); });
+                   [this](const QCPRange&) {
+                     syncActive();
+                     fitAllocatedFill();
+                   });
 
   QObject::connect(plot, &QCustomPlot::mousePress, q, [this](QMouseEvent* e) {
     if (!mem || !mem->eventCount()) return;
@@ -141,10 +145,16 @@ void MemoryView::Impl::rebuildTimeline() {
   gr->setPen(QPen(QColor(0xe0, 0x6c, 0x00), 1.5));
   gr->setLineStyle(QCPGraph::lsStepLeft);
   gr->setData(x, r, true);
+  // The area under the allocated line is its own graph, below the lines and out of the legend:
+  // see fitAllocatedFill.
+  allocatedFill = plot->addGraph(plot->xAxis, plot->yAxis);
+  allocatedFill->setPen(Qt::NoPen);
+  allocatedFill->setBrush(QColor(kAllocated.red(), kAllocated.green(), kAllocated.blue(), 50));
+  allocatedFill->setLineStyle(QCPGraph::lsStepLeft);
+  allocatedFill->removeFromLegend();
   QCPGraph* ga = plot->addGraph(plot->xAxis, plot->yAxis);
   ga->setName(tr("allocated"));
   ga->setPen(QPen(kAllocated, 1.5));
-  ga->setBrush(QColor(kAllocated.red(), kAllocated.green(), kAllocated.blue(), 50));
   ga->setLineStyle(QCPGraph::lsStepLeft);
   ga->setData(x, a, true);
   QCPGraph* gf = plot->addGraph(plot->xAxis, plot->yAxis2);
@@ -157,10 +167,11 @@ void MemoryView::Impl::rebuildTimeline() {
   // Zoomed into a long run, thousands of points stay visible (no adaptive sampling below a few
   // per pixel): antialiased wide step lines would cost hundreds of ms per replot.
   const bool many = n > 50000;
-  for (QCPGraph* g : {gr, ga, gf}) {
+  for (QCPGraph* g : {gr, allocatedFill, ga, gf}) {
     g->setAntialiased(!many);
     g->setAntialiasedFill(!many);
   }
+  fitAllocatedFill();
 
   // Step boundaries: a dashed line before the first event of each step (labelled while few).
   const auto& starts = mem->stepStarts();
@@ -250,6 +261,43 @@ int64_t MemoryView::Impl::eventAtPixel(double px) const {
   const int64_t n = count();
   if (n == 0) return -1;
   return std::clamp<int64_t>(std::llround(plot->xAxis->pixelToCoord(px)), 0, n - 1);
+}
+
+// The allocated area. Filled under the allocated line's own polygon, whose thousands of
+// near-vertical edges (adaptive sampling keeps each pixel column's lowest and highest value) the
+// raster engine fills in time proportional to them — 0.75 s of a 1.4 s replot of 3.4 M events —
+// it is drawn instead from one value per pixel column when the x range holds more than two
+// events a column: the column's largest allocated, the height the line's polygon covers there.
+// With fewer events, the events themselves. Refitted whenever the range or the width changes.
+void MemoryView::Impl::fitAllocatedFill() {
+  if (!allocatedFill || !mem || count() == 0) return;
+  const int64_t n = count();
+  const QCPRange r = plot->xAxis->range();
+  const int cols = std::max(1, plot->axisRect()->width());
+  const int64_t first = std::clamp<int64_t>(int64_t(std::floor(r.lower)), 0, n - 1);
+  const int64_t last = std::clamp<int64_t>(int64_t(std::ceil(r.upper)), 0, n - 1);
+  const int64_t len = last - first + 1;
+  QVector<double> x, y;
+  auto at = [&](int64_t i) { return double(mem->allocatedAfter(size_t(i))) / unit; };
+  if (len <= 2 * int64_t(cols)) {
+    for (int64_t i = first; i <= last; ++i) {
+      x.push_back(double(i));
+      y.push_back(at(i));
+    }
+  } else {
+    x.reserve(cols + 1);
+    y.reserve(cols + 1);
+    for (int c = 0; c < cols; ++c) {
+      const int64_t i0 = first + len * c / cols, i1 = first + len * (c + 1) / cols;
+      uint64_t top = 0;
+      for (int64_t i = i0; i < i1; ++i) top = std::max(top, mem->allocatedAfter(size_t(i)));
+      x.push_back(double(i0));
+      y.push_back(double(top) / unit);
+    }
+    x.push_back(double(last));
+    y.push_back(at(last));
+  }
+  allocatedFill->setData(x, y, true);
 }
 
 void MemoryView::Impl::clampRange() {
