@@ -1,12 +1,10 @@
 // `keel import torch-memory SNAPSHOT -o OUT.db [--device N]`: a PyTorch CUDA memory snapshot
 // (torch.cuda.memory._dump_snapshot()'s pickle) as a Keel recording, read with the restricted
 // unpickler (Note [Restricted unpickler], Note [Torch memory snapshots] in storage/).
-#include <chrono>
 #include <cstdio>
 #include <memory>
 
 #include "cli_common.h"
-#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/storage/torch_memory.h"
 
@@ -20,33 +18,22 @@ struct ImportArgs {
 };
 
 int runTorchMemory(const ImportArgs& a) {
-  checkOutputPath("-o", a.output, {{"the snapshot", a.snapshot}});
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  storage::TorchMemoryReadOptions o;
-  o.device = int(a.device);
-  const storage::TorchMemorySnapshot snap = storage::readTorchMemorySnapshot(a.snapshot, o);
-  const auto t1 = Clock::now();
-  OutputLock lock(a.output);
-  ReplaceOnCommit file(a.output);
-  const storage::TorchMemoryWritten w = storage::writeTorchMemoryRecording(
-      snap, file.path(), std::string("torch memory snapshot, keel ") + KEEL_VERSION, a.snapshot);
-  file.commit();
-  const auto t2 = Clock::now();
-  auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
-  size_t startSegments = 0;
-  for (const auto& e : snap.initial) startSegments += e.kind == MemEventKind::Reserve;
+  storage::TorchMemoryImportOptions o;
+  o.read.device = int(a.device);
+  o.engineVersion = std::string("torch memory snapshot, keel ") + KEEL_VERSION;
+  const storage::TorchMemoryImported r =
+      storage::importTorchMemorySnapshot(a.snapshot, a.output, o);
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf(
-      "imported %s: device cuda:%d; when its trace starts, %zu segments and %zu live blocks; %llu "
-      "trace entries (%zu change memory); %zu distinct stacks\n",
-      a.snapshot.c_str(), snap.device, startSegments, snap.initial.size() - startSegments,
-      static_cast<unsigned long long>(snap.traceEntries), snap.trace.size(), snap.stacks.size());
+      "imported %s: device cuda:%d; when its trace starts, %llu segments and %llu live blocks; "
+      "%llu trace entries (%llu change memory); %llu distinct stacks\n",
+      a.snapshot.c_str(), r.device, u(r.segmentsAtStart), u(r.blocksAtStart), u(r.traceEntries),
+      u(r.traceEvents), u(r.stacks));
   std::printf(
       "wrote %s: %llu allocator events; peak allocated %s, peak reserved %s (read %.2f s, "
       "write %.2f s)\n",
-      a.output.c_str(), static_cast<unsigned long long>(w.events),
-      formatBytes(w.peakAllocated).c_str(), formatBytes(w.peakReserved).c_str(), secs(t1 - t0),
-      secs(t2 - t1));
+      a.output.c_str(), u(r.written.events), formatBytes(r.written.peakAllocated).c_str(),
+      formatBytes(r.written.peakReserved).c_str(), r.readSeconds, r.writeSeconds);
   return 0;
 }
 

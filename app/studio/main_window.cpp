@@ -777,11 +777,13 @@ void MainWindow::importTorchMemoryDialog() {
 }
 
 void MainWindow::importTorchMemory(const QString& snapshot, const QString& output) {
+  // Checked here too, before the worker starts: a refused output is a dialog at once.
+  const std::vector<keel::NamedInput> inputs = {
+      {"the open recording", sourceA_->path().toStdString()},
+      {"the compared recording", sourceB_->path().toStdString()}};
   try {
     keel::checkOutputPath("the imported recording", output.toStdString(),
-                          {{"the snapshot", snapshot.toStdString()},
-                           {"the open recording", sourceA_->path().toStdString()},
-                           {"the compared recording", sourceB_->path().toStdString()}});
+                          {inputs[0], inputs[1], {"the snapshot", snapshot.toStdString()}});
   } catch (const keel::Error& e) {
     showError("Import PyTorch memory snapshot", QString::fromUtf8(e.what()));
     return;
@@ -800,20 +802,19 @@ void MainWindow::importTorchMemory(const QString& snapshot, const QString& outpu
     showView("memory");
     openRecording(output);
   });
-  const std::string in = snapshot.toStdString(), out = output.toStdString();
-  watcher->setFuture(QtConcurrent::run([in, out]() -> QString {
-    try {
-      const storage::TorchMemorySnapshot snap = storage::readTorchMemorySnapshot(in);
-      keel::OutputLock lock(out);
-      keel::ReplaceOnCommit file(out);
-      storage::writeTorchMemoryRecording(
-          snap, file.path(), std::string("torch memory snapshot, keel studio ") + KEEL_VERSION, in);
-      file.commit();
-      return {};
-    } catch (const std::exception& e) {
-      return QString::fromUtf8(e.what());
-    }
-  }));
+  storage::TorchMemoryImportOptions o;
+  o.engineVersion = std::string("torch memory snapshot, keel studio ") + KEEL_VERSION;
+  o.outputOption = "the imported recording";
+  o.otherInputs = inputs;
+  watcher->setFuture(
+      QtConcurrent::run([in = snapshot.toStdString(), out = output.toStdString(), o]() -> QString {
+        try {
+          storage::importTorchMemorySnapshot(in, out, o);
+          return {};
+        } catch (const std::exception& e) {
+          return QString::fromUtf8(e.what());
+        }
+      }));
 }
 
 void MainWindow::compareDialog() {

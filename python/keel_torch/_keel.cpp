@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "keel/base/output_path.h"
 #include "keel/capture/hash.h"
 #include "keel/capture/md5_multi.h"
 #include "keel/dtype.h"
@@ -393,29 +392,20 @@ class Recording {
 // A PyTorch memory snapshot file as a recording at `out` (the keel tool's `import torch-memory`):
 // the restricted unpickler reads it, the output guard and the replace-on-complete rule apply.
 py::dict importTorchMemory(const std::string& snapshot, const std::string& out, int device) {
-  checkOutputPath("output", out, {{"the snapshot", snapshot}});
-  storage::TorchMemoryReadOptions o;
-  o.device = device;
-  storage::TorchMemorySnapshot snap;
+  storage::TorchMemoryImportOptions o;
+  o.read.device = device;
+  o.engineVersion = std::string("torch memory snapshot, keel ") + KEEL_VERSION_STRING;
+  o.outputOption = "output";
+  storage::TorchMemoryImported imported;
   {
     py::gil_scoped_release free;
-    snap = storage::readTorchMemorySnapshot(snapshot, o);
+    imported = storage::importTorchMemorySnapshot(snapshot, out, o);
   }
-  OutputLock lock(out);
-  ReplaceOnCommit file(out);
-  storage::TorchMemoryWritten w;
-  {
-    py::gil_scoped_release free;
-    w = storage::writeTorchMemoryRecording(
-        snap, file.path(), std::string("torch memory snapshot, keel ") + KEEL_VERSION_STRING,
-        snapshot);
-  }
-  file.commit();
+  const storage::TorchMemoryWritten& w = imported.written;
   py::dict r;
   r["events"] = w.events;
-  r["segments"] = snap.segments;
-  r["trace_entries"] = snap.traceEntries;
-  r["stacks"] = snap.stacks.size();
+  r["trace_entries"] = imported.traceEntries;
+  r["stacks"] = imported.stacks;
   r["peak_allocated"] = w.peakAllocated;
   r["peak_reserved"] = w.peakReserved;
   r["end_allocated"] = w.endAllocated;

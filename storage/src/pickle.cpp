@@ -53,79 +53,51 @@ enum : uint8_t {
   FRAME = 0x95,
 };
 
-// The opcodes refused by name (anything else is "unknown opcode 0xNN").
-const char* refusedName(uint8_t op) {
-  switch (op) {
-    case 'c':
-      return "GLOBAL";
-    case 0x93:
-      return "STACK_GLOBAL";
-    case 'R':
-      return "REDUCE";
-    case 'b':
-      return "BUILD";
-    case 'i':
-      return "INST";
-    case 'o':
-      return "OBJ";
-    case 0x81:
-      return "NEWOBJ";
-    case 0x92:
-      return "NEWOBJ_EX";
-    case 'P':
-      return "PERSID";
-    case 'Q':
-      return "BINPERSID";
-    case 0x82:
-      return "EXT1";
-    case 0x83:
-      return "EXT2";
-    case 0x84:
-      return "EXT4";
-    case 0x96:
-      return "BYTEARRAY8";
-    case 0x97:
-      return "NEXT_BUFFER";
-    case 0x98:
-      return "READONLY_BUFFER";
-    case 0x8f:
-      return "EMPTY_SET";
-    case 0x90:
-      return "ADDITEMS";
-    case 0x91:
-      return "FROZENSET";
-    case 'I':
-      return "INT";
-    case 'L':
-      return "LONG";
-    case 'F':
-      return "FLOAT";
-    case 'S':
-      return "STRING";
-    case 'T':
-      return "BINSTRING";
-    case 'U':
-      return "SHORT_BINSTRING";
-    case 'V':
-      return "UNICODE";
-    case 'p':
-      return "PUT";
-    case 'g':
-      return "GET";
-    case 'd':
-      return "DICT";
-    case 'l':
-      return "LIST";
-    case '2':
-      return "DUP";
-    default:
-      return nullptr;
-  }
-}
+// The opcodes refused by name (anything else is "unknown opcode 0xNN"), and whether running one
+// would call code (the others build data a memory snapshot never holds).
+struct Refused {
+  uint8_t code;
+  const char* name;
+  bool runsCode;
+};
+constexpr Refused kRefused[] = {
+    {'c', "GLOBAL", true},
+    {0x93, "STACK_GLOBAL", true},
+    {'R', "REDUCE", true},
+    {'b', "BUILD", true},
+    {'i', "INST", true},
+    {'o', "OBJ", true},
+    {0x81, "NEWOBJ", true},
+    {0x92, "NEWOBJ_EX", true},
+    {'P', "PERSID", true},
+    {'Q', "BINPERSID", true},
+    {0x82, "EXT1", true},
+    {0x83, "EXT2", true},
+    {0x84, "EXT4", true},
+    {0x96, "BYTEARRAY8", false},
+    {0x97, "NEXT_BUFFER", false},
+    {0x98, "READONLY_BUFFER", false},
+    {0x8f, "EMPTY_SET", false},
+    {0x90, "ADDITEMS", false},
+    {0x91, "FROZENSET", false},
+    {'I', "INT", false},
+    {'L', "LONG", false},
+    {'F', "FLOAT", false},
+    {'S', "STRING", false},
+    {'T', "BINSTRING", false},
+    {'U', "SHORT_BINSTRING", false},
+    {'V', "UNICODE", false},
+    {'p', "PUT", false},
+    {'g', "GET", false},
+    {'d', "DICT", false},
+    {'l', "LIST", false},
+    {'2', "DUP", false},
+};
 
-bool runsCode(uint8_t op) {
-  return std::strchr("cRbioPQ", op) != nullptr || op == 0x93 || op == 0x81 || op == 0x92 ||
-         (op >= 0x82 && op <= 0x84);
+const Refused* refused(uint8_t op) {
+  for (const Refused& r : kRefused)
+    if (r.code == op) return &r;
+  return nullptr;
 }
 
 uint64_t littleEndian(const uint8_t* p, int n) {
@@ -341,13 +313,13 @@ bool Reader::next(Op& op, bool payload) {
     case MEMOIZE:
       break;
     default: {
-      const char* refused = refusedName(op.code);
+      const Refused* r = refused(op.code);
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", op.code);
-      if (!refused) fail(std::string("unknown opcode ") + hex);
-      fail(std::string("opcode ") + refused + " (" + hex + ")" +
-           (runsCode(op.code) ? ", which would run code: Keel's reader builds plain data only"
-                              : ", which a memory snapshot never uses"));
+      if (!r) fail(std::string("unknown opcode ") + hex);
+      fail(std::string("opcode ") + r->name + " (" + hex + ")" +
+           (r->runsCode ? ", which would run code: Keel's reader builds plain data only"
+                        : ", which a memory snapshot never uses"));
     }
   }
   return true;

@@ -379,4 +379,31 @@ TorchMemoryWritten writeTorchMemoryRecording(const TorchMemorySnapshot& snapshot
   return out;
 }
 
+TorchMemoryImported importTorchMemorySnapshot(const std::string& snapshot,
+                                              const std::string& output,
+                                              const TorchMemoryImportOptions& options) {
+  std::vector<NamedInput> inputs = options.otherInputs;
+  inputs.push_back({"the snapshot", snapshot});
+  checkOutputPath(options.outputOption, output, inputs);
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  const auto t0 = Clock::now();
+  const TorchMemorySnapshot snap = readTorchMemorySnapshot(snapshot, options.read);
+  const auto t1 = Clock::now();
+  TorchMemoryImported out;
+  out.device = snap.device;
+  for (const auto& e : snap.initial)
+    ++(e.kind == MemEventKind::Reserve ? out.segmentsAtStart : out.blocksAtStart);
+  out.traceEntries = snap.traceEntries;
+  out.traceEvents = snap.trace.size();
+  out.stacks = snap.stacks.size();
+  OutputLock lock(output);
+  ReplaceOnCommit file(output);
+  out.written = writeTorchMemoryRecording(snap, file.path(), options.engineVersion, snapshot);
+  file.commit();
+  out.readSeconds = seconds(t1 - t0);
+  out.writeSeconds = seconds(Clock::now() - t1);
+  return out;
+}
+
 }  // namespace keel::storage

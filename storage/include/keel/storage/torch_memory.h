@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/output_path.h"
 #include "keel/base/vocabulary.h"
 #include "keel/storage/records.h"
 
@@ -55,5 +56,29 @@ TorchMemoryWritten writeTorchMemoryRecording(const TorchMemorySnapshot& snapshot
                                              const std::string& path,
                                              const std::string& engineVersion,
                                              const std::string& source);
+
+// The whole import, as `keel import torch-memory`, the studio's File > Import and keel_torch run
+// it: the output guard (Note [Outputs never destroy inputs]: `output` is not the snapshot nor any
+// of `otherInputs`; errors name it as `outputOption`), the read, then the recording written beside
+// `output` under its lock and renamed over it once complete.
+struct TorchMemoryImportOptions {
+  TorchMemoryReadOptions read;
+  std::string engineVersion;        // e.g. "torch memory snapshot, keel 0.2.0"
+  std::string outputOption = "-o";  // how errors name the output
+  std::vector<NamedInput> otherInputs;
+};
+
+struct TorchMemoryImported {
+  int device = 0;
+  uint64_t segmentsAtStart = 0, blocksAtStart = 0;  // live when the trace starts
+  uint64_t traceEntries = 0, traceEvents = 0;       // entries, and those that change memory
+  uint64_t stacks = 0;
+  TorchMemoryWritten written;
+  double readSeconds = 0, writeSeconds = 0;
+};
+
+TorchMemoryImported importTorchMemorySnapshot(const std::string& snapshot,
+                                              const std::string& output,
+                                              const TorchMemoryImportOptions& options);
 
 }  // namespace keel::storage
