@@ -1,27 +1,31 @@
-// Kernel helpers shared by the backends: dtype visitation and accumulator types.
-// visitDType calls f.template operator()<T>() with the C++ type of a dtype.
+// Kernel helpers shared by the backends: dtype and element-width visitation, accumulator types.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "keel/dtype.h"
 #include "keel/registry.h"
 
 namespace keel {
 
-template <typename F>
-decltype(auto) visitDType(DType t, F&& f) {
+// Calls f.template operator()<T>() with the type that stores dtype t; Half16 and BF16 are the
+// 16-bit float types (a device backend passes its own, the host's are Half and BFloat16).
+template <typename Half16, typename BF16, typename F>
+decltype(auto) visitDTypeAs(DType t, F&& f) {
   switch (t) {
     case DType::Float32:
       return f.template operator()<float>();
     case DType::Float64:
       return f.template operator()<double>();
     case DType::Float16:
-      return f.template operator()<Half>();
+      return f.template operator()<Half16>();
     case DType::BFloat16:
-      return f.template operator()<BFloat16>();
+      return f.template operator()<BF16>();
     case DType::Int32:
       return f.template operator()<int32_t>();
     case DType::Int64:
@@ -30,6 +34,29 @@ decltype(auto) visitDType(DType t, F&& f) {
       return f.template operator()<bool>();
   }
   throw Error("unknown dtype");
+}
+
+template <typename F>
+decltype(auto) visitDType(DType t, F&& f) {
+  return visitDTypeAs<Half, BFloat16>(t, std::forward<F>(f));
+}
+
+// Calls f.template operator()<E>() with the unsigned type of `bytes` bytes (1, 2, 4 or 8), for
+// kernels that only move elements; any other width is a keel::Error.
+template <typename F>
+void visitWidth(size_t bytes, F&& f) {
+  switch (bytes) {
+    case 1:
+      return f.template operator()<uint8_t>();
+    case 2:
+      return f.template operator()<uint16_t>();
+    case 4:
+      return f.template operator()<uint32_t>();
+    case 8:
+      return f.template operator()<uint64_t>();
+    default:
+      throw Error("no element type of " + std::to_string(bytes) + " bytes");
+  }
 }
 
 template <typename T>

@@ -176,16 +176,6 @@ void copyToContiguous(const Tensor& t, void* dst);
 // such calls before they get here).
 [[noreturn]] void unsupported(const KernelCtx& c, DType t);
 
-// Calls f.template operator()<E>() with the unsigned type of `bytes` bytes (1, 2, 4 or 8), for
-// kernels that only move elements; any other width is a keel::Error.
-template <typename F>
-void visitWidth(size_t bytes, F&& f) {
-  const bool known = [&]<typename... Es>() {
-    return ((bytes == sizeof(Es) ? (f.template operator()<Es>(), true) : false) || ...);
-  }.template operator()<uint8_t, uint16_t, uint32_t, uint64_t>();
-  if (!known) throw Error(detail::concat("cpu copy: unsupported element size ", bytes));
-}
-
 // Calls f.template operator()<T>() with the C++ type of the first input's dtype when it is a
 // float type; any other dtype is unsupported.
 template <typename F>

@@ -68,19 +68,6 @@ __global__ void copyKernel(E* dst, Geom dg, const E* src, Geom sg, int64_t n) {
     dst[dg.offset(i)] = src[sg.offset(i)];
 }
 
-// Launches the copy by element width (bytes only move, so the dtype does not matter).
-void copyStrided(const KernelCtx& c, cudaStream_t s, void* dst, const Geom& dg, const void* src,
-                 const Geom& sg, int64_t n, size_t elem) {
-  if (n == 0) return;
-  const Launch1D l = launch1D(n);
-  auto go = [&]<typename E>() {
-    copyKernel<E><<<l.blocks, l.threads, 0, s>>>(static_cast<E*>(dst), dg,
-                                                 static_cast<const E*>(src), sg, n);
-  };
-  visitWidth(elem, go);
-  checkLaunch(c, "copyKernel");
-}
-
 template <typename D, typename S>
 __device__ __forceinline__ D convert(S s) {
   if constexpr (std::is_same_v<D, S>) {
@@ -142,6 +129,19 @@ T hostValue(double v) {
 }
 
 }  // namespace
+
+// Launches the copy by element width (bytes only move, so the dtype does not matter).
+void copyStrided(const KernelCtx& c, cudaStream_t s, void* dst, const Geom& dg, const void* src,
+                 const Geom& sg, int64_t n, size_t elem) {
+  if (n == 0) return;
+  const Launch1D l = launch1D(n);
+  auto go = [&]<typename E>() {
+    copyKernel<E><<<l.blocks, l.threads, 0, s>>>(static_cast<E*>(dst), dg,
+                                                 static_cast<const E*>(src), sg, n);
+  };
+  visitWidth(elem, go);
+  checkLaunch(c, "copyKernel");
+}
 
 void kContiguous(const KernelCtx& c) {
   const Tensor &x = c.inputs[0], &out = c.outputs[0];

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/registry.h"
+#include "kernel_util.h"
 #include "launch.h"
 #include "runtime.h"
 
@@ -125,62 +126,27 @@ __device__ __forceinline__ int64_t offsetOf(const Geom& g, int64_t i) {
 // for more than kMaxDims dims.
 Geom geomOf(const Tensor& t);
 Geom geomAs(const Tensor& t, const Shape& shape);
+// Enqueues dst[dg] = src[sg] for the n elements both geometries describe, `elem` bytes each (bytes
+// only move: exact for every dtype). copy.cu.
+void copyStrided(const KernelCtx& c, cudaStream_t s, void* dst, const Geom& dg, const void* src,
+                 const Geom& sg, int64_t n, size_t elem);
 
 // ---------------------------------------------------------------- dtype switch
-// Calls f.template operator()<T>() with the device storage type of t.
+// Calls f.template operator()<T>() with the device storage type of t (kernel_util.h).
 template <typename F>
 decltype(auto) visit(DType t, F&& f) {
-  switch (t) {
-    case DType::Float32:
-      return f.template operator()<float>();
-    case DType::Float64:
-      return f.template operator()<double>();
-    case DType::Float16:
-      return f.template operator()<DHalf>();
-    case DType::BFloat16:
-      return f.template operator()<DBFloat16>();
-    case DType::Int32:
-      return f.template operator()<int32_t>();
-    case DType::Int64:
-      return f.template operator()<int64_t>();
-    case DType::Bool:
-      return f.template operator()<bool>();
-  }
-  throw Error("unknown dtype");
-}
-// Calls f.template operator()<E>() with the unsigned integer type of `bytes` (1, 2, 4 or 8): for
-// kernels that only move elements, whatever their dtype.
-template <typename F>
-void visitWidth(size_t bytes, F&& f) {
-  switch (bytes) {
-    case 1:
-      return f.template operator()<uint8_t>();
-    case 2:
-      return f.template operator()<uint16_t>();
-    case 4:
-      return f.template operator()<uint32_t>();
-    case 8:
-      return f.template operator()<uint64_t>();
-    default:
-      throw Error("no element type of " + std::to_string(bytes) + " bytes");
-  }
+  return visitDTypeAs<DHalf, DBFloat16>(t, std::forward<F>(f));
 }
 
 // Floating dtypes only (kernels registered for kFloatTypes).
 template <typename F>
 decltype(auto) visitFloat(DType t, F&& f) {
-  switch (t) {
-    case DType::Float32:
-      return f.template operator()<float>();
-    case DType::Float64:
-      return f.template operator()<double>();
-    case DType::Float16:
-      return f.template operator()<DHalf>();
-    case DType::BFloat16:
-      return f.template operator()<DBFloat16>();
-    default:
+  return visit(t, [&]<typename T>() -> decltype(f.template operator()<float>()) {
+    if constexpr (kIsFloatD<T>)
+      return f.template operator()<T>();
+    else
       throw Error("a floating dtype was expected");
-  }
+  });
 }
 
 // Typed device address of a tensor's element [0,...,0].

@@ -150,6 +150,17 @@ __device__ __forceinline__ bool maskedAt(const ColB& cb, const Geo& g, int64_t i
   return false;
 }
 
+// The end of the tile of `size` rows or columns from `start`, cut at `limit` (the last is short).
+__device__ __forceinline__ int64_t tileEnd(int64_t start, int size, int64_t limit) {
+  return start + size < limit ? start + size : limit;
+}
+
+// The mask's (batch, head) index for batch bi and key head kh: one mask serves every head when
+// the mask has one head (hm == 1).
+__device__ __forceinline__ int64_t maskHead(const Geo& g, int64_t bi, int64_t kh) {
+  return bi * g.hm + (g.hm == 1 ? 0 : kh);
+}
+
 // Class of the pair (rows [m0, m1), key tile kt of columns [n0, n1)) for batch-mask-head bm.
 __device__ __forceinline__ int tileClass(const fp::TileMinMax* tiles, const Geo& g, int64_t bm,
                                          int64_t kt, int64_t m0, int64_t m1, int64_t n0,
@@ -316,8 +327,8 @@ __global__ void __launch_bounds__(fp::kThreads) fwdKernel(FwdArgs<T> a) {
   C* Ps = KVs + BC * ld;
   const int tid = int(threadIdx.x), ty = tid / 16, tx = tid % 16;
   const int64_t qt = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, kh = h / g.grp;
-  const int64_t bm = bi * g.hm + (g.hm == 1 ? 0 : kh);
-  const int64_t m0 = qt * BR, m1 = m0 + BR < g.sq ? m0 + BR : g.sq;
+  const int64_t bm = maskHead(g, bi, kh);
+  const int64_t m0 = qt * BR, m1 = tileEnd(m0, BR, g.sq);
   const C ninf = C(-INFINITY);
 
   loadTile<BR>(Qs, ld, a.q, a.qv, bi, m0, m1 - m0, h, d, a.scale);
@@ -332,7 +343,7 @@ __global__ void __launch_bounds__(fp::kThreads) fwdKernel(FwdArgs<T> a) {
   }
 
   for (int64_t kt = 0; kt < g.nkt; ++kt) {
-    const int64_t n0 = kt * BC, n1 = n0 + BC < g.sk ? n0 + BC : g.sk;
+    const int64_t n0 = kt * BC, n1 = tileEnd(n0, BC, g.sk);
     const int cls = tileClass(a.tiles, g, bm, kt, m0, m1, n0, n1);
     if (cls == fp::kSkip) continue;
     const bool partial = cls == fp::kPartial;
@@ -530,8 +541,8 @@ __global__ void __launch_bounds__(fp::kThreads) dkvKernel(BwdArgs<T> a) {
   C* dSt = Pt + BC * LDT;
   const int tid = int(threadIdx.x), ty = tid / 16, tx = tid % 16;
   const int64_t kt = blockIdx.x, kh = blockIdx.y, bi = blockIdx.z;
-  const int64_t bm = bi * g.hm + (g.hm == 1 ? 0 : kh);
-  const int64_t n0 = kt * BC, n1 = n0 + BC < g.sk ? n0 + BC : g.sk;
+  const int64_t bm = maskHead(g, bi, kh);
+  const int64_t n0 = kt * BC, n1 = tileEnd(n0, BC, g.sk);
   const C ninf = C(-INFINITY);
 
   loadTile<BC>(Ks, ld, a.k, a.kv, bi, n0, n1 - n0, kh, d, C(1));
@@ -553,7 +564,7 @@ __global__ void __launch_bounds__(fp::kThreads) dkvKernel(BwdArgs<T> a) {
   for (int64_t hh = 0; hh < g.grp; ++hh) {
     const int64_t h = kh * g.grp + hh;
     for (int64_t qt = 0; qt < g.nqt; ++qt) {
-      const int64_t m0 = qt * BR, m1 = m0 + BR < g.sq ? m0 + BR : g.sq;
+      const int64_t m0 = qt * BR, m1 = tileEnd(m0, BR, g.sq);
       const int cls = tileClass(a.tiles, g, bm, kt, m0, m1, n0, n1);
       if (cls == fp::kSkip) continue;
       const bool partial = cls == fp::kPartial;
@@ -639,8 +650,8 @@ __global__ void __launch_bounds__(fp::kThreads) dqKernel(BwdArgs<T> a) {
   C* dSs = Vs + BC * ld;
   const int tid = int(threadIdx.x), ty = tid / 16, tx = tid % 16;
   const int64_t qt = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, kh = h / g.grp;
-  const int64_t bm = bi * g.hm + (g.hm == 1 ? 0 : kh);
-  const int64_t m0 = qt * BR, m1 = m0 + BR < g.sq ? m0 + BR : g.sq;
+  const int64_t bm = maskHead(g, bi, kh);
+  const int64_t m0 = qt * BR, m1 = tileEnd(m0, BR, g.sq);
   const C ninf = C(-INFINITY);
 
   loadTile<BR>(Qs, ld, a.q, a.qv, bi, m0, m1 - m0, h, d, a.scale);
@@ -657,7 +668,7 @@ __global__ void __launch_bounds__(fp::kThreads) dqKernel(BwdArgs<T> a) {
   }
 
   for (int64_t kt = 0; kt < g.nkt; ++kt) {
-    const int64_t n0 = kt * BC, n1 = n0 + BC < g.sk ? n0 + BC : g.sk;
+    const int64_t n0 = kt * BC, n1 = tileEnd(n0, BC, g.sk);
     const int cls = tileClass(a.tiles, g, bm, kt, m0, m1, n0, n1);
     if (cls == fp::kSkip) continue;
     const bool partial = cls == fp::kPartial;

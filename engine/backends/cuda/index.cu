@@ -439,7 +439,6 @@ void sortLines(const KernelCtx& c, int64_t k, bool descending, const Tensor* val
 void kIndexSelect(const KernelCtx& c) {
   const Tensor &x = c.inputs[0], &index = c.inputs[1], &out = c.outputs[0];
   const int64_t d = normDim(c.attrs.getInt("dim"), x.dim(), c.op.name);
-  KEEL_CHECK(index.dim() == 1, "op '", c.op.name, "': index must be 1-D");
   const DimSplit sp = splitAt(x.shape(), d);
   DeviceCtx& ctx = deviceCtx(c);
   const IndexView idx = indexView(c, index);
@@ -460,7 +459,6 @@ void kIndexSelect(const KernelCtx& c) {
 void kIndexAdd(const KernelCtx& c) {
   const Tensor &x = c.inputs[0], &index = c.inputs[1], &src = c.inputs[2], &out = c.outputs[0];
   const int64_t d = normDim(c.attrs.getInt("dim"), x.dim(), c.op.name);
-  KEEL_CHECK(index.dim() == 1, "op '", c.op.name, "': index must be 1-D");
   const DimSplit sp = splitAt(x.shape(), d);
   DeviceCtx& ctx = deviceCtx(c);
   const IndexView idx = indexView(c, index);

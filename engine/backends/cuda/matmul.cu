@@ -43,53 +43,11 @@ namespace {
 using detail::MatLayout;
 constexpr auto classify = detail::classifyMatrix;  // engine/src/matmul_layout.h
 
-// Contiguous copy of a strided tensor, element by element (width E bytes).
-template <typename E>
-__global__ void stridedCopyKernel(const E* __restrict__ in, Geom g, E* __restrict__ out,
-                                  int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = in[g.offset(i)];
-}
-
-// t's geometry as it is stored (no dims merged), for stridedCopyKernel.
-Geom storedGeom(const KernelCtx& c, const Tensor& t) {
-  KEEL_CHECK(t.dim() <= kMaxDims, "op '", c.op.name, "': at most ", kMaxDims,
-             " dims are supported on cuda, got ", shapeStr(t.shape()));
-  Geom g;
-  g.rank = int(t.dim());
-  for (int d = 0; d < g.rank; ++d) {
-    g.shape[d] = t.shape()[size_t(d)];
-    g.stride[d] = t.strides()[size_t(d)];
-  }
-  g.contiguous = t.isContiguous();
-  return g;
-}
-
 // A contiguous copy of t on its device, enqueued on the stream.
 Tensor contiguousCopy(const KernelCtx& c, const Tensor& t, cudaStream_t stream) {
   Tensor out = makeTensor(t.shape(), t.dtype(), t.device());
-  const int64_t n = t.numel();
-  if (n == 0) return out;
-  const Geom g = storedGeom(c, t);
-  const Launch1D l = launch1D(n);
-  switch (dtypeSize(t.dtype())) {
-    case 2:
-      stridedCopyKernel<<<l.blocks, l.threads, 0, stream>>>(ptr<uint16_t>(t), g, ptr<uint16_t>(out),
-                                                            n);
-      break;
-    case 4:
-      stridedCopyKernel<<<l.blocks, l.threads, 0, stream>>>(ptr<uint32_t>(t), g, ptr<uint32_t>(out),
-                                                            n);
-      break;
-    case 8:
-      stridedCopyKernel<<<l.blocks, l.threads, 0, stream>>>(ptr<uint64_t>(t), g, ptr<uint64_t>(out),
-                                                            n);
-      break;
-    default:
-      KEEL_CHECK(false, "op '", c.op.name, "': unsupported element size");
-  }
-  checkLaunch(c, "matmul strided copy");
+  copyStrided(c, stream, out.data(), geomOf(out), t.data(), geomOf(t), t.numel(),
+              dtypeSize(t.dtype()));
   return out;
 }
 

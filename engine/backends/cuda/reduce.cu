@@ -236,6 +236,20 @@ __device__ __forceinline__ void storeMax(const T* base, const MaxArgs& a, int64_
     vals[o] = base[bi * a.step];  // the element itself (exact, NaN payload included)
 }
 
+// Every lane of the warp ends with the warp's best (value, position) by `beats` (a butterfly
+// over lanes 16, 8, 4, 2, 1: the same order whatever the data).
+template <typename C>
+__device__ __forceinline__ void warpBest(C& bv, int64_t& bi) {
+  for (int s = 16; s > 0; s >>= 1) {
+    const C v = __shfl_xor_sync(0xffffffffu, bv, s);
+    const int64_t i = __shfl_xor_sync(0xffffffffu, bi, s);
+    if (beats(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+}
+
 // Block per output: thread t scans positions t, t + T, ...; the block combines by `beats`.
 template <typename T>
 __global__ void __launch_bounds__(1024)
@@ -255,14 +269,7 @@ __global__ void __launch_bounds__(1024)
         bi = j;
       }
     }
-    for (int s = 16; s > 0; s >>= 1) {
-      const C v = __shfl_xor_sync(0xffffffffu, bv, s);
-      const int64_t i = __shfl_xor_sync(0xffffffffu, bi, s);
-      if (beats(v, i, bv, bi)) {
-        bv = v;
-        bi = i;
-      }
-    }
+    warpBest(bv, bi);
     __syncthreads();  // the previous output's readers are done with sv, si
     if (lane == 0) {
       sv[warp] = bv;
@@ -272,14 +279,7 @@ __global__ void __launch_bounds__(1024)
     if (warp == 0) {
       bv = lane < warps ? sv[lane] : C(0);
       bi = lane < warps ? si[lane] : -1;
-      for (int s = 16; s > 0; s >>= 1) {
-        const C v = __shfl_xor_sync(0xffffffffu, bv, s);
-        const int64_t i = __shfl_xor_sync(0xffffffffu, bi, s);
-        if (beats(v, i, bv, bi)) {
-          bv = v;
-          bi = i;
-        }
-      }
+      warpBest(bv, bi);
       if (lane == 0) storeMax(base, a, o, bi, vals, idx);
     }
   }
