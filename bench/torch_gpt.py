@@ -10,65 +10,15 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        d, h = c["d_model"], c["n_head"]
-        norm = nn.LayerNorm if c.get("norm", "layernorm") == "layernorm" else RMSNorm
-        self.n1, self.n2 = norm(d), norm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.proj = nn.Linear(d, d, bias=False)
-        self.w1 = nn.Linear(d, c["d_ff"], bias=False)
-        self.w3 = nn.Linear(d, c["d_ff"], bias=False)
-        self.w2 = nn.Linear(c["d_ff"], d, bias=False)
-        self.h = h
-        t = c["seq_len"]
-        self.register_buffer("mask", torch.triu(torch.ones(t, t, dtype=torch.bool), 1))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        hd = d // self.h
-        q, k, v = self.qkv(self.n1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.h, hd).transpose(1, 2) for z in (q, k, v))
-        s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
-        s = s.masked_fill(self.mask[:t, :t], float("-inf"))
-        y = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        hN = self.n2(x)
-        return x + self.w2(F.silu(self.w1(hN)) * self.w3(hN))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.w, self.eps = nn.Parameter(torch.ones(d)), eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
-
-
-class GPT(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.wte = nn.Embedding(c["vocab_size"], c["d_model"])
-        self.wpe = nn.Embedding(c["seq_len"], c["d_model"])
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
-        self.norm = nn.LayerNorm(c["d_model"])
-        self.head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
-
-    def forward(self, idx, tgt):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for b in self.blocks:
-            x = b(x)
-        logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1))
+# The one PyTorch GPT of the repository, with Keel's module names (tests/python/keel_gpt.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from keel_gpt import GPT  # noqa: E402
 
 
 def corpus():

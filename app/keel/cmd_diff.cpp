@@ -4,6 +4,7 @@
 // other (Note [Replica check]). Exit status: 0 equal within tolerance, 1 divergent, 2 error.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ struct DiffArgs {
   double atol = 1e-6, rtol = 1e-4;
   uint64_t ulps = 0;
   bool json = false, mismatchesOnly = false, strict = false, replicas = false;
+  storage::DiffAlign align = storage::DiffAlign::Auto;
 };
 
 void printStack(const storage::Recording& r, int64_t id, const char* label) {
@@ -43,41 +45,38 @@ storage::DiffOptions diffOptions(const DiffArgs& a) {
   opt.maxUlps = a.ulps;
   opt.mismatchesOnly = a.mismatchesOnly;
   opt.unmatchedIsDivergent = a.strict;
+  opt.align = a.align;
   return opt;
-}
-
-// Two recordings compared. Ops with dumped values (keel record --dumps) are compared element by
-// element.
-storage::DiffReport diffRecordings(const storage::Recording& ra, const storage::Recording& rb,
-                                   const storage::DiffOptions& opt) {
-  storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
-    return (sideA ? ra : rb).dumpValues(seq, static_cast<storage::Role>(role), index);
-  };
-  return storage::diffRuns(ra.allOps(), rb.allOps(), opt, values);
 }
 
 void printReport(const storage::Recording& ra, const storage::Recording& rb,
                  const storage::DiffReport& report, bool mismatchesOnly) {
   std::printf("%s", storage::toText(report, mismatchesOnly).c_str());
   if (report.root) {
-    std::printf("\nroot divergence stacks (op #%llu in A, #%llu in B):\n",
-                static_cast<unsigned long long>(report.root->pair.seqA),
-                static_cast<unsigned long long>(report.root->pair.seqB));
-    printStack(ra, report.root->pair.stackIdA, "A");
-    printStack(rb, report.root->pair.stackIdB, "B");
+    const storage::OpPair& p = report.root->pair;
+    auto side = [](bool in, uint64_t seq) {
+      return in ? "#" + std::to_string(seq) : std::string("none");
+    };
+    std::printf("\nroot divergence stacks (op %s in A, %s in B):\n", side(p.inA, p.seqA).c_str(),
+                side(p.inB, p.seqB).c_str());
+    if (p.inA) printStack(ra, p.stackIdA, "A");
+    if (p.inB) printStack(rb, p.stackIdB, "B");
   }
 }
 
 int runDiff(const DiffArgs& a) {
   storage::Recording ra = storage::Recording::open(a.a);
   storage::Recording rb = storage::Recording::open(a.b);
-  storage::DiffReport report = diffRecordings(ra, rb, diffOptions(a));
+  storage::DiffReport report = storage::diffRecordings(ra, rb, diffOptions(a));
   if (a.json) {
     std::printf("%s\n", storage::toJson(report).c_str());
     return storage::diffExitCode(report);
   }
-  std::printf("keel diff: A = %s (%s), B = %s (%s)\n", a.a.c_str(), ra.run().backend.c_str(),
-              a.b.c_str(), rb.run().backend.c_str());
+  std::printf("keel diff: A = %s (%s %s), B = %s (%s %s), ops paired by %s\n", a.a.c_str(),
+              report.frameworkA.c_str(), ra.run().backend.c_str(), a.b.c_str(),
+              report.frameworkB.c_str(), rb.run().backend.c_str(),
+              report.options.align == storage::DiffAlign::Module ? "module, op kind and position"
+                                                                 : "op signature");
   printReport(ra, rb, report, a.mismatchesOnly);
   return storage::diffExitCode(report);
 }
@@ -110,7 +109,7 @@ int runDiffFolders(const DiffArgs& a) {
   for (int64_t r = 0; r < ma.worldSize; ++r) {
     storage::Recording ra = storage::Recording::open(storage::rankPath(a.a, ma, r));
     storage::Recording rb = storage::Recording::open(storage::rankPath(a.b, mb, r));
-    storage::DiffReport report = diffRecordings(ra, rb, opt);
+    storage::DiffReport report = storage::diffRecordings(ra, rb, opt);
     status = std::max(status, storage::diffExitCode(report));
     if (report.first &&
         (!earliest || report.first->pair.step < diffs[*earliest].report.first->pair.step))
@@ -184,6 +183,14 @@ Command addDiffCommand(CLI::App& root) {
   c->add_flag("--json", a->json, "machine-readable report");
   c->add_flag("--mismatches-only", a->mismatchesOnly, "list only pairs that are not equal");
   c->add_flag("--strict", a->strict, "ops present in only one run count as divergent");
+  c->add_option(
+       "--align", a->align,
+       "how ops are paired: signature (one program twice), module (across frameworks: "
+       "a PyTorch run against a Keel run), auto (default: module when the frameworks differ)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, storage::DiffAlign>{{"auto", storage::DiffAlign::Auto},
+                                                    {"signature", storage::DiffAlign::Signature},
+                                                    {"module", storage::DiffAlign::Module}}));
   c->add_flag("--replicas", a->replicas,
               "A is a run folder: check that its dp replicas hold the same parameters, averaged "
               "gradients and updates (MD5s), and name the first difference");

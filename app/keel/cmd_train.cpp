@@ -1,7 +1,8 @@
 // `keel train`: runs a GPT training job on a CPU backend and prints one line per step and a
 // summary with the validation loss; optionally saves sharded checkpoints (--save-every,
 // --ckpt-dir, --ckpt-tp) and resumes from one (--resume) with the same loss curve. Under mpirun
-// (or keel launch) with --dp/--tp it is one rank of a multi-rank run; rank 0 prints.
+// (or keel launch) with --dp/--tp it is one rank of a multi-rank run; rank 0 prints. --save-inputs
+// writes the initial weights and the batches for replaying the run elsewhere (docs/torch.md).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -32,7 +33,8 @@ struct TrainArgs {
   std::string ckptDir;
   int ckptTp = 0;  // files of a saved checkpoint (0: the run's tp)
   std::string resume;
-  ParallelArgs parallel;  // --dp, --tp: the run's own layout (keel/dist.h)
+  std::string saveInputs;  // --save-inputs: Note [Training inputs]
+  ParallelArgs parallel;   // --dp, --tp: the run's own layout (keel/dist.h)
 };
 
 int runTrain(const TrainArgs& a) {
@@ -73,6 +75,14 @@ int runTrain(const TrainArgs& a) {
                ", not before --steps ", a.steps, ": nothing left to train");
   }
 
+  if (!a.saveInputs.empty()) {
+    keel::ckpt::saveTrainingInputs(trainer, a.saveInputs, a.steps - trainer.stepsDone());
+    std::printf(
+        "saved %s/init (the weights before step %lld) and %s/batches.safetensors (%lld "
+        "steps' batches)\n",
+        a.saveInputs.c_str(), static_cast<long long>(trainer.stepsDone() + 1), a.saveInputs.c_str(),
+        static_cast<long long>(a.steps - trainer.stepsDone()));
+  }
   if (!speak) std::freopen("/dev/null", "w", stdout);  // the others would repeat rank 0
   std::printf("keel train: %s (%s), %s, backend %s, %d threads, seed %llu\n",
               cfg.name.empty() ? "gpt" : cfg.name.c_str(), a.config.c_str(),
@@ -213,6 +223,11 @@ Command addTrainCommand(CLI::App& root) {
   train
       ->add_option("--resume", ta->resume,
                    "continue from a checkpoint (a step-* directory, or a --ckpt-dir: its latest)")
+      ->check(nonEmptyName());
+  train
+      ->add_option("--save-inputs", ta->saveInputs,
+                   "write DIR/init (the initial weights, a checkpoint) and DIR/batches.safetensors "
+                   "(every step's tokens) for replaying the run in another framework")
       ->check(nonEmptyName());
   return {train, [ta] { return runTrain(*ta); }};
 }

@@ -10,19 +10,29 @@
 
 Every ATen op call (a TorchDispatchMode) is recorded with its phase (forward; backward while
 .backward() runs; optimizer while the optimizer's step runs), its module scope (the innermost
-module running, named as model.named_modules() names it), its inputs and outputs (shape, strides,
-dtype, device, and with md5/stats Keel's MD5 and statistics of their bytes, computed by Keel's own
-hasher) and, with stacks=True, the Python call stack of the user's code (frames inside torch and
+module running, named as model.named_modules() names it, its forward hooks included), its
+inputs and outputs (shape, strides, dtype, device, and with md5/stats Keel's MD5 and
+statistics of their bytes, computed by Keel's own hasher) and, with stacks=True, the Python call stack of the user's code (frames inside torch and
 keel_torch left out). The file is written by Keel's own C++ writer (the _keel extension), one
 batch per step. keel_torch.step(loss) ends a step by hand (without an optimizer, or to attach
 another loss). CUDA tensors are copied to the host for hashing.
 
-A backward op's scope is the module whose output gradient autograd was working back from (a
-hook on each module's outputs), and its forward op the one whose autograd node it runs in
-(Note [keel_torch forward links]). Memory snapshots: keel_torch.snapshot.import_snapshot
+A backward op's forward op is the one whose autograd node it runs in (Note [keel_torch forward
+links]), and its scope that forward op's (Note [keel_torch backward scopes]). Ops run after
+.backward() returns and outside any module (gradient clipping) are phase optimizer, as Keel's
+own clip_grad_norm is. Memory snapshots: keel_torch.snapshot.import_snapshot
 (python3 -m keel_torch import-snapshot). rounded_md5=N adds Keel's rounded MD5 (N significant
-digits: equal across frameworks within rounding). Not yet: comparing a PyTorch run with a Keel
-run op by op.
+digits: equal across frameworks within rounding). A recording of Keel's GPT in PyTorch
+(tests/python/keel_gpt.py) and a Keel run of it compare op by op with `keel diff`
+(docs/torch.md).
+
+Note [keel_torch backward scopes]
+A backward op's scope is the scope of the forward op it differentiates (its forward_seq), as
+Keel's engine scopes a backward op: the gradient of blocks.1.mlp's `mul` is blocks.1.mlp's,
+which lets `keel diff` pair a PyTorch run's backward ops with a Keel run's module by module.
+Where autograd names no forward op (gradient accumulation into a parameter), it is the module
+whose output gradient autograd was working back from: a hook on each module's outputs sets
+`backward_scope` when their gradient is ready.
 
 Note [keel_torch forward links]
 A backward op differentiates the forward op whose autograd node is running. The dispatch mode
@@ -144,6 +154,8 @@ class _Session(TorchDispatchMode):
         # Note [keel_torch forward links]
         self.pending_outputs = []  # (seq, outputs) of the last forward op, hooked at the next op
         self.forward_seq = 0       # the forward op whose autograd node is running (backward)
+        self.forward_scopes = {}   # this step's forward ops that may have a backward: seq -> scope
+        self.after_backward = False  # .backward() returned and no module has run since
         self.next_id = 0
 
     def tensor_id(self, t):
@@ -160,11 +172,24 @@ class _Session(TorchDispatchMode):
 
     # ---- scopes, phases, step boundaries -----------------------------------------------------
 
-    def _pre(self, module, inputs):
-        self.scopes.append(self.names.get(id(module), type(module).__name__))
+    def _module_call(self, original):
+        """Module.__call__ under the recording: the module's scope holds from its forward
+        pre-hooks to its forward hooks, so ops a user's hook runs (a forward hook that changes
+        the output) are the module's, as they are part of calling it."""
+        session = self
 
-    def _post(self, module, inputs, output):
-        name = self.scopes.pop() if self.scopes else ""
+        def call(module, *args, **kwargs):
+            session.after_backward = False
+            session.scopes.append(session.names.get(id(module), type(module).__name__))
+            try:
+                output = original(module, *args, **kwargs)
+            finally:
+                name = session.scopes.pop()
+            session._backward_scope_hooks(name, output)
+            return output
+        return call
+
+    def _backward_scope_hooks(self, name, output):
         # Backward scopes: a hook on the module's output tensors fires when their gradient is
         # ready, just before autograd runs the ops that produced them; the backward ops from
         # then on are this module's (the innermost module's: an output already hooked keeps
@@ -199,9 +224,9 @@ class _Session(TorchDispatchMode):
         return hook
 
     def install(self):
-        pre = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
-        post = torch.nn.modules.module.register_module_forward_hook(self._post)
-        self.undo += [pre.remove, post.remove]
+        original_call = torch.nn.Module.__call__
+        torch.nn.Module.__call__ = self._module_call(original_call)
+        self.undo.append(lambda: setattr(torch.nn.Module, "__call__", original_call))
         session = self
         original_backward = torch.Tensor.backward
 
@@ -216,6 +241,7 @@ class _Session(TorchDispatchMode):
                 return original_backward(tensor, *args, **kwargs)
             finally:
                 session.phase = previous
+                session.after_backward = True
 
         torch.Tensor.backward = backward
         self.undo.append(lambda: setattr(torch.Tensor, "backward", original_backward))
@@ -278,6 +304,7 @@ class _Session(TorchDispatchMode):
         self.step_ops = 0
         self.last_loss = float("nan")
         self.step_begin = time.monotonic_ns()
+        self.forward_scopes = {}
 
     # ---- ops ---------------------------------------------------------------------------------
 
@@ -339,18 +366,25 @@ class _Session(TorchDispatchMode):
                 self.step_ops -= 1
                 return out
             forward_seq = 0
-            if self.phase == "backward":
-                scope = self.backward_scope
+            phase = self.phase
+            if phase == "backward":
+                # Note [keel_torch backward scopes]
                 forward_seq = self.forward_seq
+                scope = self.forward_scopes.get(forward_seq, self.backward_scope)
             else:
                 scope = self.scopes[-1] if self.scopes else ""
                 # Outputs get a grad_fn when an input requires grad (only those are held: holding
                 # the others changed what PyTorch 1.13 dispatched, an extra detach).
-                if (self.phase == "forward" and torch.is_grad_enabled()
+                if (phase == "forward" and torch.is_grad_enabled()
                         and any(t.requires_grad for t in inputs)):
                     self.pending_outputs.append((self.seq, outputs))
+                    self.forward_scopes[self.seq] = scope
+                elif phase == "forward" and self.after_backward and not self.scopes:
+                    # Between .backward() and the optimizer, outside any module: gradient
+                    # clipping or scaling, the optimizer's work (as Keel's clip_grad_norm).
+                    phase = "optimizer"
             stack = self._stack() if self.stacks else -1
-            self.rec.op(self.seq, self.step_no, self.phase, name, scope, attrs, begin, end,
+            self.rec.op(self.seq, self.step_no, phase, name, scope, attrs, begin, end,
                         forward_seq, stack, records)
             return out
         finally:

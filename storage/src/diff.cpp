@@ -4,11 +4,13 @@
 // diff_render.cpp. Cost is linear when the runs are identical.
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "keel/storage/diff.h"
+#include "keel/storage/export.h"
 #include "keel/storage/producers.h"
 
 namespace keel::storage {
@@ -29,6 +31,7 @@ struct Row {
   bool exact = true;
   DiffStatus status = DiffStatus::Equal;
   std::vector<TensorDiff> outputs;
+  std::string kind;  // module alignment
 };
 
 // The producer of an input on one side, as a record: See Note [Producer] (producers.h).
@@ -80,6 +83,46 @@ std::vector<TensorDiff> compareRole(const OpRecord& a, const OpRecord& b, Role r
   return out;
 }
 
+const TensorRecord* firstOutput(const OpRecord& op) {
+  const TensorRecord* best = nullptr;
+  for (const TensorRecord& t : op.tensors)
+    if (t.role == Role::Output && (!best || t.index < best->index)) best = &t;
+  return best;
+}
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n = d < 0 || (d > 0 && n > INT64_MAX / d) ? -1 : n * d;
+  return n;
+}
+
+// Module alignment (Note [Diff across frameworks]): a pair's first outputs compared, their
+// elements in row-major order whatever the two shapes, when the counts and dtypes agree.
+std::vector<TensorDiff> compareFirstOutputs(const OpRecord& a, const OpRecord& b,
+                                            const DiffOptions& opt, const DumpValues& values) {
+  const TensorRecord* ta = firstOutput(a);
+  const TensorRecord* tb = firstOutput(b);
+  if (!ta && !tb) return {};
+  if (!ta || !tb) {
+    TensorDiff d;
+    d.role = Role::Output;
+    d.status = DiffStatus::Diverged;
+    d.basis = DiffBasis::Missing;
+    d.detail = ta ? "only in A" : "only in B";
+    return {d};
+  }
+  TensorRecord sameShape = *tb;
+  const bool reshaped = ta->shape != tb->shape && ta->dtype == tb->dtype &&
+                        elements(ta->shape) == elements(tb->shape) && elements(ta->shape) >= 0;
+  if (reshaped) sameShape.shape = ta->shape;
+  TensorDiff d = compareTensors(*ta, sameShape, a.seq, b.seq, opt, values);
+  if (reshaped) {
+    d.detail += std::string(d.detail.empty() ? "" : "; ") + "shapes " + shapeText(ta->shape) +
+                " vs " + shapeText(tb->shape);
+  }
+  return {d};
+}
+
 OpPair toPair(const Row& r) {
   OpPair p;
   p.step = r.step;
@@ -92,6 +135,7 @@ OpPair toPair(const Row& r) {
   if (r.a) p.seqA = r.a->seq, p.stackIdA = r.a->stackId, p.kernelA = r.a->kernel;
   if (r.b) p.seqB = r.b->seq, p.stackIdB = r.b->stackId, p.kernelB = r.b->kernel;
   if (r.a && r.b && r.a->name != r.b->name) p.nameB = r.b->name;
+  p.kind = r.kind;
   p.exactSignature = r.exact;
   p.status = r.status;
   p.outputs = r.outputs;
@@ -174,12 +218,156 @@ std::map<int64_t, std::vector<const OpRecord*>> byStep(const std::vector<OpRecor
   return steps;
 }
 
+// Module alignment's first and root divergence (Note [Diff across frameworks]): inputs do not
+// correspond one to one across frameworks, so a pair is judged by the ops that fed it, found
+// through views.
+void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
+                      const std::map<int64_t, std::vector<const OpRecord*>>& stepsA,
+                      const std::map<int64_t, std::vector<const OpRecord*>>& stepsB,
+                      const DiffOptions& opt) {
+  std::vector<const Row*> diverged;
+  for (const Row& r : rows)
+    if (r.a && r.b && r.status == DiffStatus::Diverged) diverged.push_back(&r);
+  if (diverged.empty()) return;
+  rep.rootSearched = true;
+  std::sort(diverged.begin(), diverged.end(),
+            [](const Row* x, const Row* y) { return x->a->seq < y->a->seq; });
+  std::vector<const OpRecord*> allA, allB;  // views included: the walk back crosses them
+  for (const auto& [_, ops] : stepsA) allA.insert(allA.end(), ops.begin(), ops.end());
+  for (const auto& [_, ops] : stepsB) allB.insert(allB.end(), ops.begin(), ops.end());
+  const Producers prodA(allA), prodB(allB);
+  std::unordered_map<uint64_t, const Row*> rowByA, rowByB;
+  for (const Row& r : rows) {
+    if (r.a) rowByA.emplace(r.a->seq, &r);
+    if (r.b) rowByB.emplace(r.b->seq, &r);
+  }
+  // The ops whose outputs reach op's inputs, walking back through views and copies.
+  auto feeders = [](const OpRecord& op, const Producers& prod) {
+    std::vector<const OpRecord*> out, todo{&op};
+    std::unordered_set<uint64_t> seen;
+    for (int budget = 256; !todo.empty() && budget > 0; --budget) {
+      const OpRecord* cur = todo.back();
+      todo.pop_back();
+      for (const TensorRecord& t : cur->tensors) {
+        if (t.role != Role::Input) continue;
+        const OpRecord* p = prod.find(t, cur->seq);
+        if (!p || !seen.insert(p->seq).second) continue;
+        (opKind(p->name).empty() ? todo : out).push_back(p);
+      }
+    }
+    return out;
+  };
+  // A feeder passes when it is a pair that passed, or state the step starts from (an op of an
+  // earlier step, or the optimizer's): across frameworks that is compared where it is read.
+  enum class Feed { Passed, Failed, OneSided };
+  auto judge = [&](const OpRecord& f, bool sideA, const OpRecord& consumer) {
+    const auto& rowBy = sideA ? rowByA : rowByB;
+    auto it = rowBy.find(f.seq);
+    if (it == rowBy.end()) return Feed::Passed;
+    const Row& r = *it->second;
+    if (r.a && r.b) return passes(r.status) ? Feed::Passed : Feed::Failed;
+    if (f.step != consumer.step || f.phase == Phase::Optimizer) return Feed::Passed;
+    return Feed::OneSided;
+  };
+  // A one-sided op is clean when everything feeding it passed, through other one-sided ops
+  // (a decomposition with no counterpart: bmm <- softmax <- masked_fill <- bmm).
+  std::unordered_map<uint64_t, bool> cleanMemo[2];
+  std::function<bool(const OpRecord&, bool, int)> clean = [&](const OpRecord& op, bool sideA,
+                                                              int depth) {
+    auto& memo = cleanMemo[sideA ? 0 : 1];
+    if (auto it = memo.find(op.seq); it != memo.end()) return it->second;
+    bool ok = depth < 32;
+    for (const OpRecord* f :
+         ok ? feeders(op, sideA ? prodA : prodB) : std::vector<const OpRecord*>{}) {
+      Feed v = judge(*f, sideA, op);
+      if (v == Feed::Failed || (v == Feed::OneSided && !clean(*f, sideA, depth + 1))) {
+        ok = false;
+        break;
+      }
+    }
+    return memo[op.seq] = ok;
+  };
+  auto label = [](const OpRecord& op) {
+    return "#" + std::to_string(op.seq) + " " + op.name + (op.scope.empty() ? "" : " " + op.scope);
+  };
+  // The first divergence's inputs: one line per op feeding it, on either side.
+  auto fedBy = [&](const Row& r) {
+    std::vector<TensorDiff> in;
+    for (bool sideA : {true, false}) {
+      const OpRecord& op = sideA ? *r.a : *r.b;
+      for (const OpRecord* f : feeders(op, sideA ? prodA : prodB)) {
+        const auto& rowBy = sideA ? rowByA : rowByB;
+        auto it = rowBy.find(f->seq);
+        if (it == rowBy.end()) continue;
+        const Row& fr = *it->second;
+        if (sideA == false && fr.a) continue;  // a pair: listed from side A
+        TensorDiff t;
+        t.role = Role::Input;
+        t.index = static_cast<int32_t>(in.size());
+        t.status = fr.status;
+        t.basis = fr.outputs.empty() ? DiffBasis::None : fr.outputs.front().basis;
+        if (fr.a && fr.b) {
+          t.detail = "fed by A " + label(*fr.a) + " / B " + label(*fr.b);
+        } else {
+          t.detail = std::string("fed by ") + (sideA ? "A " : "B ") + label(*f) +
+                     (judge(*f, sideA, op) == Feed::Passed
+                          ? " (state from before the step)"
+                          : " (only in " + std::string(sideA ? "A" : "B") + ")");
+          if (judge(*f, sideA, op) == Feed::Passed) t.status = DiffStatus::Equal;
+        }
+        in.push_back(std::move(t));
+      }
+    }
+    return in;
+  };
+  auto divergence = [&](const Row& r, std::vector<TensorDiff> inputs) {
+    Divergence dv;
+    dv.pair = toPair(r);
+    dv.inputs = std::move(inputs);
+    if (r.a) dv.chainA = buildChain(*r.a, prodA, rowByA, opt);
+    if (r.b) dv.chainB = buildChain(*r.b, prodB, rowByB, opt);
+    return dv;
+  };
+  rep.first = divergence(*diverged.front(), fedBy(*diverged.front()));
+  for (const Row* r : diverged) {
+    bool allPassed = true;
+    const OpRecord* culprit = nullptr;
+    bool culpritA = true;
+    for (bool sideA : {true, false}) {
+      const OpRecord& op = sideA ? *r->a : *r->b;
+      for (const OpRecord* f : feeders(op, sideA ? prodA : prodB)) {
+        Feed v = judge(*f, sideA, op);
+        if (v == Feed::Passed) continue;
+        allPassed = false;
+        if (v == Feed::OneSided && !culprit && clean(*f, sideA, 0)) culprit = f, culpritA = sideA;
+      }
+    }
+    if (allPassed) {
+      rep.root = r == diverged.front() ? *rep.first : divergence(*r, fedBy(*r));
+      break;
+    }
+    if (culprit) {
+      rep.root = divergence(*(culpritA ? rowByA : rowByB).at(culprit->seq), {});
+      TensorDiff feeds;
+      feeds.role = Role::Output;
+      feeds.status = DiffStatus::Diverged;
+      feeds.detail = "feeds " + std::string(culpritA ? "A " : "B ") +
+                     label(culpritA ? *r->a : *r->b) +
+                     ", which diverged; everything feeding it matches";
+      rep.root->pair.outputs.push_back(std::move(feeds));
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>& b,
                     const DiffOptions& opt, const DumpValues& values) {
   DiffReport rep;
   rep.options = opt;
+  if (rep.options.align == DiffAlign::Auto) rep.options.align = DiffAlign::Signature;
+  const bool modules = rep.options.align == DiffAlign::Module;
   rep.total.step = -1;
   auto stepsA = byStep(a, "A");
   auto stepsB = byStep(b, "B");
@@ -201,8 +389,12 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     sd.step = step;
     sd.opsA = static_cast<int64_t>(opsA.size());
     sd.opsB = static_cast<int64_t>(opsB.size());
-    Alignment al = alignOps(opsA, opsB, opt);
+    Alignment al = modules ? alignModules(opsA, opsB, opt) : alignOps(opsA, opsB, opt);
     sd.alignment = opsA.empty() ? "only-b" : opsB.empty() ? "only-a" : al.method;
+    if (modules) {
+      for (const OpRecord* op : opsA) sd.viewsA += opKind(op->name).empty();
+      for (const OpRecord* op : opsB) sd.viewsB += opKind(op->name).empty();
+    }
     for (size_t r = 0; r < al.rows.size(); ++r) {
       auto [i, j] = al.rows[r];
       Row row;
@@ -210,8 +402,10 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
       row.a = i >= 0 ? opsA[static_cast<size_t>(i)] : nullptr;
       row.b = j >= 0 ? opsB[static_cast<size_t>(j)] : nullptr;
       row.exact = al.exact[r];
+      if (modules) row.kind = opKind((row.a ? row.a : row.b)->name);
       if (row.a && row.b) {
-        row.outputs = compareRole(*row.a, *row.b, Role::Output, opt, values);
+        row.outputs = modules ? compareFirstOutputs(*row.a, *row.b, opt, values)
+                              : compareRole(*row.a, *row.b, Role::Output, opt, values);
         row.status = DiffStatus::Equal;
         for (const TensorDiff& t : row.outputs) {
           row.status = worse(row.status, t.status);
@@ -229,11 +423,19 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
       s->opsA += sd.opsA, s->opsB += sd.opsB, s->equal += sd.equal;
       s->withinTolerance += sd.withinTolerance, s->diverged += sd.diverged;
       s->onlyInA += sd.onlyInA, s->onlyInB += sd.onlyInB;
+      s->viewsA += sd.viewsA, s->viewsB += sd.viewsB;
     }
     rep.steps.push_back(std::move(sd));
   }
 
   // First and root divergence (see docs/diff.md "Root divergence").
+  if (modules) {
+    divergenceAcross(rep, rows, stepsA, stepsB, opt);
+    rep.pairs.reserve(opt.mismatchesOnly ? 0 : rows.size());
+    for (const Row& r : rows)
+      if (!opt.mismatchesOnly || r.status != DiffStatus::Equal) rep.pairs.push_back(toPair(r));
+    return rep;
+  }
   std::vector<const Row*> diverged;
   for (const Row& r : rows)
     if (r.a && r.b && r.status == DiffStatus::Diverged) diverged.push_back(&r);

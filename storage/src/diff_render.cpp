@@ -22,12 +22,18 @@ constexpr std::array<std::string_view, 8> kDiffBasisNames = {
     "none", "md5", "rounded-md5", "values", "stats", "md5-only", "shape", "missing"};
 static_assert(kDiffBasisNames.size() == size_t(DiffBasis::Missing) + 1);
 
+constexpr std::array<std::string_view, 3> kDiffAlignNames = {"auto", "signature", "module"};
+static_assert(kDiffAlignNames.size() == size_t(DiffAlign::Module) + 1);
+
 // The names are literals, so each view's data is terminated.
 const char* toString(DiffStatus s) {
   return keel::detail::enumName(kDiffStatusNames, s).data();
 }
 const char* toString(DiffBasis b) {
   return keel::detail::enumName(kDiffBasisNames, b).data();
+}
+const char* toString(DiffAlign a) {
+  return keel::detail::enumName(kDiffAlignNames, a).data();
 }
 
 // ---- JSON ------------------------------------------------------------------------------------
@@ -65,6 +71,7 @@ Json pairJson(const OpPair& p) {
          {"name", p.name},   {"phase", phaseName(p.phase)},
          {"scope", p.scope}, {"exactSignature", p.exactSignature}};
   if (!p.nameB.empty()) j["nameB"] = p.nameB;
+  if (!p.kind.empty()) j["kind"] = p.kind;
   j["a"] = p.inA ? Json{{"seq", p.seqA}, {"stackId", p.stackIdA}, {"kernel", kernelJson(p.kernelA)}}
                  : Json(nullptr);
   j["b"] = p.inB ? Json{{"seq", p.seqB}, {"stackId", p.stackIdB}, {"kernel", kernelJson(p.kernelB)}}
@@ -116,6 +123,10 @@ Json stepJson(const StepDiff& s) {
   j["onlyInA"] = s.onlyInA;
   j["onlyInB"] = s.onlyInB;
   if (!s.alignment.empty()) j["alignment"] = s.alignment;
+  if (s.viewsA > 0 || s.viewsB > 0) {
+    j["viewsA"] = s.viewsA;
+    j["viewsB"] = s.viewsB;
+  }
   return j;
 }
 
@@ -135,7 +146,9 @@ std::string toJson(const DiffReport& r) {
                       {"useDumps", o.useDumps},
                       {"useStats", o.useStats},
                       {"mismatchesOnly", o.mismatchesOnly},
-                      {"unmatchedIsDivergent", o.unmatchedIsDivergent}};
+                      {"unmatchedIsDivergent", o.unmatchedIsDivergent},
+                      {"align", toString(o.align)}};
+  if (!r.frameworkA.empty()) j["frameworks"] = Json{{"a", r.frameworkA}, {"b", r.frameworkB}};
   j["total"] = stepJson(r.total);
   j["uncomparedTensors"] = r.uncomparedTensors;
   Json steps = Json::array();
@@ -187,7 +200,16 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
     return t.status == DiffStatus::Equal;
   });
   if (std::string k = kernelPhrase(p, inputsEqual, true); !k.empty()) out += "  " + k + "\n";
-  for (const TensorDiff& t : p.outputs) out += "  " + tensorLine(t) + "\n";
+  if (p.inA != p.inB)
+    out += std::string("  only in ") + (p.inA ? "A" : "B") +
+           ": an op with no counterpart in the other run changed the value\n";
+  for (const TensorDiff& t : p.outputs) {
+    if (t.basis == DiffBasis::None && t.status == DiffStatus::Diverged) {  // a note, no tensor
+      out += "  " + t.detail + "\n";
+      continue;
+    }
+    out += "  " + tensorLine(t) + "\n";
+  }
   for (const TensorDiff& t : d.inputs) out += "  " + tensorLine(t) + "\n";
   for (auto [side, chain] : {std::pair{"A", &d.chainA}, std::pair{"B", &d.chainB}}) {
     if (chain->empty()) continue;
@@ -244,7 +266,14 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
          std::to_string(t.onlyInA) + " only in A, " + std::to_string(t.onlyInB) + " only in B";
   if (r.uncomparedTensors > 0)
     out += " (" + std::to_string(r.uncomparedTensors) + " output tensors had nothing to compare)";
-  out += "\n\n";
+  out += "\n";
+  if (r.options.align == DiffAlign::Module)
+    out += "paired by module, op kind and position (A " +
+           (r.frameworkA.empty() ? std::string("?") : r.frameworkA) + ", B " +
+           (r.frameworkB.empty() ? std::string("?") : r.frameworkB) +
+           "): first outputs compared; " + std::to_string(t.viewsA) + " views/copies in A and " +
+           std::to_string(t.viewsB) + " in B left out\n";
+  out += "\n";
   char line[160];
   std::snprintf(line, sizeof line, "%6s %8s %8s %8s %8s %8s %8s %8s  %s\n", "step", "ops A",
                 "ops B", "equal", "within", "diverged", "only A", "only B", "alignment");
@@ -262,7 +291,7 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
   if (r.first) {
     divergenceText(out, "first divergence", *r.first);
     out += "\n";
-    if (r.root && r.root->pair.seqA == r.first->pair.seqA) {
+    if (r.root && r.root->pair.inA && r.root->pair.seqA == r.first->pair.seqA) {
       out += "root divergence: the first divergence (its inputs all match)\n\n";
     } else if (r.root) {
       divergenceText(out, "root divergence", *r.root);
@@ -284,6 +313,7 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
                        : p.inA                                   ? "<"
                                                                  : ">";
     out += std::string("  ") + mark + " step " + std::to_string(p.step) + "  " + opLabel(p);
+    if (!p.kind.empty() && !p.nameB.empty()) out += "  (kind " + p.kind + ")";
     if (!p.exactSignature && p.inA && p.inB) out += "  (signature differs)";
     out += "\n";
     if (p.status != DiffStatus::Equal) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -248,6 +249,60 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   expectOneLineError(keel("record --config tests/fixtures/gpt-tiny.json -o /proc/no/such/dir.db"),
                      "/proc/no/such/dir.db");
   expectOneLineError(keel("diff '" + db("missing.db") + "' '" + db("junk.db") + "'"), "missing.db");
+}
+
+// `keel train --save-inputs DIR` (Note [Training inputs]): the initial weights as a resumable
+// checkpoint and every step's batch, which are the batches the run then trains on; an existing
+// non-empty DIR, a multi-step check, and `keel diff --align` with a bad value are one line.
+TEST_F(KeelCli, SaveInputsWritesTheWeightsAndTheBatchesTheRunTrainsOn) {
+  const std::string in = db("inputs");
+  CliResult r = keel(
+      "train --config tests/fixtures/gpt-tiny.json --steps 3 --seed 5 "
+      "--eval-batches 0 --save-inputs '" +
+      in + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("/batches.safetensors (3 steps' batches)"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_regular_file(fs::path(in) / "init" / "keel-checkpoint.json"));
+  // Resuming from the saved weights trains the same three steps: same losses.
+  CliResult resumed = keel(
+      "train --config tests/fixtures/gpt-tiny.json --steps 3 --seed 5 "
+      "--eval-batches 0 --resume '" +
+      in + "/init'");
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  auto losses = [](const std::string& out) {
+    std::vector<std::string> v;
+    for (size_t at = out.find("loss "); at != std::string::npos; at = out.find("loss ", at + 1))
+      v.push_back(out.substr(at, 11));
+    return v;
+  };
+  EXPECT_EQ(losses(resumed.out), losses(r.out));
+  // The batches: int64 [3, batch, seq] idx and targets, the targets one token ahead.
+  std::ifstream f(in + "/batches.safetensors", std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  auto h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["idx"]["dtype"], "I64");
+  const std::vector<int64_t> shape = h["idx"]["shape"];
+  ASSERT_EQ(shape.size(), 3u);
+  EXPECT_EQ(shape[0], 3);
+  EXPECT_EQ(h["targets"]["shape"], h["idx"]["shape"]);
+  std::vector<int64_t> idx(size_t(shape[0] * shape[1] * shape[2])), tgt(idx.size());
+  f.seekg(static_cast<std::streamoff>(8 + n + h["idx"]["data_offsets"][0].get<uint64_t>()));
+  f.read(reinterpret_cast<char*>(idx.data()), static_cast<std::streamsize>(idx.size() * 8));
+  f.seekg(static_cast<std::streamoff>(8 + n + h["targets"]["data_offsets"][0].get<uint64_t>()));
+  f.read(reinterpret_cast<char*>(tgt.data()), static_cast<std::streamsize>(tgt.size() * 8));
+  for (size_t i = 0; i + 1 < idx.size(); ++i)
+    if ((i + 1) % size_t(shape[2]) != 0) ASSERT_EQ(idx[i + 1], tgt[i]) << i;
+
+  // An existing non-empty directory is refused and kept.
+  expectOneLineError(
+      keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --save-inputs '" + in + "'"),
+      "not an empty directory");
+  EXPECT_TRUE(fs::is_regular_file(fs::path(in) / "batches.safetensors"));
+  expectOneLineError(keel("diff '" + db("a.db") + "' '" + db("b.db") + "' --align bogus"),
+                     "--align");
 }
 
 // Each step of a recording carries what the trainer printed (lr, gradient norm, tokens/s, MoE aux

@@ -530,3 +530,178 @@ TEST(DiffTest, HundredThousandOpStepsDiffQuickly) {
   EXPECT_EQ(r3.total.onlyInB + r3.total.diverged, 0);
   EXPECT_LT(secs3, 10.0);
 }
+
+// ---- module alignment across frameworks (Note [Diff across frameworks]) -----------------------
+
+namespace {
+
+TensorRecord withStats(TensorRecord t, double mean, double max) {
+  t.hasStats = true;
+  t.stats.min = -max;
+  t.stats.max = max;
+  t.stats.mean = mean;
+  t.stats.std = 1.0;
+  t.stats.absMax = max;
+  return t;
+}
+
+// A Keel-like step: matmul in scope w1 ([8,4] out), a reshape, silu in scope mlp reading it.
+std::vector<OpRecord> keelSide() {
+  std::vector<OpRecord> ops;
+  ops.push_back(op(1, 1, "matmul",
+                   {tensor(Role::Input, 0, 1, 1, "x"), tensor(Role::Input, 1, 2, 1, "w"),
+                    withStats(tensor(Role::Output, 0, 10, 1, "k-mm", {8, 4}), 0.1, 2.0)},
+                   "mlp.w1", 11));
+  ops.push_back(op(2, 1, "reshape",
+                   {tensor(Role::Input, 0, 10, 1, "k-mm", {8, 4}),
+                    tensor(Role::Output, 0, 11, 1, "k-mm", {2, 4, 4})},
+                   "mlp.w1"));
+  ops.push_back(op(3, 1, "silu",
+                   {tensor(Role::Input, 0, 11, 1, "k-mm", {2, 4, 4}),
+                    withStats(tensor(Role::Output, 0, 12, 1, "k-silu", {2, 4, 4}), 0.2, 1.5)},
+                   "mlp", 13));
+  return ops;
+}
+
+// The PyTorch-like side: t (view), mm, _unsafe_view, optionally a hook's add of `bump`, silu.
+std::vector<OpRecord> torchSide(bool perturbed) {
+  std::vector<OpRecord> ops;
+  ops.push_back(op(1, 1, "t",
+                   {tensor(Role::Input, 0, 2, 1, "w"), tensor(Role::Output, 0, 3, 1, "wt")},
+                   "mlp.w1"));
+  ops.push_back(op(2, 1, "mm",
+                   {tensor(Role::Input, 0, 1, 1, "x"), tensor(Role::Input, 1, 3, 1, "wt"),
+                    withStats(tensor(Role::Output, 0, 20, 1, "t-mm", {8, 4}), 0.1000001, 2.0)},
+                   "mlp.w1", 21));
+  ops.push_back(op(3, 1, "_unsafe_view",
+                   {tensor(Role::Input, 0, 20, 1, "t-mm", {8, 4}),
+                    tensor(Role::Output, 0, 21, 1, "t-mm", {2, 4, 4})},
+                   "mlp.w1"));
+  uint64_t siluIn = 21;
+  if (perturbed) {
+    ops.push_back(op(4, 1, "add",
+                     {tensor(Role::Input, 0, 21, 1, "t-mm", {2, 4, 4}),
+                      tensor(Role::Input, 1, 99, 1, "bump", {2, 4, 4}),
+                      withStats(tensor(Role::Output, 0, 22, 1, "t-add", {2, 4, 4}), 0.4, 12.0)},
+                     "mlp.w1", 24));
+    siluIn = 22;
+  }
+  ops.push_back(op(5, 1, "silu",
+                   {tensor(Role::Input, 0, siluIn, 1, "in", {2, 4, 4}),
+                    withStats(tensor(Role::Output, 0, 23, 1, "t-silu", {2, 4, 4}),
+                              perturbed ? 0.5 : 0.2000001, perturbed ? 12.0 : 1.5)},
+                   "mlp", 25));
+  return ops;
+}
+
+}  // namespace
+
+TEST(DiffModules, OpKindsComeFromOneTable) {
+  EXPECT_EQ(ks::opKind("mm"), "matmul");
+  EXPECT_EQ(ks::opKind("addmm"), "matmul");
+  EXPECT_EQ(ks::opKind("bmm"), "matmul");
+  EXPECT_EQ(ks::opKind("matmul"), "matmul");
+  EXPECT_EQ(ks::opKind("native_layer_norm"), "layer_norm");
+  EXPECT_EQ(ks::opKind("nll_loss_forward"), "cross_entropy");
+  EXPECT_EQ(ks::opKind("add_"), "add");   // in place: its op's kind
+  EXPECT_EQ(ks::opKind("silu"), "silu");  // spelled alike: its own kind
+  EXPECT_EQ(ks::opKind("__and__"), "__and__");
+  for (const char* view : {"view", "_unsafe_view", "t", "transpose", "reshape", "clone", "split"})
+    EXPECT_EQ(ks::opKind(view), "") << view;
+}
+
+TEST(DiffModules, PairsByModuleKindAndSizeLeavingViewsOut) {
+  auto a = keelSide();
+  auto b = torchSide(true);
+  std::vector<const OpRecord*> pa, pb;
+  for (auto& o : a) pa.push_back(&o);
+  for (auto& o : b) pb.push_back(&o);
+  ks::Alignment al = ks::alignModules(pa, pb);
+  EXPECT_EQ(al.method, "module");
+  // matmul/mm paired, the hook's add after it (B only), silu paired; no view in any row.
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 1}, {-1, 3}, {2, 4}};
+  EXPECT_EQ(al.rows, want);
+}
+
+TEST(DiffModules, EqualRunsAreWithinToleranceModuleByModule) {
+  ks::DiffOptions opt;
+  opt.align = ks::DiffAlign::Module;
+  ks::DiffReport r = ks::diffRuns(keelSide(), torchSide(false), opt);
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+  EXPECT_EQ(r.total.withinTolerance, 2);
+  EXPECT_EQ(r.total.diverged + r.total.onlyInA + r.total.onlyInB, 0);
+  EXPECT_EQ(r.total.viewsA, 1);
+  EXPECT_EQ(r.total.viewsB, 2);
+  EXPECT_EQ(r.steps.at(0).alignment, "module");
+  ASSERT_EQ(r.pairs.size(), 2u);
+  EXPECT_EQ(r.pairs[0].kind, "matmul");
+  EXPECT_EQ(r.pairs[0].nameB, "mm");
+  EXPECT_EQ(r.pairs[1].outputs.at(0).basis, DiffBasis::Stats);
+  // The same runs by signature pair nothing but what is spelled alike (silu).
+  opt.align = ks::DiffAlign::Signature;
+  ks::DiffReport sig = ks::diffRuns(keelSide(), torchSide(false), opt);
+  EXPECT_EQ(sig.total.withinTolerance + sig.total.equal, 1);
+  EXPECT_EQ(sig.total.onlyInA + sig.total.onlyInB, 5);
+}
+
+TEST(DiffModules, AnOpOnOneSideThatChangedAValueIsTheRoot) {
+  ks::DiffOptions opt;
+  opt.align = ks::DiffAlign::Module;
+  ks::DiffReport r = ks::diffRuns(keelSide(), torchSide(true), opt);
+  EXPECT_EQ(ks::diffExitCode(r), 1);
+  ASSERT_TRUE(r.first.has_value());
+  EXPECT_EQ(r.first->pair.name, "silu");
+  EXPECT_EQ(r.first->pair.scope, "mlp");
+  ASSERT_TRUE(r.root.has_value());
+  EXPECT_FALSE(r.root->pair.inA);
+  EXPECT_TRUE(r.root->pair.inB);
+  EXPECT_EQ(r.root->pair.seqB, 4u);
+  EXPECT_EQ(r.root->pair.name, "add");
+  EXPECT_EQ(r.root->pair.scope, "mlp.w1");
+  EXPECT_EQ(r.root->pair.stackIdB, 24);
+  // The first divergence lists what fed it on both sides: the matmul pair (through A's
+  // reshape), and B's add.
+  ASSERT_EQ(r.first->inputs.size(), 2u);
+  EXPECT_NE(r.first->inputs[0].detail.find("fed by A #1 matmul mlp.w1 / B #2 mm"),
+            std::string::npos)
+      << r.first->inputs[0].detail;
+  EXPECT_NE(r.first->inputs[1].detail.find("fed by B #4 add mlp.w1 (only in B)"), std::string::npos)
+      << r.first->inputs[1].detail;
+  const std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("root divergence: step 1  A -  B #4  add [forward] mlp.w1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("only in B: an op with no counterpart"), std::string::npos) << text;
+  auto j = nlohmann::json::parse(ks::toJson(r));
+  EXPECT_EQ(j["options"]["align"], "module");
+  EXPECT_TRUE(j["rootDivergence"]["pair"]["a"].is_null());
+}
+
+TEST(DiffModules, AMatchedPairThatDivergedOnItsOwnIsTheRoot) {
+  auto b = torchSide(false);
+  b[1].tensors.back().stats.max = 7.0;  // mm itself differs; what feeds it is state (leaves)
+  ks::DiffOptions opt;
+  opt.align = ks::DiffAlign::Module;
+  ks::DiffReport r = ks::diffRuns(keelSide(), b, opt);
+  ASSERT_TRUE(r.root.has_value());
+  EXPECT_TRUE(r.root->pair.inA && r.root->pair.inB);
+  EXPECT_EQ(r.root->pair.name, "matmul");
+  EXPECT_EQ(r.root->pair.nameB, "mm");
+}
+
+TEST(DiffModules, ReshapedOutputsCompareByTheirElements) {
+  auto a = keelSide();
+  auto b = torchSide(false);
+  // Same bytes: the MD5 settles it although the shapes differ.
+  a[0].tensors.back().md5 = "same";
+  b[1].tensors.back().md5 = "same";
+  b[1].tensors.back().shape = {2, 4, 4};
+  ks::DiffOptions opt;
+  opt.align = ks::DiffAlign::Module;
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  ASSERT_FALSE(r.pairs.empty());
+  EXPECT_EQ(r.pairs[0].status, DiffStatus::Equal);
+  EXPECT_EQ(r.pairs[0].outputs.at(0).basis, DiffBasis::Md5);
+  EXPECT_NE(r.pairs[0].outputs.at(0).detail.find("shapes [8,4] vs [2,4,4]"), std::string::npos)
+      << r.pairs[0].outputs.at(0).detail;
+}

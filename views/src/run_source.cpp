@@ -180,11 +180,7 @@ DiffPtr DiffRunner::run(const QString& pathA, const QString& pathB,
                         const storage::DiffOptions& options) {
   storage::Recording a = storage::Recording::open(pathA.toStdString(), false);
   storage::Recording b = storage::Recording::open(pathB.toStdString(), false);
-  storage::DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
-    return (sideA ? a : b).dumpValues(seq, static_cast<storage::Role>(role), index);
-  };
-  return std::make_shared<const storage::DiffReport>(
-      storage::diffRuns(a.allOps(), b.allOps(), options, values));
+  return std::make_shared<const storage::DiffReport>(storage::diffRecordings(a, b, options));
 }
 
 void DiffRunner::start(const QString& pathA, const QString& pathB,

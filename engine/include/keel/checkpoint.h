@@ -193,5 +193,10 @@ std::string loadTrainingCheckpoint(Trainer& trainer, const std::string& dir,
 std::string resolveCheckpoint(const std::string& dir);
 // "step-000042"
 std::string stepDirName(int64_t step);
+// What another framework needs to replay the run from here (Note [Training inputs]): dir/init,
+// the training checkpoint of this position, and dir/batches.safetensors, int64 "idx" and
+// "targets" [steps, batch_size, seq_len], the next `steps` steps' batches. dir must not exist or
+// be empty; a process alone. Throws keel::Error, leaving nothing it wrote behind.
+void saveTrainingInputs(Trainer& trainer, const std::string& dir, int64_t steps);
 
 }  // namespace keel::ckpt

@@ -13,12 +13,14 @@
 #include "ckpt_internal.h"
 #include "keel/base/text.h"
 #include "keel/checkpoint.h"
+#include "keel/data.h"
 #include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/nn.h"
 #include "keel/observer.h"
 #include "keel/ops.h"
 #include "keel/optim.h"
+#include "keel/safetensors.h"
 #include "keel/train.h"
 
 namespace keel::ckpt {
@@ -423,6 +425,54 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
                    what + " dropout_generator");
   tr.restoreProgress(state["step"].get<int64_t>(), state["seed"].get<uint64_t>());
   return path;
+}
+
+// Note [Training inputs]
+// Comparing a Keel run with the same model in another framework (tests/python/torch_gpt.py,
+// docs/torch.md) needs that framework to start from Keel's weights and read Keel's batches. A run
+// is a pure function of its config, seed, data and position (Note [Resume bit for bit]), so both
+// can be written before the first step: the training checkpoint of the position (dir/init; it
+// also resumes with keel train --resume), and the next `steps` batches, drawn from a copy of the
+// batch generator, which the run's own draws then repeat exactly. They are the global batches of
+// a process alone: a multi-rank run's ranks read slices of them, so it is refused.
+void saveTrainingInputs(Trainer& tr, const std::string& dir, int64_t steps) {
+  KEEL_CHECK(dist::worldSize() == 1, "--save-inputs: a process alone only (this run has ",
+             dist::worldSize(), " ranks)");
+  KEEL_CHECK(steps >= 1, "--save-inputs: no steps to save batches for");
+  std::error_code ec;
+  const bool existed = fs::exists(dir, ec);
+  KEEL_CHECK(!existed || (fs::is_directory(dir, ec) && fs::is_empty(dir, ec)), dir,
+             " exists and is not an empty directory (--save-inputs writes a new one)");
+  fs::create_directories(dir, ec);
+  KEEL_CHECK(!ec, dir, ": cannot create the directory (", ec.message(), ")");
+  const GptConfig& cfg = tr.config();
+  const int64_t rows = cfg.batch_size, cols = cfg.seq_len;
+  const std::vector<int64_t> shape{steps, rows, cols};
+  const std::string path = dir + "/batches.safetensors";
+  try {
+    saveTrainingCheckpoint(tr, dir + "/init", 1);
+    Generator gen = tr.batchGenerator();  // a copy: the run draws the same batches after
+    std::vector<int64_t> idx, targets;
+    idx.reserve(size_t(steps * rows * cols));
+    targets.reserve(size_t(steps * rows * cols));
+    for (int64_t s = 0; s < steps; ++s) {
+      auto [x, y] = tr.dataset().getBatch(rows, cols, gen, data::Split::Train, Device{});
+      for (int64_t v : x.toVector<int64_t>()) idx.push_back(v);
+      for (int64_t v : y.toVector<int64_t>()) targets.push_back(v);
+    }
+    st::Writer w(
+        path, {{"idx", st::DType::I64, shape}, {"targets", st::DType::I64, shape}},
+        {{"first_step", std::to_string(tr.stepsDone() + 1)}, {"seed", std::to_string(tr.seed())}});
+    w.write(0, 0, idx.data(), idx.size() * sizeof(int64_t));
+    w.write(1, 0, targets.data(), targets.size() * sizeof(int64_t));
+    w.close();
+  } catch (...) {
+    // Only what this call created goes: a directory that was there (empty) stays.
+    fs::remove_all(dir + "/init", ec);
+    fs::remove(path, ec);
+    if (!existed) fs::remove(dir, ec);
+    throw;
+  }
 }
 
 }  // namespace keel::ckpt

@@ -35,6 +35,16 @@ enum class DiffBasis : uint8_t {
 const char* toString(DiffStatus s);
 const char* toString(DiffBasis b);
 
+// How the ops of two runs are paired (docs/diff.md). Signature: on exact op signatures, for one
+// program on two backends, machines or commits. Module: across frameworks (a PyTorch run against
+// a Keel run of the same model), by module scope, then op kind through one declared table, then
+// position and output size within the module; views and copies are left out, and each pair is
+// compared on its first output (Note [Diff across frameworks], diff_modules.cpp). Auto: Module
+// when the recordings come from different frameworks, else Signature (diffRecordings decides;
+// diffRuns takes Auto as Signature).
+enum class DiffAlign : uint8_t { Auto, Signature, Module };
+const char* toString(DiffAlign a);
+
 struct DiffOptions {
   double atol = 1e-6;    // absolute tolerance
   double rtol = 1e-4;    // relative tolerance, against side B (|a - b| <= atol + rtol * |b|)
@@ -50,6 +60,7 @@ struct DiffOptions {
   // Cost budget (compared signatures) of the LCS on the part that differs; beyond it the aligner
   // falls back to a windowed greedy resync (see Note [Diff alignment] in diff_align.cpp).
   int64_t lcsBudget = 60'000'000;
+  DiffAlign align = DiffAlign::Auto;
 };
 
 // Values of one dumped tensor, contiguous row-major, as doubles; nullopt when not dumped.
@@ -81,6 +92,7 @@ struct OpPair {
   int64_t stackIdA = -1, stackIdB = -1;
   KernelRecord kernelA, kernelB;  // the kernels that ran it (empty: not recorded, or a view)
   bool exactSignature = true;     // false: paired on (name, phase, scope) only; shapes differ
+  std::string kind;               // Module alignment: the op kind both sides were paired on
   DiffStatus status = DiffStatus::Equal;
   std::vector<TensorDiff> outputs;
 };
@@ -118,18 +130,20 @@ struct StepDiff {
   int64_t step = 0;
   int64_t opsA = 0, opsB = 0;
   int64_t equal = 0, withinTolerance = 0, diverged = 0, onlyInA = 0, onlyInB = 0;
-  std::string alignment;  // "identical", "lcs", "greedy", "only-a", "only-b"
+  std::string alignment;           // "identical", "lcs", "greedy", "module", "only-a", "only-b"
+  int64_t viewsA = 0, viewsB = 0;  // Module alignment: views and copies, not compared
 };
 
 struct DiffReport {
   std::vector<StepDiff> steps;  // ascending step
   StepDiff total;               // step = -1, sums
   int64_t uncomparedTensors = 0;
-  std::vector<OpPair> pairs;        // step order, then alignment order
-  std::optional<Divergence> first;  // earliest diverged pair by side A's seq
-  std::optional<Divergence> root;   // earliest diverged pair whose inputs all match
-  bool rootSearched = false;        // true when a divergence exists (root may still be empty)
-  DiffOptions options;
+  std::vector<OpPair> pairs;           // step order, then alignment order
+  std::optional<Divergence> first;     // earliest diverged pair by side A's seq
+  std::optional<Divergence> root;      // earliest diverged pair whose inputs all match
+  bool rootSearched = false;           // true when a divergence exists (root may still be empty)
+  DiffOptions options;                 // align: the alignment used (never Auto)
+  std::string frameworkA, frameworkB;  // "keel", "torch" (diffRecordings; "" from diffRuns)
 };
 
 // Aligns two op sequences on their exact signatures (then, inside gaps, on name/phase/scope).
@@ -144,6 +158,17 @@ Alignment alignOps(std::span<const OpRecord* const> a, std::span<const OpRecord*
 
 // 64-bit hash of (name, phase, scope, per tensor: role, index, shape, dtype).
 uint64_t opSignature(const OpRecord& op);
+
+// Module alignment (Note [Diff across frameworks]): the kind an op name is paired on, from the
+// one table of names that differ between Keel and ATen ("matmul" for Keel's matmul and ATen's
+// mm, addmm, bmm; "layer_norm" for native_layer_norm), "" for a view or a copy (reshape, view,
+// t, transpose, expand, contiguous, clone, ...), else the name itself.
+std::string opKind(const std::string& name);
+// Pairs the non-view ops of one step by (phase, scope, kind), then by position and output size
+// within each; rows hold ops of both sides in side A's order (an op only in B after the pair
+// before it in B). method "module".
+Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRecord* const> b,
+                       const DiffOptions& opt = {});
 
 // Compares one tensor of an aligned pair (same role and index on both sides). seqA/seqB are
 // passed to the values callback.
@@ -163,6 +188,15 @@ uint64_t ulpDistance(double a, double b, const std::string& dtype);
 // on malformed input (e.g. duplicate seq on one side).
 DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>& b,
                     const DiffOptions& opt = {}, const DumpValues& values = {});
+
+class Recording;
+// The framework a recording comes from: "torch" for one written by keel_torch (its capture
+// options say so), else "keel".
+std::string recordingFramework(const RunInfo& run);
+// Two recordings diffed: options.align Auto becomes Module when their frameworks differ, else
+// Signature; ops with dumped values on both sides are compared element by element. The one
+// entry point of `keel diff` and the studio's comparison.
+DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt);
 
 // 0: equal within tolerance; 1: divergent (Diverged pairs, or Unmatched ops when the options
 // say so). The command-line tool adds 2 for errors.

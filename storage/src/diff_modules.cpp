@@ -1,0 +1,313 @@
+// Run diff across frameworks (see diff.h, docs/diff.md): the table of op kinds, the module
+// alignment of one step, and the recordings' entry point that chooses the alignment. See
+// Note [Diff across frameworks].
+#include <algorithm>
+#include <array>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+
+#include "keel/base/text.h"
+#include "keel/storage/diff.h"
+#include "keel/storage/producers.h"
+#include "keel/storage/reader.h"
+
+namespace keel::storage {
+
+// Note [Diff across frameworks]
+// A PyTorch run and a Keel run of one model (tests/python/torch_gpt.py against configs/*.json)
+// execute different ops: ATen's `mm`/`addmm` where Keel has `matmul`, `native_layer_norm` for
+// `layer_norm`, `_log_softmax` + `nll_loss_forward` for `cross_entropy`, attention as bmm +
+// softmax where Keel runs one flashmask_attention, and views (`t`, `view`, `_unsafe_view`,
+// `transpose`) Keel does not record as the same ops, if at all. Op signatures never match, so
+// the signature LCS would pair nothing. The module alignment pairs the way msprobe or torchtitan's
+// numerics comparisons do, narrowing three times:
+//  1. by module scope (and phase): both recorders name a scope by the module path
+//     (`blocks.1.mlp.w1`), so a model written with the same module names lines up module by
+//     module whatever runs inside;
+//  2. by op kind, through kKinds below, the one declared table of names that differ; a name not
+//     in it is its own kind (`silu`, `add`, `embedding` are spelled alike);
+//  3. by position and output size within a (phase, scope, kind) group: the k-th op of a
+//     first-output element count and dtype meets the k-th of the same size on the other side
+//     (whatever lies between: PyTorch computes a matmul's weight gradient before its input
+//     gradient, Keel after), unless one of the next few reads more of the values it reads (the
+//     two gradients of `x * y` have one size; the one by x reads y on both sides); an op with no
+//     same-sized partner stays one-sided.
+// Views and copies (kind "") are left out of the pairing and counted per step: they move no
+// value, and a reshape in one framework is a stride change in the other.
+// A pair is compared on its first output, the value the model goes on with (the other outputs
+// are framework-specific: saved means, indices, workspaces); shapes may differ where the element
+// count and dtype agree (`[B*T, C]` against `[B, T, C]`), and MD5s and statistics are of the
+// elements in row-major order, so an equal MD5 is equal values. Two frameworks seldom agree to
+// the bit, so statistics within tolerance are the usual verdict.
+// The root divergence (diff.cpp, rootAcross) walks back from a diverged pair through views to
+// the ops that fed it: when every one of them is a pair that passed, the pair itself is the root;
+// when one is one-sided and everything feeding it passed, that op is (an op on one side only
+// that changed a value the other side did not: the injected `add` of a forward hook).
+
+namespace {
+
+struct KindEntry {
+  std::string_view name, kind;
+};
+
+// Names that differ between Keel's ops (docs/ops.md) and ATen's (native_functions.yaml), by the
+// kind they are paired on; kind "" is a view or a copy. Sorted by name for the lookup.
+constexpr std::array kKinds = std::to_array<KindEntry>({
+    {"_log_softmax", "log_softmax"},
+    {"_log_softmax_backward_data", "cross_entropy_backward"},
+    {"_reshape_alias", ""},
+    {"_softmax", "softmax"},
+    {"_softmax_backward_data", "softmax_backward"},
+    {"_to_copy", ""},
+    {"_unsafe_view", ""},
+    {"addmm", "matmul"},
+    {"alias", ""},
+    {"as_strided", ""},
+    {"baddbmm", "matmul"},
+    {"bmm", "matmul"},
+    {"cat", "concat"},
+    {"clone", ""},
+    {"contiguous", ""},
+    {"detach", ""},
+    {"embedding_dense_backward", "embedding_backward"},
+    {"expand", ""},
+    {"flatten", ""},
+    {"full", "fill"},
+    {"full_like", "fill"},
+    {"lift_fresh", ""},
+    {"linear", "matmul"},
+    {"matmul", "matmul"},
+    {"mm", "matmul"},
+    {"narrow", ""},
+    {"native_layer_norm", "layer_norm"},
+    {"native_layer_norm_backward", "layer_norm_backward"},
+    {"new_ones", "fill"},
+    {"new_zeros", "fill"},
+    {"nll_loss_forward", "cross_entropy"},
+    {"ones", "fill"},
+    {"ones_like", "fill"},
+    {"permute", ""},
+    {"reshape", ""},
+    {"select", ""},
+    {"slice", ""},
+    {"split", ""},
+    {"split_with_sizes", ""},
+    {"squeeze", ""},
+    {"t", ""},
+    {"transpose", ""},
+    {"unsqueeze", ""},
+    {"view", ""},
+    {"zero", "fill"},
+    {"zeros", "fill"},
+    {"zeros_like", "fill"},
+});
+
+constexpr bool sortedByName() {
+  for (size_t i = 1; i < kKinds.size(); ++i)
+    if (!(kKinds[i - 1].name < kKinds[i].name)) return false;
+  return true;
+}
+static_assert(sortedByName(), "kKinds must be sorted by name");
+
+const TensorRecord* firstOutput(const OpRecord& op) {
+  const TensorRecord* best = nullptr;
+  for (const TensorRecord& t : op.tensors)
+    if (t.role == Role::Output && (!best || t.index < best->index)) best = &t;
+  return best;
+}
+
+int64_t elementCount(const TensorRecord& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d <= 0) return 0;
+    if (n > INT64_MAX / d) return -1;  // a damaged record: no pairing on it
+    n *= d;
+  }
+  return n;
+}
+
+// What the LCS inside a group compares: the first output's element count and dtype.
+uint64_t sizeKey(const OpRecord& op) {
+  const TensorRecord* t = firstOutput(op);
+  if (!t) return 0x9e3779b97f4a7c15ull;
+  uint64_t h = static_cast<uint64_t>(elementCount(*t)) * 0x100000001b3ull;
+  for (char c : t->dtype) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+std::string opKind(const std::string& name) {
+  auto it = std::lower_bound(kKinds.begin(), kKinds.end(), name,
+                             [](const KindEntry& e, const std::string& n) { return e.name < n; });
+  if (it != kKinds.end() && it->name == name) return std::string(it->kind);
+  // In-place ATen variants (add_, mul_) are their op's kind.
+  if (name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_')
+    return opKind(name.substr(0, name.size() - 1));
+  return name;
+}
+
+Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRecord* const> b,
+                       const DiffOptions&) {
+  // B's ops by (phase, scope, kind, first-output size), in order; views and copies left out.
+  auto key = [](const OpRecord& op, const std::string& kind) {
+    std::string k(phaseName(op.phase));
+    k += '\0';
+    k += op.scope;
+    k += '\0';
+    k += kind;
+    k += '\0';
+    k += std::to_string(sizeKey(op));
+    return k;
+  };
+  std::vector<std::string> kindA(a.size()), kindB(b.size());
+  for (size_t i = 0; i < a.size(); ++i) kindA[i] = opKind(a[i]->name);
+  std::unordered_map<std::string, std::vector<size_t>> bucketsB;
+  for (size_t j = 0; j < b.size(); ++j)
+    if (!(kindB[j] = opKind(b[j]->name)).empty()) bucketsB[key(*b[j], kindB[j])].push_back(j);
+
+  // The non-view ops of the step whose outputs reach an op's inputs, through views (Note
+  // [Producer]); positions in the side's ops.
+  const ProducerIndex prodA(a), prodB(b);
+  auto feeders = [](std::span<const OpRecord* const> ops, const ProducerIndex& prod,
+                    const std::vector<std::string>& kinds, size_t pos) {
+    std::vector<size_t> out, todo{pos};
+    for (int budget = 64; !todo.empty() && budget > 0; --budget) {
+      const OpRecord& op = *ops[todo.back()];
+      todo.pop_back();
+      for (const TensorRecord& t : op.tensors) {
+        if (t.role != Role::Input) continue;
+        if (std::optional<size_t> p = prod.find(t, op.seq))
+          (kinds[*p].empty() ? todo : out).push_back(*p);
+      }
+    }
+    return out;
+  };
+
+  constexpr int64_t kNone = -1;
+  std::vector<int64_t> partnerOfA(a.size(), kNone), partnerOfB(b.size(), kNone);
+  // How many of the values op i of A reads come from ops paired with the producers of what op j
+  // of B reads.
+  auto scoreOf = [&](size_t i, size_t j) {
+    const std::vector<size_t> mine = feeders(a, prodA, kindA, i);
+    const std::vector<size_t> theirs = feeders(b, prodB, kindB, j);
+    int score = 0;
+    for (size_t f : mine)
+      if (partnerOfA[f] != kNone && std::find(theirs.begin(), theirs.end(),
+                                              static_cast<size_t>(partnerOfA[f])) != theirs.end())
+        ++score;
+    return score;
+  };
+  std::unordered_map<std::string, size_t> firstFree;  // per bucket: where its unpaired ops begin
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (kindA[i].empty()) continue;
+    const std::string k = key(*a[i], kindA[i]);
+    auto it = bucketsB.find(k);
+    if (it == bucketsB.end()) continue;
+    const std::vector<size_t>& bucket = it->second;
+    size_t& from = firstFree[k];
+    while (from < bucket.size() && partnerOfB[bucket[from]] != kNone) ++from;
+    if (from == bucket.size()) continue;
+    // The first unpaired op of the bucket, unless a later one (of the next few) reads more of
+    // the values this op reads: a gradient of `x * y` by x meets the one by x, although the two
+    // frameworks compute them in the other order (same size, same kind, same module).
+    size_t best = bucket[from];
+    int bestScore = -1;
+    for (size_t c = from, seen = 0; c < bucket.size() && seen < 8; ++c) {
+      const size_t j = bucket[c];
+      if (partnerOfB[j] != kNone) continue;
+      ++seen;
+      if (c + 1 == bucket.size() && seen == 1) break;  // the only candidate
+      if (const int sc = scoreOf(i, j); sc > bestScore) best = j, bestScore = sc;
+    }
+    partnerOfA[i] = static_cast<int64_t>(best);
+    partnerOfB[best] = static_cast<int64_t>(i);
+  }
+  // Ops one framework runs outside every module (Keel's gradient accumulation into a tensor
+  // read twice, scope "") meet their counterpart in any module when they read the same values.
+  auto looseKey = [](const OpRecord& op, const std::string& kind) {
+    return std::string(phaseName(op.phase)) + '\0' + kind + '\0' + std::to_string(sizeKey(op));
+  };
+  std::unordered_map<std::string, std::vector<size_t>> looseB;
+  for (size_t j = 0; j < b.size(); ++j)
+    if (!kindB[j].empty() && partnerOfB[j] == kNone) looseB[looseKey(*b[j], kindB[j])].push_back(j);
+  for (size_t i = 0; i < a.size(); ++i) {
+    // Not the optimizer's ops: frameworks split its work differently (Keel squares gradients
+    // with `mul` to clip them, PyTorch scales them with `mul_`), which reads the same values.
+    if (kindA[i].empty() || partnerOfA[i] != kNone || a[i]->phase == Phase::Optimizer) continue;
+    auto it = looseB.find(looseKey(*a[i], kindA[i]));
+    if (it == looseB.end()) continue;
+    int bestScore = 0;
+    int64_t best = kNone;
+    int tried = 0;
+    for (size_t j : it->second) {
+      if (partnerOfB[j] != kNone || (!a[i]->scope.empty() && !b[j]->scope.empty())) continue;
+      if (++tried > 16) break;
+      if (const int sc = scoreOf(i, j); sc > bestScore)
+        bestScore = sc, best = static_cast<int64_t>(j);
+    }
+    if (best == kNone) continue;
+    partnerOfA[i] = best;
+    partnerOfB[static_cast<size_t>(best)] = static_cast<int64_t>(i);
+  }
+  std::vector<bool> inRows(a.size()), inRowsB(b.size());
+  for (size_t i = 0; i < a.size(); ++i) inRows[i] = !kindA[i].empty();
+  for (size_t j = 0; j < b.size(); ++j) inRowsB[j] = !kindB[j].empty();
+  // Rows in side A's order; an op only in B goes after the row of the last B op paired before
+  // it (before every row when none was).
+  struct Placed {
+    int64_t anchor;  // side A position the row sorts by (-1: before all)
+    int64_t sub;     // 0 for a row with A, 1 + B position for a B-only row
+    int64_t i, j;
+  };
+  std::vector<Placed> placed;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (inRows[i])
+      placed.push_back({static_cast<int64_t>(i), 0, static_cast<int64_t>(i), partnerOfA[i]});
+  int64_t lastAnchor = -1;
+  for (size_t j = 0; j < b.size(); ++j) {
+    if (partnerOfB[j] != kNone) {
+      lastAnchor = partnerOfB[j];
+    } else if (inRowsB[j]) {
+      placed.push_back({lastAnchor, 1 + static_cast<int64_t>(j), kNone, static_cast<int64_t>(j)});
+    }
+  }
+  std::sort(placed.begin(), placed.end(), [](const Placed& x, const Placed& y) {
+    return x.anchor != y.anchor ? x.anchor < y.anchor : x.sub < y.sub;
+  });
+  Alignment al;
+  al.method = "module";
+  for (const Placed& p : placed) {
+    al.rows.emplace_back(p.i, p.j);
+    al.exact.push_back(true);
+  }
+  return al;
+}
+
+std::string recordingFramework(const RunInfo& run) {
+  if (run.captureOptionsJson.empty()) return "keel";
+  try {
+    checkJsonDepth(run.captureOptionsJson, "capture options");  // Note [Bounded JSON]
+    const auto j = nlohmann::json::parse(run.captureOptionsJson);
+    if (j.is_object() && j.contains("framework") && j["framework"].is_string())
+      return j["framework"].get<std::string>();
+  } catch (const std::exception&) {  // unreadable options say nothing about the framework
+  }
+  return "keel";
+}
+
+DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt) {
+  const std::string fa = recordingFramework(a.run()), fb = recordingFramework(b.run());
+  if (opt.align == DiffAlign::Auto) opt.align = fa == fb ? DiffAlign::Signature : DiffAlign::Module;
+  DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
+    return (sideA ? a : b).dumpValues(seq, static_cast<Role>(role), index);
+  };
+  DiffReport r = diffRuns(a.allOps(), b.allOps(), opt, values);
+  r.frameworkA = fa;
+  r.frameworkB = fb;
+  return r;
+}
+
+}  // namespace keel::storage
