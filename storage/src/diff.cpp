@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "diff_util.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/export.h"
 #include "keel/storage/producers.h"
@@ -42,6 +43,7 @@ class Producers {
     const std::optional<size_t> p = index_.find(input, consumerSeq);
     return p ? ops_[*p] : nullptr;
   }
+  const ProducerIndex& index() const { return index_; }
 
  private:
   const std::vector<const OpRecord*>& ops_;
@@ -96,8 +98,22 @@ int64_t elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Module alignment (Note [Diff across frameworks]): a pair's first outputs compared, their
+// Module alignment (Note [Diff across frameworks]): one tensor of each side compared, their
 // elements in row-major order whatever the two shapes, when the counts and dtypes agree.
+TensorDiff compareAcross(const TensorRecord& ta, const TensorRecord& tb, uint64_t seqA,
+                         uint64_t seqB, const DiffOptions& opt, const DumpValues& values) {
+  TensorRecord sameShape = tb;
+  const bool reshaped = ta.shape != tb.shape && ta.dtype == tb.dtype &&
+                        elements(ta.shape) == elements(tb.shape) && elements(ta.shape) >= 0;
+  if (reshaped) sameShape.shape = ta.shape;
+  TensorDiff d = compareTensors(ta, sameShape, seqA, seqB, opt, values);
+  if (reshaped)
+    d.detail += std::string(d.detail.empty() ? "" : "; ") + "shapes " + shapeText(ta.shape) +
+                " vs " + shapeText(tb.shape);
+  return d;
+}
+
+// A pair's first outputs.
 std::vector<TensorDiff> compareFirstOutputs(const OpRecord& a, const OpRecord& b,
                                             const DiffOptions& opt, const DumpValues& values) {
   const TensorRecord* ta = firstOutput(a);
@@ -111,16 +127,7 @@ std::vector<TensorDiff> compareFirstOutputs(const OpRecord& a, const OpRecord& b
     d.detail = ta ? "only in A" : "only in B";
     return {d};
   }
-  TensorRecord sameShape = *tb;
-  const bool reshaped = ta->shape != tb->shape && ta->dtype == tb->dtype &&
-                        elements(ta->shape) == elements(tb->shape) && elements(ta->shape) >= 0;
-  if (reshaped) sameShape.shape = ta->shape;
-  TensorDiff d = compareTensors(*ta, sameShape, a.seq, b.seq, opt, values);
-  if (reshaped) {
-    d.detail += std::string(d.detail.empty() ? "" : "; ") + "shapes " + shapeText(ta->shape) +
-                " vs " + shapeText(tb->shape);
-  }
-  return {d};
+  return {compareAcross(*ta, *tb, a.seq, b.seq, opt, values)};
 }
 
 OpPair toPair(const Row& r) {
@@ -242,19 +249,15 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
     if (r.b) rowByB.emplace(r.b->seq, &r);
   }
   // The ops whose outputs reach op's inputs, walking back through views and copies.
-  auto feeders = [](const OpRecord& op, const Producers& prod) {
-    std::vector<const OpRecord*> out, todo{&op};
-    std::unordered_set<uint64_t> seen;
-    for (int budget = 256; !todo.empty() && budget > 0; --budget) {
-      const OpRecord* cur = todo.back();
-      todo.pop_back();
-      for (const TensorRecord& t : cur->tensors) {
-        if (t.role != Role::Input) continue;
-        const OpRecord* p = prod.find(t, cur->seq);
-        if (!p || !seen.insert(p->seq).second) continue;
-        (opKind(p->name).empty() ? todo : out).push_back(p);
-      }
-    }
+  std::unordered_map<uint64_t, size_t> posA, posB;
+  for (size_t i = 0; i < allA.size(); ++i) posA.emplace(allA[i]->seq, i);
+  for (size_t i = 0; i < allB.size(); ++i) posB.emplace(allB[i]->seq, i);
+  auto feeders = [&](const OpRecord& op, bool sideA) {
+    const std::vector<const OpRecord*>& all = sideA ? allA : allB;
+    std::vector<const OpRecord*> out;
+    for (size_t p : detail::feedersThroughViews(all, (sideA ? prodA : prodB).index(),
+                                                (sideA ? posA : posB).at(op.seq)))
+      out.push_back(all[p]);
     return out;
   };
   // A feeder passes when it is a pair that passed, or state the step starts from (an op of an
@@ -277,8 +280,7 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
     auto& memo = cleanMemo[sideA ? 0 : 1];
     if (auto it = memo.find(op.seq); it != memo.end()) return it->second;
     bool ok = depth < 32;
-    for (const OpRecord* f :
-         ok ? feeders(op, sideA ? prodA : prodB) : std::vector<const OpRecord*>{}) {
+    for (const OpRecord* f : ok ? feeders(op, sideA) : std::vector<const OpRecord*>{}) {
       Feed v = judge(*f, sideA, op);
       if (v == Feed::Failed || (v == Feed::OneSided && !clean(*f, sideA, depth + 1))) {
         ok = false;
@@ -290,33 +292,56 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
   auto label = [](const OpRecord& op) {
     return "#" + std::to_string(op.seq) + " " + op.name + (op.scope.empty() ? "" : " " + op.scope);
   };
-  // The first divergence's inputs: one line per op feeding it, on either side.
-  auto fedBy = [&](const Row& r) {
+  // What fed one input of a pair's op, through views: "#92 matmul blocks.1.mlp.w1 (paired)".
+  auto source = [&](const OpRecord& op, const TensorRecord& input, bool sideA) -> std::string {
+    const Producers& prod = sideA ? prodA : prodB;
+    const OpRecord* p = prod.find(input, op.seq);
+    for (int hops = 0; p && opKind(p->name).empty() && hops < 32; ++hops) {
+      const TensorRecord* in = nullptr;  // a view's source: its first input
+      for (const TensorRecord& t : p->tensors)
+        if (t.role == Role::Input && (!in || t.index < in->index)) in = &t;
+      p = in ? prod.find(*in, p->seq) : nullptr;
+    }
+    if (!p) return "no recorded op (a parameter or data)";
+    const auto& rowBy = sideA ? rowByA : rowByB;
+    auto it = rowBy.find(p->seq);
+    const bool paired = it != rowBy.end() && it->second->a && it->second->b;
+    const char* how = paired                                 ? " (paired)"
+                      : judge(*p, sideA, op) == Feed::Passed ? " (from before the step)"
+                      : sideA                                ? " (only in A)"
+                                                             : " (only in B)";
+    return label(*p) + how;
+  };
+  // The first divergence's inputs, index by index where both sides have one of the same size
+  // (elementwise ops agree; a matmul's operands may come in another order), each naming what
+  // fed it on either side.
+  auto inputsAcross = [&](const Row& r) {
     std::vector<TensorDiff> in;
-    for (bool sideA : {true, false}) {
-      const OpRecord& op = sideA ? *r.a : *r.b;
-      for (const OpRecord* f : feeders(op, sideA ? prodA : prodB)) {
-        const auto& rowBy = sideA ? rowByA : rowByB;
-        auto it = rowBy.find(f->seq);
-        if (it == rowBy.end()) continue;
-        const Row& fr = *it->second;
-        if (sideA == false && fr.a) continue;  // a pair: listed from side A
-        TensorDiff t;
-        t.role = Role::Input;
-        t.index = static_cast<int32_t>(in.size());
-        t.status = fr.status;
-        t.basis = fr.outputs.empty() ? DiffBasis::None : fr.outputs.front().basis;
-        if (fr.a && fr.b) {
-          t.detail = "fed by A " + label(*fr.a) + " / B " + label(*fr.b);
-        } else {
-          t.detail = std::string("fed by ") + (sideA ? "A " : "B ") + label(*f) +
-                     (judge(*f, sideA, op) == Feed::Passed
-                          ? " (state from before the step)"
-                          : " (only in " + std::string(sideA ? "A" : "B") + ")");
-          if (judge(*f, sideA, op) == Feed::Passed) t.status = DiffStatus::Equal;
-        }
-        in.push_back(std::move(t));
+    std::vector<int32_t> indices;
+    for (const OpRecord* op : {r.a, r.b})
+      for (const TensorRecord& t : op->tensors)
+        if (t.role == Role::Input) indices.push_back(t.index);
+    std::sort(indices.begin(), indices.end());
+    indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
+    for (int32_t index : indices) {
+      const TensorRecord* ta = findTensor(*r.a, Role::Input, index);
+      const TensorRecord* tb = findTensor(*r.b, Role::Input, index);
+      TensorDiff t;
+      if (ta && tb && ta->dtype == tb->dtype && elements(ta->shape) == elements(tb->shape)) {
+        t = compareAcross(*ta, *tb, r.a->seq, r.b->seq, opt, {});
+      } else {
+        t.status = DiffStatus::Unmatched;
+        t.detail = !tb   ? "only in A"
+                   : !ta ? "only in B"
+                         : "not compared: " + ta->dtype + shapeText(ta->shape) + " vs " +
+                               tb->dtype + shapeText(tb->shape);
       }
+      t.role = Role::Input;
+      t.index = index;
+      std::string fed = (ta ? "A " + source(*r.a, *ta, true) : std::string()) +
+                        (ta && tb ? ", " : "") + (tb ? "B " + source(*r.b, *tb, false) : "");
+      t.detail += (t.detail.empty() ? "" : "; ") + std::string("fed by ") + fed;
+      in.push_back(std::move(t));
     }
     return in;
   };
@@ -328,14 +353,14 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
     if (r.b) dv.chainB = buildChain(*r.b, prodB, rowByB, opt);
     return dv;
   };
-  rep.first = divergence(*diverged.front(), fedBy(*diverged.front()));
+  rep.first = divergence(*diverged.front(), inputsAcross(*diverged.front()));
   for (const Row* r : diverged) {
     bool allPassed = true;
     const OpRecord* culprit = nullptr;
     bool culpritA = true;
     for (bool sideA : {true, false}) {
       const OpRecord& op = sideA ? *r->a : *r->b;
-      for (const OpRecord* f : feeders(op, sideA ? prodA : prodB)) {
+      for (const OpRecord* f : feeders(op, sideA)) {
         Feed v = judge(*f, sideA, op);
         if (v == Feed::Passed) continue;
         allPassed = false;
@@ -343,7 +368,7 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
       }
     }
     if (allPassed) {
-      rep.root = r == diverged.front() ? *rep.first : divergence(*r, fedBy(*r));
+      rep.root = r == diverged.front() ? *rep.first : divergence(*r, inputsAcross(*r));
       break;
     }
     if (culprit) {

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "diff_util.h"
 #include "keel/base/text.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/producers.h"
@@ -139,6 +140,25 @@ uint64_t sizeKey(const OpRecord& op) {
 
 }  // namespace
 
+std::vector<size_t> detail::feedersThroughViews(std::span<const OpRecord* const> ops,
+                                                const ProducerIndex& index, size_t pos,
+                                                int budget) {
+  std::vector<size_t> out, todo{pos};
+  std::vector<size_t> seen;
+  for (; !todo.empty() && budget > 0; --budget) {
+    const OpRecord& op = *ops[todo.back()];
+    todo.pop_back();
+    for (const TensorRecord& t : op.tensors) {
+      if (t.role != Role::Input) continue;
+      const std::optional<size_t> p = index.find(t, op.seq);
+      if (!p || std::find(seen.begin(), seen.end(), *p) != seen.end()) continue;
+      seen.push_back(*p);
+      (opKind(ops[*p]->name).empty() ? todo : out).push_back(*p);
+    }
+  }
+  return out;
+}
+
 std::string opKind(const std::string& name) {
   auto it = std::lower_bound(kKinds.begin(), kKinds.end(), name,
                              [](const KindEntry& e, const std::string& n) { return e.name < n; });
@@ -168,31 +188,14 @@ Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRec
   for (size_t j = 0; j < b.size(); ++j)
     if (!(kindB[j] = opKind(b[j]->name)).empty()) bucketsB[key(*b[j], kindB[j])].push_back(j);
 
-  // The non-view ops of the step whose outputs reach an op's inputs, through views (Note
-  // [Producer]); positions in the side's ops.
-  const ProducerIndex prodA(a), prodB(b);
-  auto feeders = [](std::span<const OpRecord* const> ops, const ProducerIndex& prod,
-                    const std::vector<std::string>& kinds, size_t pos) {
-    std::vector<size_t> out, todo{pos};
-    for (int budget = 64; !todo.empty() && budget > 0; --budget) {
-      const OpRecord& op = *ops[todo.back()];
-      todo.pop_back();
-      for (const TensorRecord& t : op.tensors) {
-        if (t.role != Role::Input) continue;
-        if (std::optional<size_t> p = prod.find(t, op.seq))
-          (kinds[*p].empty() ? todo : out).push_back(*p);
-      }
-    }
-    return out;
-  };
-
+  const ProducerIndex prodA(a), prodB(b);  // the step's ops: Note [Producer]
   constexpr int64_t kNone = -1;
   std::vector<int64_t> partnerOfA(a.size(), kNone), partnerOfB(b.size(), kNone);
   // How many of the values op i of A reads come from ops paired with the producers of what op j
   // of B reads.
   auto scoreOf = [&](size_t i, size_t j) {
-    const std::vector<size_t> mine = feeders(a, prodA, kindA, i);
-    const std::vector<size_t> theirs = feeders(b, prodB, kindB, j);
+    const std::vector<size_t> mine = detail::feedersThroughViews(a, prodA, i, 64);
+    const std::vector<size_t> theirs = detail::feedersThroughViews(b, prodB, j, 64);
     int score = 0;
     for (size_t f : mine)
       if (partnerOfA[f] != kNone && std::find(theirs.begin(), theirs.end(),

@@ -466,6 +466,12 @@ void DiffView::updateSummary() {
   text += tr(" &nbsp; <span style='color:gray'>atol %1, rtol %2</span>")
               .arg(r->options.atol)
               .arg(r->options.rtol);
+  if (r->options.align == storage::DiffAlign::Module)  // Note [Diff across frameworks]
+    text += tr(" &nbsp; <span style='color:gray'>%1 vs %2: paired by module, op kind and "
+               "position; first outputs compared; %L3 + %L4 views left out</span>")
+                .arg(QString::fromStdString(r->frameworkA), QString::fromStdString(r->frameworkB))
+                .arg(r->total.viewsA)
+                .arg(r->total.viewsB);
   if (r->uncomparedTensors > 0)
     text += tr("<br><span style='color:gray'>%L1 tensors had nothing to compare (record with "
                "--md5 or --stats)</span>")
@@ -479,13 +485,19 @@ void DiffView::updateSummary() {
                 .arg(QString::fromStdString(p.name).toHtmlEscaped(),
                      qs(phaseName(p.phase)).toHtmlEscaped(),
                      QString::fromStdString(p.scope).toHtmlEscaped());
-    if (r->root && !samePair(r->root->pair, p))
-      text += tr(" &nbsp; root: A #%1 / B #%2 <b>%3</b>")
-                  .arg(r->root->pair.seqA)
-                  .arg(r->root->pair.seqB)
-                  .arg(QString::fromStdString(r->root->pair.name).toHtmlEscaped());
-    else if (r->root)
+    if (r->root && !samePair(r->root->pair, p)) {
+      const auto& q = r->root->pair;
+      // A root on one side only (across frameworks: an op the other run has no counterpart
+      // of, such as a forward hook's add) is named by its side.
+      const QString where = q.inA && q.inB ? tr("A #%1 / B #%2").arg(q.seqA).arg(q.seqB)
+                            : q.inA        ? tr("only in A #%1").arg(q.seqA)
+                                           : tr("only in B #%1").arg(q.seqB);
+      text += tr(" &nbsp; root: %1 <b>%2</b> %3")
+                  .arg(where, QString::fromStdString(q.name).toHtmlEscaped(),
+                       QString::fromStdString(q.scope).toHtmlEscaped());
+    } else if (r->root) {
       text += tr(" (also the root: its inputs all match)");
+    }
     if (auto* w = worstOutput(p); w && !w->detail.empty())
       text += QStringLiteral("<br><span style='color:gray'>output %1: %2</span>")
                   .arg(w->index)
