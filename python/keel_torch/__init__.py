@@ -146,7 +146,8 @@ class _Session(TorchDispatchMode):
         self.in_zero_grad = False
         self.undo = []
         # Tensor identities: a number per tensor object for its lifetime (Python's id() is
-        # reused once an object is freed, which would join unrelated ops in the graph).
+        # reused once an object is freed, which would join unrelated ops in the graph):
+        # id() -> (number, weak reference).
         self.ids = {}
         self.funcs = {}  # ATen overload -> (op name, attributes JSON)
         self.hooked = set()       # output tensors given a backward-scope hook
@@ -159,16 +160,15 @@ class _Session(TorchDispatchMode):
         self.next_id = 0
 
     def tensor_id(self, t):
-        key = id(t)
-        n = self.ids.get(key)
-        if n is None:
-            self.next_id += 1
-            n = self.ids[key] = self.next_id
-            try:  # forget the object when it dies: its id() may be reused
-                weakref.finalize(t, self.ids.pop, key, None)
-            except TypeError:
-                pass
-        return n
+        # id() is reused once an object dies: an entry counts only while its weak reference
+        # still names this object (a weakref.ref is cheaper than a finalizer per tensor; the
+        # dead entries go at each step's end).
+        entry = self.ids.get(id(t))
+        if entry is not None and entry[1]() is t:
+            return entry[0]
+        self.next_id += 1
+        self.ids[id(t)] = (self.next_id, weakref.ref(t))
+        return self.next_id
 
     # ---- scopes, phases, step boundaries -----------------------------------------------------
 
@@ -305,6 +305,7 @@ class _Session(TorchDispatchMode):
         self.last_loss = float("nan")
         self.step_begin = time.monotonic_ns()
         self.forward_scopes = {}
+        self.ids = {k: v for k, v in self.ids.items() if v[1]() is not None}
 
     # ---- ops ---------------------------------------------------------------------------------
 
