@@ -116,11 +116,16 @@ _active = threading.local()
 
 
 class _Session(TorchDispatchMode):
-    def __init__(self, path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5):
+    def __init__(self, path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,
+                 dumps):
         super().__init__()
         self.md5, self.stats, self.stacks, self.rounded = md5, stats, stacks, rounded_md5
+        # dumps: False, True (every op's outputs) or a scope prefix ("blocks.1").
+        if not isinstance(dumps, (bool, str)):
+            raise TypeError("keel_torch.record: dumps is True, False or a scope prefix")
+        self.dumps = dumps
         options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks,
-                              "rounded_md5_digits": rounded_md5})
+                              "rounded_md5_digits": rounded_md5, "dumps": dumps})
         self.rec = _keel.Recording(
             path, "cpu", socket.gethostname(), json.dumps(config) if config is not None else "{}",
             seed, options, torch.__version__)
@@ -309,10 +314,17 @@ class _Session(TorchDispatchMode):
 
     # ---- ops ---------------------------------------------------------------------------------
 
-    def _tensor(self, t, output, index):
+    def _dumped(self, scope):
+        """Whether an op of this scope has its outputs' values stored (dumps=)."""
+        d = self.dumps
+        if isinstance(d, bool):
+            return d
+        return scope == d or scope.startswith(d + ".") or d == ""
+
+    def _tensor(self, t, output, index, dump=False):
         """One tensor as _keel.Recording.op takes it: a tuple (see _keel.cpp tensorRecord), its
-        bytes to hash (copied and hashed off this thread) or None."""
-        data = _host_bytes(t) if self.hashes and t.dtype in _DTYPES else None
+        bytes to hash (copied and hashed off this thread) or to dump, or None."""
+        data = _host_bytes(t) if (self.hashes or dump) and t.dtype in _DTYPES else None
         size = t.element_size()
         offset = t.storage_offset()
         try:  # the storage's base address: views of one buffer share it
@@ -354,7 +366,6 @@ class _Session(TorchDispatchMode):
             out = func(*args, **kwargs)
             end = time.monotonic_ns()
             outputs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
-            records += [self._tensor(t, True, i) for i, t in enumerate(outputs)]
             self.seq += 1
             self.step_ops += 1
             known = self.funcs.get(func)
@@ -385,8 +396,10 @@ class _Session(TorchDispatchMode):
                     # clipping or scaling, the optimizer's work (as Keel's clip_grad_norm).
                     phase = "optimizer"
             stack = self._stack() if self.stacks else -1
+            dump = bool(self.dumps) and self._dumped(scope)
+            records += [self._tensor(t, True, i, dump) for i, t in enumerate(outputs)]
             self.rec.op(self.seq, self.step_no, phase, name, scope, attrs, begin, end,
-                        forward_seq, stack, records)
+                        forward_seq, stack, records, dump)
             return out
         finally:
             self.busy = False
@@ -394,10 +407,13 @@ class _Session(TorchDispatchMode):
 
 @contextlib.contextmanager
 def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
-           seed=0, rounded_md5=0):
+           seed=0, rounded_md5=0, dumps=False):
     """Records the PyTorch ops run inside the block into the Keel recording `path` (see the
-    module's docstring). An existing file is replaced."""
-    session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5)
+    module's docstring). An existing file is replaced. dumps=True stores every op's output
+    values (zstd), dumps="blocks.1" those of the ops in that module, so `keel diff` compares them
+    element by element (as `keel record --dumps`)."""
+    session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,
+                       dumps)
     session.install()
     _active.session = session
     status = "finished"

@@ -4,6 +4,7 @@
 // same bytes. The Python half (keel_torch/__init__.py) decides what to record.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <zstd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -257,6 +258,26 @@ class HashQueue {
   std::vector<std::thread> workers_;
 };
 
+// An output's values as the recording's dumps table holds them (zstd, as keel record --dumps).
+storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, const Tensor& host) {
+  storage::DumpRecord d;
+  d.opSeq = seq;
+  d.role = storage::Role::Output;
+  d.index = r.index;
+  d.dtype = r.dtype;
+  d.shape = r.shape;
+  const size_t n = size_t(host.nbytes());
+  d.rawBytes = int64_t(n);
+  d.data.resize(ZSTD_compressBound(n));
+  const size_t z = ZSTD_compress(d.data.data(), d.data.size(), host.data(), n, 3);
+  if (ZSTD_isError(z))
+    throw std::runtime_error(std::string("keel_torch: zstd compression failed: ") +
+                             ZSTD_getErrorName(z));
+  d.data.resize(z);
+  d.codec = "zstd";
+  return d;
+}
+
 // One recording being written. Records arrive in order; commit() ends a batch (a step).
 class Recording {
  public:
@@ -274,9 +295,10 @@ class Recording {
     run.captureOptionsJson = optionsJson;
     writer_ = storage::Writer::create(path, run);
   }
+  // dumpOutputs: the outputs' values are stored too (zstd), for element-by-element diffs.
   void op(uint64_t seq, int64_t step, const std::string& phase, const std::string& name,
           const std::string& scope, const std::string& attrsJson, int64_t beginNs, int64_t endNs,
-          uint64_t forwardSeq, int64_t stackId, const py::list& tensors) {
+          uint64_t forwardSeq, int64_t stackId, const py::list& tensors, bool dumpOutputs) {
     storage::OpRecord op;
     op.seq = seq;
     op.step = step;
@@ -292,10 +314,13 @@ class Recording {
     for (const py::handle& h : tensors) {
       const py::tuple t = h.cast<py::tuple>();
       op.tensors.push_back(tensorRecord(t));
-      if (!hashing_.any() || t[11].is_none()) continue;
-      Tensor host =
-          hostCopy(t[11].cast<py::buffer>(), op.tensors.back().dtype, op.tensors.back().shape);
+      const storage::TensorRecord& r = op.tensors.back();
+      const bool dump = dumpOutputs && r.role == storage::Role::Output;
+      if ((!hashing_.any() && !dump) || t[11].is_none()) continue;
+      Tensor host = hostCopy(t[11].cast<py::buffer>(), r.dtype, r.shape);
       if (!host.defined()) continue;
+      if (dump) live().writeDump(dumpRecord(seq, r, host));
+      if (!hashing_.any()) continue;
       p->bytes += size_t(host.nbytes());
       p->work.emplace_back(op.tensors.size() - 1, std::move(host));
     }

@@ -15,7 +15,8 @@ differ in every decomposition. Dense models with learned positions, a causal mas
 dropout; anything else is refused.
 
 --perturb SCOPE:DELTA adds DELTA to the first element of module SCOPE's output (a forward hook),
-the injected bug the diff must find.
+the injected bug the diff must find; --dumps SCOPE stores the values of that module's op outputs
+(as keel record --dumps --dump-scope SCOPE), so the diff compares them element by element.
 """
 
 import argparse
@@ -172,6 +173,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("-o", "--output", required=True, help="the Keel recording to write")
     ap.add_argument("--perturb", default="", help="SCOPE:DELTA")
+    ap.add_argument("--dumps", default="",
+                    help="store the output values of the ops in this module scope ('' none)")
     ap.add_argument("--no-record", action="store_true", help="train without recording")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -234,7 +237,7 @@ def main(argv=None):
             raise SystemExit(f"keel_gpt.py: {e} (PYTHONPATH=build/release/python, or "
                              "--no-record)")
         with keel_torch.record(args.output, model=model, optimizer=opt, md5=True, stats=True,
-                               stacks=True, config=cfg):
+                               stacks=True, config=cfg, dumps=args.dumps or False):
             losses = train()
     print("keel_gpt: losses " + " ".join(f"{x:.6f}" for x in losses))
 

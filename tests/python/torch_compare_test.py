@@ -52,6 +52,18 @@ class TorchCompareTest(unittest.TestCase):
         cls.torch_losses = torch_run(cls.inputs, cls.torch_db)
         cls.bad_db = os.path.join(d, "perturbed.db")
         torch_run(cls.inputs, cls.bad_db, "--perturb", "blocks.1.mlp.w1:10")
+        # With blocks.1's output values stored on both sides (step 1 in Keel), a change of
+        # 0.001 in one of 393,216 elements, which no statistic shows, is found element by element.
+        cls.keel_dumps = os.path.join(d, "keel-dumps.db")
+        code, so, se = run(KEEL, "record", "--config", CONFIG, "--steps", str(STEPS), "--seed",
+                           str(SEED), "--md5", "--stats", "--dumps", "--dump-scope", "blocks.1",
+                           "--dump-steps", "1:1", "-o", cls.keel_dumps)
+        assert code == 0, se
+        cls.torch_dumps = os.path.join(d, "torch-dumps.db")
+        torch_run(cls.inputs, cls.torch_dumps, "--dumps", "blocks.1")
+        cls.small_db = os.path.join(d, "small.db")
+        torch_run(cls.inputs, cls.small_db, "--dumps", "blocks.1", "--perturb",
+                  "blocks.1.mlp.w1:0.001")
 
     @classmethod
     def tearDownClass(cls):
@@ -131,6 +143,28 @@ class TorchCompareTest(unittest.TestCase):
         self.assertIn("add [forward] blocks.1.mlp.w1", text)
         self.assertIn("only in B", text)
         self.assertRegex(text, r"hook\s+\S*keel_gpt\.py:\d+")
+
+    def test_dumped_values_are_compared_element_by_element(self):
+        code, so = run(KEEL, "diff", self.keel_dumps, self.torch_dumps, "--json")[:2]
+        rep = json.loads(so)
+        self.assertEqual(code, 0, so[:2000])
+        by_values = [p for p in rep["pairs"] if p["a"] and p["b"] and p["step"] == 1
+                     and p["outputs"][0]["basis"] == "values"]
+        self.assertGreaterEqual(len(by_values), 10)
+        self.assertTrue(all(p["scope"].startswith("blocks.1") for p in by_values))
+        self.assertEqual(rep["total"]["diverged"], 0)
+
+    def test_a_small_perturbation_is_found_in_the_dumped_values(self):
+        code, so = run(KEEL, "diff", self.keel_dumps, self.small_db, "--json")[:2]
+        self.assertEqual(code, 1)
+        rep = json.loads(so)
+        first = rep["firstDivergence"]["pair"]
+        self.assertEqual((first["step"], first["scope"], first["name"]), (1, "blocks.1.mlp", "silu"))
+        out = first["outputs"][0]
+        self.assertEqual((out["basis"], out["badElements"]), ("values", 1))
+        root = rep["rootDivergence"]["pair"]
+        self.assertEqual((root["scope"], root["name"]), ("blocks.1.mlp.w1", "add"))
+        self.assertIsNone(root["a"])
 
     def test_signature_alignment_pairs_almost_nothing_across_frameworks(self):
         code, so = self.diff(self.torch_db, "--json", "--align", "signature")
