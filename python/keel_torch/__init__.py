@@ -182,8 +182,11 @@ class _Session(TorchDispatchMode):
         pre-hooks to its forward hooks, so ops a user's hook runs (a forward hook that changes
         the output) are the module's, as they are part of calling it."""
         session = self
+        thread = threading.get_ident()
 
         def call(module, *args, **kwargs):
+            if threading.get_ident() != thread:  # another thread's modules: not this recording's
+                return original(module, *args, **kwargs)
             session.after_backward = False
             session.scopes.append(session.names.get(id(module), type(module).__name__))
             try:
@@ -414,10 +417,10 @@ def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False,
     element by element (as `keel record --dumps`)."""
     session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,
                        dumps)
-    session.install()
-    _active.session = session
     status = "finished"
     try:
+        session.install()  # inside: a failure half-way undoes what was patched, and closes
+        _active.session = session
         with session:
             yield session
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "diff_util.h"
 #include "keel/base/text.h"
@@ -17,7 +18,7 @@
 namespace keel::storage {
 
 // Note [Diff across frameworks]
-// A PyTorch run and a Keel run of one model (tests/python/torch_gpt.py against configs/*.json)
+// A PyTorch run and a Keel run of one model (tests/python/keel_gpt.py against configs/*.json)
 // execute different ops: ATen's `mm`/`addmm` where Keel has `matmul`, `native_layer_norm` for
 // `layer_norm`, `_log_softmax` + `nll_loss_forward` for `cross_entropy`, attention as bmm +
 // softmax where Keel runs one flashmask_attention, and views (`t`, `view`, `_unsafe_view`,
@@ -39,13 +40,14 @@ namespace keel::storage {
 // value, and a reshape in one framework is a stride change in the other.
 // A pair is compared on its first output, the value the model goes on with (the other outputs
 // are framework-specific: saved means, indices, workspaces); shapes may differ where the element
-// count and dtype agree (`[B*T, C]` against `[B, T, C]`), and MD5s and statistics are of the
-// elements in row-major order, so an equal MD5 is equal values. Two frameworks seldom agree to
-// the bit, so statistics within tolerance are the usual verdict.
+// count and dtype agree (`[B*T, C]` against `[B, T, C]`): dumped values and statistics are of
+// the elements in row-major order, MD5s are not used then (Keel's digest ends with the shape).
+// Two frameworks seldom agree to the bit, so statistics within tolerance are the usual verdict.
 // The root divergence (diff.cpp, rootAcross) walks back from a diverged pair through views to
 // the ops that fed it: when every one of them is a pair that passed, the pair itself is the root;
 // when one is one-sided and everything feeding it passed, that op is (an op on one side only
-// that changed a value the other side did not: the injected `add` of a forward hook).
+// that changed a value the other side did not: the injected `add` of a forward hook); when both
+// sides have one, the pair is, with a note naming both (two decompositions that disagree).
 
 namespace {
 
@@ -54,19 +56,20 @@ struct KindEntry {
 };
 
 // Names that differ between Keel's ops (docs/ops.md) and ATen's (native_functions.yaml), by the
-// kind they are paired on; kind "" is a view or a copy. Sorted by name for the lookup.
+// kind they are paired on; kind "" is a view or a copy. Sorted by name for the lookup. Not here
+// on purpose: addmm and baddbmm (x·Wᵀ + b in one op, where Keel runs matmul then add: pairing
+// either with the matmul would compare values that differ by the bias).
 constexpr std::array kKinds = std::to_array<KindEntry>({
     {"_log_softmax", "log_softmax"},
     {"_log_softmax_backward_data", "cross_entropy_backward"},
     {"_reshape_alias", ""},
     {"_softmax", "softmax"},
     {"_softmax_backward_data", "softmax_backward"},
-    {"_to_copy", ""},
+    {"_to_copy", "cast"},
     {"_unsafe_view", ""},
-    {"addmm", "matmul"},
+    {"add_scalar", "add"},
     {"alias", ""},
     {"as_strided", ""},
-    {"baddbmm", "matmul"},
     {"bmm", "matmul"},
     {"cat", "concat"},
     {"clone", ""},
@@ -81,6 +84,7 @@ constexpr std::array kKinds = std::to_array<KindEntry>({
     {"linear", "matmul"},
     {"matmul", "matmul"},
     {"mm", "matmul"},
+    {"mul_scalar", "mul"},
     {"narrow", ""},
     {"native_layer_norm", "layer_norm"},
     {"native_layer_norm_backward", "layer_norm_backward"},
@@ -90,6 +94,7 @@ constexpr std::array kKinds = std::to_array<KindEntry>({
     {"ones", "fill"},
     {"ones_like", "fill"},
     {"permute", ""},
+    {"pow_scalar", "pow"},
     {"reshape", ""},
     {"select", ""},
     {"slice", ""},
@@ -129,7 +134,8 @@ int64_t elementCount(const TensorRecord& t) {
   return n;
 }
 
-// What the LCS inside a group compares: the first output's element count and dtype.
+// What ops of one (phase, scope, kind) group are paired on: the first output's element count and
+// dtype.
 uint64_t sizeKey(const OpRecord& op) {
   const TensorRecord* t = firstOutput(op);
   if (!t) return 0x9e3779b97f4a7c15ull;
@@ -144,15 +150,14 @@ std::vector<size_t> detail::feedersThroughViews(std::span<const OpRecord* const>
                                                 const ProducerIndex& index, size_t pos,
                                                 int budget) {
   std::vector<size_t> out, todo{pos};
-  std::vector<size_t> seen;
+  std::unordered_set<size_t> seen;
   for (; !todo.empty() && budget > 0; --budget) {
     const OpRecord& op = *ops[todo.back()];
     todo.pop_back();
     for (const TensorRecord& t : op.tensors) {
       if (t.role != Role::Input) continue;
       const std::optional<size_t> p = index.find(t, op.seq);
-      if (!p || std::find(seen.begin(), seen.end(), *p) != seen.end()) continue;
-      seen.push_back(*p);
+      if (!p || !seen.insert(*p).second) continue;
       (opKind(ops[*p]->name).empty() ? todo : out).push_back(*p);
     }
   }
@@ -193,14 +198,13 @@ Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRec
   std::vector<int64_t> partnerOfA(a.size(), kNone), partnerOfB(b.size(), kNone);
   // How many of the values op i of A reads come from ops paired with the producers of what op j
   // of B reads.
-  auto scoreOf = [&](size_t i, size_t j) {
-    const std::vector<size_t> mine = detail::feedersThroughViews(a, prodA, i, 64);
+  // `mine`: op i's feeders (computed once per op of A, by the caller).
+  auto scoreOf = [&](const std::vector<size_t>& mine, size_t j) {
     const std::vector<size_t> theirs = detail::feedersThroughViews(b, prodB, j, 64);
+    const std::unordered_set<size_t> theirSet(theirs.begin(), theirs.end());
     int score = 0;
     for (size_t f : mine)
-      if (partnerOfA[f] != kNone && std::find(theirs.begin(), theirs.end(),
-                                              static_cast<size_t>(partnerOfA[f])) != theirs.end())
-        ++score;
+      if (partnerOfA[f] != kNone && theirSet.count(static_cast<size_t>(partnerOfA[f]))) ++score;
     return score;
   };
   std::unordered_map<std::string, size_t> firstFree;  // per bucket: where its unpaired ops begin
@@ -216,14 +220,19 @@ Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRec
     // The first unpaired op of the bucket, unless a later one (of the next few) reads more of
     // the values this op reads: a gradient of `x * y` by x meets the one by x, although the two
     // frameworks compute them in the other order (same size, same kind, same module).
+    // At most 8 candidates, looked for among at most 64 entries (entries paired out of order
+    // pile up behind one nobody took; the walk stays bounded).
     size_t best = bucket[from];
     int bestScore = -1;
-    for (size_t c = from, seen = 0; c < bucket.size() && seen < 8; ++c) {
+    std::vector<size_t> mine;
+    bool haveMine = false;
+    for (size_t c = from, seen = 0; c < bucket.size() && seen < 8 && c < from + 64; ++c) {
       const size_t j = bucket[c];
       if (partnerOfB[j] != kNone) continue;
       ++seen;
       if (c + 1 == bucket.size() && seen == 1) break;  // the only candidate
-      if (const int sc = scoreOf(i, j); sc > bestScore) best = j, bestScore = sc;
+      if (!haveMine) mine = detail::feedersThroughViews(a, prodA, i, 64), haveMine = true;
+      if (const int sc = scoreOf(mine, j); sc > bestScore) best = j, bestScore = sc;
     }
     partnerOfA[i] = static_cast<int64_t>(best);
     partnerOfB[best] = static_cast<int64_t>(i);
@@ -233,23 +242,32 @@ Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRec
   auto looseKey = [](const OpRecord& op, const std::string& kind) {
     return std::string(phaseName(op.phase)) + '\0' + kind + '\0' + std::to_string(sizeKey(op));
   };
-  std::unordered_map<std::string, std::vector<size_t>> looseB;
+  // Unpaired B ops by (phase, kind, size): [0] those outside every module, [1] the others (an A
+  // op in a module meets only the first kind, so a run whose module names all differ does not
+  // make every A op try every B op).
+  std::unordered_map<std::string, std::vector<size_t>> looseB[2];
   for (size_t j = 0; j < b.size(); ++j)
-    if (!kindB[j].empty() && partnerOfB[j] == kNone) looseB[looseKey(*b[j], kindB[j])].push_back(j);
+    if (!kindB[j].empty() && partnerOfB[j] == kNone)
+      looseB[b[j]->scope.empty() ? 0 : 1][looseKey(*b[j], kindB[j])].push_back(j);
   for (size_t i = 0; i < a.size(); ++i) {
     // Not the optimizer's ops: frameworks split its work differently (Keel squares gradients
     // with `mul` to clip them, PyTorch scales them with `mul_`), which reads the same values.
     if (kindA[i].empty() || partnerOfA[i] != kNone || a[i]->phase == Phase::Optimizer) continue;
-    auto it = looseB.find(looseKey(*a[i], kindA[i]));
-    if (it == looseB.end()) continue;
+    const std::string k = looseKey(*a[i], kindA[i]);
     int bestScore = 0;
     int64_t best = kNone;
     int tried = 0;
-    for (size_t j : it->second) {
-      if (partnerOfB[j] != kNone || (!a[i]->scope.empty() && !b[j]->scope.empty())) continue;
-      if (++tried > 16) break;
-      if (const int sc = scoreOf(i, j); sc > bestScore)
-        bestScore = sc, best = static_cast<int64_t>(j);
+    std::vector<size_t> mine;
+    for (int group = 0; group < (a[i]->scope.empty() ? 2 : 1); ++group) {
+      auto it = looseB[group].find(k);
+      if (it == looseB[group].end()) continue;
+      for (size_t j : it->second) {
+        if (++tried > 16) break;  // paired entries count too: the walk stays bounded
+        if (partnerOfB[j] != kNone) continue;
+        if (mine.empty()) mine = detail::feedersThroughViews(a, prodA, i, 64);
+        if (const int sc = scoreOf(mine, j); sc > bestScore)
+          bestScore = sc, best = static_cast<int64_t>(j);
+      }
     }
     if (best == kNone) continue;
     partnerOfA[i] = best;

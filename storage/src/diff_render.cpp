@@ -292,7 +292,13 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     divergenceText(out, "first divergence", *r.first);
     out += "\n";
     if (r.root && r.root->pair.inA && r.root->pair.seqA == r.first->pair.seqA) {
-      out += "root divergence: the first divergence (its inputs all match)\n\n";
+      std::string why = "its inputs all match";
+      if (r.options.align == DiffAlign::Module) {  // judged by what fed it, not input by input
+        why = "the ops feeding it match";
+        for (const TensorDiff& t : r.root->pair.outputs)
+          if (t.basis == DiffBasis::None && t.status == DiffStatus::Diverged) why = t.detail;
+      }
+      out += "root divergence: the first divergence (" + why + ")\n\n";
     } else if (r.root) {
       divergenceText(out, "root divergence", *r.root);
       out += "\n";

@@ -275,6 +275,7 @@ TEST_F(KeelCli, SaveInputsWritesTheWeightsAndTheBatchesTheRunTrainsOn) {
       v.push_back(out.substr(at, 11));
     return v;
   };
+  ASSERT_EQ(losses(r.out).size(), 4u) << r.out;  // three steps and the summary
   EXPECT_EQ(losses(resumed.out), losses(r.out));
   // The batches: int64 [3, batch, seq] idx and targets, the targets one token ahead.
   std::ifstream f(in + "/batches.safetensors", std::ios::binary);
@@ -294,7 +295,9 @@ TEST_F(KeelCli, SaveInputsWritesTheWeightsAndTheBatchesTheRunTrainsOn) {
   f.seekg(static_cast<std::streamoff>(8 + n + h["targets"]["data_offsets"][0].get<uint64_t>()));
   f.read(reinterpret_cast<char*>(tgt.data()), static_cast<std::streamsize>(tgt.size() * 8));
   for (size_t i = 0; i + 1 < idx.size(); ++i)
-    if ((i + 1) % size_t(shape[2]) != 0) ASSERT_EQ(idx[i + 1], tgt[i]) << i;
+    if ((i + 1) % size_t(shape[2]) != 0) {
+      ASSERT_EQ(idx[i + 1], tgt[i]) << i;
+    }
 
   // An existing non-empty directory is refused and kept.
   expectOneLineError(

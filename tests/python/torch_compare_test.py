@@ -132,10 +132,10 @@ class TorchCompareTest(unittest.TestCase):
         first = rep["firstDivergence"]["pair"]
         self.assertEqual((first["step"], first["phase"], first["scope"], first["name"]),
                          (1, "forward", "blocks.1.mlp", "silu"))
-        # Everything before it in step 1's forward pass still matches.
-        for p in rep["pairs"]:
-            if p["a"] and p["b"] and p["step"] == 1 and p["a"]["seq"] < first["a"]["seq"]:
-                self.assertIn(p["status"], ("equal", "within-tolerance"), p)
+        # The change flows on: the module's output projection reads it and diverges too.
+        w2 = [p for p in rep["pairs"] if p["a"] and p["b"] and p["step"] == 1
+              and p["phase"] == "forward" and p["scope"] == "blocks.1.mlp.w2"]
+        self.assertEqual([p["status"] for p in w2], ["diverged"])
         # The text report names it with the hook's Python stack.
         code, text = self.diff(self.bad_db)
         self.assertEqual(code, 1)

@@ -598,7 +598,9 @@ std::vector<OpRecord> torchSide(bool perturbed) {
 
 TEST(DiffModules, OpKindsComeFromOneTable) {
   EXPECT_EQ(ks::opKind("mm"), "matmul");
-  EXPECT_EQ(ks::opKind("addmm"), "matmul");
+  EXPECT_EQ(ks::opKind("addmm"), "addmm");  // x·Wᵀ + b: not a matmul's value
+  EXPECT_EQ(ks::opKind("mul_scalar"), "mul");
+  EXPECT_EQ(ks::opKind("_to_copy"), "cast");
   EXPECT_EQ(ks::opKind("bmm"), "matmul");
   EXPECT_EQ(ks::opKind("matmul"), "matmul");
   EXPECT_EQ(ks::opKind("native_layer_norm"), "layer_norm");
@@ -689,19 +691,71 @@ TEST(DiffModules, AMatchedPairThatDivergedOnItsOwnIsTheRoot) {
   EXPECT_EQ(r.root->pair.nameB, "mm");
 }
 
-TEST(DiffModules, ReshapedOutputsCompareByTheirElements) {
+TEST(DiffModules, ReshapedOutputsCompareByValuesAndStatisticsNotMd5s) {
   auto a = keelSide();
   auto b = torchSide(false);
-  // Same bytes: the MD5 settles it although the shapes differ.
-  a[0].tensors.back().md5 = "same";
-  b[1].tensors.back().md5 = "same";
+  // Keel's digest ends with the shape: equal elements as [8,4] and as [2,4,4] hash differently,
+  // so a reshaped pair is judged on statistics (or dumped values), never on its MD5s.
+  a[0].tensors.back().md5 = "md5-of-[8,4]";
+  b[1].tensors.back().md5 = "md5-of-[2,4,4]";
   b[1].tensors.back().shape = {2, 4, 4};
   ks::DiffOptions opt;
   opt.align = ks::DiffAlign::Module;
   ks::DiffReport r = ks::diffRuns(a, b, opt);
   ASSERT_FALSE(r.pairs.empty());
-  EXPECT_EQ(r.pairs[0].status, DiffStatus::Equal);
-  EXPECT_EQ(r.pairs[0].outputs.at(0).basis, DiffBasis::Md5);
+  EXPECT_EQ(r.pairs[0].status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(r.pairs[0].outputs.at(0).basis, DiffBasis::Stats);
   EXPECT_NE(r.pairs[0].outputs.at(0).detail.find("shapes [8,4] vs [2,4,4]"), std::string::npos)
       << r.pairs[0].outputs.at(0).detail;
+  // Dumped on both sides: element by element, whatever the shapes.
+  ks::DumpValues values = [](uint64_t seq, int role, int index,
+                             bool sideA) -> std::optional<std::vector<double>> {
+    if (role != static_cast<int>(Role::Output) || index != 0 || seq != (sideA ? 1u : 2u))
+      return std::nullopt;
+    return std::vector<double>(32, 0.5);
+  };
+  ks::DiffReport byValues = ks::diffRuns(a, b, opt, values);
+  EXPECT_EQ(byValues.pairs.at(0).status, DiffStatus::Equal);
+  EXPECT_EQ(byValues.pairs.at(0).outputs.at(0).basis, DiffBasis::Values);
+  // Equal MD5s of one shape still settle it.
+  b[1].tensors.back().shape = {8, 4};
+  b[1].tensors.back().md5 = "md5-of-[8,4]";
+  ks::DiffReport byMd5 = ks::diffRuns(a, b, opt);
+  EXPECT_EQ(byMd5.pairs.at(0).status, DiffStatus::Equal);
+  EXPECT_EQ(byMd5.pairs.at(0).outputs.at(0).basis, DiffBasis::Md5);
+}
+
+// Keel's flashmask_attention against ATen's bmm: each side reaches the diverged pair through an
+// op the other has none of, so neither op alone is blamed; the pair is the root, naming both.
+TEST(DiffModules, OneSidedOpsOnBothSidesMakeThePairTheRoot) {
+  auto a = keelSide();
+  auto b = torchSide(false);
+  // A: matmul -> fused (only in A) -> reshape -> silu; B: mm -> _unsafe_view -> bmm (only in B,
+  // as a decomposition) -> silu.
+  a.insert(a.begin() + 1, op(100, 1, "flashmask_attention",
+                             {tensor(Role::Input, 0, 10, 1, "k-mm", {8, 4}),
+                              withStats(tensor(Role::Output, 0, 30, 1, "k-att", {8, 4}), 0.3, 1.0)},
+                             "mlp.w1"));
+  a[2].seq = 101;
+  a[2].tensors[0].tensorId = 30;
+  a[2].tensors[0].md5 = "k-att";
+  for (auto& o : a) o.seq = o.seq == 100 ? 2 : o.seq == 101 ? 3 : o.seq == 3 ? 4 : o.seq;
+  b.insert(b.begin() + 3,
+           op(4, 1, "bmm",
+              {tensor(Role::Input, 0, 21, 1, "t-mm", {2, 4, 4}),
+               withStats(tensor(Role::Output, 0, 31, 1, "t-att", {2, 4, 4}), 0.3, 1.0)},
+              "mlp"));
+  b.back().tensors[0].tensorId = 31;
+  b.back().tensors.back().stats.max = 9.0;  // silu diverges
+  ks::DiffOptions opt;
+  opt.align = ks::DiffAlign::Module;
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  ASSERT_TRUE(r.root.has_value());
+  EXPECT_TRUE(r.root->pair.inA && r.root->pair.inB);
+  EXPECT_EQ(r.root->pair.name, "silu");
+  const std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("fed on both sides by ops with no counterpart (A #2 flashmask_attention "
+                      "mlp.w1, B #4 bmm mlp)"),
+            std::string::npos)
+      << text;
 }

@@ -428,7 +428,7 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
 }
 
 // Note [Training inputs]
-// Comparing a Keel run with the same model in another framework (tests/python/torch_gpt.py,
+// Comparing a Keel run with the same model in another framework (tests/python/keel_gpt.py,
 // docs/torch.md) needs that framework to start from Keel's weights and read Keel's batches. A run
 // is a pure function of its config, seed, data and position (Note [Resume bit for bit]), so both
 // can be written before the first step: the training checkpoint of the position (dir/init; it
@@ -452,19 +452,16 @@ void saveTrainingInputs(Trainer& tr, const std::string& dir, int64_t steps) {
   try {
     saveTrainingCheckpoint(tr, dir + "/init", 1);
     Generator gen = tr.batchGenerator();  // a copy: the run draws the same batches after
-    std::vector<int64_t> idx, targets;
-    idx.reserve(size_t(steps * rows * cols));
-    targets.reserve(size_t(steps * rows * cols));
-    for (int64_t s = 0; s < steps; ++s) {
-      auto [x, y] = tr.dataset().getBatch(rows, cols, gen, data::Split::Train, Device{});
-      for (int64_t v : x.toVector<int64_t>()) idx.push_back(v);
-      for (int64_t v : y.toVector<int64_t>()) targets.push_back(v);
-    }
     st::Writer w(
         path, {{"idx", st::DType::I64, shape}, {"targets", st::DType::I64, shape}},
         {{"first_step", std::to_string(tr.stepsDone() + 1)}, {"seed", std::to_string(tr.seed())}});
-    w.write(0, 0, idx.data(), idx.size() * sizeof(int64_t));
-    w.write(1, 0, targets.data(), targets.size() * sizeof(int64_t));
+    const uint64_t stepBytes = uint64_t(rows * cols) * sizeof(int64_t);
+    for (int64_t s = 0; s < steps; ++s) {  // one step's batch in memory at a time
+      auto [x, y] = tr.dataset().getBatch(rows, cols, gen, data::Split::Train, Device{});
+      const std::vector<int64_t> xs = x.toVector<int64_t>(), ys = y.toVector<int64_t>();
+      w.write(0, uint64_t(s) * stepBytes, xs.data(), xs.size() * sizeof(int64_t));
+      w.write(1, uint64_t(s) * stepBytes, ys.data(), ys.size() * sizeof(int64_t));
+    }
     w.close();
   } catch (...) {
     // Only what this call created goes: a directory that was there (empty) stays.
