@@ -31,7 +31,8 @@ using namespace keel;
 // tensors, stacks, dumps and their values, mask summaries, logs, allocator events; then what the
 // commands and views build from it: each step's graph (DOT text, every module expanded), the
 // memory model, the allocation trace `keel memory replay` replays (it must be well formed: every
-// free names a live block, no id live twice), and a diff with itself.
+// free names a live block, no id live twice), a diff with itself, and a module-aligned diff with
+// a damaged copy of itself.
 void readEverything(const storage::Recording& rec) {
   rec.run();
   rec.steps();
@@ -67,6 +68,20 @@ void readEverything(const storage::Recording& rec) {
     }
   }
   storage::diffRuns(ops, ops, {}, {});
+  // The module alignment across frameworks (Note [Diff across frameworks]) on the same ops,
+  // against a copy missing every fourth op and changed in every third op's outputs: pairs,
+  // one-sided ops and the root search through views all run on damaged records.
+  std::vector<storage::OpRecord> other;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (i % 4 == 3) continue;
+    other.push_back(ops[i]);
+    if (i % 3 != 0) continue;
+    for (storage::TensorRecord& t : other.back().tensors)
+      if (t.role == storage::Role::Output) t.md5 += "x", t.stats.max += 1.0;
+  }
+  storage::DiffOptions modules;
+  modules.align = storage::DiffAlign::Module;
+  storage::diffRuns(ops, other, modules, {});
 }
 
 // Names and values for the row-level mutator.
