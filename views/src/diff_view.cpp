@@ -466,12 +466,17 @@ void DiffView::updateSummary() {
   text += tr(" &nbsp; <span style='color:gray'>atol %1, rtol %2</span>")
               .arg(r->options.atol)
               .arg(r->options.rtol);
-  if (r->options.align == storage::DiffAlign::Module)  // Note [Diff across frameworks]
-    text += tr(" &nbsp; <span style='color:gray'>%1 vs %2: paired by module, op kind and "
-               "position; first outputs compared; %L3 + %L4 views left out</span>")
-                .arg(QString::fromStdString(r->frameworkA), QString::fromStdString(r->frameworkB))
-                .arg(r->total.viewsA)
-                .arg(r->total.viewsB);
+  if (r->options.align == storage::DiffAlign::Module) {  // Note [Diff across frameworks]
+    text += tr(" &nbsp; <span style='color:gray'>%1 vs %2, paired by module</span>")
+                .arg(QString::fromStdString(r->frameworkA), QString::fromStdString(r->frameworkB));
+    summary_->setToolTip(tr("Two frameworks: ops paired by module scope, op kind and position; "
+                            "first outputs compared; %L1 + %L2 views and copies left out "
+                            "(docs/diff.md, \"Across frameworks\")")
+                             .arg(r->total.viewsA)
+                             .arg(r->total.viewsB));
+  } else {
+    summary_->setToolTip({});
+  }
   if (r->uncomparedTensors > 0)
     text += tr("<br><span style='color:gray'>%L1 tensors had nothing to compare (record with "
                "--md5 or --stats)</span>")
