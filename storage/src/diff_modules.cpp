@@ -19,7 +19,7 @@ namespace keel::storage {
 
 // Note [Diff across frameworks]
 // A PyTorch run and a Keel run of one model (tests/python/keel_gpt.py against configs/*.json)
-// execute different ops: ATen's `mm`/`addmm` where Keel has `matmul`, `native_layer_norm` for
+// execute different ops: ATen's `mm`/`bmm` where Keel has `matmul`, `native_layer_norm` for
 // `layer_norm`, `_log_softmax` + `nll_loss_forward` for `cross_entropy`, attention as bmm +
 // softmax where Keel runs one flashmask_attention, and views (`t`, `view`, `_unsafe_view`,
 // `transpose`) Keel does not record as the same ops, if at all. Op signatures never match, so
