@@ -56,6 +56,17 @@ const TensorRecord* findTensor(const OpRecord& op, Role role, int32_t index) {
   return nullptr;
 }
 
+// A tensor on one side only: Diverged, basis Missing.
+TensorDiff missingTensor(Role role, int32_t index, bool inA) {
+  TensorDiff d;
+  d.role = role;
+  d.index = index;
+  d.status = DiffStatus::Diverged;
+  d.basis = DiffBasis::Missing;
+  d.detail = inA ? "only in A" : "only in B";
+  return d;
+}
+
 // Compares all tensors of one role, by index (a tensor on one side only is Diverged/Missing).
 std::vector<TensorDiff> compareRole(const OpRecord& a, const OpRecord& b, Role role,
                                     const DiffOptions& opt, const DumpValues& values) {
@@ -73,35 +84,14 @@ std::vector<TensorDiff> compareRole(const OpRecord& a, const OpRecord& b, Role r
     if (ta && tb) {
       out.push_back(compareTensors(*ta, *tb, a.seq, b.seq, opt, values));
     } else {
-      TensorDiff d;
-      d.role = role;
-      d.index = idx;
-      d.status = DiffStatus::Diverged;
-      d.basis = DiffBasis::Missing;
-      d.detail = ta ? "only in A" : "only in B";
-      out.push_back(std::move(d));
+      out.push_back(missingTensor(role, idx, ta != nullptr));
     }
   }
   return out;
 }
 
-const TensorRecord* firstOutput(const OpRecord& op) {
-  const TensorRecord* best = nullptr;
-  for (const TensorRecord& t : op.tensors)
-    if (t.role == Role::Output && (!best || t.index < best->index)) best = &t;
-  return best;
-}
-
-// The element count of a shape; -1 for a negative dimension or a count past int64 (a damaged
-// recording).
-int64_t elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || (d > 0 && n > INT64_MAX / d)) return -1;
-    n *= d;
-  }
-  return n;
-}
+using detail::elementCount;
+using detail::firstOutput;
 
 // Module alignment (Note [Diff across frameworks]): one tensor of each side compared, their
 // elements in row-major order whatever the two shapes, when the counts and dtypes agree.
@@ -109,7 +99,8 @@ TensorDiff compareAcross(const TensorRecord& ta, const TensorRecord& tb, uint64_
                          uint64_t seqB, const DiffOptions& opt, const DumpValues& values) {
   TensorRecord sameA = ta, sameB = tb;
   const bool reshaped = ta.shape != tb.shape && ta.dtype == tb.dtype &&
-                        elements(ta.shape) == elements(tb.shape) && elements(ta.shape) >= 0;
+                        elementCount(ta.shape) == elementCount(tb.shape) &&
+                        elementCount(ta.shape) >= 0;
   if (reshaped) {
     // Keel's MD5s end with the shape (docs/capture.md): equal elements in two shapes hash
     // differently, so only values and statistics can say they are equal.
@@ -129,14 +120,7 @@ std::vector<TensorDiff> compareFirstOutputs(const OpRecord& a, const OpRecord& b
   const TensorRecord* ta = firstOutput(a);
   const TensorRecord* tb = firstOutput(b);
   if (!ta && !tb) return {};
-  if (!ta || !tb) {
-    TensorDiff d;
-    d.role = Role::Output;
-    d.status = DiffStatus::Diverged;
-    d.basis = DiffBasis::Missing;
-    d.detail = ta ? "only in A" : "only in B";
-    return {d};
-  }
+  if (!ta || !tb) return {missingTensor(Role::Output, 0, ta != nullptr)};
   return {compareAcross(*ta, *tb, a.seq, b.seq, opt, values)};
 }
 
@@ -235,29 +219,54 @@ std::map<int64_t, std::vector<const OpRecord*>> byStep(const std::vector<OpRecor
   return steps;
 }
 
-// Module alignment's first and root divergence (Note [Diff across frameworks]): inputs do not
-// correspond one to one across frameworks, so a pair is judged by the ops that fed it, found
-// through views.
-void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
-                      const std::map<int64_t, std::vector<const OpRecord*>>& stepsA,
-                      const std::map<int64_t, std::vector<const OpRecord*>>& stepsB,
-                      const DiffOptions& opt) {
+// The diverged pairs, by side A's seq: the first divergence and the root candidates in order.
+std::vector<const Row*> divergedRows(const std::vector<Row>& rows) {
   std::vector<const Row*> diverged;
   for (const Row& r : rows)
     if (r.a && r.b && r.status == DiffStatus::Diverged) diverged.push_back(&r);
-  if (diverged.empty()) return;
-  rep.rootSearched = true;
   std::sort(diverged.begin(), diverged.end(),
             [](const Row* x, const Row* y) { return x->a->seq < y->a->seq; });
-  std::vector<const OpRecord*> allA, allB;  // views included: the walk back crosses them
-  for (const auto& [_, ops] : stepsA) allA.insert(allA.end(), ops.begin(), ops.end());
-  for (const auto& [_, ops] : stepsB) allB.insert(allB.end(), ops.begin(), ops.end());
-  const Producers prodA(allA), prodB(allB);
-  std::unordered_map<uint64_t, const Row*> rowByA, rowByB;
-  for (const Row& r : rows) {
-    if (r.a) rowByA.emplace(r.a->seq, &r);
-    if (r.b) rowByB.emplace(r.b->seq, &r);
+  return diverged;
+}
+
+// What the first and root search of either alignment works over: each side's ops (whose
+// producers it finds), the row of every aligned op, and the divergence at a row.
+struct Sides {
+  Sides(std::vector<const OpRecord*> a, std::vector<const OpRecord*> b,
+        const std::vector<Row>& rows)
+      : allA(std::move(a)), allB(std::move(b)), prodA(allA), prodB(allB) {
+    for (const Row& r : rows) {
+      if (r.a) rowByA.emplace(r.a->seq, &r);
+      if (r.b) rowByB.emplace(r.b->seq, &r);
+    }
   }
+  Sides(const Sides&) = delete;  // the producers point into allA and allB
+  Sides& operator=(const Sides&) = delete;
+
+  // The pair (or one-sided op) at r with its input verdicts and each side's feeding chain.
+  Divergence divergence(const Row& r, std::vector<TensorDiff> inputs,
+                        const DiffOptions& opt) const {
+    Divergence dv;
+    dv.pair = toPair(r);
+    dv.inputs = std::move(inputs);
+    if (r.a) dv.chainA = buildChain(*r.a, prodA, rowByA, opt);
+    if (r.b) dv.chainB = buildChain(*r.b, prodB, rowByB, opt);
+    return dv;
+  }
+
+  std::vector<const OpRecord*> allA, allB;
+  Producers prodA, prodB;
+  std::unordered_map<uint64_t, const Row*> rowByA, rowByB;
+};
+
+// Module alignment's first and root divergence (Note [Diff across frameworks]): inputs do not
+// correspond one to one across frameworks, so a pair is judged by the ops that fed it, found
+// through views.
+void divergenceAcross(DiffReport& rep, const std::vector<const Row*>& diverged, const Sides& sides,
+                      const DiffOptions& opt) {
+  const auto &allA = sides.allA, &allB = sides.allB;
+  const Producers &prodA = sides.prodA, &prodB = sides.prodB;
+  const auto &rowByA = sides.rowByA, &rowByB = sides.rowByB;
   // The ops whose outputs reach op's inputs, walking back through views and copies.
   std::unordered_map<uint64_t, size_t> posA, posB;
   for (size_t i = 0; i < allA.size(); ++i) posA.emplace(allA[i]->seq, i);
@@ -340,7 +349,8 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
       const TensorRecord* ta = findTensor(*r.a, Role::Input, index);
       const TensorRecord* tb = findTensor(*r.b, Role::Input, index);
       TensorDiff t;
-      if (ta && tb && ta->dtype == tb->dtype && elements(ta->shape) == elements(tb->shape)) {
+      if (ta && tb && ta->dtype == tb->dtype &&
+          elementCount(ta->shape) == elementCount(tb->shape)) {
         t = compareAcross(*ta, *tb, r.a->seq, r.b->seq, opt, {});
       } else {
         t.status = DiffStatus::Unmatched;
@@ -359,12 +369,7 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
     return in;
   };
   auto divergence = [&](const Row& r, std::vector<TensorDiff> inputs) {
-    Divergence dv;
-    dv.pair = toPair(r);
-    dv.inputs = std::move(inputs);
-    if (r.a) dv.chainA = buildChain(*r.a, prodA, rowByA, opt);
-    if (r.b) dv.chainB = buildChain(*r.b, prodB, rowByB, opt);
-    return dv;
+    return sides.divergence(r, std::move(inputs), opt);
   };
   rep.first = divergence(*diverged.front(), inputsAcross(*diverged.front()));
   for (const Row* r : diverged) {
@@ -389,25 +394,17 @@ void divergenceAcross(DiffReport& rep, const std::vector<Row>& rows,
       // bmm + softmax): the two decompositions differ here, and neither side's op can be
       // compared alone. The pair they feed is where the difference shows.
       rep.root = r == diverged.front() ? *rep.first : divergence(*r, inputsAcross(*r));
-      TensorDiff note;
-      note.role = Role::Output;
-      note.status = DiffStatus::Diverged;
-      note.detail = "fed on both sides by ops with no counterpart (A " + label(*culprits[0]) +
-                    ", B " + label(*culprits[1]) +
-                    ") whose own inputs match: the difference is in those ops";
-      rep.root->pair.outputs.push_back(std::move(note));
+      rep.root->note = "fed on both sides by ops with no counterpart (A " + label(*culprits[0]) +
+                       ", B " + label(*culprits[1]) +
+                       ") whose own inputs match: the difference is in those ops";
       break;
     }
     if (const OpRecord* culprit = culprits[0] ? culprits[0] : culprits[1]) {
       const bool culpritA = culprits[0] != nullptr;
       rep.root = divergence(*(culpritA ? rowByA : rowByB).at(culprit->seq), {});
-      TensorDiff feeds;
-      feeds.role = Role::Output;
-      feeds.status = DiffStatus::Diverged;
-      feeds.detail = "feeds " + std::string(culpritA ? "A " : "B ") +
-                     label(culpritA ? *r->a : *r->b) +
-                     ", which diverged; everything feeding it matches";
-      rep.root->pair.outputs.push_back(std::move(feeds));
+      rep.root->note = "feeds " + std::string(culpritA ? "A " : "B ") +
+                       label(culpritA ? *r->a : *r->b) +
+                       ", which diverged; everything feeding it matches";
       break;
     }
   }
@@ -482,37 +479,28 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
   }
 
   // First and root divergence (see docs/diff.md "Root divergence").
-  if (modules) {
-    divergenceAcross(rep, rows, stepsA, stepsB, opt);
-    rep.pairs.reserve(opt.mismatchesOnly ? 0 : rows.size());
-    for (const Row& r : rows)
-      if (!opt.mismatchesOnly || r.status != DiffStatus::Equal) rep.pairs.push_back(toPair(r));
-    return rep;
-  }
-  std::vector<const Row*> diverged;
-  for (const Row& r : rows)
-    if (r.a && r.b && r.status == DiffStatus::Diverged) diverged.push_back(&r);
-  if (!diverged.empty()) {
-    rep.rootSearched = true;
-    std::sort(diverged.begin(), diverged.end(),
-              [](const Row* x, const Row* y) { return x->a->seq < y->a->seq; });
+  const std::vector<const Row*> diverged = divergedRows(rows);
+  rep.rootSearched = !diverged.empty();
+  if (!diverged.empty() && modules) {
+    // Views are not in the rows, and the walk back crosses them: every op of each side.
     std::vector<const OpRecord*> allA, allB;
-    std::unordered_map<uint64_t, const Row*> rowByA, rowByB;
+    for (const auto& [_, ops] : stepsA) allA.insert(allA.end(), ops.begin(), ops.end());
+    for (const auto& [_, ops] : stepsB) allB.insert(allB.end(), ops.begin(), ops.end());
+    const Sides sides(std::move(allA), std::move(allB), rows);
+    divergenceAcross(rep, diverged, sides, opt);
+  } else if (!diverged.empty()) {
+    std::vector<const OpRecord*> allA, allB;
     for (const Row& r : rows) {
-      if (r.a) allA.push_back(r.a), rowByA.emplace(r.a->seq, &r);
-      if (r.b) allB.push_back(r.b), rowByB.emplace(r.b->seq, &r);
+      if (r.a) allA.push_back(r.a);
+      if (r.b) allB.push_back(r.b);
     }
     std::sort(allA.begin(), allA.end(), [](auto* x, auto* y) { return x->seq < y->seq; });
     std::sort(allB.begin(), allB.end(), [](auto* x, auto* y) { return x->seq < y->seq; });
-    Producers prodA(allA), prodB(allB);
-
+    const Sides sides(std::move(allA), std::move(allB), rows);
+    const Producers &prodA = sides.prodA, &prodB = sides.prodB;
+    const auto& rowByA = sides.rowByA;
     auto makeDivergence = [&](const Row& r, std::vector<TensorDiff> inputs) {
-      Divergence dv;
-      dv.pair = toPair(r);
-      dv.inputs = std::move(inputs);
-      dv.chainA = buildChain(*r.a, prodA, rowByA, opt);
-      dv.chainB = buildChain(*r.b, prodB, rowByB, opt);
-      return dv;
+      return sides.divergence(r, std::move(inputs), opt);
     };
     // An input's verdict is its producer pair's verdict on that tensor when both runs read it
     // from the aligned producer (that verdict may rest on dumps); else a direct comparison.

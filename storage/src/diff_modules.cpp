@@ -117,29 +117,12 @@ constexpr bool sortedByName() {
 }
 static_assert(sortedByName(), "kKinds must be sorted by name");
 
-const TensorRecord* firstOutput(const OpRecord& op) {
-  const TensorRecord* best = nullptr;
-  for (const TensorRecord& t : op.tensors)
-    if (t.role == Role::Output && (!best || t.index < best->index)) best = &t;
-  return best;
-}
-
-int64_t elementCount(const TensorRecord& t) {
-  int64_t n = 1;
-  for (int64_t d : t.shape) {
-    if (d <= 0) return 0;
-    if (n > INT64_MAX / d) return -1;  // a damaged record: no pairing on it
-    n *= d;
-  }
-  return n;
-}
-
 // What ops of one (phase, scope, kind) group are paired on: the first output's element count and
 // dtype.
 uint64_t sizeKey(const OpRecord& op) {
-  const TensorRecord* t = firstOutput(op);
+  const TensorRecord* t = detail::firstOutput(op);
   if (!t) return 0x9e3779b97f4a7c15ull;
-  uint64_t h = static_cast<uint64_t>(elementCount(*t)) * 0x100000001b3ull;
+  uint64_t h = static_cast<uint64_t>(detail::elementCount(t->shape)) * 0x100000001b3ull;
   for (char c : t->dtype) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
   return h;
 }

@@ -106,10 +106,12 @@ Json divergenceJson(const std::optional<Divergence>& d) {
   if (!d) return nullptr;
   Json inputs = Json::array();
   for (const TensorDiff& t : d->inputs) inputs.push_back(tensorJson(t));
-  return Json{{"pair", pairJson(d->pair)},
-              {"inputs", std::move(inputs)},
-              {"chainA", chainJson(d->chainA)},
-              {"chainB", chainJson(d->chainB)}};
+  Json j{{"pair", pairJson(d->pair)},
+         {"inputs", std::move(inputs)},
+         {"chainA", chainJson(d->chainA)},
+         {"chainB", chainJson(d->chainB)}};
+  if (!d->note.empty()) j["note"] = d->note;
+  return j;
 }
 
 Json stepJson(const StepDiff& s) {
@@ -203,13 +205,8 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
   if (p.inA != p.inB)
     out += std::string("  only in ") + (p.inA ? "A" : "B") +
            ": an op with no counterpart in the other run changed the value\n";
-  for (const TensorDiff& t : p.outputs) {
-    if (t.basis == DiffBasis::None && t.status == DiffStatus::Diverged) {  // a note, no tensor
-      out += "  " + t.detail + "\n";
-      continue;
-    }
-    out += "  " + tensorLine(t) + "\n";
-  }
+  if (!d.note.empty()) out += "  " + d.note + "\n";
+  for (const TensorDiff& t : p.outputs) out += "  " + tensorLine(t) + "\n";
   for (const TensorDiff& t : d.inputs) out += "  " + tensorLine(t) + "\n";
   for (auto [side, chain] : {std::pair{"A", &d.chainA}, std::pair{"B", &d.chainB}}) {
     if (chain->empty()) continue;
@@ -293,11 +290,8 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     out += "\n";
     if (r.root && r.root->pair.inA && r.root->pair.seqA == r.first->pair.seqA) {
       std::string why = "its inputs all match";
-      if (r.options.align == DiffAlign::Module) {  // judged by what fed it, not input by input
-        why = "the ops feeding it match";
-        for (const TensorDiff& t : r.root->pair.outputs)
-          if (t.basis == DiffBasis::None && t.status == DiffStatus::Diverged) why = t.detail;
-      }
+      if (r.options.align == DiffAlign::Module)  // judged by what fed it, not input by input
+        why = r.root->note.empty() ? "the ops feeding it match" : r.root->note;
       out += "root divergence: the first divergence (" + why + ")\n\n";
     } else if (r.root) {
       divergenceText(out, "root divergence", *r.root);

@@ -124,6 +124,9 @@ struct Divergence {
   OpPair pair;
   std::vector<TensorDiff> inputs;  // input verdicts (A vs B, by input index)
   std::vector<ChainLink> chainA, chainB;
+  // Module alignment: why this is the root when its inputs alone do not say (an op on one side
+  // only that feeds the first divergence; ops with no counterpart on both sides); "" otherwise.
+  std::string note;
 };
 
 struct StepDiff {
