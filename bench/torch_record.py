@@ -2,7 +2,8 @@
 """keel_torch's recording overhead (issue 19): a PyTorch step of the GPT in bench/torch_gpt.py
 (gpt-mini's size by default) unrecorded, recorded graph only (md5=False, stats=False), and with
 MD5s and statistics, measured in one process with the three alternating step by step, so the
-ratios share the machine's state. Prints the median step time of each and the ratios.
+ratios share the machine's state. Prints the median step time of each and the ratios, and what a
+recorded step hashed and reused (Note [keel_torch content cache] in python/keel_torch/_keel.cpp).
 
 Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_record.py \
            configs/gpt-mini.json [--steps 15] [--threads 2]
@@ -39,6 +40,7 @@ def main():
     modes = {"unrecorded": None, "graph only": (False, False), "md5 + stats": (True, True)}
     times = {m: [] for m in modes}
     ops = {}
+    hashed = reused = (0, 0)
     with tempfile.TemporaryDirectory() as tmp:
         for step in range(a.steps + 2):
             for mode, capture in modes.items():
@@ -50,6 +52,8 @@ def main():
                                            stats=capture[1]) as session:
                         dt = one_step()
                     ops[mode] = session.seq
+                    if capture[0]:
+                        hashed, reused = session.hashed, session.reused
                 if step >= 2:  # two warm-up rounds
                     times[mode].append(dt)
     base = statistics.median(times["unrecorded"])
@@ -58,6 +62,9 @@ def main():
     for mode in modes:
         med = statistics.median(times[mode])
         print(f"  {mode:12s} {1000 * med:8.2f} ms/step  x{med / base:.2f}")
+    # Note [keel_torch content cache]: what one recorded step hashed, and what it reused.
+    print(f"  md5 + stats step: {hashed[0]} tensors hashed ({hashed[1] / 2**20:.1f} MiB), "
+          f"{reused[0]} reused ({reused[1] / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

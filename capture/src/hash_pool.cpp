@@ -1,6 +1,6 @@
 // The capture's hashing thread and the batches it hashes (see hash_pool.h and Note [Hashing off
 // the engine thread] in recorder.cpp).
-#include "hash_pool.h"
+#include "keel/capture/hash_pool.h"
 
 #include <pthread.h>
 
@@ -50,6 +50,19 @@ std::optional<Md5Message> prepare(InFlight& f) {
       return std::nullopt;
     }
     return Md5Message{{std::span<const uint8_t>(job.snapshot)}};
+  }
+  if (job.external) {  // the caller's memory (keel_torch: PyTorch's)
+    const int64_t n = job.bytes / int64_t(dtypeSize(job.dtype));
+    if (job.stats) f.stats.emplace(job.dtype, statsShift(job.dtype, job.external, n));
+    f.elementBytes = dtypeSize(job.dtype);
+    if (!job.md5) {
+      if (f.stats) {
+        f.stats->add(job.external, n);
+        job.statsResult = f.stats->finish();
+      }
+      return std::nullopt;
+    }
+    return Md5Message{{std::span<const uint8_t>(job.external, size_t(job.bytes))}};
   }
   const Tensor& t = job.tensor;
   f.pin.emplace(*t.buffer());
@@ -178,7 +191,10 @@ void HashPool::settle(uint64_t bufferId) {
       rounded = true;  // needs the tensor itself: hashed below
       continue;
     }
-    j->snapshot = contiguousBytes(j->tensor);  // this thread is the only writer: no pin needed
+    if (j->external)
+      j->snapshot.assign(j->external, j->external + j->bytes);
+    else
+      j->snapshot = contiguousBytes(j->tensor);  // this thread is the only writer: no pin needed
     if (j->dtype == DType::Bool)
       for (auto& b : j->snapshot) b = b ? 1 : 0;
     j->detached = true;

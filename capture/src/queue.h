@@ -16,7 +16,7 @@
 #include <variant>
 #include <vector>
 
-#include "hash_pool.h"
+#include "keel/capture/hash_pool.h"
 #include "keel/storage/records.h"
 #include "stacks.h"
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "hash_pool.h"
+#include "keel/capture/hash_pool.h"
 #include "keel/buffer.h"
 #include "keel/capture/hash.h"
 #include "keel/dispatch.h"

@@ -72,6 +72,7 @@ _DTYPES = {
     torch.bool: "bool",
 }
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_now = time.monotonic_ns
 _OWN_DIR = os.path.dirname(__file__)
 
 
@@ -112,6 +113,23 @@ def _tensors(values):
     return found
 
 
+def _written_arguments(func):
+    """The arguments an ATen op writes (`Tensor(a!)` in its schema): (position, name) of each,
+    position None for a keyword-only one."""
+    written = []
+    try:
+        arguments = func._schema.arguments
+    except AttributeError:
+        return ()
+    position = 0
+    for a in arguments:
+        if a.alias_info is not None and a.alias_info.is_write:
+            written.append((None if a.kwarg_only else position, a.name))
+        if not a.kwarg_only:
+            position += 1
+    return tuple(written)
+
+
 _active = threading.local()
 
 
@@ -131,7 +149,7 @@ class _Session(TorchDispatchMode):
             seed, options, torch.__version__)
         self.hashes = bool(md5 or stats or rounded_md5)
         # Hashed off the Python thread (Note [keel_torch hashing off the Python thread]).
-        self.rec.hashing(md5, stats, rounded_md5, max(1, min(4, (os.cpu_count() or 2))))
+        self.rec.hashing(md5, stats, rounded_md5, _host_bytes)
         self.names = {}
         self.model = model
         if model is not None:
@@ -150,30 +168,25 @@ class _Session(TorchDispatchMode):
         self.pending_end = None  # the optimizer stepped: the step's record is due
         self.in_zero_grad = False
         self.undo = []
-        # Tensor identities: a number per tensor object for its lifetime (Python's id() is
-        # reused once an object is freed, which would join unrelated ops in the graph):
-        # id() -> (number, weak reference).
-        self.ids = {}
         self.funcs = {}  # ATen overload -> (op name, attributes JSON)
-        self.hooked = set()       # output tensors given a backward-scope hook
+        self.hooked = {}          # output tensors given a backward-scope hook: id -> weakref
         self.backward_scope = ""  # the module whose backward is running
         # Note [keel_torch forward links]
         self.pending_outputs = []  # (seq, outputs) of the last forward op, hooked at the next op
         self.forward_seq = 0       # the forward op whose autograd node is running (backward)
         self.forward_scopes = {}   # this step's forward ops that may have a backward: seq -> scope
         self.after_backward = False  # .backward() returned and no module has run since
-        self.next_id = 0
 
-    def tensor_id(self, t):
-        # id() is reused once an object dies: an entry counts only while its weak reference
-        # still names this object (a weakref.ref is cheaper than a finalizer per tensor; the
-        # dead entries go at each step's end).
-        entry = self.ids.get(id(t))
-        if entry is not None and entry[1]() is t:
-            return entry[0]
-        self.next_id += 1
-        self.ids[id(t)] = (self.next_id, weakref.ref(t))
-        return self.next_id
+    @property
+    def hashed(self):
+        """(tensors, bytes) whose bytes were hashed (Note [keel_torch content cache])."""
+        return self.rec.counts()["hashed"]
+
+    @property
+    def reused(self):
+        """(tensors, bytes) that took the results of an identical tensor hashed earlier in the
+        step instead."""
+        return self.rec.counts()["reused"]
 
     # ---- scopes, phases, step boundaries -----------------------------------------------------
 
@@ -202,16 +215,14 @@ class _Session(TorchDispatchMode):
         # ready, just before autograd runs the ops that produced them; the backward ops from
         # then on are this module's (the innermost module's: an output already hooked keeps
         # its first, innermost, scope).
-        for t in tree_flatten(output)[0]:
+        tensors = (output,) if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
+        for t in tensors:
             if torch.is_tensor(t) and t.requires_grad and t.grad_fn is not None:
-                key = id(t)
-                if key in self.hooked:
+                # id() names the object only while the weak reference does (ids are reused).
+                seen = self.hooked.get(id(t))
+                if seen is not None and seen() is t:
                     continue
-                self.hooked.add(key)
-                try:
-                    weakref.finalize(t, self.hooked.discard, key)
-                except TypeError:
-                    pass
+                self.hooked[id(t)] = weakref.ref(t)
                 t.register_hook(self._backward_scope(name))
 
     def _hook_forward_outputs(self):
@@ -313,7 +324,7 @@ class _Session(TorchDispatchMode):
         self.last_loss = float("nan")
         self.step_begin = time.monotonic_ns()
         self.forward_scopes = {}
-        self.ids = {k: v for k, v in self.ids.items() if v[1]() is not None}
+        self.hooked = {k: r for k, r in self.hooked.items() if r() is not None}
 
     # ---- ops ---------------------------------------------------------------------------------
 
@@ -324,19 +335,16 @@ class _Session(TorchDispatchMode):
             return d
         return scope == d or scope.startswith(d + ".") or d == ""
 
-    def _tensor(self, t, output, index, dump=False):
-        """One tensor as _keel.Recording.op takes it: a tuple (see _keel.cpp tensorRecord), its
-        bytes to hash (copied and hashed off this thread) or to dump, or None."""
-        data = _host_bytes(t) if (self.hashes or dump) and t.dtype in _DTYPES else None
-        size = t.element_size()
-        offset = t.storage_offset()
-        try:  # the storage's base address: views of one buffer share it
-            buffer = t.data_ptr() - offset * size
-        except Exception:
-            buffer = 0
-        return (output, index, self.tensor_id(t), t._version, buffer, tuple(t.shape),
-                t.stride(), offset, _DTYPES.get(t.dtype) or _dtype_name(t),
-                str(t.device) if t.is_cuda else "cpu", t.numel() * size, data)
+    @staticmethod
+    def _written_tensors(written, args, kwargs):
+        """The tensors an op writes: its arguments at the (position, name) pairs in `written`."""
+        tensors = []
+        for position, name in written:
+            value = args[position] if position is not None and position < len(args) \
+                else kwargs.get(name)
+            if value is not None:
+                tensors.extend(_tensors(value))
+        return tensors
 
     def _stack(self):
         frames = []
@@ -363,23 +371,35 @@ class _Session(TorchDispatchMode):
                 self.step_begin = time.monotonic_ns()
             if self.pending_outputs:
                 self._hook_forward_outputs()
+            # Name, attributes, written arguments once per ATen overload (keyed by id: an
+            # overload's __hash__ is Python code; the entry keeps the overload alive).
+            known = self.funcs.get(id(func))
+            if known is None:
+                name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+                known = self.funcs[id(func)] = (name, json.dumps({"aten": str(func)}),
+                                                _written_arguments(func), func)
+            name, attrs, written, _ = known
+            if name.startswith("_record_function"):  # the profiler's markers, not computation
+                return func(*args, **kwargs)
             inputs = _tensors(args) + (_tensors(tuple(kwargs.values())) if kwargs else [])
-            records = [self._tensor(t, False, i) for i, t in enumerate(inputs)]
-            begin = time.monotonic_ns()
-            out = func(*args, **kwargs)
-            end = time.monotonic_ns()
+            if written:
+                # The inputs are read before the op writes them (their version, their bytes:
+                # Note [keel_torch hashing off the Python thread], [keel_torch content cache]).
+                self.rec.before_write(inputs, self._written_tensors(written, args, kwargs))
+                begin = _now()
+                try:
+                    out = func(*args, **kwargs)
+                finally:
+                    self.rec.after_write()
+                recorded_inputs = None
+            else:
+                begin = _now()
+                out = func(*args, **kwargs)
+                recorded_inputs = inputs
+            end = _now()
             outputs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
             self.seq += 1
             self.step_ops += 1
-            known = self.funcs.get(func)
-            if known is None:  # name and attributes once per ATen overload
-                name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
-                known = self.funcs[func] = (name, json.dumps({"aten": str(func)}))
-            name, attrs = known
-            if name.startswith("_record_function"):  # the profiler's markers, not computation
-                self.seq -= 1
-                self.step_ops -= 1
-                return out
             forward_seq = 0
             phase = self.phase
             if phase == "backward":
@@ -400,9 +420,8 @@ class _Session(TorchDispatchMode):
                     phase = "optimizer"
             stack = self._stack() if self.stacks else -1
             dump = bool(self.dumps) and self._dumped(scope)
-            records += [self._tensor(t, True, i, dump) for i, t in enumerate(outputs)]
             self.rec.op(self.seq, self.step_no, phase, name, scope, attrs, begin, end,
-                        forward_seq, stack, records, dump)
+                        forward_seq, stack, recorded_inputs, outputs, dump)
             return out
         finally:
             self.busy = False

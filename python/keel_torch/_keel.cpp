@@ -10,14 +10,17 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/capture/hash.h"
+#include "keel/capture/hash_pool.h"
 #include "keel/capture/md5_multi.h"
 #include "keel/dtype.h"
 #include "keel/storage/torch_memory.h"
@@ -64,20 +67,32 @@ void checkDigits(int digits) {
                                 std::to_string(digits));
 }
 
-// The bytes of a contiguous `dtype` buffer of `shape` copied into a host tensor Keel can hash;
-// undefined for a dtype Keel lacks (its tensors get no MD5 or statistics).
-Tensor hostCopy(const py::buffer& data, const std::string& dtype,
-                const std::vector<int64_t>& shape) {
-  const std::optional<DType> t = keelDType(dtype);
-  if (!t) return Tensor();
-  const py::buffer_info info = data.request();
-  Tensor host = Tensor::empty(shape, *t, Device(Backend::Cpu));
-  const size_t bytes = size_t(host.nbytes());
-  if (size_t(info.size * info.itemsize) != bytes)
-    throw std::invalid_argument("keel_torch: " + std::to_string(info.size * info.itemsize) +
+// A contiguous `dtype` buffer of `shape` (its size checked), or null for a dtype Keel lacks (its
+// tensors get no MD5 or statistics). The view holds the buffer's owner: release it with the GIL.
+std::unique_ptr<py::buffer_info> bufferView(const py::buffer& data, const std::string& dtype,
+                                            const std::vector<int64_t>& shape, DType& t) {
+  const std::optional<DType> k = keelDType(dtype);
+  if (!k) return nullptr;
+  t = *k;
+  auto info = std::make_unique<py::buffer_info>(data.request());
+  size_t bytes = dtypeSize(t);
+  for (const int64_t d : shape) bytes *= size_t(d);
+  if (size_t(info->size * info->itemsize) != bytes)
+    throw std::invalid_argument("keel_torch: " + std::to_string(info->size * info->itemsize) +
                                 " bytes for a " + dtype + " tensor of " + std::to_string(bytes) +
                                 " bytes");
-  if (bytes) std::memcpy(host.data(), info.ptr, bytes);
+  return info;
+}
+
+// The bytes of a contiguous `dtype` buffer of `shape` copied into a host tensor Keel can hash;
+// undefined for a dtype Keel lacks.
+Tensor hostCopy(const py::buffer& data, const std::string& dtype,
+                const std::vector<int64_t>& shape) {
+  DType t{};
+  const std::unique_ptr<py::buffer_info> info = bufferView(data, dtype, shape, t);
+  if (!info) return Tensor();
+  Tensor host = Tensor::empty(shape, t, Device(Backend::Cpu));
+  if (host.nbytes()) std::memcpy(host.data(), info->ptr, size_t(host.nbytes()));
   return host;
 }
 
@@ -117,159 +132,332 @@ py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vecto
   return py::make_tuple(r.md5, st, r.md5Rounded);
 }
 
-// One tensor from keel_torch's tuple: (output, index, id, version, buffer, shape, strides,
-// offset, dtype, device, bytes, data): data is the contiguous bytes to hash (a buffer), or None.
-storage::TensorRecord tensorRecord(const py::tuple& d) {
-  if (d.size() != 12) throw std::invalid_argument("keel_torch: a tensor record has 12 fields");
-  storage::TensorRecord t;
-  t.role = d[0].cast<bool>() ? storage::Role::Output : storage::Role::Input;
-  t.index = d[1].cast<int32_t>();
-  t.tensorId = d[2].cast<uint64_t>();
-  t.version = d[3].cast<uint64_t>();
-  t.bufferId = d[4].cast<uint64_t>();
-  t.shape = d[5].cast<std::vector<int64_t>>();
-  t.strides = d[6].cast<std::vector<int64_t>>();
-  t.offset = d[7].cast<int64_t>();
-  t.dtype = d[8].cast<std::string>();
-  t.device = d[9].cast<std::string>();
-  t.bytes = d[10].cast<int64_t>();
-  return t;
-}
-
-// Note [keel_torch hashing off the Python thread]: an op's tensors are copied (under the GIL:
-// PyTorch may change them right after) and hashed by worker threads while Python runs on; the
-// op's record is written once its hashes are done, in op order, by the thread that calls op()
-// (the writer is single-threaded). At most kMaxPendingBytes of copies wait; past that op() waits
-// (without the GIL) for the oldest. step() and close() wait for all. The copies are made and
-// freed on the calling thread; the workers only read them.
-class HashQueue {
+// Note [keel_torch tensors read in C++]: an op's tensors are read here, from the PyTorch objects
+// (their attributes through the C API, the dtype's name and size looked up once per dtype), not
+// in Python: a recording's cost per op is mostly this bookkeeping, and Python bytecode and the
+// tuples it built cost twice what the attribute reads do. What needs Python stays there: which
+// ops to record, their scopes and phases, the bytes of a tensor to hash (keel_torch._host_bytes,
+// called here for a tensor not hashed yet).
+//
+// A tensor's identity is a number per Python object for its lifetime: id() is reused once an
+// object is freed, which would join unrelated ops in the graph, so each number is kept with a
+// weak reference and counts only while it still names the object (dead entries go at each step).
+class TensorReader {
  public:
-  static constexpr size_t kMaxPendingBytes = size_t(256) << 20;
-  struct Pending {
-    storage::OpRecord op;
-    std::vector<std::pair<size_t, Tensor>> work;  // (tensor index, its bytes)
-    size_t bytes = 0;
-    int left = 0;  // hashes not done (guarded by mu_)
-  };
-  HashQueue(Hashing h, int threads) : h_(h) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
-  }
-  ~HashQueue() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+  TensorReader()
+      : version_(intern("_version")),
+        shape_(intern("shape")),
+        stride_(intern("stride")),
+        storageOffset_(intern("storage_offset")),
+        dataPtr_(intern("data_ptr")),
+        dtype_(intern("dtype")),
+        isCuda_(intern("is_cuda")),
+        device_(intern("device")),
+        elementSize_(intern("element_size")) {}
+
+  // The record of tensor `t` (role, index set by the caller); its dtype, and the dtype's Keel
+  // equivalent (or nullopt).
+  storage::TensorRecord read(py::handle t, std::optional<DType>& keel) {
+    storage::TensorRecord r;
+    r.tensorId = identity(t.ptr());
+    r.version = uint64_t(intAttr(t, version_));
+    ints(attr(t, shape_), r.shape);
+    ints(call(t, stride_), r.strides);
+    r.offset = intOf(call(t, storageOffset_));
+    const DTypeInfo& d = dtype(attr(t, dtype_), t);
+    r.dtype = d.name;
+    keel = d.keel;
+    int64_t n = 1;
+    for (const int64_t s : r.shape) n *= s;
+    r.bytes = n * d.size;
+    // The storage's base address: views of one buffer share it (0 where PyTorch has none).
+    PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), dataPtr_.ptr());
+    if (p) {
+      r.bufferId = uint64_t(PyLong_AsUnsignedLongLongMask(p)) - uint64_t(r.offset * d.size);
+      Py_DECREF(p);
+    } else {
+      PyErr_Clear();
     }
-    wake_.notify_all();
-    for (std::thread& t : workers_) t.join();
+    r.device = "cpu";
+    if (PyObject_IsTrue(attr(t, isCuda_).ptr()) == 1) r.device = py::str(attr(t, device_));
+    return r;
   }
-  // Queues an op (waiting while too many copies are pending); adds the records now ready to
-  // `ready`, in order.
-  void push(std::unique_ptr<Pending> p, std::vector<storage::OpRecord>& ready) {
-    {
-      py::gil_scoped_release nogil;
-      std::unique_lock<std::mutex> lk(mu_);
-      for (;;) {
-        drain(ready);
-        if (pendingBytes_ + p->bytes <= kMaxPendingBytes || ops_.empty()) break;
-        done_.wait(lk);
-      }
-      pendingBytes_ += p->bytes;
-      p->left = int(p->work.size());
-      for (size_t k = 0; k < p->work.size(); ++k) jobs_.push_back({p.get(), k});
-      ops_.push_back(std::move(p));
-      drain(ready);
+
+  // The buffer (storage base address) of `t`, or 0.
+  uint64_t buffer(py::handle t) {
+    PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), dataPtr_.ptr());
+    if (!p) {
+      PyErr_Clear();
+      return 0;
     }
-    wake_.notify_all();
+    const uint64_t ptr = uint64_t(PyLong_AsUnsignedLongLongMask(p));
+    Py_DECREF(p);
+    const int64_t offset = intOf(call(t, storageOffset_));
+    return ptr - uint64_t(offset * dtype(attr(t, dtype_), t).size);
   }
-  // Every queued op's record, in order, once its hashes are done.
-  void finish(std::vector<storage::OpRecord>& ready) {
-    py::gil_scoped_release nogil;
-    std::unique_lock<std::mutex> lk(mu_);
-    for (drain(ready); !ops_.empty(); drain(ready)) done_.wait(lk);
+
+  // Forgets the identities of dead objects.
+  void prune() {
+    for (auto it = ids_.begin(); it != ids_.end();) {
+      if (PyWeakref_GetObject(it->second.ref.ptr()) != it->first)
+        it = ids_.erase(it);
+      else
+        ++it;
+    }
   }
 
  private:
-  // The finished ops at the front, moved to `ready` (mu_ held).
-  void drain(std::vector<storage::OpRecord>& ready) {
-    while (!ops_.empty() && ops_.front()->left == 0) {
-      pendingBytes_ -= ops_.front()->bytes;
-      ready.push_back(std::move(ops_.front()->op));
-      ops_.pop_front();
+  struct DTypeInfo {
+    std::string name;
+    std::optional<DType> keel;
+    int64_t size = 1;
+  };
+  struct Identity {
+    uint64_t number = 0;
+    py::object ref;  // a weak reference to the object
+  };
+
+  static py::object intern(const char* s) {
+    return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(s));
+  }
+  static py::object attr(py::handle o, const py::object& name) {
+    PyObject* r = PyObject_GetAttr(o.ptr(), name.ptr());
+    if (!r) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(r);
+  }
+  static py::object call(py::handle o, const py::object& name) {
+    PyObject* r = PyObject_CallMethodNoArgs(o.ptr(), name.ptr());
+    if (!r) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(r);
+  }
+  static int64_t intOf(const py::object& o) {
+    const long long v = PyLong_AsLongLong(o.ptr());
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return int64_t(v);
+  }
+  static int64_t intAttr(py::handle o, const py::object& name) { return intOf(attr(o, name)); }
+  // A tuple of ints (torch.Size, strides) into `out`.
+  static void ints(const py::object& seq, std::vector<int64_t>& out) {
+    PyObject* s = seq.ptr();
+    if (!PyTuple_Check(s)) throw std::invalid_argument("keel_torch: expected a tuple of ints");
+    const Py_ssize_t n = PyTuple_GET_SIZE(s);
+    out.resize(size_t(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(s, i));
+      if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+      out[size_t(i)] = int64_t(v);
     }
   }
-
-  // A worker takes up to kBatch waiting tensors at once and hashes their MD5s together in SIMD
-  // lanes (capture::md5Many, the hasher keel record uses), then each one's statistics and
-  // rounded MD5.
-  static constexpr size_t kBatch = 16;
-  void run() {
-    std::unique_lock<std::mutex> lk(mu_);
-    std::vector<std::pair<Pending*, size_t>> batch;
-    for (;;) {
-      wake_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-      if (stop_) return;
-      batch.clear();
-      while (!jobs_.empty() && batch.size() < kBatch) {
-        batch.push_back(jobs_.front());
-        jobs_.pop_front();
-      }
-      lk.unlock();
-      hashBatch(batch);
-      lk.lock();
-      for (const auto& [p, k] : batch)
-        if (--p->left == 0) done_.notify_all();
-    }
+  const DTypeInfo& dtype(const py::object& dt, py::handle t) {
+    const auto it = dtypes_.find(dt.ptr());
+    if (it != dtypes_.end()) return it->second;
+    DTypeInfo d;
+    std::string name = py::str(dt);  // "torch.float32"
+    if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+    d.name = name;
+    d.keel = keelDType(name);
+    d.size = intOf(call(t, elementSize_));
+    dtypeRefs_.push_back(dt);  // keeps the key alive
+    return dtypes_.emplace(dt.ptr(), std::move(d)).first->second;
+  }
+  uint64_t identity(PyObject* t) {
+    const auto it = ids_.find(t);
+    if (it != ids_.end() && PyWeakref_GetObject(it->second.ref.ptr()) == t)
+      return it->second.number;
+    PyObject* ref = PyWeakref_NewRef(t, nullptr);
+    if (!ref) throw py::error_already_set();
+    Identity& e = ids_[t];
+    e.number = ++next_;
+    e.ref = py::reinterpret_steal<py::object>(ref);
+    return e.number;
   }
 
-  void hashBatch(const std::vector<std::pair<Pending*, size_t>>& batch) const {
-    if (h_.md5) {
-      std::vector<std::string> trailers;
-      std::vector<capture::Md5Message> msgs;
-      trailers.reserve(batch.size());
-      for (const auto& [p, k] : batch) {
-        const Tensor& t = p->work[k].second;
-        trailers.push_back(capture::hashTrailer(t.dtype(), t.shape()));
-        capture::Md5Message m;
-        m.parts.emplace_back(static_cast<const uint8_t*>(t.data()), size_t(t.nbytes()));
-        m.parts.emplace_back(reinterpret_cast<const uint8_t*>(trailers.back().data()),
-                             trailers.back().size());
-        msgs.push_back(std::move(m));
-      }
-      std::vector<capture::Md5Digest> digests(msgs.size());
-      capture::md5Many(msgs, digests);
-      for (size_t i = 0; i < batch.size(); ++i)
-        batch[i].first->op.tensors[batch[i].first->work[batch[i].second].first].md5 =
-            capture::toHex(digests[i].data(), digests[i].size());
+  py::object version_, shape_, stride_, storageOffset_, dataPtr_, dtype_, isCuda_, device_,
+      elementSize_;
+  std::unordered_map<PyObject*, DTypeInfo> dtypes_;
+  std::vector<py::object> dtypeRefs_;
+  std::unordered_map<PyObject*, Identity> ids_;
+  uint64_t next_ = 0;
+};
+
+// Note [keel_torch content cache]: the key of a tensor's content within a step.
+struct ContentKey {
+  uint64_t number = 0, version = 0, buffer = 0;
+  int64_t offset = 0;
+  std::vector<int64_t> shape, strides;
+  bool operator==(const ContentKey&) const = default;
+};
+struct ContentKeyHash {
+  size_t operator()(const ContentKey& k) const {
+    uint64_t h = k.number * 0x9e3779b97f4a7c15ull ^ k.version;
+    h = h * 0x100000001b3ull ^ k.buffer;
+    h = h * 0x100000001b3ull ^ uint64_t(k.offset);
+    for (const int64_t s : k.shape) h = h * 0x100000001b3ull ^ uint64_t(s);
+    for (const int64_t s : k.strides) h = h * 0x100000001b3ull ^ uint64_t(s);
+    return size_t(h);
+  }
+};
+
+// Note [keel_torch hashing off the Python thread]: an op's tensors are hashed by Keel's own
+// hashing thread (capture::detail::HashPool, the one keel record uses: the MD5 lanes streamed,
+// statistics fused into the same pass) while Python runs on, from PyTorch's own memory: the op's
+// record holds a buffer view of each tensor (which keeps it alive) and the pool reads the bytes
+// without the GIL. What PyTorch writes in place is announced first: before an op that writes an
+// argument (`Tensor(a!)` in its schema) runs, keel_torch calls before_write() with the written
+// buffers, and the pool copies every tensor of those buffers still queued (one being hashed is
+// waited for), so no recorded digest is of bytes an op changed after the op recorded them. The
+// op's record is written once its hashes are done, in op order, by the thread that calls op()
+// (the writer is single-threaded), and its views are released there, under the GIL. At most
+// kMaxPendingBytes are queued; past that op() hashes or waits (without the GIL). step() and
+// close() wait for all. The rounded MD5 hashes a copy (it reads a Keel tensor).
+//
+// Note [keel_torch content cache]
+// A step reads most tensors more than once (an op's output is the next ops' input; a parameter
+// feeds forward and backward), and a gpt-mini step in PyTorch would hash 999 MiB where 451 MiB
+// are distinct. The Python half keys each tensor by (its identity, its version counter, buffer,
+// offset, shape, strides) and gives each new key a slot; a tensor whose key is known this step is
+// passed without bytes and takes the slot's MD5, rounded MD5 and statistics when its op is
+// written (in op order, so the slot's first op is done by then). Bytes written without the
+// version counter seeing it (through `.data`, another alias with its own counter) are caught by
+// the ATen schema: after an op that writes an argument, every key on that argument's buffer is
+// dropped. The cache lives for one step (end_step and step() clear it). Bytes written by no ATen
+// op at all (through a NumPy array sharing a tensor's memory) are seen by neither.
+class HashQueue {
+ public:
+  static constexpr int64_t kMaxPendingBytes = int64_t(256) << 20;
+  struct Work {
+    size_t index = 0;  // the tensor's place in op.tensors
+    capture::detail::HashJobPtr job;
+    std::unique_ptr<py::buffer_info> view;  // holds PyTorch's memory; released under the GIL
+    int64_t slot = 0;                       // where its results are kept (0: nowhere)
+  };
+  struct Pending {
+    storage::OpRecord op;
+    std::vector<Work> work;
+    std::vector<std::pair<size_t, int64_t>>
+        reuse;  // (tensor index, slot it takes its results from)
+  };
+  explicit HashQueue(Hashing h) : h_(h), pool_(kMaxPendingBytes, 0) {}
+  HashQueue(const HashQueue&) = delete;
+  HashQueue& operator=(const HashQueue&) = delete;
+  // A job for one tensor's bytes: PyTorch's memory (`view`, in `buffer`), or a copy where the
+  // rounded MD5 needs a Keel tensor or no buffer names the memory (a write to it could not be
+  // announced).
+  Work work(size_t index, std::unique_ptr<py::buffer_info> view, DType dtype, uint64_t buffer,
+            int64_t slot) const {
+    Work w;
+    w.index = index;
+    w.slot = slot;
+    auto job = std::make_shared<capture::detail::HashJob>();
+    job->md5 = h_.md5;
+    job->stats = h_.stats && isFloating(dtype);
+    job->dtype = dtype;
+    job->bytes = int64_t(view->size * view->itemsize);
+    const bool rounded = h_.roundedDigits > 0 && isFloating(dtype);
+    if (rounded || buffer == 0) {
+      job->tensor =
+          Tensor::empty({job->bytes / int64_t(dtypeSize(dtype))}, dtype, Device(Backend::Cpu));
+      if (job->bytes) std::memcpy(job->tensor.data(), view->ptr, size_t(job->bytes));
+      if (rounded) job->roundedDigits = h_.roundedDigits;
+    } else {
+      job->external = static_cast<const uint8_t*>(view->ptr);
+      job->bufferId = buffer;
+      w.view = std::move(view);
     }
-    Hashing rest = h_;
-    rest.md5 = false;
-    if (rest.any())
-      for (const auto& [p, k] : batch)
-        hashInto(p->op.tensors[p->work[k].first], p->work[k].second, rest);
+    w.job = std::move(job);
+    return w;
+  }
+  // Queues an op's jobs; moves the ops now done to `done`, in order.
+  void push(std::unique_ptr<Pending> p, std::vector<std::unique_ptr<Pending>>& done) {
+    {
+      py::gil_scoped_release nogil;
+      for (Work& w : p->work) pool_.submit(w.job, /*block=*/true);
+    }
+    ops_.push_back(std::move(p));
+    while (!ops_.empty() && ready(*ops_.front())) pop(done);
+  }
+  // Every queued op, in order, once its hashes are done.
+  void finish(std::vector<std::unique_ptr<Pending>>& done) {
+    {
+      py::gil_scoped_release nogil;
+      pool_.drain();
+    }
+    while (!ops_.empty()) pop(done);
+  }
+  // PyTorch is about to write these buffers: their tensors still queued are copied now, those
+  // being hashed waited for.
+  void beforeWrite(const std::vector<uint64_t>& buffers) {
+    py::gil_scoped_release nogil;
+    for (const uint64_t b : buffers) pool_.settle(b);
+  }
+  // Forgets the content slots (a step ended; call after finish()).
+  void clearSlots() { slots_.clear(); }
+
+ private:
+  // What a slot keeps of a tensor's record.
+  struct Computed {
+    std::string md5, md5Rounded;
+    bool hasStats = false;
+    storage::TensorStats stats;
+  };
+
+  static bool ready(const Pending& p) {
+    for (const Work& w : p.work)
+      if (!w.job->done()) return false;
+    return true;
+  }
+  // The front op (done): its results into its record and its slots, the tensors that reuse a
+  // slot given theirs; moved to `done`.
+  void pop(std::vector<std::unique_ptr<Pending>>& done) {
+    Pending& p = *ops_.front();
+    for (const Work& w : p.work) {
+      const capture::detail::HashJob& job = *w.job;
+      if (!job.error.empty()) throw std::runtime_error("keel_torch: hashing failed: " + job.error);
+      storage::TensorRecord& r = p.op.tensors[w.index];
+      const std::string trailer = capture::hashTrailer(job.dtype, r.shape);
+      if (job.md5) {
+        const capture::Md5Digest d =
+            job.md5State.finish({reinterpret_cast<const uint8_t*>(trailer.data()), trailer.size()});
+        r.md5 = capture::toHex(d.data(), d.size());
+      }
+      if (job.roundedDigits > 0) r.md5Rounded = job.md5Rounded.finish(trailer);
+      if (job.stats) {
+        r.hasStats = true;
+        r.stats = job.statsResult;
+      }
+      if (w.slot) slots_[w.slot] = {r.md5, r.md5Rounded, r.hasStats, r.stats};
+    }
+    for (const auto& [index, slot] : p.reuse) {
+      const auto it = slots_.find(slot);
+      if (it == slots_.end()) continue;  // not kept (a slot from before clearSlots)
+      storage::TensorRecord& r = p.op.tensors[index];
+      r.md5 = it->second.md5;
+      r.md5Rounded = it->second.md5Rounded;
+      r.hasStats = it->second.hasStats;
+      r.stats = it->second.stats;
+    }
+    done.push_back(std::move(ops_.front()));
+    ops_.pop_front();
   }
 
   Hashing h_;
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  std::deque<std::pair<Pending*, size_t>> jobs_;
-  std::deque<std::unique_ptr<Pending>> ops_;
-  size_t pendingBytes_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
+  std::deque<std::unique_ptr<Pending>> ops_;     // their views outlive the pool's reads:
+  std::unordered_map<int64_t, Computed> slots_;  // Note [keel_torch content cache]
+  capture::detail::HashPool pool_;               // destroyed (its queue hashed) first
 };
 
 // An output's values as the recording's dumps table holds them (zstd, as keel record --dumps).
-storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, const Tensor& host) {
+storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, const void* bytes,
+                               size_t n) {
   storage::DumpRecord d;
   d.opSeq = seq;
   d.role = storage::Role::Output;
   d.index = r.index;
   d.dtype = r.dtype;
   d.shape = r.shape;
-  const size_t n = size_t(host.nbytes());
   d.rawBytes = int64_t(n);
   d.data.resize(ZSTD_compressBound(n));
-  const size_t z = ZSTD_compress(d.data.data(), d.data.size(), host.data(), n, 3);
+  const size_t z = ZSTD_compress(d.data.data(), d.data.size(), bytes, n, 3);
   if (ZSTD_isError(z))
     throw std::runtime_error(std::string("keel_torch: zstd compression failed: ") +
                              ZSTD_getErrorName(z));
@@ -277,6 +465,95 @@ storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, con
   d.codec = "zstd";
   return d;
 }
+
+// Note [keel_torch writer thread]: the SQLite inserts of a recording run on a thread of their own
+// (as keel record's do), so the Python thread only reads the tensors and queues the records; a
+// step ends with a commit on that thread. A write that fails (a full disk) is reported by the next
+// call from Python and by close(). At most kMaxQueued records wait; past that the caller waits
+// (without the GIL).
+class WriterThread {
+ public:
+  using Task = std::function<void(storage::Writer&)>;
+  static constexpr size_t kMaxQueued = 1 << 16;
+  static constexpr size_t kWakeTasks = 1024;
+  explicit WriterThread(std::unique_ptr<storage::Writer> w) : writer_(std::move(w)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~WriterThread() {
+    try {
+      close(nullptr);
+    } catch (...) {  // a destructor reports nothing; close() is where errors are seen
+    }
+  }
+  WriterThread(const WriterThread&) = delete;
+  WriterThread& operator=(const WriterThread&) = delete;
+
+  // wake: start the thread now, rather than once kWakeTasks are queued (a wake-up per record
+  // would cost a context switch each on a small machine).
+  void post(Task t, bool wake = false) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!error_.empty()) throw std::runtime_error(error_);
+    if (closed_) throw std::runtime_error("keel_torch: the recording is closed");
+    if (tasks_.size() >= kMaxQueued) {
+      py::gil_scoped_release nogil;
+      room_.wait(lk, [&] { return tasks_.size() < kMaxQueued || !error_.empty(); });
+    }
+    tasks_.push_back(std::move(t));
+    if (idle_ && (wake || tasks_.size() >= kWakeTasks)) work_.notify_one();
+  }
+  // Runs `last` (the run's status, the final commit, closing the file), then stops the thread;
+  // throws the first write error. Idempotent.
+  void close(Task last) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (closed_) return;
+      closed_ = true;
+      if (last) tasks_.push_back(std::move(last));
+    }
+    work_.notify_one();
+    {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    }
+    if (!error_.empty()) throw std::runtime_error(error_);
+  }
+
+ private:
+  void run() {
+    std::deque<Task> batch;
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      idle_ = true;
+      work_.wait(lk, [&] { return closed_ || !tasks_.empty(); });
+      idle_ = false;
+      if (tasks_.empty() && closed_) break;
+      batch.swap(tasks_);
+      room_.notify_all();
+      lk.unlock();
+      try {
+        for (Task& t : batch)
+          if (error_.empty()) t(*writer_);
+      } catch (const std::exception& e) {
+        lk.lock();
+        error_ = e.what();
+        room_.notify_all();
+        lk.unlock();
+      }
+      batch.clear();
+      lk.lock();
+    }
+    lk.unlock();
+    writer_.reset();  // closes the file if `last` did not
+  }
+
+  std::unique_ptr<storage::Writer> writer_;
+  std::mutex mu_;
+  std::condition_variable work_, room_;
+  std::deque<Task> tasks_;
+  bool idle_ = false, closed_ = false;
+  std::string error_;  // the first failed write (guarded by mu_ once the thread runs)
+  std::thread thread_;
+};
 
 // One recording being written. Records arrive in order; commit() ends a batch (a step).
 class Recording {
@@ -293,13 +570,25 @@ class Recording {
     run.engineVersion = "torch " + frameworkVersion + ", keel " + KEEL_VERSION_STRING;
     run.startTimeUnixNs = nowUnixNs();
     run.captureOptionsJson = optionsJson;
-    writer_ = storage::Writer::create(path, run);
+    writer_ = std::make_unique<WriterThread>(storage::Writer::create(path, run));
   }
-  // dumpOutputs: the outputs' values are stored too (zstd), for element-by-element diffs.
+  // One op call: its inputs and outputs are the PyTorch tensors themselves (Note [keel_torch
+  // tensors read in C++]); inputs None: those before_write() read. dumpOutputs: the outputs'
+  // values are stored too (zstd), for element-by-element diffs.
   void op(uint64_t seq, int64_t step, const std::string& phase, const std::string& name,
           const std::string& scope, const std::string& attrsJson, int64_t beginNs, int64_t endNs,
-          uint64_t forwardSeq, int64_t stackId, const py::list& tensors, bool dumpOutputs) {
-    storage::OpRecord op;
+          uint64_t forwardSeq, int64_t stackId, const py::object& inputs, const py::list& outputs,
+          bool dumpOutputs) {
+    std::unique_ptr<HashQueue::Pending> p;
+    if (inputs.is_none()) {
+      if (!current_)
+        throw std::logic_error("keel_torch: op() without inputs before before_write()");
+      p = std::move(current_);
+    } else {
+      p = std::make_unique<HashQueue::Pending>();
+      addTensors(inputs.cast<py::list>(), storage::Role::Input, false, *p);
+    }
+    storage::OpRecord& op = p->op;
     op.seq = seq;
     op.step = step;
     op.phase = parsePhase(phase);
@@ -310,51 +599,76 @@ class Recording {
     op.endNs = endNs;
     op.forwardSeq = forwardSeq;
     op.stackId = stackId;
-    auto p = std::make_unique<HashQueue::Pending>();
-    for (const py::handle& h : tensors) {
-      const py::tuple t = h.cast<py::tuple>();
-      op.tensors.push_back(tensorRecord(t));
-      const storage::TensorRecord& r = op.tensors.back();
-      const bool dump = dumpOutputs && r.role == storage::Role::Output;
-      if ((!hashing_.any() && !dump) || t[11].is_none()) continue;
-      Tensor host = hostCopy(t[11].cast<py::buffer>(), r.dtype, r.shape);
-      if (!host.defined()) continue;
-      if (dump) live().writeDump(dumpRecord(seq, r, host));
-      if (!hashing_.any()) continue;
-      p->bytes += size_t(host.nbytes());
-      p->work.emplace_back(op.tensors.size() - 1, std::move(host));
-    }
-    storage::Writer& w = live();
-    if (!queue_) return w.writeOp(op);
-    p->op = std::move(op);  // an op with nothing to hash still waits its turn (op order)
-    std::vector<storage::OpRecord> ready;
-    queue_->push(std::move(p), ready);
-    for (const storage::OpRecord& r : ready) w.writeOp(r);
+    addTensors(outputs, storage::Role::Output, dumpOutputs, *p);
+    if (!queue_) return writeOp(std::move(op));
+    std::vector<std::unique_ptr<HashQueue::Pending>> done;
+    queue_->push(std::move(p), done);  // an op with nothing to hash still waits its turn
+    write(done);
   }
-  // What op() computes of each tensor's bytes, on `threads` worker threads (Note [keel_torch
-  // hashing off the Python thread]).
-  void hashing(bool md5, bool stats, int roundedDigits, int threads) {
+  // An op is about to write `written` (its `Tensor(a!)` arguments): its inputs are read now, as
+  // they are before it runs (op() then takes None for them), queued hashes of the written
+  // buffers are settled (Note [keel_torch hashing off the Python thread]), and after_write()
+  // forgets their hashed content (Note [keel_torch content cache]).
+  void beforeWrite(const py::list& inputs, const py::list& written) {
+    current_ = std::make_unique<HashQueue::Pending>();
+    addTensors(inputs, storage::Role::Input, false, *current_);
+    written_.clear();
+    for (const py::handle t : written)
+      if (const uint64_t b = reader_.buffer(t)) written_.push_back(b);
+    if (queue_) queue_->beforeWrite(written_);
+  }
+  void afterWrite() {
+    for (const uint64_t b : written_) {
+      const auto it = contentBuffers_.find(b);
+      if (it == contentBuffers_.end()) continue;
+      for (const ContentKey& k : it->second) content_.erase(k);
+      contentBuffers_.erase(it);
+    }
+    written_.clear();
+  }
+  // Tensors whose bytes were hashed, and those that took an earlier tensor's results (Note
+  // [keel_torch content cache]): counts and bytes.
+  py::dict counts() const {
+    py::dict d;
+    d["hashed"] = py::make_tuple(hashed_[0], hashed_[1]);
+    d["reused"] = py::make_tuple(reused_[0], reused_[1]);
+    return d;
+  }
+  // PyTorch is about to write these buffers (Note [keel_torch hashing off the Python thread]).
+  // What op() computes of each tensor's bytes, off the Python thread (Note [keel_torch hashing
+  // off the Python thread]).
+  // hostBytes: keel_torch._host_bytes (a tensor's elements as a contiguous host buffer).
+  void hashing(bool md5, bool stats, int roundedDigits, py::function hostBytes) {
     checkDigits(roundedDigits);
+    hostBytes_ = std::move(hostBytes);
     flush();
     queue_.reset();
     hashing_ = {md5, stats, roundedDigits};
-    if (hashing_.any()) queue_ = std::make_unique<HashQueue>(hashing_, std::max(1, threads));
+    if (hashing_.any()) queue_ = std::make_unique<HashQueue>(hashing_);
   }
   void stack(int64_t id, const std::vector<std::tuple<std::string, std::string, int32_t>>& frames) {
     storage::StackRecord s;
     s.id = id;
     for (const auto& [function, file, line] : frames) s.frames.push_back({0, function, file, line});
-    live().writeStack(s);
+    live().post([s = std::move(s)](storage::Writer& w) { w.writeStack(s); });
   }
   void step(int64_t step, int64_t beginNs, int64_t endNs, double loss) {
     flush();
+    if (queue_) queue_->clearSlots();  // Note [keel_torch content cache]: one step's
+    content_.clear();
+    contentBuffers_.clear();
+    reader_.prune();
     storage::StepRecord s;
     s.step = step;
     s.beginNs = beginNs;
     s.endNs = endNs;
     s.loss = loss;
-    live().writeStep(s);
-    live().commit();
+    live().post(
+        [s](storage::Writer& w) {
+          w.writeStep(s);
+          w.commit();
+        },
+        /*wake=*/true);
   }
   void log(int64_t step, uint64_t opSeq, const std::string& level, const std::string& scope,
            const std::string& message) {
@@ -367,7 +681,7 @@ class Recording {
     l.scope = scope;
     l.message = message;
     l.timeNs = nowUnixNs();
-    live().writeLog(l);
+    live().post([l = std::move(l)](storage::Writer& w) { w.writeLog(l); });
   }
   // One allocator event (kind: Keel's name, "alloc", "free", "reserve", "release", ...).
   void mem(const std::string& kind, const std::string& device, uint64_t address, uint64_t bytes,
@@ -385,33 +699,105 @@ class Recording {
     r.timeNs = timeNs;
     r.allocatedAfter = allocatedAfter;
     r.reservedAfter = reservedAfter;
-    live().writeMem(r);
+    live().post([r = std::move(r)](storage::Writer& w) { w.writeMem(r); });
   }
   void close(const std::string& status) {
     if (!writer_) return;
-    flush();
+    std::unique_ptr<WriterThread> writer;
+    try {
+      flush();
+    } catch (...) {
+      queue_.reset();
+      writer = std::move(writer_);
+      writer->close([status](storage::Writer& w) {
+        w.setRunStatus(status);
+        w.commit();
+        w.close();
+      });
+      throw;
+    }
     queue_.reset();
-    writer_->setRunStatus(status);
-    writer_->commit();
-    writer_->close();
-    writer_.reset();
+    writer = std::move(writer_);
+    writer->close([status](storage::Writer& w) {
+      w.setRunStatus(status);
+      w.commit();
+      w.close();
+    });
   }
 
  private:
   // Every queued op written (their hashes waited for).
   void flush() {
     if (!queue_ || !writer_) return;
-    std::vector<storage::OpRecord> ready;
-    queue_->finish(ready);
-    for (const storage::OpRecord& r : ready) writer_->writeOp(r);
+    std::vector<std::unique_ptr<HashQueue::Pending>> done;
+    queue_->finish(done);
+    write(done);
   }
-  storage::Writer& live() {
+  // Finished ops written in order; their views of PyTorch's memory released (the GIL is held).
+  void write(std::vector<std::unique_ptr<HashQueue::Pending>>& done) {
+    for (const std::unique_ptr<HashQueue::Pending>& p : done) writeOp(std::move(p->op));
+    done.clear();
+  }
+  void writeOp(storage::OpRecord op) {
+    live().post([op = std::move(op)](storage::Writer& w) { w.writeOp(op); });
+  }
+  WriterThread& live() {
     if (!writer_) throw std::runtime_error("keel_torch: the recording is closed");
     return *writer_;
   }
+  // An op's inputs or outputs into its record; the bytes of those not hashed this step queued
+  // (or dumped).
+  void addTensors(const py::list& tensors, storage::Role role, bool dump, HashQueue::Pending& p) {
+    storage::OpRecord& op = p.op;
+    int32_t index = 0;
+    for (const py::handle t : tensors) {
+      std::optional<DType> keel;
+      op.tensors.push_back(reader_.read(t, keel));
+      storage::TensorRecord& r = op.tensors.back();
+      r.role = role;
+      r.index = index++;
+      const size_t at = op.tensors.size() - 1;
+      if (!keel || (!queue_ && !dump)) continue;
+      int64_t slot = 0;
+      if (queue_) {
+        ContentKey key{r.tensorId, r.version, r.bufferId, r.offset, r.shape, r.strides};
+        const auto it = content_.find(key);
+        if (it != content_.end()) {
+          p.reuse.emplace_back(at, it->second);
+          ++reused_[0];
+          reused_[1] += r.bytes;
+          if (!dump) continue;
+        } else {
+          slot = ++nextSlot_;
+          contentBuffers_[r.bufferId].push_back(key);
+          content_.emplace(std::move(key), slot);
+          ++hashed_[0];
+          hashed_[1] += r.bytes;
+        }
+      }
+      if (!hostBytes_) throw std::logic_error("keel_torch: hashing() was not called");
+      DType dtype{};
+      std::unique_ptr<py::buffer_info> view = bufferView(hostBytes_(t), r.dtype, r.shape, dtype);
+      if (!view) continue;
+      if (dump)
+        live().post([d = dumpRecord(op.seq, r, view->ptr, size_t(view->size * view->itemsize))](
+                        storage::Writer& w) { w.writeDump(d); });
+      if (slot) p.work.push_back(queue_->work(at, std::move(view), dtype, r.bufferId, slot));
+    }
+  }
+
+  TensorReader reader_;
+  py::function hostBytes_;
+  // Note [keel_torch content cache]: this step's hashed tensors and each buffer's keys.
+  std::unordered_map<ContentKey, int64_t, ContentKeyHash> content_;
+  std::unordered_map<uint64_t, std::vector<ContentKey>> contentBuffers_;
+  int64_t nextSlot_ = 0;
+  std::vector<uint64_t> written_;                // buffers of the op being run that it writes
+  std::unique_ptr<HashQueue::Pending> current_;  // the inputs before_write() read
+  int64_t hashed_[2] = {0, 0}, reused_[2] = {0, 0};
   Hashing hashing_;
-  std::unique_ptr<HashQueue> queue_;  // its workers never touch the writer
-  std::unique_ptr<storage::Writer> writer_;
+  std::unique_ptr<HashQueue> queue_;      // its workers never touch the writer
+  std::unique_ptr<WriterThread> writer_;  // Note [keel_torch writer thread]
 };
 
 // A PyTorch memory snapshot file as a recording at `out` (the keel tool's `import torch-memory`):
@@ -451,6 +837,9 @@ PYBIND11_MODULE(_keel, m) {
                     uint64_t, const std::string&, const std::string&>())
       .def("op", &Recording::op)
       .def("hashing", &Recording::hashing)
+      .def("before_write", &Recording::beforeWrite)
+      .def("after_write", &Recording::afterWrite)
+      .def("counts", &Recording::counts)
       .def("stack", &Recording::stack)
       .def("step", &Recording::step)
       .def("log", &Recording::log)

@@ -151,6 +151,61 @@ class KeelTorchTest(unittest.TestCase):
         with self.assertRaises(RuntimeError):
             keel_torch.step()
 
+    def tensor_rows(self):
+        """(op, role, index) -> MD5 of every recorded tensor (keel export csv --tensors)."""
+        import csv
+        import io
+        rc, out, err = keel("export", "csv", "--tensors", self.path)
+        self.assertEqual(rc, 0, err)
+        return {(int(r["seq"]), r["op"], r["role"], int(r["idx"])): r["md5"]
+                for r in csv.DictReader(io.StringIO(out))}
+
+    def test_bytes_written_in_place_right_after_an_op_are_not_in_its_digest(self):
+        """Note [keel_torch hashing off the Python thread]: the pool hashes PyTorch's own memory
+        after the op returns; an in-place op that follows at once must not change what the first
+        op's output is recorded as (4 MiB tensors: the hashing thread is still busy with them),
+        and a tensor read again takes the digest already computed (Note [keel_torch content
+        cache])."""
+        x = torch.arange(1 << 20, dtype=torch.float32) / 7
+        with keel_torch.record(self.path) as session:
+            y = x * 2
+            y.add_(1)
+            z = y * 3
+            z.sub_(x)
+        rows = self.tensor_rows()
+        doubled, plus_one = keel_md5(x * 2), keel_md5(x * 2 + 1)
+        self.assertEqual(rows[(1, "mul", "output", 0)], doubled)
+        self.assertEqual(rows[(2, "add_", "input", 0)], doubled)
+        self.assertEqual(rows[(2, "add_", "output", 0)], plus_one)
+        self.assertEqual(rows[(3, "mul", "input", 0)], plus_one)
+        self.assertEqual(rows[(4, "sub_", "input", 0)], keel_md5((x * 2 + 1) * 3))
+        self.assertEqual(rows[(4, "sub_", "input", 1)], keel_md5(x))
+        self.assertEqual(rows[(4, "sub_", "output", 0)], keel_md5((x * 2 + 1) * 3 - x))
+        # y as add_'s input is mul's output, z and x as sub_'s inputs the second mul's output and
+        # the first's input: digests reused, not hashed. y as the second mul's input is not (its
+        # version changed).
+        self.assertEqual(session.reused[0], 3)
+        self.assertEqual(session.hashed[0], len(rows) - 3)
+
+    def test_a_write_through_another_alias_is_seen(self):
+        """w.data is another tensor object with its own version counter: a write through it
+        leaves w's version as it was, and the digest w had must not be reused for its new bytes
+        (the written buffer's digests are dropped: Note [keel_torch content cache])."""
+        with keel_torch.record(self.path):
+            w = torch.ones(1 << 16) * 3
+            before = w._version
+            a = w + 1
+            w.data.mul_(2)
+            self.assertEqual(w._version, before)
+            b = w + 1
+        rows = self.tensor_rows()
+        adds = sorted(k[0] for k in rows if k[1] == "add" and k[2] == "output")
+        self.assertEqual(len(adds), 2)
+        self.assertEqual(rows[(adds[0], "add", "input", 0)], keel_md5(torch.full((1 << 16,), 3.0)))
+        self.assertEqual(rows[(adds[0], "add", "output", 0)], keel_md5(a))
+        self.assertEqual(rows[(adds[1], "add", "input", 0)], keel_md5(torch.full((1 << 16,), 6.0)))
+        self.assertEqual(rows[(adds[1], "add", "output", 0)], keel_md5(b))
+
 
 MB = 1 << 20
 

@@ -4,6 +4,8 @@
 // thread]), and jobs go through the multi-buffer MD5 lanes as they come, with statistics fused
 // into the same pass. Invariant: a job's results are
 // written once, before done() turns true, and never change afterwards.
+// Used by the capture's recorder and by keel_torch (python/keel_torch/_keel.cpp), whose jobs read
+// PyTorch's memory (`external`): one hasher for both.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -26,6 +28,10 @@ namespace keel::capture::detail {
 struct HashJob {
   // Set before the job is queued; the pool drops `tensor` once the job is done.
   Tensor tensor;
+  // Instead of `tensor`: `bytes` contiguous element bytes owned by the caller (bool as 0/1),
+  // valid and unchanged until the job is done or settle() of its bufferId returns. No rounded
+  // MD5 (it reads a tensor).
+  const uint8_t* external = nullptr;
   uint64_t bufferId = 0;
   bool md5 = false;
   int roundedDigits = 0;  // 0: no rounded MD5
