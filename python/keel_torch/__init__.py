@@ -131,6 +131,7 @@ def _written_arguments(func):
 
 
 _active = threading.local()
+_OVERLOADS = {}  # id(ATen overload) -> (op name, attributes JSON, written arguments, overload)
 
 
 class _Session(TorchDispatchMode):
@@ -168,7 +169,6 @@ class _Session(TorchDispatchMode):
         self.pending_end = None  # the optimizer stepped: the step's record is due
         self.in_zero_grad = False
         self.undo = []
-        self.funcs = {}  # ATen overload -> (op name, attributes JSON)
         self.hooked = {}          # output tensors given a backward-scope hook: id -> weakref
         self.backward_scope = ""  # the module whose backward is running
         # Note [keel_torch forward links]
@@ -371,12 +371,13 @@ class _Session(TorchDispatchMode):
                 self.step_begin = time.monotonic_ns()
             if self.pending_outputs:
                 self._hook_forward_outputs()
-            # Name, attributes, written arguments once per ATen overload (keyed by id: an
-            # overload's __hash__ is Python code; the entry keeps the overload alive).
-            known = self.funcs.get(id(func))
+            # Name, attributes, written arguments once per ATen overload, for every recording
+            # of the process (keyed by id: an overload's __hash__ is Python code; the entry
+            # keeps the overload alive).
+            known = _OVERLOADS.get(id(func))
             if known is None:
                 name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
-                known = self.funcs[id(func)] = (name, json.dumps({"aten": str(func)}),
+                known = _OVERLOADS[id(func)] = (name, json.dumps({"aten": str(func)}),
                                                 _written_arguments(func), func)
             name, attrs, written, _ = known
             if name.startswith("_record_function"):  # the profiler's markers, not computation

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -495,8 +496,16 @@ class WriterThread {
     if (!error_.empty()) throw std::runtime_error(error_);
     if (closed_) throw std::runtime_error("keel_torch: the recording is closed");
     if (tasks_.size() >= kMaxQueued) {
-      py::gil_scoped_release nogil;
-      room_.wait(lk, [&] { return tasks_.size() < kMaxQueued || !error_.empty(); });
+      // Waits without the GIL and then takes the GIL back without holding mu_ (another Python
+      // thread may hold the GIL and want mu_).
+      lk.unlock();
+      {
+        py::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> wait(mu_);
+        room_.wait(wait, [&] { return tasks_.size() < kMaxQueued || !error_.empty(); });
+      }
+      lk.lock();
+      if (!error_.empty()) throw std::runtime_error(error_);
     }
     tasks_.push_back(std::move(t));
     if (idle_ && (wake || tasks_.size() >= kWakeTasks)) work_.notify_one();
@@ -703,26 +712,20 @@ class Recording {
   }
   void close(const std::string& status) {
     if (!writer_) return;
-    std::unique_ptr<WriterThread> writer;
+    std::exception_ptr failed;  // the recording is closed with its status all the same
     try {
       flush();
     } catch (...) {
-      queue_.reset();
-      writer = std::move(writer_);
-      writer->close([status](storage::Writer& w) {
-        w.setRunStatus(status);
-        w.commit();
-        w.close();
-      });
-      throw;
+      failed = std::current_exception();
     }
     queue_.reset();
-    writer = std::move(writer_);
+    const std::unique_ptr<WriterThread> writer = std::move(writer_);
     writer->close([status](storage::Writer& w) {
       w.setRunStatus(status);
       w.commit();
       w.close();
     });
+    if (failed) std::rethrow_exception(failed);
   }
 
  private:

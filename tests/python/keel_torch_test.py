@@ -151,6 +151,33 @@ class KeelTorchTest(unittest.TestCase):
         with self.assertRaises(RuntimeError):
             keel_torch.step()
 
+    def test_a_write_error_on_the_writer_thread_reaches_the_training_loop(self):
+        """Note [keel_torch writer thread]: SQLite writes on their own thread; a file-size limit
+        (as a full disk) is raised in the user's loop as one RuntimeError naming the file, not
+        a crash or a hang, and what was written stays readable."""
+        script = (
+            "import resource, signal, sys, torch, keel_torch\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (300000, 300000))\n"
+            "model = torch.nn.Linear(64, 64)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "try:\n"
+            "    with keel_torch.record(sys.argv[1], model=model, optimizer=opt):\n"
+            "        for i in range(400):\n"
+            "            model(torch.randn(8, 64)).square().mean().backward()\n"
+            "            opt.step()\n"
+            "            opt.zero_grad()\n"
+            "except RuntimeError as e:\n"
+            "    print(str(e).splitlines()[0])\n"
+            "    sys.exit(3)\n")
+        r = subprocess.run([sys.executable, "-c", script, self.path], capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn(self.path, r.stdout)
+        self.assertIn("size limit", r.stdout)
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+
     def tensor_rows(self):
         """(op, role, index) -> MD5 of every recorded tensor (keel export csv --tensors)."""
         import csv
