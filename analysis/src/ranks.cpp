@@ -320,12 +320,13 @@ std::string runSummaryText(const RunSummary& s) {
   const RunManifest& m = s.manifest;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s%s%s\n",
+  std::snprintf(line, sizeof line, "run        %lld ranks: dp %lld x tp %lld%s%s%s%s%s\n",
                 static_cast<long long>(m.worldSize), static_cast<long long>(m.dp),
                 static_cast<long long>(m.tp),
                 m.ep > 1   ? (" (experts over ep " + std::to_string(m.ep) + ")").c_str()
                 : m.cp > 1 ? (" (sequence over cp " + std::to_string(m.cp) + ")").c_str()
                            : "",
+                m.vocab ? " (vocabulary split over tp)" : "",
                 m.zero ? " (optimizer state sharded over dp)" : "",
                 m.model.empty() ? "" : ", model ", m.model.c_str());
   out += line;

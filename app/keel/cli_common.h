@@ -46,9 +46,10 @@ struct ParallelArgs {
   int tp = 1;
   double collectiveTimeout = 600;
   bool checkCollectives = false;
-  bool zero = false;  // --zero: Note [Sharded optimizer state]
-  int ep = 1;         // --ep: Note [Expert-parallel MoE]
-  int cp = 1;         // --cp: Note [Context-parallel attention]
+  bool zero = false;   // --zero: Note [Sharded optimizer state]
+  int ep = 1;          // --ep: Note [Expert-parallel MoE]
+  int cp = 1;          // --cp: Note [Context-parallel attention]
+  bool vocab = false;  // --vocab-parallel: Note [Vocabulary-parallel embedding and loss]
 };
 void addParallelOptions(CLI::App* c, ParallelArgs& a);
 // Starts the process group for the options and the launcher's world (alone: world size 1).

@@ -39,6 +39,9 @@ void addParallelOptions(CLI::App* c, ParallelArgs& a) {
                 "ranks, attention by a ring of keys and values (divides dp; zig-zag split)")
       ->check(wholeNumber(1, 4096))
       ->capture_default_str();
+  c->add_flag("--vocab-parallel", a.vocab,
+              "split the token embedding, lm_head and the cross entropy by vocabulary across "
+              "the tensor-parallel ranks too (needs --tp; tp divides vocab_size)");
   c->add_flag("--zero", a.zero,
               "shard AdamW's state across the data-parallel ranks (gradients reduce-scattered, "
               "parameters all-gathered; checkpoints stay reshardable)");
@@ -58,6 +61,10 @@ void startProcessGroup(const ParallelArgs& a) {
              layout.dp,
              " (a row's sequence is split across data-parallel ranks: cp must divide dp)");
   layout.cp = a.cp;
+  KEEL_CHECK(!a.vocab || layout.tp > 1,
+             "--vocab-parallel splits the vocabulary across tensor-parallel ranks, and this run "
+             "has tp 1 (add --tp 2 or more)");
+  layout.vocab = a.vocab;
   dist::setOptions({a.collectiveTimeout, a.checkCollectives});
   if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
 }

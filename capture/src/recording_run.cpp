@@ -375,7 +375,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp) +
                   (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : std::string()) +
                   (layout.cp > 1 ? ", cp " + std::to_string(layout.cp) : std::string()) +
-                  (layout.zero ? ", zero" : "");
+                  (layout.zero ? ", zero" : "") + (layout.vocab ? ", vocab-parallel" : "");
 }
 
 RecordingRun::~RecordingRun() {
@@ -400,6 +400,7 @@ void RecordingRun::start() {
       const dist::Layout l = dist::layout();
       storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
       m.zero = l.zero;
+      m.vocab = l.vocab;
       m.ep = l.ep;
       m.cp = l.cp;
       m.model = name_;

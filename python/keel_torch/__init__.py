@@ -123,7 +123,10 @@ def _written_arguments(func):
         return ()
     position = 0
     for a in arguments:
-        if a.alias_info is not None and a.alias_info.is_write:
+        # Batch norm updates its running statistics in place without saying so in PyTorch
+        # 1.13's schema (native_batch_norm, _batch_norm_impl_index, cudnn_batch_norm, ...).
+        if (a.alias_info is not None and a.alias_info.is_write) or \
+                a.name in ("running_mean", "running_var"):
             written.append((None if a.kwarg_only else position, a.name))
         if not a.kwarg_only:
             position += 1
@@ -390,6 +393,9 @@ class _Session(TorchDispatchMode):
                 begin = _now()
                 try:
                     out = func(*args, **kwargs)
+                except BaseException:
+                    self.rec.abort_write()
+                    raise
                 finally:
                     self.rec.after_write()
                 recorded_inputs = None

@@ -286,6 +286,7 @@ struct ContentKey {
   uint64_t number = 0, version = 0, buffer = 0;
   int64_t offset = 0;
   std::vector<int64_t> shape, strides;
+  std::string dtype;
   bool operator==(const ContentKey&) const = default;
 };
 struct ContentKeyHash {
@@ -295,7 +296,7 @@ struct ContentKeyHash {
     h = h * 0x100000001b3ull ^ uint64_t(k.offset);
     for (const int64_t s : k.shape) h = h * 0x100000001b3ull ^ uint64_t(s);
     for (const int64_t s : k.strides) h = h * 0x100000001b3ull ^ uint64_t(s);
-    return size_t(h);
+    return size_t(h) ^ std::hash<std::string>()(k.dtype);
   }
 };
 
@@ -336,7 +337,9 @@ class HashQueue {
     storage::OpRecord op;
     std::vector<Work> work;
     std::vector<std::pair<size_t, int64_t>>
-        reuse;  // (tensor index, slot it takes its results from)
+        reuse;             // (tensor index, slot it takes its results from)
+    size_t submitted = 0;  // jobs of `work` given to the pool so far
+    bool discard = false;  // an op that failed: its slots are filled, nothing is written
   };
   explicit HashQueue(Hashing h) : h_(h), pool_(kMaxPendingBytes, 0) {}
   HashQueue(const HashQueue&) = delete;
@@ -370,12 +373,16 @@ class HashQueue {
   }
   // Queues an op's jobs; moves the ops now done to `done`, in order.
   void push(std::unique_ptr<Pending> p, std::vector<std::unique_ptr<Pending>>& done) {
-    {
-      py::gil_scoped_release nogil;
-      for (Work& w : p->work) pool_.submit(w.job, /*block=*/true);
-    }
+    submit(*p);
     ops_.push_back(std::move(p));
     while (!ops_.empty() && ready(*ops_.front())) pop(done);
+  }
+  // Gives the pool the jobs of `p` it does not have yet (before_write: an op's inputs, before
+  // the op may write them).
+  void submit(Pending& p) {
+    py::gil_scoped_release nogil;
+    for (; p.submitted < p.work.size(); ++p.submitted)
+      pool_.submit(p.work[p.submitted].job, /*block=*/true);
   }
   // Every queued op, in order, once its hashes are done.
   void finish(std::vector<std::unique_ptr<Pending>>& done) {
@@ -475,6 +482,7 @@ storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, con
 class WriterThread {
  public:
   using Task = std::function<void(storage::Writer&)>;
+  // close()'s `last` runs even after a failed write (the run's status, best effort).
   static constexpr size_t kMaxQueued = 1 << 16;
   static constexpr size_t kWakeTasks = 1024;
   explicit WriterThread(std::unique_ptr<storage::Writer> w) : writer_(std::move(w)) {
@@ -517,7 +525,7 @@ class WriterThread {
       std::lock_guard<std::mutex> lk(mu_);
       if (closed_) return;
       closed_ = true;
-      if (last) tasks_.push_back(std::move(last));
+      last_ = std::move(last);
     }
     work_.notify_one();
     {
@@ -552,6 +560,15 @@ class WriterThread {
       lk.lock();
     }
     lk.unlock();
+    if (last_) {
+      try {
+        last_(*writer_);
+      } catch (const std::exception& e) {
+        lk.lock();
+        if (error_.empty()) error_ = e.what();
+        lk.unlock();
+      }
+    }
     writer_.reset();  // closes the file if `last` did not
   }
 
@@ -559,6 +576,7 @@ class WriterThread {
   std::mutex mu_;
   std::condition_variable work_, room_;
   std::deque<Task> tasks_;
+  Task last_;  // close()'s
   bool idle_ = false, closed_ = false;
   std::string error_;  // the first failed write (guarded by mu_ once the thread runs)
   std::thread thread_;
@@ -589,6 +607,7 @@ class Recording {
           uint64_t forwardSeq, int64_t stackId, const py::object& inputs, const py::list& outputs,
           bool dumpOutputs) {
     std::unique_ptr<HashQueue::Pending> p;
+    if (!inputs.is_none()) boundContent();
     if (inputs.is_none()) {
       if (!current_)
         throw std::logic_error("keel_torch: op() without inputs before before_write()");
@@ -619,12 +638,29 @@ class Recording {
   // buffers are settled (Note [keel_torch hashing off the Python thread]), and after_write()
   // forgets their hashed content (Note [keel_torch content cache]).
   void beforeWrite(const py::list& inputs, const py::list& written) {
+    if (current_) abortWrite();  // one left by an op that never reached op()
+    boundContent();
     current_ = std::make_unique<HashQueue::Pending>();
     addTensors(inputs, storage::Role::Input, false, *current_);
     written_.clear();
     for (const py::handle t : written)
       if (const uint64_t b = reader_.buffer(t)) written_.push_back(b);
-    if (queue_) queue_->beforeWrite(written_);
+    if (!queue_) return;
+    queue_->submit(*current_);      // the inputs' bytes are read before the op runs: the pool has
+    queue_->beforeWrite(written_);  // them, and copies those of the written buffers now
+  }
+  // The op before_write() prepared raised: its inputs' hashes complete (their slots may be
+  // reused by later ops), and nothing of it is written.
+  void abortWrite() {
+    if (!current_) return;
+    if (!queue_) {
+      current_.reset();
+      return;
+    }
+    current_->discard = true;
+    std::vector<std::unique_ptr<HashQueue::Pending>> done;
+    queue_->push(std::move(current_), done);
+    write(done);
   }
   void afterWrite() {
     for (const uint64_t b : written_) {
@@ -738,7 +774,8 @@ class Recording {
   }
   // Finished ops written in order; their views of PyTorch's memory released (the GIL is held).
   void write(std::vector<std::unique_ptr<HashQueue::Pending>>& done) {
-    for (const std::unique_ptr<HashQueue::Pending>& p : done) writeOp(std::move(p->op));
+    for (const std::unique_ptr<HashQueue::Pending>& p : done)
+      if (!p->discard) writeOp(std::move(p->op));
     done.clear();
   }
   void writeOp(storage::OpRecord op) {
@@ -763,7 +800,7 @@ class Recording {
       if (!keel || (!queue_ && !dump)) continue;
       int64_t slot = 0;
       if (queue_) {
-        ContentKey key{r.tensorId, r.version, r.bufferId, r.offset, r.shape, r.strides};
+        ContentKey key{r.tensorId, r.version, r.bufferId, r.offset, r.shape, r.strides, r.dtype};
         const auto it = content_.find(key);
         if (it != content_.end()) {
           p.reuse.emplace_back(at, it->second);
@@ -787,6 +824,19 @@ class Recording {
                         storage::Writer& w) { w.writeDump(d); });
       if (slot) p.work.push_back(queue_->work(at, std::move(view), dtype, r.bufferId, slot));
     }
+  }
+
+  // Note [keel_torch content cache]: a recording without steps (an inference loop) would grow
+  // the cache and the identities without bound: past kMaxContent keys every queued op is
+  // written and both start over. Called only between ops (no record refers to a slot yet).
+  static constexpr size_t kMaxContent = size_t(1) << 20;
+  void boundContent() {
+    if (content_.size() < kMaxContent) return;
+    flush();
+    if (queue_) queue_->clearSlots();
+    content_.clear();
+    contentBuffers_.clear();
+    reader_.prune();
   }
 
   TensorReader reader_;
@@ -842,6 +892,7 @@ PYBIND11_MODULE(_keel, m) {
       .def("hashing", &Recording::hashing)
       .def("before_write", &Recording::beforeWrite)
       .def("after_write", &Recording::afterWrite)
+      .def("abort_write", &Recording::abortWrite)
       .def("counts", &Recording::counts)
       .def("stack", &Recording::stack)
       .def("step", &Recording::step)

@@ -32,11 +32,17 @@ void writeManifest(const std::string& dir, const RunManifest& m) {
   for (const RankEntry& e : m.ranks)
     ranks.push_back(
         {{"rank", e.rank}, {"dp_rank", e.dpRank}, {"tp_rank", e.tpRank}, {"file", e.file}});
-  const json j = {{"keel_run", 1},    {"world_size", m.worldSize},
-                  {"dp", m.dp},       {"tp", m.tp},
-                  {"model", m.model}, {"seed", m.seed},
-                  {"steps", m.steps}, {"zero", m.zero},
-                  {"ep", m.ep},       {"cp", m.cp},
+  const json j = {{"keel_run", 1},
+                  {"world_size", m.worldSize},
+                  {"dp", m.dp},
+                  {"tp", m.tp},
+                  {"model", m.model},
+                  {"seed", m.seed},
+                  {"steps", m.steps},
+                  {"zero", m.zero},
+                  {"ep", m.ep},
+                  {"cp", m.cp},
+                  {"vocab_parallel", m.vocab},
                   {"ranks", ranks}};
   const fs::path path = fs::path(dir) / kManifestFile;
   const fs::path tmp = fs::path(dir) / (std::string(".") + kManifestFile + ".tmp");
@@ -77,6 +83,7 @@ RunManifest readManifest(const std::string& dir) {
     m.seed = j.value("seed", uint64_t(0));
     m.steps = j.value("steps", int64_t(0));
     m.zero = j.value("zero", false);
+    m.vocab = j.value("vocab_parallel", false);
     m.ep = j.value("ep", int64_t(1));
     m.cp = j.value("cp", int64_t(1));
     for (const json& r : j.at("ranks"))

@@ -258,6 +258,54 @@ TEST_F(KeelRanks, TheDescriptorCheckNamesTheRanksThatCallDifferentCollectives) {
   EXPECT_NE(r.err.find("all_reduce #3 (float32 x 37696)"), std::string::npos) << r.err;
 }
 
+// Note [Vocabulary-parallel embedding and loss]: with --vocab-parallel the token embedding and
+// lm_head hold V/tp rows each and the loss is computed from the ranks' logit blocks; the curve is
+// one process's, at tp 2 and dp 2 x tp 2, and a checkpoint of the vocab-split run resumes on one
+// process, at tp 2 without the split and with it (the split parameters are saved as shards).
+TEST_F(KeelRanks, VocabularyParallelTrainingGivesTheSingleProcessLossesAndReshards) {
+  const std::string train = "train --config " + std::string(kTiny) + " --steps 4";
+  const CliResult one = keel(train);
+  ASSERT_EQ(one.status, 0) << one.err;
+  const std::vector<double> want = losses(one.out);
+  ASSERT_EQ(want.size(), 4u) << one.out;
+  for (const auto& [np, args] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --vocab-parallel"},
+           {4, "--dp 2 --tp 2 --vocab-parallel --save-every 2 --ckpt-dir '" + path("vp") + "'"}}) {
+    const CliResult r = mpi(np, train + " " + args);
+    ASSERT_EQ(r.status, 0) << args << "\n" << r.err;
+    const std::vector<double> got = losses(r.out);
+    ASSERT_EQ(got.size(), want.size()) << args << "\n" << r.out;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 2e-4) << args << ", step " << i + 1;
+  }
+  // Each tp rank saved its half of the vocabulary rows (and of their AdamW moments).
+  const CliResult meta = keel("ckpt inspect '" + path("vp/step-000002") + "'");
+  ASSERT_EQ(meta.status, 0) << meta.err;
+  for (const char* key : {"wte.weight ", "lm_head.weight ", "wte.weight::exp_avg "}) {
+    const size_t at = meta.out.find(std::string("  ") + key);
+    ASSERT_NE(at, std::string::npos) << key << "\n" << meta.out;
+    const std::string line = meta.out.substr(at, meta.out.find('\n', at) - at);
+    EXPECT_NE(line.find("[256, 32]"), std::string::npos) << line;
+    EXPECT_NE(line.find("2 shards"), std::string::npos) << line;
+  }
+  expectResumedCurve(train, "vp/step-000002",
+                     {{1, ""}, {2, "--tp 2"}, {2, "--tp 2 --vocab-parallel"}}, want);
+  // The recording says so, and the embedding's weight is half the vocabulary.
+  ASSERT_EQ(record("vocab", 1, 2, 1, "", "--vocab-parallel").status, 0);
+  const CliResult ops = keel("ops '" + path("vocab") + "' --rank 1 --step 1 --name embedding");
+  ASSERT_EQ(ops.status, 0) << ops.err;
+  EXPECT_NE(ops.out.find("[128,32] float32, [4,16] int64 -> [4,16,32] float32"), std::string::npos)
+      << ops.out;
+  const CliResult inspect = keel("inspect '" + path("vocab") + "'");
+  EXPECT_NE(inspect.out.find("run        2 ranks: dp 1 x tp 2 (vocabulary split over tp)"),
+            std::string::npos)
+      << inspect.out;
+  // Bad layouts: one line.
+  keel::test::expectOneLineError(keel(train + " --vocab-parallel"),
+                                 "--vocab-parallel splits the vocabulary across tensor-parallel "
+                                 "ranks, and this run has tp 1 (add --tp 2 or more)");
+}
+
 TEST_F(KeelRanks, BadLayoutsAreOneLineOnEveryRank) {
   const std::string train = "train --config " + std::string(kTiny) + " --steps 1 ";
   expectErrorOnRanks(mpi(4, train + "--dp 3 --tp 2"),

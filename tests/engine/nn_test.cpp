@@ -408,6 +408,31 @@ TEST(ScopeTest, RopePositionRotatesQAndKInEveryAttentionAndHasNoWpe) {
   EXPECT_EQ(embeddings, 1) << "only wte";
 }
 
+// Note [Vocabulary-parallel embedding and loss]: in a group of one (the whole vocabulary in one
+// block) the cross entropy built from all-reduced maxima, exp sums and target logits is
+// ops::crossEntropy's, value and gradient (the multi-rank split: KeelRanks in
+// cli_ranks_test.cpp).
+TEST(LayerTest, VocabParallelCrossEntropyAloneIsCrossEntropy) {
+  const std::vector<double> v = {0.5,  -1.0, 2.0,  0.25, 3.0,  -0.5, 1.5,  1.5,
+                                 -2.0, 0.0,  0.75, 4.0,  -3.0, 2.5,  0.1,  -0.1,
+                                 1.0,  1.25, 0.0,  -4.0, 3.5,  -1.5, 2.25, 0.5};
+  const Tensor targets = test::fromInts({0, 5, 2, 3}, {4});
+  Tensor a = test::fromDoubles(v, {4, 6}, DType::Float64),
+         b = test::fromDoubles(v, {4, 6}, DType::Float64);
+  a.setRequiresGrad();
+  b.setRequiresGrad();
+  const Tensor la = nn::vocabParallelCrossEntropy(a, targets, 0, "tp");
+  const Tensor lb = ops::crossEntropy(b, targets);
+  EXPECT_NEAR(la.item(), lb.item(), 1e-12);
+  la.backward();
+  lb.backward();
+  const std::vector<double> ga = test::values(a.grad()), gb = test::values(b.grad());
+  ASSERT_EQ(ga.size(), gb.size());
+  for (size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(ga[i], gb[i], 1e-12) << i;
+  // Bad inputs: one line naming the shapes.
+  EXPECT_THROW(nn::vocabParallelCrossEntropy(a, test::fromInts({0, 1, 2}, {3}), 0, "tp"), Error);
+}
+
 TEST(MoeTest, AuxLossOnHandMadeRouting) {
   // probs [4, 3]; top-1 choices [0, 1, 2, 0] -> f = [0.5, 0.25, 0.25];
   // P = column means = [0.4, 0.35, 0.25]; aux = 3 * (0.2 + 0.0875 + 0.0625) = 1.05.

@@ -177,6 +177,7 @@ class KeelTorchTest(unittest.TestCase):
         self.assertIn("size limit", r.stdout)
         rc, out, err = keel("inspect", self.path)
         self.assertEqual(rc, 0, err)
+        self.assertIn("status failed: recording " + self.path, out)
 
     def tensor_rows(self):
         """(op, role, index) -> MD5 of every recorded tensor (keel export csv --tensors)."""
@@ -214,6 +215,31 @@ class KeelTorchTest(unittest.TestCase):
         self.assertEqual(session.reused[0], 3)
         self.assertEqual(session.hashed[0], len(rows) - 3)
 
+    def test_an_in_place_op_on_a_tensor_not_seen_before_records_its_bytes_before(self):
+        """The inputs of an op that writes them are hashed from the bytes before it runs, also
+        when nothing recorded read them earlier (a tensor made before the recording), and batch
+        norm's running statistics (written in place without a `Tensor(a!)` in PyTorch 1.13's
+        schema) are recorded as they were before each call."""
+        w = torch.full((1 << 20,), 3.0)
+        bn = torch.nn.BatchNorm1d(4)
+        x = torch.randn(8, 4)
+        zeros = keel_md5(torch.zeros(4))
+        with keel_torch.record(self.path):
+            w.add_(1)
+            bn(x)
+            after_first = keel_md5(bn.running_mean)
+            bn(x * 2)
+        rows = self.tensor_rows()
+        self.assertEqual(rows[(1, "add_", "input", 0)], keel_md5(torch.full((1 << 20,), 3.0)))
+        self.assertEqual(rows[(1, "add_", "output", 0)], keel_md5(w))
+        norms = sorted(k[0] for k in rows if k[1] == "native_batch_norm" and k[2] == "output"
+                       and k[3] == 0)
+        self.assertEqual(len(norms), 2)
+        # native_batch_norm(input, weight, bias, running_mean, running_var, ...)
+        self.assertEqual(rows[(norms[0], "native_batch_norm", "input", 3)], zeros)
+        self.assertEqual(rows[(norms[1], "native_batch_norm", "input", 3)], after_first)
+        self.assertNotEqual(after_first, zeros)
+
     def test_a_write_through_another_alias_is_seen(self):
         """w.data is another tensor object with its own version counter: a write through it
         leaves w's version as it was, and the digest w had must not be reused for its new bytes
@@ -228,6 +254,11 @@ class KeelTorchTest(unittest.TestCase):
         rows = self.tensor_rows()
         adds = sorted(k[0] for k in rows if k[1] == "add" and k[2] == "output")
         self.assertEqual(len(adds), 2)
+        muls = [k[0] for k in rows if k[1] == "mul_" and k[2] == "input"]
+        self.assertEqual(rows[(muls[0], "mul_", "input", 0)],
+                         keel_md5(torch.full((1 << 16,), 3.0)))
+        self.assertEqual(rows[(muls[0], "mul_", "output", 0)],
+                         keel_md5(torch.full((1 << 16,), 6.0)))
         self.assertEqual(rows[(adds[0], "add", "input", 0)], keel_md5(torch.full((1 << 16,), 3.0)))
         self.assertEqual(rows[(adds[0], "add", "output", 0)], keel_md5(a))
         self.assertEqual(rows[(adds[1], "add", "input", 0)], keel_md5(torch.full((1 << 16,), 6.0)))

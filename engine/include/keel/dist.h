@@ -31,6 +31,9 @@ struct Layout {
   // ranks (cp divides dp; the batch is split over dp / cp), attention by a ring of keys and values
   // (Note [Context-parallel attention] in keel/context_parallel.h).
   int cp = 1;
+  // The vocabulary split across the tp ranks too (keel train --vocab-parallel; Note
+  // [Vocabulary-parallel embedding and loss] in keel/nn.h).
+  bool vocab = false;
   int world() const { return dp * tp; }
   bool operator==(const Layout&) const = default;
 };

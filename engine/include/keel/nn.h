@@ -134,10 +134,21 @@ class ModuleList : public Module {
 // any tp starts from the single-process weights. Attention splits by heads, so its fused qkv
 // weight is three blocks (q, k, v) each cut. Forward: copy_to_group before the column-parallel
 // layer (its backward sums the ranks' input gradients), all_reduce after the row-parallel one.
+//
+// Note [Vocabulary-parallel embedding and loss] (keel train --vocab-parallel): the token
+// embedding and lm_head split by vocabulary rows as well, rank r holding tokens
+// [r·V/tp, (r+1)·V/tp). The embedding looks up the tokens in its rows (zero for the others) and
+// all-reduces the sum; lm_head is column-parallel (copy_to_group before it), so each rank has its
+// V/tp logits of every position, and the cross entropy is computed from them without gathering
+// the [N, V] logits: the row maxima all-reduced (max), the sums of exp(z - max) all-reduced
+// (sum), the target's logit taken by the rank holding it and all-reduced (sum). The all_reduce
+// sums' backward passes the gradient as is (each rank computes the same loss from the reduced
+// values), so each rank's logits get softmax - one-hot of their own columns.
 struct TensorParallel {
   int size = 1;  // ranks of the group (1: no tensor parallelism)
   int rank = 0;
   std::string group = "tp";
+  bool vocab = false;  // Note [Vocabulary-parallel embedding and loss]
   bool on() const { return size > 1; }
 };
 
@@ -189,9 +200,13 @@ class Linear : public UnaryModule {
 };
 
 // weight [num, dim] ~ normal(0, initStd); indices of any shape -> [..., dim].
+// With tp.vocab, rows [rank·num/tp, (rank+1)·num/tp) of the full weight (Note
+// [Vocabulary-parallel embedding and loss]): other indices look up zeros, and the ranks' lookups
+// are summed over tp.group.
 class Embedding : public UnaryModule {
  public:
-  Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd = 0.02);
+  Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd = 0.02,
+            const TensorParallel& tp = {});
   const Tensor& weight() const { return weight_; }
 
  protected:
@@ -199,7 +214,16 @@ class Embedding : public UnaryModule {
 
  private:
   Tensor weight_;
+  TensorParallel tp_;
+  int64_t rows_ = 0;  // rows held (num, or num / tp under tp.vocab)
 };
+
+// Mean cross entropy of [N, V] logits held as column blocks across `group` (Note
+// [Vocabulary-parallel embedding and loss]): `logits` [N, V/size] is this rank's block, its
+// first column vocabulary entry `first`; targets int64 [N] index the whole vocabulary. Alone (a
+// group of one) it is ops::crossEntropy's value up to rounding.
+Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, int64_t first,
+                                 const std::string& group);
 
 class LayerNorm : public UnaryModule {
  public:
@@ -369,7 +393,7 @@ class Block : public UnaryModule {
 };
 
 struct GptOutput {
-  Tensor logits;   // [B, T, V]
+  Tensor logits;   // [B, T, V]; under --vocab-parallel this rank's [B, T, V/tp] block
   Tensor loss;     // lmLoss + aux_loss_coef · auxLoss (undefined without targets)
   Tensor lmLoss;   // cross entropy over [B·T, V]
   Tensor auxLoss;  // sum of the MoE layers' aux losses (undefined for a dense model)

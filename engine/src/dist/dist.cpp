@@ -322,6 +322,7 @@ void init(const Layout& layout) {
                "parallel layout: already started as dp ", s.layout.dp, " x tp ", s.layout.tp,
                ", asked for dp ", layout.dp, " x tp ", layout.tp);
     s.layout.zero = layout.zero;
+    s.layout.vocab = layout.vocab;
     return;
   }
   KEEL_CHECK(layout.ep >= 1 && layout.dp % layout.ep == 0, "parallel layout: --ep ", layout.ep,

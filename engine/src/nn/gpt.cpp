@@ -76,8 +76,15 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, 
   Generator gen(seed);
   // The root: initialisation scopes are parameter paths (Note [Initialisation scopes]).
   ScopeGuard root("", /*absolute=*/true);
-  wte_ = buildModule(
-      "wte", [&] { return std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device); });
+  KEEL_CHECK(!tp_.vocab || tp_.on(),
+             "--vocab-parallel splits the vocabulary across tensor-parallel ranks, and this run "
+             "has tp 1 (add --tp 2 or more)");
+  KEEL_CHECK(!tp_.vocab || cfg_.vocab_size % tp_.size == 0, "tensor parallelism: tp ", tp_.size,
+             " does not divide config field 'vocab_size' ", cfg_.vocab_size,
+             " (--vocab-parallel splits the vocabulary)");
+  wte_ = buildModule("wte", [&] {
+    return std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device, 0.02, tp_);
+  });
   if (cfg.position == "learned")
     wpe_ = buildModule(
         "wpe", [&] { return std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen, device); });
@@ -89,8 +96,11 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, 
           [&] { return std::make_shared<Block>(cfg, gen, device, dropoutGen_, tp_, ep_, cp_); }));
   }
   normF_ = buildModule("norm_f", [&] { return makeNorm(cfg.norm, cfg.d_model, device); });
+  // Note [Vocabulary-parallel embedding and loss]: lm_head column-parallel over the vocabulary.
+  const Shard vocabRows{tp_.vocab ? 0 : -1, tp_.size, tp_.rank, 1};
   lmHead_ = buildModule("lm_head", [&] {
-    return std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen, device);
+    return std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen, device, 0.02,
+                                    vocabRows);
   });
 }
 
@@ -141,15 +151,22 @@ GptOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
   x = normF_->forward(x);
 
   GptOutput out;
-  out.logits = lmHead_->forward(x);  // [B, T, V]
+  const bool vocab = tp_.vocab && tp_.on();
+  // [B, T, V]; under --vocab-parallel this rank's [B, T, V/tp] (Note [Vocabulary-parallel
+  // embedding and loss]).
+  out.logits = lmHead_->forward(vocab ? ops::copyToGroup(x, tp_.group) : x);
   if (cfg_.isMoe()) {
     for (auto& blk : blocks_)
       out.auxLoss = out.auxLoss.defined() ? ops::add(out.auxLoss, blk->moe()->auxLoss())
                                           : blk->moe()->auxLoss();
   }
   if (targets.defined()) {
-    out.lmLoss =
-        ops::crossEntropy(ops::reshape(out.logits, {b * t, v}), ops::reshape(targets, {b * t}));
+    const int64_t cols = vocab ? v / tp_.size : v;
+    out.lmLoss = vocab ? vocabParallelCrossEntropy(ops::reshape(out.logits, {b * t, cols}),
+                                                   ops::reshape(targets, {b * t}), cols * tp_.rank,
+                                                   tp_.group)
+                       : ops::crossEntropy(ops::reshape(out.logits, {b * t, v}),
+                                           ops::reshape(targets, {b * t}));
     out.loss = out.lmLoss;
     if (out.auxLoss.defined() && cfg_.aux_loss_coef > 0.0)
       out.loss = ops::add(out.loss, ops::mulScalar(out.auxLoss, cfg_.aux_loss_coef));
@@ -171,6 +188,9 @@ Shard GPT::parameterShard(const std::string& name) const {
   if (ends("attn.qkv.weight")) return {0, tp_.size, tp_.rank, 3};
   if (ends("mlp.w1.weight") || ends("mlp.w3.weight")) return {0, tp_.size, tp_.rank, 1};
   if (ends("attn.proj.weight") || ends("mlp.w2.weight")) return {1, tp_.size, tp_.rank, 1};
+  // Note [Vocabulary-parallel embedding and loss]
+  if (tp_.vocab && (name == "wte.weight" || name == "lm_head.weight"))
+    return {0, tp_.size, tp_.rank, 1};
   return {};
 }
 

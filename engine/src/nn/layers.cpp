@@ -92,15 +92,60 @@ Tensor Linear::forwardImpl(const Tensor& x) {
 
 // ---- Embedding ----------------------------------------------------------------------------
 
-Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd) {
+Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, Device device, double initStd,
+                     const TensorParallel& tp)
+    : tp_(tp), rows_(num) {
   KEEL_CHECK(num > 0 && dim > 0, "Embedding: sizes must be positive, got num=", num, " dim=", dim);
+  const bool split = tp_.vocab && tp_.on();
+  KEEL_CHECK(!split || num % tp_.size == 0, "tensor parallelism: tp ", tp_.size,
+             " does not divide the embedding's ", num,
+             " rows (--vocab-parallel splits them; config field 'vocab_size')");
   weight_ = registerParameter("weight", [&] {
-    return ops::normal({num, dim}, 0.0, initStd, gen, DType::Float32, device);
+    Tensor full = ops::normal({num, dim}, 0.0, initStd, gen, DType::Float32, device);
+    return split ? cutShard(full, {0, tp_.size, tp_.rank, 1}) : full;
   });
+  if (split) rows_ = num / tp_.size;
 }
 
 Tensor Embedding::forwardImpl(const Tensor& idx) {
-  return ops::embedding(weight_, idx);
+  if (!tp_.vocab || !tp_.on()) return ops::embedding(weight_, idx);
+  // Note [Vocabulary-parallel embedding and loss]: this rank's rows; zeros for the others.
+  const Tensor first = Tensor::scalar(double(rows_ * tp_.rank), idx.dtype(), idx.device());
+  const Tensor local = ops::sub(idx, first);
+  const Tensor outside =
+      ops::where(ops::lt(local, Tensor::scalar(0.0, idx.dtype(), idx.device())),
+                 Tensor::scalar(1.0, DType::Bool, idx.device()),
+                 ops::gt(local, Tensor::scalar(double(rows_ - 1), idx.dtype(), idx.device())));
+  const Tensor rows = ops::where(outside, Tensor::scalar(0.0, idx.dtype(), idx.device()), local);
+  const Tensor keep = ops::cast(
+      ops::unsqueeze(ops::eq(outside, Tensor::scalar(0.0, DType::Bool, idx.device())), -1),
+      weight_.dtype());
+  return ops::allReduce(ops::mul(ops::embedding(weight_, rows), keep), "sum", tp_.group);
+}
+
+Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, int64_t first,
+                                 const std::string& group) {
+  KEEL_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0) &&
+                 targets.dtype() == DType::Int64,
+             "vocab-parallel cross entropy: expected logits [N, V] and int64 targets [N], got ",
+             shapeStr(logits.shape()), " and ", shapeStr(targets.shape()), " ",
+             dtypeName(targets.dtype()));
+  const int64_t cols = logits.size(1);
+  const Device dev = logits.device();
+  // Note [Vocabulary-parallel embedding and loss]. The maxima only shift the exponentials.
+  const Tensor m = ops::allReduce(ops::max(logits.detach(), 1, true), "max", group);  // [N, 1]
+  const Tensor z = ops::sub(logits, m);
+  const Tensor sumExp = ops::allReduce(ops::sum(ops::exp(z), {1}, true), "sum", group);
+  const Tensor local = ops::sub(targets, Tensor::scalar(double(first), DType::Int64, dev));
+  const Tensor outside = ops::where(
+      ops::lt(local, Tensor::scalar(0.0, DType::Int64, dev)), Tensor::scalar(1.0, DType::Bool, dev),
+      ops::gt(local, Tensor::scalar(double(cols - 1), DType::Int64, dev)));
+  const Tensor column =
+      ops::unsqueeze(ops::where(outside, Tensor::scalar(0.0, DType::Int64, dev), local), 1);
+  const Tensor held = ops::cast(
+      ops::unsqueeze(ops::eq(outside, Tensor::scalar(0.0, DType::Bool, dev)), 1), logits.dtype());
+  const Tensor target = ops::allReduce(ops::mul(ops::gather(z, 1, column), held), "sum", group);
+  return ops::mean(ops::sub(ops::log(sumExp), target));
 }
 
 // ---- Norms --------------------------------------------------------------------------------

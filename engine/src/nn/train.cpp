@@ -67,7 +67,7 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
              " does not divide config field 'batch_size' ", cfg_.batch_size,
              " (each rank trains on batch_size / dp rows of the global batch",
              cpSize_ > 1 ? ", dp counting a cp group once" : "", ")");
-  nn::TensorParallel tp{layout.tp, dist::group("tp").rank, "tp"};
+  nn::TensorParallel tp{layout.tp, dist::group("tp").rank, "tp", layout.vocab};
   // Note [Expert-parallel MoE]: a MoE model routes the dp group's tokens as one batch.
   const nn::ExpertParallel ep{layout.ep, dist::group("ep").rank, dpSize_, dpRank_};
   expertRanks_ = layout.ep;

@@ -18,10 +18,11 @@ struct RankEntry {
 struct RunManifest {
   int64_t worldSize = 1;
   int64_t dp = 1, tp = 1;
-  bool zero = false;  // optimizer state sharded across dp (Note [Sharded optimizer state])
-  int64_t ep = 1;     // experts split across ep dp ranks (Note [Expert-parallel MoE])
-  int64_t cp = 1;     // each row's sequence split across cp dp ranks
-  std::string model;  // the config's name
+  bool zero = false;   // optimizer state sharded across dp (Note [Sharded optimizer state])
+  bool vocab = false;  // vocabulary split across tp (Note [Vocabulary-parallel embedding and loss])
+  int64_t ep = 1;      // experts split across ep dp ranks (Note [Expert-parallel MoE])
+  int64_t cp = 1;      // each row's sequence split across cp dp ranks
+  std::string model;   // the config's name
   uint64_t seed = 0;
   int64_t steps = 0;
   std::vector<RankEntry> ranks;  // by rank
