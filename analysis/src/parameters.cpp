@@ -65,7 +65,7 @@ class Source {
     if (storage::isRunFolder(path)) {
       m_ = storage::readManifest(path);
       recs_ = detail::openRanks(path, m_);
-      layout_ = detail::layoutText(m_.dp, m_.tp, m_.ep, m_.cp, m_.zero) + " (" +
+      layout_ = detail::layoutText(m_.dp, m_.tp, m_.ep, m_.cp, m_.zero, m_.vocab) + " (" +
                 std::to_string(m_.worldSize) + " ranks)";
     } else {
       recs_.push_back(Recording::open(path));
@@ -87,9 +87,10 @@ class Source {
     std::map<std::string, size_t> index;
     // One replica of each piece: under --zero every dp rank's rows, else the first replica (an
     // expert: each rank of the first ep group); among tp ranks, identical pieces are one
-    // replicated tensor.
-    std::set<std::tuple<std::string, int, int64_t, std::vector<int64_t>, int64_t, std::string,
-                        double, double>>
+    // replicated tensor — except the vocabulary rows of a --vocab-parallel run, which are each
+    // tp rank's own even when two are alike (the all-zero gradients of tokens no batch used).
+    std::set<std::tuple<std::string, int, int64_t, int64_t, std::vector<int64_t>, int64_t,
+                        std::string, double, double>>
         seen;
     for (size_t r = 0; r < recs_.size(); ++r) {
       const int64_t d = int64_t(r) / m_.tp;
@@ -107,8 +108,11 @@ class Source {
                                              : std::string("the recording")) +
                                         " has no tensor statistics; record with --stats or --all "
                                         "to compare parameters");
+          const bool vocabRows =
+              m_.vocab && (op.scope == "wte.weight" || op.scope == "lm_head.weight");
           const auto key = std::make_tuple(op.scope, int(t.index), m_.zero ? d : int64_t(0),
-                                           t.shape, t.offset, t.md5, t.stats.mean, t.stats.std);
+                                           vocabRows ? int64_t(r) % m_.tp : int64_t(-1), t.shape,
+                                           t.offset, t.md5, t.stats.mean, t.stats.std);
           if (!seen.insert(key).second) continue;
           (t.index == 0 ? out[it->second].value : out[it->second].gradient).add(t);
         }

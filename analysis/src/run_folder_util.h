@@ -48,11 +48,13 @@ inline bool isExpertScope(const std::string& scope) {
   return scope.find(".moe.experts.") != std::string::npos;
 }
 
-// "dp 2 x tp 2", then ", ep E", ", cp C", ", zero" where they apply.
-inline std::string layoutText(int64_t dp, int64_t tp, int64_t ep, int64_t cp, bool zero) {
+// "dp 2 x tp 2", then ", ep E", ", cp C", ", zero", ", vocab-parallel" where they apply.
+inline std::string layoutText(int64_t dp, int64_t tp, int64_t ep, int64_t cp, bool zero,
+                              bool vocab = false) {
   return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
          (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) +
-         (cp > 1 ? ", cp " + std::to_string(cp) : std::string()) + (zero ? ", zero" : "");
+         (cp > 1 ? ", cp " + std::to_string(cp) : std::string()) + (zero ? ", zero" : "") +
+         (vocab ? ", vocab-parallel" : "");
 }
 
 }  // namespace keel::analysis::detail

@@ -96,7 +96,8 @@ int runByParameter(const DiffArgs& a) {
 int runDiffFolders(const DiffArgs& a) {
   const storage::RunManifest ma = storage::readManifest(a.a);
   const storage::RunManifest mb = storage::readManifest(a.b);
-  if (ma.dp != mb.dp || ma.tp != mb.tp || ma.ep != mb.ep || ma.cp != mb.cp || ma.zero != mb.zero)
+  if (ma.dp != mb.dp || ma.tp != mb.tp || ma.ep != mb.ep || ma.cp != mb.cp || ma.zero != mb.zero ||
+      ma.vocab != mb.vocab)
     return runByParameter(a);  // other layouts: by parameter name
   const storage::DiffOptions opt = diffOptions(a);
   struct RankDiff {

@@ -89,15 +89,15 @@ int runTrain(const TrainArgs& a) {
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
               static_cast<unsigned long long>(a.seed));
   if (layout.world() > 1)
-    std::printf("ranks: %d (dp %d x tp %d%s%s%s); each rank trains on %lld of the batch's rows%s\n",
-                layout.world(), layout.dp, layout.tp,
-                layout.ep > 1 ? (", experts over ep " + std::to_string(layout.ep)).c_str() : "",
-                layout.cp > 1 ? (", sequence over cp " + std::to_string(layout.cp)).c_str() : "",
-                layout.zero ? ", optimizer state sharded over dp" : "",
-                static_cast<long long>(cfg.batch_size / (layout.dp / layout.cp)),
-                layout.cp > 1
-                    ? (", 1/" + std::to_string(layout.cp) + " of each row's tokens").c_str()
-                    : "");
+    std::printf(
+        "ranks: %d (dp %d x tp %d%s%s%s%s); each rank trains on %lld of the batch's rows%s\n",
+        layout.world(), layout.dp, layout.tp, layout.vocab ? ", vocabulary over tp" : "",
+        layout.ep > 1 ? (", experts over ep " + std::to_string(layout.ep)).c_str() : "",
+        layout.cp > 1 ? (", sequence over cp " + std::to_string(layout.cp)).c_str() : "",
+        layout.zero ? ", optimizer state sharded over dp" : "",
+        static_cast<long long>(cfg.batch_size / (layout.dp / layout.cp)),
+        layout.cp > 1 ? (", 1/" + std::to_string(layout.cp) + " of each row's tokens").c_str()
+                      : "");
   if (layout.cp > 1) {  // Note [Context-parallel attention]: how evenly the mask's work splits
     auto percents = [](const std::vector<double>& shares) {
       std::string s;

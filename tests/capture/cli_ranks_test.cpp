@@ -34,6 +34,8 @@ constexpr const char* kMpiEnv =
 
 // The losses "step N/M  loss X" that keel train prints (defined below).
 std::vector<double> losses(const std::string& out);
+// The gradient norms "step N/M ... gnorm X" that keel train prints.
+std::vector<double> gradNorms(const std::string& out);
 
 class KeelRanks : public keel::test::TempDirTest {
  protected:
@@ -85,6 +87,17 @@ class KeelRanks : public keel::test::TempDirTest {
 };
 
 // The losses "step N/M  loss X" that keel train prints.
+std::vector<double> gradNorms(const std::string& out) {
+  std::vector<double> v;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) {
+    const size_t at = l.find("  gnorm ");
+    if (l.rfind("step ", 0) == 0 && at != std::string::npos)
+      v.push_back(std::stod(l.substr(at + 8)));
+  }
+  return v;
+}
+
 std::vector<double> losses(const std::string& out) {
   std::vector<double> v;
   std::istringstream in(out);
@@ -266,8 +279,9 @@ TEST_F(KeelRanks, VocabularyParallelTrainingGivesTheSingleProcessLossesAndReshar
   const std::string train = "train --config " + std::string(kTiny) + " --steps 4";
   const CliResult one = keel(train);
   ASSERT_EQ(one.status, 0) << one.err;
-  const std::vector<double> want = losses(one.out);
+  const std::vector<double> want = losses(one.out), norms = gradNorms(one.out);
   ASSERT_EQ(want.size(), 4u) << one.out;
+  ASSERT_EQ(norms.size(), 4u) << one.out;
   for (const auto& [np, args] : std::vector<std::pair<int, std::string>>{
            {2, "--tp 2 --vocab-parallel"},
            {4, "--dp 2 --tp 2 --vocab-parallel --save-every 2 --ckpt-dir '" + path("vp") + "'"}}) {
@@ -277,6 +291,11 @@ TEST_F(KeelRanks, VocabularyParallelTrainingGivesTheSingleProcessLossesAndReshar
     ASSERT_EQ(got.size(), want.size()) << args << "\n" << r.out;
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_NEAR(got[i], want[i], 2e-4) << args << ", step " << i + 1;
+    // The gradients' scale too (a gradient counted tp times would show here first).
+    const std::vector<double> gn = gradNorms(r.out);
+    ASSERT_EQ(gn.size(), norms.size()) << r.out;
+    for (size_t i = 0; i < norms.size(); ++i)
+      EXPECT_NEAR(gn[i], norms[i], 2e-3) << args << ", step " << i + 1;
   }
   // Each tp rank saved its half of the vocabulary rows (and of their AdamW moments).
   const CliResult meta = keel("ckpt inspect '" + path("vp/step-000002") + "'");
@@ -300,6 +319,21 @@ TEST_F(KeelRanks, VocabularyParallelTrainingGivesTheSingleProcessLossesAndReshar
   EXPECT_NE(inspect.out.find("run        2 ranks: dp 1 x tp 2 (vocabulary split over tp)"),
             std::string::npos)
       << inspect.out;
+  // By parameter name against one process, at tp 4: each rank's vocabulary rows are its own
+  // piece, even where two ranks' gradients are alike (tokens no batch used).
+  const std::string cfg4 = variantConfig(kTiny, "tiny4.json", "\"n_head\": 2", "\"n_head\": 4");
+  ASSERT_EQ(mpi(4, "record --config '" + cfg4 + "' --steps 1 --tp 4 --vocab-parallel --stats -o '" +
+                       path("vp4") + "'")
+                .status,
+            0);
+  ASSERT_EQ(
+      keel("record --config '" + cfg4 + "' --steps 1 --stats -o '" + path("one4.db") + "'").status,
+      0);
+  const CliResult byName = keel("diff '" + path("vp4") + "' '" + path("one4.db") + "'");
+  EXPECT_EQ(byName.status, 0) << byName.out << byName.err;
+  EXPECT_NE(byName.out.find("A is dp 1 x tp 4, vocab-parallel (4 ranks)"), std::string::npos)
+      << byName.out;
+  EXPECT_NE(byName.out.find("equal within tolerance"), std::string::npos) << byName.out;
   // Bad layouts: one line.
   keel::test::expectOneLineError(keel(train + " --vocab-parallel"),
                                  "--vocab-parallel splits the vocabulary across tensor-parallel "

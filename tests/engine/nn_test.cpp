@@ -433,6 +433,38 @@ TEST(LayerTest, VocabParallelCrossEntropyAloneIsCrossEntropy) {
   EXPECT_THROW(nn::vocabParallelCrossEntropy(a, test::fromInts({0, 1, 2}, {3}), 0, "tp"), Error);
 }
 
+// One rank's block of a larger vocabulary, alone: columns [10, 16). A target in the block counts
+// its logit (at target - 10), one outside contributes none (another rank's block would), one
+// equal to the ignore index is left out of the mean: loss = (sum over counted rows of
+// logsumexp(row) - the target's logit if held) / counted rows, gradient (softmax - one-hot if
+// held) / counted rows, zero for the ignored row.
+TEST(LayerTest, VocabParallelCrossEntropyOfOneBlockHoldsOnlyItsTargets) {
+  const std::vector<double> v = {0.5,  -1.0, 2.0,  0.25, 3.0,  -0.5, 1.5,  1.5,
+                                 -2.0, 0.0,  0.75, 4.0,  -3.0, 2.5,  0.1,  -0.1,
+                                 1.0,  1.25, 0.0,  -4.0, 3.5,  -1.5, 2.25, 0.5};
+  Tensor a = test::fromDoubles(v, {4, 6}, DType::Float64);
+  a.setRequiresGrad();
+  // Row 0: target 10 (column 0); row 1: 15 (column 5); row 2: 3, another rank's; row 3 ignored.
+  const Tensor loss =
+      nn::vocabParallelCrossEntropy(a, test::fromInts({10, 15, 3, -100}, {4}), 10, "tp");
+  const int held[4] = {0, 5, -1, -2};
+  double want = 0;
+  std::vector<double> grad(24, 0.0);
+  for (int r = 0; r < 3; ++r) {
+    double m = -1e300, s = 0;
+    for (int c = 0; c < 6; ++c) m = std::max(m, v[size_t(r * 6 + c)]);
+    for (int c = 0; c < 6; ++c) s += std::exp(v[size_t(r * 6 + c)] - m);
+    want += std::log(s) + m - (held[r] >= 0 ? v[size_t(r * 6 + held[r])] : m);
+    for (int c = 0; c < 6; ++c)
+      grad[size_t(r * 6 + c)] =
+          (std::exp(v[size_t(r * 6 + c)] - m) / s - (c == held[r] ? 1.0 : 0.0)) / 3.0;
+  }
+  EXPECT_NEAR(loss.item(), want / 3.0, 1e-12);
+  loss.backward();
+  const std::vector<double> g = test::values(a.grad());
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], grad[i], 1e-12) << i;
+}
+
 TEST(MoeTest, AuxLossOnHandMadeRouting) {
   // probs [4, 3]; top-1 choices [0, 1, 2, 0] -> f = [0.5, 0.25, 0.25];
   // P = column means = [0.4, 0.35, 0.25]; aux = 3 * (0.2 + 0.0875 + 0.0625) = 1.05.

@@ -220,10 +220,11 @@ class Embedding : public UnaryModule {
 
 // Mean cross entropy of [N, V] logits held as column blocks across `group` (Note
 // [Vocabulary-parallel embedding and loss]): `logits` [N, V/size] is this rank's block, its
-// first column vocabulary entry `first`; targets int64 [N] index the whole vocabulary. Alone (a
-// group of one) it is ops::crossEntropy's value up to rounding.
+// first column vocabulary entry `first`; targets int64 [N] index the whole vocabulary, and those
+// equal to ignoreIndex are left out of the mean (as ops::crossEntropy). Alone (a group of one,
+// first 0) it is ops::crossEntropy's value up to rounding.
 Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, int64_t first,
-                                 const std::string& group);
+                                 const std::string& group, int64_t ignoreIndex = -100);
 
 class LayerNorm : public UnaryModule {
  public:

@@ -124,7 +124,7 @@ Tensor Embedding::forwardImpl(const Tensor& idx) {
 }
 
 Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, int64_t first,
-                                 const std::string& group) {
+                                 const std::string& group, int64_t ignoreIndex) {
   KEEL_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0) &&
                  targets.dtype() == DType::Int64,
              "vocab-parallel cross entropy: expected logits [N, V] and int64 targets [N], got ",
@@ -145,7 +145,15 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, in
   const Tensor held = ops::cast(
       ops::unsqueeze(ops::eq(outside, Tensor::scalar(0.0, DType::Bool, dev)), 1), logits.dtype());
   const Tensor target = ops::allReduce(ops::mul(ops::gather(z, 1, column), held), "sum", group);
-  return ops::mean(ops::sub(ops::log(sumExp), target));
+  // The mean over the targets that count (not ignoreIndex).
+  const Tensor counted = ops::cast(
+      ops::unsqueeze(
+          ops::eq(ops::eq(targets, Tensor::scalar(double(ignoreIndex), DType::Int64, dev)),
+                  Tensor::scalar(0.0, DType::Bool, dev)),
+          1),
+      logits.dtype());
+  return ops::div(ops::sum(ops::mul(ops::sub(ops::log(sumExp), target), counted)),
+                  ops::sum(counted));
 }
 
 // ---- Norms --------------------------------------------------------------------------------
