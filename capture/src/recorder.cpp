@@ -13,9 +13,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "keel/capture/hash_pool.h"
 #include "keel/buffer.h"
 #include "keel/capture/hash.h"
+#include "keel/capture/hash_pool.h"
 #include "keel/dispatch.h"
 #include "keel/error.h"
 #include "keel/observer.h"

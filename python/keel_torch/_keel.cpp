@@ -171,14 +171,7 @@ class TensorReader {
     int64_t n = 1;
     for (const int64_t s : r.shape) n *= s;
     r.bytes = n * d.size;
-    // The storage's base address: views of one buffer share it (0 where PyTorch has none).
-    PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), dataPtr_.ptr());
-    if (p) {
-      r.bufferId = uint64_t(PyLong_AsUnsignedLongLongMask(p)) - uint64_t(r.offset * d.size);
-      Py_DECREF(p);
-    } else {
-      PyErr_Clear();
-    }
+    r.bufferId = base(t, r.offset, d.size);
     r.device = "cpu";
     if (PyObject_IsTrue(attr(t, isCuda_).ptr()) == 1) r.device = py::str(attr(t, device_));
     return r;
@@ -186,15 +179,7 @@ class TensorReader {
 
   // The buffer (storage base address) of `t`, or 0.
   uint64_t buffer(py::handle t) {
-    PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), dataPtr_.ptr());
-    if (!p) {
-      PyErr_Clear();
-      return 0;
-    }
-    const uint64_t ptr = uint64_t(PyLong_AsUnsignedLongLongMask(p));
-    Py_DECREF(p);
-    const int64_t offset = intOf(call(t, storageOffset_));
-    return ptr - uint64_t(offset * dtype(attr(t, dtype_), t).size);
+    return base(t, intOf(call(t, storageOffset_)), dtype(attr(t, dtype_), t).size);
   }
 
   // Forgets the identities of dead objects.
@@ -218,6 +203,18 @@ class TensorReader {
     py::object ref;  // a weak reference to the object
   };
 
+  // The storage's base address of `t` (offset elements of `size` bytes into it): views of one
+  // buffer share it; 0 where PyTorch has none (data_ptr() raises).
+  uint64_t base(py::handle t, int64_t offset, int64_t size) const {
+    PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), dataPtr_.ptr());
+    if (!p) {
+      PyErr_Clear();
+      return 0;
+    }
+    const uint64_t ptr = uint64_t(PyLong_AsUnsignedLongLongMask(p));
+    Py_DECREF(p);
+    return ptr - uint64_t(offset * size);
+  }
   static py::object intern(const char* s) {
     return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(s));
   }
@@ -316,8 +313,8 @@ struct ContentKeyHash {
 // Note [keel_torch content cache]
 // A step reads most tensors more than once (an op's output is the next ops' input; a parameter
 // feeds forward and backward), and a gpt-mini step in PyTorch would hash 999 MiB where 451 MiB
-// are distinct. The Python half keys each tensor by (its identity, its version counter, buffer,
-// offset, shape, strides) and gives each new key a slot; a tensor whose key is known this step is
+// are distinct. Each tensor is keyed by (its identity, its version counter, buffer, offset,
+// shape, strides, dtype) and each new key gets a slot; a tensor whose key is known this step is
 // passed without bytes and takes the slot's MD5, rounded MD5 and statistics when its op is
 // written (in op order, so the slot's first op is done by then). Bytes written without the
 // version counter seeing it (through `.data`, another alias with its own counter) are caught by

@@ -175,13 +175,14 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
   } else {
     lines << "Replicas: " + d->replicaNote.toHtmlEscaped();
   }
-  lines << QString("%1 ranks: dp %2 × tp %3%4%5%6")
+  lines << QString("%1 ranks: dp %2 × tp %3%4%5%6%7")
                .arg(s.manifest.worldSize)
                .arg(s.manifest.dp)
                .arg(s.manifest.tp)
                .arg(s.manifest.ep > 1   ? QString(", experts over ep %1").arg(s.manifest.ep)
                     : s.manifest.cp > 1 ? QString(", sequence over cp %1").arg(s.manifest.cp)
                                         : QString())
+               .arg(s.manifest.vocab ? QString(", vocabulary split over tp") : QString())
                .arg(s.manifest.zero ? QString(", optimizer state sharded over dp") : QString())
                .arg(s.manifest.model.empty()
                         ? QString()

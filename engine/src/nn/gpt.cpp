@@ -79,9 +79,7 @@ GPT::GPT(const GptConfig& cfg, Device device, uint64_t seed, TensorParallel tp, 
   KEEL_CHECK(!tp_.vocab || tp_.on(),
              "--vocab-parallel splits the vocabulary across tensor-parallel ranks, and this run "
              "has tp 1 (add --tp 2 or more)");
-  KEEL_CHECK(!tp_.vocab || cfg_.vocab_size % tp_.size == 0, "tensor parallelism: tp ", tp_.size,
-             " does not divide config field 'vocab_size' ", cfg_.vocab_size,
-             " (--vocab-parallel splits the vocabulary)");
+  // (tp dividing vocab_size: the Embedding checks it.)
   wte_ = buildModule("wte", [&] {
     return std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen, device, 0.02, tp_);
   });

@@ -107,20 +107,33 @@ Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, Device device, do
   if (split) rows_ = num / tp_.size;
 }
 
+namespace {
+
+// Note [Vocabulary-parallel embedding and loss]: indices into a block [first, first + count) of
+// a vocabulary split across ranks: each index's place in the block (0 for one outside it) and
+// whether the block holds it (1 or 0 in `dtype`).
+struct BlockIndex {
+  Tensor local, held;
+};
+BlockIndex blockIndex(const Tensor& idx, int64_t first, int64_t count, DType dtype) {
+  const Device dev = idx.device();
+  auto scalar = [&](double v, DType t) { return Tensor::scalar(v, t, dev); };
+  const Tensor local = ops::sub(idx, scalar(double(first), idx.dtype()));
+  const Tensor outside =
+      ops::where(ops::lt(local, scalar(0.0, idx.dtype())), scalar(1.0, DType::Bool),
+                 ops::gt(local, scalar(double(count - 1), idx.dtype())));
+  return {ops::where(outside, scalar(0.0, idx.dtype()), local),
+          ops::cast(ops::eq(outside, scalar(0.0, DType::Bool)), dtype)};
+}
+
+}  // namespace
+
 Tensor Embedding::forwardImpl(const Tensor& idx) {
   if (!tp_.vocab || !tp_.on()) return ops::embedding(weight_, idx);
   // Note [Vocabulary-parallel embedding and loss]: this rank's rows; zeros for the others.
-  const Tensor first = Tensor::scalar(double(rows_ * tp_.rank), idx.dtype(), idx.device());
-  const Tensor local = ops::sub(idx, first);
-  const Tensor outside =
-      ops::where(ops::lt(local, Tensor::scalar(0.0, idx.dtype(), idx.device())),
-                 Tensor::scalar(1.0, DType::Bool, idx.device()),
-                 ops::gt(local, Tensor::scalar(double(rows_ - 1), idx.dtype(), idx.device())));
-  const Tensor rows = ops::where(outside, Tensor::scalar(0.0, idx.dtype(), idx.device()), local);
-  const Tensor keep = ops::cast(
-      ops::unsqueeze(ops::eq(outside, Tensor::scalar(0.0, DType::Bool, idx.device())), -1),
-      weight_.dtype());
-  return ops::allReduce(ops::mul(ops::embedding(weight_, rows), keep), "sum", tp_.group);
+  const BlockIndex b = blockIndex(idx, rows_ * tp_.rank, rows_, weight_.dtype());
+  return ops::allReduce(ops::mul(ops::embedding(weight_, b.local), ops::unsqueeze(b.held, -1)),
+                        "sum", tp_.group);
 }
 
 Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, int64_t first,
@@ -136,14 +149,8 @@ Tensor vocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, in
   const Tensor m = ops::allReduce(ops::max(logits.detach(), 1, true), "max", group);  // [N, 1]
   const Tensor z = ops::sub(logits, m);
   const Tensor sumExp = ops::allReduce(ops::sum(ops::exp(z), {1}, true), "sum", group);
-  const Tensor local = ops::sub(targets, Tensor::scalar(double(first), DType::Int64, dev));
-  const Tensor outside = ops::where(
-      ops::lt(local, Tensor::scalar(0.0, DType::Int64, dev)), Tensor::scalar(1.0, DType::Bool, dev),
-      ops::gt(local, Tensor::scalar(double(cols - 1), DType::Int64, dev)));
-  const Tensor column =
-      ops::unsqueeze(ops::where(outside, Tensor::scalar(0.0, DType::Int64, dev), local), 1);
-  const Tensor held = ops::cast(
-      ops::unsqueeze(ops::eq(outside, Tensor::scalar(0.0, DType::Bool, dev)), 1), logits.dtype());
+  const BlockIndex block = blockIndex(targets, first, cols, logits.dtype());
+  const Tensor column = ops::unsqueeze(block.local, 1), held = ops::unsqueeze(block.held, 1);
   const Tensor target = ops::allReduce(ops::mul(ops::gather(z, 1, column), held), "sum", group);
   // The mean over the targets that count (not ignoreIndex).
   const Tensor counted = ops::cast(
