@@ -3,8 +3,9 @@
 (gpt-mini's size by default) unrecorded, recorded graph only (md5=False, stats=False), and with
 MD5s and statistics, measured in one process with the three alternating every three steps (the
 steady state of a recording: its first step is left out), so the ratios share the machine's
-state. Prints the median step time of each and the ratios, and what a
-recorded step hashed and reused (Note [keel_torch content cache] in python/keel_torch/_keel.cpp).
+state. Prints the median step time of each and the ratios, what a recorded step hashed and
+reused (Note [keel_torch content cache] in python/keel_torch/_keel.cpp), and the cost of
+recording one small op.
 
 Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_record.py \
            configs/gpt-mini.json [--steps 15] [--threads 2]
@@ -71,6 +72,29 @@ def main():
     # Note [keel_torch content cache]: what a recorded step hashed, and what it reused.
     print(f"  md5 + stats step: {hashed[0]} tensors hashed ({hashed[1] / 2**20:.1f} MiB), "
           f"{reused[0]} reused ({reused[1] / 2**20:.1f} MiB)")
+    per_op()
+
+
+def per_op(n=20000, rounds=5):
+    """The cost of one small op (an add of two 4x4 tensors: 3 tensors to read, nothing to
+    compute): unrecorded and recorded graph only, median of `rounds` loops of n ops."""
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+
+    def loop():
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a + b
+        return (time.perf_counter() - t0) / n
+
+    plain, recorded = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(rounds + 1):
+            plain.append(loop())
+            with keel_torch.record(os.path.join(tmp, "op.db"), md5=False, stats=False):
+                recorded.append(loop())
+    plain, recorded = statistics.median(plain[1:]), statistics.median(recorded[1:])
+    print(f"  one op (add, 4x4): unrecorded {1e6 * plain:.2f} us, graph only "
+          f"{1e6 * recorded:.2f} us (+{1e6 * (recorded - plain):.2f} us)")
 
 
 if __name__ == "__main__":

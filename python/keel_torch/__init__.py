@@ -55,6 +55,7 @@ import traceback
 import weakref
 
 import torch
+from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -72,7 +73,6 @@ _DTYPES = {
     torch.bool: "bool",
 }
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_now = time.monotonic_ns
 _OWN_DIR = os.path.dirname(__file__)
 
 
@@ -101,18 +101,6 @@ def _host_bytes(t):
     return memoryview(data.reshape(-1)).cast("B")
 
 
-def _tensors(values):
-    """The tensors among an op's arguments or results (top level and inside lists/tuples), in
-    order: what ATen ops take and return (a cheaper tree_flatten)."""
-    found = []
-    for v in values if isinstance(values, (list, tuple)) else (values,):
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found.extend(x for x in v if isinstance(x, torch.Tensor))
-    return found
-
-
 def _written_arguments(func):
     """The arguments an ATen op writes (`Tensor(a!)` in its schema): (position, name) of each,
     position None for a keyword-only one."""
@@ -134,7 +122,24 @@ def _written_arguments(func):
 
 
 _active = threading.local()
-_OVERLOADS = {}  # id(ATen overload) -> (op name, attributes JSON, written arguments, overload)
+_OVERLOADS = {}  # id(ATen overload) -> _overload()'s tuple and the overload (kept alive)
+
+
+def _overload(func):
+    """What a recording keeps of an ATen overload: (op name, attributes JSON, the arguments it
+    writes, whether it is left out, what to call to run it), once per overload for every
+    recording of the process."""
+    known = _OVERLOADS.get(id(func))  # by id: an overload's __hash__ is Python code
+    if known is None:
+        name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+        # An OpOverload's __call__ is a Python frame around its C++ operator `_op`.
+        run = func._op if isinstance(func, torch._ops.OpOverload) and hasattr(func, "_op") \
+            else func
+        # The profiler's markers are not computation.
+        known = _OVERLOADS[id(func)] = (name, json.dumps({"aten": str(func)}),
+                                        _written_arguments(func),
+                                        name.startswith("_record_function"), run, func)
+    return known[:5]
 
 
 class _Session(TorchDispatchMode):
@@ -159,26 +164,21 @@ class _Session(TorchDispatchMode):
         if model is not None:
             for name, module in model.named_modules():
                 self.names[id(module)] = name
-        self.scopes = []
-        self.phase = "forward"
-        self.seq = 0
-        self.step_no = 1
+        # The per-op state (phase, module scopes, the op count, the forward op autograd runs,
+        # the step the optimizer ended) is the C++ half's (Note [keel_torch dispatch in C++]).
         self.step_begin = time.monotonic_ns()
-        self.step_ops = 0
         self.last_loss = float("nan")
         self.stack_ids = {}
-        self.busy = False
         self.optimizer = optimizer
-        self.pending_end = None  # the optimizer stepped: the step's record is due
         self.in_zero_grad = False
         self.undo = []
         self.hooked = {}          # output tensors given a backward-scope hook: id -> weakref
-        self.backward_scope = ""  # the module whose backward is running
-        # Note [keel_torch forward links]
-        self.pending_outputs = []  # (seq, outputs) of the last forward op, hooked at the next op
-        self.forward_seq = 0       # the forward op whose autograd node is running (backward)
-        self.forward_scopes = {}   # this step's forward ops that may have a backward: seq -> scope
-        self.after_backward = False  # .backward() returned and no module has run since
+        self.direct = False       # Note [keel_torch direct dispatch mode]
+
+    @property
+    def seq(self):
+        """The ops recorded so far."""
+        return self.rec.seq
 
     @property
     def hashed(self):
@@ -203,12 +203,13 @@ class _Session(TorchDispatchMode):
         def call(module, *args, **kwargs):
             if threading.get_ident() != thread:  # another thread's modules: not this recording's
                 return original(module, *args, **kwargs)
-            session.after_backward = False
-            session.scopes.append(session.names.get(id(module), type(module).__name__))
+            rec = session.rec
+            rec.after_backward = False
+            rec.push_scope(session.names.get(id(module), type(module).__name__))
             try:
                 output = original(module, *args, **kwargs)
             finally:
-                name = session.scopes.pop()
+                name = rec.pop_scope()
             session._backward_scope_hooks(name, output)
             return output
         return call
@@ -228,21 +229,24 @@ class _Session(TorchDispatchMode):
                 self.hooked[id(t)] = weakref.ref(t)
                 t.register_hook(self._backward_scope(name))
 
-    def _hook_forward_outputs(self):
-        pending, self.pending_outputs = self.pending_outputs, []
+    def _hook_forward_outputs(self, pending):
         for seq, outputs in pending:
             for t in outputs:
                 if t.requires_grad and t.grad_fn is not None:
                     t.register_hook(self._backward_of(seq))
 
     def _backward_of(self, seq):
+        rec = self.rec
+
         def hook(grad):
-            self.forward_seq = seq
+            rec.forward_seq = seq
         return hook
 
     def _backward_scope(self, name):
+        rec = self.rec
+
         def hook(grad):
-            self.backward_scope = name
+            rec.backward_scope = name
         return hook
 
     def install(self):
@@ -253,17 +257,18 @@ class _Session(TorchDispatchMode):
         original_backward = torch.Tensor.backward
 
         def backward(tensor, *args, **kwargs):
+            rec = session.rec
             if tensor.numel() == 1:
                 session.last_loss = session.value(tensor)
-            session._hook_forward_outputs()
-            previous, session.phase = session.phase, "backward"
-            session.backward_scope = ""
-            session.forward_seq = 0
+            rec.hook_pending()
+            previous, rec.phase = rec.phase, "backward"
+            rec.backward_scope = ""
+            rec.forward_seq = 0
             try:
                 return original_backward(tensor, *args, **kwargs)
             finally:
-                session.phase = previous
-                session.after_backward = True
+                rec.phase = previous
+                rec.after_backward = True
 
         torch.Tensor.backward = backward
         self.undo.append(lambda: setattr(torch.Tensor, "backward", original_backward))
@@ -280,21 +285,23 @@ class _Session(TorchDispatchMode):
             original_zero_grad = opt.zero_grad
 
             def optimizer_step(*args, **kwargs):
-                previous, session.phase = session.phase, "optimizer"
+                rec = session.rec
+                previous, rec.phase = rec.phase, "optimizer"
                 try:
                     return original_step(*args, **kwargs)
                 finally:
-                    session.phase = previous
+                    rec.phase = previous
                     # The step ends here; its record waits for the next step's first op.
-                    session.pending_end = time.monotonic_ns()
+                    rec.pending_end = time.monotonic_ns()
 
             def zero_grad(*args, **kwargs):
-                previous, session.phase = session.phase, "optimizer"
+                rec = session.rec
+                previous, rec.phase = rec.phase, "optimizer"
                 session.in_zero_grad = True
                 try:
                     return original_zero_grad(*args, **kwargs)
                 finally:
-                    session.phase = previous
+                    rec.phase = previous
                     session.in_zero_grad = False
 
             opt.step = optimizer_step
@@ -309,49 +316,82 @@ class _Session(TorchDispatchMode):
 
     def value(self, t):
         """A scalar tensor's value, read without recording the reads."""
-        busy, self.busy = self.busy, True
+        rec = self.rec
+        busy, rec.busy = rec.busy, True
         try:
             return float(t.detach().cpu().reshape(())) if torch.is_tensor(t) else float(t)
         finally:
-            self.busy = busy
+            rec.busy = busy
 
     def end_step(self, loss, end=None):
+        rec = self.rec
         if loss is not None:
             self.last_loss = self.value(loss)
-        self.pending_end = None
-        if self.step_ops == 0:
+        rec.pending_end = 0
+        if rec.step_ops == 0:
             return
-        self.rec.step(self.step_no, self.step_begin, end or time.monotonic_ns(), self.last_loss)
-        self.step_no += 1
-        self.step_ops = 0
+        rec.step(self.step_begin, end or time.monotonic_ns(), self.last_loss)
         self.last_loss = float("nan")
         self.step_begin = time.monotonic_ns()
-        self.forward_scopes = {}
         self.hooked = {k: r for k, r in self.hooked.items() if r() is not None}
 
-    # ---- ops ---------------------------------------------------------------------------------
+    def _end_pending(self):
+        """The first op of the next step: the step the optimizer ended is written."""
+        self.end_step(None, self.rec.pending_end)
+        self.step_begin = time.monotonic_ns()
 
-    def _dumped(self, scope):
-        """Whether an op of this scope has its outputs' values stored (dumps=)."""
-        d = self.dumps
-        if isinstance(d, bool):
-            return d
-        return scope == d or scope.startswith(d + ".") or d == ""
+    # ---- the dispatch mode ---------------------------------------------------------------------
+
+    # Note [keel_torch direct dispatch mode]
+    # PyTorch 1.13 keeps its stack of dispatch modes in Python: the one mode its C++ side calls is
+    # a helper that pops the top mode, calls it, and pushes it back, with a context manager — as
+    # much work per op as the recording's own. When no other mode is active at the start, the
+    # session is pushed on that stack and also made the C++ side's mode itself, with
+    # __torch_dispatch__ the C++ half's dispatch() (Note [keel_torch dispatch in C++]); the C++
+    # side turns the mode off while it runs, as the helper would. A mode the user pushes inside
+    # the recording lands on the stack above it: dispatch() sees the stack longer than one and
+    # hands the call to PyTorch's helper (_delegate), which runs that mode first and comes back
+    # to the session through the stack, as without the shortcut. With another mode already
+    # active, or on a PyTorch whose stack is C++ (2.x), the session is pushed as any mode is.
+
+    def __enter__(self):
+        self.direct = _python_dispatch._len_torch_dispatch_stack() == 0 and \
+            hasattr(_python_dispatch, "_TorchDispatchStackMode")
+        self.rec.bind(self, self.direct, self.stacks, self.dumps)
+        if self.direct:
+            self.__torch_dispatch__ = self.rec.dispatch  # what the C++ side calls
+            torch._C._push_on_torch_dispatch_stack(self)
+            torch._C._set_torch_dispatch_mode(self)
+        else:
+            super().__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if self.direct:
+            _python_dispatch._pop_mode()
+            del self.__torch_dispatch__
+        else:
+            super().__exit__(exc_type, exc_val, exc_tb)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.rec.dispatch(func, types, args, kwargs)
 
     @staticmethod
-    def _written_tensors(written, args, kwargs):
-        """The tensors an op writes: its arguments at the (position, name) pairs in `written`."""
-        tensors = []
-        for position, name in written:
-            value = args[position] if position is not None and position < len(args) \
-                else kwargs.get(name)
-            if value is not None:
-                tensors.extend(_tensors(value))
-        return tensors
+    def _delegate(func, types, args, kwargs):
+        """A mode pushed inside the recording runs first (Note [keel_torch direct dispatch
+        mode])."""
+        return _python_dispatch._TorchDispatchStackMode().__torch_dispatch__(func, types, args,
+                                                                             kwargs)
+
+    # ---- what dispatch() asks of the Python half (Note [keel_torch dispatch in C++]) ---------
+
+    _overload = staticmethod(_overload)
 
     def _stack(self):
+        """The id of the Python call stack of the user's code (frames inside torch and
+        keel_torch left out)."""
         frames = []
-        for f in reversed(traceback.extract_stack()[:-3]):
+        for f in reversed(traceback.extract_stack()[:-1]):
             if f.filename.startswith(_TORCH_DIR) or f.filename.startswith(_OWN_DIR):
                 continue
             frames.append((f.name, f.filename, int(f.lineno or 0)))
@@ -360,78 +400,6 @@ class _Session(TorchDispatchMode):
             self.stack_ids[key] = len(self.stack_ids) + 1
             self.rec.stack(self.stack_ids[key], frames)
         return self.stack_ids[key]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.busy:
-            return func(*args, **kwargs)
-        self.busy = True
-        try:
-            # After the optimizer's step the next step begins with the next module forward (or
-            # backward): zero_grad, reading the loss, preparing the next batch stay in this one.
-            if self.pending_end is not None and (self.scopes or self.phase == "backward"):
-                self.end_step(None, self.pending_end)
-                self.step_begin = time.monotonic_ns()
-            if self.pending_outputs:
-                self._hook_forward_outputs()
-            # Name, attributes, written arguments once per ATen overload, for every recording
-            # of the process (keyed by id: an overload's __hash__ is Python code; the entry
-            # keeps the overload alive).
-            known = _OVERLOADS.get(id(func))
-            if known is None:
-                name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
-                known = _OVERLOADS[id(func)] = (name, json.dumps({"aten": str(func)}),
-                                                _written_arguments(func), func)
-            name, attrs, written, _ = known
-            if name.startswith("_record_function"):  # the profiler's markers, not computation
-                return func(*args, **kwargs)
-            inputs = _tensors(args) + (_tensors(tuple(kwargs.values())) if kwargs else [])
-            if written:
-                # The inputs are read before the op writes them (their version, their bytes:
-                # Note [keel_torch hashing off the Python thread], [keel_torch content cache]).
-                self.rec.before_write(inputs, self._written_tensors(written, args, kwargs))
-                begin = _now()
-                try:
-                    out = func(*args, **kwargs)
-                except BaseException:
-                    self.rec.abort_write()
-                    raise
-                finally:
-                    self.rec.after_write()
-                recorded_inputs = None
-            else:
-                begin = _now()
-                out = func(*args, **kwargs)
-                recorded_inputs = inputs
-            end = _now()
-            outputs = [out] if isinstance(out, torch.Tensor) else _tensors(out)
-            self.seq += 1
-            self.step_ops += 1
-            forward_seq = 0
-            phase = self.phase
-            if phase == "backward":
-                # Note [keel_torch backward scopes]
-                forward_seq = self.forward_seq
-                scope = self.forward_scopes.get(forward_seq, self.backward_scope)
-            else:
-                scope = self.scopes[-1] if self.scopes else ""
-                # Outputs get a grad_fn when an input requires grad (only those are held: holding
-                # the others changed what PyTorch 1.13 dispatched, an extra detach).
-                if (phase == "forward" and torch.is_grad_enabled()
-                        and any(t.requires_grad for t in inputs)):
-                    self.pending_outputs.append((self.seq, outputs))
-                    self.forward_scopes[self.seq] = scope
-                elif phase == "forward" and self.after_backward and not self.scopes:
-                    # Between .backward() and the optimizer, outside any module: gradient
-                    # clipping or scaling, the optimizer's work (as Keel's clip_grad_norm).
-                    phase = "optimizer"
-            stack = self._stack() if self.stacks else -1
-            dump = bool(self.dumps) and self._dumped(scope)
-            self.rec.op(self.seq, self.step_no, phase, name, scope, attrs, begin, end,
-                        forward_seq, stack, recorded_inputs, outputs, dump)
-            return out
-        finally:
-            self.busy = False
 
 
 @contextlib.contextmanager
@@ -459,8 +427,9 @@ def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False,
         session.uninstall()
         _active.session = None
         try:
-            session.end_step(None, session.pending_end)
+            session.end_step(None, session.rec.pending_end)
         finally:
+            session.rec.unbind()
             session.rec.close(status)
 
 

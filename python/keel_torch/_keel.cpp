@@ -1,14 +1,18 @@
 // keel_torch's C++ half: Keel's own recording writer (storage::Writer) and tensor hasher
 // (capture::tensorMd5, capture::tensorStats) for Python, so a PyTorch run's recording is written
 // by the same code as a Keel run's — every Keel tool opens it — and its MD5s equal Keel's for the
-// same bytes. The Python half (keel_torch/__init__.py) decides what to record.
+// same bytes. The Python half (keel_torch/__init__.py) installs a recording — module scopes,
+// phases, steps, autograd hooks — and this half does the work of each op call (Note [keel_torch
+// dispatch in C++]).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -136,9 +140,10 @@ py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vecto
 // Note [keel_torch tensors read in C++]: an op's tensors are read here, from the PyTorch objects
 // (their attributes through the C API, the dtype's name and size looked up once per dtype), not
 // in Python: a recording's cost per op is mostly this bookkeeping, and Python bytecode and the
-// tuples it built cost twice what the attribute reads do. What needs Python stays there: which
-// ops to record, their scopes and phases, the bytes of a tensor to hash (keel_torch._host_bytes,
-// called here for a tensor not hashed yet).
+// tuples it built cost twice what the attribute reads do. The bytes of a tensor to hash come from
+// Python (keel_torch._host_bytes, called here for a tensor not hashed yet). A tensor's layout is
+// read at every op, not cached by identity: `t.data = other` changes it without any op that a
+// dispatch mode sees.
 //
 // A tensor's identity is a number per Python object for its lifetime: id() is reused once an
 // object is freed, which would join unrelated ops in the graph, so each number is kept with a
@@ -156,10 +161,10 @@ class TensorReader {
         device_(intern("device")),
         elementSize_(intern("element_size")) {}
 
-  // The record of tensor `t` (role, index set by the caller); its dtype, and the dtype's Keel
-  // equivalent (or nullopt).
-  storage::TensorRecord read(py::handle t, std::optional<DType>& keel) {
-    storage::TensorRecord r;
+  // The record of tensor `t` into `r`, every field but role and index (set by the caller), its
+  // buffers reused (Note [keel_torch records recycled]); `keel`: the dtype's Keel equivalent (or
+  // nullopt).
+  void read(py::handle t, std::optional<DType>& keel, storage::TensorRecord& r) {
     r.tensorId = identity(t.ptr());
     r.version = uint64_t(intAttr(t, version_));
     ints(attr(t, shape_), r.shape);
@@ -172,9 +177,14 @@ class TensorReader {
     for (const int64_t s : r.shape) n *= s;
     r.bytes = n * d.size;
     r.bufferId = base(t, r.offset, d.size);
-    r.device = "cpu";
-    if (PyObject_IsTrue(attr(t, isCuda_).ptr()) == 1) r.device = py::str(attr(t, device_));
-    return r;
+    if (PyObject_IsTrue(attr(t, isCuda_).ptr()) == 1)
+      r.device = py::str(attr(t, device_));
+    else
+      r.device = "cpu";
+    r.md5.clear();
+    r.md5Rounded.clear();
+    r.hasStats = false;
+    r.stats = {};
   }
 
   // The buffer (storage base address) of `t`, or 0.
@@ -182,6 +192,8 @@ class TensorReader {
     return base(t, intOf(call(t, storageOffset_)), dtype(attr(t, dtype_), t).size);
   }
 
+  // Objects given an identity and not yet forgotten.
+  size_t identities() const { return ids_.size(); }
   // Forgets the identities of dead objects.
   void prune() {
     for (auto it = ids_.begin(); it != ids_.end();) {
@@ -262,6 +274,12 @@ class TensorReader {
     const auto it = ids_.find(t);
     if (it != ids_.end() && PyWeakref_GetObject(it->second.ref.ptr()) == t)
       return it->second.number;
+    // A run without steps (graph only: no content cache to bound them) forgets dead objects
+    // once the table has doubled since the last time.
+    if (ids_.size() >= pruneAt_) {
+      prune();
+      pruneAt_ = std::max<size_t>(kMinPrune, 2 * ids_.size());
+    }
     PyObject* ref = PyWeakref_NewRef(t, nullptr);
     if (!ref) throw py::error_already_set();
     Identity& e = ids_[t];
@@ -275,6 +293,8 @@ class TensorReader {
   std::unordered_map<PyObject*, DTypeInfo> dtypes_;
   std::vector<py::object> dtypeRefs_;
   std::unordered_map<PyObject*, Identity> ids_;
+  static constexpr size_t kMinPrune = size_t(1) << 16;
+  size_t pruneAt_ = kMinPrune;
   uint64_t next_ = 0;
 };
 
@@ -337,6 +357,12 @@ class HashQueue {
         reuse;             // (tensor index, slot it takes its results from)
     size_t submitted = 0;  // jobs of `work` given to the pool so far
     bool discard = false;  // an op that failed: its slots are filled, nothing is written
+    size_t used = 0;       // op.tensors in use (Note [keel_torch records recycled])
+    // The record's next tensor (one kept from an earlier op where there is one).
+    storage::TensorRecord& nextTensor() {
+      if (used == op.tensors.size()) op.tensors.emplace_back();
+      return op.tensors[used++];
+    }
   };
   explicit HashQueue(Hashing h) : h_(h), pool_(kMaxPendingBytes, 0) {}
   HashQueue(const HashQueue&) = delete;
@@ -481,7 +507,7 @@ class WriterThread {
   using Task = std::function<void(storage::Writer&)>;
   // close()'s `last` runs even after a failed write (the run's status, best effort).
   static constexpr size_t kMaxQueued = 1 << 16;
-  static constexpr size_t kWakeTasks = 1024;
+  static constexpr size_t kWakeRecords = 1024;
   explicit WriterThread(std::unique_ptr<storage::Writer> w) : writer_(std::move(w)) {
     thread_ = std::thread([this] { run(); });
   }
@@ -494,26 +520,28 @@ class WriterThread {
   WriterThread(const WriterThread&) = delete;
   WriterThread& operator=(const WriterThread&) = delete;
 
-  // wake: start the thread now, rather than once kWakeTasks are queued (a wake-up per record
-  // would cost a context switch each on a small machine).
-  void post(Task t, bool wake = false) {
+  // wake: start the thread now, rather than once kWakeRecords records are queued (a wake-up per
+  // record would cost a context switch each on a small machine). records: how many the task
+  // writes (a batch of ops: Note [keel_torch records recycled]).
+  void post(Task t, bool wake = false, size_t records = 1) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!error_.empty()) throw std::runtime_error(error_);
     if (closed_) throw std::runtime_error("keel_torch: the recording is closed");
-    if (tasks_.size() >= kMaxQueued) {
+    if (queued_ >= kMaxQueued) {
       // Waits without the GIL and then takes the GIL back without holding mu_ (another Python
       // thread may hold the GIL and want mu_).
       lk.unlock();
       {
         py::gil_scoped_release nogil;
         std::unique_lock<std::mutex> wait(mu_);
-        room_.wait(wait, [&] { return tasks_.size() < kMaxQueued || !error_.empty(); });
+        room_.wait(wait, [&] { return queued_ < kMaxQueued || !error_.empty(); });
       }
       lk.lock();
       if (!error_.empty()) throw std::runtime_error(error_);
     }
     tasks_.push_back(std::move(t));
-    if (idle_ && (wake || tasks_.size() >= kWakeTasks)) work_.notify_one();
+    queued_ += records;
+    if (idle_ && (wake || queued_ >= kWakeRecords)) work_.notify_one();
   }
   // Runs `last` (the run's status, the final commit, closing the file), then stops the thread;
   // throws the first write error. Idempotent.
@@ -542,6 +570,7 @@ class WriterThread {
       idle_ = false;
       if (tasks_.empty() && closed_) break;
       batch.swap(tasks_);
+      queued_ = 0;
       room_.notify_all();
       lk.unlock();
       try {
@@ -573,7 +602,8 @@ class WriterThread {
   std::mutex mu_;
   std::condition_variable work_, room_;
   std::deque<Task> tasks_;
-  Task last_;  // close()'s
+  size_t queued_ = 0;  // records in tasks_
+  Task last_;          // close()'s
   bool idle_ = false, closed_ = false;
   std::string error_;  // the first failed write (guarded by mu_ once the thread runs)
   std::thread thread_;
@@ -596,90 +626,192 @@ class Recording {
     run.captureOptionsJson = optionsJson;
     writer_ = std::make_unique<WriterThread>(storage::Writer::create(path, run));
   }
-  // One op call: its inputs and outputs are the PyTorch tensors themselves (Note [keel_torch
-  // tensors read in C++]); inputs None: those before_write() read. dumpOutputs: the outputs'
-  // values are stored too (zstd), for element-by-element diffs.
-  void op(uint64_t seq, int64_t step, const std::string& phase, const std::string& name,
-          const std::string& scope, const std::string& attrsJson, int64_t beginNs, int64_t endNs,
-          uint64_t forwardSeq, int64_t stackId, const py::object& inputs, const py::list& outputs,
-          bool dumpOutputs) {
-    std::unique_ptr<HashQueue::Pending> p;
-    if (!inputs.is_none()) boundContent();
-    if (inputs.is_none()) {
-      if (!current_)
-        throw std::logic_error("keel_torch: op() without inputs before before_write()");
-      p = std::move(current_);
+  // Note [keel_torch dispatch in C++]: the dispatch mode's work for each ATen op call happens
+  // here, not in Python: a recording's cost is per op (1,276 ops in a gpt-mini step), and the
+  // same steps as Python bytecode cost about as much as the op's record. What the Python half
+  // keeps is what happens per module, per step or per new kind of op, which it reaches through
+  // the session object given to bind(): _overload(func) (name, attributes JSON, the arguments
+  // the op writes, whether to skip it), _end_pending() (the step the optimizer ended is
+  // written), _hook_forward_outputs(pending) (Note [keel_torch forward links]), _stack() (the
+  // Python stack's id) and _delegate(...) (modes pushed inside the recording run first: Note
+  // [keel_torch direct dispatch mode]). The state the Python half changes (the phase, the
+  // module scopes, the forward op autograd is running, ...) lives here, as properties.
+  void bind(const py::object& session, bool direct, bool stacks, const py::object& dumps) {
+    session_ = session;
+    direct_ = direct;
+    stacks_ = stacks;
+    if (py::isinstance<py::bool_>(dumps)) {
+      dumpAll_ = dumps.cast<bool>();
+      dumpPrefix_.reset();
     } else {
-      p = std::make_unique<HashQueue::Pending>();
-      addTensors(inputs.cast<py::list>(), storage::Role::Input, false, *p);
+      dumpAll_ = false;
+      dumpPrefix_ = dumps.cast<std::string>();
+    }
+    const py::module_ torch = py::module_::import("torch");
+    tensorType_ = torch.attr("Tensor");
+    gradEnabled_ = torch.attr("is_grad_enabled");
+    stackLength_ = torch.attr("_C").attr("_len_torch_dispatch_stack");
+    requiresGrad_ = py::reinterpret_steal<py::object>(PyUnicode_InternFromString("requires_grad"));
+  }
+  // Breaks the session <-> recording cycle (neither is collected while it stands).
+  void unbind() {
+    session_ = py::object();
+    pendingOutputs_ = py::list();
+    overloads_.clear();
+  }
+
+  // The mode's __torch_dispatch__: runs `func` and records the call.
+  py::object dispatch(const py::object& func, const py::object& types, const py::object& args,
+                      const py::object& kwargs) {
+    if (!session_) throw std::logic_error("keel_torch: dispatch() before bind()");
+    PyObject* kw = kwargs.is_none() ? nullptr : kwargs.ptr();
+    if (direct_ && stackLength_().cast<int64_t>() > 1)
+      return session_.attr("_delegate")(func, types, args, kwargs);
+    if (busy_) return call(func, args, kw);
+    busy_ = true;
+    // Its tensor lists are kept from op to op (their blocks), not their references.
+    struct Idle {
+      Recording& r;
+      ~Idle() {
+        r.inputs_.clear();
+        r.outputs_.clear();
+        r.writtenTensors_.clear();
+        r.busy_ = false;
+      }
+    } idle{*this};
+    // After the optimizer's step the next step begins with the next module forward (or
+    // backward): zero_grad, reading the loss, preparing the next batch stay in this one.
+    if (pendingEnd_ && (!scopes_.empty() || phase_ == Phase::Backward))
+      session_.attr("_end_pending")();
+    if (PyList_GET_SIZE(pendingOutputs_.ptr()) > 0) hookPending();
+    const Overload& o = overload(func);
+    if (o.skip) return call(o.run, args, kw);
+
+    std::vector<py::object>& inputs = inputs_;
+    tensorsOf(args.ptr(), inputs);
+    if (kw) {
+      PyObject *key = nullptr, *value = nullptr;
+      for (Py_ssize_t pos = 0; PyDict_Next(kw, &pos, &key, &value);) tensorsIn(value, inputs);
+    }
+    std::unique_ptr<HashQueue::Pending> p;
+    py::object out;
+    int64_t begin = 0;
+    if (!o.written.empty()) {
+      // The inputs are read before the op writes them (their version, their bytes: Note
+      // [keel_torch hashing off the Python thread], [keel_torch content cache]).
+      std::vector<py::object>& written = writtenTensors_;
+      for (const auto& [position, name] : o.written) {
+        PyObject* value = nullptr;
+        if (position >= 0 && position < PyTuple_GET_SIZE(args.ptr()))
+          value = PyTuple_GET_ITEM(args.ptr(), position);
+        else if (kw)
+          value = PyDict_GetItemWithError(kw, name.ptr());
+        if (value) tensorsIn(value, written);
+      }
+      p = beforeWrite(inputs, written);
+      begin = monotonicNs();
+      try {
+        out = call(o.run, args, kw);
+      } catch (...) {
+        abortWrite(std::move(p));
+        afterWrite();
+        throw;
+      }
+      afterWrite();
+    } else {
+      p = takePending();
+      begin = monotonicNs();
+      out = call(o.run, args, kw);
+      boundContent();
+      addTensors(inputs, storage::Role::Input, false, *p);
+    }
+    const int64_t end = monotonicNs();
+    std::vector<py::object>& outputs = outputs_;
+    tensorsIn(out.ptr(), outputs);
+    ++seq_;
+    ++stepOps_;
+    uint64_t forwardSeq = 0;
+    Phase phase = phase_;
+    std::string scope;
+    if (phase == Phase::Backward) {
+      // Note [keel_torch backward scopes]
+      forwardSeq = forwardSeq_;
+      const auto it = forwardScopes_.find(forwardSeq);
+      scope = it != forwardScopes_.end() ? it->second : backwardScope_;
+    } else {
+      if (!scopes_.empty()) scope = scopes_.back();
+      // Outputs get a grad_fn when an input requires grad (only those are held: holding the
+      // others changed what PyTorch 1.13 dispatched, an extra detach).
+      if (phase == Phase::Forward && anyRequiresGrad(inputs) &&
+          PyObject_IsTrue(gradEnabled_().ptr()) == 1) {
+        py::list held(outputs.size());
+        for (size_t i = 0; i < outputs.size(); ++i) held[i] = outputs[i];
+        pendingOutputs_.append(py::make_tuple(seq_, std::move(held)));
+        forwardScopes_[seq_] = scope;
+      } else if (phase == Phase::Forward && afterBackward_ && scopes_.empty()) {
+        // Between .backward() and the optimizer, outside any module: gradient clipping or
+        // scaling, the optimizer's work (as Keel's clip_grad_norm).
+        phase = Phase::Optimizer;
+      }
     }
     storage::OpRecord& op = p->op;
-    op.seq = seq;
-    op.step = step;
-    op.phase = parsePhase(phase);
-    op.name = name;
-    op.scope = scope;
-    op.attrsJson = attrsJson.empty() ? "{}" : attrsJson;
-    op.beginNs = beginNs;
-    op.endNs = endNs;
+    op.seq = seq_;
+    op.step = stepNo_;
+    op.phase = phase;
+    op.name = o.name;
+    op.scope = std::move(scope);
+    op.attrsJson = o.attrs;
+    op.beginNs = begin;
+    op.endNs = end;
     op.forwardSeq = forwardSeq;
-    op.stackId = stackId;
-    addTensors(outputs, storage::Role::Output, dumpOutputs, *p);
-    if (!queue_) return writeOp(std::move(op));
-    std::vector<std::unique_ptr<HashQueue::Pending>> done;
-    queue_->push(std::move(p), done);  // an op with nothing to hash still waits its turn
-    write(done);
-  }
-  // An op is about to write `written` (its `Tensor(a!)` arguments): its inputs are read now, as
-  // they are before it runs (op() then takes None for them), queued hashes of the written
-  // buffers are settled (Note [keel_torch hashing off the Python thread]), and after_write()
-  // forgets their hashed content (Note [keel_torch content cache]).
-  void beforeWrite(const py::list& inputs, const py::list& written) {
-    if (current_) abortWrite();  // one left by an op that never reached op()
-    boundContent();
-    current_ = std::make_unique<HashQueue::Pending>();
-    addTensors(inputs, storage::Role::Input, false, *current_);
-    written_.clear();
-    for (const py::handle t : written)
-      if (const uint64_t b = reader_.buffer(t)) written_.push_back(b);
-    if (!queue_) return;
-    queue_->submit(*current_);      // the inputs' bytes are read before the op runs: the pool has
-    queue_->beforeWrite(written_);  // them, and copies those of the written buffers now
-  }
-  // The op before_write() prepared raised: its inputs' hashes complete (their slots may be
-  // reused by later ops), and nothing of it is written.
-  void abortWrite() {
-    if (!current_) return;
+    op.stackId = stacks_ ? session_.attr("_stack")().cast<int64_t>() : -1;
+    addTensors(outputs, storage::Role::Output, dumped(op.scope), *p);
     if (!queue_) {
-      current_.reset();
-      return;
+      writeOp(std::move(p));
+    } else {
+      std::vector<std::unique_ptr<HashQueue::Pending>> done;
+      queue_->push(std::move(p), done);  // an op with nothing to hash still waits its turn
+      write(done);
     }
-    current_->discard = true;
-    std::vector<std::unique_ptr<HashQueue::Pending>> done;
-    queue_->push(std::move(current_), done);
-    write(done);
+    return out;
   }
-  void afterWrite() {
-    for (const uint64_t b : written_) {
-      const auto it = contentBuffers_.find(b);
-      if (it == contentBuffers_.end()) continue;
-      for (const ContentKey& k : it->second) content_.erase(k);
-      contentBuffers_.erase(it);
-    }
-    written_.clear();
+
+  // The forward ops' outputs waiting for a hook (Note [keel_torch forward links]) given to the
+  // session's _hook_forward_outputs.
+  void hookPending() {
+    if (!session_ || PyList_GET_SIZE(pendingOutputs_.ptr()) == 0) return;
+    py::list pending = std::move(pendingOutputs_);
+    pendingOutputs_ = py::list();
+    session_.attr("_hook_forward_outputs")(pending);
   }
+  void pushScope(const std::string& scope) { scopes_.push_back(scope); }
+  std::string popScope() {
+    if (scopes_.empty()) throw std::logic_error("keel_torch: no module scope to leave");
+    std::string s = std::move(scopes_.back());
+    scopes_.pop_back();
+    return s;
+  }
+  std::string phaseName() const { return std::string(keel::phaseName(phase_)); }
+  void setPhase(const std::string& p) { phase_ = parsePhase(p); }
+  bool busy_ = false, afterBackward_ = false;
+  uint64_t seq_ = 0, forwardSeq_ = 0;
+  int64_t stepNo_ = 1, stepOps_ = 0, pendingEnd_ = 0;  // pendingEnd_: 0 none
+  std::string backwardScope_;
+  Phase phase_ = Phase::Forward;
+  std::vector<std::string> scopes_;
+
   // Tensors whose bytes were hashed, and those that took an earlier tensor's results (Note
   // [keel_torch content cache]): counts and bytes.
   py::dict counts() const {
     py::dict d;
     d["hashed"] = py::make_tuple(hashed_[0], hashed_[1]);
     d["reused"] = py::make_tuple(reused_[0], reused_[1]);
+    d["identities"] = reader_.identities();
     return d;
   }
-  // PyTorch is about to write these buffers (Note [keel_torch hashing off the Python thread]).
-  // What op() computes of each tensor's bytes, off the Python thread (Note [keel_torch hashing
-  // off the Python thread]).
-  // hostBytes: keel_torch._host_bytes (a tensor's elements as a contiguous host buffer).
+  // What dispatch() computes of each tensor's bytes, off the Python thread (Note [keel_torch
+  // hashing off the Python thread]). hostBytes: keel_torch._host_bytes (a tensor's elements as a
+  // contiguous host buffer).
   void hashing(bool md5, bool stats, int roundedDigits, py::function hostBytes) {
     checkDigits(roundedDigits);
     hostBytes_ = std::move(hostBytes);
@@ -694,8 +826,12 @@ class Recording {
     for (const auto& [function, file, line] : frames) s.frames.push_back({0, function, file, line});
     live().post([s = std::move(s)](storage::Writer& w) { w.writeStack(s); });
   }
-  void step(int64_t step, int64_t beginNs, int64_t endNs, double loss) {
+  // Ends the step: its record (number, time, loss) after its ops'.
+  void step(int64_t beginNs, int64_t endNs, double loss) {
     flush();
+    const int64_t step = stepNo_++;
+    stepOps_ = 0;
+    forwardScopes_.clear();
     if (queue_) queue_->clearSlots();  // Note [keel_torch content cache]: one step's
     content_.clear();
     contentBuffers_.clear();
@@ -748,6 +884,7 @@ class Recording {
     std::exception_ptr failed;  // the recording is closed with its status all the same
     try {
       flush();
+      postBatch();
     } catch (...) {
       failed = std::current_exception();
     }
@@ -771,29 +908,89 @@ class Recording {
   }
   // Finished ops written in order; their views of PyTorch's memory released (the GIL is held).
   void write(std::vector<std::unique_ptr<HashQueue::Pending>>& done) {
-    for (const std::unique_ptr<HashQueue::Pending>& p : done)
-      if (!p->discard) writeOp(std::move(p->op));
+    for (std::unique_ptr<HashQueue::Pending>& p : done) {
+      if (p->discard)
+        recycle(std::move(p));
+      else
+        writeOp(std::move(p));
+    }
     done.clear();
   }
-  void writeOp(storage::OpRecord op) {
-    live().post([op = std::move(op)](storage::Writer& w) { w.writeOp(op); });
+
+  // Note [keel_torch records recycled]: an op's record is made of a dozen heap blocks (its
+  // strings, its tensors, their shapes and strides), and made on the Python thread and freed on
+  // the writer's, glibc's allocator spent as long on them as the rest of the recording (frees
+  // into another thread's arena take its lock, and its bins fill with chunks to sort). So records
+  // go round: the writer thread writes a batch of kOpBatch ops and hands the batch back, and the
+  // next ops are filled in place, reusing the blocks (a string or vector assigned into one
+  // that is large enough allocates nothing).
+  static constexpr size_t kOpBatch = 256;
+  using OpBatch = std::vector<std::unique_ptr<HashQueue::Pending>>;
+  std::unique_ptr<HashQueue::Pending> takePending() {
+    if (spare_.empty()) {
+      std::lock_guard<std::mutex> lk(returnedMu_);
+      if (!returned_.empty()) {
+        spare_ = std::move(returned_.back());
+        returned_.pop_back();
+      }
+    }
+    if (spare_.empty()) return std::make_unique<HashQueue::Pending>();
+    std::unique_ptr<HashQueue::Pending> p = std::move(spare_.back());
+    spare_.pop_back();
+    return p;
   }
+  // A record done with, its views of PyTorch's memory released (the GIL is held), kept for
+  // the next op.
+  static void reset(HashQueue::Pending& p) {
+    p.work.clear();
+    p.reuse.clear();
+    p.submitted = 0;
+    p.discard = false;
+    p.used = 0;
+  }
+  void recycle(std::unique_ptr<HashQueue::Pending> p) {
+    reset(*p);
+    spare_.push_back(std::move(p));
+  }
+  void writeOp(std::unique_ptr<HashQueue::Pending> p) {
+    p->op.tensors.resize(p->used);
+    reset(*p);
+    batch_.push_back(std::move(p));
+    if (batch_.size() >= kOpBatch) postBatch();
+  }
+  // The ops waiting in batch_ to the writer thread; the batch comes back once written.
+  void postBatch() {
+    if (batch_.empty() || !writer_) return;
+    auto batch = std::make_shared<OpBatch>(std::move(batch_));
+    batch_ = OpBatch();
+    const size_t records = batch->size();
+    writer_->post(
+        [this, batch](storage::Writer& w) {
+          for (const std::unique_ptr<HashQueue::Pending>& p : *batch) w.writeOp(p->op);
+          std::lock_guard<std::mutex> lk(returnedMu_);
+          returned_.push_back(std::move(*batch));
+        },
+        /*wake=*/false, records);
+  }
+  // The writer thread, for a record other than an op: the ops before it are posted first.
   WriterThread& live() {
     if (!writer_) throw std::runtime_error("keel_torch: the recording is closed");
+    postBatch();
     return *writer_;
   }
   // An op's inputs or outputs into its record; the bytes of those not hashed this step queued
   // (or dumped).
-  void addTensors(const py::list& tensors, storage::Role role, bool dump, HashQueue::Pending& p) {
+  void addTensors(const std::vector<py::object>& tensors, storage::Role role, bool dump,
+                  HashQueue::Pending& p) {
     storage::OpRecord& op = p.op;
     int32_t index = 0;
     for (const py::handle t : tensors) {
       std::optional<DType> keel;
-      op.tensors.push_back(reader_.read(t, keel));
-      storage::TensorRecord& r = op.tensors.back();
+      const size_t at = p.used;
+      storage::TensorRecord& r = p.nextTensor();
+      reader_.read(t, keel, r);
       r.role = role;
       r.index = index++;
-      const size_t at = op.tensors.size() - 1;
       if (!keel || (!queue_ && !dump)) continue;
       int64_t slot = 0;
       if (queue_) {
@@ -836,14 +1033,136 @@ class Recording {
     reader_.prune();
   }
 
+  // ---- Note [keel_torch dispatch in C++] ----
+  // What the session's _overload() says of an ATen overload.
+  struct Overload {
+    std::string name, attrs;
+    std::vector<std::pair<Py_ssize_t, py::object>> written;  // (position or -1, name)
+    bool skip = false;                                       // not computation: not recorded
+    py::object run;                                          // what runs it
+    py::object func;                                         // keeps the key alive
+  };
+  const Overload& overload(const py::object& func) {
+    const auto it = overloads_.find(func.ptr());
+    if (it != overloads_.end()) return it->second;
+    const py::tuple t = session_.attr("_overload")(func);
+    Overload o;
+    o.name = t[0].cast<std::string>();
+    o.attrs = t[1].cast<std::string>();
+    for (const py::handle w : t[2].cast<py::tuple>()) {
+      const py::tuple pair = w.cast<py::tuple>();
+      o.written.emplace_back(pair[0].is_none() ? -1 : pair[0].cast<Py_ssize_t>(),
+                             py::reinterpret_borrow<py::object>(pair[1]));
+    }
+    o.skip = t[3].cast<bool>();
+    o.run = t[4];
+    o.func = func;
+    return overloads_.emplace(func.ptr(), std::move(o)).first->second;
+  }
+  static py::object call(const py::object& func, const py::object& args, PyObject* kwargs) {
+    PyObject* r = PyObject_Call(func.ptr(), args.ptr(), kwargs);
+    if (!r) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(r);
+  }
+  static int64_t monotonicNs() {  // time.monotonic_ns's clock
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+  bool isTensor(PyObject* o) const {
+    return PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(tensorType_.ptr()));
+  }
+  // The tensors of `v`: itself, or those of a list or tuple (what ATen ops take and return).
+  void tensorsIn(PyObject* v, std::vector<py::object>& out) const {
+    if (isTensor(v)) {
+      out.push_back(py::reinterpret_borrow<py::object>(v));
+    } else if (PyList_Check(v) || PyTuple_Check(v)) {
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+      PyObject** items = PySequence_Fast_ITEMS(v);
+      for (Py_ssize_t i = 0; i < n; ++i)
+        if (isTensor(items[i])) out.push_back(py::reinterpret_borrow<py::object>(items[i]));
+    }
+  }
+  // The tensors among an op's positional arguments, in order (top level and inside lists).
+  void tensorsOf(PyObject* args, std::vector<py::object>& out) const {
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; i < n; ++i) tensorsIn(PyTuple_GET_ITEM(args, i), out);
+  }
+  bool anyRequiresGrad(const std::vector<py::object>& tensors) const {
+    for (const py::object& t : tensors) {
+      PyObject* r = PyObject_GetAttr(t.ptr(), requiresGrad_.ptr());
+      if (!r) throw py::error_already_set();
+      const bool yes = r == Py_True;
+      Py_DECREF(r);
+      if (yes) return true;
+    }
+    return false;
+  }
+  // Whether an op of this scope has its outputs' values stored (dumps=).
+  bool dumped(const std::string& scope) const {
+    if (!dumpPrefix_) return dumpAll_;
+    const std::string& d = *dumpPrefix_;
+    return d.empty() || scope == d ||
+           (scope.size() > d.size() && scope.compare(0, d.size(), d) == 0 &&
+            scope[d.size()] == '.');
+  }
+  // An op is about to write `written` (its `Tensor(a!)` arguments): its inputs are read now, as
+  // they are before it runs, queued hashes of the written buffers are settled (Note [keel_torch
+  // hashing off the Python thread]), and afterWrite() forgets their hashed content (Note
+  // [keel_torch content cache]).
+  std::unique_ptr<HashQueue::Pending> beforeWrite(const std::vector<py::object>& inputs,
+                                                  const std::vector<py::object>& written) {
+    boundContent();
+    std::unique_ptr<HashQueue::Pending> p = takePending();
+    addTensors(inputs, storage::Role::Input, false, *p);
+    written_.clear();
+    for (const py::object& t : written)
+      if (const uint64_t b = reader_.buffer(t)) written_.push_back(b);
+    if (queue_) {
+      queue_->submit(*p);             // the inputs' bytes are read before the op runs: the pool
+      queue_->beforeWrite(written_);  // has them, and copies those of the written buffers now
+    }
+    return p;
+  }
+  // The op beforeWrite() prepared raised: its inputs' hashes complete (their slots may be
+  // reused by later ops), and nothing of it is written.
+  void abortWrite(std::unique_ptr<HashQueue::Pending> p) {
+    if (!queue_) return recycle(std::move(p));
+    p->discard = true;
+    std::vector<std::unique_ptr<HashQueue::Pending>> done;
+    queue_->push(std::move(p), done);
+    write(done);
+  }
+  void afterWrite() {
+    for (const uint64_t b : written_) {
+      const auto it = contentBuffers_.find(b);
+      if (it == contentBuffers_.end()) continue;
+      for (const ContentKey& k : it->second) content_.erase(k);
+      contentBuffers_.erase(it);
+    }
+    written_.clear();
+  }
+
+  py::object session_;                                         // the Python half (bind())
+  std::vector<py::object> inputs_, outputs_, writtenTensors_;  // the op dispatch() records
+  bool direct_ = false, stacks_ = false, dumpAll_ = false;
+  std::optional<std::string> dumpPrefix_;  // dumps="blocks.1"
+  py::object tensorType_, gradEnabled_, stackLength_, requiresGrad_;
+  py::list pendingOutputs_;  // (seq, outputs) of forward ops: Note [keel_torch forward links]
+  std::unordered_map<uint64_t, std::string> forwardScopes_;  // this step's, by seq
+  std::unordered_map<PyObject*, Overload> overloads_;
+
   TensorReader reader_;
   py::function hostBytes_;
   // Note [keel_torch content cache]: this step's hashed tensors and each buffer's keys.
   std::unordered_map<ContentKey, int64_t, ContentKeyHash> content_;
   std::unordered_map<uint64_t, std::vector<ContentKey>> contentBuffers_;
   int64_t nextSlot_ = 0;
-  std::vector<uint64_t> written_;                // buffers of the op being run that it writes
-  std::unique_ptr<HashQueue::Pending> current_;  // the inputs before_write() read
+  std::vector<uint64_t> written_;  // buffers of the op being run that it writes
+  // Note [keel_torch records recycled]
+  OpBatch batch_, spare_;  // ops waiting for the writer; records to fill
+  std::mutex returnedMu_;
+  std::vector<OpBatch> returned_;  // batches the writer thread has written (returnedMu_)
   int64_t hashed_[2] = {0, 0}, reused_[2] = {0, 0};
   Hashing hashing_;
   std::unique_ptr<HashQueue> queue_;      // its workers never touch the writer
@@ -885,11 +1204,23 @@ PYBIND11_MODULE(_keel, m) {
   py::class_<Recording>(m, "Recording")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
                     uint64_t, const std::string&, const std::string&>())
-      .def("op", &Recording::op)
       .def("hashing", &Recording::hashing)
-      .def("before_write", &Recording::beforeWrite)
-      .def("after_write", &Recording::afterWrite)
-      .def("abort_write", &Recording::abortWrite)
+      .def("bind", &Recording::bind)
+      .def("unbind", &Recording::unbind)
+      .def("dispatch", &Recording::dispatch, py::arg("func"), py::arg("types"),
+           py::arg("args") = py::tuple(), py::arg("kwargs") = py::none())
+      .def("hook_pending", &Recording::hookPending)
+      .def("push_scope", &Recording::pushScope)
+      .def("pop_scope", &Recording::popScope)
+      .def_property("phase", &Recording::phaseName, &Recording::setPhase)
+      .def_readwrite("busy", &Recording::busy_)
+      .def_readwrite("after_backward", &Recording::afterBackward_)
+      .def_readwrite("forward_seq", &Recording::forwardSeq_)
+      .def_readwrite("backward_scope", &Recording::backwardScope_)
+      .def_readwrite("pending_end", &Recording::pendingEnd_)
+      .def_readonly("seq", &Recording::seq_)
+      .def_readonly("step_no", &Recording::stepNo_)
+      .def_readonly("step_ops", &Recording::stepOps_)
       .def("counts", &Recording::counts)
       .def("stack", &Recording::stack)
       .def("step", &Recording::step)

@@ -188,6 +188,61 @@ class KeelTorchTest(unittest.TestCase):
         return {(int(r["seq"]), r["op"], r["role"], int(r["idx"])): r["md5"]
                 for r in csv.DictReader(io.StringIO(out))}
 
+    def op_names(self):
+        """The recorded ops' names, in order (keel export csv)."""
+        import csv
+        import io
+        rc, out, err = keel("export", "csv", self.path)
+        self.assertEqual(rc, 0, err)
+        return [r["op"] for r in sorted(csv.DictReader(io.StringIO(out)), key=lambda r: int(r["seq"]))]
+
+    def test_a_mode_pushed_inside_the_recording_runs_first_and_the_recording_goes_on(self):
+        """Note [keel_torch direct dispatch mode]: the session is PyTorch 1.13's C++ dispatch mode
+        itself; a mode the user pushes inside the recording still sees its ops first (and can
+        change them), the recording sees what it ran, and goes on after the mode is popped; a mode
+        pushed before the recording sees the ops after it."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+        seen = []
+
+        class Doubling(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(func.overloadpacket.__name__)
+                out = func(*args, **(kwargs or {}))
+                return out * 2 if func.overloadpacket.__name__ == "add" else out
+
+        a = torch.ones(3)
+        with keel_torch.record(self.path, md5=False, stats=False):
+            b = a.mul(3)
+            with Doubling():
+                c = b.add(1)
+            d = c.sub(1)
+        self.assertEqual(seen, ["add"])  # its own `out * 2` goes to the modes below it
+        self.assertEqual(d.tolist(), [7.0, 7.0, 7.0])
+        self.assertEqual(self.op_names(), ["mul", "add", "mul", "sub"])
+        self.assertEqual(torch._C._len_torch_dispatch_stack(), 0)
+        a.add(1)  # nothing records it now
+        self.assertEqual(self.op_names(), ["mul", "add", "mul", "sub"])
+
+        seen.clear()
+        with Doubling():
+            with keel_torch.record(self.path, md5=False, stats=False):
+                e = a.add(2)
+        self.assertEqual(seen, ["add"])
+        self.assertEqual(e.tolist(), [6.0, 6.0, 6.0])
+        self.assertEqual(self.op_names(), ["add"])  # the recording is inside: before the doubling
+        self.assertEqual(torch._C._len_torch_dispatch_stack(), 0)
+
+    def test_a_run_without_steps_forgets_dead_tensors(self):
+        """Note [keel_torch tensors read in C++]: the identities of tensors that died are
+        forgotten even in a graph-only recording that never ends a step (an inference loop)."""
+        a = torch.ones(4)
+        with keel_torch.record(self.path, md5=False, stats=False) as session:
+            for _ in range(150000):
+                a = a + 0
+            live = session.rec.counts()["identities"]
+        self.assertLessEqual(live, 1 << 17)
+        self.assertEqual(session.seq, 150000)
+
     def test_bytes_written_in_place_right_after_an_op_are_not_in_its_digest(self):
         """Note [keel_torch hashing off the Python thread]: the pool hashes PyTorch's own memory
         after the op returns; an in-place op that follows at once must not change what the first
