@@ -298,11 +298,13 @@ class TensorReader {
   uint64_t next_ = 0;
 };
 
-// Note [keel_torch content cache]: the key of a tensor's content within a step.
+// Note [keel_torch content cache]: the key of a tensor's content within a step. A contiguous
+// tensor's is its elements' place (buffer, offset, bytes), version and dtype, with no identity,
+// shape or strides: a reshape, a detach or a view of the same elements shares it.
 struct ContentKey {
-  uint64_t number = 0, version = 0, buffer = 0;
-  int64_t offset = 0;
-  std::vector<int64_t> shape, strides;
+  uint64_t number = 0, version = 0, buffer = 0;  // number: the identity (0: contiguous)
+  int64_t offset = 0, bytes = 0;
+  std::vector<int64_t> shape, strides;  // empty: contiguous
   std::string dtype;
   bool operator==(const ContentKey&) const = default;
 };
@@ -311,6 +313,7 @@ struct ContentKeyHash {
     uint64_t h = k.number * 0x9e3779b97f4a7c15ull ^ k.version;
     h = h * 0x100000001b3ull ^ k.buffer;
     h = h * 0x100000001b3ull ^ uint64_t(k.offset);
+    h = h * 0x100000001b3ull ^ uint64_t(k.bytes);
     for (const int64_t s : k.shape) h = h * 0x100000001b3ull ^ uint64_t(s);
     for (const int64_t s : k.strides) h = h * 0x100000001b3ull ^ uint64_t(s);
     return size_t(h) ^ std::hash<std::string>()(k.dtype);
@@ -332,15 +335,21 @@ struct ContentKeyHash {
 //
 // Note [keel_torch content cache]
 // A step reads most tensors more than once (an op's output is the next ops' input; a parameter
-// feeds forward and backward), and a gpt-mini step in PyTorch would hash 999 MiB where 451 MiB
-// are distinct. Each tensor is keyed by (its identity, its version counter, buffer, offset,
-// shape, strides, dtype) and each new key gets a slot; a tensor whose key is known this step is
-// passed without bytes and takes the slot's MD5, rounded MD5 and statistics when its op is
-// written (in op order, so the slot's first op is done by then). Bytes written without the
-// version counter seeing it (through `.data`, another alias with its own counter) are caught by
-// the ATen schema: after an op that writes an argument, every key on that argument's buffer is
-// dropped. The cache lives for one step (end_step and step() clear it). Bytes written by no ATen
-// op at all (through a NumPy array sharing a tensor's memory) are seen by neither.
+// feeds forward and backward; a reshape or a detach is the same elements again), and a gpt-mini
+// step in PyTorch would hash 999 MiB where 355 MiB are distinct. Each tensor's content gets a
+// key (ContentKey): a contiguous tensor's is where its elements are — buffer, offset, bytes —
+// with its version counter and dtype, whatever tensor object or shape; a strided view's adds its
+// identity, shape and strides. Each new key gets a slot; a tensor whose key is known this step is
+// passed without bytes and, when its op is written (in op order, so the slot's job is done by
+// then), takes the slot's statistics and MD5 midstates, finished with its own trailer (its
+// shape). An address outlives its tensor — PyTorch's allocator hands freed memory to the next
+// tensor of that size, with version 0 again — so a contiguous key holds only while the tensor
+// first hashed under it is alive and still has those elements there (a weak reference, checked
+// at each hit); otherwise the elements are hashed again. Bytes written without the version
+// counter seeing it (through `.data`, another alias with its own counter) are caught by the ATen
+// schema: after an op that writes an argument, every key on that argument's buffer is dropped.
+// The cache lives for one step (end_step and step() clear it). Bytes written by no ATen op at all
+// (through a NumPy array sharing a tensor's memory) are seen by neither.
 class HashQueue {
  public:
   static constexpr int64_t kMaxPendingBytes = int64_t(256) << 20;
@@ -426,11 +435,6 @@ class HashQueue {
 
  private:
   // What a slot keeps of a tensor's record.
-  struct Computed {
-    std::string md5, md5Rounded;
-    bool hasStats = false;
-    storage::TensorStats stats;
-  };
 
   static bool ready(const Pending& p) {
     for (const Work& w : p.work)
@@ -439,42 +443,44 @@ class HashQueue {
   }
   // The front op (done): its results into its record and its slots, the tensors that reuse a
   // slot given theirs; moved to `done`.
+  // A done job's results into a tensor's record: its MD5s are the job's midstates finished with
+  // the tensor's own trailer (its shape), so a reshape of the same elements gets its own.
+  static void fill(storage::TensorRecord& r, const capture::detail::HashJob& job) {
+    const std::string trailer = capture::hashTrailer(job.dtype, r.shape);
+    if (job.md5) {
+      const capture::Md5Digest d =
+          job.md5State.finish({reinterpret_cast<const uint8_t*>(trailer.data()), trailer.size()});
+      r.md5 = capture::toHex(d.data(), d.size());
+    }
+    if (job.roundedDigits > 0) r.md5Rounded = job.md5Rounded.finish(trailer);
+    if (job.stats) {
+      r.hasStats = true;
+      r.stats = job.statsResult;
+    }
+  }
   void pop(std::vector<std::unique_ptr<Pending>>& done) {
     Pending& p = *ops_.front();
     for (const Work& w : p.work) {
-      const capture::detail::HashJob& job = *w.job;
+      capture::detail::HashJob& job = *w.job;
       if (!job.error.empty()) throw std::runtime_error("keel_torch: hashing failed: " + job.error);
-      storage::TensorRecord& r = p.op.tensors[w.index];
-      const std::string trailer = capture::hashTrailer(job.dtype, r.shape);
-      if (job.md5) {
-        const capture::Md5Digest d =
-            job.md5State.finish({reinterpret_cast<const uint8_t*>(trailer.data()), trailer.size()});
-        r.md5 = capture::toHex(d.data(), d.size());
-      }
-      if (job.roundedDigits > 0) r.md5Rounded = job.md5Rounded.finish(trailer);
-      if (job.stats) {
-        r.hasStats = true;
-        r.stats = job.statsResult;
-      }
-      if (w.slot) slots_[w.slot] = {r.md5, r.md5Rounded, r.hasStats, r.stats};
+      fill(p.op.tensors[w.index], job);
+      std::vector<uint8_t>().swap(job.snapshot);  // a copy made before a write: read, let go
+      if (w.slot) slots_[w.slot] = w.job;
     }
     for (const auto& [index, slot] : p.reuse) {
       const auto it = slots_.find(slot);
       if (it == slots_.end()) continue;  // not kept (a slot from before clearSlots)
-      storage::TensorRecord& r = p.op.tensors[index];
-      r.md5 = it->second.md5;
-      r.md5Rounded = it->second.md5Rounded;
-      r.hasStats = it->second.hasStats;
-      r.stats = it->second.stats;
+      fill(p.op.tensors[index], *it->second);
     }
     done.push_back(std::move(ops_.front()));
     ops_.pop_front();
   }
 
   Hashing h_;
-  std::deque<std::unique_ptr<Pending>> ops_;     // their views outlive the pool's reads:
-  std::unordered_map<int64_t, Computed> slots_;  // Note [keel_torch content cache]
-  capture::detail::HashPool pool_;               // destroyed (its queue hashed) first
+  std::deque<std::unique_ptr<Pending>> ops_;  // their views outlive the pool's reads:
+  std::unordered_map<int64_t, capture::detail::HashJobPtr>
+      slots_;                       // Note [keel_torch content cache]: done jobs, by slot
+  capture::detail::HashPool pool_;  // destroyed (its queue hashed) first
 };
 
 // An output's values as the recording's dumps table holds them (zstd, as keel record --dumps).
@@ -994,17 +1000,30 @@ class Recording {
       if (!keel || (!queue_ && !dump)) continue;
       int64_t slot = 0;
       if (queue_) {
-        ContentKey key{r.tensorId, r.version, r.bufferId, r.offset, r.shape, r.strides, r.dtype};
+        const bool contiguous = isContiguous(r.shape, r.strides);
+        ContentKey key{contiguous ? 0 : r.tensorId,
+                       r.version,
+                       r.bufferId,
+                       r.offset,
+                       r.bytes,
+                       contiguous ? std::vector<int64_t>() : r.shape,
+                       contiguous ? std::vector<int64_t>() : r.strides,
+                       r.dtype};
         const auto it = content_.find(key);
-        if (it != content_.end()) {
-          p.reuse.emplace_back(at, it->second);
+        if (it != content_.end() && (!contiguous || stillThere(it->second.source, r.bufferId))) {
+          p.reuse.emplace_back(at, it->second.slot);
           ++reused_[0];
           reused_[1] += r.bytes;
           if (!dump) continue;
         } else {
           slot = ++nextSlot_;
-          contentBuffers_[r.bufferId].push_back(key);
-          content_.emplace(std::move(key), slot);
+          ContentEntry e{slot, contiguous ? weakRef(t) : py::object()};
+          if (it != content_.end()) {
+            it->second = std::move(e);  // its tensor is gone: the memory may be another's now
+          } else {
+            contentBuffers_[r.bufferId].push_back(key);
+            content_.emplace(std::move(key), std::move(e));
+          }
           ++hashed_[0];
           hashed_[1] += r.bytes;
         }
@@ -1154,8 +1173,34 @@ class Recording {
 
   TensorReader reader_;
   py::function hostBytes_;
-  // Note [keel_torch content cache]: this step's hashed tensors and each buffer's keys.
-  std::unordered_map<ContentKey, int64_t, ContentKeyHash> content_;
+  // Note [keel_torch content cache]: this step's hashed tensors and each buffer's keys. An entry
+  // of a contiguous tensor (a key without identity) keeps a weak reference to the tensor hashed.
+  struct ContentEntry {
+    int64_t slot = 0;
+    py::object source;
+  };
+  // A contiguous key names the same elements only while the tensor first hashed under it still
+  // holds that memory: once it is gone, PyTorch's allocator may give the address to a tensor
+  // with other elements (and `t.data = other` moves a live tensor without an op).
+  bool stillThere(const py::object& source, uint64_t buffer) {
+    PyObject* t = PyWeakref_GetObject(source.ptr());
+    return t != Py_None && reader_.buffer(t) == buffer;
+  }
+  static py::object weakRef(py::handle t) {
+    PyObject* ref = PyWeakref_NewRef(t.ptr(), nullptr);
+    if (!ref) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(ref);
+  }
+  // Row-major with no gaps (dimensions of size 1 have any stride).
+  static bool isContiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+    int64_t expected = 1;
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (shape[d] != 1 && strides[d] != expected) return false;
+      expected *= shape[d];
+    }
+    return true;
+  }
+  std::unordered_map<ContentKey, ContentEntry, ContentKeyHash> content_;
   std::unordered_map<uint64_t, std::vector<ContentKey>> contentBuffers_;
   int64_t nextSlot_ = 0;
   std::vector<uint64_t> written_;  // buffers of the op being run that it writes

@@ -243,6 +243,40 @@ class KeelTorchTest(unittest.TestCase):
         self.assertLessEqual(live, 1 << 17)
         self.assertEqual(session.seq, 150000)
 
+    def test_a_reshape_or_detach_takes_the_elements_digest_with_its_own_shape(self):
+        """Note [keel_torch content cache]: a contiguous tensor's content is keyed by where its
+        elements are, not by the tensor, so a reshape and a detach of hashed elements are not
+        hashed again; each gets the MD5 of its own shape (the trailer)."""
+        x = torch.arange(1 << 16, dtype=torch.float32) / 7
+        with keel_torch.record(self.path, stats=False) as session:
+            y = x * 2
+            z = y.reshape(256, 256)
+            w = z.detach()
+            v = w + 1
+        md5s = set(self.tensor_rows().values())
+        expected = {keel_md5(x), keel_md5(y), keel_md5(z), keel_md5(v)}
+        self.assertNotEqual(keel_md5(y), keel_md5(z))  # the same bytes, two shapes
+        self.assertEqual(md5s, expected)
+        self.assertEqual(session.hashed[0], 3)  # x, y and v; z and w are y's elements
+
+    def test_memory_given_to_a_new_tensor_is_hashed_again(self):
+        """Note [keel_torch content cache]: a freed tensor's memory handed by the allocator to a
+        new tensor of the same size has the same address, offset, size and version; its
+        elements are hashed, not taken from the dead tensor's."""
+        import time
+        pointers, expected = [], []
+        with keel_torch.record(self.path, stats=False):
+            for i in range(40):
+                a = torch.full((1024,), float(i))
+                time.sleep(0.005)  # hashed by then: the recording lets go of it at the next op
+                pointers.append(a.data_ptr())
+                expected.append(keel_md5(a))
+                del a
+        self.assertLess(len(set(pointers)), len(pointers))  # the allocator did reuse memory
+        rows = self.tensor_rows()
+        full = [rows[k] for k in sorted(rows) if k[1] == "full" and k[2] == "output"]
+        self.assertEqual(full, expected)
+
     def test_bytes_written_in_place_right_after_an_op_are_not_in_its_digest(self):
         """Note [keel_torch hashing off the Python thread]: the pool hashes PyTorch's own memory
         after the op returns; an in-place op that follows at once must not change what the first
