@@ -434,8 +434,6 @@ class HashQueue {
   void clearSlots() { slots_.clear(); }
 
  private:
-  // What a slot keeps of a tensor's record.
-
   static bool ready(const Pending& p) {
     for (const Work& w : p.work)
       if (!w.job->done()) return false;
@@ -646,13 +644,12 @@ class Recording {
     session_ = session;
     direct_ = direct;
     stacks_ = stacks;
-    if (py::isinstance<py::bool_>(dumps)) {
+    dumpAll_ = false;
+    dumpPrefix_.reset();
+    if (py::isinstance<py::bool_>(dumps))
       dumpAll_ = dumps.cast<bool>();
-      dumpPrefix_.reset();
-    } else {
-      dumpAll_ = false;
-      dumpPrefix_ = dumps.cast<std::string>();
-    }
+    else if (std::string prefix = dumps.cast<std::string>(); !prefix.empty())
+      dumpPrefix_ = std::move(prefix);  // "" dumps nothing, as False
     const py::module_ torch = py::module_::import("torch");
     tensorType_ = torch.attr("Tensor");
     gradEnabled_ = torch.attr("is_grad_enabled");
@@ -699,7 +696,22 @@ class Recording {
       PyObject *key = nullptr, *value = nullptr;
       for (Py_ssize_t pos = 0; PyDict_Next(kw, &pos, &key, &value);) tensorsIn(value, inputs);
     }
-    std::unique_ptr<HashQueue::Pending> p;
+    // The op's record. Whatever ends this call before the record is queued (the op raising, a
+    // tensor that cannot be read, the stack callback) queues it as discarded all the same: its
+    // hashing jobs may be with the pool, reading PyTorch's memory through the record's views,
+    // and its content slots must be filled for the ops that reuse them.
+    std::unique_ptr<HashQueue::Pending> p = takePending();
+    struct Abandon {
+      Recording& r;
+      std::unique_ptr<HashQueue::Pending>& p;
+      ~Abandon() {
+        if (!p) return;
+        try {
+          r.abortWrite(std::move(p));
+        } catch (...) {  // the exception under way is the one to report
+        }
+      }
+    } abandon{*this, p};
     py::object out;
     int64_t begin = 0;
     if (!o.written.empty()) {
@@ -714,18 +726,16 @@ class Recording {
           value = PyDict_GetItemWithError(kw, name.ptr());
         if (value) tensorsIn(value, written);
       }
-      p = beforeWrite(inputs, written);
+      beforeWrite(inputs, written, *p);
       begin = monotonicNs();
       try {
         out = call(o.run, args, kw);
       } catch (...) {
-        abortWrite(std::move(p));
         afterWrite();
         throw;
       }
       afterWrite();
     } else {
-      p = takePending();
       begin = monotonicNs();
       out = call(o.run, args, kw);
       boundContent();
@@ -733,7 +743,10 @@ class Recording {
     }
     const int64_t end = monotonicNs();
     std::vector<py::object>& outputs = outputs_;
-    tensorsIn(out.ptr(), outputs);
+    if (isTensor(out.ptr()))
+      outputs.push_back(out);
+    else if (PyTuple_Check(out.ptr()) || PyList_Check(out.ptr()))
+      tensorsOf(out.ptr(), outputs);  // (Tensor, Tensor[]) results too
     ++seq_;
     ++stepOps_;
     uint64_t forwardSeq = 0;
@@ -835,15 +848,12 @@ class Recording {
   // Ends the step: its record (number, time, loss) after its ops'.
   void step(int64_t beginNs, int64_t endNs, double loss) {
     flush();
-    const int64_t step = stepNo_++;
-    stepOps_ = 0;
-    forwardScopes_.clear();
     if (queue_) queue_->clearSlots();  // Note [keel_torch content cache]: one step's
     content_.clear();
     contentBuffers_.clear();
     reader_.prune();
     storage::StepRecord s;
-    s.step = step;
+    s.step = stepNo_;
     s.beginNs = beginNs;
     s.endNs = endNs;
     s.loss = loss;
@@ -853,6 +863,9 @@ class Recording {
           w.commit();
         },
         /*wake=*/true);
+    ++stepNo_;  // once its record is queued
+    stepOps_ = 0;
+    forwardScopes_.clear();
   }
   void log(int64_t step, uint64_t opSeq, const std::string& level, const std::string& scope,
            const std::string& message) {
@@ -890,9 +903,13 @@ class Recording {
     std::exception_ptr failed;  // the recording is closed with its status all the same
     try {
       flush();
-      postBatch();
     } catch (...) {
       failed = std::current_exception();
+    }
+    try {
+      postBatch();  // the ops done before a failure are kept
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
     }
     queue_.reset();
     const std::unique_ptr<WriterThread> writer = std::move(writer_);
@@ -1102,10 +1119,12 @@ class Recording {
         if (isTensor(items[i])) out.push_back(py::reinterpret_borrow<py::object>(items[i]));
     }
   }
-  // The tensors among an op's positional arguments, in order (top level and inside lists).
-  void tensorsOf(PyObject* args, std::vector<py::object>& out) const {
-    const Py_ssize_t n = PyTuple_GET_SIZE(args);
-    for (Py_ssize_t i = 0; i < n; ++i) tensorsIn(PyTuple_GET_ITEM(args, i), out);
+  // The tensors among a tuple or list of an op's arguments or results, in order (top level and
+  // inside lists).
+  void tensorsOf(PyObject* values, std::vector<py::object>& out) const {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
+    PyObject** items = PySequence_Fast_ITEMS(values);
+    for (Py_ssize_t i = 0; i < n; ++i) tensorsIn(items[i], out);
   }
   bool anyRequiresGrad(const std::vector<py::object>& tensors) const {
     for (const py::object& t : tensors) {
@@ -1121,30 +1140,27 @@ class Recording {
   bool dumped(const std::string& scope) const {
     if (!dumpPrefix_) return dumpAll_;
     const std::string& d = *dumpPrefix_;
-    return d.empty() || scope == d ||
-           (scope.size() > d.size() && scope.compare(0, d.size(), d) == 0 &&
-            scope[d.size()] == '.');
+    return scope == d || (scope.size() > d.size() && scope.compare(0, d.size(), d) == 0 &&
+                          scope[d.size()] == '.');
   }
   // An op is about to write `written` (its `Tensor(a!)` arguments): its inputs are read now, as
   // they are before it runs, queued hashes of the written buffers are settled (Note [keel_torch
   // hashing off the Python thread]), and afterWrite() forgets their hashed content (Note
   // [keel_torch content cache]).
-  std::unique_ptr<HashQueue::Pending> beforeWrite(const std::vector<py::object>& inputs,
-                                                  const std::vector<py::object>& written) {
+  void beforeWrite(const std::vector<py::object>& inputs, const std::vector<py::object>& written,
+                   HashQueue::Pending& p) {
     boundContent();
-    std::unique_ptr<HashQueue::Pending> p = takePending();
-    addTensors(inputs, storage::Role::Input, false, *p);
+    addTensors(inputs, storage::Role::Input, false, p);
     written_.clear();
     for (const py::object& t : written)
       if (const uint64_t b = reader_.buffer(t)) written_.push_back(b);
     if (queue_) {
-      queue_->submit(*p);             // the inputs' bytes are read before the op runs: the pool
+      queue_->submit(p);              // the inputs' bytes are read before the op runs: the pool
       queue_->beforeWrite(written_);  // has them, and copies those of the written buffers now
     }
-    return p;
   }
-  // The op beforeWrite() prepared raised: its inputs' hashes complete (their slots may be
-  // reused by later ops), and nothing of it is written.
+  // A record that is not written (its op raised, or recording it failed): its hashes complete
+  // (their slots may be reused by later ops) before its views let go of PyTorch's memory.
   void abortWrite(std::unique_ptr<HashQueue::Pending> p) {
     if (!queue_) return recycle(std::move(p));
     p->discard = true;

@@ -277,6 +277,51 @@ class KeelTorchTest(unittest.TestCase):
         full = [rows[k] for k in sorted(rows) if k[1] == "full" and k[2] == "output"]
         self.assertEqual(full, expected)
 
+    def test_an_op_returning_a_tensor_and_a_list_records_every_output(self):
+        """A result (Tensor, Tensor[]) — cudnn's RNN backward, histogramdd on a GPU — has its
+        list's tensors recorded as outputs too (an op of a torch.library made for the test)."""
+        lib = torch.library.Library("keel_torch_test", "DEF")
+        lib.define("split3(Tensor x) -> (Tensor, Tensor[])")
+        lib.impl("split3", lambda x: (x * 1, [x + 1, x + 2]), "CPU")
+        x = torch.arange(6, dtype=torch.float32)
+        with keel_torch.record(self.path, stats=False):
+            torch.ops.keel_torch_test.split3(x)
+        rows = self.tensor_rows()
+        outputs = [rows[k] for k in sorted(rows) if k[1] == "split3" and k[2] == "output"]
+        self.assertEqual(outputs, [keel_md5(x), keel_md5(x + 1), keel_md5(x + 2)])
+
+    def test_an_op_whose_recording_failed_leaves_its_digests_to_the_ops_after_it(self):
+        """An op that ran but could not be recorded (here its stack: stacks=True and the stack
+        walk raising) raises in the training loop; the tensors it read were keyed in the step's
+        content cache, and an op after it reading them again gets their MD5, not an empty one."""
+        u = torch.arange(1 << 18, dtype=torch.float32) / 3  # made before: hashed by u * 2 first
+        with keel_torch.record(self.path, stacks=True, stats=False) as session:
+            walk = session._stack
+
+            def broken():
+                raise RuntimeError("the stack walk broke")
+            session._stack = broken
+            with self.assertRaises(RuntimeError):
+                u * 2
+            session._stack = walk
+            u + 1
+        rows = self.tensor_rows()
+        self.assertEqual([k[1] for k in sorted(rows)], ["add", "add"])  # u * 2 is not recorded
+        self.assertEqual(rows[(2, "add", "input", 0)], keel_md5(u))
+        self.assertEqual(rows[(2, "add", "output", 0)], keel_md5(u + 1))
+
+    def test_dumps_given_an_empty_scope_stores_nothing(self):
+        import sqlite3
+        with keel_torch.record(self.path, dumps=""):
+            torch.ones(4) * 2
+        with sqlite3.connect(self.path) as db:
+            self.assertEqual(db.execute("SELECT COUNT(*) FROM dumps").fetchone()[0], 0)
+            self.assertEqual(db.execute("SELECT COUNT(*) FROM ops").fetchone()[0], 2)
+        with keel_torch.record(self.path, dumps=True):
+            torch.ones(4) * 2
+        with sqlite3.connect(self.path) as db:
+            self.assertEqual(db.execute("SELECT COUNT(*) FROM dumps").fetchone()[0], 2)
+
     def test_bytes_written_in_place_right_after_an_op_are_not_in_its_digest(self):
         """Note [keel_torch hashing off the Python thread]: the pool hashes PyTorch's own memory
         after the op returns; an in-place op that follows at once must not change what the first
