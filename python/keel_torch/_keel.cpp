@@ -430,6 +430,12 @@ class HashQueue {
     py::gil_scoped_release nogil;
     for (const uint64_t b : buffers) pool_.settle(b);
   }
+  // Queued ops whose tensors are not all hashed yet.
+  size_t waiting() const {
+    size_t n = 0;
+    for (const std::unique_ptr<Pending>& p : ops_) n += !ready(*p);
+    return n;
+  }
   // Forgets the content slots (a step ended; call after finish()).
   void clearSlots() { slots_.clear(); }
 
@@ -826,6 +832,7 @@ class Recording {
     d["hashed"] = py::make_tuple(hashed_[0], hashed_[1]);
     d["reused"] = py::make_tuple(reused_[0], reused_[1]);
     d["identities"] = reader_.identities();
+    d["waiting"] = queue_ ? queue_->waiting() : 0;  // ops whose hashing is not done
     return d;
   }
   // What dispatch() computes of each tensor's bytes, off the Python thread (Note [keel_torch
