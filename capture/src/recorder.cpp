@@ -589,15 +589,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
     fail(why);
     queue_.abort();
     // Best effort: mark the run failed in what is already committed, then close.
-    try {
-      writer_->setRunStatus("failed: " + why);
-      writer_->commit();
-    } catch (...) {
-    }
-    try {
-      writer_->close();
-    } catch (...) {
-    }
+    writer_->closeWithStatus("failed: " + why);
   }
 
   void write(Item& item, std::unique_ptr<Symbolizer>& sym, bool& stepEnded) {

@@ -112,6 +112,7 @@ class SqliteWriter final : public Writer {
   void writeMem(const MemRecord& m) override;
   void writeDump(const DumpRecord& d) override;
   void setRunStatus(const std::string& status) override;
+  void closeWithStatus(const std::string& status) noexcept override;
   void addDropped(const std::string& kind, int64_t count) override;
   void commit() override;
   void close() override;
@@ -355,6 +356,42 @@ void SqliteWriter::setRunStatus(const std::string& status) {
     setStatus_.bindText(1, status);
     setStatus_.run();
   });
+}
+
+void SqliteWriter::closeWithStatus(const std::string& status) noexcept {
+  const std::string path = db_.path();
+  bool written = false;
+  try {
+    setRunStatus(status);
+    commit();
+    written = true;
+  } catch (...) {
+  }
+  try {
+    if (db_.get()) close();
+  } catch (...) {
+  }
+  if (written) return;
+  // The connection whose write failed can stay unable to write (SQLite keeps an I/O error until
+  // every statement is reset); the status goes in through a fresh connection, in autocommit: a
+  // few pages where the lost batch's were.
+  for (sql::Stmt* st : {&begin_, &commit_, &insString_, &insStep_, &insOp_, &insTensors_,
+                        &insNonfinite_, &insStack_, &insFrame_, &insStackFrame_, &insLog_, &insMem_,
+                        &insDump_, &setStatus_, &addDropped_, &insKernel_})
+    *st = sql::Stmt();
+  db_.close();
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK) {
+    sqlite3_busy_timeout(db, 2000);
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db, "UPDATE run SET status = ?1 WHERE id = 1", -1, &st, nullptr) ==
+        SQLITE_OK) {
+      sqlite3_bind_text(st, 1, status.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_step(st);
+    }
+    sqlite3_finalize(st);
+  }
+  sqlite3_close_v2(db);
 }
 
 void SqliteWriter::addDropped(const std::string& kind, int64_t count) {

@@ -40,6 +40,20 @@ class Writer {
   virtual void commit() = 0;
   // Commits and closes; further calls throw.
   virtual void close() = 0;
+  // After a failed write: records `status` and closes, as far as the file still allows; never
+  // throws. (The SQLite writer falls back to a fresh connection: the one whose write failed may
+  // refuse every later write.)
+  virtual void closeWithStatus(const std::string& status) noexcept {
+    try {
+      setRunStatus(status);
+      commit();
+    } catch (...) {
+    }
+    try {
+      close();
+    } catch (...) {
+    }
+  }
 };
 
 }  // namespace keel::storage
