@@ -194,6 +194,8 @@ class TensorReader {
 
   // Objects given an identity and not yet forgotten.
   size_t identities() const { return ids_.size(); }
+  // The weak reference kept with the identity of `t` (read() gave it one).
+  const py::object& weakRef(py::handle t) const { return ids_.at(t.ptr()).ref; }
   // Forgets the identities of dead objects.
   void prune() {
     for (auto it = ids_.begin(); it != ids_.end();) {
@@ -1041,7 +1043,7 @@ class Recording {
           if (!dump) continue;
         } else {
           slot = ++nextSlot_;
-          ContentEntry e{slot, contiguous ? weakRef(t) : py::object()};
+          ContentEntry e{slot, contiguous ? reader_.weakRef(t) : py::object()};
           if (it != content_.end()) {
             it->second = std::move(e);  // its tensor is gone: the memory may be another's now
           } else {
@@ -1208,11 +1210,6 @@ class Recording {
   bool stillThere(const py::object& source, uint64_t buffer) {
     PyObject* t = PyWeakref_GetObject(source.ptr());
     return t != Py_None && reader_.buffer(t) == buffer;
-  }
-  static py::object weakRef(py::handle t) {
-    PyObject* ref = PyWeakref_NewRef(t.ptr(), nullptr);
-    if (!ref) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(ref);
   }
   // Row-major with no gaps (dimensions of size 1 have any stride).
   static bool isContiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
