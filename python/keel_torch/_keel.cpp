@@ -517,7 +517,8 @@ storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, con
 class WriterThread {
  public:
   using Task = std::function<void(storage::Writer&)>;
-  // close()'s `last` runs even after a failed write (the run's status, best effort).
+  // close() records the run's status even after a failed write (best effort: through
+  // Writer::closeWithStatus, since the connection whose write failed may refuse every later one).
   static constexpr size_t kMaxQueued = 1 << 16;
   static constexpr size_t kWakeRecords = 1024;
   explicit WriterThread(std::unique_ptr<storage::Writer> w) : writer_(std::move(w)) {
@@ -525,7 +526,7 @@ class WriterThread {
   }
   ~WriterThread() {
     try {
-      close(nullptr);
+      close(std::nullopt);
     } catch (...) {  // a destructor reports nothing; close() is where errors are seen
     }
   }
@@ -555,14 +556,14 @@ class WriterThread {
     queued_ += records;
     if (idle_ && (wake || queued_ >= kWakeRecords)) work_.notify_one();
   }
-  // Runs `last` (the run's status, the final commit, closing the file), then stops the thread;
-  // throws the first write error. Idempotent.
-  void close(Task last) {
+  // Writes what is queued, records `status` (if given), commits and closes the file, then stops
+  // the thread; throws the first write error. Idempotent.
+  void close(std::optional<std::string> status) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (closed_) return;
       closed_ = true;
-      last_ = std::move(last);
+      status_ = std::move(status);
     }
     work_.notify_one();
     {
@@ -597,25 +598,32 @@ class WriterThread {
       batch.clear();
       lk.lock();
     }
+    const bool failed = !error_.empty();
     lk.unlock();
-    if (last_) {
+    if (status_ && failed) {
+      // A run that ended well but whose records could not all be written did not finish.
+      writer_->closeWithStatus(*status_ == "finished" ? "failed: " + error_ : *status_);
+    } else if (status_) {
       try {
-        last_(*writer_);
+        writer_->setRunStatus(*status_);
+        writer_->commit();
+        writer_->close();
       } catch (const std::exception& e) {
         lk.lock();
-        if (error_.empty()) error_ = e.what();
+        error_ = e.what();
         lk.unlock();
+        writer_->closeWithStatus(*status_ == "finished" ? "failed: " + error_ : *status_);
       }
     }
-    writer_.reset();  // closes the file if `last` did not
+    writer_.reset();  // closes the file if nothing above did
   }
 
   std::unique_ptr<storage::Writer> writer_;
   std::mutex mu_;
   std::condition_variable work_, room_;
   std::deque<Task> tasks_;
-  size_t queued_ = 0;  // records in tasks_
-  Task last_;          // close()'s
+  size_t queued_ = 0;                  // records in tasks_
+  std::optional<std::string> status_;  // close()'s
   bool idle_ = false, closed_ = false;
   std::string error_;  // the first failed write (guarded by mu_ once the thread runs)
   std::thread thread_;
@@ -922,11 +930,7 @@ class Recording {
     }
     queue_.reset();
     const std::unique_ptr<WriterThread> writer = std::move(writer_);
-    writer->close([status](storage::Writer& w) {
-      w.setRunStatus(status);
-      w.commit();
-      w.close();
-    });
+    writer->close(status);
     if (failed) std::rethrow_exception(failed);
   }
 

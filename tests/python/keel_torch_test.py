@@ -179,6 +179,38 @@ class KeelTorchTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("status failed: recording " + self.path, out)
 
+    def test_a_write_error_at_close_leaves_a_failed_run_not_a_finished_one(self):
+        """A loop that ends well but whose last records cannot be written (the file-size limit is
+        reached when the recording is closed) raises from the `with` and leaves the run marked
+        failed with the write's error, not finished, and the steps written before readable."""
+        script = (
+            "import os, resource, signal, sys, torch, keel_torch\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "model = torch.nn.Linear(64, 64)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "try:\n"
+            "    with keel_torch.record(sys.argv[1], model=model, optimizer=opt):\n"
+            "        for i in range(4):\n"
+            "            model(torch.randn(8, 64)).square().mean().backward()\n"
+            "            opt.step()\n"
+            "            opt.zero_grad()\n"
+            "            keel_torch.step()\n"
+            "        model(torch.randn(8, 64)).square().mean().backward()\n"
+            "        size = max(os.path.getsize(p) for p in (sys.argv[1], sys.argv[1] + '-wal')\n"
+            "                   if os.path.exists(p))\n"
+            "        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))\n"
+            "except RuntimeError as e:\n"
+            "    print(str(e).splitlines()[0])\n"
+            "    sys.exit(3)\n")
+        r = subprocess.run([sys.executable, "-c", script, self.path], capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn(self.path, r.stdout)
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("status failed: recording " + self.path, out)
+        self.assertNotIn("status finished", out)
+
     def tensor_rows(self):
         """(op, role, index) -> MD5 of every recorded tensor (keel export csv --tensors)."""
         import csv
@@ -441,7 +473,8 @@ class GuideTest(unittest.TestCase):
     `keel inspect` shows what the guide says (3 steps, and the op count in its comment)."""
 
     def test_the_guides_five_lines_record_what_it_says(self):
-        guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "torch.md")).read()
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "torch.md")) as f:
+            guide = f.read()
         code = guide.split("```python\n", 1)[1].split("```", 1)[0]
         claim = re.search(r"inspect run\.db\s+# (\d+) steps, their losses, (\d+) ATen op calls", guide)
         self.assertIsNotNone(claim, "the guide's keel inspect line")
