@@ -151,38 +151,11 @@ class KeelTorchTest(unittest.TestCase):
         with self.assertRaises(RuntimeError):
             keel_torch.step()
 
-    def test_a_write_error_on_the_writer_thread_reaches_the_training_loop(self):
-        """Note [keel_torch writer thread]: SQLite writes on their own thread; a file-size limit
-        (as a full disk) is raised in the user's loop as one RuntimeError naming the file, not
-        a crash or a hang, and what was written stays readable."""
-        script = (
-            "import resource, signal, sys, torch, keel_torch\n"
-            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            "resource.setrlimit(resource.RLIMIT_FSIZE, (300000, 300000))\n"
-            "model = torch.nn.Linear(64, 64)\n"
-            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-            "try:\n"
-            "    with keel_torch.record(sys.argv[1], model=model, optimizer=opt):\n"
-            "        for i in range(400):\n"
-            "            model(torch.randn(8, 64)).square().mean().backward()\n"
-            "            opt.step()\n"
-            "            opt.zero_grad()\n"
-            "except RuntimeError as e:\n"
-            "    print(str(e).splitlines()[0])\n"
-            "    sys.exit(3)\n")
-        r = subprocess.run([sys.executable, "-c", script, self.path], capture_output=True,
-                           text=True, timeout=300)
-        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
-        self.assertIn(self.path, r.stdout)
-        self.assertIn("size limit", r.stdout)
-        rc, out, err = keel("inspect", self.path)
-        self.assertEqual(rc, 0, err)
-        self.assertIn("status failed: recording " + self.path, out)
-
-    def test_a_write_error_at_close_leaves_a_failed_run_not_a_finished_one(self):
-        """A loop that ends well but whose last records cannot be written (the file-size limit is
-        reached when the recording is closed) raises from the `with` and leaves the run marked
-        failed with the write's error, not finished, and the steps written before readable."""
+    def run_until_a_write_error(self, loop):
+        """Runs `loop` (Python lines, indented for the `with` block) in a child recording a
+        Linear model to self.path with SIGXFSZ ignored; expects the `with` to raise a
+        RuntimeError naming the file and the run to be marked failed with it. Returns (the
+        error's first line, keel inspect's output)."""
         script = (
             "import os, resource, signal, sys, torch, keel_torch\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
@@ -190,15 +163,7 @@ class KeelTorchTest(unittest.TestCase):
             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
             "try:\n"
             "    with keel_torch.record(sys.argv[1], model=model, optimizer=opt):\n"
-            "        for i in range(4):\n"
-            "            model(torch.randn(8, 64)).square().mean().backward()\n"
-            "            opt.step()\n"
-            "            opt.zero_grad()\n"
-            "            keel_torch.step()\n"
-            "        model(torch.randn(8, 64)).square().mean().backward()\n"
-            "        size = max(os.path.getsize(p) for p in (sys.argv[1], sys.argv[1] + '-wal')\n"
-            "                   if os.path.exists(p))\n"
-            "        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))\n"
+            + loop +
             "except RuntimeError as e:\n"
             "    print(str(e).splitlines()[0])\n"
             "    sys.exit(3)\n")
@@ -209,7 +174,35 @@ class KeelTorchTest(unittest.TestCase):
         rc, out, err = keel("inspect", self.path)
         self.assertEqual(rc, 0, err)
         self.assertIn("status failed: recording " + self.path, out)
-        self.assertNotIn("status finished", out)
+        return r.stdout, out
+
+    def test_a_write_error_on_the_writer_thread_reaches_the_training_loop(self):
+        """Note [keel_torch writer thread]: SQLite writes on their own thread; a file-size limit
+        (as a full disk) is raised in the user's loop as one RuntimeError naming the file, not
+        a crash or a hang, and what was written stays readable."""
+        error, _ = self.run_until_a_write_error(
+            "        resource.setrlimit(resource.RLIMIT_FSIZE, (300000, 300000))\n"
+            "        for i in range(400):\n"
+            "            model(torch.randn(8, 64)).square().mean().backward()\n"
+            "            opt.step()\n"
+            "            opt.zero_grad()\n")
+        self.assertIn("size limit", error)
+
+    def test_a_write_error_at_close_leaves_a_failed_run_not_a_finished_one(self):
+        """A loop that ends well but whose last records cannot be written (the file-size limit is
+        reached when the recording is closed) raises from the `with` and leaves the run marked
+        failed with the write's error, not finished, and the steps written before readable."""
+        _, inspected = self.run_until_a_write_error(
+            "        for i in range(4):\n"
+            "            model(torch.randn(8, 64)).square().mean().backward()\n"
+            "            opt.step()\n"
+            "            opt.zero_grad()\n"
+            "        model(torch.randn(8, 64)).square().mean().backward()\n"
+            "        size = max(os.path.getsize(p) for p in (sys.argv[1], sys.argv[1] + '-wal')\n"
+            "                   if os.path.exists(p))\n"
+            "        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))\n")
+        self.assertNotIn("status finished", inspected)
+        self.assertRegex(inspected, r"steps\s+4\b")
 
     def tensor_rows(self):
         """(op, role, index) -> MD5 of every recorded tensor (keel export csv --tensors)."""
