@@ -551,6 +551,7 @@ class WriterThread {
       }
       lk.lock();
       if (!error_.empty()) throw std::runtime_error(error_);
+      if (closed_) throw std::runtime_error("keel_torch: the recording is closed");
     }
     tasks_.push_back(std::move(t));
     queued_ += records;
@@ -929,8 +930,20 @@ class Recording {
       if (!failed) failed = std::current_exception();
     }
     queue_.reset();
+    // A loop that ended well but whose last ops could not be recorded did not finish.
+    std::string ended = status;
+    if (failed && status == "finished") {
+      try {
+        std::rethrow_exception(failed);
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        ended = "failed: " + what.substr(0, what.find('\n'));  // its first line, as Python's
+      } catch (...) {
+        ended = "failed: recording the last ops";
+      }
+    }
     const std::unique_ptr<WriterThread> writer = std::move(writer_);
-    writer->close(status);
+    writer->close(ended);
     if (failed) std::rethrow_exception(failed);
   }
 
