@@ -28,6 +28,7 @@
 #include "keel/capture/hash_pool.h"
 #include "keel/capture/md5_multi.h"
 #include "keel/dtype.h"
+#include "keel/runtime.h"
 #include "keel/storage/torch_memory.h"
 #include "keel/storage/writer.h"
 #include "keel/tensor.h"
@@ -514,6 +515,13 @@ storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, con
 // step ends with a commit on that thread. A write that fails (a full disk) is reported by the next
 // call from Python and by close(). At most kMaxQueued records wait; past that the caller waits
 // (without the GIL).
+// The status a recording ends with: the loop's own, except that a loop that ended well
+// ("finished") whose records could not all be written or recorded (`error`) did not finish.
+std::string endedStatus(const std::string& status, const std::string& error) {
+  if (status != "finished" || error.empty()) return status;
+  return "failed: " + error.substr(0, error.find('\n'));  // its first line, as Python's
+}
+
 class WriterThread {
  public:
   using Task = std::function<void(storage::Writer&)>;
@@ -599,12 +607,9 @@ class WriterThread {
       batch.clear();
       lk.lock();
     }
-    const bool failed = !error_.empty();
+    bool failed = !error_.empty();
     lk.unlock();
-    if (status_ && failed) {
-      // A run that ended well but whose records could not all be written did not finish.
-      writer_->closeWithStatus(*status_ == "finished" ? "failed: " + error_ : *status_);
-    } else if (status_) {
+    if (status_ && !failed) {
       try {
         writer_->setRunStatus(*status_);
         writer_->commit();
@@ -613,9 +618,10 @@ class WriterThread {
         lk.lock();
         error_ = e.what();
         lk.unlock();
-        writer_->closeWithStatus(*status_ == "finished" ? "failed: " + error_ : *status_);
+        failed = true;
       }
     }
+    if (status_ && failed) writer_->closeWithStatus(endedStatus(*status_, error_));
     writer_.reset();  // closes the file if nothing above did
   }
 
@@ -930,20 +936,18 @@ class Recording {
       if (!failed) failed = std::current_exception();
     }
     queue_.reset();
-    // A loop that ended well but whose last ops could not be recorded did not finish.
-    std::string ended = status;
-    if (failed && status == "finished") {
+    std::string error;  // why the last ops could not be recorded
+    if (failed) {
       try {
         std::rethrow_exception(failed);
       } catch (const std::exception& e) {
-        const std::string what = e.what();
-        ended = "failed: " + what.substr(0, what.find('\n'));  // its first line, as Python's
+        error = exceptionText(e);
       } catch (...) {
-        ended = "failed: recording the last ops";
+        error = "recording the last ops";
       }
     }
     const std::unique_ptr<WriterThread> writer = std::move(writer_);
-    writer->close(ended);
+    writer->close(endedStatus(status, error));
     if (failed) std::rethrow_exception(failed);
   }
 

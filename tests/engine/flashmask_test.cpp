@@ -364,12 +364,11 @@ TEST(FlashmaskAttention, SameBitsForEveryThreadCountAndRun) {
   Inputs in = makeInputs(1, 512, 512, 4, 2, 32, m.startendRowIndices, F32, 81);
   Params p;
   p.causal = true;
-  const int before = cpuThreads();
+  test::ThreadsScope restore;
   setCpuThreads(1);
   Result one = run(in, kCpu, F32, p);
   setCpuThreads(2);
   Result two = run(in, kCpu, F32, p), again = run(in, kCpu, F32, p);
-  setCpuThreads(before);
   expectBitEqual(one, two);
   expectBitEqual(two, again);
 }

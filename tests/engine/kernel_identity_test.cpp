@@ -131,18 +131,12 @@ struct ObserverScope {
   ~ObserverScope() { removeObserver(rec); }
 };
 
-// Restores the cpu thread count a test changed.
-struct ThreadsScope {
-  int saved = cpuThreads();
-  ~ThreadsScope() { setCpuThreads(saved); }
-};
-
 std::string threadsText(int n) {
   return "up to " + std::to_string(n) + (n == 1 ? " thread" : " threads");
 }
 
 TEST(KernelIdentity, ObserverSeesVariantAndParamsOfMatmulAndSum) {
-  ThreadsScope threads;
+  test::ThreadsScope threads;
   setCpuThreads(1);
   Tensor a = test::randUniform({4, 8}, -1, 1, DType::Float32, test::kCpu, 1);
   Tensor b = test::randUniform({8, 3}, -1, 1, DType::Float32, test::kCpu, 2);
@@ -169,7 +163,7 @@ TEST(KernelIdentity, ObserverSeesVariantAndParamsOfMatmulAndSum) {
   EXPECT_EQ(sm.params.find("OpenBLAS"), std::string::npos) << sm.params;
 
   // The parameters follow the thread count of the call.
-  setCpuThreads(threads.saved);
+  setCpuThreads(threads.saved());
   ops::sum(c);
   ASSERT_EQ(obs.rec->seen.size(), 3u);
   EXPECT_NE(obs.rec->seen[2].params.find(", " + threadsText(cpuThreads())), std::string::npos)

@@ -15,11 +15,6 @@
 namespace keel {
 namespace {
 
-struct ThreadsScope {
-  int saved = cpuThreads();
-  ~ThreadsScope() { setCpuThreads(saved); }
-};
-
 struct Case {
   const char* name;
   Shape a, b;
@@ -41,40 +36,35 @@ const std::vector<Case> kCases = {
     {"broadcast batch", {2, 1, 64, 48}, {1, 3, 48, 200}},
 };
 
-Tensor runCpu(const Case& c, int threads) {
-  setCpuThreads(threads);
-  Tensor a = test::randUniform(c.a, -1, 1, DType::Float32, test::kCpu, 11);
-  Tensor b = test::randUniform(c.b, -1, 1, DType::Float32, test::kCpu, 12);
-  return ops::matmul(a, b, c.transA, c.transB);
+// a @ b on `cpu` on one thread, on two, and on two again: the same bits each time; and within
+// `tol` (atol = rtol) of cpu-ref's product of the same operands.
+void checkProduct(const Tensor& a, const Tensor& b, bool transA, bool transB, double tol) {
+  test::ThreadsScope restore;
+  setCpuThreads(1);
+  Tensor one = ops::matmul(a, b, transA, transB);
+  setCpuThreads(2);
+  Tensor two = ops::matmul(a, b, transA, transB), again = ops::matmul(a, b, transA, transB);
+  EXPECT_TRUE(test::bitEqual(one, two));
+  EXPECT_TRUE(test::bitEqual(two, again));
+  Tensor ref = ops::matmul(a.to(test::kCpuRef), b.to(test::kCpuRef), transA, transB);
+  EXPECT_TRUE(test::allClose(two.to(test::kCpuRef), ref, tol, tol));
 }
 
 TEST(MatmulLayouts, AgreesWithTheReferenceAndGivesTheSameBitsOnOneThreadAsOnTwo) {
-  ThreadsScope restore;
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    Tensor one = runCpu(c, 1), two = runCpu(c, 2), again = runCpu(c, 2);
-    EXPECT_TRUE(test::bitEqual(one, two));
-    EXPECT_TRUE(test::bitEqual(two, again));
-    Tensor a = test::randUniform(c.a, -1, 1, DType::Float32, test::kCpuRef, 11);
-    Tensor b = test::randUniform(c.b, -1, 1, DType::Float32, test::kCpuRef, 12);
-    Tensor ref = ops::matmul(a, b, c.transA, c.transB);
     // |a|,|b| <= 1 and K <= 900: float32 accumulation differs from the reference's float64 by
-    // far less than this.
-    EXPECT_TRUE(test::allClose(two.to(test::kCpuRef), ref, 1e-4, 1e-4));
+    // far less than 1e-4.
+    checkProduct(test::randUniform(c.a, -1, 1, DType::Float32, test::kCpu, 11),
+                 test::randUniform(c.b, -1, 1, DType::Float32, test::kCpu, 12), c.transA, c.transB,
+                 1e-4);
   }
 }
 
 TEST(MatmulLayouts, Float64ProductsAgreeWithTheReference) {
-  ThreadsScope restore;
-  Tensor a = test::randUniform({700, 80}, -1, 1, DType::Float64, test::kCpu, 21);
-  Tensor b = test::randUniform({80, 300}, -1, 1, DType::Float64, test::kCpu, 22);
-  setCpuThreads(1);
-  Tensor one = ops::matmul(a, b);
-  setCpuThreads(2);
-  Tensor two = ops::matmul(a, b);
-  EXPECT_TRUE(test::bitEqual(one, two));
-  Tensor ref = ops::matmul(a.to(test::kCpuRef), b.to(test::kCpuRef));
-  EXPECT_TRUE(test::allClose(two.to(test::kCpuRef), ref, 1e-12, 1e-12));
+  checkProduct(test::randUniform({700, 80}, -1, 1, DType::Float64, test::kCpu, 21),
+               test::randUniform({80, 300}, -1, 1, DType::Float64, test::kCpu, 22), false, false,
+               1e-12);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "keel/base/text.h"
+#include "keel/train.h"
 
 namespace keel::test {
 namespace {
@@ -150,6 +151,11 @@ Tolerance defaultTolerance(DType t) {
      << ": actual " << a[size_t(worst)] << ", expected " << e[size_t(worst)] << ", |diff| "
      << std::fabs(a[size_t(worst)] - e[size_t(worst)]);
   return ::testing::AssertionFailure() << os.str();
+}
+
+ThreadsScope::ThreadsScope() : saved_(cpuThreads()) {}
+ThreadsScope::~ThreadsScope() {
+  setCpuThreads(saved_);
 }
 
 ::testing::AssertionResult bitEqual(const Tensor& actual, const Tensor& expected) {

@@ -77,6 +77,19 @@ inline ::testing::AssertionResult allClose(const Tensor& actual, const Tensor& e
 // Bit-for-bit equality of the row-major element bytes (same shape and dtype).
 ::testing::AssertionResult bitEqual(const Tensor& actual, const Tensor& expected);
 
+// Restores the cpu thread count (keel::setCpuThreads) a test changes, when it goes out of scope.
+class ThreadsScope {
+ public:
+  ThreadsScope();
+  ~ThreadsScope();
+  ThreadsScope(const ThreadsScope&) = delete;
+  ThreadsScope& operator=(const ThreadsScope&) = delete;
+  int saved() const { return saved_; }  // the count it restores
+
+ private:
+  int saved_;
+};
+
 using GradFn = std::function<Tensor(const std::vector<Tensor>&)>;
 struct GradcheckOptions {
   double eps = 1e-6;
