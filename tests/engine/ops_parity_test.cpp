@@ -584,6 +584,30 @@ std::vector<ParityCase> buildTable() {
                                      anyVals({1, 21, 1, 4}, t, d, 97)};
         },
         Attrs().set("window_size", i64(5)));
+    // Head dims past the small ones above, as models use them (each picks its own tile plan),
+    // causal without an index tensor, and lengths that are not multiples of a tile.
+    for (int64_t hd : {32, 64, 128}) {
+      const int64_t sq = hd == 128 ? 70 : 100;
+      b.add(
+          OpId::FlashmaskAttention, "causal_head_dim_" + std::to_string(hd), kF4,
+          [hd, sq](DType t, Device d) {
+            return std::vector<Tensor>{anyVals({1, sq, 2, hd}, t, d, 98),
+                                       anyVals({1, sq, 2, hd}, t, d, 99),
+                                       anyVals({1, sq, 2, hd}, t, d, 100)};
+          },
+          fa);
+    }
+    // As gpt-mini calls it: q, k, v are head views of one fused projection ([B, T, 3C] split).
+    b.add(
+        OpId::FlashmaskAttention, "causal_fused_qkv_views", kF4,
+        [](DType t, Device d) {
+          Tensor qkv = anyVals({3, 64, 3 * 128}, t, d, 101);
+          std::vector<Tensor> p = ops::split(qkv, {128, 128, 128}, -1);
+          std::vector<Tensor> in;
+          for (const Tensor& x : p) in.push_back(ops::reshape(x, {3, 64, 4, 32}));
+          return in;
+        },
+        fa);
     b.add(
          OpId::FlashmaskAttentionBackward, "causal_document_gqa", kF4,
          [fmIn, fa](DType t, Device d) {

@@ -136,8 +136,8 @@ void copyStrided(const KernelCtx& c, cudaStream_t s, void* dst, const Geom& dg, 
   if (n == 0) return;
   const Launch1D l = launch1D(n);
   auto go = [&]<typename E>() {
-    copyKernel<E><<<l.blocks, l.threads, 0, s>>>(static_cast<E*>(dst), dg,
-                                                 static_cast<const E*>(src), sg, n);
+    launch(copyKernel<E>, l.blocks, l.threads, 0, s, static_cast<E*>(dst), dg,
+           static_cast<const E*>(src), sg, n);
   };
   visitWidth(elem, go);
   checkLaunch(c, "copyKernel");
@@ -250,7 +250,7 @@ void kCast(const KernelCtx& c) {
   const Geom xg = geomOf(x);
   visit(x.dtype(), [&]<typename S>() {
     visit(out.dtype(), [&]<typename D>() {
-      castKernel<D, S><<<l.blocks, l.threads, 0, d.stream>>>(ptr<D>(out), ptr<S>(x), xg, n);
+      launch(castKernel<D, S>, l.blocks, l.threads, 0, d.stream, ptr<D>(out), ptr<S>(x), xg, n);
     });
   });
   checkLaunch(c, "castKernel");
@@ -264,7 +264,7 @@ void kFill(const KernelCtx& c) {
   if (n == 0) return;
   const Launch1D l = launch1D(n);
   visit(out.dtype(), [&]<typename T>() {
-    fillKernel<T><<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(out), hostValue<T>(value), n);
+    launch(fillKernel<T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), hostValue<T>(value), n);
   });
   checkLaunch(c, "fillKernel");
 }
@@ -276,7 +276,7 @@ void kArange(const KernelCtx& c) {
   if (n == 0) return;
   const Launch1D l = launch1D(n);
   visit(out.dtype(), [&]<typename T>() {
-    arangeKernel<T><<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(out), n);
+    launch(arangeKernel<T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n);
   });
   checkLaunch(c, "arangeKernel");
 }

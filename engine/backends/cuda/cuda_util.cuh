@@ -131,6 +131,27 @@ Geom geomAs(const Tensor& t, const Shape& shape);
 void copyStrided(const KernelCtx& c, cudaStream_t s, void* dst, const Geom& dg, const void* src,
                  const Geom& sg, int64_t n, size_t elem);
 
+// ---------------------------------------------------------------- launches
+// kernel<<<grid, block, smem, stream>>>(args...), spelled as a call so that the same source runs
+// on the CUDA simulator (Note [CUDA simulator], engine/backends/cuda/sim/kernel.cpp), where device
+// code is host C++ and `<<<` does not parse.
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            A&&... args) {
+#if KEEL_CUDA_SIM
+  keel_sim::launch(kernel, grid, block, smem, stream, std::forward<A>(args)...);
+#else
+  kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
+#endif
+}
+
+// Declares `name`, the launch's dynamic shared memory as T[] (16-byte aligned), inside a kernel.
+#if KEEL_CUDA_SIM
+#define KEEL_DYNAMIC_SHARED(T, name) T* const name = static_cast<T*>(::keel_sim::dynamicShared())
+#else
+#define KEEL_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 // ---------------------------------------------------------------- dtype switch
 // Calls f.template operator()<T>() with the device storage type of t (kernel_util.h).
 template <typename F>

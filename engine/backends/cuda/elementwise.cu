@@ -58,11 +58,11 @@ void binaryMap(const KernelCtx& c, const Tensor& a, const Tensor& b, F f) {
   const Geom ga = geomAs(a, out.shape()), gb = geomAs(b, out.shape());
   const Launch1D l = launch1D(n);
   if (ga.contiguous && gb.contiguous)
-    binaryKernel<true><<<l.blocks, l.threads, 0, d.stream>>>(ptr<R>(out), ptr<const A>(a), ga,
-                                                             ptr<const B>(b), gb, n, f);
+    launch(binaryKernel<true, R, A, B, F>, l.blocks, l.threads, 0, d.stream, ptr<R>(out),
+           ptr<const A>(a), ga, ptr<const B>(b), gb, n, f);
   else
-    binaryKernel<false><<<l.blocks, l.threads, 0, d.stream>>>(ptr<R>(out), ptr<const A>(a), ga,
-                                                              ptr<const B>(b), gb, n, f);
+    launch(binaryKernel<false, R, A, B, F>, l.blocks, l.threads, 0, d.stream, ptr<R>(out),
+           ptr<const A>(a), ga, ptr<const B>(b), gb, n, f);
   checkLaunch(c, "binaryKernel");
 }
 
@@ -76,10 +76,11 @@ void unaryMap(const KernelCtx& c, const Tensor& x, F f) {
   const Geom gx = geomAs(x, out.shape());
   const Launch1D l = launch1D(n);
   if (gx.contiguous)
-    unaryKernel<true><<<l.blocks, l.threads, 0, d.stream>>>(ptr<R>(out), ptr<const X>(x), gx, n, f);
+    launch(unaryKernel<true, R, X, F>, l.blocks, l.threads, 0, d.stream, ptr<R>(out),
+           ptr<const X>(x), gx, n, f);
   else
-    unaryKernel<false>
-        <<<l.blocks, l.threads, 0, d.stream>>>(ptr<R>(out), ptr<const X>(x), gx, n, f);
+    launch(unaryKernel<false, R, X, F>, l.blocks, l.threads, 0, d.stream, ptr<R>(out),
+           ptr<const X>(x), gx, n, f);
   checkLaunch(c, "unaryKernel");
 }
 
@@ -550,8 +551,8 @@ void kWhere(const KernelCtx& c) {
   const Geom gc = geomAs(cond, s), ga = geomAs(a, s), gb = geomAs(b, s);
   const Launch1D l = launch1D(n);
   auto go = [&]<typename E>() {
-    whereKernel<E><<<l.blocks, l.threads, 0, d.stream>>>(
-        ptr<E>(out), ptr<const bool>(cond), gc, ptr<const E>(a), ga, ptr<const E>(b), gb, n);
+    launch(whereKernel<E>, l.blocks, l.threads, 0, d.stream, ptr<E>(out), ptr<const bool>(cond), gc,
+           ptr<const E>(a), ga, ptr<const E>(b), gb, n);
   };
   visitWidth(dtypeSize(out.dtype()), go);
   checkLaunch(c, "whereKernel");

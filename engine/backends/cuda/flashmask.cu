@@ -185,8 +185,6 @@ __device__ __forceinline__ void loadTile(C* dst, int64_t ld, const T* src, const
   }
 }
 
-extern __shared__ __align__(16) unsigned char fmSmem[];
-
 // ---------------------------------------------------------------- mask pre-pass
 // Where the pre-pass reports a bound out of [0, Sq] or a start above its end (Note [Deferred device
 // errors]): validateIndices cannot read a device index tensor's values on the host.
@@ -270,11 +268,11 @@ MaskDev prepareMask(const KernelCtx& c, const Tensor* idx, const Geo& g, int64_t
   auto* tiles = static_cast<fp::TileMinMax*>(m.tiles.data());
   const ErrSink err{dc.errorWord, dc.errorValue, errorCode(DeviceError::IndexOutOfRange, c.op.id)};
   const Launch1D l1 = launch1D(g.b * g.hm * g.sk);
-  boundsKernel<<<l1.blocks, l1.threads, 0, stream>>>(ptr<int32_t>(*idx), view4(*idx), idx->size(3),
-                                                     g, err, bnd);
+  launch(boundsKernel, l1.blocks, l1.threads, 0, stream, ptr<int32_t>(*idx), view4(*idx),
+         idx->size(3), g, err, bnd);
   checkLaunch(c, "flashmaskBoundsKernel");
   const Launch1D l2 = launch1D(g.b * g.hm * g.nkt);
-  tileBoundsKernel<<<l2.blocks, l2.threads, 0, stream>>>(bnd, g, bc, tiles);
+  launch(tileBoundsKernel, l2.blocks, l2.threads, 0, stream, bnd, g, bc, tiles);
   checkLaunch(c, "flashmaskTileBoundsKernel");
   m.b = bnd;
   m.t = tiles;
@@ -322,6 +320,7 @@ __global__ void __launch_bounds__(fp::kThreads) fwdKernel(FwdArgs<T> a) {
   const Geo& g = a.g;
   const int d = int(g.d);
   const int64_t ld = fp::sharedLd(d);
+  KEEL_DYNAMIC_SHARED(unsigned char, fmSmem);
   C* Qs = reinterpret_cast<C*>(fmSmem);
   C* KVs = Qs + BR * ld;
   C* Ps = KVs + BC * ld;
@@ -533,6 +532,7 @@ __global__ void __launch_bounds__(fp::kThreads) dkvKernel(BwdArgs<T> a) {
   const Geo& g = a.g;
   const int d = int(g.d);
   const int64_t ld = fp::sharedLd(d);
+  KEEL_DYNAMIC_SHARED(unsigned char, fmSmem);
   C* Ks = reinterpret_cast<C*>(fmSmem);
   C* Vs = Ks + BC * ld;
   C* Qs = Vs + BC * ld;
@@ -643,6 +643,7 @@ __global__ void __launch_bounds__(fp::kThreads) dqKernel(BwdArgs<T> a) {
   const Geo& g = a.g;
   const int d = int(g.d);
   const int64_t ld = fp::sharedLd(d);
+  KEEL_DYNAMIC_SHARED(unsigned char, fmSmem);
   C* Qs = reinterpret_cast<C*>(fmSmem);
   C* dOs = Qs + BR * ld;
   C* Ks = dOs + BR * ld;
@@ -773,8 +774,8 @@ void forwardD(const KernelCtx& c) {
   a.keep = C(1.0 / (1.0 - g.p));
   auto kernel = fwdKernel<T, DMAX, tc.rm, tc.rn>;
   setSmem(c, kernel, plan.smemBytes);
-  kernel<<<dim3(plan.gridX, plan.gridY, plan.gridZ), plan.threads, size_t(plan.smemBytes),
-           dc.stream>>>(a);
+  launch(kernel, dim3(plan.gridX, plan.gridY, plan.gridZ), plan.threads, size_t(plan.smemBytes),
+         dc.stream, a);
   checkLaunch(c, "flashmaskForwardKernel");
 }
 
@@ -796,9 +797,9 @@ void backwardD(const KernelCtx& c) {
   {
     const int64_t threads = 256, warps = threads / 32;
     const int64_t blocks = std::clamp<int64_t>((rows + warps - 1) / warps, 1, kMaxBlocks);
-    deltaKernel<T><<<unsigned(blocks), unsigned(threads), 0, dc.stream>>>(
-        ptr<const T>(go), view4(go), ptr<const T>(o), view4(o), ptr<const C>(lse), view3(lse),
-        ptr<const C>(glse), view3(glse), g, ptr<C>(delta), ptr<C>(lseC));
+    launch(deltaKernel<T>, unsigned(blocks), unsigned(threads), 0, dc.stream, ptr<const T>(go),
+           view4(go), ptr<const T>(o), view4(o), ptr<const C>(lse), view3(lse), ptr<const C>(glse),
+           view3(glse), g, ptr<C>(delta), ptr<C>(lseC));
     checkLaunch(c, "flashmaskDeltaKernel");
   }
   const MaskDev mask = prepareMask(c, idx, g, plan.bc, dc);
@@ -813,13 +814,13 @@ void backwardD(const KernelCtx& c) {
   a.keep = C(1.0 / (1.0 - g.p));
   auto kdkv = dkvKernel<T, DMAX, tc.rm, tc.rn>;
   setSmem(c, kdkv, plan.dkvSmemBytes);
-  kdkv<<<dim3(plan.dkvGridX, plan.dkvGridY, plan.dkvGridZ), plan.threads, size_t(plan.dkvSmemBytes),
-         dc.stream>>>(a);
+  launch(kdkv, dim3(plan.dkvGridX, plan.dkvGridY, plan.dkvGridZ), plan.threads,
+         size_t(plan.dkvSmemBytes), dc.stream, a);
   checkLaunch(c, "flashmaskDkvKernel");
   auto kdq = dqKernel<T, DMAX, tc.rm, tc.rn>;
   setSmem(c, kdq, plan.dqSmemBytes);
-  kdq<<<dim3(plan.dqGridX, plan.dqGridY, plan.dqGridZ), plan.threads, size_t(plan.dqSmemBytes),
-        dc.stream>>>(a);
+  launch(kdq, dim3(plan.dqGridX, plan.dqGridY, plan.dqGridZ), plan.threads,
+         size_t(plan.dqSmemBytes), dc.stream, a);
   checkLaunch(c, "flashmaskDqKernel");
 }
 

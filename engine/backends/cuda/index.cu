@@ -135,7 +135,7 @@ void checkIndices(const KernelCtx& c, const DeviceCtx& ctx, const IndexView& idx
                   int64_t extent) {
   if (n == 0) return;
   const Launch1D l = launch1D(n);
-  checkIndexKernel<<<l.blocks, l.threads, 0, ctx.stream>>>(idx, n, extent, errorSink(c, ctx));
+  launch(checkIndexKernel, l.blocks, l.threads, 0, ctx.stream, idx, n, extent, errorSink(c, ctx));
   checkLaunch(c, "index check");
 }
 
@@ -303,7 +303,7 @@ template <typename T>
 __global__ void __launch_bounds__(1024)
     sortLinesKernel(const T* __restrict__ x, Dims xg, LineGeom lg, int pow2, bool descending,
                     T* __restrict__ vals, int64_t* __restrict__ ids) {
-  extern __shared__ uint64_t sortShared[];
+  KEEL_DYNAMIC_SHARED(uint64_t, sortShared);
   uint64_t* key = sortShared;
   int32_t* pos = reinterpret_cast<int32_t*>(sortShared + pow2);
   const int n = int(lg.n), half = pow2 / 2;
@@ -397,8 +397,8 @@ void sortLines(const KernelCtx& c, int64_t k, bool descending, const Tensor* val
         const int threads = std::clamp(pow2 / 2, 32, 1024);
         const unsigned blocks = unsigned(std::min<int64_t>(lg.lines, int64_t(1) << 20));
         const size_t shared = size_t(pow2) * (sizeof(uint64_t) + sizeof(int32_t));
-        sortLinesKernel<T>
-            <<<blocks, threads, shared, ctx.stream>>>(ptr<T>(x), xg, lg, pow2, descending, pv, pi);
+        launch(sortLinesKernel<T>, blocks, threads, shared, ctx.stream, ptr<T>(x), xg, lg, pow2,
+               descending, pv, pi);
         checkLaunch(c, "sort lines (shared memory)");
         return;
       }
@@ -412,8 +412,8 @@ void sortLines(const KernelCtx& c, int64_t k, bool descending, const Tensor* val
       uint64_t* pk = static_cast<uint64_t*>(keys.data());
       uint64_t* pko = static_cast<uint64_t*>(keysOut.data());
       const Launch1D l = launch1D(total);
-      lineKeysKernel<T><<<l.blocks, l.threads, 0, ctx.stream>>>(
-          ptr<T>(x), xg, lg, descending, pk, ptr<int64_t>(pos), ptr<int64_t>(starts));
+      launch(lineKeysKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, lg, descending,
+             pk, ptr<int64_t>(pos), ptr<int64_t>(starts));
       checkLaunch(c, "sort keys");
       const int64_t* ps = ptr<int64_t>(starts);
       size_t bytes = 0;
@@ -427,8 +427,8 @@ void sortLines(const KernelCtx& c, int64_t k, bool descending, const Tensor* val
                                                       ps + 1, ctx.stream),
             "cub::DeviceSegmentedSort::StableSortPairs", ctx.index);
       const Launch1D w = launch1D(lg.lines * k);
-      lineWriteKernel<T>
-          <<<w.blocks, w.threads, 0, ctx.stream>>>(ptr<T>(x), xg, lg, ptr<int64_t>(posOut), pv, pi);
+      launch(lineWriteKernel<T>, w.blocks, w.threads, 0, ctx.stream, ptr<T>(x), xg, lg,
+             ptr<int64_t>(posOut), pv, pi);
       checkLaunch(c, "sort write");
     }
   });
@@ -450,8 +450,8 @@ void kIndexSelect(const KernelCtx& c) {
   const Dims xg = dimsOf(c, x);
   const Launch1D l = launch1D(total);
   visitWidth(dtypeSize(x.dtype()), [&]<typename E>() {
-    indexSelectKernel<E><<<l.blocks, l.threads, 0, ctx.stream>>>(
-        ptr<E>(x), xg, int(d), idx, m, sp.n, sp.inner, ptr<E>(out), total, errorSink(c, ctx));
+    launch(indexSelectKernel<E>, l.blocks, l.threads, 0, ctx.stream, ptr<E>(x), xg, int(d), idx, m,
+           sp.n, sp.inner, ptr<E>(out), total, errorSink(c, ctx));
   });
   checkLaunch(c, "index_select");
 }
@@ -470,8 +470,8 @@ void kIndexAdd(const KernelCtx& c) {
     keys = makeTensor({m}, DType::Int64, dev);
     pos = makeTensor({m}, DType::Int64, dev);
     const Launch1D l = launch1D(m);
-    indexKeysKernel<<<l.blocks, l.threads, 0, ctx.stream>>>(idx, m, sp.n, ptr<int64_t>(keys),
-                                                            ptr<int64_t>(pos), errorSink(c, ctx));
+    launch(indexKeysKernel, l.blocks, l.threads, 0, ctx.stream, idx, m, sp.n, ptr<int64_t>(keys),
+           ptr<int64_t>(pos), errorSink(c, ctx));
     checkLaunch(c, "index_add keys");
   }
   if (total == 0) return;
@@ -499,8 +499,8 @@ void kIndexAdd(const KernelCtx& c) {
     if constexpr (std::is_same_v<T, bool>) {
       KEEL_CHECK(false, "op '", c.op.name, "': no cuda kernel for dtype bool");
     } else {
-      indexAddKernel<T><<<l.blocks, l.threads, 0, ctx.stream>>>(
-          ptr<T>(x), xg, ptr<T>(src), sg, int(d), pk, pp, m, sp.n, sp.inner, ptr<T>(out), total);
+      launch(indexAddKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, ptr<T>(src), sg,
+             int(d), pk, pp, m, sp.n, sp.inner, ptr<T>(out), total);
     }
   });
   checkLaunch(c, "index_add");
@@ -517,8 +517,8 @@ void kGather(const KernelCtx& c) {
   const Dims xg = dimsOf(c, x);
   const Launch1D l = launch1D(total);
   visitWidth(dtypeSize(x.dtype()), [&]<typename E>() {
-    gatherKernel<E><<<l.blocks, l.threads, 0, ctx.stream>>>(ptr<E>(x), xg, int(d), idx, ptr<E>(out),
-                                                            total, errorSink(c, ctx));
+    launch(gatherKernel<E>, l.blocks, l.threads, 0, ctx.stream, ptr<E>(x), xg, int(d), idx,
+           ptr<E>(out), total, errorSink(c, ctx));
   });
   checkLaunch(c, "gather");
 }
@@ -540,8 +540,8 @@ void kScatterAdd(const KernelCtx& c) {
     if constexpr (std::is_same_v<T, bool>) {
       KEEL_CHECK(false, "op '", c.op.name, "': no cuda kernel for dtype bool");
     } else {
-      scatterAddKernel<T><<<l.blocks, l.threads, 0, ctx.stream>>>(ptr<T>(x), xg, idx, ptr<T>(src),
-                                                                  sg, int(d), ptr<T>(out), total);
+      launch(scatterAddKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, idx,
+             ptr<T>(src), sg, int(d), ptr<T>(out), total);
     }
   });
   checkLaunch(c, "scatter_add");

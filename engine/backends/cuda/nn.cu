@@ -140,8 +140,8 @@ void softmaxFamily(const KernelCtx& c, const char* name) {
   cudaStream_t stream = deviceCtx(c).stream;
   visitFloat(out.dtype(), [&]<typename T>() {
     const T* b = kBackward ? ptr<T>(c.inputs[1]) : nullptr;
-    softmaxKernel<T, kKind><<<l.blocks, l.threads, 0, stream>>>(ptr<T>(c.inputs[0]), ga, b, gb,
-                                                                ptr<T>(out), go, rows, n);
+    launch(softmaxKernel<T, kKind>, l.blocks, l.threads, 0, stream, ptr<T>(c.inputs[0]), ga, b, gb,
+           ptr<T>(out), go, rows, n);
     checkLaunch(c, name);
   });
 }
@@ -326,8 +326,8 @@ void normForward(const KernelCtx& c) {
   cudaStream_t stream = deviceCtx(c).stream;
   visitFloat(x.dtype(), [&]<typename T>() {
     const T* bias = kRms ? nullptr : ptr<T>(c.inputs[2]);
-    normKernel<T, kRms>
-        <<<l.blocks, l.threads, 0, stream>>>(ptr<T>(x), ptr<T>(w), bias, a, ptr<T>(out));
+    launch(normKernel<T, kRms>, l.blocks, l.threads, 0, stream, ptr<T>(x), ptr<T>(w), bias, a,
+           ptr<T>(out));
     checkLaunch(c, kRms ? "rmsNormKernel" : "layerNormKernel");
   });
 }
@@ -359,17 +359,17 @@ void normBackward(const KernelCtx& c) {
   visitFloat(x.dtype(), [&]<typename T>() {
     if (a.rows > 0) {
       const RowLaunch l = rowLaunch(a.rows, a.d);
-      normBackwardKernel<T, kRms>
-          <<<l.blocks, l.threads, 0, stream>>>(ptr<T>(g), ptr<T>(x), ptr<T>(w), a, ptr<T>(dx), ps);
+      launch(normBackwardKernel<T, kRms>, l.blocks, l.threads, 0, stream, ptr<T>(g), ptr<T>(x),
+             ptr<T>(w), a, ptr<T>(dx), ps);
       checkLaunch(c, kRms ? "rmsNormBackwardKernel" : "layerNormBackwardKernel");
       const Launch1D lc = launch1D(a.chunks * a.d);
-      normParamChunksKernel<T, kRms>
-          <<<lc.blocks, lc.threads, 0, stream>>>(ptr<T>(g), ptr<T>(x), a, ps, pp);
+      launch(normParamChunksKernel<T, kRms>, lc.blocks, lc.threads, 0, stream, ptr<T>(g), ptr<T>(x),
+             a, ps, pp);
       checkLaunch(c, "normParamChunksKernel");
     }
     const Launch1D ls = launch1D(a.d);
     T* db = kRms ? nullptr : ptr<T>(c.outputs[2]);
-    normParamSumKernel<T, kRms><<<ls.blocks, ls.threads, 0, stream>>>(pp, a, ptr<T>(dw), db);
+    launch(normParamSumKernel<T, kRms>, ls.blocks, ls.threads, 0, stream, pp, a, ptr<T>(dw), db);
     checkLaunch(c, "normParamSumKernel");
   });
 }
@@ -619,9 +619,8 @@ void kEmbedding(const KernelCtx& c) {
   const Launch1D l = launch1D(n * d);
   cudaStream_t stream = deviceCtx(c).stream;
   visitFloat(w.dtype(), [&]<typename T>() {
-    embeddingKernel<T><<<l.blocks, l.threads, 0, stream>>>(
-        ptr<T>(w), v, d, w.strides()[0], w.strides()[1], idx.data(), idx.dtype() == DType::Int64,
-        gi, n, ptr<T>(out), err);
+    launch(embeddingKernel<T>, l.blocks, l.threads, 0, stream, ptr<T>(w), v, d, w.strides()[0],
+           w.strides()[1], idx.data(), idx.dtype() == DType::Int64, gi, n, ptr<T>(out), err);
     checkLaunch(c, "embeddingKernel");
   });
 }
@@ -645,9 +644,9 @@ void kEmbeddingBackward(const KernelCtx& c) {
     uint64_t* kin = static_cast<uint64_t*>(keysIn.data());
     uint64_t* kout = static_cast<uint64_t*>(keysOut.data());
     const Launch1D lk = launch1D(n);
-    embeddingKeysKernel<<<lk.blocks, lk.threads, 0, stream>>>(
-        idx.data(), idx.dtype() == DType::Int64, packDimsExcept(c, idx), n, v, kin,
-        ptr<int64_t>(posIn), deviceErrors(c));
+    launch(embeddingKeysKernel, lk.blocks, lk.threads, 0, stream, idx.data(),
+           idx.dtype() == DType::Int64, packDimsExcept(c, idx), n, v, kin, ptr<int64_t>(posIn),
+           deviceErrors(c));
     checkLaunch(c, "embeddingKeysKernel");
     const int endBit = int(std::bit_width(uint64_t(v)));  // keys are in [0, V]
     size_t bytes = 0;
@@ -659,15 +658,16 @@ void kEmbeddingBackward(const KernelCtx& c) {
                                           ptr<int64_t>(posOut), int(n), 0, endBit, stream),
           "cub::DeviceRadixSort::SortPairs", ctx.index);
     const Launch1D ls = launch1D(v + 1);
-    embeddingStartsKernel<<<ls.blocks, ls.threads, 0, stream>>>(kout, n, v, ptr<int64_t>(starts));
+    launch(embeddingStartsKernel, ls.blocks, ls.threads, 0, stream, kout, n, v,
+           ptr<int64_t>(starts));
     checkLaunch(c, "embeddingStartsKernel");
   }
   const RowGeom gg = rowGeom(c, g, g.dim() - 1);
   const Launch1D l = launch1D(v * d);
   visitFloat(out.dtype(), [&]<typename T>() {
-    embeddingSumKernel<T><<<l.blocks, l.threads, 0, stream>>>(
-        ptr<T>(g), gg, n > 0 ? ptr<int64_t>(starts) : nullptr,
-        n > 0 ? ptr<int64_t>(posOut) : nullptr, v, d, ptr<T>(out));
+    launch(embeddingSumKernel<T>, l.blocks, l.threads, 0, stream, ptr<T>(g), gg,
+           n > 0 ? ptr<int64_t>(starts) : nullptr, n > 0 ? ptr<int64_t>(posOut) : nullptr, v, d,
+           ptr<T>(out));
     checkLaunch(c, "embeddingSumKernel");
   });
 }
@@ -683,12 +683,12 @@ void kCrossEntropy(const KernelCtx& c) {
   visitFloat(x.dtype(), [&]<typename T>() {
     if (rows > 0) {
       const RowLaunch l = rowLaunch(rows, cls);
-      crossEntropyRowsKernel<T><<<l.blocks, l.threads, 0, stream>>>(ptr<T>(x), rowGeom(c, x, 1), tg,
-                                                                    rows, cls, pl, deviceErrors(c));
+      launch(crossEntropyRowsKernel<T>, l.blocks, l.threads, 0, stream, ptr<T>(x), rowGeom(c, x, 1),
+             tg, rows, cls, pl, deviceErrors(c));
       checkLaunch(c, "crossEntropyRowsKernel");
     }
     const RowLaunch one = rowLaunch(1, rows);
-    crossEntropyMeanKernel<T><<<1, one.threads, 0, stream>>>(pl, tg, rows, ptr<T>(out));
+    launch(crossEntropyMeanKernel<T>, 1, one.threads, 0, stream, pl, tg, rows, ptr<T>(out));
     checkLaunch(c, "crossEntropyMeanKernel");
   });
 }
@@ -702,12 +702,12 @@ void kCrossEntropyBackward(const KernelCtx& c) {
   Tensor count = makeTensor({1}, DType::Int64, out.device());
   long long* pc = static_cast<long long*>(count.data());
   const RowLaunch one = rowLaunch(1, rows);
-  countTargetsKernel<<<1, one.threads, 0, stream>>>(tg, rows, pc);
+  launch(countTargetsKernel, 1, one.threads, 0, stream, tg, rows, pc);
   checkLaunch(c, "countTargetsKernel");
   const RowLaunch l = rowLaunch(rows, cls);
   visitFloat(x.dtype(), [&]<typename T>() {
-    crossEntropyBackwardKernel<T><<<l.blocks, l.threads, 0, stream>>>(
-        ptr<T>(grad), ptr<T>(x), rowGeom(c, x, 1), tg, rows, cls, pc, ptr<T>(out), deviceErrors(c));
+    launch(crossEntropyBackwardKernel<T>, l.blocks, l.threads, 0, stream, ptr<T>(grad), ptr<T>(x),
+           rowGeom(c, x, 1), tg, rows, cls, pc, ptr<T>(out), deviceErrors(c));
     checkLaunch(c, "crossEntropyBackwardKernel");
   });
 }
@@ -725,11 +725,12 @@ void kRope(const KernelCtx& c) {
     Tensor tab = makeTensor(
         {2 * t * half}, std::is_same_v<C, double> ? DType::Float64 : DType::Float32, out.device());
     const Launch1D lt = launch1D(t * half);
-    ropeTableKernel<C><<<lt.blocks, lt.threads, 0, stream>>>(t, half, d, base, sign, ptr<C>(tab));
+    launch(ropeTableKernel<C>, lt.blocks, lt.threads, 0, stream, t, half, d, base, sign,
+           ptr<C>(tab));
     checkLaunch(c, "ropeTableKernel");
     const Launch1D l = launch1D(rows * half);
-    ropeKernel<T><<<l.blocks, l.threads, 0, stream>>>(ptr<T>(x), rowGeom(c, x, 3), ptr<C>(tab),
-                                                      rows, t, h, half, ptr<T>(out));
+    launch(ropeKernel<T>, l.blocks, l.threads, 0, stream, ptr<T>(x), rowGeom(c, x, 3), ptr<C>(tab),
+           rows, t, h, half, ptr<T>(out));
     checkLaunch(c, "ropeKernel");
   });
 }

@@ -131,11 +131,11 @@ void kSgdStep(const KernelCtx& c) {
     using C = Compute<T>;
     const SgdParams<C> k{C(lrD), C(momD), C(wdD), momD != 0.0, nesterov};
     if (contig)
-      sgdKernel<true, T><<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(p), gp, ptr<const T>(g), gg,
-                                                               ptr<T>(b), gb, n, k);
+      launch(sgdKernel<true, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(p), gp, ptr<const T>(g),
+             gg, ptr<T>(b), gb, n, k);
     else
-      sgdKernel<false, T><<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(p), gp, ptr<const T>(g), gg,
-                                                                ptr<T>(b), gb, n, k);
+      launch(sgdKernel<false, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(p), gp, ptr<const T>(g),
+             gg, ptr<T>(b), gb, n, k);
   });
   checkLaunch(c, "sgdKernel");
 }
@@ -161,11 +161,11 @@ void kAdamwStep(const KernelCtx& c) {
     const AdamwParams<C> k{C(lrD),       C(lrD * wdD), C(b1D),  C(b2D), C(epsD),
                            C(1.0 - b1D), C(1.0 - b2D), C(ibc1), C(ibc2)};
     if (contig)
-      adamwKernel<true, T><<<l.blocks, l.threads, 0, d.stream>>>(
-          ptr<T>(p), gp, ptr<const T>(g), gg, ptr<T>(m), gm, ptr<T>(v), gv, n, k);
+      launch(adamwKernel<true, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(p), gp, ptr<const T>(g),
+             gg, ptr<T>(m), gm, ptr<T>(v), gv, n, k);
     else
-      adamwKernel<false, T><<<l.blocks, l.threads, 0, d.stream>>>(
-          ptr<T>(p), gp, ptr<const T>(g), gg, ptr<T>(m), gm, ptr<T>(v), gv, n, k);
+      launch(adamwKernel<false, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(p), gp,
+             ptr<const T>(g), gg, ptr<T>(m), gm, ptr<T>(v), gv, n, k);
   });
   checkLaunch(c, "adamwKernel");
 }

@@ -112,11 +112,11 @@ void kDropout(const KernelCtx& c) {
   const Launch1D l = launch1D(n);
   visitFloat(x.dtype(), [&]<typename T>() {
     if (gx.contiguous)
-      dropoutKernel<true, T><<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(out), ptr<const T>(x), gx,
-                                                                   n, seed, offset, p, 1.0 - p);
+      launch(dropoutKernel<true, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), ptr<const T>(x),
+             gx, n, seed, offset, p, 1.0 - p);
     else
-      dropoutKernel<false, T><<<l.blocks, l.threads, 0, d.stream>>>(
-          ptr<T>(out), ptr<const T>(x), gx, n, seed, offset, p, 1.0 - p);
+      launch(dropoutKernel<false, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out),
+             ptr<const T>(x), gx, n, seed, offset, p, 1.0 - p);
   });
   checkLaunch(c, "dropoutKernel");
 }
@@ -131,8 +131,8 @@ void kUniform(const KernelCtx& c) {
   DeviceCtx& d = deviceCtx(c);
   const Launch1D l = launch1D(n);
   visitFloat(out.dtype(), [&]<typename T>() {
-    uniformKernel<T>
-        <<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(out), n, seed, offset, lo, hi - lo);
+    launch(uniformKernel<T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed, offset, lo,
+           hi - lo);
   });
   checkLaunch(c, "uniformKernel");
 }
@@ -147,7 +147,8 @@ void kNormal(const KernelCtx& c) {
   DeviceCtx& d = deviceCtx(c);
   const Launch1D l = launch1D(n);
   visitFloat(out.dtype(), [&]<typename T>() {
-    normalKernel<T><<<l.blocks, l.threads, 0, d.stream>>>(ptr<T>(out), n, seed, offset, mean, sd);
+    launch(normalKernel<T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed, offset, mean,
+           sd);
   });
   checkLaunch(c, "normalKernel");
 }

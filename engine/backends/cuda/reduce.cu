@@ -145,21 +145,21 @@ void launchSum(const KernelCtx& c, SumArgs a, const ReducePlan& plan) {
   if (block) {
     const unsigned blocks = unsigned(std::clamp<int64_t>(units, 1, 65535));
     if (a.chunks > 1)
-      sumBlockKernel<T, true><<<blocks, plan.threads, 0, stream>>>(x, a, pp, out);
+      launch(sumBlockKernel<T, true>, blocks, plan.threads, 0, stream, x, a, pp, out);
     else
-      sumBlockKernel<T, false><<<blocks, plan.threads, 0, stream>>>(x, a, pp, out);
+      launch(sumBlockKernel<T, false>, blocks, plan.threads, 0, stream, x, a, pp, out);
     checkLaunch(c, "sumBlockKernel");
   } else {
     const Launch1D l = launch1D(units);
     if (a.chunks > 1)
-      sumThreadKernel<T, true><<<l.blocks, l.threads, 0, stream>>>(x, a, pp, out);
+      launch(sumThreadKernel<T, true>, l.blocks, l.threads, 0, stream, x, a, pp, out);
     else
-      sumThreadKernel<T, false><<<l.blocks, l.threads, 0, stream>>>(x, a, pp, out);
+      launch(sumThreadKernel<T, false>, l.blocks, l.threads, 0, stream, x, a, pp, out);
     checkLaunch(c, "sumThreadKernel");
   }
   if (a.chunks > 1) {
     const Launch1D l = launch1D(a.outputs);
-    sumChunksKernel<T><<<l.blocks, l.threads, 0, stream>>>(pp, a, out);
+    launch(sumChunksKernel<T>, l.blocks, l.threads, 0, stream, pp, a, out);
     checkLaunch(c, "sumChunksKernel");
   }
 }
@@ -331,10 +331,10 @@ void maxAlong(const KernelCtx& c, bool wantIndex) {
       T* vals = wantIndex ? nullptr : ptr<T>(out);
       int64_t* idx = wantIndex ? ptr<int64_t>(out) : nullptr;
       if (plan.blockPerOutput) {
-        maxBlockKernel<T><<<plan.blocks, plan.threads, 0, stream>>>(ptr<T>(x), a, vals, idx);
+        launch(maxBlockKernel<T>, plan.blocks, plan.threads, 0, stream, ptr<T>(x), a, vals, idx);
         checkLaunch(c, "maxBlockKernel");
       } else {
-        maxThreadKernel<T><<<plan.blocks, plan.threads, 0, stream>>>(ptr<T>(x), a, vals, idx);
+        launch(maxThreadKernel<T>, plan.blocks, plan.threads, 0, stream, ptr<T>(x), a, vals, idx);
         checkLaunch(c, "maxThreadKernel");
       }
     } else {

@@ -1,0 +1,3 @@
+// The CUDA simulator: see cuda_runtime.h.
+#pragma once
+#include "cuda_runtime.h"
