@@ -230,9 +230,41 @@ int apiDeviceCount() {
 const char* apiUnavailableReason() {
   return devices().reason.c_str();
 }
+#if KEEL_CUDA_SIM
+// On the CUDA simulator with KEEL_CUDA_SIM_GUARD=1: one cudaMalloc per buffer, which the simulator
+// then places against a guard page (Note [CUDA simulator]), so a kernel that reads or writes past
+// a buffer's end faults at once instead of touching its neighbour in a shared segment.
+class GuardedAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(detail::concat("cuda-guarded: out of memory allocating ", bytes, " bytes"));
+    }
+    allocated_ += bytes;
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    cudaFree(p);
+    allocated_ -= bytes;
+  }
+  std::string name() const override { return "cuda-guarded"; }
+  size_t allocatedBytes() const override { return allocated_; }
+  size_t reservedBytes() const override { return allocated_; }
+
+ private:
+  std::atomic<size_t> allocated_{0};
+};
+#endif
+
 Allocator* apiAllocator(int device) {
   DeviceState& s = state(device);
   std::lock_guard<std::mutex> lk(g_mu);
+#if KEEL_CUDA_SIM
+  if (!s.allocator && std::getenv("KEEL_CUDA_SIM_GUARD"))
+    s.allocator = std::make_unique<GuardedAllocator>();
+#endif
   if (!s.allocator) {
     // Note [cuda allocators]: the device VMM allocator by default; where the run asks for the
     // caching allocator (--alloc caching, the config's "allocator", KEEL_ALLOCATOR), the same

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -178,6 +179,10 @@ void startFiber(Fiber& f, int slot) {
   // address, placed so that fiberEntry starts with the stack aligned as after a call.
   auto* top = reinterpret_cast<uint64_t*>(stackTop(slot));
   uint64_t* sp = top - 9;  // (top - 72 bytes): 8 mod 16
+  if (sim::guarded()) {    // the thread's locals start as NaN
+    constexpr size_t kPoison = size_t(16) << 10;
+    std::memset(reinterpret_cast<char*>(sp) - kPoison, 0xff, kPoison);
+  }
   uint32_t mxcsr = 0;
   uint16_t fpucw = 0;
   asm volatile("stmxcsr %0" : "=m"(mxcsr));

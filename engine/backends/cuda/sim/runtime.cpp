@@ -52,7 +52,9 @@ struct Memory {
   size_t used = 0;
   std::map<uintptr_t, size_t> ranges;   // start -> bytes: addressable device memory
   std::map<uintptr_t, size_t> mallocs;  // cudaMalloc'd blocks (counted in `used`)
+  std::map<uintptr_t, std::pair<uintptr_t, size_t>> guardMaps;  // guarded block -> its mapping
 };
+
 Memory& mem() {
   static Memory m;
   return m;
@@ -97,6 +99,16 @@ cudaError_t reportPending() {
 std::recursive_mutex& deviceMutex() {
   static std::recursive_mutex m;
   return m;
+}
+
+// KEEL_CUDA_SIM_GUARD=1 (sim_state.h).
+bool guarded() {
+  static const bool g = [] {
+    const bool on = std::getenv("KEEL_CUDA_SIM_GUARD") != nullptr;
+    if (on) std::fprintf(stderr, "keel cuda simulator: device blocks end against guard pages\n");
+    return on;
+  }();
+  return g;
 }
 
 cudaError_t setError(cudaError_t e) {
@@ -240,7 +252,19 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   const size_t rounded = (bytes + 255) / 256 * 256;
   if (rounded > m.limit - std::min(m.used, m.limit)) return setError(cudaErrorMemoryAllocation);
-  void* q = std::aligned_alloc(256, rounded);
+  void* q = nullptr;
+  if (sim::guarded()) {
+    // The block ends at most 255 bytes before a PROT_NONE page (cudaMalloc's 256-byte alignment).
+    const size_t page = size_t(sysconf(_SC_PAGESIZE)), span = (rounded + page - 1) / page * page;
+    void* r =
+        mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return setError(cudaErrorMemoryAllocation);
+    mprotect(static_cast<char*>(r) + span, page, PROT_NONE);
+    q = static_cast<char*>(r) + (span - rounded) + (rounded - bytes) / 256 * 256;
+    m.guardMaps[reinterpret_cast<uintptr_t>(q)] = {reinterpret_cast<uintptr_t>(r), span + page};
+  } else {
+    q = std::aligned_alloc(256, rounded);
+  }
   if (!q) return setError(cudaErrorMemoryAllocation);
   std::memset(q, 0xff, rounded);  // fresh device memory reads as NaN (or -1) until written
   m.used += rounded;
@@ -258,7 +282,12 @@ cudaError_t cudaFree(void* p) {
   m.used -= it->second;
   m.ranges.erase(it->first);
   m.mallocs.erase(it);
-  std::free(p);
+  if (auto g = m.guardMaps.find(reinterpret_cast<uintptr_t>(p)); g != m.guardMaps.end()) {
+    munmap(reinterpret_cast<void*>(g->second.first), g->second.second);
+    m.guardMaps.erase(g);
+  } else {
+    std::free(p);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {

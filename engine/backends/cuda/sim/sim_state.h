@@ -15,4 +15,9 @@ cudaError_t setError(cudaError_t e);
 // A failed launch: its error, and a message that cudaGetErrorString adds for it (and stderr shows).
 void setLaunchError(cudaError_t e, const std::string& message);
 
+// KEEL_CUDA_SIM_GUARD=1, the simulator's slow careful mode: every cudaMalloc'd block ends against
+// a PROT_NONE page (the backend then gives every buffer its own block), and every thread's stack
+// starts as 0xFF bytes, so a past-the-end access faults and an uninitialised local reads as NaN.
+bool guarded();
+
 }  // namespace sim
