@@ -1,7 +1,8 @@
-// flashmask_attention: the tiled cpu kernel against the dense float64 cpu-ref oracle for every mask
-// builder (forward, log-sum-exp and all three gradients), bfloat16 against a plain bfloat16
-// attention, the geometry corner cases (Sq != Sk, GQA, per-head masks, windows, rows that see
-// nothing), dropout, bitwise determinism (tile skipping, thread counts), gradchecks, validation.
+// flashmask_attention: the tiled cpu (or cuda) kernel against the dense float64 cpu-ref oracle for
+// every mask builder (forward, log-sum-exp and all three gradients), bfloat16 against a plain
+// bfloat16 attention, the geometry corner cases (Sq != Sk, GQA, per-head masks, windows, rows that
+// see nothing), dropout, bitwise determinism (tile skipping, thread counts), gradchecks,
+// validation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,18 @@ namespace keel::test {
 namespace {
 
 namespace fmk = keel::flashmask;
+
+// The backend under test against cpu-ref: cpu, or cuda:0 where this file is built as
+// cuda_flashmask_test (tests/engine/cuda_flashmask_test.cpp: label gpu, skipped without a device,
+// and cudasim_cuda_flashmask_test on the CUDA simulator).
+#if defined(KEEL_FLASHMASK_CUDA)
+const Device kTested{Backend::Cuda, 0};
+#define KEEL_NEEDS_TESTED_DEVICE() \
+  if (cudaDevices() == 0) GTEST_SKIP() << "no CUDA device"
+#else
+const Device kTested = kCpu;
+#define KEEL_NEEDS_TESTED_DEVICE() (void)0
+#endif
 constexpr DType F32 = DType::Float32, F64 = DType::Float64, BF16 = DType::BFloat16;
 
 struct Params {
@@ -170,11 +183,12 @@ const std::vector<fmk::MaskKind> kKinds{fmk::MaskKind::Full,
 class MaskKinds : public ::testing::TestWithParam<fmk::MaskKind> {};
 
 TEST_P(MaskKinds, Float32CpuMatchesCpuRefForwardAndGradients) {
+  KEEL_NEEDS_TESTED_DEVICE();
   fmk::Mask m = maskOf(GetParam());
   Inputs in = makeInputs(2, kS, kS, 4, 2, 16, fmk::repeatMask(m.startendRowIndices, 2, 1), F32, 11);
   Params p;
   p.causal = m.causal;
-  Result ref = run(in, kCpuRef, F32, p), got = run(in, kCpu, F32, p);
+  Result ref = run(in, kCpuRef, F32, p), got = run(in, kTested, F32, p);
   expectClose(got, ref, 1e-5);
 }
 
@@ -213,12 +227,13 @@ Result plainAttention(const Inputs& in, const fmk::Mask& m, DType t) {
 }
 
 TEST_P(MaskKinds, Bfloat16ErrorAtMostTwicePlainBfloat16) {
+  KEEL_NEEDS_TESTED_DEVICE();
   fmk::Mask m = maskOf(GetParam(), 129);
   Inputs in = makeInputs(1, 129, 129, 4, 2, 16, m.startendRowIndices, BF16, 21);
   Params p;
   p.causal = m.causal;
   Result ref = run(in, kCpuRef, F64, p);  // the bfloat16 values, computed in float64
-  Result got = run(in, kCpu, BF16, p);
+  Result got = run(in, kTested, BF16, p);
   Result plain = plainAttention(in, m, BF16);
   const double floor = 1.0 / 256;
   EXPECT_LE(relErr(got.out, ref.out), 2 * relErr(plain.out, ref.out) + floor) << "out";
@@ -228,12 +243,13 @@ TEST_P(MaskKinds, Bfloat16ErrorAtMostTwicePlainBfloat16) {
 }
 
 TEST_P(MaskKinds, TileSkippingOnAndOffGiveTheSameBits) {
+  KEEL_NEEDS_TESTED_DEVICE();
   fmk::Mask m = maskOf(GetParam());
   Inputs in = makeInputs(1, kS, kS, 2, 1, 32, m.startendRowIndices, F32, 31);
   Params on, off;
   on.causal = off.causal = m.causal;
   off.skip = false;
-  expectBitEqual(run(in, kCpu, F32, on), run(in, kCpu, F32, off));
+  expectBitEqual(run(in, kTested, F32, on), run(in, kTested, F32, off));
 }
 
 INSTANTIATE_TEST_SUITE_P(Builders, MaskKinds, ::testing::ValuesIn(kKinds),
@@ -272,18 +288,19 @@ struct Geo {
 class Geometry : public ::testing::TestWithParam<Geo> {};
 
 TEST_P(Geometry, CpuMatchesCpuRefAndSkippingIsBitwiseNeutral) {
+  KEEL_NEEDS_TESTED_DEVICE();
   const Geo& g = GetParam();
   Tensor idx = g.c ? randomIndices(2, g.hm, g.sq, g.sk, g.c, g.causal ? 5 : 6) : Tensor();
   Inputs in = makeInputs(2, g.sq, g.sk, g.h, g.hk, 24, idx, F32, 41);
   Params p;
   p.causal = g.causal;
   p.window = g.window;
-  Result ref = run(in, kCpuRef, F32, p), got = run(in, kCpu, F32, p);
+  Result ref = run(in, kCpuRef, F32, p), got = run(in, kTested, F32, p);
   expectClose(got, ref, 1e-5);
   for (const Tensor& t : {got.out, got.dq, got.dk, got.dv}) expectNoNan(t, g.name);
   Params off = p;
   off.skip = false;
-  expectBitEqual(got, run(in, kCpu, F32, off));
+  expectBitEqual(got, run(in, kTested, F32, off));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -300,13 +317,14 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Geo>& info) { return std::string(info.param.name); });
 
 TEST(FlashmaskAttention, RowsThatSeeNoKeyGiveZerosAndNoNan) {
+  KEEL_NEEDS_TESTED_DEVICE();
   // Non-causal C=4: every column masks rows [10, 20) (LT) and [40, 45) (UT).
   const int64_t s = 90;
   std::vector<int64_t> v;
   for (int64_t j = 0; j < s; ++j) v.insert(v.end(), {10, 20, 40, 45});
   Tensor idx = fromInts(v, {1, 1, s, 4}, DType::Int32, kCpuRef);
   Inputs in = makeInputs(1, s, s, 2, 2, 8, idx, F32, 51);
-  for (Device d : {kCpuRef, kCpu}) {
+  for (Device d : {kCpuRef, kTested}) {
     Result r = run(in, d, F32, Params{});
     std::vector<double> out = values(r.out), lse = values(r.lse), dq = values(r.dq);
     for (int64_t i = 0; i < s; ++i) {
@@ -323,10 +341,11 @@ TEST(FlashmaskAttention, RowsThatSeeNoKeyGiveZerosAndNoNan) {
     }
     for (const Tensor& t : {r.out, r.dq, r.dk, r.dv}) expectNoNan(t, d.name().c_str());
   }
-  expectClose(run(in, kCpu, F32, Params{}), run(in, kCpuRef, F32, Params{}), 1e-5);
+  expectClose(run(in, kTested, F32, Params{}), run(in, kCpuRef, F32, Params{}), 1e-5);
 }
 
 TEST(FlashmaskAttention, DropoutMasksAgreeBetweenBackends) {
+  KEEL_NEEDS_TESTED_DEVICE();
   fmk::Mask m = fmk::causalDocument({60, 70, 67});
   Inputs in =
       makeInputs(2, 197, 197, 4, 2, 16, fmk::repeatMask(m.startendRowIndices, 2, 1), F32, 61);
@@ -334,52 +353,56 @@ TEST(FlashmaskAttention, DropoutMasksAgreeBetweenBackends) {
   p.causal = true;
   p.dropout = 0.25;
   p.seed = 99;
-  Result ref = run(in, kCpuRef, F32, p), got = run(in, kCpu, F32, p);
+  Result ref = run(in, kCpuRef, F32, p), got = run(in, kTested, F32, p);
   expectClose(got, ref, 1e-5);
   // The same elements were dropped: dropped probabilities contribute exactly nothing to dv.
   Params none = p;
   none.dropout = 0.0;
-  Result nd = run(in, kCpu, F32, none);
+  Result nd = run(in, kTested, F32, none);
   EXPECT_TRUE(bitEqual(nd.lse, got.lse)) << "dropout must not change the log-sum-exp";
   EXPECT_GT(relErr(nd.out, got.out), 1e-3) << "dropout 0.25 changed nothing";
   Params off = p;
   off.skip = false;
-  expectBitEqual(got, run(in, kCpu, F32, off));
+  expectBitEqual(got, run(in, kTested, F32, off));
 }
 
 TEST(FlashmaskAttention, DropoutZeroIsExactlyNoDropout) {
+  KEEL_NEEDS_TESTED_DEVICE();
   fmk::Mask m = fmk::document({50, 80});
   Inputs in = makeInputs(1, 130, 130, 2, 1, 16, m.startendRowIndices, F32, 71);
   Params p;
   p.seed = 5;
-  Result a = run(in, kCpu, F32, p);
-  auto outs = ops::flashmaskAttention(toDevice(in.q, kCpu), toDevice(in.k, kCpu),
-                                      toDevice(in.v, kCpu), toDevice(in.idx, kCpu));
+  Result a = run(in, kTested, F32, p);
+  auto outs = ops::flashmaskAttention(toDevice(in.q, kTested), toDevice(in.k, kTested),
+                                      toDevice(in.v, kTested), toDevice(in.idx, kTested));
   EXPECT_TRUE(bitEqual(outs.first, a.out));
   EXPECT_TRUE(bitEqual(outs.second, a.lse));
 }
 
 TEST(FlashmaskAttention, SameBitsForEveryThreadCountAndRun) {
+  KEEL_NEEDS_TESTED_DEVICE();
   fmk::Mask m = fmk::causalDocument({300, 40, 100, 72});
   Inputs in = makeInputs(1, 512, 512, 4, 2, 32, m.startendRowIndices, F32, 81);
   Params p;
   p.causal = true;
   test::ThreadsScope restore;
   setCpuThreads(1);
-  Result one = run(in, kCpu, F32, p);
+  Result one = run(in, kTested, F32, p);
   setCpuThreads(2);
-  Result two = run(in, kCpu, F32, p), again = run(in, kCpu, F32, p);
+  Result two = run(in, kTested, F32, p), again = run(in, kTested, F32, p);
   expectBitEqual(one, two);
   expectBitEqual(two, again);
 }
 
 TEST(FlashmaskAttention, ScaleAttributeAndDefault) {
+  KEEL_NEEDS_TESTED_DEVICE();
   Inputs in = makeInputs(1, 40, 40, 1, 1, 16, Tensor(), F32, 91);
   Params p;
   p.scale = 0.25;  // = 1/sqrt(16), the default
-  EXPECT_TRUE(bitEqual(run(in, kCpu, F32, p, false).out, run(in, kCpu, F32, Params{}, false).out));
+  EXPECT_TRUE(
+      bitEqual(run(in, kTested, F32, p, false).out, run(in, kTested, F32, Params{}, false).out));
   p.scale = 0.7;
-  expectClose(run(in, kCpu, F32, p), run(in, kCpuRef, F32, p), 1e-5);
+  expectClose(run(in, kTested, F32, p), run(in, kCpuRef, F32, p), 1e-5);
 }
 
 // ---------------------------------------------------------------- float64 gradchecks
@@ -391,6 +414,7 @@ struct GradCase {
 };
 
 TEST(FlashmaskAttention, Float64GradcheckOnBothBackends) {
+  KEEL_NEEDS_TESTED_DEVICE();
   std::vector<GradCase> cases{
       {"causal_document", fmk::causalDocument({3, 4}).startendRowIndices, {true}, 7, 7, 2, 1},
       {"document", fmk::document({4, 3}).startendRowIndices, {false}, 7, 7, 2, 2},
@@ -399,7 +423,7 @@ TEST(FlashmaskAttention, Float64GradcheckOnBothBackends) {
       {"window_dropout", fmk::full(7).startendRowIndices, {false, 2, 0.3, 0.0, 3}, 7, 7, 2, 1},
   };
   for (const GradCase& gc : cases)
-    for (Device d : {kCpuRef, kCpu}) {
+    for (Device d : {kCpuRef, kTested}) {
       SCOPED_TRACE(std::string(gc.name) + " on " + d.name());
       std::vector<Tensor> x{randUniform({1, gc.sq, gc.h, 3}, -1, 1, F64, d, 1),
                             randUniform({1, gc.sk, gc.hk, 3}, -1, 1, F64, d, 2),

@@ -1,6 +1,7 @@
 // Finite-difference checks of every backward rule: each differentiable op (its OpDef has a backward
 // rule) has at least one line here, and each line passes the float64 gradcheck on `cpu-ref` and
-// on `cpu`. Inputs stay away from kinks (relu/abs/max near 0 or ties; log/sqrt of positives).
+// on `cpu` (on `cuda:0` in cuda_gradcheck_test). Inputs stay away from kinks (relu/abs/max near 0
+// or ties; log/sqrt of positives).
 #include <gtest/gtest.h>
 
 #include <set>
@@ -12,6 +13,17 @@ namespace keel::test {
 namespace {
 
 constexpr DType F64 = DType::Float64;
+
+// The optimized backend checked beside cpu-ref: cpu, or cuda:0 where this file is built as
+// cuda_gradcheck_test (tests/engine/cuda_gradcheck_test.cpp: label gpu, skipped without a device,
+// and cudasim_cuda_gradcheck_test on the CUDA simulator; there only the cuda lines run).
+#if defined(KEEL_GRADCHECK_CUDA)
+const Device kTested{Backend::Cuda, 0};
+constexpr const char* kTestedName = "cuda";
+#else
+const Device kTested = kCpu;
+constexpr const char* kTestedName = "cpu";
+#endif
 
 const char* const kOpNames[] = {
 #define KEEL_X_NAME(e, n) n,
@@ -480,7 +492,7 @@ std::vector<GradCase> buildCases() {
         return V{uni({3, 4}, -2, 2, d, 63)};
       },
       [](const V& x) {
-        Device here = x[0].device(), other = here == kCpu ? kCpuRef : kCpu;
+        Device here = x[0].device(), other = here == kCpuRef ? kTested : kCpuRef;
         return ops::copyTo(ops::mul(ops::copyTo(x[0], other), ops::copyTo(x[0], other)), here);
       });
 
@@ -563,21 +575,27 @@ struct GradParam {
 std::vector<GradParam> allParams() {
   std::vector<GradParam> p;
   for (size_t i = 0; i < gradCases().size(); ++i) {
+#if !defined(KEEL_GRADCHECK_CUDA)
     p.push_back({i, false});
+#endif
     p.push_back({i, true});
   }
   return p;
 }
 
 void PrintTo(const GradParam& p, std::ostream* os) {
-  *os << kOpNames[int(gradCases()[p.caseIdx].op)] << " on " << (p.optimized ? "cpu" : "cpu-ref");
+  *os << kOpNames[int(gradCases()[p.caseIdx].op)] << " on "
+      << (p.optimized ? kTestedName : "cpu-ref");
 }
 
 class Gradcheck : public ::testing::TestWithParam<GradParam> {};
 
 TEST_P(Gradcheck, AutogradMatchesFiniteDifferences) {
   const GradCase& c = gradCases()[GetParam().caseIdx];
-  Device d = GetParam().optimized ? kCpu : kCpuRef;
+#if defined(KEEL_GRADCHECK_CUDA)
+  if (cudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
+#endif
+  Device d = GetParam().optimized ? kTested : kCpuRef;
   std::vector<Tensor> in = c.make(d);
   EXPECT_TRUE(gradcheck(c.fn, in, c.opt));
 }
@@ -585,8 +603,9 @@ TEST_P(Gradcheck, AutogradMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Rules, Gradcheck, ::testing::ValuesIn(allParams()),
                          [](const ::testing::TestParamInfo<GradParam>& info) {
                            const GradCase& c = gradCases()[info.param.caseIdx];
-                           std::string s = std::string(kOpNames[int(c.op)]) + "_" + c.variant +
-                                           (info.param.optimized ? "_cpu" : "_cpu_ref");
+                           std::string s = std::string(kOpNames[int(c.op)]) + "_" + c.variant;
+                           s += info.param.optimized ? "_" : "_cpu_ref";
+                           if (info.param.optimized) s += kTestedName;
                            for (char& ch : s)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
