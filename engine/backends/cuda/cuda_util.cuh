@@ -145,11 +145,18 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
 #endif
 }
 
-// Declares `name`, the launch's dynamic shared memory as T[] (16-byte aligned), inside a kernel.
+// Declares `name`, the launch's dynamic shared memory as T[] (16-byte aligned), inside a kernel;
+// and `name`, a block's shared array T[n]. On the simulator both are the block's memory from the
+// launch, 0xFF bytes when the block starts, so a read before any write shows.
 #if KEEL_CUDA_SIM
 #define KEEL_DYNAMIC_SHARED(T, name) T* const name = static_cast<T*>(::keel_sim::dynamicShared())
+#define KEEL_SHARED(T, name, n)     \
+  static const char name##Site = 0; \
+  T* const name =                   \
+      static_cast<T*>(::keel_sim::staticShared(&name##Site, sizeof(T) * (n), alignof(T)))
 #else
 #define KEEL_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#define KEEL_SHARED(T, name, n) __shared__ T name[n]
 #endif
 
 // ---------------------------------------------------------------- dtype switch

@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(1024)
     softmaxKernel(const T* a, RowGeom ga, const T* b, RowGeom gb, T* out, RowGeom go, int64_t rows,
                   int64_t n) {
   using C = Compute<T>;
-  __shared__ double sd[32];
-  __shared__ C sc[32];
+  KEEL_SHARED(double, sd, 32);
+  KEEL_SHARED(C, sc, 32);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* ar = a + offsetOf(ga.rows, r);
     T* orow = out + offsetOf(go.rows, r);
@@ -198,7 +198,7 @@ template <typename T, bool kRms>
 __global__ void __launch_bounds__(1024)
     normKernel(const T* x, const T* w, const T* bias, NormArgs a, T* out) {
   using C = Compute<T>;
-  __shared__ double sd[32];
+  KEEL_SHARED(double, sd, 32);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const T* xr = x + offsetOf(a.x.rows, r);
     const int64_t sx = a.x.step;
@@ -221,7 +221,7 @@ template <typename T, bool kRms>
 __global__ void __launch_bounds__(1024)
     normBackwardKernel(const T* g, const T* x, const T* w, NormArgs a, T* dx, double* stats) {
   using C = Compute<T>;
-  __shared__ double sd[32];
+  KEEL_SHARED(double, sd, 32);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const T* xr = x + offsetOf(a.x.rows, r);
     const T* gr = g + offsetOf(a.g.rows, r);
@@ -473,8 +473,8 @@ __global__ void __launch_bounds__(1024)
     crossEntropyRowsKernel(const T* x, RowGeom gx, Targets tg, int64_t rows, int64_t cls,
                            double* loss, DeviceErrors err) {
   using C = Compute<T>;
-  __shared__ double sd[32];
-  __shared__ C sc[32];
+  KEEL_SHARED(double, sd, 32);
+  KEEL_SHARED(C, sc, 32);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = readIndex(tg.p, tg.is64, r * tg.step);
     if (t == tg.ignore || t < 0 || t >= cls) {  // the same for the whole block
@@ -503,8 +503,8 @@ __device__ long long countTargets(const Targets& tg, int64_t rows, long long* sc
 template <typename T>
 __global__ void __launch_bounds__(1024)
     crossEntropyMeanKernel(const double* loss, Targets tg, int64_t rows, T* out) {
-  __shared__ double sd[32];
-  __shared__ long long sk[32];
+  KEEL_SHARED(double, sd, 32);
+  KEEL_SHARED(long long, sk, 32);
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) s += loss[i];
   s = blockSum(s, sd);
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(1024)
 
 __global__ void __launch_bounds__(1024)
     countTargetsKernel(Targets tg, int64_t rows, long long* count) {
-  __shared__ long long sk[32];
+  KEEL_SHARED(long long, sk, 32);
   const long long k = countTargets(tg, rows, sk);
   if (threadIdx.x == 0) *count = k;
 }
@@ -526,8 +526,8 @@ __global__ void __launch_bounds__(1024)
     crossEntropyBackwardKernel(const T* grad, const T* x, RowGeom gx, Targets tg, int64_t rows,
                                int64_t cls, const long long* countp, T* out, DeviceErrors err) {
   using C = Compute<T>;
-  __shared__ double sd[32];
-  __shared__ C sc[32];
+  KEEL_SHARED(double, sd, 32);
+  KEEL_SHARED(C, sc, 32);
   const long long count = *countp;
   const double scale = count ? double(readAs<C>(grad[0])) / double(count) : 0.0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {

@@ -74,7 +74,7 @@ template <typename T, bool kPartial>
 __global__ void __launch_bounds__(1024)
     sumBlockKernel(const T* x, SumArgs a, SumAcc<T>* part, T* out) {
   using A = SumAcc<T>;
-  __shared__ A scratch[32];
+  KEEL_SHARED(A, scratch, 32);
   const int64_t units = a.outputs * a.chunks;
   for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
     const int64_t o = u / a.chunks, ch = u % a.chunks;
@@ -255,8 +255,8 @@ template <typename T>
 __global__ void __launch_bounds__(1024)
     maxBlockKernel(const T* x, MaxArgs a, T* vals, int64_t* idx) {
   using C = Compute<T>;
-  __shared__ C sv[32];
-  __shared__ int64_t si[32];
+  KEEL_SHARED(C, sv, 32);
+  KEEL_SHARED(int64_t, si, 32);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int64_t o = blockIdx.x; o < a.outputs; o += gridDim.x) {
     const T* base = x + offsetOf(a.kept, o);

@@ -89,6 +89,24 @@ __global__ void uninitialisedSharedKernel(float* out) {
   out[threadIdx.x] = buf[threadIdx.x];  // never written
 }
 
+// Block b's thread 0 writes b into a shared slot another block's thread would read before writing;
+// every thread reports what it read before the write (NaN: nothing carried over from a block).
+__global__ void staticSharedKernel(float* before) {
+  static const char site = 0;
+  float* slot = static_cast<float*>(::keel_sim::staticShared(&site, sizeof(float), alignof(float)));
+  before[blockIdx.x * blockDim.x + threadIdx.x] = *slot;
+  __syncthreads();
+  if (threadIdx.x == 0) *slot = float(blockIdx.x);
+}
+
+// Shuffles within groups of 16 lanes: lane ^ 8 stays in the group; lane ^ 16 is the other group,
+// readable from the upper group (an earlier one) but not from the lower (its own value).
+__global__ void shuffleWidthKernel(int* out) {
+  const int lane = int(threadIdx.x);
+  out[lane] = __shfl_xor_sync(0xffffffffu, lane, 8, 16);
+  out[32 + lane] = __shfl_xor_sync(0xffffffffu, lane, 16, 16);
+}
+
 std::string lastErrorText() {
   return cudaGetErrorString(cudaGetLastError());
 }
@@ -188,6 +206,26 @@ TEST(CudaSimulator, UnwrittenSharedMemoryReadsAsNaN) {
   keel_sim::launch(uninitialisedSharedKernel, 1, 32, 32 * sizeof(float), nullptr, d);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   for (float v : hostCopy(d, 32)) EXPECT_TRUE(std::isnan(v));
+  cudaFree(d);
+}
+
+TEST(CudaSimulator, SharedArraysStartEveryBlockAsNaN) {
+  float* d = deviceCopy(std::vector<float>(3 * 32, 0.0f));
+  keel_sim::launch(staticSharedKernel, 3, 32, 0, nullptr, d);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : hostCopy(d, 3 * 32)) EXPECT_TRUE(std::isnan(v));
+  cudaFree(d);
+}
+
+TEST(CudaSimulator, ShuffleWidthFollowsPtxGroups) {
+  int* d = deviceCopy(std::vector<int>(64, -1));
+  keel_sim::launch(shuffleWidthKernel, 1, 32, 0, nullptr, d);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> got = hostCopy(d, 64);
+  for (int lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(got[size_t(lane)], lane ^ 8) << lane;
+    EXPECT_EQ(got[size_t(32 + lane)], lane < 16 ? lane : lane ^ 16) << lane;
+  }
   cudaFree(d);
 }
 

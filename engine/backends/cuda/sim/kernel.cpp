@@ -33,9 +33,11 @@
 // block's result. A kernel whose threads reach a barrier after others of the block returned (a
 // divergent barrier: undefined on a GPU), shuffle in a partial warp, or deadlock fails its launch
 // with a message naming the kernel, block and thread (cudaGetLastError: cudaErrorLaunchFailure).
-// Dynamic shared memory starts each block as 0xFF bytes (NaN as a float), so a read before any
-// write shows. Fibers switch with a few instructions (the asm below), not swapcontext: a
-// gpt-mini step launches millions of threads.
+// Shared memory (dynamic, and KEEL_SHARED arrays) starts each block as 0xFF bytes (NaN as a
+// float), so a read before any write shows. Barriers are matched by count, as the hardware's
+// bar.sync is: which __syncthreads call a thread waits at is not checked (a compiler may emit one
+// source barrier at several addresses). Fibers switch with a few instructions (the asm below),
+// not swapcontext: a gpt-mini step launches millions of threads.
 
 namespace keel_sim {
 
@@ -107,6 +109,11 @@ struct Launch {
   int threads = 0, arrived = 0, done = 0;
   std::string error;  // set by a thread that broke a rule; the launch stops
   std::vector<unsigned char> smem;
+  // KEEL_SHARED arrays: an offset per declaration in one 48 KiB arena (static shared memory's
+  // limit), assigned at first use.
+  std::vector<unsigned char> shared = std::vector<unsigned char>(48 << 10);
+  std::map<const void*, size_t> sharedAt;
+  size_t sharedUsed = 0;
 };
 
 Launch* g_launch = nullptr;
@@ -290,14 +297,29 @@ uint64_t shuffleXor(unsigned mask, uint64_t bits, int laneMask, int width) {
   Warp& W = L.warps[size_t(w)];
   const int bank = W.bank;
   W.slots[bank][lane] = bits;
-  warpBarrier();  // every lane has written; the next shuffle writes the other bank
-  int src = lane ^ laneMask;
-  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;  // outside the segment: own value
-  return W.slots[bank][src];
+  warpBarrier();  // all lanes wrote; the next shuffle uses the other bank
+  // PTX shfl.bfly: a lane may read its own or an earlier group of `width` lanes; from a later
+  // group it gets its own value.
+  const int src = lane ^ (laneMask & 31);
+  return W.slots[bank][src / width > lane / width ? lane : src];
 }
 
 void* dynamicShared() {
   return g_launch->smem.data();
+}
+
+void* staticShared(const void* site, size_t bytes, size_t align) {
+  Launch& L = *g_launch;
+  auto it = L.sharedAt.find(site);
+  if (it == L.sharedAt.end()) {
+    const size_t at = (L.sharedUsed + align - 1) / align * align;
+    if (at + bytes > L.shared.size()) fail("more than 48 KiB of static shared memory");
+    std::fill(L.shared.begin() + ptrdiff_t(at), L.shared.begin() + ptrdiff_t(at + bytes),
+              static_cast<unsigned char>(0xff));
+    L.sharedUsed = at + bytes;
+    it = L.sharedAt.emplace(site, at).first;
+  }
+  return L.shared.data() + it->second;
 }
 
 void runKernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -350,6 +372,8 @@ void runKernel(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStrea
         L.arrived = L.done = 0;
         for (Warp& w : L.warps) w = Warp{};
         std::fill(L.smem.begin(), L.smem.end(), static_cast<unsigned char>(0xff));
+        std::fill(L.shared.begin(), L.shared.begin() + ptrdiff_t(L.sharedUsed),
+                  static_cast<unsigned char>(0xff));
         int i = 0;
         for (unsigned z = 0; z < block.z; ++z)
           for (unsigned y = 0; y < block.y; ++y)

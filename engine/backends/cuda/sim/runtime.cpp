@@ -406,13 +406,20 @@ namespace {
 
 constexpr size_t kGranularity = size_t(2) << 20;
 
+// A cuMemCreate'd chunk: its memory is the device's until it is released and no longer mapped.
 struct Physical {
   int fd = -1;
   size_t bytes = 0;
+  int mappings = 0;
+  bool released = false;
 };
 std::map<CUmemGenericAllocationHandle, Physical>& physicals() {
   static std::map<CUmemGenericAllocationHandle, Physical> p;
   return p;
+}
+std::map<uintptr_t, CUmemGenericAllocationHandle>& mappedFrom() {  // mapped range -> its chunk
+  static std::map<uintptr_t, CUmemGenericAllocationHandle> m;
+  return m;
 }
 std::map<uintptr_t, size_t>& reservations() {
   static std::map<uintptr_t, size_t> r;
@@ -525,9 +532,13 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   Lock l(deviceMutex());
   auto it = physicals().find(h);
   if (it == physicals().end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (it->second.released) return CUDA_ERROR_INVALID_HANDLE;
   close(it->second.fd);  // mappings keep the memory until they are unmapped
-  mem().used -= it->second.bytes;
-  physicals().erase(it);
+  it->second.released = true;
+  if (it->second.mappings == 0) {
+    mem().used -= it->second.bytes;
+    physicals().erase(it);
+  }
   return CUDA_SUCCESS;
 }
 bool inReservation(uintptr_t a, size_t size) {
@@ -540,18 +551,22 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long) {
   Lock l(deviceMutex());
   auto it = physicals().find(h);
-  if (it == physicals().end()) return CUDA_ERROR_INVALID_HANDLE;
-  if (size == 0 || size % kGranularity || ptr % kGranularity || offset + size > it->second.bytes ||
-      !inReservation(uintptr_t(ptr), size))
+  if (it == physicals().end() || it->second.released) return CUDA_ERROR_INVALID_HANDLE;
+  // The driver maps whole allocations: offset 0 (CUDA's documented requirement).
+  if (size == 0 || size % kGranularity || ptr % kGranularity || offset != 0 ||
+      size > it->second.bytes || !inReservation(uintptr_t(ptr), size))
     return CUDA_ERROR_INVALID_VALUE;
-  for (auto r = mem().ranges.lower_bound(uintptr_t(ptr));
-       r != mem().ranges.end() && r->first < uintptr_t(ptr) + size; ++r)
-    return CUDA_ERROR_INVALID_VALUE;  // already mapped
+  if (auto r = mem().ranges.lower_bound(uintptr_t(ptr));
+      (r != mem().ranges.end() && r->first < uintptr_t(ptr) + size) ||
+      (r != mem().ranges.begin() && std::prev(r)->first + std::prev(r)->second > uintptr_t(ptr)))
+    return CUDA_ERROR_INVALID_VALUE;  // overlaps a mapping
   // Mapped without access until cuMemSetAccess, as the driver does.
   void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
                  it->second.fd, off_t(offset));
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   mem().ranges[uintptr_t(ptr)] = size;
+  mappedFrom()[uintptr_t(ptr)] = h;
+  ++it->second.mappings;
   return CUDA_SUCCESS;
 }
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
@@ -562,6 +577,14 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   mem().ranges.erase(it);
+  if (auto m = mappedFrom().find(uintptr_t(ptr)); m != mappedFrom().end()) {
+    auto ph = physicals().find(m->second);
+    if (ph != physicals().end() && --ph->second.mappings == 0 && ph->second.released) {
+      mem().used -= ph->second.bytes;  // released earlier: the memory goes back now
+      physicals().erase(ph);
+    }
+    mappedFrom().erase(m);
+  }
   return CUDA_SUCCESS;
 }
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
@@ -892,7 +915,7 @@ cudaError_t keelSimSortPairsU64(void* temp, size_t& bytes, const uint64_t* keysI
     return cudaSuccess;
   }
   Lock l(sim::deviceMutex());
-  if (bytes < need || n < 0 || beginBit < 0 || endBit > 64 || beginBit >= endBit)
+  if (bytes < need || n < 0 || beginBit < 0 || endBit > 64 || beginBit > endBit)
     return setError(cudaErrorInvalidValue);
   if (n == 0) return cudaSuccess;
   const size_t nb = size_t(n) * 8;
@@ -902,7 +925,7 @@ cudaError_t keelSimSortPairsU64(void* temp, size_t& bytes, const uint64_t* keysI
                         "a CUB sort reads or writes outside the device's live allocations");
     return cudaErrorIllegalAddress;
   }
-  const int width = endBit - beginBit;
+  const int width = endBit - beginBit;  // 0: every key equal, the input copied (stable)
   const uint64_t mask = width == 64 ? ~uint64_t(0) : ((uint64_t(1) << width) - 1);
   auto sortRange = [&](int64_t b, int64_t e) {
     std::vector<int64_t> order(size_t(e - b));
@@ -923,14 +946,15 @@ cudaError_t keelSimSortPairsU64(void* temp, size_t& bytes, const uint64_t* keysI
     sortRange(0, n);
     return cudaSuccess;
   }
-  std::memmove(keysOut, keysIn, nb);
-  std::memmove(valuesOut, valuesIn, nb);
+  // Items outside every segment are left as the outputs held them (CUB neither reads nor writes
+  // them); a segment with end <= begin is empty.
   if (!sim::onDevice(segBegin, size_t(segments) * 8) ||
       !sim::onDevice(segEnd, size_t(segments) * 8))
     return setError(cudaErrorIllegalAddress);
   for (int64_t s = 0; s < segments; ++s) {
     const int64_t b = segBegin[s], e = segEnd[s];
-    if (b < 0 || e > n || b > e) return setError(cudaErrorInvalidValue);
+    if (e <= b) continue;
+    if (b < 0 || e > n) return setError(cudaErrorInvalidValue);
     sortRange(b, e);
   }
   return cudaSuccess;

@@ -53,6 +53,9 @@ void syncWarp(unsigned mask);
 uint64_t shuffleXor(unsigned mask, uint64_t bits, int laneMask, int width);
 // The launch's dynamic shared memory (its third launch argument, 16-byte aligned).
 void* dynamicShared();
+// The running block's shared array for the declaration `site` (KEEL_SHARED in cuda_util.cuh):
+// `bytes` of it, the same address for every thread of the launch, 0xFF bytes at each block start.
+void* staticShared(const void* site, size_t bytes, size_t align);
 
 // Runs body(arg) as every thread of grid x block (kernel.cpp); a bad configuration (or a kernel
 // error: a barrier not reached by every thread, a deadlock) is returned as the launch's error,
@@ -95,7 +98,7 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::keel_sim::syncWarp(mask);
 }
 template <class T>
-T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
+inline T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));

@@ -1,6 +1,6 @@
 // The CUDA simulator's CUB segmented sort (cub/device/device_segmented_sort.cuh): StableSortPairs
-// of unsigned keys within each segment [begin[i], end[i]); items outside every segment are left
-// as they were in the outputs. Host C++ (runtime.cpp does the sort).
+// of unsigned keys within each segment [begin[i], end[i]) (empty where end <= begin); items outside
+// every segment are neither read nor written, as CUB documents. Host C++ (runtime.cpp sorts).
 #pragma once
 #include "device_radix_sort.cuh"
 
