@@ -145,7 +145,9 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
 #endif
 }
 
-// Declares `name`, the launch's dynamic shared memory as T[] (16-byte aligned), inside a kernel;
+// Declares `name`, the launch's dynamic shared memory as T[] (16-byte aligned), inside a kernel
+// (T a fixed type, never a template parameter: nvcc rejects two extern __shared__ arrays of one
+// name with different types — the simulator would not notice; cast from unsigned char instead);
 // and `name`, a block's shared array T[n]. On the simulator both are the block's memory from the
 // launch, 0xFF bytes when the block starts, so a read before any write shows.
 #if KEEL_CUDA_SIM

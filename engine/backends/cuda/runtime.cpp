@@ -262,7 +262,9 @@ Allocator* apiAllocator(int device) {
   DeviceState& s = state(device);
   std::lock_guard<std::mutex> lk(g_mu);
 #if KEEL_CUDA_SIM
-  if (!s.allocator && std::getenv("KEEL_CUDA_SIM_GUARD"))
+  // Careful mode takes precedence over --alloc and KEEL_ALLOCATOR.
+  if (const char* g = std::getenv("KEEL_CUDA_SIM_GUARD");
+      !s.allocator && g && std::string(g) == "1")
     s.allocator = std::make_unique<GuardedAllocator>();
 #endif
   if (!s.allocator) {
@@ -300,8 +302,8 @@ Allocator* apiAllocator(int device) {
       o.device = device;
       s.allocator = std::make_unique<CudaVmmAllocator>(o);
     }
-    if (device < kMaxDevices) g_allocatorOf[size_t(device)].store(s.allocator.get());
   }
+  if (device < kMaxDevices) g_allocatorOf[size_t(device)].store(s.allocator.get());
   return s.allocator.get();
 }
 void apiSynchronize(int device) {

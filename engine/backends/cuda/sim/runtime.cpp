@@ -104,7 +104,8 @@ std::recursive_mutex& deviceMutex() {
 // KEEL_CUDA_SIM_GUARD=1 (sim_state.h).
 bool guarded() {
   static const bool g = [] {
-    const bool on = std::getenv("KEEL_CUDA_SIM_GUARD") != nullptr;
+    const char* v = std::getenv("KEEL_CUDA_SIM_GUARD");
+    const bool on = v && std::string(v) == "1";
     if (on) std::fprintf(stderr, "keel cuda simulator: device blocks end against guard pages\n");
     return on;
   }();
