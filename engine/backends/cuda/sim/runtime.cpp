@@ -23,6 +23,7 @@
 #include "cublas_v2.h"
 #include "cudaTypedefs.h"
 #include "cuda_runtime.h"
+#include "keel/base/dtype.h"
 #include "sim_state.h"
 
 namespace sim {
@@ -762,21 +763,11 @@ double readElem(const void* base, cudaDataType_t t, int64_t i) {
     case CUDA_R_16F:
       return keelSimHalfToFloat(static_cast<const uint16_t*>(base)[i]);
     default: {
-      const uint32_t u = uint32_t(static_cast<const uint16_t*>(base)[i]) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
+      keel::BFloat16 b;
+      b.bits = static_cast<const uint16_t*>(base)[i];
+      return float(b);
     }
   }
-}
-float toBf16Float(float f) {  // rounded to bfloat16, nearest even (NaN stays NaN)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return f;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 void writeElem(void* base, cudaDataType_t t, int64_t i, double v) {
   switch (t) {
@@ -789,12 +780,8 @@ void writeElem(void* base, cudaDataType_t t, int64_t i, double v) {
     case CUDA_R_16F:
       static_cast<uint16_t*>(base)[i] = keelSimFloatToHalf(float(v));
       break;
-    default: {
-      const float r = toBf16Float(float(v));
-      uint32_t u;
-      std::memcpy(&u, &r, 4);
-      static_cast<uint16_t*>(base)[i] = uint16_t(u >> 16);
-    }
+    default:  // the host's rounding (keel/base/dtype.h): nearest even, NaN stays NaN
+      static_cast<uint16_t*>(base)[i] = keel::BFloat16::fromFloat(float(v));
   }
 }
 float toTf32(float f) {  // 10 mantissa bits, nearest even
