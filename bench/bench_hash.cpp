@@ -147,6 +147,7 @@ BENCHMARK(md5ManyMixed)
     ->Arg(8)
     ->Arg(16)
     ->Arg(32)
+    ->Arg(48)
     ->Unit(benchmark::kMillisecond);
 
 void md5ManyUniform(benchmark::State& state) {
@@ -159,6 +160,7 @@ BENCHMARK(md5ManyUniform)
     ->Arg(8)
     ->Arg(16)
     ->Arg(32)
+    ->Arg(48)
     ->Unit(benchmark::kMillisecond);
 
 // What the capture's hashing thread does for a step (Note [Hashing off the engine thread]):

@@ -15,7 +15,7 @@ namespace keel::capture::detail {
 namespace {
 
 // The pool thread starts a batch once this much is queued, or kWakeInterval after the first
-// queued job: batches keep the 16 MD5 lanes busy and the wake-ups few (a wake-up per op costs a
+// queued job: batches keep the MD5 lanes busy and the wake-ups few (a wake-up per op costs a
 // context switch that preempts a compute thread on a small machine).
 constexpr int64_t kWakeBytes = 8 << 20;
 constexpr size_t kWakeJobs = 128;

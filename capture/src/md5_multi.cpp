@@ -87,10 +87,11 @@ void md5Compress(uint32_t s[4], const uint8_t* block) {
   s[3] += d;
 }
 
-// Runs `blocks` MD5 compressions on every lane. state: 4 x L words (a of every lane, then b, c, d);
-// ptr[j]: lane j's first block, each next one step[j] bytes further (0: the same block again).
-using Kernel = void (*)(uint32_t* state, const uint8_t* const* ptr, const size_t* step,
-                        size_t blocks);
+// Runs `blocks` MD5 compressions on the kernel's lanes (the first 8G or 16G of a lane set).
+// state: 4 rows of `stride` words (a of every lane of the set, then b, c, d); ptr[j]: lane j's
+// first block, each next one step[j] bytes further (0: the same block again).
+using Kernel = void (*)(uint32_t* state, size_t stride, const uint8_t* const* ptr,
+                        const size_t* step, size_t blocks);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KEEL_HAVE_MD5_LANES 1
@@ -183,15 +184,16 @@ KEEL_AVX2_INLINE void transpose8(__m256i r[8]) {
 // G groups of 8 lanes: lane 8q + j is group q's lane j (state word r of lane l at state[r * L +
 // l]).
 template <int G>
-__attribute__((target("avx2"))) void md5Avx2(uint32_t* state, const uint8_t* const* ptr,
-                                             const size_t* step, size_t blocks) {
+__attribute__((target("avx2"))) void md5Avx2(uint32_t* state, size_t stride,
+                                             const uint8_t* const* ptr, const size_t* step,
+                                             size_t blocks) {
   constexpr int L = 8 * G;
   const uint8_t* p[L];
   for (int j = 0; j < L; ++j) p[j] = ptr[j];
   __m256i s[4][G];
   for (int r = 0; r < 4; ++r)
     for (int q = 0; q < G; ++q)
-      s[r][q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state + r * L + 8 * q));
+      s[r][q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state + r * stride + 8 * q));
   for (size_t blk = 0; blk < blocks; ++blk) {
     __m256i w[G][16];
     for (int q = 0; q < G; ++q) {
@@ -222,7 +224,7 @@ __attribute__((target("avx2"))) void md5Avx2(uint32_t* state, const uint8_t* con
   }
   for (int r = 0; r < 4; ++r)
     for (int q = 0; q < G; ++q)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(state + r * L + 8 * q), s[r][q]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(state + r * stride + 8 * q), s[r][q]);
 }
 
 // ---- AVX-512F: 16 lanes ----
@@ -285,25 +287,29 @@ KEEL_AVX512_INLINE void transpose16(__m512i r[16]) {
 
 // G groups of 16 lanes, laid out as md5Avx2's.
 template <int G>
-__attribute__((target("avx512f"))) void md5Avx512(uint32_t* state, const uint8_t* const* ptr,
-                                                  const size_t* step, size_t blocks) {
+__attribute__((target("avx512f"))) void md5Avx512(uint32_t* state, size_t stride,
+                                                  const uint8_t* const* ptr, const size_t* step,
+                                                  size_t blocks) {
   constexpr int L = 16 * G;
   const uint8_t* p[L];
   for (int j = 0; j < L; ++j) p[j] = ptr[j];
   __m512i s[4][G];
   for (int r = 0; r < 4; ++r)
-    for (int q = 0; q < G; ++q) s[r][q] = _mm512_loadu_si512(state + r * L + 16 * q);
+    for (int q = 0; q < G; ++q) s[r][q] = _mm512_loadu_si512(state + r * stride + 16 * q);
+  alignas(64) __m512i w[G][16];
   for (size_t blk = 0; blk < blocks; ++blk) {
-    __m512i w[G][16];
     for (int q = 0; q < G; ++q) {
+      __m512i r[16];
       for (int j = 0; j < 16; ++j) {
         const int l = 16 * q + j;
-        w[q][j] = _mm512_loadu_si512(p[l]);
+        r[j] = _mm512_loadu_si512(p[l]);
         prefetchAhead(p[l]);
         p[l] += step[l];
       }
-      transpose16(w[q]);
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) w[q][j] = r[j];
     }
+    asm volatile("" : : "r"(&w[0][0]) : "memory");
     __m512i a[G], b[G], c[G], d[G];
     for (int q = 0; q < G; ++q) {
       a[q] = s[0][q];
@@ -320,7 +326,7 @@ __attribute__((target("avx512f"))) void md5Avx512(uint32_t* state, const uint8_t
     }
   }
   for (int r = 0; r < 4; ++r)
-    for (int q = 0; q < G; ++q) _mm512_storeu_si512(state + r * L + 16 * q, s[r][q]);
+    for (int q = 0; q < G; ++q) _mm512_storeu_si512(state + r * stride + 16 * q, s[r][q]);
 }
 
 #undef KEEL_MD5_64_STEPS
@@ -342,12 +348,17 @@ int isa() {
   return level;
 }
 
-// Note [MD5 lane widths]: 16 lanes where the CPU has AVX2 — one group of 16 with AVX-512F, two
-// interleaved groups of 8 with AVX2 alone (each MD5 step is a chain of dependent instructions; a
-// second group fills the gaps: 1.25x one group of 8 on AVX2). 32 lanes (two groups of 16) run
-// where AVX-512F does, but measured slower than 16 on AMD Zen 4 (64 live vectors spill), so they
-// are not the default. md5_multi_test and bench_hash cover every width.
+// Note [MD5 lane widths]: 48 lanes where the CPU has AVX-512F (three interleaved groups of 16),
+// 16 where it has AVX2 alone (two interleaved groups of 8), else 1. Each MD5 step is a chain of
+// dependent instructions; more groups fill the gaps of one group's chain with another's. The
+// kernels read the transposed message words from memory (each step's add takes them as an
+// operand) instead of holding 16 per group in registers: that is what lets three groups run
+// without spilling their state. Measured on AMD EPYC (Zen 5, 2 cores), 300 mixed tensors
+// (bench md5ManyMixed): 16 lanes 7.1x OpenSSL, 32 lanes 10.6x, 48 lanes 11.2x, 64 lanes 10.8x.
+// A lane set runs, each round, the narrowest of its kernels that covers its busy lanes (a short
+// queue does not pay for 48). md5_multi_test and bench_hash cover every width.
 int laneWidth() {
+  if (isa() >= 2) return 48;
   return isa() > 0 ? 16 : 1;
 }
 [[maybe_unused]] const int kLaneWidthAtLoad = laneWidth();  // decided when the library loads
@@ -392,8 +403,10 @@ uint64_t messageBytes(const Md5Message& m) {
   return n;
 }
 
-// Blocks one kernel call runs at most: 4 KiB per lane, so that 16 lanes' bytes (64 KiB) are still
-// in L2 when a byte sink has just read them (statistics fused into the pass).
+// Blocks one kernel call runs at most: 32 KiB per lane. With a byte sink (statistics fused into
+// the pass) the sink reads a call's bytes just before the kernel does; at 48 lanes that is 1.5 MiB,
+// more than L2, yet 64, 128 and 256 blocks measured no faster (bench hashStepPass/2, 2026-12-06)
+// and the larger calls pay the lane bookkeeping less often.
 constexpr size_t kMaxBlocksPerCall = 512;
 
 // Asks for the lane's next kMaxBlocksPerCall blocks from `from` on (at most to its part's end).
@@ -411,7 +424,8 @@ void prefetchSegment(const Lane& lane, const uint8_t* from) {
 }
 
 // lanes = 1 in midstate mode: the scalar compression on lane 0's state (4 words: a, b, c, d).
-void md5Scalar(uint32_t* state, const uint8_t* const* ptr, const size_t* step, size_t blocks) {
+void md5Scalar(uint32_t* state, size_t /*stride*/, const uint8_t* const* ptr, const size_t* step,
+               size_t blocks) {
   const uint8_t* p = ptr[0];
   for (size_t b = 0; b < blocks; ++b, p += step[0]) md5Compress(state, p);
 }
@@ -434,12 +448,21 @@ class Md5LaneStream::Impl {
 
 namespace {
 
+// A kernel and how many of a lane set's first lanes it runs.
+struct KernelSpan {
+  int lanes;
+  Kernel kernel;
+};
+
 template <int L>
 class LaneSet final : public Md5LaneStream::Impl {
  public:
   // midstates: results are midstates after each message's whole blocks; else full digests.
-  LaneSet(Kernel kernel, bool midstates, Md5ByteSink* sink)
-      : kernel_(kernel), midstates_(midstates), sink_(sink) {}
+  // kernels: the kernels over the set's first lanes, narrowest first, the last covering all L.
+  LaneSet(std::vector<KernelSpan> kernels, bool midstates, Md5ByteSink* sink)
+      : kernels_(std::move(kernels)), midstates_(midstates), sink_(sink) {
+    KEEL_CHECK(!kernels_.empty() && kernels_.back().lanes == L, "capture: bad MD5 lane kernels");
+  }
 
   bool hasFreeLane() const override { return busyCount_ < L; }
   bool busy() const override { return busyCount_ > 0; }
@@ -512,7 +535,13 @@ class LaneSet final : public Md5LaneStream::Impl {
       for (int j = 0; j < L; ++j)
         if (lanes_[j].busy && lanes_[j].direct) sink_->bytes(lanes_[j].id, ptr_[j], 64 * blocks);
     }
-    kernel_(state_, ptr_, step_, blocks);
+    // The narrowest kernel that covers every busy lane (add() fills the lowest free lane, so a
+    // short queue keeps the busy lanes low and the upper groups idle).
+    int top = L;
+    while (top > 0 && !lanes_[top - 1].busy) --top;
+    const KernelSpan* k = &kernels_.front();
+    while (k->lanes < top) ++k;
+    k->kernel(state_, L, ptr_, step_, blocks);
     for (int j = 0; j < L; ++j) {
       Lane& lane = lanes_[j];
       if (!lane.busy) continue;
@@ -552,7 +581,7 @@ class LaneSet final : public Md5LaneStream::Impl {
     --busyCount_;
   }
 
-  Kernel kernel_;
+  std::vector<KernelSpan> kernels_;
   bool midstates_;
   Md5ByteSink* sink_;
   alignas(64) uint32_t state_[4 * L];
@@ -563,14 +592,17 @@ class LaneSet final : public Md5LaneStream::Impl {
 };
 
 std::unique_ptr<Md5LaneStream::Impl> makeLanes(int lanes, bool midstates, Md5ByteSink* sink) {
+  using std::make_unique;
 #ifdef KEEL_HAVE_MD5_LANES
-  if (lanes == 32) return std::make_unique<LaneSet<32>>(md5Avx512<2>, midstates, sink);
-  if (lanes == 16 && isa() >= 2)
-    return std::make_unique<LaneSet<16>>(md5Avx512<1>, midstates, sink);
-  if (lanes == 16) return std::make_unique<LaneSet<16>>(md5Avx2<2>, midstates, sink);
-  if (lanes == 8) return std::make_unique<LaneSet<8>>(md5Avx2<1>, midstates, sink);
+  const KernelSpan x16{16, md5Avx512<1>}, x32{32, md5Avx512<2>}, x48{48, md5Avx512<3>};
+  if (lanes == 48) return make_unique<LaneSet<48>>(std::vector{x16, x32, x48}, midstates, sink);
+  if (lanes == 32) return make_unique<LaneSet<32>>(std::vector{x16, x32}, midstates, sink);
+  if (lanes == 16 && isa() >= 2) return make_unique<LaneSet<16>>(std::vector{x16}, midstates, sink);
+  const KernelSpan y8{8, md5Avx2<1>}, y16{16, md5Avx2<2>};
+  if (lanes == 16) return make_unique<LaneSet<16>>(std::vector{y8, y16}, midstates, sink);
+  if (lanes == 8) return make_unique<LaneSet<8>>(std::vector{y8}, midstates, sink);
 #endif
-  return std::make_unique<LaneSet<1>>(md5Scalar, midstates, sink);
+  return make_unique<LaneSet<1>>(std::vector{KernelSpan{1, md5Scalar}}, midstates, sink);
 }
 
 // A whole batch through a lane stream, longest message first (a long one must not start last
@@ -629,7 +661,7 @@ bool md5LanesSupported(int lanes) {
   if (lanes == 1) return true;
 #ifdef KEEL_HAVE_MD5_LANES
   if (lanes == 8 || lanes == 16) return isa() >= 1;  // AVX2 (16: AVX-512F where it is)
-  if (lanes == 32) return isa() >= 2;
+  if (lanes == 32 || lanes == 48) return isa() >= 2;
 #endif
   return false;
 }

@@ -149,8 +149,8 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
   KEEL_CHECK(o.commitEvery >= 1, "capture options: commit_every must be >= 1");
   KEEL_CHECK(o.hashBacklogBytes >= 1, "capture options: hash_backlog_bytes must be >= 1");
   KEEL_CHECK(o.hashLanes == 0 || o.hashLanes == 1 || o.hashLanes == 8 || o.hashLanes == 16 ||
-                 o.hashLanes == 32,
-             "capture options: hash_lanes must be 0, 1, 8, 16 or 32");
+                 o.hashLanes == 32 || o.hashLanes == 48,
+             "capture options: hash_lanes must be 0, 1, 8, 16, 32 or 48");
   return o;
 }
 

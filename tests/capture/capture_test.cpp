@@ -758,7 +758,7 @@ TEST(CaptureHashThread, InPlaceWritesRightAfterAnOpDoNotChangeItsRecord) {
   const Tensor ref = ops::mulScalar(x, 2.0);  // what mul_scalar produces, hashed here directly
   const std::string refMd5 = tensorMd5(ref);
   const storage::TensorStats refStats = tensorStats(ref);
-  for (int lanes : {0, 1, 8, 16, 32}) {
+  for (int lanes : {0, 1, 8, 16, 32, 48}) {
     if (lanes != 0 && !md5LanesSupported(lanes)) continue;
     auto store = std::make_shared<Store>();
     CaptureOptions opt = hashOptions(true);
@@ -809,7 +809,7 @@ TEST(CaptureHashThread, SameChecksumsAndStatisticsAsHashingInTheCallback) {
   };
   const auto [ref, refCounts] = record(hashOptions(false));
   ASSERT_GT(ref->ops.size(), 100u);
-  for (int lanes : {0, 1, 8, 16, 32}) {
+  for (int lanes : {0, 1, 8, 16, 32, 48}) {
     if (lanes != 0 && !md5LanesSupported(lanes)) continue;
     CaptureOptions opt = hashOptions(true);
     opt.hashLanes = lanes;
@@ -911,7 +911,7 @@ TEST(CaptureHashThread, FullBacklogBlocksOrDropsAsDocumented) {
 }
 
 TEST(CaptureHashThread, LaneCountsAreCheckedAsTheyAreRead) {
-  for (int lanes : {0, 1, 8, 16, 32})
+  for (int lanes : {0, 1, 8, 16, 32, 48})
     EXPECT_EQ(CaptureOptions::fromJson("{\"hash_lanes\": " + std::to_string(lanes) + "}").hashLanes,
               lanes);
   for (const char* bad : {"4", "-1", "64", "\"16\""})
@@ -919,7 +919,7 @@ TEST(CaptureHashThread, LaneCountsAreCheckedAsTheyAreRead) {
         << bad;
   EXPECT_THROW(CaptureOptions::fromJson("{\"hash_backlog_bytes\": 0}"), Error);
   // A count this CPU cannot run is refused when the recorder starts, naming it.
-  for (int lanes : {8, 16, 32}) {
+  for (int lanes : {8, 16, 32, 48}) {
     if (md5LanesSupported(lanes)) continue;
     CaptureOptions opt = hashOptions(true);
     opt.hashLanes = lanes;

@@ -1,7 +1,8 @@
 // Multi-buffer MD5 (keel/capture/md5_multi.h) against OpenSSL's EVP MD5, bit for bit, at every
-// lane count this CPU runs (1 = OpenSSL itself, 8 = AVX2, 16 = AVX-512F; those the CPU lacks are
-// skipped): padding edges, random lengths, unaligned starts, parts split at odd boundaries,
-// batches around the lane count, one huge message among many tiny ones, and tensor hashes.
+// lane count this CPU runs (1 = OpenSSL itself, 8 and 16 = AVX2, 16, 32 and 48 = AVX-512F; those
+// the CPU lacks are skipped): padding edges, random lengths, unaligned starts, parts split at odd
+// boundaries, batches around the lane count, one huge message among many tiny ones, a stream fed
+// in arrival order (the busy lanes high and low), and tensor hashes.
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 
@@ -268,14 +269,51 @@ TEST_P(Md5Multi, ByteSinkSeesEveryByteOnceInOrderInWholeElements) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Lanes, Md5Multi, ::testing::Values(1, 8, 16, 32),
+// A stream fed as the hashing thread feeds it: messages in arrival order, a few at a time, so
+// the busy lanes come and go anywhere in the set (a long message high with the low lanes idle;
+// Note [MD5 lane widths]: each round runs the narrowest kernel covering the busy lanes).
+TEST_P(Md5Multi, AStreamFedInArrivalOrderGivesEveryMidstate) {
+  const size_t L = size_t(lanes());
+  std::mt19937_64 rng(57);
+  std::vector<size_t> lengths;
+  for (size_t i = 0; i < 6 * L + 5; ++i)
+    lengths.push_back(i % (L + 3) == L - 1 ? 200000 + rng() % 5000 : rng() % 3000);
+  Batch b = wholeMessages(lengths, 4000);
+  Md5LaneStream stream(lanes());
+  std::vector<Md5Midstate> got(b.msgs.size());
+  std::vector<bool> seen(b.msgs.size(), false);
+  std::vector<Md5LaneStream::Finished> done;
+  size_t next = 0, finished = 0;
+  while (finished < b.msgs.size()) {
+    // 1 to 3 arrivals per round, when a lane is free.
+    for (size_t k = 1 + rng() % 3; k > 0 && next < b.msgs.size() && stream.hasFreeLane(); --k)
+      stream.add(b.msgs[next], next), ++next;
+    ASSERT_TRUE(stream.busy());
+    stream.step(done);
+    for (const auto& f : done) {
+      ASSERT_FALSE(seen[f.id]) << "message " << f.id << " finished twice";
+      seen[f.id] = true;
+      got[f.id] = f.midstate;
+      ++finished;
+    }
+    done.clear();
+  }
+  EXPECT_FALSE(stream.busy());
+  for (size_t i = 0; i < b.msgs.size(); ++i)
+    ASSERT_EQ(hex(got[i].finish()), hex(opensslMd5(b.bytes[i].data(), b.bytes[i].size())))
+        << "message " << i << " of " << b.bytes[i].size() << " bytes, lanes " << L;
+}
+
+INSTANTIATE_TEST_SUITE_P(Lanes, Md5Multi, ::testing::Values(1, 8, 16, 32, 48),
                          [](const auto& info) { return "x" + std::to_string(info.param); });
 
 TEST(Md5MultiDispatch, DefaultWidthIsTheWidestTheCpuRuns) {
   const int w = md5LaneWidth();
 #if defined(__x86_64__)
-  EXPECT_EQ(w, __builtin_cpu_supports("avx2") ? 16 : 1);  // Note [MD5 lane widths]
+  // Note [MD5 lane widths]
+  EXPECT_EQ(w, __builtin_cpu_supports("avx512f") ? 48 : __builtin_cpu_supports("avx2") ? 16 : 1);
   EXPECT_EQ(md5LanesSupported(32), bool(__builtin_cpu_supports("avx512f")));
+  EXPECT_EQ(md5LanesSupported(48), bool(__builtin_cpu_supports("avx512f")));
 #else
   EXPECT_EQ(w, 1);
 #endif
@@ -289,7 +327,7 @@ TEST(Md5MultiDispatch, DefaultWidthIsTheWidestTheCpuRuns) {
 }
 
 TEST(Md5MultiDispatch, RejectsUnknownLaneCountsAndMismatchedOutput) {
-  for (int lanes : {0, 2, 4, 12, 64, -1}) EXPECT_FALSE(md5LanesSupported(lanes)) << lanes;
+  for (int lanes : {0, 2, 4, 12, 24, 64, -1}) EXPECT_FALSE(md5LanesSupported(lanes)) << lanes;
   Batch b = wholeMessages({10, 20}, 1);
   std::vector<Md5Digest> out(2), shortOut(1);
   EXPECT_THROW(md5ManyWithLanes(b.msgs, out, 4), Error);

@@ -19,21 +19,21 @@ struct Md5Message {
 
 using Md5Digest = std::array<uint8_t, 16>;
 
-// The lane count md5Many uses on this CPU, chosen once when the library loads: 16 where the CPU
-// has AVX2 (one AVX-512F group of 16, or two interleaved AVX2 groups of 8), else 1 (OpenSSL EVP,
-// one message after another). See Note [MD5 lane widths].
+// The lane count md5Many uses on this CPU, chosen once when the library loads: 48 where the CPU
+// has AVX-512F (three interleaved groups of 16), 16 where it has AVX2 alone (two interleaved
+// groups of 8), else 1 (OpenSSL EVP, one message after another). See Note [MD5 lane widths].
 int md5LaneWidth();
 
-// Whether md5ManyWithLanes can run with this lane count here (1 always; 8 and 16 with AVX2; 32,
-// two groups of 16, with AVX-512F; anything else never).
+// Whether md5ManyWithLanes can run with this lane count here (1 always; 8 and 16 with AVX2; 32
+// and 48, two and three groups of 16, with AVX-512F; anything else never).
 bool md5LanesSupported(int lanes);
 
 // out[i] = MD5(concatenation of msgs[i].parts). out.size() must equal msgs.size(). Runs on the
 // calling thread.
 void md5Many(std::span<const Md5Message> msgs, std::span<Md5Digest> out);
 
-// md5Many with a forced lane count (1, 8, 16 or 32), for tests and benchmarks. Throws keel::Error
-// for a lane count this CPU cannot run (see md5LanesSupported).
+// md5Many with a forced lane count (1, 8, 16, 32 or 48), for tests and benchmarks. Throws
+// keel::Error for a lane count this CPU cannot run (see md5LanesSupported).
 void md5ManyWithLanes(std::span<const Md5Message> msgs, std::span<Md5Digest> out, int lanes);
 
 // The MD5 state after a message's whole 64-byte blocks, and the bytes after them: finishing it
@@ -81,7 +81,7 @@ class Md5LaneStream {
     Md5Midstate midstate;  // the message's midstate (a stream's result)
     Md5Digest digest{};    // batch calls' full digests (internal)
   };
-  // lanes: 0 the widest this CPU runs, or 1, 8, 16 (keel::Error if the CPU cannot). sink: sees
+  // lanes: 0 md5LaneWidth(), or 1, 8, 16, 32, 48 (keel::Error if the CPU cannot). sink: sees
   // every byte as in md5ManyMidstates.
   explicit Md5LaneStream(int lanes = 0, Md5ByteSink* sink = nullptr);
   ~Md5LaneStream();

@@ -47,7 +47,7 @@ struct CaptureOptions {
   // Element bytes waiting to be hashed beyond which the engine waits (dropPolicy block: it hashes
   // queued tensors itself) or records tensors without checksums, counted (drop).
   int64_t hashBacklogBytes = int64_t(64) << 20;
-  // MD5 lanes of the hashing thread: 0 md5LaneWidth(), or 1, 8, 16, 32 (md5_multi.h).
+  // MD5 lanes of the hashing thread: 0 md5LaneWidth(), or 1, 8, 16, 32, 48 (md5_multi.h).
   int64_t hashLanes = 0;
 
   std::string toJson() const;
