@@ -1,8 +1,9 @@
 // LoadState: what the main window is waiting for, owned by one object instead of flags kept by
-// hand — the count of outstanding loads (the progress bar, whenIdle) and the memory view's one-
-// at-a-time load (in flight, stale, of a recording since replaced). Pure state, no Qt: tested
-// alone. Invariant: at most one memory load is in flight; a load that lands after its recording was
-// replaced is discarded; a request while one is in flight is remembered and made when it lands.
+// hand — the count of outstanding loads (the progress bar, whenIdle), the Ranks panel's load of a
+// run folder and the memory view's one-at-a-time load (in flight, stale, of a recording since
+// replaced). Pure state, no Qt: tested alone. Invariant: at most one memory load is in flight; a
+// load that lands after its recording was replaced is discarded; a request while one is in flight
+// is remembered and made when it lands.
 #pragma once
 #include <algorithm>
 
@@ -14,6 +15,19 @@ class LoadState {
   void add(int delta) { pending_ = std::max(0, pending_ + delta); }  // +1 begun, -1 landed
   int pending() const { return pending_; }
   bool idle() const { return pending_ == 0; }
+
+  // ---- the Ranks panel's load of a run folder ----
+  // Counted once in pending() however often folders are opened before it lands; its landing or
+  // failure uncounts it once.
+  void ranksBegun() {
+    if (!ranksLoading_) add(1);
+    ranksLoading_ = true;
+  }
+  void ranksEnded() {
+    if (ranksLoading_) add(-1);
+    ranksLoading_ = false;
+  }
+  bool ranksLoading() const { return ranksLoading_; }
 
   // ---- the memory view's load ----
   // Asks for a load: true when it should start now (none in flight); else it is remembered.
@@ -45,6 +59,7 @@ class LoadState {
 
  private:
   int pending_ = 0;
+  bool ranksLoading_ = false;
   bool memoryInFlight_ = false;
   bool memoryStale_ = false;
   bool memoryDiscard_ = false;

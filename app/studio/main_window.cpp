@@ -307,11 +307,13 @@ void MainWindow::buildDocks() {
             pendingSelectA_ = seq;
           });
   connect(ranksView_, &views::RanksView::failed, this, [this](const QString& msg) {
-    if (std::exchange(ranksLoading_, false)) busy(-1);
+    load_.ranksEnded();
+    busy(0);
     showError("Run folder", msg);
   });
   connect(ranksView_, &views::RanksView::loaded, this, [this] {
-    if (std::exchange(ranksLoading_, false)) busy(-1);
+    load_.ranksEnded();
+    busy(0);
   });
   tabifyDockWidget(opsDock, diffDock_);
   tabifyDockWidget(diffDock_, logsDock);
@@ -616,7 +618,8 @@ void MainWindow::openRunFolder(const QString& folder) {
     compareRankCombo_->addItem(label);
   }
   for (QAction* a : rankActs_) a->setVisible(true);
-  if (!std::exchange(ranksLoading_, true)) busy(1);
+  load_.ranksBegun();
+  busy(0);
   ranksView_->load(folder);
   ranksFirst_ = true;
   addRecent(folder);

@@ -175,7 +175,6 @@ class MainWindow : public QMainWindow {
   QComboBox* rankCombo_ = nullptr;
   QComboBox* compareRankCombo_ = nullptr;
   QList<QAction*> rankActs_;
-  bool ranksLoading_ = false;  // the Ranks panel is loading (counted in busy)
   int rankOnOpen_ = 0;
   bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)
   QString pendingCompare_;   // compared again once the next side A has opened (rank switch)  // the
@@ -198,7 +197,7 @@ class MainWindow : public QMainWindow {
   std::optional<uint64_t> failedSeq_;  // a failed session's failing op (painted as failed)
   bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
-  LoadState load_;  // outstanding loads and the memory view's load
+  LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;
 };

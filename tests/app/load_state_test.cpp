@@ -1,6 +1,6 @@
 // LoadState: the main window's loading state as one object (it replaced four hand-kept flags):
-// outstanding loads never go negative, one memory load at a time with a remembered request, and a
-// load of a replaced recording is dropped.
+// outstanding loads never go negative, a run folder's load counts once, one memory load at a time
+// with a remembered request, and a load of a replaced recording is dropped.
 #include <QtTest>
 
 #include "load_state.h"
@@ -21,6 +21,22 @@ class LoadStateTest : public QObject {
     s.add(-1);
     s.add(-1);  // a stray landing
     QCOMPARE(s.pending(), 0);
+    QVERIFY(s.idle());
+  }
+
+  void aRunFolderLoadCountsOnceHoweverOftenItIsBegun() {
+    LoadState s;
+    s.add(1);  // another load
+    s.ranksBegun();
+    s.ranksBegun();  // a second folder opened before the first landed
+    QVERIFY(s.ranksLoading());
+    QCOMPARE(s.pending(), 2);
+    s.ranksEnded();
+    QVERIFY(!s.ranksLoading());
+    QCOMPARE(s.pending(), 1);
+    s.ranksEnded();  // the second folder's landing: already uncounted
+    QCOMPARE(s.pending(), 1);
+    s.add(-1);
     QVERIFY(s.idle());
   }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -640,44 +641,13 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
 }
 
 // ---------------------------------------------------------------- half
+// The host's conversions (keel/base/dtype.h: nearest even, overflow to infinity), except that a
+// NaN becomes the canonical 0x7fff, as __float2half gives on a GPU.
 float keelSimHalfToFloat(unsigned short h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  float f;
-  if (exp == 0x1f) {
-    const uint32_t u = sign | 0x7f800000u | (mant << 13);
-    std::memcpy(&f, &u, 4);
-  } else if (exp == 0) {
-    f = std::ldexp(float(mant), -24);  // zero or subnormal: exact
-    if (sign) f = -f;
-  } else {
-    const uint32_t u = sign | ((exp + 112) << 23) | (mant << 13);
-    std::memcpy(&f, &u, 4);
-  }
-  return f;
+  return keel::Half::toFloat(h);
 }
 unsigned short keelSimFloatToHalf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return 0x7fff;                     // NaN: the canonical one
-  if (u >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: infinity
-  uint32_t h, rem, half;
-  if (u >= 0x38800000u) {  // a normal half
-    h = (((u >> 23) - 112) << 10) | ((u & 0x7fffffu) >> 13);
-    rem = u & 0x1fffu;
-    half = 0x1000u;
-  } else {  // subnormal or zero: units of 2^-24
-    const uint32_t shift = 126 - (u >> 23);
-    if (shift > 24) return uint16_t(sign);
-    const uint32_t m = (u & 0x7fffffu) | 0x800000u;
-    h = m >> shift;
-    rem = m & ((1u << shift) - 1);
-    half = 1u << (shift - 1);
-  }
-  if (rem > half || (rem == half && (h & 1))) ++h;  // a carry moves into the exponent: right
-  return uint16_t(sign | h);
+  return std::isnan(f) ? uint16_t(0x7fff) : keel::Half::fromFloat(f);
 }
 
 // ---------------------------------------------------------------- cuBLAS
