@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "keel/capture/recording_run.h"
+
 namespace keel::cli {
 
 inline constexpr int kExitError = 2;
@@ -25,9 +27,9 @@ void prepareEngineRun();
 // documented range in --help ("INT in [1, 4096]").
 // A whole number in [lo, hi] (written in decimal; "1e3" and "2.5" are not whole numbers).
 CLI::Validator wholeNumber(int64_t lo, int64_t hi = INT64_MAX);
-// The longest run `keel train` / `keel record` take (a billion steps; 2^63 used to fail in
-// vector::reserve, 10^10 in bad_alloc).
-inline constexpr int64_t kMaxSteps = 1000000000;
+// The longest run `keel train` / `keel record` take, the studio's too (a billion steps; 2^63 used
+// to fail in vector::reserve, 10^10 in bad_alloc).
+inline constexpr int64_t kMaxSteps = capture::kMaxRunSteps;
 // A seed: a whole number in [0, 2^64 - 1] (-1 used to wrap silently to 2^64 - 1).
 CLI::Validator seedNumber();
 // A finite real number ≥ lo (nan and inf refused).

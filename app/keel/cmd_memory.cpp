@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -113,7 +114,8 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
 
 int runTrace(const std::string& config, const std::string& out, int steps, uint64_t seed,
              const MoeTraceOptions& moe, bool generate) {
-  checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
+  const bool toStdout = out == "-";
+  if (!toStdout) checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
   if (!generate) {
     prepareEngineRun();  // it trains to trace the allocations
     // The trace is of the allocation requests, whatever serves them: where the VMM allocator
@@ -124,6 +126,15 @@ int runTrace(const std::string& config, const std::string& out, int steps, uint6
   }
   AllocTrace t =
       generate ? generateMoeTrace(moe) : traceTraining(loadGptConfig(config), steps, seed);
+  if (toStdout) {  // the trace on stdout, the summary on stderr
+    std::ostringstream text;
+    writeAllocTrace(t, text);
+    const std::string s = text.str();
+    writeAll(stdout, s.data(), s.size(), "to stdout");
+    std::fprintf(stderr, "trace -: %zu allocations, %zu events, %zu steps\n", t.allocs(),
+                 t.events.size(), t.steps());
+    return 0;
+  }
   {
     ReplaceOnCommit file(out);  // Note [Outputs never destroy inputs]
     std::ofstream f(file.path());
@@ -236,7 +247,7 @@ Command addMemoryCommand(CLI::App& root) {
       ->check(CLI::IsMember({"caching", "vmm", "both"}));
   CLI::App* trace = c->add_subcommand(
       "trace", "write the allocation trace of a training run (or a generated MoE trace)");
-  trace->add_option("OUT", a->out, "output trace file")->required();
+  trace->add_option("OUT", a->out, "output trace file (- for stdout)")->required();
   trace->add_option("--config", a->config, "model config to train");
   trace->add_option("--steps", a->steps, "training steps")->check(wholeNumber(1, 100000));
   trace->add_option("--seed", a->seed, "run seed")->check(seedNumber());

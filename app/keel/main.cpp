@@ -27,9 +27,10 @@ namespace keel::cli {
 
 namespace {
 
-// msg on one line: newlines folded, trailing blanks dropped.
+// msg on one readable line: newlines folded, trailing blanks dropped, at most about 1,000 bytes
+// (keel::clipText: a 5 MB token quoted by a parser shows its start and end).
 std::string oneLine(const std::string& msg) {
-  std::string line = msg;
+  std::string line = clipText(msg);
   for (char& c : line)
     if (c == '\n' || c == '\r') c = ' ';
   while (!line.empty() && line.back() == ' ') line.pop_back();

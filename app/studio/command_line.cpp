@@ -19,6 +19,7 @@
 
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
+#include "keel/capture/recording_run.h"
 #include "keel/device.h"
 #include "keel/error.h"
 #include "keel/storage/run_folder.h"
@@ -257,17 +258,28 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   } catch (const keel::Error& e) {
     return error("--backend: " + QString::fromUtf8(e.what()));
   }
+  // The same ranges and words as keel record's (app/keel/main.cpp: wholeNumber, seedNumber).
   s.steps = cli.value(o.steps).toLongLong(&ok);
-  if (!ok || s.steps < 1)
-    return error("--steps: expected a positive number, got '" + cli.value(o.steps) + "'");
+  if (!ok || s.steps < 1 || s.steps > keel::capture::kMaxRunSteps)
+    return error(QString("--steps: must be a whole number in [1, %1], got '%2'")
+                     .arg(keel::capture::kMaxRunSteps)
+                     .arg(cli.value(o.steps)));
   s.seed = cli.value(o.seed).toULongLong(&ok);
-  if (!ok) return error("--seed: expected a non-negative number, got '" + cli.value(o.seed) + "'");
+  if (!ok || cli.value(o.seed).startsWith('+'))
+    return error("--seed: must be a whole number in [0, 18446744073709551615], got '" +
+                 cli.value(o.seed) + "'");
   if (cli.isSet(o.output)) {
     s.output = cli.value(o.output);
     const QFileInfo fi(s.output);
     if (s.output.isEmpty() || fi.isDir()) return error("--output: expected a recording file name");
     if (fi.exists() && !fi.isFile())
       return error("--output: " + s.output + " exists and is not a regular file");
+    try {  // the recording never replaces the config (Note [Outputs never destroy inputs])
+      keel::checkOutputPath("--output", s.output.toStdString(),
+                            {{"the session's config", s.configPath.toStdString()}});
+    } catch (const keel::Error& e) {
+      return error(QString::fromUtf8(e.what()));
+    }
   }
   s.capture.stacks = s.capture.md5 = s.capture.stats = true;
   s.capture.allocator = true;

@@ -33,6 +33,7 @@
 
 #include "dialogs.h"
 #include "keel/base/output_path.h"
+#include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/run_folder.h"
@@ -732,7 +733,9 @@ void MainWindow::updateStatus() {
                            : QString("Keel Studio"));
 }
 
-void MainWindow::showError(const QString& title, const QString& message) {
+void MainWindow::showError(const QString& title, const QString& fullMessage) {
+  // A parser's message can quote megabytes of a damaged file: a readable excerpt (keel::clipText).
+  const QString message = QString::fromStdString(keel::clipText(fullMessage.toStdString(), 2000));
   lastError_ = message;
   statusBar()->showMessage(title + ": " + message.section('\n', 0, 0), 10000);
   auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);

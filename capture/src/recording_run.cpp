@@ -316,7 +316,8 @@ class RecordingRun::Observer : public keel::Observer {
 
 RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     : spec_(std::move(spec)), afterOp_(std::move(afterOp)), device_("cpu") {
-  KEEL_CHECK(spec_.steps >= 1, "steps: expected a positive number, got ", spec_.steps);
+  KEEL_CHECK(spec_.steps >= 1 && spec_.steps <= kMaxRunSteps,
+             "steps: must be a whole number in [1, ", kMaxRunSteps, "], got ", spec_.steps);
   if (dist::worldSize() > 1) {
     // A multi-rank run records into a run folder, each rank its own file (Note [Run folders]).
     std::error_code ec;
@@ -338,6 +339,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
       if (c.kind == BreakCondition::Kind::Md5Ref)
         inputs.push_back({"the reference recording", c.text});
     checkOutputPath("output", spec_.output, inputs);
+    spec_.output = followOutputLink(spec_.output);  // a symlink's file is written, not the link
   }
   const bool builtIn = spec_.workloadPath.empty();
   KEEL_CHECK(!builtIn || !spec_.configPath.empty(),

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "keel/base/text.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/writer.h"
 #include "pickle.h"
@@ -304,6 +305,7 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
 
 TorchMemorySnapshot readTorchMemorySnapshot(const std::string& path,
                                             const TorchMemoryReadOptions& options) {
+  requireRegularFile(path, "the memory snapshot");  // a FIFO would block, /dev/zero never end
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw StorageError(path + ": cannot open: " + std::strerror(errno));
   if (std::fseek(f.get(), 0, SEEK_END) != 0)

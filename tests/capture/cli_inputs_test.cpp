@@ -100,6 +100,59 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
   fs::create_directory(dir_ / "rules");
   expectOneLineError(keel("ckpt plan '" + ck + "' --target-tp 1 --aoa " + q("rules")),
                      "AOA rules file is a directory");
+  // A checkpoint whose shard or metadata is a FIFO: inspect, convert and resume refuse it (the
+  // shard's open used to wait for a writer forever).
+  for (const char* node : {"model-00000-of-00001.safetensors", "keel-checkpoint.json"}) {
+    const fs::path bad = dir_ / (std::string("ckfifo-") + node);
+    fs::copy(ck, bad);
+    fs::remove(bad / node);
+    ASSERT_EQ(::mkfifo((bad / node).c_str(), 0600), 0);
+    const std::string what = std::string(node).find(".json") != std::string::npos
+                                 ? "checkpoint metadata is a FIFO, not a regular file"
+                                 : "the safetensors file is a FIFO, not a regular file";
+    expectOneLineError(keel("ckpt inspect '" + bad.string() + "'"), what);
+    expectOneLineError(keel("ckpt convert '" + bad.string() + "' " + q("cv") + " --target-tp 1"),
+                       what);
+    expectOneLineError(keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --resume '" +
+                            bad.string() + "'"),
+                       what);
+    EXPECT_FALSE(fs::exists(dir_ / "cv"));
+  }
+  // A PyTorch memory snapshot that is a FIFO or a device.
+  expectExactError(keel("import torch-memory " + q("fifo") + " -o " + q("t.db")),
+                   path("fifo") + ": the memory snapshot is a FIFO, not a regular file");
+  expectExactError(keel("import torch-memory /dev/zero -o " + q("t.db")),
+                   "/dev/zero: the memory snapshot is a character device, not a regular file");
+  EXPECT_FALSE(fs::exists(dir_ / "t.db"));
+}
+
+// Inputs that are huge where a line or a token is expected are refused at once in a short line:
+// a 2 GiB file of zeros as an allocation trace (it used to be read into one line), a 5 MB token
+// in a trace and a 500 KB key in a config (each used to be quoted whole in the error line).
+TEST_F(KeelInputs, HugeLinesAndTokensGiveAShortLine) {
+  { std::ofstream f(path("zeros.trace")); }
+  fs::resize_file(dir_ / "zeros.trace", uintmax_t(2) << 30);  // sparse: no disk used
+  expectExactError(
+      keel("memory replay " + q("zeros.trace")),
+      path("zeros.trace") +
+          ":1: line longer than 4096 bytes; an allocation trace has lines like 'a ID BYTES'");
+  std::ofstream(path("token.trace")) << "a 1 16\nf 1 " << std::string(5 << 20, 'x') << "\n";
+  CliResult token = keel("memory replay " + q("token.trace"));
+  expectOneLineError(token, "token.trace:2: line longer than 4096 bytes");
+  std::ofstream(path("word.trace")) << "a 1 16\n" << std::string(3000, 'z') << "\n";
+  CliResult word = keel("memory replay " + q("word.trace"));
+  expectExactError(word, path("word.trace") + ":2: unknown event '" + std::string(26, 'z') +
+                             " … (2960 bytes left out) … " + std::string(14, 'z') +
+                             "' (expected a, f or s)");
+  // A config key of 500 KB: the error line quotes its start and end.
+  std::ofstream(path("key.json"))
+      << R"({"vocab_size": 256, "seq_len": 16, "n_layer": 1, "n_head": 1, "d_model": 8, ")"
+      << std::string(500000, 'k') << R"(": 1})";
+  CliResult key = keel("record --config " + q("key.json") + " -o " + q("r.db"));
+  expectOneLineError(key, "key.json: field 'kkkkkkkkkk");
+  expectOneLineError(key, " bytes left out) … kkkkkkkkkk");
+  EXPECT_LT(key.err.size(), 400u) << key.err.size();
+  EXPECT_FALSE(fs::exists(dir_ / "r.db"));
 }
 
 // A damaged allocator event (bytes -1, read as 2^64 - 1) is refused by `keel memory replay` in
@@ -205,7 +258,7 @@ TEST_F(KeelInputs, DeepOrHugeJsonIsOneLine) {
                      "config file is 40.0 MiB, more than the 1.00 MiB allowed");
   // A model or batch far beyond the machine: one line naming the fields (it used to crash with
   // SIGSEGV, or train until killed).
-  for (const char* field : {"d_model", "batch_size", "n_layer"}) {
+  for (const char* field : {"d_model", "batch_size", "n_layer", "vocab_size", "d_ff"}) {
     nlohmann::json c = nlohmann::json::parse("{" + base + "}");
     c[field] = int64_t(1) << 62;
     std::ofstream(path("huge.json"), std::ios::trunc) << c.dump();

@@ -205,6 +205,46 @@ TEST_F(KeelOutputs, ASecondWriterOfTheSameOutputIsRefused) {
   EXPECT_FALSE(fs::exists(lock));
 }
 
+// An output that is a symlink writes the file the link names and keeps the link (renaming the
+// finished file over the link used to replace the user's link with a regular file): an export, a
+// recording that replaces one, a new recording through a dangling link, and `-o /dev/stdout` with
+// stdout redirected to a file. `memory trace -` writes the trace to stdout, not to a file "-".
+TEST_F(KeelOutputs, ASymlinkOutputWritesTheFileItNames) {
+  ASSERT_EQ(record(path("r.db")).status, 0);
+  std::ofstream(path("target.csv")) << "old";
+  fs::create_symlink("target.csv", dir_ / "link.csv");
+  CliResult r = keel("export csv '" + path("r.db") + "' -o '" + path("link.csv") + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.csv"));
+  EXPECT_EQ(slurp(dir_ / "target.csv").rfind("seq,", 0), 0u);
+  // A recording replaced through a link, and a new one through a dangling link.
+  fs::copy_file(dir_ / "r.db", dir_ / "old.db");
+  fs::create_symlink("old.db", dir_ / "link.db");
+  fs::create_symlink("new.db", dir_ / "dangling.db");
+  for (const char* out : {"link.db", "dangling.db"}) {
+    CliResult rec =
+        keel("record --config '" + path("c.json") + "' --steps 2 --seed 5 -o '" + path(out) + "'");
+    ASSERT_EQ(rec.status, 0) << out << rec.err;
+    EXPECT_TRUE(fs::is_symlink(dir_ / out)) << out;
+  }
+  EXPECT_EQ(keel::storage::Recording::open(path("old.db")).steps().size(), 2u);
+  EXPECT_EQ(keel::storage::Recording::open(path("new.db")).steps().size(), 2u);
+  // -o /dev/stdout with stdout on a file: the file gets the export.
+  const std::string cmd = "cd '" + dir_.string() + "' && KEEL_BLAS_TUNE=0 '" +
+                          std::string(KEEL_CLI_PATH) + "' export csv r.db -o /dev/stdout" +
+                          " > viastdout.csv 2>cli_stdout_err.txt";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir_ / "cli_stdout_err.txt");
+  EXPECT_EQ(slurp(dir_ / "viastdout.csv"), slurp(dir_ / "target.csv"));
+  // memory trace -: the trace on stdout, its summary on stderr, no file named "-".
+  CliResult trace = keel("memory trace --config '" + path("c.json") + "' --steps 1 -");
+  ASSERT_EQ(trace.status, 0) << trace.err;
+  EXPECT_EQ(trace.out.rfind("# keel allocation trace: a ID BYTES | f ID | s STEP\n", 0), 0u);
+  EXPECT_NE(trace.err.find("trace -: "), std::string::npos) << trace.err;
+  EXPECT_FALSE(fs::exists(fs::path(KEEL_SOURCE_DIR) / "-"));  // (runKeelCli runs there)
+  expectOnly({"c.json", "r.db", "target.csv", "link.csv", "old.db", "link.db", "new.db",
+              "dangling.db", "viastdout.csv"});
+}
+
 TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {
   ASSERT_EQ(record(path("r.db")).status, 0);
   std::ofstream(path("out.csv")) << "old";

@@ -26,6 +26,7 @@ size_t AllocTrace::steps() const {
 
 AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
   constexpr uint64_t kMaxBlock = kMaxTraceBlock;
+  constexpr size_t kMaxTraceLine = 4096;
   AllocTrace t;
   std::unordered_set<uint64_t> live;
   std::string line;
@@ -33,8 +34,22 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
   auto bad = [&](const std::string& what) {
     return Error(detail::concat(name, ":", lineNo, ": ", what));
   };
-  while (std::getline(in, line)) {
-    ++lineNo;
+  // Lines are read at most kMaxTraceLine bytes at a time: a huge file of zeros or one 5 MB token
+  // is refused at its first line instead of being read whole into memory.
+  std::streambuf* buf = in.rdbuf();
+  auto nextLine = [&] {
+    line.clear();
+    for (int c = buf->sbumpc(); c != std::char_traits<char>::eof(); c = buf->sbumpc()) {
+      if (c == '\n') return true;
+      if (line.size() == kMaxTraceLine)
+        throw bad(detail::concat("line longer than ", kMaxTraceLine,
+                                 " bytes; an allocation trace has lines like 'a ID BYTES'"));
+      line.push_back(char(c));
+    }
+    in.setstate(std::ios::eofbit);
+    return !line.empty();
+  };
+  while (buf && (++lineNo, nextLine())) {
     if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
     std::istringstream ls(line);
     std::string kind;
@@ -62,10 +77,10 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
       e.kind = TraceEvent::Step;
       if (!number(e.id)) throw bad("expected 's STEP'");
     } else {
-      throw bad("unknown event '" + kind + "' (expected a, f or s)");
+      throw bad("unknown event '" + clipText(kind, 40) + "' (expected a, f or s)");
     }
     std::string extra;
-    if (ls >> extra) throw bad("unexpected '" + extra + "' after the event");
+    if (ls >> extra) throw bad("unexpected '" + clipText(extra, 40) + "' after the event");
     t.events.push_back(e);
   }
   if (in.bad()) throw Error(name + ": read error");

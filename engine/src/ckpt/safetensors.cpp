@@ -226,11 +226,14 @@ Header parseFile(const uint8_t* data, size_t size, const std::string& source) {
 // ---- Reader ------------------------------------------------------------------------------
 
 Reader::Reader(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; it is
+  // refused below as not a regular file (the flag means nothing for a regular file's reads).
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   KEEL_CHECK(fd_ >= 0, path, ": cannot open (", errnoText(), ")");
   try {
     struct stat sb {};
     KEEL_CHECK(::fstat(fd_, &sb) == 0, path, ": cannot stat (", errnoText(), ")");
+    if (!S_ISREG(sb.st_mode)) requireRegularFile(path, "the safetensors file");
     KEEL_CHECK(S_ISREG(sb.st_mode), path, ": not a regular file");
     fileSize_ = uint64_t(sb.st_size);
     uint8_t len[8] = {};

@@ -40,7 +40,8 @@ class FieldReader {
   FieldReader(const Json& obj, const std::string& source) : obj_(obj), source_(source) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw Error(source_ + ": field '" + field + "': " + what);
+    // (a field name can be any key the file holds, 500 KB of it: a readable excerpt)
+    throw Error(source_ + ": field '" + clipText(field, 80) + "': " + what);
   }
 
   void readInt(const char* key, int64_t& out, bool required = false) {
@@ -189,8 +190,9 @@ void checkFitsInMemory(const GptConfig& c, const std::string& source) {
        << c.vocab_size << (c.n_expert > 0 ? ", n_expert " + std::to_string(c.n_expert) : "") << ")";
   else
     os << "activations " << bytesForPeople(activationBytes) << " (batch_size " << c.batch_size
-       << ", seq_len " << c.seq_len << ", d_model " << c.d_model << ", n_layer " << c.n_layer
-       << ")";
+       << ", seq_len " << c.seq_len << ", d_model " << c.d_model << ", d_ff " << c.d_ff
+       << ", n_layer " << c.n_layer << ", vocab_size " << c.vocab_size
+       << (c.n_expert > 0 ? ", top_k " + std::to_string(c.top_k) : "") << ")";
   throw Error(os.str());
 }
 

@@ -87,6 +87,24 @@ inline void checkOutputPath(const std::string& option, const std::string& output
                   "); refusing to overwrite an input");
 }
 
+// The file an output path names once a symlink in its last component is followed (a chain of
+// them, a relative link read from the link's directory; a dangling link gives the path it points
+// at, which is then created). Outputs are written at that path: renaming a finished file over the
+// link itself would replace the user's link with a regular file and leave the file it pointed to
+// as it was (`-o /dev/stdout` redirected to a file names that file).
+inline std::string followOutputLink(std::string path) {
+  for (int hop = 0; hop < 40; ++hop) {
+    struct stat st {};
+    if (path.empty() || ::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    std::error_code ec;
+    std::filesystem::path to = std::filesystem::read_symlink(path, ec);
+    if (ec) return path;
+    if (to.is_relative()) to = std::filesystem::path(path).parent_path() / to;
+    path = to.string();
+  }
+  throw Error("output " + path + ": too many levels of symbolic links");
+}
+
 // The temporary name beside `target` a replacement is written under (same directory, so the
 // final rename is atomic): `.NAME.TAG-PID`.
 inline std::string replacementPath(const std::string& target, const char* tag = "partial") {
@@ -107,8 +125,8 @@ inline void renameOver(const std::string& from, const std::string& to) {
 // committed (an error, an exception), the temporary file is removed and `target` is untouched.
 class ReplaceOnCommit {
  public:
-  explicit ReplaceOnCommit(std::string target)
-      : target_(std::move(target)), temp_(replacementPath(target_)) {}
+  explicit ReplaceOnCommit(const std::string& target)
+      : target_(followOutputLink(target)), temp_(replacementPath(target_)) {}
   ~ReplaceOnCommit() {
     if (!committed_) std::remove(temp_.c_str());
   }
@@ -135,13 +153,14 @@ inline std::string lockPath(const std::string& output) {
   return dir + "." + name + ".lock";
 }
 
-// An exclusive lock on an output for as long as it is written (flock on `.NAME.lock` beside it,
-// holding the writer's pid): a second process given the same output is refused in one line
+// An exclusive lock on an output for as long as it is written (flock on `.NAME.lock` beside the
+// file it names, symlinks followed, so two names for one file share one lock; it holds the
+// writer's pid): a second process given the same output is refused in one line
 // instead of interleaving into one damaged file. Released (and the lock file removed) on
 // destruction; a crashed writer's lock goes with its process.
 class OutputLock {
  public:
-  explicit OutputLock(const std::string& output) : path_(lockPath(output)) {
+  explicit OutputLock(const std::string& output) : path_(lockPath(followOutputLink(output))) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
       throw Error("cannot lock output " + output + " (" + path_ + "): " + std::strerror(errno));

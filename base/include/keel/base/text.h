@@ -68,6 +68,21 @@ inline std::optional<double> parseFiniteNumber(const std::string& text) {
   return v;
 }
 
+// `text` if it is at most `max` bytes, else its start and its end with how much was left out
+// between them: "START … (N bytes left out) … END", START two thirds of `max`. Every error a person
+// reads goes through it (the keel tool's error line, the studio's dialogs, AOA's messages), so a
+// 5 MB token in a trace or a 10 MB key in a rule file quotes a readable excerpt, not the whole
+// thing. Cuts never split a UTF-8 sequence.
+inline std::string clipText(std::string_view text, size_t max = 1000) {
+  if (text.size() <= max) return std::string(text);
+  auto isCont = [&](size_t i) { return i < text.size() && (uint8_t(text[i]) & 0xC0) == 0x80; };
+  size_t head = max * 2 / 3, tail = text.size() - (max - head);
+  while (head > 0 && isCont(head)) --head;
+  while (isCont(tail)) ++tail;
+  return detail::concat(text.substr(0, head), " … (", tail - head, " bytes left out) … ",
+                        text.substr(tail));
+}
+
 // What kind of non-regular thing a path names ("a directory", "a FIFO", "a character device",
 // ...), or "" for a regular file or nothing there. Inputs that must be files are checked with it
 // before they are opened: opening a FIFO for reading blocks until a writer comes, and /dev/zero

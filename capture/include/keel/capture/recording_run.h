@@ -124,6 +124,10 @@ class BreakConditions {
 
 // ---- the run ----------------------------------------------------------------------------------
 
+// The longest run a user may ask for, in steps (`keel record/train --steps`, the studio's
+// --steps): beyond it a step counter's arithmetic and a recording's size stop making sense.
+inline constexpr int64_t kMaxRunSteps = 1000000000;
+
 // What a user asks for: `keel record`'s options and the studio's "New session…" dialog alike.
 struct RunSpec {
   std::string configPath;    // the model config, or a workload's config ("" none: its defaults)

@@ -17,16 +17,12 @@ namespace keel::aoa {
 
 namespace detail {
 
-// Every AOA error goes through here: at most 240 characters of the message, so a rule with a
-// 10 MB key name or 100,000 brackets gives a readable line (its start and end, and how much was
-// left out), not a 10 MB one.
+// Every AOA error goes through here: at most 240 characters of the message (keel::clipText), so a
+// rule with a 10 MB key name or 100,000 brackets gives a readable line (its start and end, and how
+// much was left out), not a 10 MB one.
 void fail(const std::string& src, Pos p, const std::string& msg) {
-  constexpr size_t kMax = 240, kHead = 160, kTail = 60;
-  std::string text = msg;
-  if (text.size() > kMax)
-    text = msg.substr(0, kHead) + " … (" + std::to_string(msg.size() - kHead - kTail) +
-           " bytes left out) … " + msg.substr(msg.size() - kTail);
-  throw Error(src + ":" + std::to_string(p.line) + ":" + std::to_string(p.col) + ": " + text);
+  throw Error(src + ":" + std::to_string(p.line) + ":" + std::to_string(p.col) + ": " +
+              clipText(msg, 240));
 }
 
 }  // namespace detail
