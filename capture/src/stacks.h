@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keel/base/non_copyable.h"
 #include "keel/storage/records.h"
 
 namespace keel::capture {
@@ -34,12 +35,10 @@ class StackTable {
 // Writer-thread side: symbolizes frames with libdw, caching per address. Leading frames inside
 // capture and the dispatcher (keel::capture::*, keel::detail::notify*, keel::dispatch*) are
 // dropped so a stack starts at the code that called the op.
-class Symbolizer {
+class Symbolizer : NonCopyable {
  public:
   Symbolizer();
   ~Symbolizer();
-  Symbolizer(const Symbolizer&) = delete;
-  Symbolizer& operator=(const Symbolizer&) = delete;
   storage::StackRecord symbolize(int64_t id, const RawStack& addrs);
 
  private:

@@ -23,15 +23,13 @@ namespace fs = std::filesystem;
 using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
-class BreakOn : public keel::test::TempDirTest {
+class BreakOn : public keel::test::KeelCliTest {
  protected:
-  std::string db(const std::string& name) { return (dir_ / name).string(); }
   CliResult record(const std::string& out, const std::string& extra, const std::string& env = "") {
-    return keel::test::runKeelCli(
-        "record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 4 "
-        "--md5 --stats -o '" +
-            db(out) + "' " + extra,
-        dir_.string(), env);
+    return keel(
+        "record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 4 --md5 --stats -o '" +
+            path(out) + "' " + extra,
+        env);
   }
   // The "keel record: stopped at op #N (step S): reason" line.
   static std::string stopLine(const CliResult& r) {
@@ -89,7 +87,7 @@ TEST(BreakSpec, ParsesEachConditionAndRejectsTheRest) {
 TEST_F(BreakOn, StepStopsAtTheEndOfThatStep) {
   CliResult r = record("step.db", "--steps 3 --break-on step:2");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording rec = keel::storage::Recording::open(db("step.db"));
+  keel::storage::Recording rec = keel::storage::Recording::open(path("step.db"));
   ASSERT_EQ(rec.steps().size(), 2u);
   EXPECT_GT(rec.steps()[1].endNs, 0);
   const auto ops = rec.stepOps(2);
@@ -102,7 +100,7 @@ TEST_F(BreakOn, StepStopsAtTheEndOfThatStep) {
 // grad-norm>X and loss>K*mean read the step's metrics at its end; a hit count skips hits.
 TEST_F(BreakOn, GradNormLossSpikeAndHitCountUseTheStepsMetrics) {
   ASSERT_EQ(record("clean.db", "--steps 3").status, 0);
-  keel::storage::Recording clean = keel::storage::Recording::open(db("clean.db"));
+  keel::storage::Recording clean = keel::storage::Recording::open(path("clean.db"));
   ASSERT_EQ(clean.steps().size(), 3u);
   const double g1 = clean.steps()[0].gradNorm, g2 = clean.steps()[1].gradNorm;
   ASSERT_TRUE(std::isfinite(g1) && std::isfinite(g2));
@@ -110,7 +108,7 @@ TEST_F(BreakOn, GradNormLossSpikeAndHitCountUseTheStepsMetrics) {
   CliResult r = record("g.db", "--steps 3 --break-on 'grad-norm>" + std::to_string(g1 / 2) + "'");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
   EXPECT_NE(stopLine(r).find("(step 1): breakpoint: gradient norm "), std::string::npos) << r.out;
-  EXPECT_EQ(keel::storage::Recording::open(db("g.db")).steps().size(), 1u);
+  EXPECT_EQ(keel::storage::Recording::open(path("g.db")).steps().size(), 1u);
   // ... and with @2 at the second step above it.
   r = record("g2.db",
              "--steps 3 --break-on 'grad-norm>" + std::to_string(std::min(g1, g2) / 2) + "@2'");
@@ -129,7 +127,7 @@ TEST_F(BreakOn, GradNormLossSpikeAndHitCountUseTheStepsMetrics) {
   // op:cross_entropy@2: the second call (step 2's), not the first.
   r = record("ce.db", "--break-on op:cross_entropy@2");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording ce = keel::storage::Recording::open(db("ce.db"));
+  keel::storage::Recording ce = keel::storage::Recording::open(path("ce.db"));
   uint64_t second = 0;
   int n = 0;
   for (const auto& o : ce.allOps())
@@ -144,7 +142,7 @@ TEST_F(BreakOn, GradNormLossSpikeAndHitCountUseTheStepsMetrics) {
 TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
   CliResult r = record("nan.db", "--break-on nan", "KEEL_TEST_PERTURB=matmul:20:nan");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording rec = keel::storage::Recording::open(db("nan.db"));
+  keel::storage::Recording rec = keel::storage::Recording::open(path("nan.db"));
   const auto first = rec.firstNonFinite();
   ASSERT_TRUE(first);
   EXPECT_EQ(first->name, "matmul");
@@ -164,7 +162,7 @@ TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
 TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
   CliResult r = record("op.db", "--break-on op:cross_entropy");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording rec = keel::storage::Recording::open(db("op.db"));
+  keel::storage::Recording rec = keel::storage::Recording::open(path("op.db"));
   uint64_t firstCe = 0;
   for (const auto& o : rec.allOps())
     if (o.name == "cross_entropy" && !firstCe) firstCe = o.seq;
@@ -174,7 +172,7 @@ TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
 
   r = record("scope.db", "--break-on scope:blocks.1");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording rec2 = keel::storage::Recording::open(db("scope.db"));
+  keel::storage::Recording rec2 = keel::storage::Recording::open(path("scope.db"));
   const auto ops = rec2.allOps();
   ASSERT_FALSE(ops.empty());
   uint64_t firstInScope = 0;
@@ -187,7 +185,7 @@ TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
   // "op:NAME in SCOPE" (the studio's Break here): that op in exactly that scope.
   r = record("here.db", "--break-on 'op:matmul in blocks.0.mlp.w2'");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording rec3 = keel::storage::Recording::open(db("here.db"));
+  keel::storage::Recording rec3 = keel::storage::Recording::open(path("here.db"));
   uint64_t here = 0;
   for (const auto& o : rec3.allOps())
     if (o.step == 1 && o.name == "matmul" && o.scope == "blocks.0.mlp.w2" && !here) here = o.seq;
@@ -200,11 +198,11 @@ TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
 // Against a clean reference, a perturbed run stops at the op the diff calls the first divergence.
 TEST_F(BreakOn, Md5RefStopsAtTheFirstDivergence) {
   ASSERT_EQ(record("clean.db", "").status, 0);
-  CliResult r = record("pert.db", "--break-on md5-ref:'" + db("clean.db") + "'",
+  CliResult r = record("pert.db", "--break-on md5-ref:'" + path("clean.db") + "'",
                        "KEEL_TEST_PERTURB=matmul:5");
   ASSERT_EQ(r.status, 1) << r.out << r.err;
-  keel::storage::Recording clean = keel::storage::Recording::open(db("clean.db"));
-  keel::storage::Recording pert = keel::storage::Recording::open(db("pert.db"));
+  keel::storage::Recording clean = keel::storage::Recording::open(path("clean.db"));
+  keel::storage::Recording pert = keel::storage::Recording::open(path("pert.db"));
   const auto report = keel::storage::diffRuns(clean.allOps(), pert.allOps());
   ASSERT_TRUE(report.first && report.first->pair.inB);
   EXPECT_EQ(lastSeq(pert), report.first->pair.seqB);
@@ -219,17 +217,17 @@ TEST_F(BreakOn, ConditionThatNeverHoldsFinishes) {
   CliResult r = record("ok.db", "--break-on nan");
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_EQ(stopLine(r), "");
-  EXPECT_EQ(keel::storage::Recording::open(db("ok.db")).run().status, "finished");
+  EXPECT_EQ(keel::storage::Recording::open(path("ok.db")).run().status, "finished");
 }
 
 // Bad conditions: one line, exit 2, and no recording made (validated before the output).
 TEST_F(BreakOn, BadConditionsAreOneLineErrorsBeforeAnyFile) {
   for (const std::string& bad :
        {std::string("--break-on bogus"), std::string("--break-on op:no_such_op"),
-        std::string("--break-on md5-ref:'") + db("missing.db") + "'"}) {
+        std::string("--break-on md5-ref:'") + path("missing.db") + "'"}) {
     CliResult r = record("bad.db", bad);
     expectOneLineError(r, "");
-    EXPECT_FALSE(fs::exists(db("bad.db"))) << bad;
+    EXPECT_FALSE(fs::exists(path("bad.db"))) << bad;
   }
 }
 

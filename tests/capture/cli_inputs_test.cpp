@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
-class KeelInputs : public keel::test::TempDirTest {
+class KeelInputs : public keel::test::KeelCliTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
@@ -37,10 +37,7 @@ class KeelInputs : public keel::test::TempDirTest {
   }
 
   // 124 (timeout's status) if keel blocked.
-  CliResult keel(const std::string& args) {
-    return keel::test::runKeelCli(args, dir_.string(), "timeout 30");
-  }
-  std::string path(const std::string& name) { return (dir_ / name).string(); }
+  CliResult keel(const std::string& args) const { return KeelCliTest::keel(args, "timeout 30"); }
   // Runs the SQL `script` on the file `name` (through Python's sqlite3) and returns the first
   // column of the first row of its last statement, "" when it returns none.
   std::string sql(const std::string& name, const std::string& script) {

@@ -32,17 +32,13 @@ std::string slurp(const fs::path& p) {
   return keel::readFile(p.string());
 }
 
-class KeelOutputs : public keel::test::TempDirTest {
+class KeelOutputs : public keel::test::KeelCliTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
     fs::copy_file(fs::path(KEEL_SOURCE_DIR) / "tests/fixtures/gpt-tiny.json", dir_ / "c.json");
   }
 
-  CliResult keel(const std::string& args, const std::string& env = "") {
-    return keel::test::runKeelCli(args, dir_.string(), env);
-  }
-  std::string path(const std::string& name) { return (dir_ / name).string(); }
   CliResult record(const std::string& out, const std::string& extra = "",
                    const std::string& env = "") {
     return keel(

@@ -37,7 +37,7 @@ std::vector<double> losses(const std::string& out);
 // The gradient norms "step N/M ... gnorm X" that keel train prints.
 std::vector<double> gradNorms(const std::string& out);
 
-class KeelRanks : public keel::test::TempDirTest {
+class KeelRanks : public keel::test::KeelCliTest {
  protected:
   // keel with `args` in `np` processes under mpirun (bounded: a hang fails the test, not CI).
   // env: VAR=value words passed to every rank.
@@ -49,8 +49,6 @@ class KeelRanks : public keel::test::TempDirTest {
                                   std::string(kMpiEnv) + " " + env + " timeout 120 mpirun -np " +
                                       std::to_string(np) + " -x KEEL_BLAS_TUNE" + exports);
   }
-  CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
-  std::string path(const std::string& name) { return (dir_ / name).string(); }
   // A copy of the config `base` (a path in the source tree) with `from` replaced by `to`, as
   // `name` in the test's directory.
   std::string variantConfig(const std::string& base, const std::string& name,

@@ -24,15 +24,11 @@ namespace fs = std::filesystem;
 using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
-class KeelCli : public keel::test::TempDirTest {
+class KeelCli : public keel::test::KeelCliTest {
  protected:
-  CliResult keel(const std::string& args, const std::string& env = "") {
-    return keel::test::runKeelCli(args, dir_.string(), env);
-  }
-  std::string db(const std::string& name) { return (dir_ / name).string(); }
   CliResult record(const std::string& name, const std::string& extra, const std::string& env = "") {
     return keel(
-        "record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + db(name) + "' " + extra,
+        "record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + path(name) + "' " + extra,
         env);
   }
 };
@@ -40,9 +36,9 @@ class KeelCli : public keel::test::TempDirTest {
 TEST_F(KeelCli, InspectShowsTheRecordedAttentionMask) {
   // Sliding window 128 over 256 tokens in 64 × 64 tiles: 7 of 16 tiles skipped.
   CliResult r = keel("record --config tests/fixtures/gpt-tiny-window.json --steps 1 --seed 1 -o '" +
-                     db("w.db") + "'");
+                     path("w.db") + "'");
   ASSERT_EQ(r.status, 0) << r.err;
-  CliResult i = keel("inspect '" + db("w.db") + "'");
+  CliResult i = keel("inspect '" + path("w.db") + "'");
   ASSERT_EQ(i.status, 0) << i.err;
   EXPECT_NE(i.out.find("attention  step 1; tile map of batch 0"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("  blocks.0.attn        sliding_window         block sparsity 0.438  "
@@ -51,7 +47,7 @@ TEST_F(KeelCli, InspectShowsTheRecordedAttentionMask) {
       << i.out;
   // A causal gpt-tiny (16 tokens, one tile) shows its one partial tile.
   ASSERT_EQ(record("c.db", "--seed 1").status, 0);
-  CliResult c = keel("inspect '" + db("c.db") + "'");
+  CliResult c = keel("inspect '" + path("c.db") + "'");
   EXPECT_NE(c.out.find("  blocks.1.attn        causal                 block sparsity 0.000  p\n"),
             std::string::npos)
       << c.out;
@@ -61,57 +57,57 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   CliResult r = record("a.db", "--seed 1 --md5 --stats --stacks");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("recorded 2 steps"), std::string::npos) << r.out;
-  CliResult i = keel("inspect '" + db("a.db") + "'");
+  CliResult i = keel("inspect '" + path("a.db") + "'");
   ASSERT_EQ(i.status, 0) << i.err;
   EXPECT_NE(i.out.find("status finished"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("steps      2"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("matmul"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("adamw_step"), std::string::npos) << i.out;
 
-  CliResult o = keel("ops '" + db("a.db") + "' --step 1 --phase backward --name matmul");
+  CliResult o = keel("ops '" + path("a.db") + "' --step 1 --phase backward --name matmul");
   ASSERT_EQ(o.status, 0) << o.err;
   EXPECT_NE(o.out.find(" backward  matmul"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("forward "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("op calls"), std::string::npos) << o.out;
-  expectOneLineError(keel("ops '" + db("a.db") + "' --phase sideways"), "sideways");
+  expectOneLineError(keel("ops '" + path("a.db") + "' --phase sideways"), "sideways");
 
   // The studio's graph (tests/views/graph_test.cpp compares the two): module clusters, labelled
   // nodes, backward ops filled.
-  CliResult g = keel("export graph '" + db("a.db") + "' --step 1 --phase both");
+  CliResult g = keel("export graph '" + path("a.db") + "' --step 1 --phase both");
   ASSERT_EQ(g.status, 0) << g.err;
   EXPECT_EQ(g.out.rfind("digraph", 0), 0u) << g.out.substr(0, 200);
   EXPECT_NE(g.out.find("subgraph \"cluster_f:blocks.0.attn\""), std::string::npos);
   EXPECT_NE(g.out.find("<B>blocks.0.attn</B>"), std::string::npos);
   EXPECT_NE(g.out.find("[label=\"matmul\\n"), std::string::npos);
   EXPECT_NE(g.out.find("fillcolor=\"#fde2c8\""), std::string::npos) << "backward ops";
-  CliResult collapsed = keel("export graph '" + db("a.db") + "' --step 1 --collapse");
+  CliResult collapsed = keel("export graph '" + path("a.db") + "' --step 1 --collapse");
   ASSERT_EQ(collapsed.status, 0) << collapsed.err;
   EXPECT_NE(collapsed.out.find("\"m:f:blocks\" [label=\"blocks\\n"), std::string::npos);
   EXPECT_LT(collapsed.out.size(), g.out.size());
-  CliResult svg = keel("export graph '" + db("a.db") + "' --step 1 --phase forward --format svg");
+  CliResult svg = keel("export graph '" + path("a.db") + "' --step 1 --phase forward --format svg");
   ASSERT_EQ(svg.status, 0) << svg.err;
   EXPECT_NE(svg.out.find("<svg"), std::string::npos) << svg.out.substr(0, 300);
   EXPECT_NE(svg.out.find("matmul"), std::string::npos);
   EXPECT_NE(svg.out.find("</svg>"), std::string::npos);
-  expectOneLineError(keel("export graph '" + db("a.db") + "' --format png"), "png");
-  expectOneLineError(keel("export graph '" + db("a.db") + "' --phase sideways"), "sideways");
-  CliResult tr = keel("export trace '" + db("a.db") + "'");
+  expectOneLineError(keel("export graph '" + path("a.db") + "' --format png"), "png");
+  expectOneLineError(keel("export graph '" + path("a.db") + "' --phase sideways"), "sideways");
+  CliResult tr = keel("export trace '" + path("a.db") + "'");
   ASSERT_EQ(tr.status, 0) << tr.err;
   EXPECT_GT(nlohmann::json::parse(tr.out)["traceEvents"].size(), 100u);
-  CliResult csv = keel("export csv '" + db("a.db") + "'");
+  CliResult csv = keel("export csv '" + path("a.db") + "'");
   ASSERT_EQ(csv.status, 0) << csv.err;
   EXPECT_EQ(csv.out.rfind("seq,step,phase,op,", 0), 0u);
-  CliResult tcsv = keel("export csv --tensors '" + db("a.db") + "'");
+  CliResult tcsv = keel("export csv --tensors '" + path("a.db") + "'");
   ASSERT_EQ(tcsv.status, 0) << tcsv.err;
   EXPECT_EQ(tcsv.out.rfind("seq,step,phase,op,scope,role,idx,", 0), 0u);
   EXPECT_NE(tcsv.out.find(",output,0,"), std::string::npos);
-  expectOneLineError(keel("export graph '" + db("a.db") + "' --step 99"), "step 99");
+  expectOneLineError(keel("export graph '" + path("a.db") + "' --step 99"), "step 99");
 }
 
 TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
   ASSERT_EQ(record("ref.db", "--seed 3 --backend cpu-ref --md5 --stats").status, 0);
   ASSERT_EQ(record("cpu.db", "--seed 3 --backend cpu --md5 --stats").status, 0);
-  CliResult d = keel("diff '" + db("ref.db") + "' '" + db("cpu.db") + "' --mismatches-only");
+  CliResult d = keel("diff '" + path("ref.db") + "' '" + path("cpu.db") + "' --mismatches-only");
   EXPECT_EQ(d.status, 0) << d.out << d.err;
   EXPECT_NE(d.out.find("0 diverged"), std::string::npos) << d.out;
 }
@@ -122,7 +118,7 @@ TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
 TEST_F(KeelCli, DiffNamesTheKernelsOfEachPair) {
   ASSERT_EQ(record("ref.db", "--seed 3 --backend cpu-ref --md5 --stats").status, 0);
   ASSERT_EQ(record("cpu.db", "--seed 3 --backend cpu --md5 --stats").status, 0);
-  CliResult d = keel("diff '" + db("cpu.db") + "' '" + db("ref.db") + "' --json");
+  CliResult d = keel("diff '" + path("cpu.db") + "' '" + path("ref.db") + "' --json");
   ASSERT_EQ(d.status, 0) << d.err;
   nlohmann::json j = nlohmann::json::parse(d.out);
   int sums = 0, concats = 0;
@@ -146,12 +142,12 @@ TEST_F(KeelCli, DiffNamesTheKernelsOfEachPair) {
   EXPECT_GT(sums, 0);
   EXPECT_GT(concats, 0);
   // keel ops shows the kernel that ran each recorded call.
-  CliResult ops = keel("ops '" + db("ref.db") + "' --kernels --name sum --limit 1");
+  CliResult ops = keel("ops '" + path("ref.db") + "' --kernels --name sum --limit 1");
   ASSERT_EQ(ops.status, 0) << ops.err;
   EXPECT_NE(ops.out.find("KERNEL (variant; run-time parameters)"), std::string::npos) << ops.out;
   EXPECT_NE(ops.out.find(" cpu-ref float64, sequential\n"), std::string::npos) << ops.out;
 
-  CliResult z = keel("diff '" + db("cpu.db") + "' '" + db("ref.db") + "' --atol 0 --rtol 0");
+  CliResult z = keel("diff '" + path("cpu.db") + "' '" + path("ref.db") + "' --atol 0 --rtol 0");
   EXPECT_EQ(z.status, 1) << z.err;
   // The first divergence is the root here (a layer_norm whose inputs all match).
   const size_t first = z.out.find("first divergence: step 1");
@@ -172,7 +168,7 @@ TEST_F(KeelCli, DumpedValuesAreComparedElementByElement) {
   const std::string opts = "--seed 3 --md5 --stats --dumps --dump-ops matmul";
   ASSERT_EQ(record("ref.db", opts + " --backend cpu-ref").status, 0);
   ASSERT_EQ(record("cpu.db", opts + " --backend cpu").status, 0);
-  CliResult d = keel("diff '" + db("ref.db") + "' '" + db("cpu.db") + "' --json");
+  CliResult d = keel("diff '" + path("ref.db") + "' '" + path("cpu.db") + "' --json");
   EXPECT_EQ(d.status, 0) << d.err;
   nlohmann::json j = nlohmann::json::parse(d.out);
   int valuePairs = 0;
@@ -188,7 +184,7 @@ TEST_F(KeelCli, DumpedValuesAreComparedElementByElement) {
   EXPECT_GT(valuePairs, 10);
 
   ASSERT_EQ(record("bad.db", opts + " --backend cpu", "KEEL_TEST_PERTURB=matmul:5").status, 0);
-  CliResult p = keel("diff '" + db("cpu.db") + "' '" + db("bad.db") + "' --json");
+  CliResult p = keel("diff '" + path("cpu.db") + "' '" + path("bad.db") + "' --json");
   EXPECT_EQ(p.status, 1) << p.err;
   nlohmann::json pj = nlohmann::json::parse(p.out);
   const auto& out0 = pj["rootDivergence"]["pair"]["outputs"][0];
@@ -200,7 +196,7 @@ TEST_F(KeelCli, DumpedValuesAreComparedElementByElement) {
 TEST_F(KeelCli, DifferentSeedsDivergeAtTheFirstInitialisationOp) {
   ASSERT_EQ(record("s1.db", "--seed 1 --md5 --stats").status, 0);
   ASSERT_EQ(record("s2.db", "--seed 2 --md5 --stats").status, 0);
-  CliResult d = keel("diff '" + db("s1.db") + "' '" + db("s2.db") + "' --json");
+  CliResult d = keel("diff '" + path("s1.db") + "' '" + path("s2.db") + "' --json");
   EXPECT_EQ(d.status, 1) << d.out << d.err;
   EXPECT_NE(d.out.find("\"firstDivergence\""), std::string::npos) << d.out;
 }
@@ -211,14 +207,14 @@ TEST_F(KeelCli, DiffFindsAnInjectedDivergenceAtThePerturbedOp) {
   ASSERT_EQ(record("clean.db", "--seed 4 --md5 --stats --stacks").status, 0);
   ASSERT_EQ(
       record("bad.db", "--seed 4 --md5 --stats --stacks", "KEEL_TEST_PERTURB=matmul:5").status, 0);
-  CliResult j = keel("diff '" + db("clean.db") + "' '" + db("bad.db") + "' --json");
+  CliResult j = keel("diff '" + path("clean.db") + "' '" + path("bad.db") + "' --json");
   EXPECT_EQ(j.status, 1) << j.out << j.err;
   auto doc = nlohmann::json::parse(j.out);
   ASSERT_TRUE(doc.contains("rootDivergence")) << j.out;
   const auto& root = doc["rootDivergence"];
   ASSERT_FALSE(root.is_null()) << j.out;
   // The 5th matmul call of the run, counted in B's own recording.
-  CliResult ops = keel("ops '" + db("bad.db") + "' --name matmul --limit 5");
+  CliResult ops = keel("ops '" + path("bad.db") + "' --name matmul --limit 5");
   ASSERT_EQ(ops.status, 0) << ops.err;
   std::istringstream lines(ops.out);
   std::string line, fifth;
@@ -232,30 +228,31 @@ TEST_F(KeelCli, DiffFindsAnInjectedDivergenceAtThePerturbedOp) {
   EXPECT_EQ(root["pair"]["b"]["seq"].get<uint64_t>(), fifthSeq) << root.dump();
   EXPECT_EQ(root["pair"]["status"], "diverged") << root.dump();
   // Text mode names the op and prints both stacks.
-  CliResult t = keel("diff '" + db("clean.db") + "' '" + db("bad.db") + "' --mismatches-only");
+  CliResult t = keel("diff '" + path("clean.db") + "' '" + path("bad.db") + "' --mismatches-only");
   EXPECT_EQ(t.status, 1);
   EXPECT_NE(t.out.find("root divergence stacks"), std::string::npos) << t.out;
 }
 
 TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
-  expectOneLineError(keel("inspect '" + db("missing.db") + "'"), "missing.db");
+  expectOneLineError(keel("inspect '" + path("missing.db") + "'"), "missing.db");
   {
-    std::ofstream junk(db("junk.db"), std::ios::binary);
+    std::ofstream junk(path("junk.db"), std::ios::binary);
     for (int i = 0; i < 4096; ++i) junk.put(char((i * 131) & 0xff));
   }
-  expectOneLineError(keel("inspect '" + db("junk.db") + "'"), "junk.db");
+  expectOneLineError(keel("inspect '" + path("junk.db") + "'"), "junk.db");
   expectOneLineError(record("x.db", "--ops matmull"), "matmull");
   expectOneLineError(record("y.db", "--step-range 5:2"), "step range");
   expectOneLineError(keel("record --config tests/fixtures/gpt-tiny.json -o /proc/no/such/dir.db"),
                      "/proc/no/such/dir.db");
-  expectOneLineError(keel("diff '" + db("missing.db") + "' '" + db("junk.db") + "'"), "missing.db");
+  expectOneLineError(keel("diff '" + path("missing.db") + "' '" + path("junk.db") + "'"),
+                     "missing.db");
 }
 
 // `keel train --save-inputs DIR` (Note [Training inputs]): the initial weights as a resumable
 // checkpoint and every step's batch, which are the batches the run then trains on; an existing
 // non-empty DIR, a multi-step check, and `keel diff --align` with a bad value are one line.
 TEST_F(KeelCli, SaveInputsWritesTheWeightsAndTheBatchesTheRunTrainsOn) {
-  const std::string in = db("inputs");
+  const std::string in = path("inputs");
   CliResult r = keel(
       "train --config tests/fixtures/gpt-tiny.json --steps 3 --seed 5 "
       "--eval-batches 0 --save-inputs '" +
@@ -304,7 +301,7 @@ TEST_F(KeelCli, SaveInputsWritesTheWeightsAndTheBatchesTheRunTrainsOn) {
       keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --save-inputs '" + in + "'"),
       "not an empty directory");
   EXPECT_TRUE(fs::is_regular_file(fs::path(in) / "batches.safetensors"));
-  expectOneLineError(keel("diff '" + db("a.db") + "' '" + db("b.db") + "' --align bogus"),
+  expectOneLineError(keel("diff '" + path("a.db") + "' '" + path("b.db") + "' --align bogus"),
                      "--align");
 }
 
@@ -314,7 +311,7 @@ TEST_F(KeelCli, StepsCarryTheTrainersMetricsAndALogLine) {
   CliResult train = keel("train --config tests/fixtures/gpt-tiny.json --steps 2 --seed 3");
   ASSERT_EQ(train.status, 0) << train.err;
   ASSERT_EQ(record("dense.db", "--seed 3").status, 0);
-  keel::storage::Recording rec = keel::storage::Recording::open(db("dense.db"));
+  keel::storage::Recording rec = keel::storage::Recording::open(path("dense.db"));
   const auto steps = rec.steps();
   ASSERT_EQ(steps.size(), 2u);
   // gpt-tiny: lr 1e-2 warmed up over 5 steps.
@@ -339,9 +336,9 @@ TEST_F(KeelCli, StepsCarryTheTrainersMetricsAndALogLine) {
     EXPECT_EQ(found, 1) << want;
   }
   CliResult moe =
-      keel("record --config tests/fixtures/moe-tiny.json --steps 1 -o '" + db("moe.db") + "'");
+      keel("record --config tests/fixtures/moe-tiny.json --steps 1 -o '" + path("moe.db") + "'");
   ASSERT_EQ(moe.status, 0) << moe.err;
-  const auto moeSteps = keel::storage::Recording::open(db("moe.db")).steps();
+  const auto moeSteps = keel::storage::Recording::open(path("moe.db")).steps();
   ASSERT_EQ(moeSteps.size(), 1u);
   EXPECT_GT(moeSteps[0].auxLoss, 0.0);
 }
@@ -353,13 +350,14 @@ TEST_F(KeelCli, EvalEveryRecordsTheValidationLossPerStep) {
       std::ifstream(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json"));
   cfg["eval_every"] = 2;
   cfg["eval_batches"] = 2;
-  const std::string path = db("eval.json");
+  const std::string path = path("eval.json");
   std::ofstream(path) << cfg.dump();
   CliResult train = keel("train --config '" + path + "' --steps 4 --seed 3");
   ASSERT_EQ(train.status, 0) << train.err;
-  CliResult rec = keel("record --config '" + path + "' --steps 4 --seed 3 -o '" + db("e.db") + "'");
+  CliResult rec =
+      keel("record --config '" + path + "' --steps 4 --seed 3 -o '" + path("e.db") + "'");
   ASSERT_EQ(rec.status, 0) << rec.err;
-  const auto steps = keel::storage::Recording::open(db("e.db")).steps();
+  const auto steps = keel::storage::Recording::open(path("e.db")).steps();
   ASSERT_EQ(steps.size(), 4u);
   for (const auto& s : steps) {
     SCOPED_TRACE(s.step);

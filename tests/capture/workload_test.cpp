@@ -111,26 +111,22 @@ TEST(WorkloadLoader, TheBuiltInTrainerRunsFromTheHostsParsedConfig) {
   expectError([&] { keel::gptWorkloadRun(cfg, params); }, {viaTextError});
 }
 
-class WorkloadRecord : public keel::test::TempDirTest {
- protected:
-  CliResult keel(const std::string& args) { return keel::test::runKeelCli(args, dir_.string()); }
-  std::string db(const std::string& name) { return (dir_ / name).string(); }
-};
+class WorkloadRecord : public keel::test::KeelCliTest {};
 
 TEST_F(WorkloadRecord, MismatchedApiVersionIsOneErrorLineAndNoRecording) {
   CliResult r = keel("record --workload '" + workloadPath("api_version_999") + "' --steps 2 -o '" +
-                     db("v.db") + "'");
+                     path("v.db") + "'");
   expectOneLineError(r, "was built for workload API version 999");
-  EXPECT_FALSE(fs::exists(db("v.db")));
+  EXPECT_FALSE(fs::exists(path("v.db")));
 }
 
 TEST_F(WorkloadRecord, ThrowingSecondStepFailsTheRunAndKeepsTheFirstStep) {
   CliResult r = keel("record --workload '" + workloadPath("throws_in_step2") +
-                     "' --steps 3 --md5 -o '" + db("t.db") + "'");
+                     "' --steps 3 --md5 -o '" + path("t.db") + "'");
   expectOneLineError(r, "workload 'throws-in-step-2' failed in step 2: injected failure in step 2");
   EXPECT_NE(r.out.find("step 1/3  loss"), std::string::npos) << r.out;
 
-  auto rec = keel::storage::Recording::open(db("t.db"));
+  auto rec = keel::storage::Recording::open(path("t.db"));
   EXPECT_EQ(rec.run().status.rfind("failed: ", 0), 0u) << rec.run().status;
   EXPECT_NE(rec.run().status.find("injected failure in step 2"), std::string::npos);
   auto steps = rec.steps();
@@ -151,7 +147,7 @@ TEST_F(WorkloadRecord, ThrowingSecondStepFailsTheRunAndKeepsTheFirstStep) {
 }
 
 TEST_F(WorkloadRecord, RecordNeedsAConfigOrAWorkload) {
-  expectOneLineError(keel("record --steps 1 -o '" + db("n.db") + "'"), "--config is required");
+  expectOneLineError(keel("record --steps 1 -o '" + path("n.db") + "'"), "--config is required");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/non_copyable.h"
 #include "keel/dispatch.h"
 #include "keel/ops.h"
 #include "keel/tensor.h"
@@ -78,12 +79,10 @@ inline ::testing::AssertionResult allClose(const Tensor& actual, const Tensor& e
 ::testing::AssertionResult bitEqual(const Tensor& actual, const Tensor& expected);
 
 // Restores the cpu thread count (keel::setCpuThreads) a test changes, when it goes out of scope.
-class ThreadsScope {
+class ThreadsScope : NonCopyable {
  public:
   ThreadsScope();
   ~ThreadsScope();
-  ThreadsScope(const ThreadsScope&) = delete;
-  ThreadsScope& operator=(const ThreadsScope&) = delete;
   int saved() const { return saved_; }  // the count it restores
 
  private:
@@ -118,6 +117,7 @@ class TempDirTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::filesystem::path dir_;
 };
 
@@ -132,5 +132,13 @@ CliResult runKeelCli(const std::string& args, const std::string& workDir,
                      const std::string& env = "");
 // A bad-input failure: exit status 2 and exactly one "keel: error: ..." line containing fragment.
 void expectOneLineError(const CliResult& r, const std::string& fragment);
+
+// A test of the keel tool in its own temporary directory: keel(args) runs it there (runKeelCli).
+class KeelCliTest : public TempDirTest {
+ protected:
+  CliResult keel(const std::string& args, const std::string& env = "") const {
+    return runKeelCli(args, dir_.string(), env);
+  }
+};
 
 }  // namespace keel::test

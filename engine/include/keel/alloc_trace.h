@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/allocator.h"
+#include "keel/base/non_copyable.h"
 
 namespace keel {
 
@@ -37,12 +38,10 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name);
 void writeAllocTrace(const AllocTrace& t, std::ostream& out);
 
 // Records the allocs and frees of engine Buffers on every thread while alive (an observer).
-class AllocTraceRecorder {
+class AllocTraceRecorder : NonCopyable {
  public:
   AllocTraceRecorder();
   ~AllocTraceRecorder();
-  AllocTraceRecorder(const AllocTraceRecorder&) = delete;
-  AllocTraceRecorder& operator=(const AllocTraceRecorder&) = delete;
   void markStep(int64_t step);
   // Stops recording; blocks still live are left allocated at the end of the trace.
   AllocTrace finish();

@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "keel/base/non_copyable.h"
 #include "keel/buffer.h"
 #include "keel/observer.h"
 
@@ -98,12 +99,10 @@ std::string formatTrackSummary(const MemoryTrackSummary& s, size_t maxBlocks = 1
 
 // Records every allocation and free (all allocators, all threads) between construction and end()
 // or destruction, and marks the section in recordings (track_begin/track_end events).
-class MemoryTrackingScope {
+class MemoryTrackingScope : NonCopyable {
  public:
   explicit MemoryTrackingScope(std::string name);
   ~MemoryTrackingScope();
-  MemoryTrackingScope(const MemoryTrackingScope&) = delete;
-  MemoryTrackingScope& operator=(const MemoryTrackingScope&) = delete;
   MemoryTrackSummary summary() const;  // so far
   MemoryTrackSummary end();            // stops tracking (idempotent) and returns the summary
 

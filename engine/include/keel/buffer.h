@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/base/non_copyable.h"
 #include "keel/device.h"
 
 namespace keel {
@@ -53,33 +54,27 @@ Allocator* setAllocator(Backend b, Allocator* a);
 // Pinning and unpinning take the lock briefly; a pin holds no lock, so a reader may free other
 // buffers (call the allocator) while it holds pins.
 class Buffer;
-class BufferPin {
+class BufferPin : NonCopyable {
  public:
   explicit BufferPin(const Buffer& b);
   ~BufferPin();
-  BufferPin(const BufferPin&) = delete;
-  BufferPin& operator=(const BufferPin&) = delete;
 
  private:
   const Buffer* b_;
 };
 
 namespace detail {
-class BufferMoveLock {
+class BufferMoveLock : NonCopyable {
  public:
   BufferMoveLock();
   ~BufferMoveLock();
-  BufferMoveLock(const BufferMoveLock&) = delete;
-  BufferMoveLock& operator=(const BufferMoveLock&) = delete;
 };
 }  // namespace detail
 
-class Buffer {
+class Buffer : NonCopyable {
  public:
   Buffer(size_t bytes, Device device);
   ~Buffer();
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }

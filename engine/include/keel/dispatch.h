@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keel/attrs.h"
+#include "keel/base/non_copyable.h"
 #include "keel/observer.h"
 #include "keel/op_ids.h"
 #include "keel/tensor.h"
@@ -23,24 +24,20 @@ Tensor dispatch1(OpId id, std::vector<Tensor> inputs, const Attrs& attrs = {});
 
 // Grad mode (thread-local): when off, no autograd nodes are recorded.
 bool gradEnabled();
-class NoGradGuard {
+class NoGradGuard : NonCopyable {
  public:
   NoGradGuard();
   ~NoGradGuard();
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
 
  private:
   bool prev_;
 };
 
 Phase currentPhase();
-class PhaseGuard {
+class PhaseGuard : NonCopyable {
  public:
   explicit PhaseGuard(Phase p);
   ~PhaseGuard();
-  PhaseGuard(const PhaseGuard&) = delete;
-  PhaseGuard& operator=(const PhaseGuard&) = delete;
 
  private:
   Phase prev_;
@@ -49,12 +46,10 @@ class PhaseGuard {
 // Module scope path (thread-local). ScopeGuard("attn") inside scope "blocks.3" gives
 // "blocks.3.attn"; ScopeGuard::absolute sets a full path (used by Modules, which know theirs).
 const std::string& currentScope();
-class ScopeGuard {
+class ScopeGuard : NonCopyable {
  public:
   explicit ScopeGuard(const std::string& name, bool absolute = false);
   ~ScopeGuard();
-  ScopeGuard(const ScopeGuard&) = delete;
-  ScopeGuard& operator=(const ScopeGuard&) = delete;
 
  private:
   std::string prev_;

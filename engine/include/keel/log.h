@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "keel/base/non_copyable.h"
 #include "keel/base/text.h"
 #include "keel/observer.h"
 
@@ -52,14 +53,12 @@ std::vector<VerboseRule> globalVerboseRules();
 // VerboseGuard g("blocks.3.attn");      // only ops inside blocks.3.attn
 // VerboseGuard g("blocks.1:backward");  // only the backward ops of blocks.1
 // VerboseGuard g(std::vector<VerboseRule>{{"blocks.1", Phase::Backward}});  // the same
-class VerboseGuard {
+class VerboseGuard : NonCopyable {
  public:
   VerboseGuard();
   explicit VerboseGuard(std::vector<VerboseRule> rules);
   explicit VerboseGuard(std::string_view rules);  // parseVerboseRules syntax
   ~VerboseGuard();
-  VerboseGuard(const VerboseGuard&) = delete;
-  VerboseGuard& operator=(const VerboseGuard&) = delete;
 
  private:
   size_t prevSize_;

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "keel/attrs.h"
+#include "keel/base/non_copyable.h"
 #include "keel/base/vocabulary.h"
 #include "keel/device.h"
 #include "keel/tensor.h"
@@ -47,12 +48,10 @@ struct OpEvent {
 };
 
 // Sets the tag of allocations on this thread for its lifetime (nests; restores the previous tag).
-class MemTagScope {
+class MemTagScope : NonCopyable {
  public:
   explicit MemTagScope(MemTag t);
   ~MemTagScope();
-  MemTagScope(const MemTagScope&) = delete;
-  MemTagScope& operator=(const MemTagScope&) = delete;
 
  private:
   MemTag prev_;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "keel/base/error.h"
+#include "keel/base/non_copyable.h"
 #include "keel/base/text.h"
 
 namespace keel {
@@ -123,15 +124,13 @@ inline void renameOver(const std::string& from, const std::string& to) {
 
 // A file written under a temporary name beside `target` and renamed over it by commit(); never
 // committed (an error, an exception), the temporary file is removed and `target` is untouched.
-class ReplaceOnCommit {
+class ReplaceOnCommit : NonCopyable {
  public:
   explicit ReplaceOnCommit(const std::string& target)
       : target_(followOutputLink(target)), temp_(replacementPath(target_)) {}
   ~ReplaceOnCommit() {
     if (!committed_) std::remove(temp_.c_str());
   }
-  ReplaceOnCommit(const ReplaceOnCommit&) = delete;
-  ReplaceOnCommit& operator=(const ReplaceOnCommit&) = delete;
 
   const std::string& path() const { return temp_; }  // write here
   const std::string& target() const { return target_; }
@@ -158,7 +157,7 @@ inline std::string lockPath(const std::string& output) {
 // writer's pid): a second process given the same output is refused in one line
 // instead of interleaving into one damaged file. Released (and the lock file removed) on
 // destruction; a crashed writer's lock goes with its process.
-class OutputLock {
+class OutputLock : NonCopyable {
  public:
   explicit OutputLock(const std::string& output) : path_(lockPath(followOutputLink(output))) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -183,8 +182,6 @@ class OutputLock {
     ::unlink(path_.c_str());
     ::close(fd_);
   }
-  OutputLock(const OutputLock&) = delete;
-  OutputLock& operator=(const OutputLock&) = delete;
 
  private:
   std::string path_;
