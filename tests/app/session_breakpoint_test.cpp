@@ -26,6 +26,7 @@
 #include "keel/views/op_table.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
+#include "studio_test_util.h"
 #include "view_test_util.h"
 
 using namespace keel;
@@ -52,11 +53,7 @@ class SessionBreakpointTest : public QObject {
 
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
-    c.steps = 2;
-    c.seed = 3;
-    c.output = dir + "/live.db";
+    studio::SessionConfig c = studio::test::tinySession(2, 3, dir + "/live.db");
     c.capture.md5 = c.capture.stats = true;
     Session* s = w.session();
     studio::Breakpoints b;
@@ -136,11 +133,8 @@ class SessionBreakpointTest : public QObject {
 
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
-    c.steps = 3;
-    c.seed = 3;
-    c.output = views::test::tempDir() + "/steps.db";
+    const studio::SessionConfig c =
+        studio::test::tinySession(3, 3, views::test::tempDir() + "/steps.db");
     Session* s = w.session();
     s->setBreakpoints(dlg.breakpoints());
     QSignalSpy paused(s, &Session::pausedAt);
@@ -170,11 +164,8 @@ class SessionBreakpointTest : public QObject {
     QStandardPaths::setTestModeEnabled(true);
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
-    c.steps = 3;
-    c.seed = 3;
-    c.output = views::test::tempDir() + "/here.db";
+    const studio::SessionConfig c =
+        studio::test::tinySession(3, 3, views::test::tempDir() + "/here.db");
     Session* s = w.session();
     studio::Breakpoints b;
     b.add("step:1");

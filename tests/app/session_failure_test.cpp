@@ -13,6 +13,7 @@
 #include "keel/views/op_table.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
+#include "studio_test_util.h"
 #include "view_test_util.h"
 
 using namespace keel;
@@ -27,10 +28,8 @@ class SessionFailureTest : public QObject {
     QStandardPaths::setTestModeEnabled(true);
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
-    c.steps = 3;
-    c.output = views::test::tempDir() + "/failing.db";
+    studio::SessionConfig c =
+        studio::test::tinySession(3, 1, views::test::tempDir() + "/failing.db");
     c.capture.md5 = c.capture.stacks = true;
     Session* s = w.session();
     QSignalSpy failed(s, &Session::failed);

@@ -15,6 +15,7 @@
 #include "keel/views/memory_view.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
+#include "studio_test_util.h"
 #include "view_test_util.h"
 
 using namespace keel;
@@ -162,11 +163,7 @@ class StudioMemoryTest : public QObject {
     QVERIFY(QTest::qWaitForWindowExposed(&w));
     w.trackMemoryAction()->setChecked(true);
     QVERIFY(w.session()->trackMemoryPerStep());
-    studio::SessionConfig c;
-    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
-    c.steps = 2;
-    c.seed = 3;
-    c.output = views::test::tempDir() + "/live.db";
+    studio::SessionConfig c = studio::test::tinySession(2, 3, views::test::tempDir() + "/live.db");
     c.capture.allocator = true;
     Session* s = w.session();
     QSignalSpy finished(s, &Session::finished);

@@ -29,6 +29,7 @@
 #include "keel/views/nonfinite_banner.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
+#include "studio_test_util.h"
 #include "view_test_util.h"
 
 using namespace keel;
@@ -254,11 +255,7 @@ class StudioTest : public QObject {
   void steppingALiveSessionAdvancesExactlyOneStep() {
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
-    c.steps = 3;
-    c.seed = 2;
-    c.output = dir_ + "/live.db";
+    studio::SessionConfig c = studio::test::tinySession(3, 2, dir_ + "/live.db");
     c.capture.md5 = c.capture.stats = c.capture.stacks = true;
     Session* s = w.session();
     QSignalSpy started(s, &Session::started);

@@ -8,6 +8,7 @@
 
 #include "keel/storage/reader.h"
 #include "main_window.h"
+#include "studio_test_util.h"
 #include "view_test_util.h"
 
 using namespace keel;
@@ -28,10 +29,8 @@ class StudioWorkloadTest : public QObject {
   void mismatchedApiVersionFailsTheSessionNotTheStudio() {
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.workloadPath = workload("api_version_999");
-    c.steps = 2;
-    c.output = views::test::tempDir() + "/v999.db";
+    studio::SessionConfig c = studio::test::workloadSession(workload("api_version_999"), 2,
+                                                            views::test::tempDir() + "/v999.db");
     Session* s = w.session();
     QSignalSpy failed(s, &Session::failed);
     w.startSession(c);
@@ -42,10 +41,8 @@ class StudioWorkloadTest : public QObject {
     QVERIFY(w.isVisible());
 
     // The studio still runs a good workload afterwards.
-    studio::SessionConfig ok;
-    ok.workloadPath = workload("throws_in_step2");
-    ok.steps = 1;
-    ok.output = views::test::tempDir() + "/ok.db";
+    studio::SessionConfig ok = studio::test::workloadSession(workload("throws_in_step2"), 1,
+                                                             views::test::tempDir() + "/ok.db");
     QSignalSpy finished(s, &Session::finished);
     w.startSession(ok);
     QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
@@ -57,10 +54,8 @@ class StudioWorkloadTest : public QObject {
   void throwingStepFailsTheSessionAndKeepsStepOne() {
     MainWindow w;
     w.show();
-    studio::SessionConfig c;
-    c.workloadPath = workload("throws_in_step2");
-    c.steps = 3;
-    c.output = views::test::tempDir() + "/throws.db";
+    studio::SessionConfig c = studio::test::workloadSession(workload("throws_in_step2"), 3,
+                                                            views::test::tempDir() + "/throws.db");
     c.capture.md5 = true;
     Session* s = w.session();
     QSignalSpy failed(s, &Session::failed);
@@ -85,10 +80,8 @@ class StudioWorkloadTest : public QObject {
 
   void stopAtABreakpointInsideAWorkloadStepIsNotAFailure() {
     MainWindow w;
-    studio::SessionConfig c;
-    c.workloadPath = workload("throws_in_step2");
-    c.steps = 3;
-    c.output = views::test::tempDir() + "/stopped.db";
+    studio::SessionConfig c = studio::test::workloadSession(workload("throws_in_step2"), 3,
+                                                            views::test::tempDir() + "/stopped.db");
     Session* s = w.session();
     studio::Breakpoints b;
     b.add("op:matmul");
