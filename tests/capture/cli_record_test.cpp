@@ -350,12 +350,12 @@ TEST_F(KeelCli, EvalEveryRecordsTheValidationLossPerStep) {
       std::ifstream(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json"));
   cfg["eval_every"] = 2;
   cfg["eval_batches"] = 2;
-  const std::string path = path("eval.json");
-  std::ofstream(path) << cfg.dump();
-  CliResult train = keel("train --config '" + path + "' --steps 4 --seed 3");
+  const std::string config = path("eval.json");
+  std::ofstream(config) << cfg.dump();
+  CliResult train = keel("train --config '" + config + "' --steps 4 --seed 3");
   ASSERT_EQ(train.status, 0) << train.err;
   CliResult rec =
-      keel("record --config '" + path + "' --steps 4 --seed 3 -o '" + path("e.db") + "'");
+      keel("record --config '" + config + "' --steps 4 --seed 3 -o '" + path("e.db") + "'");
   ASSERT_EQ(rec.status, 0) << rec.err;
   const auto steps = keel::storage::Recording::open(path("e.db")).steps();
   ASSERT_EQ(steps.size(), 4u);
