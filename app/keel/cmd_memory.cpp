@@ -44,9 +44,10 @@ void printRow(const ReplayResult& r, double harness) {
               std::max(0.0, r.nsPerCall - harness));
 }
 
-void describe(const std::string& name, const AllocTrace& t) {
-  std::printf("trace %s: %zu allocations, %zu events, %zu steps\n", name.c_str(), t.allocs(),
-              t.events.size(), t.steps());
+// The one-line summary of a trace, on `out` (stderr when the trace itself went to stdout).
+void describe(const std::string& name, const AllocTrace& t, std::FILE* out = stdout) {
+  std::fprintf(out, "trace %s: %zu allocations, %zu events, %zu steps\n", name.c_str(), t.allocs(),
+               t.events.size(), t.steps());
 }
 
 int runReplay(const std::string& path, const std::string& kind) {
@@ -131,8 +132,7 @@ int runTrace(const std::string& config, const std::string& out, int steps, uint6
     writeAllocTrace(t, text);
     const std::string s = text.str();
     writeAll(stdout, s.data(), s.size(), "to stdout");
-    std::fprintf(stderr, "trace -: %zu allocations, %zu events, %zu steps\n", t.allocs(),
-                 t.events.size(), t.steps());
+    describe(out, t, stderr);
     return 0;
   }
   {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "keel/base/number_words.h"
 #include "keel/base/text.h"
 #include "keel/error.h"
 #include "keel/runtime.h"
@@ -75,30 +76,23 @@ bool parseWhole(const std::string& s, T& out) {
   return used == s.size();
 }
 
-std::string rangeText(int64_t lo, int64_t hi) {
-  if (hi == INT64_MAX) return "≥ " + std::to_string(lo);
-  return "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-}
-
 }  // namespace
 
 CLI::Validator wholeNumber(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
         int64_t v = 0;
-        if (!parseWhole(s, v) || v < lo || v > hi)
-          return "must be a whole number " + rangeText(lo, hi) + ", got '" + s + "'";
+        if (!parseWhole(s, v) || v < lo || v > hi) return notAWholeNumberIn(lo, hi, s);
         return {};
       },
-      "INT " + rangeText(lo, hi));
+      "INT " + wholeNumberRange(lo, hi));
 }
 
 CLI::Validator seedNumber() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
         uint64_t v = 0;
-        if (!parseWhole(s, v))
-          return "must be a whole number in [0, 18446744073709551615], got '" + s + "'";
+        if (!parseWhole(s, v)) return notASeed(s);
         return {};
       },
       "SEED in [0, 2^64-1]");

@@ -17,6 +17,7 @@
 #include <optional>
 #include <utility>
 
+#include "keel/base/number_words.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/capture/recording_run.h"
@@ -258,16 +259,16 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   } catch (const keel::Error& e) {
     return error("--backend: " + QString::fromUtf8(e.what()));
   }
-  // The same ranges and words as keel record's (app/keel/main.cpp: wholeNumber, seedNumber).
+  // The same ranges and words as keel record's (keel/base/number_words.h).
   s.steps = cli.value(o.steps).toLongLong(&ok);
   if (!ok || s.steps < 1 || s.steps > keel::capture::kMaxRunSteps)
-    return error(QString("--steps: must be a whole number in [1, %1], got '%2'")
-                     .arg(keel::capture::kMaxRunSteps)
-                     .arg(cli.value(o.steps)));
+    return error("--steps: " +
+                 QString::fromStdString(keel::notAWholeNumberIn(1, keel::capture::kMaxRunSteps,
+                                                                cli.value(o.steps).toStdString())));
   s.seed = cli.value(o.seed).toULongLong(&ok);
   if (!ok || cli.value(o.seed).startsWith('+'))
-    return error("--seed: must be a whole number in [0, 18446744073709551615], got '" +
-                 cli.value(o.seed) + "'");
+    return error("--seed: " +
+                 QString::fromStdString(keel::notASeed(cli.value(o.seed).toStdString())));
   if (cli.isSet(o.output)) {
     s.output = cli.value(o.output);
     const QFileInfo fi(s.output);

@@ -12,6 +12,7 @@
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QFutureWatcher>
+#include <QGuiApplication>
 #include <QKeySequence>
 #include <QLabel>
 #include <QMenuBar>
@@ -309,12 +310,12 @@ void MainWindow::buildDocks() {
           });
   connect(ranksView_, &views::RanksView::failed, this, [this](const QString& msg) {
     load_.ranksEnded();
-    busy(0);
+    showBusy();
     showError("Run folder", msg);
   });
   connect(ranksView_, &views::RanksView::loaded, this, [this] {
     load_.ranksEnded();
-    busy(0);
+    showBusy();
   });
   tabifyDockWidget(opsDock, diffDock_);
   tabifyDockWidget(diffDock_, logsDock);
@@ -620,7 +621,7 @@ void MainWindow::openRunFolder(const QString& folder) {
   }
   for (QAction* a : rankActs_) a->setVisible(true);
   load_.ranksBegun();
-  busy(0);
+  showBusy();
   ranksView_->load(folder);
   ranksFirst_ = true;
   addRecent(folder);
@@ -878,6 +879,10 @@ void MainWindow::loadMemory() {
 
 void MainWindow::busy(int delta) {
   load_.add(delta);
+  showBusy();
+}
+
+void MainWindow::showBusy() {
   progress_->setVisible(!load_.idle());
   if (load_.idle()) QTimer::singleShot(0, this, [this] { checkIdle(); });
 }

@@ -138,8 +138,9 @@ class MainWindow : public QMainWindow {
   void newSessionDialog();
   void breakpointsDialog();
   void checkIdle();
-  void busy(int delta);
-  void loadMemory();  // (re)loads side A's allocator events into the memory view
+  void busy(int delta);  // counts a load begun (+1) or ended (-1), then showBusy()
+  void showBusy();       // the progress bar and idle waiters follow load_
+  void loadMemory();     // (re)loads side A's allocator events into the memory view
   // Selects op `seq` of side A everywhere, showing its step first when another one is shown.
   void selectOpInStep(uint64_t seq, int64_t step);
   // "Break here" (graph and op table context menus): a breakpoint after op `seq` of the shown
