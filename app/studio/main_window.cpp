@@ -20,6 +20,7 @@
 #include <QMimeData>
 #include <QProgressBar>
 #include <QSaveFile>
+#include <QScreen>
 #include <QScrollArea>
 #include <QSettings>
 #include <QSpinBox>
@@ -125,7 +126,12 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   statusBar()->addPermanentWidget(progress_);
 
   QSettings settings;
-  resize(1400, 900);
+  // 1400x900, or what the screen has room for (a 1366x768 laptop): a first window that overflows
+  // the screen hides the Inspector's right edge and the op count. A saved geometry wins.
+  QSize first(1400, 900);
+  if (const QScreen* screen = QGuiApplication::primaryScreen())
+    first = first.boundedTo(screen->availableGeometry().size());
+  resize(first);
   restoreGeometry(settings.value("window/geometry").toByteArray());
   restoreState(settings.value("window/state").toByteArray());
   rebuildRecentMenu();

@@ -57,6 +57,7 @@ class StudioRanksTest : public QObject {
 
   void aRunFolderOpensWithItsRanksAndTheReplicaVerdict() {
     MainWindow w;
+    w.resize(1400, 900);  // a desktop's window: the rank pickers in the toolbar, not its overflow
     w.show();
     w.openRecording(dir_ + "/run");
     QVERIFY(waitIdle(w));

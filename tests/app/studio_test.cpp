@@ -7,11 +7,14 @@
 #include <QComboBox>
 #include <QDockWidget>
 #include <QGraphicsView>
+#include <QGuiApplication>
 #include <QLabel>
 #include <QMessageBox>
 #include <QPlainTextEdit>
 #include <QPushButton>
+#include <QScreen>
 #include <QScrollBar>
+#include <QSettings>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTabBar>
@@ -75,6 +78,16 @@ QString allText(QWidget* root) {
 class StudioTest : public QObject {
   Q_OBJECT
  private slots:
+  // The first window fits the screen it opens on (a 1366x768 laptop; the offscreen platform's
+  // screen here is smaller than the 1400x900 default), so no dock is cut off at the right edge.
+  void theFirstWindowFitsTheScreen() {
+    QSettings().remove("window");  // no saved geometry: the first window
+    MainWindow w;
+    const QSize room = QGuiApplication::primaryScreen()->availableGeometry().size();
+    QVERIFY2(room.width() < 1400 || room.height() < 900, "the test needs a screen under 1400x900");
+    QVERIFY(w.width() <= room.width());
+    QVERIFY(w.height() <= room.height());
+  }
   void initTestCase() {
     QStandardPaths::setTestModeEnabled(true);
     dir_ = views::test::tempDir();
