@@ -26,6 +26,7 @@
 #include "keel/views/inspector.h"
 #include "keel/views/log_view.h"
 #include "keel/views/loss_plot.h"
+#include "keel/views/memory_view.h"
 #include "keel/views/op_table.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
@@ -162,6 +163,41 @@ class PanelsTest : public QObject {
                 .data(Qt::ToolTipRole)
                 .toString()
                 .contains(QString::fromStdString(out->md5)));
+  }
+
+  // The record tables take their columns from one list each (RecordTableModel): every column of
+  // each model's enum has its title, in order, and the tooltips sit on their columns.
+  void everyRecordTableTitlesEachOfItsColumns() {
+    const auto titles = [](const QAbstractItemModel& m) {
+      QStringList t;
+      for (int c = 0; c < m.columnCount(); ++c) t << m.headerData(c, Qt::Horizontal).toString();
+      return t.join('|');
+    };
+    OpTableModel ops;
+    DiffModel diff;
+    LogModel logs;
+    MemSectionModel sections;
+    QCOMPARE(ops.columnCount(), int(OpTableModel::ColumnCount));
+    QCOMPARE(diff.columnCount(), int(DiffModel::ColumnCount));
+    QCOMPARE(logs.columnCount(), int(LogModel::ColumnCount));
+    QCOMPARE(sections.columnCount(), int(MemSectionModel::ColumnCount));
+    QCOMPARE(titles(ops), QString("Seq|Op|Phase|Scope|Time (µs)|Output shape|MD5|NaN/Inf"));
+    QCOMPARE(titles(diff),
+             QString("Status|Step|A #|B #|Op|Phase|Scope|Max abs|Max rel|Basis|Kernel|Detail"));
+    QCOMPARE(titles(logs), QString("Step|Op #|Level|Scope|Message"));
+    QCOMPARE(titles(sections), QString("Section|Events|Allocs|Frees|Allocated|Peak inside|"
+                                       "Alive at end|Allocated by"));
+    QVERIFY(ops.headerData(OpTableModel::NonFinite, Qt::Horizontal, Qt::ToolTipRole)
+                .toString()
+                .contains("--stats"));
+    QVERIFY(diff.headerData(DiffModel::Kernel, Qt::Horizontal, Qt::ToolTipRole)
+                .toString()
+                .contains("kernel variant"));
+    QVERIFY(!ops.headerData(OpTableModel::Name, Qt::Horizontal, Qt::ToolTipRole).isValid());
+    QVERIFY(!logs.headerData(0, Qt::Vertical).isValid());
+    QVERIFY(!logs.headerData(LogModel::ColumnCount, Qt::Horizontal).isValid());
+    QCOMPARE(ops.rowCount(), 0);  // no step yet
+    QCOMPARE(ops.rowCount(ops.index(0, 0)), 0);
   }
 
   void opTableSortsByTimeLongestFirst() {

@@ -76,7 +76,23 @@ QString numberOrBlank(double v) {
 
 // ---- DiffModel ----
 
-DiffModel::DiffModel(QObject* parent) : QAbstractTableModel(parent) {}
+DiffModel::DiffModel(QObject* parent)
+    : RecordTableModel(
+          {{tr("Status"), {}},
+           {tr("Step"), {}},
+           {tr("A #"), {}},
+           {tr("B #"), {}},
+           {tr("Op"), {}},
+           {tr("Phase"), {}},
+           {tr("Scope"), {}},
+           {tr("Max abs"), tr("largest |a - b| over the outputs (dumped values only)")},
+           {tr("Max rel"), tr("largest |a - b| / |b| over the outputs (dumped values only)")},
+           {tr("Basis"), tr("what settled the verdict of the worst output")},
+           {tr("Kernel"),
+            tr("whether the two runs ran the same kernel variant for this op (algorithm, "
+               "accumulation dtype, reduction order); the variants on hover")},
+           {tr("Detail"), {}}},
+          parent) {}
 
 double DiffModel::maxAbs(const storage::OpPair& p) {
   double m = storage::kNoValue;
@@ -153,12 +169,8 @@ int DiffModel::rowOf(Side side, uint64_t seq) const {
   return (side == Side::A ? rowOfA_ : rowOfB_).value(seq, -1);
 }
 
-int DiffModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : int(rows_.size());
-}
-
-int DiffModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : ColumnCount;
+int DiffModel::recordCount() const {
+  return int(rows_.size());
 }
 
 QVariant DiffModel::data(const QModelIndex& index, int role) const {
@@ -286,52 +298,6 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
         return f;
       }
       return {};
-  }
-  return {};
-}
-
-QVariant DiffModel::headerData(int section, Qt::Orientation orientation, int role) const {
-  if (orientation != Qt::Horizontal) return {};
-  if (role == Qt::DisplayRole) {
-    switch (section) {
-      case Status:
-        return tr("Status");
-      case Step:
-        return tr("Step");
-      case SeqA:
-        return tr("A #");
-      case SeqB:
-        return tr("B #");
-      case Name:
-        return tr("Op");
-      case Phase:
-        return tr("Phase");
-      case Scope:
-        return tr("Scope");
-      case MaxAbs:
-        return tr("Max abs");
-      case MaxRel:
-        return tr("Max rel");
-      case Basis:
-        return tr("Basis");
-      case Kernel:
-        return tr("Kernel");
-      case Detail:
-        return tr("Detail");
-    }
-  } else if (role == Qt::ToolTipRole) {
-    switch (section) {
-      case MaxAbs:
-        return tr("largest |a - b| over the outputs (dumped values only)");
-      case MaxRel:
-        return tr("largest |a - b| / |b| over the outputs (dumped values only)");
-      case Basis:
-        return tr("what settled the verdict of the worst output");
-      case Kernel:
-        return tr(
-            "whether the two runs ran the same kernel variant for this op (algorithm, "
-            "accumulation dtype, reduction order); the variants on hover");
-    }
   }
   return {};
 }

@@ -34,7 +34,13 @@ QColor logLevelColor(storage::LogLevel level) {
 
 // ---- LogModel ----
 
-LogModel::LogModel(QObject* parent) : QAbstractTableModel(parent) {}
+LogModel::LogModel(QObject* parent)
+    : RecordTableModel({{tr("Step"), {}},
+                        {tr("Op #"), {}},
+                        {tr("Level"), {}},
+                        {tr("Scope"), {}},
+                        {tr("Message"), {}}},
+                       parent) {}
 
 void LogModel::setLogs(LogsPtr logs) {
   beginResetModel();
@@ -47,12 +53,8 @@ const storage::LogRecord* LogModel::lineAt(int row) const {
   return &(*logs_)[size_t(row)];
 }
 
-int LogModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() || !logs_ ? 0 : int(logs_->size());
-}
-
-int LogModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : ColumnCount;
+int LogModel::recordCount() const {
+  return logs_ ? int(logs_->size()) : 0;
 }
 
 QVariant LogModel::data(const QModelIndex& index, int role) const {
@@ -94,23 +96,6 @@ QVariant LogModel::data(const QModelIndex& index, int role) const {
         if (c.isValid()) return c;
       }
       return {};
-  }
-  return {};
-}
-
-QVariant LogModel::headerData(int section, Qt::Orientation orientation, int role) const {
-  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return {};
-  switch (section) {
-    case Step:
-      return tr("Step");
-    case OpSeq:
-      return tr("Op #");
-    case Level:
-      return tr("Level");
-    case Scope:
-      return tr("Scope");
-    case Message:
-      return tr("Message");
   }
   return {};
 }

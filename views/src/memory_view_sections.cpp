@@ -12,7 +12,16 @@ using analysis::MemOp;
 using analysis::MemoryModel;
 using analysis::MemSection;
 
-MemSectionModel::MemSectionModel(QObject* parent) : QAbstractTableModel(parent) {}
+MemSectionModel::MemSectionModel(QObject* parent)
+    : RecordTableModel({{tr("Section"), {}},
+                        {tr("Events"), {}},
+                        {tr("Allocs"), {}},
+                        {tr("Frees"), {}},
+                        {tr("Allocated"), {}},
+                        {tr("Peak inside"), {}},
+                        {tr("Alive at end"), {}},
+                        {tr("Allocated by"), {}}},
+                       parent) {}
 
 void MemSectionModel::setMemory(MemoryPtr memory) {
   beginResetModel();
@@ -25,12 +34,8 @@ const MemSection* MemSectionModel::sectionAt(int row) const {
   return &memory_->sections()[size_t(row)];
 }
 
-int MemSectionModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() || !memory_ ? 0 : int(memory_->sections().size());
-}
-
-int MemSectionModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : ColumnCount;
+int MemSectionModel::recordCount() const {
+  return memory_ ? int(memory_->sections().size()) : 0;
 }
 
 QVariant MemSectionModel::data(const QModelIndex& index, int role) const {
@@ -107,29 +112,6 @@ QVariant MemSectionModel::data(const QModelIndex& index, int role) const {
     case Qt::TextAlignmentRole:
       if (col >= Allocs && col <= Peak) return QVariant(Qt::AlignRight | Qt::AlignVCenter);
       return {};
-  }
-  return {};
-}
-
-QVariant MemSectionModel::headerData(int section, Qt::Orientation orientation, int role) const {
-  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return {};
-  switch (section) {
-    case Name:
-      return tr("Section");
-    case Events:
-      return tr("Events");
-    case Allocs:
-      return tr("Allocs");
-    case Frees:
-      return tr("Frees");
-    case Allocated:
-      return tr("Allocated");
-    case Peak:
-      return tr("Peak inside");
-    case Alive:
-      return tr("Alive at end");
-    case AliveOps:
-      return tr("Allocated by");
   }
   return {};
 }

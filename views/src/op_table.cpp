@@ -96,7 +96,19 @@ QString nonFiniteTooltip(const storage::OpRecord& op) {
 
 // ---- OpTableModel ----
 
-OpTableModel::OpTableModel(QObject* parent) : QAbstractTableModel(parent) {}
+OpTableModel::OpTableModel(QObject* parent)
+    : RecordTableModel(
+          {{QStringLiteral("Seq"), QStringLiteral("engine op sequence number (execution order)")},
+           {QStringLiteral("Op"), {}},
+           {QStringLiteral("Phase"), {}},
+           {QStringLiteral("Scope"), {}},
+           {QStringLiteral("Time (µs)"), QStringLiteral("wall time of the op, end - begin")},
+           {QStringLiteral("Output shape"), {}},
+           {QStringLiteral("MD5"),
+            QStringLiteral("first 8 hex digits of output 0's MD5 (full in the tooltip)")},
+           {QStringLiteral("NaN/Inf"),
+            QStringLiteral("outputs holding NaN or Inf values (needs --stats)")}},
+          parent) {}
 
 void OpTableModel::setStep(StepPtr step) {
   beginResetModel();
@@ -113,12 +125,8 @@ int OpTableModel::rowOf(uint64_t seq) const {
   return step_ ? int(step_->indexOf(seq)) : -1;
 }
 
-int OpTableModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() || !step_ ? 0 : int(step_->ops.size());
-}
-
-int OpTableModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : ColumnCount;
+int OpTableModel::recordCount() const {
+  return step_ ? int(step_->ops.size()) : 0;
 }
 
 QVariant OpTableModel::data(const QModelIndex& index, int role) const {
@@ -210,42 +218,6 @@ QVariant OpTableModel::data(const QModelIndex& index, int role) const {
       if (col == NonFinite && nonFinite(*op).nan + nonFinite(*op).inf > 0)
         return QColor(0x8b, 0x00, 0x00);
       return {};
-  }
-  return {};
-}
-
-QVariant OpTableModel::headerData(int section, Qt::Orientation orientation, int role) const {
-  if (orientation != Qt::Horizontal) return {};
-  if (role == Qt::DisplayRole) {
-    switch (section) {
-      case Seq:
-        return QStringLiteral("Seq");
-      case Name:
-        return QStringLiteral("Op");
-      case Phase:
-        return QStringLiteral("Phase");
-      case Scope:
-        return QStringLiteral("Scope");
-      case Time:
-        return QStringLiteral("Time (µs)");
-      case OutputShape:
-        return QStringLiteral("Output shape");
-      case Md5:
-        return QStringLiteral("MD5");
-      case NonFinite:
-        return QStringLiteral("NaN/Inf");
-    }
-  } else if (role == Qt::ToolTipRole) {
-    switch (section) {
-      case Seq:
-        return QStringLiteral("engine op sequence number (execution order)");
-      case Time:
-        return QStringLiteral("wall time of the op, end - begin");
-      case Md5:
-        return QStringLiteral("first 8 hex digits of output 0's MD5 (full in the tooltip)");
-      case NonFinite:
-        return QStringLiteral("outputs holding NaN or Inf values (needs --stats)");
-    }
   }
   return {};
 }

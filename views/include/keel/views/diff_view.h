@@ -2,12 +2,12 @@
 // marked; the root divergence next when it differs), then every other pair in alignment order.
 // A summary line gives the verdict; one proxy filters to mismatches. Rows select both ops.
 #pragma once
-#include <QAbstractTableModel>
 #include <QHash>
 #include <QSortFilterProxyModel>
 #include <QWidget>
 #include <vector>
 
+#include "keel/views/record_table_model.h"
 #include "keel/views/run_data.h"
 
 class QCheckBox;
@@ -18,7 +18,7 @@ namespace keel::views {
 
 class Selection;
 
-class DiffModel : public QAbstractTableModel {
+class DiffModel : public RecordTableModel {
   Q_OBJECT
  public:
   enum Column {
@@ -56,13 +56,11 @@ class DiffModel : public QAbstractTableModel {
   static double maxAbs(const storage::OpPair& p);
   static double maxRel(const storage::OpPair& p);
 
-  int rowCount(const QModelIndex& parent = {}) const override;
-  int columnCount(const QModelIndex& parent = {}) const override;
   QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
-  QVariant headerData(int section, Qt::Orientation orientation,
-                      int role = Qt::DisplayRole) const override;
 
  private:
+  int recordCount() const override;
+
   DiffPtr report_;
   std::vector<const storage::OpPair*> rows_;  // into report_ (pairs, or first/root's pair)
   std::vector<int> marks_;

@@ -2,12 +2,12 @@
 // level / scope-prefix / text filters in one LogFilterProxy. Clicking a line selects its op in the
 // shared Selection (lines logged outside any op, opSeq 0, select nothing).
 #pragma once
-#include <QAbstractTableModel>
 #include <QColor>
 #include <QSortFilterProxyModel>
 #include <QWidget>
 #include <string>
 
+#include "keel/views/record_table_model.h"
 #include "keel/views/run_data.h"
 
 class QComboBox;
@@ -22,7 +22,7 @@ class Selection;
 // Text colour of a level (errors red, warnings amber, debug/verbose grey); invalid for info.
 QColor logLevelColor(storage::LogLevel level);
 
-class LogModel : public QAbstractTableModel {
+class LogModel : public RecordTableModel {
   Q_OBJECT
  public:
   enum Column { Step, OpSeq, Level, Scope, Message, ColumnCount };
@@ -36,13 +36,11 @@ class LogModel : public QAbstractTableModel {
   LogsPtr logs() const { return logs_; }
   const storage::LogRecord* lineAt(int row) const;
 
-  int rowCount(const QModelIndex& parent = {}) const override;
-  int columnCount(const QModelIndex& parent = {}) const override;
   QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
-  QVariant headerData(int section, Qt::Orientation orientation,
-                      int role = Qt::DisplayRole) const override;
 
  private:
+  int recordCount() const override;
+
   LogsPtr logs_;
 };
 

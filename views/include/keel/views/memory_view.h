@@ -7,7 +7,6 @@
 // Clicking a block selects its op in the shared Selection; selecting an op elsewhere highlights
 // its blocks and moves the cursor to the op's last event. QCustomPlot stays out of this header.
 #pragma once
-#include <QAbstractTableModel>
 #include <QRect>
 #include <QStringList>
 #include <QVector>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "keel/analysis/memory_model.h"
+#include "keel/views/record_table_model.h"
 #include "keel/views/run_data.h"
 
 namespace keel::views {
@@ -23,7 +23,7 @@ namespace keel::views {
 class Selection;
 
 // The tracked sections (track_begin/track_end pairs) of a MemoryModel, one row each.
-class MemSectionModel : public QAbstractTableModel {
+class MemSectionModel : public RecordTableModel {
   Q_OBJECT
  public:
   enum Column { Name, Events, Allocs, Frees, Allocated, Peak, Alive, AliveOps, ColumnCount };
@@ -33,13 +33,11 @@ class MemSectionModel : public QAbstractTableModel {
   void setMemory(MemoryPtr memory);
   const analysis::MemSection* sectionAt(int row) const;
 
-  int rowCount(const QModelIndex& parent = {}) const override;
-  int columnCount(const QModelIndex& parent = {}) const override;
   QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
-  QVariant headerData(int section, Qt::Orientation orientation,
-                      int role = Qt::DisplayRole) const override;
 
  private:
+  int recordCount() const override;
+
   MemoryPtr memory_;
 };
 

@@ -3,11 +3,11 @@
 // filter; rows follow the shared Selection both ways (click selects, selected() scrolls to it);
 // a row's context menu offers "Break here" (breakHereRequested).
 #pragma once
-#include <QAbstractTableModel>
 #include <QSortFilterProxyModel>
 #include <QWidget>
 #include <cstdint>
 
+#include "keel/views/record_table_model.h"
 #include "keel/views/run_data.h"
 
 class QCheckBox;
@@ -20,7 +20,7 @@ namespace keel::views {
 
 class Selection;
 
-class OpTableModel : public QAbstractTableModel {
+class OpTableModel : public RecordTableModel {
   Q_OBJECT
  public:
   enum Column { Seq, Name, Phase, Scope, Time, OutputShape, Md5, NonFinite, ColumnCount };
@@ -37,13 +37,11 @@ class OpTableModel : public QAbstractTableModel {
   const storage::OpRecord* opAt(int row) const;
   int rowOf(uint64_t seq) const;  // -1 when the op is not in this step
 
-  int rowCount(const QModelIndex& parent = {}) const override;
-  int columnCount(const QModelIndex& parent = {}) const override;
   QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
-  QVariant headerData(int section, Qt::Orientation orientation,
-                      int role = Qt::DisplayRole) const override;
 
  private:
+  int recordCount() const override;
+
   StepPtr step_;
 };
 
