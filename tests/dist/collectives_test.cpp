@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_test_util.h"
 #include "keel/autograd.h"
 #include "keel/dist.h"
 #include "keel/ops.h"
@@ -16,12 +17,8 @@
 namespace keel {
 namespace {
 
-int rank() {
-  return dist::worldRank();
-}
-int world() {
-  return dist::worldSize();
-}
+using test::rank;
+using test::world;
 
 Tensor f32(const std::vector<double>& v, Device d) {
   return test::fromDoubles(v, {int64_t(v.size())}, DType::Float32, d);
@@ -180,10 +177,7 @@ TEST(DistDescriptors, AMismatchIsAnErrorOnEveryRankNamingTheRanks) {
 // Every rank runs every test; the layout is dp = world / 2, tp = 2 when the world is even (the
 // dp and tp groups then differ from the world), else dp = world.
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const int n = keel::dist::launcherWorldSize();
-  keel::dist::init(n % 2 == 0 ? keel::dist::Layout{n / 2, 2} : keel::dist::Layout{n, 1});
-  const int rc = RUN_ALL_TESTS();
-  keel::dist::finalize();
-  return rc;
+  return keel::test::runAllRanks(argc, argv, [](int n) {
+    return n % 2 == 0 ? keel::dist::Layout{n / 2, 2} : keel::dist::Layout{n, 1};
+  });
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_test_util.h"
 #include "keel/autograd.h"
 #include "keel/context_parallel.h"
 #include "keel/dist.h"
@@ -16,12 +17,8 @@
 namespace keel {
 namespace {
 
-int rank() {
-  return dist::worldRank();
-}
-int world() {
-  return dist::worldSize();
-}
+using test::rank;
+using test::world;
 
 TEST(ContextParallelSplit, ZigZagGivesEachRankAnEarlyAndALateChunk) {
   // 16 tokens over n ranks: 2n chunks; rank r holds chunks r and 2n-1-r.
@@ -126,9 +123,5 @@ TEST(ContextParallelAttention, RingEqualsOneProcessForEveryMaskAndSplit) {
 
 // Every rank runs every test; the world (dp = world) is the context-parallel group.
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  keel::dist::init(keel::dist::Layout{keel::dist::launcherWorldSize(), 1});
-  const int rc = RUN_ALL_TESTS();
-  keel::dist::finalize();
-  return rc;
+  return keel::test::runAllRanks(argc, argv, [](int n) { return keel::dist::Layout{n, 1}; });
 }
