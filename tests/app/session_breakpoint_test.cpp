@@ -33,6 +33,25 @@ using namespace keel;
 using keel::studio::MainWindow;
 using keel::studio::Session;
 
+namespace {
+
+// Once the context menu about to be opened is up, triggers its action named `text` (setting
+// *triggered) and closes it.
+void chooseFromNextMenu(const QString& text, bool* triggered) {
+  QTimer::singleShot(200, [text, triggered] {
+    auto* menu = qobject_cast<QMenu*>(QApplication::activePopupWidget());
+    if (!menu) return;
+    for (QAction* a : menu->actions())
+      if (a->text() == text) {
+        *triggered = true;
+        a->trigger();
+      }
+    menu->close();
+  });
+}
+
+}  // namespace
+
 class SessionBreakpointTest : public QObject {
   Q_OBJECT
  private slots:
@@ -189,16 +208,7 @@ class SessionBreakpointTest : public QObject {
     table->scrollTo(m->index(row, 0));
     const QPoint at = table->visualRect(m->index(row, 1)).center();
     bool triggered = false;
-    QTimer::singleShot(200, [&] {
-      auto* menu = qobject_cast<QMenu*>(QApplication::activePopupWidget());
-      if (!menu) return;
-      for (QAction* a : menu->actions())
-        if (a->text() == "Break here") {
-          triggered = true;
-          a->trigger();
-        }
-      menu->close();
-    });
+    chooseFromNextMenu("Break here", &triggered);
     emit table->customContextMenuRequested(at);
     QVERIFY(QTest::qWaitFor([&] { return triggered; }, 5000));
     studio::Breakpoints now = s->breakpoints();
@@ -211,9 +221,7 @@ class SessionBreakpointTest : public QObject {
     QVERIFY(normSeq);
     views::GraphView* g = w.graphView(views::Side::A);
     w.selection()->select(views::Side::A, normSeq, true);  // the graph reveals and centres it
-    bool idle = false;
-    w.whenIdle([&] { idle = true; });
-    QVERIFY(QTest::qWaitFor([&] { return idle; }, 20000));
+    QVERIFY(studio::test::waitIdle(w, 20000));
     QVERIFY2(QTest::qWaitFor([&] { return g->opItem(normSeq) != nullptr; }, 5000),
              qPrintable(QString("step %1, %2 op nodes, %3 module nodes, seq %4")
                             .arg(g->step() ? g->step()->step : -1)
@@ -226,16 +234,7 @@ class SessionBreakpointTest : public QObject {
     QApplication::processEvents();
     const QPoint nodeAt = gv->mapFromScene(node->sceneBoundingRect().center());
     triggered = false;
-    QTimer::singleShot(200, [&] {
-      auto* menu = qobject_cast<QMenu*>(QApplication::activePopupWidget());
-      if (!menu) return;
-      for (QAction* a : menu->actions())
-        if (a->text() == "Break here") {
-          triggered = true;
-          a->trigger();
-        }
-      menu->close();
-    });
+    chooseFromNextMenu("Break here", &triggered);
     QContextMenuEvent ev(QContextMenuEvent::Mouse, nodeAt, gv->viewport()->mapToGlobal(nodeAt));
     QApplication::sendEvent(gv->viewport(), &ev);
     QVERIFY(QTest::qWaitFor([&] { return triggered; }, 5000));

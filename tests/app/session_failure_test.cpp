@@ -67,9 +67,7 @@ class SessionFailureTest : public QObject {
     // ... in its step (2), not in the step shown when the run failed: the graph has its node and
     // the op table its row, current.
     QVERIFY(QTest::qWaitFor([&] { return w.currentStep() && w.currentStep()->step == 2; }, 20000));
-    bool idle = false;
-    w.whenIdle([&] { idle = true; });
-    QVERIFY(QTest::qWaitFor([&] { return idle; }, 20000));
+    QVERIFY(studio::test::waitIdle(w, 20000));
     QCOMPARE(w.selection()->current(views::Side::A), std::optional<uint64_t>(seq));
     QVERIFY(w.currentStep()->indexOf(seq) >= 0);
     QVERIFY(w.graphView(views::Side::A)->opItem(seq));

@@ -22,13 +22,7 @@ using namespace keel;
 using keel::studio::MainWindow;
 using keel::studio::Session;
 
-namespace {
-bool waitIdle(MainWindow& w) {
-  bool idle = false;
-  w.whenIdle([&] { idle = true; });
-  return QTest::qWaitFor([&] { return idle; }, 60000);
-}
-}  // namespace
+using keel::studio::test::waitIdle;
 
 class StudioMemoryTest : public QObject {
   Q_OBJECT
@@ -43,9 +37,7 @@ class StudioMemoryTest : public QObject {
     const auto events = rec.memEvents({});
 
     MainWindow w;
-    w.resize(1600, 1000);
-    w.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    QVERIFY(views::test::showAt(w, {1600, 1000}));
     w.openRecording(path);
     QVERIFY(waitIdle(w));
     views::MemoryView* mv = w.memoryView();
@@ -97,9 +89,7 @@ class StudioMemoryTest : public QObject {
     const QString out = views::test::tempDir() + "/imported.db";
     QFile::remove(out);
     MainWindow w;
-    w.resize(1600, 1000);
-    w.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    QVERIFY(views::test::showAt(w, {1600, 1000}));
     w.importTorchMemory(fixtures + "snapshot-p4.pickle", out);
     QVERIFY(QTest::qWaitFor([&] { return w.memoryView()->eventCount() == events; }, 60000));
     QVERIFY(waitIdle(w));
@@ -138,9 +128,7 @@ class StudioMemoryTest : public QObject {
     QVERIFY(views::test::recordFixture(path, "--steps 2 --seed 6 --allocator",
                                        "KEEL_ALLOCATOR=caching"));
     MainWindow w;
-    w.resize(1600, 1000);
-    w.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    QVERIFY(views::test::showAt(w, {1600, 1000}));
     w.openRecording(path);
     QVERIFY(waitIdle(w));
     views::MemoryView* mv = w.memoryView();
@@ -158,9 +146,7 @@ class StudioMemoryTest : public QObject {
   void trackMemoryPerStepRecordsOneSectionPerStep() {
     setDefaultAllocatorKind(AllocatorKind::Caching);
     MainWindow w;
-    w.resize(1600, 1000);
-    w.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&w));
+    QVERIFY(views::test::showAt(w, {1600, 1000}));
     w.trackMemoryAction()->setChecked(true);
     QVERIFY(w.session()->trackMemoryPerStep());
     studio::SessionConfig c = studio::test::tinySession(2, 3, views::test::tempDir() + "/live.db");

@@ -15,18 +15,14 @@
 #include "keel/views/ranks_view.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
+#include "studio_test_util.h"
 #include "view_test_util.h"
 
 using keel::studio::MainWindow;
+using keel::studio::test::waitIdle;
 using keel::views::Side;
 
 namespace {
-
-bool waitIdle(MainWindow& w, int ms = 60000) {
-  bool idle = false;
-  w.whenIdle([&] { idle = true; });
-  return QTest::qWaitFor([&] { return idle; }, ms);
-}
 
 // `keel record` of gpt-tiny at dp 2 under mpirun into `folder`, rank 1's fourth all_reduce (step
 // 2's gradient bucket) changed.

@@ -38,16 +38,10 @@
 using namespace keel;
 using keel::studio::MainWindow;
 using keel::studio::Session;
+using keel::studio::test::waitIdle;
 using keel::views::Side;
 
 namespace {
-
-// Waits until the window has nothing left to load.
-bool waitIdle(MainWindow& w, int ms = 30000) {
-  bool idle = false;
-  w.whenIdle([&] { idle = true; });
-  return QTest::qWaitFor([&] { return idle; }, ms);
-}
 
 // All text shown by a widget tree (labels, line edits, tables, trees, text edits).
 QString allText(QWidget* root) {

@@ -1,8 +1,10 @@
-// What the studio's tests share: the live sessions they start.
+// What the studio's tests share: the live sessions they start, and waiting on the main window.
 #pragma once
 #include <QString>
+#include <QtTest>
 #include <cstdint>
 
+#include "main_window.h"
 #include "session.h"
 
 namespace keel::studio::test {
@@ -25,6 +27,13 @@ inline SessionConfig workloadSession(const QString& library, int64_t steps, cons
   c.steps = steps;
   c.output = output;
   return c;
+}
+
+// Waits until the window has nothing left to load (at most `ms`).
+inline bool waitIdle(MainWindow& w, int ms = 60000) {
+  bool idle = false;
+  w.whenIdle([&] { idle = true; });
+  return QTest::qWaitFor([&] { return idle; }, ms);
 }
 
 }  // namespace keel::studio::test

@@ -150,23 +150,20 @@ TEST(TorchMemoryTest, TheTraceIsUndoneToFindWhereItStarts) {
     i4(size);
     p.str("state").str(state).op('u');
   };
+  // A segment of two blocks: `used` bytes active, `idle` inactive.
+  auto segment = [&](uint32_t addr, uint32_t used, uint32_t idle) {
+    p.op('}').op('(').str("device").int1(0).str("address");
+    i4(addr);
+    p.str("total_size");
+    i4(used + idle);
+    p.str("blocks").op(']').op('(');
+    block(used, "active_allocated");
+    block(idle, "inactive");
+    p.op('e').op('u');
+  };
   p.op('}').op('(').str("segments").op(']').op('(');
-  p.op('}').op('(').str("device").int1(0).str("address");
-  i4(0x10000000);
-  p.str("total_size");
-  i4(8 * MB);
-  p.str("blocks").op(']').op('(');
-  block(2 * MB, "active_allocated");
-  block(6 * MB, "inactive");
-  p.op('e').op('u');
-  p.op('}').op('(').str("device").int1(0).str("address");
-  i4(0x20000000);
-  p.str("total_size");
-  i4(4 * MB);
-  p.str("blocks").op(']').op('(');
-  block(3 * MB, "active_allocated");
-  block(1 * MB, "inactive");
-  p.op('e').op('u');
+  segment(0x10000000, 2 * MB, 6 * MB);
+  segment(0x20000000, 3 * MB, 1 * MB);
   p.op('e');
   p.str("device_traces").op(']').op(']').op('(');
   entry("alloc", 0x10200000, MB);

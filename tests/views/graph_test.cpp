@@ -80,9 +80,7 @@ class GraphTest : public QObject {
   void fullyExpandedShowsEveryForwardAndBackwardOp() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1200, 800);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 800}));
     StepPtr step = loadStep(path_, 1);
     const int count = countPhase(*step, "forward") + countPhase(*step, "backward");
     QVERIFY(count > 100);
@@ -113,9 +111,7 @@ class GraphTest : public QObject {
   void clickOnNodeSelectsItsOp() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1000, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1000, 700}));
     StepPtr step = loadStep(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
@@ -146,9 +142,7 @@ class GraphTest : public QObject {
   void jumpGoesForwardToBackwardAndBack() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1000, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1000, 700}));
     StepPtr step = loadStep(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
@@ -186,9 +180,7 @@ class GraphTest : public QObject {
   void crossPhaseRelationsAreDrawnForTheSelectedAndHoveredNodeOnly() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1000, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1000, 700}));
     StepPtr step = loadStep(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
@@ -283,9 +275,7 @@ class GraphTest : public QObject {
   void zoomFitAndCtrlWheel() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1000, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1000, 700}));
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(loadStep(path_, 1));
     QVERIFY(done.wait(60000));
@@ -347,9 +337,7 @@ class GraphTest : public QObject {
 
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1200, 800);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 800}));
     StepPtr step = loadStep(big, 1);
     const int count = countPhase(*step, "forward") + countPhase(*step, "backward");
     QVERIFY(count > GraphView::kLargeGraphOps);
@@ -428,9 +416,7 @@ class GraphTest : public QObject {
     QVERIFY(step && !step->ops.empty());
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1200, 800);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 800}));
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QVERIFY(done.wait(60000));
@@ -479,9 +465,7 @@ class GraphTest : public QObject {
   void semanticZoomSwitchesAtTheLabelScale() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(1200, 800);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 800}));
     StepPtr step = loadStep(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
@@ -535,9 +519,7 @@ class GraphTest : public QObject {
   void fitOnALargeExpandedStepKeepsTextReadable() {
     Selection sel;
     GraphView view(&sel, Side::A);
-    view.resize(500, 350);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {500, 350}));
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(loadStep(path_, 1));
     QVERIFY(done.wait(60000));

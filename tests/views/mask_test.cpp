@@ -93,9 +93,7 @@ class MaskTest : public QObject {
 
       Selection sel;
       InspectorView view(&sel, Side::A);
-      view.resize(540, 640);
-      view.show();
-      QVERIFY(QTest::qWaitForWindowExposed(&view));
+      QVERIFY(test::showAt(view, {540, 640}));
       view.setDetails(d);
       QVERIFY(view.tabs()->isTabVisible(InspectorView::Mask));
       QCOMPARE(view.tabs()->currentIndex(), int(InspectorView::Mask));  // opens on the mask
@@ -166,9 +164,7 @@ class MaskTest : public QObject {
     }
     Selection sel;
     InspectorView view(&sel, Side::A);
-    view.resize(540, 640);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {540, 640}));
     view.setDetails(d);
     auto* summary = view.findChild<QLabel*>("inspectorMaskSummary");
     QVERIFY2(summary->text().contains("128 × 128 tiles of 64 × 64"), qPrintable(summary->text()));

@@ -243,9 +243,7 @@ class MemoryViewTest : public QObject {
     const size_t n = events.size();
     Selection sel;
     MemoryView view(&sel, Side::A);
-    view.resize(1200, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 700}));
     view.setMemory(loadMemory(path));
     QCOMPARE(size_t(view.eventCount()), n);
 
@@ -376,9 +374,7 @@ class MemoryViewTest : public QObject {
     QVERIFY(memory);
     Selection sel;
     MemoryView view(&sel, Side::A);
-    view.resize(1200, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 700}));
     view.setMemory(memory);
     view.layoutActive();
     const MemBands& b = view.activeBands();
@@ -509,9 +505,7 @@ class MemoryViewTest : public QObject {
     m->setEvents(std::move(ev));
     Selection sel;
     MemoryView view(&sel, Side::A);
-    view.resize(1200, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 700}));
     view.setMemory(m);
     view.setCursor(4);
     auto* map = dynamic_cast<memory_detail::BlockMap*>(view.blockMap());
@@ -592,9 +586,7 @@ class MemoryViewTest : public QObject {
     MemoryPtr memory = loadMemory(caching_);
     Selection sel;
     MemoryView view(&sel, Side::A);
-    view.resize(1200, 700);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 700}));
     view.setMemory(memory);
     view.setScale(MemScale::Log);  // every block at least a few pixels wide
     // A block allocated by an op, clicked on the map.

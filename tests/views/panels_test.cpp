@@ -272,9 +272,7 @@ class PanelsTest : public QObject {
     auto step = stepOf(rec, 1);
     Selection sel;
     OpTableView view(&sel, Side::A);
-    view.resize(900, 500);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {900, 500}));
     view.setStep(step);
 
     QSignalSpy selected(&sel, &Selection::selected);
@@ -389,9 +387,7 @@ class PanelsTest : public QObject {
     QVERIFY(d && d->error.empty());
     Selection sel;
     InspectorView view(&sel, Side::A);
-    view.resize(540, 500);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {540, 500}));
     view.setDetails(d);
     QApplication::processEvents();
     auto* tensors = view.findChild<QTreeWidget*>("inspectorTensors");
@@ -548,9 +544,7 @@ class PanelsTest : public QObject {
     d->error = "recording /tmp/x.db has no op 99999";
     Selection sel;
     InspectorView view(&sel, Side::A);
-    view.resize(600, 300);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {600, 300}));
     view.setDetails(d);
     auto* err = view.findChild<QLabel*>("inspectorError");
     QVERIFY(err->isVisible());
@@ -574,9 +568,7 @@ class PanelsTest : public QObject {
     DiffView view(&sel, Side::A);
     QAbstractItemModelTester modelTester(view.model(), kFailHard);
     QAbstractItemModelTester proxyTester(view.proxy(), kFailHard);
-    view.resize(900, 500);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {900, 500}));
     view.setReport(report);
     QCOMPARE(size_t(view.model()->rowCount()), report->pairs.size());  // every pair once
     const auto* top = view.model()->pairAt(0);
@@ -728,9 +720,7 @@ class PanelsTest : public QObject {
     const auto lines = rec.logs({});
     Selection sel;
     LogView view(&sel, Side::B);
-    view.resize(900, 500);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {900, 500}));
     view.setLogs(std::make_shared<const std::vector<keel::storage::LogRecord>>(lines));
     QVERIFY(lines[3].opSeq != 0);
     clickRow(view.table(), 3);

@@ -141,9 +141,7 @@ class TimelineTest : public QObject {
     StepPtr step = stepOf(rec, 1);
     Selection sel;
     TimelineView view(&sel, Side::A);
-    view.resize(1000, 200);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1000, 200}));
     view.setStep(step);
     // The longest op is wide at the fitted zoom.
     const auto longest = std::max_element(step->ops.begin(), step->ops.end(), [](auto& x, auto& y) {
@@ -210,9 +208,7 @@ class TimelineTest : public QObject {
     StepPtr step = stepOf(rec, 1);
     Selection sel;
     TimelineView view(&sel, Side::A);
-    view.resize(1200, 160);
-    view.show();
-    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QVERIFY(test::showAt(view, {1200, 160}));
     view.setStep(step);
     sel.select(Side::A, step->ops[step->ops.size() / 3].seq);
     QTest::qWait(50);

@@ -24,10 +24,14 @@ QString panelShotsDir() {
   return dir;
 }
 
+bool showAt(QWidget& w, QSize size) {
+  w.resize(size);
+  w.show();
+  return QTest::qWaitForWindowExposed(&w);
+}
+
 bool saveShot(QWidget* w, QSize size, const QString& dir, const QString& name) {
-  w->resize(size);
-  w->show();
-  if (!QTest::qWaitForWindowExposed(w)) return false;
+  if (!showAt(*w, size)) return false;
   QTest::qWait(50);
   return w->grab().save(dir + "/" + name + ".png");
 }

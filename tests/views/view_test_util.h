@@ -20,6 +20,9 @@ bool recordFixture(const QString& out, const std::string& extra, const std::stri
 // Runs the keel binary with `args`; returns its exit status (stdout/stderr go to `output`).
 int runKeel(const std::string& args, std::string* output = nullptr, const std::string& env = "");
 
+// Shows `w` at `size` and waits until it is on screen; false when it never was.
+bool showAt(QWidget& w, QSize size);
+
 // KEEL_PANEL_SHOTS=<dir>: the folder (made here) the screenshot tests save pictures of views
 // into, to look at; "" when unset (they skip then).
 QString panelShotsDir();
