@@ -16,6 +16,13 @@
 namespace keel::analysis {
 namespace {
 
+// The graph, node and edge attributes every step's DOT opens with.
+const std::string kDotHead =
+    "digraph step {\n"
+    "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10];\n"
+    "  node [shape=box, fixedsize=true, fontname=\"Helvetica\", fontsize=10];\n"
+    "  edge [arrowsize=0.6];\n";
+
 using storage::OpRecord;
 using test::smallStep;
 
@@ -64,10 +71,7 @@ TEST(GraphDot, ForwardGraphAsText) {
   const GraphDot g = buildGraphDot(ops, o);
   // Heights: 2 lines of 14 + 2 * 5 padding = 38 px = 0.5278 in; widths from 7 px characters.
   const std::string expected =
-      "digraph step {\n"
-      "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10];\n"
-      "  node [shape=box, fixedsize=true, fontname=\"Helvetica\", fontsize=10];\n"
-      "  edge [arrowsize=0.6];\n"
+      kDotHead +
       "  \"o6\" [label=\"add_\\n[4,8] f32\", width=1.1528, height=0.5278];\n"
       "  \"o7\" [label=\"sum\\n[4,8] f32\", width=1.1528, height=0.5278];\n"
       "subgraph \"cluster_f:wte\" {\n"
@@ -139,10 +143,7 @@ TEST(GraphDot, CollapsedModulesMergeEdges) {
   o.expandAll = false;  // nothing expanded: top-level modules only
   const GraphDot g = buildGraphDot(ops, o);
   const std::string expected =
-      "digraph step {\n"
-      "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10];\n"
-      "  node [shape=box, fixedsize=true, fontname=\"Helvetica\", fontsize=10];\n"
-      "  edge [arrowsize=0.6];\n"
+      kDotHead +
       "  \"m:f:wte\" [label=\"wte\\n1 op, 500 ns, 128 B\", width=2.2083, height=0.6111, "
       "style=bold];\n"
       "  \"m:f:blocks\" [label=\"blocks\\n4 ops, 2.0 us, 512 B\", width=2.3056, height=0.6111, "

@@ -26,16 +26,9 @@
 using namespace keel::views;
 using keel::Phase;
 using keel::storage::OpRecord;
+using keel::views::test::stepOf;
 
 namespace {
-
-StepPtr loadStep(const QString& path, int64_t step) {
-  auto rec = keel::storage::Recording::open(path.toStdString());
-  auto d = std::make_shared<StepData>();
-  d->step = step;
-  d->ops = rec.stepOps(step);
-  return d;
-}
 
 // The step as the studio loads it: through RunSource's worker.
 StepPtr loadStepLikeTheStudio(const QString& path, int64_t step) {
@@ -81,7 +74,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1200, 800}));
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     const int count = countPhase(*step, "forward") + countPhase(*step, "backward");
     QVERIFY(count > 100);
     QSignalSpy done(&view, &GraphView::layoutFinished);
@@ -112,7 +105,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QVERIFY(done.wait(60000));
@@ -143,7 +136,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QVERIFY(done.wait(60000));
@@ -181,7 +174,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QVERIFY(done.wait(60000));
@@ -253,7 +246,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     view.resize(1000, 700);
     view.show();
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QVERIFY(done.wait(60000));
@@ -277,7 +270,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
     QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(loadStep(path_, 1));
+    view.setStep(stepOf(path_, 1));
     QVERIFY(done.wait(60000));
     QGraphicsView* gv = view.graphicsView();
     // First show keeps labels readable (Note [Initial graph view]): the fit if that is at least
@@ -338,7 +331,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1200, 800}));
-    StepPtr step = loadStep(big, 1);
+    StepPtr step = stepOf(big, 1);
     const int count = countPhase(*step, "forward") + countPhase(*step, "backward");
     QVERIFY(count > GraphView::kLargeGraphOps);
     QSignalSpy done(&view, &GraphView::layoutFinished);
@@ -466,7 +459,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1200, 800}));
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QVERIFY(done.wait(60000));
@@ -521,7 +514,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {500, 350}));
     QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(loadStep(path_, 1));
+    view.setStep(stepOf(path_, 1));
     QVERIFY(done.wait(60000));
     view.expandAll();
     QVERIFY(waitLaidOut(view));
@@ -545,7 +538,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     view.resize(1200, 800);
     view.show();
-    StepPtr step = loadStep(nan, 1);
+    StepPtr step = stepOf(nan, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     QCOMPARE(view.colorMode(), GraphView::ColorMode::NonFinite);
@@ -582,7 +575,7 @@ class GraphTest : public QObject {
 
     // A clean run opens coloured by phase; told the recording has a NaN elsewhere, by NaNs.
     GraphView clean(&sel, Side::B);
-    clean.setStep(loadStep(path_, 1));
+    clean.setStep(stepOf(path_, 1));
     QCOMPARE(clean.colorMode(), GraphView::ColorMode::Phase);
     clean.setRecordingNonFinite(true);
     QCOMPARE(clean.colorMode(), GraphView::ColorMode::NonFinite);
@@ -602,7 +595,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     view.resize(1200, 800);
     view.show();
-    StepPtr step = loadStep(path_, 1);
+    StepPtr step = stepOf(path_, 1);
     QSignalSpy done(&view, &GraphView::layoutFinished);
     view.setStep(step);
     view.setDiff(diff);

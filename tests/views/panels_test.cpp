@@ -37,6 +37,7 @@ using keel::MemEventKind;
 using keel::MemTag;
 using keel::Phase;
 using keel::storage::Recording;
+using keel::views::test::stepOf;
 
 namespace {
 
@@ -91,13 +92,6 @@ OpDetailsPtr loadOp(const QString& path, uint64_t seq) {
   src.requestOp(seq);
   if (!QTest::qWaitFor([&] { return details != nullptr; }, 30000)) qWarning() << "no opLoaded";
   return details;
-}
-
-StepPtr stepOf(const Recording& rec, int64_t step) {
-  auto d = std::make_shared<StepData>();
-  d->step = step;
-  d->ops = rec.stepOps(step);
-  return d;
 }
 
 }  // namespace
@@ -268,8 +262,7 @@ class PanelsTest : public QObject {
   }
 
   void opTableRowClickSelectsAndSelectionScrollsToRow() {
-    Recording rec = Recording::open(pathA_.toStdString());
-    auto step = stepOf(rec, 1);
+    auto step = stepOf(pathA_, 1);
     Selection sel;
     OpTableView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {900, 500}));

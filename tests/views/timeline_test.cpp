@@ -14,15 +14,9 @@
 using namespace keel::views;
 using keel::Phase;
 using keel::storage::Recording;
+using keel::views::test::stepOf;
 
 namespace {
-
-StepPtr stepOf(const Recording& rec, int64_t step) {
-  auto d = std::make_shared<StepData>();
-  d->step = step;
-  d->ops = rec.stepOps(step);
-  return d;
-}
 
 // Ops on two threads: thread 3 runs `n` back-to-back 10 ns ops, thread 1 one long op.
 StepPtr syntheticStep(int n) {
@@ -65,8 +59,7 @@ class TimelineTest : public QObject {
   }
 
   void oneRowPerThreadOneBarPerOpAtItsTimes() {
-    Recording rec = Recording::open(path_.toStdString());
-    StepPtr step = stepOf(rec, 1);
+    StepPtr step = stepOf(path_, 1);
     QVERIFY(step->ops.size() > 50);
     std::set<int64_t> threads;
     int64_t origin = step->ops.front().beginNs;
@@ -137,8 +130,7 @@ class TimelineTest : public QObject {
   }
 
   void clickingABarSelectsItsOp() {
-    Recording rec = Recording::open(path_.toStdString());
-    StepPtr step = stepOf(rec, 1);
+    StepPtr step = stepOf(path_, 1);
     Selection sel;
     TimelineView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 200}));
@@ -204,8 +196,7 @@ class TimelineTest : public QObject {
   void screenshots() {
     const QString dir = test::panelShotsDir();
     if (dir.isEmpty()) QSKIP("set KEEL_PANEL_SHOTS=<dir> to save screenshots");
-    Recording rec = Recording::open(path_.toStdString());
-    StepPtr step = stepOf(rec, 1);
+    StepPtr step = stepOf(path_, 1);
     Selection sel;
     TimelineView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1200, 160}));

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "keel/storage/reader.h"
+
 namespace keel::views::test {
 
 QString tempDir() {
@@ -22,6 +24,17 @@ QString panelShotsDir() {
   const QString dir = qEnvironmentVariable("KEEL_PANEL_SHOTS");
   if (!dir.isEmpty()) QDir().mkpath(dir);
   return dir;
+}
+
+StepPtr stepOf(const storage::Recording& rec, int64_t step) {
+  auto d = std::make_shared<StepData>();
+  d->step = step;
+  d->ops = rec.stepOps(step);
+  return d;
+}
+
+StepPtr stepOf(const QString& path, int64_t step) {
+  return stepOf(storage::Recording::open(path.toStdString()), step);
 }
 
 bool showAt(QWidget& w, QSize size) {
