@@ -43,6 +43,23 @@ using keel::views::Side;
 
 namespace {
 
+// Opens `path` in `w` and waits until its first step is shown and nothing is left to load.
+bool openAndWait(MainWindow& w, const QString& path) {
+  QSignalSpy shown(&w, &MainWindow::stepShown);
+  w.openRecording(path);
+  return QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000) && waitIdle(w);
+}
+
+// Opens `a`, compares it with `b`, and waits until the diff is shown and nothing is left to load.
+bool compareAndWait(MainWindow& w, const QString& a, const QString& b) {
+  QSignalSpy opened(&w, &MainWindow::recordingOpened);
+  QSignalSpy diffed(&w, &MainWindow::diffShown);
+  w.openRecording(a);
+  if (!QTest::qWaitFor([&] { return opened.count() >= 1; }, 30000)) return false;
+  w.compareWith(b);
+  return QTest::qWaitFor([&] { return diffed.count() >= 1; }, 60000) && waitIdle(w);
+}
+
 // All text shown by a widget tree (labels, line edits, tables, trees, text edits).
 QString allText(QWidget* root) {
   QString out;
@@ -138,10 +155,7 @@ class StudioTest : public QObject {
   void openingFillsGraphWithTheStepsOps() {
     MainWindow w;
     w.show();
-    QSignalSpy shown(&w, &MainWindow::stepShown);
-    w.openRecording(dir_ + "/a.db");
-    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
-    QVERIFY(waitIdle(w));
+    QVERIFY(openAndWait(w, dir_ + "/a.db"));
     storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
     int graphOps = 0;
     for (const auto& o : rec.stepOps(1))
@@ -157,10 +171,7 @@ class StudioTest : public QObject {
   void selectingAnOpFillsTheInspectorWithStackAndMd5() {
     MainWindow w;
     w.show();
-    QSignalSpy shown(&w, &MainWindow::stepShown);
-    w.openRecording(dir_ + "/a.db");
-    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
-    QVERIFY(waitIdle(w));
+    QVERIFY(openAndWait(w, dir_ + "/a.db"));
     storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
     storage::OpRecord target;
     for (const auto& o : rec.stepOps(1))
@@ -196,13 +207,7 @@ class StudioTest : public QObject {
   void diffViewPutsTheInjectedDivergenceFirst() {
     MainWindow w;
     w.show();
-    QSignalSpy opened(&w, &MainWindow::recordingOpened);
-    QSignalSpy diffed(&w, &MainWindow::diffShown);
-    w.openRecording(dir_ + "/a.db");
-    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 30000));
-    w.compareWith(dir_ + "/b.db");
-    QVERIFY(QTest::qWaitFor([&] { return diffed.count() >= 1; }, 60000));
-    QVERIFY(waitIdle(w));
+    QVERIFY(compareAndWait(w, dir_ + "/a.db", dir_ + "/b.db"));
     views::DiffPtr report = w.diffReport();
     QVERIFY(report && report->first);
     QCOMPARE(QString::fromStdString(report->first->pair.name), QString("matmul"));
@@ -425,16 +430,8 @@ class StudioTest : public QObject {
   void inspectorIsReadableAtCommonScreenSizes() {
     for (const QSize size : {QSize(1366, 768), QSize(1920, 1080)}) {
       MainWindow w;
-      w.resize(size);
-      w.show();
-      QVERIFY(QTest::qWaitForWindowExposed(&w));
-      QSignalSpy opened(&w, &MainWindow::recordingOpened);
-      QSignalSpy diffed(&w, &MainWindow::diffShown);
-      w.openRecording(dir_ + "/a.db");
-      QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 30000));
-      w.compareWith(dir_ + "/b.db");
-      QVERIFY(QTest::qWaitFor([&] { return diffed.count() >= 1; }, 60000));
-      QVERIFY(waitIdle(w));
+      QVERIFY(views::test::showAt(w, size));
+      QVERIFY(compareAndWait(w, dir_ + "/a.db", dir_ + "/b.db"));
       const auto& p = w.diffReport()->first->pair;
       w.selection()->select(Side::A, p.seqA);  // one side: the other follows
       views::InspectorView* insp = w.inspector();

@@ -31,6 +31,15 @@ class KeelCli : public keel::test::KeelCliTest {
         "record --config tests/fixtures/gpt-tiny.json --steps 2 -o '" + path(name) + "' " + extra,
         env);
   }
+  // ref.db on cpu-ref and cpu.db on cpu, both with `options`; "" or the first failure's output.
+  std::string recordOnBothBackends(const std::string& options) {
+    for (const auto& [name, backend] :
+         {std::pair{"ref.db", "cpu-ref"}, std::pair{"cpu.db", "cpu"}}) {
+      const CliResult r = record(name, options + " --backend " + backend);
+      if (r.status != 0) return r.out + r.err;
+    }
+    return "";
+  }
 };
 
 TEST_F(KeelCli, InspectShowsTheRecordedAttentionMask) {
@@ -105,8 +114,7 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
 }
 
 TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
-  ASSERT_EQ(record("ref.db", "--seed 3 --backend cpu-ref --md5 --stats").status, 0);
-  ASSERT_EQ(record("cpu.db", "--seed 3 --backend cpu --md5 --stats").status, 0);
+  ASSERT_EQ(recordOnBothBackends("--seed 3 --md5 --stats"), "");
   CliResult d = keel("diff '" + path("ref.db") + "' '" + path("cpu.db") + "' --mismatches-only");
   EXPECT_EQ(d.status, 0) << d.out << d.err;
   EXPECT_NE(d.out.find("0 diverged"), std::string::npos) << d.out;
@@ -116,8 +124,7 @@ TEST_F(KeelCli, SameConfigOnTwoBackendsDiffsEqualWithinTolerance) {
 // sum kernels and the same copy; under zero tolerance the root divergence is an op whose inputs
 // match and whose kernels differ, and the text says so in those words.
 TEST_F(KeelCli, DiffNamesTheKernelsOfEachPair) {
-  ASSERT_EQ(record("ref.db", "--seed 3 --backend cpu-ref --md5 --stats").status, 0);
-  ASSERT_EQ(record("cpu.db", "--seed 3 --backend cpu --md5 --stats").status, 0);
+  ASSERT_EQ(recordOnBothBackends("--seed 3 --md5 --stats"), "");
   CliResult d = keel("diff '" + path("cpu.db") + "' '" + path("ref.db") + "' --json");
   ASSERT_EQ(d.status, 0) << d.err;
   nlohmann::json j = nlohmann::json::parse(d.out);
@@ -166,8 +173,7 @@ TEST_F(KeelCli, DiffNamesTheKernelsOfEachPair) {
 // its exact size.
 TEST_F(KeelCli, DumpedValuesAreComparedElementByElement) {
   const std::string opts = "--seed 3 --md5 --stats --dumps --dump-ops matmul";
-  ASSERT_EQ(record("ref.db", opts + " --backend cpu-ref").status, 0);
-  ASSERT_EQ(record("cpu.db", opts + " --backend cpu").status, 0);
+  ASSERT_EQ(recordOnBothBackends(opts), "");
   CliResult d = keel("diff '" + path("ref.db") + "' '" + path("cpu.db") + "' --json");
   EXPECT_EQ(d.status, 0) << d.err;
   nlohmann::json j = nlohmann::json::parse(d.out);
