@@ -32,17 +32,8 @@ namespace {
 
 // The step as the studio loads it: through RunSource's worker.
 StepPtr loadStepLikeTheStudio(const QString& path, int64_t step) {
-  RunSource src;
-  QObject receiver;
-  bool opened = false;
-  StepPtr loaded;
-  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
-  QObject::connect(&src, &RunSource::stepLoaded, &receiver, [&](StepPtr s) { loaded = s; });
-  src.open(path);
-  if (!QTest::qWaitFor([&] { return opened; }, 30000)) return nullptr;
-  src.requestStep(step);
-  if (!QTest::qWaitFor([&] { return loaded != nullptr; }, 30000)) return nullptr;
-  return loaded;
+  return test::loadThroughRunSource(path, &RunSource::stepLoaded,
+                                    [step](RunSource& src) { src.requestStep(step); });
 }
 
 int countPhase(const StepData& s, const char* phase) {

@@ -23,26 +23,13 @@ using keel::analysis::kTileClassCount;
 using keel::analysis::maskSummaryFromAttrs;
 using keel::analysis::TileClass;
 using keel::storage::Recording;
+using keel::views::test::loadOp;
 
 namespace {
 
 // Sliding window 128 over 256 tokens in 64 × 64 tiles (tests/fixtures/gpt-tiny-window.json):
 // skipped above the diagonal and past the window, partial on the diagonal and the window's edge.
 const char* const kWindowMap = "psss/fpss/pfps/spfp";
-
-OpDetailsPtr loadOp(const QString& path, uint64_t seq) {
-  RunSource src;
-  QObject receiver;
-  bool opened = false;
-  OpDetailsPtr details;
-  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
-  QObject::connect(&src, &RunSource::opLoaded, &receiver, [&](OpDetailsPtr d) { details = d; });
-  src.open(path);
-  if (!QTest::qWaitFor([&] { return opened; }, 30000)) return nullptr;
-  src.requestOp(seq);
-  if (!QTest::qWaitFor([&] { return details != nullptr; }, 30000)) qWarning() << "no opLoaded";
-  return details;
-}
 
 // Cells of the painted picture by colour, read back from its pixels (the centre of each cell).
 std::array<int, kTileClassCount> paintedCounts(MaskPicture* pic) {

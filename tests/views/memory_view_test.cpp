@@ -36,21 +36,8 @@ const std::string kOptions = "--steps 2 --seed 4 --allocator --stacks";
 
 // Loads the memory model the way the studio does: through RunSource's worker.
 MemoryPtr loadMemory(const QString& path) {
-  RunSource src;
-  QObject receiver;
-  bool opened = false;
-  QString failed;
-  MemoryPtr memory;
-  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
-  QObject::connect(&src, &RunSource::failed, &receiver, [&](QString m) { failed = m; });
-  QObject::connect(&src, &RunSource::memoryLoaded, &receiver, [&](MemoryPtr m) { memory = m; });
-  QObject::connect(&src, &RunSource::memoryFailed, &receiver, [&](QString m) { failed = m; });
-  src.open(path);
-  src.requestMemory();
-  if (!QTest::qWaitFor([&] { return memory || !failed.isEmpty(); }, 60000))
-    qWarning() << "memory did not load";
-  if (!failed.isEmpty()) qWarning() << "failed:" << failed;
-  return memory;
+  return test::loadThroughRunSource(path, &RunSource::memoryLoaded,
+                                    [](RunSource& src) { src.requestMemory(); });
 }
 
 // An independent replay of events 0..k: live blocks by address (alloc adds, free removes,

@@ -37,6 +37,7 @@ using keel::MemEventKind;
 using keel::MemTag;
 using keel::Phase;
 using keel::storage::Recording;
+using keel::views::test::loadOp;
 using keel::views::test::stepOf;
 
 namespace {
@@ -71,27 +72,6 @@ void clickRow(QTableView* table, int row) {
   const QModelIndex idx = table->model()->index(row, 1);
   table->scrollTo(idx);
   QTest::mouseClick(table->viewport(), Qt::LeftButton, {}, table->visualRect(idx).center());
-}
-
-// RunSource emits from its worker thread: a QSignalSpy armed after the request can miss a fast
-// answer, so the results are caught by a GUI-thread receiver (queued) and waited for.
-OpDetailsPtr loadOp(const QString& path, uint64_t seq) {
-  RunSource src;
-  QObject receiver;
-  bool opened = false;
-  QString failed;
-  OpDetailsPtr details;
-  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
-  QObject::connect(&src, &RunSource::failed, &receiver, [&](QString m) { failed = m; });
-  QObject::connect(&src, &RunSource::opLoaded, &receiver, [&](OpDetailsPtr d) { details = d; });
-  src.open(path);
-  if (!QTest::qWaitFor([&] { return opened || !failed.isEmpty(); }, 30000) || !opened) {
-    qWarning() << "open failed:" << (failed.isEmpty() ? QString("timeout") : failed);
-    return nullptr;
-  }
-  src.requestOp(seq);
-  if (!QTest::qWaitFor([&] { return details != nullptr; }, 30000)) qWarning() << "no opLoaded";
-  return details;
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 // Helpers for the Qt tests: fixture recordings made by the real `keel` binary (so they are what a
 // user records), and pictures of views saved to look at.
 #pragma once
+#include <QObject>
 #include <QSize>
 #include <QString>
+#include <QTest>
+#include <QtDebug>
 #include <string>
 
 #include "keel/views/run_data.h"
+#include "keel/views/run_source.h"
 
 class QWidget;
 
@@ -30,16 +34,47 @@ int runKeel(const std::string& args, std::string* output = nullptr, const std::s
 StepPtr stepOf(const storage::Recording& rec, int64_t step);
 StepPtr stepOf(const QString& path, int64_t step);
 
+// Opens `path` in a RunSource, asks it with `request(source)` and returns what its signal
+// `loaded` answers, as the studio gets it (from RunSource's worker thread); nullptr, with a
+// warning, when the open or the request failed or nothing came within `ms`. The answers are
+// caught by a GUI-thread receiver (queued): a QSignalSpy armed after the request could miss a
+// fast one.
+template <typename Ptr, typename Request>
+Ptr loadThroughRunSource(const QString& path, void (RunSource::*loaded)(Ptr), Request request,
+                         int ms = 60000) {
+  RunSource src;
+  QObject receiver;
+  bool opened = false;
+  QString failed;
+  Ptr result;
+  QObject::connect(&src, &RunSource::opened, &receiver, [&](SummaryPtr) { opened = true; });
+  QObject::connect(&src, &RunSource::failed, &receiver, [&](QString m) { failed = m; });
+  QObject::connect(&src, &RunSource::memoryFailed, &receiver, [&](QString m) { failed = m; });
+  QObject::connect(&src, loaded, &receiver, [&](Ptr p) { result = p; });
+  src.open(path);
+  if (!QTest::qWaitFor([&] { return opened || !failed.isEmpty(); }, ms) || !opened) {
+    qWarning() << "open failed:" << (failed.isEmpty() ? QString("timeout") : failed);
+    return nullptr;
+  }
+  request(src);
+  if (!QTest::qWaitFor([&] { return result || !failed.isEmpty(); }, ms))
+    qWarning() << "no answer from RunSource";
+  if (!failed.isEmpty()) qWarning() << "failed:" << failed;
+  return result;
+}
+
+// Op `seq`'s details as the inspector is given them.
+inline OpDetailsPtr loadOp(const QString& path, uint64_t seq) {
+  return loadThroughRunSource(path, &RunSource::opLoaded,
+                              [seq](RunSource& src) { src.requestOp(seq); });
+}
+
 // Shows `w` at `size` and waits until it is on screen; false when it never was.
 bool showAt(QWidget& w, QSize size);
 
 // KEEL_PANEL_SHOTS=<dir>: the folder (made here) the screenshot tests save pictures of views
 // into, to look at; "" when unset (they skip then).
 QString panelShotsDir();
-// Step `step` of a recording as the views are given it (its ops).
-StepPtr stepOf(const storage::Recording& rec, int64_t step);
-StepPtr stepOf(const QString& path, int64_t step);
-
 // Shows `w` at `size`, waits until it is on screen and painted, and saves it as <dir>/<name>.png;
 // false when it could not.
 bool saveShot(QWidget* w, QSize size, const QString& dir, const QString& name);
