@@ -79,23 +79,38 @@ __global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ x, Geom
   }
 }
 
-// lo + (hi - lo) * u in double (no fused multiply-add: the host rounds the product), rounded once.
-template <typename T>
-__global__ void uniformKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset,
-                              double lo, double span) {
+// base + scale * r in double, r = philoxNormal(i) when kNormal, else philoxUniform(i); no fused
+// multiply-add (the host rounds the product), rounded once. uniform(low, high) is base low, scale
+// high - low; normal(mean, std) is base mean, scale std.
+template <bool kNormal, typename T>
+__global__ void philoxFillKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset,
+                                 double base, double scale) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = storeAs<T>(
-        __dadd_rn(lo, __dmul_rn(span, double(philoxUniform(seed, offset, uint64_t(i))))));
+       i += int64_t(gridDim.x) * blockDim.x) {
+    double r;
+    if constexpr (kNormal)
+      r = double(philoxNormal(seed, offset, uint64_t(i)));
+    else
+      r = double(philoxUniform(seed, offset, uint64_t(i)));
+    out[i] = storeAs<T>(__dadd_rn(base, __dmul_rn(scale, r)));
+  }
 }
 
-// mean + std * philoxNormal(i) in double, rounded once.
-template <typename T>
-__global__ void normalKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset,
-                             double mean, double sd) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = storeAs<T>(__dadd_rn(mean, __dmul_rn(sd, philoxNormal(seed, offset, uint64_t(i)))));
+// The factories uniform and normal: out from the attributes seed and offset.
+template <bool kNormal>
+void philoxFill(const KernelCtx& c, double base, double scale) {
+  const Tensor& out = c.outputs[0];
+  const uint64_t seed = uint64_t(c.attrs.getInt("seed"));
+  const uint64_t offset = uint64_t(c.attrs.getInt("offset"));
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceCtx& d = deviceCtx(c);
+  const Launch1D l = launch1D(n);
+  visitFloat(out.dtype(), [&]<typename T>() {
+    launch(philoxFillKernel<kNormal, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed,
+           offset, base, scale);
+  });
+  checkLaunch(c, "philoxFillKernel");
 }
 
 }  // namespace
@@ -122,35 +137,12 @@ void kDropout(const KernelCtx& c) {
 }
 
 void kUniform(const KernelCtx& c) {
-  const Tensor& out = c.outputs[0];
   const double lo = c.attrs.getDouble("low"), hi = c.attrs.getDouble("high");
-  const uint64_t seed = uint64_t(c.attrs.getInt("seed"));
-  const uint64_t offset = uint64_t(c.attrs.getInt("offset"));
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceCtx& d = deviceCtx(c);
-  const Launch1D l = launch1D(n);
-  visitFloat(out.dtype(), [&]<typename T>() {
-    launch(uniformKernel<T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed, offset, lo,
-           hi - lo);
-  });
-  checkLaunch(c, "uniformKernel");
+  philoxFill<false>(c, lo, hi - lo);
 }
 
 void kNormal(const KernelCtx& c) {
-  const Tensor& out = c.outputs[0];
-  const double mean = c.attrs.getDouble("mean"), sd = c.attrs.getDouble("std");
-  const uint64_t seed = uint64_t(c.attrs.getInt("seed"));
-  const uint64_t offset = uint64_t(c.attrs.getInt("offset"));
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceCtx& d = deviceCtx(c);
-  const Launch1D l = launch1D(n);
-  visitFloat(out.dtype(), [&]<typename T>() {
-    launch(normalKernel<T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed, offset, mean,
-           sd);
-  });
-  checkLaunch(c, "normalKernel");
+  philoxFill<true>(c, c.attrs.getDouble("mean"), c.attrs.getDouble("std"));
 }
 
 }  // namespace keel::cuda
