@@ -15,6 +15,17 @@
 namespace keel::cuda {
 namespace {
 
+// Every dtype but bool, which these kernels do not take (their sums and orderings are of numbers).
+template <typename F>
+void visitNoBool(const KernelCtx& c, DType t, F&& f) {
+  visit(t, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>)
+      KEEL_CHECK(false, "op '", c.op.name, "': no cuda kernel for dtype bool");
+    else
+      f.template operator()<T>();
+  });
+}
+
 // Note [cuda index order]
 // index_add and scatter_add start from the input `x` and add every source element aimed at an
 // output element in the order of its position in the index, in the compute type (float32 for
@@ -385,52 +396,48 @@ void sortLines(const KernelCtx& c, int64_t k, bool descending, const Tensor* val
   if (k == 0 || lg.lines == 0) return;
   DeviceCtx& ctx = deviceCtx(c);
   const Dims xg = dimsOf(c, x);
-  visit(x.dtype(), [&]<typename T>() {
-    if constexpr (std::is_same_v<T, bool>) {
-      KEEL_CHECK(false, "op '", c.op.name, "': no cuda kernel for dtype bool");
-    } else {
-      T* pv = vals ? ptr<T>(*vals) : nullptr;
-      int64_t* pi = ptr<int64_t>(ids);
-      if (lg.n <= kSharedSort) {
-        int pow2 = 1;
-        while (pow2 < lg.n) pow2 *= 2;
-        const int threads = std::clamp(pow2 / 2, 32, 1024);
-        const unsigned blocks = unsigned(std::min<int64_t>(lg.lines, int64_t(1) << 20));
-        const size_t shared = size_t(pow2) * (sizeof(uint64_t) + sizeof(int32_t));
-        launch(sortLinesKernel<T>, blocks, threads, shared, ctx.stream, ptr<T>(x), xg, lg, pow2,
-               descending, pv, pi);
-        checkLaunch(c, "sort lines (shared memory)");
-        return;
-      }
-      const int64_t total = lg.lines * lg.n;
-      const Device dev = ids.device();
-      Tensor keys = makeTensor({total}, DType::Int64, dev),
-             keysOut = makeTensor({total}, DType::Int64, dev);
-      Tensor pos = makeTensor({total}, DType::Int64, dev),
-             posOut = makeTensor({total}, DType::Int64, dev);
-      Tensor starts = makeTensor({lg.lines + 1}, DType::Int64, dev);
-      uint64_t* pk = static_cast<uint64_t*>(keys.data());
-      uint64_t* pko = static_cast<uint64_t*>(keysOut.data());
-      const Launch1D l = launch1D(total);
-      launch(lineKeysKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, lg, descending,
-             pk, ptr<int64_t>(pos), ptr<int64_t>(starts));
-      checkLaunch(c, "sort keys");
-      const int64_t* ps = ptr<int64_t>(starts);
-      size_t bytes = 0;
-      check(cub::DeviceSegmentedSort::StableSortPairs(nullptr, bytes, pk, pko, ptr<int64_t>(pos),
-                                                      ptr<int64_t>(posOut), total, lg.lines, ps,
-                                                      ps + 1, ctx.stream),
-            "cub::DeviceSegmentedSort::StableSortPairs (size query)", ctx.index);
-      Tensor tmp = scratch(bytes, dev);
-      check(cub::DeviceSegmentedSort::StableSortPairs(tmp.data(), bytes, pk, pko, ptr<int64_t>(pos),
-                                                      ptr<int64_t>(posOut), total, lg.lines, ps,
-                                                      ps + 1, ctx.stream),
-            "cub::DeviceSegmentedSort::StableSortPairs", ctx.index);
-      const Launch1D w = launch1D(lg.lines * k);
-      launch(lineWriteKernel<T>, w.blocks, w.threads, 0, ctx.stream, ptr<T>(x), xg, lg,
-             ptr<int64_t>(posOut), pv, pi);
-      checkLaunch(c, "sort write");
+  visitNoBool(c, x.dtype(), [&]<typename T>() {
+    T* pv = vals ? ptr<T>(*vals) : nullptr;
+    int64_t* pi = ptr<int64_t>(ids);
+    if (lg.n <= kSharedSort) {
+      int pow2 = 1;
+      while (pow2 < lg.n) pow2 *= 2;
+      const int threads = std::clamp(pow2 / 2, 32, 1024);
+      const unsigned blocks = unsigned(std::min<int64_t>(lg.lines, int64_t(1) << 20));
+      const size_t shared = size_t(pow2) * (sizeof(uint64_t) + sizeof(int32_t));
+      launch(sortLinesKernel<T>, blocks, threads, shared, ctx.stream, ptr<T>(x), xg, lg, pow2,
+             descending, pv, pi);
+      checkLaunch(c, "sort lines (shared memory)");
+      return;
     }
+    const int64_t total = lg.lines * lg.n;
+    const Device dev = ids.device();
+    Tensor keys = makeTensor({total}, DType::Int64, dev),
+           keysOut = makeTensor({total}, DType::Int64, dev);
+    Tensor pos = makeTensor({total}, DType::Int64, dev),
+           posOut = makeTensor({total}, DType::Int64, dev);
+    Tensor starts = makeTensor({lg.lines + 1}, DType::Int64, dev);
+    uint64_t* pk = static_cast<uint64_t*>(keys.data());
+    uint64_t* pko = static_cast<uint64_t*>(keysOut.data());
+    const Launch1D l = launch1D(total);
+    launch(lineKeysKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, lg, descending, pk,
+           ptr<int64_t>(pos), ptr<int64_t>(starts));
+    checkLaunch(c, "sort keys");
+    const int64_t* ps = ptr<int64_t>(starts);
+    size_t bytes = 0;
+    check(cub::DeviceSegmentedSort::StableSortPairs(nullptr, bytes, pk, pko, ptr<int64_t>(pos),
+                                                    ptr<int64_t>(posOut), total, lg.lines, ps,
+                                                    ps + 1, ctx.stream),
+          "cub::DeviceSegmentedSort::StableSortPairs (size query)", ctx.index);
+    Tensor tmp = scratch(bytes, dev);
+    check(cub::DeviceSegmentedSort::StableSortPairs(tmp.data(), bytes, pk, pko, ptr<int64_t>(pos),
+                                                    ptr<int64_t>(posOut), total, lg.lines, ps,
+                                                    ps + 1, ctx.stream),
+          "cub::DeviceSegmentedSort::StableSortPairs", ctx.index);
+    const Launch1D w = launch1D(lg.lines * k);
+    launch(lineWriteKernel<T>, w.blocks, w.threads, 0, ctx.stream, ptr<T>(x), xg, lg,
+           ptr<int64_t>(posOut), pv, pi);
+    checkLaunch(c, "sort write");
   });
 }
 
@@ -495,13 +502,9 @@ void kIndexAdd(const KernelCtx& c) {
   const int64_t* pp = m > 0 ? ptr<int64_t>(posSorted) : nullptr;
   const Dims xg = dimsOf(c, x), sg = dimsOf(c, src);
   const Launch1D l = launch1D(total);
-  visit(x.dtype(), [&]<typename T>() {
-    if constexpr (std::is_same_v<T, bool>) {
-      KEEL_CHECK(false, "op '", c.op.name, "': no cuda kernel for dtype bool");
-    } else {
-      launch(indexAddKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, ptr<T>(src), sg,
-             int(d), pk, pp, m, sp.n, sp.inner, ptr<T>(out), total);
-    }
+  visitNoBool(c, x.dtype(), [&]<typename T>() {
+    launch(indexAddKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, ptr<T>(src), sg,
+           int(d), pk, pp, m, sp.n, sp.inner, ptr<T>(out), total);
   });
   checkLaunch(c, "index_add");
 }
@@ -536,13 +539,9 @@ void kScatterAdd(const KernelCtx& c) {
   if (total == 0) return;
   const Dims xg = dimsOf(c, x), sg = dimsOf(c, src);
   const Launch1D l = launch1D(total);
-  visit(x.dtype(), [&]<typename T>() {
-    if constexpr (std::is_same_v<T, bool>) {
-      KEEL_CHECK(false, "op '", c.op.name, "': no cuda kernel for dtype bool");
-    } else {
-      launch(scatterAddKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, idx,
-             ptr<T>(src), sg, int(d), ptr<T>(out), total);
-    }
+  visitNoBool(c, x.dtype(), [&]<typename T>() {
+    launch(scatterAddKernel<T>, l.blocks, l.threads, 0, ctx.stream, ptr<T>(x), xg, idx, ptr<T>(src),
+           sg, int(d), ptr<T>(out), total);
   });
   checkLaunch(c, "scatter_add");
 }
