@@ -48,16 +48,25 @@ constexpr int64_t sharedLd(int64_t d) {
   return d | 1;
 }
 
-struct ForwardPlan {
-  int64_t br = 0, bc = 0;                    // query tile rows, key tile columns
-  int64_t nqt = 0, nkt = 0;                  // query tiles, key tiles
+// The tiles of a sq x sk score matrix under a tile config: their shape and how many cover it.
+struct TileGrid {
+  int64_t br = 0, bc = 0;    // query tile rows, key tile columns
+  int64_t nqt = 0, nkt = 0;  // query tiles, key tiles
+  constexpr void cover(TileConfig t, int64_t sq, int64_t sk) {
+    br = kSide * t.rm;
+    bc = kSide * t.rn;
+    nqt = (sq + br - 1) / br;
+    nkt = (sk + bc - 1) / bc;
+  }
+};
+
+struct ForwardPlan : TileGrid {
   unsigned gridX = 0, gridY = 0, gridZ = 0;  // (query tile, head, batch)
   unsigned threads = kThreads;
   int64_t smemBytes = 0;  // Q tile, K-or-V tile, P tile
 };
 
-struct BackwardPlan {
-  int64_t br = 0, bc = 0, nqt = 0, nkt = 0;
+struct BackwardPlan : TileGrid {
   unsigned dkvGridX = 0, dkvGridY = 0, dkvGridZ = 0;  // (key tile, kv head, batch)
   unsigned dqGridX = 0, dqGridY = 0, dqGridZ = 0;     // (query tile, head, batch)
   unsigned threads = kThreads;
@@ -70,10 +79,7 @@ constexpr ForwardPlan forwardPlan(int64_t b, int64_t sq, int64_t sk, int64_t h, 
                                   int computeBytes) {
   const TileConfig t = forwardConfig(computeBytes, headDimBucket(d));
   ForwardPlan p;
-  p.br = kSide * t.rm;
-  p.bc = kSide * t.rn;
-  p.nqt = (sq + p.br - 1) / p.br;
-  p.nkt = (sk + p.bc - 1) / p.bc;
+  p.cover(t, sq, sk);
   p.gridX = unsigned(p.nqt);
   p.gridY = unsigned(h);
   p.gridZ = unsigned(b);
@@ -86,10 +92,7 @@ constexpr BackwardPlan backwardPlan(int64_t b, int64_t sq, int64_t sk, int64_t h
                                     int64_t d, int computeBytes) {
   const TileConfig t = backwardConfig(computeBytes, headDimBucket(d));
   BackwardPlan p;
-  p.br = kSide * t.rm;
-  p.bc = kSide * t.rn;
-  p.nqt = (sq + p.br - 1) / p.br;
-  p.nkt = (sk + p.bc - 1) / p.bc;
+  p.cover(t, sq, sk);
   p.dkvGridX = unsigned(p.nkt);
   p.dkvGridY = unsigned(hk);
   p.dkvGridZ = unsigned(b);
