@@ -73,12 +73,12 @@ TEST(CudaFlashMaskPlan, EveryHeadDimFitsSharedMemoryAndTilesCoverTheSequence) {
       EXPECT_GE(f.nqt * f.br, 1000);
       EXPECT_LT((f.nqt - 1) * f.br, 1000);
       EXPECT_GE(f.nkt * f.bc, 777);
-      EXPECT_EQ(f.gridX, unsigned(f.nqt));
+      EXPECT_EQ(f.grid.x, unsigned(f.nqt));
       const fp::BackwardPlan b = fp::backwardPlan(2, 1000, 777, 4, 2, d, cb);
       EXPECT_LE(b.dkvSmemBytes, fp::kMaxSmem);
       EXPECT_LE(b.dqSmemBytes, fp::kMaxSmem);
-      EXPECT_EQ(b.dkvGridY, 2u);  // one block per kv head: no two blocks write one dK row
-      EXPECT_EQ(b.dqGridY, 4u);
+      EXPECT_EQ(b.dkvGrid.y, 2u);  // one block per kv head: no two blocks write one dK row
+      EXPECT_EQ(b.dqGrid.y, 4u);
     }
   EXPECT_EQ(fp::headDimBucket(0), 0);
   EXPECT_EQ(fp::headDimBucket(fp::kMaxHeadDim + 1), 0);

@@ -774,7 +774,7 @@ void forwardD(const KernelCtx& c) {
   a.keep = C(1.0 / (1.0 - g.p));
   auto kernel = fwdKernel<T, DMAX, tc.rm, tc.rn>;
   setSmem(c, kernel, plan.smemBytes);
-  launch(kernel, dim3(plan.gridX, plan.gridY, plan.gridZ), plan.threads, size_t(plan.smemBytes),
+  launch(kernel, dim3(plan.grid.x, plan.grid.y, plan.grid.z), plan.threads, size_t(plan.smemBytes),
          dc.stream, a);
   checkLaunch(c, "flashmaskForwardKernel");
 }
@@ -814,12 +814,12 @@ void backwardD(const KernelCtx& c) {
   a.keep = C(1.0 / (1.0 - g.p));
   auto kdkv = dkvKernel<T, DMAX, tc.rm, tc.rn>;
   setSmem(c, kdkv, plan.dkvSmemBytes);
-  launch(kdkv, dim3(plan.dkvGridX, plan.dkvGridY, plan.dkvGridZ), plan.threads,
+  launch(kdkv, dim3(plan.dkvGrid.x, plan.dkvGrid.y, plan.dkvGrid.z), plan.threads,
          size_t(plan.dkvSmemBytes), dc.stream, a);
   checkLaunch(c, "flashmaskDkvKernel");
   auto kdq = dqKernel<T, DMAX, tc.rm, tc.rn>;
   setSmem(c, kdq, plan.dqSmemBytes);
-  launch(kdq, dim3(plan.dqGridX, plan.dqGridY, plan.dqGridZ), plan.threads,
+  launch(kdq, dim3(plan.dqGrid.x, plan.dqGrid.y, plan.dqGrid.z), plan.threads,
          size_t(plan.dqSmemBytes), dc.stream, a);
   checkLaunch(c, "flashmaskDqKernel");
 }

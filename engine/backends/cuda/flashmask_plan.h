@@ -48,6 +48,11 @@ constexpr int64_t sharedLd(int64_t d) {
   return d | 1;
 }
 
+// A launch grid's blocks along x, y and z.
+struct Grid {
+  unsigned x = 0, y = 0, z = 0;
+};
+
 // The tiles of a sq x sk score matrix under a tile config: their shape and how many cover it.
 struct TileGrid {
   int64_t br = 0, bc = 0;    // query tile rows, key tile columns
@@ -61,14 +66,14 @@ struct TileGrid {
 };
 
 struct ForwardPlan : TileGrid {
-  unsigned gridX = 0, gridY = 0, gridZ = 0;  // (query tile, head, batch)
+  Grid grid;  // (query tile, head, batch)
   unsigned threads = kThreads;
   int64_t smemBytes = 0;  // Q tile, K-or-V tile, P tile
 };
 
 struct BackwardPlan : TileGrid {
-  unsigned dkvGridX = 0, dkvGridY = 0, dkvGridZ = 0;  // (key tile, kv head, batch)
-  unsigned dqGridX = 0, dqGridY = 0, dqGridZ = 0;     // (query tile, head, batch)
+  Grid dkvGrid;  // (key tile, kv head, batch)
+  Grid dqGrid;   // (query tile, head, batch)
   unsigned threads = kThreads;
   int64_t dkvSmemBytes = 0;  // K, V, Q, dO tiles, P^T and dS^T
   int64_t dqSmemBytes = 0;   // Q, dO, K, V tiles, dS
@@ -80,9 +85,7 @@ constexpr ForwardPlan forwardPlan(int64_t b, int64_t sq, int64_t sk, int64_t h, 
   const TileConfig t = forwardConfig(computeBytes, headDimBucket(d));
   ForwardPlan p;
   p.cover(t, sq, sk);
-  p.gridX = unsigned(p.nqt);
-  p.gridY = unsigned(h);
-  p.gridZ = unsigned(b);
+  p.grid = {unsigned(p.nqt), unsigned(h), unsigned(b)};
   const int64_t ld = sharedLd(d);
   p.smemBytes = (p.br * ld + p.bc * ld + p.br * (p.bc + 1)) * computeBytes;
   return p;
@@ -93,12 +96,8 @@ constexpr BackwardPlan backwardPlan(int64_t b, int64_t sq, int64_t sk, int64_t h
   const TileConfig t = backwardConfig(computeBytes, headDimBucket(d));
   BackwardPlan p;
   p.cover(t, sq, sk);
-  p.dkvGridX = unsigned(p.nkt);
-  p.dkvGridY = unsigned(hk);
-  p.dkvGridZ = unsigned(b);
-  p.dqGridX = unsigned(p.nqt);
-  p.dqGridY = unsigned(h);
-  p.dqGridZ = unsigned(b);
+  p.dkvGrid = {unsigned(p.nkt), unsigned(hk), unsigned(b)};
+  p.dqGrid = {unsigned(p.nqt), unsigned(h), unsigned(b)};
   const int64_t ld = sharedLd(d);
   p.dkvSmemBytes = (2 * p.bc * ld + 2 * p.br * ld + 2 * p.bc * (p.br + 1)) * computeBytes;
   p.dqSmemBytes = (2 * p.br * ld + 2 * p.bc * ld + p.br * (p.bc + 1)) * computeBytes;
