@@ -78,20 +78,20 @@ QString numberOrBlank(double v) {
 
 DiffModel::DiffModel(QObject* parent)
     : RecordTableModel(
-          {{tr("Status"), {}},
-           {tr("Step"), {}},
-           {tr("A #"), {}},
-           {tr("B #"), {}},
-           {tr("Op"), {}},
-           {tr("Phase"), {}},
-           {tr("Scope"), {}},
+          {tr("Status"),
+           tr("Step"),
+           tr("A #"),
+           tr("B #"),
+           tr("Op"),
+           tr("Phase"),
+           tr("Scope"),
            {tr("Max abs"), tr("largest |a - b| over the outputs (dumped values only)")},
            {tr("Max rel"), tr("largest |a - b| / |b| over the outputs (dumped values only)")},
            {tr("Basis"), tr("what settled the verdict of the worst output")},
            {tr("Kernel"),
             tr("whether the two runs ran the same kernel variant for this op (algorithm, "
                "accumulation dtype, reduction order); the variants on hover")},
-           {tr("Detail"), {}}},
+           tr("Detail")},
           parent) {}
 
 double DiffModel::maxAbs(const storage::OpPair& p) {

@@ -35,12 +35,7 @@ QColor logLevelColor(storage::LogLevel level) {
 // ---- LogModel ----
 
 LogModel::LogModel(QObject* parent)
-    : RecordTableModel({{tr("Step"), {}},
-                        {tr("Op #"), {}},
-                        {tr("Level"), {}},
-                        {tr("Scope"), {}},
-                        {tr("Message"), {}}},
-                       parent) {}
+    : RecordTableModel({tr("Step"), tr("Op #"), tr("Level"), tr("Scope"), tr("Message")}, parent) {}
 
 void LogModel::setLogs(LogsPtr logs) {
   beginResetModel();

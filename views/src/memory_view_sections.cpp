@@ -13,14 +13,8 @@ using analysis::MemoryModel;
 using analysis::MemSection;
 
 MemSectionModel::MemSectionModel(QObject* parent)
-    : RecordTableModel({{tr("Section"), {}},
-                        {tr("Events"), {}},
-                        {tr("Allocs"), {}},
-                        {tr("Frees"), {}},
-                        {tr("Allocated"), {}},
-                        {tr("Peak inside"), {}},
-                        {tr("Alive at end"), {}},
-                        {tr("Allocated by"), {}}},
+    : RecordTableModel({tr("Section"), tr("Events"), tr("Allocs"), tr("Frees"), tr("Allocated"),
+                        tr("Peak inside"), tr("Alive at end"), tr("Allocated by")},
                        parent) {}
 
 void MemSectionModel::setMemory(MemoryPtr memory) {

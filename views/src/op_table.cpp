@@ -99,11 +99,11 @@ QString nonFiniteTooltip(const storage::OpRecord& op) {
 OpTableModel::OpTableModel(QObject* parent)
     : RecordTableModel(
           {{QStringLiteral("Seq"), QStringLiteral("engine op sequence number (execution order)")},
-           {QStringLiteral("Op"), {}},
-           {QStringLiteral("Phase"), {}},
-           {QStringLiteral("Scope"), {}},
+           QStringLiteral("Op"),
+           QStringLiteral("Phase"),
+           QStringLiteral("Scope"),
            {QStringLiteral("Time (µs)"), QStringLiteral("wall time of the op, end - begin")},
-           {QStringLiteral("Output shape"), {}},
+           QStringLiteral("Output shape"),
            {QStringLiteral("MD5"),
             QStringLiteral("first 8 hex digits of output 0's MD5 (full in the tooltip)")},
            {QStringLiteral("NaN/Inf"),

@@ -5,6 +5,7 @@
 #pragma once
 #include <QAbstractTableModel>
 #include <QString>
+#include <utility>
 #include <vector>
 
 namespace keel::views {
@@ -12,6 +13,8 @@ namespace keel::views {
 class RecordTableModel : public QAbstractTableModel {
  public:
   struct Column {
+    // Implicit from a title alone: a column list reads {tr("Step"), tr("Op"), {tr("Max"), tip}}.
+    Column(QString title, QString tip = {}) : title(std::move(title)), tip(std::move(tip)) {}
     QString title;
     QString tip;  // empty: no tooltip
   };
