@@ -16,6 +16,8 @@
 #include <cmath>
 #include <limits>
 
+#include "plot_util.h"
+
 namespace keel::views {
 
 struct LossPlot::Impl {
@@ -123,18 +125,9 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   steps->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
   plot->xAxis->setTicker(steps);
   plot->xAxis->setSubTicks(false);
-  plot->legend->setVisible(true);
-  plot->legend->setBrush(QColor(255, 255, 255, 220));
-  // The legend sits in its own row under the plot: inside the axis rect it hid the curves of a
-  // small (docked) plot.
-  plot->axisRect()->insetLayout()->take(plot->legend);
-  plot->plotLayout()->addElement(1, 0, plot->legend);
-  plot->legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
-  plot->legend->setBorderPen(Qt::NoPen);
   QFont legendFont = font();
   legendFont.setPointSizeF(legendFont.pointSizeF() * 0.9);
-  plot->legend->setFont(legendFont);
-  plot->plotLayout()->setRowStretchFactor(1, 0.001);
+  putLegendBelow(plot, legendFont);
   plot->setToolTip(tr("drag to pan, wheel to zoom, double-click to fit"));
   connect(plot, &QCustomPlot::mouseDoubleClick, this, [this](QMouseEvent*) { rescale(); });
   // Hovering a step shows every run's value there, exactly as recorded.

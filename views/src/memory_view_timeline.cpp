@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "memory_view_impl.h"
+#include "plot_util.h"
 
 namespace keel::views {
 
@@ -35,15 +36,8 @@ void MemoryView::Impl::buildTimeline() {
     ax->setLabelFont(small);
     ax->setTickLabelFont(small);
   }
-  plot->legend->setVisible(true);
-  plot->legend->setFont(small);
-  plot->legend->setBrush(QColor(255, 255, 255, 220));
-  plot->axisRect()->insetLayout()->take(plot->legend);
-  plot->plotLayout()->addElement(1, 0, plot->legend);
-  plot->legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
-  plot->legend->setBorderPen(Qt::NoPen);
+  putLegendBelow(plot, small);
   plot->legend->setMargins(QMargins(4, 0, 4, 0));
-  plot->plotLayout()->setRowStretchFactor(1, 0.001);
   plot->addLayer("cursor", nullptr, QCustomPlot::limAbove);
   cursorLayer = plot->layer("cursor");
   cursorLayer->setMode(QCPLayer::lmBuffered);
