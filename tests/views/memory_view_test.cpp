@@ -10,6 +10,7 @@
 #include <QLabel>
 #include <QSignalSpy>
 #include <QSlider>
+#include <QTextDocument>
 #include <QtTest>
 #include <cstring>
 #include <map>
@@ -467,6 +468,43 @@ class MemoryViewTest : public QObject {
     const QStringList shown = view.stepLabelTexts();
     for (const char* label : {"step 10", "step 11", "step 12"})
       QVERIFY2(shown.contains(label), qPrintable(shown.join(", ")));
+  }
+
+  // In a short dock (a 1366x768 screen's: about 265 pixels) no caption loses a line, however
+  // narrow the pane: the block map's caption and the cursor line are as tall as their wrapped text
+  // (they were fixed at three and two lines, and the rest was cut off); and the timeline's axis
+  // labels are short enough for its height, full again in a tall one.
+  void shortDockKeepsEveryCaptionLineAndShortAxisLabels() {
+    MemoryPtr memory = stepsModel(25, 40);
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {1366, 265}));
+    view.setMemory(memory);
+    view.setCursor(view.eventCount() / 2);
+    auto* plot = static_cast<QCustomPlot*>(view.timeline());
+    for (QSize size : {QSize(1366, 265), QSize(900, 265), QSize(1920, 420)}) {
+      view.resize(size);
+      QCoreApplication::processEvents();
+      for (const char* name : {"memoryMapCaption", "memoryCursor"}) {
+        auto* label = view.findChild<QLabel*>(name);
+        QVERIFY(label && label->isVisible());
+        QTextDocument doc;
+        doc.setHtml(label->text());
+        const QRect need =
+            label->fontMetrics().boundingRect(QRect(0, 0, label->contentsRect().width(), 100000),
+                                              Qt::TextWordWrap, doc.toPlainText());
+        QVERIFY2(label->contentsRect().height() >= need.height(),
+                 qPrintable(QString("%1 at %2x%3: %4 px for %5 px of text")
+                                .arg(name)
+                                .arg(size.width())
+                                .arg(size.height())
+                                .arg(label->contentsRect().height())
+                                .arg(need.height())));
+      }
+      const bool tall = size.height() >= 400;
+      QCOMPARE(plot->yAxis->label().startsWith("bytes ("), tall);
+      QCOMPARE(plot->yAxis2->label(), tall ? QString("cached free %") : QString("free %"));
+    }
   }
 
   // Free space and unmapped chunks are drawn in clearly different colours (they mean opposite

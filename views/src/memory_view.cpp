@@ -129,14 +129,9 @@ void MemoryView::Impl::build() {
   slider->setToolTip(
       tr("Scrub through the allocator events (keys: ←/→ one event, PgUp/PgDn a "
          "twentieth, Home/End)"));
-  cursorLabel = new QLabel(timelinePane);
+  cursorLabel = new WrappedLabel(2, timelinePane);
   cursorLabel->setObjectName("memoryCursor");
-  cursorLabel->setWordWrap(true);
   cursorLabel->setTextInteractionFlags(Qt::TextSelectableByMouse);
-  // Fixed heights: a label that grows or shrinks with its text would resize the plots (a full
-  // replot of every point) on each cursor move.
-  cursorLabel->setFixedHeight(cursorLabel->fontMetrics().lineSpacing() * 2 + 4);
-  cursorLabel->setAlignment(Qt::AlignLeft | Qt::AlignTop);
   auto* tl = new QVBoxLayout(timelinePane);
   tl->setContentsMargins(0, 0, 0, 0);
   tl->setSpacing(2);
@@ -148,11 +143,8 @@ void MemoryView::Impl::build() {
 
   // Block map pane: caption, map, legend.
   auto* mapPane = new QWidget(content);
-  caption = new QLabel(mapPane);
+  caption = new WrappedLabel(2, mapPane);
   caption->setObjectName("memoryMapCaption");
-  caption->setWordWrap(true);
-  caption->setFixedHeight(caption->fontMetrics().lineSpacing() * 3 + 4);
-  caption->setAlignment(Qt::AlignLeft | Qt::AlignTop);
   map = new BlockMap(mapPane);
   map->emptyText = tr("No live blocks at this event");
   map->blockColor = [this](const MemPiece& p) {
@@ -339,8 +331,8 @@ void MemoryView::Impl::updateTexts() {
     return;
   }
   header->setText(q->headerText());
-  cursorLabel->setText(q->cursorText());
-  caption->setText(q->mapCaption());
+  cursorLabel->setWrappedText(q->cursorText());
+  caption->setWrappedText(q->mapCaption());
 }
 
 MemoryPtr MemoryView::memory() const {
@@ -519,6 +511,10 @@ void MemoryView::resizeEvent(QResizeEvent* e) {
   // Short (a 768-pixel screen's bottom dock): the plot's legend and the bands' caption give their
   // rows to the two timelines.
   const bool roomy = height() >= 400;
+  if (d_->roomy != roomy) {
+    d_->roomy = roomy;
+    d_->labelAxes();
+  }
   if (d_->activeCaption->isVisibleTo(this) != roomy || d_->plot->legend->visible() != roomy) {
     d_->activeCaption->setVisible(roomy);
     d_->plot->legend->setVisible(roomy);

@@ -3,6 +3,7 @@
 // pixel, sub-pixel blocks merged), coloured by op or tag; hover names the allocation, its op and
 // stack; Shift+drag selects a range of events (only that range is replayed), a double click shows
 // everything, a click moves the cursor.
+#include <QFontMetrics>
 #include <QHelpEvent>
 #include <QLabel>
 #include <QMouseEvent>
@@ -141,8 +142,18 @@ void ActiveMemory::paintEvent(QPaintEvent*) {
   QFont f = font();
   f.setPointSizeF(f.pointSizeF() * 0.8);
   p.setFont(f);
-  p.drawText(QRect(0, a.top(), std::max(0, a.left() - 4), 16), Qt::AlignRight | Qt::AlignTop,
-             qs(keel::formatBytes(uint64_t(yMax))));
+  // Left of the bands where it fits (the shared axis margin is sized for the timeline's ticks),
+  // else inside their top-left corner on a light box: never cut off at the widget's edge.
+  const QString topText = qs(keel::formatBytes(uint64_t(yMax)));
+  const QFontMetrics fm(f);
+  const int textWidth = fm.horizontalAdvance(topText);
+  if (textWidth <= a.left() - 4) {
+    p.drawText(QRect(0, a.top(), a.left() - 4, 16), Qt::AlignRight | Qt::AlignTop, topText);
+  } else {
+    const QRect box(a.left() + 2, a.top() + 1, textWidth + 6, fm.height());
+    p.fillRect(box, QColor(255, 255, 255, 210));
+    p.drawText(box, Qt::AlignCenter, topText);
+  }
   p.drawText(QRect(0, a.bottom() - 16, std::max(0, a.left() - 4), 16),
              Qt::AlignRight | Qt::AlignBottom, QStringLiteral("0"));
 }

@@ -4,7 +4,10 @@
 #include <QHelpEvent>
 #include <QMouseEvent>
 #include <QPainter>
+#include <QResizeEvent>
+#include <QTextDocument>
 #include <QToolTip>
+#include <algorithm>
 #include <cmath>
 
 #include "memory_view_impl.h"
@@ -42,6 +45,44 @@ QString legendSwatch(const QColor& c, const QString& text, bool hatched = false)
 }  // namespace
 
 namespace memory_detail {
+
+WrappedLabel::WrappedLabel(int minLines, QWidget* parent) : QLabel(parent), minLines_(minLines) {
+  setWordWrap(true);
+  setAlignment(Qt::AlignLeft | Qt::AlignTop);
+  fit(true);
+}
+
+void WrappedLabel::setWrappedText(const QString& text) {
+  if (text == this->text()) return;
+  setText(text);
+  fit(false);
+}
+
+void WrappedLabel::resizeEvent(QResizeEvent* e) {
+  QLabel::resizeEvent(e);
+  if (e->size().width() != e->oldSize().width()) fit(true);
+}
+
+void WrappedLabel::fit(bool mayShrink) {
+  const int least = fontMetrics().lineSpacing() * minLines_ + 4;
+  // The text's height at this width, laid out as QLabel lays it (QLabel::heightForWidth answers
+  // for the label's last layout, not for the width asked).
+  QTextDocument doc;
+  doc.setDocumentMargin(0);
+  doc.setDefaultFont(font());
+  if (Qt::mightBeRichText(text()))
+    doc.setHtml(text());
+  else
+    doc.setPlainText(text());
+  doc.setTextWidth(contentsRect().width());
+  const QMargins m = contentsMargins();
+  const int need = std::max(
+      least, text().isEmpty() ? 0 : int(std::ceil(doc.size().height())) + m.top() + m.bottom() + 2);
+  const int h = mayShrink ? need : std::max(need, fixed_);
+  if (h == fixed_) return;
+  fixed_ = h;
+  setFixedHeight(h);
+}
 
 // Colour of a live block by owner: tagged blocks in fixed colours, others by their op's name.
 QColor ownerColor(const MemoryModel& m, const MemBlock& b,

@@ -8,6 +8,7 @@
 #include <QColor>
 #include <QHelpEvent>
 #include <QImage>
+#include <QLabel>
 #include <QString>
 #include <QStringList>
 #include <QToolTip>
@@ -25,7 +26,6 @@
 
 class QCheckBox;
 class QComboBox;
-class QLabel;
 class QSlider;
 class QSplitter;
 class QStackedWidget;
@@ -122,6 +122,23 @@ class ActiveMemory : public QWidget {
   bool dirty_ = true;
 };
 
+// A word-wrapped caption as tall as its text needs at its width, at least `minLines` lines: a
+// longer text grows it, a narrower width refits it to the text shown; a shorter text leaves it as
+// it is (a label that followed every text would resize the plots beside it on each cursor move).
+class WrappedLabel : public QLabel {
+ public:
+  WrappedLabel(int minLines, QWidget* parent);
+  void setWrappedText(const QString& text);
+
+ protected:
+  void resizeEvent(QResizeEvent* e) override;
+
+ private:
+  void fit(bool mayShrink);
+  int minLines_;
+  int fixed_ = 0;  // the height set
+};
+
 // The painted block map: pieces laid end to end, wrapped into rows.
 class BlockMap : public QWidget {
  public:
@@ -189,7 +206,9 @@ struct MemoryView::Impl {
   analysis::MemScale scale = analysis::MemScale::Linear;
   QString message;
   std::vector<analysis::MemBucket> buckets;
-  double unit = 1;  // bytes per timeline y unit
+  double unit = 1;         // bytes per timeline y unit
+  QString unitName = "B";  // its name
+  bool roomy = true;       // tall enough for the legend, the bands' caption and full axis labels
   QString headerCache;
   std::unordered_map<std::string, QColor> opColors;  // op name -> colour (Colour by op)
 
@@ -212,9 +231,9 @@ struct MemoryView::Impl {
   std::optional<int64_t> pendingStep;         // showStep() before the model came
   int64_t stepEcho = -2;  // the step of the block this view clicked (its showStep echo is ignored)
   QSlider* slider = nullptr;
-  QLabel* cursorLabel = nullptr;
+  memory_detail::WrappedLabel* cursorLabel = nullptr;
   memory_detail::BlockMap* map = nullptr;
-  QLabel* caption = nullptr;
+  memory_detail::WrappedLabel* caption = nullptr;
   QLabel* legend = nullptr;
   QTabWidget* tabs = nullptr;
   QCustomPlot* hist = nullptr;
@@ -231,6 +250,9 @@ struct MemoryView::Impl {
 
   void build();
   void buildTimeline();
+  // Axis labels and tick counts for the height: short ones ("MiB", "free %", 2 ticks) in a short
+  // dock, where the full ones ran past the plot's ends and the ticks overlapped.
+  void labelAxes();
   void buildHistogram();
   void rebuildTimeline();
   void moveTo(int64_t k, bool force = false);

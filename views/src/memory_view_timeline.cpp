@@ -18,6 +18,12 @@ using analysis::MemBlock;
 using analysis::MemOp;
 using analysis::MemoryModel;
 
+void MemoryView::Impl::labelAxes() {
+  plot->yAxis->setLabel(roomy ? tr("bytes (%1)").arg(unitName) : unitName);
+  plot->yAxis2->setLabel(roomy ? tr("cached free %") : tr("free %"));
+  for (QCPAxis* ax : {plot->yAxis, plot->yAxis2}) ax->ticker()->setTickCount(roomy ? 5 : 2);
+}
+
 void MemoryView::Impl::buildTimeline() {
   plot = new QCustomPlot(q);
   plot->setObjectName("memoryTimeline");
@@ -27,9 +33,8 @@ void MemoryView::Impl::buildTimeline() {
   plot->setPlottingHint(QCP::phFastPolylines, true);
   plot->axisRect()->setRangeZoom(Qt::Horizontal);
   plot->xAxis->setLabel(tr("allocator event #"));
-  plot->yAxis->setLabel(tr("bytes"));
   plot->yAxis2->setVisible(true);
-  plot->yAxis2->setLabel(tr("cached free %"));
+  labelAxes();
   plot->yAxis2->setRange(0, 100);
   const QFont small = smallFont(0.85);
   for (QCPAxis* ax : {plot->xAxis, plot->yAxis, plot->yAxis2}) {
@@ -119,14 +124,14 @@ void MemoryView::Impl::rebuildTimeline() {
     return;
   }
   uint64_t maxBytes = std::max<uint64_t>({mem->peakReserved(), mem->peakAllocated(), 1});
-  const char* unitName = "B";
+  unitName = QStringLiteral("B");
   unit = 1;
   for (const char* u : {"KiB", "MiB", "GiB"}) {
     if (double(maxBytes) / unit < 4096) break;
     unit *= 1024;
-    unitName = u;
+    unitName = QLatin1String(u);
   }
-  plot->yAxis->setLabel(tr("bytes (%1)").arg(QLatin1String(unitName)));
+  labelAxes();
   QVector<double> x(n), a(n), r(n), f(n);
   for (int64_t i = 0; i < n; ++i) {
     x[i] = double(i);
