@@ -79,9 +79,7 @@ class SessionBreakpointTest : public QObject {
     b.add("md5-ref:" + dir + "/ref.db");
     s->setBreakpoints(b);
     QSignalSpy paused(s, &Session::pausedAt);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
     QCOMPARE(paused.first().at(0).toULongLong(), quint64(perturbedSeq));
     QVERIFY2(paused.first().at(2).toString().contains("MD5"),
@@ -158,9 +156,7 @@ class SessionBreakpointTest : public QObject {
     s->setBreakpoints(dlg.breakpoints());
     QSignalSpy paused(s, &Session::pausedAt);
     QSignalSpy finished(s, &Session::finished);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
     QCOMPARE(paused.first().at(1).toLongLong(), qint64(1));
     QCOMPARE(paused.first().at(2).toString(), QString("breakpoint: step 1"));
@@ -191,9 +187,7 @@ class SessionBreakpointTest : public QObject {
     s->setBreakpoints(b);
     QSignalSpy paused(s, &Session::pausedAt);
     QSignalSpy shown(&w, &MainWindow::stepShown);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
     QVERIFY(QTest::qWaitFor([&] { return w.currentStep() && w.currentStep()->step == 1; }, 20000));
     // The row of step 1's first forward matmul in blocks.0.mlp.w2.

@@ -34,9 +34,7 @@ class SessionFailureTest : public QObject {
     Session* s = w.session();
     QSignalSpy failed(s, &Session::failed);
     QSignalSpy err(&w, &MainWindow::errorShown);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 60000));
     const QString msg = failed.first().at(0).toString();
     const quint64 seq = failed.first().at(1).toULongLong();

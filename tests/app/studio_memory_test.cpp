@@ -153,9 +153,7 @@ class StudioMemoryTest : public QObject {
     c.capture.allocator = true;
     Session* s = w.session();
     QSignalSpy finished(s, &Session::finished);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
     QVERIFY(waitIdle(w));
     views::MemoryView* mv = w.memoryView();

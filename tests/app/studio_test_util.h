@@ -29,6 +29,16 @@ inline SessionConfig workloadSession(const QString& library, int64_t steps, cons
   return c;
 }
 
+// Starts `c` in the window's session, waits until it pauses before its first step (a session
+// starts paused) and runs it; false when it never paused.
+inline bool startAndRun(MainWindow& w, const SessionConfig& c) {
+  w.startSession(c);
+  Session* s = w.session();
+  if (!QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000)) return false;
+  s->run();
+  return true;
+}
+
 // Waits until the window has nothing left to load (at most `ms`).
 inline bool waitIdle(MainWindow& w, int ms = 60000) {
   bool idle = false;

@@ -59,9 +59,7 @@ class StudioWorkloadTest : public QObject {
     c.capture.md5 = true;
     Session* s = w.session();
     QSignalSpy failed(s, &Session::failed);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 30000));
     const QString msg = failed.first().at(0).toString();
     QVERIFY2(msg.contains("workload 'throws-in-step-2' failed in step 2: injected failure"),
@@ -88,9 +86,7 @@ class StudioWorkloadTest : public QObject {
     s->setBreakpoints(b);
     QSignalSpy failed(s, &Session::failed);
     QSignalSpy paused(s, &Session::pausedAt);
-    w.startSession(c);
-    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
-    s->run();
+    QVERIFY(studio::test::startAndRun(w, c));
     QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 30000));
     s->stop();
     QVERIFY(QTest::qWaitFor(
