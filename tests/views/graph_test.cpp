@@ -48,6 +48,17 @@ bool waitLaidOut(GraphView& view, int timeoutMs = 60000) {
   return !view.isLayingOut();
 }
 
+// Shows `step` in `view` and waits for its layout, and with `expand` for the layout of every
+// module expanded; false when one never came.
+bool setStepAndWait(GraphView& view, StepPtr step, bool expand) {
+  QSignalSpy done(&view, &GraphView::layoutFinished);
+  view.setStep(std::move(step));
+  if (!done.wait(60000)) return false;
+  if (!expand) return true;
+  view.expandAll();
+  return waitLaidOut(view);
+}
+
 }  // namespace
 
 class GraphTest : public QObject {
@@ -97,9 +108,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
     StepPtr step = stepOf(path_, 1);
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(step);
-    QVERIFY(done.wait(60000));
+    QVERIFY(setStepAndWait(view, step, false));
     QVERIFY(waitLaidOut(view));
     auto it = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
       return o.phase == Phase::Forward && o.name == "matmul";
@@ -128,9 +137,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
     StepPtr step = stepOf(path_, 1);
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(step);
-    QVERIFY(done.wait(60000));
+    QVERIFY(setStepAndWait(view, step, false));
     auto fwd = std::find_if(step->ops.begin(), step->ops.end(), [](const OpRecord& o) {
       return o.phase == Phase::Forward && o.name == "flashmask_attention";
     });
@@ -166,11 +173,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
     StepPtr step = stepOf(path_, 1);
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(step);
-    QVERIFY(done.wait(60000));
-    view.expandAll();
-    QVERIFY(waitLaidOut(view));
+    QVERIFY(setStepAndWait(view, step, true));
     const auto g = view.graph();
     QVERIFY(g && !g->links.empty() && !g->crossEdges.empty());
     QCOMPARE(view.crossPhaseLinesDrawn().links, 0);
@@ -238,9 +241,7 @@ class GraphTest : public QObject {
     view.resize(1000, 700);
     view.show();
     StepPtr step = stepOf(path_, 1);
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(step);
-    QVERIFY(done.wait(60000));
+    QVERIFY(setStepAndWait(view, step, false));
     std::vector<uint64_t> expected;
     for (const auto& o : step->ops)
       if ((o.phase == Phase::Forward || o.phase == Phase::Backward) &&
@@ -260,9 +261,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1000, 700}));
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(stepOf(path_, 1));
-    QVERIFY(done.wait(60000));
+    QVERIFY(setStepAndWait(view, stepOf(path_, 1), false));
     QGraphicsView* gv = view.graphicsView();
     // First show keeps labels readable (Note [Initial graph view]): the fit if that is at least
     // 60%, else 85% at the top of the graph.
@@ -401,9 +400,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1200, 800}));
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(step);
-    QVERIFY(done.wait(60000));
+    QVERIFY(setStepAndWait(view, step, false));
     struct Case {
       const char* phase;
       const char* expand;  // "*": every module, "": none, else one scope
@@ -451,11 +448,7 @@ class GraphTest : public QObject {
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {1200, 800}));
     StepPtr step = stepOf(path_, 1);
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(step);
-    QVERIFY(done.wait(60000));
-    view.expandAll();
-    QVERIFY(waitLaidOut(view));
+    QVERIFY(setStepAndWait(view, step, true));
     view.setZoomScale(1.0);
     QCOMPARE(view.semanticLevel(), 0);
     QVERIFY(view.opLabelsShown());
@@ -504,11 +497,7 @@ class GraphTest : public QObject {
     Selection sel;
     GraphView view(&sel, Side::A);
     QVERIFY(test::showAt(view, {500, 350}));
-    QSignalSpy done(&view, &GraphView::layoutFinished);
-    view.setStep(stepOf(path_, 1));
-    QVERIFY(done.wait(60000));
-    view.expandAll();
-    QVERIFY(waitLaidOut(view));
+    QVERIFY(setStepAndWait(view, stepOf(path_, 1), true));
     QGraphicsView* gv = view.graphicsView();
     gv->fitInView(view.scene()->sceneRect(), Qt::KeepAspectRatio);  // the plain fit
     const double plain = view.zoomScale();
