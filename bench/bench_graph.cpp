@@ -246,6 +246,7 @@ keel::views::StepPtr syntheticStep(int64_t ops) {
   return s;
 }
 
+// The step's op count, the graph's nodes, and the layout's and a frame's times as counters.
 void report(benchmark::State& state, keel::views::GraphView& view, double paint, int64_t ops) {
   const auto t = view.lastLayoutTimes();
   state.counters["ops"] = double(ops);
@@ -255,6 +256,15 @@ void report(benchmark::State& state, keel::views::GraphView& view, double paint,
   state.counters["graphviz_s"] = t.graphviz;
   state.counters["scene_s"] = t.scene;
   state.counters["paint_s"] = paint;
+}
+
+// Ends an iteration timed from t0 at the first painted frame (saved as <shot>): the iteration's
+// time, and report()'s counters.
+void reportFrame(benchmark::State& state, keel::views::GraphView& view, Clock::time_point t0,
+                 const char* shot, int64_t ops) {
+  const double paint = paintSeconds(view, shot);
+  state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
+  report(state, view, paint, ops);
 }
 
 // Fully expanded 5,000-op step: from expandAll() to the first painted frame, fitted (every item
@@ -273,9 +283,7 @@ void BM_GraphExpanded5k(benchmark::State& state) {
     view.expandAll();
     waitForLayout(view);
     view.fitToView();  // the worst first frame: every item on screen
-    const double paint = paintSeconds(view, "bench_expanded5k");
-    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
-    report(state, view, paint, int64_t(step->ops.size()));
+    reportFrame(state, view, t0, "bench_expanded5k", int64_t(step->ops.size()));
     view.graphicsView()->resetTransform();
     state.counters["paint_100_s"] = paintSeconds(view, "bench_expanded5k_100");
   }
@@ -294,9 +302,7 @@ void BM_GraphCollapsed20k(benchmark::State& state) {
     const auto t0 = Clock::now();
     view.setStep(step);
     waitForLayout(view);
-    const double paint = paintSeconds(view, "bench_collapsed20k");
-    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
-    report(state, view, paint, int64_t(step->ops.size()));
+    reportFrame(state, view, t0, "bench_collapsed20k", int64_t(step->ops.size()));
   }
 }
 BENCHMARK(BM_GraphCollapsed20k)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
@@ -316,9 +322,7 @@ void BM_GraphExpandBlocks20k(benchmark::State& state) {
     const auto t0 = Clock::now();
     view.expand("blocks");
     waitForLayout(view);
-    const double paint = paintSeconds(view, "bench_blocks20k");
-    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
-    report(state, view, paint, int64_t(step->ops.size()));
+    reportFrame(state, view, t0, "bench_blocks20k", int64_t(step->ops.size()));
   }
 }
 BENCHMARK(BM_GraphExpandBlocks20k)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
