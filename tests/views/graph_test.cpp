@@ -257,6 +257,31 @@ class GraphTest : public QObject {
     QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(expected[1]));
   }
 
+  // A view narrower than the graph (a docked or compared graph on a small screen) opens at
+  // readable size at the graph's top left, where the forward pass starts: centred, it cut the
+  // forward cluster in half. Fit, where it cannot show the whole graph readably, does the same.
+  void aNarrowViewOpensAtTheTopLeftWhereTheForwardPassStarts() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {300, 400}));
+    QVERIFY(setStepAndWait(view, stepOf(path_, 1), false));
+    QGraphicsView* gv = view.graphicsView();
+    const QRectF scene = view.scene()->sceneRect();
+    QCOMPARE(gv->transform().m11(), 0.85);
+    QRectF seen = gv->mapToScene(gv->viewport()->rect()).boundingRect();
+    QVERIFY2(seen.width() < scene.width(), "the graph must be wider than the view");
+    QVERIFY2(seen.left() <= scene.left() + 1 && seen.top() <= scene.top() + 1,
+             qPrintable(QString("seen %1,%2 of %3,%4")
+                            .arg(seen.left())
+                            .arg(seen.top())
+                            .arg(scene.left())
+                            .arg(scene.top())));
+    view.fitToView();
+    seen = gv->mapToScene(gv->viewport()->rect()).boundingRect();
+    QVERIFY(seen.top() <= scene.top() + 1);
+    if (seen.width() < scene.width()) QVERIFY(seen.left() <= scene.left() + 1);
+  }
+
   void zoomFitAndCtrlWheel() {
     Selection sel;
     GraphView view(&sel, Side::A);

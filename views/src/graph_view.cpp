@@ -564,9 +564,7 @@ void GraphView::fitToView() {
     if (want > fit) {
       canvas_->resetTransform();
       canvas_->scale(want, want);
-      const QRectF seen = canvas_->mapToScene(vp).boundingRect();
-      canvas_->centerOn(QPointF(r.center().x(), r.top() + seen.height() / 2));
-      canvas_->verticalScrollBar()->setValue(canvas_->verticalScrollBar()->minimum());  // the top
+      showTopOf(r);
     }
   }
   updateMinimap();
@@ -575,7 +573,9 @@ void GraphView::fitToView() {
 // Note [Initial graph view]: fitting a tall graph (a transformer step is far taller than wide)
 // shrinks its labels below reading size. The first view of a step is the fit when that keeps
 // labels readable (scale >= kMinReadableScale), else readable size at the top of the graph — where
-// the forward pass starts — with the minimap showing where that is. Fit stays one click away.
+// the forward pass starts; at its left edge when the graph is wider than the view (forward is the
+// left cluster: centring cut it in half) — with the minimap showing where that is. Fit stays one
+// click away.
 void GraphView::initialView() {
   if (scene_->items().isEmpty()) return;
   fitToView();
@@ -583,10 +583,18 @@ void GraphView::initialView() {
   if (canvas_->transform().m11() >= kMinReadableScale) return;
   canvas_->resetTransform();
   canvas_->scale(0.85, 0.85);
-  const QRectF r = scene_->sceneRect();
-  const QRectF visible = canvas_->mapToScene(canvas_->viewport()->rect()).boundingRect();
-  canvas_->centerOn(QPointF(r.center().x(), r.top() + visible.height() / 2));
+  showTopOf(scene_->sceneRect());
   updateMinimap();
+}
+
+void GraphView::showTopOf(const QRectF& r) {
+  const QRectF seen = canvas_->mapToScene(canvas_->viewport()->rect()).boundingRect();
+  const bool wider = r.width() > seen.width();
+  canvas_->centerOn(
+      QPointF(wider ? r.left() + seen.width() / 2 : r.center().x(), r.top() + seen.height() / 2));
+  // centerOn stops short of an edge by a margin; the scroll bars go all the way.
+  canvas_->verticalScrollBar()->setValue(canvas_->verticalScrollBar()->minimum());
+  if (wider) canvas_->horizontalScrollBar()->setValue(canvas_->horizontalScrollBar()->minimum());
 }
 
 void GraphView::updateMinimap() {

@@ -168,6 +168,9 @@ class GraphView : public QWidget {
   void updateStatus();
   void updateLegend();
   void updateMinimap();
+  // Scrolls to the top of the scene rect `r` at the current scale: centred when the view is as
+  // wide as it, else at its left edge, where the forward pass starts.
+  void showTopOf(const QRectF& r);
   void updateSemanticLevel();
   void computeBlockScales();
   void computeSummaries();
