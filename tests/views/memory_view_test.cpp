@@ -185,12 +185,7 @@ class MemoryViewTest : public QObject {
     QVERIFY(test::recordFixture(none_, "--steps 1 --seed 4"));
   }
 
-  void showsTheRecordedEventCount_data() {
-    QTest::addColumn<QString>("path");
-    QTest::addColumn<QString>("kind");
-    QTest::newRow("vmm") << vmm_ << "vmm";
-    QTest::newRow("caching") << caching_ << "caching";
-  }
+  void showsTheRecordedEventCount_data() { bothAllocators(); }
   void showsTheRecordedEventCount() {
     QFETCH(QString, path);
     QFETCH(QString, kind);
@@ -219,11 +214,7 @@ class MemoryViewTest : public QObject {
                                     QAbstractItemModelTester::FailureReportingMode::QtTest);
   }
 
-  void scrubbingShowsTheBlockMapOfThatMoment_data() {
-    QTest::addColumn<QString>("path");
-    QTest::newRow("vmm") << vmm_;
-    QTest::newRow("caching") << caching_;
-  }
+  void scrubbingShowsTheBlockMapOfThatMoment_data() { bothAllocators(); }
   void scrubbingShowsTheBlockMapOfThatMoment() {
     QFETCH(QString, path);
     const Recording rec = Recording::open(path.toStdString());
@@ -294,11 +285,7 @@ class MemoryViewTest : public QObject {
 
   // `keel memory stats` on a recording prints the figures the studio shows for it: cached free
   // and fragmentation, at the peak and at any event, the same numbers through the real binary.
-  void figuresEqualTheCliForTheSameRecording_data() {
-    QTest::addColumn<QString>("path");
-    QTest::newRow("vmm") << vmm_;
-    QTest::newRow("caching") << caching_;
-  }
+  void figuresEqualTheCliForTheSameRecording_data() { bothAllocators(); }
   void figuresEqualTheCliForTheSameRecording() {
     QFETCH(QString, path);
     MemoryPtr memory = loadMemory(path);
@@ -728,6 +715,14 @@ class MemoryViewTest : public QObject {
   }
 
  private:
+  // Data rows: the recording of each allocator (column "path") and its name ("kind").
+  void bothAllocators() {
+    QTest::addColumn<QString>("path");
+    QTest::addColumn<QString>("kind");
+    QTest::newRow("vmm") << vmm_ << "vmm";
+    QTest::newRow("caching") << caching_ << "caching";
+  }
+
   QString vmm_, caching_, host_, none_;
 };
 
