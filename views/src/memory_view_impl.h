@@ -206,9 +206,9 @@ struct MemoryView::Impl {
   analysis::MemScale scale = analysis::MemScale::Linear;
   QString message;
   std::vector<analysis::MemBucket> buckets;
-  double unit = 1;         // bytes per timeline y unit
-  QString unitName = "B";  // its name
-  bool roomy = true;       // tall enough for the legend, the bands' caption and full axis labels
+  double unit = 1;    // bytes per timeline y unit
+  QString unitName;   // its name; empty before a recording
+  bool roomy = true;  // tall enough for the legend, the bands' caption and full axis labels
   QString headerCache;
   std::unordered_map<std::string, QColor> opColors;  // op name -> colour (Colour by op)
 

@@ -19,7 +19,11 @@ using analysis::MemOp;
 using analysis::MemoryModel;
 
 void MemoryView::Impl::labelAxes() {
-  plot->yAxis->setLabel(roomy ? tr("bytes (%1)").arg(unitName) : unitName);
+  // Before a recording: no unit yet.
+  if (unitName.isEmpty())
+    plot->yAxis->setLabel(tr("bytes"));
+  else
+    plot->yAxis->setLabel(roomy ? tr("bytes (%1)").arg(unitName) : unitName);
   plot->yAxis2->setLabel(roomy ? tr("cached free %") : tr("free %"));
   for (QCPAxis* ax : {plot->yAxis, plot->yAxis2}) ax->ticker()->setTickCount(roomy ? 5 : 2);
 }

@@ -79,16 +79,16 @@ __global__ void dropoutKernel(T* __restrict__ out, const T* __restrict__ x, Geom
   }
 }
 
-// base + scale * r in double, r = philoxNormal(i) when kNormal, else philoxUniform(i); no fused
+// base + scale * r in double, r = philoxNormal(i) when kIsNormal, else philoxUniform(i); no fused
 // multiply-add (the host rounds the product), rounded once. uniform(low, high) is base low, scale
 // high - low; normal(mean, std) is base mean, scale std.
-template <bool kNormal, typename T>
+template <bool kIsNormal, typename T>
 __global__ void philoxFillKernel(T* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset,
                                  double base, double scale) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     double r;
-    if constexpr (kNormal)
+    if constexpr (kIsNormal)
       r = double(philoxNormal(seed, offset, uint64_t(i)));
     else
       r = double(philoxUniform(seed, offset, uint64_t(i)));
@@ -97,7 +97,7 @@ __global__ void philoxFillKernel(T* __restrict__ out, int64_t n, uint64_t seed, 
 }
 
 // The factories uniform and normal: out from the attributes seed and offset.
-template <bool kNormal>
+template <bool kIsNormal>
 void philoxFill(const KernelCtx& c, double base, double scale) {
   const Tensor& out = c.outputs[0];
   const uint64_t seed = uint64_t(c.attrs.getInt("seed"));
@@ -107,10 +107,10 @@ void philoxFill(const KernelCtx& c, double base, double scale) {
   DeviceCtx& d = deviceCtx(c);
   const Launch1D l = launch1D(n);
   visitFloat(out.dtype(), [&]<typename T>() {
-    launch(philoxFillKernel<kNormal, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed,
+    launch(philoxFillKernel<kIsNormal, T>, l.blocks, l.threads, 0, d.stream, ptr<T>(out), n, seed,
            offset, base, scale);
   });
-  checkLaunch(c, "philoxFillKernel");
+  checkLaunch(c, kIsNormal ? "normal" : "uniform");
 }
 
 }  // namespace

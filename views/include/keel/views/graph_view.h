@@ -101,7 +101,8 @@ class GraphView : public QWidget {
   void zoomIn();
   void zoomOut();
   // Fits the graph; when that would leave no text readable (a tall step), the scale where the
-  // top-level module blocks read, at the graph's top (Note [Semantic zoom]).
+  // top-level module blocks read, at the graph's top — its top left when it is wider than the view
+  // (Note [Semantic zoom]).
   void fitToView();
   // The first view of a step: see Note [Initial graph view].
   void initialView();
