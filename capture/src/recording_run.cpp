@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "keel/base/number_words.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/capture/hash.h"
@@ -317,7 +318,7 @@ class RecordingRun::Observer : public keel::Observer {
 RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
     : spec_(std::move(spec)), afterOp_(std::move(afterOp)), device_("cpu") {
   KEEL_CHECK(spec_.steps >= 1 && spec_.steps <= kMaxRunSteps,
-             "steps: must be a whole number in [1, ", kMaxRunSteps, "], got ", spec_.steps);
+             "steps: ", notAWholeNumberIn(1, kMaxRunSteps, std::to_string(spec_.steps)));
   if (dist::worldSize() > 1) {
     // A multi-rank run records into a run folder, each rank its own file (Note [Run folders]).
     std::error_code ec;

@@ -78,10 +78,9 @@ void WrappedLabel::fit(bool mayShrink) {
   const QMargins m = contentsMargins();
   const int need = std::max(
       least, text().isEmpty() ? 0 : int(std::ceil(doc.size().height())) + m.top() + m.bottom() + 2);
-  const int h = mayShrink ? need : std::max(need, fixed_);
-  if (h == fixed_) return;
-  fixed_ = h;
-  setFixedHeight(h);
+  // The height set last is maximumHeight() (the constructor sets the first).
+  const int h = mayShrink ? need : std::max(need, maximumHeight());
+  if (h != maximumHeight()) setFixedHeight(h);
 }
 
 // Colour of a live block by owner: tagged blocks in fixed colours, others by their op's name.

@@ -136,7 +136,6 @@ class WrappedLabel : public QLabel {
  private:
   void fit(bool mayShrink);
   int minLines_;
-  int fixed_ = 0;  // the height set
 };
 
 // The painted block map: pieces laid end to end, wrapped into rows.
