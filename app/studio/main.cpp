@@ -61,6 +61,11 @@ QString describe(MainWindow& win) {
     text += QString("; first divergence: A #%1 / B #%2")
                 .arg(d->first->pair.inA ? QString::number(d->first->pair.seqA) : "-")
                 .arg(d->first->pair.inB ? QString::number(d->first->pair.seqB) : "-");
+  else if (const keel::storage::LossDiff* l = d ? keel::storage::firstLossDivergence(*d) : nullptr)
+    text += QString("; losses diverge at step %1").arg(l->step);
+  if (const auto d = win.diffReport();
+      d && keel::storage::diffVerdict(*d) == keel::storage::DiffVerdict::ValuesNotCompared)
+    text += "; no values compared";
   if (const auto sel = win.selection()->current(keel::views::Side::A))
     text += QString("; selected #%1").arg(*sel);
   if (win.session()->state() != Session::State::Idle)

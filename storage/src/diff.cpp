@@ -143,6 +143,12 @@ OpPair toPair(const Row& r) {
   return p;
 }
 
+bool anyCompared(const std::vector<TensorDiff>& outputs) {
+  return outputs.empty() || std::any_of(outputs.begin(), outputs.end(), [](const TensorDiff& t) {
+           return t.basis != DiffBasis::None;
+         });
+}
+
 void count(StepDiff& s, const Row& r) {
   if (!r.a) {
     ++s.onlyInB;
@@ -154,7 +160,7 @@ void count(StepDiff& s, const Row& r) {
   }
   switch (r.status) {
     case DiffStatus::Equal:
-      ++s.equal;
+      ++(anyCompared(r.outputs) ? s.equal : s.notCompared);
       break;
     case DiffStatus::WithinTolerance:
       ++s.withinTolerance;
@@ -459,7 +465,7 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
         row.status = DiffStatus::Equal;
         for (const TensorDiff& t : row.outputs) {
           row.status = worse(row.status, t.status);
-          if (t.basis == DiffBasis::None) ++rep.uncomparedTensors;
+          ++(t.basis == DiffBasis::None ? rep.uncomparedTensors : rep.comparedTensors);
         }
         // A pair matched on name/phase/scope only has different input shapes or dtypes.
         if (!row.exact) row.status = DiffStatus::Diverged;
@@ -471,6 +477,7 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     }
     for (StepDiff* s : {&rep.total}) {
       s->opsA += sd.opsA, s->opsB += sd.opsB, s->equal += sd.equal;
+      s->notCompared += sd.notCompared;
       s->withinTolerance += sd.withinTolerance, s->diverged += sd.diverged;
       s->onlyInA += sd.onlyInA, s->onlyInB += sd.onlyInB;
       s->viewsA += sd.viewsA, s->viewsB += sd.viewsB;
@@ -552,10 +559,26 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
   return rep;
 }
 
+bool valuesCompared(const OpPair& p) {
+  return p.status != DiffStatus::Equal || anyCompared(p.outputs);
+}
+
+const LossDiff* firstLossDivergence(const DiffReport& r) {
+  for (const LossDiff& l : r.losses)
+    if (l.status == DiffStatus::Diverged) return &l;
+  return nullptr;
+}
+
+DiffVerdict diffVerdict(const DiffReport& r) {
+  if (r.total.diverged > 0 || firstLossDivergence(r)) return DiffVerdict::Diverged;
+  if (r.options.unmatchedIsDivergent && (r.total.onlyInA > 0 || r.total.onlyInB > 0))
+    return DiffVerdict::Diverged;
+  if (r.comparedTensors == 0 && r.uncomparedTensors > 0) return DiffVerdict::ValuesNotCompared;
+  return DiffVerdict::Equal;
+}
+
 int diffExitCode(const DiffReport& r) {
-  if (r.total.diverged > 0) return 1;
-  if (r.options.unmatchedIsDivergent && (r.total.onlyInA > 0 || r.total.onlyInB > 0)) return 1;
-  return 0;
+  return diffVerdict(r) == DiffVerdict::Diverged ? 1 : 0;
 }
 
 }  // namespace keel::storage

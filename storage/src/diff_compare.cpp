@@ -1,9 +1,11 @@
 // Run diff, comparison (see diff.h): one tensor of an aligned pair by MD5, rounded MD5, dumped
 // values (tolerances and ULPs in the tensor's dtype) or statistics, first available wins; each
-// verdict carries its basis and a short human phrase.
+// verdict carries its basis and a short human phrase. Also the two runs' step losses.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "diff_util.h"
@@ -208,6 +210,30 @@ TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t
   d.basis = DiffBasis::None;
   d.detail = "not compared (nothing recorded)";
   return d;
+}
+
+std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
+                                    const std::vector<StepRecord>& b, const DiffOptions& opt) {
+  auto reports = [](const std::vector<StepRecord>& s) {
+    return std::any_of(s.begin(), s.end(), [](const StepRecord& r) { return !std::isnan(r.loss); });
+  };
+  std::vector<LossDiff> out;
+  if (!reports(a) || !reports(b)) return out;
+  std::map<int64_t, double> lossB;
+  for (const StepRecord& s : b) lossB.emplace(s.step, s.loss);
+  for (const StepRecord& s : a) {
+    auto it = lossB.find(s.step);
+    if (it == lossB.end()) continue;
+    LossDiff d{s.step, s.loss, it->second, DiffStatus::Equal};
+    if (std::isnan(d.a) != std::isnan(d.b))
+      d.status = DiffStatus::Diverged;  // a NaN, or no loss, against a loss
+    else if (!std::isnan(d.a) && d.a != d.b)
+      d.status = closeEnough(d.a, d.b, opt) ? DiffStatus::WithinTolerance : DiffStatus::Diverged;
+    out.push_back(d);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const LossDiff& x, const LossDiff& y) { return x.step < y.step; });
+  return out;
 }
 
 }  // namespace keel::storage

@@ -309,6 +309,7 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
     return (sideA ? a : b).dumpValues(seq, static_cast<Role>(role), index);
   };
   DiffReport r = diffRuns(a.allOps(), b.allOps(), opt, values);
+  r.losses = compareLosses(a.steps(), b.steps(), r.options);
   r.frameworkA = fa;
   r.frameworkB = fb;
   return r;

@@ -40,6 +40,18 @@ const char* toString(DiffAlign a) {
 
 namespace {
 
+const char* verdictWord(DiffVerdict v) {
+  switch (v) {
+    case DiffVerdict::Diverged:
+      return "diverged";
+    case DiffVerdict::ValuesNotCompared:
+      return "values-not-compared";
+    case DiffVerdict::Equal:
+      break;
+  }
+  return "equal";
+}
+
 using Json = nlohmann::ordered_json;
 
 Json numOrNull(double v) {
@@ -120,6 +132,7 @@ Json stepJson(const StepDiff& s) {
   j["opsA"] = s.opsA;
   j["opsB"] = s.opsB;
   j["equal"] = s.equal;
+  j["notCompared"] = s.notCompared;
   j["withinTolerance"] = s.withinTolerance;
   j["diverged"] = s.diverged;
   j["onlyInA"] = s.onlyInA;
@@ -136,10 +149,9 @@ Json stepJson(const StepDiff& s) {
 
 std::string toJson(const DiffReport& r) {
   const DiffOptions& o = r.options;
-  int code = diffExitCode(r);
   Json j;
-  j["verdict"] = code == 0 ? "equal" : "diverged";
-  j["exitCode"] = code;
+  j["verdict"] = verdictWord(diffVerdict(r));
+  j["exitCode"] = diffExitCode(r);
   j["options"] = Json{{"atol", o.atol},
                       {"rtol", o.rtol},
                       {"maxUlps", o.maxUlps},
@@ -152,7 +164,17 @@ std::string toJson(const DiffReport& r) {
                       {"align", toString(o.align)}};
   if (!r.frameworkA.empty()) j["frameworks"] = Json{{"a", r.frameworkA}, {"b", r.frameworkB}};
   j["total"] = stepJson(r.total);
+  j["comparedTensors"] = r.comparedTensors;
   j["uncomparedTensors"] = r.uncomparedTensors;
+  Json losses = Json::array();
+  for (const LossDiff& l : r.losses)
+    losses.push_back(Json{{"step", l.step},
+                          {"a", numOrNull(l.a)},
+                          {"b", numOrNull(l.b)},
+                          {"status", toString(l.status)}});
+  j["losses"] = std::move(losses);
+  const LossDiff* firstLoss = firstLossDivergence(r);
+  j["firstLossDivergence"] = firstLoss ? Json(firstLoss->step) : Json(nullptr);
   Json steps = Json::array();
   for (const StepDiff& s : r.steps) steps.push_back(stepJson(s));
   j["steps"] = std::move(steps);
@@ -191,6 +213,10 @@ std::string tensorLine(const TensorDiff& t) {
                                                             : std::to_string(t.maxUlps));
   if (!t.detail.empty()) s += "  " + t.detail;
   return s;
+}
+
+std::string lossText(double v) {
+  return std::isnan(v) ? "nan or none" : fmtNum(v);
 }
 
 void divergenceText(std::string& out, const char* title, const Divergence& d) {
@@ -252,18 +278,41 @@ std::string kernelPhrase(const OpPair& p, bool inputsEqual, bool withParams) {
 
 std::string toText(const DiffReport& r, bool mismatchesOnly) {
   std::string out;
-  int code = diffExitCode(r);
+  const DiffVerdict verdict = diffVerdict(r);
   const StepDiff& t = r.total;
-  out += code == 0 ? "EQUAL within tolerance" : "DIVERGED";
+  out += verdict == DiffVerdict::Diverged            ? "DIVERGED"
+         : verdict == DiffVerdict::ValuesNotCompared ? "NO VALUES COMPARED"
+                                                     : "EQUAL within tolerance";
   out += " (atol " + fmtNum(r.options.atol) + ", rtol " + fmtNum(r.options.rtol);
   if (r.options.maxUlps > 0) out += ", max ulps " + std::to_string(r.options.maxUlps);
   out += ")\n";
-  out += "summary: " + std::to_string(t.equal) + " equal, " + std::to_string(t.withinTolerance) +
-         " within tolerance, " + std::to_string(t.diverged) + " diverged, " +
-         std::to_string(t.onlyInA) + " only in A, " + std::to_string(t.onlyInB) + " only in B";
+  if (verdict == DiffVerdict::ValuesNotCompared)
+    out += std::string(
+               "the recordings hold no MD5s, statistics or dumps of their tensors: only "
+               "the op sequences") +
+           (r.losses.empty() ? "" : " and the step losses") +
+           " were compared (record both with --all, or --md5 / --stats)\n";
+  out += "summary: " + std::to_string(t.equal) + " equal, " +
+         (t.notCompared > 0 ? std::to_string(t.notCompared) + " not compared, " : "") +
+         std::to_string(t.withinTolerance) + " within tolerance, " + std::to_string(t.diverged) +
+         " diverged, " + std::to_string(t.onlyInA) + " only in A, " + std::to_string(t.onlyInB) +
+         " only in B";
   if (r.uncomparedTensors > 0)
     out += " (" + std::to_string(r.uncomparedTensors) + " output tensors had nothing to compare)";
   out += "\n";
+  if (!r.losses.empty()) {
+    const LossDiff* l = firstLossDivergence(r);
+    out += "losses: " + std::to_string(r.losses.size()) +
+           (r.losses.size() == 1 ? " step compared, " : " steps compared, ");
+    if (l)
+      out += "first diverged at step " + std::to_string(l->step) + ": A " + lossText(l->a) +
+             " vs B " + lossText(l->b) + "\n";
+    else
+      out += std::all_of(r.losses.begin(), r.losses.end(),
+                         [](const LossDiff& d) { return d.status == DiffStatus::Equal; })
+                 ? "all equal\n"
+                 : "all within tolerance\n";
+  }
   if (r.options.align == DiffAlign::Module)
     out += "paired by module, op kind and position (A " +
            (r.frameworkA.empty() ? std::string("?") : r.frameworkA) + ", B " +
@@ -271,20 +320,39 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
            "): first outputs compared; " + std::to_string(t.viewsA) + " views/copies in A and " +
            std::to_string(t.viewsB) + " in B left out\n";
   out += "\n";
+  // The "not cmp" column only when some pair had nothing to compare (recordings without values).
+  const bool notComparedColumn = t.notCompared > 0;
   char line[160];
-  std::snprintf(line, sizeof line, "%6s %8s %8s %8s %8s %8s %8s %8s  %s\n", "step", "ops A",
-                "ops B", "equal", "within", "diverged", "only A", "only B", "alignment");
+  std::snprintf(line, sizeof line, "%6s %8s %8s %8s", "step", "ops A", "ops B", "equal");
+  out += line;
+  if (notComparedColumn) out += "  not cmp";
+  std::snprintf(line, sizeof line, " %8s %8s %8s %8s  %s\n", "within", "diverged", "only A",
+                "only B", "alignment");
   out += line;
   for (const StepDiff& s : r.steps) {
-    std::snprintf(line, sizeof line, "%6lld %8lld %8lld %8lld %8lld %8lld %8lld %8lld  %s\n",
-                  static_cast<long long>(s.step), static_cast<long long>(s.opsA),
-                  static_cast<long long>(s.opsB), static_cast<long long>(s.equal),
+    std::snprintf(line, sizeof line, "%6lld %8lld %8lld %8lld", static_cast<long long>(s.step),
+                  static_cast<long long>(s.opsA), static_cast<long long>(s.opsB),
+                  static_cast<long long>(s.equal));
+    out += line;
+    if (notComparedColumn) {
+      std::snprintf(line, sizeof line, " %8lld", static_cast<long long>(s.notCompared));
+      out += line;
+    }
+    std::snprintf(line, sizeof line, " %8lld %8lld %8lld %8lld  %s\n",
                   static_cast<long long>(s.withinTolerance), static_cast<long long>(s.diverged),
                   static_cast<long long>(s.onlyInA), static_cast<long long>(s.onlyInB),
                   s.alignment.c_str());
     out += line;
   }
   out += "\n";
+  if (const LossDiff* l = firstLossDivergence(r); l && !r.first)
+    out += "first divergence: step " + std::to_string(l->step) + " loss (A " + lossText(l->a) +
+           " vs B " + lossText(l->b) + "); " +
+           (r.comparedTensors == 0
+                ? "no op can be named: the recordings hold no tensor values (record both with "
+                  "--all to find the op)"
+                : "no recorded op output diverged") +
+           "\n\n";
   if (r.first) {
     divergenceText(out, "first divergence", *r.first);
     out += "\n";
@@ -307,7 +375,7 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
   for (const OpPair& p : r.pairs) {
     if (mismatchesOnly && p.status == DiffStatus::Equal) continue;
     if (!header) out += mismatchesOnly ? "mismatches:\n" : "pairs:\n", header = true;
-    const char* mark = p.status == DiffStatus::Equal             ? "="
+    const char* mark = p.status == DiffStatus::Equal             ? (valuesCompared(p) ? "=" : "?")
                        : p.status == DiffStatus::WithinTolerance ? "~"
                        : p.status == DiffStatus::Diverged        ? "!"
                        : p.inA                                   ? "<"

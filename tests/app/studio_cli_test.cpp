@@ -184,6 +184,24 @@ class StudioCliTest : public QObject {
     QVERIFY2(line.contains("bottom dock: diff"), qPrintable(line));
   }
 
+  // Graph-only recordings (no --md5/--stats): the studio must not call them identical. Their
+  // losses still show a perturbed run diverging; two equal runs say nothing was compared.
+  void graphOnlyRecordingsAreNotCalledIdentical() {
+    QVERIFY(views::test::recordFixture(dir_ + "/g1.db", "--steps 2 --seed 7"));
+    QVERIFY(views::test::recordFixture(dir_ + "/g2.db", "--steps 2 --seed 7"));
+    QVERIFY(views::test::recordFixture(dir_ + "/g3.db", "--steps 2 --seed 7",
+                                       "KEEL_TEST_PERTURB=matmul:5"));
+    const QString views = dir_ + "/graph-only-views";
+    Result r = studio({dir_ + "/g1.db", "--compare", dir_ + "/g2.db", "--views-dir", views,
+                       "--screenshot", dir_ + "/g12.png"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).endsWith("bottom dock: diff; no values compared"), qPrintable(diag(r)));
+    r = studio({dir_ + "/g1.db", "--compare", dir_ + "/g3.db", "--screenshot", dir_ + "/g13.png"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).endsWith("bottom dock: diff; losses diverge at step 1"),
+             qPrintable(diag(r)));
+  }
+
   // --help and --version need no display: no platform plugin, no DISPLAY.
   void helpAndVersionWorkWithoutADisplay() {
     const QStringList noDisplay{"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="};

@@ -231,7 +231,7 @@ TEST_F(KeelInputs, DiffJsonReplacesBytesThatAreNotUtf8) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
   const nlohmann::json j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j.at("verdict"), "equal");
+  EXPECT_EQ(j.at("verdict"), "values-not-compared");  // recorded without MD5s or statistics
   int replaced = 0;
   for (const nlohmann::json& p : j.at("pairs"))
     if (p.value("scope", "") == "blocks.\xef\xbf\xbd.a") ++replaced;

@@ -239,6 +239,41 @@ TEST_F(KeelCli, DiffFindsAnInjectedDivergenceAtThePerturbedOp) {
   EXPECT_NE(t.out.find("root divergence stacks"), std::string::npos) << t.out;
 }
 
+// Recordings made without --md5/--stats/--all hold no tensor values: `keel diff` must not call
+// them equal (it did: "EQUAL within tolerance" for a perturbed run), and their step losses still
+// say whether and where the runs part.
+TEST_F(KeelCli, GraphOnlyRecordingsAreNotCalledEqualAndTheirLossesAreCompared) {
+  ASSERT_EQ(record("clean.db", "--seed 4").status, 0);
+  ASSERT_EQ(record("again.db", "--seed 4").status, 0);
+  ASSERT_EQ(record("bad.db", "--seed 4", "KEEL_TEST_PERTURB=matmul:5").status, 0);
+  const CliResult same = keel("diff '" + path("clean.db") + "' '" + path("again.db") + "'");
+  EXPECT_EQ(same.status, 0) << same.out << same.err;
+  EXPECT_NE(same.out.find("\nNO VALUES COMPARED (atol"), std::string::npos) << same.out;
+  EXPECT_NE(same.out.find("only the op sequences and the step losses were compared (record both "
+                          "with --all"),
+            std::string::npos)
+      << same.out;
+  EXPECT_NE(same.out.find("losses: 2 steps compared, all equal\n"), std::string::npos) << same.out;
+  EXPECT_EQ(same.out.find(" equal, 0 not compared"), std::string::npos) << same.out;
+
+  const CliResult bad = keel("diff '" + path("clean.db") + "' '" + path("bad.db") + "'");
+  EXPECT_EQ(bad.status, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("\nDIVERGED (atol"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("losses: 2 steps compared, first diverged at step 1: A "),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("first divergence: step 1 loss (A "), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("no op can be named: the recordings hold no tensor values"),
+            std::string::npos)
+      << bad.out;
+  const auto doc = nlohmann::json::parse(
+      keel("diff --json '" + path("clean.db") + "' '" + path("bad.db") + "'").out);
+  EXPECT_EQ(doc["verdict"], "diverged");
+  EXPECT_EQ(doc["firstLossDivergence"], 1);
+  EXPECT_EQ(doc["total"]["equal"], 0);
+  EXPECT_GT(doc["total"]["notCompared"].get<int64_t>(), 100);
+}
+
 TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   expectOneLineError(keel("inspect '" + path("missing.db") + "'"), "missing.db");
   {

@@ -403,6 +403,89 @@ TEST(DiffTest, MismatchesOnlyKeepsNonEqualPairs) {
   for (const auto& p : r.pairs) EXPECT_NE(p.status, DiffStatus::Equal);
 }
 
+// Recordings without MD5s or statistics: nothing said two ops were equal, so none is counted
+// equal and the verdict says so instead of "EQUAL" (a graph-only recording diffed by mistake).
+TEST(DiffTest, RunsWithoutValuesAreNotComparedNotEqual) {
+  auto a = chain(6), b = chain(6, 1, 1, 3);
+  for (auto* run : {&a, &b})
+    for (auto& o : *run)
+      for (auto& t : o.tensors) t.md5.clear();
+  ks::DiffReport r = ks::diffRuns(a, b);
+  EXPECT_EQ(r.total.equal, 0);
+  EXPECT_EQ(r.total.notCompared, 6);
+  EXPECT_EQ(r.comparedTensors, 0);
+  EXPECT_EQ(r.uncomparedTensors, 6);
+  EXPECT_EQ(ks::diffVerdict(r), ks::DiffVerdict::ValuesNotCompared);
+  EXPECT_EQ(ks::diffExitCode(r), 0);
+  for (const auto& p : r.pairs) EXPECT_FALSE(ks::valuesCompared(p));
+  const std::string text = ks::toText(r, false);
+  EXPECT_EQ(text.rfind("NO VALUES COMPARED (atol 1e-06, rtol 0.0001)\n", 0), 0u) << text;
+  EXPECT_NE(text.find("summary: 0 equal, 6 not compared, 0 within tolerance"), std::string::npos);
+  EXPECT_NE(text.find("equal  not cmp   within"), std::string::npos) << text;
+  EXPECT_NE(text.find("  ? step 1  A #1"), std::string::npos) << text;
+  const auto j = nlohmann::json::parse(ks::toJson(r));
+  EXPECT_EQ(j["verdict"], "values-not-compared");
+  EXPECT_EQ(j["total"]["notCompared"], 6);
+  EXPECT_EQ(j["comparedTensors"], 0);
+
+  // One output with an MD5 on both sides is a comparison: the verdict is EQUAL again and that
+  // pair alone counts as equal; the others stay not compared.
+  a[0].tensors.back().md5 = b[0].tensors.back().md5 = "same";
+  r = ks::diffRuns(a, b);
+  EXPECT_EQ(ks::diffVerdict(r), ks::DiffVerdict::Equal);
+  EXPECT_EQ(r.total.equal, 1);
+  EXPECT_EQ(r.total.notCompared, 5);
+  EXPECT_TRUE(ks::valuesCompared(r.pairs[0]));
+  EXPECT_FALSE(ks::valuesCompared(r.pairs[1]));
+}
+
+TEST(DiffTest, StepLossesCompareWithTheTolerances) {
+  auto steps = [](std::vector<double> losses) {
+    std::vector<ks::StepRecord> s;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      s.emplace_back();
+      s.back().step = static_cast<int64_t>(i) + 1;
+      s.back().loss = losses[i];
+    }
+    return s;
+  };
+  const double nan = ks::kNoValue;
+  auto l = ks::compareLosses(steps({5.5, 5.4, 5.3, nan, nan}),
+                             steps({5.5, 5.4002, 5.31, 2.0, nan, 1.0}), {});
+  ASSERT_EQ(l.size(), 5u);  // step 6 is only in B
+  EXPECT_EQ(l[0].status, DiffStatus::Equal);
+  EXPECT_EQ(l[1].status, DiffStatus::WithinTolerance);  // 2e-4 <= 1e-6 + 1e-4 * 5.4002
+  EXPECT_EQ(l[2].status, DiffStatus::Diverged);         // 1e-2 > 5.3e-4
+  EXPECT_EQ(l[3].status, DiffStatus::Diverged);         // a NaN (or none) against a loss
+  EXPECT_EQ(l[4].status, DiffStatus::Equal);            // NaN on both sides
+  EXPECT_DOUBLE_EQ(l[2].a, 5.3);
+  EXPECT_DOUBLE_EQ(l[2].b, 5.31);
+  // A run that reports no loss at all is not compared (not "diverged at every step").
+  EXPECT_TRUE(ks::compareLosses(steps({nan, nan}), steps({1.0, 2.0}), {}).empty());
+
+  // A diverged loss makes the report diverge even when every op pair is equal.
+  auto a = chain(4), b = chain(4);
+  ks::DiffReport r = ks::diffRuns(a, b);
+  r.losses = ks::compareLosses(steps({5.5}), steps({5.6}), r.options);
+  ASSERT_NE(ks::firstLossDivergence(r), nullptr);
+  EXPECT_EQ(ks::firstLossDivergence(r)->step, 1);
+  EXPECT_EQ(ks::diffVerdict(r), ks::DiffVerdict::Diverged);
+  EXPECT_EQ(ks::diffExitCode(r), 1);
+  const std::string text = ks::toText(r, false);
+  EXPECT_EQ(text.rfind("DIVERGED", 0), 0u) << text;
+  EXPECT_NE(text.find("losses: 1 step compared, first diverged at step 1: A 5.5 vs B 5.6\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("first divergence: step 1 loss (A 5.5 vs B 5.6); no recorded op output "
+                      "diverged"),
+            std::string::npos)
+      << text;
+  const auto j = nlohmann::json::parse(ks::toJson(r));
+  EXPECT_EQ(j["firstLossDivergence"], 1);
+  EXPECT_EQ(j["losses"][0]["status"], "diverged");
+  EXPECT_DOUBLE_EQ(j["losses"][0]["b"].get<double>(), 5.6);
+}
+
 TEST(DiffTest, DuplicateSeqIsAnError) {
   auto a = chain(3), b = chain(3);
   a[1].seq = a[0].seq;

@@ -580,6 +580,42 @@ class PanelsTest : public QObject {
         report->pairs[5].seqA);
   }
 
+  // Pairs with nothing to compare (recordings without MD5s or statistics) read "not compared",
+  // not "equal", and the summary says that no values were compared.
+  void diffWithoutValuesSaysNotCompared() {
+    std::vector<keel::storage::OpRecord> ops(3);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      ops[i].seq = i + 1;
+      ops[i].step = 1;
+      ops[i].name = "add";
+      keel::storage::TensorRecord t;
+      t.role = keel::storage::Role::Output;
+      t.tensorId = 10 + i;
+      t.shape = {2, 2};
+      t.dtype = "float32";
+      ops[i].tensors.push_back(t);
+    }
+    auto report = std::make_shared<keel::storage::DiffReport>(keel::storage::diffRuns(ops, ops));
+    Selection sel;
+    DiffView view(&sel, Side::A);
+    view.setReport(report);
+    QCOMPARE(view.model()->index(0, DiffModel::Status).data().toString(), QString("not compared"));
+    QVERIFY2(view.summaryText().startsWith(
+                 "<b style='color:#8a6d00'>NO VALUES COMPARED</b> &nbsp; 0 equal · 3 not compared"),
+             qPrintable(view.summaryText()));
+    QVERIFY(view.summaryText().contains("Record both with --all"));
+    QVERIFY(!view.summaryText().contains("IDENTICAL"));
+    // Step losses that part name the step where no op can be named.
+    auto parted = std::make_shared<keel::storage::DiffReport>(*report);
+    parted->losses = keel::storage::compareLosses({{1, 0, 0, 2.5}}, {{1, 0, 0, 2.75}}, {});
+    view.setReport(parted);
+    QVERIFY2(view.summaryText().contains("DIVERGED"), qPrintable(view.summaryText()));
+    QVERIFY2(view.summaryText().contains(
+                 "First divergence: step 1 <b>loss</b> (A 2.5 vs B 2.75); no op can be named "
+                 "without tensor values: record both with --all"),
+             qPrintable(view.summaryText()));
+  }
+
   void diffMismatchesOnlyKeepsDivergedAndUnmatched() {
     DiffPtr report = DiffRunner::run(pathA_, pathB_);
     QVERIFY(report && report->first);

@@ -35,7 +35,7 @@ bool isMismatch(DiffStatus s) {
 QString statusText(const storage::OpPair& p) {
   switch (p.status) {
     case DiffStatus::Equal:
-      return QStringLiteral("equal");
+      return storage::valuesCompared(p) ? QStringLiteral("equal") : QStringLiteral("not compared");
     case DiffStatus::WithinTolerance:
       return QStringLiteral("within tolerance");
     case DiffStatus::Diverged:
@@ -282,7 +282,9 @@ QVariant DiffModel::data(const QModelIndex& index, int role) const {
         return QVariant(Qt::AlignRight | Qt::AlignVCenter);
       return {};
     case Qt::BackgroundRole:
-      if (col == Status) return statusBackground(p->status, mark != NoMark);
+      if (col == Status)
+        return storage::valuesCompared(*p) ? statusBackground(p->status, mark != NoMark)
+                                           : QColor(0xf1, 0xf3, 0xf4);
       // A diverged pair whose two runs ran different kernels: the likely reason, marked.
       if (col == Kernel && p->status != DiffStatus::Equal &&
           storage::kernelMatch(*p) == storage::KernelMatch::Different)
@@ -413,21 +415,23 @@ void DiffView::updateSummary() {
     return;
   }
   const auto& t = r->total;
-  const bool divergent = storage::diffExitCode(*r) != 0;
+  const storage::DiffVerdict v = storage::diffVerdict(*r);
   const int64_t unmatched = t.onlyInA + t.onlyInB;
   QString verdict;
-  if (divergent)
+  if (v == storage::DiffVerdict::Diverged)
     verdict = QStringLiteral("<b style='color:#b00020'>%1</b>").arg(tr("DIVERGED"));
+  else if (v == storage::DiffVerdict::ValuesNotCompared)
+    verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("NO VALUES COMPARED"));
   else if (t.withinTolerance > 0 || unmatched > 0)
     verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("EQUAL WITHIN TOLERANCE"));
   else
     verdict = QStringLiteral("<b style='color:#1e7b34'>%1</b>").arg(tr("IDENTICAL"));
-  QString text = tr("%1 &nbsp; %L2 equal · %L3 within tolerance · %L4 diverged · %L5 unmatched")
-                     .arg(verdict)
-                     .arg(t.equal)
-                     .arg(t.withinTolerance)
-                     .arg(t.diverged)
-                     .arg(unmatched);
+  QString text = tr("%1 &nbsp; %L2 equal · ").arg(verdict).arg(t.equal);
+  if (t.notCompared > 0) text += tr("%L1 not compared · ").arg(t.notCompared);
+  text += tr("%L1 within tolerance · %L2 diverged · %L3 unmatched")
+              .arg(t.withinTolerance)
+              .arg(t.diverged)
+              .arg(unmatched);
   if (unmatched > 0) text += tr(" (%L1 only in A, %L2 only in B)").arg(t.onlyInA).arg(t.onlyInB);
   text += tr(" &nbsp; <span style='color:gray'>atol %1, rtol %2</span>")
               .arg(r->options.atol)
@@ -443,10 +447,26 @@ void DiffView::updateSummary() {
   } else {
     summary_->setToolTip({});
   }
-  if (r->uncomparedTensors > 0)
+  if (v == storage::DiffVerdict::ValuesNotCompared)
+    text += tr("<br><span style='color:#8a6d00'>The recordings hold no MD5s or statistics of their "
+               "tensors: only the op sequences%1 were compared. Record both with --all to compare "
+               "every tensor.</span>")
+                .arg(r->losses.empty() ? QString() : tr(" and the step losses"));
+  else if (r->uncomparedTensors > 0)
     text += tr("<br><span style='color:gray'>%L1 tensors had nothing to compare (record with "
                "--md5 or --stats)</span>")
                 .arg(r->uncomparedTensors);
+  if (const storage::LossDiff* l = storage::firstLossDivergence(*r); l && !r->first) {
+    auto loss = [](double x) {
+      return std::isnan(x) ? tr("NaN or none") : QString::number(x, 'g', 6);
+    };
+    text += tr("<br>First divergence: step %1 <b>loss</b> (A %2 vs B %3); %4")
+                .arg(l->step)
+                .arg(loss(l->a), loss(l->b),
+                     r->comparedTensors == 0
+                         ? tr("no op can be named without tensor values: record both with --all")
+                         : tr("no recorded op output diverged"));
+  }
   if (r->first) {
     const auto& p = r->first->pair;
     text += tr("<br>First divergence: step %1, A #%2 / B #%3 <b>%4</b> [%5] %6")

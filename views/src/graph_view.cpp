@@ -235,6 +235,7 @@ void GraphView::setDiff(DiffPtr diff) {
   if (diff_) {
     const bool a = side_ == Side::A;
     for (const auto& p : diff_->pairs) {
+      if (!storage::valuesCompared(p)) continue;  // left white: nothing said it was equal
       if (a && p.inA) status_[p.seqA] = p.status;
       if (!a && p.inB) status_[p.seqB] = p.status;
     }

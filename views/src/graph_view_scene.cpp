@@ -284,13 +284,19 @@ void GraphView::updateSemanticLevel() {
   if (changed) scene_->update();
 }
 
+bool GraphView::missingAreEqual() const {
+  // A report that kept mismatches only left out the equal pairs, unless nothing was compared.
+  return diff_ && diff_->options.mismatchesOnly &&
+         storage::diffVerdict(*diff_) != storage::DiffVerdict::ValuesNotCompared;
+}
+
 void GraphView::computeSummaries() {
   summaries_.clear();
   if (graph_ && step_) {
     analysis::OpVerdicts v;
     v.status = status_;
     v.first = firstDivergence_;
-    v.missingAreEqual = diff_ && diff_->options.mismatchesOnly;
+    v.missingAreEqual = missingAreEqual();
     summaries_ = analysis::summarizeModules(step_->ops, *graph_, diff_ ? &v : nullptr);
     for (NodeItem* item : nodeItems_) {
       if (!item || !item->isModule()) continue;
@@ -378,7 +384,7 @@ void GraphView::applyColors() {
           std::optional<storage::DiffStatus> s;
           if (it != status_.end())
             s = it->second;
-          else if (diff_ && diff_->options.mismatchesOnly)
+          else if (missingAreEqual())
             s = storage::DiffStatus::Equal;  // the report kept only the others
           if (s && (!worst || analysis::verdictRank(*s) > analysis::verdictRank(*worst))) worst = s;
           first |= firstDivergence_ && *firstDivergence_ == seq;
@@ -523,7 +529,10 @@ void GraphView::updateLegend() {
              swatch(statusColor(storage::DiffStatus::Diverged), tr("diverged")) +
              swatch(statusColor(storage::DiffStatus::Diverged, true), tr("first")) +
              swatch(statusColor(storage::DiffStatus::Unmatched), tr("unmatched"));
-      if (!diff_) html += tr("<i>(no comparison)</i>");
+      if (!diff_)
+        html += tr("<i>(no comparison)</i>");
+      else if (storage::diffVerdict(*diff_) == storage::DiffVerdict::ValuesNotCompared)
+        html += tr("<i>(no values recorded: not compared)</i>");
       break;
   }
   if (!failed_.empty()) html += swatch(failedColor(), tr("failed"));

@@ -944,7 +944,9 @@ std::optional<storage::TensorDiff> InspectorView::tensorDiff(storage::Role role,
 }
 
 namespace {
-QColor statusColor(storage::DiffStatus s) {
+// compared false: counted Equal only because there was nothing to compare (DiffBasis::None).
+QColor statusColor(storage::DiffStatus s, bool compared) {
+  if (!compared) return QColor(0x75, 0x75, 0x75);
   switch (s) {
     case storage::DiffStatus::Equal:
       return QColor(0x2e, 0x7d, 0x32);
@@ -958,7 +960,8 @@ QColor statusColor(storage::DiffStatus s) {
   return QColor(0x75, 0x75, 0x75);
 }
 
-QString statusText(storage::DiffStatus s) {
+QString statusText(storage::DiffStatus s, bool compared) {
+  if (!compared) return QObject::tr("not compared");
   switch (s) {
     case storage::DiffStatus::Equal:
       return QObject::tr("equal");
@@ -1027,7 +1030,8 @@ void InspectorView::showPair() {
               .arg(qs(phaseName(opA.phase)).toHtmlEscaped(), scope);
   if (pair)
     text += QStringLiteral(" &nbsp;·&nbsp; <b><span style='color:%1'>%2</span></b>")
-                .arg(statusColor(pair->status).name(), statusText(pair->status));
+                .arg(statusColor(pair->status, storage::valuesCompared(*pair)).name(),
+                     statusText(pair->status, storage::valuesCompared(*pair)));
   else if (diff_)
     text += tr(" &nbsp;·&nbsp; <i>not an aligned pair of the diff</i>");
   // Which kernel each side ran, the differing one in red (Note [Kernel identity]).
@@ -1111,13 +1115,15 @@ void InspectorView::fillPairTensors(const OpDetails& a, const OpDetails& b) {
     const storage::TensorRecord* ta = findTensor(a, td.role, td.index);
     const storage::TensorRecord* tb = findTensor(b, td.role, td.index);
     auto* top = new QTreeWidgetItem(tensors_);
-    QString verdict = statusText(td.status);
+    const bool compared =
+        td.basis != storage::DiffBasis::None || td.status != storage::DiffStatus::Equal;
+    QString verdict = statusText(td.status, compared);
     if (td.basis != storage::DiffBasis::None)
       verdict += QStringLiteral(" (%1)").arg(QString::fromUtf8(storage::toString(td.basis)));
     // The diff's detail phrase on hover: the row stays short enough for a narrow dock.
     top->setText(0, tensorName(td.role, td.index) + QStringLiteral(" — ") + verdict);
     if (!td.detail.empty()) verdict += QStringLiteral(": ") + QString::fromStdString(td.detail);
-    top->setForeground(0, statusColor(td.status));
+    top->setForeground(0, statusColor(td.status, compared));
     QFont bold = top->font(0);
     bold.setBold(true);
     top->setFont(0, bold);

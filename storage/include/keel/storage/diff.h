@@ -111,6 +111,10 @@ struct ChainLink {
   DiffStatus status = DiffStatus::Unmatched;  // its pair's verdict (Unmatched: not aligned)
 };
 
+// False for a pair counted Equal only because none of its outputs had anything to compare (no
+// MD5, statistics or dumps on one side): views show it as "not compared", not as equal.
+bool valuesCompared(const OpPair& p);
+
 // Whether the two sides of a pair ran the same kernel variant (Note [Kernel identity]): Unknown
 // when either side recorded none.
 enum class KernelMatch : uint8_t { Unknown, Same, Different };
@@ -133,19 +137,31 @@ struct StepDiff {
   int64_t step = 0;
   int64_t opsA = 0, opsB = 0;
   int64_t equal = 0, withinTolerance = 0, diverged = 0, onlyInA = 0, onlyInB = 0;
-  std::string alignment;           // "identical", "lcs", "greedy", "module", "only-a", "only-b"
+  int64_t notCompared = 0;  // aligned pairs whose outputs had nothing to compare (not in equal)
+  std::string alignment;    // "identical", "lcs", "greedy", "module", "only-a", "only-b"
   int64_t viewsA = 0, viewsB = 0;  // Module alignment: views and copies, not compared
+};
+
+// One step's training loss on both sides (diffRecordings). A value the op diff cannot miss even
+// when the recordings hold no MD5s or statistics: two runs recorded graph-only still show where
+// their losses part.
+struct LossDiff {
+  int64_t step = 0;
+  double a = kNoValue, b = kNoValue;  // kNoValue: a NaN loss, or none reported
+  DiffStatus status = DiffStatus::Equal;
 };
 
 struct DiffReport {
   std::vector<StepDiff> steps;  // ascending step
   StepDiff total;               // step = -1, sums
   int64_t uncomparedTensors = 0;
-  std::vector<OpPair> pairs;           // step order, then alignment order
-  std::optional<Divergence> first;     // earliest diverged pair by side A's seq
-  std::optional<Divergence> root;      // earliest diverged pair whose inputs all match
-  bool rootSearched = false;           // true when a divergence exists (root may still be empty)
-  DiffOptions options;                 // align: the alignment used (never Auto)
+  int64_t comparedTensors = 0;      // outputs of aligned pairs compared on some basis
+  std::vector<LossDiff> losses;     // steps of both runs, when both report losses (diffRecordings)
+  std::vector<OpPair> pairs;        // step order, then alignment order
+  std::optional<Divergence> first;  // earliest diverged pair by side A's seq
+  std::optional<Divergence> root;   // earliest diverged pair whose inputs all match
+  bool rootSearched = false;        // true when a divergence exists (root may still be empty)
+  DiffOptions options;              // align: the alignment used (never Auto)
   std::string frameworkA, frameworkB;  // "keel", "torch" (diffRecordings; "" from diffRuns)
 };
 
@@ -201,8 +217,22 @@ std::string recordingFramework(const RunInfo& run);
 // entry point of `keel diff` and the studio's comparison.
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt);
 
-// 0: equal within tolerance; 1: divergent (Diverged pairs, or Unmatched ops when the options
-// say so). The command-line tool adds 2 for errors.
+// Compares the losses of the steps both runs have, when each run reports a loss for at least one
+// step (a run that reports none is not compared): bitwise equal, within tolerance, or diverged — a
+// step with a loss on one side and a NaN or none on the other is diverged.
+std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
+                                    const std::vector<StepRecord>& b, const DiffOptions& opt);
+// The first step whose losses diverged, or nullptr.
+const LossDiff* firstLossDivergence(const DiffReport& r);
+
+// Equal: every aligned output that could be compared was, within tolerance. ValuesNotCompared:
+// no divergence, but aligned ops exist and not one output could be compared (recordings made
+// without MD5s, statistics or dumps): only op sequences and losses were compared.
+enum class DiffVerdict : uint8_t { Equal, Diverged, ValuesNotCompared };
+DiffVerdict diffVerdict(const DiffReport& r);
+
+// 0: equal within tolerance, or values not compared; 1: divergent (Diverged pairs, diverged
+// losses, or Unmatched ops when the options say so). The command-line tool adds 2 for errors.
 int diffExitCode(const DiffReport& r);
 
 std::string toJson(const DiffReport& r);

@@ -174,6 +174,8 @@ class GraphView : public QWidget {
   void showTopOf(const QRectF& r);
   void updateSemanticLevel();
   void computeBlockScales();
+  // Whether an op the diff report does not list counts as equal (see the definition).
+  bool missingAreEqual() const;
   void computeSummaries();
   void onSelected(Side side, quint64 seq);
   // Expands what hides `seq`; true when that needs a new layout.
