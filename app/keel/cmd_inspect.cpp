@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "cli_common.h"
 #include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
+#include "keel/base/text.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
@@ -57,6 +59,19 @@ void printAttention(const storage::Recording& rec) {
   }
 }
 
+// Whether the run recorded tensor statistics (its capture options say; a recording whose options
+// do not is taken to have them, as before).
+bool recordedStatistics(const storage::RunInfo& run) {
+  try {
+    checkJsonDepth(run.captureOptionsJson, "capture options");  // Note [Bounded JSON]
+    const auto j = nlohmann::json::parse(run.captureOptionsJson);
+    return !j.is_object() || !j.contains("stats") || !j["stats"].is_boolean() ||
+           j["stats"].get<bool>();
+  } catch (const std::exception&) {
+    return true;
+  }
+}
+
 int runInspect(const std::string& path) {
   storage::Recording rec = storage::Recording::open(path);
   storage::RunInfo run = rec.run();
@@ -73,8 +88,10 @@ int runInspect(const std::string& path) {
   std::printf("\nsteps      %zu\n", steps.size());
   for (const auto& s : steps) {
     double ms = double(s.endNs - s.beginNs) / 1e6;
-    if (std::isnan(s.loss))
+    if (s.endNs <= 0)  // begun, never ended: a stopped or failed run
       std::printf("  step %-4lld (incomplete)\n", static_cast<long long>(s.step));
+    else if (std::isnan(s.loss))  // storage keeps a NaN loss and an unknown one alike
+      std::printf("  step %-4lld loss NaN  %.1f ms\n", static_cast<long long>(s.step), ms);
     else
       std::printf("  step %-4lld loss %.4f  %.1f ms\n", static_cast<long long>(s.step), s.loss, ms);
   }
@@ -122,6 +139,12 @@ int runInspect(const std::string& path) {
                   d.kind.c_str());
 
   auto bad = rec.firstNonFinite();
+  if (!bad && !recordedStatistics(run)) {
+    std::printf(
+        "\nfirst NaN/Inf: unknown (recorded without --stats: record with --stats, --all "
+        "or --break-on nan to find it)\n");
+    return 0;
+  }
   if (!bad) {
     std::printf("\nfirst NaN/Inf: none (in the recorded statistics)\n");
     return 0;

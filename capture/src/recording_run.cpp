@@ -50,6 +50,7 @@ std::string hostName() {
 
 namespace {
 std::string number(double v) {
+  if (std::isnan(v)) return "NaN";  // not "-nan": the sign of a NaN means nothing
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
@@ -243,11 +244,20 @@ std::string BreakConditions::checkStep(int64_t step, const WorkloadMetrics& m) {
     std::string r;
     if (c.kind == Kind::Step && double(step) == c.value) {
       r = hit(s, "breakpoint: step " + std::to_string(step));
-    } else if (c.kind == Kind::GradNorm && std::isfinite(m.gradNorm) && m.gradNorm > c.value) {
+    } else if (c.kind == Kind::GradNorm && std::isnan(m.gradNorm) &&
+               (m.reportsAll || gradNormSeen_)) {
+      // NaN is past any bound: a guard against blow-ups must stop on it (NaN from a workload
+      // that never reports a norm means "not reported").
+      r = hit(s, "breakpoint: gradient norm NaN (bound " + number(c.value) + ") at step " +
+                     std::to_string(step));
+    } else if (c.kind == Kind::GradNorm && m.gradNorm > c.value) {  // +Inf included
       r = hit(s, "breakpoint: gradient norm " + number(m.gradNorm) + " > " + number(c.value) +
                      " at step " + std::to_string(step));
-    } else if (c.kind == Kind::LossSpike && lossCount_ > 0 && std::isfinite(m.loss) &&
-               m.loss > c.value * mean) {
+    } else if (c.kind == Kind::LossSpike && !std::isfinite(m.loss) &&
+               (std::isinf(m.loss) || m.reportsAll || lossSeen_)) {
+      r = hit(s, "breakpoint: loss " + number(m.loss) + " (not finite) at step " +
+                     std::to_string(step));
+    } else if (c.kind == Kind::LossSpike && lossCount_ > 0 && m.loss > c.value * mean) {
       r = hit(s, "breakpoint: loss " + number(m.loss) + " > " + number(c.value) + " × mean " +
                      number(mean) + " at step " + std::to_string(step));
     }
@@ -257,6 +267,8 @@ std::string BreakConditions::checkStep(int64_t step, const WorkloadMetrics& m) {
     lossSum_ += m.loss;
     ++lossCount_;
   }
+  lossSeen_ = lossSeen_ || !std::isnan(m.loss);
+  gradNormSeen_ = gradNormSeen_ || !std::isnan(m.gradNorm);
   return out;
 }
 

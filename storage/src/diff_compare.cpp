@@ -214,19 +214,16 @@ TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t
 
 std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
                                     const std::vector<StepRecord>& b, const DiffOptions& opt) {
-  auto reports = [](const std::vector<StepRecord>& s) {
-    return std::any_of(s.begin(), s.end(), [](const StepRecord& r) { return !std::isnan(r.loss); });
-  };
-  std::vector<LossDiff> out;
-  if (!reports(a) || !reports(b)) return out;
   std::map<int64_t, double> lossB;
-  for (const StepRecord& s : b) lossB.emplace(s.step, s.loss);
+  for (const StepRecord& s : b)
+    if (s.endNs > 0) lossB.emplace(s.step, s.loss);
+  std::vector<LossDiff> out;
   for (const StepRecord& s : a) {
     auto it = lossB.find(s.step);
-    if (it == lossB.end()) continue;
+    if (s.endNs <= 0 || it == lossB.end()) continue;
     LossDiff d{s.step, s.loss, it->second, DiffStatus::Equal};
     if (std::isnan(d.a) != std::isnan(d.b))
-      d.status = DiffStatus::Diverged;  // a NaN, or no loss, against a loss
+      d.status = DiffStatus::Diverged;  // a NaN against a number
     else if (!std::isnan(d.a) && d.a != d.b)
       d.status = closeEnough(d.a, d.b, opt) ? DiffStatus::WithinTolerance : DiffStatus::Diverged;
     out.push_back(d);

@@ -3,6 +3,7 @@
 // Note [Diff across frameworks].
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
@@ -302,6 +303,12 @@ std::string recordingFramework(const RunInfo& run) {
   return "keel";
 }
 
+bool reportsLosses(const RunInfo& run, const std::vector<StepRecord>& steps) {
+  return recordingFramework(run) == "keel" ||
+         std::any_of(steps.begin(), steps.end(),
+                     [](const StepRecord& s) { return s.endNs > 0 && !std::isnan(s.loss); });
+}
+
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt) {
   const std::string fa = recordingFramework(a.run()), fb = recordingFramework(b.run());
   if (opt.align == DiffAlign::Auto) opt.align = fa == fb ? DiffAlign::Signature : DiffAlign::Module;
@@ -309,7 +316,9 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
     return (sideA ? a : b).dumpValues(seq, static_cast<Role>(role), index);
   };
   DiffReport r = diffRuns(a.allOps(), b.allOps(), opt, values);
-  r.losses = compareLosses(a.steps(), b.steps(), r.options);
+  const std::vector<StepRecord> stepsA = a.steps(), stepsB = b.steps();
+  if (reportsLosses(a.run(), stepsA) && reportsLosses(b.run(), stepsB))
+    r.losses = compareLosses(stepsA, stepsB, r.options);
   r.frameworkA = fa;
   r.frameworkB = fb;
   return r;

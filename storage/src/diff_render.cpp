@@ -216,7 +216,7 @@ std::string tensorLine(const TensorDiff& t) {
 }
 
 std::string lossText(double v) {
-  return std::isnan(v) ? "nan or none" : fmtNum(v);
+  return std::isnan(v) ? "NaN" : fmtNum(v);
 }
 
 void divergenceText(std::string& out, const char* title, const Divergence& d) {

@@ -138,6 +138,31 @@ TEST_F(BreakOn, GradNormLossSpikeAndHitCountUseTheStepsMetrics) {
       << r.out;
 }
 
+// A NaN is past any bound: guards on the gradient norm and the loss stop on it (they let a run
+// that was NaN from step 1 finish with status 0). The 20th matmul is in step 1's backward: the
+// norm is NaN at step 1, the loss from step 2 on.
+TEST_F(BreakOn, GradNormAndLossGuardsStopOnNaN) {
+  CliResult r =
+      record("g.db", "--steps 3 --break-on 'grad-norm>100'", "KEEL_TEST_PERTURB=matmul:20:nan");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("(step 1): breakpoint: gradient norm NaN (bound 100) at step 1"),
+            std::string::npos)
+      << r.out;
+  r = record("l.db", "--steps 3 --break-on 'loss>2*mean'", "KEEL_TEST_PERTURB=matmul:20:nan");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("(step 2): breakpoint: loss NaN (not finite) at step 2"),
+            std::string::npos)
+      << r.out;
+  keel::storage::Recording rec = keel::storage::Recording::open(path("l.db"));
+  ASSERT_EQ(rec.steps().size(), 2u);
+  EXPECT_TRUE(std::isnan(rec.steps()[1].loss));
+  // keel inspect prints the ended NaN step's loss as NaN, not as an incomplete step.
+  const CliResult inspect = keel("inspect '" + path("l.db") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("  step 2    loss NaN  "), std::string::npos) << inspect.out;
+  EXPECT_EQ(inspect.out.find("(incomplete)"), std::string::npos) << inspect.out;
+}
+
 // The CI use: stop at the first NaN, keep everything, say where, exit 1.
 TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
   CliResult r = record("nan.db", "--break-on nan", "KEEL_TEST_PERTURB=matmul:20:nan");

@@ -272,6 +272,18 @@ TEST_F(KeelCli, GraphOnlyRecordingsAreNotCalledEqualAndTheirLossesAreCompared) {
   EXPECT_EQ(doc["firstLossDivergence"], 1);
   EXPECT_EQ(doc["total"]["equal"], 0);
   EXPECT_GT(doc["total"]["notCompared"].get<int64_t>(), 100);
+
+  // A run whose loss went NaN (at step 2: the 20th matmul is in step 1's backward) diverges from
+  // the clean one there, by its loss alone; inspect cannot name a first NaN without statistics.
+  ASSERT_EQ(record("nan.db", "--seed 4", "KEEL_TEST_PERTURB=matmul:20:nan").status, 0);
+  const CliResult nan = keel("diff '" + path("clean.db") + "' '" + path("nan.db") + "'");
+  EXPECT_EQ(nan.status, 1) << nan.out << nan.err;
+  EXPECT_NE(nan.out.find("first divergence: step 2 loss (A "), std::string::npos) << nan.out;
+  EXPECT_NE(nan.out.find(" vs B NaN); no op can be named"), std::string::npos) << nan.out;
+  const CliResult inspect = keel("inspect '" + path("nan.db") + "'");
+  EXPECT_NE(inspect.out.find("\nfirst NaN/Inf: unknown (recorded without --stats"),
+            std::string::npos)
+      << inspect.out;
 }
 
 TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {

@@ -445,23 +445,30 @@ TEST(DiffTest, StepLossesCompareWithTheTolerances) {
     for (size_t i = 0; i < losses.size(); ++i) {
       s.emplace_back();
       s.back().step = static_cast<int64_t>(i) + 1;
+      s.back().endNs = 100 + static_cast<int64_t>(i);  // ended
       s.back().loss = losses[i];
     }
     return s;
   };
   const double nan = ks::kNoValue;
-  auto l = ks::compareLosses(steps({5.5, 5.4, 5.3, nan, nan}),
-                             steps({5.5, 5.4002, 5.31, 2.0, nan, 1.0}), {});
-  ASSERT_EQ(l.size(), 5u);  // step 6 is only in B
+  auto unended = steps({5.5, 5.4, 5.3, nan, nan, 7.0});
+  unended[5].endNs = 0;  // a step that never ended (stopped run) has no loss to compare
+  auto l = ks::compareLosses(unended, steps({5.5, 5.4002, 5.31, 2.0, nan, 1.0, 3.0}), {});
+  ASSERT_EQ(l.size(), 5u);  // step 6 did not end in A, step 7 is only in B
   EXPECT_EQ(l[0].status, DiffStatus::Equal);
   EXPECT_EQ(l[1].status, DiffStatus::WithinTolerance);  // 2e-4 <= 1e-6 + 1e-4 * 5.4002
   EXPECT_EQ(l[2].status, DiffStatus::Diverged);         // 1e-2 > 5.3e-4
-  EXPECT_EQ(l[3].status, DiffStatus::Diverged);         // a NaN (or none) against a loss
+  EXPECT_EQ(l[3].status, DiffStatus::Diverged);         // a NaN loss against a number
   EXPECT_EQ(l[4].status, DiffStatus::Equal);            // NaN on both sides
   EXPECT_DOUBLE_EQ(l[2].a, 5.3);
   EXPECT_DOUBLE_EQ(l[2].b, 5.31);
-  // A run that reports no loss at all is not compared (not "diverged at every step").
-  EXPECT_TRUE(ks::compareLosses(steps({nan, nan}), steps({1.0, 2.0}), {}).empty());
+  // Keel's trainer always ends a step with its loss, NaN included; a keel_torch run whose steps
+  // know no loss reports none (and is then not compared at all).
+  ks::RunInfo keelRun, torchRun;
+  torchRun.captureOptionsJson = R"({"framework": "torch"})";
+  EXPECT_TRUE(ks::reportsLosses(keelRun, steps({nan, nan})));
+  EXPECT_FALSE(ks::reportsLosses(torchRun, steps({nan, nan})));
+  EXPECT_TRUE(ks::reportsLosses(torchRun, steps({nan, 2.0})));
 
   // A diverged loss makes the report diverge even when every op pair is equal.
   auto a = chain(4), b = chain(4);

@@ -607,7 +607,7 @@ class PanelsTest : public QObject {
     QVERIFY(!view.summaryText().contains("IDENTICAL"));
     // Step losses that part name the step where no op can be named.
     auto parted = std::make_shared<keel::storage::DiffReport>(*report);
-    parted->losses = keel::storage::compareLosses({{1, 0, 0, 2.5}}, {{1, 0, 0, 2.75}}, {});
+    parted->losses = keel::storage::compareLosses({{1, 0, 1, 2.5}}, {{1, 0, 1, 2.75}}, {});
     view.setReport(parted);
     QVERIFY2(view.summaryText().contains("DIVERGED"), qPrintable(view.summaryText()));
     QVERIFY2(view.summaryText().contains(

@@ -29,6 +29,10 @@ extern "C" {
 // KeelWorkloadV1.flags: the workload reports its own step boundaries (keel::detail::notifyStep);
 // otherwise the host marks each step() call as one training step.
 #define KEEL_WORKLOAD_MARKS_STEPS 1u
+// KeelWorkloadV1.flags: every step fills loss and grad_norm, so a NaN there is a NaN value, not
+// "not reported" (what `--break-on loss>K*mean` and `grad-norm>X` stop on). Hosts that predate
+// the bit ignore it.
+#define KEEL_WORKLOAD_REPORTS_METRICS 2u
 
 // What the host passes to create(). Strings are never NULL ("" when not given).
 typedef struct KeelWorkloadParams {
@@ -100,6 +104,9 @@ struct WorkloadMetrics {
   double lr = std::numeric_limits<double>::quiet_NaN();
   double gradNorm = std::numeric_limits<double>::quiet_NaN();
   double tokensPerSec = std::numeric_limits<double>::quiet_NaN();
+  // NaN above means "not reported" unless this is set (KEEL_WORKLOAD_REPORTS_METRICS: the
+  // built-in trainer): then a NaN loss or gradient norm is a NaN.
+  bool reportsAll = false;
 };
 
 class Workload {

@@ -52,8 +52,9 @@ class GptWorkload : public Workload {
   Trainer trainer_;
 };
 
-constexpr KeelWorkloadV1 kGptWorkload = detail::makeWorkloadV1<GptWorkload>(
-    "gpt", "the built-in GPT / MoE trainer (configs/*.json)", KEEL_WORKLOAD_MARKS_STEPS);
+constexpr KeelWorkloadV1 kGptWorkload =
+    detail::makeWorkloadV1<GptWorkload>("gpt", "the built-in GPT / MoE trainer (configs/*.json)",
+                                        KEEL_WORKLOAD_MARKS_STEPS | KEEL_WORKLOAD_REPORTS_METRICS);
 
 }  // namespace
 

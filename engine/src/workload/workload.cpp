@@ -122,7 +122,8 @@ WorkloadMetrics WorkloadRun::step() {
     end.tokensPerSec = m.tokens_per_sec;
     detail::notifyStep(end);
   }
-  return WorkloadMetrics{m.loss, m.lr, m.grad_norm, m.tokens_per_sec};
+  return WorkloadMetrics{m.loss, m.lr, m.grad_norm, m.tokens_per_sec,
+                         (info_.api->flags & KEEL_WORKLOAD_REPORTS_METRICS) != 0};
 }
 
 }  // namespace keel

@@ -120,6 +120,7 @@ class BreakConditions {
   uint64_t liveBase_ = 0;                       // this run's first op seq (0: none seen yet)
   double lossSum_ = 0;                          // finite losses of the steps checked so far
   int64_t lossCount_ = 0;
+  bool lossSeen_ = false, gradNormSeen_ = false;  // the workload reported a number for them
 };
 
 // ---- the run ----------------------------------------------------------------------------------

@@ -217,11 +217,14 @@ std::string recordingFramework(const RunInfo& run);
 // entry point of `keel diff` and the studio's comparison.
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt);
 
-// Compares the losses of the steps both runs have, when each run reports a loss for at least one
-// step (a run that reports none is not compared): bitwise equal, within tolerance, or diverged — a
-// step with a loss on one side and a NaN or none on the other is diverged.
+// Compares the losses of the steps both runs ended (endNs > 0): bitwise equal (two NaNs too),
+// within tolerance, or diverged — a NaN loss against a number is diverged.
 std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
                                     const std::vector<StepRecord>& b, const DiffOptions& opt);
+// Whether a run's step losses mean something: Keel's trainer ends every step with its loss (NaN
+// when the loss was NaN — storage keeps NaN and "unknown" alike); a run from another framework
+// (keel_torch) only when some step has a number, since it may not know its loss.
+bool reportsLosses(const RunInfo& run, const std::vector<StepRecord>& steps);
 // The first step whose losses diverged, or nullptr.
 const LossDiff* firstLossDivergence(const DiffReport& r);
 
