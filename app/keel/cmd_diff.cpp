@@ -23,7 +23,7 @@ struct DiffArgs {
   double atol = 1e-6, rtol = 1e-4;
   uint64_t ulps = 0;
   bool json = false, mismatchesOnly = false, strict = false, replicas = false;
-  storage::DiffAlign align = storage::DiffAlign::Auto;
+  std::string align = "auto";  // --align: auto | signature | module
 };
 
 void printStack(const storage::Recording& r, int64_t id, const char* label) {
@@ -45,7 +45,9 @@ storage::DiffOptions diffOptions(const DiffArgs& a) {
   opt.maxUlps = a.ulps;
   opt.mismatchesOnly = a.mismatchesOnly;
   opt.unmatchedIsDivergent = a.strict;
-  opt.align = a.align;
+  opt.align = a.align == "module"      ? storage::DiffAlign::Module
+              : a.align == "signature" ? storage::DiffAlign::Signature
+                                       : storage::DiffAlign::Auto;
   return opt;
 }
 
@@ -188,10 +190,8 @@ Command addDiffCommand(CLI::App& root) {
        "--align", a->align,
        "how ops are paired: signature (one program twice), module (across frameworks: "
        "a PyTorch run against a Keel run), auto (default: module when the frameworks differ)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, storage::DiffAlign>{{"auto", storage::DiffAlign::Auto},
-                                                    {"signature", storage::DiffAlign::Signature},
-                                                    {"module", storage::DiffAlign::Module}}));
+      ->check(CLI::IsMember({"auto", "signature", "module"}))
+      ->capture_default_str();
   c->add_flag("--replicas", a->replicas,
               "A is a run folder: check that its dp replicas hold the same parameters, averaged "
               "gradients and updates (MD5s), and name the first difference");

@@ -299,4 +299,15 @@ QString studioHelpText() {
          "Qt.\n";
 }
 
+QString missingDisplayReason(const QStringList& qtArguments,
+                             const std::function<QString(const char*)>& env) {
+  for (const QString& a : qtArguments.mid(1))
+    if (const QString n = optionName(a); n == "platform" || n == "display") return {};
+  for (const char* var : {"QT_QPA_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY"})
+    if (!env(var).isEmpty()) return {};
+  return QStringLiteral(
+      "no display (DISPLAY and WAYLAND_DISPLAY are not set): run it in a desktop session, under "
+      "xvfb-run, or with -platform offscreen for --screenshot");
+}
+
 }  // namespace keel::studio

@@ -7,6 +7,7 @@
 #include <QString>
 #include <QStringList>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "session.h"
@@ -42,5 +43,10 @@ inline const QStringList kStudioViews = {"ops", "diff", "logs", "memory", "timel
 StudioCommandLine parseStudioCommandLine(const QStringList& args);
 // The --help text (needs a QCoreApplication for the program name; no display).
 QString studioHelpText();
+// Why the window cannot open, or "": no platform chosen (-platform, QT_QPA_PLATFORM), no -display
+// and neither DISPLAY nor WAYLAND_DISPLAY set — Qt would print its platform-plugin help and abort.
+// `env` holds the variables (QProcessEnvironment::systemEnvironment() in main).
+QString missingDisplayReason(const QStringList& qtArguments,
+                             const std::function<QString(const char*)>& env);
 
 }  // namespace keel::studio

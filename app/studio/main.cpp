@@ -101,6 +101,12 @@ int main(int argc, char** argv) {
       break;
   }
 
+  if (const QString why = keel::studio::missingDisplayReason(
+          cli.qtArguments, [](const char* v) { return qEnvironmentVariable(v); });
+      !why.isEmpty()) {
+    std::fprintf(stderr, "keel-studio: error: %s\n", qPrintable(why));
+    return 2;
+  }
   QtArgv qa(cli.qtArguments);
   QApplication app(qa.argc, qa.ptrs.data());
   QApplication::setOrganizationName("Keel");

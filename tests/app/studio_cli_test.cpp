@@ -202,6 +202,22 @@ class StudioCliTest : public QObject {
              qPrintable(diag(r)));
   }
 
+  // Without a display (no DISPLAY, WAYLAND_DISPLAY or platform) the window cannot open: one line
+  // and exit 2, not Qt's platform-plugin text and an abort.
+  void noDisplayIsOneLineAndStatus2() {
+    const QStringList noDisplay{"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="};
+    Result r = studio({dir_ + "/a.db", "--screenshot", dir_ + "/nodisplay.png"}, noDisplay);
+    QCOMPARE(r.code, 2);
+    QCOMPARE(r.err, QString("keel-studio: error: no display (DISPLAY and WAYLAND_DISPLAY are not "
+                            "set): run it in a desktop session, under xvfb-run, or with -platform "
+                            "offscreen for --screenshot\n"));
+    QVERIFY(!QFileInfo::exists(dir_ + "/nodisplay.png"));
+    // -platform offscreen is a display of its own.
+    r = studio({dir_ + "/a.db", "-platform", "offscreen", "--screenshot", dir_ + "/nodisplay.png"},
+               noDisplay);
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+  }
+
   // --help and --version need no display: no platform plugin, no DISPLAY.
   void helpAndVersionWorkWithoutADisplay() {
     const QStringList noDisplay{"QT_QPA_PLATFORM=", "DISPLAY=", "WAYLAND_DISPLAY="};

@@ -354,8 +354,14 @@ TEST_F(KeelCli, SaveInputsWritesTheWeightsAndTheBatchesTheRunTrainsOn) {
       keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --save-inputs '" + in + "'"),
       "not an empty directory");
   EXPECT_TRUE(fs::is_regular_file(fs::path(in) / "batches.safetensors"));
+  // The whole choice list, in words (CLI11's enum transformer printed the enum's raw bytes, a
+  // NUL among them, which cut the line short).
   expectOneLineError(keel("diff '" + path("a.db") + "' '" + path("b.db") + "' --align bogus"),
-                     "--align");
+                     "--align: bogus not in {auto,signature,module}");
+  const CliResult help = keel("diff --help");
+  EXPECT_NE(help.out.find("--align TEXT:{auto,signature,module}=auto"), std::string::npos)
+      << help.out;
+  EXPECT_EQ(help.out.find('\0'), std::string::npos);
 }
 
 // Each step of a recording carries what the trainer printed (lr, gradient norm, tokens/s, MoE aux
