@@ -14,6 +14,12 @@ inline constexpr int kExitError = 2;
 
 // Prints "keel: error: <msg>" (newlines folded) to stderr; returns kExitError.
 int fail(const std::string& msg);
+// A reader that closed the pipe (`keel ops | head`, `| grep -q`) took what it wanted: keel exits
+// as a process killed by SIGPIPE would, quietly.
+inline constexpr int kExitClosedPipe = 128 + 13;  // SIGPIPE
+// Writes `text` to stdout: 0, or kExitClosedPipe when the reader closed the pipe; throws
+// keel::Error on any other write error (a full disk).
+int writeToStdout(const std::string& text);
 // Prints "keel: warning: <msg>" (newlines folded) to stderr; the run goes on.
 void warn(const std::string& msg);
 // First thing in a command that runs the engine (train, record, bench): throws keel::Error when

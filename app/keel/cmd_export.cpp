@@ -29,10 +29,7 @@ struct ExportArgs {
 // stdout ("" or "-"), or a file replaced only once it is complete (Note [Outputs never destroy
 // inputs]); a write error (a full disk, a closed pipe) is an error, and a partial file is removed.
 int writeOut(const std::string& text, const std::string& output) {
-  if (output.empty() || output == "-") {
-    writeAll(stdout, text.data(), text.size(), "to stdout");
-    return 0;
-  }
+  if (output.empty() || output == "-") return writeToStdout(text);
   ReplaceOnCommit file(output);
   std::FILE* f = std::fopen(file.path().c_str(), "wb");
   if (!f) return fail("cannot write " + output + ": " + std::strerror(errno));

@@ -131,7 +131,7 @@ int runTrace(const std::string& config, const std::string& out, int steps, uint6
     std::ostringstream text;
     writeAllocTrace(t, text);
     const std::string s = text.str();
-    writeAll(stdout, s.data(), s.size(), "to stdout");
+    if (const int rc = writeToStdout(s); rc != 0) return rc;
     describe(out, t, stderr);
     return 0;
   }

@@ -46,6 +46,18 @@ int fail(const std::string& msg) {
   return kExitError;
 }
 
+static_assert(kExitClosedPipe == 128 + SIGPIPE);
+
+int writeToStdout(const std::string& text) {
+  errno = 0;
+  if ((text.empty() || std::fwrite(text.data(), 1, text.size(), stdout) == text.size()) &&
+      std::fflush(stdout) == 0 && !std::ferror(stdout))
+    return 0;
+  if (errno == EPIPE) return kExitClosedPipe;
+  throw Error(std::string("cannot write to stdout: ") +
+              (errno ? std::strerror(errno) : "write error"));
+}
+
 void warn(const std::string& msg) {
   std::fflush(stdout);
   std::fprintf(stderr, "keel: warning: %s\n", oneLine(msg).c_str());
@@ -197,12 +209,13 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   try {
     const int rc = keel::cli::run(argc, argv);
+    if (rc == keel::cli::kExitClosedPipe) return rc;  // stdout is broken for good: say nothing
     // What was printed must have reached stdout (`keel export csv r.db > /dev/full`).
     errno = 0;
     if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
       // A reader that closed the pipe (`keel ops | head`, `| grep -q`) took what it wanted: exit
       // as a process killed by SIGPIPE would, without a message.
-      if (errno == EPIPE) return 128 + SIGPIPE;
+      if (errno == EPIPE) return keel::cli::kExitClosedPipe;
       return keel::cli::fail(std::string("cannot write to stdout: ") +
                              (errno ? std::strerror(errno) : "write error"));
     }
