@@ -14,6 +14,7 @@
 #include <QCommandLineParser>
 #include <QFileInfo>
 #include <QSet>
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -23,6 +24,7 @@
 #include "keel/capture/recording_run.h"
 #include "keel/device.h"
 #include "keel/error.h"
+#include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
 
 namespace keel::studio {
@@ -297,6 +299,36 @@ QString studioHelpText() {
   return cli.helpText() +
          "\nQt's own options (-platform NAME, -style NAME, -display HOST:N, ...) are passed to "
          "Qt.\n";
+}
+
+QString checkRecordingRequests(const StudioCommandLine& cli) {
+  if (cli.recording.isEmpty() || (cli.step < 0 && !cli.selectOp)) return {};
+  if (!QFileInfo(cli.recording).isFile()) return {};  // a run folder: its rank's file decides
+  const QString name = QFileInfo(cli.recording).fileName();
+  try {
+    const storage::Recording rec = storage::Recording::open(cli.recording.toStdString(), false);
+    if (cli.step > 0) {
+      const auto steps = rec.steps();
+      const bool found = std::any_of(steps.begin(), steps.end(), [&](const storage::StepRecord& s) {
+        return s.step == cli.step;
+      });
+      if (!found)
+        return steps.empty() ? QStringLiteral("--step %1: %2 has only step 0 (initialisation)")
+                                   .arg(cli.step)
+                                   .arg(name)
+                             : QStringLiteral("--step %1: %2 has steps 0 to %3")
+                                   .arg(cli.step)
+                                   .arg(name)
+                                   .arg(steps.back().step);
+    }
+    if (cli.selectOp && !rec.op(*cli.selectOp))
+      return QStringLiteral("--select-op %1: %2 has no op #%1 (it has %3 ops)")
+          .arg(*cli.selectOp)
+          .arg(name)
+          .arg(rec.opCount());
+  } catch (const std::exception&) {  // damaged or unreadable: the window says so
+  }
+  return {};
 }
 
 QString missingDisplayReason(const QStringList& qtArguments,

@@ -101,6 +101,10 @@ int main(int argc, char** argv) {
       break;
   }
 
+  if (const QString why = keel::studio::checkRecordingRequests(cli); !why.isEmpty()) {
+    std::fprintf(stderr, "keel-studio: error: %s\n", qPrintable(why));
+    return 2;
+  }
   if (const QString why = keel::studio::missingDisplayReason(
           cli.qtArguments, [](const char* v) { return qEnvironmentVariable(v); });
       !why.isEmpty()) {
