@@ -385,6 +385,12 @@ void MainWindow::connectSources() {
     busy(1);
     sourceA_->requestLogs();
     int64_t first = live_ ? last : (s->steps.empty() ? 0 : s->steps.front().step);
+    // A replay of a run that went NaN opens at its first NaN/Inf op, selected (what the user
+    // opened it for), unless a step was asked for; the graph centres on the selection.
+    if (!live_ && !stepOnOpen_ && s->firstNonFinite) {
+      pendingSelectA_ = s->firstNonFinite->seq;
+      first = s->firstNonFinite->step;
+    }
     showStep(std::exchange(stepOnOpen_, std::nullopt).value_or(first));
     loadMemory();  // after the step: the worker answers in order, and the graph comes first
   });

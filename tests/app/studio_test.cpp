@@ -152,6 +152,34 @@ class StudioTest : public QObject {
     QVERIFY(!w.inspectorNonFiniteBanner()->isVisible());
   }
 
+  // Opened without a step asked for, a run that went NaN opens at its first NaN/Inf op, selected
+  // and on screen: what the user opened it for.
+  void aNaNRunOpensAtItsFirstNaNSelectedAndInView() {
+    storage::Recording rec = storage::Recording::open((dir_ + "/nan.db").toStdString());
+    const auto bad = rec.firstNonFinite();
+    QVERIFY(bad);
+    MainWindow w;
+    w.resize(1366, 768);
+    w.show();
+    QSignalSpy inspected(&w, &MainWindow::opInspected);
+    QVERIFY(openAndWait(w, dir_ + "/nan.db"));
+    QVERIFY(QTest::qWaitFor([&] { return inspected.count() >= 1; }, 20000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, bad->step);
+    QCOMPARE(w.selection()->current(Side::A), std::optional<uint64_t>(bad->seq));
+    QCOMPARE(inspected.last().at(0).toULongLong(), quint64(bad->seq));
+    views::GraphView* g = w.graphView(Side::A);
+    QVERIFY(g->opItem(bad->seq));
+    QGraphicsView* gv = g->graphicsView();
+    const QRectF onScreen = gv->mapToScene(gv->viewport()->rect()).boundingRect();
+    QVERIFY2(onScreen.contains(g->opItem(bad->seq)->sceneBoundingRect().center()),
+             "the first NaN op is not in the graph's view");
+    // A clean run opens at its first step with nothing selected, as before.
+    QVERIFY(openAndWait(w, dir_ + "/a.db"));
+    QCOMPARE(w.currentStep()->step, int64_t(1));
+    QCOMPARE(w.selection()->current(Side::A), std::nullopt);
+  }
+
   void openingFillsGraphWithTheStepsOps() {
     MainWindow w;
     w.show();

@@ -6,6 +6,8 @@
 #include <QStandardItemModel>
 #include <QtTest>
 #include <cmath>
+#include <limits>
+#include <memory>
 
 #include "keel/storage/reader.h"
 #include "keel/views/loss_plot.h"
@@ -179,6 +181,39 @@ class MetricsTest : public QObject {
                                                           .arg(int64_t(nanSteps[0]))
                                                           .arg(QString::number(a1.loss, 'g', 8)));
     QVERIFY(plot.valuesAtStep(99).isEmpty());
+  }
+
+  // In a short docked plot (as at 1366x768) the NaN labels sit above the curves, clear of every
+  // point, and stay inside the plot on the left; a run with no finite value still gets the whole
+  // width (its empty legend used to shrink the plot to a corner).
+  void nanLabelsStayClearOfTheCurvesInAShortPlot() {
+    SummaryPtr n = summaryOf(pathNaN_);
+    LossPlot plot;
+    plot.setRuns(summaryOf(pathA_), n);
+    QVERIFY(test::showAt(plot, {560, 150}));
+    const QVector<QRectF> labels = plot.markerLabelRects();
+    QVERIFY(!labels.isEmpty());
+    const QRect axes = plot.axisRectGeometry();
+    for (const QRectF& l : labels) {
+      QVERIFY2(l.left() >= axes.left(), "a label runs over the y axis");
+      for (const QPointF& p : plot.pointPixels(0))
+        QVERIFY2(!l.adjusted(-4, -4, 4, 4).contains(p),
+                 qPrintable(QString("label (%1,%2 %3x%4) over the point at (%5,%6)")
+                                .arg(l.x())
+                                .arg(l.y())
+                                .arg(l.width())
+                                .arg(l.height())
+                                .arg(p.x())
+                                .arg(p.y())));
+    }
+    // Every loss NaN: no curve, no legend, the axes across the widget.
+    auto allNaN = std::make_shared<RunSummary>(*n);
+    for (auto& st : allNaN->steps) st.loss = std::numeric_limits<double>::quiet_NaN();
+    plot.setRuns(allNaN);
+    QCOMPARE(plot.graphCount(), 0);
+    QCOMPARE(plot.markedSteps().size(), 3);
+    QVERIFY2(plot.axisRectGeometry().width() > 560 * 3 / 4,
+             qPrintable(QString::number(plot.axisRectGeometry().width())));
   }
 
   void compareModeDrawsTwoDistinguishableCurves() {

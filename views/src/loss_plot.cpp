@@ -26,6 +26,22 @@ struct LossPlot::Impl {
   QVector<double> markedSteps;
   QStringList markerLabels;
   QCPRange dataX{0, 10}, dataY{0, 1};  // what rescale() fits to
+  // The non-finite markers' labels, each with its row from the top: placed in pixels (placeLabels)
+  // so that a short docked plot keeps them clear of the curves.
+  QVector<std::pair<QCPItemText*, int>> labels;
+  int markerRows = 0;
+  QCPRange fittedY;  // the y range rescale() last set (a resize refits while it is unchanged)
+  // The top edge's room for the labels' rows, in pixels, and half a point marker below them.
+  int labelRoom(const QFont& font) const {
+    return markerRows == 0 ? 0 : markerRows * (QFontMetrics(font).height() + 4) + 8;
+  }
+  // Puts each label's top at its row's pixel offset below the axis rect's top.
+  void placeLabels(const QFont& font) {
+    const double h = std::max(1, plot->axisRect()->height());
+    for (auto [text, row] : labels)
+      text->position->setCoords(text->position->coords().x(),
+                                (2.0 + row * (QFontMetrics(font).height() + 4)) / h);
+  }
 };
 
 namespace {
@@ -217,6 +233,7 @@ void LossPlot::rebuild() {
   plot->clearItems();
   impl_->markedSteps.clear();
   impl_->markerLabels.clear();
+  impl_->labels.clear();
   const bool compare = a_ && b_;
   double xLo = std::numeric_limits<double>::infinity(), xHi = -xLo;
   double yLo = xLo, yHi = -xLo;
@@ -279,8 +296,12 @@ void LossPlot::rebuild() {
       auto* text = new QCPItemText(plot);
       text->position->setTypeX(QCPItemPosition::ptPlotCoords);
       text->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
-      text->position->setCoords(double(step), 0.01 + 0.09 * markerRow);
-      text->setPositionAlignment(Qt::AlignTop | Qt::AlignHCenter);
+      text->position->setCoords(double(step), 0);
+      // Beside its line, towards the middle: centred, the first step's label ran over the axis.
+      const double mid = (xLo + xHi) / 2;
+      text->setPositionAlignment(Qt::AlignTop |
+                                 (double(step) <= mid ? Qt::AlignLeft : Qt::AlignRight));
+      impl_->labels.push_back({text, markerRow});
       text->setText(runLength > 1
                         ? tr("%1 at steps %2–%3").arg(label).arg(step).arg(step + runLength - 1)
                         : tr("%1 at step %2").arg(label).arg(step));
@@ -291,12 +312,19 @@ void LossPlot::rebuild() {
     }
     if (!bad.isEmpty()) ++markerRow;
   };
+  // The x range first, so that each label knows which side of the middle its step is on.
+  for (const RunSummary* s : {a_.get(), b_.get()})
+    if (s)
+      for (const auto& st : s->steps)
+        xLo = std::min(xLo, double(st.step)), xHi = std::max(xHi, double(st.step));
   if (a_) addRun(*a_, "A", kColorA, false);
   if (b_) addRun(*b_, "B", kColorB, true);
-  plot->legend->setVisible(plot->graphCount() > 0);
+  showLegendBelow(plot, plot->graphCount() > 0);
 
+  impl_->markerRows = markerRow;
   const QString name = metricName(metric_);
   plot->yAxis->setLabel(name);
+  plot->yAxis->setTickLabels(std::isfinite(yLo));  // no scale to read without a finite value
   QString note;
   if (!a_ && !b_)
     note = tr("no recording open");
@@ -334,8 +362,7 @@ void LossPlot::rebuild() {
   } else {
     double pad = (yHi - yLo) * 0.12;
     if (!(pad > 0)) pad = yLo != 0 ? std::abs(yLo) * 0.1 : 1.0;
-    // Room at the top for the markers' labels.
-    yHi += pad * (impl_->markedSteps.isEmpty() ? 1.0 : 2.5);
+    yHi += pad;  // rescale() adds the markers' labels' room, in pixels
     yLo -= pad;
   }
   impl_->dataX = QCPRange(xLo, xHi);
@@ -351,13 +378,26 @@ void LossPlot::resizeEvent(QResizeEvent* e) {
   ticker.setTickStepStrategy(QCPAxisTicker::tssMeetTickCount);
   impl_->plot->replot();  // lays the axis rect out at the new size
   ticker.setTickCount(std::clamp(impl_->plot->axisRect()->height() / 30, 2, 6));
+  // Still as fitted (not panned or zoomed): fit again, the labels' room depends on the height.
+  if (impl_->plot->xAxis->range() == impl_->dataX && impl_->plot->yAxis->range() == impl_->fittedY)
+    rescale();
+  else
+    impl_->placeLabels(font());
   impl_->plot->replot();
 }
 
 void LossPlot::rescale() {
-  impl_->plot->xAxis->setRange(impl_->dataX);
-  impl_->plot->yAxis->setRange(impl_->dataY);
-  impl_->plot->replot();
+  QCustomPlot* plot = impl_->plot;
+  plot->xAxis->setRange(impl_->dataX);
+  QCPRange y = impl_->dataY;
+  // The labels' rows take the top `room` pixels of the axis rect: the curves go below them.
+  plot->replot();  // the axis rect at its current size
+  const int h = plot->axisRect()->height(), room = impl_->labelRoom(font());
+  if (room > 0 && h > room + 8) y.upper += y.size() * room / double(h - room);
+  plot->yAxis->setRange(y);
+  impl_->fittedY = y;
+  impl_->placeLabels(font());
+  plot->replot();
 }
 
 int LossPlot::graphCount() const {
@@ -397,6 +437,28 @@ QStringList LossPlot::markerLabels() const {
 std::pair<double, double> LossPlot::xRange() const {
   const QCPRange r = impl_->plot->xAxis->range();
   return {r.lower, r.upper};
+}
+
+QRect LossPlot::axisRectGeometry() const {
+  return impl_->plot->axisRect()->rect();
+}
+
+QVector<QRectF> LossPlot::markerLabelRects() const {
+  QVector<QRectF> out;
+  for (const auto& [text, row] : impl_->labels) {
+    const QPointF topLeft = text->topLeft->pixelPosition();
+    const QPointF bottomRight = text->bottomRight->pixelPosition();
+    out << QRectF(topLeft, bottomRight).normalized();
+  }
+  return out;
+}
+
+QVector<QPointF> LossPlot::pointPixels(int graph) const {
+  QVector<QPointF> out;
+  if (graph < 0 || graph >= impl_->plot->graphCount()) return out;
+  QCPGraph* g = impl_->plot->graph(graph);
+  for (const auto& d : *g->data()) out << g->coordsToPixels(d.key, d.value);
+  return out;
 }
 
 std::pair<double, double> LossPlot::yRange() const {

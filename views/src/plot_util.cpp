@@ -12,9 +12,24 @@ void putLegendBelow(QCustomPlot* plot, const QFont& font) {
   legend->setBrush(QColor(255, 255, 255, 220));
   legend->setBorderPen(Qt::NoPen);
   legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
-  plot->axisRect()->insetLayout()->take(legend);
-  plot->plotLayout()->addElement(1, 0, legend);
-  plot->plotLayout()->setRowStretchFactor(1, 0.001);
+  showLegendBelow(plot, true);
+}
+
+void showLegendBelow(QCustomPlot* plot, bool shown) {
+  QCPLegend* legend = plot->legend;
+  QCPLayoutGrid* below = plot->plotLayout();
+  QCPLayoutInset* inset = plot->axisRect()->insetLayout();
+  legend->setVisible(shown);
+  if (shown && legend->layout() != below) {
+    inset->take(legend);
+    inset->simplify();
+    below->addElement(1, 0, legend);
+    below->setRowStretchFactor(1, 0.001);
+  } else if (!shown && legend->layout() != inset) {
+    below->take(legend);
+    below->simplify();  // drops the empty row
+    inset->addElement(legend, Qt::AlignRight | Qt::AlignTop);
+  }
 }
 
 }  // namespace keel::views

@@ -53,6 +53,11 @@ class LossPlot : public QWidget {
   QStringList markerLabels() const;
   std::pair<double, double> xRange() const;
   std::pair<double, double> yRange() const;
+  // Pixel geometry, in the plot widget: the axis rect, the markers' labels (one per run of equal
+  // values), and where each curve point is drawn.
+  QRect axisRectGeometry() const;
+  QVector<QRectF> markerLabelRects() const;
+  QVector<QPointF> pointPixels(int graph) const;
   QComboBox* metricCombo() const { return combo_; }
   // The hover text at `step`: "step 2, loss: A: 5.5500001 · B: NaN"; empty past the runs.
   QString valuesAtStep(int64_t step) const;
