@@ -299,6 +299,11 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
                      "/proc/no/such/dir.db");
   expectOneLineError(keel("diff '" + path("missing.db") + "' '" + path("junk.db") + "'"),
                      "missing.db");
+  // A mistyped option is named even when a required one is missing too (CLI11 said only
+  // "--output is required").
+  expectOneLineError(keel("record --steps 2 --bogus"),
+                     "The following argument was not expected: --bogus");
+  expectOneLineError(keel("record --steps 2"), "--output is required");
 }
 
 // `keel train --save-inputs DIR` (Note [Training inputs]): the initial weights as a resumable
