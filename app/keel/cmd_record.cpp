@@ -167,8 +167,9 @@ int runRecord(const RecordArgs& a) {
   run.start();
   std::optional<capture::RunStopped> stopped;
   try {
-    std::printf("keel record: %s on %s, %lld steps -> %s\n", run.modelName().c_str(),
-                run.device().name().c_str(), static_cast<long long>(a.steps), a.output.c_str());
+    std::printf("keel record: %s on %s, %lld step%s -> %s\n", run.modelName().c_str(),
+                run.device().name().c_str(), static_cast<long long>(a.steps),
+                a.steps == 1 ? "" : "s", a.output.c_str());
     while (!run.done()) {
       WorkloadMetrics s = run.step();
       std::printf("step %lld/%lld  loss %.4f", static_cast<long long>(run.stepsDone()),
@@ -199,9 +200,9 @@ int runRecord(const RecordArgs& a) {
   if (!run.finish()) return fail("recording failed: " + run.recorder().error());
   auto c = run.recorder().counts();
   std::printf(
-      "recorded %lld steps, %lld ops, %lld stacks, %lld log lines, %lld memory events, "
+      "recorded %lld step%s, %lld ops, %lld stacks, %lld log lines, %lld memory events, "
       "%lld dumps",
-      static_cast<long long>(c.steps), static_cast<long long>(c.ops),
+      static_cast<long long>(c.steps), c.steps == 1 ? "" : "s", static_cast<long long>(c.ops),
       static_cast<long long>(c.stacks), static_cast<long long>(c.logs),
       static_cast<long long>(c.mems), static_cast<long long>(c.dumps));
   int64_t dropped = c.droppedOps + c.droppedLogs + c.droppedMems + c.droppedDumps;

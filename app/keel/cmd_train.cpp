@@ -166,10 +166,11 @@ int runTrain(const TrainArgs& a) {
   for (size_t i = stats.size() - tail; i < stats.size(); ++i) lastMean += stats[i].lmLoss;
   lastMean /= double(tail);
   const double tokens = double(remaining * cfg.batch_size * cfg.seq_len);
-  std::printf("done: %lld steps in %.1f s (%.0f tok/s); loss %.4f -> %.4f (mean of last %zu: %.4f)",
-              static_cast<long long>(remaining), totalSeconds,
-              totalSeconds > 0 ? tokens / totalSeconds : 0.0, stats.front().lmLoss,
-              stats.back().lmLoss, tail, lastMean);
+  std::printf(
+      "done: %lld step%s in %.1f s (%.0f tok/s); loss %.4f -> %.4f (mean of last %zu: %.4f)",
+      static_cast<long long>(remaining), remaining == 1 ? "" : "s", totalSeconds,
+      totalSeconds > 0 ? tokens / totalSeconds : 0.0, stats.front().lmLoss, stats.back().lmLoss,
+      tail, lastMean);
   if (a.evalBatches > 0) {
     if (dataset->splitTokens(keel::data::Split::Val) > cfg.seq_len)
       std::printf("; val loss %.4f", trainer.evaluate(a.evalBatches));

@@ -244,6 +244,19 @@ TEST(CkptCliTest, OneLineErrors) {
   ASSERT_EQ(runKeelCli(base + "--steps 2 --ckpt-dir " + dir + "/ck", dir).status, 0);
   expectOneLineError(runKeelCli(base + "--steps 2 --resume " + dir + "/ck", dir),
                      "is at step 2, not before --steps 2: nothing left to train");
+  // Another model's checkpoint names both configs, not an AOA rule keel train cannot take.
+  ASSERT_EQ(runKeelCli("train --config configs/gpt-mini.json --steps 1 --eval-batches 0 "
+                       "--ckpt-dir " +
+                           dir + "/mini",
+                       dir)
+                .status,
+            0);
+  expectOneLineError(runKeelCli(base + "--steps 2 --resume " + dir + "/mini", dir),
+                     dir +
+                         "/mini/step-000001: saved by a run of config 'gpt-mini', and this "
+                         "run's config is 'gpt-tiny': the models differ (the checkpoint's "
+                         "'blocks.2.attn.proj.weight' is not in this model); resume with the "
+                         "config the checkpoint was saved with");
   expectOneLineError(runKeelCli("ckpt inspect " + dir + "/nothing", dir), "no such checkpoint");
   expectOneLineError(
       runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/ck --target-tp 1", dir),

@@ -397,6 +397,32 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
       targets.push_back({it->first, toSt(t.dtype()), t.shape(), t.data()});
     }
   }
+  // A checkpoint of another model (another config's name, parameters this model lacks or lacks
+  // itself) says so in the user's terms: the AOA hint the loader would give ("drop it with
+  // 'key -> _'") means nothing to keel train, which takes no rules.
+  if (!rules && state.contains("config_name") && state["config_name"].is_string() &&
+      state["config_name"].get<std::string>() != tr.config().name) {
+    std::set<std::string> wanted;
+    for (const HostTensor& t : targets) wanted.insert(t.key);
+    // The first parameter that differs (an optimizer state only when no parameter does).
+    auto isState = [](const std::string& n) {
+      return n.find(aoa::kStateSeparator) != std::string::npos;
+    };
+    std::string foreign, lacking;
+    for (const auto& [name, k] : present)
+      if (!wanted.count(name) && !nn::GPT::isExpertParameter(name) &&
+          (foreign.empty() || (isState(foreign) && !isState(name))))
+        foreign = name;
+    for (const std::string& name : wanted)
+      if (!present.count(name) && (lacking.empty() || (isState(lacking) && !isState(name))))
+        lacking = name;
+    KEEL_CHECK(foreign.empty() && lacking.empty(), path, ": saved by a run of config '",
+               state["config_name"].get<std::string>(), "', and this run's config is '",
+               tr.config().name, "': the models differ (",
+               foreign.empty() ? "this model's '" + lacking + "' is not in the checkpoint"
+                               : "the checkpoint's '" + foreign + "' is not in this model",
+               "); resume with the config the checkpoint was saved with");
+  }
   LoadOptions lo;
   // Under expert parallelism the other ranks' experts are in the checkpoint too: leave those
   // keys, and only those, unread (anything else unused is still an error).
