@@ -28,14 +28,14 @@ namespace keel::cli {
 namespace {
 
 void printHeader() {
-  std::printf("%-10s %12s %12s %9s %9s %8s %8s %8s %12s %9s\n", "allocator", "peak alloc",
-              "peak resv", "frag@peak", "frag@end", "defrags", "remaps", "compacts", "copied",
+  std::printf("%-10s %12s %12s %9s %10s %8s %8s %8s %12s %9s\n", "allocator", "peak alloc",
+              "peak resv", "frag@peak", "cached@end", "defrags", "remaps", "compacts", "copied",
               "ns/call");
 }
 
 void printRow(const ReplayResult& r, double harness) {
   const AllocatorStats& s = r.stats;
-  std::printf("%-10s %12s %12s %8.2f%% %8.2f%% %8llu %8llu %8llu %12s %9.1f\n", r.allocator.c_str(),
+  std::printf("%-10s %12s %12s %8.2f%% %9.2f%% %8llu %8llu %8llu %12s %9.1f\n", r.allocator.c_str(),
               formatMiB(s.peakAllocated).c_str(), formatMiB(s.peakReserved).c_str(),
               100.0 * s.peakFragmentation(), 100.0 * s.fragmentation(),
               static_cast<unsigned long long>(s.defrags),
@@ -61,6 +61,10 @@ int runReplay(const std::string& path, const std::string& kind) {
     printRow(replayAllocTrace(t, *a), h);
   }
   std::printf("ns/call: mean allocate/deallocate time, less the replay loop's own %.1f ns\n", h);
+  std::printf(
+      "frag@peak: 1 - peak allocated / peak reserved; cached@end: reserved - allocated at the end, "
+      "of reserved (cached for reuse; keel memory stats' fragmentation is 1 - largest free block "
+      "/ cached free)\n");
   return 0;
 }
 
