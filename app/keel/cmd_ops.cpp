@@ -107,6 +107,16 @@ int runRecordedOps(const OpsArgs& a) {
   storage::Recording rec = storage::Recording::open(recordingOfRank(a.recording, a.rank));
   storage::OpQuery q;
   if (a.step >= 0) q.step = a.step;
+  // A step the recording does not have is an error, as in keel export graph (an empty table
+  // looked like a step without ops); a filter that matches nothing in a real step is not.
+  if (a.step >= 0) {
+    storage::OpQuery any;
+    any.step = a.step;
+    any.limit = 1;
+    any.withTensors = false;
+    if (rec.ops(any).empty())
+      return fail("recording " + a.recording + " has no ops in step " + std::to_string(a.step));
+  }
   if (!a.phase.empty()) {
     q.phase = parsePhase(a.phase);
     if (!q.phase)

@@ -79,6 +79,13 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_EQ(o.out.find("forward "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("op calls"), std::string::npos) << o.out;
   expectOneLineError(keel("ops '" + path("a.db") + "' --phase sideways"), "sideways");
+  // A step the recording does not have is an error (it printed "0 op calls"); a filter that
+  // matches nothing in a real step is an empty table.
+  expectOneLineError(keel("ops '" + path("a.db") + "' --step 99"),
+                     "recording " + path("a.db") + " has no ops in step 99");
+  const CliResult none = keel("ops '" + path("a.db") + "' --step 1 --name no_such_op");
+  EXPECT_EQ(none.status, 0) << none.err;
+  EXPECT_NE(none.out.find("0 op calls"), std::string::npos) << none.out;
 
   // The studio's graph (tests/views/graph_test.cpp compares the two): module clusters, labelled
   // nodes, backward ops filled.
