@@ -6,12 +6,14 @@
 #include <QAbstractGraphicsShapeItem>
 #include <QFile>
 #include <QGraphicsScene>
+#include <QGraphicsTextItem>
 #include <QGraphicsView>
 #include <QSignalSpy>
 #include <QThreadPool>
 #include <QWheelEvent>
 #include <QtTest>
 #include <algorithm>
+#include <memory>
 #include <set>
 
 #include "keel/analysis/graph_dot.h"
@@ -101,6 +103,22 @@ class GraphTest : public QObject {
     QVERIFY(waitLaidOut(view));
     QCOMPARE(view.visibleOpNodeCount(), countPhase(*step, "optimizer"));
     saveScreenshot(view, "graph_full");
+  }
+
+  // A step without ops (a recording of allocator events only, such as an imported PyTorch memory
+  // snapshot) says so in the pane instead of leaving it blank.
+  void aStepWithoutOpsSaysSo() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {800, 500}));
+    auto empty = std::make_shared<keel::views::StepData>();
+    QVERIFY(setStepAndWait(view, empty, false));
+    QString shown;
+    for (QGraphicsItem* item : view.graphicsView()->scene()->items())
+      if (auto* t = dynamic_cast<QGraphicsTextItem*>(item)) shown += t->toPlainText();
+    QVERIFY2(shown.startsWith("No ops recorded in step 0: nothing to draw."), qPrintable(shown));
+    QVERIFY(shown.contains("Memory view"));
+    QCOMPARE(view.visibleOpNodeCount(), 0);
   }
 
   void clickOnNodeSelectsItsOp() {

@@ -3,6 +3,7 @@
 // range, NaN losses are marked rather than dropped, and a comparison draws two distinct curves.
 #include <QComboBox>
 #include <QDir>
+#include <QLabel>
 #include <QStandardItemModel>
 #include <QtTest>
 #include <cmath>
@@ -214,6 +215,17 @@ class MetricsTest : public QObject {
     QCOMPARE(plot.markedSteps().size(), 3);
     QVERIFY2(plot.axisRectGeometry().width() > 560 * 3 / 4,
              qPrintable(QString::number(plot.axisRectGeometry().width())));
+    // No steps at all (an imported memory snapshot): no curve, no legend entry, and the note
+    // says why; the combo shows its whole "— not recorded" text.
+    auto noSteps = std::make_shared<RunSummary>(*n);
+    noSteps->steps.clear();
+    plot.setRuns(noSteps);
+    QCOMPARE(plot.graphCount(), 0);
+    QCOMPARE(plot.findChild<QLabel*>("metricNote")->text(), QString("no training steps recorded"));
+    QComboBox* combo = plot.metricCombo();
+    QVERIFY(combo->currentText().endsWith("not recorded"));
+    QVERIFY2(combo->width() >= combo->fontMetrics().horizontalAdvance(combo->currentText()),
+             qPrintable(QString::number(combo->width())));
   }
 
   void compareModeDrawsTwoDistinguishableCurves() {

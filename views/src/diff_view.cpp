@@ -457,9 +457,7 @@ void DiffView::updateSummary() {
                "--md5 or --stats)</span>")
                 .arg(r->uncomparedTensors);
   if (const storage::LossDiff* l = storage::firstLossDivergence(*r); l && !r->first) {
-    auto loss = [](double x) {
-      return std::isnan(x) ? tr("NaN") : QString::number(x, 'g', 6);
-    };
+    auto loss = [](double x) { return std::isnan(x) ? tr("NaN") : QString::number(x, 'g', 6); };
     text += tr("<br>First divergence: step %1 <b>loss</b> (A %2 vs B %3); %4")
                 .arg(l->step)
                 .arg(loss(l->a), loss(l->b),

@@ -64,6 +64,24 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
     emit layoutFinished();
     return;
   }
+  if (g.nodes.empty()) {  // say so, instead of an empty white pane
+    const bool noOps = !step_ || step_->ops.empty();
+    auto* text = scene_->addText(
+        noOps ? tr("No ops recorded in step %1: nothing to draw.\nA recording of allocator "
+                   "events only (an imported PyTorch memory snapshot) is shown in the Memory "
+                   "view.")
+                    .arg(step_ ? step_->step : 0)
+              : tr("No ops of the chosen phases in step %1: choose other phases above.")
+                    .arg(step_->step));
+    text->setDefaultTextColor(QColor(0x5f, 0x63, 0x68));
+    text->setTextWidth(420);
+    scene_->setSceneRect(text->boundingRect().adjusted(-24, -24, 24, 24));
+    times_ = {result->dotSeconds, l.seconds, 0};
+    minimap_->refresh();
+    updateStatus();
+    emit layoutFinished();
+    return;
+  }
   scene_->setSceneRect(qt(l.bounds).adjusted(-24, -24, 24, 24));
 
   std::unordered_map<std::string_view, const GraphCluster*> clusterOf;

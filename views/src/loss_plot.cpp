@@ -123,6 +123,7 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   combo_ = new QComboBox;
   combo_->setObjectName("metricCombo");
   combo_->setToolTip(tr("Which per-step metric to plot (as `keel train` prints it)"));
+  combo_->setSizeAdjustPolicy(QComboBox::AdjustToContents);  // "loss — not recorded" in full
   for (int i = 0; i < kMetricCount; ++i) combo_->addItem(metricName(Metric(i)), i);
   connect(combo_, &QComboBox::currentIndexChanged, this, [this](int i) {
     if (i >= 0 && Metric(i) != metric_) {
@@ -258,7 +259,7 @@ void LossPlot::rebuild() {
         bad.push_back({st.step, v});
       }
     }
-    if (!x.isEmpty() || bad.isEmpty()) {
+    if (!x.isEmpty()) {  // a run without values has no legend entry for a curve it lacks
       QCPGraph* g = plot->addGraph();
       g->setName(runLabel(side, s));
       QPen pen(color, dashed ? 2.0 : 3.0);
@@ -328,6 +329,8 @@ void LossPlot::rebuild() {
   QString note;
   if (!a_ && !b_)
     note = tr("no recording open");
+  else if ((!a_ || a_->steps.empty()) && (!b_ || b_->steps.empty()))
+    note = tr("no training steps recorded");
   else if (!std::isfinite(yLo))
     note = tr("no finite value recorded");
   if (!impl_->markedSteps.isEmpty())
