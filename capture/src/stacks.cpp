@@ -4,6 +4,8 @@
 #include "stacks.h"
 
 #include <cxxabi.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -79,38 +81,82 @@ bool isCaptureFrame(std::string_view fn) {
 }
 }  // namespace
 
-const storage::StackFrame& Symbolizer::frame(uintptr_t addr) {
+namespace {
+// The demangled name of a function DIE or of an inlined call's DIE (through its abstract origin
+// and specification to the linkage name; the plain name when there is none).
+std::string dieFunction(Dwarf_Die* die) {
+  Dwarf_Attribute attr;
+  for (int at : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name})
+    if (const char* n = dwarf_formstring(dwarf_attr_integrate(die, at, &attr))) return demangle(n);
+  const char* n = dwarf_diename(die);
+  return n ? n : "";
+}
+
+// DW_AT_call_file / DW_AT_call_line of an inlined call: where its caller called it.
+void callSite(Dwarf_Die* inlined, Dwarf_Files* files, std::string& file, int& line) {
+  file.clear();
+  line = 0;
+  Dwarf_Attribute attr;
+  Dwarf_Word v = 0;
+  if (files && dwarf_formudata(dwarf_attr(inlined, DW_AT_call_file, &attr), &v) == 0)
+    if (const char* f = dwarf_filesrc(files, v, nullptr, nullptr)) file = f;
+  if (dwarf_formudata(dwarf_attr(inlined, DW_AT_call_line, &attr), &v) == 0) line = int(v);
+}
+}  // namespace
+
+const std::vector<storage::StackFrame>& Symbolizer::frames(uintptr_t addr) {
   auto it = cache_.find(addr);
   if (it != cache_.end()) return it->second;
+  std::vector<storage::StackFrame> out;
   storage::StackFrame f;
   f.address = addr;
-  if (dw_->dwfl) {
-    // A return address points after the call; look up the call instruction itself.
-    Dwarf_Addr pc = Dwarf_Addr(addr) - 1;
-    if (Dwfl_Module* mod = dwfl_addrmodule(dw_->dwfl, pc)) {
-      f.function = demangle(dwfl_module_addrname(mod, pc));
-      if (Dwfl_Line* line = dwfl_module_getsrc(mod, pc)) {
-        int lineNo = 0;
-        if (const char* file = dwfl_lineinfo(line, nullptr, &lineNo, nullptr, nullptr, nullptr)) {
-          f.file = file;
-          f.line = lineNo;
-        }
-      }
+  // A return address points after the call; look up the call instruction itself.
+  const Dwarf_Addr pc = Dwarf_Addr(addr) - 1;
+  if (Dwfl_Module* mod = dw_->dwfl ? dwfl_addrmodule(dw_->dwfl, pc) : nullptr) {
+    const std::string physical = demangle(dwfl_module_addrname(mod, pc));
+    // The innermost location, from the line table.
+    std::string file;
+    int line = 0;
+    if (Dwfl_Line* l = dwfl_module_getsrc(mod, pc))
+      if (const char* name = dwfl_lineinfo(l, nullptr, &line, nullptr, nullptr, nullptr))
+        file = name;  // as the line table names it, like the call sites below
+    // The inlined calls around pc, innermost first, up to the function they were inlined into.
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = dwfl_module_addrdie(mod, pc, &bias);
+    Dwarf_Die* scopes = nullptr;
+    const int n = cu ? dwarf_getscopes(cu, pc - bias, &scopes) : 0;
+    Dwarf_Files* files = nullptr;
+    size_t fileCount = 0;
+    if (n > 0 && dwarf_getsrcfiles(cu, &files, &fileCount) != 0) files = nullptr;
+    for (int i = 0; i < n; ++i) {
+      const int tag = dwarf_tag(&scopes[i]);
+      if (tag == DW_TAG_subprogram) break;
+      if (tag != DW_TAG_inlined_subroutine) continue;  // lexical blocks
+      f.function = dieFunction(&scopes[i]);
+      f.file = file;
+      f.line = line;
+      out.push_back(f);
+      callSite(&scopes[i], files, file, line);
     }
+    std::free(scopes);
+    f.function = physical;
+    f.file = file;
+    f.line = line;
   }
-  return cache_.emplace(addr, std::move(f)).first->second;
+  out.push_back(std::move(f));
+  return cache_.emplace(addr, std::move(out)).first->second;
 }
 
 storage::StackRecord Symbolizer::symbolize(int64_t id, const RawStack& addrs) {
   storage::StackRecord r;
   r.id = id;
   bool top = true;
-  for (uintptr_t a : addrs) {
-    const storage::StackFrame& f = frame(a);
-    if (top && isCaptureFrame(f.function)) continue;
-    top = false;
-    r.frames.push_back(f);
-  }
+  for (uintptr_t a : addrs)
+    for (const storage::StackFrame& f : frames(a)) {
+      if (top && isCaptureFrame(f.function)) continue;
+      top = false;
+      r.frames.push_back(f);
+    }
   return r;
 }
 

@@ -32,9 +32,13 @@ class StackTable {
   std::unordered_map<RawStack, int64_t, RawStackHash> ids_;
 };
 
-// Writer-thread side: symbolizes frames with libdw, caching per address. Leading frames inside
-// capture and the dispatcher (keel::capture::*, keel::detail::notify*, keel::dispatch*) are
-// dropped so a stack starts at the code that called the op.
+// Writer-thread side: symbolizes frames with libdw, caching per address. An address inside
+// inlined code gives one frame per inlined call, innermost first (the inlined function at the
+// line the line table gives, then each caller at its call site), so a frame's function and line
+// belong together: an inlined Module::operator() no longer reads as "SwiGLU::forwardImpl at
+// nn.h:86". Leading frames inside capture and the dispatcher (keel::capture::*,
+// keel::detail::notify*, keel::dispatch*) are dropped so a stack starts at the code that called
+// the op.
 class Symbolizer : NonCopyable {
  public:
   Symbolizer();
@@ -42,10 +46,11 @@ class Symbolizer : NonCopyable {
   storage::StackRecord symbolize(int64_t id, const RawStack& addrs);
 
  private:
-  const storage::StackFrame& frame(uintptr_t addr);
+  // The frames of one return address, innermost first (several when the call was inlined).
+  const std::vector<storage::StackFrame>& frames(uintptr_t addr);
   struct Dw;
   std::unique_ptr<Dw> dw_;
-  std::unordered_map<uintptr_t, storage::StackFrame> cache_;
+  std::unordered_map<uintptr_t, std::vector<storage::StackFrame>> cache_;
 };
 
 }  // namespace keel::capture

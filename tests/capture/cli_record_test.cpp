@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -291,6 +292,44 @@ TEST_F(KeelCli, GraphOnlyRecordingsAreNotCalledEqualAndTheirLossesAreCompared) {
   EXPECT_NE(inspect.out.find("\nfirst NaN/Inf: unknown (recorded without --stats"),
             std::string::npos)
       << inspect.out;
+}
+
+// Stacks name each frame's own function and line, inlined calls included: an op called from
+// SwiGLU::forwardImpl through the inlined UnaryModule::forward read as "SwiGLU::forwardImpl at
+// nn.h:86" (the inlined callee's line under the caller's name), and main as
+// "std_function.h:591".
+TEST_F(KeelCli, StacksGiveEachInlinedCallItsOwnFrame) {
+  ASSERT_EQ(record("st.db", "--steps 1 --stacks").status, 0);
+  keel::storage::Recording rec = keel::storage::Recording::open(path("st.db"));
+  std::optional<keel::storage::StackRecord> stack;
+  for (const auto& op : rec.stepOps(1))
+    if (op.name == "matmul" && op.scope == "blocks.0.mlp.w2" && op.stackId >= 0) {
+      stack = rec.stack(op.stackId);
+      break;
+    }
+  ASSERT_TRUE(stack);
+  auto endsWith = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::string text;
+  for (const auto& f : stack->frames) text += f.function + "  " + f.file + "\n";
+  bool swiglu = false, mainFrame = false;
+  for (const auto& f : stack->frames) {
+    if (f.function.find("forwardImpl") != std::string::npos ||
+        f.function.find("GPT::forward(") != std::string::npos) {
+      EXPECT_FALSE(endsWith(f.file, "keel/nn.h")) << text;
+    }
+    if (f.function.find("SwiGLU::forwardImpl") != std::string::npos) {
+      swiglu = true;
+      EXPECT_TRUE(endsWith(f.file, "engine/src/nn/layers.cpp")) << text;
+    }
+    if (f.function == "main") {
+      mainFrame = true;
+      EXPECT_TRUE(endsWith(f.file, "app/keel/main.cpp")) << text;
+    }
+  }
+  EXPECT_TRUE(swiglu) << text;
+  EXPECT_TRUE(mainFrame) << text;
 }
 
 TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
