@@ -95,6 +95,14 @@ int runByParameter(const DiffArgs& a) {
 
 // Two run folders of one layout, rank by rank: a verdict line per rank, then the whole report of
 // the first rank that diverges.
+// The step of a report's first divergence: its first diverged op's, else its first diverged
+// loss's (recordings without tensor values), else none.
+std::optional<int64_t> firstDivergentStep(const storage::DiffReport& r) {
+  if (r.first) return r.first->pair.step;
+  if (const storage::LossDiff* l = storage::firstLossDivergence(r)) return l->step;
+  return std::nullopt;
+}
+
 int runDiffFolders(const DiffArgs& a) {
   const storage::RunManifest ma = storage::readManifest(a.a);
   const storage::RunManifest mb = storage::readManifest(a.b);
@@ -114,8 +122,8 @@ int runDiffFolders(const DiffArgs& a) {
     storage::Recording rb = storage::Recording::open(storage::rankPath(a.b, mb, r));
     storage::DiffReport report = storage::diffRecordings(ra, rb, opt);
     status = std::max(status, storage::diffExitCode(report));
-    if (report.first &&
-        (!earliest || report.first->pair.step < diffs[*earliest].report.first->pair.step))
+    if (const std::optional<int64_t> step = firstDivergentStep(report);
+        step && (!earliest || *step < *firstDivergentStep(diffs[*earliest].report)))
       earliest = size_t(r);
     diffs.push_back({std::move(ra), std::move(rb), std::move(report)});
   }
@@ -132,12 +140,17 @@ int runDiffFolders(const DiffArgs& a) {
               static_cast<long long>(ma.dp), static_cast<long long>(ma.tp));
   for (size_t r = 0; r < diffs.size(); ++r) {
     const storage::DiffReport& report = diffs[r].report;
-    std::string verdict =
-        storage::diffExitCode(report) == 0 ? "equal within tolerance" : "diverged";
+    const storage::DiffVerdict v = storage::diffVerdict(report);
+    std::string verdict = v == storage::DiffVerdict::Diverged            ? "diverged"
+                          : v == storage::DiffVerdict::ValuesNotCompared ? "no values compared"
+                                                                         : "equal within tolerance";
     if (report.first)
       verdict += ": first at step " + std::to_string(report.first->pair.step) + ", op #" +
                  std::to_string(report.first->pair.seqA) + " " + report.first->pair.name +
                  (report.first->pair.scope.empty() ? "" : " (" + report.first->pair.scope + ")");
+    else if (const storage::LossDiff* l = storage::firstLossDivergence(report))
+      verdict += ": the losses first at step " + std::to_string(l->step) +
+                 " (no op can be named without tensor values)";
     std::printf("  rank %zu: %s\n", r, verdict.c_str());
   }
   if (earliest) {

@@ -16,6 +16,7 @@
 #include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
 #include "keel/base/text.h"
+#include "keel/storage/diff.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
@@ -91,7 +92,8 @@ int runInspect(const std::string& path) {
     if (s.endNs <= 0)  // begun, never ended: a stopped or failed run
       std::printf("  step %-4lld (incomplete)\n", static_cast<long long>(s.step));
     else if (std::isnan(s.loss))  // storage keeps a NaN loss and an unknown one alike
-      std::printf("  step %-4lld loss NaN  %.1f ms\n", static_cast<long long>(s.step), ms);
+      std::printf("  step %-4lld loss %s  %.1f ms\n", static_cast<long long>(s.step),
+                  storage::lossNaNIsValue(run) ? "NaN" : "not reported", ms);
     else
       std::printf("  step %-4lld loss %.4f  %.1f ms\n", static_cast<long long>(s.step), s.loss, ms);
   }
@@ -140,9 +142,15 @@ int runInspect(const std::string& path) {
 
   auto bad = rec.firstNonFinite();
   if (!bad && !recordedStatistics(run)) {
-    std::printf(
-        "\nfirst NaN/Inf: unknown (recorded without --stats: record with --stats, --all "
-        "or --break-on nan to find it)\n");
+    // --break-on nan found it without recording statistics: the run stopped right after it.
+    if (run.status.find("breakpoint: first NaN/Inf") != std::string::npos)
+      std::printf(
+          "\nfirst NaN/Inf: the last op recorded, where --break-on nan stopped the run "
+          "(see status; recorded without --stats, so no statistics to show)\n");
+    else
+      std::printf(
+          "\nfirst NaN/Inf: unknown (recorded without --stats: record with --stats, "
+          "--all or --break-on nan to find it)\n");
     return 0;
   }
   if (!bad) {

@@ -173,7 +173,7 @@ int runRecord(const RecordArgs& a) {
     while (!run.done()) {
       WorkloadMetrics s = run.step();
       std::printf("step %lld/%lld  loss %.4f", static_cast<long long>(run.stepsDone()),
-                  static_cast<long long>(a.steps), s.loss);
+                  static_cast<long long>(a.steps), unsignedNaN(s.loss));
       if (std::isfinite(s.tokensPerSec)) std::printf("  %.0f tok/s", s.tokensPerSec);
       std::printf("\n");
       if (run.lastTrack()) std::printf("%s\n", formatTrackSummary(*run.lastTrack(), 3).c_str());

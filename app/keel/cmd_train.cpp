@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "keel/allocator.h"
+#include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/data.h"
 #include "keel/dist.h"
@@ -147,12 +148,13 @@ int runTrain(const TrainArgs& a) {
     totalSeconds += s.seconds;  // "loss" is the lm loss; "aux" sums the MoE layers' aux losses
     if (cfg.isMoe())
       std::printf("step %*lld/%lld  loss %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
-                  static_cast<long long>(s.step), static_cast<long long>(a.steps), s.lmLoss,
-                  s.auxLoss, s.lr, s.gradNorm, s.tokensPerSec);
+                  static_cast<long long>(s.step), static_cast<long long>(a.steps),
+                  unsignedNaN(s.lmLoss), unsignedNaN(s.auxLoss), s.lr, unsignedNaN(s.gradNorm),
+                  s.tokensPerSec);
     else
       std::printf("step %*lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
-                  static_cast<long long>(s.step), static_cast<long long>(a.steps), s.loss, s.lr,
-                  s.gradNorm, s.tokensPerSec);
+                  static_cast<long long>(s.step), static_cast<long long>(a.steps),
+                  unsignedNaN(s.loss), s.lr, unsignedNaN(s.gradNorm), s.tokensPerSec);
     if (cfg.eval_every > 0 && s.step % cfg.eval_every == 0) std::printf("  val %.4f", s.valLoss);
     std::printf("\n");
     std::fflush(stdout);
@@ -169,8 +171,8 @@ int runTrain(const TrainArgs& a) {
   std::printf(
       "done: %lld step%s in %.1f s (%.0f tok/s); loss %.4f -> %.4f (mean of last %zu: %.4f)",
       static_cast<long long>(remaining), remaining == 1 ? "" : "s", totalSeconds,
-      totalSeconds > 0 ? tokens / totalSeconds : 0.0, stats.front().lmLoss, stats.back().lmLoss,
-      tail, lastMean);
+      totalSeconds > 0 ? tokens / totalSeconds : 0.0, unsignedNaN(stats.front().lmLoss),
+      unsignedNaN(stats.back().lmLoss), tail, unsignedNaN(lastMean));
   if (a.evalBatches > 0) {
     if (dataset->splitTokens(keel::data::Split::Val) > cfg.seq_len)
       std::printf("; val loss %.4f", trainer.evaluate(a.evalBatches));

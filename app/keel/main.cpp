@@ -191,9 +191,9 @@ int run(int argc, char** argv) {
   } catch (const CLI::RequiredError& e) {
     // CLI11 checks required options before unknown ones: `keel record --steps 2 --bogus` said
     // "--output is required". A mistyped option is the error to name first.
-    for (auto& c : commands)
-      if (!c.app->remaining().empty())
-        return fail(CLI::ExtrasError(c.app->get_name(), c.app->remaining()).what());
+    for (auto& c : commands)  // remaining(true): a nested subcommand's too (keel memory trace)
+      if (!c.app->remaining(true).empty())
+        return fail(CLI::ExtrasError(c.app->get_name(), c.app->remaining(true)).what());
     return fail(e.what());
   } catch (const CLI::ParseError& e) {
     return fail(e.what());

@@ -313,13 +313,18 @@ QString checkRecordingRequests(const StudioCommandLine& cli) {
         return s.step == cli.step;
       });
       if (!found)
-        return steps.empty() ? QStringLiteral("--step %1: %2 has only step 0 (initialisation)")
-                                   .arg(cli.step)
-                                   .arg(name)
-                             : QStringLiteral("--step %1: %2 has steps 0 to %3")
-                                   .arg(cli.step)
-                                   .arg(name)
-                                   .arg(steps.back().step);
+        return steps.empty()
+                   ? QStringLiteral("--step %1: %2 has only step 0 (initialisation)")
+                         .arg(cli.step)
+                         .arg(name)
+                   : QStringLiteral("--step %1: %2 has training steps %3 to %4%5")
+                         .arg(cli.step)
+                         .arg(name)
+                         .arg(steps.front().step)
+                         .arg(steps.back().step)
+                         .arg(steps.back().step - steps.front().step + 1 == int64_t(steps.size())
+                                  ? QString()
+                                  : QStringLiteral(" (%1 of them)").arg(steps.size()));
     }
     if (cli.selectOp && !rec.op(*cli.selectOp))
       return QStringLiteral("--select-op %1: %2 has no op #%1 (it has %3 ops)")

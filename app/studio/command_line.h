@@ -44,9 +44,9 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args);
 // The --help text (needs a QCoreApplication for the program name; no display).
 QString studioHelpText();
 // Checks what the command line asks of its recording against the recording itself: a --step it
-// does not have, a --select-op that is no op of it ("--step 99: a.db has steps 0 to 2"). "" when
-// fine, or when the recording cannot be read (the window reports that as it opens). A run folder
-// is not checked here.
+// does not have, a --select-op that is no op of it ("--step 99: a.db has training steps 1 to 2").
+// "" when fine, or when the recording cannot be read (the window reports that as it opens). A run
+// folder is not checked here.
 QString checkRecordingRequests(const StudioCommandLine& cli);
 // Why the window cannot open, or "": no platform chosen (-platform, QT_QPA_PLATFORM), no -display
 // and neither DISPLAY nor WAYLAND_DISPLAY set — Qt would print its platform-plugin help and abort.

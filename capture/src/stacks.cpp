@@ -121,23 +121,33 @@ const std::vector<storage::StackFrame>& Symbolizer::frames(uintptr_t addr) {
       if (const char* name = dwfl_lineinfo(l, nullptr, &line, nullptr, nullptr, nullptr))
         file = name;  // as the line table names it, like the call sites below
     // The inlined calls around pc, innermost first, up to the function they were inlined into.
+    // dwarf_getscopes gives the innermost scope at pc (then the abstract definition's parents);
+    // dwarf_getscopes_die walks that scope's concrete parents: every inlined call, then the
+    // function (as eu-addr2line -i does).
     Dwarf_Addr bias = 0;
     Dwarf_Die* cu = dwfl_module_addrdie(mod, pc, &bias);
     Dwarf_Die* scopes = nullptr;
+    Dwarf_Die* chain = nullptr;
     const int n = cu ? dwarf_getscopes(cu, pc - bias, &scopes) : 0;
-    Dwarf_Files* files = nullptr;
-    size_t fileCount = 0;
-    if (n > 0 && dwarf_getsrcfiles(cu, &files, &fileCount) != 0) files = nullptr;
-    for (int i = 0; i < n; ++i) {
-      const int tag = dwarf_tag(&scopes[i]);
+    const int m = n > 0 ? dwarf_getscopes_die(&scopes[0], &chain) : 0;
+    for (int i = 0; i < m; ++i) {
+      const int tag = dwarf_tag(&chain[i]);
       if (tag == DW_TAG_subprogram) break;
       if (tag != DW_TAG_inlined_subroutine) continue;  // lexical blocks
-      f.function = dieFunction(&scopes[i]);
+      f.function = dieFunction(&chain[i]);
       f.file = file;
       f.line = line;
       out.push_back(f);
-      callSite(&scopes[i], files, file, line);
+      // Where its caller called it, named through the file table of the call's own unit.
+      Dwarf_Die unit;
+      Dwarf_Files* files = nullptr;
+      size_t fileCount = 0;
+      if (!dwarf_diecu(&chain[i], &unit, nullptr, nullptr) ||
+          dwarf_getsrcfiles(&unit, &files, &fileCount) != 0)
+        files = nullptr;
+      callSite(&chain[i], files, file, line);
     }
+    std::free(chain);
     std::free(scopes);
     f.function = physical;
     f.file = file;

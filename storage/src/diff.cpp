@@ -573,7 +573,8 @@ DiffVerdict diffVerdict(const DiffReport& r) {
   if (r.total.diverged > 0 || firstLossDivergence(r)) return DiffVerdict::Diverged;
   if (r.options.unmatchedIsDivergent && (r.total.onlyInA > 0 || r.total.onlyInB > 0))
     return DiffVerdict::Diverged;
-  if (r.comparedTensors == 0 && r.uncomparedTensors > 0) return DiffVerdict::ValuesNotCompared;
+  if (r.comparedTensors == 0 && (r.uncomparedTensors > 0 || r.losses.empty()))
+    return DiffVerdict::ValuesNotCompared;
   return DiffVerdict::Equal;
 }
 

@@ -213,7 +213,8 @@ TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t
 }
 
 std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
-                                    const std::vector<StepRecord>& b, const DiffOptions& opt) {
+                                    const std::vector<StepRecord>& b, const DiffOptions& opt,
+                                    bool nanIsValueA, bool nanIsValueB) {
   std::map<int64_t, double> lossB;
   for (const StepRecord& s : b)
     if (s.endNs > 0) lossB.emplace(s.step, s.loss);
@@ -222,6 +223,7 @@ std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
     auto it = lossB.find(s.step);
     if (s.endNs <= 0 || it == lossB.end()) continue;
     LossDiff d{s.step, s.loss, it->second, DiffStatus::Equal};
+    if ((std::isnan(d.a) && !nanIsValueA) || (std::isnan(d.b) && !nanIsValueB)) continue;
     if (std::isnan(d.a) != std::isnan(d.b))
       d.status = DiffStatus::Diverged;  // a NaN against a number
     else if (!std::isnan(d.a) && d.a != d.b)

@@ -303,10 +303,8 @@ std::string recordingFramework(const RunInfo& run) {
   return "keel";
 }
 
-bool reportsLosses(const RunInfo& run, const std::vector<StepRecord>& steps) {
-  return recordingFramework(run) == "keel" ||
-         std::any_of(steps.begin(), steps.end(),
-                     [](const StepRecord& s) { return s.endNs > 0 && !std::isnan(s.loss); });
+bool lossNaNIsValue(const RunInfo& run) {
+  return recordingFramework(run) == "keel";
 }
 
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt) {
@@ -316,9 +314,8 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
     return (sideA ? a : b).dumpValues(seq, static_cast<Role>(role), index);
   };
   DiffReport r = diffRuns(a.allOps(), b.allOps(), opt, values);
-  const std::vector<StepRecord> stepsA = a.steps(), stepsB = b.steps();
-  if (reportsLosses(a.run(), stepsA) && reportsLosses(b.run(), stepsB))
-    r.losses = compareLosses(stepsA, stepsB, r.options);
+  r.losses = compareLosses(a.steps(), b.steps(), r.options, lossNaNIsValue(a.run()),
+                           lossNaNIsValue(b.run()));
   r.frameworkA = fa;
   r.frameworkB = fb;
   return r;

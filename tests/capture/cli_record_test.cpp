@@ -296,8 +296,8 @@ TEST_F(KeelCli, GraphOnlyRecordingsAreNotCalledEqualAndTheirLossesAreCompared) {
 
 // Stacks name each frame's own function and line, inlined calls included: an op called from
 // SwiGLU::forwardImpl through the inlined UnaryModule::forward read as "SwiGLU::forwardImpl at
-// nn.h:86" (the inlined callee's line under the caller's name), and main as
-// "std_function.h:591".
+// nn.h:86" (the inlined callee's line under the caller's name), main as "std_function.h:591",
+// and keel's run() (inlined into main) was missing.
 TEST_F(KeelCli, StacksGiveEachInlinedCallItsOwnFrame) {
   ASSERT_EQ(record("st.db", "--steps 1 --stacks").status, 0);
   keel::storage::Recording rec = keel::storage::Recording::open(path("st.db"));
@@ -313,7 +313,7 @@ TEST_F(KeelCli, StacksGiveEachInlinedCallItsOwnFrame) {
   };
   std::string text;
   for (const auto& f : stack->frames) text += f.function + "  " + f.file + "\n";
-  bool swiglu = false, mainFrame = false;
+  bool swiglu = false, mainFrame = false, runFrame = false;
   for (const auto& f : stack->frames) {
     if (f.function.find("forwardImpl") != std::string::npos ||
         f.function.find("GPT::forward(") != std::string::npos) {
@@ -323,6 +323,11 @@ TEST_F(KeelCli, StacksGiveEachInlinedCallItsOwnFrame) {
       swiglu = true;
       EXPECT_TRUE(endsWith(f.file, "engine/src/nn/layers.cpp")) << text;
     }
+    // keel's run(), inlined into main in a release build: a frame of its own between main and
+    // the command it calls (a chain of two inlined calls kept only the innermost).
+    if ((f.function == "run" || f.function.find("::run(int, char**)") != std::string::npos) &&
+        endsWith(f.file, "app/keel/main.cpp"))
+      runFrame = true;
     if (f.function == "main") {
       mainFrame = true;
       EXPECT_TRUE(endsWith(f.file, "app/keel/main.cpp")) << text;
@@ -330,6 +335,7 @@ TEST_F(KeelCli, StacksGiveEachInlinedCallItsOwnFrame) {
   }
   EXPECT_TRUE(swiglu) << text;
   EXPECT_TRUE(mainFrame) << text;
+  EXPECT_TRUE(runFrame) << text;
 }
 
 TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {

@@ -462,13 +462,20 @@ TEST(DiffTest, StepLossesCompareWithTheTolerances) {
   EXPECT_EQ(l[4].status, DiffStatus::Equal);            // NaN on both sides
   EXPECT_DOUBLE_EQ(l[2].a, 5.3);
   EXPECT_DOUBLE_EQ(l[2].b, 5.31);
-  // Keel's trainer always ends a step with its loss, NaN included; a keel_torch run whose steps
-  // know no loss reports none (and is then not compared at all).
+  // A Keel run always ends a step with its loss, NaN included; a keel_torch step may end without
+  // one, so its NaN steps are left out (a side with no number at all compares nothing).
   ks::RunInfo keelRun, torchRun;
   torchRun.captureOptionsJson = R"({"framework": "torch"})";
-  EXPECT_TRUE(ks::reportsLosses(keelRun, steps({nan, nan})));
-  EXPECT_FALSE(ks::reportsLosses(torchRun, steps({nan, nan})));
-  EXPECT_TRUE(ks::reportsLosses(torchRun, steps({nan, 2.0})));
+  EXPECT_TRUE(ks::lossNaNIsValue(keelRun));
+  EXPECT_FALSE(ks::lossNaNIsValue(torchRun));
+  l = ks::compareLosses(steps({5.5, nan, 5.3}), steps({5.5, 5.4, 5.3}), {}, false, true);
+  ASSERT_EQ(l.size(), 2u);  // step 2 left out
+  EXPECT_EQ(l[0].step, 1);
+  EXPECT_EQ(l[1].step, 3);
+  EXPECT_TRUE(ks::compareLosses(steps({nan, nan}), steps({1.0, 2.0}), {}, false, true).empty());
+  // Two runs without ops or losses (imported memory snapshots) compared nothing at all.
+  ks::DiffReport none = ks::diffRuns({}, {});
+  EXPECT_EQ(ks::diffVerdict(none), ks::DiffVerdict::ValuesNotCompared);
 
   // A diverged loss makes the report diverge even when every op pair is equal.
   auto a = chain(4), b = chain(4);

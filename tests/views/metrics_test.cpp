@@ -197,7 +197,7 @@ class MetricsTest : public QObject {
     const QRect axes = plot.axisRectGeometry();
     for (const QRectF& l : labels) {
       QVERIFY2(l.left() >= axes.left(), "a label runs over the y axis");
-      for (const QPointF& p : plot.pointPixels(0))
+      for (const QPointF& p : plot.pointPixels(0) + plot.pointPixels(1))
         QVERIFY2(!l.adjusted(-4, -4, 4, 4).contains(p),
                  qPrintable(QString("label (%1,%2 %3x%4) over the point at (%5,%6)")
                                 .arg(l.x())

@@ -422,7 +422,7 @@ void DiffView::updateSummary() {
     verdict = QStringLiteral("<b style='color:#b00020'>%1</b>").arg(tr("DIVERGED"));
   else if (v == storage::DiffVerdict::ValuesNotCompared)
     verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("NO VALUES COMPARED"));
-  else if (t.withinTolerance > 0 || unmatched > 0)
+  else if (t.withinTolerance > 0 || unmatched > 0 || t.notCompared > 0)  // not all identical
     verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("EQUAL WITHIN TOLERANCE"));
   else
     verdict = QStringLiteral("<b style='color:#1e7b34'>%1</b>").arg(tr("IDENTICAL"));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "keel/base/text.h"
 #include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/log.h"
@@ -163,9 +164,11 @@ StepStats Trainer::step() {
   // One line per step in the run's logs (the studio's log view, `keel record`'s recording).
   char line[192];
   int n = std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
-                        static_cast<long long>(s.step), s.loss, s.lr, s.gradNorm);
+                        static_cast<long long>(s.step), unsignedNaN(s.loss), s.lr,
+                        unsignedNaN(s.gradNorm));
   if (out.auxLoss.defined() && n > 0 && size_t(n) < sizeof line)
-    n += std::snprintf(line + n, sizeof line - size_t(n), ", aux loss %.4f", s.auxLoss);
+    n +=
+        std::snprintf(line + n, sizeof line - size_t(n), ", aux loss %.4f", unsignedNaN(s.auxLoss));
   if (n > 0 && size_t(n) < sizeof line)
     n += std::snprintf(line + n, sizeof line - size_t(n), ", %.0f tokens/s", s.tokensPerSec);
   if (!std::isnan(s.valLoss) && n > 0 && size_t(n) < sizeof line)

@@ -114,7 +114,7 @@ WorkloadMetrics WorkloadRun::step() {
     // A line per step in the run's logs, as the built-in trainer writes (Trainer::step).
     char line[160];
     std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
-                  static_cast<long long>(n), m.loss, m.lr, m.grad_norm);
+                  static_cast<long long>(n), unsignedNaN(m.loss), m.lr, unsignedNaN(m.grad_norm));
     log(LogLevel::Info, "train", line);
     StepEvent end{n, false, m.loss, 0};
     end.lr = m.lr;

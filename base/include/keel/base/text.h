@@ -46,6 +46,12 @@ inline std::string formatBytes(uint64_t bytes) {
   return buf;
 }
 
+// `v` for printf: a NaN without its sign bit, so "%.4f" prints "nan", not "-nan" (a NaN's sign
+// means nothing; a NaN loss came out as "loss -nan").
+inline double unsignedNaN(double v) {
+  return std::isnan(v) ? std::fabs(v) : v;
+}
+
 // A byte count in MiB with one decimal ("3.0 MiB"): table columns that compare sizes side by side.
 inline std::string formatMiB(uint64_t bytes) {
   char buf[32];

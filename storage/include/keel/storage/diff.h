@@ -218,19 +218,22 @@ std::string recordingFramework(const RunInfo& run);
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt);
 
 // Compares the losses of the steps both runs ended (endNs > 0): bitwise equal (two NaNs too),
-// within tolerance, or diverged — a NaN loss against a number is diverged.
+// within tolerance, or diverged — a NaN loss against a number is diverged. Storage keeps a NaN
+// loss and an unknown one alike: on a side whose NaN is not a value (nanIsValueA/B false) a step
+// without a number is left out.
 std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
-                                    const std::vector<StepRecord>& b, const DiffOptions& opt);
-// Whether a run's step losses mean something: Keel's trainer ends every step with its loss (NaN
-// when the loss was NaN — storage keeps NaN and "unknown" alike); a run from another framework
-// (keel_torch) only when some step has a number, since it may not know its loss.
-bool reportsLosses(const RunInfo& run, const std::vector<StepRecord>& steps);
+                                    const std::vector<StepRecord>& b, const DiffOptions& opt,
+                                    bool nanIsValueA = true, bool nanIsValueB = true);
+// Whether a run's NaN step loss is a NaN value: a Keel run's workload reports a loss every step
+// (the workload ABI requires it), so its NaN is a NaN; a keel_torch step may end without a loss.
+bool lossNaNIsValue(const RunInfo& run);
 // The first step whose losses diverged, or nullptr.
 const LossDiff* firstLossDivergence(const DiffReport& r);
 
 // Equal: every aligned output that could be compared was, within tolerance. ValuesNotCompared:
-// no divergence, but aligned ops exist and not one output could be compared (recordings made
-// without MD5s, statistics or dumps): only op sequences and losses were compared.
+// no divergence, but not one output could be compared (recordings made without MD5s, statistics
+// or dumps), and neither could losses when no op had an output: only the op sequences (and the
+// losses) were compared.
 enum class DiffVerdict : uint8_t { Equal, Diverged, ValuesNotCompared };
 DiffVerdict diffVerdict(const DiffReport& r);
 
