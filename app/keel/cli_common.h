@@ -17,8 +17,11 @@ int fail(const std::string& msg);
 // A reader that closed the pipe (`keel ops | head`, `| grep -q`) took what it wanted: keel exits
 // as a process killed by SIGPIPE would, quietly.
 inline constexpr int kExitClosedPipe = 128 + 13;  // SIGPIPE
-// Writes `text` to stdout: 0, or kExitClosedPipe when the reader closed the pipe; throws
-// keel::Error on any other write error (a full disk).
+// Flushes stdout: 0, or kExitClosedPipe when the reader closed the pipe; throws keel::Error
+// "cannot write to stdout: ..." on any other write error (a full disk). Clear errno before the
+// writes it checks.
+int flushStdout();
+// Writes `text` to stdout and flushes it (flushStdout's result).
 int writeToStdout(const std::string& text);
 // Prints "keel: warning: <msg>" (newlines folded) to stderr; the run goes on.
 void warn(const std::string& msg);

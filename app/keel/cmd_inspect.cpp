@@ -8,14 +8,12 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "cli_common.h"
 #include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
-#include "keel/base/text.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
@@ -57,19 +55,6 @@ void printAttention(const storage::Recording& rec) {
     std::printf("  %-20s %-22s block sparsity %.3f  %s\n",
                 op.scope.empty() ? "-" : op.scope.c_str(), m->kind.c_str(),
                 std::max(m->blockSparsity, 0.0), map.c_str());
-  }
-}
-
-// Whether the run recorded tensor statistics (its capture options say; a recording whose options
-// do not is taken to have them, as before).
-bool recordedStatistics(const storage::RunInfo& run) {
-  try {
-    checkJsonDepth(run.captureOptionsJson, "capture options");  // Note [Bounded JSON]
-    const auto j = nlohmann::json::parse(run.captureOptionsJson);
-    return !j.is_object() || !j.contains("stats") || !j["stats"].is_boolean() ||
-           j["stats"].get<bool>();
-  } catch (const std::exception&) {
-    return true;
   }
 }
 
@@ -141,7 +126,7 @@ int runInspect(const std::string& path) {
                   d.kind.c_str());
 
   auto bad = rec.firstNonFinite();
-  if (!bad && !recordedStatistics(run)) {
+  if (!bad && !storage::recordedStatistics(run)) {
     // --break-on nan found it without recording statistics: the run stopped right after it.
     if (run.status.find("breakpoint: first NaN/Inf") != std::string::npos)
       std::printf(

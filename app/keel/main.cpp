@@ -1,6 +1,10 @@
 // keel: the command-line tool. Wiring only: each command lives in its own cmd_*.cpp.
 // Invariant: every failure prints exactly one line "keel: error: ..." to stderr and exits with
 // status 2 (help exits 0).
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -48,14 +52,28 @@ int fail(const std::string& msg) {
 
 static_assert(kExitClosedPipe == 128 + SIGPIPE);
 
-int writeToStdout(const std::string& text) {
-  errno = 0;
-  if ((text.empty() || std::fwrite(text.data(), 1, text.size(), stdout) == text.size()) &&
-      std::fflush(stdout) == 0 && !std::ferror(stdout))
-    return 0;
-  if (errno == EPIPE) return kExitClosedPipe;
+namespace {
+// Whether stdout is a pipe whose reader has closed it (poll reports POLLERR on a write end without
+// readers): the EPIPE of a write made mid-command is long gone from errno at the final flush.
+bool stdoutReaderGone() {
+  struct stat st {};
+  if (::fstat(STDOUT_FILENO, &st) != 0 || !S_ISFIFO(st.st_mode)) return false;
+  pollfd p{STDOUT_FILENO, POLLOUT, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLERR) != 0;
+}
+}  // namespace
+
+int flushStdout() {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return 0;
+  if (errno == EPIPE || stdoutReaderGone()) return kExitClosedPipe;
   throw Error(std::string("cannot write to stdout: ") +
               (errno ? std::strerror(errno) : "write error"));
+}
+
+int writeToStdout(const std::string& text) {
+  errno = 0;
+  if (!text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);  // flushStdout sees errors
+  return flushStdout();
 }
 
 void warn(const std::string& msg) {
@@ -217,15 +235,10 @@ int main(int argc, char** argv) {
   try {
     const int rc = keel::cli::run(argc, argv);
     if (rc == keel::cli::kExitClosedPipe) return rc;  // stdout is broken for good: say nothing
-    // What was printed must have reached stdout (`keel export csv r.db > /dev/full`).
+    // What was printed must have reached stdout (`keel export csv r.db > /dev/full`); a reader
+    // that closed the pipe (`keel ops | head`) ends it quietly (kExitClosedPipe).
     errno = 0;
-    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-      // A reader that closed the pipe (`keel ops | head`, `| grep -q`) took what it wanted: exit
-      // as a process killed by SIGPIPE would, without a message.
-      if (errno == EPIPE) return keel::cli::kExitClosedPipe;
-      return keel::cli::fail(std::string("cannot write to stdout: ") +
-                             (errno ? std::strerror(errno) : "write error"));
-    }
+    if (const int status = keel::cli::flushStdout(); status != 0) return status;
     return rc;
   } catch (const keel::Error& e) {
     return keel::cli::fail(e.what());

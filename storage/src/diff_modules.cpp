@@ -291,16 +291,30 @@ Alignment alignModules(std::span<const OpRecord* const> a, std::span<const OpRec
   return al;
 }
 
-std::string recordingFramework(const RunInfo& run) {
-  if (run.captureOptionsJson.empty()) return "keel";
+namespace {
+// A recording's capture options as JSON; null when there are none or they cannot be read (they
+// then say nothing, and each reader keeps its default).
+nlohmann::json captureOptions(const RunInfo& run) {
+  if (run.captureOptionsJson.empty()) return nullptr;
   try {
     checkJsonDepth(run.captureOptionsJson, "capture options");  // Note [Bounded JSON]
-    const auto j = nlohmann::json::parse(run.captureOptionsJson);
-    if (j.is_object() && j.contains("framework") && j["framework"].is_string())
-      return j["framework"].get<std::string>();
-  } catch (const std::exception&) {  // unreadable options say nothing about the framework
+    nlohmann::json j = nlohmann::json::parse(run.captureOptionsJson);
+    return j.is_object() ? j : nlohmann::json(nullptr);
+  } catch (const std::exception&) {
+    return nullptr;
   }
-  return "keel";
+}
+}  // namespace
+
+std::string recordingFramework(const RunInfo& run) {
+  const nlohmann::json j = captureOptions(run);
+  return j.contains("framework") && j["framework"].is_string() ? j["framework"].get<std::string>()
+                                                               : "keel";
+}
+
+bool recordedStatistics(const RunInfo& run) {
+  const nlohmann::json j = captureOptions(run);
+  return !j.contains("stats") || !j["stats"].is_boolean() || j["stats"].get<bool>();
 }
 
 bool lossNaNIsValue(const RunInfo& run) {

@@ -24,6 +24,9 @@ static_assert(kDiffBasisNames.size() == size_t(DiffBasis::Missing) + 1);
 
 constexpr std::array<std::string_view, 3> kDiffAlignNames = {"auto", "signature", "module"};
 static_assert(kDiffAlignNames.size() == size_t(DiffAlign::Module) + 1);
+constexpr std::array<std::string_view, 3> kDiffVerdictNames = {"equal", "diverged",
+                                                               "values-not-compared"};
+static_assert(kDiffVerdictNames.size() == size_t(DiffVerdict::ValuesNotCompared) + 1);
 
 // The names are literals, so each view's data is terminated.
 const char* toString(DiffStatus s) {
@@ -39,18 +42,6 @@ const char* toString(DiffAlign a) {
 // ---- JSON ------------------------------------------------------------------------------------
 
 namespace {
-
-const char* verdictWord(DiffVerdict v) {
-  switch (v) {
-    case DiffVerdict::Diverged:
-      return "diverged";
-    case DiffVerdict::ValuesNotCompared:
-      return "values-not-compared";
-    case DiffVerdict::Equal:
-      break;
-  }
-  return "equal";
-}
 
 using Json = nlohmann::ordered_json;
 
@@ -150,7 +141,7 @@ Json stepJson(const StepDiff& s) {
 std::string toJson(const DiffReport& r) {
   const DiffOptions& o = r.options;
   Json j;
-  j["verdict"] = verdictWord(diffVerdict(r));
+  j["verdict"] = keel::detail::enumName(kDiffVerdictNames, diffVerdict(r));
   j["exitCode"] = diffExitCode(r);
   j["options"] = Json{{"atol", o.atol},
                       {"rtol", o.rtol},

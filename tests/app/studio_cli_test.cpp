@@ -271,7 +271,8 @@ class StudioCliTest : public QObject {
         {{a, "--select-op", "x"}, "--select-op: expected an op sequence number"},
         // Checked against the recording (a 2-step run): nothing shown that it does not have.
         {{a, "--step", "99"}, "--step 99: a.db has training steps 1 to 2"},
-        {{a, "--step", "3", "--screenshot", dir_ + "/s3.png"}, "--step 3: a.db has training steps 1 to 2"},
+        {{a, "--step", "3", "--screenshot", dir_ + "/s3.png"},
+         "--step 3: a.db has training steps 1 to 2"},
         {{a, "--select-op", "999999"}, "--select-op 999999: a.db has no op #999999 (it has "},
         {{a, "--views-dir", dir_}, "--views-dir needs --screenshot"},
         {{a, "--screenshot", "s.png", "--size", "10x10"}, "--size: expected WxH"},

@@ -114,7 +114,7 @@ class GraphTest : public QObject {
     auto empty = std::make_shared<keel::views::StepData>();
     QVERIFY(setStepAndWait(view, empty, false));
     QString shown;
-    for (QGraphicsItem* item : view.graphicsView()->scene()->items())
+    for (QGraphicsItem* item : view.scene()->items())
       if (auto* t = dynamic_cast<QGraphicsTextItem*>(item)) shown += t->toPlainText();
     QVERIFY2(shown.startsWith("No ops recorded in step 0: nothing to draw."), qPrintable(shown));
     QVERIFY(shown.contains("Memory view"));

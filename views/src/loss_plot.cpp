@@ -31,16 +31,17 @@ struct LossPlot::Impl {
   QVector<std::pair<QCPItemText*, int>> labels;
   int markerRows = 0;
   QCPRange fittedY;  // the y range rescale() last set (a resize refits while it is unchanged)
+  // One row of labels, in pixels (the text and its padding).
+  static int rowHeight(const QFont& font) { return QFontMetrics(font).height() + 4; }
   // The top edge's room for the labels' rows, in pixels, and half a point marker below them.
   int labelRoom(const QFont& font) const {
-    return markerRows == 0 ? 0 : markerRows * (QFontMetrics(font).height() + 4) + 8;
+    return markerRows == 0 ? 0 : markerRows * rowHeight(font) + 8;
   }
   // Puts each label's top at its row's pixel offset below the axis rect's top.
   void placeLabels(const QFont& font) {
     const double h = std::max(1, plot->axisRect()->height());
     for (auto [text, row] : labels)
-      text->position->setCoords(text->position->coords().x(),
-                                (2.0 + row * (QFontMetrics(font).height() + 4)) / h);
+      text->position->setCoords(text->position->coords().x(), (2.0 + row * rowHeight(font)) / h);
   }
 };
 
@@ -382,10 +383,12 @@ void LossPlot::resizeEvent(QResizeEvent* e) {
   impl_->plot->replot();  // lays the axis rect out at the new size
   ticker.setTickCount(std::clamp(impl_->plot->axisRect()->height() / 30, 2, 6));
   // Still as fitted (not panned or zoomed): fit again, the labels' room depends on the height.
-  if (impl_->plot->xAxis->range() == impl_->dataX && impl_->plot->yAxis->range() == impl_->fittedY)
-    rescale();
-  else
-    impl_->placeLabels(font());
+  if (impl_->plot->xAxis->range() == impl_->dataX &&
+      impl_->plot->yAxis->range() == impl_->fittedY) {
+    rescale();  // replots
+    return;
+  }
+  impl_->placeLabels(font());
   impl_->plot->replot();
 }
 

@@ -212,6 +212,9 @@ class Recording;
 // The framework a recording comes from: "torch" for one written by keel_torch (its capture
 // options say so), else "keel".
 std::string recordingFramework(const RunInfo& run);
+// Whether a recording holds tensor statistics (its capture options' "stats"; a recording whose
+// options do not say is taken to have them).
+bool recordedStatistics(const RunInfo& run);
 // Two recordings diffed: options.align Auto becomes Module when their frameworks differ, else
 // Signature; ops with dumped values on both sides are compared element by element. The one
 // entry point of `keel diff` and the studio's comparison.
