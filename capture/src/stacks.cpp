@@ -83,13 +83,41 @@ bool isCaptureFrame(std::string_view fn) {
 
 namespace {
 // The demangled name of a function DIE or of an inlined call's DIE (through its abstract origin
-// and specification to the linkage name; the plain name when there is none).
+// and specification to the linkage name). A function without one (internal linkage: an anonymous
+// namespace, a static function) is named by its plain name qualified by the namespaces and
+// classes around its declaration, as the demangler names the same function when it is not
+// inlined: "keel::cli::(anonymous namespace)::run", not "run".
 std::string dieFunction(Dwarf_Die* die) {
   Dwarf_Attribute attr;
   for (int at : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name})
     if (const char* n = dwarf_formstring(dwarf_attr_integrate(die, at, &attr))) return demangle(n);
   const char* n = dwarf_diename(die);
-  return n ? n : "";
+  if (!n) return "";
+  // The declaration: follow the abstract origin and the specification to the DIE whose parents
+  // are the function's namespaces and classes.
+  Dwarf_Die decl = *die;
+  for (int hops = 0; hops < 8; ++hops) {
+    Dwarf_Die next;
+    Dwarf_Attribute ref;
+    if (!dwarf_formref_die(dwarf_attr(&decl, DW_AT_abstract_origin, &ref), &next) &&
+        !dwarf_formref_die(dwarf_attr(&decl, DW_AT_specification, &ref), &next))
+      break;
+    decl = next;
+  }
+  std::string qualified = n;
+  Dwarf_Die* parents = nullptr;
+  const int count = dwarf_getscopes_die(&decl, &parents);
+  for (int i = 1; i < count; ++i) {  // parents[0] is decl itself; the unit ends the chain
+    const int tag = dwarf_tag(&parents[i]);
+    if (tag != DW_TAG_namespace && tag != DW_TAG_class_type && tag != DW_TAG_structure_type &&
+        tag != DW_TAG_union_type)
+      continue;
+    const char* scope = dwarf_diename(&parents[i]);
+    const char* unnamed = tag == DW_TAG_namespace ? "(anonymous namespace)" : "{unnamed type}";
+    qualified = std::string(scope ? scope : unnamed) + "::" + qualified;
+  }
+  std::free(parents);
+  return qualified;
 }
 
 // DW_AT_call_file / DW_AT_call_line of an inlined call: where its caller called it.

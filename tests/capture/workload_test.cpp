@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "keel/base/text.h"
@@ -144,6 +145,36 @@ TEST_F(WorkloadRecord, ThrowingSecondStepFailsTheRunAndKeepsTheFirstStep) {
   EXPECT_TRUE(backward);
   // Step 2's forward ran before the failure and was recorded too.
   EXPECT_FALSE(rec.stepOps(2).empty());
+}
+
+// A user's helper in an anonymous namespace, inlined (no symbol, no linkage name), is a stack
+// frame named with its namespaces and at its own line: it read as a bare "project". The
+// workload is built with -g, as a user's model often is; with -g1 (Keel's own release build)
+// DWARF keeps no namespaces and the bare name is all there is.
+TEST_F(WorkloadRecord, StacksQualifyAnInlinedHelperInAnAnonymousNamespace) {
+  ASSERT_EQ(keel("record --workload '" + workloadPath("inlined_helper") +
+                 "' --steps 1 --stacks -o '" + path("s.db") + "'")
+                .status,
+            0);
+  auto rec = keel::storage::Recording::open(path("s.db"));
+  std::optional<keel::storage::StackRecord> stack;
+  for (const auto& op : rec.stepOps(1))
+    if (op.name == "matmul" && op.phase == keel::Phase::Forward && op.stackId >= 0)
+      stack = rec.stack(op.stackId);
+  ASSERT_TRUE(stack);
+  std::string text;
+  for (const auto& f : stack->frames) text += f.function + "  " + f.file + "\n";
+  const auto named = [&](const std::string& function) {
+    for (const auto& f : stack->frames)
+      if (f.function.rfind(function, 0) == 0) return &f;
+    return static_cast<const keel::storage::StackFrame*>(nullptr);
+  };
+  const keel::storage::StackFrame* helper = named("user_model::(anonymous namespace)::project");
+  ASSERT_NE(helper, nullptr) << text;
+  EXPECT_NE(helper->file.find("tests/workloads/inlined_helper.cpp"), std::string::npos) << text;
+  EXPECT_EQ(helper->line, 12) << text;
+  EXPECT_NE(named("user_model::(anonymous namespace)::InlinedHelper::step"), nullptr) << text;
+  for (const auto& f : stack->frames) EXPECT_NE(f.function, "project") << text;
 }
 
 TEST_F(WorkloadRecord, RecordNeedsAConfigOrAWorkload) {

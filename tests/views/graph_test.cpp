@@ -8,6 +8,7 @@
 #include <QGraphicsScene>
 #include <QGraphicsTextItem>
 #include <QGraphicsView>
+#include <QScrollBar>
 #include <QSignalSpy>
 #include <QThreadPool>
 #include <QWheelEvent>
@@ -298,6 +299,34 @@ class GraphTest : public QObject {
     seen = gv->mapToScene(gv->viewport()->rect()).boundingRect();
     QVERIFY(seen.top() <= scene.top() + 1);
     QVERIFY(seen.left() <= scene.left() + 1);
+  }
+
+  // A thin minimap (a tall graph's) sits in a strip of its own beside the viewport: over the
+  // canvas's corner it hid the right-hand nodes of a narrow compared graph. Once the whole graph
+  // is in view, the minimap and its strip are gone.
+  void aThinMinimapHasAStripOfItsOwnBesideTheViewport() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {500, 500}));
+    QVERIFY(setStepAndWait(view, stepOf(path_, 1), true));
+    QGraphicsView* gv = view.graphicsView();
+    QWidget* minimap = nullptr;
+    for (QWidget* w : gv->findChildren<QWidget*>(Qt::FindDirectChildrenOnly))
+      if (w->toolTip().startsWith("Overview")) minimap = w;
+    QVERIFY(minimap);
+    QVERIFY(minimap->isVisible());
+    QVERIFY2(minimap->width() <= 60 && minimap->height() > 2 * minimap->width(),
+             qPrintable(QString("minimap %1x%2").arg(minimap->width()).arg(minimap->height())));
+    const QRect port = gv->viewport()->geometry();
+    QVERIFY2(!minimap->geometry().intersects(port),
+             qPrintable(QString("minimap at x %1, viewport to x %2")
+                            .arg(minimap->geometry().left())
+                            .arg(port.right())));
+    QVERIFY(minimap->geometry().right() < gv->width());
+    for (int i = 0; i < 40 && minimap->isVisible(); ++i) view.zoomOut();
+    QVERIFY(!minimap->isVisible());
+    QVERIFY(!gv->verticalScrollBar()->isVisible() && !gv->horizontalScrollBar()->isVisible());
+    QCOMPARE(gv->viewport()->geometry(), gv->contentsRect());  // no strip left
   }
 
   void zoomFitAndCtrlWheel() {

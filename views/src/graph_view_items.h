@@ -190,6 +190,10 @@ class GraphView::ClusterItem : public QGraphicsItem {
 class GraphView::Canvas : public QGraphicsView {
  public:
   Canvas(QGraphicsScene* scene, GraphView* owner);
+  // The blank strip beside the viewport that holds a thin minimap (see Minimap::place).
+  void setStrip(const QMargins& m) {
+    if (viewportMargins() != m) setViewportMargins(m);
+  }
 
  protected:
   void wheelEvent(QWheelEvent* e) override;

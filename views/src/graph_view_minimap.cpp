@@ -1,6 +1,7 @@
 // The graph view's minimap (see graph_view_items.h): the whole scene rendered into a pixmap once
-// per layout or colour change, placed in the canvas's bottom-right corner and shown only while the
-// viewport does not hold the whole scene; a click or drag there recentres the canvas.
+// per layout or colour change, placed in the canvas's bottom-right corner (a thin one in a strip
+// of its own beside the viewport) and shown only while the viewport does not hold the whole
+// scene; a click or drag there recentres the canvas.
 #include <QGraphicsScene>
 #include <QMouseEvent>
 #include <QPainter>
@@ -44,20 +45,33 @@ void GraphView::Minimap::refresh() {
 }
 
 void GraphView::Minimap::place() {
-  QWidget* canvas = parentWidget();
-  move(canvas->width() - width() - 14 -
-           (owner_->canvas_->verticalScrollBar()->isVisible()
-                ? owner_->canvas_->verticalScrollBar()->width()
-                : 0),
-       canvas->height() - height() - 14 -
-           (owner_->canvas_->horizontalScrollBar()->isVisible()
-                ? owner_->canvas_->horizontalScrollBar()->height()
-                : 0));
+  Canvas* canvas = owner_->canvas_;
   // Shown only when the viewport does not hold the whole scene.
-  const QRectF seen = viewRect();
-  const bool needed = !pixmap_.isNull() && !seen.contains(sceneRect_.adjusted(20, 20, -20, -20));
-  setVisible(needed);
-  if (needed) raise();
+  const auto needed = [&] {
+    return !pixmap_.isNull() && !viewRect().contains(sceneRect_.adjusted(20, 20, -20, -20));
+  };
+  // A thin minimap (a tall graph's, or a wide one's) gets a strip of its own beside the viewport
+  // instead of covering the nodes at the canvas's edge: a narrow graph put its right-hand nodes
+  // under it. A squarer one stays over the corner: a strip that wide would cost the canvas more
+  // than the corner hides. The strip never makes the minimap unneeded (the viewport only shrinks).
+  const int kThin = 60, kGap = 6;
+  QMargins strip;
+  if (needed()) {
+    if (width() <= kThin)
+      strip.setRight(width() + 2 * kGap);
+    else if (height() <= kThin)
+      strip.setBottom(height() + 2 * kGap);
+  }
+  canvas->setStrip(strip);
+  const int vbar =
+      canvas->verticalScrollBar()->isVisible() ? canvas->verticalScrollBar()->width() : 0;
+  const int hbar =
+      canvas->horizontalScrollBar()->isVisible() ? canvas->horizontalScrollBar()->height() : 0;
+  const int right = strip.right() > 0 ? kGap : 14, bottom = strip.bottom() > 0 ? kGap : 14;
+  move(canvas->width() - width() - right - vbar, canvas->height() - height() - bottom - hbar);
+  const bool show = needed();
+  setVisible(show);
+  if (show) raise();
   update();
 }
 
