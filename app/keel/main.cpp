@@ -108,6 +108,15 @@ bool parseWhole(const std::string& s, T& out) {
 
 }  // namespace
 
+namespace {
+// A bound as --help shows it: in ASCII, since CLI11 pads the option column by bytes and a
+// three-byte "≥" pushed that option's description two columns right of the others.
+std::string helpRange(std::string range) {
+  if (range.rfind("≥", 0) == 0) range.replace(0, std::string("≥").size(), ">=");
+  return range;
+}
+}  // namespace
+
 CLI::Validator wholeNumber(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
@@ -115,7 +124,7 @@ CLI::Validator wholeNumber(int64_t lo, int64_t hi) {
         if (!parseWhole(s, v) || v < lo || v > hi) return notAWholeNumberIn(lo, hi, s);
         return {};
       },
-      "INT " + wholeNumberRange(lo, hi));
+      "INT " + helpRange(wholeNumberRange(lo, hi)));
 }
 
 CLI::Validator seedNumber() {
@@ -152,7 +161,7 @@ CLI::Validator finiteAtLeast(double lo) {
         if (!v || *v < lo) return "must be a finite number ≥ " + bound + ", got '" + s + "'";
         return {};
       },
-      "REAL ≥ " + bound);
+      "REAL " + helpRange("≥ " + bound));
 }
 
 CLI::Validator nonEmptyName() {

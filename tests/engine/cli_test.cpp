@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "test_util.h"
 
@@ -117,6 +119,46 @@ TEST_F(CliTest, HelpExitsZero) {
   CliResult r = runKeel("--help");
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("train"), std::string::npos);
+}
+
+// Every help page, every subcommand's included, lines its options' descriptions up in one column
+// (CLI11's 30): CLI11 pads by bytes, and a bound written "≥" in an option's type pushed its
+// description two columns right of the others (`keel ops --help`: --step, --limit).
+TEST_F(CliTest, EveryHelpPageAlignsItsDescriptions) {
+  auto displayWidth = [](const std::string& s) {
+    size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  std::vector<std::string> pages{""};
+  int checked = 0;
+  std::set<std::string> visited;
+  while (!pages.empty()) {
+    const std::string page = pages.back();
+    pages.pop_back();
+    visited.insert(page);
+    const CliResult r = runKeel(page + " --help");
+    ASSERT_EQ(r.status, 0) << page << r.err;
+    bool subcommands = false;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line[0] != ' ') subcommands = line == "Subcommands:";
+      // "  NAME<two or more spaces>DESCRIPTION": the description's column.
+      if (line.size() < 4 || line.compare(0, 2, "  ") != 0 || line[2] == ' ') continue;
+      const size_t gap = line.find("  ", 2);
+      if (gap == std::string::npos) {
+        if (subcommands) pages.push_back(page + " " + line.substr(2));
+        continue;
+      }
+      const size_t text = line.find_first_not_of(' ', gap);
+      if (text == std::string::npos) continue;
+      EXPECT_EQ(displayWidth(line.substr(0, text)), 30u) << "keel" << page << " --help: " << line;
+      ++checked;
+      if (subcommands) pages.push_back(page + " " + line.substr(2, gap - 2));
+    }
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_TRUE(visited.count(" memory replay") && visited.count(" ckpt convert")) << visited.size();
 }
 
 TEST_F(CliTest, OpsListsTheRegistry) {
