@@ -65,7 +65,7 @@ class Source {
     if (storage::isRunFolder(path)) {
       m_ = storage::readManifest(path);
       recs_ = detail::openRanks(path, m_);
-      layout_ = detail::layoutText(m_.dp, m_.tp, m_.ep, m_.cp, m_.zero, m_.vocab) + " (" +
+      layout_ = storage::layoutText(m_.dp, m_.tp, m_.ep, m_.cp, m_.zero, m_.vocab) + " (" +
                 std::to_string(m_.worldSize) + " ranks)";
     } else {
       recs_.push_back(Recording::open(path));

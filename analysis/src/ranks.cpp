@@ -558,7 +558,7 @@ std::string replicaText(const ReplicaReport& r) {
   std::snprintf(line, sizeof line,
                 "replica check: %s, %lld steps and initialisation, %lld ops and "
                 "%lld tensors compared by MD5\n",
-                detail::layoutText(r.dp, r.tp, r.ep, 1, r.zero).c_str(),
+                storage::layoutText(r.dp, r.tp, r.ep, 1, r.zero, false).c_str(),
                 static_cast<long long>(r.steps), static_cast<long long>(r.opsCompared),
                 static_cast<long long>(r.tensorsCompared));
   std::string out = line;

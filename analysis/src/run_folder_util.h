@@ -19,12 +19,7 @@ inline std::vector<storage::Recording> openRanks(const std::string& dir,
   std::vector<storage::Recording> recs;
   for (int64_t r = 0; r < m.worldSize; ++r) {
     storage::Recording rec = storage::Recording::open(storage::rankPath(dir, m, r));
-    const storage::RunInfo run = rec.run();
-    if (run.worldSize > 1 && (run.rank != r || run.worldSize != m.worldSize))
-      throw storage::StorageError("run folder " + dir + ": " + m.ranks[size_t(r)].file +
-                                  " was recorded by rank " + std::to_string(run.rank) + " of " +
-                                  std::to_string(run.worldSize) + ", the manifest says rank " +
-                                  std::to_string(r) + " of " + std::to_string(m.worldSize));
+    storage::checkRankRun(dir, m, r, rec.run());
     recs.push_back(std::move(rec));
   }
   return recs;
@@ -46,15 +41,6 @@ inline int64_t finishedSteps(std::vector<storage::Recording>& recs) {
 // An op or parameter of a MoE layer's experts (the engine's GPT::isExpertParameter naming).
 inline bool isExpertScope(const std::string& scope) {
   return scope.find(".moe.experts.") != std::string::npos;
-}
-
-// "dp 2 x tp 2", then ", ep E", ", cp C", ", zero", ", vocab-parallel" where they apply.
-inline std::string layoutText(int64_t dp, int64_t tp, int64_t ep, int64_t cp, bool zero,
-                              bool vocab = false) {
-  return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
-         (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) +
-         (cp > 1 ? ", cp " + std::to_string(cp) : std::string()) + (zero ? ", zero" : "") +
-         (vocab ? ", vocab-parallel" : "");
 }
 
 }  // namespace keel::analysis::detail

@@ -120,6 +120,8 @@ int runDiffFolders(const DiffArgs& a) {
   for (int64_t r = 0; r < ma.worldSize; ++r) {
     storage::Recording ra = storage::Recording::open(storage::rankPath(a.a, ma, r));
     storage::Recording rb = storage::Recording::open(storage::rankPath(a.b, mb, r));
+    storage::checkRankRun(a.a, ma, r, ra.run());
+    storage::checkRankRun(a.b, mb, r, rb.run());
     storage::DiffReport report = storage::diffRecordings(ra, rb, opt);
     status = std::max(status, storage::diffExitCode(report));
     if (const std::optional<int64_t> step = firstDivergentStep(report);

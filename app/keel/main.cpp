@@ -26,6 +26,7 @@
 #include "keel/error.h"
 #include "keel/runtime.h"
 #include "keel/storage/errors.h"
+#include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
 
 namespace keel::cli {
@@ -184,7 +185,9 @@ std::string recordingOfRank(const std::string& path, int64_t rank) {
   if (rank < 0)
     throw Error(path + " is a run folder of " + std::to_string(m.worldSize) +
                 " ranks: choose one with --rank 0.." + std::to_string(m.worldSize - 1));
-  return storage::rankPath(path, m, rank);
+  const std::string file = storage::rankPath(path, m, rank);
+  storage::checkRankRun(path, m, rank, storage::Recording::open(file).run());
+  return file;
 }
 
 namespace {

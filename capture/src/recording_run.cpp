@@ -387,10 +387,8 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
   run_.rank = dist::worldRank();
   run_.worldSize = dist::worldSize();
   if (run_.worldSize > 1)
-    run_.layout = "dp " + std::to_string(layout.dp) + " x tp " + std::to_string(layout.tp) +
-                  (layout.ep > 1 ? ", ep " + std::to_string(layout.ep) : std::string()) +
-                  (layout.cp > 1 ? ", cp " + std::to_string(layout.cp) : std::string()) +
-                  (layout.zero ? ", zero" : "") + (layout.vocab ? ", vocab-parallel" : "");
+    run_.layout =
+        storage::layoutText(layout.dp, layout.tp, layout.ep, layout.cp, layout.zero, layout.vocab);
 }
 
 RecordingRun::~RecordingRun() {
@@ -407,22 +405,10 @@ void RecordingRun::start() {
   // The recorder starts before the model is built so initialisation (step 0) is recorded too.
   // One writer per output (Note [Outputs never destroy inputs]); the lock is taken before the
   // output is looked at, so two runs cannot both decide to replace it.
-  if (!runDir_.empty()) {  // every rank makes the folder; rank 0 writes the manifest
+  if (!runDir_.empty()) {  // every rank makes the folder; rank 0 writes the manifest (below)
     std::error_code ec;
     std::filesystem::create_directories(runDir_, ec);
     KEEL_CHECK(!ec, runDir_, ": cannot create the run folder (", ec.message(), ")");
-    if (dist::worldRank() == 0) {
-      const dist::Layout l = dist::layout();
-      storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
-      m.zero = l.zero;
-      m.vocab = l.vocab;
-      m.ep = l.ep;
-      m.cp = l.cp;
-      m.model = name_;
-      m.seed = spec_.seed;
-      m.steps = spec_.steps;
-      storage::writeManifest(runDir_, m);
-    }
   }
   outputLock_ = std::make_unique<OutputLock>(spec_.output);
   writePath_ = !spec_.replaceInPlace && fileIdentity(spec_.output) ? replacementPath(spec_.output)
@@ -462,6 +448,21 @@ void RecordingRun::start() {
     setupFailed_ = true;  // fail() keeps an existing output as it was
     fail(e.what());
     throw;
+  }
+  // The manifest once this rank holds its output and the run has set up: a run that another
+  // process is writing into, or whose setup failed, leaves the folder's manifest as it was (it
+  // rewrote it first, and the old rank files then read as the new layout).
+  if (!runDir_.empty() && dist::worldRank() == 0) {
+    const dist::Layout l = dist::layout();
+    storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
+    m.zero = l.zero;
+    m.vocab = l.vocab;
+    m.ep = l.ep;
+    m.cp = l.cp;
+    m.model = name_;
+    m.seed = spec_.seed;
+    m.steps = spec_.steps;
+    storage::writeManifest(runDir_, m);
   }
 }
 

@@ -49,6 +49,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -153,9 +154,12 @@ class _Session(TorchDispatchMode):
         self.dumps = dumps
         options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks,
                               "rounded_md5_digits": rounded_md5, "dumps": dumps})
+        # The running script is an input the recording must never replace (record(__file__)).
+        script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
         self.rec = _keel.Recording(
-            path, "cpu", socket.gethostname(), json.dumps(config) if config is not None else "{}",
-            seed, options, torch.__version__)
+            os.fspath(path), "cpu", socket.gethostname(),
+            json.dumps(config) if config is not None else "{}", seed, options, torch.__version__,
+            script)
         self.hashes = bool(md5 or stats or rounded_md5)
         # Hashed off the Python thread (Note [keel_torch hashing off the Python thread]).
         self.rec.hashing(md5, stats, rounded_md5, _host_bytes)
@@ -406,7 +410,9 @@ class _Session(TorchDispatchMode):
 def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
            seed=0, rounded_md5=0, dumps=False):
     """Records the PyTorch ops run inside the block into the Keel recording `path` (see the
-    module's docstring). An existing file is replaced. dumps=True stores every op's output
+    module's docstring). An existing recording is replaced once the new one is complete; a
+    directory, a device, a FIFO or the running script is refused, and a symlink's file is
+    written, the link kept (as `keel record -o`). dumps=True stores every op's output
     values (zstd), dumps="blocks.1" those of the ops in that module, so `keel diff` compares them
     element by element (as `keel record --dumps`)."""
     session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keel/base/output_path.h"
 #include "keel/capture/hash.h"
 #include "keel/capture/hash_pool.h"
 #include "keel/capture/md5_multi.h"
@@ -639,9 +640,15 @@ class WriterThread {
 // One recording being written. Records arrive in order; commit() ends a batch (a step).
 class Recording {
  public:
+  // `script`: the running program's file ("" none), never written over (Note [Outputs never
+  // destroy inputs]: like `keel record -o`, a device, a FIFO, a directory or the script itself
+  // is refused, and a symlink's file is written, not the link).
   Recording(const std::string& path, const std::string& device, const std::string& host,
             const std::string& configJson, uint64_t seed, const std::string& optionsJson,
-            const std::string& frameworkVersion) {
+            const std::string& frameworkVersion, const std::string& script) {
+    checkOutputPath("keel_torch.record: output", path, {{"the running script", script}});
+    const std::string target = followOutputLink(path);
+    lock_ = std::make_unique<OutputLock>(target);
     storage::RunInfo run;
     run.backend = "torch";
     run.device = device;
@@ -651,7 +658,7 @@ class Recording {
     run.engineVersion = "torch " + frameworkVersion + ", keel " + KEEL_VERSION_STRING;
     run.startTimeUnixNs = nowUnixNs();
     run.captureOptionsJson = optionsJson;
-    writer_ = std::make_unique<WriterThread>(storage::Writer::create(path, run));
+    writer_ = std::make_unique<WriterThread>(storage::Writer::create(target, run));
   }
   // Note [keel_torch dispatch in C++]: the dispatch mode's work for each ATen op call happens
   // here, not in Python: a recording's cost is per op (1,276 ops in a gpt-mini step), and the
@@ -1252,6 +1259,7 @@ class Recording {
   int64_t hashed_[2] = {0, 0}, reused_[2] = {0, 0};
   Hashing hashing_;
   std::unique_ptr<HashQueue> queue_;      // its workers never touch the writer
+  std::unique_ptr<OutputLock> lock_;      // held while the file is written; outlives writer_
   std::unique_ptr<WriterThread> writer_;  // Note [keel_torch writer thread]
 };
 
@@ -1289,7 +1297,7 @@ PYBIND11_MODULE(_keel, m) {
         py::arg("device") = 0);
   py::class_<Recording>(m, "Recording")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
-                    uint64_t, const std::string&, const std::string&>())
+                    uint64_t, const std::string&, const std::string&, const std::string&>())
       .def("hashing", &Recording::hashing)
       .def("bind", &Recording::bind)
       .def("unbind", &Recording::unbind)

@@ -80,7 +80,6 @@ constexpr size_t kMaxStringBytes = 64 << 10;
 constexpr int64_t kMaxScopeDepth = 64;
 constexpr int64_t kMaxStep = INT32_MAX;
 constexpr int64_t kMaxTimeNs = int64_t(1) << 62;
-constexpr uint64_t kMaxEventBytes = uint64_t(1) << 44;
 constexpr int64_t kMaxDumpBytes = int64_t(1) << 30;
 // The most a zstd frame expands: an RLE block is 4 bytes for up to 128 KiB.
 constexpr int64_t kZstdMaxRatio = 32768;
@@ -631,7 +630,7 @@ std::vector<MemRecord> Recording::memEvents(const MemQuery& q) const {
     m.device = impl_->str(s.i64(1), table, id);
     m.address = s.u64(2);
     m.bytes = s.u64(3);
-    if (m.bytes > kMaxEventBytes)
+    if (m.bytes > kMaxMemEventBytes)
       impl_->damaged(
           "allocator event claims " + std::to_string(s.i64(3)) + " bytes (out of range 0 .. 2^44)",
           table, id);

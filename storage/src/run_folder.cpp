@@ -8,6 +8,7 @@
 
 #include "keel/base/text.h"
 #include "keel/storage/errors.h"
+#include "keel/storage/records.h"
 
 namespace keel::storage {
 
@@ -95,8 +96,10 @@ RunManifest readManifest(const std::string& dir) {
   auto bad = [&](const std::string& what) {
     return StorageError(where + ": damaged " + kManifestFile + ": " + what);
   };
-  if (m.worldSize < 1 || m.worldSize > (1 << 20) || m.dp < 1 || m.tp < 1 ||
-      m.dp * m.tp != m.worldSize)
+  // dp and tp each at most the world size before they are multiplied (2^62 + 1 times 4 wrapped
+  // round to 4, and a tool then sized tables by dp).
+  if (m.worldSize < 1 || m.worldSize > (1 << 20) || m.dp < 1 || m.tp < 1 || m.dp > m.worldSize ||
+      m.tp > m.worldSize || m.dp * m.tp != m.worldSize)
     throw bad("world size " + std::to_string(m.worldSize) + " is not dp " + std::to_string(m.dp) +
               " x tp " + std::to_string(m.tp));
   if (m.ep < 1 || m.dp % m.ep != 0 || m.cp < 1 || m.dp % m.cp != 0)
@@ -114,6 +117,32 @@ RunManifest readManifest(const std::string& dir) {
                 "' is not a file name in the folder");
   }
   return m;
+}
+
+std::string layoutText(int64_t dp, int64_t tp, int64_t ep, int64_t cp, bool zero, bool vocab) {
+  return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) +
+         (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) +
+         (cp > 1 ? ", cp " + std::to_string(cp) : std::string()) + (zero ? ", zero" : "") +
+         (vocab ? ", vocab-parallel" : "");
+}
+
+std::string layoutText(const RunManifest& m) {
+  return layoutText(m.dp, m.tp, m.ep, m.cp, m.zero, m.vocab);
+}
+
+void checkRankRun(const std::string& dir, const RunManifest& m, int64_t rank, const RunInfo& run) {
+  if (run.worldSize <= 1) return;  // an older single-file recording copied in: nothing to check
+  const std::string file =
+      rank >= 0 && rank < int64_t(m.ranks.size()) ? m.ranks[size_t(rank)].file : rankFileName(rank);
+  if (run.rank != rank || run.worldSize != m.worldSize)
+    throw StorageError("run folder " + dir + ": " + file + " was recorded by rank " +
+                       std::to_string(run.rank) + " of " + std::to_string(run.worldSize) +
+                       ", the manifest says rank " + std::to_string(rank) + " of " +
+                       std::to_string(m.worldSize));
+  if (!run.layout.empty() && run.layout != layoutText(m))
+    throw StorageError("run folder " + dir + ": " + file + " was recorded as " + run.layout +
+                       ", the manifest says " + layoutText(m) +
+                       " (a later run into this folder that failed?); record the run again");
 }
 
 std::string rankPath(const std::string& dir, const RunManifest& m, int64_t rank) {

@@ -179,6 +179,9 @@ struct Reading {
       if (addr < 0 || size < 0)
         damaged(name, "trace entry " + std::to_string(n) + " (" + std::string(a) +
                           ") has no address or size");
+      if (uint64_t(size) > kMaxMemEventBytes)
+        damaged(name, "trace entry " + std::to_string(n) + " (" + std::string(a) + ") claims " +
+                          std::to_string(size) + " bytes, more than 16 TiB");
       TorchMemorySnapshot::Event ev;
       ev.kind = kind;
       ev.address = uint64_t(addr);
@@ -194,6 +197,27 @@ struct Block {
   uint64_t bytes;
   int64_t stackId;
 };
+
+// The live allocated and reserved bytes stay within ±1 PiB through the events (each at most
+// 16 TiB, so neither these sums nor the writer's can wrap): a snapshot claiming more is damaged,
+// not a peak of "4194304 TiB" in a recording the reader then refuses.
+void checkLiveTotals(const TorchMemorySnapshot& s, const std::string& name) {
+  constexpr int64_t kMaxLive = int64_t(1) << 50;
+  int64_t allocated = 0, reserved = 0;
+  auto step = [&](const TorchMemorySnapshot::Event& e) {
+    const int64_t b = int64_t(e.bytes);
+    if (e.kind == MemEventKind::Alloc) allocated += b;
+    if (e.kind == MemEventKind::Free) allocated -= b;
+    if (e.kind == MemEventKind::Reserve) reserved += b;
+    if (e.kind == MemEventKind::Release) reserved -= b;
+    if (allocated > kMaxLive || reserved > kMaxLive)
+      damaged(name, "its live blocks or segments add up to more than 1 PiB");
+    if (allocated < -kMaxLive || reserved < -kMaxLive)
+      damaged(name, "it frees over 1 PiB more than it allocates");
+  };
+  for (const auto& e : s.initial) step(e);
+  for (const auto& e : s.trace) step(e);
+}
 
 }  // namespace
 
@@ -234,6 +258,8 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
     const int64_t base = intOf(seg.get("address")), total = intOf(seg.get("total_size"));
     if (dev < 0 || dev > 65535 || base < 0 || total < 0)
       damaged(name, "a segment without a device, an address or a total_size");
+    if (uint64_t(total) > kMaxMemEventBytes)
+      damaged(name, "a segment of " + std::to_string(total) + " bytes, more than 16 TiB");
     if (devices.size() <= size_t(dev)) devices.resize(size_t(dev) + 1);
     devices[size_t(dev)] = true;
     if (dev != options.device) continue;
@@ -245,6 +271,8 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
       if (!b.isDict()) damaged(name, "a block that is not a dict");
       const int64_t bytes = intOf(b.get("size"));
       if (bytes < 0) damaged(name, "a block without a size");
+      if (uint64_t(bytes) > kMaxMemEventBytes)
+        damaged(name, "a block of " + std::to_string(bytes) + " bytes, more than 16 TiB");
       if (const int64_t a = intOf(b.get("address")); a >= 0) addr = uint64_t(a);
       const Value* state = b.get("state");
       const std::string_view s = state ? state->str() : std::string_view();
@@ -300,6 +328,7 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
   out.trace = std::move(r.trace);
   out.traceEntries = r.entries;
   out.stacks = r.stacks.take();
+  checkLiveTotals(out, name);
   return out;
 }
 

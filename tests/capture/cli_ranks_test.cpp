@@ -205,6 +205,43 @@ TEST_F(KeelRanks, ARecordedRunIsAFolderThatEveryCommandReads) {
                                  "has no tensor statistics; record with --stats or --all");
 }
 
+// A run into an existing folder whose setup fails leaves the folder as it was: it rewrote the
+// manifest first, and the old dp 2 recordings then read as tp 2 (the replica check passed with
+// "nothing to compare"). A manifest that disagrees with the recordings' own layout is refused,
+// and one whose dp x tp wraps 64 bits is damaged, not a crash.
+TEST_F(KeelRanks, AFailedRunLeavesTheFolderAsItWasAndAForeignManifestIsRefused) {
+  ASSERT_EQ(record("run", 2, 1, 1).status, 0);
+  const std::string manifest = path("run/manifest.json");
+  const std::string before = keel::readFile(manifest);
+  const CliResult failed = mpi(2, "record --config " + std::string(kTiny) +
+                                      " --steps 1 --dp 1 --tp 2 --md5 --data /nonexistent/corpus "
+                                      "-o '" +
+                                      path("run") + "'");
+  expectErrorOnRanks(failed, "/nonexistent/corpus");
+  EXPECT_EQ(keel::readFile(manifest), before);
+  const CliResult inspect = keel("inspect '" + path("run") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("2 ranks: dp 2 x tp 1"), std::string::npos) << inspect.out;
+
+  keel::storage::writeManifest(path("run"), keel::storage::makeManifest(1, 2));
+  const std::string foreign =
+      "rank-0.db was recorded as dp 2 x tp 1, the manifest says dp 1 x tp 2";
+  keel::test::expectOneLineError(keel("inspect '" + path("run") + "'"), foreign);
+  keel::test::expectOneLineError(keel("diff '" + path("run") + "' --replicas"), foreign);
+  keel::test::expectOneLineError(keel("ops '" + path("run") + "' --rank 1"),
+                                 "rank-1.db was recorded as dp 2 x tp 1, the manifest says");
+
+  std::ofstream(manifest) << R"({"world_size": 4, "dp": 4611686018427387905, "tp": 4, "ranks": [
+      {"rank": 0, "dp_rank": 0, "tp_rank": 0, "file": "rank-0.db"},
+      {"rank": 1, "dp_rank": 0, "tp_rank": 1, "file": "rank-1.db"},
+      {"rank": 2, "dp_rank": 0, "tp_rank": 2, "file": "rank-0.db"},
+      {"rank": 3, "dp_rank": 0, "tp_rank": 3, "file": "rank-1.db"}]})";
+  const std::string wraps =
+      "damaged manifest.json: world size 4 is not dp 4611686018427387905 x tp 4";
+  keel::test::expectOneLineError(keel("diff '" + path("run") + "' --replicas"), wraps);
+  keel::test::expectOneLineError(keel("inspect '" + path("run") + "'"), wraps);
+}
+
 // A replica whose averaged gradient is changed (KEEL_TEST_PERTURB on rank 1's fourth all_reduce:
 // step 2's gradient bucket; steps hold one bucket and two loss means) drifts from its twin; the
 // replica check names that op, and a rank-by-rank diff against a clean run finds rank 1 there.

@@ -8,6 +8,7 @@ binary."""
 import hashlib
 import os
 import re
+import stat
 import struct
 import subprocess
 import sys
@@ -145,6 +146,33 @@ class KeelTorchTest(unittest.TestCase):
         rc, out, err = keel("inspect", self.path)
         self.assertEqual(rc, 0, err)
         self.assertIn("status failed: the data loader broke", out)
+        self.assertIn("steps      1", out)
+
+    def test_an_output_that_is_not_a_recording_to_replace_is_refused_and_kept(self):
+        # As `keel record -o`: a FIFO (a device: /dev/null, which this destroyed as root), a
+        # directory or the running script is refused before anything is written; a symlink's
+        # file is written and the link kept.
+        fifo = os.path.join(self.dir.name, "fifo")
+        os.mkfifo(fifo)
+        folder = os.path.join(self.dir.name, "folder")
+        os.mkdir(folder)
+        for bad, words in ((fifo, "is a FIFO"), (folder, "is a directory"),
+                           (os.path.abspath(sys.modules["__main__"].__file__),
+                            "is the running script")):
+            with self.assertRaises(RuntimeError) as cm:
+                train(bad, steps=1)
+            self.assertIn("keel_torch.record: output " + bad, str(cm.exception))
+            self.assertIn(words, str(cm.exception))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        self.assertTrue(os.path.isdir(folder))
+        with open(sys.modules["__main__"].__file__, "rb") as f:
+            self.assertTrue(f.read(3) == b'"""')
+        link = os.path.join(self.dir.name, "link.db")
+        os.symlink("torch.db", link)
+        train(link, steps=1)
+        self.assertTrue(os.path.islink(link))
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
         self.assertIn("steps      1", out)
 
     def test_step_outside_a_recording_is_an_error(self):

@@ -265,6 +265,28 @@ TEST(TorchMemoryTest, HostileStructureIsRefusedInOneLine) {
   has(errorOf(withTraceEntry([](P& p) { p.str("action").str("alloc").str("size").int1(8); })),
       "trace entry 0 (alloc) has no address or size");
   has(errorOf(withTraceEntry([](P& p) { p.str("addr").int1(8); })), "trace entry 0 has no action");
+  // Sizes past what the reader accepts in a recording (16 TiB an event): refused here, not
+  // written into a recording that `keel memory` then calls damaged, with peaks that wrapped.
+  auto long8 = [](P& p, uint64_t v) {
+    p.op(0x8a).op(8);
+    for (int k = 0; k < 8; ++k) p.op(int((v >> (8 * k)) & 0xff));
+  };
+  has(errorOf(withTraceEntry([&](P& p) {
+        p.str("action").str("alloc").str("addr").int1(0).str("size");
+        long8(p, (uint64_t(1) << 63) - 1);
+      })),
+      "trace entry 0 (alloc) claims 9223372036854775807 bytes, more than 16 TiB");
+  {  // 65 live blocks of 16 TiB each: over 1 PiB live
+    P p;
+    p.op('}').op('(').str("segments").op(']').str("device_traces").op(']').op(']');
+    for (int k = 0; k < 65; ++k) {
+      p.op('}').op('(').str("action").str("alloc").str("addr").int1(k).str("size");
+      long8(p, uint64_t(1) << 44);
+      p.op('u').op('a');
+    }
+    p.op('a').op('u').stop();
+    has(errorOf(p.b), "its live blocks or segments add up to more than 1 PiB");
+  }
   TorchMemoryReadOptions dev3;
   dev3.device = 3;
   has(errorOf(withTraceEntry([](P& p) {

@@ -12,6 +12,9 @@
 namespace keel::storage {
 
 inline constexpr double kNoValue = std::numeric_limits<double>::quiet_NaN();
+// The most bytes one allocator event may claim (16 TiB, as keel/alloc_trace.h's kMaxTraceBlock):
+// the reader calls a recording with more damaged, and importers refuse files that claim more.
+inline constexpr uint64_t kMaxMemEventBytes = uint64_t(1) << 44;
 
 struct RunInfo {
   std::string backend;     // "cpu", "cpu-ref", "cuda"

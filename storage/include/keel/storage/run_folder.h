@@ -1,13 +1,16 @@
 // Note [Run folders]: a multi-rank run (keel/dist.h) is a folder: manifest.json (world size,
 // layout, each rank's place and file) and one recording per rank, rank-R.db, each written by its
-// own rank. Rank 0 writes the manifest when the run starts (written beside and renamed, so a
-// reader sees a whole one or none); every tool that takes a recording takes a run folder too.
+// own rank. Rank 0 writes the manifest once its run has set up (written beside and renamed, so a
+// reader sees a whole one or none; a run whose setup fails leaves the old one); every tool that
+// takes a recording takes a run folder too, and checks each rank file against the manifest.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace keel::storage {
+
+struct RunInfo;
 
 struct RankEntry {
   int64_t rank = 0;
@@ -43,5 +46,14 @@ bool isRunFolder(const std::string& path);
 RunManifest readManifest(const std::string& dir);
 // dir/<file> of rank r.
 std::string rankPath(const std::string& dir, const RunManifest& m, int64_t rank);
+// "dp 2 x tp 2", then ", ep E", ", cp C", ", zero", ", vocab-parallel" where they apply: a
+// layout as each rank's run row records it (RunInfo::layout) and the tools print it.
+std::string layoutText(int64_t dp, int64_t tp, int64_t ep, int64_t cp, bool zero, bool vocab);
+std::string layoutText(const RunManifest& m);
+// Throws StorageError ("run folder X: rank-1.db was recorded as ..., the manifest says ...")
+// unless rank r's recording (its run row) was recorded by rank r of the manifest's world in the
+// manifest's layout: a manifest rewritten by a later run into the folder that failed must not
+// make the old recordings read as another layout.
+void checkRankRun(const std::string& dir, const RunManifest& m, int64_t rank, const RunInfo& run);
 
 }  // namespace keel::storage
