@@ -39,7 +39,7 @@ void add(ModuleSummary& s, const storage::OpRecord& op, const OpVerdicts* v) {
   s.timeNs += std::max<int64_t>(0, op.endNs - op.beginNs);
   for (const auto& t : op.tensors)
     if (t.role == storage::Role::Output) s.bytes += t.bytes;
-  if (hasNonFiniteOutput(op)) ++s.nonFiniteOps;
+  if (storage::nonFiniteAppearsAt(op)) ++s.nonFiniteOps;
   if (!v) return;
   std::optional<storage::DiffStatus> status;
   if (auto it = v->status.find(op.seq); it != v->status.end())
@@ -51,14 +51,6 @@ void add(ModuleSummary& s, const storage::OpRecord& op, const OpVerdicts* v) {
 }
 
 }  // namespace
-
-bool hasNonFiniteOutput(const storage::OpRecord& op) {
-  for (const auto& t : op.tensors)
-    if (t.role == storage::Role::Output && t.hasStats &&
-        (t.stats.nanCount > 0 || t.stats.infCount > 0))
-      return true;
-  return false;
-}
 
 ModuleSummary summarizeOps(std::span<const storage::OpRecord> ops, std::span<const uint64_t> seqs,
                            const OpVerdicts* verdicts) {
@@ -140,7 +132,7 @@ std::vector<NonFiniteMark> nonFiniteMarks(std::span<const storage::OpRecord> ops
   std::vector<NonFiniteMark> marks(ops.size(), NonFiniteMark::None);
   bool any = false;
   for (size_t i = 0; i < ops.size(); ++i)
-    if (hasNonFiniteOutput(ops[i])) {
+    if (storage::nonFiniteAppearsAt(ops[i])) {
       marks[i] = NonFiniteMark::NonFinite;
       any = true;
     }

@@ -272,16 +272,26 @@ std::string BreakConditions::checkStep(int64_t step, const WorkloadMetrics& m) {
   return out;
 }
 
+// Stops where NaN/Inf values appear, by the recordings' rule (Note [Where non-finite values
+// appear]): any NaN; an infinity unless the op is a masking fill or took one from its inputs.
 std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
+  std::string infinity;  // the report of the first output holding an infinity (and no NaN)
   for (size_t i = 0; i < e.outputs.size(); ++i) {
     if (!e.outputs[i].defined() || !isFloating(e.outputs[i].dtype())) continue;
     const storage::TensorStats st = tensorStats(hostCopy(e.outputs[i]));
-    if (st.nanCount > 0 || st.infCount > 0) {
-      return "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " + e.op->name + ": " +
-             std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) + " Inf)";
+    if (st.nanCount > 0 || (st.infCount > 0 && infinity.empty())) {
+      std::string why = "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " +
+                        e.op->name + ": " + std::to_string(st.nanCount) + " NaN, " +
+                        std::to_string(st.infCount) + " Inf)";
+      if (st.nanCount > 0) return why;
+      infinity = std::move(why);
     }
   }
-  return {};
+  if (infinity.empty() || storage::isMaskingFill(e.op->name)) return {};
+  for (const Tensor& in : e.inputs)
+    if (in.defined() && isFloating(in.dtype()) && tensorStats(hostCopy(in)).infCount > 0)
+      return {};  // carried in
+  return infinity;
 }
 
 std::string BreakConditions::referenceReason(State& st, const OpEvent& e) {

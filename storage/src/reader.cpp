@@ -749,13 +749,17 @@ std::vector<KernelUse> Recording::kernelUses() const {
 }
 
 std::optional<OpRecord> Recording::firstNonFinite() const {
-  sql::Stmt s(impl_->db, "SELECT min(op_seq) FROM nonfinite_ops");
-  if (!s.step() || s.isNull(0)) return std::nullopt;
-  std::optional<OpRecord> o = op(s.u64(0));
-  if (!o)
-    impl_->damaged("op " + std::to_string(s.i64(0)) + " is not in the ops table", "nonfinite_ops",
-                   s.i64(0));
-  return o;
+  // The index holds, in recordings written before Note [Where non-finite values appear], every
+  // op with a NaN/Inf output; the first where they appear is the first that passes.
+  sql::Stmt s(impl_->db, "SELECT op_seq FROM nonfinite_ops ORDER BY op_seq");
+  while (s.step()) {
+    std::optional<OpRecord> o = op(s.u64(0));
+    if (!o)
+      impl_->damaged("op " + std::to_string(s.i64(0)) + " is not in the ops table", "nonfinite_ops",
+                     s.i64(0));
+    if (nonFiniteAppearsAt(*o)) return o;
+  }
+  return std::nullopt;
 }
 
 std::vector<OpRecord> Recording::allOps() const {

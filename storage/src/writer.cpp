@@ -293,16 +293,11 @@ void SqliteWriter::writeOp(const OpRecord& op) {
     if (op.tensors.empty()) return;
     // One packed row for all of the op's tensors (storage/src/packed.h).
     packed_.clear();
-    bool nonfinite = false;
-    for (const TensorRecord& r : op.tensors) {
-      packed_.add(r, intern(r.dtype), intern(r.device));
-      nonfinite |=
-          r.role == Role::Output && r.hasStats && (r.stats.nanCount > 0 || r.stats.infCount > 0);
-    }
+    for (const TensorRecord& r : op.tensors) packed_.add(r, intern(r.dtype), intern(r.device));
     insTensors_.bindFrom(1, op.seq, static_cast<int64_t>(op.tensors.size()));
     insTensors_.bindBlob(3, packed_.bytes().data(), packed_.bytes().size());
     insTensors_.run();
-    if (nonfinite) {
+    if (nonFiniteAppearsAt(op)) {  // Note [Where non-finite values appear]
       insNonfinite_.bind(1, op.seq);
       insNonfinite_.run();
     }

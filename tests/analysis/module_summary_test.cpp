@@ -79,13 +79,51 @@ TEST(NonFiniteMarks, OpsWithANanOutputAndTheOpsTheyFeed) {
   ops[3].tensors[1].hasStats = true;  // softmax (#4) reads it and writes NaNs
   ops[3].tensors[1].stats.nanCount = 32;
   const auto marks = nonFiniteMarks(ops);
-  EXPECT_TRUE(hasNonFiniteOutput(ops[2]));
+  EXPECT_TRUE(storage::nonFiniteAppearsAt(ops[2]));
   EXPECT_EQ(marks[2], NonFiniteMark::NonFinite);
   EXPECT_EQ(marks[3], NonFiniteMark::NonFinite);
   EXPECT_EQ(marks[4], NonFiniteMark::Fed);  // the residual add reads softmax's output (#13)
   EXPECT_EQ(marks[9], NonFiniteMark::Fed);  // softmax_backward reads it too
   EXPECT_EQ(marks[0], NonFiniteMark::None);
   EXPECT_EQ(marks[5], NonFiniteMark::None);  // two hops away: not marked
+}
+
+// Note [Where non-finite values appear]: a NaN always; an infinity unless an input held one
+// (carried along) or the op is a masking fill (a causal mask's masked_fill(-inf)).
+TEST(NonFiniteMarks, InfinitiesCarriedInOrPlacedByAMaskAreNotWhereTheyAppear) {
+  auto tensor = [](storage::Role role, int64_t nan, int64_t inf) {
+    storage::TensorRecord t;
+    t.role = role;
+    t.hasStats = true;
+    t.stats.nanCount = nan;
+    t.stats.infCount = inf;
+    return t;
+  };
+  using storage::Role;
+  storage::OpRecord fill;
+  fill.name = "masked_fill";
+  fill.tensors = {tensor(Role::Input, 0, 0), tensor(Role::Output, 0, 2016)};
+  EXPECT_FALSE(storage::nonFiniteAppearsAt(fill));
+  fill.name = "masked_fill_";  // PyTorch's in-place spelling
+  EXPECT_FALSE(storage::nonFiniteAppearsAt(fill));
+  fill.tensors[1].stats.nanCount = 1;  // a NaN is always a fault
+  EXPECT_TRUE(storage::nonFiniteAppearsAt(fill));
+  storage::OpRecord add;
+  add.name = "add";
+  add.tensors = {tensor(Role::Input, 0, 0), tensor(Role::Input, 0, 2016),
+                 tensor(Role::Output, 0, 2016)};
+  EXPECT_FALSE(storage::nonFiniteAppearsAt(add));  // scores + mask: the mask's -inf carried
+  add.tensors[1].stats.infCount = 0;               // an overflow of its own
+  EXPECT_TRUE(storage::nonFiniteAppearsAt(add));
+  storage::OpRecord log;
+  log.name = "log";
+  log.tensors = {tensor(Role::Input, 0, 0), tensor(Role::Output, 0, 1)};  // log(0) = -inf
+  EXPECT_TRUE(storage::nonFiniteAppearsAt(log));
+  log.tensors[1].hasStats = false;  // without statistics nothing is known
+  EXPECT_FALSE(storage::nonFiniteAppearsAt(log));
+  EXPECT_TRUE(storage::isMaskingFill("fill"));
+  EXPECT_TRUE(storage::isMaskingFill("where"));
+  EXPECT_FALSE(storage::isMaskingFill("softmax"));
 }
 
 }  // namespace

@@ -90,6 +90,19 @@ class TorchCompareTest(unittest.TestCase):
         self.assertIn("not an empty directory", se)
         self.assertTrue(os.path.isfile(os.path.join(self.inputs, "batches.safetensors")))
 
+    def test_a_causal_mask_is_not_the_runs_first_nan_and_a_real_nan_after_it_is(self):
+        # The model's attention fills its causal mask with -inf before the softmax (masked_fill):
+        # those infinities are the mask's, not a fault (Note [Where non-finite values appear]).
+        code, so, se = run(KEEL, "inspect", self.torch_db)
+        self.assertEqual(code, 0, se)
+        self.assertIn("first NaN/Inf: none (in the recorded statistics)", so)
+        nan_db = os.path.join(self.tmp.name, "nan.db")
+        torch_run(self.inputs, nan_db, "--perturb", "blocks.1.mlp.w1:nan")
+        code, so, se = run(KEEL, "inspect", nan_db)
+        self.assertEqual(code, 0, se)
+        self.assertRegex(so, r"first NaN/Inf: op #\d+ add \(forward\) in step 1, "
+                             r"scope 'blocks\.1\.mlp\.w1'")
+
     def test_the_two_frameworks_compute_the_same_losses(self):
         self.assertEqual(len(self.keel_losses), STEPS)
         for k, t in zip(self.keel_losses, self.torch_losses):

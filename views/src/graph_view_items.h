@@ -190,10 +190,9 @@ class GraphView::ClusterItem : public QGraphicsItem {
 class GraphView::Canvas : public QGraphicsView {
  public:
   Canvas(QGraphicsScene* scene, GraphView* owner);
-  // The blank strip beside the viewport that holds a thin minimap (see Minimap::place).
-  void setStrip(const QMargins& m) {
-    if (viewportMargins() != m) setViewportMargins(m);
-  }
+  // The blank strip beside the viewport that holds a thin minimap (see Minimap::place); the
+  // scene point at the viewport's top left stays there. False when it was already so.
+  bool setStrip(const QMargins& m);
 
  protected:
   void wheelEvent(QWheelEvent* e) override;

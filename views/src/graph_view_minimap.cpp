@@ -44,6 +44,20 @@ void GraphView::Minimap::refresh() {
   place();
 }
 
+bool GraphView::Canvas::setStrip(const QMargins& m) {
+  if (viewportMargins() == m) return false;
+  // Resizing the viewport would move what it shows (a view just put at the graph's top left lost
+  // its top): keep the scene point at its top left where it was.
+  QScrollBar *h = horizontalScrollBar(), *v = verticalScrollBar();
+  const bool left = h->value() == h->minimum(), top = v->value() == v->minimum();
+  const QPointF topLeft = mapToScene(QPoint(0, 0));
+  setViewportMargins(m);
+  const QPoint now = mapFromScene(topLeft);
+  h->setValue(left ? h->minimum() : h->value() + now.x());  // an edge stays an edge
+  v->setValue(top ? v->minimum() : v->value() + now.y());
+  return true;
+}
+
 void GraphView::Minimap::place() {
   Canvas* canvas = owner_->canvas_;
   // Shown only when the viewport does not hold the whole scene.

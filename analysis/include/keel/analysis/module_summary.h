@@ -20,7 +20,7 @@ struct ModuleSummary {
   int64_t ops = 0;
   int64_t timeNs = 0;        // summed (end - begin) of its ops
   int64_t bytes = 0;         // summed bytes of its ops' outputs (what the step allocated for them)
-  int64_t nonFiniteOps = 0;  // ops with a NaN or Inf in an output (needs --stats)
+  int64_t nonFiniteOps = 0;  // ops where NaN/Inf values appear (needs --stats)
   std::optional<storage::DiffStatus> worst;  // worst verdict of its ops (with verdicts given)
   bool firstDivergence = false;              // holds the run's first divergence
 };
@@ -31,9 +31,6 @@ struct OpVerdicts {
   std::optional<uint64_t> first;
   bool missingAreEqual = false;  // the diff kept mismatches only: an op not listed was equal
 };
-
-// True when an output of `op` holds a NaN or an Inf (by its recorded stats).
-bool hasNonFiniteOutput(const storage::OpRecord& op);
 
 // The summary of the ops `seqs` among `ops` (one step, by seq); seqs not in `ops` are skipped.
 ModuleSummary summarizeOps(std::span<const storage::OpRecord> ops, std::span<const uint64_t> seqs,
@@ -60,8 +57,9 @@ int verdictRank(storage::DiffStatus s);
 
 // What marks an op in the graph's non-finite colouring: See Note [Non-finite colouring].
 enum class NonFiniteMark { None, Fed, NonFinite };
-// For each of `ops`: NonFinite when an output has a NaN/Inf, Fed when it reads an output of such
-// an op (by the one producer definition, buildDataflow) but its own outputs are finite.
+// For each of `ops`: NonFinite where NaN/Inf values appear (storage::nonFiniteAppearsAt: Note
+// [Where non-finite values appear]), Fed when it reads an output of such an op (by the one
+// producer definition, buildDataflow) and is not one itself.
 std::vector<NonFiniteMark> nonFiniteMarks(std::span<const storage::OpRecord> ops);
 
 }  // namespace keel::analysis

@@ -95,7 +95,8 @@ class Recording {
   std::vector<DroppedCount> dropped() const;
   // The kernels that ran the recorded ops (schema v7), most calls first; empty for older files.
   std::vector<KernelUse> kernelUses() const;
-  // The earliest op (by seq) with an output whose nanCount or infCount > 0, with its tensors.
+  // The earliest op (by seq) where NaN/Inf values appear (nonFiniteAppearsAt: Note [Where
+  // non-finite values appear]), with its tensors.
   std::optional<OpRecord> firstNonFinite() const;
   // Every op of every step (step 0, initialisation, first), with tensors, by step then seq: what
   // a whole-run diff reads.

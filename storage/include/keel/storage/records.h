@@ -95,6 +95,17 @@ struct OpRecord {
   std::vector<TensorRecord> tensors;
 };
 
+// Note [Where non-finite values appear]
+// "First NaN/Inf" (keel inspect, the studio's banner and colouring, --break-on nan's report, the
+// nonfinite_ops index) names the op where non-finite values appear, not every op that holds
+// them (needs statistics). An op is such a place when an output holds a NaN, or holds an
+// infinity that neither came in with its inputs (an input held one: `scores + mask` carries the
+// mask's -inf along) nor is a masking fill's value (masked_fill, fill, full, where, ...: ops that
+// only place values they are given, as -inf before a softmax; a PyTorch causal mask read as the
+// run's first NaN/Inf, hiding a real one behind it). A NaN is always such a place.
+bool isMaskingFill(const std::string& opName);
+bool nonFiniteAppearsAt(const OpRecord& op);
+
 struct StackFrame {
   uint64_t address = 0;
   std::string function;  // demangled, "" if unknown
