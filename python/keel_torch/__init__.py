@@ -6,6 +6,7 @@
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()          # ends the step: its loss is the tensor .backward() was called on
+                                # (zero_grad and loss.item() stay in it; the next batch does not)
             opt.zero_grad()
 
 Every ATen op call (a TorchDispatchMode) is recorded with its phase (forward; backward while
@@ -295,7 +296,8 @@ class _Session(TorchDispatchMode):
                     return original_step(*args, **kwargs)
                 finally:
                     rec.phase = previous
-                    # The step ends here; its record waits for the next step's first op.
+                    # The step ends here; its record waits for the next step's first op
+                    # (Note [keel_torch step boundary] in _keel.cpp).
                     rec.pending_end = time.monotonic_ns()
 
             def zero_grad(*args, **kwargs):

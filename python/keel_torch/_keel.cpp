@@ -712,12 +712,17 @@ class Recording {
         r.busy_ = false;
       }
     } idle{*this};
-    // After the optimizer's step the next step begins with the next module forward (or
-    // backward): zero_grad, reading the loss, preparing the next batch stay in this one.
-    if (pendingEnd_ && (!scopes_.empty() || phase_ == Phase::Backward))
-      session_.attr("_end_pending")();
-    if (PyList_GET_SIZE(pendingOutputs_.ptr()) > 0) hookPending();
+    // Note [keel_torch step boundary]: the optimizer's step ends the step; the next one begins
+    // with the next op, so preparing the next batch is the next step's (forward, as Keel's
+    // trainer makes its batch), except the optimizer's zero_grad and reading a number (the
+    // loss, for a log line: _local_scalar_dense), which stay in the step they finish.
     const Overload& o = overload(func);
+    if (pendingEnd_ && o.name != "_local_scalar_dense" &&
+        !session_.attr("in_zero_grad").cast<bool>()) {
+      session_.attr("_end_pending")();
+      afterBackward_ = false;  // what follows is not the optimizer's work
+    }
+    if (PyList_GET_SIZE(pendingOutputs_.ptr()) > 0) hookPending();
     if (o.skip) return call(o.run, args, kw);
 
     std::vector<py::object>& inputs = inputs_;

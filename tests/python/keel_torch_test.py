@@ -509,6 +509,14 @@ class GuideTest(unittest.TestCase):
             self.assertRegex(out, r"\nsteps\s+%s\n" % claim.group(1))
             self.assertRegex(out, r"\nops\s+%s\s" % claim.group(2))
             self.assertIn('"md5": true', out)
+            # Note [keel_torch step boundary]: each step's batch (the randn made before the
+            # model is called) is that step's forward op; it read as the previous step's
+            # optimizer work.
+            rc, out, err = keel("ops", os.path.join(d, "run.db"), "--name", "randn")
+            self.assertEqual(rc, 0, err)
+            rows = [l.split() for l in out.splitlines() if " randn" in l]
+            self.assertEqual([(r[1], r[2]) for r in rows],
+                             [("1", "forward"), ("2", "forward"), ("3", "forward")], out)
 
 
 class SnapshotImportTest(unittest.TestCase):
