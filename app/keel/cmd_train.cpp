@@ -3,10 +3,12 @@
 // --ckpt-dir, --ckpt-tp) and resumes from one (--resume) with the same loss curve. Under mpirun
 // (or keel launch) with --dp/--tp it is one rank of a multi-rank run; rank 0 prints. --save-inputs
 // writes the initial weights and the batches for replaying the run elsewhere (docs/torch.md).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "keel/allocator.h"
@@ -37,6 +39,26 @@ struct TrainArgs {
   std::string saveInputs;  // --save-inputs: Note [Training inputs]
   ParallelArgs parallel;   // --dp, --tp: the run's own layout (keel/dist.h)
 };
+
+// A --ckpt-dir that already holds checkpoints (step-* folders) is another run's unless this run
+// continues from one of them: saving there replaced some of them silently, and a later
+// --resume DIR then took the other run's latest step. Refused before the first step.
+void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFrom) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::vector<std::string> steps;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && e.is_directory(ec)) steps.push_back(name);
+  }
+  if (steps.empty()) return;
+  if (!resumedFrom.empty() && fs::equivalent(fs::path(resumedFrom).parent_path(), dir, ec)) return;
+  std::sort(steps.begin(), steps.end());
+  throw Error("--ckpt-dir " + dir + " already holds another run's checkpoints (" + steps.front() +
+              (steps.size() > 1 ? " .. " + steps.back() : std::string()) +
+              "); choose an empty folder, or continue that run with --resume " + dir);
+}
 
 int runTrain(const TrainArgs& a) {
   prepareEngineRun();
@@ -75,6 +97,7 @@ int runTrain(const TrainArgs& a) {
     KEEL_CHECK(trainer.stepsDone() < a.steps, resumedFrom, " is at step ", trainer.stepsDone(),
                ", not before --steps ", a.steps, ": nothing left to train");
   }
+  if (!a.ckptDir.empty()) checkCkptDirIsThisRuns(a.ckptDir, resumedFrom);
 
   if (!a.saveInputs.empty()) {
     keel::ckpt::saveTrainingInputs(trainer, a.saveInputs, a.steps - trainer.stepsDone());

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ckpt_test_util.h"
+#include "keel/base/text.h"
 #include "keel/data.h"
 #include "keel/error.h"
 #include "keel/train.h"
@@ -232,6 +233,29 @@ TEST(CkptCliTest, TrainSaveEveryAndResume) {
   auto c = stepLines(again.out);
   ASSERT_EQ(c.size(), 4u);
   EXPECT_EQ(c[3], a[5]);
+}
+
+// A --ckpt-dir holding another run's checkpoints is refused before the first step, its files
+// kept: a second run silently replaced step-000002, and --resume DIR then continued the other
+// run. Continuing the run from its own folder writes there as before.
+TEST(CkptCliTest, AnotherRunsCheckpointFolderIsRefusedAndKept) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
+  ASSERT_EQ(runKeelCli(base + "--steps 2 --save-every 2 --ckpt-dir " + dir + "/ck", dir).status, 0);
+  const std::string shard = dir + "/ck/step-000002/model-00000-of-00001.safetensors";
+  const std::string before = keel::readFile(shard);
+  expectOneLineError(
+      runKeelCli(base + "--steps 2 --seed 5 --save-every 2 --ckpt-dir " + dir + "/ck", dir),
+      "--ckpt-dir " + dir +
+          "/ck already holds another run's checkpoints (step-000002); choose "
+          "an empty folder, or continue that run with --resume " +
+          dir + "/ck");
+  EXPECT_EQ(keel::readFile(shard), before);
+  const auto resumed = runKeelCli(
+      base + "--steps 4 --save-every 2 --ckpt-dir " + dir + "/ck --resume " + dir + "/ck", dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_TRUE(std::filesystem::is_directory(dir + "/ck/step-000004"));
+  EXPECT_EQ(keel::readFile(shard), before);
 }
 
 TEST(CkptCliTest, OneLineErrors) {
