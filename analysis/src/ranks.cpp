@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/reader.h"
@@ -163,6 +164,42 @@ std::optional<HangPoint> hangPoint(const std::string& status) {
   return std::nullopt;
 }
 
+// Ranks whose recordings ended without a status (RankSummary::ended): which, and which of them
+// stopped first — the one that recorded the fewest collectives (a rank's recording keeps the
+// steps it committed; mpirun ends the other ranks once one dies, so they stop a little later).
+std::vector<std::string> diagnoseEnded(const std::vector<RankSummary>& ranks) {
+  std::vector<const RankSummary*> ended;
+  for (const RankSummary& r : ranks)
+    if (r.ended) ended.push_back(&r);
+  if (ended.empty()) return {};
+  std::string names;
+  for (const RankSummary* r : ended) names += (names.empty() ? "" : ", ") + std::to_string(r->rank);
+  std::vector<std::string> out{std::string(ended.size() == 1 ? "rank " : "ranks ") + names +
+                               ": the recording" + (ended.size() == 1 ? " ends" : "s end") +
+                               " without a status, so no process closed " +
+                               (ended.size() == 1 ? "it" : "them") +
+                               " (killed, crashed, or ended by mpirun after another rank died)"};
+  const auto first = std::min_element(
+      ended.begin(), ended.end(), [](auto* a, auto* b) { return a->collectives < b->collectives; });
+  std::string others;
+  for (const RankSummary* r : ended)
+    if (r != *first)
+      others += (others.empty() ? "" : ", ") + std::to_string(r->collectives) + " on rank " +
+                std::to_string(r->rank);
+  if (ended.size() > 1 && std::count_if(ended.begin(), ended.end(), [&](auto* r) {
+                            return r->collectives == (*first)->collectives;
+                          }) > 1)
+    out.push_back("no rank stopped first by its recording: the fewest collectives (" +
+                  std::to_string((*first)->collectives) + ") are on more than one rank");
+  else
+    out.push_back("rank " + std::to_string((*first)->rank) +
+                  " stopped first: its recording holds " + std::to_string((*first)->collectives) +
+                  " collectives and " + std::to_string((*first)->steps) + " steps" +
+                  (others.empty() ? std::string() : ", against " + others) +
+                  " — look there first (an OOM kill shows in the kernel log: dmesg)");
+  return out;
+}
+
 std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<RankSummary>& ranks,
                                       const std::vector<RankCollectives>& colls) {
   std::vector<std::string> out;
@@ -229,6 +266,7 @@ RunSummary summarizeRun(const std::string& dir) {
     rs.file = m.ranks[size_t(r)].file;
     const storage::RunInfo run = rec.run();
     rs.status = run.status;
+    rs.ended = run.status == "running" && !outputLockHeld(storage::rankPath(dir, m, r));
     rs.backend = run.backend;
     const std::vector<storage::StepRecord> steps = rec.steps();
     rs.steps = int64_t(steps.size());
@@ -313,6 +351,7 @@ RunSummary summarizeRun(const std::string& dir) {
     s.collectives.push_back(std::move(a));
   }
   s.hang = diagnoseHang(m, s.ranks, colls);
+  s.ended = diagnoseEnded(s.ranks);
   return s;
 }
 
@@ -341,7 +380,8 @@ std::string runSummaryText(const RunSummary& s) {
                   static_cast<long long>(r.tpRank), r.file.c_str(), static_cast<long long>(r.steps),
                   lossText(r.lastLoss).c_str(), static_cast<long long>(r.ops),
                   static_cast<long long>(r.collectives), ms(r.waitNs).c_str(),
-                  static_cast<long long>(s.lastArrivals[size_t(r.rank)]), r.status.c_str());
+                  static_cast<long long>(s.lastArrivals[size_t(r.rank)]),
+                  r.ended ? "ended without a status (killed or crashed)" : r.status.c_str());
     out += line;
   }
   // Per group: how many instances, collectives per instance, bytes per rank, the longest waits.
@@ -365,7 +405,8 @@ std::string runSummaryText(const RunSummary& s) {
       const int64_t groups = int64_t(g.perInstance.size());
       int64_t most = 0;
       for (const auto& [index, n] : g.perInstance) most = std::max(most, n);
-      std::snprintf(line, sizeof line, "  %-6s %lld group%s of %lld ranks, %lld collectives each, "
+      // "each" only when every rank recorded them all; else the most a group recorded.
+      std::snprintf(line, sizeof line, "  %-6s %lld group%s of %lld ranks, %lld collectives %s, "
                     "%lld bytes sent per rank%s\n",
                     name.c_str(), static_cast<long long>(groups), groups == 1 ? "" : "s",
                     static_cast<long long>(s.collectives.empty() ? 0 : [&] {
@@ -373,7 +414,8 @@ std::string runSummaryText(const RunSummary& s) {
                         if (a.group == name) return int64_t(a.ranks.size());
                       return int64_t(0);
                     }()),
-                    static_cast<long long>(most), static_cast<long long>(g.bytes / groups),
+                    static_cast<long long>(most), g.incomplete ? "at most" : "each",
+                    static_cast<long long>(g.bytes / groups),
                     g.incomplete ? (", " + std::to_string(g.incomplete) +
                                     " not recorded by every rank of their group")
                                        .c_str()
@@ -411,6 +453,10 @@ std::string runSummaryText(const RunSummary& s) {
   if (!s.hang.empty()) {
     out += "\nhang\n";
     for (const std::string& h : s.hang) out += "  " + h + "\n";
+  }
+  if (!s.ended.empty()) {
+    out += "\nended without a status\n";
+    for (const std::string& e : s.ended) out += "  " + e + "\n";
   }
   return out;
 }

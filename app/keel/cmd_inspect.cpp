@@ -14,6 +14,7 @@
 #include "cli_common.h"
 #include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
+#include "keel/base/output_path.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
@@ -66,8 +67,12 @@ int runInspect(const std::string& path) {
               run.backend.c_str(), run.device.c_str(), run.host.c_str(),
               static_cast<unsigned long long>(run.seed),
               run.allocator.empty() ? "unknown" : run.allocator.c_str(), run.engineVersion.c_str());
+  // "running" with nobody writing the file: the process was killed or crashed mid-run.
+  const bool ended = run.status == "running" && !outputLockHeld(path);
   std::printf("started    %s; status %s\n", wallClock(run.startTimeUnixNs).c_str(),
-              run.status.c_str());
+              ended ? "running, but no process is writing it: the run was killed or crashed "
+                      "(its committed steps are below)"
+                    : run.status.c_str());
   std::printf("capture    %s\n", run.captureOptionsJson.c_str());
 
   auto steps = rec.steps();

@@ -168,12 +168,15 @@ int runTrain(const TrainArgs& a) {
   double totalSeconds = 0;
   const int64_t remaining = a.steps - trainer.stepsDone();
   auto stats = trainer.run(remaining, [&](const keel::StepStats& s) {
-    totalSeconds += s.seconds;  // "loss" is the lm loss; "aux" sums the MoE layers' aux losses
+    // "loss" is what the optimizer minimises, the loss `keel record`, the recording and the
+    // studio show: for a MoE model the cross entropy ("lm") plus aux_loss_coef times "aux", the
+    // MoE layers' aux losses summed (train printed the cross entropy as "loss", record the sum).
+    totalSeconds += s.seconds;
     if (cfg.isMoe())
-      std::printf("step %*lld/%lld  loss %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
-                  static_cast<long long>(s.step), static_cast<long long>(a.steps),
-                  unsignedNaN(s.lmLoss), unsignedNaN(s.auxLoss), s.lr, unsignedNaN(s.gradNorm),
-                  s.tokensPerSec);
+      std::printf("step %*lld/%lld  loss %.4f  lm %.4f  aux %.4f  lr %.3e  gnorm %.3f  %.0f tok/s",
+                  width, static_cast<long long>(s.step), static_cast<long long>(a.steps),
+                  unsignedNaN(s.loss), unsignedNaN(s.lmLoss), unsignedNaN(s.auxLoss), s.lr,
+                  unsignedNaN(s.gradNorm), s.tokensPerSec);
     else
       std::printf("step %*lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
                   static_cast<long long>(s.step), static_cast<long long>(a.steps),
@@ -188,14 +191,14 @@ int runTrain(const TrainArgs& a) {
 
   const size_t tail = std::min<size_t>(10, stats.size());
   double lastMean = 0;
-  for (size_t i = stats.size() - tail; i < stats.size(); ++i) lastMean += stats[i].lmLoss;
+  for (size_t i = stats.size() - tail; i < stats.size(); ++i) lastMean += stats[i].loss;
   lastMean /= double(tail);
   const double tokens = double(remaining * cfg.batch_size * cfg.seq_len);
   std::printf(
       "done: %lld step%s in %.1f s (%.0f tok/s); loss %.4f -> %.4f (mean of last %zu: %.4f)",
       static_cast<long long>(remaining), remaining == 1 ? "" : "s", totalSeconds,
-      totalSeconds > 0 ? tokens / totalSeconds : 0.0, unsignedNaN(stats.front().lmLoss),
-      unsignedNaN(stats.back().lmLoss), tail, unsignedNaN(lastMean));
+      totalSeconds > 0 ? tokens / totalSeconds : 0.0, unsignedNaN(stats.front().loss),
+      unsignedNaN(stats.back().loss), tail, unsignedNaN(lastMean));
   if (a.evalBatches > 0) {
     if (dataset->splitTokens(keel::data::Split::Val) > cfg.seq_len)
       std::printf("; val loss %.4f", trainer.evaluate(a.evalBatches));

@@ -4,6 +4,9 @@
 // op, a rank that skips a collective is named by the hang report and the descriptor check, and
 // bad layouts are one line and exit 2 on every rank.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <filesystem>
@@ -240,6 +243,61 @@ TEST_F(KeelRanks, AFailedRunLeavesTheFolderAsItWasAndAForeignManifestIsRefused) 
       "damaged manifest.json: world size 4 is not dp 4611686018427387905 x tp 4";
   keel::test::expectOneLineError(keel("diff '" + path("run") + "' --replicas"), wraps);
   keel::test::expectOneLineError(keel("inspect '" + path("run") + "'"), wraps);
+}
+
+// A rank killed mid-run (kill -9, an OOM kill) left both recordings saying "running", and inspect
+// had nothing to say: a recording whose status says running while no process holds its output
+// lock ended without closing, and the folder's summary says which ranks ended so. While the run
+// is alive, its recordings read as running.
+TEST_F(KeelRanks, ARankKilledMidRunIsNamedAsEndedWithoutAStatus) {
+  const std::string run = path("killed"), done = path("killed.done");
+  const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && (" + kMpiEnv +
+                          " KEEL_BLAS_TUNE=0 timeout 120 mpirun -np 2 '" + KEEL_CLI_PATH +
+                          "' record --config " + kTiny + " --steps 100000 --dp 2 -o '" + run +
+                          "' >/dev/null 2>&1; touch '" + done + "') &";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  // Both ranks have committed a step (bounded: 60 s).
+  auto stepsOf = [&](int r) -> size_t {
+    try {
+      return keel::storage::Recording::open(run + "/rank-" + std::to_string(r) + ".db")
+          .steps()
+          .size();
+    } catch (const std::exception&) {
+      return 0;
+    }
+  };
+  for (int i = 0; i < 600 && (stepsOf(0) < 2 || stepsOf(1) < 2); ++i) usleep(100000);
+  ASSERT_GE(stepsOf(1), 2u);
+  const CliResult alive = keel("inspect '" + run + "/rank-1.db'");
+  ASSERT_EQ(alive.status, 0) << alive.err;
+  EXPECT_NE(alive.out.find("; status running\n"), std::string::npos) << alive.out;
+  // Rank 1's pid is in its output lock; mpirun then ends rank 0.
+  const pid_t pid = pid_t(std::atoll(keel::readFile(run + "/.rank-1.db.lock").c_str()));
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  for (int i = 0; i < 600 && !fs::exists(done); ++i) usleep(100000);
+  ASSERT_TRUE(fs::exists(done));
+  const CliResult one = keel("inspect '" + run + "/rank-1.db'");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_NE(one.out.find("; status running, but no process is writing it: the run was killed or "
+                         "crashed (its committed steps are below)"),
+            std::string::npos)
+      << one.out;
+  const CliResult folder = keel("inspect '" + run + "'");
+  ASSERT_EQ(folder.status, 0) << folder.err;
+  // Rank 0, ended by mpirun, may have stopped in time to close its recording (SIGTERM between
+  // ops) or not (SIGKILL in a collective): rank 1 is named either way.
+  EXPECT_TRUE(folder.out.find("\nended without a status\n  ranks 0, 1: the recordings end "
+                              "without a status, so no process closed them") != std::string::npos ||
+              folder.out.find("\nended without a status\n  rank 1: the recording ends without a "
+                              "status, so no process closed it") != std::string::npos)
+      << folder.out;
+  std::istringstream rows(folder.out);
+  bool row = false;
+  for (std::string l; std::getline(rows, l);)
+    row = row || (l.rfind("  1     1   0   rank-1.db", 0) == 0 &&
+                  l.find("ended without a status (killed or crashed)") != std::string::npos);
+  EXPECT_TRUE(row) << folder.out;
 }
 
 // A replica whose averaged gradient is changed (KEEL_TEST_PERTURB on rank 1's fourth all_reduce:

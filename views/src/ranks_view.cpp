@@ -145,6 +145,8 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
   const QString red = "<b style='color:#b00020'>", green = "<b style='color:#1b7f3b'>";
   for (const std::string& h : s.hang)
     lines << red + "Hang:</b> " + QString::fromStdString(h).toHtmlEscaped();
+  for (const std::string& e : s.ended)
+    lines << red + "Ended without a status:</b> " + QString::fromStdString(e).toHtmlEscaped();
   if (d->replicas) {
     const analysis::ReplicaReport& r = *d->replicas;
     if (r.first) {
@@ -201,9 +203,11 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     ranks_->setItem(row, 6, number(double(r.collectives)));
     ranks_->setItem(row, 7, item(ms(r.waitNs), Qt::AlignRight));
     ranks_->setItem(row, 8, number(double(s.lastArrivals[size_t(row)])));
-    auto* status = item(QString::fromStdString(r.status));
-    status->setToolTip(QString::fromStdString(r.status));
-    if (r.status.rfind("failed", 0) == 0) status->setForeground(QColor("#b00020"));
+    const QString text = r.ended ? QStringLiteral("ended without a status (killed or crashed)")
+                                 : QString::fromStdString(r.status);
+    auto* status = item(text);
+    status->setToolTip(text);
+    if (r.ended || r.status.rfind("failed", 0) == 0) status->setForeground(QColor("#b00020"));
     ranks_->setItem(row, 9, status);
   }
   ranks_->resizeColumnsToContents();

@@ -76,6 +76,9 @@ struct RankSummary {
   int64_t rank = 0, dpRank = 0, tpRank = 0;
   std::string file;
   std::string status;  // the recording's run status
+  // "running" with no process writing it (base/output_path.h outputLockHeld): the rank's process
+  // was killed or crashed before it could write a status.
+  bool ended = false;
   std::string backend;
   int64_t steps = 0;  // recorded steps
   double lastLoss = 0;
@@ -95,6 +98,10 @@ struct RunSummary {
   // whose run failed in a collective, which ranks of the group never joined it and what each of
   // them did last. Empty when no rank hung.
   std::vector<std::string> hang;
+  // Ranks whose recordings ended without a status (RankSummary::ended), and the first collective
+  // a rank of its group never joined: what a rank killed mid-run (an OOM kill, kill -9; mpirun
+  // then ends the others before any timeout) leaves to explain. Empty when none ended so.
+  std::vector<std::string> ended;
 };
 
 // Reads the run folder `dir`: each rank's recording summarised, collectives lined up, a hang

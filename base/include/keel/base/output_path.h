@@ -188,6 +188,17 @@ class OutputLock : NonCopyable {
   int fd_ = -1;
 };
 
+// Whether a live process holds `output`'s OutputLock (it is writing the file now). A recording
+// whose status still says "running" while nobody holds its lock ended without closing: its
+// process was killed or crashed (the lock file stays behind, its flock goes with the process).
+inline bool outputLockHeld(const std::string& output) {
+  const int fd = ::open(lockPath(followOutputLink(output)).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // closing releases a shared lock taken here
+  return held;
+}
+
 // Writes `n` bytes to `f` and flushes; throws keel::Error naming `what` on a short write or a
 // flush error (ENOSPC, EIO, EPIPE with SIGPIPE ignored, EFBIG with SIGXFSZ ignored).
 inline void writeAll(std::FILE* f, const void* data, size_t n, const std::string& what) {
