@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/checkpoint.h"
 
@@ -94,6 +95,12 @@ int runPlan(const CkptArgs& a) {
 
 int runConvert(const CkptArgs& a) {
   ckpt::Checkpoint c = openSource(a.src);
+  // A new checkpoint inside the source's folder would sit among the checkpoints it was read from
+  // (a later --resume of that folder could take it for one of the run's steps).
+  for (const std::string& in : {a.src, c.path()})
+    if (isInsideDirectory(a.dst, in))
+      return fail("DST " + a.dst + " is inside the source checkpoint's directory " + in +
+                  "; refusing to write among the inputs");
   auto r = rules(a);
   ckpt::TargetSpec spec;
   spec.tp = a.targetTp;
@@ -115,10 +122,11 @@ int runConvert(const CkptArgs& a) {
   ckpt::ConvertStats st = ckpt::convert(c, a.dst, spec, r.get(), opt);
   if (tty) std::fprintf(stderr, "\n");
   std::printf(
-      "converted %s -> %s (tp=%d): %zu shards in %zu files, %s written, %s read, %.2f s "
+      "converted %s -> %s (tp=%d): %zu shard%s in %zu file%s, %s written, %s read, %.2f s "
       "(%.0f MiB/s)\n",
-      c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.files,
-      formatBytes(st.bytesWritten).c_str(), formatBytes(st.bytesRead).c_str(), st.seconds,
+      c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.shards == 1 ? "" : "s", st.files,
+      st.files == 1 ? "" : "s", formatBytes(st.bytesWritten).c_str(),
+      formatBytes(st.bytesRead).c_str(), st.seconds,
       st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
   return 0;
 }

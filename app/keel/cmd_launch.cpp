@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli_common.h"
+#include "keel/base/text.h"
 #include "keel/dist.h"
 #include "keel/error.h"
 
@@ -83,15 +86,14 @@ std::string selfPath() {
 
 Command addLaunchCommand(CLI::App& root) {
   struct Args {
-    int ranks = 1;
+    int ranks = 0;  // -n: required (checked in the callback: the command's words are extras)
     std::string hostfile;
     std::vector<std::string> command;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = root.add_subcommand(
       "launch", "run a keel command on N ranks through mpirun (keel launch -n 4 train ...)");
-  c->add_option("-n,--ranks", a->ranks, "number of ranks")
-      ->required()
+  c->add_option("-n,--ranks", a->ranks, "number of ranks (required)")
       ->check(wholeNumber(1, 1 << 20));
   c->add_option("--hostfile", a->hostfile, "MPI hostfile (a cluster); default: this machine")
       ->check(nonEmptyName());
@@ -100,6 +102,16 @@ Command addLaunchCommand(CLI::App& root) {
   c->footer("Then the keel command and its options: train ... or record ...");
   return {c, [a, c] {
             a->command = c->remaining();
+            if (a->ranks == 0)
+              return fail("keel launch: -n N, the number of ranks, is required (keel launch -n 4 " +
+                          std::string(a->command.empty() ? "train" : a->command.front()) + " ...)");
+            // mpirun's own error for a hostfile it cannot open is a banner and status 0.
+            if (!a->hostfile.empty()) {
+              std::error_code ec;
+              if (!std::filesystem::exists(a->hostfile, ec))
+                return fail("keel launch: --hostfile " + a->hostfile + ": no such file");
+              requireRegularFile(a->hostfile, "the hostfile");
+            }
             if (a->command.empty())
               return fail("keel launch: which command? (keel launch -n 4 train --config ...)");
             const std::string& sub = a->command.front();

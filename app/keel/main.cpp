@@ -171,7 +171,8 @@ CLI::Validator nonEmptyName() {
 }
 
 void addRankOption(CLI::App* c, int64_t& rank) {
-  c->add_option("--rank", rank, "with a run folder (multi-rank run): the rank whose recording")
+  c->add_option("--rank", rank,
+                "with a run folder (multi-rank run): the rank whose recording to read")
       ->check(wholeNumber(0, 1 << 20));
 }
 

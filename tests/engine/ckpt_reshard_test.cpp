@@ -284,7 +284,11 @@ TEST(ReshardTest, LoadChecksKeysShapesAndCastsFloats) {
   std::vector<HostTensor> missing = {{"a", st::DType::F32, {4, 4}, fa.data()},
                                      {"b", st::DType::F32, {3}, fb.data()},
                                      {"zz", st::DType::F32, {1}, fb.data()}};
+  // "(after the rules)" only where there are rules (a resume without any said it).
   EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, missing); }),
+            dir + "/c: the checkpoint has no key 'zz'");
+  const aoa::Program rename = aoa::parse("a -> a\nb -> b\n", "r.aoa");
+  EXPECT_EQ(errorOf([&] { loadTensors(c, &rename, missing); }),
             dir + "/c: the checkpoint has no key 'zz' (after the rules)");
   std::vector<HostTensor> partial = {{"a", st::DType::F32, {4, 4}, fa.data()}};
   EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, partial); }),

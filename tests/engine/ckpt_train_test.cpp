@@ -268,6 +268,12 @@ TEST(CkptCliTest, OneLineErrors) {
   ASSERT_EQ(runKeelCli(base + "--steps 2 --ckpt-dir " + dir + "/ck", dir).status, 0);
   expectOneLineError(runKeelCli(base + "--steps 2 --resume " + dir + "/ck", dir),
                      "is at step 2, not before --steps 2: nothing left to train");
+  // A converted checkpoint inside the source's folder sat among the run's own steps.
+  expectOneLineError(
+      runKeelCli("ckpt convert " + dir + "/ck " + dir + "/ck/step-000002/tp2 --target-tp 2", dir),
+      "DST " + dir + "/ck/step-000002/tp2 is inside the source checkpoint's directory " + dir +
+          "/ck; refusing to write among the inputs");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ck/step-000002/tp2"));
   // Another model's checkpoint names both configs, not an AOA rule keel train cannot take.
   ASSERT_EQ(runKeelCli("train --config configs/gpt-mini.json --steps 1 --eval-batches 0 "
                        "--ckpt-dir " +

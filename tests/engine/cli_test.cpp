@@ -104,6 +104,14 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
       {"memory trace /tmp/never.trace --generate-moe --skew nan",
        "--skew: must be a finite number in [0, 8], got 'nan'"},
       {"memory stats a.db --event abc", "--event: must be a whole number ≥ 0, got 'abc'"},
+      // launch: -n missing named (it read as "arguments not expected: x --config train"), and a
+      // hostfile mpirun cannot open is one line and 2 (mpirun printed a banner and exited 0).
+      {"launch train --config x",
+       "keel launch: -n N, the number of ranks, is required (keel launch -n 4 train ...)"},
+      {"launch --hostfile /nonexistent/hosts -n 2 train --config x",
+       "keel launch: --hostfile /nonexistent/hosts: no such file"},
+      {"launch --hostfile /dev/null -n 2 train --config x",
+       "/dev/null: the hostfile is a character device, not a regular file"},
       {"memory stats a.db --event 99999999999999999999",
        "--event: must be a whole number ≥ 0, got '99999999999999999999'"},
   };

@@ -886,7 +886,7 @@ void loadRank(const Checkpoint& src, const aoa::Program* rules, const TargetSpec
   }
   KEEL_CHECK(nMissing == 0, src.path(), ": the checkpoint has no key ", missing,
              nMissing > 3 ? " and " + std::to_string(nMissing - 3) + " more" : std::string(),
-             " (after the rules)");
+             rules && !rules->statements.empty() ? " (after the rules)" : "");
   if (!opt.allowUnused) {
     std::string unused;
     size_t nUnused = 0;

@@ -305,7 +305,7 @@ Layout resolveLayout(int dp, int tp, int world) {
                         : " ranks the launcher started");
   Layout l{dp == 0 ? world / tp : dp, tp};
   KEEL_CHECK(l.world() == world, "parallel layout: dp ", l.dp, " x tp ", l.tp, " = ", l.world(),
-             " ranks, but ", world,
+             l.world() == 1 ? " rank, but " : " ranks, but ", world,
              world == 1 ? " process was started (start it under mpirun -np N, or keel launch -n N)"
                         : " were started (mpirun -np)");
   return l;
@@ -345,7 +345,7 @@ void init(const Layout& layout) {
     std::atexit(finalize);
   }
   KEEL_CHECK(layout.world() == s.size, "parallel layout: dp ", layout.dp, " x tp ", layout.tp,
-             " = ", layout.world(), " ranks, but ", s.size,
+             " = ", layout.world(), layout.world() == 1 ? " rank, but " : " ranks, but ", s.size,
              s.size == 1 ? " process was started (start it under mpirun -np N, or keel launch -n N)"
                          : " processes were started (mpirun -np)");
   s.layout = layout;

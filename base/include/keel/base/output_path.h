@@ -54,6 +54,21 @@ struct NamedInput {
   std::string path;
 };
 
+// Whether `path` (existing or not) is the directory `dir` or anywhere below it, symlinks and
+// `..` resolved; false when `dir` is empty or not a directory.
+inline bool isInsideDirectory(const std::string& path, const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return false;
+  const std::filesystem::path d = std::filesystem::canonical(dir, ec);
+  if (ec) return false;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  if (ec) return false;
+  auto at = p.begin();
+  for (auto part = d.begin(); part != d.end(); ++part, ++at)
+    if (at == p.end() || *at != *part) return false;
+  return true;
+}
+
 // Throws keel::Error (one line naming `option`) when `output` may not be written: empty, an
 // existing non-regular file, or the same file as one of `inputs` (Note [Outputs never destroy
 // inputs]). Touches nothing.
@@ -65,21 +80,10 @@ inline void checkOutputPath(const std::string& option, const std::string& output
                 "write over it");
   // An input that is a directory (a corpus of documents) holds every file below it, existing or
   // new: writing there would replace a document or add one to the next run's data.
-  for (const NamedInput& in : inputs) {
-    std::error_code ec;
-    if (in.path.empty() || !std::filesystem::is_directory(in.path, ec)) continue;
-    const std::filesystem::path dir = std::filesystem::canonical(in.path, ec);
-    if (ec) continue;
-    const std::filesystem::path out = std::filesystem::weakly_canonical(output, ec);
-    if (ec) continue;
-    auto o = out.begin();
-    bool inside = true;
-    for (auto d = dir.begin(); d != dir.end() && inside; ++d, ++o)
-      inside = o != out.end() && *o == *d;
-    if (inside)
+  for (const NamedInput& in : inputs)
+    if (isInsideDirectory(output, in.path))
       throw Error(option + " " + output + " is inside " + in.what + " (the directory " + in.path +
                   "); refusing to write among the inputs");
-  }
   const std::optional<FileIdentity> out = fileIdentity(output);
   if (!out) return;  // a new file
   for (const NamedInput& in : inputs)
