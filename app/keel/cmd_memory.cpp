@@ -78,7 +78,9 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
     return 0;
   }
   std::vector<std::pair<std::string, analysis::MemFigures>> cols;
-  cols.emplace_back("peak", m.figuresAtPeak());
+  // "peak allocated": the figures at the peak of allocated memory (peak reserved can come at
+  // another event; `keel memory replay` prints both peaks).
+  cols.emplace_back("peak allocated", m.figuresAtPeak());
   cols.emplace_back("end", m.figuresAt(int64_t(m.eventCount()) - 1));
   for (int64_t k : at) {
     if (k < 0 || size_t(k) >= m.eventCount())
@@ -90,7 +92,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
               std::string(allocatorKindName(*m.allocatorKind())).c_str());
   auto row = [&](const char* label, auto value) {
     std::printf("%-26s", label);
-    for (const auto& [name, f] : cols) std::printf(" %22s", value(f).c_str());
+    for (const auto& [name, f] : cols) std::printf(" %28s", value(f).c_str());
     std::printf("\n");
   };
   auto bytes = [](uint64_t b) { return std::to_string(b); };
@@ -101,7 +103,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   };
   std::printf("%-26s", "");
   for (const auto& [name, f] : cols)
-    std::printf(" %22s", (name + " (event " + std::to_string(f.event) + ")").c_str());
+    std::printf(" %28s", (name + " (event " + std::to_string(f.event) + ")").c_str());
   std::printf("\n");
   using F = analysis::MemFigures;
   row("allocated (bytes)", [&](const F& f) { return bytes(f.allocated); });
