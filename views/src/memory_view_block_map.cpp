@@ -395,10 +395,13 @@ QString memory_detail::allocationTip(const MemoryModel& m, const MemBlock& b, in
              .arg(qs(phaseName(o->phase)));
     if (!o->scope.empty()) t += tr(" · scope %1").arg(qs(o->scope).toHtmlEscaped());
     t += o->step == 0 ? tr(" · initialisation") : tr(" · step %1").arg(o->step);
+  } else if (a.opSeq) {
+    t += tr("<br><b>op</b>: #%1 (not recorded)").arg(a.opSeq);
+  } else if (!m.hasSteps()) {  // an imported snapshot: no ops, no steps
+    t += tr("<br><b>op</b>: allocated outside ops");
   } else {
-    t += a.opSeq ? tr("<br><b>op</b>: #%1 (not recorded)").arg(a.opSeq)
-                 : tr("<br><b>op</b>: allocated outside ops (%1)")
-                       .arg(a.step == 0 ? tr("initialisation") : tr("step %1").arg(a.step));
+    t += tr("<br><b>op</b>: allocated outside ops (%1)")
+             .arg(a.step == 0 ? tr("initialisation") : tr("step %1").arg(a.step));
   }
   t += tr("<br><b>alive because</b>: %1").arg(qs(m.whyAlive(b, cursor).text).toHtmlEscaped());
   t += tr("<br>allocated at event %1").arg(b.allocEvent);

@@ -180,7 +180,8 @@ void MemoryView::Impl::rebuildTimeline() {
   const auto& starts = mem->stepStarts();
   const size_t stride = std::max<size_t>(1, starts.size() / 400);
   const QFont small = smallFont(0.8);
-  for (size_t s = 0; s < starts.size(); s += stride) {
+  // An imported snapshot has no steps: no "init" over its first event.
+  for (size_t s = 0; s < starts.size() && mem->hasSteps(); s += stride) {
     const double bx = double(starts[s].first) - 0.5;
     if (starts[s].first > 0) {
       auto* line = new QCPItemStraightLine(plot);
@@ -341,11 +342,13 @@ QString MemoryView::Impl::eventText(int64_t k) const {
   else
     op = e.opSeq ? tr("op #%1").arg(e.opSeq) : tr("outside ops");
   const uint64_t al = mem->allocatedAfter(size_t(k)), re = mem->reservedAfter(size_t(k));
-  return tr("Event %1 of %2: %3 · %4 · %5 · allocated %6, reserved %7, cached free %8 (%9%)")
+  const QString step = !mem->hasSteps() ? QString()
+                       : e.step == 0    ? tr(" · initialisation")
+                                        : tr(" · step %1").arg(e.step);
+  return tr("Event %1 of %2: %3 · %4%5 · allocated %6, reserved %7, cached free %8 (%9%)")
       .arg(k)
       .arg(count())
-      .arg(what, op, e.step == 0 ? tr("initialisation") : tr("step %1").arg(e.step), bytesText(al),
-           bytesText(re), bytesText(re - std::min(al, re)))
+      .arg(what, op, step, bytesText(al), bytesText(re), bytesText(re - std::min(al, re)))
       .arg(100.0 * mem->fragmentationAfter(size_t(k)), 0, 'f', 1);
 }
 
@@ -354,7 +357,9 @@ void MemoryView::Impl::placeCursorLine(int64_t k) {
   cursorLine->point1->setCoords(double(k), 0);
   cursorLine->point2->setCoords(double(k), 1);
   const storage::MemRecord& e = mem->event(size_t(k));
-  QString tag = e.step == 0 ? tr("init") : tr("step %1").arg(e.step);
+  QString tag = !mem->hasSteps() ? tr("event %1").arg(k)
+                : e.step == 0    ? tr("init")
+                                 : tr("step %1").arg(e.step);
   if (const MemOp* o = e.opSeq ? mem->op(e.opSeq) : nullptr)
     tag += QStringLiteral(" · #%1 %2").arg(o->seq).arg(qs(o->name));
   cursorTag->setText(tag);

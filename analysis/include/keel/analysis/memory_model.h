@@ -242,6 +242,12 @@ class MemoryModel {
 
   // First event of each step, in order: (event index, step).
   const std::vector<std::pair<size_t, int64_t>>& stepStarts() const { return stepStarts_; }
+  // Whether any event happened in a training step (not in an imported snapshot's, or in
+  // initialisation alone): only then do the views name an event's step.
+  bool hasSteps() const {
+    return std::any_of(stepStarts_.begin(), stepStarts_.end(),
+                       [](const auto& s) { return s.second > 0; });
+  }
   const std::vector<MemSection>& sections() const { return sections_; }
   // Live blocks of `state` by log2 size class, from the smallest to the largest class present
   // (empty classes in between included).
