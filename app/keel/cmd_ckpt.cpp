@@ -28,6 +28,8 @@ struct CkptArgs {
   // which scale with cores as long as the threads write different files (Note [Threads and files]).
   int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   size_t maxReads = 8;
+  bool verify = false;  // --verify: read every file against its MD5 first
+  bool md5 = false;     // convert --md5: record the output files' MD5s
   CLI::App *inspect = nullptr, *plan = nullptr, *convert = nullptr;
 };
 
@@ -60,7 +62,13 @@ int runInspect(const CkptArgs& a) {
       perFile[s.file].first++;
       perFile[s.file].second += s.end - s.begin;
     }
-  std::printf("files:\n");
+  // Note [Checkpoint file digests]: with --verify, a damaged file fails here, naming it.
+  const size_t verified = a.verify ? c.verifyFiles() : 0;
+  std::error_code ec;
+  std::printf("files:%s\n", verified ? " (each file's MD5 verified against the metadata)"
+                            : !m.fileMd5.empty() ? " (MD5s recorded: --verify checks them)"
+                            : std::filesystem::is_directory(c.path(), ec) ? " (no MD5s recorded)"
+                                                                          : "");
   for (size_t f = 0; f < m.files.size(); ++f)
     std::printf("  %-36s %6zu tensors  %s\n", m.files[f].c_str(), perFile[uint32_t(f)].first,
                 formatBytes(perFile[uint32_t(f)].second).c_str());
@@ -95,6 +103,7 @@ int runPlan(const CkptArgs& a) {
 
 int runConvert(const CkptArgs& a) {
   ckpt::Checkpoint c = openSource(a.src);
+  if (a.verify) c.verifyFiles();  // Note [Checkpoint file digests]
   // A new checkpoint inside the source's folder would sit among the checkpoints it was read from
   // (a later --resume of that folder could take it for one of the run's steps).
   for (const std::string& in : {a.src, c.path()})
@@ -106,6 +115,7 @@ int runConvert(const CkptArgs& a) {
   spec.tp = a.targetTp;
   ckpt::ConvertOptions opt;
   opt.threads = a.threads;
+  opt.fileDigests = a.md5;
   const bool tty = ::isatty(2) != 0;
   auto t0 = std::chrono::steady_clock::now();
   if (tty)
@@ -158,6 +168,13 @@ Command addCkptCommand(CLI::App& root) {
         ->required();
     sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)")->check(nonEmptyName());
   }
+  for (CLI::App* sub : {a->inspect, a->convert})
+    sub->add_flag("--verify", a->verify,
+                  "read every file and check it against its MD5 in the metadata (training "
+                  "checkpoints, and conversions made with --md5, record them)");
+  a->convert->add_flag("--md5", a->md5,
+                       "record each output file's MD5 in the metadata (one more pass over the "
+                       "output), so resuming from it checks the files");
   a->plan->add_option("--max-reads", a->maxReads, "reads listed per target shard")
       ->check(wholeNumber(0))
       ->capture_default_str();

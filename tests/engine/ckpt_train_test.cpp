@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt/ckpt_internal.h"
 #include "ckpt_test_util.h"
 #include "keel/base/text.h"
 #include "keel/data.h"
@@ -256,6 +259,66 @@ TEST(CkptCliTest, AnotherRunsCheckpointFolderIsRefusedAndKept) {
   ASSERT_EQ(resumed.status, 0) << resumed.err;
   EXPECT_TRUE(std::filesystem::is_directory(dir + "/ck/step-000004"));
   EXPECT_EQ(keel::readFile(shard), before);
+}
+
+// Note [Checkpoint file digests]: one changed byte in a tensor's data (still a valid float) was
+// resumed silently and trained into NaN. Each file's MD5 is in the metadata (the digest md5sum
+// prints); resume, inspect and convert name the changed file, and a checkpoint without digests
+// (saved before them) is read as before.
+TEST(CkptCliTest, AChangedByteInACheckpointFileIsNamedNotTrainedOn) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
+  ASSERT_EQ(runKeelCli(base + "--steps 2 --ckpt-dir " + dir + "/ck", dir).status, 0);
+  const std::string step = dir + "/ck/step-000002";
+  const std::string file = step + "/model-00000-of-00001.safetensors";
+  const auto meta = nlohmann::json::parse(keel::readFile(step + "/keel-checkpoint.json"));
+  ASSERT_EQ(meta.at("file_md5").size(), 1u);
+  EXPECT_EQ(meta.at("file_md5")[0].get<std::string>(), keel::ckpt::detail::fileMd5(file));
+  const std::string good = keel::readFile(file);
+  std::string bad = good;
+  bad[bad.size() - 100] ^= 0x01;  // a low mantissa bit of a float near the end
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << bad;
+  }
+  const std::string named = file + ": its MD5 is ";
+  expectOneLineError(runKeelCli(base + "--steps 4 --resume " + dir + "/ck", dir), named);
+  expectOneLineError(runKeelCli("ckpt inspect --verify " + dir + "/ck", dir), named);
+  expectOneLineError(
+      runKeelCli("ckpt convert --verify " + dir + "/ck " + dir + "/cv --target-tp 2", dir), named);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/cv"));
+  const auto unverified = runKeelCli("ckpt inspect " + dir + "/ck", dir);
+  ASSERT_EQ(unverified.status, 0) << unverified.err;
+  EXPECT_NE(unverified.out.find("files: (MD5s recorded: --verify checks them)"), std::string::npos)
+      << unverified.out;
+  // Restored, it resumes; without digests in the metadata (an older checkpoint) too.
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << good;
+  }
+  ASSERT_EQ(runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir).status, 0);
+  const auto verifiedOut = runKeelCli("ckpt inspect --verify " + dir + "/ck", dir);
+  EXPECT_NE(verifiedOut.out.find("files: (each file's MD5 verified against the metadata)"),
+            std::string::npos)
+      << verifiedOut.out << verifiedOut.err;
+  // A conversion records its files' MD5s when asked (--md5), and its output then resumes checked.
+  ASSERT_EQ(
+      runKeelCli("ckpt convert --md5 " + dir + "/ck " + dir + "/cv2 --target-tp 2", dir).status, 0);
+  const auto converted = nlohmann::json::parse(keel::readFile(dir + "/cv2/keel-checkpoint.json"));
+  ASSERT_EQ(converted.at("file_md5").size(), 2u);
+  EXPECT_EQ(
+      converted.at("file_md5")[1].get<std::string>(),
+      keel::ckpt::detail::fileMd5(dir + "/cv2/" + converted.at("files")[1].get<std::string>()));
+  auto old = meta;
+  old.erase("file_md5");
+  {
+    std::ofstream out(step + "/keel-checkpoint.json", std::ios::trunc);
+    out << old.dump(1);
+  }
+  const auto inspect = runKeelCli("ckpt inspect " + dir + "/ck", dir);
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("files: (no MD5s recorded)"), std::string::npos) << inspect.out;
+  ASSERT_EQ(runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir).status, 0);
 }
 
 TEST(CkptCliTest, OneLineErrors) {

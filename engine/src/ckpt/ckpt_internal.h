@@ -88,6 +88,10 @@ std::vector<aoa::SourceKey> sourceKeys(const Metadata& m);
 std::string fileName(int rank, int ranks);  // "model-00000-of-00004.safetensors"
 
 // Writes dir/keel-checkpoint.json (beside, then renamed into place).
-void writeMetadata(const std::string& dir, const Metadata& m);
+// Writes dir/keel-checkpoint.json, with each of m's files' MD5 when `digests` (Note [Checkpoint
+// file digests]).
+void writeMetadata(const std::string& dir, Metadata m, bool digests);
+// The MD5 (hex) of a whole file.
+std::string fileMd5(const std::string& path);
 
 }  // namespace keel::ckpt::detail

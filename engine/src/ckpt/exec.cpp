@@ -771,7 +771,7 @@ ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& sourc
   ConvertStats stats;
   stats.bytesRead = execute(plan, src, source, sink, opt);
   sink.close();
-  writeMetadata(dstDir, out);
+  writeMetadata(dstDir, out, opt.fileDigests);
   stats.bytesWritten = plan.bytesWritten;
   stats.files = size_t(plan.tp);
   stats.shards = plan.shards.size();
@@ -782,8 +782,11 @@ ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& sourc
 
 }  // namespace
 
-void writeMetadata(const std::string& dir, const Metadata& m) {
+void writeMetadata(const std::string& dir, Metadata m, bool digests) {
   namespace fs = std::filesystem;
+  m.fileMd5.clear();  // Note [Checkpoint file digests]: of the files as written
+  if (digests)
+    for (const std::string& f : m.files) m.fileMd5.push_back(fileMd5((fs::path(dir) / f).string()));
   const std::string path = (fs::path(dir) / kMetadataFile).string();
   const std::string tmp = path + ".tmp";
   {

@@ -272,7 +272,7 @@ void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trai
     throw Error(error.empty() ? dir + ": another rank could not write its shards" : error);
   if (rank == 0) {
     try {
-      detail::writeMetadata(tmp, gatherMetadata(tmp, world, trainState));
+      detail::writeMetadata(tmp, gatherMetadata(tmp, world, trainState), true);
       if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
       fs::rename(tmp, dir, ec);
       if (ec) error = dir + ": cannot move the checkpoint into place (" + ec.message() + ")";
@@ -313,8 +313,10 @@ void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
   fs::remove_all(tmp, ec);
   TargetSpec spec;
   spec.tp = tp;
+  ConvertOptions digests;
+  digests.fileDigests = true;  // Note [Checkpoint file digests]: verified when resumed
   try {
-    saveTensors(tmp, tensors, spec, state.dump());
+    saveTensors(tmp, tensors, spec, state.dump(), digests);
   } catch (...) {
     fs::remove_all(tmp, ec);  // a failed save leaves no step-N.tmp behind
     throw;
@@ -327,6 +329,7 @@ void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
 std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const aoa::Program* rules) {
   const std::string path = resolveCheckpoint(dir);
   Checkpoint ck = Checkpoint::open(path);
+  ck.verifyFiles();  // Note [Checkpoint file digests]: a damaged file is named, not trained on
   const std::string& text = ck.metadata().trainState;
   KEEL_CHECK(!text.empty(), path, ": not a training checkpoint (its metadata has no train_state)");
   checkJsonDepth(text, path + ": train_state");  // Note [Bounded JSON]
