@@ -228,6 +228,33 @@ class MetricsTest : public QObject {
              qPrintable(QString::number(combo->width())));
   }
 
+  // A plot docked short (beside the memory view at 1366x768) cut its legend row in half at the
+  // dock's edge: short, one run's legend is left out and two runs' sits inside the axis rect;
+  // tall enough, it has its own row under the axes. Always inside the widget.
+  void aShortPlotKeepsItsLegendInsideTheWidget() {
+    SummaryPtr a = summaryOf(pathA_), b = summaryOf(pathB_);
+    LossPlot plot;
+    plot.setRuns(a);
+    QVERIFY(test::showAt(plot, {560, 130}));
+    QVERIFY(plot.legendGeometry().isEmpty());
+    plot.setRuns(a, b);
+    QRect legend = plot.legendGeometry();
+    QVERIFY(!legend.isEmpty());
+    QVERIFY2(plot.axisRectGeometry().contains(legend), qPrintable(QString("legend %1,%2 %3x%4")
+                                                                      .arg(legend.x())
+                                                                      .arg(legend.y())
+                                                                      .arg(legend.width())
+                                                                      .arg(legend.height())));
+    plot.resize(560, 300);
+    QTest::qWait(50);
+    legend = plot.legendGeometry();
+    QVERIFY(!legend.isEmpty());
+    QVERIFY(legend.top() >= plot.axisRectGeometry().bottom());
+    QVERIFY(plot.rect().contains(legend));
+    plot.setRuns(a);
+    QVERIFY(!plot.legendGeometry().isEmpty());  // one run, tall: the row under the axes
+  }
+
   void compareModeDrawsTwoDistinguishableCurves() {
     SummaryPtr a = summaryOf(pathA_), b = summaryOf(pathB_);
     LossPlot plot;

@@ -33,6 +33,17 @@ struct LossPlot::Impl {
   QCPRange fittedY;  // the y range rescale() last set (a resize refits while it is unchanged)
   // One row of labels, in pixels (the text and its padding).
   static int rowHeight(const QFont& font) { return QFontMetrics(font).height() + 4; }
+  // The legend: in its own row under the plot when the plot is tall enough to hold it and a
+  // readable axis rect; shorter (a docked plot beside the memory view at 1366x768, where the row
+  // was cut in half at the dock's edge), inside the axis rect's corner when two runs need telling
+  // apart, and left out for one run (the status bar names it).
+  void placeLegend(int runs) {
+    constexpr int kBelowMinHeight = 170;
+    const bool below = runs > 0 && plot->height() >= kBelowMinHeight;
+    showLegendBelow(plot, below);
+    if (!below) plot->legend->setVisible(runs > 1);
+  }
+  int runs = 0;
   // The top edge's room for the labels' rows, in pixels, and half a point marker below them.
   int labelRoom(const QFont& font) const {
     return markerRows == 0 ? 0 : markerRows * rowHeight(font) + 8;
@@ -321,7 +332,8 @@ void LossPlot::rebuild() {
         xLo = std::min(xLo, double(st.step)), xHi = std::max(xHi, double(st.step));
   if (a_) addRun(*a_, "A", kColorA, false);
   if (b_) addRun(*b_, "B", kColorB, true);
-  showLegendBelow(plot, plot->graphCount() > 0);
+  impl_->runs = (a_ ? 1 : 0) + (b_ ? 1 : 0);
+  impl_->placeLegend(plot->graphCount() > 0 ? impl_->runs : 0);
 
   impl_->markerRows = markerRow;
   const QString name = metricName(metric_);
@@ -376,6 +388,7 @@ void LossPlot::rebuild() {
 
 void LossPlot::resizeEvent(QResizeEvent* e) {
   QWidget::resizeEvent(e);
+  impl_->placeLegend(impl_->plot->graphCount() > 0 ? impl_->runs : 0);
   // About one value tick per 30 px of the axis rect (not the widget: the legend and the x axis
   // take most of a docked plot's height), met exactly, so a short plot's labels do not crowd.
   QCPAxisTicker& ticker = *impl_->plot->yAxis->ticker();
@@ -447,6 +460,10 @@ std::pair<double, double> LossPlot::xRange() const {
 
 QRect LossPlot::axisRectGeometry() const {
   return impl_->plot->axisRect()->rect();
+}
+
+QRect LossPlot::legendGeometry() const {
+  return impl_->plot->legend->visible() ? impl_->plot->legend->outerRect() : QRect();
 }
 
 QVector<QRectF> LossPlot::markerLabelRects() const {

@@ -56,6 +56,7 @@ class LossPlot : public QWidget {
   // Pixel geometry, in the plot widget: the axis rect, the markers' labels (one per run of equal
   // values), and where each curve point is drawn.
   QRect axisRectGeometry() const;
+  QRect legendGeometry() const;  // empty when the legend is not shown
   QVector<QRectF> markerLabelRects() const;
   QVector<QPointF> pointPixels(int graph) const;
   QComboBox* metricCombo() const { return combo_; }
