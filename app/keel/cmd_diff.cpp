@@ -4,6 +4,7 @@
 // other (Note [Replica check]). Exit status: 0 equal within tolerance, 1 divergent, 2 error.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -79,6 +80,29 @@ int runDiff(const DiffArgs& a) {
               report.frameworkB.c_str(), rb.run().backend.c_str(),
               report.options.align == storage::DiffAlign::Module ? "module, op kind and position"
                                                                  : "op signature");
+  // One rank's file of a multi-rank run against another layout computes on another share of the
+  // batch or of the weights: every op may differ for that alone (a DIVERGED whose root is a
+  // shape). Say so, and what to compare instead.
+  const storage::RunInfo runA = ra.run(), runB = rb.run();
+  if (runA.worldSize != runB.worldSize || runA.layout != runB.layout)
+    for (const bool isA : {true, false}) {
+      const storage::RunInfo& run = isA ? runA : runB;
+      const storage::RunInfo& other = isA ? runB : runA;
+      if (run.worldSize <= 1) continue;
+      // The folder the rank file sits in, when it is one.
+      std::string folder = std::filesystem::path(isA ? a.a : a.b).parent_path().string();
+      if (folder.empty()) folder = ".";
+      if (!storage::isRunFolder(folder)) folder = "FOLDER";
+      const std::string command =
+          isA ? "keel diff " + folder + " " + a.b : "keel diff " + a.a + " " + folder;
+      std::printf(
+          "note: %s is rank %lld of a %lld-rank run (%s), the other %s: its ops see its own "
+          "share of the batch or weights, so they differ for that alone; compare the run "
+          "folder instead (%s: by parameter)\n",
+          isA ? "A" : "B", static_cast<long long>(run.rank), static_cast<long long>(run.worldSize),
+          run.layout.c_str(), other.worldSize > 1 ? "another layout" : "one process",
+          command.c_str());
+    }
   printReport(ra, rb, report, a.mismatchesOnly);
   return storage::diffExitCode(report);
 }

@@ -206,6 +206,20 @@ TEST_F(KeelRanks, ARecordedRunIsAFolderThatEveryCommandReads) {
   // A run folder against one recording is compared by parameter name, which needs statistics.
   keel::test::expectOneLineError(keel("diff '" + path("run") + "' '" + path("run/rank-0.db") + "'"),
                                  "has no tensor statistics; record with --stats or --all");
+  // One rank's file against one process: DIVERGED for the layout alone, and the diff says so.
+  ASSERT_EQ(
+      keel("record --config " + std::string(kTiny) + " --steps 1 --md5 -o '" + path("one.db") + "'")
+          .status,
+      0);
+  const CliResult rankVsOne = keel("diff '" + path("run/rank-3.db") + "' '" + path("one.db") + "'");
+  EXPECT_NE(rankVsOne.out.find("note: A is rank 3 of a 4-rank run (dp 2 x tp 2), the other one "
+                               "process: its ops see its own share of the batch or weights"),
+            std::string::npos)
+      << rankVsOne.out;
+  EXPECT_NE(rankVsOne.out.find("compare the run folder instead (keel diff " + path("run") + " " +
+                               path("one.db") + ": by parameter)"),
+            std::string::npos)
+      << rankVsOne.out;
 }
 
 // A run into an existing folder whose setup fails leaves the folder as it was: it rewrote the
