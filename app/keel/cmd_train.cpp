@@ -181,7 +181,8 @@ int runTrain(const TrainArgs& a) {
       std::printf("step %*lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s", width,
                   static_cast<long long>(s.step), static_cast<long long>(a.steps),
                   unsignedNaN(s.loss), s.lr, unsignedNaN(s.gradNorm), s.tokensPerSec);
-    if (cfg.eval_every > 0 && s.step % cfg.eval_every == 0) std::printf("  val %.4f", s.valLoss);
+    if (cfg.eval_every > 0 && s.step % cfg.eval_every == 0)
+      std::printf("  val %.4f", unsignedNaN(s.valLoss));
     std::printf("\n");
     std::fflush(stdout);
     // Every --save-every steps, and at the end when a checkpoint directory is given.
@@ -201,7 +202,7 @@ int runTrain(const TrainArgs& a) {
       unsignedNaN(stats.back().loss), tail, unsignedNaN(lastMean));
   if (a.evalBatches > 0) {
     if (dataset->splitTokens(keel::data::Split::Val) > cfg.seq_len)
-      std::printf("; val loss %.4f", trainer.evaluate(a.evalBatches));
+      std::printf("; val loss %.4f", unsignedNaN(trainer.evaluate(a.evalBatches)));
     else
       std::printf("; no val loss (validation split shorter than seq_len + 1)");
   }

@@ -195,6 +195,13 @@ TEST_F(CliTest, TrainPrintsOneLinePerStep) {
   EXPECT_EQ(steps, 3) << r.out;
   EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("val loss"), std::string::npos) << r.out;
+  // A run gone NaN prints nan everywhere, never -nan (the summary's val loss said -nan).
+  const CliResult nan = keel::test::runKeelCli(
+      "train --config tests/fixtures/gpt-tiny.json --steps 3 --eval-batches 1",
+      ::testing::TempDir(), "KEEL_TEST_PERTURB=matmul:20:nan");
+  ASSERT_EQ(nan.status, 0) << nan.err;
+  EXPECT_NE(nan.out.find("; val loss nan"), std::string::npos) << nan.out;
+  EXPECT_EQ(nan.out.find("-nan"), std::string::npos) << nan.out;
 }
 
 }  // namespace
