@@ -22,12 +22,12 @@ using keel::test::CliResult;
 using keel::test::expectOneLineError;
 
 // One folder per test: ctest runs the tests of this file in parallel.
-CliResult runKeel(const std::string& args) {
+CliResult runKeel(const std::string& args, const std::string& env = "") {
   const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::path dir =
       fs::path(::testing::TempDir()) / ("keel_cli_test_" + std::to_string(::getpid()) + "_" + test);
   fs::create_directories(dir);
-  return keel::test::runKeelCli(args, dir.string());
+  return keel::test::runKeelCli(args, dir.string(), env);
 }
 
 class CliTest : public ::testing::Test {
@@ -196,9 +196,9 @@ TEST_F(CliTest, TrainPrintsOneLinePerStep) {
   EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("val loss"), std::string::npos) << r.out;
   // A run gone NaN prints nan everywhere, never -nan (the summary's val loss said -nan).
-  const CliResult nan = keel::test::runKeelCli(
-      "train --config tests/fixtures/gpt-tiny.json --steps 3 --eval-batches 1",
-      ::testing::TempDir(), "KEEL_TEST_PERTURB=matmul:20:nan");
+  const CliResult nan =
+      runKeel("train --config tests/fixtures/gpt-tiny.json --steps 3 --eval-batches 1",
+              "KEEL_TEST_PERTURB=matmul:20:nan");
   ASSERT_EQ(nan.status, 0) << nan.err;
   EXPECT_NE(nan.out.find("; val loss nan"), std::string::npos) << nan.out;
   EXPECT_EQ(nan.out.find("-nan"), std::string::npos) << nan.out;
