@@ -420,7 +420,15 @@ TEST_F(AoaPrimitiveTest, RuleErrorsAreReportedWithPositions) {
             "key first)");
   EXPECT_EQ(applyError(s, "a, b -> x"), "rules.aoa:1:9: concatenating 2 keys needs axis=N");
   EXPECT_EQ(applyError(s, "a -> x, axis=2, dtype=f32"),
-            "rules.aoa:1:14: axis= needs one target (concatenate) or one source (split)");
+            "rules.aoa:1:14: axis= concatenates several sources into one target or splits one "
+            "source into several; one source and one target is a rename, which takes no axis=");
+  // A range bound of ten digits was read as a literal name, and the rule then failed for
+  // another reason.
+  EXPECT_EQ(applyError(s, "_ -> big, shape=\"[1000000000,1000000000,1000000000]\""),
+            "rules.aoa:1:17: shape= [1000000000,1000000000,1000000000] holds more than 2^64 "
+            "bytes");
+  EXPECT_EQ(applyError(s, "a[0:99999999999] -> x, axis=0"),
+            "rules.aoa:1:2: range [0:99999999999] has a bound of more than 9 digits");
   EXPECT_EQ(applyError(s, "a, b -> x, axis=2"),
             "rules.aoa:1:17: axis 2 is out of range for 'a' [6, 4] (rank 2)");
   EXPECT_EQ(applyError(s, "a -> x, permute=\"[0,0]\""),

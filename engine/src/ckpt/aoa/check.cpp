@@ -3,6 +3,7 @@
 // shape and flags, its options parsed and allowed for that kind. Needs no key space.
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
 #include "aoa_internal.h"
 #include "keel/error.h"
@@ -106,8 +107,15 @@ Options parseOptions(const std::string& src, const Statement& s) {
       }
     } else if (opt.key == "shape") {
       auto v = parseIntList(src, opt);
-      for (int64_t x : v)
+      // Its element count must fit 64 bits (with 8-byte elements): a declared key that no tensor
+      // could hold (said later without the rule's place).
+      uint64_t elements = 8;
+      for (int64_t x : v) {
         if (x < 0) fail(src, opt.valuePos, "shape= entries must be non-negative");
+        if (x != 0 && elements > std::numeric_limits<uint64_t>::max() / uint64_t(x))
+          fail(src, opt.valuePos, "shape= " + opt.value + " holds more than 2^64 bytes");
+        elements *= uint64_t(std::max<int64_t>(x, 1));
+      }
       o.shape = v;
       o.shapePos = opt.valuePos;
     } else {
@@ -187,7 +195,10 @@ Typed check(const std::string& src, const Statement& s) {
       fail(src, s.rhs[0].pos, "splitting into " + std::to_string(nr) + " keys needs axis=N");
     kind = Kind::Split;
   } else if (nl == nr) {
-    fail(src, o.axisPos, "axis= needs one target (concatenate) or one source (split)");
+    fail(src, o.axisPos,
+         "axis= concatenates several sources into one target or splits one source into several; " +
+             std::string(nl == 1 ? "one source and one target is a rename, which takes no axis="
+                                 : "with as many targets as sources (a rename) it has no use"));
   } else {
     fail(src, s.pos,
          std::to_string(nl) + " sources and " + std::to_string(nr) +

@@ -163,10 +163,15 @@ void Expander::expandRange(const Name& n, std::vector<Name>& out) {
     if (colon == std::string::npos || close == std::string::npos || colon > close) continue;
     std::string a = t.substr(open + 1, colon - open - 1),
                 b = t.substr(colon + 1, close - colon - 1);
-    auto num = [](const std::string& x) {
-      return !x.empty() && x.size() <= 9 && std::all_of(x.begin(), x.end(), ::isdigit);
+    auto digits = [](const std::string& x) {
+      return !x.empty() && std::all_of(x.begin(), x.end(), ::isdigit);
     };
-    if (!num(a) || !num(b)) continue;
+    if (!digits(a) || !digits(b)) continue;
+    // A bound of ten digits or more is a range no checkpoint holds (it was read as a literal
+    // name, and the statement then failed for another reason).
+    if (a.size() > 9 || b.size() > 9)
+      fail(src_, Pos{n.pos.line, n.pos.col + int(open)},
+           "range [" + a + ":" + b + "] has a bound of more than 9 digits");
     int64_t lo = std::stoll(a), hi = std::stoll(b);
     if (lo >= hi)
       fail(src_, Pos{n.pos.line, n.pos.col + int(open)},
