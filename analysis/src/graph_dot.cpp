@@ -418,9 +418,11 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
   }
 
   const auto& m = options.metrics;
+  const std::vector<NonFiniteMark> marks = nonFiniteMarks(ops);
   for (auto& n : g.nodes) {
     if (n.kind == GraphNodeKind::Module)
-      n.subtitle = summaryLines(summarizeOps(ops, n.seqs))[0];  // Note [Module summary]
+      n.subtitle =
+          summaryLines(summarizeOps(ops, n.seqs, nullptr, &marks))[0];  // Note [Module summary]
     double w = std::max(m.width(n.title, true), m.width(n.subtitle, false));
     n.width = std::ceil(w + 2 * options.padX) + (n.kind == GraphNodeKind::Module ? 6 : 0);
     n.height =

@@ -21,7 +21,11 @@ namespace keel::analysis {
 // A run that went bad should look bad at first sight: an op whose output holds a NaN or an Inf is
 // NonFinite (red), an op that reads such an output while its own are finite is Fed (marked, for
 // the check or reduction that swallowed the NaN). One hop only: an op downstream that went NaN too
-// is NonFinite in its own right.
+// is NonFinite in its own right. Except a mask's infinities (Note [Where non-finite values
+// appear]): a masking fill's -inf, and ops that only carry such infinities on (no NaN, no new
+// infinity, every producer holding infinities being such a mask), are not marked — a healthy
+// attention model's causal mask is not a fault — while the ops that carry a fault's Inf on are.
+// Modules count their NonFinite ops.
 
 namespace {
 
@@ -34,12 +38,12 @@ const storage::OpRecord* findOp(std::span<const storage::OpRecord> ops, uint64_t
   return nullptr;
 }
 
-void add(ModuleSummary& s, const storage::OpRecord& op, const OpVerdicts* v) {
+void add(ModuleSummary& s, const storage::OpRecord& op, bool nonFinite, const OpVerdicts* v) {
   ++s.ops;
   s.timeNs += std::max<int64_t>(0, op.endNs - op.beginNs);
   for (const auto& t : op.tensors)
     if (t.role == storage::Role::Output) s.bytes += t.bytes;
-  if (storage::nonFiniteAppearsAt(op)) ++s.nonFiniteOps;
+  if (nonFinite) ++s.nonFiniteOps;
   if (!v) return;
   std::optional<storage::DiffStatus> status;
   if (auto it = v->status.find(op.seq); it != v->status.end())
@@ -53,10 +57,15 @@ void add(ModuleSummary& s, const storage::OpRecord& op, const OpVerdicts* v) {
 }  // namespace
 
 ModuleSummary summarizeOps(std::span<const storage::OpRecord> ops, std::span<const uint64_t> seqs,
-                           const OpVerdicts* verdicts) {
+                           const OpVerdicts* verdicts, const std::vector<NonFiniteMark>* marks) {
   ModuleSummary s;
   for (uint64_t seq : seqs)
-    if (const auto* op = findOp(ops, seq)) add(s, *op, verdicts);
+    if (const auto* op = findOp(ops, seq)) {
+      const size_t i = size_t(op - ops.data());
+      const bool bad =
+          marks ? (*marks)[i] == NonFiniteMark::NonFinite : storage::nonFiniteAppearsAt(*op);
+      add(s, *op, bad, verdicts);
+    }
   return s;
 }
 
@@ -70,10 +79,12 @@ std::string moduleKey(Phase phase, std::string_view scope) {
 std::unordered_map<std::string, ModuleSummary> summarizeModules(
     std::span<const storage::OpRecord> ops, const GraphDot& graph, const OpVerdicts* verdicts) {
   std::unordered_map<std::string, ModuleSummary> out;
-  for (const auto& op : ops) {
+  const std::vector<NonFiniteMark> marks = nonFiniteMarks(ops);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const storage::OpRecord& op = ops[i];
     if (!graph.nodeOfOp.count(op.seq)) continue;
     for (const auto& prefix : scopePrefixes(drawnScope(graph, op)))
-      add(out[moduleKey(op.phase, prefix)], op, verdicts);
+      add(out[moduleKey(op.phase, prefix)], op, marks[i] == NonFiniteMark::NonFinite, verdicts);
   }
   return out;
 }
@@ -130,16 +141,29 @@ std::vector<std::string> summaryLines(const ModuleSummary& s) {
 
 std::vector<NonFiniteMark> nonFiniteMarks(std::span<const storage::OpRecord> ops) {
   std::vector<NonFiniteMark> marks(ops.size(), NonFiniteMark::None);
-  bool any = false;
-  for (size_t i = 0; i < ops.size(); ++i)
+  if (std::none_of(ops.begin(), ops.end(),
+                   [](const storage::OpRecord& o) { return storage::holdsNonFinite(o); }))
+    return marks;
+  const Dataflow d = buildDataflow(ops);
+  // Ops holding only a mask's infinities (Note [Non-finite colouring]).
+  std::vector<char> maskOnly(ops.size(), 0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!storage::holdsNonFinite(ops[i])) continue;
     if (storage::nonFiniteAppearsAt(ops[i])) {
       marks[i] = NonFiniteMark::NonFinite;
-      any = true;
+      continue;
     }
-  if (!any) return marks;
-  const Dataflow d = buildDataflow(ops);
+    // No NaN and no new infinity: a masking fill's own, or carried from its producers.
+    bool fault = false;
+    for (uint32_t p : d.producers[i])
+      fault = fault || (storage::holdsNonFinite(ops[p]) && !maskOnly[p]);
+    if (fault)
+      marks[i] = NonFiniteMark::NonFinite;
+    else
+      maskOnly[i] = 1;
+  }
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (marks[i] != NonFiniteMark::None) continue;
+    if (marks[i] != NonFiniteMark::None || maskOnly[i]) continue;
     for (uint32_t p : d.producers[i])
       if (marks[p] == NonFiniteMark::NonFinite) {
         marks[i] = NonFiniteMark::Fed;

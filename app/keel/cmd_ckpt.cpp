@@ -53,8 +53,10 @@ int runInspect(const CkptArgs& a) {
   const ckpt::Metadata& m = c.metadata();
   size_t shards = 0;
   for (const auto& k : m.keys) shards += k.shards.size();
-  std::printf("checkpoint %s: %zu files, %zu keys, %zu shards, %s\n", c.path().c_str(),
-              m.files.size(), m.keys.size(), shards, formatBytes(c.totalBytes()).c_str());
+  std::printf("checkpoint %s: %zu file%s, %zu key%s, %zu shard%s, %s\n", c.path().c_str(),
+              m.files.size(), m.files.size() == 1 ? "" : "s", m.keys.size(),
+              m.keys.size() == 1 ? "" : "s", shards, shards == 1 ? "" : "s",
+              formatBytes(c.totalBytes()).c_str());
   if (!m.trainState.empty()) std::printf("train state: %s\n", m.trainState.c_str());
   std::map<uint32_t, std::pair<size_t, uint64_t>> perFile;
   for (const auto& k : m.keys)

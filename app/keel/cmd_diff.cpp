@@ -84,25 +84,30 @@ int runDiff(const DiffArgs& a) {
   // batch or of the weights: every op may differ for that alone (a DIVERGED whose root is a
   // shape). Say so, and what to compare instead.
   const storage::RunInfo runA = ra.run(), runB = rb.run();
-  if (runA.worldSize != runB.worldSize || runA.layout != runB.layout)
+  if (runA.worldSize != runB.worldSize || runA.layout != runB.layout) {
+    // The folder a rank file sits in, when it is one.
+    auto folderOf = [](const std::string& file) {
+      std::string folder = std::filesystem::path(file).parent_path().string();
+      if (folder.empty()) folder = ".";
+      return storage::isRunFolder(folder) ? folder : std::string("FOLDER");
+    };
+    const bool ranksA = runA.worldSize > 1, ranksB = runB.worldSize > 1;
+    const std::string command =
+        "keel diff " + (ranksA ? folderOf(a.a) : a.a) + " " + (ranksB ? folderOf(a.b) : a.b);
     for (const bool isA : {true, false}) {
       const storage::RunInfo& run = isA ? runA : runB;
       const storage::RunInfo& other = isA ? runB : runA;
       if (run.worldSize <= 1) continue;
-      // The folder the rank file sits in, when it is one.
-      std::string folder = std::filesystem::path(isA ? a.a : a.b).parent_path().string();
-      if (folder.empty()) folder = ".";
-      if (!storage::isRunFolder(folder)) folder = "FOLDER";
-      const std::string command =
-          isA ? "keel diff " + folder + " " + a.b : "keel diff " + a.a + " " + folder;
       std::printf(
           "note: %s is rank %lld of a %lld-rank run (%s), the other %s: its ops see its own "
           "share of the batch or weights, so they differ for that alone; compare the run "
-          "folder instead (%s: by parameter)\n",
+          "folder%s instead (%s: by parameter)\n",
           isA ? "A" : "B", static_cast<long long>(run.rank), static_cast<long long>(run.worldSize),
-          run.layout.c_str(), other.worldSize > 1 ? "another layout" : "one process",
-          command.c_str());
+          run.layout.c_str(), other.worldSize > 1 ? "a rank of another layout" : "one process",
+          ranksA && ranksB ? "s" : "", command.c_str());
+      if (ranksA && ranksB) break;  // one note names both
     }
+  }
   printReport(ra, rb, report, a.mismatchesOnly);
   return storage::diffExitCode(report);
 }

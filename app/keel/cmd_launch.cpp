@@ -111,6 +111,9 @@ Command addLaunchCommand(CLI::App& root) {
               if (!std::filesystem::exists(a->hostfile, ec))
                 return fail("keel launch: --hostfile " + a->hostfile + ": no such file");
               requireRegularFile(a->hostfile, "the hostfile");
+              if (::access(a->hostfile.c_str(), R_OK) != 0)
+                return fail("keel launch: --hostfile " + a->hostfile + ": cannot read it (" +
+                            std::strerror(errno) + ")");
             }
             if (a->command.empty())
               return fail("keel launch: which command? (keel launch -n 4 train --config ...)");

@@ -90,9 +90,13 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   }
   std::printf("%s: %zu allocator events, %s allocator\n", path.c_str(), m.eventCount(),
               std::string(allocatorKindName(*m.allocatorKind())).c_str());
+  // Columns as wide as their headings ("peak allocated (event 1234567)"), at least 28.
+  int width = 28;
+  for (const auto& [name, f] : cols)
+    width = std::max(width, int((name + " (event " + std::to_string(f.event) + ")").size()));
   auto row = [&](const char* label, auto value) {
     std::printf("%-26s", label);
-    for (const auto& [name, f] : cols) std::printf(" %28s", value(f).c_str());
+    for (const auto& [name, f] : cols) std::printf(" %*s", width, value(f).c_str());
     std::printf("\n");
   };
   auto bytes = [](uint64_t b) { return std::to_string(b); };
@@ -103,7 +107,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   };
   std::printf("%-26s", "");
   for (const auto& [name, f] : cols)
-    std::printf(" %28s", (name + " (event " + std::to_string(f.event) + ")").c_str());
+    std::printf(" %*s", width, (name + " (event " + std::to_string(f.event) + ")").c_str());
   std::printf("\n");
   using F = analysis::MemFigures;
   row("allocated (bytes)", [&](const F& f) { return bytes(f.allocated); });

@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "keel/allocator.h"
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/checkpoint.h"
 #include "keel/data.h"
@@ -53,7 +54,8 @@ void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFr
     if (name.rfind("step-", 0) == 0 && e.is_directory(ec)) steps.push_back(name);
   }
   if (steps.empty()) return;
-  if (!resumedFrom.empty() && fs::equivalent(fs::path(resumedFrom).parent_path(), dir, ec)) return;
+  // Resuming from one of them (however spelled: `ck/step-000002/`, `step-000002` from inside).
+  if (!resumedFrom.empty() && isInsideDirectory(resumedFrom, dir)) return;
   std::sort(steps.begin(), steps.end());
   throw Error("--ckpt-dir " + dir + " already holds another run's checkpoints (" + steps.front() +
               (steps.size() > 1 ? " .. " + steps.back() : std::string()) +

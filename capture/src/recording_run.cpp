@@ -421,6 +421,8 @@ void RecordingRun::start() {
     KEEL_CHECK(!ec, runDir_, ": cannot create the run folder (", ec.message(), ")");
   }
   outputLock_ = std::make_unique<OutputLock>(spec_.output);
+  if (!runDir_.empty() && dist::worldRank() == 0 && !storage::isRunFolder(runDir_))
+    writeRunManifest();  // a new folder: readable even if setup fails
   writePath_ = !spec_.replaceInPlace && fileIdentity(spec_.output) ? replacementPath(spec_.output)
                                                                    : spec_.output;
   recorder_ = std::make_unique<Recorder>(writePath_, run_, spec_.capture);
@@ -459,21 +461,25 @@ void RecordingRun::start() {
     fail(e.what());
     throw;
   }
-  // The manifest once this rank holds its output and the run has set up: a run that another
-  // process is writing into, or whose setup failed, leaves the folder's manifest as it was (it
-  // rewrote it first, and the old rank files then read as the new layout).
-  if (!runDir_.empty() && dist::worldRank() == 0) {
-    const dist::Layout l = dist::layout();
-    storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
-    m.zero = l.zero;
-    m.vocab = l.vocab;
-    m.ep = l.ep;
-    m.cp = l.cp;
-    m.model = name_;
-    m.seed = spec_.seed;
-    m.steps = spec_.steps;
-    storage::writeManifest(runDir_, m);
-  }
+  if (!runDir_.empty() && dist::worldRank() == 0) writeRunManifest();
+}
+
+// Rank 0's manifest of the run folder: once this rank holds its output and the run has set up
+// (start), so that a run another process is writing into, or whose setup failed, leaves an
+// existing folder's manifest as it was (it rewrote it first, and the old rank files then read as
+// the new layout); and before setup when the folder has none yet, so that a new run whose setup
+// fails or hangs can still be inspected.
+void RecordingRun::writeRunManifest() {
+  const dist::Layout l = dist::layout();
+  storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
+  m.zero = l.zero;
+  m.vocab = l.vocab;
+  m.ep = l.ep;
+  m.cp = l.cp;
+  m.model = name_;
+  m.seed = spec_.seed;
+  m.steps = spec_.steps;
+  storage::writeManifest(runDir_, m);
 }
 
 void RecordingRun::commitOutput() {

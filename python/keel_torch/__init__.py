@@ -300,20 +300,30 @@ class _Session(TorchDispatchMode):
                     # (Note [keel_torch step boundary] in _keel.cpp).
                     rec.pending_end = time.monotonic_ns()
 
-            def zero_grad(*args, **kwargs):
-                rec = session.rec
-                previous, rec.phase = rec.phase, "optimizer"
-                session.in_zero_grad = True
-                try:
-                    return original_zero_grad(*args, **kwargs)
-                finally:
-                    rec.phase = previous
-                    session.in_zero_grad = False
-
             opt.step = optimizer_step
-            opt.zero_grad = zero_grad
+            opt.zero_grad = self._zero_grad(original_zero_grad)
             self.undo.append(lambda: setattr(opt, "step", original_step))
             self.undo.append(lambda: setattr(opt, "zero_grad", original_zero_grad))
+        if self.model is not None:  # model.zero_grad() is the optimizer's work too
+            model = self.model
+            model.zero_grad = self._zero_grad(model.zero_grad)
+            self.undo.append(lambda: model.__dict__.pop("zero_grad", None))
+
+    def _zero_grad(self, original):
+        """`original` (an optimizer's or a model's zero_grad) recorded as optimizer work of the
+        step the optimizer ended (Note [keel_torch step boundary] in _keel.cpp)."""
+        session = self
+
+        def zero_grad(*args, **kwargs):
+            rec = session.rec
+            previous, rec.phase = rec.phase, "optimizer"
+            session.in_zero_grad = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                rec.phase = previous
+                session.in_zero_grad = False
+        return zero_grad
 
     def uninstall(self):
         for undo in reversed(self.undo):
@@ -412,7 +422,7 @@ class _Session(TorchDispatchMode):
 def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
            seed=0, rounded_md5=0, dumps=False):
     """Records the PyTorch ops run inside the block into the Keel recording `path` (see the
-    module's docstring). An existing recording is replaced once the new one is complete; a
+    module's docstring). An existing file at `path` is replaced when the recording starts; a
     directory, a device, a FIFO or the running script is refused, and a symlink's file is
     written, the link kept (as `keel record -o`). dumps=True stores every op's output
     values (zstd), dumps="blocks.1" those of the ops in that module, so `keel diff` compares them

@@ -714,16 +714,17 @@ class Recording {
     } idle{*this};
     // Note [keel_torch step boundary]: the optimizer's step ends the step; the next one begins
     // with the next op, so preparing the next batch is the next step's (forward, as Keel's
-    // trainer makes its batch), except the optimizer's zero_grad and reading a number (the
-    // loss, for a log line: _local_scalar_dense), which stay in the step they finish.
+    // trainer makes its batch), except the optimizer's (or the model's) zero_grad and reading a
+    // number (the loss, for a log line: detach, _local_scalar_dense), which stay in the step they
+    // finish; ops that are not computation (profiler markers) end nothing.
     const Overload& o = overload(func);
-    if (pendingEnd_ && o.name != "_local_scalar_dense" &&
+    if (o.skip) return call(o.run, args, kw);  // not computation: ends no step
+    if (pendingEnd_ && o.name != "_local_scalar_dense" && o.name != "detach" &&
         !session_.attr("in_zero_grad").cast<bool>()) {
       session_.attr("_end_pending")();
       afterBackward_ = false;  // what follows is not the optimizer's work
     }
     if (PyList_GET_SIZE(pendingOutputs_.ptr()) > 0) hookPending();
-    if (o.skip) return call(o.run, args, kw);
 
     std::vector<py::object>& inputs = inputs_;
     tensorsOf(args.ptr(), inputs);
@@ -958,8 +959,13 @@ class Recording {
         error = "recording the last ops";
       }
     }
-    const std::unique_ptr<WriterThread> writer = std::move(writer_);
-    writer->close(endedStatus(status, error));
+    {
+      // The output lock goes with the file's close, whatever it throws: the same path recorded
+      // again in this process (a notebook's next cell) found its own lock still held.
+      const std::unique_ptr<OutputLock> lock = std::move(lock_);
+      const std::unique_ptr<WriterThread> writer = std::move(writer_);
+      writer->close(endedStatus(status, error));
+    }
     if (failed) std::rethrow_exception(failed);
   }
 

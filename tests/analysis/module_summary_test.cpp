@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -121,9 +123,43 @@ TEST(NonFiniteMarks, InfinitiesCarriedInOrPlacedByAMaskAreNotWhereTheyAppear) {
   EXPECT_TRUE(storage::nonFiniteAppearsAt(log));
   log.tensors[1].hasStats = false;  // without statistics nothing is known
   EXPECT_FALSE(storage::nonFiniteAppearsAt(log));
+  // A mask broadcast over the batch: its -inf once per copy is carried; one more is new.
+  storage::OpRecord scaled;
+  scaled.name = "add";
+  scaled.tensors = {tensor(Role::Input, 0, 0), tensor(Role::Input, 0, 6),
+                    tensor(Role::Output, 0, 12)};
+  scaled.tensors[0].shape = {2, 4, 4};
+  scaled.tensors[1].shape = {4, 4};
+  scaled.tensors[2].shape = {2, 4, 4};
+  EXPECT_FALSE(storage::nonFiniteAppearsAt(scaled));
+  scaled.tensors[2].stats.infCount = 13;  // an overflow beside the mask
+  EXPECT_TRUE(storage::nonFiniteAppearsAt(scaled));
   EXPECT_TRUE(storage::isMaskingFill("fill"));
   EXPECT_TRUE(storage::isMaskingFill("where"));
   EXPECT_FALSE(storage::isMaskingFill("softmax"));
+}
+
+// Note [Non-finite colouring]: a mask's infinities carried on mark nothing; a fault's Inf carried
+// on is red all the way (only where it appeared was red, and the ops holding it after were grey).
+TEST(NonFiniteMarks, AMasksInfinitiesMarkNothingAFaultsAreRedWhereverTheyGo) {
+  auto ops = smallStep();
+  EXPECT_EQ(ops[2].name, "matmul");
+  ops[2].tensors[1].hasStats = true;  // matmul (#3) writes tensor 12 with an Inf of its own
+  ops[2].tensors[1].stats.infCount = 1;
+  ops[3].tensors[0].hasStats = true;  // the next op reads it and carries it on
+  ops[3].tensors[0].stats.infCount = 1;
+  ops[3].tensors[1].hasStats = true;
+  ops[3].tensors[1].stats.infCount = 1;
+  auto marks = nonFiniteMarks(ops);
+  EXPECT_EQ(marks[2], NonFiniteMark::NonFinite);
+  EXPECT_EQ(marks[3], NonFiniteMark::NonFinite);  // carries the fault on
+  EXPECT_FALSE(storage::nonFiniteAppearsAt(ops[3]));
+  // The same chain from a masking fill: nothing marked, and the consumers are not Fed.
+  ops[2].name = "masked_fill";
+  marks = nonFiniteMarks(ops);
+  EXPECT_EQ(marks[2], NonFiniteMark::None);
+  EXPECT_EQ(marks[3], NonFiniteMark::None);
+  EXPECT_EQ(std::count(marks.begin(), marks.end(), NonFiniteMark::None), long(ops.size()));
 }
 
 }  // namespace

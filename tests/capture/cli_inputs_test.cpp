@@ -288,7 +288,7 @@ TEST_F(KeelInputs, ACheckpointWithManyTensorsIsReadInBoundedTime) {
 
   CliResult inspect = slow("ckpt inspect " + q("many.safetensors"));
   ASSERT_EQ(inspect.status, 0) << inspect.err;
-  EXPECT_NE(inspect.out.find(": 1 files, 200000 keys, 200000 shards, 0 B\n"), std::string::npos)
+  EXPECT_NE(inspect.out.find(": 1 file, 200000 keys, 200000 shards, 0 B\n"), std::string::npos)
       << inspect.out.substr(0, 300);
   const size_t first = inspect.out.find("\n  t000000 "), last = inspect.out.find("\n  t199999 ");
   EXPECT_TRUE(first != std::string::npos && last != std::string::npos && first < last)

@@ -236,6 +236,12 @@ TEST_F(KeelRanks, AFailedRunLeavesTheFolderAsItWasAndAForeignManifestIsRefused) 
                                       path("run") + "'");
   expectErrorOnRanks(failed, "/nonexistent/corpus");
   EXPECT_EQ(keel::readFile(manifest), before);
+  // A new folder whose setup fails still has its manifest: the folder can be inspected.
+  expectErrorOnRanks(
+      mpi(2, "record --config " + std::string(kTiny) +
+                 " --steps 1 --dp 2 --data /nonexistent/corpus -o '" + path("fresh") + "'"),
+      "/nonexistent/corpus");
+  EXPECT_EQ(keel::storage::readManifest(path("fresh")).dp, 2);
   const CliResult inspect = keel("inspect '" + path("run") + "'");
   ASSERT_EQ(inspect.status, 0) << inspect.err;
   EXPECT_NE(inspect.out.find("2 ranks: dp 2 x tp 1"), std::string::npos) << inspect.out;

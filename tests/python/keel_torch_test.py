@@ -175,6 +175,46 @@ class KeelTorchTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("steps      1", out)
 
+    def test_work_after_the_optimizer_step_goes_to_the_step_it_belongs_to(self):
+        # Note [keel_torch step boundary]: model.zero_grad() and reading the loss stay in the step
+        # the optimizer ended; the next batch is the next step's first forward work.
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with keel_torch.record(self.path, model=model, optimizer=opt):
+            for _ in range(3):
+                loss = model(torch.randn(5, 8)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                model.zero_grad()
+                float(loss.detach().item())
+        rc, out, err = keel("ops", self.path)
+        self.assertEqual(rc, 0, err)
+        rows = [l.split() for l in out.splitlines() if l[:1] == " " and l.split()[0].isdigit()]
+        randn = [(r[1], r[2]) for r in rows if r[3] == "randn"]
+        self.assertEqual(randn, [("1", "forward"), ("2", "forward"), ("3", "forward")], out)
+        zeroing = sorted({(r[1], r[2]) for r in rows if r[3] == "zero_"})
+        self.assertEqual(zeroing, [("1", "optimizer"), ("2", "optimizer"), ("3", "optimizer")],
+                         out)
+        detach = sorted({r[1] for r in rows if r[3] == "detach" and r[2] != "backward"})
+        self.assertNotIn("4", detach, out)
+
+    def test_the_same_path_recorded_twice_in_one_process(self):
+        # The output lock goes with close(): a second recording of the same path in the same
+        # process (a notebook's next cell) found its own lock still held.
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sessions = []  # held, as a `with ... as s` or a traceback holds them
+        for _ in range(2):
+            with keel_torch.record(self.path, model=model, optimizer=opt) as s:
+                sessions.append(s)
+                model(torch.randn(5, 8)).pow(2).mean().backward()
+                opt.step()
+        self.assertFalse(os.path.exists(os.path.join(self.dir.name, ".torch.db.lock")))
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("status finished", out)
+
     def test_step_outside_a_recording_is_an_error(self):
         with self.assertRaises(RuntimeError):
             keel_torch.step()

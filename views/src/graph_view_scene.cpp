@@ -538,7 +538,7 @@ void GraphView::updateLegend() {
     case ColorMode::NonFinite:
       html = swatch(nonFiniteColor(analysis::NonFiniteMark::NonFinite), tr("NaN/Inf output")) +
              swatch(nonFiniteColor(analysis::NonFiniteMark::Fed), tr("fed by one")) +
-             swatch(nonFiniteColor(analysis::NonFiniteMark::None), tr("finite"));
+             swatch(nonFiniteColor(analysis::NonFiniteMark::None), tr("finite (or a mask's -inf)"));
       if (nonFinite_.empty()) html += tr("<i>(none in this step)</i>");
       break;
     case ColorMode::Divergence:

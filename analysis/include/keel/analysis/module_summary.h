@@ -32,9 +32,14 @@ struct OpVerdicts {
   bool missingAreEqual = false;  // the diff kept mismatches only: an op not listed was equal
 };
 
+// What marks an op in the graph's non-finite colouring: See Note [Non-finite colouring].
+enum class NonFiniteMark { None, Fed, NonFinite };
 // The summary of the ops `seqs` among `ops` (one step, by seq); seqs not in `ops` are skipped.
+// `marks`: nonFiniteMarks(ops), computed once by a caller summarizing many modules (without it,
+// an op counts as non-finite where NaN/Inf values appear in it).
 ModuleSummary summarizeOps(std::span<const storage::OpRecord> ops, std::span<const uint64_t> seqs,
-                           const OpVerdicts* verdicts = nullptr);
+                           const OpVerdicts* verdicts = nullptr,
+                           const std::vector<NonFiniteMark>* marks = nullptr);
 
 // "f:<scope>", "b:<scope>", "o:<scope>": the key of a module of one phase.
 std::string moduleKey(Phase phase, std::string_view scope);
@@ -55,11 +60,9 @@ std::vector<std::string> summaryLines(const ModuleSummary& s);
 // < Diverged 3.
 int verdictRank(storage::DiffStatus s);
 
-// What marks an op in the graph's non-finite colouring: See Note [Non-finite colouring].
-enum class NonFiniteMark { None, Fed, NonFinite };
-// For each of `ops`: NonFinite where NaN/Inf values appear (storage::nonFiniteAppearsAt: Note
-// [Where non-finite values appear]), Fed when it reads an output of such an op (by the one
-// producer definition, buildDataflow) and is not one itself.
+// For each of `ops`: NonFinite when it holds a fault's NaN or Inf (where they appear, or
+// carried on: Note [Non-finite colouring]), Fed when it reads an output of such an op (by the one
+// producer definition, buildDataflow) and is not one itself; a mask's infinities mark nothing.
 std::vector<NonFiniteMark> nonFiniteMarks(std::span<const storage::OpRecord> ops);
 
 }  // namespace keel::analysis

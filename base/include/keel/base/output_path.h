@@ -167,7 +167,13 @@ class OutputLock : NonCopyable {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
       throw Error("cannot lock output " + output + " (" + path_ + "): " + std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    // A reader probing the lock (outputLockHeld) holds it shared for an instant: a few tries.
+    bool locked = false;
+    for (int attempt = 0; attempt < 5 && !locked; ++attempt) {
+      locked = ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+      if (!locked && errno == EWOULDBLOCK && attempt < 4) ::usleep(10000);
+    }
+    if (!locked) {
       char pid[32] = {};
       const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
       ::close(fd_);
@@ -195,10 +201,13 @@ class OutputLock : NonCopyable {
 // Whether a live process holds `output`'s OutputLock (it is writing the file now). A recording
 // whose status still says "running" while nobody holds its lock ended without closing: its
 // process was killed or crashed (the lock file stays behind, its flock goes with the process).
+// Only a lock file that is missing, or that opens and locks, says "not held": where the probe
+// cannot tell (no permission to read it, a file system without flock), it answers "held", so
+// that no live writer is called dead.
 inline bool outputLockHeld(const std::string& output) {
   const int fd = ::open(lockPath(followOutputLink(output)).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  if (fd < 0) return errno != ENOENT;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
   ::close(fd);  // closing releases a shared lock taken here
   return held;
 }

@@ -231,8 +231,9 @@ class RecordingRun {
   void afterOp(const OpEvent& e);
   void applyPendingBreaks();  // engine thread: takes what setBreaks left
   void teardown();
-  void commitOutput();   // a replacement written beside the output: renamed over it
-  void discardOutput();  // a replacement whose run never started: removed
+  void commitOutput();      // a replacement written beside the output: renamed over it
+  void writeRunManifest();  // rank 0: the run folder's manifest.json (see start())
+  void discardOutput();     // a replacement whose run never started: removed
 
   std::string runDir_;     // a multi-rank run's folder (spec_.output is this rank's file in it)
   int hangHandler_ = 0;    // dist::addHangHandler's id (0: none)

@@ -96,14 +96,18 @@ struct OpRecord {
 };
 
 // Note [Where non-finite values appear]
-// "First NaN/Inf" (keel inspect, the studio's banner and colouring, --break-on nan's report, the
-// nonfinite_ops index) names the op where non-finite values appear, not every op that holds
-// them (needs statistics). An op is such a place when an output holds a NaN, or holds an
-// infinity that neither came in with its inputs (an input held one: `scores + mask` carries the
-// mask's -inf along) nor is a masking fill's value (masked_fill, fill, full, where, ...: ops that
-// only place values they are given, as -inf before a softmax; a PyTorch causal mask read as the
-// run's first NaN/Inf, hiding a real one behind it). A NaN is always such a place.
+// "First NaN/Inf" (keel inspect, the studio's banner, --break-on nan's report, the nonfinite_ops
+// index) names the op where non-finite values appear, not every op that holds them (needs
+// statistics). An op is such a place when an output holds a NaN, or holds more infinities than
+// its inputs could have carried into it (`scores + mask` carries the mask's -inf along, counted
+// once per broadcast copy; an overflow to +inf of the unmasked entries adds more) — unless it is
+// a masking fill (masked_fill, fill, full, where, ...: ops that only place values they are
+// given, as -inf before a softmax; a PyTorch causal mask read as the run's first NaN/Inf, hiding
+// a real one behind it). A NaN is always such a place. The graph's colouring (Note [Non-finite
+// colouring]) follows the values from there: an op holding a fault's NaN or Inf is red, an
+// op holding only a mask's infinities is not.
 bool isMaskingFill(const std::string& opName);
+bool holdsNonFinite(const OpRecord& op);  // an output's statistics count a NaN or an Inf
 bool nonFiniteAppearsAt(const OpRecord& op);
 
 struct StackFrame {
