@@ -276,21 +276,35 @@ std::string BreakConditions::checkStep(int64_t step, const WorkloadMetrics& m) {
 // appear]): any NaN; an infinity unless the op is a masking fill or took one from its inputs.
 std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
   std::string infinity;  // the report of the first output holding an infinity (and no NaN)
-  for (size_t i = 0; i < e.outputs.size(); ++i) {
-    if (!e.outputs[i].defined() || !isFloating(e.outputs[i].dtype())) continue;
-    const storage::TensorStats st = tensorStats(hostCopy(e.outputs[i]));
+  // What the op wrote: its outputs, or for an optimizer-style op the inputs it writes in place
+  // (adamw_step's parameter and moments: the recording counts them as its outputs too).
+  std::vector<std::pair<const Tensor*, std::string>> written;
+  for (size_t i = 0; i < e.outputs.size(); ++i)
+    written.push_back({&e.outputs[i], "output " + std::to_string(i)});
+  if (e.op->mutatesInputs)
+    for (size_t i = 0; i < e.inputs.size(); ++i)
+      if (i >= 32 || !(e.op->readOnlyInputs & (1u << i)))
+        written.push_back({&e.inputs[i], "input " + std::to_string(i) + " (written)"});
+  for (const auto& [t, what] : written) {
+    if (!t->defined() || !isFloating(t->dtype())) continue;
+    const storage::TensorStats st = tensorStats(hostCopy(*t));
     if (st.nanCount > 0 || (st.infCount > 0 && infinity.empty())) {
-      std::string why = "breakpoint: first NaN/Inf (output " + std::to_string(i) + " of " +
-                        e.op->name + ": " + std::to_string(st.nanCount) + " NaN, " +
-                        std::to_string(st.infCount) + " Inf)";
+      std::string why = "breakpoint: first NaN/Inf (" + what + " of " + e.op->name + ": " +
+                        std::to_string(st.nanCount) + " NaN, " + std::to_string(st.infCount) +
+                        " Inf)";
       if (st.nanCount > 0) return why;
       infinity = std::move(why);
     }
   }
   if (infinity.empty() || storage::isMaskingFill(e.op->name)) return {};
-  for (const Tensor& in : e.inputs)
-    if (in.defined() && isFloating(in.dtype()) && tensorStats(hostCopy(in)).infCount > 0)
+  for (size_t i = 0; i < e.inputs.size(); ++i) {
+    const Tensor& in = e.inputs[i];
+    const bool writtenHere =
+        e.op->mutatesInputs && (i >= 32 || !(e.op->readOnlyInputs & (1u << i)));
+    if (!writtenHere && in.defined() && isFloating(in.dtype()) &&
+        tensorStats(hostCopy(in)).infCount > 0)
       return {};  // carried in
+  }
   return infinity;
 }
 

@@ -184,6 +184,24 @@ TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
+// An optimizer step that writes a NaN into a parameter (adamw_step has no outputs: it writes its
+// inputs): --break-on nan stops there, at the op inspect names, not a step later.
+TEST_F(BreakOn, NanWrittenByTheOptimizerStopsAtThatUpdate) {
+  CliResult r = record("opt.db", "--break-on nan", "KEEL_TEST_PERTURB=adamw_step:3:nan");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  keel::storage::Recording rec = keel::storage::Recording::open(path("opt.db"));
+  const auto first = rec.firstNonFinite();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->name, "adamw_step");
+  EXPECT_EQ(lastSeq(rec), first->seq);
+  EXPECT_EQ(stopLine(r).rfind("keel record: stopped at op #" + std::to_string(first->seq) +
+                                  " (step 1): breakpoint: first NaN/Inf (input 0 (written) of "
+                                  "adamw_step: 1 NaN, 0 Inf)",
+                              0),
+            0u)
+      << r.out;
+}
+
 TEST_F(BreakOn, OpAndScopeStopAtTheirFirstMatch) {
   CliResult r = record("op.db", "--break-on op:cross_entropy");
   ASSERT_EQ(r.status, 1) << r.out << r.err;

@@ -110,11 +110,12 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
 
 // Note [Test perturbation]: KEEL_TEST_PERTURB="<op>:<n>[:<mode>]" changes the n-th call (1-based,
 // counted in this process) of op <op>. Modes: "add" (default) adds 1000 to the first element of
-// output 0 (gross on purpose: its MD5 and its statistics both change); "nan" sets it to NaN;
-// "fail" makes the kernel throw keel::Error; "skip" makes the call not happen (the op returns its
-// first input, nothing is dispatched or recorded: a rank whose program skipped a collective). Tests
-// use it to inject a divergence, a NaN or an op failure into one kernel of one run and check that
-// `keel diff`, the studio's breakpoints and its failed-session handling find it at that op.
+// output 0, or of an optimizer-style op's first written input (adamw_step's parameter; gross on
+// purpose: its MD5 and its statistics both change); "nan" sets it to NaN; "fail" makes the kernel
+// throw keel::Error; "skip" makes the call not happen (the op returns its first input, nothing is
+// dispatched or recorded: a rank whose program skipped a collective). Tests use it to inject a
+// divergence, a NaN or an op failure into one kernel of one run and check that `keel diff`, the
+// studio's breakpoints and its failed-session handling find it at that op.
 // KEEL_TEST_PERTURB_RANK=<r> limits it to rank r of a multi-rank run (the launcher's
 // OMPI_COMM_WORLD_RANK or PMI_RANK), so one replica can be made to drift. Read once at start-up;
 // when unset the cost is one predictable branch per op.
@@ -153,14 +154,21 @@ struct Perturbation {
 };
 Perturbation g_perturb;
 
-void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs) {
+// An optimizer-style op (mutatesInputs, no outputs) has its first written input changed instead.
+void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs,
+                  std::span<const Tensor> inputs) {
   if (g_perturb.mode == Perturbation::Mode::Skip) return;
-  if (def.name != g_perturb.op || outputs.empty() || outputs[0].numel() == 0) return;
+  if (def.name != g_perturb.op) return;
+  const Tensor* target = outputs.empty() ? nullptr : &outputs[0];
+  if (!target && def.mutatesInputs)
+    for (size_t i = 0; i < inputs.size() && !target; ++i)
+      if (!(i < 32 && (def.readOnlyInputs >> i) & 1u)) target = &inputs[i];
+  if (!target || target->numel() == 0) return;
   if (g_perturb.seen.fetch_add(1) + 1 != g_perturb.n) return;
   if (g_perturb.mode == Perturbation::Mode::Fail)
     throw Error("op '" + def.name + "': injected failure (KEEL_TEST_PERTURB)");
   const bool nan = g_perturb.mode == Perturbation::Mode::Nan;
-  const Tensor& out = outputs[0];
+  const Tensor& out = *target;
   visitDType(out.dtype(), [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
       // Element 0, read and written back through the host for a device output.
@@ -347,7 +355,7 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
       }
       k.fn(kctx);
       if (g_perturb.on) [[unlikely]]
-        maybePerturb(def, outputs);  // See Note [Test perturbation]
+        maybePerturb(def, outputs, inputs);  // See Note [Test perturbation]
       if (def.mutatesInputs)
         for (auto& t : inputs) t.bumpVersion();
     }
