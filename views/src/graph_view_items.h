@@ -193,6 +193,7 @@ class GraphView::Canvas : public QGraphicsView {
   // The blank strip beside the viewport that holds a thin minimap (see Minimap::place); the
   // scene point at the viewport's top left stays there. False when it was already so.
   bool setStrip(const QMargins& m);
+  QMargins strip() const { return viewportMargins(); }
 
  protected:
   void wheelEvent(QWheelEvent* e) override;

@@ -60,14 +60,20 @@ bool GraphView::Canvas::setStrip(const QMargins& m) {
 
 void GraphView::Minimap::place() {
   Canvas* canvas = owner_->canvas_;
-  // Shown only when the viewport does not hold the whole scene.
+  // Shown only when the viewport, as wide as it is without a strip, does not hold the whole
+  // scene (measured with the strip, a graph that fits the whole viewport kept its strip).
   const auto needed = [&] {
-    return !pixmap_.isNull() && !viewRect().contains(sceneRect_.adjusted(20, 20, -20, -20));
+    if (pixmap_.isNull()) return false;
+    QRectF seen = viewRect();
+    const QMargins strip = canvas->strip();
+    const double scale = canvas->transform().m11();
+    if (scale > 0) seen.adjust(0, 0, strip.right() / scale, strip.bottom() / scale);
+    return !seen.contains(sceneRect_.adjusted(20, 20, -20, -20));
   };
   // A thin minimap (a tall graph's, or a wide one's) gets a strip of its own beside the viewport
   // instead of covering the nodes at the canvas's edge: a narrow graph put its right-hand nodes
   // under it. A squarer one stays over the corner: a strip that wide would cost the canvas more
-  // than the corner hides. The strip never makes the minimap unneeded (the viewport only shrinks).
+  // than the corner hides.
   const int kThin = 60, kGap = 6;
   QMargins strip;
   if (needed()) {
