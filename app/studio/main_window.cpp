@@ -40,6 +40,7 @@
 #include "keel/storage/errors.h"
 #include "keel/storage/run_folder.h"
 #include "keel/storage/torch_memory.h"
+#include "keel/storage/writer.h"
 #include "keel/views/diff_view.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/inspector.h"
@@ -138,7 +139,17 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   updateActions();
 }
 
-MainWindow::~MainWindow() = default;
+MainWindow::~MainWindow() {
+  // Let go of the files the views read, then settle the live session's recording: it closed in
+  // WAL mode while the views read it, and with no reader left it can leave it (its -wal and -shm
+  // files go; storage::settleRecording).
+  const QString written = session_ ? session_->recordingPath() : QString();
+  delete sourceA_;
+  delete sourceB_;
+  sourceA_ = sourceB_ = nullptr;
+  if (!written.isEmpty() && QFileInfo::exists(written))
+    storage::settleRecording(written.toStdString());
+}
 
 void MainWindow::buildActions() {
   QMenu* file = menuBar()->addMenu("&File");

@@ -12,6 +12,7 @@
 #include "keel/error.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
+#include "keel/storage/writer.h"
 #include "keel/workload.h"
 
 namespace keel::studio {
@@ -115,10 +116,15 @@ class Session::Worker {
         run_->fail(failure);
       }
     }
+    std::string written;
     {
       std::lock_guard<std::mutex> lk(s_->mu_);
+      if (run_ && run_->started()) written = run_->spec().output;
       run_.reset();
     }
+    // The views read the file while it was written, so it closed in WAL mode: checkpoint it into
+    // the .db (the views keep reading; the -wal goes when the studio lets go of the file).
+    if (!written.empty()) storage::settleRecording(written);
     if (!failure.empty()) {
       s_->setState(State::Failed);
       emit s_->failed(QString::fromStdString(failure), quint64(failedSeq));

@@ -436,6 +436,16 @@ void SqliteWriter::close() {
 
 }  // namespace
 
+void settleRecording(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK) {
+    sqlite3_busy_timeout(db, 2000);
+    sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr);
+    sqlite3_exec(db, "PRAGMA journal_mode = DELETE", nullptr, nullptr, nullptr);
+  }
+  sqlite3_close_v2(db);
+}
+
 std::unique_ptr<Writer> Writer::create(const std::string& path, const RunInfo& run) {
   return create(path, run, WriterOptions{});
 }

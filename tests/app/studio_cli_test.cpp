@@ -82,6 +82,10 @@ class StudioCliTest : public QObject {
     Result r = studio({"--session", kTiny, "--run", "--steps", "2", "--seed", "3", "--output", out,
                        "--screenshot", shot, "--views-dir", views, "--size", "1920x1080"});
     QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    // One self-contained file (storage::settleRecording): the views read it while it was written,
+    // and it was left in WAL mode, most of the run in live.db-wal (a copy of the .db had 0 ops).
+    QVERIFY(!QFileInfo::exists(out + "-wal"));
+    QVERIFY(!QFileInfo::exists(out + "-shm"));
     storage::Recording rec = storage::Recording::open(out.toStdString());
     const auto steps = rec.steps();
     QCOMPARE(int(steps.size()), 2);

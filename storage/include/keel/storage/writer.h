@@ -18,6 +18,13 @@ struct WriterOptions {
   int64_t maxBytes = 0;
 };
 
+// A closed recording that viewers kept in WAL mode (a live session's views read it while it was
+// written: Writer::close could not leave WAL) made self-contained: everything committed is
+// checkpointed into the main file, so the .db alone holds the run (a copy of it read as 0 ops
+// and "running"); with no other connection left, the file also leaves WAL mode and its -wal and
+// -shm files go. Best effort and quiet: a file it cannot open or lock stays as it was.
+void settleRecording(const std::string& path);
+
 class Writer {
  public:
   // Creates (or truncates) the file and writes the schema and run row. Throws StorageError
