@@ -45,7 +45,11 @@ struct QtArgv {
 QString describe(MainWindow& win) {
   QString text;
   if (const auto s = win.summary(keel::views::Side::A)) {
-    text += QString("%1: %2 steps, %3 ops").arg(s->path).arg(s->steps.size()).arg(s->opCount);
+    text += QString("%1: %2 step%3, %4 ops")
+                .arg(s->path)
+                .arg(s->steps.size())
+                .arg(s->steps.size() == 1 ? "" : "s")
+                .arg(s->opCount);
   } else {
     text += "no recording";
   }
@@ -120,9 +124,6 @@ int main(int argc, char** argv) {
   std::optional<keel::studio::SessionConfig> session = cli.session;
   if (session && session->output.isEmpty())
     session->output = keel::studio::defaultSessionPath(session->configPath);
-  if (session)
-    std::printf("keel-studio: recording the session to %s\n", qPrintable(session->output));
-  std::fflush(stdout);
 
   const bool screenshot = !cli.screenshot.isEmpty();
   // Screenshots use the default layout and leave the user's settings (recent files, window
@@ -146,6 +147,12 @@ int main(int argc, char** argv) {
     if (onSettled) onSettled();
   };
   if (session) {
+    // Said once the recording exists: a session that fails to start (a malformed config, an
+    // output it cannot write) says only why.
+    QObject::connect(win.session(), &Session::started, &win, [](const QString& path) {
+      std::printf("keel-studio: recording the session to %s\n", qPrintable(path));
+      std::fflush(stdout);
+    });
     QObject::connect(win.session(), &Session::stateChanged, &win,
                      [&, started = false](Session::State s) mutable {
                        if (s == Session::State::Paused && !started) {
@@ -208,6 +215,15 @@ int main(int argc, char** argv) {
     // Once loaded and selected, wait for the selection's details too, then save and quit.
     then = [&] {
       win.whenIdle([&] {
+        // A session that failed before it recorded anything has nothing to picture: the error
+        // alone, as `keel record` gives it (a picture of an empty window was saved).
+        if (session && !win.summary(keel::views::Side::A) && !win.lastError().isEmpty()) {
+          std::fprintf(stderr, "keel-studio: error: %s\n",
+                       qPrintable(win.lastError().section('\n', 0, 0)));
+          exitCode = 2;
+          app.quit();
+          return;
+        }
         if (!win.saveScreenshots(cli.screenshot, cli.viewsDir)) {
           std::fprintf(stderr, "keel-studio: error: cannot write %s\n", qPrintable(cli.screenshot));
           exitCode = 2;

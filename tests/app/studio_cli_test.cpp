@@ -310,6 +310,34 @@ class StudioCliTest : public QObject {
     QCOMPARE(check.readAll(), before);  // the recording refused as a picture is untouched
   }
 
+  // A session that fails before it records anything (a malformed config, an output folder that
+  // does not exist): the error alone, exit 2, no picture — it printed "recording the session
+  // to ..." and saved a picture of an empty window.
+  void aSessionThatCannotStartIsOneLineAndNoPicture() {
+    const QString bad = dir_ + "/malformed.json", shot = dir_ + "/never.png";
+    {
+      QFile f(bad);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write("{ not json");
+    }
+    const QList<QPair<QStringList, QString>> cases = {
+        {{"--session", bad, "--run", "--steps", "1", "--output", dir_ + "/m.db"}, "invalid JSON"},
+        {{"--session", kTiny, "--run", "--steps", "1", "--output", dir_ + "/no/such/dir/x.db"},
+         "no/such/dir/x.db"},
+    };
+    for (const auto& [args, expect] : cases) {
+      const Result r = studio(args + QStringList{"--screenshot", shot, "--size", "800x600"});
+      const QString what = args.join(' ') + "\n" + diag(r);
+      QVERIFY2(r.code == 2, qPrintable(what));
+      // One error line (Qt's own warnings about the offscreen platform aside).
+      QVERIFY2(r.err.count("keel-studio: error: ") == 1, qPrintable(what));
+      QVERIFY2(r.err.contains(expect), qPrintable(what));
+      QVERIFY2(!r.out.contains("recording the session") && !r.out.contains("saved "),
+               qPrintable(what));
+      QVERIFY(!QFileInfo::exists(shot));
+    }
+  }
+
   // A recording being written by another process (keel record): the studio opens the steps
   // committed so far (SQLite WAL readers), never an error about a half-written row.
   void aRecordingBeingWrittenOpensWithItsCommittedSteps() {
