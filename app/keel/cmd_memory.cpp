@@ -73,10 +73,9 @@ int runReplay(const std::string& path, const std::string& kind) {
 int runStats(const std::string& path, const std::vector<int64_t>& at) {
   const storage::Recording rec = storage::Recording::open(path);
   const analysis::MemoryModel m = analysis::loadMemoryModel(rec);
-  if (m.eventCount() == 0) {
-    std::printf("%s: no allocator events (record with keel record --allocator)\n", path.c_str());
-    return 0;
-  }
+  if (m.eventCount() == 0)  // as `keel memory replay` says it: an error a script sees
+    return fail("recording " + path +
+                " has no allocator events (record with `keel record --allocator` or --all)");
   std::vector<std::pair<std::string, analysis::MemFigures>> cols;
   // "peak allocated": the figures at the peak of allocated memory (peak reserved can come at
   // another event; `keel memory replay` prints both peaks).

@@ -280,6 +280,7 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     try {  // the recording never replaces the config (Note [Outputs never destroy inputs])
       keel::checkOutputPath("--output", s.output.toStdString(),
                             {{"the session's config", s.configPath.toStdString()}});
+      keel::checkReplacesOnlyARecording("--output", s.output.toStdString());
     } catch (const keel::Error& e) {
       return error(QString::fromUtf8(e.what()));
     }

@@ -376,6 +376,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
       if (c.kind == BreakCondition::Kind::Md5Ref)
         inputs.push_back({"the reference recording", c.text});
     checkOutputPath("output", spec_.output, inputs);
+    checkReplacesOnlyARecording("output", spec_.output);
     spec_.output = followOutputLink(spec_.output);  // a symlink's file is written, not the link
   }
   const bool builtIn = spec_.workloadPath.empty();

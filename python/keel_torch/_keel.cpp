@@ -647,6 +647,7 @@ class Recording {
             const std::string& configJson, uint64_t seed, const std::string& optionsJson,
             const std::string& frameworkVersion, const std::string& script) {
     checkOutputPath("keel_torch.record: output", path, {{"the running script", script}});
+    checkReplacesOnlyARecording("keel_torch.record: output", path);
     const std::string target = followOutputLink(path);
     lock_ = std::make_unique<OutputLock>(target);
     storage::RunInfo run;

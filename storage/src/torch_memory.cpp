@@ -416,6 +416,7 @@ TorchMemoryImported importTorchMemorySnapshot(const std::string& snapshot,
   std::vector<NamedInput> inputs = options.otherInputs;
   inputs.push_back({"the snapshot", snapshot});
   checkOutputPath(options.outputOption, output, inputs);
+  checkReplacesOnlyARecording(options.outputOption, output);
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const auto t0 = Clock::now();

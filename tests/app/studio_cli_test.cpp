@@ -261,6 +261,9 @@ class StudioCliTest : public QObject {
         {{"--session", kTiny, "--output", kTiny}, "--output " + kTiny + " is the session's config"},
         {{"--session", kTiny, "--output", dir_}, "--output: expected a recording file name"},
         {{"--session", kTiny, "--output", "/dev/null"}, "not a regular file"},
+        // A recording replaces only a recording.
+        {{"--session", kTiny, "--output", dir_ + "/notes.txt"},
+         "--output " + dir_ + "/notes.txt exists and is not a recording"},
         {{"--session", kTiny, a}, "exclusive"},
         {{"--steps", "3"}, "belong to a live session"},
         {{"--run"}, "belong to a live session"},
@@ -293,6 +296,11 @@ class StudioCliTest : public QObject {
     QVERIFY(check.open(QIODevice::ReadOnly));
     const QByteArray before = check.readAll();
     check.close();
+    {
+      QFile notes(dir_ + "/notes.txt");
+      QVERIFY(notes.open(QIODevice::WriteOnly));
+      notes.write("my notes\n");
+    }
     // A cuda session where the machine has no CUDA device (a GPU machine starts it instead).
     if (keel::cudaDevices() == 0)
       cases.append({{"--session", kTiny, "--backend", "cuda"},
@@ -308,6 +316,9 @@ class StudioCliTest : public QObject {
     }
     QVERIFY(check.open(QIODevice::ReadOnly));
     QCOMPARE(check.readAll(), before);  // the recording refused as a picture is untouched
+    QFile notes(dir_ + "/notes.txt");
+    QVERIFY(notes.open(QIODevice::ReadOnly));
+    QCOMPARE(notes.readAll(), QByteArray("my notes\n"));
   }
 
   // A session that fails before it records anything (a malformed config, an output folder that

@@ -157,6 +157,23 @@ TEST_F(KeelOutputs, NonRegularOutputsAreRefusedUntouched) {
   expectOnly({"c.json", "fifo", "sub", "r.db"});
 }
 
+// A recording replaces only a recording (or an empty file): `keel record -o train.py` replaced
+// the user's script with SQLite. Exports still replace their own kind of file.
+TEST_F(KeelOutputs, ARecordingReplacesOnlyARecording) {
+  {
+    std::ofstream notes(path("notes.txt"));
+    notes << "my notes\n";
+  }
+  expectOneLineError(
+      record(path("notes.txt")),
+      "output " + path("notes.txt") + " exists and is not a recording; refusing to replace it");
+  EXPECT_EQ(keel::readFile(path("notes.txt")), "my notes\n");
+  std::ofstream(path("empty.db")).close();
+  ASSERT_EQ(record(path("empty.db")).status, 0);  // an empty file: nothing to lose
+  ASSERT_EQ(record(path("empty.db")).status, 0);  // a recording: replaced
+  ASSERT_EQ(keel("export csv '" + path("empty.db") + "' -o '" + path("notes.txt") + "'").status, 0);
+}
+
 TEST_F(KeelOutputs, AnExistingRecordingIsKeptUntilTheNewOneIsComplete) {
   ASSERT_EQ(record(path("r.db")).status, 0);
   const std::string before = slurp(dir_ / "r.db");

@@ -351,6 +351,12 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
                      "/proc/no/such/dir.db");
   expectOneLineError(keel("diff '" + path("missing.db") + "' '" + path("junk.db") + "'"),
                      "missing.db");
+  // Memory figures of a recording without allocator events: an error, as replay says it (stats
+  // printed it on stdout and exited 0).
+  ASSERT_EQ(record("plain.db", "--steps 1").status, 0);
+  for (const char* cmd : {"memory stats", "memory replay"})
+    expectOneLineError(keel(std::string(cmd) + " '" + path("plain.db") + "'"),
+                       "has no allocator events (record with `keel record --allocator` or --all)");
   // A mistyped option is named even when a required one is missing too (CLI11 said only
   // "--output is required").
   expectOneLineError(keel("record --steps 2 --bogus"),

@@ -104,6 +104,11 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
       {"memory trace /tmp/never.trace --generate-moe --skew nan",
        "--skew: must be a finite number in [0, 8], got 'nan'"},
       {"memory stats a.db --event abc", "--event: must be a whole number ≥ 0, got 'abc'"},
+      // Options each in range whose blocks are not (a trace every reader then refused).
+      {"memory trace /tmp/never.trace --generate-moe --experts 64 --top-k 64 --layers 1 "
+       "--tokens 16777216 --d-model 65536 --d-ff 262144 --moe-steps 1",
+       "MoE trace: these options make a block of 47749527502848 bytes, past a trace block's "
+       "limit of 2^44"},
       // launch: -n missing named (it read as "arguments not expected: x --config train"), and a
       // hostfile mpirun cannot open is one line and 2 (mpirun printed a banner and exited 0).
       {"launch train --config x",

@@ -163,6 +163,14 @@ class KeelTorchTest(unittest.TestCase):
                 train(bad, steps=1)
             self.assertIn("keel_torch.record: output " + bad, str(cm.exception))
             self.assertIn(words, str(cm.exception))
+        notes = os.path.join(self.dir.name, "notes.txt")
+        with open(notes, "w") as f:
+            f.write("my notes\n")
+        with self.assertRaises(RuntimeError) as cm:
+            train(notes, steps=1)
+        self.assertIn("exists and is not a recording", str(cm.exception))
+        with open(notes) as f:
+            self.assertEqual(f.read(), "my notes\n")
         self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
         self.assertTrue(os.path.isdir(folder))
         with open(sys.modules["__main__"].__file__, "rb") as f:

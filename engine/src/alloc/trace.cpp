@@ -65,7 +65,12 @@ class TraceBuilder {
   explicit TraceBuilder(AllocTrace& t) : t_(t) {}
   uint64_t alloc(int64_t elems) {
     uint64_t id = next_++;
-    t_.events.push_back({TraceEvent::Alloc, id, uint64_t(std::max<int64_t>(elems, 1)) * 4});
+    const uint64_t bytes = uint64_t(std::max<int64_t>(elems, 1)) * 4;
+    // A block the trace format cannot hold would be written and then refused by every reader.
+    KEEL_CHECK(bytes <= kMaxTraceBlock, "MoE trace: these options make a block of ", bytes,
+               " bytes, past a trace block's limit of 2^44 (16 TiB): choose fewer --tokens, a "
+               "smaller --d-model or --d-ff");
+    t_.events.push_back({TraceEvent::Alloc, id, bytes});
     return id;
   }
   void free(uint64_t id) { t_.events.push_back({TraceEvent::Free, id, 0}); }

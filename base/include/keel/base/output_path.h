@@ -92,6 +92,12 @@ inline void checkOutputPath(const std::string& option, const std::string& output
                   "); refusing to overwrite an input");
 }
 
+// A recording's output that already exists must be a recording (an SQLite file) or empty: a
+// recording replaces it, and `keel record -o train.py` replaced the user's script. Throws
+// keel::Error naming `option` otherwise; a path that does not exist or cannot be read passes
+// (opening it for writing says why).
+inline void checkReplacesOnlyARecording(const std::string& option, const std::string& output);
+
 // The file an output path names once a symlink in its last component is followed (a chain of
 // them, a relative link read from the link's directory; a dangling link gives the path it points
 // at, which is then created). Outputs are written at that path: renaming a finished file over the
@@ -108,6 +114,19 @@ inline std::string followOutputLink(std::string path) {
     path = to.string();
   }
   throw Error("output " + path + ": too many levels of symbolic links");
+}
+
+inline void checkReplacesOnlyARecording(const std::string& option, const std::string& output) {
+  std::FILE* f = std::fopen(followOutputLink(output).c_str(), "rb");
+  if (!f) return;
+  char head[16] = {};
+  const size_t n = std::fread(head, 1, sizeof head, f);
+  std::fclose(f);
+  if (n == 0 || (n == sizeof head && std::memcmp(head, "SQLite format 3", sizeof head) == 0))
+    return;
+  throw Error(option + " " + output +
+              " exists and is not a recording; refusing to replace it (remove it first, or "
+              "choose another name)");
 }
 
 // The temporary name beside `target` a replacement is written under (same directory, so the
