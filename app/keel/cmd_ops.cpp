@@ -127,7 +127,7 @@ int runRecordedOps(const OpsArgs& a) {
   q.limit = a.limit;
   auto ops = rec.ops(q);
   // --kernels: the kernel that ran each call (Note [Kernel identity]) instead of its tensors.
-  std::printf("%8s %5s %-9s %-22s %-28s %9s  %-16s %s\n", "SEQ", "STEP", "PHASE", "OP", "SCOPE",
+  std::printf("%8s %5s %-9s %-28s %-28s %9s  %-16s %s\n", "SEQ", "STEP", "PHASE", "OP", "SCOPE",
               "TIME(us)", "MD5(out0)",
               a.kernels ? "KERNEL (variant; run-time parameters)" : "INPUTS -> OUTPUTS");
   for (const auto& op : ops) {
@@ -142,14 +142,14 @@ int runRecordedOps(const OpsArgs& a) {
       const std::string kernel =
           k.empty() ? std::string("- (no kernel recorded)")
                     : k.backend + " " + k.variant + (k.params.empty() ? "" : "; " + k.params);
-      std::printf("%8llu %5lld %-9s %-22s %-28s %9.1f  %-16s %s\n",
+      std::printf("%8llu %5lld %-9s %-28s %-28s %9.1f  %-16s %s\n",
                   static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
                   phaseName(op.phase).data(), op.name.c_str(),
                   op.scope.empty() ? "-" : op.scope.c_str(), double(op.endNs - op.beginNs) / 1e3,
                   md5.c_str(), kernel.c_str());
       continue;
     }
-    std::printf("%8llu %5lld %-9s %-22s %-28s %9.1f  %-16s %s -> %s\n",
+    std::printf("%8llu %5lld %-9s %-28s %-28s %9.1f  %-16s %s -> %s\n",
                 static_cast<unsigned long long>(op.seq), static_cast<long long>(op.step),
                 phaseName(op.phase).data(), op.name.c_str(),
                 op.scope.empty() ? "-" : op.scope.c_str(), double(op.endNs - op.beginNs) / 1e3,
