@@ -225,17 +225,24 @@ TEST_F(NoCudaDevice, CopiesToCudaAreRefusedBeforeAnyWork) {
 TEST_F(NoCudaDevice, KeelTrainAndRecordOnCudaSayWhyInOneLine) {
   const std::string dir = ::testing::TempDir() + "/keel_no_cuda";
   std::filesystem::create_directories(dir);
-  const std::string kept = dir + "/kept.db";
-  { std::ofstream(kept) << "the user's file"; }
+  const std::string kept = dir + "/kept.db";  // a recording the user already had
+  ASSERT_EQ(
+      runKeelCli("record --config tests/fixtures/gpt-tiny.json --steps 1 -o " + kept, dir).status,
+      0);
+  std::string before;
+  {
+    std::ifstream in(kept, std::ios::binary);
+    before.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   for (const std::string& args :
        {"record --config configs/gpt-mini.json --steps 1 --backend cuda -o " + kept,
         std::string("train --config configs/gpt-mini.json --steps 1 --backend cuda:0")}) {
     SCOPED_TRACE(args);
     expectOneLineError(runKeelCli(args, dir), "device 'cuda:0' is not available: ");
   }
-  std::ifstream in(kept);
+  std::ifstream in(kept, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text, "the user's file");
+  EXPECT_TRUE(text == before) << "the recording was changed";
   std::filesystem::remove_all(dir);
 }
 
