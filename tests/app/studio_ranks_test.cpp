@@ -3,6 +3,7 @@
 // names the replica difference, its link shows that op on that rank, the selector switches rank,
 // a damaged manifest is a dialog — and keel-studio's --rank through its real main().
 #include <QComboBox>
+#include <QFileInfo>
 #include <QLabel>
 #include <QProcess>
 #include <QSignalSpy>
@@ -32,7 +33,9 @@ bool recordDriftingRun(const QString& folder) {
       "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
       "OMPI_MCA_memory=^patcher ASAN_OPTIONS=detect_leaks=0 "
-      "KEEL_BLAS_TUNE=0 KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1 timeout 120 "
+      "OMPI_MCA_orte_tmpdir_base='" +
+      QFileInfo(folder).absolutePath().toStdString() +
+      "' KEEL_BLAS_TUNE=0 KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1 timeout 120 "
       "mpirun -np 2 -x KEEL_BLAS_TUNE -x KEEL_TEST_PERTURB -x KEEL_TEST_PERTURB_RANK "
       "'" KEEL_CLI_PATH
       "' record --config tests/fixtures/gpt-tiny.json --steps 3 --dp 2 --md5 -o '" +

@@ -42,6 +42,12 @@ std::vector<double> gradNorms(const std::string& out);
 
 class KeelRanks : public keel::test::KeelCliTest {
  protected:
+  // kMpiEnv with Open MPI's session directory under the test's own folder: mpiruns that start at
+  // the same moment (ctest runs tests side by side) raced to create /tmp/ompi.<host>.<uid> and
+  // one failed "File exists".
+  std::string mpiEnv() const {
+    return std::string(kMpiEnv) + " OMPI_MCA_orte_tmpdir_base='" + dir_.string() + "'";
+  }
   // keel with `args` in `np` processes under mpirun (bounded: a hang fails the test, not CI).
   // env: VAR=value words passed to every rank.
   CliResult mpi(int np, const std::string& args, const std::string& env = "") {
@@ -49,7 +55,7 @@ class KeelRanks : public keel::test::KeelCliTest {
     std::istringstream words(env);
     for (std::string w; words >> w;) exports += " -x " + w.substr(0, w.find('='));
     return keel::test::runKeelCli(args, dir_.string(),
-                                  std::string(kMpiEnv) + " " + env + " timeout 120 mpirun -np " +
+                                  mpiEnv() + " " + env + " timeout 120 mpirun -np " +
                                       std::to_string(np) + " -x KEEL_BLAS_TUNE" + exports);
   }
   // A copy of the config `base` (a path in the source tree) with `from` replaced by `to`, as
@@ -136,7 +142,7 @@ TEST_F(KeelRanks, DataAndTensorParallelTrainingGiveTheSingleProcessLosses) {
   };
   // keel launch runs mpirun itself (as root, oversubscribed).
   const CliResult launched =
-      keel::test::runKeelCli("launch -n 2 " + train + " --dp 2", dir_.string(), kMpiEnv);
+      keel::test::runKeelCli("launch -n 2 " + train + " --dp 2", dir_.string(), mpiEnv());
   for (const auto& [np, args] :
        std::vector<Layout>{{2, "--dp 2"}, {2, "--tp 2"}, {4, "--dp 2 --tp 2"}}) {
     const CliResult r = mpi(np, train + " " + args);
@@ -271,7 +277,7 @@ TEST_F(KeelRanks, AFailedRunLeavesTheFolderAsItWasAndAForeignManifestIsRefused) 
 // is alive, its recordings read as running.
 TEST_F(KeelRanks, ARankKilledMidRunIsNamedAsEndedWithoutAStatus) {
   const std::string run = path("killed"), done = path("killed.done");
-  const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && (" + kMpiEnv +
+  const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && (" + mpiEnv() +
                           " KEEL_BLAS_TUNE=0 timeout 120 mpirun -np 2 '" + KEEL_CLI_PATH +
                           "' record --config " + kTiny + " --steps 100000 --dp 2 -o '" + run +
                           "' >/dev/null 2>&1; touch '" + done + "') &";
