@@ -46,8 +46,8 @@ void printRow(const ReplayResult& r, double harness) {
 
 // The one-line summary of a trace, on `out` (stderr when the trace itself went to stdout).
 void describe(const std::string& name, const AllocTrace& t, std::FILE* out = stdout) {
-  std::fprintf(out, "trace %s: %zu allocations, %zu events, %zu steps\n", name.c_str(), t.allocs(),
-               t.events.size(), t.steps());
+  std::fprintf(out, "trace %s: %zu allocations, %zu events, %zu step%s\n", name.c_str(), t.allocs(),
+               t.events.size(), t.steps(), t.steps() == 1 ? "" : "s");
 }
 
 int runReplay(const std::string& path, const std::string& kind) {
@@ -209,21 +209,29 @@ int runBenchAllocator(const std::string& config, int steps, const MoeTraceOption
   return 0;
 }
 
-void addMoeOptions(CLI::App* c, MoeTraceOptions& m) {
-  c->add_option("--experts", m.experts, "generated trace: experts per layer")
-      ->check(wholeNumber(1, 4096));
-  c->add_option("--top-k", m.topK, "generated trace: experts per token")->check(wholeNumber(1, 64));
-  c->add_option("--layers", m.layers, "generated trace: MoE layers")->check(wholeNumber(1, 256));
-  c->add_option("--tokens", m.tokens, "generated trace: tokens per step")
-      ->check(wholeNumber(1, int64_t(1) << 24));
-  c->add_option("--d-model", m.dModel, "generated trace: model width")
-      ->check(wholeNumber(1, int64_t(1) << 16));
-  c->add_option("--d-ff", m.dFf, "generated trace: expert hidden width")
-      ->check(wholeNumber(1, int64_t(1) << 18));
-  c->add_option("--moe-steps", m.steps, "generated trace: steps")->check(wholeNumber(1, 100000));
-  c->add_option("--skew", m.skew, "generated trace: Zipf exponent of the routing")
-      ->check(finiteIn(0, 8));
-  c->add_option("--trace-seed", m.seed, "generated trace: seed")->check(seedNumber());
+// The generator's options; with `generate` (trace's --generate-moe) each needs it: given alone
+// they were ignored without a word.
+void addMoeOptions(CLI::App* c, MoeTraceOptions& m, CLI::Option* generate = nullptr) {
+  std::vector<CLI::Option*> opts{
+      c->add_option("--experts", m.experts, "generated trace: experts per layer")
+          ->check(wholeNumber(1, 4096)),
+      c->add_option("--top-k", m.topK, "generated trace: experts per token")
+          ->check(wholeNumber(1, 64)),
+      c->add_option("--layers", m.layers, "generated trace: MoE layers")
+          ->check(wholeNumber(1, 256)),
+      c->add_option("--tokens", m.tokens, "generated trace: tokens per step")
+          ->check(wholeNumber(1, int64_t(1) << 24)),
+      c->add_option("--d-model", m.dModel, "generated trace: model width")
+          ->check(wholeNumber(1, int64_t(1) << 16)),
+      c->add_option("--d-ff", m.dFf, "generated trace: expert hidden width")
+          ->check(wholeNumber(1, int64_t(1) << 18)),
+      c->add_option("--moe-steps", m.steps, "generated trace: steps")
+          ->check(wholeNumber(1, 100000)),
+      c->add_option("--skew", m.skew, "generated trace: Zipf exponent of the routing")
+          ->check(finiteIn(0, 8)),
+      c->add_option("--trace-seed", m.seed, "generated trace: seed")->check(seedNumber())};
+  if (generate)
+    for (CLI::Option* o : opts) o->needs(generate);
 }
 
 }  // namespace
@@ -257,11 +265,17 @@ Command addMemoryCommand(CLI::App& root) {
   CLI::App* trace = c->add_subcommand(
       "trace", "write the allocation trace of a training run (or a generated MoE trace)");
   trace->add_option("OUT", a->out, "output trace file (- for stdout)")->required();
-  trace->add_option("--config", a->config, "model config to train");
-  trace->add_option("--steps", a->steps, "training steps")->check(wholeNumber(1, 100000));
-  trace->add_option("--seed", a->seed, "run seed")->check(seedNumber());
-  trace->add_flag("--generate-moe", a->generate, "generate a large MoE trace instead");
-  addMoeOptions(trace, a->moe);
+  CLI::Option* config = trace->add_option("--config", a->config, "model config to train");
+  CLI::Option* steps =
+      trace->add_option("--steps", a->steps, "training steps")->check(wholeNumber(1, 100000));
+  CLI::Option* seed = trace->add_option("--seed", a->seed, "run seed")->check(seedNumber());
+  // A trace of a config's training, or a generated one: options of the other were ignored.
+  CLI::Option* generate =
+      trace->add_flag("--generate-moe", a->generate, "generate a large MoE trace instead")
+          ->excludes(config)
+          ->excludes(steps)
+          ->excludes(seed);
+  addMoeOptions(trace, a->moe, generate);
   CLI::App* stats = c->add_subcommand(
       "stats",
       "a recording's memory figures at its peak and end, as Keel Studio's memory view shows "

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace keel::storage {
@@ -62,6 +63,15 @@ std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<St
                     {"pid", 1},
                     {"tid", 0},
                     {"args", {{"name", "steps"}}}});
+  // Each op track named for the engine thread it shows (Perfetto said "Thread 2").
+  std::set<int64_t> threads;
+  for (const auto& op : ops) threads.insert(op.thread);
+  for (int64_t t : threads)
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", t + 1},
+                      {"args", {{"name", "ops (engine thread " + std::to_string(t) + ")"}}}});
   return nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ns"}})
              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
          "\n";  // invalid UTF-8 in recorded strings: U+FFFD, not an exception

@@ -104,6 +104,10 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
       {"memory trace /tmp/never.trace --generate-moe --skew nan",
        "--skew: must be a finite number in [0, 8], got 'nan'"},
       {"memory stats a.db --event abc", "--event: must be a whole number ≥ 0, got 'abc'"},
+      // A trace of a config's training or a generated one: the other's options were ignored.
+      {"memory trace /tmp/never.trace --config configs/gpt-mini.json --generate-moe",
+       "--config excludes --generate-moe"},
+      {"memory trace /tmp/never.trace --experts 4", "--experts requires --generate-moe"},
       // Options each in range whose blocks are not (a trace every reader then refused).
       {"memory trace /tmp/never.trace --generate-moe --experts 64 --top-k 64 --layers 1 "
        "--tokens 16777216 --d-model 65536 --d-ff 262144 --moe-steps 1",

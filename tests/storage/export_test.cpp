@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -79,6 +80,19 @@ TEST(ExportTrace, OneCompleteEventPerOpAndStep) {
   EXPECT_DOUBLE_EQ(ev[1]["ts"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(ev[1]["dur"].get<double>(), 0.5);
   EXPECT_EQ(ev[1]["args"]["scope"], "blocks.0.attn");
+  // Every track is named: the steps', and each engine thread's ops (Perfetto said "Thread 2").
+  std::map<int64_t, std::string> names;
+  for (const auto& e : ev)
+    if (e["ph"] == "M" && e["name"] == "thread_name")
+      names[e["tid"].get<int64_t>()] = e["args"]["name"].get<std::string>();
+  for (const auto& e : ev) {
+    if (e["ph"] == "X") {
+      EXPECT_TRUE(names.count(e["tid"].get<int64_t>())) << e.dump();
+    }
+  }
+  EXPECT_EQ(names[0], "steps");
+  EXPECT_EQ(names[ev[1]["tid"].get<int64_t>()],
+            "ops (engine thread " + std::to_string(ev[1]["tid"].get<int64_t>() - 1) + ")");
 }
 
 TEST(ExportCsv, HeaderRowsAndQuoting) {
