@@ -281,10 +281,9 @@ std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
   std::vector<std::pair<const Tensor*, std::string>> written;
   for (size_t i = 0; i < e.outputs.size(); ++i)
     written.push_back({&e.outputs[i], "output " + std::to_string(i)});
-  if (e.op->mutatesInputs)
-    for (size_t i = 0; i < e.inputs.size(); ++i)
-      if (i >= 32 || !(e.op->readOnlyInputs & (1u << i)))
-        written.push_back({&e.inputs[i], "input " + std::to_string(i) + " (written)"});
+  for (size_t i = 0; i < e.inputs.size(); ++i)
+    if (e.op->writesInput(i))
+      written.push_back({&e.inputs[i], "input " + std::to_string(i) + " (written)"});
   for (const auto& [t, what] : written) {
     if (!t->defined() || !isFloating(t->dtype())) continue;
     const storage::TensorStats st = tensorStats(hostCopy(*t));
@@ -299,9 +298,7 @@ std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
   if (infinity.empty() || storage::isMaskingFill(e.op->name)) return {};
   for (size_t i = 0; i < e.inputs.size(); ++i) {
     const Tensor& in = e.inputs[i];
-    const bool writtenHere =
-        e.op->mutatesInputs && (i >= 32 || !(e.op->readOnlyInputs & (1u << i)));
-    if (!writtenHere && in.defined() && isFloating(in.dtype()) &&
+    if (!e.op->writesInput(i) && in.defined() && isFloating(in.dtype()) &&
         tensorStats(hostCopy(in)).infCount > 0)
       return {};  // carried in
   }

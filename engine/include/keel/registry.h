@@ -102,6 +102,10 @@ struct OpDef {
   bool mutatesInputs = false;   // optimizer-style ops: write into inputs, return nothing
   uint32_t readOnlyInputs = 0;  // mutatesInputs ops: bit i set when input i is only read (so
                                 // observers need not finish reading it first; onBufferWrite)
+  // Whether the op writes input i in place (a mutatesInputs op's inputs past bit 31 are written).
+  bool writesInput(size_t i) const {
+    return mutatesInputs && !(i < 32 && (readOnlyInputs >> i) & 1u);
+  }
   OpDoc doc;
   KernelEntry kernels[kNumBackends];
   int id = -1;

@@ -160,9 +160,8 @@ void maybePerturb(const OpDef& def, const std::vector<Tensor>& outputs,
   if (g_perturb.mode == Perturbation::Mode::Skip) return;
   if (def.name != g_perturb.op) return;
   const Tensor* target = outputs.empty() ? nullptr : &outputs[0];
-  if (!target && def.mutatesInputs)
-    for (size_t i = 0; i < inputs.size() && !target; ++i)
-      if (!(i < 32 && (def.readOnlyInputs >> i) & 1u)) target = &inputs[i];
+  for (size_t i = 0; i < inputs.size() && !target; ++i)
+    if (def.writesInput(i)) target = &inputs[i];
   if (!target || target->numel() == 0) return;
   if (g_perturb.seen.fetch_add(1) + 1 != g_perturb.n) return;
   if (g_perturb.mode == Perturbation::Mode::Fail)
@@ -350,8 +349,7 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
         ev.kernel = &kernelId;
         if (def.mutatesInputs)
           for (size_t i = 0; i < inputs.size(); ++i)
-            if (!(i < 32 && (def.readOnlyInputs >> i) & 1u))
-              detail::notifyBufferWrite(*inputs[i].buffer());
+            if (def.writesInput(i)) detail::notifyBufferWrite(*inputs[i].buffer());
       }
       k.fn(kctx);
       if (g_perturb.on) [[unlikely]]
