@@ -1,10 +1,12 @@
 // `keel export graph|trace|csv`: writes a recording's op calls as Graphviz DOT or SVG (one step:
 // the studio's graph, by the same analysis::buildGraphDot), a Chrome trace (JSON, opens in
 // Perfetto) or CSV, to a file or stdout.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,8 +71,24 @@ int runGraph(const ExportArgs& a) {
   analysis::GraphDotOptions o;
   o.phase = phase;
   o.expandAll = !a.collapse && a.expand.empty();
-  for (const std::string& scope : a.expand)
+  for (const std::string& scope : a.expand) {
+    // A module the step does not have would draw the default picture without a word.
+    const bool known = std::any_of(ops.begin(), ops.end(), [&](const storage::OpRecord& op) {
+      return analysis::inGraphPhase(op, phase) && op.scope.starts_with(scope) &&
+             (op.scope.size() == scope.size() || op.scope[scope.size()] == '.');
+    });
+    if (!known) {
+      std::set<std::string> top;
+      for (const auto& op : ops)
+        if (analysis::inGraphPhase(op, phase) && !op.scope.empty())
+          top.insert(op.scope.substr(0, op.scope.find('.')));
+      std::string names;
+      for (const std::string& t : top) names += (names.empty() ? "" : ", ") + t;
+      return fail("--expand: step " + std::to_string(a.step) + " has no module '" + scope +
+                  "'" + (names.empty() ? "" : " (its top-level modules: " + names + ")"));
+    }
     for (std::string& s : analysis::scopePrefixes(scope)) o.expanded.insert(std::move(s));
+  }
   const analysis::GraphDot graph = analysis::buildGraphDot(ops, o);
   if (a.format == "dot") return writeOut(graph.dot, a.output);
   const analysis::GraphSvg svg = analysis::renderSvg(graph.dot);

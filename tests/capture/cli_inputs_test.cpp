@@ -296,7 +296,7 @@ TEST_F(KeelInputs, ACheckpointWithManyTensorsIsReadInBoundedTime) {
   CliResult plan = slow("ckpt plan " + q("many.safetensors") + " --target-tp 2 --max-reads 0");
   ASSERT_EQ(plan.status, 0) << plan.err;
   EXPECT_EQ(plan.out.substr(0, plan.out.find('\n')),
-            "plan: 200000 source keys in 1 files -> 200000 target keys in 2 files (tp=2), 200000 "
+            "plan: 200000 source keys in 1 file -> 200000 target keys in 2 files (tp=2), 200000 "
             "target shards, 0 reads");
   CliResult convert =
       slow("ckpt convert " + q("many.safetensors") + " " + q("tp2") + " --target-tp 2 --threads 2");

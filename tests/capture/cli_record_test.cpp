@@ -106,6 +106,15 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_NE(svg.out.find("<svg"), std::string::npos) << svg.out.substr(0, 300);
   EXPECT_NE(svg.out.find("matmul"), std::string::npos);
   EXPECT_NE(svg.out.find("</svg>"), std::string::npos);
+  CliResult one = keel("export graph '" + path("a.db") + "' --step 1 --expand blocks.0.attn");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_NE(one.out.find("subgraph \"cluster_f:blocks.0.attn\""), std::string::npos);
+  EXPECT_EQ(one.out.find("subgraph \"cluster_f:blocks.1.attn\""), std::string::npos);
+  // A module the step does not have (or half a module's name) is an error, not the default picture.
+  for (const char* bad : {"nosuch", "blocks.0.at"})
+    expectOneLineError(keel("export graph '" + path("a.db") + "' --step 1 --expand " + bad),
+                       "--expand: step 1 has no module '" + std::string(bad) +
+                           "' (its top-level modules: blocks, ");
   expectOneLineError(keel("export graph '" + path("a.db") + "' --format png"), "png");
   expectOneLineError(keel("export graph '" + path("a.db") + "' --phase sideways"), "sideways");
   CliResult tr = keel("export trace '" + path("a.db") + "'");

@@ -642,11 +642,14 @@ Plan makePlan(const Metadata& src, const aoa::Program* rules, const TargetSpec& 
 
 std::string describePlan(const Plan& plan, const Metadata& src, size_t maxItems) {
   std::ostringstream os;
-  size_t nfiles = 0;
-  for (const auto& s : plan.shards) nfiles = std::max<size_t>(nfiles, s.file + 1);
-  os << "plan: " << src.keys.size() << " source keys in " << src.files.size() << " files -> "
-     << plan.target.keys.size() << " target keys in " << plan.tp << " files (tp=" << plan.tp
-     << "), " << plan.shards.size() << " target shards, " << plan.items.size() << " reads\n";
+  const auto count = [](size_t n, const char* noun) {
+    return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+  };
+  os << "plan: " << count(src.keys.size(), "source key") << " in "
+     << count(src.files.size(), "file") << " -> " << count(plan.target.keys.size(), "target key")
+     << " in " << count(size_t(plan.tp), "file") << " (tp=" << plan.tp << "), "
+     << count(plan.shards.size(), "target shard") << ", " << count(plan.items.size(), "read")
+     << "\n";
   os << "bytes moved: " << plan.bytesRead << " read (" << formatBytes(plan.bytesRead) << "), "
      << plan.bytesWritten << " written (" << formatBytes(plan.bytesWritten)
      << "); largest target shard " << formatBytes(plan.maxShardBytes) << "\n";
