@@ -84,8 +84,8 @@ int runGraph(const ExportArgs& a) {
           top.insert(op.scope.substr(0, op.scope.find('.')));
       std::string names;
       for (const std::string& t : top) names += (names.empty() ? "" : ", ") + t;
-      return fail("--expand: step " + std::to_string(a.step) + " has no module '" + scope +
-                  "'" + (names.empty() ? "" : " (its top-level modules: " + names + ")"));
+      return fail("--expand: step " + std::to_string(a.step) + " has no module '" + scope + "'" +
+                  (names.empty() ? "" : " (its top-level modules: " + names + ")"));
     }
     for (std::string& s : analysis::scopePrefixes(scope)) o.expanded.insert(std::move(s));
   }

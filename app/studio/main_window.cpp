@@ -740,11 +740,14 @@ void MainWindow::updateStatus() {
   QString text;
   if (summaryA_) {
     const auto& r = summaryA_->run;
-    text = QString("%1 — %2 on %3, %4 steps, %5 ops")
+    const size_t steps = summaryA_->steps.size();
+    text = QString("%1 — %2 on %3, %4 step%5, %6 op%7")
                .arg(QFileInfo(summaryA_->path).fileName(), QString::fromStdString(r.backend),
                     QString::fromStdString(r.host))
-               .arg(summaryA_->steps.size())
-               .arg(summaryA_->opCount);
+               .arg(steps)
+               .arg(steps == 1 ? "" : "s")
+               .arg(summaryA_->opCount)
+               .arg(summaryA_->opCount == 1 ? "" : "s");
     if (summaryB_)
       text += QString("   vs   %1 (%2)")
                   .arg(QFileInfo(summaryB_->path).fileName(),

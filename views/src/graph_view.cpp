@@ -87,8 +87,17 @@ GraphView::GraphView(Selection* selection, Side side, QWidget* parent)
   colorBox_->addItem(tr("Colour: divergence"));
   colorBox_->addItem(tr("Colour: non-finite"));
   colorBox_->setToolTip(tr("What the node colours show"));
-  legend_ = new QLabel(this);
+  // The legend lies over the canvas's bottom-left corner (the minimap has the right-hand one), not
+  // in the toolbar: at 1366 pixels beside the inspector the toolbar had no room for it and pushed
+  // Find and the zoom buttons into its overflow menu. Clicks and drags go through it to the graph.
+  legend_ = new QLabel(canvas_);
   legend_->setTextFormat(Qt::RichText);
+  legend_->setAttribute(Qt::WA_TransparentForMouseEvents);
+  legend_->setObjectName("graphLegend");
+  canvas_->viewport()->installEventFilter(this);
+  legend_->setStyleSheet(
+      "QLabel#graphLegend { background: rgba(255, 255, 255, 225); border: 1px solid #c8c8c8;"
+      " border-radius: 3px; padding: 2px 2px 2px 5px; }");
   search_ = new QLineEdit(this);
   search_->setPlaceholderText(tr("Find op or scope (Enter: next)"));
   search_->setClearButtonEnabled(true);
@@ -114,7 +123,6 @@ GraphView::GraphView(Selection* selection, Side side, QWidget* parent)
   };
   bar->addWidget(phaseBox_);
   bar->addWidget(colorBox_);
-  bar->addWidget(legend_);
   auto* spacer = new QWidget(this);
   spacer->setSizePolicy(QSizePolicy::Expanding, QSizePolicy::Preferred);
   bar->addWidget(spacer);
@@ -601,7 +609,35 @@ void GraphView::showTopOf(const QRectF& r) {
 void GraphView::updateMinimap() {
   if (!minimap_) return;  // being destroyed
   minimap_->place();
+  placeLegend();
   updateSemanticLevel();
+}
+
+void GraphView::placeLegend() {
+  if (!legend_ || !canvas_) return;
+  // One line where it fits beside the minimap, wrapped where the canvas is narrow.
+  const int kGap = 6;
+  // The viewport's rectangle in the canvas leaves out its scroll bars and the minimap's strip.
+  const QRect port = canvas_->viewport()->geometry();
+  const int room = std::max(
+      120,
+      port.width() - 2 * kGap -
+          (minimap_->isVisible() && canvas_->strip().right() == 0 ? minimap_->width() + kGap : 0));
+  legend_->setWordWrap(false);
+  legend_->setMaximumWidth(QWIDGETSIZE_MAX);
+  legend_->adjustSize();
+  if (legend_->width() > room) {
+    legend_->setWordWrap(true);
+    legend_->setFixedWidth(room);
+    legend_->setFixedHeight(legend_->heightForWidth(room));
+  } else {
+    legend_->setMinimumSize(0, 0);
+    legend_->setMaximumSize(QWIDGETSIZE_MAX, QWIDGETSIZE_MAX);
+    legend_->adjustSize();
+  }
+  legend_->move(port.left() + kGap, port.bottom() + 1 - legend_->height() - kGap);
+  legend_->setVisible(!legend_->text().isEmpty());
+  legend_->raise();
 }
 
 void GraphView::updateStatus() {
@@ -735,6 +771,12 @@ void GraphView::changeEvent(QEvent* event) {
     measureFonts();
     if (step_) requestLayout();
   }
+}
+
+bool GraphView::eventFilter(QObject* watched, QEvent* event) {
+  // The viewport shrinks when a scroll bar or the minimap's strip appears: the legend follows.
+  if (canvas_ && watched == canvas_->viewport() && event->type() == QEvent::Resize) placeLegend();
+  return QWidget::eventFilter(watched, event);
 }
 
 void GraphView::resizeEvent(QResizeEvent* event) {

@@ -506,11 +506,12 @@ void GraphView::applyHighlights() {
 }
 
 void GraphView::updateLegend() {
-  auto swatch = [](const QColor& c, const QString& text) {
+  // A wrapped legend breaks between entries only (the space after each), never inside one.
+  auto swatch = [](const QColor& c, QString text) {
     return QString(
                "<span style='background-color:%1; "
-               "color:%1'>&nbsp;&nbsp;&nbsp;</span>&nbsp;%2&nbsp;&nbsp;")
-        .arg(c.name(), text);
+               "color:%1'>&nbsp;&nbsp;&nbsp;</span>&nbsp;%2&nbsp; ")
+        .arg(c.name(), text.replace(' ', "&nbsp;"));
   };
   QString html;
   switch (colorMode_) {
@@ -555,6 +556,7 @@ void GraphView::updateLegend() {
   }
   if (!failed_.empty()) html += swatch(failedColor(), tr("failed"));
   legend_->setText(html);
+  placeLegend();
 }
 
 QColor GraphView::statusColor(storage::DiffStatus status, bool first) {

@@ -170,9 +170,11 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
                    link;
     } else {
       lines << green + "Replicas identical:</b> " +
-                   QString("%1 steps and initialisation, %2 tensors compared by MD5")
+                   QString("%1 step%2 and initialisation, %3 tensor%4 compared by MD5")
                        .arg(r.steps)
-                       .arg(r.tensorsCompared);
+                       .arg(r.steps == 1 ? "" : "s")
+                       .arg(r.tensorsCompared)
+                       .arg(r.tensorsCompared == 1 ? "" : "s");
     }
   } else {
     lines << "Replicas: " + d->replicaNote.toHtmlEscaped();
