@@ -4,8 +4,10 @@
 // a damaged manifest is a dialog — and keel-studio's --rank through its real main().
 #include <QComboBox>
 #include <QFileInfo>
+#include <QHeaderView>
 #include <QLabel>
 #include <QProcess>
+#include <QScrollBar>
 #include <QSignalSpy>
 #include <QStandardPaths>
 #include <QTableWidget>
@@ -73,6 +75,19 @@ class StudioRanksTest : public QObject {
     QCOMPARE(rv->rankTable()->item(0, 3)->text(), QString("3"));  // steps
     // Each step: a gradient bucket and two loss means per dp group.
     QCOMPARE(rv->collectiveTable()->rowCount(), 9);
+    // The two tables share the dock's width as their columns need it: at 1400 pixels neither
+    // scrolls sideways (fixed halves cut the collectives' waits and last-to-arrive columns).
+    QApplication::processEvents();
+    for (QTableWidget* t : {rv->rankTable(), rv->collectiveTable()}) {
+      const QHeaderView* h = t->horizontalHeader();
+      const int last = t->columnCount() - 1;
+      QVERIFY2(
+          h->sectionViewportPosition(last) + h->sectionSizeHint(last) <= t->viewport()->width(),
+          qPrintable(t->objectName() + QString(": last column at %1 in a viewport of %2")
+                                           .arg(h->sectionViewportPosition(last))
+                                           .arg(t->viewport()->width())));
+      QCOMPARE(t->horizontalScrollBar()->maximum(), 0);
+    }
     const QString verdict = rv->verdictLabel()->text();
     QVERIFY2(
         verdict.contains("Replicas differ:") &&

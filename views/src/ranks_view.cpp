@@ -3,6 +3,7 @@
 
 #include <QHeaderView>
 #include <QLabel>
+#include <QScrollBar>
 #include <QSplitter>
 #include <QTableWidget>
 #include <QVBoxLayout>
@@ -85,7 +86,7 @@ RanksView::RanksView(QWidget* parent) : QWidget(parent) {
   collectives_ = makeTable(
       {"Collective", "Group", "Step", "Scope", "Bytes", "Waits (per rank)", "Last to arrive"},
       "collectivesTable");
-  auto* split = new QSplitter(Qt::Horizontal);
+  auto* split = split_ = new QSplitter(Qt::Horizontal);
   split->addWidget(ranks_);
   split->addWidget(collectives_);
   split->setStretchFactor(0, 5);
@@ -251,6 +252,21 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
                           item(a.straggler < 0 ? "-" : QString("rank %1").arg(a.straggler)));
   }
   collectives_->resizeColumnsToContents();
+  // The two tables share the width as their columns need it (fixed 5:4 halves left the rank
+  // table half empty and cut the collectives' waits and last-to-arrive at 1366 pixels).
+  const auto wanted = [](const QTableWidget* t) {
+    int w = 2 * t->frameWidth() + t->verticalScrollBar()->sizeHint().width();
+    const QFontMetrics fm = t->fontMetrics();
+    for (int c = 0; c < t->columnCount(); ++c) {
+      int col = t->horizontalHeader()->sectionSizeHint(c);
+      for (int r = 0; r < t->rowCount(); ++r)
+        if (const QTableWidgetItem* i = t->item(r, c))
+          col = std::max(col, fm.horizontalAdvance(i->text()) + 12);
+      w += col;
+    }
+    return w;
+  };
+  split_->setSizes({wanted(ranks_), wanted(collectives_)});
   emit loaded();
 }
 

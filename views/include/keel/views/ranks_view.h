@@ -15,6 +15,7 @@
 #include "keel/analysis/ranks.h"
 
 class QLabel;
+class QSplitter;
 class QTableWidget;
 
 namespace keel::views {
@@ -52,6 +53,7 @@ class RanksView : public QWidget {
   QLabel* verdict_;
   QTableWidget* ranks_;
   QTableWidget* collectives_;
+  QSplitter* split_;
   std::shared_ptr<RanksData> data_;
   QFutureWatcher<std::shared_ptr<RanksData>>* watcher_;
   QString folder_;  // the folder loading or shown; "" after clear()
