@@ -99,7 +99,8 @@ int runGraph(const ExportArgs& a) {
 int runTrace(const ExportArgs& a) {
   checkOutput(a);
   storage::Recording rec = storage::Recording::open(a.recording);
-  return writeOut(storage::toChromeTrace(rec.ops({}), rec.steps()), a.output);
+  return writeOut(storage::toChromeTrace(rec.ops({}), rec.steps(), rec.logs({}), rec.memEvents({})),
+                  a.output);
 }
 
 int runCsv(const ExportArgs& a) {
@@ -136,7 +137,9 @@ Command addExportCommand(CLI::App& root) {
                    "expand these modules (and those around them), collapse the others")
       ->delimiter(',');
   graph->add_option("-o,--output", a->output, "output file (default: stdout)");
-  CLI::App* trace = c->add_subcommand("trace", "Chrome trace event JSON (Perfetto)");
+  CLI::App* trace = c->add_subcommand("trace",
+                                      "Chrome trace event JSON for Perfetto: ops per engine "
+                                      "thread, steps, log lines, memory counters");
   trace->add_option("recording", a->recording, "recording file (.db)")->required();
   trace->add_option("-o,--output", a->output, "output file (default: stdout)");
   CLI::App* csv = c->add_subcommand("csv", "one row per op call (or per tensor: --tensors)");

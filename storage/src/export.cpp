@@ -1,7 +1,9 @@
 // Text exports of recordings: Chrome trace JSON, CSV. See export.h.
 #include "keel/storage/export.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -33,7 +35,8 @@ std::string tensorList(const OpRecord& op, Role role) {
   return r;
 }
 
-std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps) {
+std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps,
+                          const std::vector<LogRecord>& logs, const std::vector<MemRecord>& mems) {
   nlohmann::json events = nlohmann::json::array();
   for (const auto& s : steps)
     events.push_back({{"name", "step " + std::to_string(s.step)},
@@ -63,6 +66,48 @@ std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<St
                     {"pid", 1},
                     {"tid", 0},
                     {"args", {{"name", "steps"}}}});
+  // Log lines on a track of their own, below the engine threads' (Perfetto draws an instant
+  // event as a mark; its message, level and scope in the details).
+  int64_t logTrack = 1;
+  for (const auto& op : ops) logTrack = std::max(logTrack, op.thread + 2);
+  for (const auto& l : logs) {
+    constexpr size_t kName = 80;
+    std::string name = l.message.size() > kName ? l.message.substr(0, kName) + "..." : l.message;
+    events.push_back({{"name", std::move(name)},
+                      {"cat", "log"},
+                      {"ph", "i"},
+                      {"s", "t"},
+                      {"ts", double(l.timeNs) / 1e3},
+                      {"pid", 1},
+                      {"tid", logTrack},
+                      {"args",
+                       {{"level", std::string(logLevelName(l.level))},
+                        {"scope", l.scope},
+                        {"step", l.step},
+                        {"op_seq", l.opSeq},
+                        {"message", l.message}}}});
+  }
+  if (!logs.empty())
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", logTrack},
+                      {"args", {{"name", "logs"}}}});
+  // The allocator's totals per device, a counter sample where they change (a step's hundreds of
+  // events move them far less often than they fire).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> last;
+  for (const auto& m : mems) {
+    const std::pair<uint64_t, uint64_t> now{m.allocatedAfter, m.reservedAfter};
+    auto it = last.find(m.device);
+    if (it != last.end() && it->second == now) continue;
+    last[m.device] = now;
+    events.push_back({{"name", "memory " + m.device},
+                      {"cat", "memory"},
+                      {"ph", "C"},
+                      {"ts", double(m.timeNs) / 1e3},
+                      {"pid", 1},
+                      {"args", {{"allocated", now.first}, {"reserved", now.second}}}});
+  }
   // Each op track named for the engine thread it shows (Perfetto said "Thread 2").
   std::set<int64_t> threads;
   for (const auto& op : ops) threads.insert(op.thread);

@@ -120,6 +120,13 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   CliResult tr = keel("export trace '" + path("a.db") + "'");
   ASSERT_EQ(tr.status, 0) << tr.err;
   EXPECT_GT(nlohmann::json::parse(tr.out)["traceEvents"].size(), 100u);
+  // The trainer's log line of each step is on the logs track.
+  const nlohmann::json trace = nlohmann::json::parse(tr.out);
+  bool stepLine = false;
+  for (const auto& e : trace["traceEvents"])
+    stepLine =
+        stepLine || (e["ph"] == "i" && e["name"].get<std::string>().rfind("step 1: loss", 0) == 0);
+  EXPECT_TRUE(stepLine);
   CliResult csv = keel("export csv '" + path("a.db") + "'");
   ASSERT_EQ(csv.status, 0) << csv.err;
   EXPECT_EQ(csv.out.rfind("seq,step,phase,op,", 0), 0u);

@@ -95,6 +95,58 @@ TEST(ExportTrace, OneCompleteEventPerOpAndStep) {
             "ops (engine thread " + std::to_string(ev[1]["tid"].get<int64_t>() - 1) + ")");
 }
 
+// Log lines are instant events on a "logs" track; each device's allocator totals a counter with a
+// sample only where they change.
+TEST(ExportTrace, LogLinesAndMemoryCounters) {
+  std::vector<LogRecord> logs(2);
+  logs[0].message = "step 1: loss 2.5";
+  logs[0].scope = "train";
+  logs[0].timeNs = 3000;
+  logs[0].opSeq = 2;
+  logs[1].message = std::string(200, 'x');
+  logs[1].level = LogLevel::Warn;
+  logs[1].timeNs = 4000;
+  std::vector<MemRecord> mems;
+  auto mem = [&](const std::string& device, int64_t t, uint64_t allocated, uint64_t reserved) {
+    MemRecord m;
+    m.device = device;
+    m.timeNs = t;
+    m.allocatedAfter = allocated;
+    m.reservedAfter = reserved;
+    mems.push_back(m);
+  };
+  mem("cpu", 1000, 64, 1024);
+  mem("cpu", 1500, 64, 1024);  // no change: no sample
+  mem("cuda:0", 1600, 8, 512);
+  mem("cpu", 2000, 0, 1024);
+  auto j = nlohmann::json::parse(toChromeTrace(smallGraph(), {}, logs, mems));
+  std::vector<nlohmann::json> instants, counters;
+  std::map<int64_t, std::string> names;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "i") instants.push_back(e);
+    if (e["ph"] == "C") counters.push_back(e);
+    if (e["ph"] == "M") names[e["tid"].get<int64_t>()] = e["args"]["name"].get<std::string>();
+  }
+  ASSERT_EQ(instants.size(), 2u);
+  EXPECT_EQ(instants[0]["name"], "step 1: loss 2.5");
+  EXPECT_DOUBLE_EQ(instants[0]["ts"].get<double>(), 3.0);
+  EXPECT_EQ(instants[0]["args"]["level"], "info");
+  EXPECT_EQ(instants[0]["args"]["scope"], "train");
+  EXPECT_EQ(instants[0]["args"]["op_seq"], 2);
+  EXPECT_EQ(instants[1]["name"], std::string(80, 'x') + "...");
+  EXPECT_EQ(instants[1]["args"]["message"], std::string(200, 'x'));
+  EXPECT_EQ(instants[1]["args"]["level"], "warn");
+  EXPECT_EQ(names[instants[0]["tid"].get<int64_t>()], "logs");
+  ASSERT_EQ(counters.size(), 3u);
+  EXPECT_EQ(counters[0]["name"], "memory cpu");
+  EXPECT_DOUBLE_EQ(counters[0]["ts"].get<double>(), 1.0);
+  EXPECT_EQ(counters[0]["args"]["allocated"], 64);
+  EXPECT_EQ(counters[0]["args"]["reserved"], 1024);
+  EXPECT_EQ(counters[1]["name"], "memory cuda:0");
+  EXPECT_EQ(counters[2]["name"], "memory cpu");
+  EXPECT_EQ(counters[2]["args"]["allocated"], 0);
+}
+
 TEST(ExportCsv, HeaderRowsAndQuoting) {
   auto ops = smallGraph();
   ops[0].scope = "has,comma";

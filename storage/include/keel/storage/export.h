@@ -23,8 +23,11 @@ inline std::string shapeText(const std::vector<int64_t>& shape) {
 std::string tensorList(const OpRecord& op, Role role);
 
 // Chrome trace event format: one complete event ("ph":"X") per op on its thread, one per step on
-// a "steps" track; times in microseconds.
-std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps);
+// a "steps" track, one instant event per log line on a "logs" track, and each device's allocated
+// and reserved bytes as a counter ("ph":"C", a value each time it changes); times in microseconds.
+std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<StepRecord>& steps,
+                          const std::vector<LogRecord>& logs = {},
+                          const std::vector<MemRecord>& mems = {});
 
 // One row per op: seq, step, phase, op, scope, thread, begin_ns, end_ns, forward_seq, inputs,
 // outputs, md5 of output 0 (RFC 4180 quoting).
