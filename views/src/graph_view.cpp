@@ -185,6 +185,7 @@ GraphView::~GraphView() {
   watcher_->disconnect(this);
   // The canvas goes first, while this object is whole: it calls back (scrolling) as it detaches.
   minimap_ = nullptr;
+  canvas_->viewport()->removeEventFilter(this);  // the viewport's own teardown must not reach us
   delete canvas_;
   canvas_ = nullptr;
 }
@@ -775,7 +776,7 @@ void GraphView::changeEvent(QEvent* event) {
 
 bool GraphView::eventFilter(QObject* watched, QEvent* event) {
   // The viewport shrinks when a scroll bar or the minimap's strip appears: the legend follows.
-  if (canvas_ && watched == canvas_->viewport() && event->type() == QEvent::Resize) placeLegend();
+  if (event->type() == QEvent::Resize && canvas_ && watched == canvas_->viewport()) placeLegend();
   return QWidget::eventFilter(watched, event);
 }
 
