@@ -203,6 +203,9 @@ int runReplicas(const DiffArgs& a) {
 }
 
 int runAnyDiff(const DiffArgs& a) {
+  if (a.a.empty())  // CLI11's own words would be "a is required"
+    return fail(
+        "diff needs two recordings (or one run folder and --replicas): keel diff A.db B.db");
   if (a.replicas) return runReplicas(a);
   if (a.b.empty()) return fail("diff needs two recordings (or one run folder and --replicas)");
   const bool fa = storage::isRunFolder(a.a), fb = storage::isRunFolder(a.b);
@@ -217,7 +220,7 @@ Command addDiffCommand(CLI::App& root) {
   auto a = std::make_shared<DiffArgs>();
   CLI::App* c =
       root.add_subcommand("diff", "compare two recordings (or run folders, rank by rank) op by op");
-  c->add_option("a", a->a, "recording A (.db) or run folder")->required();
+  c->add_option("a", a->a, "recording A (.db) or run folder");
   c->add_option("b", a->b, "recording B (.db) or run folder");
   c->add_option("--atol", a->atol, "absolute tolerance")
       ->check(finiteAtLeast(0))

@@ -99,14 +99,16 @@ int runInspect(const std::string& path) {
   std::printf("\nops        %lld", static_cast<long long>(rec.opCount()));
   for (const auto& [phase, n] : byPhase)
     std::printf("  %s %lld", phase.c_str(), static_cast<long long>(n));
-  std::printf("\n  %-24s %10s %10s %10s\n", "op", "forward", "backward", "optimizer");
+  int width = 24;  // the op column fits the longest name (flashmask_attention_backward: 28)
+  for (const auto& [name, phases] : byName) width = std::max(width, int(name.size()));
+  std::printf("\n  %-*s %10s %10s %10s\n", width, "op", "forward", "backward", "optimizer");
   for (const auto& [name, phases] : byName) {
     auto get = [&](const char* p) {
       auto it = phases.find(p);
       return static_cast<long long>(it == phases.end() ? 0 : it->second);
     };
-    std::printf("  %-24s %10lld %10lld %10lld\n", name.c_str(), get("forward"), get("backward"),
-                get("optimizer"));
+    std::printf("  %-*s %10lld %10lld %10lld\n", width, name.c_str(), get("forward"),
+                get("backward"), get("optimizer"));
   }
 
   printAttention(rec);

@@ -181,26 +181,40 @@ Command addOpsCommand(CLI::App& root) {
   ops->add_flag("--kernels", a->kernels,
                 "print each op's kernel variant per backend (what decides its numerics); with a "
                 "recording, the kernel that ran each call");
-  return {ops, [a] {
-            if ((!a->recording.empty() || a->markdown) && !a->backend.empty())
-              return fail("--backend filters the registry listings (keel ops, keel ops --kernels)");
-            // --markdown documents the dtypes every backend shares: nothing to load for it.
-            int only = -1;
-            if (a->recording.empty() && !a->markdown)
-              if (int rc = chooseBackend(a->backend, &only)) return rc;
-            if (a->kernels) {
-              if (a->markdown) return fail("--kernels and --markdown are two different lists");
-              if (a->recording.empty()) return runKernels(only);
-            }
-            if (a->markdown) {
-              if (!a->recording.empty()) return fail("--markdown lists the registry, not a file");
-              std::fputs(keel::opsMarkdown(keel::Registry::get()).c_str(), stdout);
-              return 0;
-            }
-            if (a->recording.empty() && a->rank >= 0)
-              return fail("--rank needs a recording (a run folder)");
-            return a->recording.empty() ? runOps(only) : runRecordedOps(*a);
-          }};
+  return {
+      ops, [a] {
+        // The filters pick op calls of a recording: without one they would be ignored.
+        if (a->recording.empty()) {
+          const char* given = a->step >= 0        ? "--step"
+                              : !a->phase.empty() ? "--phase"
+                              : !a->name.empty()  ? "--name"
+                              : !a->scope.empty() ? "--scope"
+                              : a->limit >= 0     ? "--limit"
+                                                  : nullptr;
+          if (given)
+            return fail(std::string(given) +
+                        " filters a recording's op calls: name the recording (keel ops RUN.db " +
+                        given + " ...)");
+        }
+        if ((!a->recording.empty() || a->markdown) && !a->backend.empty())
+          return fail("--backend filters the registry listings (keel ops, keel ops --kernels)");
+        // --markdown documents the dtypes every backend shares: nothing to load for it.
+        int only = -1;
+        if (a->recording.empty() && !a->markdown)
+          if (int rc = chooseBackend(a->backend, &only)) return rc;
+        if (a->kernels) {
+          if (a->markdown) return fail("--kernels and --markdown are two different lists");
+          if (a->recording.empty()) return runKernels(only);
+        }
+        if (a->markdown) {
+          if (!a->recording.empty()) return fail("--markdown lists the registry, not a file");
+          std::fputs(keel::opsMarkdown(keel::Registry::get()).c_str(), stdout);
+          return 0;
+        }
+        if (a->recording.empty() && a->rank >= 0)
+          return fail("--rank needs a recording (a run folder)");
+        return a->recording.empty() ? runOps(only) : runRecordedOps(*a);
+      }};
 }
 
 }  // namespace keel::cli

@@ -54,7 +54,8 @@ std::vector<std::string> splitList(const std::string& s) {
 }
 
 // "A:B", "A:" or "A" (inclusive) into filter bounds.
-void parseStepRange(const std::string& s, capture::OpFilter& f, const char* what) {
+// `steps`: the run's; a range wholly past it would record (or dump) nothing without a word.
+void parseStepRange(const std::string& s, capture::OpFilter& f, const char* what, int64_t steps) {
   if (s.empty()) return;
   auto colon = s.find(':');
   try {
@@ -72,6 +73,9 @@ void parseStepRange(const std::string& s, capture::OpFilter& f, const char* what
     throw Error(std::string(what) + ": bad step range '" + s + "' (expected A:B, A: or A)");
   }
   if (f.stepMin > f.stepMax) throw Error(std::string(what) + ": empty step range '" + s + "'");
+  if (f.stepMin > steps)
+    throw Error(std::string(what) + " '" + s + "' lies past the run's " + std::to_string(steps) +
+                " step" + (steps == 1 ? "" : "s") + " (--steps)");
 }
 
 std::vector<std::string> checkedOps(const std::string& list, const char* what) {
@@ -91,13 +95,14 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
   o.allocator = a.allocator || a.all;
   o.roundedMd5 = a.roundedMd5;
   o.logs = !a.noLogs;
-  o.dumps = a.dumps;
+  // Choosing what to dump asks for dumps (it was ignored without --dumps).
+  o.dumps = a.dumps || !a.dumpOps.empty() || !a.dumpScope.empty() || !a.dumpSteps.empty();
   o.filter.ops = checkedOps(a.ops, "--ops");
   o.filter.scope = a.scope;
-  parseStepRange(a.stepRange, o.filter, "--step-range");
+  parseStepRange(a.stepRange, o.filter, "--step-range", a.steps);
   o.dumpFilter.ops = checkedOps(a.dumpOps, "--dump-ops");
   o.dumpFilter.scope = a.dumpScope;
-  parseStepRange(a.dumpSteps, o.dumpFilter, "--dump-steps");
+  parseStepRange(a.dumpSteps, o.dumpFilter, "--dump-steps", a.steps);
   o.dropPolicy = a.drop ? capture::DropPolicy::Drop : capture::DropPolicy::Block;
   o.hashThread = !a.hashInline;
   o.hashBacklogBytes = a.hashBacklogMiB << 20;
@@ -150,6 +155,10 @@ int runRecord(const RecordArgs& a) {
   spec.capture = captureOptions(a);
   spec.trackMemoryPerStep = a.trackMemory;
   for (const std::string& b : a.breakOn) spec.breaks.add(b);
+  for (const capture::BreakCondition& c : spec.breaks.conditions)  // it would never stop the run
+    if (c.kind == capture::BreakCondition::Kind::Step && c.value > double(a.steps))
+      return fail("--break-on step:" + std::to_string(int64_t(c.value)) + " lies past the run's " +
+                  std::to_string(a.steps) + " step" + (a.steps == 1 ? "" : "s") + " (--steps)");
   // Everything is validated (config, workload, backend, allocator, reference) before the
   // recording is created.
   capture::RecordingRun run(spec, [](const OpEvent&, const std::string& breakReason) {
@@ -162,11 +171,12 @@ int runRecord(const RecordArgs& a) {
   std::signal(SIGINT, onInterrupt);
   std::signal(SIGTERM, onInterrupt);
   if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
+  if (!run.referenceWarning().empty()) warn(run.referenceWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   setCpuThreads(a.threads);
-  run.start();
   std::optional<capture::RunStopped> stopped;
   try {
+    run.start();  // a break condition can hit while the model is built (step 0): a stop, kept
     std::printf("keel record: %s on %s, %lld step%s -> %s\n", run.modelName().c_str(),
                 run.device().name().c_str(), static_cast<long long>(a.steps),
                 a.steps == 1 ? "" : "s", a.output.c_str());
@@ -270,9 +280,9 @@ Command addRecordCommand(CLI::App& root) {
   c->add_option("--scope", a->scope, "record only ops under this module scope (e.g. blocks.1)");
   c->add_option("--step-range", a->stepRange, "record only these steps (A:B, inclusive)");
   c->add_flag("--dumps", a->dumps, "store output values (zstd) of the ops chosen below");
-  c->add_option("--dump-ops", a->dumpOps, "dump only these ops (comma-separated)");
-  c->add_option("--dump-scope", a->dumpScope, "dump only ops under this scope");
-  c->add_option("--dump-steps", a->dumpSteps, "dump only in these steps (A:B)");
+  c->add_option("--dump-ops", a->dumpOps, "dump only these ops (comma-separated; implies --dumps)");
+  c->add_option("--dump-scope", a->dumpScope, "dump only ops under this scope (implies --dumps)");
+  c->add_option("--dump-steps", a->dumpSteps, "dump only in these steps (A:B; implies --dumps)");
   c->add_flag(
       "--drop", a->drop,
       "when the queue (or the hashing backlog) is full drop records, or tensors' checksums, "

@@ -263,7 +263,13 @@ void Session::stop() {
 QString Breakpoints::error() const {
   for (const Breakpoint& p : list) {
     try {
-      capture::BreakCondition::parse(p.item.trimmed().toStdString());
+      const capture::BreakCondition c =
+          capture::BreakCondition::parse(p.item.trimmed().toStdString());
+      if (c.kind == capture::BreakCondition::Kind::Md5Ref) {  // the reference opens, holds MD5s
+        capture::BreakSpec one;
+        one.conditions.push_back(c);
+        capture::BreakConditions check(std::move(one));
+      }
     } catch (const std::exception& e) {
       return QString::fromStdString(e.what());
     }

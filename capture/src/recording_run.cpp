@@ -158,6 +158,7 @@ struct BreakConditions::State {
   bool done = false;
   std::unique_ptr<storage::Recording> reference;
   uint64_t referenceBase = 1;  // the reference's first op seq
+  uint64_t referenceSeed = 0;
 };
 
 BreakConditions::BreakConditions() = default;
@@ -186,6 +187,16 @@ void BreakConditions::setSpec(BreakSpec spec) {
       if (c.kind == BreakCondition::Kind::Md5Ref) {
         st->reference = std::make_unique<storage::Recording>(
             storage::Recording::open(c.text, /*verify=*/false));
+        const storage::RunInfo info = st->reference->run();
+        st->referenceSeed = info.seed;
+        bool hasMd5 = true;  // options this build cannot read: the pairing finds out
+        try {
+          hasMd5 = CaptureOptions::fromJson(info.captureOptionsJson).md5;
+        } catch (const Error&) {
+        }
+        // Without MD5s in the reference nothing can differ from it: the run would never stop.
+        KEEL_CHECK(hasMd5, "--break-on md5-ref:", c.text,
+                   ": the reference holds no MD5s (record it with --md5 or --all)");
         storage::OpQuery q;
         q.limit = 1;
         q.withTensors = false;
@@ -200,10 +211,20 @@ void BreakConditions::setSpec(BreakSpec spec) {
   spec_ = std::move(spec);
 }
 
+std::vector<std::pair<std::string, uint64_t>> BreakConditions::referenceSeeds() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const auto& st : states_)
+    if (st->reference) out.emplace_back(st->cond.text, st->referenceSeed);
+  return out;
+}
+
 std::string BreakConditions::hit(State& s, std::string reason) {
   const int64_t every = std::max<int64_t>(1, s.cond.hitCount);
   if (++s.hits % every != 0) return {};
-  if (every > 1) reason += " (hit " + std::to_string(s.hits) + ")";
+  if (every > 1) {  // "first NaN/Inf" is not what the third hit is
+    if (const size_t at = reason.find("first "); at != std::string::npos) reason.erase(at, 6);
+    reason += " (hit " + std::to_string(s.hits) + ")";
+  }
   return reason;
 }
 
@@ -397,6 +418,12 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
                                    &allocatorWarning_);  // Note [VMM fallback]
   trackMemory_ = spec_.trackMemoryPerStep;
   breaks_.setSpec(spec_.breaks);
+  for (const auto& [path, seed] : breaks_.referenceSeeds())
+    if (seed != spec_.seed && referenceWarning_.empty())
+      referenceWarning_ = path + " was recorded with seed " + std::to_string(seed) +
+                          " and this run uses seed " + std::to_string(spec_.seed) +
+                          ": their MD5s differ from the first random op (--seed " +
+                          std::to_string(seed) + " to follow it)";
 
   run_.backend = std::string(backendName(device_.backend));
   run_.device = device_.name();

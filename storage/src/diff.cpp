@@ -433,6 +433,22 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
   std::sort(stepIds.begin(), stepIds.end());
   stepIds.erase(std::unique(stepIds.begin(), stepIds.end()), stepIds.end());
 
+  auto held = [](const std::vector<OpRecord>& ops) {
+    bool md5 = false, stats = false;
+    for (const OpRecord& op : ops) {
+      for (const TensorRecord& t : op.tensors) {
+        md5 = md5 || !t.md5.empty() || !t.md5Rounded.empty();
+        stats = stats || t.hasStats;
+      }
+      if (md5 && stats) break;
+    }
+    return std::string(md5 && stats ? "MD5s and statistics"
+                       : md5        ? "MD5s"
+                       : stats      ? "statistics"
+                                    : "");
+  };
+  rep.heldA = held(a);
+  rep.heldB = held(b);
   const std::vector<const OpRecord*> empty;
   std::vector<Row> rows;
   rows.reserve(std::max(a.size(), b.size()));
@@ -567,6 +583,25 @@ const LossDiff* firstLossDivergence(const DiffReport& r) {
   for (const LossDiff& l : r.losses)
     if (l.status == DiffStatus::Diverged) return &l;
   return nullptr;
+}
+
+std::string valuesNotComparedText(const DiffReport& r) {
+  const std::string what =
+      std::string("only the op sequences") + (r.losses.empty() ? "" : " and the step losses");
+  if (r.heldA.empty() && r.heldB.empty())
+    return "the recordings hold no MD5s, statistics or dumps of their tensors: " + what +
+           " were compared (record both with --all, or --md5 / --stats)";
+  if (r.heldA.empty() || r.heldB.empty()) {
+    const bool aLacks = r.heldA.empty();
+    const char* lacks = aLacks ? "A" : "B";
+    return std::string("recording ") + lacks +
+           " holds no MD5s, statistics or dumps of its tensors (" + (aLacks ? "B" : "A") +
+           " holds " + (aLacks ? r.heldB : r.heldA) + "): " + what + " were compared (record " +
+           lacks + " with --all, or --md5 / --stats)";
+  }
+  return "A holds " + r.heldA + " and B " + r.heldB +
+         " of their tensors, no kind both hold: " + what +
+         " were compared (record both with --all)";
 }
 
 DiffVerdict diffVerdict(const DiffReport& r) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <optional>
@@ -31,11 +32,14 @@ uint64_t ulpFromBits(uint64_t ba, uint64_t bb, int bits) {
 
 // ---- statistics ------------------------------------------------------------------------------
 
-bool closeEnough(double a, double b, const DiffOptions& opt) {
+// The element rule of compareValues for one number: atol/rtol, or within maxUlps in `dtype`
+// (statistics use it field by field; a loss has no dtype: "" measures it as float64).
+bool closeEnough(double a, double b, const DiffOptions& opt, const std::string& dtype) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   if (a == b) return true;
   if (std::isinf(a) || std::isinf(b)) return false;
-  return std::fabs(a - b) <= opt.atol + opt.rtol * std::fabs(b);
+  return std::fabs(a - b) <= opt.atol + opt.rtol * std::fabs(b) ||
+         (opt.maxUlps > 0 && ulpDistance(a, b, dtype) <= opt.maxUlps);
 }
 
 TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const DiffOptions& opt) {
@@ -61,9 +65,9 @@ TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const Diff
       {"std", {sa.std, sb.std}},
       {"absMax", {sa.absMax, sb.absMax}}};
   for (const auto& [field, v] : fields) {
-    if (!closeEnough(v.first, v.second, opt)) {
+    if (!closeEnough(v.first, v.second, opt, a.dtype)) {
       d.status = DiffStatus::Diverged;
-      d.detail = std::string(field) + " " + fmtNum(v.first) + " vs " + fmtNum(v.second);
+      d.detail = std::string(field) + " " + numberPair(v.first, v.second);
       return d;
     }
   }
@@ -99,6 +103,20 @@ uint64_t ulpDistance(double a, double b, const std::string& dtype) {
     return d >= 1.8e19 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(d);
   }
   return ulpFromBits(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b), 64);  // float64
+}
+
+std::string numberPair(double a, double b, const char* sep) {
+  std::string x = fmtNum(a), y = fmtNum(b);
+  if (std::isfinite(a) && std::isfinite(b) && a != b) {
+    for (int digits = 7; x == y && digits <= 17; ++digits) {
+      char ba[40], bb[40];
+      std::snprintf(ba, sizeof ba, "%.*g", digits, a);
+      std::snprintf(bb, sizeof bb, "%.*g", digits, b);
+      x = ba;
+      y = bb;
+    }
+  }
+  return x + sep + y;
 }
 
 TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>& b,
@@ -149,8 +167,8 @@ TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>
     d.status = DiffStatus::Diverged;
     size_t i = static_cast<size_t>(firstBad);
     d.detail = std::to_string(bad) + " of " + std::to_string(a.size()) +
-               " elements outside tolerance; first at " + std::to_string(i) + ": " + fmtNum(a[i]) +
-               " vs " + fmtNum(b[i]);
+               " elements outside tolerance; first at " + std::to_string(i) + ": " +
+               numberPair(a[i], b[i]);
   } else if (maxUlps == 0) {
     d.status = DiffStatus::Equal;
     d.detail = "dumped values equal";
@@ -227,7 +245,8 @@ std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
     if (std::isnan(d.a) != std::isnan(d.b))
       d.status = DiffStatus::Diverged;  // a NaN against a number
     else if (!std::isnan(d.a) && d.a != d.b)
-      d.status = closeEnough(d.a, d.b, opt) ? DiffStatus::WithinTolerance : DiffStatus::Diverged;
+      d.status =
+          closeEnough(d.a, d.b, opt, "") ? DiffStatus::WithinTolerance : DiffStatus::Diverged;
     out.push_back(d);
   }
   std::sort(out.begin(), out.end(),

@@ -210,6 +210,12 @@ std::string lossText(double v) {
   return std::isnan(v) ? "NaN" : fmtNum(v);
 }
 
+// "A x vs B y", at the digits that tell the two losses apart.
+std::string lossPair(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return "A " + lossText(a) + " vs B " + lossText(b);
+  return "A " + numberPair(a, b, " vs B ");
+}
+
 void divergenceText(std::string& out, const char* title, const Divergence& d) {
   const OpPair& p = d.pair;
   out += std::string(title) + ": step " + std::to_string(p.step) + "  " + opLabel(p) + "\n";
@@ -277,12 +283,7 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
   out += " (atol " + fmtNum(r.options.atol) + ", rtol " + fmtNum(r.options.rtol);
   if (r.options.maxUlps > 0) out += ", max ulps " + std::to_string(r.options.maxUlps);
   out += ")\n";
-  if (verdict == DiffVerdict::ValuesNotCompared)
-    out += std::string(
-               "the recordings hold no MD5s, statistics or dumps of their tensors: only "
-               "the op sequences") +
-           (r.losses.empty() ? "" : " and the step losses") +
-           " were compared (record both with --all, or --md5 / --stats)\n";
+  if (verdict == DiffVerdict::ValuesNotCompared) out += valuesNotComparedText(r) + "\n";
   out += "summary: " + std::to_string(t.equal) + " equal, " +
          (t.notCompared > 0 ? std::to_string(t.notCompared) + " not compared, " : "") +
          std::to_string(t.withinTolerance) + " within tolerance, " + std::to_string(t.diverged) +
@@ -296,8 +297,8 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     out += "losses: " + std::to_string(r.losses.size()) +
            (r.losses.size() == 1 ? " step compared, " : " steps compared, ");
     if (l)
-      out += "first diverged at step " + std::to_string(l->step) + ": A " + lossText(l->a) +
-             " vs B " + lossText(l->b) + "\n";
+      out +=
+          "first diverged at step " + std::to_string(l->step) + ": " + lossPair(l->a, l->b) + "\n";
     else
       out += std::all_of(r.losses.begin(), r.losses.end(),
                          [](const LossDiff& d) { return d.status == DiffStatus::Equal; })
@@ -337,8 +338,8 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
   }
   out += "\n";
   if (const LossDiff* l = firstLossDivergence(r); l && !r.first)
-    out += "first divergence: step " + std::to_string(l->step) + " loss (A " + lossText(l->a) +
-           " vs B " + lossText(l->b) + "); " +
+    out += "first divergence: step " + std::to_string(l->step) + " loss (" + lossPair(l->a, l->b) +
+           "); " +
            (r.comparedTensors == 0
                 ? "no op can be named: the recordings hold no tensor values (record both with "
                   "--all to find the op)"

@@ -76,7 +76,7 @@ namespace {
 //    thread ids, allocator figures, times of logs and allocator events (in any order), counts in
 //    op_counts and dropped, the run row's texts (JSON Keel parses is depth-checked first).
 //  - a log message longer than kMaxStringBytes: read cut there, saying how much was left out.
-constexpr size_t kMaxStringBytes = 64 << 10;
+using detail::kMaxStringBytes;
 constexpr int64_t kMaxScopeDepth = 64;
 constexpr int64_t kMaxStep = INT32_MAX;
 constexpr int64_t kMaxTimeNs = int64_t(1) << 62;
@@ -593,15 +593,7 @@ std::vector<LogRecord> Recording::logs(const LogQuery& q) const {
     // A message past kMaxStringBytes is cut there, on a UTF-8 boundary (Note [Damaged
     // recordings]: tolerated, bounded).
     std::string_view text = s.textView(4);
-    std::string message;
-    if (text.size() <= kMaxStringBytes) {
-      message = text;
-    } else {
-      size_t cut = kMaxStringBytes;
-      while (cut > 0 && (uint8_t(text[cut]) & 0xC0) == 0x80) --cut;
-      message = std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size() - cut) +
-                " more bytes)";
-    }
+    std::string message = detail::cutText(text, kMaxStringBytes);
     out.push_back({s.u64(0), s.i64(1), static_cast<LogLevel>(level),
                    impl_->str(s.i64(3), "logs", id), std::move(message), s.i64(5)});
   }

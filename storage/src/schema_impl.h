@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,17 @@ inline std::vector<int64_t> parseDims(std::string_view s) {
     s.remove_prefix(std::min(s.size(), used + 1));  // the number and its ','
   }
   return dims;
+}
+
+// The longest string the strings table holds (names, scopes, frames, attributes): a reader
+// calls a longer one damaged, and the writer cuts one there (an imported snapshot's frame).
+constexpr size_t kMaxStringBytes = 64 << 10;
+// `text` cut at byte `at` (moved back to a UTF-8 boundary), saying how much was left out.
+inline std::string cutText(std::string_view text, size_t at) {
+  if (text.size() <= at) return std::string(text);
+  while (at > 0 && (uint8_t(text[at]) & 0xC0) == 0x80) --at;
+  return std::string(text.substr(0, at)) + "... (" + std::to_string(text.size() - at) +
+         " more bytes)";
 }
 
 }  // namespace keel::storage::detail

@@ -244,6 +244,13 @@ void SqliteWriter::reloadCaches() {
 }
 
 int64_t SqliteWriter::intern(std::string_view s) {
+  // A string past the readers' bound (a frame of an imported snapshot: anything) is stored cut,
+  // so the recording reads back instead of being called damaged.
+  std::string cut;
+  if (s.size() > detail::kMaxStringBytes) {
+    cut = detail::cutText(s, detail::kMaxStringBytes - 48);  // room for the note
+    s = cut;
+  }
   if (auto it = strings_.find(s); it != strings_.end()) return it->second;
   insString_.bindText(1, s);
   insString_.run();

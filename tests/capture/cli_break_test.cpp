@@ -182,6 +182,14 @@ TEST_F(BreakOn, NanStopsAfterTheFirstNonFiniteOpAndKeepsTheRecording) {
   EXPECT_EQ(rec.run().status.rfind("stopped: breakpoint: first NaN/Inf", 0), 0u)
       << rec.run().status;
   EXPECT_TRUE(r.err.empty()) << r.err;
+
+  // @2: the second op that writes a NaN, not "the first" (hit 2).
+  r = record("nan2.db", "--break-on nan@2", "KEEL_TEST_PERTURB=matmul:20:nan");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("(step 1): breakpoint: NaN/Inf (output 0 of "), std::string::npos)
+      << r.out;
+  EXPECT_NE(stopLine(r).find(") (hit 2)"), std::string::npos) << r.out;
+  EXPECT_GT(lastSeq(keel::storage::Recording::open(path("nan2.db"))), first->seq);
 }
 
 // An optimizer step that writes a NaN into a parameter (adamw_step has no outputs: it writes its
@@ -253,6 +261,40 @@ TEST_F(BreakOn, Md5RefStopsAtTheFirstDivergence) {
                              "matmul"),
             std::string::npos)
       << r.out;
+}
+
+// A reference recorded with another seed differs at the first random op of initialisation:
+// a warning says so up front, and the stop there is a stop like any other (exit 1, the recording
+// kept, the line naming step 0) -- it was a one-line error that still replaced the output.
+TEST_F(BreakOn, Md5RefWithAnotherSeedWarnsAndStopsInInitialisation) {
+  ASSERT_EQ(record("ref.db", "").status, 0);
+  CliResult r = keel("record --config tests/fixtures/gpt-tiny.json --steps 2 --seed 5 -o '" +
+                     path("other.db") + "' --break-on md5-ref:'" + path("ref.db") + "'");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("was recorded with seed 4 and this run uses seed 5: their MD5s differ from "
+                       "the first random op (--seed 4 to follow it)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("error"), std::string::npos) << r.err;
+  EXPECT_NE(stopLine(r).find(" (step 0): breakpoint: first MD5 difference from the reference: "),
+            std::string::npos)
+      << r.out;
+  keel::storage::Recording rec = keel::storage::Recording::open(path("other.db"));
+  EXPECT_EQ(rec.run().status.rfind("stopped: breakpoint: first MD5 difference", 0), 0u)
+      << rec.run().status;
+  ASSERT_FALSE(rec.allOps().empty());
+  EXPECT_EQ(rec.allOps().back().step, 0);
+}
+
+// A reference without MD5s can never differ: refused before anything runs, the output untouched.
+TEST_F(BreakOn, Md5RefWithoutMd5sIsRefused) {
+  ASSERT_EQ(keel("record --config tests/fixtures/gpt-tiny.json --steps 1 --seed 4 -o '" +
+                 path("plain.db") + "'")
+                .status,
+            0);
+  CliResult r = record("out.db", "--break-on md5-ref:'" + path("plain.db") + "'");
+  expectOneLineError(r, ": the reference holds no MD5s (record it with --md5 or --all)");
+  EXPECT_FALSE(fs::exists(path("out.db")));
 }
 
 // A run whose condition never holds finishes normally (exit 0, status finished).

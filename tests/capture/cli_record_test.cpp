@@ -73,6 +73,14 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   EXPECT_NE(i.out.find("steps      2"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("matmul"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("adamw_step"), std::string::npos) << i.out;
+  {  // the op-count table's columns line up, the longest name included
+    const size_t head = i.out.find("\n  op ");
+    ASSERT_NE(head, std::string::npos) << i.out;
+    const size_t width = i.out.find('\n', head + 1) - head;
+    const size_t fm = i.out.find("\n  flashmask_attention_backward ");
+    ASSERT_NE(fm, std::string::npos) << i.out;
+    EXPECT_EQ(i.out.find('\n', fm + 1) - fm, width) << i.out;
+  }
 
   CliResult o = keel("ops '" + path("a.db") + "' --step 1 --phase backward --name matmul");
   ASSERT_EQ(o.status, 0) << o.err;
@@ -87,6 +95,9 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   const CliResult none = keel("ops '" + path("a.db") + "' --step 1 --name no_such_op");
   EXPECT_EQ(none.status, 0) << none.err;
   EXPECT_NE(none.out.find("0 op calls"), std::string::npos) << none.out;
+  // Without a recording the filters had nothing to filter and were ignored without a word.
+  expectOneLineError(keel("ops --step 1"), "--step filters a recording's op calls");
+  expectOneLineError(keel("ops --name matmul"), "--name filters a recording's op calls");
 
   // The studio's graph (tests/views/graph_test.cpp compares the two): module clusters, labelled
   // nodes, backward ops filled.
@@ -363,6 +374,14 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   expectOneLineError(keel("inspect '" + path("junk.db") + "'"), "junk.db");
   expectOneLineError(record("x.db", "--ops matmull"), "matmull");
   expectOneLineError(record("y.db", "--step-range 5:2"), "step range");
+  // Ranges and stops past the run's steps would record, dump or stop nothing, silently.
+  expectOneLineError(record("y.db", "--step-range 3:9"),
+                     "--step-range '3:9' lies past the run's 2 steps (--steps)");
+  expectOneLineError(record("y.db", "--dumps --dump-steps 4"),
+                     "--dump-steps '4' lies past the run's 2 steps (--steps)");
+  expectOneLineError(record("y.db", "--break-on step:3"),
+                     "--break-on step:3 lies past the run's 2 steps (--steps)");
+  EXPECT_FALSE(fs::exists(path("y.db")));
   expectOneLineError(keel("record --config tests/fixtures/gpt-tiny.json -o /proc/no/such/dir.db"),
                      "/proc/no/such/dir.db");
   expectOneLineError(keel("diff '" + path("missing.db") + "' '" + path("junk.db") + "'"),
@@ -378,6 +397,26 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   expectOneLineError(keel("record --steps 2 --bogus"),
                      "The following argument was not expected: --bogus");
   expectOneLineError(keel("record --steps 2"), "--output is required");
+  expectOneLineError(keel("diff"), "diff needs two recordings");
+}
+
+// Choosing what to dump asks for dumps: --dump-ops without --dumps stored nothing.
+TEST_F(KeelCli, ADumpChoiceImpliesDumps) {
+  ASSERT_EQ(record("d.db", "--steps 1 --dump-ops matmul").status, 0);
+  keel::storage::Recording rec = keel::storage::Recording::open(path("d.db"));
+  int matmuls = 0, dumped = 0, others = 0;
+  for (const auto& o : rec.allOps()) {
+    const bool has = !rec.dumps(o.seq).empty();
+    if (o.name == "matmul") {
+      ++matmuls;
+      dumped += has;
+    } else {
+      others += has;
+    }
+  }
+  EXPECT_GT(matmuls, 0);
+  EXPECT_EQ(dumped, matmuls);
+  EXPECT_EQ(others, 0);
 }
 
 // `keel train --save-inputs DIR` (Note [Training inputs]): the initial weights as a resumable

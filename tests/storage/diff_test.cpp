@@ -295,6 +295,24 @@ TEST(DiffTest, StatisticsDecideWhenNoDumps) {
   opt.useStats = false;
   d = ks::compareTensors(ta, tb, 1, 1, opt, {});
   EXPECT_EQ(d.basis, DiffBasis::Md5Only);
+
+  // Values that differ print with the digits that tell them apart (six made them look equal),
+  // and --ulps applies to statistics as to values: one float32 ULP apart passes at maxUlps 1.
+  ks::DiffOptions exact;
+  exact.atol = exact.rtol = 0;
+  tb.stats = ta.stats;
+  tb.stats.min = std::nextafter(-1.0f, 0.0f);
+  d = ks::compareTensors(ta, tb, 1, 1, exact, {});
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_EQ(d.detail, "min -1 vs -0.9999999");
+  exact.maxUlps = 1;
+  d = ks::compareTensors(ta, tb, 1, 1, exact, {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance) << d.detail;
+  tb.stats.min = -0.99999982;  // 3 ULPs of float32 from -1
+  EXPECT_EQ(ks::compareTensors(ta, tb, 1, 1, exact, {}).status, DiffStatus::Diverged);
+  EXPECT_EQ(ks::numberPair(0.4648761, 0.46487612), "0.4648761 vs 0.46487612");
+  EXPECT_EQ(ks::numberPair(2.5, 2.5), "2.5 vs 2.5");
+  EXPECT_EQ(ks::numberPair(1, std::nan(""), " / "), "1 / nan");
 }
 
 TEST(DiffTest, UlpDistanceInEachDtype) {
@@ -427,6 +445,30 @@ TEST(DiffTest, RunsWithoutValuesAreNotComparedNotEqual) {
   EXPECT_EQ(j["verdict"], "values-not-compared");
   EXPECT_EQ(j["total"]["notCompared"], 6);
   EXPECT_EQ(j["comparedTensors"], 0);
+  EXPECT_NE(text.find("\nthe recordings hold no MD5s, statistics or dumps of their tensors: only "
+                      "the op sequences were compared (record both with --all, or --md5 / "
+                      "--stats)\n"),
+            std::string::npos)
+      << text;
+
+  // Only one side without values: the line names it, and what the other holds.
+  auto withMd5 = chain(6);
+  r = ks::diffRuns(withMd5, b);
+  EXPECT_EQ(r.heldA, "MD5s");
+  EXPECT_EQ(r.heldB, "");
+  EXPECT_EQ(ks::diffVerdict(r), ks::DiffVerdict::ValuesNotCompared);
+  EXPECT_EQ(ks::valuesNotComparedText(r),
+            "recording B holds no MD5s, statistics or dumps of its tensors (A holds MD5s): only "
+            "the op sequences were compared (record B with --all, or --md5 / --stats)");
+  // Each side holds a kind the other lacks: still nothing compared, and it says so.
+  for (auto& o : b)
+    for (auto& t : o.tensors) t.hasStats = true;
+  r = ks::diffRuns(withMd5, b);
+  EXPECT_EQ(r.heldB, "statistics");
+  EXPECT_EQ(ks::diffVerdict(r), ks::DiffVerdict::ValuesNotCompared);
+  EXPECT_EQ(ks::valuesNotComparedText(r),
+            "A holds MD5s and B statistics of their tensors, no kind both hold: only the op "
+            "sequences were compared (record both with --all)");
 
   // One output with an MD5 on both sides is a comparison: the verdict is EQUAL again and that
   // pair alone counts as equal; the others stay not compared.

@@ -363,5 +363,36 @@ TEST_F(TorchMemoryCliTest, ImportsThroughTheRealBinaryAndKeepsExistingFiles) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "x.db"));
 }
 
+// A frame whose file name is longer than a recording's strings may be (64 KiB) is stored cut,
+// saying how much was left out: the recording it wrote was called damaged by every reader.
+TEST_F(TorchMemoryCliTest, AFrameLongerThanARecordingsStringsIsStoredCut) {
+  const std::string longName(70000, 'f');
+  const std::string bytes = withTraceEntry([&](P& p) {
+    p.str("action").str("alloc").str("addr").int1(0).str("size").int1(8).str("frames");
+    p.op(']').op('}').op('(').str("filename").op('X');
+    for (int k = 0; k < 4; ++k) p.op(int((longName.size() >> (8 * k)) & 0xff));
+    p.b += longName;
+    p.str("line").int1(3).str("name").str("step").op('u').op('a');
+  });
+  const std::string in = (dir_ / "long.pickle").string(), out = (dir_ / "long.db").string();
+  std::ofstream(in, std::ios::binary) << bytes;
+  test::CliResult r = test::runKeelCli("import torch-memory " + in + " -o " + out, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = test::runKeelCli("memory stats " + out, dir_);
+  EXPECT_EQ(r.status, 0) << r.err;
+  const Recording rec = Recording::open(out);
+  const auto events = rec.memEvents({});
+  ASSERT_EQ(events.size(), 1u);
+  const auto stack = rec.stack(events[0].stackId);
+  ASSERT_TRUE(stack && stack->frames.size() == 1);
+  const std::string& file = stack->frames[0].file;
+  EXPECT_LE(file.size(), size_t(64 << 10));
+  EXPECT_EQ(file.substr(0, 16), std::string(16, 'f'));
+  const std::string note = "... (" + std::to_string(70000 - (65536 - 48)) + " more bytes)";
+  EXPECT_EQ(file.substr(file.size() - note.size()), note) << file.substr(file.size() - 40);
+  EXPECT_EQ(stack->frames[0].function, "step");
+  EXPECT_EQ(stack->frames[0].line, 3);
+}
+
 }  // namespace
 }  // namespace keel::storage

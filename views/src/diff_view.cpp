@@ -447,20 +447,25 @@ void DiffView::updateSummary() {
   } else {
     summary_->setToolTip({});
   }
-  if (v == storage::DiffVerdict::ValuesNotCompared)
-    text += tr("<br><span style='color:#8a6d00'>The recordings hold no MD5s or statistics of their "
-               "tensors: only the op sequences%1 were compared. Record both with --all to compare "
-               "every tensor.</span>")
-                .arg(r->losses.empty() ? QString() : tr(" and the step losses"));
-  else if (r->uncomparedTensors > 0)
+  if (v == storage::DiffVerdict::ValuesNotCompared) {
+    QString why = qs(storage::valuesNotComparedText(*r));
+    if (!why.isEmpty()) why[0] = why[0].toUpper();
+    text += "<br><span style='color:#8a6d00'>" + why.toHtmlEscaped() + ".</span>";
+  } else if (r->uncomparedTensors > 0)
     text += tr("<br><span style='color:gray'>%L1 tensors had nothing to compare (record with "
                "--md5 or --stats)</span>")
                 .arg(r->uncomparedTensors);
   if (const storage::LossDiff* l = storage::firstLossDivergence(*r); l && !r->first) {
-    auto loss = [](double x) { return std::isnan(x) ? tr("NaN") : QString::number(x, 'g', 6); };
-    text += tr("<br>First divergence: step %1 <b>loss</b> (A %2 vs B %3); %4")
+    // At the digits that tell the two apart (a NaN on either side prints as NaN).
+    const QString losses =
+        std::isnan(l->a) || std::isnan(l->b)
+            ? tr("A %1 vs B %2")
+                  .arg(std::isnan(l->a) ? tr("NaN") : QString::number(l->a, 'g', 6),
+                       std::isnan(l->b) ? tr("NaN") : QString::number(l->b, 'g', 6))
+            : qs("A " + storage::numberPair(l->a, l->b, " vs B "));
+    text += tr("<br>First divergence: step %1 <b>loss</b> (%2); %3")
                 .arg(l->step)
-                .arg(loss(l->a), loss(l->b),
+                .arg(losses,
                      r->comparedTensors == 0
                          ? tr("no op can be named without tensor values: record both with --all")
                          : tr("no recorded op output diverged"));

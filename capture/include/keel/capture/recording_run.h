@@ -100,6 +100,8 @@ class BreakConditions {
   // opens the references of new ones.
   void setSpec(BreakSpec spec);
   const BreakSpec& spec() const { return spec_; }
+  // The seed each md5-ref reference was recorded with, by reference path.
+  std::vector<std::pair<std::string, uint64_t>> referenceSeeds() const;
   // Why to stop after this op of `step` ("breakpoint: op matmul", ...), or "" to go on. Call it
   // for every op in order (the reference pairing counts ops). Op and scope conditions hold from
   // step 1: initialisation (step 0) ops carry their parameters' scopes (Note [Initialisation
@@ -180,6 +182,9 @@ class RecordingRun {
   // created (Note [VMM fallback]; allocatorWarning() then says why, in one line).
   AllocatorKind allocator() const { return allocator_; }
   const std::string& allocatorWarning() const { return allocatorWarning_; }
+  // Set where an md5-ref reference was recorded with another seed than this run's: their MD5s
+  // differ from the first random op on (one line; the run still starts).
+  const std::string& referenceWarning() const { return referenceWarning_; }
   const Device& device() const { return device_; }
   // The run's metadata as recorded (start time set by start()).
   const storage::RunInfo& runInfo() const { return run_; }
@@ -251,6 +256,7 @@ class RecordingRun {
   Device device_;
   AllocatorKind allocator_ = AllocatorKind::Host;
   std::string allocatorWarning_;
+  std::string referenceWarning_;
   storage::RunInfo run_;
   std::unique_ptr<Recorder> recorder_;
   std::unique_ptr<WorkloadRun> job_;

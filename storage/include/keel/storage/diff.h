@@ -155,7 +155,10 @@ struct DiffReport {
   std::vector<StepDiff> steps;  // ascending step
   StepDiff total;               // step = -1, sums
   int64_t uncomparedTensors = 0;
-  int64_t comparedTensors = 0;      // outputs of aligned pairs compared on some basis
+  int64_t comparedTensors = 0;  // outputs of aligned pairs compared on some basis
+  // What each side recorded of its tensors' values: "MD5s", "statistics", "MD5s and statistics",
+  // "" for nothing (which side a NO VALUES COMPARED verdict is about).
+  std::string heldA, heldB;
   std::vector<LossDiff> losses;     // steps of both runs, when both report losses (diffRecordings)
   std::vector<OpPair> pairs;        // step order, then alignment order
   std::optional<Divergence> first;  // earliest diverged pair by side A's seq
@@ -203,6 +206,11 @@ TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>
 // integer dtypes: |a - b|). UINT64_MAX when exactly one is NaN; 0 for two NaNs and for ±0.
 uint64_t ulpDistance(double a, double b, const std::string& dtype);
 
+// "A vs B" with as many significant digits (6 to 17) as it takes to tell two different values
+// apart: at six digits two values a diff calls different can print the same ("-0.464876 vs
+// -0.464876"). NaN and infinities print as "nan", "inf", "-inf".
+std::string numberPair(double a, double b, const char* sep = " vs ");
+
 // Diffs two whole runs (ops in any order; grouped by step, ordered by seq). Throws StorageError
 // on malformed input (e.g. duplicate seq on one side).
 DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>& b,
@@ -239,6 +247,9 @@ const LossDiff* firstLossDivergence(const DiffReport& r);
 // losses) were compared.
 enum class DiffVerdict : uint8_t { Equal, Diverged, ValuesNotCompared };
 DiffVerdict diffVerdict(const DiffReport& r);
+// Why a ValuesNotCompared verdict: which side recorded what, what was compared instead and how
+// to record the runs (one sentence, no newline).
+std::string valuesNotComparedText(const DiffReport& r);
 
 // 0: equal within tolerance, or values not compared; 1: divergent (Diverged pairs, diverged
 // losses, or Unmatched ops when the options say so). The command-line tool adds 2 for errors.
