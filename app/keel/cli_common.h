@@ -47,6 +47,8 @@ CLI::Validator finiteAtLeast(double lo);
 CLI::Validator finiteIn(double lo, double hi);
 // A file or directory name that is not "" (an empty --data used to mean "not given").
 CLI::Validator nonEmptyName();
+// The same for a filter's value (an empty --scope or --ops would filter nothing, silently).
+CLI::Validator nonEmptyValue();
 
 // --alloc host|caching|vmm: the allocator for host tensors (default: KEEL_ALLOCATOR, else vmm).
 void addAllocOption(CLI::App* c, std::string& kind);

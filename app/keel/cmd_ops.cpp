@@ -169,9 +169,10 @@ Command addOpsCommand(CLI::App& root) {
   ops->add_option("recording", a->recording, "recording file (.db); omit to list the registry")
       ->check(nonEmptyName());
   ops->add_option("--step", a->step, "only this step (0: initialisation)")->check(wholeNumber(0));
-  ops->add_option("--phase", a->phase, "forward | backward | optimizer");
-  ops->add_option("--name", a->name, "only this op name");
-  ops->add_option("--scope", a->scope, "only ops under this module scope (e.g. blocks.1)");
+  ops->add_option("--phase", a->phase, "forward | backward | optimizer")->check(nonEmptyValue());
+  ops->add_option("--name", a->name, "only this op name")->check(nonEmptyValue());
+  ops->add_option("--scope", a->scope, "only ops under this module scope (e.g. blocks.1)")
+      ->check(nonEmptyValue());
   ops->add_option("--limit", a->limit, "at most N rows")->check(wholeNumber(0));
   addRankOption(ops, a->rank);
   ops->add_flag("--markdown", a->markdown,

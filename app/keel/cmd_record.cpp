@@ -222,6 +222,10 @@ int runRecord(const RecordArgs& a) {
     std::printf(" (%lld tensors without checksums: the hashing backlog was full)",
                 static_cast<long long>(c.droppedHashes));
   std::printf("\n");
+  // A filter that matched nothing (a mistyped scope) left a recording without ops: say so.
+  if (c.ops == 0 && !a.noGraph && (!a.scope.empty() || !a.ops.empty()) && !stopped)
+    warn(std::string(!a.scope.empty() ? "--scope '" + a.scope + "'" : "--ops '" + a.ops + "'") +
+         " matched no op the run called: the recording holds no op calls");
   if (c.hashedTensors > 0)
     std::printf(
         "hashed %lld tensors, %s (%lld on the run's own thread, %lld by the writer, %lld copied "
@@ -276,13 +280,19 @@ Command addRecordCommand(CLI::App& root) {
               "track memory per step: sections in the recording and a summary per step");
   c->add_flag("--no-logs", a->noLogs, "do not record log lines");
   c->add_flag("--no-graph", a->noGraph, "do not record op calls");
-  c->add_option("--ops", a->ops, "record only these ops (comma-separated names)");
-  c->add_option("--scope", a->scope, "record only ops under this module scope (e.g. blocks.1)");
-  c->add_option("--step-range", a->stepRange, "record only these steps (A:B, inclusive)");
+  c->add_option("--ops", a->ops, "record only these ops (comma-separated names)")
+      ->check(nonEmptyValue());
+  c->add_option("--scope", a->scope, "record only ops under this module scope (e.g. blocks.1)")
+      ->check(nonEmptyValue());
+  c->add_option("--step-range", a->stepRange, "record only these steps (A:B, inclusive)")
+      ->check(nonEmptyValue());
   c->add_flag("--dumps", a->dumps, "store output values (zstd) of the ops chosen below");
-  c->add_option("--dump-ops", a->dumpOps, "dump only these ops (comma-separated; implies --dumps)");
-  c->add_option("--dump-scope", a->dumpScope, "dump only ops under this scope (implies --dumps)");
-  c->add_option("--dump-steps", a->dumpSteps, "dump only in these steps (A:B; implies --dumps)");
+  c->add_option("--dump-ops", a->dumpOps, "dump only these ops (comma-separated; implies --dumps)")
+      ->check(nonEmptyValue());
+  c->add_option("--dump-scope", a->dumpScope, "dump only ops under this scope (implies --dumps)")
+      ->check(nonEmptyValue());
+  c->add_option("--dump-steps", a->dumpSteps, "dump only in these steps (A:B; implies --dumps)")
+      ->check(nonEmptyValue());
   c->add_flag(
       "--drop", a->drop,
       "when the queue (or the hashing backlog) is full drop records, or tensors' checksums, "

@@ -170,6 +170,11 @@ CLI::Validator nonEmptyName() {
       [](std::string& s) -> std::string { return s.empty() ? "must not be empty" : ""; }, "PATH");
 }
 
+CLI::Validator nonEmptyValue() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string { return s.empty() ? "must not be empty" : ""; }, "");
+}
+
 void addRankOption(CLI::App* c, int64_t& rank) {
   c->add_option("--rank", rank,
                 "with a run folder (multi-rank run): the rank whose recording to read")

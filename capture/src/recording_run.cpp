@@ -222,7 +222,8 @@ std::string BreakConditions::hit(State& s, std::string reason) {
   const int64_t every = std::max<int64_t>(1, s.cond.hitCount);
   if (++s.hits % every != 0) return {};
   if (every > 1) {  // "first NaN/Inf" is not what the third hit is
-    if (const size_t at = reason.find("first "); at != std::string::npos) reason.erase(at, 6);
+    const std::string first = "breakpoint: first ";
+    if (reason.rfind(first, 0) == 0) reason.erase(12, 6);
     reason += " (hit " + std::to_string(s.hits) + ")";
   }
   return reason;

@@ -345,6 +345,13 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
                   "--all to find the op)"
                 : "no recorded op output diverged") +
            "\n\n";
+  if (!r.first && r.options.unmatchedIsDivergent && !firstLossDivergence(r))
+    for (const OpPair& p : r.pairs)  // what made it DIVERGED: say where, as for a diverged op
+      if (p.status == DiffStatus::Unmatched) {
+        out += "first divergence: step " + std::to_string(p.step) + "  " + opLabel(p) +
+               (p.inA ? " (only in A" : " (only in B") + "; --strict counts it)\n\n";
+        break;
+      }
   if (r.first) {
     divergenceText(out, "first divergence", *r.first);
     out += "\n";

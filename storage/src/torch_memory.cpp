@@ -175,10 +175,17 @@ struct Reading {
         kind = MemEventKind::Release;
       else
         continue;  // free_requested, snapshot, oom, and kinds newer than this reader
-      const int64_t addr = intOf(e.get("addr")), size = intOf(e.get("size"));
-      if (addr < 0 || size < 0)
-        damaged(name, "trace entry " + std::to_string(n) + " (" + std::string(a) +
-                          ") has no address or size");
+      // What is wrong with which field: missing, not an integer, or negative.
+      auto field = [&](const char* key) {
+        const std::string entry = "trace entry " + std::to_string(n) + " (" + std::string(a) + ")";
+        const Value* v = e.get(key);
+        if (!v) damaged(name, entry + " has no " + key);
+        if (!v->isInt()) damaged(name, entry + ": its " + key + " is not an integer");
+        if (v->i < 0)
+          damaged(name, entry + ": its " + key + " is negative (" + std::to_string(v->i) + ")");
+        return v->i;
+      };
+      const int64_t addr = field("addr"), size = field("size");
       if (uint64_t(size) > kMaxMemEventBytes)
         damaged(name, "trace entry " + std::to_string(n) + " (" + std::string(a) + ") claims " +
                           std::to_string(size) + " bytes, more than 16 TiB");

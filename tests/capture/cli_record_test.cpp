@@ -381,6 +381,10 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
                      "--dump-steps '4' lies past the run's 2 steps (--steps)");
   expectOneLineError(record("y.db", "--break-on step:3"),
                      "--break-on step:3 lies past the run's 2 steps (--steps)");
+  // An empty filter filtered nothing, silently.
+  expectOneLineError(record("y.db", "--scope ''"), "--scope: must not be empty");
+  expectOneLineError(record("y.db", "--dump-ops ''"), "--dump-ops: must not be empty");
+  expectOneLineError(keel("ops --name ''"), "--name: must not be empty");
   EXPECT_FALSE(fs::exists(path("y.db")));
   expectOneLineError(keel("record --config tests/fixtures/gpt-tiny.json -o /proc/no/such/dir.db"),
                      "/proc/no/such/dir.db");
@@ -398,6 +402,19 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
                      "The following argument was not expected: --bogus");
   expectOneLineError(keel("record --steps 2"), "--output is required");
   expectOneLineError(keel("diff"), "diff needs two recordings");
+}
+
+// A scope filter that matches nothing (mistyped) records a run without ops: a warning says so.
+TEST_F(KeelCli, AFilterThatMatchesNothingIsNamed) {
+  const CliResult r = record("s.db", "--steps 1 --scope blocks.9");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("--scope 'blocks.9' matched no op the run called: the recording holds no op "
+                       "calls"),
+            std::string::npos)
+      << r.err;
+  const CliResult ok = record("t.db", "--steps 1 --scope blocks.1");
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(ok.err.find("matched no op"), std::string::npos) << ok.err;
 }
 
 // Choosing what to dump asks for dumps: --dump-ops without --dumps stored nothing.

@@ -198,7 +198,15 @@ TEST(DiffTest, ExtraOpInBIsOneUnmatchedRestEqual) {
 
   ks::DiffOptions strict;
   strict.unmatchedIsDivergent = true;
-  EXPECT_EQ(ks::diffExitCode(ks::diffRuns(a, b, strict)), 1);
+  const ks::DiffReport sr = ks::diffRuns(a, b, strict);
+  EXPECT_EQ(ks::diffExitCode(sr), 1);
+  // DIVERGED says where: the first op only one run has (there was no first-divergence line).
+  const std::string text = ks::toText(sr, true);
+  EXPECT_NE(text.find("\nfirst divergence: step 1  A -  B #" + std::to_string(k + 2) +
+                      "  contiguous [forward] blocks.0 (only in B; --strict counts it)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(ks::toText(r, true).find("first divergence"), std::string::npos);
 }
 
 TEST(DiffTest, FusedOpsAlignTheRest) {

@@ -263,7 +263,10 @@ TEST(TorchMemoryTest, HostileStructureIsRefusedInOneLine) {
   has(errorOf(P().op('}').op('(').str("segments").int1(3).op('u').stop().b),
       "'segments' is not a list");
   has(errorOf(withTraceEntry([](P& p) { p.str("action").str("alloc").str("size").int1(8); })),
-      "trace entry 0 (alloc) has no address or size");
+      "trace entry 0 (alloc) has no addr");
+  has(errorOf(withTraceEntry(
+          [](P& p) { p.str("action").str("alloc").str("addr").str("0x10").str("size").int1(8); })),
+      "trace entry 0 (alloc): its addr is not an integer");
   has(errorOf(withTraceEntry([](P& p) { p.str("addr").int1(8); })), "trace entry 0 has no action");
   // Sizes past what the reader accepts in a recording (16 TiB an event): refused here, not
   // written into a recording that `keel memory` then calls damaged, with peaks that wrapped.
