@@ -73,6 +73,16 @@ TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const Diff
   }
   d.status = DiffStatus::WithinTolerance;
   d.detail = "statistics within tolerance";
+  // The fields that give the tensor's scale, against rtol of that scale (Note on atolScale).
+  const double scale = std::max(std::fabs(sa.absMax), std::fabs(sb.absMax));
+  double worst = 0;
+  for (auto [x, y] : {std::pair{sa.min, sb.min}, {sa.max, sb.max}, {sa.absMax, sb.absMax}})
+    if (std::isfinite(x) && std::isfinite(y)) worst = std::max(worst, std::fabs(x - y));
+  if (std::isfinite(scale) && worst > opt.rtol * scale && worst <= opt.atol) {
+    d.atolScale = true;
+    d.detail = "statistics within tolerance only on atol (largest magnitude " +
+               numberPair(sa.absMax, sb.absMax) + ")";
+  }
   return d;
 }
 
@@ -129,7 +139,7 @@ TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>
     return d;
   }
   const double inf = std::numeric_limits<double>::infinity();
-  double maxAbs = 0, maxRel = 0;
+  double maxAbs = 0, maxRel = 0, scale = 0;
   uint64_t maxUlps = 0;
   int64_t bad = 0;
   int64_t firstBad = -1;
@@ -153,6 +163,7 @@ TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>
     }
     maxAbs = std::max(maxAbs, abs);
     maxRel = std::max(maxRel, rel);
+    if (std::isfinite(y)) scale = std::max(scale, std::fabs(y));
     maxUlps = std::max(maxUlps, ulps);
     if (!ok) {
       if (firstBad < 0) firstBad = static_cast<int64_t>(i);
@@ -175,6 +186,11 @@ TensorDiff compareValues(const std::vector<double>& a, const std::vector<double>
   } else {
     d.status = DiffStatus::WithinTolerance;
     d.detail = "dumped values within tolerance";
+    if (maxAbs > opt.rtol * scale && maxAbs <= opt.atol) {  // see atolScale
+      d.atolScale = true;
+      d.detail =
+          "dumped values within tolerance only on atol (largest magnitude " + fmtNum(scale) + ")";
+    }
   }
   return d;
 }

@@ -60,6 +60,7 @@ Json tensorJson(const TensorDiff& t) {
     j["maxUlps"] = t.maxUlps;
     j["badElements"] = t.badElements;
   }
+  if (t.atolScale) j["atolScale"] = true;
   if (!t.detail.empty()) j["detail"] = t.detail;
   return j;
 }
@@ -357,6 +358,13 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     out += "\n";
     if (r.root && r.root->pair.inA && r.root->pair.seqA == r.first->pair.seqA) {
       std::string why = "its inputs all match";
+      for (const TensorDiff& t : r.root->inputs)
+        if (t.atolScale) {  // a tiny input: the difference may have come through it unseen
+          why = "its inputs all pass, but input " + std::to_string(t.index) +
+                " only on atol: its values are at atol's scale, and a difference there is not "
+                "seen (diff with a smaller --atol)";
+          break;
+        }
       if (r.options.align == DiffAlign::Module)  // judged by what fed it, not input by input
         why = r.root->note.empty() ? "the ops feeding it match" : r.root->note;
       out += "root divergence: the first divergence (" + why + ")\n\n";

@@ -323,6 +323,55 @@ TEST(DiffTest, StatisticsDecideWhenNoDumps) {
   EXPECT_EQ(ks::numberPair(1, std::nan(""), " / "), "1 / nan");
 }
 
+// A tensor whose values are all at atol's scale passes whatever its relative difference: the
+// verdict says so, and a root divergence fed by it does not claim its inputs all match.
+TEST(DiffTest, ATensorAtAtolsScalePassesSayingSo) {
+  TensorRecord ta = tensor(Role::Output, 0, 1, 1, "aa"), tb = tensor(Role::Output, 0, 1, 1, "bb");
+  ta.hasStats = tb.hasStats = true;
+  ta.stats = {-1e-7, 2e-7, 0, 1e-7, 2e-7, 0, 0, 0};
+  tb.stats = {-1e-7, 6e-7, 0, 1e-7, 6e-7, 0, 0, 0};
+  ks::TensorDiff d = ks::compareTensors(ta, tb, 1, 1, {}, {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance);
+  EXPECT_TRUE(d.atolScale);
+  EXPECT_EQ(d.detail,
+            "statistics within tolerance only on atol (largest magnitude 2e-07 vs 6e-07)");
+  // At the tensor's own scale the same absolute difference is noise: not flagged.
+  ta.stats = {-1.0, 2.0, 0.5, 0.7, 2.0, 0, 0, 3};
+  tb.stats = {-1.0, 2.0000004, 0.5, 0.7, 2.0000004, 0, 0, 3};
+  d = ks::compareTensors(ta, tb, 1, 1, {}, {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance);
+  EXPECT_FALSE(d.atolScale);
+  // Values: the same rule over the elements.
+  d = ks::compareValues({1e-8, 2e-7}, {3e-8, 5e-7}, "float32", {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance);
+  EXPECT_TRUE(d.atolScale);
+  EXPECT_FALSE(ks::compareValues({1.0, 2.0}, {1.0000001, 2.0000002}, "float32", {}).atolScale);
+
+  // Op 2's output differs only at atol's scale; op 3 diverges: its inputs pass, one on atol.
+  auto a = chain(6), b = chain(6, 1, 1, 2);
+  for (auto* run : {&a, &b}) {
+    const bool isA = run == &a;
+    for (auto& t : (*run)[2].tensors)
+      if (t.role == Role::Output) {
+        t.hasStats = true;
+        t.stats = isA ? ks::TensorStats{-1e-7, 2e-7, 0, 1e-7, 2e-7, 0, 0, 0}
+                      : ks::TensorStats{-1e-7, 6e-7, 0, 1e-7, 6e-7, 0, 0, 0};
+      }
+  }
+  ks::DiffReport r = ks::diffRuns(a, b);
+  ASSERT_TRUE(r.first && r.root);
+  EXPECT_EQ(r.first->pair.seqA, 4u);
+  EXPECT_EQ(r.root->pair.seqA, 4u);
+  const std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("root divergence: the first divergence (its inputs all pass, but input 0 "
+                      "only on atol: its values are at atol's scale, and a difference there is not "
+                      "seen (diff with a smaller --atol))"),
+            std::string::npos)
+      << text;
+  const auto j = nlohmann::json::parse(ks::toJson(r));
+  EXPECT_EQ(j["rootDivergence"]["inputs"][0]["atolScale"], true) << j["rootDivergence"].dump();
+}
+
 TEST(DiffTest, UlpDistanceInEachDtype) {
   EXPECT_EQ(ks::ulpDistance(1.0, 1.0, "float32"), 0u);
   EXPECT_EQ(ks::ulpDistance(1.0, 1.0 + std::ldexp(1.0, -23), "float32"), 1u);

@@ -77,7 +77,11 @@ struct TensorDiff {
   double maxRel = kNoValue;  // Values only
   uint64_t maxUlps = 0;      // Values only; UINT64_MAX when a NaN meets a number
   int64_t badElements = 0;   // Values only: elements outside tolerance
-  std::string detail;        // one short human phrase, e.g. "shape [2,3] vs [3,2]"
+  // Passed, but only because the tensor's values are at atol's scale: the two sides differ by
+  // more than rtol of its largest magnitude (values, or min/max/absMax of statistics). A
+  // difference can enter there unseen (a root divergence's input says so).
+  bool atolScale = false;
+  std::string detail;  // one short human phrase, e.g. "shape [2,3] vs [3,2]"
 };
 
 // One row of the alignment: an op pair, or an op on one side only (Unmatched).
