@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
 #include "keel/base/output_path.h"
+#include "keel/capture/options.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
@@ -30,6 +32,49 @@ std::string wallClock(int64_t unixNs) {
   gmtime_r(&t, &tm);
   std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
   return buf;
+}
+
+// What a recording holds and of which ops, in words ("op graph, stacks, MD5, statistics, logs;
+// only steps 2:3"); options this keel does not know (an imported or keel_torch recording's)
+// print as recorded.
+std::string describeCapture(const std::string& json) {
+  capture::CaptureOptions o;
+  try {
+    o = capture::CaptureOptions::fromJson(json);
+  } catch (const std::exception&) {
+    return json;
+  }
+  auto filterText = [](const capture::OpFilter& f) {
+    std::string t;
+    auto add = [&](const std::string& s) { t += (t.empty() ? "" : ", ") + s; };
+    if (!f.ops.empty()) {
+      std::string names;
+      for (const std::string& n : f.ops) names += (names.empty() ? "" : ",") + n;
+      add("ops " + names);
+    }
+    if (!f.scope.empty()) add("scope " + f.scope);
+    if (f.stepMin > 0 || f.stepMax != std::numeric_limits<int64_t>::max())
+      add("steps " + std::to_string(f.stepMin) + ":" +
+          (f.stepMax == std::numeric_limits<int64_t>::max() ? "" : std::to_string(f.stepMax)));
+    return t;
+  };
+  std::string t;
+  auto add = [&](const std::string& s) { t += (t.empty() ? "" : ", ") + s; };
+  if (o.graph) add("op graph");
+  if (o.stacks) add("stacks");
+  if (o.md5) add("MD5");
+  if (o.roundedMd5 > 0) add("MD5 rounded to " + std::to_string(o.roundedMd5) + " digits");
+  if (o.stats) add("statistics");
+  if (o.logs) add("logs");
+  if (o.allocator) add("allocator events");
+  if (o.dumps) {
+    const std::string only = filterText(o.dumpFilter);
+    add("dumps" + (only.empty() ? std::string() : " (" + only + ")"));
+  }
+  if (t.empty()) t = "nothing";
+  if (const std::string only = filterText(o.filter); !only.empty()) t += "; only " + only;
+  if (o.dropPolicy == capture::DropPolicy::Drop) t += "; records dropped when behind (--drop)";
+  return t;
 }
 
 // One line per flashmask_attention forward op of the first step that has one: its recorded mask
@@ -73,7 +118,7 @@ int runInspect(const std::string& path) {
               ended ? "running, but no process is writing it: the run was killed or crashed "
                       "(its committed steps are below)"
                     : run.status.c_str());
-  std::printf("capture    %s\n", run.captureOptionsJson.c_str());
+  std::printf("capture    %s\n", describeCapture(run.captureOptionsJson).c_str());
 
   auto steps = rec.steps();
   std::printf("\nsteps      %zu\n", steps.size());

@@ -70,6 +70,9 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   CliResult i = keel("inspect '" + path("a.db") + "'");
   ASSERT_EQ(i.status, 0) << i.err;
   EXPECT_NE(i.out.find("status finished"), std::string::npos) << i.out;
+  // What was captured, in words (it printed the options' JSON).
+  EXPECT_NE(i.out.find("\ncapture    op graph, stacks, MD5, statistics, logs\n"), std::string::npos)
+      << i.out;
   EXPECT_NE(i.out.find("steps      2"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("matmul"), std::string::npos) << i.out;
   EXPECT_NE(i.out.find("adamw_step"), std::string::npos) << i.out;
@@ -412,9 +415,16 @@ TEST_F(KeelCli, AFilterThatMatchesNothingIsNamed) {
                        "calls"),
             std::string::npos)
       << r.err;
-  const CliResult ok = record("t.db", "--steps 1 --scope blocks.1");
+  const CliResult ok =
+      record("t.db", "--steps 1 --scope blocks.1 --dump-ops matmul --step-range 1");
   ASSERT_EQ(ok.status, 0) << ok.err;
   EXPECT_EQ(ok.err.find("matched no op"), std::string::npos) << ok.err;
+  const CliResult i = keel("inspect '" + path("t.db") + "'");
+  EXPECT_NE(
+      i.out.find("\ncapture    op graph, logs, dumps (ops matmul); only scope blocks.1, steps "
+                 "1:1\n"),
+      std::string::npos)
+      << i.out;
 }
 
 // Choosing what to dump asks for dumps: --dump-ops without --dumps stored nothing.
