@@ -25,6 +25,8 @@ int flushStdout();
 int writeToStdout(const std::string& text);
 // Prints "keel: warning: <msg>" (newlines folded) to stderr; the run goes on.
 void warn(const std::string& msg);
+// --threads N (0: the default): sets the cpu backend's threads, warning where fewer cores can run.
+void useCpuThreads(int n);
 // First thing in a command that runs the engine (train, record, bench): throws keel::Error when
 // an address-space limit leaves no room for OpenBLAS's work buffer, and warns when that limit cut
 // OpenBLAS's threads. See Note [OpenBLAS under an address-space limit]

@@ -173,7 +173,7 @@ int runRecord(const RecordArgs& a) {
   if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
   if (!run.referenceWarning().empty()) warn(run.referenceWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
-  setCpuThreads(a.threads);
+  useCpuThreads(a.threads);
   std::optional<capture::RunStopped> stopped;
   try {
     run.start();  // a break condition can hit while the model is built (step 0): a stop, kept

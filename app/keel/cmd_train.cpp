@@ -81,7 +81,7 @@ int runTrain(const TrainArgs& a) {
       keel::resolveAllocatorKind(a.alloc, cfg.allocator, "--alloc"), &why));
   if (!why.empty()) warn(why);
   keel::Device device = keel::trainingDevice(a.backend);
-  keel::setCpuThreads(a.threads);
+  useCpuThreads(a.threads);
   auto dataset = std::make_shared<const keel::data::TextDataset>(
       a.data.empty() ? keel::data::TextDataset::defaultCorpus()
                      : keel::data::TextDataset::load(a.data));

@@ -28,6 +28,7 @@
 #include "keel/storage/errors.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
+#include "keel/train.h"
 
 namespace keel::cli {
 
@@ -80,6 +81,14 @@ int writeToStdout(const std::string& text) {
 void warn(const std::string& msg) {
   std::fflush(stdout);
   std::fprintf(stderr, "keel: warning: %s\n", oneLine(msg).c_str());
+}
+
+void useCpuThreads(int n) {
+  if (n <= 0) return;  // the default: every core this process may use
+  keel::setCpuThreads(n);
+  if (keel::cpuThreads() < n)
+    warn("--threads " + std::to_string(n) + ": the cpu backend runs " +
+         std::to_string(keel::cpuThreads()) + " (the cores this process may use)");
 }
 
 void prepareEngineRun() {

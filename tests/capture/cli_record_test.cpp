@@ -427,6 +427,22 @@ TEST_F(KeelCli, AFilterThatMatchesNothingIsNamed) {
       << i.out;
 }
 
+// More threads than the cores the process may use: the run says how many it runs (it clamped
+// without a word).
+TEST_F(KeelCli, ThreadsPastTheCoresAreNamed) {
+  for (const char* cmd : {"train --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096",
+                          "record --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096 "
+                          "-o r.db"}) {
+    const CliResult r = keel(cmd);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("keel: warning: --threads 4096: the cpu backend runs "), std::string::npos)
+        << cmd << ": " << r.err;
+  }
+  const CliResult one = keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --threads 1");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_EQ(one.err.find("--threads"), std::string::npos) << one.err;
+}
+
 // Choosing what to dump asks for dumps: --dump-ops without --dumps stored nothing.
 TEST_F(KeelCli, ADumpChoiceImpliesDumps) {
   ASSERT_EQ(record("d.db", "--steps 1 --dump-ops matmul").status, 0);
