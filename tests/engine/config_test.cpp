@@ -133,6 +133,14 @@ TEST(ConfigTest, WrongTypes) {
   expectFieldError(with("batch_size", Json::array({4})), "batch_size");
   expectFieldError(with("lr", "fast"), "lr");
   expectFieldError(with("dropout", nullptr), "dropout");
+  try {  // null is named once ("got null null" before)
+    parseGptConfig(with("dropout", nullptr).dump(), "cfg.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "cfg.json: field 'dropout': expected a number, got null");
+  }
+  expectError(with("n_layer", "4").dump(),
+              {"field 'n_layer': expected an integer, got string \"4\""});
   expectFieldError(with("norm", 3), "norm");
   expectFieldError(with("nesterov", 1), "nesterov");
   expectFieldError(with("name", 7), "name");

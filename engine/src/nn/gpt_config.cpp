@@ -97,6 +97,7 @@ class FieldReader {
     return &*it;
   }
   static std::string describe(const Json& v) {
+    if (v.is_null()) return "null";  // not "null null"
     std::string dumped = v.dump();
     if (dumped.size() > 40) dumped = dumped.substr(0, 37) + "...";
     return jsonTypeName(v) + " " + dumped;
