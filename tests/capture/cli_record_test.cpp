@@ -430,9 +430,10 @@ TEST_F(KeelCli, AFilterThatMatchesNothingIsNamed) {
 // More threads than the cores the process may use: the run says how many it runs (it clamped
 // without a word).
 TEST_F(KeelCli, ThreadsPastTheCoresAreNamed) {
-  for (const char* cmd : {"train --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096",
-                          "record --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096 "
-                          "-o r.db"}) {
+  for (const std::string& cmd :
+       {std::string("train --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096"),
+        "record --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096 -o '" +
+            path("r.db") + "'"}) {
     const CliResult r = keel(cmd);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.err.find("keel: warning: --threads 4096: the cpu backend runs "), std::string::npos)
