@@ -167,7 +167,10 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   }
   for (const QString& f : {out.recording, out.compare})
     if (!f.isEmpty() && !QFileInfo(f).isFile() && !storage::isRunFolder(f.toStdString()))
-      return error(notAFile("recording", f));
+      return error(QFileInfo(f).isDir() ? f + " is a folder but not a run folder (it has no "
+                                              "manifest.json; keel record writes one per "
+                                              "multi-rank run)"
+                                        : notAFile("recording", f));
   bool ok = true;
   if (cli.isSet(o.step)) {
     out.step = cli.value(o.step).toLongLong(&ok);
@@ -227,6 +230,8 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   }
 
   // The picture never replaces an input or a device (Note [Outputs never destroy inputs]).
+  // It replaces only a picture or an empty file (`--screenshot notes.md` replaced the notes), and
+  // is named .png: it is a PNG whatever the name says.
   auto shotRefused = [&](const QString& config, const QString& output) -> std::optional<QString> {
     if (out.screenshot.isEmpty()) return std::nullopt;
     try {
@@ -235,8 +240,23 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
                              {"the compared recording", out.compare.toStdString()},
                              {"the session's config", config.toStdString()},
                              {"the session's recording", output.toStdString()}});
+      if (!out.screenshot.endsWith(".png", Qt::CaseInsensitive))
+        return "--screenshot " + out.screenshot +
+               ": the studio saves PNG pictures; name the file .png";
+      keel::checkReplacesOnly("--screenshot", out.screenshot.toStdString(),
+                              std::string_view("\x89PNG\r\n\x1a\n", 8), "a PNG picture");
     } catch (const keel::Error& e) {
       return QString::fromUtf8(e.what());
+    }
+    // The views' folder: an existing folder, or a new one in an existing folder (it made any
+    // path, and a file given as the folder failed after the window was drawn).
+    if (!out.viewsDir.isEmpty()) {
+      const QFileInfo vi(out.viewsDir);
+      if (vi.exists() && !vi.isDir())
+        return "--views-dir " + out.viewsDir + " exists and is not a folder";
+      if (!vi.exists() && !QFileInfo(vi.absolutePath()).isDir())
+        return "--views-dir " + out.viewsDir + ": its parent folder " + vi.absolutePath() +
+               " does not exist";
     }
     return std::nullopt;
   };

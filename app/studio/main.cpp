@@ -67,6 +67,8 @@ QString describe(MainWindow& win) {
                 .arg(d->first->pair.inB ? QString::number(d->first->pair.seqB) : "-");
   else if (const keel::storage::LossDiff* l = d ? keel::storage::firstLossDivergence(*d) : nullptr)
     text += QString("; losses diverge at step %1").arg(l->step);
+  else if (d)  // --select-first-divergence had nothing to select: say so
+    text += "; no divergence";
   if (const auto d = win.diffReport();
       d && keel::storage::diffVerdict(*d) == keel::storage::DiffVerdict::ValuesNotCompared)
     text += "; no values compared";
@@ -224,8 +226,9 @@ int main(int argc, char** argv) {
           app.quit();
           return;
         }
-        if (!win.saveScreenshots(cli.screenshot, cli.viewsDir)) {
-          std::fprintf(stderr, "keel-studio: error: cannot write %s\n", qPrintable(cli.screenshot));
+        if (const QString failed = win.saveScreenshots(cli.screenshot, cli.viewsDir);
+            !failed.isEmpty()) {
+          std::fprintf(stderr, "keel-studio: error: cannot write %s\n", qPrintable(failed));
           exitCode = 2;
         } else {
           std::printf("keel-studio: saved %s — %s\n", qPrintable(cli.screenshot),

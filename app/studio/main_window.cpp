@@ -180,7 +180,7 @@ void MainWindow::buildActions() {
       showError("Screenshot", QString::fromUtf8(e.what()));
       return;
     }
-    if (!saveScreenshots(p)) showError("Screenshot", "Cannot write " + p);
+    if (!saveScreenshots(p).isEmpty()) showError("Screenshot", "Cannot write " + p);
   });
   file->addSeparator();
   QAction* quit = file->addAction("&Quit", this, &QWidget::close);
@@ -519,6 +519,12 @@ void MainWindow::connectSources() {
         selectOpInStep(d->op.seq, d->op.step);
         return;
       }
+      // An op of another step (--select-op, a log line): its step is shown, so the graph and
+      // the op table agree with the inspector instead of showing another step unselected.
+      if (src == sourceA_ && d->error.empty() && d->op.step != shownStep_ && stepA_) {
+        selectOpInStep(d->op.seq, d->op.step);
+        return;
+      }
       inspector_->setDetails(src == sourceA_ ? Side::A : Side::B, d);
       if (d->damaged) showError("Damaged recording", QString::fromStdString(d->error));
       emit opInspected(d->op.seq);
@@ -616,6 +622,12 @@ void MainWindow::openRecording(const QString& path, bool verify) {
     openRunFolder(path);
     return;
   }
+  if (QFileInfo(path).isDir()) {  // "is a directory, not a regular file" said too little
+    showError("Open recording", path +
+                                    " is a folder but not a run folder (it has no "
+                                    "manifest.json; keel record writes one per multi-rank run)");
+    return;
+  }
   // A file outside the open run folder leaves it.
   if (!runFolder_.isEmpty() &&
       QFileInfo(path).absolutePath() != QFileInfo(runFolder_).absoluteFilePath())
@@ -693,7 +705,25 @@ void MainWindow::openFile(const QString& path, bool verify) {
   if (verify && runFolder_.isEmpty()) addRecent(path);
 }
 
-void MainWindow::compareWith(const QString& path) {
+void MainWindow::compareWith(const QString& folderOrFile) {
+  // A run folder compared: its recording of the rank shown (rank 0 beside a single recording).
+  QString path = folderOrFile;
+  if (storage::isRunFolder(path.toStdString())) {
+    const int rank = runFolder_.isEmpty() ? 0 : std::max(0, rankCombo_->currentIndex());
+    try {
+      const storage::RunManifest m = storage::readManifest(path.toStdString());
+      path.clear();
+      for (const storage::RankEntry& r : m.ranks)
+        if (r.rank == rank)
+          path = QString::fromStdString(storage::rankPath(folderOrFile.toStdString(), m, r.rank));
+      if (path.isEmpty())
+        throw keel::Error("run folder " + folderOrFile.toStdString() + " has no rank " +
+                          std::to_string(rank));
+    } catch (const std::exception& e) {
+      showError("Cannot compare", QString::fromStdString(e.what()));
+      return;
+    }
+  }
   // The "vs" selector names the compared rank when it is one of the open run folder's.
   compareRankCombo_->setCurrentIndex(int(rankFiles_.indexOf(path)) + 1);
   summaryB_.reset();
@@ -950,7 +980,7 @@ QString MainWindow::raisedBottomView() const {
   return {};
 }
 
-bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsDir) {
+QString MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsDir) {
   // Written beside and renamed into place: a failed write leaves what was there.
   auto save = [](const QPixmap& picture, const QString& path) {
     QSaveFile f(path);
@@ -960,10 +990,14 @@ bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsD
     }
     return f.commit();
   };
-  bool ok = save(grab(), windowPng);
+  QString failed;  // the first picture that could not be written
+  auto keep = [&](const QPixmap& picture, const QString& path) {
+    if (!save(picture, path) && failed.isEmpty()) failed = path;
+  };
+  keep(grab(), windowPng);
   if (!viewsDir.isEmpty()) {
-    QDir().mkpath(viewsDir);
-    ok = save(graphs_->grab(), QDir(viewsDir).filePath("graph.png")) && ok;
+    QDir().mkdir(viewsDir);
+    keep(graphs_->grab(), QDir(viewsDir).filePath("graph.png"));
     // Each dock in turn on top of its tab group, so hidden tabs are laid out at full size.
     const QList<QDockWidget*> docks = findChildren<QDockWidget*>();
     QList<QDockWidget*> raised;
@@ -973,12 +1007,12 @@ bool MainWindow::saveScreenshots(const QString& windowPng, const QString& viewsD
       d->raise();
       QApplication::processEvents();
       const QString name = d->objectName().section('.', 1);
-      ok = save(d->widget()->grab(), QDir(viewsDir).filePath(name + ".png")) && ok;
+      keep(d->widget()->grab(), QDir(viewsDir).filePath(name + ".png"));
     }
     for (QDockWidget* d : raised) d->raise();
     QApplication::processEvents();
   }
-  return ok;
+  return failed;
 }
 
 void MainWindow::closeEvent(QCloseEvent* e) {

@@ -72,8 +72,9 @@ class MainWindow : public QMainWindow {
   // screenshot mode and the tests use it.
   void whenIdle(std::function<void()> fn);
   bool isIdle() const;
-  // Saves the window, and with `viewsDir` also each view, as PNGs. Returns false on a write error.
-  bool saveScreenshots(const QString& windowPng, const QString& viewsDir = {});
+  // Saves the window, and with `viewsDir` also each view, as PNGs. Returns the first picture it
+  // could not write, "" when all were written.
+  QString saveScreenshots(const QString& windowPng, const QString& viewsDir = {});
   // Raises the dock named `view` ("memory" is dock.memory) on top of its tab group; false when
   // there is no such dock.
   bool showView(const QString& view);

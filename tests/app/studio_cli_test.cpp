@@ -161,6 +161,17 @@ class StudioCliTest : public QObject {
       QVERIFY2(line.contains(QString("selected #%1").arg(seq)), qPrintable(line));
       QVERIFY2(line.contains("bottom dock: ops"), qPrintable(line));  // the default
     }
+    // An op of another step than the one shown: its step is shown (the inspector showed it with
+    // the graph and the table on step 1, nothing selected).
+    {
+      Result r = studio({dir_ + "/a.db", "--select-op", QString::number(seq), "--screenshot",
+                         dir_ + "/other.png"});
+      QVERIFY2(r.code == 0, qPrintable(diag(r)));
+      const QString line = savedLine(r);
+      QVERIFY2(line.contains(QString("step 2 shown: %1 ops in the table").arg(ops.size())),
+               qPrintable(line));
+      QVERIFY2(line.contains(QString("selected #%1").arg(seq)), qPrintable(line));
+    }
     // --show raises another view of the bottom dock.
     for (const char* view : {"memory", "timeline", "logs"}) {
       Result r = studio({dir_ + "/a.db", "--show", view, "--screenshot", dir_ + "/show.png"});
@@ -186,6 +197,11 @@ class StudioCliTest : public QObject {
     QVERIFY2(line.contains(QString("first divergence: A #%1").arg(seqA)), qPrintable(line));
     QVERIFY2(line.contains(QString("selected #%1").arg(seqA)), qPrintable(line));
     QVERIFY2(line.contains("bottom dock: diff"), qPrintable(line));
+    // Nothing diverges: the line says so (it said nothing, and nothing was selected).
+    r = studio({dir_ + "/a.db", "--compare", dir_ + "/a.db", "--select-first-divergence",
+                "--screenshot", dir_ + "/same.png"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).contains("; no divergence"), qPrintable(diag(r)));
   }
 
   // Graph-only recordings (no --md5/--stats): the studio must not call them identical. Their
@@ -291,13 +307,26 @@ class StudioCliTest : public QObject {
         {{a, "--screenshot", a}, "--screenshot " + a + " is the recording"},
         {{"--session", kTiny, "--screenshot", kTiny}, "is the session's config"},
         {{a, "--screenshot", "/dev/null"}, "/dev/null is a character device, not a regular file"},
+        // It replaces only a picture, and is named .png (`--screenshot notes.md` replaced them).
+        {{a, "--screenshot", dir_ + "/notes.txt"},
+         "--screenshot " + dir_ + "/notes.txt: the studio saves PNG pictures; name the file .png"},
+        {{a, "--screenshot", dir_ + "/notes.png"},
+         "--screenshot " + dir_ + "/notes.png exists and is not a PNG picture; refusing"},
+        {{a, "--screenshot", "s.png", "--views-dir", dir_ + "/notes.txt"},
+         "--views-dir " + dir_ + "/notes.txt exists and is not a folder"},
+        {{a, "--screenshot", "s.png", "--views-dir", dir_ + "/no/such/views"},
+         "--views-dir " + dir_ + "/no/such/views: its parent folder " + dir_ +
+             "/no/such does not exist"},
+        // A folder that is not a run folder is named as one.
+        {{dir_}, dir_ + " is a folder but not a run folder (it has no manifest.json"},
+        {{a, "--compare", dir_}, dir_ + " is a folder but not a run folder"},
     };
     QFile check(a);
     QVERIFY(check.open(QIODevice::ReadOnly));
     const QByteArray before = check.readAll();
     check.close();
-    {
-      QFile notes(dir_ + "/notes.txt");
+    for (const char* name : {"/notes.txt", "/notes.png"}) {
+      QFile notes(dir_ + name);
       QVERIFY(notes.open(QIODevice::WriteOnly));
       notes.write("my notes\n");
     }
@@ -316,9 +345,11 @@ class StudioCliTest : public QObject {
     }
     QVERIFY(check.open(QIODevice::ReadOnly));
     QCOMPARE(check.readAll(), before);  // the recording refused as a picture is untouched
-    QFile notes(dir_ + "/notes.txt");
-    QVERIFY(notes.open(QIODevice::ReadOnly));
-    QCOMPARE(notes.readAll(), QByteArray("my notes\n"));
+    for (const char* name : {"/notes.txt", "/notes.png"}) {
+      QFile notes(dir_ + name);
+      QVERIFY(notes.open(QIODevice::ReadOnly));
+      QCOMPARE(notes.readAll(), QByteArray("my notes\n"));
+    }
   }
 
   // A session that fails before it records anything (a malformed config, an output folder that

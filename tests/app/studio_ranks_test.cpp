@@ -169,6 +169,16 @@ class StudioRanksTest : public QObject {
     const auto [c3, o3] = studio({dir_ + "/run/rank-0.db", "--rank", "0"});
     QCOMPARE(c3, 2);
     QVERIFY2(o3.contains("--rank needs a run folder"), qPrintable(o3));
+    // --compare RUN_FOLDER: its recording of the rank shown (rank 0 beside a single recording);
+    // it failed after the window opened ("recording run is a directory").
+    const auto [c4, o4] = studio({dir_ + "/run", "--rank", "1", "--compare", dir_ + "/run",
+                                  "--screenshot", dir_ + "/cmp.png"});
+    QVERIFY2(c4 == 0, qPrintable(o4));
+    QVERIFY2(o4.contains("compared with " + dir_ + "/run/rank-1.db"), qPrintable(o4));
+    const auto [c5, o5] = studio(
+        {dir_ + "/run/rank-1.db", "--compare", dir_ + "/run", "--screenshot", dir_ + "/cmp0.png"});
+    QVERIFY2(c5 == 0, qPrintable(o5));
+    QVERIFY2(o5.contains("compared with " + dir_ + "/run/rank-0.db"), qPrintable(o5));
   }
 
  private:

@@ -8,12 +8,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -116,17 +118,22 @@ inline std::string followOutputLink(std::string path) {
   throw Error("output " + path + ": too many levels of symbolic links");
 }
 
-inline void checkReplacesOnlyARecording(const std::string& option, const std::string& output) {
+// The same for any kind of output file, told by its first bytes (`magic`, at most 16): `what`
+// names the kind in the error ("a PNG picture").
+inline void checkReplacesOnly(const std::string& option, const std::string& output,
+                              std::string_view magic, const std::string& what) {
   std::FILE* f = std::fopen(followOutputLink(output).c_str(), "rb");
   if (!f) return;
   char head[16] = {};
-  const size_t n = std::fread(head, 1, sizeof head, f);
+  const size_t n = std::fread(head, 1, std::min(magic.size(), sizeof head), f);
   std::fclose(f);
-  if (n == 0 || (n == sizeof head && std::memcmp(head, "SQLite format 3", sizeof head) == 0))
-    return;
-  throw Error(option + " " + output +
-              " exists and is not a recording; refusing to replace it (remove it first, or "
-              "choose another name)");
+  if (n == 0 || (n == magic.size() && std::memcmp(head, magic.data(), n) == 0)) return;
+  throw Error(option + " " + output + " exists and is not " + what +
+              "; refusing to replace it (remove it first, or choose another name)");
+}
+
+inline void checkReplacesOnlyARecording(const std::string& option, const std::string& output) {
+  checkReplacesOnly(option, output, std::string_view("SQLite format 3", 16), "a recording");
 }
 
 // The temporary name beside `target` a replacement is written under (same directory, so the
