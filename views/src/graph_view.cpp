@@ -87,17 +87,15 @@ GraphView::GraphView(Selection* selection, Side side, QWidget* parent)
   colorBox_->addItem(tr("Colour: divergence"));
   colorBox_->addItem(tr("Colour: non-finite"));
   colorBox_->setToolTip(tr("What the node colours show"));
-  // The legend lies over the canvas's bottom-left corner (the minimap has the right-hand one), not
-  // in the toolbar: at 1366 pixels beside the inspector the toolbar had no room for it and pushed
-  // Find and the zoom buttons into its overflow menu. Clicks and drags go through it to the graph.
-  legend_ = new QLabel(canvas_);
+  // The legend is a row under the canvas, wrapped where the view is narrow: in the toolbar it
+  // pushed Find and the zoom buttons into the overflow menu at 1366 pixels beside the inspector,
+  // and over the canvas's corner it hid nodes and module labels.
+  legend_ = new QLabel(this);
   legend_->setTextFormat(Qt::RichText);
-  legend_->setAttribute(Qt::WA_TransparentForMouseEvents);
+  legend_->setWordWrap(true);
   legend_->setObjectName("graphLegend");
-  canvas_->viewport()->installEventFilter(this);
-  legend_->setStyleSheet(
-      "QLabel#graphLegend { background: rgba(255, 255, 255, 225); border: 1px solid #c8c8c8;"
-      " border-radius: 3px; padding: 2px 2px 2px 5px; }");
+  legend_->setContentsMargins(6, 2, 6, 2);
+  legend_->setStyleSheet("QLabel#graphLegend { border-top: 1px solid #d0d0d0; }");
   search_ = new QLineEdit(this);
   search_->setPlaceholderText(tr("Find op or scope (Enter: next)"));
   search_->setClearButtonEnabled(true);
@@ -139,6 +137,7 @@ GraphView::GraphView(Selection* selection, Side side, QWidget* parent)
   layout->setSpacing(0);
   layout->addWidget(bar);
   layout->addWidget(canvas_, 1);
+  layout->addWidget(legend_);
 
   connect(phaseBox_, &QComboBox::currentIndexChanged, this,
           [this](int i) { setPhaseFilter(phaseBox_->itemData(i).toString()); });
@@ -185,7 +184,6 @@ GraphView::~GraphView() {
   watcher_->disconnect(this);
   // The canvas goes first, while this object is whole: it calls back (scrolling) as it detaches.
   minimap_ = nullptr;
-  canvas_->viewport()->removeEventFilter(this);  // the viewport's own teardown must not reach us
   delete canvas_;
   canvas_ = nullptr;
 }
@@ -615,30 +613,7 @@ void GraphView::updateMinimap() {
 }
 
 void GraphView::placeLegend() {
-  if (!legend_ || !canvas_) return;
-  // One line where it fits beside the minimap, wrapped where the canvas is narrow.
-  const int kGap = 6;
-  // The viewport's rectangle in the canvas leaves out its scroll bars and the minimap's strip.
-  const QRect port = canvas_->viewport()->geometry();
-  const int room = std::max(
-      120,
-      port.width() - 2 * kGap -
-          (minimap_->isVisible() && canvas_->strip().right() == 0 ? minimap_->width() + kGap : 0));
-  legend_->setWordWrap(false);
-  legend_->setMaximumWidth(QWIDGETSIZE_MAX);
-  legend_->adjustSize();
-  if (legend_->width() > room) {
-    legend_->setWordWrap(true);
-    legend_->setFixedWidth(room);
-    legend_->setFixedHeight(legend_->heightForWidth(room));
-  } else {
-    legend_->setMinimumSize(0, 0);
-    legend_->setMaximumSize(QWIDGETSIZE_MAX, QWIDGETSIZE_MAX);
-    legend_->adjustSize();
-  }
-  legend_->move(port.left() + kGap, port.bottom() + 1 - legend_->height() - kGap);
-  legend_->setVisible(!legend_->text().isEmpty());
-  legend_->raise();
+  if (legend_) legend_->setVisible(!legend_->text().isEmpty());
 }
 
 void GraphView::updateStatus() {
@@ -772,12 +747,6 @@ void GraphView::changeEvent(QEvent* event) {
     measureFonts();
     if (step_) requestLayout();
   }
-}
-
-bool GraphView::eventFilter(QObject* watched, QEvent* event) {
-  // The viewport shrinks when a scroll bar or the minimap's strip appears: the legend follows.
-  if (event->type() == QEvent::Resize && canvas_ && watched == canvas_->viewport()) placeLegend();
-  return QWidget::eventFilter(watched, event);
 }
 
 void GraphView::resizeEvent(QResizeEvent* event) {

@@ -149,7 +149,6 @@ class GraphView : public QWidget {
   void showEvent(QShowEvent* event) override;
   void changeEvent(QEvent* event) override;
   void resizeEvent(QResizeEvent* event) override;
-  bool eventFilter(QObject* watched, QEvent* event) override;
 
  private:
   class Canvas;
@@ -170,7 +169,7 @@ class GraphView : public QWidget {
   void updateStatus();
   void updateLegend();
   void updateMinimap();
-  // Puts the colour legend over the canvas's bottom-left corner, wrapped to the room there.
+  // Shows the colour legend's row under the canvas when it has something to say.
   void placeLegend();
   // Scrolls to the top of the scene rect `r` at the current scale: centred when the view is as
   // wide as it, else at its left edge, where the forward pass starts.
