@@ -238,16 +238,20 @@ class MetricsTest : public QObject {
     QVERIFY(test::showAt(plot, {560, 130}));
     QVERIFY(plot.legendGeometry().isEmpty());
     plot.setRuns(a, b);
-    QRect legend = plot.legendGeometry();
-    QVERIFY(!legend.isEmpty());
-    QVERIFY2(plot.axisRectGeometry().contains(legend), qPrintable(QString("legend %1,%2 %3x%4")
-                                                                      .arg(legend.x())
-                                                                      .arg(legend.y())
-                                                                      .arg(legend.width())
-                                                                      .arg(legend.height())));
+    // Two runs, short: a key in the header row, nothing over the curves (inside the axis rect the
+    // legend covered them and the NaN markers' labels).
+    QVERIFY(plot.legendGeometry().isEmpty());
+    auto* key = plot.findChild<QLabel*>("metricKey");
+    QVERIFY(key && key->isVisible());
+    QVERIFY2(key->text().contains("</b></span>&nbsp;A") && key->text().contains("&nbsp;B"),
+             qPrintable(key->text()));
+    QVERIFY2(key->toolTip().startsWith("A: a.db") && key->toolTip().contains("\nB: b.db"),
+             qPrintable(key->toolTip()));
+    QVERIFY(key->geometry().bottom() < 40);  // in the header row, above the plot
     plot.resize(560, 300);
     QTest::qWait(50);
-    legend = plot.legendGeometry();
+    QVERIFY(!key->isVisible());  // tall: the legend's own row under the axes
+    QRect legend = plot.legendGeometry();
     QVERIFY(!legend.isEmpty());
     QVERIFY(legend.top() >= plot.axisRectGeometry().bottom());
     QVERIFY(plot.rect().contains(legend));

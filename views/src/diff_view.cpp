@@ -370,10 +370,9 @@ DiffView::DiffView(Selection* selection, Side, QWidget* parent)
 void DiffView::setReport(DiffPtr report) {
   syncing_ = true;
   model_->setReport(std::move(report));
-  table_->resizeColumnsToContents();
-  const int cap = table_->fontMetrics().horizontalAdvance(QString(20, 'x'));
-  for (int c : {int(DiffModel::Name), int(DiffModel::Scope)})
-    if (table_->columnWidth(c) > cap) table_->setColumnWidth(c, cap);
+  // Long names and scopes cut to 20 characters where the table is narrow; room it has to spare
+  // goes to them before the detail column.
+  fitColumns(table_, {int(DiffModel::Scope), int(DiffModel::Name)}, 20);
   syncing_ = false;
   updateSummary();
 }

@@ -208,9 +208,7 @@ void LogView::onSelected(Side side, quint64 seq) {
 void LogView::setLogs(LogsPtr logs) {
   syncing_ = true;
   model_->setLogs(std::move(logs));
-  table_->resizeColumnsToContents();
-  const int cap = table_->fontMetrics().horizontalAdvance(QString(32, 'x'));
-  if (table_->columnWidth(LogModel::Scope) > cap) table_->setColumnWidth(LogModel::Scope, cap);
+  fitColumns(table_, {int(LogModel::Scope)}, 32);  // the message column takes the rest
   syncing_ = false;
   updateCount();
 }

@@ -23,6 +23,7 @@ namespace keel::views {
 struct LossPlot::Impl {
   QCustomPlot* plot = nullptr;
   QLabel* note = nullptr;  // beside the combo: what is missing or marked
+  QLabel* key = nullptr;   // a short plot's two runs: which line is which, in the header row
   QVector<double> markedSteps;
   QStringList markerLabels;
   QCPRange dataX{0, 10}, dataY{0, 1};  // what rescale() fits to
@@ -37,11 +38,30 @@ struct LossPlot::Impl {
   // readable axis rect; shorter (a docked plot beside the memory view at 1366x768, where the row
   // was cut in half at the dock's edge), inside the axis rect's corner when two runs need telling
   // apart, and left out for one run (the status bar names it).
+  // Shorter, two runs are told apart by a key in the header row: inside the axis rect the legend
+  // lay over the curves and the NaN markers' labels (1366x768, comparing).
   void placeLegend(int runs) {
     constexpr int kBelowMinHeight = 170;
     const bool below = runs > 0 && plot->height() >= kBelowMinHeight;
     showLegendBelow(plot, below);
-    if (!below) plot->legend->setVisible(runs > 1);
+    if (!below) plot->legend->setVisible(false);
+    const bool keyed = !below && runs > 1;
+    if (keyed) {
+      QStringList parts, names;
+      for (int i = 0; i < plot->graphCount(); ++i) {
+        QCPGraph* g = plot->graph(i);
+        if (g->name().isEmpty() || !plot->legend->hasItemWithPlottable(g)) continue;
+        parts << QStringLiteral("<span style='color:%1'><b>%2</b></span>&nbsp;%3")
+                     .arg(g->pen().color().name(),
+                          g->pen().style() == Qt::SolidLine ? QStringLiteral("━━")
+                                                            : QStringLiteral("╍╍"),
+                          g->name().section(':', 0, 0).toHtmlEscaped());
+        names << g->name();
+      }
+      key->setText(parts.join(QStringLiteral("&nbsp;&nbsp;")));
+      key->setToolTip(names.join('\n'));
+    }
+    key->setVisible(keyed);
   }
   int runs = 0;
   // The top edge's room for the labels' rows, in pixels, and half a point marker below them.
@@ -178,6 +198,11 @@ LossPlot::LossPlot(QWidget* parent) : QWidget(parent), impl_(std::make_unique<Im
   impl_->note = new QLabel;
   impl_->note->setObjectName("metricNote");
   bar->addWidget(impl_->note, 1);
+  impl_->key = new QLabel;
+  impl_->key->setObjectName("metricKey");
+  impl_->key->setTextFormat(Qt::RichText);
+  impl_->key->hide();
+  bar->addWidget(impl_->key);
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
   layout->setSpacing(0);

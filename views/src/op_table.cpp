@@ -73,11 +73,12 @@ NonFiniteCount nonFinite(const storage::OpRecord& op) {
   return r;
 }
 
+// How many, not only which ("3 NaN, 1 Inf"): one NaN and a whole tensor of them read apart.
 QString nonFiniteText(const NonFiniteCount& n) {
-  if (n.nan && n.inf) return QStringLiteral("NaN+Inf");
-  if (n.nan) return QStringLiteral("NaN");
-  if (n.inf) return QStringLiteral("Inf");
-  return {};
+  QStringList parts;
+  if (n.nan) parts << QStringLiteral("%L1 NaN").arg(n.nan);
+  if (n.inf) parts << QStringLiteral("%L1 Inf").arg(n.inf);
+  return parts.join(QStringLiteral(", "));
 }
 
 QString nonFiniteTooltip(const storage::OpRecord& op) {
@@ -347,11 +348,11 @@ OpTableView::OpTableView(Selection* selection, Side side, QWidget* parent)
 void OpTableView::setStep(StepPtr step) {
   syncing_ = true;
   model_->setStep(std::move(step));
-  table_->resizeColumnsToContents();
-  // Long scopes would push the tensor columns off screen; their tooltip has the full text.
-  const int cap = table_->fontMetrics().horizontalAdvance(QString(24, 'x'));
-  for (int c : {int(OpTableModel::Name), int(OpTableModel::Scope), int(OpTableModel::OutputShape)})
-    if (table_->columnWidth(c) > cap) table_->setColumnWidth(c, cap);
+  // Long names and scopes would push the other columns off screen (their tooltips have the full
+  // text); room the table has to spare goes to them first.
+  fitColumns(table_,
+             {int(OpTableModel::Name), int(OpTableModel::Scope), int(OpTableModel::OutputShape)},
+             24);
   syncing_ = false;
   if (selection_)
     if (auto seq = selection_->current(side_)) onSelected(side_, *seq);
