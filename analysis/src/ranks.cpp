@@ -102,12 +102,6 @@ std::string lossText(double loss) {
   return b;
 }
 
-std::string ms(int64_t ns) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f ms", double(ns) / 1e6);
-  return b;
-}
-
 // One rank's collectives, keyed by (group, number).
 struct RankCollective {
   std::string kind, scope;
@@ -179,6 +173,19 @@ std::vector<std::string> diagnoseEnded(const std::vector<RankSummary>& ranks) {
                                " without a status, so no process closed " +
                                (ended.size() == 1 ? "it" : "them") +
                                " (killed, crashed, or ended by mpirun after another rank died)"};
+  // A rank that failed with an error closed its recording: the ranks without a status were
+  // ended by mpirun after it, or died and caused it; which recording is shortest says nothing
+  // then (a rank that skipped a collective ran ahead), the error does.
+  for (const RankSummary& r : ranks)
+    if (!r.ended && r.status.rfind("failed", 0) == 0) {
+      std::string why = r.status.substr(std::min<size_t>(r.status.find(':') + 1, r.status.size()));
+      while (!why.empty() && why.front() == ' ') why.erase(0, 1);
+      if (why.size() > 160) why = why.substr(0, 157) + "...";
+      out.push_back("rank " + std::to_string(r.rank) + " failed with an error (" + why +
+                    "): the ranks without a status were ended after it by mpirun, or died and "
+                    "caused it — read its error first");
+      return out;
+    }
   const auto first = std::min_element(
       ended.begin(), ended.end(), [](auto* a, auto* b) { return a->collectives < b->collectives; });
   std::string others;
@@ -306,8 +313,9 @@ RunSummary summarizeRun(const std::string& dir) {
       if (at != a.ranks.end()) a.waitNs[size_t(at - a.ranks.begin())] = c.waitNs;
     }
   // The collective a hung rank was still waiting in is in no recording as an op (it never ended):
-  // it comes from the hang report, the waiting rank's wait being the timeout it reported.
-  for (const RankSummary& r : s.ranks) {
+  // it comes from the hang report, the waiting rank's wait being the timeout it reported (and
+  // counted in the rank's time waited: it is most of it).
+  for (RankSummary& r : s.ranks) {
     const std::optional<HangPoint> h = hangPoint(r.status);
     if (!h) continue;
     const int64_t index = groupIndexOf(m, h->group, r.rank);
@@ -332,13 +340,17 @@ RunSummary summarizeRun(const std::string& dir) {
     a.pending = true;
     const auto at = std::find(a.ranks.begin(), a.ranks.end(), r.rank);
     const size_t waited = r.status.find(" waited ");
-    if (at != a.ranks.end() && waited != std::string::npos)
-      a.waitNs[size_t(at - a.ranks.begin())] =
-          int64_t(std::atoll(r.status.c_str() + waited + 8)) * 1000000000;
+    if (at != a.ranks.end() && waited != std::string::npos) {
+      const int64_t ns = int64_t(std::atoll(r.status.c_str() + waited + 8)) * 1000000000;
+      a.waitNs[size_t(at - a.ranks.begin())] = ns;
+      r.waitNs += ns;
+    }
   }
   s.lastArrivals.assign(size_t(m.worldSize), 0);
   for (auto& [key, a] : aligned) {
-    if (a.ranks.size() > 1 && !a.pending) {
+    const bool everyRank =
+        std::all_of(a.waitNs.begin(), a.waitNs.end(), [](const auto& w) { return bool(w); });
+    if (a.ranks.size() > 1 && !a.pending && everyRank) {
       int64_t least = -1;
       for (size_t i = 0; i < a.ranks.size(); ++i)
         if (a.waitNs[i] && (least < 0 || *a.waitNs[i] < *a.waitNs[size_t(least)]))
@@ -353,6 +365,15 @@ RunSummary summarizeRun(const std::string& dir) {
   s.hang = diagnoseHang(m, s.ranks, colls);
   s.ended = diagnoseEnded(s.ranks);
   return s;
+}
+
+std::string waitText(int64_t ns) {
+  char b[32];
+  if (ns >= 1000000000)
+    std::snprintf(b, sizeof b, "%.2f s", double(ns) / 1e9);
+  else
+    std::snprintf(b, sizeof b, "%.2f ms", double(ns) / 1e6);
+  return b;
 }
 
 std::string runSummaryText(const RunSummary& s) {
@@ -379,7 +400,7 @@ std::string runSummaryText(const RunSummary& s) {
                   static_cast<long long>(r.rank), static_cast<long long>(r.dpRank),
                   static_cast<long long>(r.tpRank), r.file.c_str(), static_cast<long long>(r.steps),
                   lossText(r.lastLoss).c_str(), static_cast<long long>(r.ops),
-                  static_cast<long long>(r.collectives), ms(r.waitNs).c_str(),
+                  static_cast<long long>(r.collectives), waitText(r.waitNs).c_str(),
                   static_cast<long long>(s.lastArrivals[size_t(r.rank)]),
                   r.ended ? "ended without a status (killed or crashed)" : r.status.c_str());
     out += line;
@@ -439,8 +460,8 @@ std::string runSummaryText(const RunSummary& s) {
       for (size_t k = 0; k < a.ranks.size(); ++k)
         per += (k ? ", " : "") + std::string("rank ") + std::to_string(a.ranks[k]) + " " +
                (!a.waitNs[k] ? std::string("never")
-                : a.pending  ? ms(*a.waitNs[k]) + ", still waiting"
-                             : ms(*a.waitNs[k]));
+                : a.pending  ? waitText(*a.waitNs[k]) + ", still waiting"
+                             : waitText(*a.waitNs[k]));
       const std::string last =
           a.straggler < 0 ? std::string("-") : "rank " + std::to_string(a.straggler);
       std::snprintf(line, sizeof line, "    %s #%lld of %s (step %lld, %s): %s; last: %s\n",

@@ -374,10 +374,39 @@ TEST_F(KeelRanks, AHangIsReportedNamingTheRankThatNeverJoined) {
             std::string::npos)
       << inspect.out;
   // The collective it hung in is lined up too (from the report: it ended as no op).
-  EXPECT_NE(inspect.out.find("all_reduce #9 of dp (step 3, dp_loss): rank 0 6000.00 ms, still "
+  EXPECT_NE(inspect.out.find("all_reduce #9 of dp (step 3, dp_loss): rank 0 6.00 s, still "
                              "waiting, rank 1 never; last: -"),
             std::string::npos)
       << inspect.out;
+  // Rank 0's time waited counts the hang (it said a few ms beside "waited 6 s"), and rank 0 is
+  // no one's straggler at a collective rank 1 never reached.
+  const size_t row0 = inspect.out.find("\n  0     0   0   rank-0.db");
+  ASSERT_NE(row0, std::string::npos) << inspect.out;
+  const std::string line0 = inspect.out.substr(row0 + 1, inspect.out.find('\n', row0 + 1) - row0);
+  EXPECT_NE(line0.find("  6.0"), std::string::npos) << line0;
+  EXPECT_NE(line0.find(" s "), std::string::npos) << line0;
+}
+
+// Note [A failed collective ends the job]: rank 1 skips a loss all_reduce, so rank 0's third
+// all_reduce receives step 2's gradient bucket: MPI_ERR_TRUNCATE on rank 0. Rank 0 leaves
+// without waiting in MPI_Finalize and the launcher ends rank 1 (the job hung, rank 1 spinning
+// in its collective until the 120 s bound), and the run folder names rank 0's error as the
+// place to look (it said rank 1, the shortest recording, 'stopped first').
+TEST_F(KeelRanks, AFailedCollectiveEndsTheJobAndItsErrorIsNamed) {
+  const CliResult r =
+      record("trunc", 2, 1, 2, "KEEL_TEST_PERTURB=all_reduce:3:skip KEEL_TEST_PERTURB_RANK=1");
+  EXPECT_EQ(r.status, 2) << r.err;  // 124: the 120 s bound ended a hung job
+  EXPECT_NE(r.err.find("all_reduce #3 of group dp (2 ranks) failed: MPI_ERR_TRUNCATE"),
+            std::string::npos)
+      << r.err;
+  const CliResult inspect = keel("inspect '" + path("trunc") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("  rank 0 failed with an error (workload 'gpt' failed in step 1: "
+                             "all_reduce #3 of group dp (2 ranks) failed: MPI_ERR_TRUNCATE"),
+            std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("read its error first"), std::string::npos) << inspect.out;
+  EXPECT_EQ(inspect.out.find("stopped first"), std::string::npos) << inspect.out;
 }
 
 // The descriptor check finds the skipped collective where it happens, naming both ranks.

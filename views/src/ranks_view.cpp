@@ -18,7 +18,7 @@ namespace keel::views {
 namespace {
 
 QString ms(int64_t ns) {
-  return QString::number(double(ns) / 1e6, 'f', 2) + " ms";
+  return QString::fromStdString(analysis::waitText(ns));
 }
 
 QTableWidget* makeTable(const QStringList& headers, const QString& name) {
@@ -253,8 +253,13 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
   }
   collectives_->resizeColumnsToContents();
   // The two tables share the width as their columns need it (fixed 5:4 halves left the rank
-  // table half empty and cut the collectives' waits and last-to-arrive at 1366 pixels).
-  const auto wanted = [](const QTableWidget* t) {
+  // table half empty and cut the collectives' waits and last-to-arrive at 1366 pixels). A hang's
+  // status is a long line the verdict above already says (and its tooltip holds): the rank
+  // table counts at most 48 characters of it, and the collectives' waits and last to arrive
+  // come first, up to 60% of the width.
+  const int statusCap = ranks_->fontMetrics().horizontalAdvance(QString(48, 'x'));
+  ranks_->horizontalHeader()->setSectionResizeMode(9, QHeaderView::Stretch);  // elided, no scroll
+  const auto wanted = [](const QTableWidget* t, int capColumn, int cap) {
     int w = 2 * t->frameWidth() + t->verticalScrollBar()->sizeHint().width();
     const QFontMetrics fm = t->fontMetrics();
     for (int c = 0; c < t->columnCount(); ++c) {
@@ -262,11 +267,18 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
       for (int r = 0; r < t->rowCount(); ++r)
         if (const QTableWidgetItem* i = t->item(r, c))
           col = std::max(col, fm.horizontalAdvance(i->text()) + 12);
-      w += col;
+      w += c == capColumn ? std::min(col, cap) : col;
     }
     return w;
   };
-  split_->setSizes({wanted(ranks_), wanted(collectives_)});
+  const int forRanks = wanted(ranks_, 9, statusCap), forCollectives = wanted(collectives_, -1, 0);
+  const int total = split_->width() - split_->handleWidth();
+  if (total > 0 && forRanks + forCollectives > total) {
+    const int c = std::min(forCollectives, total * 3 / 5);
+    split_->setSizes({total - c, c});
+  } else {
+    split_->setSizes({forRanks, forCollectives});
+  }
   emit loaded();
 }
 

@@ -70,6 +70,9 @@ struct State {
   bool initialized = false;
   bool mpi = false;
   bool finalized = false;
+  // A collective failed (an MPI error): a peer may be waiting in one for good, and MPI_Finalize
+  // would wait for it too (Note [A failed collective ends the job]).
+  bool collectiveFailed = false;
   Layout layout;
   int rank = 0, size = 1;
   Group groups[6];  // kGroupNames
@@ -232,8 +235,13 @@ void runCollective(const Call& c, F&& mpiCall) {
     s.waiting = {};
     s.ring.newest().endNs = nowNs();  // only this thread pushes: the newest is this collective
   }
-  if (rc != MPI_SUCCESS)
+  if (rc != MPI_SUCCESS) {
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      s.collectiveFailed = true;
+    }
     throw CollectiveError(describeCall(c, *g, seq) + " failed: " + mpiError(rc));
+  }
 }
 
 std::string ringText(const State& s) {
@@ -608,16 +616,25 @@ void removeHangHandler(int id) {
            hs.end());
 }
 
+// Note [A failed collective ends the job]: after an MPI error in a collective (a rank that
+// skipped one sent a message of another size: MPI_ERR_TRUNCATE) the peers may wait in their
+// collective until their timeout (600 s by default), and MPI_Finalize, which waits for every
+// rank, would keep this process there with them: the job hung with one rank spinning. A process
+// whose collective failed leaves without MPI_Finalize instead, its error printed and its
+// recording closed, and the launcher ends the others at once, as after a hang report.
 void finalize() {
   State& s = st();
+  bool failed = false;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     if (!s.mpi || s.finalized) return;
     s.finalized = true;
     s.stopWatchdog = true;
+    failed = s.collectiveFailed;
   }
   s.wake.notify_all();
   if (s.watchdog.joinable()) s.watchdog.join();
+  if (failed) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

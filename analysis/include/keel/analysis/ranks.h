@@ -84,7 +84,7 @@ struct RankSummary {
   double lastLoss = 0;
   int64_t ops = 0;
   int64_t collectives = 0;  // recorded collective calls
-  int64_t waitNs = 0;       // time spent in them
+  int64_t waitNs = 0;       // time spent in them, a collective it hung in included
   bool md5 = false;         // whether MD5s were recorded
 };
 
@@ -92,7 +92,8 @@ struct RunSummary {
   storage::RunManifest manifest;
   std::vector<RankSummary> ranks;
   std::vector<AlignedCollective> collectives;  // by group, group index, number
-  // Stragglers: per world rank, how often it arrived last at a collective of a group of 2+.
+  // Stragglers: per world rank, how often it arrived last at a collective of a group of 2+ that
+  // every rank of the group reached (a rank that never came is no straggler's yardstick).
   std::vector<int64_t> lastArrivals;
   // What the recordings say about a hang (Note [Collective timeouts] in keel/dist.h): for a rank
   // whose run failed in a collective, which ranks of the group never joined it and what each of
@@ -103,6 +104,9 @@ struct RunSummary {
   // then ends the others before any timeout) leaves to explain. Empty when none ended so.
   std::vector<std::string> ended;
 };
+
+// A time waited in a collective: "0.82 ms" under a second, "5.00 s" from one on.
+std::string waitText(int64_t ns);
 
 // Reads the run folder `dir`: each rank's recording summarised, collectives lined up, a hang
 // explained. Throws storage::StorageError for a folder, manifest or recording that cannot be read.
