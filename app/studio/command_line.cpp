@@ -60,7 +60,7 @@ struct Options {
   QCommandLineOption selectOp{QStringList{"select-op", "select"},
                               "Select the op with this sequence number.", "seq"};
   QCommandLineOption shot{"screenshot",
-                          "Save a picture of the window once everything is loaded (a live "
+                          "Save a PNG picture of the window once everything is loaded (a live "
                           "session: once it has finished) and exit.",
                           "out.png"};
   QCommandLineOption viewsDir{"views-dir", "With --screenshot: also save each view here.", "dir"};

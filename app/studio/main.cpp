@@ -67,8 +67,8 @@ QString describe(MainWindow& win) {
                 .arg(d->first->pair.inB ? QString::number(d->first->pair.seqB) : "-");
   else if (const keel::storage::LossDiff* l = d ? keel::storage::firstLossDivergence(*d) : nullptr)
     text += QString("; losses diverge at step %1").arg(l->step);
-  else if (d)  // --select-first-divergence had nothing to select: say so
-    text += "; no divergence";
+  else if (d && keel::storage::diffVerdict(*d) == keel::storage::DiffVerdict::Equal)
+    text += "; no divergence";  // --select-first-divergence had nothing to select: say so
   if (const auto d = win.diffReport();
       d && keel::storage::diffVerdict(*d) == keel::storage::DiffVerdict::ValuesNotCompared)
     text += "; no values compared";
