@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli_common.h"
@@ -47,10 +48,13 @@ int writeOut(const std::string& text, const std::string& output) {
   return 0;
 }
 
-// The output guard, before the recording is opened.
-void checkOutput(const ExportArgs& a) {
-  if (a.output.empty() || a.output == "-") return;
+// The output guard, before the recording is opened: never the recording, and an existing file
+// only where it is an earlier export of the same kind (its first bytes `magic`) or empty --
+// `export csv -o other.db` replaced another recording.
+void checkOutput(const ExportArgs& a, std::string_view magic, const std::string& what) {
+  if (a.output.empty() || a.output == "-") return;  // stdout (an explicit "" is refused)
   checkOutputPath("-o", a.output, {{"the recording", a.recording}});
+  checkReplacesOnly("-o", a.output, magic, what);
 }
 
 int runGraph(const ExportArgs& a) {
@@ -59,7 +63,8 @@ int runGraph(const ExportArgs& a) {
   const analysis::GraphPhase phase = analysis::parseGraphPhase(a.phase);
   if (a.phase != analysis::toString(phase))
     return fail("--phase: expected forward, backward, both or optimizer, got '" + a.phase + "'");
-  checkOutput(a);
+  checkOutput(a, a.format == "svg" ? std::string_view("<?xml") : std::string_view("digraph"),
+              a.format == "svg" ? "an SVG picture" : "a DOT graph");
   // What the studio's graph of this step shows with the same phase and expansion: every op of the
   // step as the studio loads it, through the one DOT builder (with its fixed text metrics).
   storage::Recording rec = storage::Recording::open(a.recording);
@@ -97,14 +102,14 @@ int runGraph(const ExportArgs& a) {
 }
 
 int runTrace(const ExportArgs& a) {
-  checkOutput(a);
+  checkOutput(a, "{", "a JSON trace");
   storage::Recording rec = storage::Recording::open(a.recording);
   return writeOut(storage::toChromeTrace(rec.ops({}), rec.steps(), rec.logs({}), rec.memEvents({})),
                   a.output);
 }
 
 int runCsv(const ExportArgs& a) {
-  checkOutput(a);
+  checkOutput(a, "seq,step,", "a CSV export");
   storage::Recording rec = storage::Recording::open(a.recording);
   if (a.tensors) {
     storage::OpQuery q;
@@ -136,17 +141,20 @@ Command addExportCommand(CLI::App& root) {
       ->add_option("--expand", a->expand,
                    "expand these modules (and those around them), collapse the others")
       ->delimiter(',');
-  graph->add_option("-o,--output", a->output, "output file (default: stdout)");
+  graph->add_option("-o,--output", a->output, "output file (default: stdout)")
+      ->check(nonEmptyValue());
   CLI::App* trace = c->add_subcommand("trace",
                                       "Chrome trace event JSON for Perfetto: ops per engine "
                                       "thread, steps, log lines, memory counters");
   trace->add_option("recording", a->recording, "recording file (.db)")->required();
-  trace->add_option("-o,--output", a->output, "output file (default: stdout)");
+  trace->add_option("-o,--output", a->output, "output file (default: stdout)")
+      ->check(nonEmptyValue());
   CLI::App* csv = c->add_subcommand("csv", "one row per op call (or per tensor: --tensors)");
   csv->add_option("recording", a->recording, "recording file (.db)")->required();
   csv->add_flag("--tensors", a->tensors,
                 "one row per tensor an op read or wrote: shape, dtype, MD5s, statistics");
-  csv->add_option("-o,--output", a->output, "output file (default: stdout)");
+  csv->add_option("-o,--output", a->output, "output file (default: stdout)")
+      ->check(nonEmptyValue());
   return {c, [a, graph, trace] {
             if (graph->parsed()) return runGraph(*a);
             if (trace->parsed()) return runTrace(*a);

@@ -46,8 +46,9 @@ void printRow(const ReplayResult& r, double harness) {
 
 // The one-line summary of a trace, on `out` (stderr when the trace itself went to stdout).
 void describe(const std::string& name, const AllocTrace& t, std::FILE* out = stdout) {
-  std::fprintf(out, "trace %s: %zu allocations, %zu events, %zu step%s\n", name.c_str(), t.allocs(),
-               t.events.size(), t.steps(), t.steps() == 1 ? "" : "s");
+  std::fprintf(out, "trace %s: %zu allocation%s, %zu event%s, %zu step%s\n", name.c_str(),
+               t.allocs(), t.allocs() == 1 ? "" : "s", t.events.size(),
+               t.events.size() == 1 ? "" : "s", t.steps(), t.steps() == 1 ? "" : "s");
 }
 
 int runReplay(const std::string& path, const std::string& kind) {
@@ -125,7 +126,12 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
 int runTrace(const std::string& config, const std::string& out, int steps, uint64_t seed,
              const MoeTraceOptions& moe, bool generate) {
   const bool toStdout = out == "-";
-  if (!toStdout) checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
+  KEEL_CHECK(generate || !config.empty(),
+             "--config is required: the model config to train (or --generate-moe)");
+  if (!toStdout) {  // an existing file only where it is a trace (it replaced a recording)
+    checkOutputPath("OUT", out, {{"the config", generate ? std::string() : config}});
+    checkReplacesOnly("OUT", out, "# keel allocation trace", "an allocation trace");
+  }
   if (!generate) {
     prepareEngineRun();  // it trains to trace the allocations
     // The trace is of the allocation requests, whatever serves them: where the VMM allocator
@@ -247,7 +253,7 @@ Command addMemoryCommand(CLI::App& root) {
       "memory", "allocation traces: record, generate, replay; a recording's memory figures");
   c->require_subcommand(1);
   struct Args {
-    std::string trace, allocator = "both", config = "configs/moe-mini.json", out;
+    std::string trace, allocator = "both", config, out;
     int steps = 5;
     uint64_t seed = 1;
     bool generate = false;

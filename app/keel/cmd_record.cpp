@@ -92,7 +92,9 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
   o.stacks = a.stacks || a.all;
   o.md5 = a.md5 || a.all;
   o.stats = a.stats || a.all;
-  o.allocator = a.allocator || a.all;
+  // Tracking memory per step records the allocator's events too: without them the sections had
+  // nothing under them, and keel memory stats called the recording one without allocator events.
+  o.allocator = a.allocator || a.all || a.trackMemory;
   o.roundedMd5 = a.roundedMd5;
   o.logs = !a.noLogs;
   // Choosing what to dump asks for dumps (it was ignored without --dumps).
@@ -277,7 +279,8 @@ Command addRecordCommand(CLI::App& root) {
   c->add_flag("--allocator", a->allocator, "allocator events");
   addAllocOption(c, a->alloc);
   c->add_flag("--track-memory", a->trackMemory,
-              "track memory per step: sections in the recording and a summary per step");
+              "track memory per step: sections in the recording, with the allocator's events, "
+              "and a summary per step");
   c->add_flag("--no-logs", a->noLogs, "do not record log lines");
   c->add_flag("--no-graph", a->noGraph, "do not record op calls");
   c->add_option("--ops", a->ops, "record only these ops (comma-separated names)")

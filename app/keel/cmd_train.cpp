@@ -54,9 +54,24 @@ void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFr
     if (name.rfind("step-", 0) == 0 && e.is_directory(ec)) steps.push_back(name);
   }
   if (steps.empty()) return;
-  // Resuming from one of them (however spelled: `ck/step-000002/`, `step-000002` from inside).
-  if (!resumedFrom.empty() && isInsideDirectory(resumedFrom, dir)) return;
   std::sort(steps.begin(), steps.end());
+  // Resuming from one of them (however spelled: `ck/step-000002/`, `step-000002` from inside):
+  // this run's own, unless it holds steps after the one resumed from, which saving would replace
+  // (a retry from an earlier step replaced the first run's later checkpoints without a word).
+  if (!resumedFrom.empty() && isInsideDirectory(resumedFrom, dir)) {
+    fs::path p = fs::path(resumedFrom).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();  // "ck/step-000002/"
+    const std::string from = p.filename().string();
+    std::vector<std::string> later;
+    for (const std::string& st : steps)
+      if (st > from) later.push_back(st);
+    if (later.empty()) return;
+    throw Error("--ckpt-dir " + dir + " holds " + later.front() +
+                (later.size() > 1 ? " .. " + later.back() : std::string()) + ", after the " + from +
+                " this run resumes from: saving there would replace " +
+                (later.size() > 1 ? "them" : "it") +
+                "; choose another --ckpt-dir (or remove them first)");
+  }
   throw Error("--ckpt-dir " + dir + " already holds another run's checkpoints (" + steps.front() +
               (steps.size() > 1 ? " .. " + steps.back() : std::string()) +
               "); choose an empty folder, or continue that run with --resume " + dir);
@@ -86,11 +101,17 @@ int runTrain(const TrainArgs& a) {
       a.data.empty() ? keel::data::TextDataset::defaultCorpus()
                      : keel::data::TextDataset::load(a.data));
   KEEL_CHECK(a.saveEvery == 0 || !a.ckptDir.empty(), "--save-every needs --ckpt-dir");
-  {  // before any step: a --ckpt-dir that cannot hold checkpoints fails now, not at the first save
+  KEEL_CHECK(a.ckptTp == 0 || !a.ckptDir.empty(), "--ckpt-tp needs --ckpt-dir");
+  if (!a.ckptDir.empty()) {  // before any step: a folder that cannot hold checkpoints fails now,
+    namespace fs = std::filesystem;  // not at the first save after the whole run
     std::error_code ec;
-    KEEL_CHECK(a.ckptDir.empty() || !std::filesystem::exists(a.ckptDir, ec) ||
-                   std::filesystem::is_directory(a.ckptDir, ec),
-               "--ckpt-dir ", a.ckptDir, " exists and is not a directory");
+    KEEL_CHECK(!fs::exists(a.ckptDir, ec) || fs::is_directory(a.ckptDir, ec), "--ckpt-dir ",
+               a.ckptDir, " exists and is not a directory");
+    // A new folder is made in its nearest existing ancestor, which must be a folder.
+    fs::path up = fs::absolute(a.ckptDir, ec).lexically_normal();
+    while (!up.empty() && !fs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
+    KEEL_CHECK(fs::is_directory(up, ec), "--ckpt-dir ", a.ckptDir, ": ", up.string(),
+               " is not a directory");
   }
   keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
   std::string resumedFrom;
@@ -110,10 +131,11 @@ int runTrain(const TrainArgs& a) {
         static_cast<long long>(a.steps - trainer.stepsDone()));
   }
   if (!speak) std::freopen("/dev/null", "w", stdout);  // the others would repeat rank 0
-  std::printf("keel train: %s (%s), %s, backend %s, %d threads, seed %llu\n",
+  std::printf("keel train: %s (%s), %s, backend %s, %d thread%s, seed %llu\n",
               cfg.name.empty() ? "gpt" : cfg.name.c_str(), a.config.c_str(),
               cfg.isMoe() ? "moe" : "dense", a.backend.c_str(), keel::cpuThreads(),
-              static_cast<unsigned long long>(a.seed));
+              keel::cpuThreads() == 1 ? "" : "s",
+              static_cast<unsigned long long>(trainer.seed()));  // a resumed run's own
   if (layout.world() > 1)
     std::printf(
         "ranks: %d (dp %d x tp %d%s%s%s%s); each rank trains on %lld of the batch's rows%s\n",

@@ -395,7 +395,17 @@ Recording Recording::open(const std::string& path, bool verify) {
   std::error_code ec;
   auto st = fs::status(path, ec);
   if (!fs::exists(st)) throw StorageError("recording " + path + ": no such file");
-  if (fs::is_directory(st)) throw StorageError("recording " + path + " is a directory");
+  if (fs::is_directory(st)) {
+    // A run folder's recordings are its rank files: name one (keel memory stats RUN/ said only
+    // "is a directory").
+    const std::string rank0 = (fs::path(path) / "rank-0.db").string();
+    throw StorageError("recording " + path +
+                       (fs::exists(fs::path(path) / "manifest.json", ec)
+                            ? " is a run folder (a multi-rank run): name one rank's recording, "
+                              "e.g. " +
+                                  rank0
+                            : " is a directory"));
+  }
   // A FIFO would block the read below until a writer came; a device is no recording.
   if (const std::string kind = nonRegularKind(path); !kind.empty())
     throw StorageError("recording " + path + " is " + kind + ", not a regular file");

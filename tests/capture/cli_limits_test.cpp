@@ -107,7 +107,7 @@ TEST_F(KeelLimits, UnderAnAddressSpaceLimitARunTrainsOnTheThreadsThatFit) {
                     "limit (ulimit -v) of " +
                     limit));
     EXPECT_EQ(linesOf(r.err), expected);
-    EXPECT_NE(r.out.find(", backend cpu, 1 threads, seed 0\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(", backend cpu, 1 thread, seed 0\n"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("step 2/2  loss 5.4588"), std::string::npos) << r.out;
   }
 }

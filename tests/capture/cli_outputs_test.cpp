@@ -171,7 +171,12 @@ TEST_F(KeelOutputs, ARecordingReplacesOnlyARecording) {
   std::ofstream(path("empty.db")).close();
   ASSERT_EQ(record(path("empty.db")).status, 0);  // an empty file: nothing to lose
   ASSERT_EQ(record(path("empty.db")).status, 0);  // a recording: replaced
-  ASSERT_EQ(keel("export csv '" + path("empty.db") + "' -o '" + path("notes.txt") + "'").status, 0);
+  // Exports replace their own kind of file only: an earlier export, not the notes.
+  expectOneLineError(keel("export csv '" + path("empty.db") + "' -o '" + path("notes.txt") + "'"),
+                     "-o " + path("notes.txt") + " exists and is not a CSV export");
+  EXPECT_EQ(keel::readFile(path("notes.txt")), "my notes\n");
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(keel("export csv '" + path("empty.db") + "' -o '" + path("out.csv") + "'").status, 0);
 }
 
 TEST_F(KeelOutputs, AnExistingRecordingIsKeptUntilTheNewOneIsComplete) {
@@ -225,7 +230,7 @@ TEST_F(KeelOutputs, ASecondWriterOfTheSameOutputIsRefused) {
 // stdout redirected to a file. `memory trace -` writes the trace to stdout, not to a file "-".
 TEST_F(KeelOutputs, ASymlinkOutputWritesTheFileItNames) {
   ASSERT_EQ(record(path("r.db")).status, 0);
-  std::ofstream(path("target.csv")) << "old";
+  std::ofstream(path("target.csv")) << "seq,step,phase\n";  // an earlier export
   fs::create_symlink("target.csv", dir_ / "link.csv");
   CliResult r = keel("export csv '" + path("r.db") + "' -o '" + path("link.csv") + "'");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -261,10 +266,29 @@ TEST_F(KeelOutputs, ASymlinkOutputWritesTheFileItNames) {
 
 TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {
   ASSERT_EQ(record(path("r.db")).status, 0);
-  std::ofstream(path("out.csv")) << "old";
+  std::ofstream(path("out.csv")) << "seq,step,phase\n";  // an earlier export
   CliResult r = keel("export csv '" + path("r.db") + "' -o '" + path("out.csv") + "'");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(slurp(dir_ / "out.csv").rfind("seq,", 0), 0u);
+  // Anything else is not replaced: another recording, a config, notes (export csv -o other.db
+  // replaced a recording); nor by an allocation trace. An empty -o is no file name.
+  fs::copy_file(dir_ / "r.db", dir_ / "other.db");
+  std::ofstream(path("notes.txt")) << "my notes\n";
+  const std::string other = slurp(dir_ / "other.db");
+  for (const std::string& cmd :
+       {"export csv '" + path("r.db") + "' -o '" + path("other.db") + "'",
+        "export trace '" + path("r.db") + "' -o '" + path("notes.txt") + "'",
+        "export graph '" + path("r.db") + "' -o '" + path("out.csv") + "'",
+        "memory trace '" + path("other.db") + "' --config '" + path("c.json") + "' --steps 1"})
+    expectOneLineError(keel(cmd), "exists and is not ");
+  EXPECT_EQ(slurp(dir_ / "other.db"), other);
+  EXPECT_EQ(slurp(dir_ / "notes.txt"), "my notes\n");
+  expectOneLineError(keel("export csv '" + path("r.db") + "' -o ''"),
+                     "--output: must not be empty");
+  expectOneLineError(keel("memory trace '" + path("t.trace") + "' --steps 1"),
+                     "--config is required: the model config to train (or --generate-moe)");
+  fs::remove(dir_ / "other.db");
+  fs::remove(dir_ / "notes.txt");
   expectOnly({"c.json", "r.db", "out.csv"});
   // stdout on a full device: one line, exit 2 (it used to exit 0 with nothing written).
   for (const char* kind : {"csv", "trace"}) {

@@ -399,6 +399,21 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   for (const char* cmd : {"memory stats", "memory replay"})
     expectOneLineError(keel(std::string(cmd) + " '" + path("plain.db") + "'"),
                        "has no allocator events (record with `keel record --allocator` or --all)");
+  // A file of another kind where a checkpoint or a recording is expected says what it is (a
+  // recording's first bytes were read as a safetensors header length of 7358993341780611411).
+  expectOneLineError(keel("ckpt inspect '" + path("plain.db") + "'"),
+                     path("plain.db") + " is a Keel recording (SQLite), not a checkpoint file");
+  expectOneLineError(keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --resume '" +
+                          path("plain.db") + "'"),
+                     path("plain.db") + " is a file, not a checkpoint");
+  fs::create_directories(path("run"));
+  std::ofstream(path("run/manifest.json")) << "{}";
+  expectOneLineError(keel("memory stats '" + path("run") + "'"),
+                     "is a run folder (a multi-rank run): name one rank's recording, e.g. " +
+                         path("run") + "/rank-0.db");
+  // --track-memory records the allocator's events its sections stand on.
+  ASSERT_EQ(record("tm.db", "--steps 1 --track-memory").status, 0);
+  EXPECT_EQ(keel("memory stats '" + path("tm.db") + "'").status, 0);
   // A mistyped option is named even when a required one is missing too (CLI11 said only
   // "--output is required").
   expectOneLineError(keel("record --steps 2 --bogus"),

@@ -259,6 +259,20 @@ TEST(CkptCliTest, AnotherRunsCheckpointFolderIsRefusedAndKept) {
   ASSERT_EQ(resumed.status, 0) << resumed.err;
   EXPECT_TRUE(std::filesystem::is_directory(dir + "/ck/step-000004"));
   EXPECT_EQ(keel::readFile(shard), before);
+  // A retry from an earlier step of the same folder would replace the later ones: refused.
+  const std::string step4 = keel::readFile(dir + "/ck/step-000004/keel-checkpoint.json");
+  expectOneLineError(
+      runKeelCli(base + "--steps 4 --seed 5 --save-every 2 --ckpt-dir " + dir + "/ck --resume " +
+                     dir + "/ck/step-000002",
+                 dir),
+      "--ckpt-dir " + dir +
+          "/ck holds step-000004, after the step-000002 this run resumes from: saving there "
+          "would replace it; choose another --ckpt-dir");
+  EXPECT_EQ(keel::readFile(dir + "/ck/step-000004/keel-checkpoint.json"), step4);
+  // Checked before the first step, not at the first save: a folder under a file, --ckpt-tp alone.
+  expectOneLineError(runKeelCli(base + "--steps 2 --ckpt-dir " + shard + "/x", dir),
+                     "--ckpt-dir " + shard + "/x: " + shard + " is not a directory");
+  expectOneLineError(runKeelCli(base + "--steps 2 --ckpt-tp 2", dir), "--ckpt-tp needs --ckpt-dir");
 }
 
 // Note [Checkpoint file digests]: one changed byte in a tensor's data (still a valid float) was

@@ -671,7 +671,8 @@ std::string describePlan(const Plan& plan, const Metadata& src, size_t maxItems)
     os << "\n";
     for (uint32_t i = 0; i < ts.numItems; ++i) {
       if (i == maxItems) {
-        os << "    ... " << ts.numItems - maxItems << " more reads\n";
+        os << "    ... " << ts.numItems - maxItems
+           << (ts.numItems - maxItems == 1 ? " more read\n" : " more reads\n");
         break;
       }
       const ReadItem& it = plan.items[ts.firstItem + i];

@@ -887,7 +887,8 @@ void loadRank(const Checkpoint& src, const aoa::Program* rules, const TargetSpec
     chosen.keys.push_back(std::move(k));
     chosenTargets.push_back(&t);
   }
-  KEEL_CHECK(nMissing == 0, src.path(), ": the checkpoint has no key ", missing,
+  KEEL_CHECK(nMissing == 0, src.path(), ": the checkpoint has no key", nMissing == 1 ? " " : "s ",
+             missing,
              nMissing > 3 ? " and " + std::to_string(nMissing - 3) + " more" : std::string(),
              rules && !rules->statements.empty() ? " (after the rules)" : "");
   if (!opt.allowUnused) {

@@ -201,6 +201,17 @@ Header parseHeaderJson(std::string_view text, uint64_t dataBytes, const std::str
 
 namespace {
 
+// Files a user may name by mistake, told by their first bytes, before their header length is
+// read as a number (a recording's read as 7358993341780611411 bytes).
+// Only where the length could not be one (a safetensors file may start with the byte '{').
+void refuseOtherKinds(const uint8_t* head, uint64_t fileSize, const std::string& source) {
+  if (fileSize >= 8 && readU64LE(head) <= fileSize - 8) return;
+  KEEL_CHECK(std::memcmp(head, "SQLite f", 8) != 0, source,
+             " is a Keel recording (SQLite), not a checkpoint file");
+  KEEL_CHECK(head[0] != '{', source,
+             " is JSON, not a safetensors file (a checkpoint is its step-* folder)");
+}
+
 uint64_t checkedHeaderLength(uint64_t n, uint64_t fileSize, const std::string& source) {
   KEEL_CHECK(fileSize >= 8, source, ": not a safetensors file (", fileSize,
              " bytes, shorter than the 8-byte header length)");
@@ -216,6 +227,7 @@ uint64_t checkedHeaderLength(uint64_t n, uint64_t fileSize, const std::string& s
 Header parseFile(const uint8_t* data, size_t size, const std::string& source) {
   KEEL_CHECK(size >= 8, source, ": not a safetensors file (", size,
              " bytes, shorter than the 8-byte header length)");
+  refuseOtherKinds(data, size, source);
   uint64_t n = checkedHeaderLength(readU64LE(data), size, source);
   Header h = parseHeaderJson(std::string_view(reinterpret_cast<const char*>(data) + 8, size_t(n)),
                              size - 8 - n, source);
@@ -240,6 +252,7 @@ Reader::Reader(const std::string& path) : path_(path) {
     KEEL_CHECK(fileSize_ >= 8, path, ": not a safetensors file (", fileSize_,
                " bytes, shorter than the 8-byte header length)");
     readAt(0, len, 8);
+    refuseOtherKinds(len, fileSize_, path);
     uint64_t n = checkedHeaderLength(readU64LE(len), fileSize_, path);
     std::string text(size_t(n), '\0');
     readAt(8, text.data(), size_t(n));

@@ -92,6 +92,8 @@ std::string stepDirName(int64_t step) {
 std::string resolveCheckpoint(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(fs::path(dir) / kMetadataFile, ec)) return dir;
+  KEEL_CHECK(!fs::is_regular_file(dir, ec), dir,
+             " is a file, not a checkpoint (a step-* folder, or a --ckpt-dir holding them)");
   KEEL_CHECK(fs::is_directory(dir, ec), dir, ": no such checkpoint directory");
   int64_t best = -1;
   std::string bestPath;
