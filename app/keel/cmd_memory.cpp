@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "keel/base/text.h"
 #include "keel/base/vocabulary.h"
 #include "keel/capture/alloc_trace_io.h"
+#include "keel/capture/options.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
 #include "keel/storage/reader.h"
@@ -82,14 +84,30 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   // another event; `keel memory replay` prints both peaks).
   cols.emplace_back("peak allocated", m.figuresAtPeak());
   cols.emplace_back("end", m.figuresAt(int64_t(m.eventCount()) - 1));
+  std::set<int64_t> asked;  // each event once, in order ("--event 5 --event 5": two columns)
   for (int64_t k : at) {
     if (k < 0 || size_t(k) >= m.eventCount())
       return fail("keel memory stats: --event " + std::to_string(k) + " is outside 0.." +
                   std::to_string(m.eventCount() - 1));
-    cols.emplace_back("event", m.figuresAt(k));
+    if (asked.insert(k).second) cols.emplace_back("after", m.figuresAt(k));
   }
+  // The allocator the run used, as recorded; the events only suggest it (a recording that starts
+  // at --step-range's first step has none of the VMM's chunk mappings, made at step 0).
+  const storage::RunInfo run = rec.run();
+  const std::string kind =
+      run.allocator.empty() ? std::string(allocatorKindName(*m.allocatorKind())) : run.allocator;
   std::printf("%s: %zu allocator events, %s allocator\n", path.c_str(), m.eventCount(),
-              std::string(allocatorKindName(*m.allocatorKind())).c_str());
+              kind.c_str());
+  try {
+    const capture::CaptureOptions o = capture::CaptureOptions::fromJson(run.captureOptionsJson);
+    if (o.filter.stepMin > 0)
+      std::printf(
+          "note: recorded from step %lld (--step-range): what the allocator reserved and freed "
+          "before it is not in the recording, so reserved, cached free and free-block figures "
+          "count only what came after\n",
+          static_cast<long long>(o.filter.stepMin));
+  } catch (const std::exception&) {  // options of an import: no step range
+  }
   // Columns as wide as their headings ("peak allocated (event 1234567)"), at least 28.
   int width = 28;
   for (const auto& [name, f] : cols)

@@ -459,6 +459,26 @@ TEST_F(KeelCli, ThreadsPastTheCoresAreNamed) {
   EXPECT_EQ(one.err.find("--threads"), std::string::npos) << one.err;
 }
 
+// keel memory stats of a recording that starts at --step-range's first step names the allocator
+// the run used (the events alone made it 'host': the VMM's mappings are made at step 0) and says
+// its reserved and free figures start there; an event asked twice is one column.
+TEST_F(KeelCli, MemoryStatsOfAStepRangeSaysWhatItLacks) {
+  ASSERT_EQ(record("sr.db", "--steps 3 --allocator --step-range 2:3").status, 0);
+  const std::string allocator = keel::storage::Recording::open(path("sr.db")).run().allocator;
+  ASSERT_FALSE(allocator.empty());
+  const CliResult r = keel("memory stats '" + path("sr.db") + "' --event 0 --event 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(" allocator events, " + allocator + " allocator\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\nnote: recorded from step 2 (--step-range): what the allocator reserved "
+                       "and freed before it is not in the recording"),
+            std::string::npos)
+      << r.out;
+  const size_t first = r.out.find("after (event 0)");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("after (event 0)", first + 1), std::string::npos) << r.out;
+}
+
 // Choosing what to dump asks for dumps: --dump-ops without --dumps stored nothing.
 TEST_F(KeelCli, ADumpChoiceImpliesDumps) {
   ASSERT_EQ(record("d.db", "--steps 1 --dump-ops matmul").status, 0);
