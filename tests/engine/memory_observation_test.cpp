@@ -276,6 +276,22 @@ TEST(MemoryOomTest, OutOfMemoryInsideAnOpNamesTheOp) {
               std::string::npos)
         << m;
   }
+  // A limit under the allocator's chunk: no request can succeed, and the message says why (it
+  // read as if 4 bytes had overflowed the limit with nothing allocated).
+  VmmAllocatorOptions small = o;
+  small.limit = 500 * 1024;
+  VmmAllocator tiny(small);
+  UseAllocator useTiny(&tiny);
+  try {
+    Tensor z = Tensor::ones({1}, DType::Float32, test::kCpu);
+    FAIL() << "expected out of memory";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("with a limit of 512000 bytes: the vmm allocator reserves at least 2.00 MiB "
+                     "at a time, more than the limit allows; allocated"),
+              std::string::npos)
+        << m;
+  }
 }
 
 }  // namespace

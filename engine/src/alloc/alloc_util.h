@@ -69,12 +69,18 @@ inline BlockInfo blockInfo(uintptr_t address, size_t size, size_t requested, Blo
 
 // With no limit of its own (limit 0) the allocator ran out because the system refused it memory:
 // the message then names the process's address-space limit (ulimit -v) when there is one.
+// `granule`: the least the allocator reserves at a time for this request (a VMM chunk, a caching
+// segment); over the limit, no request could ever succeed, and the message says so (it read as if
+// a 32 KiB request had overflowed 500 KB with nothing allocated).
 inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limit,
-                         const AllocatorStats& s) {
+                         const AllocatorStats& s, size_t granule = 0) {
   uint64_t op = currentOpSeq();
   std::string why;
   if (limit != 0) {
     why = detail::concat(" with a limit of ", limit, " bytes");
+    if (granule > limit)
+      why += detail::concat(": the ", allocator, " allocator reserves at least ",
+                            formatBytes(granule), " at a time, more than the limit allows");
   } else {
     rlimit as{};
     why = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY

@@ -148,7 +148,9 @@ struct CachingAllocator::Impl {
       b = newSegment(size, small);
       if (!b) {
         st.ooms++;
-        throw alloc::outOfMemory(o.name, bytes, o.limit, statsLocked());
+        throw alloc::outOfMemory(
+            o.name, bytes, o.limit, statsLocked(),
+            small ? o.smallSegment : std::max(size, size < o.midMax ? o.largeSegment : size));
       }
     }
     size_t rest = b->size - size;

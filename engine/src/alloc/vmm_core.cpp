@@ -440,7 +440,7 @@ void* VmmCore::allocateLocked(size_t bytes) {
     a = growOrRemap(size);
   if (!a) {
     st_.ooms++;
-    throw outOfMemory(o_.name, bytes, o_.limit, statsLocked());
+    throw outOfMemory(o_.name, bytes, o_.limit, statsLocked(), o_.chunk);
   }
   Block& b = carve(a, size);
   b.requested = bytes;
