@@ -127,7 +127,9 @@ Command addExportCommand(CLI::App& root) {
   c->require_subcommand(1);
   CLI::App* graph =
       c->add_subcommand("graph", "dataflow graph of one step (Graphviz DOT): the studio's graph");
-  graph->add_option("recording", a->recording, "recording file (.db)")->required();
+  graph->add_option("recording", a->recording, "recording file (.db)")
+      ->required()
+      ->check(nonEmptyName());
   graph->add_option("--step", a->step, "training step")
       ->check(wholeNumber(0))
       ->capture_default_str();
@@ -140,17 +142,22 @@ Command addExportCommand(CLI::App& root) {
   graph
       ->add_option("--expand", a->expand,
                    "expand these modules (and those around them), collapse the others")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(nonEmptyValue());  // '' expanded nothing: the picture of --collapse
   graph->add_option("-o,--output", a->output, "output file (default: stdout)")
       ->check(nonEmptyValue());
   CLI::App* trace = c->add_subcommand("trace",
                                       "Chrome trace event JSON for Perfetto: ops per engine "
                                       "thread, steps, log lines, memory counters");
-  trace->add_option("recording", a->recording, "recording file (.db)")->required();
+  trace->add_option("recording", a->recording, "recording file (.db)")
+      ->required()
+      ->check(nonEmptyName());
   trace->add_option("-o,--output", a->output, "output file (default: stdout)")
       ->check(nonEmptyValue());
   CLI::App* csv = c->add_subcommand("csv", "one row per op call (or per tensor: --tensors)");
-  csv->add_option("recording", a->recording, "recording file (.db)")->required();
+  csv->add_option("recording", a->recording, "recording file (.db)")
+      ->required()
+      ->check(nonEmptyName());
   csv->add_flag("--tensors", a->tensors,
                 "one row per tensor an op read or wrote: shape, dtype, MD5s, statistics");
   csv->add_option("-o,--output", a->output, "output file (default: stdout)")

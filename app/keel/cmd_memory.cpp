@@ -283,7 +283,9 @@ Command addMemoryCommand(CLI::App& root) {
       "replay",
       "replay a trace (text file or a recording with allocator events) through an "
       "allocator and print peak memory, fragmentation, defragmentation and ns per call");
-  replay->add_option("TRACE", a->trace, "trace file or recording")->required();
+  replay->add_option("TRACE", a->trace, "trace file or recording")
+      ->required()
+      ->check(nonEmptyName());
   replay->add_option("--allocator", a->allocator, "caching, vmm or both")
       ->check(CLI::IsMember({"caching", "vmm", "both"}));
   CLI::App* trace = c->add_subcommand(
@@ -304,7 +306,9 @@ Command addMemoryCommand(CLI::App& root) {
       "stats",
       "a recording's memory figures at its peak and end, as Keel Studio's memory view shows "
       "them: allocated, reserved, cached free, largest free block, fragmentation");
-  stats->add_option("RECORDING", a->trace, "recording with allocator events")->required();
+  stats->add_option("RECORDING", a->trace, "recording with allocator events")
+      ->required()
+      ->check(nonEmptyName());
   stats->add_option("--event", a->events, "also the figures right after these events")
       ->check(wholeNumber(0));
   return {c, [a, replay, trace, stats] {

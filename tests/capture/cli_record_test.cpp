@@ -388,6 +388,10 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
   expectOneLineError(record("y.db", "--scope ''"), "--scope: must not be empty");
   expectOneLineError(record("y.db", "--dump-ops ''"), "--dump-ops: must not be empty");
   expectOneLineError(keel("ops --name ''"), "--name: must not be empty");
+  expectOneLineError(keel("export graph '" + path("plain.db") + "' --expand ''"),
+                     "--expand: must not be empty");
+  expectOneLineError(keel("memory stats ''"), "RECORDING: must not be empty");
+  expectOneLineError(keel("export csv ''"), "recording: must not be empty");
   EXPECT_FALSE(fs::exists(path("y.db")));
   expectOneLineError(keel("record --config tests/fixtures/gpt-tiny.json -o /proc/no/such/dir.db"),
                      "/proc/no/such/dir.db");
