@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,8 +52,11 @@ void addParallelOptions(CLI::App* c, ParallelArgs& a) {
               "parameters all-gathered; checkpoints stay reshardable)");
 }
 
-void startProcessGroup(const ParallelArgs& a) {
-  dist::Layout layout = dist::resolveLayout(a.dp, a.tp, dist::launcherWorldSize());
+namespace {
+
+// The layout `a` asks for on `world` ranks, checked (throws keel::Error naming the option).
+dist::Layout resolveParallel(const ParallelArgs& a, int world) {
+  dist::Layout layout = dist::resolveLayout(a.dp, a.tp, world);
   KEEL_CHECK(!a.zero || layout.dp > 1,
              "--zero shards the optimizer state across data-parallel "
              "ranks, and this run has dp 1 (start more ranks: keel launch -n ",
@@ -68,6 +73,13 @@ void startProcessGroup(const ParallelArgs& a) {
              "--vocab-parallel splits the vocabulary across tensor-parallel ranks, and this run "
              "has tp 1 (add --tp 2 or more)");
   layout.vocab = a.vocab;
+  return layout;
+}
+
+}  // namespace
+
+void startProcessGroup(const ParallelArgs& a) {
+  const dist::Layout layout = resolveParallel(a, dist::launcherWorldSize());
   dist::setOptions({a.collectiveTimeout, a.checkCollectives});
   if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
 }
@@ -80,6 +92,32 @@ std::string selfPath() {
   const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
   if (n <= 0) throw Error("keel launch: cannot find its own binary (/proc/self/exe)");
   return std::string(buf.data(), size_t(n));
+}
+
+// The layout options among the command's words ("--dp 4", "--tp=2", "--zero"), or nullopt where
+// one does not parse (the ranks then say what is wrong with it).
+std::optional<ParallelArgs> parallelWords(const std::vector<std::string>& words) {
+  ParallelArgs a;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w == "--zero") a.zero = true;
+    if (w == "--vocab-parallel") a.vocab = true;
+    for (auto [name, field] :
+         {std::pair{"--dp", &a.dp}, {"--tp", &a.tp}, {"--ep", &a.ep}, {"--cp", &a.cp}}) {
+      std::string value;
+      if (w == name && i + 1 < words.size())
+        value = words[i + 1];
+      else if (w.rfind(std::string(name) + "=", 0) == 0)
+        value = w.substr(std::strlen(name) + 1);
+      else
+        continue;
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v < 1 || v > (1 << 20)) return std::nullopt;
+      *field = int(v);
+    }
+  }
+  return a;
 }
 
 }  // namespace
@@ -120,6 +158,19 @@ Command addLaunchCommand(CLI::App& root) {
             const std::string& sub = a->command.front();
             if (sub != "train" && sub != "record")
               return fail("keel launch: runs train or record on many ranks, not '" + sub + "'");
+            // A layout that does not fit the ranks is one line here, not one per rank followed
+            // by mpirun's report of a failed job.
+            if (const auto p = parallelWords(a->command)) {
+              try {
+                (void)resolveParallel(*p, a->ranks);
+              } catch (const Error& e) {
+                std::string why = e.what();
+                const std::string mpirun = " were started (mpirun -np)";
+                if (const size_t at = why.find(mpirun); at != std::string::npos)
+                  why.replace(at, mpirun.size(), " are asked for (-n)");
+                return fail("keel launch -n " + std::to_string(a->ranks) + ": " + why);
+              }
+            }
             std::vector<std::string> args = {"mpirun", "-np", std::to_string(a->ranks)};
             if (::geteuid() == 0) args.push_back("--allow-run-as-root");
             if (a->hostfile.empty() && a->ranks > int(std::thread::hardware_concurrency()))

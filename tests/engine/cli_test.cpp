@@ -121,6 +121,16 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
        "keel launch: --hostfile /nonexistent/hosts: no such file"},
       {"launch --hostfile /dev/null -n 2 train --config x",
        "/dev/null: the hostfile is a character device, not a regular file"},
+      // A layout that does not fit the ranks: one line before mpirun starts (it was one line per
+      // rank, then mpirun's report of a failed job).
+      {"launch -n 2 train --config x --dp 4",
+       "keel launch -n 2: parallel layout: dp 4 x tp 1 = 4 ranks, but 2 are asked for (-n)"},
+      {"launch -n 4 train --config x --tp=3",
+       "keel launch -n 4: parallel layout: --tp 3 does not divide the 4 ranks the launcher "
+       "started"},
+      {"launch -n 2 record --config x -o r.db --zero --tp 2",
+       "keel launch -n 2: --zero shards the optimizer state across data-parallel ranks, and this "
+       "run has dp 1"},
       {"memory stats a.db --event 99999999999999999999",
        "--event: must be a whole number ≥ 0, got '99999999999999999999'"},
   };
