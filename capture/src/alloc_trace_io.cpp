@@ -19,7 +19,9 @@ AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
     if (m.kind != MemEventKind::Alloc && m.kind != MemEventKind::Free) continue;
     if (m.step != step) {
       step = m.step;
-      t.events.push_back({TraceEvent::Step, uint64_t(step), 0});
+      // Initialisation (step 0) comes before the first marker, as in `keel memory trace`'s
+      // traces: a 3-step recording replayed as '4 steps'.
+      if (step > 0) t.events.push_back({TraceEvent::Step, uint64_t(step), 0});
     }
     if (m.kind == MemEventKind::Alloc) {
       // m.bytes <= kMaxTraceBlock: the reader refuses larger ones (Note [Damaged recordings]).

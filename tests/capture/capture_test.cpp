@@ -358,6 +358,26 @@ TEST(AllocTraceFromRecording, ABufferAllocatedTwiceWhileLiveIsFreedFirst) {
               (e.kind == TraceEvent::Alloc ? ":" + std::to_string(e.bytes) : "");
   EXPECT_EQ(events, " s1 a5:64 f5 a5:32 f5");
   std::filesystem::remove(path);
+  // A real recording: initialisation before the first marker, one marker per training step
+  // (keel memory replay said '4 steps' of a 3-step run, keel memory trace '3 steps').
+  const std::string real = path + ".steps.db";
+  std::filesystem::remove(real);
+  {
+    auto w = storage::Writer::create(real, storage::RunInfo{});
+    uint64_t address = 4096;
+    for (int64_t st : {0, 0, 1, 2, 3}) {
+      storage::MemRecord m;
+      m.kind = MemEventKind::Alloc;
+      m.device = "cpu";
+      m.address = address += 64;
+      m.bytes = 16;
+      m.step = st;
+      w->writeMem(m);
+    }
+    w->close();
+  }
+  EXPECT_EQ(allocTraceFromRecording(storage::Recording::open(real)).steps(), 3u);
+  std::filesystem::remove(real);
 }
 
 // ---- recording ----
