@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -54,7 +55,8 @@ void describe(const std::string& name, const AllocTrace& t, std::FILE* out = std
 }
 
 int runReplay(const std::string& path, const std::string& kind) {
-  AllocTrace t = capture::loadAllocTrace(path);
+  // "-": a text trace on stdin, as `keel memory trace ... -` writes one.
+  AllocTrace t = path == "-" ? parseAllocTrace(std::cin, "stdin") : capture::loadAllocTrace(path);
   describe(path, t);
   double h = replayHarnessNs(t);
   printHeader();
@@ -283,7 +285,7 @@ Command addMemoryCommand(CLI::App& root) {
       "replay",
       "replay a trace (text file or a recording with allocator events) through an "
       "allocator and print peak memory, fragmentation, defragmentation and ns per call");
-  replay->add_option("TRACE", a->trace, "trace file or recording")
+  replay->add_option("TRACE", a->trace, "trace file or recording (- for stdin)")
       ->required()
       ->check(nonEmptyName());
   replay->add_option("--allocator", a->allocator, "caching, vmm or both")

@@ -260,6 +260,15 @@ TEST_F(KeelOutputs, ASymlinkOutputWritesTheFileItNames) {
   EXPECT_EQ(trace.out.rfind("# keel allocation trace: a ID BYTES | f ID | s STEP\n", 0), 0u);
   EXPECT_NE(trace.err.find("trace -: "), std::string::npos) << trace.err;
   EXPECT_FALSE(fs::exists(fs::path(KEEL_SOURCE_DIR) / "-"));  // (runKeelCli runs there)
+  // ... and memory replay - reads one from stdin (it said "cannot open allocation trace '-'").
+  std::ofstream(path("piped.trace")) << trace.out;
+  const std::string replay = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && KEEL_BLAS_TUNE=0 '" +
+                             std::string(KEEL_CLI_PATH) + "' memory replay - < '" +
+                             path("piped.trace") + "' > '" + path("replay.txt") + "' 2>&1";
+  ASSERT_EQ(std::system(replay.c_str()), 0) << slurp(dir_ / "replay.txt");
+  EXPECT_EQ(slurp(dir_ / "replay.txt").rfind("trace -: ", 0), 0u) << slurp(dir_ / "replay.txt");
+  fs::remove(dir_ / "piped.trace");
+  fs::remove(dir_ / "replay.txt");
   expectOnly({"c.json", "r.db", "target.csv", "link.csv", "old.db", "link.db", "new.db",
               "dangling.db", "viastdout.csv"});
 }
