@@ -165,9 +165,13 @@ Command addLaunchCommand(CLI::App& root) {
                 (void)resolveParallel(*p, a->ranks);
               } catch (const Error& e) {
                 std::string why = e.what();
-                const std::string mpirun = " were started (mpirun -np)";
-                if (const size_t at = why.find(mpirun); at != std::string::npos)
-                  why.replace(at, mpirun.size(), " are asked for (-n)");
+                auto replace = [&why](const std::string& from, const std::string& to) {
+                  if (const size_t at = why.find(from); at != std::string::npos)
+                    why.replace(at, from.size(), to);
+                };
+                replace(" were started (mpirun -np)", " are asked for (-n)");
+                replace(" process was started (start it under mpirun -np N, or keel launch -n N)",
+                        " is asked for (-n)");
                 return fail("keel launch -n " + std::to_string(a->ranks) + ": " + why);
               }
             }

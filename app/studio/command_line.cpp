@@ -12,6 +12,7 @@
 #include "command_line.h"
 
 #include <QCommandLineParser>
+#include <QDir>
 #include <QFileInfo>
 #include <QSet>
 #include <algorithm>
@@ -251,7 +252,7 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     // The views' folder: an existing folder, or a new one in an existing folder (it made any
     // path, and a file given as the folder failed after the window was drawn).
     if (!out.viewsDir.isEmpty()) {
-      const QFileInfo vi(out.viewsDir);
+      const QFileInfo vi(QDir::cleanPath(out.viewsDir));  // "views/" names views
       if (vi.exists() && !vi.isDir())
         return "--views-dir " + out.viewsDir + " exists and is not a folder";
       if (!vi.exists() && !QFileInfo(vi.absolutePath()).isDir())

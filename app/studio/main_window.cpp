@@ -498,6 +498,7 @@ void MainWindow::connectSources() {
     logView_->setLogs(logs);
   });
   connect(selection_, &views::Selection::selected, this, [this](Side side, quint64 seq) {
+    if (side == Side::A) opAskedAtStep_ = stepsShown_;  // see opLoaded
     busy(1);
     (side == Side::A ? sourceA_ : sourceB_)->requestOp(seq);
     // Comparing: an op chosen on one side brings its aligned op on the other, so the inspector
@@ -521,7 +522,9 @@ void MainWindow::connectSources() {
       }
       // An op of another step (--select-op, a log line): its step is shown, so the graph and
       // the op table agree with the inspector instead of showing another step unselected.
-      if (src == sourceA_ && d->error.empty() && d->op.step != shownStep_ && stepA_) {
+      // Not where a step was shown since the op was asked for: a late reply must not undo it.
+      if (src == sourceA_ && d->error.empty() && d->op.step != shownStep_ && stepA_ &&
+          opAskedAtStep_ == stepsShown_) {
         selectOpInStep(d->op.seq, d->op.step);
         return;
       }
@@ -740,6 +743,7 @@ void MainWindow::startSession(const SessionConfig& config) {
 void MainWindow::showStep(int64_t step) {
   if (!sourceA_->isOpen()) return;
   shownStep_ = step;
+  ++stepsShown_;
   memoryView_->showStep(step);  // the memory cursor follows the step shown
   if (stepSpin_->value() != step) {
     stepSpin_->blockSignals(true);

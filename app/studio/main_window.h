@@ -194,6 +194,9 @@ class MainWindow : public QMainWindow {
   views::StepPtr stepA_, stepB_;
   views::DiffPtr diff_;
   int64_t shownStep_ = -1;
+  // showStep calls so far, and their count when side A's selected op was asked for: an op of
+  // another step is shown in its step only if no step was shown in between.
+  uint64_t stepsShown_ = 0, opAskedAtStep_ = 0;
   bool live_ = false;
   std::optional<uint64_t> pendingSelectA_;
   std::optional<uint64_t> failedSeq_;  // a failed session's failing op (painted as failed)

@@ -434,18 +434,23 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
   stepIds.erase(std::unique(stepIds.begin(), stepIds.end()), stepIds.end());
 
   auto held = [](const std::vector<OpRecord>& ops) {
-    bool md5 = false, stats = false;
+    bool md5 = false, rounded = false, stats = false;
     for (const OpRecord& op : ops) {
       for (const TensorRecord& t : op.tensors) {
-        md5 = md5 || !t.md5.empty() || !t.md5Rounded.empty();
+        md5 = md5 || !t.md5.empty();
+        rounded = rounded || !t.md5Rounded.empty();
         stats = stats || t.hasStats;
       }
-      if (md5 && stats) break;
+      if (md5 && rounded && stats) break;
     }
-    return std::string(md5 && stats ? "MD5s and statistics"
-                       : md5        ? "MD5s"
-                       : stats      ? "statistics"
-                                    : "");
+    std::vector<std::string> kinds;
+    if (md5) kinds.push_back("MD5s");
+    if (rounded) kinds.push_back("rounded MD5s");
+    if (stats) kinds.push_back("statistics");
+    std::string text;
+    for (size_t i = 0; i < kinds.size(); ++i)
+      text += (i == 0 ? "" : i + 1 == kinds.size() ? " and " : ", ") + kinds[i];
+    return text;
   };
   rep.heldA = held(a);
   rep.heldB = held(b);

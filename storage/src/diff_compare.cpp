@@ -32,14 +32,16 @@ uint64_t ulpFromBits(uint64_t ba, uint64_t bb, int bits) {
 
 // ---- statistics ------------------------------------------------------------------------------
 
-// The element rule of compareValues for one number: atol/rtol, or within maxUlps in `dtype`
-// (statistics use it field by field; a loss has no dtype: "" measures it as float64).
-bool closeEnough(double a, double b, const DiffOptions& opt, const std::string& dtype) {
+// The element rule of compareValues for one number: atol/rtol, or within maxUlps in `dtype` when
+// it is given -- for statistics, min, max and abs-max, which are values of the tensor's dtype
+// (a mean or std is not: an integer tensor's mean measured in its ULPs would round differences
+// away); a loss has none.
+bool closeEnough(double a, double b, const DiffOptions& opt, const std::string& ulpDtype = "") {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   if (a == b) return true;
   if (std::isinf(a) || std::isinf(b)) return false;
   return std::fabs(a - b) <= opt.atol + opt.rtol * std::fabs(b) ||
-         (opt.maxUlps > 0 && ulpDistance(a, b, dtype) <= opt.maxUlps);
+         (opt.maxUlps > 0 && !ulpDtype.empty() && ulpDistance(a, b, ulpDtype) <= opt.maxUlps);
 }
 
 TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const DiffOptions& opt) {
@@ -58,14 +60,20 @@ TensorDiff compareStats(const TensorRecord& a, const TensorRecord& b, const Diff
     d.detail = "Inf count " + std::to_string(sa.infCount) + " vs " + std::to_string(sb.infCount);
     return d;
   }
-  const std::pair<const char*, std::pair<double, double>> fields[] = {
-      {"min", {sa.min, sb.min}},
-      {"max", {sa.max, sb.max}},
-      {"mean", {sa.mean, sb.mean}},
-      {"std", {sa.std, sb.std}},
-      {"absMax", {sa.absMax, sb.absMax}}};
-  for (const auto& [field, v] : fields) {
-    if (!closeEnough(v.first, v.second, opt, a.dtype)) {
+  struct Field {
+    const char* name;
+    double a, b;
+    bool ofElements;  // a value of the tensor's dtype: the ULP rule applies
+  };
+  const Field fields[] = {{"min", sa.min, sb.min, true},
+                          {"max", sa.max, sb.max, true},
+                          {"mean", sa.mean, sb.mean, false},
+                          {"std", sa.std, sb.std, false},
+                          {"absMax", sa.absMax, sb.absMax, true}};
+  for (const Field& f : fields) {
+    const std::pair<double, double> v{f.a, f.b};
+    const char* field = f.name;
+    if (!closeEnough(v.first, v.second, opt, f.ofElements ? a.dtype : std::string())) {
       d.status = DiffStatus::Diverged;
       d.detail = std::string(field) + " " + numberPair(v.first, v.second);
       return d;
@@ -261,8 +269,7 @@ std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
     if (std::isnan(d.a) != std::isnan(d.b))
       d.status = DiffStatus::Diverged;  // a NaN against a number
     else if (!std::isnan(d.a) && d.a != d.b)
-      d.status =
-          closeEnough(d.a, d.b, opt, "") ? DiffStatus::WithinTolerance : DiffStatus::Diverged;
+      d.status = closeEnough(d.a, d.b, opt) ? DiffStatus::WithinTolerance : DiffStatus::Diverged;
     out.push_back(d);
   }
   std::sort(out.begin(), out.end(),

@@ -172,6 +172,14 @@ class StudioCliTest : public QObject {
                qPrintable(line));
       QVERIFY2(line.contains(QString("selected #%1").arg(seq)), qPrintable(line));
     }
+    // --views-dir with a trailing slash names the folder itself (it was refused as 'its parent
+    // folder .../v2 does not exist').
+    {
+      Result r =
+          studio({dir_ + "/a.db", "--screenshot", dir_ + "/v.png", "--views-dir", dir_ + "/v2/"});
+      QVERIFY2(r.code == 0, qPrintable(diag(r)));
+      QVERIFY(QFileInfo(dir_ + "/v2/graph.png").size() > 2000);
+    }
     // --show raises another view of the bottom dock.
     for (const char* view : {"memory", "timeline", "logs"}) {
       Result r = studio({dir_ + "/a.db", "--show", view, "--screenshot", dir_ + "/show.png"});

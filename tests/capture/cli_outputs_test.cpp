@@ -294,6 +294,13 @@ TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {
   EXPECT_EQ(slurp(dir_ / "notes.txt"), "my notes\n");
   expectOneLineError(keel("export csv '" + path("r.db") + "' -o ''"),
                      "--output: must not be empty");
+  // An earlier trace is replaced (its magic is longer than the 16 bytes first read).
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(
+        keel("memory trace '" + path("t.trace") + "' --config '" + path("c.json") + "' --steps 1")
+            .status,
+        0);
+  fs::remove(dir_ / "t.trace");
   expectOneLineError(keel("memory trace '" + path("t.trace") + "' --steps 1"),
                      "--config is required: the model config to train (or --generate-moe)");
   fs::remove(dir_ / "other.db");

@@ -254,6 +254,8 @@ TEST(CkptCliTest, AnotherRunsCheckpointFolderIsRefusedAndKept) {
           "an empty folder, or continue that run with --resume " +
           dir + "/ck");
   EXPECT_EQ(keel::readFile(shard), before);
+  // A save cut short (killed mid-write) leaves a .tmp folder: not a checkpoint, nor a later one.
+  std::filesystem::create_directories(dir + "/ck/step-000003.tmp");
   const auto resumed = runKeelCli(
       base + "--steps 4 --save-every 2 --ckpt-dir " + dir + "/ck --resume " + dir + "/ck", dir);
   ASSERT_EQ(resumed.status, 0) << resumed.err;

@@ -125,6 +125,8 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
       // rank, then mpirun's report of a failed job).
       {"launch -n 2 train --config x --dp 4",
        "keel launch -n 2: parallel layout: dp 4 x tp 1 = 4 ranks, but 2 are asked for (-n)"},
+      {"launch -n 1 train --config x --dp 2",
+       "keel launch -n 1: parallel layout: dp 2 x tp 1 = 2 ranks, but 1 is asked for (-n)"},
       {"launch -n 4 train --config x --tp=3",
        "keel launch -n 4: parallel layout: --tp 3 does not divide the 4 ranks the launcher "
        "started"},

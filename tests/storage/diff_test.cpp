@@ -318,6 +318,14 @@ TEST(DiffTest, StatisticsDecideWhenNoDumps) {
   EXPECT_EQ(d.status, DiffStatus::WithinTolerance) << d.detail;
   tb.stats.min = -0.99999982;  // 3 ULPs of float32 from -1
   EXPECT_EQ(ks::compareTensors(ta, tb, 1, 1, exact, {}).status, DiffStatus::Diverged);
+  // Not for the mean and std: an integer tensor's mean 5 vs 5.9 is 1 ULP apart after rounding.
+  TensorRecord ia = tensor(Role::Output, 0, 1, 1, "ia", {4}, "int32"),
+               ib = tensor(Role::Output, 0, 1, 1, "ib", {4}, "int32");
+  ia.hasStats = ib.hasStats = true;
+  ia.stats = {0, 10, 5.0, 1.0, 10, 0, 0, 0};
+  ib.stats = ia.stats;
+  ib.stats.mean = 5.9;
+  EXPECT_EQ(ks::compareTensors(ia, ib, 1, 1, exact, {}).status, DiffStatus::Diverged);
   EXPECT_EQ(ks::numberPair(0.4648761, 0.46487612), "0.4648761 vs 0.46487612");
   EXPECT_EQ(ks::numberPair(2.5, 2.5), "2.5 vs 2.5");
   EXPECT_EQ(ks::numberPair(1, std::nan(""), " / "), "1 / nan");
@@ -526,6 +534,16 @@ TEST(DiffTest, RunsWithoutValuesAreNotComparedNotEqual) {
   EXPECT_EQ(ks::valuesNotComparedText(r),
             "A holds MD5s and B statistics of their tensors, no kind both hold: only the op "
             "sequences were compared (record both with --all)");
+  // Rounded MD5s are a kind of their own ("MD5s and MD5s" before).
+  for (auto& o : b)
+    for (auto& t : o.tensors) {
+      t.hasStats = false;
+      t.md5Rounded = std::to_string(t.tensorId);  // any text: the kind is what counts
+    }
+  r = ks::diffRuns(withMd5, b);
+  EXPECT_EQ(r.heldB, "rounded MD5s");
+  EXPECT_NE(ks::valuesNotComparedText(r).find("A holds MD5s and B rounded MD5s"), std::string::npos)
+      << ks::valuesNotComparedText(r);
 
   // One output with an MD5 on both sides is a comparison: the verdict is EQUAL again and that
   // pair alone counts as equal; the others stay not compared.

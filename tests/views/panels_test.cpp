@@ -98,6 +98,16 @@ class PanelsTest : public QObject {
     QCOMPARE(size_t(view.model()->rowCount()), ops.size());
     QCOMPARE(size_t(view.proxy()->rowCount()), ops.size());
     QCOMPARE(view.model()->columnCount(), int(OpTableModel::ColumnCount));
+    {  // a column the user widened keeps its width when the table is resized
+      QVERIFY(test::showAt(view, {900, 400}));
+      auto* table = view.findChild<QTableView*>("opTable");
+      QVERIFY(table);
+      table->horizontalHeader()->resizeSection(OpTableModel::Scope, 333);
+      view.resize(700, 400);
+      QTest::qWait(20);
+      QApplication::processEvents();
+      QCOMPARE(table->columnWidth(OpTableModel::Scope), 333);
+    }
 
     const auto count = [&](auto pred) { return int(std::count_if(ops.begin(), ops.end(), pred)); };
     const int backward = count([](const auto& o) { return o.phase == Phase::Backward; });

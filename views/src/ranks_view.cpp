@@ -91,6 +91,7 @@ RanksView::RanksView(QWidget* parent) : QWidget(parent) {
   split->addWidget(collectives_);
   split->setStretchFactor(0, 5);
   split->setStretchFactor(1, 4);
+  connect(split, &QSplitter::splitterMoved, this, [this] { userSplit_ = true; });
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
   layout->setSpacing(0);
@@ -271,7 +272,15 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     }
     return w;
   };
-  const int forRanks = wanted(ranks_, 9, statusCap), forCollectives = wanted(collectives_, -1, 0);
+  splitWanted_ = {wanted(ranks_, 9, statusCap), wanted(collectives_, -1, 0)};
+  userSplit_ = false;
+  applySplit();
+  emit loaded();
+}
+
+void RanksView::applySplit() {
+  const auto [forRanks, forCollectives] = splitWanted_;
+  if (forRanks == 0 || userSplit_) return;
   const int total = split_->width() - split_->handleWidth();
   if (total > 0 && forRanks + forCollectives > total) {
     const int c = std::min(forCollectives, total * 3 / 5);
@@ -279,7 +288,11 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
   } else {
     split_->setSizes({forRanks, forCollectives});
   }
-  emit loaded();
+}
+
+void RanksView::resizeEvent(QResizeEvent* event) {
+  QWidget::resizeEvent(event);
+  applySplit();  // the width it was loaded at may have been a hidden dock's
 }
 
 }  // namespace keel::views

@@ -32,9 +32,20 @@ class ColumnFitter : public QObject {
  public:
   explicit ColumnFitter(QTableView* t) : QObject(t), table_(t) {
     t->viewport()->installEventFilter(this);
+    // A column the user sized by hand keeps its width: resizes stop re-fitting until the next
+    // rows (measure).
+    // (The stretched last column follows every resize by itself: not the user's doing.)
+    connect(t->horizontalHeader(), &QHeaderView::sectionResized, this, [this](int logical) {
+      const QHeaderView* h = table_->horizontalHeader();
+      int last = h->count() - 1;
+      while (last > 0 && h->isSectionHidden(h->logicalIndex(last))) --last;
+      const bool stretched = h->stretchLastSection() && h->visualIndex(logical) == last;
+      if (!applying_ && !stretched) userSized_ = true;
+    });
   }
 
   void measure(const std::vector<int>& elastic, int capChars) {
+    userSized_ = false;
     elastic_ = elastic;
     // Measured from the cells and the header (a stretched last column's width is not its need).
     const int cols = table_->model() ? table_->model()->columnCount() : 0;
@@ -48,7 +59,7 @@ class ColumnFitter : public QObject {
 
   void apply() {
     const int cols = int(content_.size());
-    if (cols == 0 || applying_) return;
+    if (cols == 0 || applying_ || userSized_) return;
     applying_ = true;
     for (int c = 0; c < cols; ++c) {
       const bool elastic = std::find(elastic_.begin(), elastic_.end(), c) != elastic_.end();
@@ -84,6 +95,7 @@ class ColumnFitter : public QObject {
   std::vector<int> content_;
   int cap_ = 0;
   bool applying_ = false;
+  bool userSized_ = false;
 };
 
 }  // namespace

@@ -118,16 +118,18 @@ inline std::string followOutputLink(std::string path) {
   throw Error("output " + path + ": too many levels of symbolic links");
 }
 
-// The same for any kind of output file, told by its first bytes (`magic`, at most 16): `what`
+// The same for any kind of output file, told by its first bytes (`magic`, up to 64): `what`
 // names the kind in the error ("a PNG picture").
 inline void checkReplacesOnly(const std::string& option, const std::string& output,
                               std::string_view magic, const std::string& what) {
   std::FILE* f = std::fopen(followOutputLink(output).c_str(), "rb");
   if (!f) return;
-  char head[16] = {};
+  char head[64] = {};
   const size_t n = std::fread(head, 1, std::min(magic.size(), sizeof head), f);
   std::fclose(f);
-  if (n == 0 || (n == magic.size() && std::memcmp(head, magic.data(), n) == 0)) return;
+  if (n == 0 ||
+      (n == std::min(magic.size(), sizeof head) && std::memcmp(head, magic.data(), n) == 0))
+    return;
   throw Error(option + " " + output + " exists and is not " + what +
               "; refusing to replace it (remove it first, or choose another name)");
 }

@@ -160,8 +160,9 @@ struct DiffReport {
   StepDiff total;               // step = -1, sums
   int64_t uncomparedTensors = 0;
   int64_t comparedTensors = 0;  // outputs of aligned pairs compared on some basis
-  // What each side recorded of its tensors' values: "MD5s", "statistics", "MD5s and statistics",
-  // "" for nothing (which side a NO VALUES COMPARED verdict is about).
+  // What each side recorded of its tensors' values: "MD5s", "rounded MD5s", "statistics" or a
+  // list of them ("MD5s and statistics"); "" for none (which side a NO VALUES COMPARED verdict is
+  // about).
   std::string heldA, heldB;
   std::vector<LossDiff> losses;     // steps of both runs, when both report losses (diffRecordings)
   std::vector<OpPair> pairs;        // step order, then alignment order

@@ -48,15 +48,23 @@ class RanksView : public QWidget {
   // The verdict's link to the op where the replicas differ: show it on that rank.
   void opActivated(int rank, qint64 step, quint64 seq);
 
+ protected:
+  void resizeEvent(QResizeEvent* event) override;
+
  private:
   void show(std::shared_ptr<RanksData> d);
+  // Shares the width between the two tables from what they want (splitWanted_), once the view
+  // has its width; until the user drags the splitter (loaded hidden, the dock had none yet).
+  void applySplit();
   QLabel* verdict_;
   QTableWidget* ranks_;
   QTableWidget* collectives_;
   QSplitter* split_;
   std::shared_ptr<RanksData> data_;
   QFutureWatcher<std::shared_ptr<RanksData>>* watcher_;
-  QString folder_;  // the folder loading or shown; "" after clear()
+  QString folder_;                         // the folder loading or shown; "" after clear()
+  std::pair<int, int> splitWanted_{0, 0};  // ranks, collectives; 0: nothing loaded
+  bool userSplit_ = false;
 };
 
 }  // namespace keel::views
