@@ -54,6 +54,12 @@ std::vector<std::string> splitList(const std::string& s) {
 }
 
 // "A:B", "A:" or "A" (inclusive) into filter bounds.
+// "'<what>' lies past the run's N steps (--steps)": a range or stop that could never be reached.
+std::string pastTheRun(const std::string& what, int64_t steps) {
+  return what + " lies past the run's " + std::to_string(steps) + " step" +
+         (steps == 1 ? "" : "s") + " (--steps)";
+}
+
 // `steps`: the run's; a range wholly past it would record (or dump) nothing without a word.
 void parseStepRange(const std::string& s, capture::OpFilter& f, const char* what, int64_t steps) {
   if (s.empty()) return;
@@ -73,9 +79,7 @@ void parseStepRange(const std::string& s, capture::OpFilter& f, const char* what
     throw Error(std::string(what) + ": bad step range '" + s + "' (expected A:B, A: or A)");
   }
   if (f.stepMin > f.stepMax) throw Error(std::string(what) + ": empty step range '" + s + "'");
-  if (f.stepMin > steps)
-    throw Error(std::string(what) + " '" + s + "' lies past the run's " + std::to_string(steps) +
-                " step" + (steps == 1 ? "" : "s") + " (--steps)");
+  if (f.stepMin > steps) throw Error(pastTheRun(std::string(what) + " '" + s + "'", steps));
 }
 
 std::vector<std::string> checkedOps(const std::string& list, const char* what) {
@@ -159,8 +163,7 @@ int runRecord(const RecordArgs& a) {
   for (const std::string& b : a.breakOn) spec.breaks.add(b);
   for (const capture::BreakCondition& c : spec.breaks.conditions)  // it would never stop the run
     if (c.kind == capture::BreakCondition::Kind::Step && c.value > double(a.steps))
-      return fail("--break-on step:" + std::to_string(int64_t(c.value)) + " lies past the run's " +
-                  std::to_string(a.steps) + " step" + (a.steps == 1 ? "" : "s") + " (--steps)");
+      return fail(pastTheRun("--break-on step:" + std::to_string(int64_t(c.value)), a.steps));
   // Everything is validated (config, workload, backend, allocator, reference) before the
   // recording is created.
   capture::RecordingRun run(spec, [](const OpEvent&, const std::string& breakReason) {

@@ -48,21 +48,9 @@ void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFr
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
-  // Checkpoints: step-<digits> folders holding their metadata (not a save cut short, which
-  // leaves step-000006.tmp), in step order (as numbers: step-1000000 comes after step-999999).
-  std::vector<std::pair<int64_t, std::string>> found;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= 5 || name.size() > 23 || name.rfind("step-", 0) != 0 ||
-        name.find_first_not_of("0123456789", 5) != std::string::npos || !e.is_directory(ec) ||
-        !fs::exists(e.path() / "keel-checkpoint.json", ec))
-      continue;
-    found.emplace_back(std::stoll(name.substr(5)), name);
-  }
+  // Only finished checkpoints count (a save cut short leaves step-000006.tmp), in step order.
+  const std::vector<std::pair<int64_t, std::string>> found = keel::ckpt::stepCheckpoints(dir);
   if (found.empty()) return;
-  std::sort(found.begin(), found.end());
-  std::vector<std::string> steps;
-  for (const auto& [n, name] : found) steps.push_back(name);
   // Resuming from one of them (however spelled: `ck/step-000002/`, `step-000002` from inside):
   // this run's own, unless it holds steps after the one resumed from, which saving would replace
   // (a retry from an earlier step replaced the first run's later checkpoints without a word).
@@ -70,10 +58,8 @@ void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFr
     fs::path p = fs::path(resumedFrom).lexically_normal();
     if (p.filename().empty()) p = p.parent_path();  // "ck/step-000002/"
     const std::string from = p.filename().string();
-    const int64_t fromStep = from.size() > 5 && from.size() <= 23 &&
-                                     from.find_first_not_of("0123456789", 5) == std::string::npos
-                                 ? std::stoll(from.substr(5))
-                                 : INT64_MAX;
+    const int64_t step = keel::ckpt::stepOfDirName(from);
+    const int64_t fromStep = step >= 0 ? step : INT64_MAX;
     std::vector<std::string> later;
     for (const auto& [n, name] : found)
       if (n > fromStep) later.push_back(name);
@@ -84,8 +70,9 @@ void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFr
                 (later.size() > 1 ? "them" : "it") +
                 "; choose another --ckpt-dir (or remove them first)");
   }
-  throw Error("--ckpt-dir " + dir + " already holds another run's checkpoints (" + steps.front() +
-              (steps.size() > 1 ? " .. " + steps.back() : std::string()) +
+  throw Error("--ckpt-dir " + dir + " already holds another run's checkpoints (" +
+              found.front().second +
+              (found.size() > 1 ? " .. " + found.back().second : std::string()) +
               "); choose an empty folder, or continue that run with --resume " + dir);
 }
 

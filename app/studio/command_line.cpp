@@ -168,10 +168,9 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   }
   for (const QString& f : {out.recording, out.compare})
     if (!f.isEmpty() && !QFileInfo(f).isFile() && !storage::isRunFolder(f.toStdString()))
-      return error(QFileInfo(f).isDir() ? f + " is a folder but not a run folder (it has no "
-                                              "manifest.json; keel record writes one per "
-                                              "multi-rank run)"
-                                        : notAFile("recording", f));
+      return error(QFileInfo(f).isDir()
+                       ? QString::fromStdString(storage::notARunFolder(f.toStdString()))
+                       : notAFile("recording", f));
   bool ok = true;
   if (cli.isSet(o.step)) {
     out.step = cli.value(o.step).toLongLong(&ok);

@@ -626,9 +626,7 @@ void MainWindow::openRecording(const QString& path, bool verify) {
     return;
   }
   if (QFileInfo(path).isDir()) {  // "is a directory, not a regular file" said too little
-    showError("Open recording", path +
-                                    " is a folder but not a run folder (it has no "
-                                    "manifest.json; keel record writes one per multi-rank run)");
+    showError("Open recording", QString::fromStdString(storage::notARunFolder(path.toStdString())));
     return;
   }
   // A file outside the open run folder leaves it.

@@ -64,6 +64,11 @@ bool isRunFolder(const std::string& path) {
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifestFile, ec);
 }
 
+std::string notARunFolder(const std::string& path) {
+  return path + " is a folder but not a run folder (it has no " + kManifestFile +
+         "; keel record writes one per multi-rank run)";
+}
+
 RunManifest readManifest(const std::string& dir) {
   const std::string where = "run folder " + dir;
   json j;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "keel/aoa.h"
@@ -204,6 +205,12 @@ std::string loadTrainingCheckpoint(Trainer& trainer, const std::string& dir,
 std::string resolveCheckpoint(const std::string& dir);
 // "step-000042"
 std::string stepDirName(int64_t step);
+// The step a "step-<digits>" folder name names; -1 for any other name ("step-000006.tmp", a save
+// cut short).
+int64_t stepOfDirName(const std::string& name);
+// The checkpoints directly in `dir`: its step-<digits> folders holding keel-checkpoint.json, as
+// (step, folder name), in step order; empty where there are none or `dir` is no folder.
+std::vector<std::pair<int64_t, std::string>> stepCheckpoints(const std::string& dir);
 // What another framework needs to replay the run from here (Note [Training inputs]): dir/init,
 // the training checkpoint of this position, and dir/batches.safetensors, int64 "idx" and
 // "targets" [steps, batch_size, seq_len], the next `steps` steps' batches. dir must not exist or

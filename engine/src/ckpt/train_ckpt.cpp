@@ -95,19 +95,28 @@ std::string resolveCheckpoint(const std::string& dir) {
   KEEL_CHECK(!fs::is_regular_file(dir, ec), dir,
              " is a file, not a checkpoint (a step-* folder, or a --ckpt-dir holding them)");
   KEEL_CHECK(fs::is_directory(dir, ec), dir, ": no such checkpoint directory");
-  int64_t best = -1;
-  std::string bestPath;
+  const auto steps = stepCheckpoints(dir);
+  KEEL_CHECK(!steps.empty(), dir, ": no checkpoint here (no ", kMetadataFile,
+             ", and no step-* directory holding one)");
+  return (fs::path(dir) / steps.back().second).string();
+}
+
+int64_t stepOfDirName(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 20) return -1;
+  if (!std::all_of(name.begin() + 5, name.end(), ::isdigit)) return -1;
+  return std::stoll(name.substr(5));
+}
+
+std::vector<std::pair<int64_t, std::string>> stepCheckpoints(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 20) continue;
-    if (!std::all_of(name.begin() + 5, name.end(), ::isdigit)) continue;
-    if (!fs::exists(e.path() / kMetadataFile, ec)) continue;
-    int64_t step = std::stoll(name.substr(5));
-    if (step > best) best = step, bestPath = e.path().string();
+    const int64_t step = stepOfDirName(name);
+    if (step >= 0 && fs::exists(e.path() / kMetadataFile, ec)) out.emplace_back(step, name);
   }
-  KEEL_CHECK(best >= 0, dir, ": no checkpoint here (no ", kMetadataFile,
-             ", and no step-* directory holding one)");
-  return bestPath;
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 namespace {

@@ -41,6 +41,9 @@ RunManifest makeManifest(int64_t dp, int64_t tp);
 void writeManifest(const std::string& dir, const RunManifest& m);
 // Whether path is a directory holding a manifest.json.
 bool isRunFolder(const std::string& path);
+// What to say of a folder given where a recording or run folder is expected, but that holds no
+// manifest.json: "X is a folder but not a run folder (...)".
+std::string notARunFolder(const std::string& path);
 // Reads and checks dir/manifest.json: world size, layout and ranks consistent, files that name
 // no other folder. Throws StorageError ("run folder X: ...") naming what is wrong.
 RunManifest readManifest(const std::string& dir);
