@@ -272,7 +272,9 @@ Command addRecordCommand(CLI::App& root) {
   c->add_option("--seed", a->seed, "random seed")->check(seedNumber())->capture_default_str();
   c->add_option("--data", a->data, "text file or directory (default: the Debian licenses)")
       ->check(nonEmptyName());
-  c->add_option("--threads", a->threads, "cpu backend threads")->check(wholeNumber(1));
+  c->add_option("--threads", a->threads,
+                "Keel's cpu threads (default: all cores; OpenBLAS's: OPENBLAS_NUM_THREADS)")
+      ->check(wholeNumber(1));
   c->add_flag("--all", a->all, "stacks, md5, stats and allocator events");
   c->add_flag("--stacks", a->stacks, "native call stack of every op");
   c->add_flag("--md5", a->md5, "MD5 of every tensor an op reads or writes");

@@ -254,7 +254,9 @@ Command addTrainCommand(CLI::App& root) {
           std::string("text file or directory (default: ") + keel::data::kDefaultCorpusDir + ")")
       ->check(nonEmptyName());
   addAllocOption(train, ta->alloc);
-  train->add_option("--threads", ta->threads, "cpu backend threads (default: all cores)")
+  train
+      ->add_option("--threads", ta->threads,
+                   "Keel's cpu threads (default: all cores; OpenBLAS's: OPENBLAS_NUM_THREADS)")
       ->check(wholeNumber(1));
   train
       ->add_option("--eval-batches", ta->evalBatches,

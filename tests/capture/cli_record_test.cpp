@@ -447,7 +447,7 @@ TEST_F(KeelCli, AFilterThatMatchesNothingIsNamed) {
 }
 
 // More threads than the cores the process may use: the run says how many it runs (it clamped
-// without a word).
+// without a word); the kernels of one thread say "1 BLAS thread", not "1 BLAS threads".
 TEST_F(KeelCli, ThreadsPastTheCoresAreNamed) {
   for (const std::string& cmd :
        {std::string("train --config tests/fixtures/gpt-tiny.json --steps 1 --threads 4096"),
@@ -461,6 +461,16 @@ TEST_F(KeelCli, ThreadsPastTheCoresAreNamed) {
   const CliResult one = keel("train --config tests/fixtures/gpt-tiny.json --steps 1 --threads 1");
   ASSERT_EQ(one.status, 0) << one.err;
   EXPECT_EQ(one.err.find("--threads"), std::string::npos) << one.err;
+  // OpenBLAS's threads are OPENBLAS_NUM_THREADS (its bits depend on them), named per matmul.
+  ASSERT_EQ(keel("record --config tests/fixtures/gpt-tiny.json --steps 1 --threads 1 -o '" +
+                     path("one.db") + "'",
+                 "OPENBLAS_NUM_THREADS=1")
+                .status,
+            0);
+  const CliResult ops = keel("ops '" + path("one.db") + "' --kernels --name matmul --limit 1");
+  ASSERT_EQ(ops.status, 0) << ops.err;
+  EXPECT_NE(ops.out.find(", 1 BLAS thread, "), std::string::npos) << ops.out;
+  EXPECT_NE(ops.out.find(", up to 1 thread\n"), std::string::npos) << ops.out;
 }
 
 // keel memory stats of a recording that starts at --step-range's first step names the allocator

@@ -151,7 +151,8 @@ TEST(KernelIdentity, ObserverSeesVariantAndParamsOfMatmulAndSum) {
   EXPECT_EQ(mm.backend, Backend::Cpu);
   EXPECT_EQ(mm.variant, "OpenBLAS sgemm, float32 accumulation, BLAS order");
   EXPECT_EQ(mm.params.rfind("OpenBLAS ", 0), 0u) << mm.params;
-  EXPECT_NE(mm.params.find(" BLAS threads, "), std::string::npos) << mm.params;
+  EXPECT_NE(mm.params.find(" BLAS thread"), std::string::npos) << mm.params;
+  EXPECT_EQ(mm.params.find("1 BLAS threads"), std::string::npos) << mm.params;
   EXPECT_NE(mm.params.find(", " + threadsText(1)), std::string::npos) << mm.params;
 
   const KernelSeen& sm = obs.rec->seen[1];

@@ -68,8 +68,9 @@ std::string paramsVecMath(const KernelCtx&) {
 
 // matmul: OpenBLAS, its core type and its own threads (it splits a product over M and N).
 std::string paramsBlas(const KernelCtx&) {
-  return blasName() + ", " + std::to_string(openblas_get_num_threads()) + " BLAS threads, " + kIsa +
-         ", " + upToThreads();
+  const int blas = openblas_get_num_threads();
+  return blasName() + ", " + std::to_string(blas) +
+         (blas == 1 ? " BLAS thread, " : " BLAS threads, ") + kIsa + ", " + upToThreads();
 }
 
 // flashmask_attention (+ backward): the tile shape for the head dim of q (Note [FlashMask tile
