@@ -102,7 +102,20 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
               kind.c_str());
   try {
     const capture::CaptureOptions o = capture::CaptureOptions::fromJson(run.captureOptionsJson);
-    if (o.filter.stepMin > 0)
+    // Note [A step range's first step]: what was live then is in the file, labelled (the
+    // recordings of older versions, and of the plain host allocator, lack it).
+    uint64_t liveBlocks = 0, liveBytes = 0;
+    for (const storage::MemRecord& e : m.events()) {
+      if (e.label != storage::kLiveBefore) break;
+      if (e.kind == MemEventKind::Alloc) ++liveBlocks, liveBytes += e.bytes;
+    }
+    if (o.filter.stepMin > 0 && m.event(0).label == storage::kLiveBefore)
+      std::printf(
+          "note: recorded from step %lld (--step-range): the %s live blocks (%s) and the memory "
+          "the allocator held then open the recording, as its first events\n",
+          static_cast<long long>(o.filter.stepMin), std::to_string(liveBlocks).c_str(),
+          formatBytes(liveBytes).c_str());
+    else if (o.filter.stepMin > 0)
       std::printf(
           "note: recorded from step %lld (--step-range): what the allocator reserved and freed "
           "before it is not in the recording, so reserved, cached free and free-block figures "

@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "keel/allocator.h"
 #include "keel/buffer.h"
 #include "keel/capture/hash.h"
 #include "keel/capture/hash_pool.h"
@@ -108,18 +109,70 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
   // ---- engine side ----
   // Outside the filter's step range the observer pauses (Note [Paused observers]): the engine then
   // pays for it what it pays for no observer. Checked at each step's start, and at the start.
-  void followStepRange(int64_t step) {
+  void followStepRange(int64_t step, int64_t timeNs = 0) {
     const bool pause = !opt_.filter.matchesStep(step);
     if (pause == paused_) return;
     // Nothing may still read a buffer once writes stop being announced: settle every hash first.
     if (pause && pool_) pool_->drain();
+    // Before events flow again, so none is missed between the snapshot and them.
+    if (!pause && opt_.allocator) recordLiveMemory(step, timeNs);
     paused_ = pause;
     setObserverPaused(shared_from_this(), pause);
   }
 
+  // Note [A step range's first step]: a recording that starts at a step range's first step would
+  // begin with frees of blocks it never saw allocated, chunks it never saw mapped, and no
+  // parameters or optimizer state at all: reserved, free-block and fragmentation figures would
+  // count only what came after. So at that step, before anything else, the state of each host
+  // allocator is written as events, as if replayed from nothing: a caching allocator's segments
+  // as reserve events, a VMM's chunks as map (and the holes below its highest mapped chunk as
+  // unmap) events, then every live block as an alloc event with its buffer and tag, each labelled
+  // kLiveBefore (no op: the ops that allocated them are not in the file). Replaying the file then
+  // gives the allocator's true figures from the range's first step on. The plain host allocator
+  // keeps no segments or block list, so it writes nothing.
+  void recordLiveMemory(int64_t step, int64_t timeNs) {
+    const std::string device = Device().name();
+    for (const MemorySnapshot& snap : hostAllocatorSnapshots()) {
+      uint64_t allocated = 0, reserved = 0;
+      auto event = [&](MemEventKind kind, uint64_t address, uint64_t bytes) {
+        storage::MemRecord m;
+        m.kind = kind;
+        m.device = device;
+        m.address = address;
+        m.bytes = bytes;
+        m.step = step;
+        m.timeNs = timeNs;
+        m.allocatedAfter = allocated;
+        m.reservedAfter = reserved;
+        m.label = storage::kLiveBefore;
+        return m;
+      };
+      for (const SegmentInfo& g : snap.segments) {
+        if (snap.chunk == 0) {  // a caching allocator's segment
+          reserved += g.size;
+          push(event(MemEventKind::Reserve, g.address, g.size), false, nullptr);
+          continue;
+        }
+        for (uint64_t a = g.address; a < g.address + g.size; a += snap.chunk) {  // vmm chunks
+          if (g.mapped) reserved += snap.chunk;
+          push(event(g.mapped ? MemEventKind::Map : MemEventKind::Unmap, a, snap.chunk), false,
+               nullptr);
+        }
+      }
+      for (const BlockInfo& b : snap.blocks) {
+        if (b.state != BlockState::Allocated) continue;
+        allocated += b.size;
+        storage::MemRecord m = event(MemEventKind::Alloc, b.address, b.size);
+        m.bufferId = b.bufferId;
+        m.tag = b.tag;
+        push(std::move(m), false, nullptr);
+      }
+    }
+  }
+
   void onStep(const StepEvent& e) override {
     if (!active()) return;
-    if (e.begin) followStepRange(e.step);
+    if (e.begin) followStepRange(e.step, e.timeNs);
     storage::StepRecord r;
     {
       std::lock_guard<std::mutex> lk(mu_);

@@ -594,6 +594,36 @@ class MemoryViewTest : public QObject {
     QVERIFY(view.histogramBuckets() > 0);
   }
 
+  // A recording from --step-range's first step opens with what was live then (Note [A step
+  // range's first step]): its parameters are blocks from the start, which say where they came
+  // from, and the timeline's first event says so too.
+  void aStepRangeRecordingShowsWhatWasLiveAtItsStart() {
+    const QString sr = test::tempDir() + "/step-range.db";
+    QVERIFY(test::recordFixture(sr, "--steps 2 --seed 4 --allocator --step-range 2:2",
+                                "KEEL_ALLOCATOR=vmm"));
+    MemoryPtr memory = loadMemory(sr);
+    QVERIFY(memory);
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.resize(1200, 700);
+    view.setMemory(memory);
+    view.setCursor(0);
+    QVERIFY2(view.cursorText().contains("live before the recording began"),
+             qPrintable(view.cursorText()));
+    view.setCursor(view.eventCount() - 1);
+    int parameters = 0;
+    for (size_t i = 0; i < view.state().blocks.size(); ++i) {
+      const MemRecord& a = memory->allocOf(view.state().blocks[i]);
+      if (a.tag != MemTag::Parameter) continue;
+      ++parameters;
+      const QString tip = view.blockToolTip(i);
+      QVERIFY2(tip.contains("allocated before the recording began (live at step 2, its first)"),
+               qPrintable(tip));
+      QVERIFY2(tip.contains("<b>alive because</b>: parameter"), qPrintable(tip));
+    }
+    QVERIFY(parameters > 0);
+  }
+
   void selectingABlockSelectsItsOpAndBack() {
     MemoryPtr memory = loadMemory(caching_);
     Selection sel;

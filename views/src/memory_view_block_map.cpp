@@ -397,6 +397,9 @@ QString memory_detail::allocationTip(const MemoryModel& m, const MemBlock& b, in
     t += o->step == 0 ? tr(" · initialisation") : tr(" · step %1").arg(o->step);
   } else if (a.opSeq) {
     t += tr("<br><b>op</b>: #%1 (not recorded)").arg(a.opSeq);
+  } else if (a.label == storage::kLiveBefore) {  // Note [A step range's first step]
+    t += tr("<br><b>op</b>: allocated before the recording began (live at step %1, its first)")
+             .arg(a.step);
   } else if (!m.hasSteps()) {  // an imported snapshot: no ops, no steps
     t += tr("<br><b>op</b>: allocated outside ops");
   } else {

@@ -40,6 +40,7 @@ QVariant MemSectionModel::data(const QModelIndex& index, int role) const {
   auto opName = [&](const MemBlock& b) -> QString {
     const storage::MemRecord& a = m.allocOf(b);
     if (const MemOp* o = a.opSeq ? m.op(a.opSeq) : nullptr) return qs(o->name);
+    if (a.label == storage::kLiveBefore) return QStringLiteral("before the recording");
     return a.opSeq ? QStringLiteral("op #%1").arg(a.opSeq) : QStringLiteral("outside ops");
   };
   switch (role) {

@@ -339,6 +339,8 @@ QString MemoryView::Impl::eventText(int64_t k) const {
              .arg(o->seq)
              .arg(qs(o->name), qs(phaseName(o->phase)),
                   o->scope.empty() ? QString() : ", " + qs(o->scope));
+  else if (e.label == storage::kLiveBefore)  // Note [A step range's first step]
+    op = tr("live before the recording began");
   else
     op = e.opSeq ? tr("op #%1").arg(e.opSeq) : tr("outside ops");
   const uint64_t al = mem->allocatedAfter(size_t(k)), re = mem->reservedAfter(size_t(k));

@@ -77,6 +77,7 @@ struct MemorySnapshot {
   AllocatorStats stats;
   std::vector<SegmentInfo> segments;  // by address
   std::vector<BlockInfo> blocks;      // by address: allocated, free and (vmm) unmapped
+  uint64_t chunk = 0;  // vmm: its chunk size (a segment is a run of chunks); 0 for the others
 };
 
 // ---- tracking scopes -----------------------------------------------------------------------
@@ -223,5 +224,8 @@ Allocator& hostAllocator();
 CachingAllocator& cachingAllocator();
 VmmAllocator& vmmAllocator();
 Allocator& allocatorOfKind(AllocatorKind k);
+// Snapshots of the allocators new host buffers come from (the cpu and cpu-ref backends'; each
+// allocator once). A capture that starts mid-run records from them what was already live.
+std::vector<MemorySnapshot> hostAllocatorSnapshots();
 
 }  // namespace keel

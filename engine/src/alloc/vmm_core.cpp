@@ -517,6 +517,7 @@ MemorySnapshot VmmCore::snapshot() const {
   MemorySnapshot snap;
   snap.allocator = o_.name;
   snap.stats = statsLocked();
+  snap.chunk = o_.chunk;
   for (size_t s = 0; s < highSlot_;) {
     size_t e = s + 1;
     const bool mapped = slotPhys_[s] >= 0;

@@ -83,6 +83,18 @@ Allocator& allocatorFor(Device d) {
   return *detail::cudaApiFor(d).allocator(d.index);
 }
 
+std::vector<MemorySnapshot> hostAllocatorSnapshots() {
+  std::vector<MemorySnapshot> out;
+  const Allocator* seen = nullptr;
+  for (Backend b : {Backend::Cpu, Backend::CpuRef}) {
+    const Allocator& a = allocatorFor(Device(b));
+    if (&a == seen) continue;
+    seen = &a;
+    out.push_back(a.snapshot());
+  }
+  return out;
+}
+
 Allocator* setAllocator(Backend b, Allocator* a) {
   std::lock_guard<std::mutex> lk(g_allocMu);
   Allocator* prev = g_allocators[int(b)];

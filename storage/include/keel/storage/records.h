@@ -148,8 +148,12 @@ struct MemRecord {
   uint64_t allocatedAfter = 0, reservedAfter = 0;
   uint64_t bufferId = 0;      // alloc/free/compact of an engine Buffer (tensors' bufferId); else 0
   MemTag tag = MemTag::None;  // alloc: what the block holds (None: an op's output or temporary)
-  std::string label;          // track_begin/track_end: the section's name
+  std::string label;          // track_begin/track_end: the section's name; alloc: kLiveBefore
 };
+
+// The label of the alloc (and reserve/map/unmap) events a capture that starts mid-run (at a step
+// range's first step) writes for what was already live then (Note [A step range's first step]).
+inline constexpr std::string_view kLiveBefore = "live before the recording";
 
 struct DumpRecord {
   uint64_t opSeq = 0;
