@@ -3,8 +3,12 @@
 // --ckpt-dir, --ckpt-tp) and resumes from one (--resume) with the same loss curve. Under mpirun
 // (or keel launch) with --dp/--tp it is one rank of a multi-rank run; rank 0 prints. --save-inputs
 // writes the initial weights and the batches for replaying the run elsewhere (docs/torch.md).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -44,10 +48,24 @@ struct TrainArgs {
 // A --ckpt-dir that already holds checkpoints (step-* folders) is another run's unless this run
 // continues from one of them: saving there replaced some of them silently, and a later
 // --resume DIR then took the other run's latest step. Refused before the first step.
-void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFrom) {
+// A save replaces its step-NNNNNN folder whole: one that is not a finished checkpoint (no
+// keel-checkpoint.json: the user's folder, or a checkpoint whose metadata went missing, which
+// --resume DIR skips for an earlier step) is refused too, when this run would save into it.
+void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFrom,
+                            int64_t firstStep, int64_t lastStep, int64_t saveEvery) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = keel::ckpt::stepOfDirName(name);
+    if (step < firstStep || step > lastStep) continue;
+    if (step != lastStep && (saveEvery <= 0 || step % saveEvery != 0)) continue;
+    if (fs::exists(e.path() / keel::ckpt::kMetadataFile, ec)) continue;  // a checkpoint: below
+    throw Error("--ckpt-dir " + dir + " holds " + name + ", which is not a checkpoint (no " +
+                keel::ckpt::kMetadataFile + "): this run's save at step " + std::to_string(step) +
+                " would replace it; move it away or choose another --ckpt-dir");
+  }
   // Only finished checkpoints count (a save cut short leaves step-000006.tmp), in step order.
   const std::vector<std::pair<int64_t, std::string>> found = keel::ckpt::stepCheckpoints(dir);
   if (found.empty()) return;
@@ -111,6 +129,12 @@ int runTrain(const TrainArgs& a) {
     while (!up.empty() && !fs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
     KEEL_CHECK(fs::is_directory(up, ec), "--ckpt-dir ", a.ckptDir, ": ", up.string(),
                " is not a directory");
+    // Nor one this user cannot write (found at the first save, after every step had run).
+    KEEL_CHECK(::access(up.c_str(), W_OK | X_OK) == 0, "--ckpt-dir ", a.ckptDir, ": ",
+               up == fs::absolute(a.ckptDir, ec).lexically_normal()
+                   ? std::string("cannot write there")
+                   : "cannot create it in " + up.string(),
+               " (", std::strerror(errno), ")");
   }
   keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
   std::string resumedFrom;
@@ -119,7 +143,18 @@ int runTrain(const TrainArgs& a) {
     KEEL_CHECK(trainer.stepsDone() < a.steps, resumedFrom, " is at step ", trainer.stepsDone(),
                ", not before --steps ", a.steps, ": nothing left to train");
   }
-  if (!a.ckptDir.empty()) checkCkptDirIsThisRuns(a.ckptDir, resumedFrom);
+  if (!a.ckptDir.empty()) {
+    checkCkptDirIsThisRuns(a.ckptDir, resumedFrom, trainer.stepsDone() + 1, a.steps, a.saveEvery);
+    // Not among the inputs: the corpus folder (a checkpoint there would be read as documents by
+    // the next run) or the checkpoint resumed from (Note [Outputs never destroy inputs]).
+    const std::string corpus = a.data.empty() ? keel::data::kDefaultCorpusDir : a.data;
+    KEEL_CHECK(!isInsideDirectory(a.ckptDir, corpus), "--ckpt-dir ", a.ckptDir,
+               " is inside the training data (the directory ", corpus,
+               "); refusing to write among the inputs");
+    KEEL_CHECK(resumedFrom.empty() || !isInsideDirectory(a.ckptDir, resumedFrom), "--ckpt-dir ",
+               a.ckptDir, " is inside the checkpoint --resume reads (", resumedFrom,
+               "); refusing to write among the inputs");
+  }
 
   if (!a.saveInputs.empty()) {
     keel::ckpt::saveTrainingInputs(trainer, a.saveInputs, a.steps - trainer.stepsDone());

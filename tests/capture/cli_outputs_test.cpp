@@ -142,6 +142,68 @@ TEST_F(KeelOutputs, AFailedCheckpointWriteLeavesNothingBehind) {
   EXPECT_EQ(slurp(dir_ / "c.json"), config);
 }
 
+// keel train --ckpt-dir replaced a step-NNNNNN folder it was about to save into whole, notes and
+// all, whatever it held; wrote checkpoints among the documents of the corpus and inside the
+// checkpoint it resumed from; and found an unwritable folder only at the first save, after every
+// step. Each is one line before the first step now.
+TEST_F(KeelOutputs, ACheckpointFolderNeverReplacesWhatKeelDidNotWrite) {
+  const std::string train = "train --config '" + path("c.json") + "' --eval-batches 0 ";
+  fs::create_directories(dir_ / "ck/step-000002");
+  std::ofstream(path("ck/step-000002/notes.txt")) << "mine";
+  expectOneLineError(keel(train + "--steps 2 --ckpt-dir '" + path("ck") + "'"),
+                     "--ckpt-dir " + path("ck") +
+                         " holds step-000002, which is not a checkpoint (no keel-checkpoint.json): "
+                         "this run's save at step 2 would replace it");
+  EXPECT_EQ(slurp(dir_ / "ck/step-000002/notes.txt"), "mine");
+  // A folder at a step this run does not save into is left alone (and the run saves beside it).
+  ASSERT_EQ(keel(train + "--steps 3 --ckpt-dir '" + path("ck") + "'").status, 0);
+  EXPECT_EQ(slurp(dir_ / "ck/step-000002/notes.txt"), "mine");
+  EXPECT_TRUE(fs::exists(dir_ / "ck/step-000003/keel-checkpoint.json"));
+  // A checkpoint whose metadata went missing: --resume DIR takes the step before it, and saving
+  // would have replaced it.
+  ASSERT_EQ(keel(train + "--steps 4 --save-every 2 --ckpt-dir '" + path("run") + "'").status, 0);
+  fs::remove(dir_ / "run/step-000004/keel-checkpoint.json");
+  expectOneLineError(keel(train + "--steps 6 --save-every 2 --resume '" + path("run") +
+                          "' --ckpt-dir '" + path("run") + "'"),
+                     "holds step-000004, which is not a checkpoint");
+  EXPECT_FALSE(fs::is_empty(dir_ / "run/step-000004"));
+  // Among the inputs: the corpus folder, the checkpoint resumed from.
+  fs::create_directories(dir_ / "corpus");
+  std::ofstream(path("corpus/a.txt")) << std::string(3000, 'a');
+  expectOneLineError(keel(train + "--steps 1 --data '" + path("corpus") + "' --ckpt-dir '" +
+                          path("corpus/ck") + "'"),
+                     "--ckpt-dir " + path("corpus/ck") + " is inside the training data");
+  expectOneLineError(
+      keel(train + "--steps 1 --ckpt-dir '" + std::string(keel::data::kDefaultCorpusDir) + "/ck'"),
+      "is inside the training data");
+  expectOneLineError(keel(train + "--steps 6 --resume '" + path("run/step-000002") +
+                          "' --ckpt-dir '" + path("run/step-000002/more") + "'"),
+                     "is inside the checkpoint --resume reads");
+  EXPECT_FALSE(fs::exists(dir_ / "corpus/ck"));
+  EXPECT_FALSE(fs::exists(dir_ / "run/step-000002/more"));
+}
+
+// An unwritable --ckpt-dir is found before the first step (it was found at the first save,
+// after every step, and named its step-N.tmp). As root, the run drops to nobody with setpriv.
+TEST_F(KeelOutputs, AnUnwritableCheckpointFolderIsRefusedBeforeTheFirstStep) {
+  std::string as;
+  if (::geteuid() == 0) {
+    if (std::system("command -v setpriv >/dev/null 2>&1") != 0) GTEST_SKIP() << "no setpriv";
+    as = "setpriv --reuid=65534 --regid=65534 --clear-groups";
+  }
+  fs::create_directory(dir_ / "ro");
+  fs::permissions(dir_ / "ro", fs::perms::owner_read | fs::perms::owner_exec |
+                                   fs::perms::group_read | fs::perms::group_exec |
+                                   fs::perms::others_read | fs::perms::others_exec);
+  const CliResult r = keel(
+      "train --config tests/fixtures/gpt-tiny.json --steps 50 --ckpt-dir '" + path("ro/ck") + "'",
+      as);
+  expectOneLineError(r, "--ckpt-dir " + path("ro/ck") + ": cannot create it in ");
+  EXPECT_NE(r.err.find("(Permission denied)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;  // refused before training
+  fs::permissions(dir_ / "ro", fs::perms::owner_all);
+}
+
 TEST_F(KeelOutputs, NonRegularOutputsAreRefusedUntouched) {
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
   fs::create_directory(dir_ / "sub");

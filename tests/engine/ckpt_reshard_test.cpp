@@ -291,7 +291,13 @@ TEST(ReshardTest, LoadChecksKeysShapesAndCastsFloats) {
   EXPECT_EQ(errorOf([&] { loadTensors(c, &rename, missing); }),
             dir + "/c: the checkpoint has no key 'zz' (after the rules)");
   std::vector<HostTensor> partial = {{"a", st::DType::F32, {4, 4}, fa.data()}};
+  // Without rules (a resume) the hint names where rules are given.
   EXPECT_EQ(errorOf([&] { loadTensors(c, nullptr, partial); }),
+            dir +
+                "/c: checkpoint key 'b' matches nothing in the target (drop it with 'key -> _': "
+                "keel ckpt convert --aoa RULES writes a checkpoint without it)");
+  aoa::Program keepA = aoa::parse("a -> a\n", "r.aoa");
+  EXPECT_EQ(errorOf([&] { loadTensors(c, &keepA, partial); }),
             dir + "/c: checkpoint key 'b' matches nothing in the target (drop it with 'key -> _')");
   aoa::Program drop = aoa::parse("b -> _\n", "r.aoa");
   EXPECT_NO_THROW(loadTensors(c, &drop, partial));

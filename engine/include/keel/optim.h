@@ -31,6 +31,9 @@ class Optimizer {
   // parameter's device and dtype), so pass a tensor nobody else writes. Throws keel::Error on an
   // unknown name or a shape that does not match the parameter.
   virtual void setParamState(size_t i, const std::string& name, const Tensor& value);
+  // The names paramState returns for a parameter once it was updated (a checkpoint holds all of
+  // them for a parameter, or none); empty for an optimizer without state.
+  virtual std::vector<std::string> stateNames() const { return {}; }
 
  protected:
   // Calls fn(index, param, grad) for every parameter that has a gradient, with grad mode off,
@@ -55,6 +58,7 @@ class SGD : public Optimizer {
   void step() override;
   std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const override;
   void setParamState(size_t i, const std::string& name, const Tensor& value) override;
+  std::vector<std::string> stateNames() const override;
 
  private:
   SgdOptions opt_;
@@ -79,6 +83,7 @@ class AdamW : public Optimizer {
   // "exp_avg", "exp_avg_sq" (float, like the parameter) and "step" (int64 scalar).
   std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const override;
   void setParamState(size_t i, const std::string& name, const Tensor& value) override;
+  std::vector<std::string> stateNames() const override;
 
  private:
   AdamWOptions opt_;
@@ -129,6 +134,7 @@ class ShardedAdamW : public Optimizer {
   std::pair<int64_t, int64_t> ownedRows(size_t i) const;
   std::vector<std::pair<std::string, Tensor>> paramState(size_t i) const override;
   void setParamState(size_t i, const std::string& name, const Tensor& value) override;
+  std::vector<std::string> stateNames() const override;
 
  private:
   std::pair<int64_t, int64_t> rowsOf(size_t i, int part) const;

@@ -901,7 +901,8 @@ void loadRank(const Checkpoint& src, const aoa::Program* rules, const TargetSpec
       }
     KEEL_CHECK(nUnused == 0, src.path(), ": checkpoint key ", unused,
                nUnused > 3 ? " and " + std::to_string(nUnused - 3) + " more" : std::string(),
-               " matches nothing in the target (drop it with 'key -> _')");
+               " matches nothing in the target (drop it with 'key -> _'",
+               rules ? ")" : ": keel ckpt convert --aoa RULES writes a checkpoint without it)");
   }
   Plan plan = detail::planFor(src.metadata(), std::move(chosen), spec, false);
   // This rank's part of each split key, and every replicated key whole (whichever file the

@@ -398,9 +398,31 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
     Tensor t;
   };
   std::vector<Pending> states;
+  // A parameter's optimizer state is all there or not there at all (never updated): a part of
+  // it (a rule dropped 'w::step') trained on from a fresh counter or failed inside the update.
+  const std::vector<std::string> stateNames = opt.stateNames();
+  const std::string optimizerName = tr.config().optimizer;
   for (size_t i = 0; i < opt.params().size(); ++i) {
     const Tensor& p = opt.params()[i];
     const std::string prefix = p.name() + std::string(aoa::kStateSeparator);
+    std::vector<std::string> have;
+    for (auto it = present.lower_bound(prefix);
+         it != present.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      const std::string sname = it->first.substr(prefix.size());
+      KEEL_CHECK(std::find(stateNames.begin(), stateNames.end(), sname) != stateNames.end(), path,
+                 ": '", it->first, "' is not a state of ", optimizerName,
+                 stateNames.empty() ? std::string(" (it keeps none)")
+                                    : " (its states: " + joinText(stateNames, ", ") + ")");
+      have.push_back(sname);
+    }
+    if (!have.empty() && have.size() != stateNames.size()) {
+      std::vector<std::string> missing;
+      for (const std::string& n : stateNames)
+        if (std::find(have.begin(), have.end(), n) == have.end()) missing.push_back(prefix + n);
+      throw Error(path + ": the optimizer state of '" + p.name() + "' lacks '" +
+                  joinText(missing, "', '") + "' (" + optimizerName +
+                  " keeps all of its states or none): resuming would not continue the run");
+    }
     for (auto it = present.lower_bound(prefix);
          it != present.end() && it->first.rfind(prefix, 0) == 0; ++it) {
       const std::string sname = it->first.substr(prefix.size());

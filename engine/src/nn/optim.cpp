@@ -111,6 +111,15 @@ void SGD::setParamState(size_t i, const std::string& name, const Tensor& value) 
   momentum_[i] = stateLike(params_[i], value, name);
 }
 
+std::vector<std::string> SGD::stateNames() const {
+  if (opt_.momentum == 0.0) return {};
+  return {"momentum"};
+}
+
+std::vector<std::string> AdamW::stateNames() const {
+  return {"exp_avg", "exp_avg_sq", "step"};
+}
+
 std::vector<std::pair<std::string, Tensor>> AdamW::paramState(size_t i) const {
   if (!m_.at(i).defined()) return {};
   return {{"exp_avg", m_[i]},

@@ -233,6 +233,10 @@ std::vector<std::pair<std::string, Tensor>> ShardedAdamW::paramState(size_t i) c
   return out;
 }
 
+std::vector<std::string> ShardedAdamW::stateNames() const {
+  return {"exp_avg", "exp_avg_sq", "step"};
+}
+
 void ShardedAdamW::setParamState(size_t i, const std::string& name, const Tensor& value) {
   KEEL_CHECK(i < params_.size(), "AdamW: no parameter ", i);
   const Tensor& p = params_[i];

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "keel/base/error.h"
 
@@ -25,6 +26,16 @@ constexpr bool scopeWithin(std::string_view scope, std::string_view prefix) {
   if (prefix.empty()) return true;
   if (scope.size() < prefix.size() || scope.substr(0, prefix.size()) != prefix) return false;
   return scope.size() == prefix.size() || scope[prefix.size()] == '.';
+}
+
+// "a, b, c": the parts with `sep` between them.
+inline std::string joinText(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
 }
 
 // A byte count for people, to three significant digits in binary units: "512 B", "1.50 KiB",
