@@ -8,6 +8,7 @@
 
 #include <map>
 #include <random>
+#include <set>
 
 #include "ckpt_test_util.h"
 #include "keel/aoa.h"
@@ -393,6 +394,43 @@ TEST(AoaStateTest, StateFollowsEveryRule) {
             "combine them");
 }
 
+// A pattern naming one optimizer state matches the parameters by the part before "::" (it
+// matched no key: patterns see parameter keys, and the literal name and [a:b] ranges worked).
+TEST(AoaStateTest, WildcardsAndMacrosNameOneStateOfEachParameter) {
+  Arr w = randomArr(st::DType::F32, {2, 2}, 1);
+  Named src;
+  for (const std::string p : {"blocks.0.w", "blocks.1.w", "blocks.1.u"})
+    for (const std::string st : {"", "::exp_avg", "::exp_avg_sq"}) src.push_back({p + st, w});
+  for (const std::string rule : {"blocks.*.w::exp_avg -> _", "blocks.$LAYER_ID.w::exp_avg -> _",
+                                 "blocks.[0:2].w::exp_avg -> _"}) {
+    SCOPED_TRACE(rule);
+    aoa::Program p = aoa::parse(rule + "\n", "rules.aoa");
+    std::set<std::string> names;
+    for (const auto& k : aoa::apply(&p, keysOf(src)).keys) names.insert(k.name);
+    EXPECT_EQ(names.size(), src.size() - 2);
+    EXPECT_EQ(names.count("blocks.0.w::exp_avg") + names.count("blocks.1.w::exp_avg"), 0u);
+    EXPECT_EQ(names.count("blocks.1.w::exp_avg_sq") + names.count("blocks.1.u::exp_avg"), 2u);
+  }
+  // A '*' target takes its text from the base key; a state no parameter has matches nothing.
+  aoa::Program r = aoa::parse("blocks.*.w::exp_avg -> m.*\n", "rules.aoa");
+  std::set<std::string> names;
+  for (const auto& k : aoa::apply(&r, keysOf(src)).keys) names.insert(k.name);
+  EXPECT_EQ(names.count("m.0") + names.count("m.1"), 2u);
+  EXPECT_EQ(applyError(src, "blocks.*.w::nope -> _"),
+            "rules.aoa:1:1: 'blocks.*.w::nope' matches no key (keys look like 'blocks.0.w')");
+}
+
+// A rules file may begin with a UTF-8 byte order mark (configs could, rules could not).
+TEST(AoaParseTest, AFileWithAByteOrderMarkParses) {
+  const std::string dir = tempDir();
+  test::writeFile(dir + "/bom.aoa",
+                  "\xEF\xBB\xBF"
+                  "a -> b\n");
+  const aoa::Program p = aoa::parseFile(dir + "/bom.aoa");
+  ASSERT_EQ(p.statements.size(), 1u);
+  EXPECT_EQ(p.statements[0].lhs[0].text, "a");
+}
+
 // ---- validation before any byte is written ------------------------------------------------------
 
 TEST_F(AoaPrimitiveTest, RuleErrorsAreReportedWithPositions) {
@@ -477,7 +515,8 @@ TEST_F(AoaPrimitiveTest, ABadRuleWritesNothing) {
   // A declared key without a shape cannot be written either.
   aoa::Program d = aoa::parse("_ -> z\n", "rules.aoa");
   EXPECT_EQ(errorOf([&] { convert(c, dir + "/dst", spec, &d); }),
-            "key 'z' was declared ('_ -> z') without shape=, so it cannot be written");
+            "rules.aoa:1:6: key 'z' was declared ('_ -> z') without shape=, so it cannot be "
+            "written");
   EXPECT_FALSE(fs::exists(dir + "/dst"));
 }
 

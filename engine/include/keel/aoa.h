@@ -78,6 +78,7 @@ struct TargetKey {
   std::vector<Piece> pieces;  // empty for a declared key (`_ -> name`); uncovered elements are 0
   bool declared = false;      // `_ -> name`: not read from the checkpoint
   bool hasShape = true;       // false for a declared key without shape=
+  std::string declaredAt;     // a declared key's rule: "rules.aoa:3:6"
 };
 
 struct Result {

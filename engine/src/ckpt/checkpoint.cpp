@@ -539,7 +539,8 @@ Plan planFor(const Metadata& src, aoa::Result target, const TargetSpec& spec, bo
   for (uint32_t ki = 0; ki < keys.size(); ++ki) {
     const aoa::TargetKey& k = keys[ki];
     if (needShapes)
-      KEEL_CHECK(k.hasShape, "key '", k.name, "' was declared ('_ -> ", k.name,
+      KEEL_CHECK(k.hasShape, k.declaredAt.empty() ? std::string() : k.declaredAt + ": ", "key '",
+                 k.name, "' was declared ('_ -> ", k.name,
                  "') without shape=, so it cannot be written");
     KEEL_CHECK(k.shape.size() <= st::kMaxRank, "key '", k.name, "' has rank ", k.shape.size(),
                " (limit ", st::kMaxRank, ")");

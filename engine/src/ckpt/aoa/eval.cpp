@@ -161,6 +161,7 @@ class Evaluator {
       k.declared = true;
       k.hasShape = o.shape.has_value();
       if (o.shape) k.shape = *o.shape;
+      k.declaredAt = src_ + ":" + std::to_string(n.pos.line) + ":" + std::to_string(n.pos.col);
       space_.add(std::move(k));
     }
   }

@@ -60,6 +60,15 @@ std::string_view literalPrefix(const std::vector<Segment>& segs) {
                                                         : std::string_view();
 }
 
+// A pattern naming an optimizer state ("blocks.*.w::exp_avg") matches the parameter keys by the
+// part before "::" (patterns match base keys) and names that state of each: (base pattern, state
+// suffix with its "::", "" for a parameter).
+std::pair<std::string, std::string> splitState(const std::string& pattern) {
+  const size_t sep = pattern.find(kStateSeparator);
+  if (sep == std::string::npos) return {pattern, ""};
+  return {pattern.substr(0, sep), pattern.substr(sep)};
+}
+
 bool hasMacro(const std::string& t) {
   return t.find("$LAYER_ID") != std::string::npos || t.find("$EXPERT_ID") != std::string::npos;
 }
@@ -205,7 +214,8 @@ std::vector<Statement> Expander::expandVariables(const Statement& s, const Space
                  "' uses $LAYER_ID/$EXPERT_ID but no source name does "
                  "(the ids come from the source keys)");
   }
-  auto segs = compile(pat->text);
+  const auto [basePattern, state] = splitState(pat->text);
+  auto segs = compile(basePattern);
   bool hasLayer = false, hasExpert = false;
   for (const auto& g : segs) {
     hasLayer = hasLayer || g.kind == Seg::Layer || g.kind == Seg::LayerOffset;
@@ -223,7 +233,7 @@ std::vector<Statement> Expander::expandVariables(const Statement& s, const Space
   std::set<std::pair<int64_t, int64_t>> ids;
   for (const std::string& key : space.baseKeys(literalPrefix(segs))) {
     std::vector<std::string> caps;
-    if (!match(segs, 0, key, 0, caps)) continue;
+    if (!match(segs, 0, key, 0, caps) || (!state.empty() && !space.has(key + state))) continue;
     int64_t layer = -1, expert = -1;
     bool ok = true;
     size_t c = 0;
@@ -287,11 +297,13 @@ std::vector<Statement> Expander::expandWildcards(const Statement& s, const Space
 
   // Expand every source name with '*' (in place, natural order).
   auto matchesOf = [&](const Name& n) {
-    auto segs = compile(n.text);
+    const auto [basePattern, state] = splitState(n.text);
+    auto segs = compile(basePattern);
     std::vector<std::pair<std::vector<std::string>, std::string>> m;
     for (const std::string& key : space.baseKeys(literalPrefix(segs))) {
       std::vector<std::string> caps;
-      if (match(segs, 0, key, 0, caps)) m.push_back({caps, key});
+      if (match(segs, 0, key, 0, caps) && (state.empty() || space.has(key + state)))
+        m.push_back({caps, key + state});
     }
     if (m.empty()) fail(src_, n.pos, "'" + n.text + "' matches no key" + space.nearKeyHint());
     std::stable_sort(m.begin(), m.end(),

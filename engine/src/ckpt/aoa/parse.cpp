@@ -234,7 +234,11 @@ Program parse(std::string_view text, const std::string& source) {
 Program parseFile(const std::string& path) {
   // readFile refuses a FIFO (it would block), a device (/dev/zero never ends) and a directory
   // (it used to read as an empty rule file); at most 16 MiB of rules.
-  return parse(readFile(path, "AOA rules file", uint64_t(16) << 20), path);
+  // A UTF-8 byte order mark (what some Windows editors write first) is not a rule: skipped, as
+  // configs skip it.
+  std::string text = readFile(path, "AOA rules file", uint64_t(16) << 20);
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  return parse(text, path);
 }
 
 }  // namespace keel::aoa
