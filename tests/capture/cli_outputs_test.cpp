@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/data.h"
 #include "keel/storage/reader.h"
@@ -181,6 +182,30 @@ TEST_F(KeelOutputs, ACheckpointFolderNeverReplacesWhatKeelDidNotWrite) {
                      "is inside the checkpoint --resume reads");
   EXPECT_FALSE(fs::exists(dir_ / "corpus/ck"));
   EXPECT_FALSE(fs::exists(dir_ / "run/step-000002/more"));
+}
+
+// Two conversions into one empty DST: both said "converted" over a mix of their files, or one
+// removed what the other wrote. A second writer is refused while the first holds DST's lock;
+// a failed conversion into new/a/b removes the folders it made, not just b.
+TEST_F(KeelOutputs, ASecondConversionIntoTheSameFolderIsRefused) {
+  const std::string train = "train --config '" + path("c.json") + "' --steps 1 ";
+  ASSERT_EQ(keel(train + "--ckpt-dir '" + path("ck") + "'").status, 0);
+  fs::create_directory(dir_ / "dst");
+  {
+    const keel::OutputLock held(path("dst"));  // as a conversion writing dst holds it
+    expectOneLineError(
+        keel("ckpt convert '" + path("ck") + "' '" + path("dst") + "/' --target-tp 2"),
+        "output " + path("dst") + " is being written by another process (pid ");
+    EXPECT_TRUE(fs::is_empty(dir_ / "dst"));
+  }
+  ASSERT_EQ(keel("ckpt convert '" + path("ck") + "' '" + path("dst") + "' --target-tp 2").status,
+            0);
+  EXPECT_FALSE(fs::exists(dir_ / ".dst.lock"));
+  expectOneLineError(
+      keel("ckpt convert '" + path("ck") + "' '" + path("new/a/b") + "' --target-tp 2",
+           "prlimit --fsize=4096 "),
+      "File too large");
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
 }
 
 // An unwritable --ckpt-dir is found before the first step (it was found at the first save,

@@ -16,10 +16,12 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "ckpt_internal.h"
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
@@ -811,6 +813,26 @@ ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const Tar
   // or empty — so the same command can run again.
   namespace fs = std::filesystem;
   std::error_code ec;
+  // One writer per DST (an OutputLock on .DST.lock beside it): two conversions into one empty
+  // folder both said "converted" over a mix of their files, or one removed what the other wrote.
+  // The lock sits in DST's parent, so the folders above DST that do not exist are made first,
+  // and removed again if the conversion fails.
+  fs::path dst = fs::path(dstDir).lexically_normal();
+  if (dst.filename().empty()) dst = dst.parent_path();  // "out/"
+  std::vector<fs::path> madeParents;
+  for (fs::path p = dst.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+    madeParents.push_back(p);
+  if (!madeParents.empty()) fs::create_directories(dst.parent_path(), ec);
+  auto removeMadeParents = [&] {
+    for (const fs::path& p : madeParents) fs::remove(p, ec);  // deepest first; only if empty
+  };
+  std::optional<OutputLock> lock;
+  try {
+    lock.emplace(dst.string());
+  } catch (...) {
+    removeMadeParents();
+    throw;
+  }
   const bool existed = fs::exists(dstDir, ec);
   // DST must be absent or empty (refused here, before the try: a refused DST is never cleaned).
   detail::prepareDir(dstDir);
@@ -819,6 +841,8 @@ ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const Tar
   } catch (...) {
     if (!existed) {
       fs::remove_all(dstDir, ec);
+      lock.reset();
+      removeMadeParents();
     } else if (fs::is_directory(dstDir, ec)) {
       for (const auto& e : fs::directory_iterator(dstDir, ec)) fs::remove_all(e.path(), ec);
     }
