@@ -45,6 +45,21 @@ ckpt::Checkpoint openSource(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / ckpt::kMetadataFile, ec))
     return ckpt::Checkpoint::open(ckpt::resolveCheckpoint(path));
+  // One file of a checkpoint folder is read as a checkpoint of its own, each tensor in it whole:
+  // a rank's part of a multi-rank checkpoint then has the part's shapes (and 'KEY#1' boxes).
+  if (!fs::is_directory(path, ec)) {
+    const fs::path dir =
+        fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    size_t files = 0;
+    if (fs::exists(dir / ckpt::kMetadataFile, ec)) try {
+        files = ckpt::Checkpoint::open(dir.string()).metadata().files.size();
+      } catch (const std::exception&) {  // a damaged folder: the file alone is what was asked
+      }
+    if (files > 1)
+      warn(path + " is one of the " + std::to_string(files) + " files of the checkpoint " +
+           dir.string() +
+           ": read alone, its tensors are that file's parts; give the folder for the whole");
+  }
   return ckpt::Checkpoint::open(path);
 }
 

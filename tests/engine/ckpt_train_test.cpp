@@ -368,6 +368,29 @@ TEST(CkptCliTest, PartOfAParametersOptimizerStateIsRefused) {
   }
 }
 
+// One file of a checkpoint of several read alone has its parts' shapes: inspect and convert say
+// so (it was quiet); the file of a one-file checkpoint is the whole and gets no word.
+TEST(CkptCliTest, OneFileOfACheckpointOfSeveralSaysSo) {
+  const std::string dir = tempDir();
+  const std::string base =
+      "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 --steps 1 ";
+  ASSERT_EQ(runKeelCli(base + "--ckpt-dir " + dir + "/ck --ckpt-tp 2", dir).status, 0);
+  ASSERT_EQ(runKeelCli(base + "--ckpt-dir " + dir + "/one", dir).status, 0);
+  const std::string part = dir + "/ck/step-000001/model-00001-of-00002.safetensors";
+  for (const std::string cmd :
+       {"ckpt inspect " + part, "ckpt convert " + part + " " + dir + "/out --target-tp 1"}) {
+    const auto r = runKeelCli(cmd, dir);
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err, "keel: warning: " + part + " is one of the 2 files of the checkpoint " + dir +
+                         "/ck/step-000001: read alone, its tensors are that file's parts; give "
+                         "the folder for the whole\n");
+  }
+  const auto whole =
+      runKeelCli("ckpt inspect " + dir + "/one/step-000001/model-00000-of-00001.safetensors", dir);
+  EXPECT_EQ(whole.status, 0) << whole.err;
+  EXPECT_EQ(whole.err, "");
+}
+
 TEST(CkptCliTest, OneLineErrors) {
   const std::string dir = tempDir();
   const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
