@@ -182,7 +182,8 @@ Command addCkptCommand(CLI::App& root) {
     sub->add_option("--target-tp", a->targetTp,
                     "tensor-parallel degree of the target (1: one file)")
         ->check(wholeNumber(1, 4096))
-        ->required();
+        ->required()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as every other option
     sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)")->check(nonEmptyName());
   }
   for (CLI::App* sub : {a->inspect, a->convert})

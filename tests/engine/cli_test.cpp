@@ -134,7 +134,8 @@ TEST_F(CliTest, OutOfRangeValuesAreOneLineInWords) {
        "keel launch -n 2: --zero shards the optimizer state across data-parallel ranks, and this "
        "run has dp 1"},
       {"memory stats a.db --event 99999999999999999999",
-       "--event: must be a whole number ≥ 0, got '99999999999999999999'"},
+       "--event: must be a whole number ≥ 0, at most 9223372036854775807, got "
+       "'99999999999999999999'"},
   };
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(args);
