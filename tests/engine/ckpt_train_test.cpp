@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "ckpt/ckpt_internal.h"
 #include "ckpt_test_util.h"
@@ -389,6 +390,37 @@ TEST(CkptCliTest, OneFileOfACheckpointOfSeveralSaysSo) {
       runKeelCli("ckpt inspect " + dir + "/one/step-000001/model-00000-of-00001.safetensors", dir);
   EXPECT_EQ(whole.status, 0) << whole.err;
   EXPECT_EQ(whole.err, "");
+}
+
+// A train_state field that is there but holds the wrong thing is named with what it holds (a
+// step of "4" or 1e30 said "needs step, seed, ..."; a step of -3 "Trainer: cannot resume at step
+// -3", naming no checkpoint).
+TEST(CkptCliTest, ABadTrainStateFieldIsNamed) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
+  ASSERT_EQ(runKeelCli(base + "--steps 1 --ckpt-dir " + dir + "/ck", dir).status, 0);
+  const std::string meta = dir + "/ck/step-000001/keel-checkpoint.json";
+  const std::string good = keel::readFile(meta);
+  for (const auto& [field, value, error] :
+       std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"step", "4", "train_state.step must be a whole number ≥ 0, got \"4\""},
+           {"step", 1e30, "train_state.step must be a whole number ≥ 0, got 1e+30"},
+           {"step", -3, "train_state.step must be a whole number ≥ 0, got -3"},
+           {"seed", -1, "train_state.seed must be a whole number in [0, 2^64-1], got -1"},
+           {"seed", nullptr, "train_state.seed must be a whole number in [0, 2^64-1], got null"}}) {
+    SCOPED_TRACE(field + " = " + value.dump());
+    nlohmann::json j = nlohmann::json::parse(good);
+    j["train_state"][field] = value;
+    test::writeFile(meta, j.dump());
+    expectOneLineError(runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir),
+                       dir + "/ck/step-000001: " + error);
+  }
+  nlohmann::json j = nlohmann::json::parse(good);
+  j["train_state"].erase("seed");
+  test::writeFile(meta, j.dump());
+  expectOneLineError(runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir),
+                     "train_state needs step, seed, batch_generator and dropout_generator (it "
+                     "lacks seed)");
 }
 
 TEST(CkptCliTest, OneLineErrors) {

@@ -346,10 +346,16 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
   checkJsonDepth(text, path + ": train_state");  // Note [Bounded JSON]
   json state = json::parse(text);
   const std::string what = path + ": train_state";
-  KEEL_CHECK(state.contains("step") && state["step"].is_number_integer() &&
-                 state.contains("seed") && state["seed"].is_number_unsigned() &&
-                 state.contains("batch_generator") && state.contains("dropout_generator"),
-             what, " needs step, seed, batch_generator and dropout_generator");
+  KEEL_CHECK(state.is_object(), what, " must be a JSON object, got ", state.type_name());
+  for (const char* field : {"step", "seed", "batch_generator", "dropout_generator"})
+    KEEL_CHECK(state.contains(field), what, " needs step, seed, batch_generator and ",
+               "dropout_generator (it lacks ", field, ")");
+  // A step or seed present but not a whole number in range says which and what it holds.
+  KEEL_CHECK(state["step"].is_number_integer() && state["step"].get<int64_t>() >= 0, what,
+             ".step must be a whole number ≥ 0, got ", clipText(state["step"].dump(), 40));
+  KEEL_CHECK(state["seed"].is_number_unsigned(), what,
+             ".seed must be a whole number in [0, 2^64-1], got ",
+             clipText(state["seed"].dump(), 40));
   if (state.contains("optimizer") && state["optimizer"].is_string())
     KEEL_CHECK(state["optimizer"].get<std::string>() == tr.config().optimizer, path,
                ": saved with optimizer ", state["optimizer"].get<std::string>(),
