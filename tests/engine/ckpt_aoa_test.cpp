@@ -362,7 +362,15 @@ TEST(AoaMacroTest, MacroErrors) {
   // Ranges in one name multiply; the product is checked before anything is expanded (a fuzzer
   // found names whose nested ranges took minutes to expand).
   EXPECT_EQ(applyError(src, "a.[0:1000].b.[0:1000] -> z"),
-            "rules.aoa: rules expand to more than 100000 names");
+            "rules.aoa:1:1: rules expand to more than 100000 names (the limit of a rules file, "
+            "this name's expansion included)");
+  // A target that drops an id its source captures: every instance makes the same name.
+  Named experts = {{"l.0.e.0.w", randomArr(st::DType::F32, {2}, 1)},
+                   {"l.1.e.0.w", randomArr(st::DType::F32, {2}, 2)}};
+  EXPECT_EQ(applyError(experts, "l.$LAYER_ID.e.$EXPERT_ID.w -> e.$EXPERT_ID.w"),
+            "rules.aoa:1:31: rule produces 'e.0.w' again: another instance of its "
+            "$LAYER_ID/$EXPERT_ID/'*' expansion made it (a target name must use every id its "
+            "source captures)");
 }
 
 // ---- optimizer state follows its key ------------------------------------------------------------
@@ -457,6 +465,9 @@ TEST_F(AoaPrimitiveTest, RuleErrorsAreReportedWithPositions) {
             "rules.aoa:2:6: rule produces 'x', which already exists (drop or rename the existing "
             "key first)");
   EXPECT_EQ(applyError(s, "a, b -> x"), "rules.aoa:1:9: concatenating 2 keys needs axis=N");
+  EXPECT_EQ(applyError(s, "a -> x, fused_xyz"),
+            "rules.aoa:1:9: 'fused_xyz' is not a flag (the flags are fused_qkv and fused_ffn); as "
+            "a target name, splitting into 2 keys needs axis=N");
   EXPECT_EQ(applyError(s, "a -> x, axis=2, dtype=f32"),
             "rules.aoa:1:14: axis= concatenates several sources into one target or splits one "
             "source into several; one source and one target is a rename, which takes no axis=");

@@ -77,7 +77,7 @@ class Expander {
   std::vector<Statement> expandWildcards(const Statement& s, const Space& space);
 
  private:
-  void budget(size_t n);
+  void budget(size_t n, Pos pos);  // pos: the name that expands
   std::vector<Name> expandRanges(const std::vector<Name>& names);
   void expandRange(const Name& n, std::vector<Name>& out);
 

@@ -191,6 +191,12 @@ Typed check(const std::string& src, const Statement& s) {
       fail(src, s.rhs[0].pos, "concatenating " + std::to_string(nl) + " keys needs axis=N");
     kind = Kind::Concat;
   } else if (nl == 1 && nr >= 2) {
+    // A mistyped flag reads as a second target ("a -> b, fused_qvk"): name it as such.
+    for (const Name& n : s.rhs)
+      if (!o.axis && n.text.rfind("fused_", 0) == 0)
+        fail(src, n.pos,
+             "'" + n.text + "' is not a flag (the flags are fused_qkv and fused_ffn); as a " +
+                 "target name, splitting into " + std::to_string(nr) + " keys needs axis=N");
     if (!o.axis)
       fail(src, s.rhs[0].pos, "splitting into " + std::to_string(nr) + " keys needs axis=N");
     kind = Kind::Split;

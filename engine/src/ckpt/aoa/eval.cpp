@@ -86,6 +86,7 @@ class Evaluator {
         k.name = s.rhs[j].text + suffixes[si];
         if (space_.has(k.name))
           fail(src_, s.rhs[j].pos, "rule produces '" + k.name + "', which already exists");
+        producedAt_[k.name] = s.pos.line;
         space_.add(std::move(k));
       }
   }
@@ -115,6 +116,14 @@ class Evaluator {
 
   void checkFree(const Name& n) {
     checkFreeWithin(n);
+    // Made by another instance of this very statement ($LAYER_ID, $EXPERT_ID, '*'): a target that
+    // drops an id its source captures gives every instance the same name.
+    if (auto it = producedAt_.find(n.text);
+        it != producedAt_.end() && it->second == n.pos.line && space_.has(n.text))
+      fail(src_, n.pos,
+           "rule produces '" + n.text +
+               "' again: another instance of its $LAYER_ID/$EXPERT_ID/'*' expansion made it "
+               "(a target name must use every id its source captures)");
     if (space_.has(n.text))
       fail(src_, n.pos,
            "rule produces '" + n.text +
@@ -162,6 +171,7 @@ class Evaluator {
       k.hasShape = o.shape.has_value();
       if (o.shape) k.shape = *o.shape;
       k.declaredAt = src_ + ":" + std::to_string(n.pos.line) + ":" + std::to_string(n.pos.col);
+      producedAt_[k.name] = n.pos.line;
       space_.add(std::move(k));
     }
   }
@@ -377,6 +387,7 @@ class Evaluator {
   Space space_;
   Expander expander_;
   std::unordered_map<std::string, std::vector<const Name*>> targets_;  // indexTargets
+  std::unordered_map<std::string, int> producedAt_;  // key -> line of the rule that made it
 };
 
 }  // namespace

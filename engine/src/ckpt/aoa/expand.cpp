@@ -148,17 +148,18 @@ Statement Expander::expandRanges(const Statement& s) {
   return r;
 }
 
-void Expander::budget(size_t n) {
+void Expander::budget(size_t n, Pos pos) {
   expanded_ += n;
   if (expanded_ > kMaxExpandedNames)
-    throw Error(src_ + ": rules expand to more than " + std::to_string(kMaxExpandedNames) +
-                " names");
+    fail(src_, pos,
+         "rules expand to more than " + std::to_string(kMaxExpandedNames) +
+             " names (the limit of a rules file, this name's expansion included)");
 }
 
 std::vector<Name> Expander::expandRanges(const std::vector<Name>& names) {
   std::vector<Name> out;
   for (const Name& n : names) {
-    budget(rangeProduct(n.text));  // all of a name's ranges at once: they multiply
+    budget(rangeProduct(n.text), n.pos);  // all of a name's ranges at once: they multiply
     expandRange(n, out);
   }
   return out;
@@ -255,7 +256,7 @@ std::vector<Statement> Expander::expandVariables(const Statement& s, const Space
   }
   if (ids.empty()) fail(src_, pat->pos, "'" + pat->text + "' matches no key" + space.nearKeyHint());
   std::vector<Statement> out;
-  budget(ids.size());
+  budget(ids.size(), pat->pos);
   for (auto [layer, expert] : ids) {
     Statement c = s;
     for (auto* side : {&c.lhs, &c.rhs})
@@ -308,7 +309,7 @@ std::vector<Statement> Expander::expandWildcards(const Statement& s, const Space
     if (m.empty()) fail(src_, n.pos, "'" + n.text + "' matches no key" + space.nearKeyHint());
     std::stable_sort(m.begin(), m.end(),
                      [](const auto& a, const auto& b) { return naturalLess(a.first, b.first); });
-    budget(m.size());
+    budget(m.size(), n.pos);
     return m;
   };
   if (starRhs >= 0) {
