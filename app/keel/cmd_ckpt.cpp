@@ -63,6 +63,22 @@ ckpt::Checkpoint openSource(const std::string& path) {
   return ckpt::Checkpoint::open(path);
 }
 
+// A key as one table cell: control characters (a newline in a hostile file's key broke the
+// table) as \xNN.
+std::string visibleKey(const std::string& key) {
+  std::string out;
+  for (unsigned char ch : key) {
+    if (ch >= 0x20 && ch != 0x7f) {
+      out += char(ch);
+      continue;
+    }
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+    out += buf;
+  }
+  return out;
+}
+
 int runInspect(const CkptArgs& a) {
   ckpt::Checkpoint c = openSource(a.src);
   const ckpt::Metadata& m = c.metadata();
@@ -81,6 +97,11 @@ int runInspect(const CkptArgs& a) {
     }
   // Note [Checkpoint file digests]: with --verify, a damaged file fails here, naming it.
   const size_t verified = a.verify ? c.verifyFiles() : 0;
+  if (a.verify && !verified)  // exit 0 after checking nothing read as "verified"
+    warn("--verify: " + c.path() + " records no MD5s (" +
+         (std::filesystem::is_directory(c.path()) ? std::string("a conversion without --md5")
+                                                  : std::string("a lone .safetensors file")) +
+         "): nothing was checked");
   std::error_code ec;
   std::printf("files:%s\n", verified ? " (each file's MD5 verified against the metadata)"
                             : !m.fileMd5.empty() ? " (MD5s recorded: --verify checks them)"
@@ -97,7 +118,7 @@ int runInspect(const CkptArgs& a) {
     else
       layout = std::to_string(k.shards.size()) + " shards" +
                (k.splitAxis >= 0 ? " along axis " + std::to_string(k.splitAxis) : std::string());
-    std::printf("  %-44s %-4s %-16s %s\n", k.key.c_str(),
+    std::printf("  %-44s %-4s %-16s %s\n", visibleKey(k.key).c_str(),
                 std::string(st::dtypeName(k.dtype)).c_str(), dims(k.shape).c_str(), layout.c_str());
   }
   return 0;
@@ -149,11 +170,17 @@ int runConvert(const CkptArgs& a) {
   ckpt::ConvertStats st = ckpt::convert(c, a.dst, spec, r.get(), opt);
   if (tty) std::fprintf(stderr, "\n");
   std::printf(
-      "converted %s -> %s (tp=%d): %zu shard%s in %zu file%s, %s written, %s read, %.2f s "
+      "converted %s -> %s (tp=%d): %zu shard%s in %zu file%s, %s written, %s read%s, %.2f s "
       "(%.0f MiB/s)\n",
       c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.shards == 1 ? "" : "s", st.files,
       st.files == 1 ? "" : "s", formatBytes(st.bytesWritten).c_str(),
-      formatBytes(st.bytesRead).c_str(), st.seconds,
+      formatBytes(st.bytesRead).c_str(),
+      // keel ckpt plan counts the bytes the targets need; nearby pieces are read in one go
+      st.bytesRead > st.bytesNeeded ? (" (" + formatBytes(st.bytesNeeded) +
+                                       " of it the targets', the rest gaps read in one go)")
+                                          .c_str()
+                                    : "",
+      st.seconds,
       st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
   return 0;
 }

@@ -335,6 +335,14 @@ TEST(CkptCliTest, AChangedByteInACheckpointFileIsNamedNotTrainedOn) {
   const auto inspect = runKeelCli("ckpt inspect " + dir + "/ck", dir);
   ASSERT_EQ(inspect.status, 0) << inspect.err;
   EXPECT_NE(inspect.out.find("files: (no MD5s recorded)"), std::string::npos) << inspect.out;
+  EXPECT_EQ(inspect.err, "");
+  // --verify of it checked nothing and said nothing of it: it warns.
+  const auto nothing = runKeelCli("ckpt inspect --verify " + dir + "/ck", dir);
+  ASSERT_EQ(nothing.status, 0) << nothing.err;
+  EXPECT_NE(nothing.err.find("keel: warning: --verify: "), std::string::npos) << nothing.err;
+  EXPECT_NE(nothing.err.find(" records no MD5s (a conversion without --md5): nothing was checked"),
+            std::string::npos)
+      << nothing.err;
   ASSERT_EQ(runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir).status, 0);
 }
 
@@ -369,6 +377,29 @@ TEST(CkptCliTest, PartOfAParametersOptimizerStateIsRefused) {
   }
 }
 
+// keel ckpt plan's "read" is the bytes the targets need; convert read more (nearby pieces are
+// read in one go, gaps included) and printed that figure alone: both are printed now.
+TEST(CkptCliTest, ConvertSaysWhatItReadBeyondThePlan) {
+  const std::string dir = tempDir();
+  ASSERT_EQ(runKeelCli("train --config tests/fixtures/gpt-tiny.json --eval-batches 0 --steps 1 "
+                       "--ckpt-tp 3 --ckpt-dir " +
+                           dir + "/ck",
+                       dir)
+                .status,
+            0);
+  const auto plan = runKeelCli("ckpt plan " + dir + "/ck --target-tp 2", dir);
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  const size_t at = plan.out.find(" read (");
+  ASSERT_NE(at, std::string::npos) << plan.out;
+  const std::string needed = plan.out.substr(at + 7, plan.out.find(')', at) - at - 7);
+  const auto conv = runKeelCli("ckpt convert " + dir + "/ck " + dir + "/out --target-tp 2", dir);
+  ASSERT_EQ(conv.status, 0) << conv.err;
+  EXPECT_NE(
+      conv.out.find(" read (" + needed + " of it the targets', the rest gaps read in one go)"),
+      std::string::npos)
+      << conv.out << plan.out;
+}
+
 // One file of a checkpoint of several read alone has its parts' shapes: inspect and convert say
 // so (it was quiet); the file of a one-file checkpoint is the whole and gets no word.
 TEST(CkptCliTest, OneFileOfACheckpointOfSeveralSaysSo) {
@@ -378,7 +409,7 @@ TEST(CkptCliTest, OneFileOfACheckpointOfSeveralSaysSo) {
   ASSERT_EQ(runKeelCli(base + "--ckpt-dir " + dir + "/ck --ckpt-tp 2", dir).status, 0);
   ASSERT_EQ(runKeelCli(base + "--ckpt-dir " + dir + "/one", dir).status, 0);
   const std::string part = dir + "/ck/step-000001/model-00001-of-00002.safetensors";
-  for (const std::string cmd :
+  for (const std::string& cmd :
        {"ckpt inspect " + part, "ckpt convert " + part + " " + dir + "/out --target-tp 1"}) {
     const auto r = runKeelCli(cmd, dir);
     EXPECT_EQ(r.status, 0) << r.err;
@@ -453,6 +484,12 @@ TEST(CkptCliTest, OneLineErrors) {
                          "'blocks.2.attn.proj.weight' is not in this model); resume with the "
                          "config the checkpoint was saved with");
   expectOneLineError(runKeelCli("ckpt inspect " + dir + "/nothing", dir), "no such checkpoint");
+  // A DST that is a link to nothing (it said "cannot create (File exists)").
+  std::filesystem::create_symlink(dir + "/nowhere", dir + "/dangling");
+  expectOneLineError(
+      runKeelCli("ckpt convert " + dir + "/ck " + dir + "/dangling --target-tp 1", dir),
+      dir + "/dangling: a symbolic link to " + dir + "/nowhere, which does not exist");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/nowhere"));
   expectOneLineError(
       runKeelCli("ckpt convert " + dir + "/ck/step-000002 " + dir + "/ck --target-tp 1", dir),
       "is not empty (refusing to overwrite)");

@@ -151,7 +151,9 @@ struct ConvertOptions {
 };
 
 struct ConvertStats {
-  uint64_t bytesWritten = 0, bytesRead = 0;
+  // bytesRead: read from the source files; bytesNeeded: the source bytes the targets cover (the
+  // plan's "read"; less than bytesRead where nearby pieces were read in one go, gaps included).
+  uint64_t bytesWritten = 0, bytesRead = 0, bytesNeeded = 0;
   size_t files = 0, shards = 0, items = 0;
   double seconds = 0;
 };

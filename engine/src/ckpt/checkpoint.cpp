@@ -279,9 +279,10 @@ Metadata metadataFromJson(std::string_view text, const std::string& source) {
       si.begin = u64From(br[0], what + " byte_range");
       si.end = u64From(br[1], what + " byte_range");
       KEEL_CHECK(si.begin <= si.end, what, ": byte_range ends before it begins");
-      KEEL_CHECK(si.end - si.begin == st::byteCount(si.shape, k.dtype, what), what, ": shard at ",
-                 dimsStr(si.offset), " has shape ", dimsStr(si.shape), " but byte_range holds ",
-                 si.end - si.begin, " bytes");
+      const uint64_t want = st::byteCount(si.shape, k.dtype, what);
+      KEEL_CHECK(si.end - si.begin == want, what, ": shard at ", dimsStr(si.offset), " has shape ",
+                 dimsStr(si.shape), " of ", st::dtypeName(k.dtype), " (", want,
+                 " bytes) but byte_range holds ", si.end - si.begin, " bytes");
       k.shards.push_back(std::move(si));
     }
     checkTiling(k, source);

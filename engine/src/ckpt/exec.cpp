@@ -753,6 +753,10 @@ class MemorySink : public Sink {
 void prepareDir(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  // A link to nothing: creating it said "cannot create (File exists)".
+  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec))
+    throw Error(dir + ": a symbolic link to " + fs::read_symlink(dir, ec).string() +
+                ", which does not exist");
   if (fs::exists(dir, ec)) {
     KEEL_CHECK(fs::is_directory(dir, ec), dir, ": exists and is not a directory");
     KEEL_CHECK(fs::is_empty(dir, ec), dir, ": exists and is not empty (refusing to overwrite)");
@@ -775,6 +779,7 @@ ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& sourc
   sink.close();
   writeMetadata(dstDir, out, opt.fileDigests);
   stats.bytesWritten = plan.bytesWritten;
+  stats.bytesNeeded = plan.bytesRead;
   stats.files = size_t(plan.tp);
   stats.shards = plan.shards.size();
   stats.items = plan.items.size();
@@ -923,10 +928,14 @@ void loadRank(const Checkpoint& src, const aoa::Program* rules, const TargetSpec
         if (nUnused < 3) unused += (unused.empty() ? "'" : ", '") + all.keys[i].name + "'";
         ++nUnused;
       }
-    KEEL_CHECK(nUnused == 0, src.path(), ": checkpoint key ", unused,
+    const bool one = nUnused == 1;
+    KEEL_CHECK(nUnused == 0, src.path(), one ? ": checkpoint key " : ": checkpoint keys ", unused,
                nUnused > 3 ? " and " + std::to_string(nUnused - 3) + " more" : std::string(),
-               " matches nothing in the target (drop it with 'key -> _'",
-               rules ? ")" : ": keel ckpt convert --aoa RULES writes a checkpoint without it)");
+               one ? " matches" : " match", " nothing in the target (drop ", one ? "it" : "them",
+               " with 'key -> _'",
+               rules ? ")"
+                     : std::string(": keel ckpt convert --aoa RULES writes a checkpoint without ") +
+                           (one ? "it)" : "them)"));
   }
   Plan plan = detail::planFor(src.metadata(), std::move(chosen), spec, false);
   // This rank's part of each split key, and every replicated key whole (whichever file the
