@@ -31,11 +31,13 @@
 #include <QVBoxLayout>
 #include <QtConcurrent/QtConcurrentRun>
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "dialogs.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
+#include "keel/capture/options.h"
 #include "keel/error.h"
 #include "keel/storage/errors.h"
 #include "keel/storage/run_folder.h"
@@ -374,12 +376,39 @@ void MainWindow::buildDocks() {
   }
 }
 
+namespace {
+
+// Why a step of this recording may have no ops: its step range (every step's loss is recorded,
+// its ops only inside the range), or no ops at all (allocator events only).
+QString emptyStepNote(const views::RunSummary& s) {
+  if (s.opCount == 0)
+    return MainWindow::tr(
+        "A recording of allocator events only (an imported PyTorch memory snapshot) is shown in "
+        "the Memory view.");
+  try {
+    const capture::CaptureOptions o = capture::CaptureOptions::fromJson(s.run.captureOptionsJson);
+    if (o.filter.stepMin > 0 || o.filter.stepMax < std::numeric_limits<int64_t>::max()) {
+      const QString last = o.filter.stepMax == std::numeric_limits<int64_t>::max()
+                               ? MainWindow::tr("the end")
+                               : QString::number(o.filter.stepMax);
+      return MainWindow::tr("This recording holds the ops of steps %1 to %2 only (--step-range).")
+          .arg(o.filter.stepMin)
+          .arg(last);
+    }
+  } catch (const std::exception&) {  // an import: no capture options
+  }
+  return MainWindow::tr("The capture's filters recorded no op of this step.");
+}
+
+}  // namespace
+
 void MainWindow::connectSources() {
   using views::RunSource;
   connect(sourceA_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
     summaryA_ = s;
     graphA_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());  // opens coloured by NaNs
+    graphA_->setEmptyStepNote(emptyStepNote(*s));
     statusBanner_->setSummary(s);
     inspectorBanner_->setSummary(s);
     int64_t last = s->steps.empty() ? 0 : s->steps.back().step;
@@ -395,7 +424,9 @@ void MainWindow::connectSources() {
     if (!pendingCompare_.isEmpty()) compareWith(std::exchange(pendingCompare_, QString()));
     busy(1);
     sourceA_->requestLogs();
+    // The first step with ops: a --step-range recording opened on an empty step 1.
     int64_t first = live_ ? last : (s->steps.empty() ? 0 : s->steps.front().step);
+    if (!live_ && s->firstOpStep > first) first = s->firstOpStep;
     // A replay of a run that went NaN opens at its first NaN/Inf op, selected (what the user
     // opened it for), unless a step was asked for; the graph centres on the selection.
     if (!live_ && !stepOnOpen_ && s->firstNonFinite) {

@@ -146,6 +146,19 @@ class StudioCliTest : public QObject {
     QVERIFY2(savedLine(r).contains("step 1 shown"), qPrintable(diag(r)));
   }
 
+  // A --step-range recording opens at the range's first step: it opened on step 1, which it
+  // has the loss of but no ops ("nothing to draw", as if it held allocator events only).
+  void aStepRangeRecordingOpensAtItsFirstRecordedStep() {
+    const QString rec = dir_ + "/range.db";
+    QVERIFY(views::test::recordFixture(rec, "--steps 3 --seed 7 --step-range 2:3"));
+    const int step2Ops = int(storage::Recording::open(rec.toStdString()).stepOps(2).size());
+    QVERIFY(step2Ops > 50);
+    Result r = studio({rec, "--screenshot", dir_ + "/range.png"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).contains(QString("step 2 shown: %1 ops in the table").arg(step2Ops)),
+             qPrintable(diag(r)));
+  }
+
   void replayShowsTheStepAndSelectsTheOp() {
     storage::Recording rec = storage::Recording::open((dir_ + "/a.db").toStdString());
     const auto ops = rec.stepOps(2);

@@ -122,6 +122,16 @@ class GraphTest : public QObject {
     QVERIFY2(shown.startsWith("No ops recorded in step 0: nothing to draw."), qPrintable(shown));
     QVERIFY(shown.contains("Memory view"));
     QCOMPARE(view.visibleOpNodeCount(), 0);
+    // A step outside a --step-range says that instead (the studio sets the note per recording).
+    view.setEmptyStepNote("This recording holds the ops of steps 2 to 3 only (--step-range).");
+    QVERIFY(setStepAndWait(view, std::make_shared<keel::views::StepData>(), false));
+    shown.clear();
+    for (QGraphicsItem* item : view.scene()->items())
+      if (auto* t = dynamic_cast<QGraphicsTextItem*>(item)) shown += t->toPlainText();
+    QVERIFY2(shown ==
+                 "No ops recorded in step 0: nothing to draw.\nThis recording holds the ops "
+                 "of steps 2 to 3 only (--step-range).",
+             qPrintable(shown));
   }
 
   void clickOnNodeSelectsItsOp() {

@@ -67,10 +67,12 @@ void GraphView::applyLayout(std::shared_ptr<LayoutResult> result) {
   if (g.nodes.empty()) {  // say so, instead of an empty white pane
     const bool noOps = !step_ || step_->ops.empty();
     auto* text = scene_->addText(
-        noOps ? tr("No ops recorded in step %1: nothing to draw.\nA recording of allocator "
-                   "events only (an imported PyTorch memory snapshot) is shown in the Memory "
-                   "view.")
-                    .arg(step_ ? step_->step : 0)
+        noOps ? tr("No ops recorded in step %1: nothing to draw.").arg(step_ ? step_->step : 0) +
+                    "\n" +
+                    (emptyStepNote_.isEmpty()
+                         ? tr("A recording of allocator events only (an imported PyTorch memory "
+                              "snapshot) is shown in the Memory view.")
+                         : emptyStepNote_)
               : tr("No ops of the chosen phases in step %1: choose other phases above.")
                     .arg(step_->step));
     text->setDefaultTextColor(QColor(0x5f, 0x63, 0x68));

@@ -37,6 +37,10 @@ SummaryPtr loadSummary(const storage::Recording& rec, const QString& path) {
   s->steps = rec.steps();
   s->opCount = rec.opCount();
   s->opCounts = rec.opCountsByNameAndPhase();
+  storage::OpQuery first;
+  first.limit = 1;
+  first.withTensors = false;
+  if (const auto ops = rec.ops(first); !ops.empty()) s->firstOpStep = ops.front().step;
   const QJsonDocument config =
       QJsonDocument::fromJson(QByteArray::fromStdString(s->run.configJson));
   s->evalEvery = std::max<int64_t>(0, config.object().value("eval_every").toInteger(0));

@@ -59,6 +59,9 @@ class GraphView : public QWidget {
   // when a step shown has one, the view opens coloured by ColorMode::NonFinite unless a colour
   // mode was chosen (setColorMode).
   void setRecordingNonFinite(bool nonFinite);
+  // What a step without ops says beside "No ops recorded in step N" (why the recording has none
+  // there: its --step-range, or it holds allocator events only); "" for the generic line.
+  void setEmptyStepNote(const QString& note) { emptyStepNote_ = note; }
   // Paints op `seq` as failed (a session that stopped on it), over any colour mode; clearFailed()
   // forgets every failed op.
   void markFailed(uint64_t seq);
@@ -197,6 +200,7 @@ class GraphView : public QWidget {
   Selection* selection_;
   Side side_;
   StepPtr step_;
+  QString emptyStepNote_;
   DiffPtr diff_;
   ColorMode colorMode_ = ColorMode::Phase;
   bool colorChosen_ = false;  // setColorMode was called: no automatic non-finite default

@@ -28,6 +28,9 @@ struct RunSummary {
   std::vector<storage::StepRecord> steps;
   int64_t opCount = 0;
   std::vector<storage::OpCount> opCounts;  // per (name, phase), all steps
+  // The step of the first op recorded (-1: none); a --step-range recording's steps start before
+  // it (every step's loss is recorded, its ops only inside the range).
+  int64_t firstOpStep = -1;
   std::optional<uint64_t> firstNonFiniteSeq;
   std::optional<storage::OpRecord> firstNonFinite;  // that op, with its tensors
   // The config's eval_every (0: none): the steps that evaluated a validation loss, so a NaN one
