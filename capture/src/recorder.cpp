@@ -170,6 +170,14 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
     }
   }
 
+  // Recorder::beforeStep.
+  void beforeStep(int64_t step) {
+    if (!active()) return;
+    followStepRange(step, keel::detail::nowNs());
+    std::lock_guard<std::mutex> lk(mu_);
+    step_ = step;
+  }
+
   void onStep(const StepEvent& e) override {
     if (!active()) return;
     if (e.begin) followStepRange(e.step, e.timeNs);
@@ -756,6 +764,10 @@ void Recorder::finishStopped(const std::string& reason) {
 
 void Recorder::flush() {
   if (obs_) obs_->flush();
+}
+
+void Recorder::beforeStep(int64_t step) {
+  if (obs_) obs_->beforeStep(step);
 }
 
 RecorderStatus Recorder::status() const {

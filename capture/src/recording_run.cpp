@@ -577,6 +577,9 @@ WorkloadMetrics RecordingRun::step() {
   KEEL_CHECK(job_, "RecordingRun::step: not started");
   if (stopped_) throw *stopped_;
   std::optional<MemoryTrackingScope> track;
+  // The section's begin is the step's (it was tagged the step before, and at a --step-range's
+  // first step the paused recorder dropped it, losing that step's section).
+  if (recorder_) recorder_->beforeStep(job_->steps() + 1);
   if (trackMemory_) track.emplace("step " + std::to_string(job_->steps() + 1));
   lastTrack_.reset();
   try {

@@ -97,6 +97,8 @@ std::string toChromeTrace(const std::vector<OpRecord>& ops, const std::vector<St
   // events move them far less often than they fire).
   std::map<std::string, std::pair<uint64_t, uint64_t>> last;
   for (const auto& m : mems) {
+    // A tracked section's marks carry no totals (0, 0): the counter dropped to zero at each.
+    if (m.kind == MemEventKind::TrackBegin || m.kind == MemEventKind::TrackEnd) continue;
     const std::pair<uint64_t, uint64_t> now{m.allocatedAfter, m.reservedAfter};
     auto it = last.find(m.device);
     if (it != last.end() && it->second == now) continue;

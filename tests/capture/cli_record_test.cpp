@@ -524,6 +524,21 @@ TEST_F(KeelCli, MemoryStatsOfAStepRangeAreTheWholeRunsFigures) {
   }
 }
 
+// --track-memory's section of a step starts in that step: the first step of a --step-range had
+// an end but no begin (the paused recorder dropped it), and every other begin was tagged with the
+// step before.
+TEST_F(KeelCli, TrackedStepsOfAStepRangeAreWhole) {
+  ASSERT_EQ(record("t.db", "--steps 3 --allocator --step-range 2:3 --track-memory").status, 0);
+  keel::storage::Recording rec = keel::storage::Recording::open(path("t.db"));
+  std::vector<std::string> marks;
+  for (const auto& e : rec.memEvents({}))
+    if (e.kind == keel::MemEventKind::TrackBegin || e.kind == keel::MemEventKind::TrackEnd)
+      marks.push_back(std::string(keel::memEventName(e.kind)) + " " + e.label + " @" +
+                      std::to_string(e.step));
+  EXPECT_EQ(marks, (std::vector<std::string>{"track_begin step 2 @2", "track_end step 2 @2",
+                                             "track_begin step 3 @3", "track_end step 3 @3"}));
+}
+
 // Choosing what to dump asks for dumps: --dump-ops without --dumps stored nothing.
 TEST_F(KeelCli, ADumpChoiceImpliesDumps) {
   ASSERT_EQ(record("d.db", "--steps 1 --dump-ops matmul").status, 0);

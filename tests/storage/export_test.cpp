@@ -118,6 +118,8 @@ TEST(ExportTrace, LogLinesAndMemoryCounters) {
   mem("cpu", 1000, 64, 1024);
   mem("cpu", 1500, 64, 1024);  // no change: no sample
   mem("cuda:0", 1600, 8, 512);
+  mem("cpu", 1700, 0, 0);  // a tracked section's mark: no totals, no sample (it drew a 0)
+  mems.back().kind = MemEventKind::TrackBegin;
   mem("cpu", 2000, 0, 1024);
   auto j = nlohmann::json::parse(toChromeTrace(smallGraph(), {}, logs, mems));
   std::vector<nlohmann::json> instants, counters;

@@ -56,6 +56,10 @@ class Recorder {
   // Blocks until every record captured so far is committed (readable by another connection), or
   // the recording failed. A debugger calls it when it pauses the run. No-op after finish().
   void flush();
+  // Tells the recorder that step `step` begins next, before the engine says so: what the caller
+  // records first (a MemoryTrackingScope of the step) then counts as that step's, and at a step
+  // range's first step the recorder has resumed for it (Note [A step range's first step]).
+  void beforeStep(int64_t step);
   RecorderStatus status() const;
   bool failed() const { return status() == RecorderStatus::Failed; }
   std::string error() const;  // "" unless failed
