@@ -38,6 +38,9 @@ void prepareEngineRun();
 // documented range in --help ("INT in [1, 4096]").
 // A whole number in [lo, hi] (written in decimal; "1e3" and "2.5" are not whole numbers).
 CLI::Validator wholeNumber(int64_t lo, int64_t hi = INT64_MAX);
+// The keel binary this process runs (/proc/self/exe): what keel launch's ranks run, and where
+// the installed data (<prefix>/share/keel) is found from.
+std::string selfPath();
 // The longest run `keel train` / `keel record` take, the studio's too (a billion steps; 2^63 used
 // to fail in vector::reserve, 10^10 in bad_alloc).
 inline constexpr int64_t kMaxSteps = capture::kMaxRunSteps;

@@ -84,15 +84,14 @@ void startProcessGroup(const ParallelArgs& a) {
   if (layout.world() > 1 || dist::launchedByMpi()) dist::init(layout);
 }
 
-namespace {
-
-// The keel binary this process runs (what every rank will run).
 std::string selfPath() {
   std::vector<char> buf(4096);
   const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) throw Error("keel launch: cannot find its own binary (/proc/self/exe)");
+  if (n <= 0) throw Error("keel: cannot find its own binary (/proc/self/exe)");
   return std::string(buf.data(), size_t(n));
 }
+
+namespace {
 
 // The layout options among the command's words ("--dp 4", "--tp=2", "--zero"), or nullopt where
 // one does not parse (the ranks then say what is wrong with it).

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -214,12 +215,13 @@ int runBenchAllocator(const std::string& config, int steps, const MoeTraceOption
     AllocTrace trace;
   };
   std::vector<Case> cases;
-  cases.push_back({config + " training, " + std::to_string(steps) + " steps",
-                   traceTraining(loadGptConfig(config), steps, 1)});
+  cases.push_back(
+      {config + " training, " + std::to_string(steps) + (steps == 1 ? " step" : " steps"),
+       traceTraining(loadGptConfig(config), steps, 1)});
   cases.push_back({"generated MoE (" + std::to_string(moe.experts) + " experts, top-" +
                        std::to_string(moe.topK) + ", skew " +
                        std::to_string(moe.skew).substr(0, 4) + ", " + std::to_string(moe.steps) +
-                       " steps)",
+                       (moe.steps == 1 ? " step)" : " steps)"),
                    generateMoeTrace(moe)});
   bool ok = true;
   for (auto& c : cases) {
@@ -288,7 +290,7 @@ Command addMemoryCommand(CLI::App& root) {
   struct Args {
     std::string trace, allocator = "both", config, out;
     int steps = 5;
-    uint64_t seed = 1;
+    uint64_t seed = 0;  // keel record's and train's: a trace of the run they record
     bool generate = false;
     MoeTraceOptions moe;
     std::vector<int64_t> events;
@@ -307,9 +309,12 @@ Command addMemoryCommand(CLI::App& root) {
       "trace", "write the allocation trace of a training run (or a generated MoE trace)");
   trace->add_option("OUT", a->out, "output trace file (- for stdout)")->required();
   CLI::Option* config = trace->add_option("--config", a->config, "model config to train");
-  CLI::Option* steps =
-      trace->add_option("--steps", a->steps, "training steps")->check(wholeNumber(1, 100000));
-  CLI::Option* seed = trace->add_option("--seed", a->seed, "run seed")->check(seedNumber());
+  CLI::Option* steps = trace->add_option("--steps", a->steps, "training steps")
+                           ->check(wholeNumber(1, 100000))
+                           ->capture_default_str();
+  CLI::Option* seed = trace->add_option("--seed", a->seed, "run seed (keel record's default)")
+                          ->check(seedNumber())
+                          ->capture_default_str();
   // A trace of a config's training, or a generated one: options of the other were ignored.
   CLI::Option* generate =
       trace->add_flag("--generate-moe", a->generate, "generate a large MoE trace instead")
@@ -348,13 +353,30 @@ Command addBenchCommand(CLI::App& root) {
       c->add_subcommand("allocator",
                         "caching vs VMM allocator on a model's training trace and a generated MoE "
                         "trace: fragmentation, peak reserved, cost per call, remap cost");
-  alloc->add_option("--config", a->config, "model config whose training trace is replayed");
-  alloc->add_option("--steps", a->steps, "training steps traced")->check(wholeNumber(1, 10000));
+  alloc->add_option("--config", a->config, "model config whose training trace is replayed")
+      ->capture_default_str();
+  alloc->add_option("--steps", a->steps, "training steps traced (seed 1)")
+      ->check(wholeNumber(1, 10000))
+      ->capture_default_str();
   addMoeOptions(alloc, a->moe);
-  return {c, [a, alloc] {
-            if (alloc->parsed()) return runBenchAllocator(a->config, a->steps, a->moe);
-            return fail("keel bench: expected allocator");
-          }};
+  return {
+      c, [a, alloc] {
+        if (!alloc->parsed()) return fail("keel bench: expected allocator");
+        // The default config is the source tree's; an installed keel run elsewhere uses the
+        // copy installed beside it (<prefix>/share/keel/configs).
+        std::string config = a->config;
+        std::error_code ec;
+        if (alloc->get_option("--config")->count() == 0 && !std::filesystem::exists(config, ec)) {
+          const std::filesystem::path installed = (std::filesystem::path(selfPath()).parent_path() /
+                                                   "../share/keel/configs/moe-mini.json")
+                                                      .lexically_normal();
+          if (!std::filesystem::exists(installed, ec))
+            return fail("keel bench allocator: no " + config + " here, nor installed at " +
+                        installed.string() + ": give --config");
+          config = installed.string();
+        }
+        return runBenchAllocator(config, a->steps, a->moe);
+      }};
 }
 
 }  // namespace keel::cli
