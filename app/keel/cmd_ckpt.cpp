@@ -63,22 +63,6 @@ ckpt::Checkpoint openSource(const std::string& path) {
   return ckpt::Checkpoint::open(path);
 }
 
-// A key as one table cell: control characters (a newline in a hostile file's key broke the
-// table) as \xNN.
-std::string visibleKey(const std::string& key) {
-  std::string out;
-  for (unsigned char ch : key) {
-    if (ch >= 0x20 && ch != 0x7f) {
-      out += char(ch);
-      continue;
-    }
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "\\x%02x", ch);
-    out += buf;
-  }
-  return out;
-}
-
 int runInspect(const CkptArgs& a) {
   ckpt::Checkpoint c = openSource(a.src);
   const ckpt::Metadata& m = c.metadata();
@@ -118,7 +102,8 @@ int runInspect(const CkptArgs& a) {
     else
       layout = std::to_string(k.shards.size()) + " shards" +
                (k.splitAxis >= 0 ? " along axis " + std::to_string(k.splitAxis) : std::string());
-    std::printf("  %-44s %-4s %-16s %s\n", visibleKey(k.key).c_str(),
+    // visibleText: a newline in a hostile file's key broke the table.
+    std::printf("  %-44s %-4s %-16s %s\n", visibleText(k.key).c_str(),
                 std::string(st::dtypeName(k.dtype)).c_str(), dims(k.shape).c_str(), layout.c_str());
   }
   return 0;
@@ -180,8 +165,7 @@ int runConvert(const CkptArgs& a) {
                                        " of it the targets', the rest gaps read in one go)")
                                           .c_str()
                                     : "",
-      st.seconds,
-      st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
+      st.seconds, st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
   return 0;
 }
 

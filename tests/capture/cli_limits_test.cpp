@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -141,6 +142,29 @@ TEST_F(KeelLimits, AModelThatDoesNotFitTheLimitFailsInOneLineNamingIt) {
 TEST_F(KeelLimits, AnErrorUnderAnAddressSpaceLimitDoesNotHangAtExit) {
   for (int m : {96, 128, 192})
     expectOneLineError(keel("--as=" + mib(m), "inspect " + q("missing.db")), "no such file");
+}
+
+// keel memory replay under a limit too small for the VMM's reservation: with both allocators
+// asked for, the caching allocator's row and a warning (it printed half a table, then failed);
+// the VMM asked for alone is one line before any table.
+TEST_F(KeelLimits, MemoryReplayLeavesOutAVmmThatCannotReserve) {
+  {
+    std::ofstream t(dir_ / "t.txt");
+    t << "a 1 100\na 2 5000\nf 1\n";
+  }
+  const CliResult both = keel("--as=" + mib(2048), "memory replay " + q("t.txt"));
+  ASSERT_EQ(both.status, 0) << both.err;
+  EXPECT_NE(both.out.find("\ncaching "), std::string::npos) << both.out;
+  EXPECT_EQ(both.out.find("\nvmm "), std::string::npos) << both.out;
+  EXPECT_EQ(both.err.rfind("keel: warning: the vmm allocator is left out: vmm allocator: cannot "
+                           "reserve ",
+                           0),
+            0u)
+      << both.err;
+  const CliResult vmm =
+      keel("--as=" + mib(2048), "memory replay " + q("t.txt") + " --allocator vmm");
+  expectOneLineError(vmm, "vmm allocator: cannot reserve ");
+  EXPECT_EQ(vmm.out.find("allocator "), std::string::npos) << vmm.out;  // no table header
 }
 
 // A file-size limit below the VMM allocator's 64 GiB memfd: `keel train` and `keel record` run on

@@ -65,8 +65,22 @@ TEST(AllocTraceTest, BadLinesNameFileAndLine) {
       {"a 1\n", "t.trace:1: expected 'a ID BYTES'"},
       {"a 1 10 9\n", "t.trace:1: unexpected '9' after the event"},
       {"a -1 10\n", "t.trace:1: expected 'a ID BYTES'"},
+      // Binary input says what it is not (a pickle's bytes were echoed, cut at their NUL; an ESC
+      // drove the terminal).
+      {"\x80\x04\x95\x7f",
+       "t.trace:1: binary data (byte \\x04): not an allocation trace (lines "
+       "like 'a ID BYTES') nor a Keel recording"},
+      {"a 1 10\na\x1b[2J 1 2\n",
+       "t.trace:2: binary data (byte \\x1b): not an allocation trace "
+       "(lines like 'a ID BYTES') nor a Keel recording"},
+      {"a 1 10\n\xff 2\n", "t.trace:2: unknown event '\xff' (expected a, f or s)"},
   };
   for (const auto& [text, error] : cases) EXPECT_EQ(parseError(text), error) << text;
+  // A UTF-8 byte order mark and CRLF line ends (an editor's) are text: accepted.
+  std::istringstream bom(
+      "\xEF\xBB\xBF"
+      "a 1 10\r\nf 1\r\n");
+  EXPECT_EQ(parseAllocTrace(bom, "bom.trace").events.size(), 2u);
   EXPECT_THROW(readAllocTrace("/no/such/trace"), Error);
 }
 

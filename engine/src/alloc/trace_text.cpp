@@ -50,6 +50,16 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
     return !line.empty();
   };
   while (buf && (++lineNo, nextLine())) {
+    if (lineNo == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 BOM
+    if (!line.empty() && line.back() == '\r') line.pop_back();                // CRLF
+    // A text trace has no control bytes: a pickle, a binary or a damaged file says what it is
+    // not, instead of echoing its bytes (a NUL cut the line, ESC drove the terminal).
+    auto control = [](char c) {
+      return (static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f;
+    };
+    if (auto c = std::find_if(line.begin(), line.end(), control); c != line.end())
+      throw bad("binary data (byte " + visibleText(std::string(1, *c)) +
+                "): not an allocation trace (lines like 'a ID BYTES') nor a Keel recording");
     if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
     std::istringstream ls(line);
     std::string kind;
@@ -77,10 +87,11 @@ AllocTrace parseAllocTrace(std::istream& in, const std::string& name) {
       e.kind = TraceEvent::Step;
       if (!number(e.id)) throw bad("expected 's STEP'");
     } else {
-      throw bad("unknown event '" + clipText(kind, 40) + "' (expected a, f or s)");
+      throw bad("unknown event '" + visibleText(clipText(kind, 40)) + "' (expected a, f or s)");
     }
     std::string extra;
-    if (ls >> extra) throw bad("unexpected '" + clipText(extra, 40) + "' after the event");
+    if (ls >> extra)
+      throw bad("unexpected '" + visibleText(clipText(extra, 40)) + "' after the event");
     t.events.push_back(e);
   }
   if (in.bad()) throw Error(name + ": read error");

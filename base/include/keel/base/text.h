@@ -100,6 +100,24 @@ inline std::string clipText(std::string_view text, size_t max = 1000) {
                         text.substr(tail));
 }
 
+// `text` with its control characters (a newline, ESC, NUL) written as \xNN, so a name or token
+// from a hostile file prints as one line that cannot drive the terminal.
+inline std::string visibleText(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char ch : text) {
+    if (ch >= 0x20 && ch != 0x7f) {
+      out += char(ch);
+      continue;
+    }
+    static constexpr char kHex[] = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[ch >> 4];
+    out += kHex[ch & 15];
+  }
+  return out;
+}
+
 // What kind of non-regular thing a path names ("a directory", "a FIFO", "a character device",
 // ...), or "" for a regular file or nothing there. Inputs that must be files are checked with it
 // before they are opened: opening a FIFO for reading blocks until a writer comes, and /dev/zero
