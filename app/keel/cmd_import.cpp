@@ -23,17 +23,22 @@ int runTorchMemory(const ImportArgs& a) {
   o.engineVersion = std::string("torch memory snapshot, keel ") + KEEL_VERSION;
   const storage::TorchMemoryImported r =
       storage::importTorchMemorySnapshot(a.snapshot, a.output, o);
-  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+  // "1 segment", "3 live blocks".
+  auto n = [](uint64_t v, const char* one, const char* many) {
+    return std::to_string(v) + " " + (v == 1 ? one : many);
+  };
   std::printf(
-      "imported %s: device cuda:%d; when its trace starts, %llu segments and %llu live blocks; "
-      "%llu trace entries (%llu change memory); %llu distinct stacks\n",
-      a.snapshot.c_str(), r.device, u(r.segmentsAtStart), u(r.blocksAtStart), u(r.traceEntries),
-      u(r.traceEvents), u(r.stacks));
-  std::printf(
-      "wrote %s: %llu allocator events; peak allocated %s, peak reserved %s (read %.2f s, "
-      "write %.2f s)\n",
-      a.output.c_str(), u(r.written.events), formatBytes(r.written.peakAllocated).c_str(),
-      formatBytes(r.written.peakReserved).c_str(), r.readSeconds, r.writeSeconds);
+      "imported %s: device cuda:%d; when its trace starts, %s and %s; %s (%llu change memory); "
+      "%s\n",
+      a.snapshot.c_str(), r.device, n(r.segmentsAtStart, "segment", "segments").c_str(),
+      n(r.blocksAtStart, "live block", "live blocks").c_str(),
+      n(r.traceEntries, "trace entry", "trace entries").c_str(),
+      static_cast<unsigned long long>(r.traceEvents),
+      n(r.stacks, "distinct stack", "distinct stacks").c_str());
+  std::printf("wrote %s: %s; peak allocated %s, peak reserved %s (read %.2f s, write %.2f s)\n",
+              a.output.c_str(), n(r.written.events, "allocator event", "allocator events").c_str(),
+              formatBytes(r.written.peakAllocated).c_str(),
+              formatBytes(r.written.peakReserved).c_str(), r.readSeconds, r.writeSeconds);
   return 0;
 }
 

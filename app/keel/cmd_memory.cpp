@@ -100,7 +100,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   std::set<int64_t> asked;  // each event once, in order ("--event 5 --event 5": two columns)
   for (int64_t k : at) {
     if (k < 0 || size_t(k) >= m.eventCount())
-      return fail("keel memory stats: --event " + std::to_string(k) + " is outside 0.." +
+      return fail("--event " + std::to_string(k) + " is outside 0.." +
                   std::to_string(m.eventCount() - 1));
     if (asked.insert(k).second) cols.emplace_back("after", m.figuresAt(k));
   }

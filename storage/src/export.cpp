@@ -12,7 +12,8 @@ namespace keel::storage {
 namespace {
 
 std::string csvField(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  // A lone CR ends a record for most readers too (Python's csv module split rows at it).
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string r = "\"";
   for (char c : s) {
     if (c == '"') r += '"';

@@ -229,6 +229,14 @@ TEST_F(KeelOutputs, AnUnwritableCheckpointFolderIsRefusedBeforeTheFirstStep) {
   fs::permissions(dir_ / "ro", fs::perms::owner_all);
 }
 
+// An output in a folder that does not exist names the folder (it named the lock file beside it).
+TEST_F(KeelOutputs, AnOutputInAMissingFolderNamesTheFolder) {
+  expectOneLineError(
+      record(path("no/such/r.db")),
+      "output " + path("no/such/r.db") + ": the directory " + path("no/such") + " does not exist");
+  EXPECT_FALSE(fs::exists(dir_ / "no"));
+}
+
 TEST_F(KeelOutputs, NonRegularOutputsAreRefusedUntouched) {
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
   fs::create_directory(dir_ / "sub");

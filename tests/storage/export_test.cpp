@@ -160,6 +160,8 @@ TEST(ExportCsv, HeaderRowsAndQuoting) {
   EXPECT_EQ(rows, 5);
   EXPECT_EQ(csv.rfind("seq,step,phase,op,scope,", 0), 0u);
   EXPECT_NE(csv.find("1,1,forward,matmul,\"has,comma\","), std::string::npos) << csv;
+  ops[0].scope = "blocks.0\rEVIL";  // a lone CR is quoted too (readers split records at it)
+  EXPECT_NE(toCsv(ops).find(",\"blocks.0\rEVIL\","), std::string::npos);
 }
 
 TEST(ExportCsv, TensorRowsCarryChecksumsAndExactStatistics) {

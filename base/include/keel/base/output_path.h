@@ -193,6 +193,12 @@ class OutputLock : NonCopyable {
  public:
   explicit OutputLock(const std::string& output) : path_(lockPath(followOutputLink(output))) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0 && errno == ENOENT) {  // the lock file's name said nothing of the real problem
+      const size_t slash = path_.rfind('/');
+      throw Error("output " + output + ": the directory " +
+                  (slash == std::string::npos ? std::string(".") : path_.substr(0, slash)) +
+                  " does not exist");
+    }
     if (fd_ < 0)
       throw Error("cannot lock output " + output + " (" + path_ + "): " + std::strerror(errno));
     // A reader probing the lock (outputLockHeld) holds it shared for an instant: a few tries.
