@@ -217,6 +217,10 @@ TEST(MemoryCliTest, ErrorsAreOneLine) {
   test::expectOneLineError(runKeel("memory replay '" + bad.string() + "' --allocator buddy"),
                            "buddy");
   test::expectOneLineError(runKeel("memory trace out.trace --generate-moe --experts 0"), "experts");
+  // Too large to hold is refused after its first step (100,000 steps took ~36 GB before).
+  test::expectOneLineError(runKeel("memory trace out.trace --generate-moe --moe-steps 100000"),
+                           "events, more than the 20000000 a generated trace may (about 916 MiB "
+                           "of memory): fewer --moe-steps, --layers or --experts");
   fs::remove(bad);
 }
 

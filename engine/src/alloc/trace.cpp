@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "keel/base/text.h"
 #include "keel/error.h"
 
 namespace keel {
@@ -115,7 +116,21 @@ AllocTrace generateMoeTrace(const MoeTraceOptions& o) {
   }
   for (int64_t n : paramElems) b.alloc(n);  // live for the whole run
   std::vector<uint64_t> grads, optState;
+  // A bound on what is held (24 bytes an event, twice that while the vector grows): --moe-steps
+  // 100000 of the defaults would have taken about 36 GB before anything was written. Checked from
+  // the first step's count, so a trace too large is refused at once.
+  constexpr size_t kMaxGeneratedEvents = 20'000'000;
+  const size_t before = t.events.size();
   for (int s = 1; s <= o.steps; ++s) {
+    if (s == 2) {
+      const size_t perStep = t.events.size() - before;
+      const size_t projected = before + perStep * size_t(o.steps);
+      KEEL_CHECK(projected <= kMaxGeneratedEvents, "MoE trace: ", o.steps, " steps of ", perStep,
+                 " events each would hold about ", projected, " events, more than the ",
+                 kMaxGeneratedEvents, " a generated trace may (about ",
+                 formatBytes(kMaxGeneratedEvents * 2 * sizeof(TraceEvent)),
+                 " of memory): fewer --moe-steps, --layers or --experts");
+    }
     b.step(s);
     b.freeAll(grads);  // zero_grad(set_to_none)
     std::vector<std::vector<uint64_t>> saved(size_t(o.layers));
