@@ -126,6 +126,13 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
           "the allocator held then open the recording, as its first events\n",
           static_cast<long long>(o.filter.stepMin), std::to_string(liveBlocks).c_str(),
           formatBytes(liveBytes).c_str());
+    else if (o.filter.stepMin > 0 && kind == "host")  // nothing to snapshot: totals still hold
+      std::printf(
+          "note: recorded from step %lld (--step-range): the host allocator keeps no list of its "
+          "blocks, so those live before it are not among the recording's events (keel memory "
+          "replay replays only what came after); allocated and reserved here are the "
+          "allocator's own totals\n",
+          static_cast<long long>(o.filter.stepMin));
     else if (o.filter.stepMin > 0)
       std::printf(
           "note: recorded from step %lld (--step-range): what the allocator reserved and freed "

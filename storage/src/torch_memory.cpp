@@ -359,6 +359,9 @@ TorchMemoryWritten writeTorchMemoryRecording(const TorchMemorySnapshot& snapshot
   RunInfo run;
   run.backend = "torch";
   run.device = "cuda:" + std::to_string(snapshot.device);
+  // Whose events these are (keel inspect said "unknown", keel memory stats guessed "caching", or
+  // "host" for a snapshot without segments).
+  run.allocator = std::string(kTorchAllocatorName);
   run.host = "(imported)";
   run.configJson = "{}";
   run.engineVersion = engineVersion;

@@ -522,6 +522,14 @@ TEST_F(KeelCli, MemoryStatsOfAStepRangeAreTheWholeRunsFigures) {
       if (e.label == keel::storage::kLiveBefore && e.tag == keel::MemTag::Parameter) ++parameters;
     EXPECT_GT(parameters, 0);
   }
+  // The plain host allocator has no block list to write: the note says what that leaves out.
+  ASSERT_EQ(record("host.db", "--steps 3 --allocator --step-range 2:3 --alloc host").status, 0);
+  const CliResult h = keel("memory stats '" + path("host.db") + "'");
+  ASSERT_EQ(h.status, 0) << h.err;
+  EXPECT_NE(h.out.find("\nnote: recorded from step 2 (--step-range): the host allocator keeps no "
+                       "list of its blocks"),
+            std::string::npos)
+      << h.out;
 }
 
 // keel memory trace of a config is the allocation trace of the run keel record records with the

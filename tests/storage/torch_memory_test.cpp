@@ -338,6 +338,12 @@ TEST_F(TorchMemoryCliTest, ImportsThroughTheRealBinaryAndKeepsExistingFiles) {
   EXPECT_NE(r.out.find(std::to_string(want["1"]["peak_allocated"].get<uint64_t>())),
             std::string::npos)
       << r.out;
+  // Whose allocator it was, in both commands (inspect said "unknown", stats guessed "caching").
+  EXPECT_NE(r.out.find(" allocator events, PyTorch CUDA caching allocator\n"), std::string::npos)
+      << r.out;
+  r = test::runKeelCli("inspect " + out, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("PyTorch CUDA caching"), std::string::npos) << r.out;
   // A hostile pickle: one line, status 2, and the recording already there is untouched.
   const std::string evil = (dir_ / "evil.pickle").string();
   std::ofstream(evil, std::ios::binary)

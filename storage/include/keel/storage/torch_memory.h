@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/base/output_path.h"
@@ -13,6 +14,9 @@
 #include "keel/storage/records.h"
 
 namespace keel::storage {
+
+// The allocator an imported snapshot's recording names (RunInfo::allocator).
+inline constexpr std::string_view kTorchAllocatorName = "PyTorch CUDA caching";
 
 // One device's allocator history from a snapshot, ready to be written.
 struct TorchMemorySnapshot {
