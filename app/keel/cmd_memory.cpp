@@ -90,8 +90,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   const storage::Recording rec = storage::Recording::open(path);
   const analysis::MemoryModel m = analysis::loadMemoryModel(rec);
   if (m.eventCount() == 0)  // as `keel memory replay` says it: an error a script sees
-    return fail("recording " + path +
-                " has no allocator events (record with `keel record --allocator` or --all)");
+    return fail(capture::noAllocatorEventsText(rec));
   std::vector<std::pair<std::string, analysis::MemFigures>> cols;
   // "peak allocated": the figures at the peak of allocated memory (peak reserved can come at
   // another event; `keel memory replay` prints both peaks).

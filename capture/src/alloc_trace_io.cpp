@@ -9,13 +9,24 @@
 
 namespace keel::capture {
 
+std::string noAllocatorEventsText(const storage::Recording& rec) {
+  if (rec.run().backend == "torch")  // keel import torch-memory
+    return "recording " + rec.path() +
+           " has no allocator events: the PyTorch snapshot it was imported from holds no memory "
+           "and no trace entry that changes memory";
+  return "recording " + rec.path() +
+         " has no allocator events (record with `keel record --allocator` or --all)";
+}
+
 AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
   AllocTrace t;
+  size_t events = 0;
   std::unordered_map<uint64_t, uint64_t> liveByAddress;  // address -> trace id
   std::unordered_map<uint64_t, uint64_t> liveIds;        // trace id -> its address, live blocks
   uint64_t nextId = uint64_t(1) << 62;                   // ids for events without a Buffer
   int64_t step = -1;
   for (const auto& m : rec.memEvents({})) {
+    ++events;
     if (m.kind != MemEventKind::Alloc && m.kind != MemEventKind::Free) continue;
     if (m.step != step) {
       step = m.step;
@@ -44,9 +55,10 @@ AllocTrace allocTraceFromRecording(const storage::Recording& rec) {
       liveByAddress.erase(it);
     }
   }
+  if (events == 0) throw Error(noAllocatorEventsText(rec));
   if (t.allocs() == 0)
-    throw Error("recording " + rec.path() +
-                " has no allocator events (record with `keel record --allocator` or --all)");
+    throw Error("recording " + rec.path() + " has " + std::to_string(events) + " allocator event" +
+                (events == 1 ? "" : "s") + " but no allocation among them: nothing to replay");
   return t;
 }
 

@@ -344,6 +344,23 @@ TEST_F(TorchMemoryCliTest, ImportsThroughTheRealBinaryAndKeepsExistingFiles) {
   r = test::runKeelCli("inspect " + out, dir_);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("PyTorch CUDA caching"), std::string::npos) << r.out;
+  // A snapshot that changes no memory imports as a recording without events, which memory stats
+  // and replay call that (they said to record with keel record --allocator).
+  const std::string none = (dir_ / "none.pickle").string(), noneDb = (dir_ / "none.db").string();
+  // {'segments': [], 'device_traces': [[{'action': 'snapshot', 'addr': 0, 'size': 0}]]}
+  auto text = [](const std::string& v) {  // BINUNICODE: 'X', a 4-byte little-endian length
+    const uint32_t n = uint32_t(v.size());
+    return "X" + std::string(reinterpret_cast<const char*>(&n), 4) + v;
+  };
+  const std::string zero("K\0", 2);  // BININT1 0
+  std::ofstream(none, std::ios::binary)
+      << "\x80\x02}(" + text("segments") + "]" + text("device_traces") + "]]}(" + text("action") +
+             text("snapshot") + text("addr") + zero + text("size") + zero + "uaau.";
+  ASSERT_EQ(test::runKeelCli("import torch-memory " + none + " -o " + noneDb, dir_).status, 0);
+  for (const char* cmd : {"memory stats ", "memory replay "})
+    test::expectOneLineError(test::runKeelCli(cmd + noneDb, dir_),
+                             "has no allocator events: the PyTorch snapshot it was imported from "
+                             "holds no memory and no trace entry that changes memory");
   // A hostile pickle: one line, status 2, and the recording already there is untouched.
   const std::string evil = (dir_ / "evil.pickle").string();
   std::ofstream(evil, std::ios::binary)
