@@ -214,12 +214,20 @@ int runRecord(const RecordArgs& a) {
   }
   if (!run.finish()) return fail("recording failed: " + run.recorder().error());
   auto c = run.recorder().counts();
-  std::printf(
-      "recorded %lld step%s, %lld ops, %lld stacks, %lld log lines, %lld memory events, "
-      "%lld dumps",
-      static_cast<long long>(c.steps), c.steps == 1 ? "" : "s", static_cast<long long>(c.ops),
-      static_cast<long long>(c.stacks), static_cast<long long>(c.logs),
-      static_cast<long long>(c.mems), static_cast<long long>(c.dumps));
+  // Every step's loss is recorded; with --step-range its ops only inside the range.
+  const capture::OpFilter& f = run.recorder().options().filter;
+  std::string range;
+  if (f.stepMin > 0 || f.stepMax < c.steps)
+    range = " (ops of steps " + std::to_string(f.stepMin) + " to " +
+            std::to_string(std::min<int64_t>(f.stepMax, c.steps)) + ": --step-range)";
+  auto n = [](int64_t v, const char* one, const char* many) {  // "1 op", "2 ops"
+    return std::to_string(v) + " " + (v == 1 ? one : many);
+  };
+  std::printf("recorded %s%s, %s, %s, %s, %s, %s", n(c.steps, "step", "steps").c_str(),
+              range.c_str(), n(c.ops, "op", "ops").c_str(), n(c.stacks, "stack", "stacks").c_str(),
+              n(c.logs, "log line", "log lines").c_str(),
+              n(c.mems, "memory event", "memory events").c_str(),
+              n(c.dumps, "dump", "dumps").c_str());
   int64_t dropped = c.droppedOps + c.droppedLogs + c.droppedMems + c.droppedDumps;
   if (dropped > 0)
     std::printf(" (%lld records dropped by the drop policy)", static_cast<long long>(dropped));

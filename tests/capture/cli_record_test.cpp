@@ -558,6 +558,16 @@ TEST_F(KeelCli, MemoryTraceTracesTheRunKeelRecordRecords) {
       << bench.err;
 }
 
+// keel record's summary says which steps' ops a --step-range kept (it said "recorded 3 steps" of
+// a recording holding the ops of 2), in the singular where it is one.
+TEST_F(KeelCli, TheSummaryOfAStepRangeSaysWhichStepsOpsItHolds) {
+  const CliResult r = record("r.db", "--steps 3 --step-range 2:2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("recorded 3 steps (ops of steps 2 to 2: --step-range), "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(", 1 log line, 0 memory events, 0 dumps"), std::string::npos) << r.out;
+}
+
 // --track-memory's section of a step starts in that step: the first step of a --step-range had
 // an end but no begin (the paused recorder dropped it), and every other begin was tagged with the
 // step before.
