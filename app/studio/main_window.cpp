@@ -420,6 +420,7 @@ void MainWindow::connectSources() {
     if (!sourceB_->isOpen()) raiseBottom(std::exchange(ranksFirst_, false) ? ranksDock_ : opsDock_);
     if (sourceB_->isOpen())
       inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
+    if (sourceB_->isOpen()) graphA_->setRunLabel("A: " + runLabel(s, {}));
     emit recordingOpened(Side::A);
     if (!pendingCompare_.isEmpty()) compareWith(std::exchange(pendingCompare_, QString()));
     busy(1);
@@ -480,6 +481,8 @@ void MainWindow::connectSources() {
     summaryB_ = s;
     graphB_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());
     inspector_->setCompare(runLabel(summaryA_, sourceA_->path()), runLabel(s, {}));
+    graphA_->setRunLabel("A: " + runLabel(summaryA_, sourceA_->path()));
+    graphB_->setRunLabel("B: " + runLabel(s, {}));
     lossPlot_->setRuns(summaryA_, summaryB_);
     graphB_->show();
     graphB_->setPhaseFilter(graphA_->phaseFilter());

@@ -134,6 +134,46 @@ class GraphTest : public QObject {
              qPrintable(shown));
   }
 
+  // Side by side, each pane says which run it shows, first in its legend row.
+  void aPaneNamesItsRun() {
+    Selection sel;
+    GraphView view(&sel, Side::B);
+    QVERIFY(test::showAt(view, {800, 500}));
+    QVERIFY(setStepAndWait(view, stepOf(path_, 1), false));
+    view.setRunLabel("B: b.db · cpu-ref");
+    QVERIFY2(view.legendText().startsWith("<b>B: b.db · cpu-ref</b>"),
+             qPrintable(view.legendText()));
+    view.setRunLabel("");
+    QVERIFY(!view.legendText().contains("b.db"));
+  }
+
+  // Two panes showing the same step (a comparison of one model on two backends) draw it the same
+  // way: Graphviz laid the second copy out differently (Note [One layout per graph]).
+  void twoPanesOfTheSameStepAgree() {
+    StepPtr step = stepOf(path_, 1);
+    for (int round = 0; round < 3; ++round) {
+      Selection sel;
+      GraphView a(&sel, Side::A), b(&sel, Side::B);
+      QVERIFY(test::showAt(a, {800, 600}));
+      QVERIFY(test::showAt(b, {800, 600}));
+      QSignalSpy doneA(&a, &GraphView::layoutFinished), doneB(&b, &GraphView::layoutFinished);
+      a.setStep(step);  // both laid out at once, as the studio does
+      b.setStep(step);
+      QVERIFY(doneA.count() > 0 || doneA.wait(60000));
+      QVERIFY(doneB.count() > 0 || doneB.wait(60000));
+      int compared = 0;
+      for (const auto& o : step->ops) {
+        auto* x = a.opItem(o.seq);
+        auto* y = b.opItem(o.seq);
+        QCOMPARE(x != nullptr, y != nullptr);
+        if (!x) continue;
+        QCOMPARE(x->sceneBoundingRect(), y->sceneBoundingRect());
+        ++compared;
+      }
+      QVERIFY(compared > 50);
+    }
+  }
+
   void clickOnNodeSelectsItsOp() {
     Selection sel;
     GraphView view(&sel, Side::A);

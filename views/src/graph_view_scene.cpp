@@ -557,8 +557,20 @@ void GraphView::updateLegend() {
       break;
   }
   if (!failed_.empty()) html += swatch(failedColor(), tr("failed"));
+  if (!runLabel_.isEmpty())
+    html = QStringLiteral("<b>%1</b>&nbsp;&nbsp;&nbsp;").arg(runLabel_.toHtmlEscaped()) + html;
   legend_->setText(html);
   placeLegend();
+}
+
+QString GraphView::legendText() const {
+  return legend_->text();
+}
+
+void GraphView::setRunLabel(const QString& label) {
+  if (label == runLabel_) return;
+  runLabel_ = label;
+  updateLegend();
 }
 
 QColor GraphView::statusColor(storage::DiffStatus status, bool first) {

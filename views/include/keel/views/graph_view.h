@@ -62,6 +62,10 @@ class GraphView : public QWidget {
   // What a step without ops says beside "No ops recorded in step N" (why the recording has none
   // there: its --step-range, or it holds allocator events only); "" for the generic line.
   void setEmptyStepNote(const QString& note) { emptyStepNote_ = note; }
+  // Which run this pane shows ("A: a.db · cpu"), first in the legend row under the canvas: two
+  // panes side by side said nothing of which was which. "" shows none.
+  void setRunLabel(const QString& label);
+  QString legendText() const;  // the legend row's rich text
   // Paints op `seq` as failed (a session that stopped on it), over any colour mode; clearFailed()
   // forgets every failed op.
   void markFailed(uint64_t seq);
@@ -201,6 +205,7 @@ class GraphView : public QWidget {
   Side side_;
   StepPtr step_;
   QString emptyStepNote_;
+  QString runLabel_;
   DiffPtr diff_;
   ColorMode colorMode_ = ColorMode::Phase;
   bool colorChosen_ = false;  // setColorMode was called: no automatic non-finite default
