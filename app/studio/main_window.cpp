@@ -409,6 +409,7 @@ void MainWindow::connectSources() {
     summaryA_ = s;
     graphA_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());  // opens coloured by NaNs
     graphA_->setEmptyStepNote(emptyStepNote(*s));
+    timeline_->setEmptyStepNote(emptyStepNote(*s));
     statusBanner_->setSummary(s);
     inspectorBanner_->setSummary(s);
     int64_t last = s->steps.empty() ? 0 : s->steps.back().step;

@@ -106,6 +106,22 @@ class TimelineTest : public QObject {
     QVERIFY(t1 >= double(last.endNs - origin));
   }
 
+  // A step without ops says why when the recording says (a --step-range kept none of it): it
+  // said "Step 4 has no ops" of a step that had them, unrecorded.
+  void anEmptyStepSaysWhy() {
+    Selection sel;
+    TimelineView view(&sel, Side::A);
+    auto empty = std::make_shared<keel::views::StepData>();
+    empty->step = 4;
+    view.setStep(empty);
+    QCOMPARE(view.emptyText(), QString("Step 4 has no ops"));
+    view.setEmptyStepNote("This recording holds the ops of steps 2 to 3 only (--step-range).");
+    QCOMPARE(view.emptyText(), QString("No ops recorded in step 4. This recording holds the ops "
+                                       "of steps 2 to 3 only (--step-range)."));
+    view.setStep(nullptr);
+    QCOMPARE(view.emptyText(), QString("No step shown"));
+  }
+
   void subPixelBarsAreMerged() {
     Selection sel;
     TimelineView view(&sel, Side::A);

@@ -252,6 +252,13 @@ void TimelineView::zoomAt(double x, double factor) {
   update();
 }
 
+QString TimelineView::emptyText() const {
+  // "has no ops" of a step the recording kept no ops of was wrong: it had them, unrecorded.
+  if (!step_) return tr("No step shown");
+  if (emptyStepNote_.isEmpty()) return tr("Step %1 has no ops").arg(step_->step);
+  return tr("No ops recorded in step %1. %2").arg(step_->step).arg(emptyStepNote_);
+}
+
 void TimelineView::paintEvent(QPaintEvent*) {
   QPainter p(this);
   p.fillRect(rect(), palette().base());
@@ -259,8 +266,7 @@ void TimelineView::paintEvent(QPaintEvent*) {
   paintedRects_ = 0;
   if (model_.rows.empty()) {
     p.setPen(palette().color(QPalette::PlaceholderText));
-    p.drawText(rect(), Qt::AlignCenter,
-               step_ ? tr("Step %1 has no ops").arg(step_->step) : tr("No step shown"));
+    p.drawText(rect(), Qt::AlignCenter | Qt::TextWordWrap, emptyText());
     return;
   }
   const double left = plotLeft(), w = plotWidth(), ppn = pxPerNs();

@@ -60,6 +60,9 @@ class TimelineView : public QWidget {
   ~TimelineView() override;
 
   void setStep(StepPtr step);  // nullptr empties it
+  // Why a step of this recording may have no ops (GraphView::setEmptyStepNote); "" for none.
+  void setEmptyStepNote(const QString& note) { emptyStepNote_ = note; }
+  QString emptyText() const;  // what it says when the step shown has no ops
   void clear() { setStep(nullptr); }
 
   const TimelineModel& model() const { return model_; }
@@ -101,6 +104,7 @@ class TimelineView : public QWidget {
   Selection* selection_;
   Side side_;
   StepPtr step_;
+  QString emptyStepNote_;
   TimelineModel model_;
   double t0_ = 0, span_ = 1;
   std::optional<uint64_t> highlighted_;
