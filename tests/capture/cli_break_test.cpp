@@ -161,6 +161,12 @@ TEST_F(BreakOn, GradNormAndLossGuardsStopOnNaN) {
   ASSERT_EQ(inspect.status, 0) << inspect.err;
   EXPECT_NE(inspect.out.find("  step 2    loss NaN  "), std::string::npos) << inspect.out;
   EXPECT_EQ(inspect.out.find("(incomplete)"), std::string::npos) << inspect.out;
+  // Each step's line is a warning once its gradient norm or loss is NaN (it was info: the log
+  // view showed "loss nan, grad norm nan" as an ordinary line).
+  std::vector<std::string> levels;
+  for (const auto& l : rec.logs({}))
+    if (l.scope == "train") levels.push_back(std::string(keel::logLevelName(l.level)));
+  EXPECT_EQ(levels, (std::vector<std::string>{"warn", "warn"}));
 }
 
 // The CI use: stop at the first NaN, keep everything, say where, exit 1.

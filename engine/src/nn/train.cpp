@@ -173,7 +173,9 @@ StepStats Trainer::step() {
     n += std::snprintf(line + n, sizeof line - size_t(n), ", %.0f tokens/s", s.tokensPerSec);
   if (!std::isnan(s.valLoss) && n > 0 && size_t(n) < sizeof line)
     std::snprintf(line + n, sizeof line - size_t(n), ", val loss %.4f", s.valLoss);
-  log(LogLevel::Info, "train", line);
+  // A loss or gradient norm gone NaN/Inf is a warning (the log view shows it as one), not info.
+  const bool finite = std::isfinite(s.loss) && std::isfinite(s.gradNorm);
+  log(finite ? LogLevel::Info : LogLevel::Warn, "train", line);
   StepEvent end{s.step, false, s.loss, 0};
   end.lr = s.lr;
   end.gradNorm = s.gradNorm;

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 
 #include "keel/base/text.h"
@@ -115,7 +116,9 @@ WorkloadMetrics WorkloadRun::step() {
     char line[160];
     std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
                   static_cast<long long>(n), unsignedNaN(m.loss), m.lr, unsignedNaN(m.grad_norm));
-    log(LogLevel::Info, "train", line);
+    const bool finite =
+        std::isfinite(m.loss) && (std::isnan(m.grad_norm) || std::isfinite(m.grad_norm));
+    log(finite ? LogLevel::Info : LogLevel::Warn, "train", line);  // as Trainer::step
     StepEvent end{n, false, m.loss, 0};
     end.lr = m.lr;
     end.gradNorm = m.grad_norm;
