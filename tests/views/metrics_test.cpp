@@ -213,6 +213,14 @@ class MetricsTest : public QObject {
     plot.setRuns(allNaN);
     QCOMPARE(plot.graphCount(), 0);
     QCOMPARE(plot.markedSteps().size(), 3);
+    // Compared, it keeps its key entry, which says why it has no curve.
+    plot.setRuns(summaryOf(pathA_), allNaN);
+    QCOMPARE(plot.graphCount(), 2);
+    QCOMPARE(plot.pointCount(1), 0);
+    QVERIFY2(
+        plot.graphName(1).startsWith("B: ") && plot.graphName(1).endsWith(" — no finite value"),
+        qPrintable(plot.graphName(1)));
+    plot.setRuns(allNaN);
     QVERIFY2(plot.axisRectGeometry().width() > 560 * 3 / 4,
              qPrintable(QString::number(plot.axisRectGeometry().width())));
     // No steps at all (an imported memory snapshot): no curve, no legend entry, and the note

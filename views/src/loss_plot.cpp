@@ -296,9 +296,13 @@ void LossPlot::rebuild() {
         bad.push_back({st.step, v});
       }
     }
-    if (!x.isEmpty()) {  // a run without values has no legend entry for a curve it lacks
+    // A run without values has no legend entry for a curve it lacks, unless it is one of two
+    // compared and every step it has is non-finite: then its entry says so (B, all NaN, was
+    // missing from the comparison's key).
+    if (!x.isEmpty() || (compare && !bad.isEmpty())) {
       QCPGraph* g = plot->addGraph();
-      g->setName(runLabel(side, s));
+      g->setName(x.isEmpty() ? tr("%1 — no finite value").arg(runLabel(side, s))
+                             : runLabel(side, s));
       QPen pen(color, dashed ? 2.0 : 3.0);
       if (dashed) pen.setStyle(Qt::DashLine);
       g->setPen(pen);
