@@ -157,7 +157,9 @@ QVariant OpTableModel::data(const QModelIndex& index, int role) const {
           return outputShapes(*op);
         case Md5: {
           auto* t = firstOutput(*op);
-          return t ? QString::fromStdString(t->md5.substr(0, 8)) : QString();
+          // The first 8 hex digits, marked as cut (the tooltip has all 32).
+          return t && !t->md5.empty() ? QString::fromStdString(t->md5.substr(0, 8)) + "…"
+                                      : QString();
         }
         case NonFinite:
           return nonFiniteText(nonFinite(*op));
