@@ -566,6 +566,17 @@ class MemoryViewTest : public QObject {
     }
     QVERIFY(reasons[AliveReason::Parameter] > 0);
     QVERIFY(reasons[AliveReason::OptimizerState] > 0);
+    // The caption names the largest live block and why it is alive.
+    const auto largest =
+        std::max_element(view.state().blocks.begin(), view.state().blocks.end(),
+                         [](const MemBlock& x, const MemBlock& y) { return x.bytes < y.bytes; });
+    const QString why =
+        QString::fromStdString(memory->whyAlive(*largest, view.cursor()).text).toHtmlEscaped();
+    QVERIFY2(view.mapCaption().contains("<br>largest live block " +
+                                        QString::fromStdString(keel::formatBytes(largest->bytes)) +
+                                        " (") &&
+                 view.mapCaption().contains("; " + why + ")"),
+             qPrintable(view.mapCaption()));
     // Just before the first backward op of step 1 the forward ops' outputs are saved for it.
     const Recording rec = Recording::open(vmm_.toStdString());
     keel::storage::OpQuery q;

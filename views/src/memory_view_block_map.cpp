@@ -367,6 +367,25 @@ QString MemoryView::mapCaption() const {
   if (d.layout.blocksOutside)
     s += tr("; %1 outside segments, laid out by address with gaps elided")
              .arg(blocksText(d.layout.blocksOutside));
+  // The largest live block and why it is alive: the one to look at first when memory runs out
+  // (in a uniformly blue map nothing said which it was).
+  const auto largest =
+      std::max_element(d.state.blocks.begin(), d.state.blocks.end(),
+                       [](const MemBlock& x, const MemBlock& y) { return x.bytes < y.bytes; });
+  if (largest != d.state.blocks.end()) {
+    const storage::MemRecord& a = d.mem->allocOf(*largest);
+    QString who;
+    if (const MemOp* o = a.opSeq ? d.mem->op(a.opSeq) : nullptr)
+      who = QStringLiteral("%1 #%2").arg(qs(o->name)).arg(o->seq) +
+            (o->scope.empty() ? QString() : QStringLiteral(", ") + qs(o->scope));
+    else if (a.label == storage::kLiveBefore)
+      who = tr("live before the recording");
+    else
+      who = a.opSeq ? tr("op #%1").arg(a.opSeq) : tr("outside ops");
+    s += tr("<br>largest live block %1 (%2; %3)")
+             .arg(bytesText(largest->bytes), who.toHtmlEscaped(),
+                  qs(d.mem->whyAlive(*largest, d.cursor).text).toHtmlEscaped());
+  }
   return s;
 }
 
