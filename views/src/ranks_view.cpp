@@ -80,8 +80,10 @@ RanksView::RanksView(QWidget* parent) : QWidget(parent) {
   verdict_->setTextFormat(Qt::RichText);
   verdict_->setTextInteractionFlags(Qt::TextBrowserInteraction);
   verdict_->setContentsMargins(6, 4, 6, 4);
+  // "Times last": how often the rank arrived last at a collective (the collectives table's "Last
+  // to arrive" names a rank; one name for a count and a rank read as the same thing).
   ranks_ = makeTable({"Rank", "dp", "tp", "Steps", "Last loss", "Ops", "Collectives", "Waited",
-                      "Last to arrive", "Status"},
+                      "Times last", "Status"},
                      "ranksTable");
   collectives_ = makeTable(
       {"Collective", "Group", "Step", "Scope", "Bytes", "Waits (per rank)", "Last to arrive"},
