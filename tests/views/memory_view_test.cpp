@@ -203,6 +203,12 @@ class MemoryViewTest : public QObject {
     QVERIFY2(view.headerText().contains(QString("<b>%1</b> allocator events").arg(events.size())),
              qPrintable(view.headerText()));
     QVERIFY(view.headerText().contains(kind + " allocator"));
+    // "allocated" and "reserved" in their timeline lines' colours: the key when the plot's legend
+    // row gives way (a short dock).
+    QVERIFY2(
+        view.headerText().contains("peak <span style='color:#4c78a8'><b>allocated</b></span> ") &&
+            view.headerText().contains("peak <span style='color:#e06c00'><b>reserved</b></span> "),
+        qPrintable(view.headerText()));
     QVERIFY(memory->allocatorKind());
     QCOMPARE(QString::fromUtf8(keel::allocatorKindName(*memory->allocatorKind()).data()), kind);
     QVERIFY(view.hostNote().isEmpty());

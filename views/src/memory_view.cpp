@@ -381,9 +381,15 @@ QString MemoryView::Impl::computeHeader() const {
   // against free memory) are two different things, and both are named.
   const analysis::MemFigures& f = peakFigures;
   const QString kind = qs(allocatorKindName(*m->allocatorKind()));  // events: a kind
-  QString s = tr("<b>%1</b> allocator events · %2 allocator · peak allocated %3 · peak reserved %4")
+  // "allocated" and "reserved" in their lines' colours: the key of the timeline, whose legend
+  // row gives way to the plot in a short dock (1366x768).
+  auto coloured = [](const QColor& c, const QString& text) {
+    return QStringLiteral("<span style='color:%1'><b>%2</b></span>").arg(c.name(), text);
+  };
+  QString s = tr("<b>%1</b> allocator events · %2 allocator · peak %3 %4 · peak %5 %6")
                   .arg(m->eventCount())
-                  .arg(kind, bytesText(m->peakAllocated()), bytesText(m->peakReserved()));
+                  .arg(kind, coloured(kAllocated, tr("allocated")), bytesText(m->peakAllocated()),
+                       coloured(kReserved, tr("reserved")), bytesText(m->peakReserved()));
   if (m->hasSegments())
     s += tr(" · at the peak (event %1): cached free %2 (%3% of reserved), largest free block %4, "
             "fragmentation %5%")

@@ -59,6 +59,7 @@ inline void showTip(const QHelpEvent* he, const QString& tip, QWidget* w) {
 }
 
 inline const QColor kAllocated(0x4c, 0x78, 0xa8);
+inline const QColor kReserved(0xe0, 0x6c, 0x00);  // the timeline's reserved line
 // Free space (reusable, pale green) and unmapped chunks (no memory behind them, dark grey,
 // hatched) must never be confused: they mean opposite things.
 inline const QColor kFree(0xcd, 0xe8, 0xc6);

@@ -145,7 +145,7 @@ void MemoryView::Impl::rebuildTimeline() {
   }
   QCPGraph* gr = plot->addGraph(plot->xAxis, plot->yAxis);
   gr->setName(tr("reserved"));
-  gr->setPen(QPen(QColor(0xe0, 0x6c, 0x00), 1.5));
+  gr->setPen(QPen(kReserved, 1.5));
   gr->setLineStyle(QCPGraph::lsStepLeft);
   gr->setData(x, r, true);
   // The area under the allocated line is its own graph, below the lines and out of the legend:
