@@ -1,7 +1,7 @@
 // A user op in the five places an op needs (docs/api.md, "Your own op"): the registry entry with
 // shape inference, a forward kernel, a backward op with its kernel, the backward rule, and a test
-// (gradcheck in the example's README). Kernels see contiguous float32 tensors: the wrapper makes
-// its inputs contiguous and the registry allocates contiguous outputs.
+// (check it against central differences, as docs/api.md says). Kernels see contiguous float32
+// tensors: the wrapper makes its inputs contiguous and the registry allocates contiguous outputs.
 #include "squared_relu.h"
 
 #include "keel/dispatch.h"

@@ -15,6 +15,7 @@
 #include "keel/log.h"
 #include "keel/storage/reader.h"
 #include "keel/train.h"
+#include "keel/version.h"
 
 namespace keel::capture {
 namespace {
@@ -183,6 +184,28 @@ TEST(CaptureEndToEnd, EveryInputOfAGptTinyStepHasAProducerOrIsALeaf) {
 // read by backward ops under fresh ids): one step of configs/gpt-mini.json, graph only.
 TEST(CaptureEndToEnd, EveryInputOfAGptMiniStepHasAProducerOrIsALeaf) {
   expectEveryInputHasAProducerOrIsALeaf("configs/gpt-mini.json", 1);
+}
+
+// A program recording through the API with a RunInfo of its own gets this process's start time,
+// host, keel version and allocator where it left them unset (keel inspect said "started
+// 1970-01-01", "host ", "allocator unknown"); what it set is kept.
+TEST(CaptureEndToEnd, TheRunInfoACallerLeftUnsetIsFilledIn) {
+  const auto dir = freshDir("keel_capture_runinfo_");
+  const std::string path = (dir / "run.db").string();
+  storage::RunInfo run;
+  run.backend = "cpu";
+  run.device = "cpu";
+  run.host = "my-host";
+  {
+    Recorder rec(path, run, CaptureOptions{});
+    rec.finish();
+  }
+  const storage::RunInfo got = storage::Recording::open(path).run();
+  EXPECT_EQ(got.host, "my-host");
+  EXPECT_GT(got.startTimeUnixNs, int64_t(1700000000) * 1000000000);  // after November 2023
+  EXPECT_EQ(got.engineVersion, KEEL_VERSION_STRING);
+  EXPECT_FALSE(got.allocator.empty());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CaptureEndToEnd, UnwritablePathIsAStorageError) {

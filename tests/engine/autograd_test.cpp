@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "keel/autograd.h"
+#include "keel/dispatch.h"
 #include "keel/log.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
@@ -24,6 +27,80 @@ Tensor leaf(std::vector<double> v) {
   Tensor t = fromDoubles(v, {int64_t(v.size())}, F64, kCpuRef);
   t.setRequiresGrad(true);
   return t;
+}
+
+// ---------------------------------------------------------------- undefined tensors
+
+// The keel::Error message fn raises, or "(no error)" (a segfault ends the test binary).
+std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every accessor of an undefined Tensor (default-constructed, moved from, a grad() before
+// backward) throws keel::Error: they dereferenced null (a segfault), printing a gradient before
+// backward included.
+TEST(Autograd, AnUndefinedTensorThrowsInsteadOfCrashing) {
+  Tensor w = leaf({1, 2});
+  const Tensor g = w.grad();
+  ASSERT_FALSE(g.defined());
+  EXPECT_EQ(g.toString(), "Tensor(undefined)");
+  const std::string why =
+      "use of an undefined Tensor (default-constructed, moved from, or a grad() before "
+      "backward): check defined() first";
+  EXPECT_EQ(errorOf([&] { (void)g.dim(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.numel(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.dtype(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.device(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.size(0); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.isContiguous(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.grad(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.toVector<float>(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.item(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.id(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.isLeaf(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.detach(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)g.contiguous(); }), why);
+  EXPECT_EQ(errorOf([&] { (void)hostCopy(g); }), why);
+  Tensor u;
+  EXPECT_EQ(errorOf([&] { u.setRequiresGrad(); }), why);
+  EXPECT_EQ(errorOf([&] { u.backward(); }), "backward() of an undefined Tensor");
+  EXPECT_FALSE(u.requiresGrad());
+}
+
+// Integers print exactly (2147483647 printed as 2.14748e+09).
+TEST(Autograd, IntegerTensorsPrintExactly) {
+  const Tensor t = Tensor::fromVector(std::vector<int64_t>{1234567, 2147483647}, {2});
+  EXPECT_EQ(t.toString(), "Tensor([2], int64, cpu, [1234567, 2147483647])");
+}
+
+// A backward rule must return one gradient per input (undefined where there is none): a rule
+// returning another count was padded or cut without a word.
+TEST(Autograd, ABackwardRuleReturningTheWrongNumberOfGradientsIsAnError) {
+  OpDef d;
+  d.name = "test_identity_no_grads";
+  d.numInputs = 1;
+  d.infer = [](const OpDef&, std::span<const Tensor> in, const Attrs&) {
+    return std::vector<TensorMeta>{{in[0].shape(), in[0].dtype()}};
+  };
+  d.backward = [](const BackwardCtx&) { return std::vector<Tensor>{}; };
+  Registry& r = Registry::get();
+  const int id = r.add(std::move(d));
+  r.setKernel(
+      id, Backend::CpuRef,
+      [](const KernelCtx& c) {
+        std::memcpy(c.outputs[0].data(), c.inputs[0].data(), c.inputs[0].nbytes());
+      },
+      kFloatTypes);
+  Tensor w = leaf({1, 2, 3});
+  Tensor y = dispatch(id, {w})[0];
+  EXPECT_EQ(errorOf([&] { ops::sum(y).backward(); }),
+            "backward of op 'test_identity_no_grads' returned 0 gradients for 1 input (one per "
+            "input, undefined where there is none)");
 }
 
 // ---------------------------------------------------------------- gradients

@@ -65,24 +65,24 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& implPtr() const { return impl_; }
 
-  const Shape& shape() const { return impl_->shape; }
-  const Shape& strides() const { return impl_->strides; }
-  int64_t offset() const { return impl_->offset; }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->buffer->device(); }
-  int64_t dim() const { return int64_t(impl_->shape.size()); }
+  const Shape& shape() const { return d().shape; }
+  const Shape& strides() const { return d().strides; }
+  int64_t offset() const { return d().offset; }
+  DType dtype() const { return d().dtype; }
+  Device device() const { return d().buffer->device(); }
+  int64_t dim() const { return int64_t(d().shape.size()); }
   int64_t size(int64_t d) const;  // negative d counts from the end
-  int64_t numel() const { return shapeNumel(impl_->shape); }
+  int64_t numel() const { return shapeNumel(d().shape); }
   size_t nbytes() const { return size_t(numel()) * dtypeSize(dtype()); }
   bool isContiguous() const;
-  uint64_t id() const { return impl_->id; }
-  uint64_t version() const { return impl_->buffer->version(); }
-  void bumpVersion() const { impl_->buffer->bumpVersion(); }
-  const std::shared_ptr<Buffer>& buffer() const { return impl_->buffer; }
+  uint64_t id() const { return d().id; }
+  uint64_t version() const { return d().buffer->version(); }
+  void bumpVersion() const { d().buffer->bumpVersion(); }
+  const std::shared_ptr<Buffer>& buffer() const { return d().buffer; }
 
   // Address of element [0,...,0] (buffer start + offset).
   void* data() const {
-    return static_cast<char*>(impl_->buffer->data()) + impl_->offset * int64_t(dtypeSize(dtype()));
+    return static_cast<char*>(d().buffer->data()) + d().offset * int64_t(dtypeSize(dtype()));
   }
   template <typename T>
   T* data() const {
@@ -94,8 +94,8 @@ class Tensor {
   Tensor& setRequiresGrad(bool r = true);
   Tensor grad() const;
   void setGrad(const Tensor& g) const;
-  const std::shared_ptr<Node>& gradFn() const { return impl_->gradFn; }
-  bool isLeaf() const { return impl_->gradFn == nullptr; }
+  const std::shared_ptr<Node>& gradFn() const { return d().gradFn; }
+  bool isLeaf() const { return d().gradFn == nullptr; }
   // A tensor sharing storage with this one, outside the graph.
   Tensor detach() const;
   // Runs the backward pass from this tensor (a scalar unless grad is given).
@@ -104,8 +104,8 @@ class Tensor {
   // undefined Tensor to keep the gradient as it is).
   void registerHook(TensorHook hook) const;
 
-  const std::string& name() const { return impl_->name; }
-  void setName(std::string n) const { impl_->name = std::move(n); }
+  const std::string& name() const { return d().name; }
+  void setName(std::string n) const { d().name = std::move(n); }
 
   // Host read-back (any dtype converted to T); contiguous row-major order.
   template <typename T>
@@ -117,6 +117,15 @@ class Tensor {
   std::string toString(int64_t maxElements = 16) const;
 
  private:
+  // The tensor's state; a keel::Error for an undefined tensor (default-constructed, moved from,
+  // or a grad() before backward), whose accessors dereferenced null (a segfault).
+  TensorImpl& d() const {
+    if (!impl_) [[unlikely]]
+      undefinedTensor();
+    return *impl_;
+  }
+  [[noreturn]] static void undefinedTensor();
+
   std::shared_ptr<TensorImpl> impl_;
 };
 

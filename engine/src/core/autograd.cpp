@@ -154,7 +154,15 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
       } reset;
       bool anyGrad = false;
       for (auto& g : gradOut) anyGrad = anyGrad || g.defined();
-      if (anyGrad) gin = def.backward(ctx);
+      if (anyGrad) {
+        gin = def.backward(ctx);
+        // One gradient (or an undefined one) per input: a rule returning another count was
+        // padded or cut without a word, its gradients landing on the wrong inputs or nowhere.
+        KEEL_CHECK(gin.size() == n->inputs.size(), "backward of op '", def.name, "' returned ",
+                   gin.size(), gin.size() == 1 ? " gradient" : " gradients", " for ",
+                   n->inputs.size(), n->inputs.size() == 1 ? " input" : " inputs",
+                   " (one per input, undefined where there is none)");
+      }
     }
     gin.resize(n->inputs.size());
 

@@ -148,19 +148,26 @@ template Tensor Tensor::fromVector<int32_t>(const std::vector<int32_t>&, const S
 template Tensor Tensor::fromVector<int64_t>(const std::vector<int64_t>&, const Shape&, DType,
                                             Device);
 
+void Tensor::undefinedTensor() {
+  throw Error(
+      "use of an undefined Tensor (default-constructed, moved from, or a grad() before "
+      "backward): check defined() first");
+}
+
 int64_t Tensor::size(int64_t d) const {
   int64_t r = dim();
   int64_t n = d < 0 ? d + r : d;
   KEEL_CHECK(n >= 0 && n < r, "size(", d, ") out of range for shape ", shapeStr(shape()));
-  return impl_->shape[size_t(n)];
+  return shape()[size_t(n)];
 }
 
 bool Tensor::isContiguous() const {
   int64_t expect = 1;
+  const Shape &sh = shape(), &st = strides();
   for (int64_t d = dim() - 1; d >= 0; --d) {
-    int64_t s = impl_->shape[size_t(d)];
+    int64_t s = sh[size_t(d)];
     if (s == 1) continue;
-    if (impl_->strides[size_t(d)] != expect) return false;
+    if (st[size_t(d)] != expect) return false;
     expect *= s;
   }
   return true;
@@ -170,12 +177,12 @@ Tensor& Tensor::setRequiresGrad(bool r) {
   KEEL_CHECK(!r || isFloating(dtype()), "only floating-point tensors can require grad, got ",
              dtypeName(dtype()));
   KEEL_CHECK(isLeaf(), "setRequiresGrad on a non-leaf tensor: use detach() first");
-  impl_->requiresGrad = r;
+  d().requiresGrad = r;
   return *this;
 }
 
 Tensor Tensor::grad() const {
-  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+  return d().grad ? Tensor(impl_->grad) : Tensor();
 }
 
 void Tensor::setGrad(const Tensor& g) const {
@@ -183,7 +190,7 @@ void Tensor::setGrad(const Tensor& g) const {
     KEEL_CHECK(g.shape() == shape() && g.dtype() == dtype(), "setGrad: gradient ",
                shapeStr(g.shape()), " ", dtypeName(g.dtype()), " does not match tensor ",
                shapeStr(shape()), " ", dtypeName(dtype()));
-  impl_->grad = g.implPtr();
+  d().grad = g.implPtr();
 }
 
 Tensor Tensor::detach() const {
@@ -191,10 +198,12 @@ Tensor Tensor::detach() const {
 }
 
 void Tensor::backward(const Tensor& grad, bool retainGraph) const {
+  KEEL_CHECK(defined(), "backward() of an undefined Tensor");
   runBackward({*this}, {grad}, retainGraph);
 }
 
 void Tensor::registerHook(TensorHook hook) const {
+  KEEL_CHECK(defined(), "registerHook on an undefined Tensor");
   KEEL_CHECK(requiresGrad(), "registerHook on a tensor that does not require grad");
   if (isLeaf())
     impl_->leafHooks.push_back(std::move(hook));
@@ -239,16 +248,20 @@ Tensor Tensor::contiguous() const {
 }
 
 std::string Tensor::toString(int64_t maxElements) const {
+  if (!defined()) return "Tensor(undefined)";  // printing a grad() before backward segfaulted
   std::ostringstream os;
   os << "Tensor(" << shapeStr(shape()) << ", " << dtypeName(dtype()) << ", " << device().name();
-  {
-    auto v = toVector<double>();
+  auto put = [&](const auto& v) {
     os << ", [";
     for (int64_t i = 0; i < std::min<int64_t>(maxElements, int64_t(v.size())); ++i)
       os << (i ? ", " : "") << v[size_t(i)];
     if (int64_t(v.size()) > maxElements) os << ", ...";
     os << "]";
-  }
+  };
+  if (isFloating(dtype()))
+    put(toVector<double>());
+  else
+    put(toVector<int64_t>());  // exact: 2147483647 printed as 2.14748e+09
   os << ")";
   return os.str();
 }

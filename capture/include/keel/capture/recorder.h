@@ -34,7 +34,8 @@ class CaptureObserver;
 class Recorder {
  public:
   // Creates the recording with storage::Writer::create(path, run) (run.captureOptionsJson is set
-  // from options) and starts recording. Throws storage::StorageError if the file cannot be made.
+  // from options; a start time, host, engine version or allocator left unset is this process's)
+  // and starts recording. Throws storage::StorageError if the file cannot be made.
   Recorder(const std::string& path, storage::RunInfo run, CaptureOptions options = {});
   // Records through a writer made elsewhere (tests use an in-memory one).
   explicit Recorder(std::unique_ptr<storage::Writer> writer, CaptureOptions options = {});
