@@ -2,6 +2,7 @@
 // observer, Linear/attention semantics, MoE routing (dynamic shapes, capacity drops, aux loss),
 // grad clipping, optimizer updates and the LR schedule. Values are checked against hand numbers.
 #include <gtest/gtest.h>
+#include <functional>
 #include <optional>
 
 #include <algorithm>
@@ -144,7 +145,26 @@ TEST(ModuleTest, RegisterModuleRenamesSubtreeAndRejectsDuplicates) {
   EXPECT_THROW(outer.registerParameter("a.b", Tensor::zeros({1})), Error);
   EXPECT_THROW(outer.registerParameter("head", Tensor::zeros({1})), Error);
   outer.registerParameter("scale", Tensor::ones({1}, DType::Float32, kCpuRef));
-  EXPECT_THROW(outer.registerParameter("scale", Tensor::ones({1}, DType::Float32, kCpuRef)), Error);
+  // The root module is named as such ("Module ''" named nothing); others by their path.
+  auto messageOf = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(messageOf([&] {
+              outer.registerParameter("scale", Tensor::ones({1}, DType::Float32, kCpuRef));
+            }),
+            "the root module: parameter 'scale' registered twice");
+  EXPECT_EQ(messageOf([&] { inner->registerModule("fc", std::make_shared<Holder>()); }),
+            "Module 'head': child 'fc' registered twice");
+  nn::Linear root(3, 2, true, gen, kCpuRef);
+  EXPECT_EQ(messageOf([&] {
+              root.forward(Tensor::ones({2, 4}, DType::Float32, kCpuRef));
+            }),
+            "Linear (the root module): input of shape [2, 4] does not end in 3");
 
   // zeroGrad drops gradients; train/eval reach the whole tree.
   lin->weight().setGrad(Tensor::ones({2, 3}, DType::Float32, kCpuRef));

@@ -80,8 +80,9 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, Device device
 }
 
 Tensor Linear::forwardImpl(const Tensor& x) {
-  KEEL_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear '", fullPath(), "': input of shape ",
-             shapeStr(x.shape()), " does not end in ", in_);
+  KEEL_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear ",
+             fullPath().empty() ? std::string("(the root module)") : "'" + fullPath() + "'",
+             ": input of shape ", shapeStr(x.shape()), " does not end in ", in_);
   Shape outShape = x.shape();
   outShape.back() = out_;
   Tensor x2 = x.dim() == 2 ? x : ops::reshape(x, {x.numel() / in_, in_});

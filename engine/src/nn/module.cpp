@@ -9,6 +9,11 @@
 namespace keel::nn {
 namespace {
 
+// "Module 'blocks.1'", or "the root module" (whose path is empty: "Module ''" named nothing).
+std::string moduleName(const std::string& path) {
+  return path.empty() ? std::string("the root module") : "Module '" + path + "'";
+}
+
 std::string joinPath(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
@@ -40,11 +45,11 @@ Tensor Module::registerParameter(const std::string& name, const std::function<Te
 
 Tensor Module::registerParameter(const std::string& name, Tensor t) {
   checkLocalName(name, "parameter");
-  KEEL_CHECK(t.defined(), "Module '", path_, "': parameter '", name, "' is undefined");
+  KEEL_CHECK(t.defined(), moduleName(path_), ": parameter '", name, "' is undefined");
   for (auto& [n, _] : params_)
-    KEEL_CHECK(n != name, "Module '", path_, "': parameter '", name, "' registered twice");
+    KEEL_CHECK(n != name, moduleName(path_), ": parameter '", name, "' registered twice");
   for (auto& [n, _] : children_)
-    KEEL_CHECK(n != name, "Module '", path_, "': parameter '", name, "' clashes with a child");
+    KEEL_CHECK(n != name, moduleName(path_), ": parameter '", name, "' clashes with a child");
   if (!t.requiresGrad()) t.setRequiresGrad(true);
   t.setName(joinPath(path_, name));
   params_.emplace_back(name, t);
@@ -53,12 +58,12 @@ Tensor Module::registerParameter(const std::string& name, Tensor t) {
 
 void Module::addChild(const std::string& name, std::shared_ptr<Module> m) {
   checkLocalName(name, "module");
-  KEEL_CHECK(m != nullptr, "Module '", path_, "': child '", name, "' is null");
-  KEEL_CHECK(m.get() != this, "Module '", path_, "': cannot register a module inside itself");
+  KEEL_CHECK(m != nullptr, moduleName(path_), ": child '", name, "' is null");
+  KEEL_CHECK(m.get() != this, moduleName(path_), ": cannot register a module inside itself");
   for (auto& [n, _] : children_)
-    KEEL_CHECK(n != name, "Module '", path_, "': child '", name, "' registered twice");
+    KEEL_CHECK(n != name, moduleName(path_), ": child '", name, "' registered twice");
   for (auto& [n, _] : params_)
-    KEEL_CHECK(n != name, "Module '", path_, "': child '", name, "' clashes with a parameter");
+    KEEL_CHECK(n != name, moduleName(path_), ": child '", name, "' clashes with a parameter");
   m->setPath(joinPath(path_, name));
   children_.emplace_back(name, std::move(m));
 }
