@@ -91,36 +91,6 @@ Agraph_t* readAndLayOut(GVC_t* gvc, const std::string& dot, std::string& error,
 }
 
 // dot laid out (the caller holds gMutex).
-GraphLayout layoutGraphLocked(const std::string& dot);
-
-}  // namespace
-
-// Note [One layout per graph]: Graphviz's dot lays the same graph out differently the second time
-// in a process, and differently from run to run (measured: the first layout of a step's DOT was
-// the same in every run; the second, of the same text, differed each time, with a fresh context
-// or a layout in between alike), so two panes comparing the same step drew it two ways. The
-// last few layouts are kept by their DOT text: the same graph is drawn the same way, in both
-// panes and when a step is shown again.
-GraphLayout layoutGraph(const std::string& dot) {
-  constexpr size_t kKept = 8;
-  static std::vector<std::pair<std::string, GraphLayout>> kept;  // most recent last; gMutex
-  std::lock_guard lock(gMutex);
-  for (size_t i = 0; i < kept.size(); ++i)
-    if (kept[i].first == dot) {
-      std::rotate(kept.begin() + std::ptrdiff_t(i), kept.begin() + std::ptrdiff_t(i) + 1,
-                  kept.end());
-      return kept.back().second;
-    }
-  GraphLayout r = layoutGraphLocked(dot);
-  if (r.error.empty()) {
-    if (kept.size() == kKept) kept.erase(kept.begin());
-    kept.emplace_back(dot, r);
-  }
-  return r;
-}
-
-namespace {
-
 GraphLayout layoutGraphLocked(const std::string& dot) {
   GraphLayout r;
   const auto t0 = std::chrono::steady_clock::now();
@@ -159,6 +129,30 @@ GraphLayout layoutGraphLocked(const std::string& dot) {
 }
 
 }  // namespace
+
+// Note [One layout per graph]: Graphviz's dot lays the same graph out differently the second time
+// in a process, and differently from run to run (measured: the first layout of a step's DOT was
+// the same in every run; the second, of the same text, differed each time, with a fresh context
+// or a layout in between alike), so two panes comparing the same step drew it two ways. The
+// last few layouts are kept by their DOT text: the same graph is drawn the same way, in both
+// panes and when a step is shown again.
+GraphLayout layoutGraph(const std::string& dot) {
+  constexpr size_t kKept = 8;
+  static std::vector<std::pair<std::string, GraphLayout>> kept;  // most recent last; gMutex
+  std::lock_guard lock(gMutex);
+  for (size_t i = 0; i < kept.size(); ++i)
+    if (kept[i].first == dot) {
+      std::rotate(kept.begin() + std::ptrdiff_t(i), kept.begin() + std::ptrdiff_t(i) + 1,
+                  kept.end());
+      return kept.back().second;
+    }
+  GraphLayout r = layoutGraphLocked(dot);
+  if (r.error.empty()) {
+    if (kept.size() == kKept) kept.erase(kept.begin());
+    kept.emplace_back(dot, r);
+  }
+  return r;
+}
 
 GraphSvg renderSvg(const std::string& dot) {
   GraphSvg r;

@@ -23,10 +23,7 @@ int runTorchMemory(const ImportArgs& a) {
   o.engineVersion = std::string("torch memory snapshot, keel ") + KEEL_VERSION;
   const storage::TorchMemoryImported r =
       storage::importTorchMemorySnapshot(a.snapshot, a.output, o);
-  // "1 segment", "3 live blocks".
-  auto n = [](uint64_t v, const char* one, const char* many) {
-    return std::to_string(v) + " " + (v == 1 ? one : many);
-  };
+  auto n = [](uint64_t v, const char* one, const char* many) { return countText(v, one, many); };
   std::printf(
       "imported %s: device cuda:%d; when its trace starts, %s and %s; %s (%llu change memory); "
       "%s\n",

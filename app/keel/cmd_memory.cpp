@@ -121,9 +121,10 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
     }
     if (o.filter.stepMin > 0 && m.event(0).label == storage::kLiveBefore)
       std::printf(
-          "note: recorded from step %lld (--step-range): the %s live blocks (%s) and the memory "
+          "note: recorded from step %lld (--step-range): the %s (%s) and the memory "
           "the allocator held then open the recording, as its first events\n",
-          static_cast<long long>(o.filter.stepMin), std::to_string(liveBlocks).c_str(),
+          static_cast<long long>(o.filter.stepMin),
+          countText(liveBlocks, "live block", "live blocks").c_str(),
           formatBytes(liveBytes).c_str());
     else if (o.filter.stepMin > 0 && kind == "host")  // nothing to snapshot: totals still hold
       std::printf(
@@ -231,13 +232,12 @@ int runBenchAllocator(const std::string& config, int steps, const MoeTraceOption
     AllocTrace trace;
   };
   std::vector<Case> cases;
-  cases.push_back(
-      {config + " training, " + std::to_string(steps) + (steps == 1 ? " step" : " steps"),
-       traceTraining(loadGptConfig(config), steps, 1)});
+  cases.push_back({config + " training, " + countText(uint64_t(steps), "step", "steps"),
+                   traceTraining(loadGptConfig(config), steps, 1)});
   cases.push_back({"generated MoE (" + std::to_string(moe.experts) + " experts, top-" +
                        std::to_string(moe.topK) + ", skew " +
-                       std::to_string(moe.skew).substr(0, 4) + ", " + std::to_string(moe.steps) +
-                       (moe.steps == 1 ? " step)" : " steps)"),
+                       std::to_string(moe.skew).substr(0, 4) + ", " +
+                       countText(uint64_t(moe.steps), "step", "steps") + ")",
                    generateMoeTrace(moe)});
   bool ok = true;
   for (auto& c : cases) {

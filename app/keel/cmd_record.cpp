@@ -220,8 +220,8 @@ int runRecord(const RecordArgs& a) {
   if (f.stepMin > 0 || f.stepMax < c.steps)
     range = " (ops of steps " + std::to_string(f.stepMin) + " to " +
             std::to_string(std::min<int64_t>(f.stepMax, c.steps)) + ": --step-range)";
-  auto n = [](int64_t v, const char* one, const char* many) {  // "1 op", "2 ops"
-    return std::to_string(v) + " " + (v == 1 ? one : many);
+  auto n = [](int64_t v, const char* one, const char* many) {
+    return countText(uint64_t(v), one, many);
   };
   std::printf("recorded %s%s, %s, %s, %s, %s, %s", n(c.steps, "step", "steps").c_str(),
               range.c_str(), n(c.ops, "op", "ops").c_str(), n(c.stacks, "stack", "stacks").c_str(),

@@ -408,8 +408,9 @@ void MainWindow::connectSources() {
     busy(-1);
     summaryA_ = s;
     graphA_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());  // opens coloured by NaNs
-    graphA_->setEmptyStepNote(emptyStepNote(*s));
-    timeline_->setEmptyStepNote(emptyStepNote(*s));
+    const QString note = emptyStepNote(*s);
+    graphA_->setEmptyStepNote(note);
+    timeline_->setEmptyStepNote(note);
     statusBanner_->setSummary(s);
     inspectorBanner_->setSummary(s);
     int64_t last = s->steps.empty() ? 0 : s->steps.back().step;

@@ -5,10 +5,7 @@
 // the observer records the stop (stopped_) before throwing, and step() checks that first.
 #include "keel/capture/recording_run.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -28,7 +25,6 @@
 #include "keel/registry.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
-#include "keel/version.h"
 
 namespace keel::capture {
 
@@ -38,11 +34,6 @@ namespace {
 struct StopRequest {
   std::string reason;
 };
-
-std::string hostName() {
-  char host[256] = {0};
-  return gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : std::string();
-}
 
 }  // namespace
 
@@ -428,10 +419,8 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
 
   run_.backend = std::string(backendName(device_.backend));
   run_.device = device_.name();
-  run_.host = hostName();
   run_.configJson = configText_.empty() ? "{}" : configText_;
   run_.seed = spec_.seed;
-  run_.engineVersion = KEEL_VERSION_STRING;
   run_.allocator = std::string(allocatorKindName(allocator_));
   const dist::Layout layout = dist::layout();
   run_.rank = dist::worldRank();
@@ -449,9 +438,7 @@ RecordingRun::~RecordingRun() {
 void RecordingRun::start() {
   KEEL_CHECK(!recorder_, "RecordingRun::start: already started");
   setDefaultAllocatorKind(allocator_);
-  run_.startTimeUnixNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
+  // The start time, host and keel version: the Recorder's (a RunInfo leaves them to it).
   // The recorder starts before the model is built so initialisation (step 0) is recorded too.
   // One writer per output (Note [Outputs never destroy inputs]); the lock is taken before the
   // output is looked at, so two runs cannot both decide to replace it.

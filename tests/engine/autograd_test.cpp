@@ -31,16 +31,6 @@ Tensor leaf(std::vector<double> v) {
 
 // ---------------------------------------------------------------- undefined tensors
 
-// The keel::Error message fn raises, or "(no error)" (a segfault ends the test binary).
-std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // Every accessor of an undefined Tensor (default-constructed, moved from, a grad() before
 // backward) throws keel::Error: they dereferenced null (a segfault), printing a gradient before
 // backward included.

@@ -17,6 +17,7 @@
 #include "keel/checkpoint.h"
 #include "keel/dtype.h"
 #include "keel/error.h"
+#include "test_util.h"
 
 namespace keel::ckpt::test {
 
@@ -230,15 +231,7 @@ inline ::testing::AssertionResult sameArr(const Arr& a, const Arr& b) {
   return ::testing::AssertionSuccess();
 }
 
-// The keel::Error message fn raises, or "(no error)".
-inline std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using keel::test::errorOf;  // test_util.h
 
 // A fresh directory for the running test (ctest runs tests of one binary in parallel).
 inline std::string tempDir(const std::string& tag = "") {

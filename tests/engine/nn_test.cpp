@@ -2,7 +2,6 @@
 // observer, Linear/attention semantics, MoE routing (dynamic shapes, capacity drops, aux loss),
 // grad clipping, optimizer updates and the LR schedule. Values are checked against hand numbers.
 #include <gtest/gtest.h>
-#include <functional>
 #include <optional>
 
 #include <algorithm>
@@ -146,22 +145,14 @@ TEST(ModuleTest, RegisterModuleRenamesSubtreeAndRejectsDuplicates) {
   EXPECT_THROW(outer.registerParameter("head", Tensor::zeros({1})), Error);
   outer.registerParameter("scale", Tensor::ones({1}, DType::Float32, kCpuRef));
   // The root module is named as such ("Module ''" named nothing); others by their path.
-  auto messageOf = [](const std::function<void()>& fn) -> std::string {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
-  EXPECT_EQ(messageOf([&] {
+  EXPECT_EQ(test::errorOf([&] {
               outer.registerParameter("scale", Tensor::ones({1}, DType::Float32, kCpuRef));
             }),
             "the root module: parameter 'scale' registered twice");
-  EXPECT_EQ(messageOf([&] { inner->registerModule("fc", std::make_shared<Holder>()); }),
+  EXPECT_EQ(test::errorOf([&] { inner->registerModule("fc", std::make_shared<Holder>()); }),
             "Module 'head': child 'fc' registered twice");
   nn::Linear root(3, 2, true, gen, kCpuRef);
-  EXPECT_EQ(messageOf([&] {
+  EXPECT_EQ(test::errorOf([&] {
               root.forward(Tensor::ones({2, 4}, DType::Float32, kCpuRef));
             }),
             "Linear (the root module): input of shape [2, 4] does not end in 3");

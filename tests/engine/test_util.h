@@ -29,6 +29,16 @@ inline void PrintTo(DType t, std::ostream* os) {
 
 namespace keel::test {
 
+// The keel::Error message fn raises, or "(no error)" (a segfault ends the test binary).
+inline std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 inline const Device kCpu{Backend::Cpu};
 inline const Device kCpuRef{Backend::CpuRef};
 // Test names for suites parameterized over {kCpuRef, kCpu}: "cpu_ref", "cpu".

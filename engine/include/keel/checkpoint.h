@@ -63,6 +63,8 @@ std::string metadataToJson(const Metadata& m);
 // Parses and validates metadata on its own: types, ranks, file indices and names, shards inside
 // the global shape that tile it exactly (no gap, no overlap). Throws keel::Error naming `source`.
 Metadata metadataFromJson(std::string_view text, const std::string& source);
+// The most bytes of metadata a checkpoint's keel-checkpoint.json may hold.
+inline constexpr uint64_t kMaxMetadataBytes = uint64_t(256) << 20;
 // The tiling check alone (shards inside the key's shape, no overlap, no gap).
 void checkTiling(const KeyInfo& k, const std::string& source);
 

@@ -75,6 +75,11 @@ struct AdamWOptions {
   bool decayMatricesOnly = true;
 };
 
+// AdamW's per-parameter state, as paramState names it (AdamW and ShardedAdamW alike).
+inline std::vector<std::string> adamWStateNames() {
+  return {"exp_avg", "exp_avg_sq", "step"};
+}
+
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions opt);

@@ -321,7 +321,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   KEEL_CHECK(fs::exists(metaPath, ec), path, ": not a checkpoint directory (no ", kMetadataFile,
              ")");
   c.meta_ =
-      metadataFromJson(readFile(metaPath, "checkpoint metadata", uint64_t(256) << 20), metaPath);
+      metadataFromJson(readFile(metaPath, "checkpoint metadata", kMaxMetadataBytes), metaPath);
   std::vector<std::unordered_map<std::string, const st::TensorEntry*>> byName;
   for (const auto& f : c.meta_.files) {
     c.readers_.push_back(std::make_shared<st::Reader>((fs::path(path) / f).string()));

@@ -117,7 +117,7 @@ std::vector<std::string> SGD::stateNames() const {
 }
 
 std::vector<std::string> AdamW::stateNames() const {
-  return {"exp_avg", "exp_avg_sq", "step"};
+  return adamWStateNames();
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::paramState(size_t i) const {

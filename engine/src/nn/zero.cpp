@@ -234,7 +234,7 @@ std::vector<std::pair<std::string, Tensor>> ShardedAdamW::paramState(size_t i) c
 }
 
 std::vector<std::string> ShardedAdamW::stateNames() const {
-  return {"exp_avg", "exp_avg_sq", "step"};
+  return adamWStateNames();
 }
 
 void ShardedAdamW::setParamState(size_t i, const std::string& name, const Tensor& value) {

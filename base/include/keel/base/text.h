@@ -28,6 +28,11 @@ constexpr bool scopeWithin(std::string_view scope, std::string_view prefix) {
   return scope.size() == prefix.size() || scope[prefix.size()] == '.';
 }
 
+// "1 op", "2 ops": a count and its noun, singular for one.
+inline std::string countText(uint64_t n, std::string_view one, std::string_view many) {
+  return std::to_string(n) + " " + std::string(n == 1 ? one : many);
+}
+
 // "a, b, c": the parts with `sep` between them.
 inline std::string joinText(const std::vector<std::string>& parts, std::string_view sep) {
   std::string out;
