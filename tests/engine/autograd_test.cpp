@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "keel/log.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
+#include "keel/step.h"
 #include "test_util.h"
 
 namespace keel::test {
@@ -549,6 +551,101 @@ TEST(Observer, APausedObserverHearsStepsOnly) {
   removeObserver(rec);
   setObserverPaused(rec, true);  // not installed: a no-op
   EXPECT_EQ(detail::instrumentation(), 0u);
+}
+
+// keel::Step (keel/step.h): a loop of one's own marks its steps; each installed observer restarts
+// the numbering.
+struct StepsAndLogs : Observer {
+  std::vector<StepEvent> steps;
+  std::vector<std::pair<LogLevel, std::string>> logs;
+  void onStep(const StepEvent& e) override { steps.push_back(e); }
+  void onLog(const LogEvent& e) override {
+    if (e.scope == "train") logs.emplace_back(e.level, std::string(e.message));
+  }
+};
+struct StepsScope {
+  std::shared_ptr<StepsAndLogs> rec = std::make_shared<StepsAndLogs>();
+  StepsScope() { addObserver(rec); }
+  ~StepsScope() { removeObserver(rec); }
+};
+
+TEST(Step, MarksBeginAndEndWithTheMetricsAndALogLine) {
+  StepsScope obs;
+  {
+    Step step(1);
+    ops::exp(leaf({1, 2}));
+    step.end({.loss = 0.5, .lr = 1e-3});
+  }
+  Step(2).end({.loss = std::nan(""), .gradNorm = 2.5, .valLoss = 0.25});
+  const auto& s = obs.rec->steps;
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_TRUE(s[0].begin);
+  EXPECT_EQ(s[0].step, 1);
+  EXPECT_FALSE(s[1].begin);
+  EXPECT_EQ(s[1].step, 1);
+  EXPECT_EQ(s[1].loss, 0.5);
+  EXPECT_EQ(s[1].lr, 1e-3);
+  EXPECT_TRUE(std::isnan(s[1].gradNorm));  // not given: unknown
+  EXPECT_TRUE(std::isnan(s[1].auxLoss));
+  EXPECT_GE(s[1].timeNs, s[0].timeNs);
+  EXPECT_EQ(s[3].step, 2);
+  EXPECT_TRUE(std::isnan(s[3].loss));
+  EXPECT_EQ(s[3].gradNorm, 2.5);
+  EXPECT_EQ(s[3].valLoss, 0.25);
+  using Line = std::pair<LogLevel, std::string>;
+  EXPECT_EQ(obs.rec->logs, (std::vector<Line>{
+                               {LogLevel::Info, "step 1: loss 0.5000, lr 0.001"},
+                               {LogLevel::Warn, "step 2: loss nan, grad norm 2.5, val loss 0.2500"},
+                           }));
+  EXPECT_EQ(detail::stepLogLine(9, {}), "step 9");
+  EXPECT_EQ(detail::stepLogLine(9, {.loss = -INFINITY, .auxLoss = 0.01, .tokensPerSec = 1234.4}),
+            "step 9: loss -inf, aux loss 0.0100, 1234 tokens/s");
+}
+
+TEST(Step, RefusesMisnumberedAndOverlappingSteps) {
+  StepsScope obs;
+  EXPECT_EQ(errorOf([] { Step s(0); }), "keel::Step(0): steps are numbered from 1");
+  {
+    Step three(3);
+    EXPECT_EQ(errorOf([] { Step s(4); }),
+              "keel::Step(4): step 3 has not ended (one step at a time: end it, or let its "
+              "keel::Step go out of scope, first)");
+    three.end();
+    EXPECT_EQ(errorOf([&] { three.end(); }), "keel::Step(3): end() called twice");
+  }
+  // An epoch loop that numbers its steps within each epoch: step 1 again would overwrite the
+  // recording's step 1.
+  EXPECT_EQ(errorOf([] { Step s(1); }),
+            "keel::Step(1): step 1 comes after step 3; number the steps upward through the whole "
+            "run, across epochs too");
+  EXPECT_EQ(errorOf([] { Step s(3); }).substr(0, 42), "keel::Step(3): step 3 comes after step 3; ");
+  Step(5).end();                         // gaps are allowed
+  ASSERT_EQ(obs.rec->steps.size(), 4u);  // 3 and 5, begun and ended; nothing of the refused
+  EXPECT_EQ(obs.rec->steps[2].step, 5);
+  {
+    StepsScope second;  // a new recorder: its run starts again at step 1
+    Step(1).end();
+    EXPECT_EQ(second.rec->steps.size(), 2u);
+  }
+}
+
+TEST(Step, WithoutEndItEndsUnknownAndUnwoundByAnExceptionItStaysOpen) {
+  StepsScope obs;
+  { Step s(1); }
+  try {
+    Step s(2);
+    throw std::runtime_error("out of memory");
+  } catch (const std::runtime_error&) {
+  }
+  Step(3).end({.loss = 1.0});  // the next step may begin: the failed one no longer runs
+  std::vector<std::pair<int64_t, bool>> seen;
+  for (const auto& e : obs.rec->steps) seen.emplace_back(e.step, e.begin);
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, bool>>{
+                      {1, true}, {1, false}, {2, true}, {3, true}, {3, false}}));
+  EXPECT_TRUE(std::isnan(obs.rec->steps[1].loss));
+  using Line = std::pair<LogLevel, std::string>;
+  EXPECT_EQ(obs.rec->logs, (std::vector<Line>{{LogLevel::Info, "step 1"},
+                                              {LogLevel::Info, "step 3: loss 1.0000"}}));
 }
 
 TEST(Observer, TwoObserversBothSeeEveryOp) {

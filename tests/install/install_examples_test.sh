@@ -3,7 +3,8 @@
 # header compiles on its own; both examples/ projects configure and build against the INSTALLED
 # package (find_package(Keel), no build tree), run through the installed `keel record --workload`,
 # and their recordings hold ops — tiny-gpt's own op squared_relu with its MD5, forward and
-# backward. The MLP's standalone program records itself through Keel::capture.
+# backward. The MLP's standalone programs record themselves through Keel::capture, one with a
+# training loop of its own (keel::Step).
 # Usage: install_examples_test.sh CMAKE BUILD_DIR SOURCE_DIR WORK_DIR CXX
 set -euo pipefail
 cmake="$1" build="$2" src="$3" work="$4" cxx="$5"
@@ -65,4 +66,12 @@ grep -Eq ' forward +squared_relu +blocks\.0\.mlp +[0-9.]+ +[0-9a-f]{16} ' "$work
 (cd "$work" && "$work/mlp/mlp_train" 2 "$work/self.db" >/dev/null)
 "$keel" inspect "$work/self.db" | grep -q "status finished" || die "mlp_train: run not finished"
 [ "$(ops "$work/self.db" --step 2 --name matmul)" -gt 0 ] || die "mlp_train: no matmul in step 2"
+# A loop of its own: keel::Step marks 2 epochs x 4 mini-batches as steps 1..8, each with its loss.
+(cd "$work" && "$work/mlp/mlp_loop" 2 "$work/loop.db" >"$work/loop.out")
+grep -q "^step 8  loss " "$work/loop.out" || die "mlp_loop: $(cat "$work/loop.out")"
+"$keel" inspect "$work/loop.db" >"$work/loop.inspect"
+grep -Eq "^  step 8 +loss [0-9]\.[0-9]{4} " "$work/loop.inspect" ||
+  die "mlp_loop: step 8 and its loss missing: $(cat "$work/loop.inspect")"
+! grep -q "step 9" "$work/loop.inspect" || die "mlp_loop: more than 8 steps"
+[ "$(ops "$work/loop.db" --step 5 --name matmul)" -gt 0 ] || die "mlp_loop: no matmul in step 5"
 echo "examples built against $prefix and recorded"

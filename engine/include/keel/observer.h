@@ -82,7 +82,7 @@ struct StepEvent {
   double lr = std::numeric_limits<double>::quiet_NaN();
   double gradNorm = std::numeric_limits<double>::quiet_NaN();  // before clipping
   double tokensPerSec = std::numeric_limits<double>::quiet_NaN();
-  double auxLoss = std::numeric_limits<double>::quiet_NaN();  // MoE aux loss (0 for dense)
+  double auxLoss = std::numeric_limits<double>::quiet_NaN();  // MoE aux loss (a dense model: NaN)
   double valLoss = std::numeric_limits<double>::quiet_NaN();  // validation loss, if evaluated
 };
 

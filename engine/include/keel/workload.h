@@ -26,7 +26,7 @@ extern "C" {
 // The name of the entry point a workload library exports.
 #define KEEL_WORKLOAD_ENTRY_SYMBOL "keel_workload"
 
-// KeelWorkloadV1.flags: the workload reports its own step boundaries (keel::detail::notifyStep);
+// KeelWorkloadV1.flags: the workload reports its own step boundaries (keel::Step, keel/step.h);
 // otherwise the host marks each step() call as one training step.
 #define KEEL_WORKLOAD_MARKS_STEPS 1u
 // KeelWorkloadV1.flags: every step fills loss and grad_norm, so a NaN there is a NaN value, not

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keel/dispatch.h"
+#include "keel/step.h"
 
 namespace keel {
 namespace detail {
@@ -85,6 +86,7 @@ void addObserver(std::shared_ptr<Observer> obs) {
   std::lock_guard<std::mutex> lk(g_obsMu);
   g_installed.push_back(std::move(obs));
   publish();
+  detail::restartStepNumbering();  // a new recording numbers its steps from 1
 }
 
 void removeObserver(const std::shared_ptr<Observer>& obs) {

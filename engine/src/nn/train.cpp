@@ -13,6 +13,7 @@
 #include "keel/error.h"
 #include "keel/log.h"
 #include "keel/observer.h"
+#include "keel/step.h"
 #include "parallel.h"
 
 namespace keel {
@@ -162,27 +163,10 @@ StepStats Trainer::step() {
   // and dropout is off in eval mode, so training is bitwise the same with or without it.
   if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0) s.valLoss = evaluate(cfg_.eval_batches);
   // One line per step in the run's logs (the studio's log view, `keel record`'s recording).
-  char line[192];
-  int n = std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
-                        static_cast<long long>(s.step), unsignedNaN(s.loss), s.lr,
-                        unsignedNaN(s.gradNorm));
-  if (out.auxLoss.defined() && n > 0 && size_t(n) < sizeof line)
-    n +=
-        std::snprintf(line + n, sizeof line - size_t(n), ", aux loss %.4f", unsignedNaN(s.auxLoss));
-  if (n > 0 && size_t(n) < sizeof line)
-    n += std::snprintf(line + n, sizeof line - size_t(n), ", %.0f tokens/s", s.tokensPerSec);
-  if (!std::isnan(s.valLoss) && n > 0 && size_t(n) < sizeof line)
-    std::snprintf(line + n, sizeof line - size_t(n), ", val loss %.4f", s.valLoss);
-  // A loss or gradient norm gone NaN/Inf is a warning (the log view shows it as one), not info.
-  const bool finite = std::isfinite(s.loss) && std::isfinite(s.gradNorm);
-  log(finite ? LogLevel::Info : LogLevel::Warn, "train", line);
-  StepEvent end{s.step, false, s.loss, 0};
-  end.lr = s.lr;
-  end.gradNorm = s.gradNorm;
-  end.tokensPerSec = s.tokensPerSec;
-  end.auxLoss = s.auxLoss;
-  end.valLoss = s.valLoss;
-  detail::notifyStep(end);
+  StepMetrics m{s.loss, s.lr, s.gradNorm, {}, s.tokensPerSec, {}};
+  if (out.auxLoss.defined()) m.auxLoss = s.auxLoss;  // a dense model has none (NULL, not 0)
+  if (!std::isnan(s.valLoss)) m.valLoss = s.valLoss;
+  detail::endStep(s.step, m);
   return s;
 }
 

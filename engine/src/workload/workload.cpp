@@ -13,6 +13,7 @@
 #include "keel/error.h"
 #include "keel/log.h"
 #include "keel/observer.h"
+#include "keel/step.h"
 
 namespace keel {
 namespace {
@@ -111,22 +112,20 @@ WorkloadMetrics WorkloadRun::step() {
     throw Error("workload '" + info_.name + "' failed in step " + std::to_string(n) + ": " +
                 (err[0] ? err.data() : "step failed"));
   steps_ = n;
-  if (mark) {
-    // A line per step in the run's logs, as the built-in trainer writes (Trainer::step).
-    char line[160];
-    std::snprintf(line, sizeof line, "step %lld: loss %.4f, lr %.3g, grad norm %.4g",
-                  static_cast<long long>(n), unsignedNaN(m.loss), m.lr, unsignedNaN(m.grad_norm));
-    const bool finite =
-        std::isfinite(m.loss) && (std::isnan(m.grad_norm) || std::isfinite(m.grad_norm));
-    log(finite ? LogLevel::Info : LogLevel::Warn, "train", line);  // as Trainer::step
-    StepEvent end{n, false, m.loss, 0};
-    end.lr = m.lr;
-    end.gradNorm = m.grad_norm;
-    end.tokensPerSec = m.tokens_per_sec;
-    detail::notifyStep(end);
+  const bool reports = (info_.api->flags & KEEL_WORKLOAD_REPORTS_METRICS) != 0;
+  if (mark) {  // the step's end and log line, as the built-in trainer writes them
+    auto known = [](double v, bool reported) -> std::optional<double> {
+      if (reported || !std::isnan(v)) return v;
+      return std::nullopt;
+    };
+    detail::endStep(n, StepMetrics{known(m.loss, reports),
+                                   known(m.lr, false),
+                                   known(m.grad_norm, reports),
+                                   {},
+                                   known(m.tokens_per_sec, false),
+                                   {}});
   }
-  return WorkloadMetrics{m.loss, m.lr, m.grad_norm, m.tokens_per_sec,
-                         (info_.api->flags & KEEL_WORKLOAD_REPORTS_METRICS) != 0};
+  return WorkloadMetrics{m.loss, m.lr, m.grad_norm, m.tokens_per_sec, reports};
 }
 
 }  // namespace keel
