@@ -418,6 +418,31 @@ void divergenceAcross(DiffReport& rep, const std::vector<const Row*>& diverged, 
 
 }  // namespace
 
+// Why no diverged pair qualified as the root, from the first divergence's inputs: one nothing
+// was recorded of, one no recorded op produced (parameters or data), or the general case.
+std::string noRootReason(const Row& first, const std::vector<TensorDiff>& inputs,
+                         const Producers& prodA) {
+  const std::string op = "#" + std::to_string(first.a->seq) + " " + first.a->name;
+  for (const TensorDiff& t : inputs)
+    if (t.basis == DiffBasis::None) {
+      const TensorRecord* ta = findTensor(*first.a, Role::Input, t.index);
+      return "input " + std::to_string(t.index) + " of the first divergence (" + op + ", " +
+             (ta ? ta->dtype : std::string("?")) +
+             ") was not compared: nothing was recorded of it (statistics cover floating-point "
+             "tensors; record with --md5 or --all), and the difference may enter through it";
+    }
+  for (const TensorDiff& t : inputs) {
+    if (passes(t.status)) continue;
+    const TensorRecord* ta = findTensor(*first.a, Role::Input, t.index);
+    if (ta && !prodA.find(*ta, first.a->seq))
+      return "input " + std::to_string(t.index) + " of the first divergence (" + op +
+             ") differs and no recorded op produced it: the runs start from different "
+             "parameters or data";
+  }
+  return "every diverged op has a diverged input, or one fed by an earlier divergence: the "
+         "difference enters through tensors no aligned op produced, e.g. parameters or data";
+}
+
 DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>& b,
                     const DiffOptions& opt, const DumpValues& values) {
   DiffReport rep;
@@ -563,15 +588,38 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
       }
       return in;
     };
+    // Note [Root candidates]: a root's inputs all pass, each was compared (an input nothing was
+    // recorded of — an integer tensor under --stats — may carry the difference unseen), and none
+    // descends from an earlier diverged pair: a difference that passed one op within tolerance
+    // (at atol's scale, say) is still that pair's difference, not a new one.
+    std::unordered_set<uint64_t> downstream;  // A's ops fed, directly or not, by a diverged pair
+    for (const OpRecord* op : sides.allA) {
+      auto it = rowByA.find(op->seq);
+      bool fed = it != rowByA.end() && it->second->b && it->second->status == DiffStatus::Diverged;
+      for (const TensorRecord& t : op->tensors) {
+        if (fed) break;
+        if (t.role != Role::Input) continue;
+        const OpRecord* p = prodA.find(t, op->seq);
+        fed = p && downstream.count(p->seq);
+      }
+      if (fed) downstream.insert(op->seq);
+    }
+    auto clean = [&](const Row& r, const TensorDiff& t) {
+      if (!passes(t.status) || t.basis == DiffBasis::None) return false;
+      const TensorRecord* ta = findTensor(*r.a, Role::Input, t.index);
+      const OpRecord* p = ta ? prodA.find(*ta, r.a->seq) : nullptr;
+      return !p || !downstream.count(p->seq);
+    };
     std::vector<TensorDiff> firstInputs = inputsOf(*diverged.front());
     rep.first = makeDivergence(*diverged.front(), firstInputs);
     for (const Row* r : diverged) {
       std::vector<TensorDiff> in = r == diverged.front() ? firstInputs : inputsOf(*r);
-      if (std::all_of(in.begin(), in.end(), [](const TensorDiff& t) { return passes(t.status); })) {
+      if (std::all_of(in.begin(), in.end(), [&](const TensorDiff& t) { return clean(*r, t); })) {
         rep.root = r == diverged.front() ? *rep.first : makeDivergence(*r, std::move(in));
         break;
       }
     }
+    if (!rep.root) rep.noRoot = noRootReason(*diverged.front(), firstInputs, prodA);
   }
 
   rep.pairs.reserve(opt.mismatchesOnly ? 0 : rows.size());

@@ -172,6 +172,7 @@ std::string toJson(const DiffReport& r) {
   j["steps"] = std::move(steps);
   j["firstDivergence"] = divergenceJson(r.first);
   j["rootDivergence"] = divergenceJson(r.root);
+  if (!r.root && r.rootSearched) j["noRootReason"] = r.noRoot;
   Json pairs = Json::array();
   for (const OpPair& p : r.pairs) pairs.push_back(pairJson(p));
   j["pairs"] = std::move(pairs);
@@ -196,9 +197,11 @@ std::string opLabel(const OpPair& p) {
 }
 
 std::string tensorLine(const TensorDiff& t) {
-  std::string s = std::string(t.role == Role::Input ? "input " : "output ") +
-                  std::to_string(t.index) + ": " + toString(t.status) + " (" + toString(t.basis) +
-                  ")";
+  std::string s =
+      std::string(t.role == Role::Input ? "input " : "output ") + std::to_string(t.index) + ": ";
+  if (t.basis == DiffBasis::None)  // counted Equal, but nothing says it is: not "equal (none)"
+    return s + (t.detail.empty() ? "not compared" : t.detail);
+  s += std::string(toString(t.status)) + " (" + toString(t.basis) + ")";
   if (t.basis == DiffBasis::Values)
     s += "  max abs " + fmtNum(t.maxAbs) + "  max rel " + fmtNum(t.maxRel) + "  max ulps " +
          (t.maxUlps == std::numeric_limits<uint64_t>::max() ? std::string("inf")
@@ -223,7 +226,7 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
   out += "  stacks: A " + (p.stackIdA >= 0 ? "stack #" + std::to_string(p.stackIdA) : "none") +
          ", B " + (p.stackIdB >= 0 ? "stack #" + std::to_string(p.stackIdB) : "none") + "\n";
   const bool inputsEqual = std::all_of(d.inputs.begin(), d.inputs.end(), [](const TensorDiff& t) {
-    return t.status == DiffStatus::Equal;
+    return t.status == DiffStatus::Equal && t.basis != DiffBasis::None;
   });
   if (std::string k = kernelPhrase(p, inputsEqual, true); !k.empty()) out += "  " + k + "\n";
   if (p.inA != p.inB)
@@ -372,10 +375,9 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
       divergenceText(out, "root divergence", *r.root);
       out += "\n";
     } else {
-      out +=
-          "root divergence: none found (every diverged op has a diverged input: the "
-          "difference enters through tensors no aligned op produced, e.g. parameters or "
-          "data)\n\n";
+      out += "root divergence: none found (" +
+             (r.noRoot.empty() ? std::string("every diverged op has a diverged input") : r.noRoot) +
+             ")\n\n";
     }
   }
   bool header = false;

@@ -158,18 +158,66 @@ TEST(DiffTest, RootDivergenceSkipsInheritedDivergence) {
 TEST(DiffTest, InputWithoutChecksumsInheritsProducerVerdict) {
   // No MD5 on inputs: op2's input verdict comes from its producer op1 (diverged), so op2 is
   // not a root; op1 is.
-  auto mk = [](const std::string& o1, const std::string& o2) {
+  auto mk = [](const std::string& in, const std::string& o1, const std::string& o2) {
     std::vector<OpRecord> ops;
     ops.push_back(
-        op(1, 1, "exp", {tensor(Role::Input, 0, 1, 1, ""), tensor(Role::Output, 0, 2, 1, o1)}));
+        op(1, 1, "exp", {tensor(Role::Input, 0, 1, 1, in), tensor(Role::Output, 0, 2, 1, o1)}));
     ops.push_back(
         op(2, 1, "log", {tensor(Role::Input, 0, 2, 1, ""), tensor(Role::Output, 0, 3, 1, o2)}));
     return ops;
   };
-  ks::DiffReport r = ks::diffRuns(mk("a", "b"), mk("a'", "b'"));
+  ks::DiffReport r = ks::diffRuns(mk("x", "a", "b"), mk("x", "a'", "b'"));
   ASSERT_TRUE(r.root);
   EXPECT_EQ(r.root->pair.seqA, 1u);
-  EXPECT_EQ(r.root->inputs[0].basis, DiffBasis::None);
+  EXPECT_EQ(r.root->inputs[0].basis, DiffBasis::Md5);
+  // Note [Root candidates]: an input nothing was recorded of (an integer tensor under --stats)
+  // may carry the difference: its op is no root, and the report says which input.
+  r = ks::diffRuns(mk("", "a", "b"), mk("", "a'", "b'"));
+  ASSERT_TRUE(r.first);
+  EXPECT_FALSE(r.root);
+  EXPECT_EQ(r.noRoot,
+            "input 0 of the first divergence (#1 exp, float32) was not compared: nothing was "
+            "recorded of it (statistics cover floating-point tensors; record with --md5 or "
+            "--all), and the difference may enter through it");
+  const std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("  input 0: not compared (nothing recorded)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("root divergence: none found (input 0 of the first divergence (#1 exp, "),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(nlohmann::json::parse(ks::toJson(r))["noRootReason"], r.noRoot);
+}
+
+// Note [Root candidates]: different data enters at op 1; op 2 passes within tolerance (its rounded
+// MD5s agree) and op 3 diverges again. Op 3's input passed, but only as what op 1's difference
+// became: op 3 is no root, and none is named — the runs start from different data.
+TEST(DiffTest, ADifferenceThatPassedAnOpWithinToleranceMakesNoNewRoot) {
+  auto mk = [](const std::string& data, const std::string& side) {
+    std::vector<OpRecord> ops;
+    ops.push_back(
+        op(1, 1, "embedding",
+           {tensor(Role::Input, 0, 1, 1, data), tensor(Role::Output, 0, 2, 1, "e" + side)}));
+    ops.push_back(
+        op(2, 1, "exp",
+           {tensor(Role::Input, 0, 2, 1, "e" + side), tensor(Role::Output, 0, 3, 1, "x" + side)}));
+    ops.back().tensors[1].md5Rounded = "rounded";
+    ops.push_back(
+        op(3, 1, "log",
+           {tensor(Role::Input, 0, 3, 1, "x" + side), tensor(Role::Output, 0, 4, 1, "l" + side)}));
+    return ops;
+  };
+  ks::DiffReport r = ks::diffRuns(mk("tokens", "A"), mk("other tokens", "B"));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->pair.seqA, 1u);
+  EXPECT_EQ(pairByA(r, 2)->status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(pairByA(r, 3)->status, DiffStatus::Diverged);
+  EXPECT_FALSE(r.root);  // op 3 was the root before
+  EXPECT_EQ(r.noRoot,
+            "input 0 of the first divergence (#1 embedding) differs and no recorded op produced "
+            "it: the runs start from different parameters or data");
+  // The same runs from the same data: op 1 is the root, and op 3 still is not a second one.
+  r = ks::diffRuns(mk("tokens", "A"), mk("tokens", "B"));
+  ASSERT_TRUE(r.root);
+  EXPECT_EQ(r.root->pair.seqA, 1u);
 }
 
 TEST(DiffTest, ExtraOpInBIsOneUnmatchedRestEqual) {

@@ -490,6 +490,11 @@ void DiffView::updateSummary() {
                        QString::fromStdString(q.scope).toHtmlEscaped());
     } else if (r->root) {
       text += tr(" (also the root: its inputs all match)");
+    } else if (!r->noRoot.empty()) {
+      text += QStringLiteral("<br><span style='color:gray'>%1</span>")
+                  .arg(tr("No root divergence: %1")
+                           .arg(QString::fromStdString(r->noRoot))
+                           .toHtmlEscaped());
     }
     if (auto* w = worstOutput(p); w && !w->detail.empty())
       text += QStringLiteral("<br><span style='color:gray'>output %1: %2</span>")

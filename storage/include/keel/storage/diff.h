@@ -167,8 +167,10 @@ struct DiffReport {
   std::vector<LossDiff> losses;     // steps of both runs, when both report losses (diffRecordings)
   std::vector<OpPair> pairs;        // step order, then alignment order
   std::optional<Divergence> first;  // earliest diverged pair by side A's seq
-  std::optional<Divergence> root;   // earliest diverged pair whose inputs all match
+  std::optional<Divergence> root;   // earliest diverged pair whose inputs all match (see docs)
   bool rootSearched = false;        // true when a divergence exists (root may still be empty)
+  std::string noRoot;  // rootSearched without a root: why, naming the input the difference
+                       // may come through (Note [Root candidates])
   DiffOptions options;              // align: the alignment used (never Auto)
   std::string frameworkA, frameworkB;  // "keel", "torch" (diffRecordings; "" from diffRuns)
 };
