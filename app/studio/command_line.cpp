@@ -19,6 +19,7 @@
 #include <optional>
 #include <utility>
 
+#include "dialogs.h"
 #include "keel/base/number_words.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
@@ -163,6 +164,10 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (files.size() > 1) return error("expected at most one recording, got " + files.join(' '));
   if (!files.isEmpty()) out.recording = files[0];
   if (cli.isSet(o.compare)) {
+    if (cli.isSet(o.session))  // it said "--compare needs a recording", which was given
+      return error(
+          "--compare cannot be used with --session (compare the session's recording once it is "
+          "written: keel-studio RUN.db --compare OTHER.db)");
     if (files.isEmpty()) return error("--compare needs a recording to compare with");
     out.compare = cli.value(o.compare);
   }
@@ -248,6 +253,10 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     } catch (const keel::Error& e) {
       return QString::fromUtf8(e.what());
     }
+    // Its folder must exist: found after a whole session had run, the picture was lost.
+    if (const QFileInfo si(out.screenshot); !QFileInfo(si.absolutePath()).isDir())
+      return "--screenshot " + out.screenshot + ": the folder " + si.absolutePath() +
+             " does not exist";
     // The views' folder: an existing folder, or a new one in an existing folder (it made any
     // path, and a file given as the folder failed after the window was drawn).
     if (!out.viewsDir.isEmpty()) {
@@ -274,7 +283,21 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (!out.recording.isEmpty()) return error("--session and a recording to open are exclusive");
   SessionConfig s;
   s.configPath = cli.value(o.session);
-  if (!QFileInfo(s.configPath).isFile()) return error(notAFile("config", s.configPath));
+  if (!QFileInfo(s.configPath).isFile()) {
+    // A config's name as the New session dialog lists it ("gpt-mini"): the installed configs'.
+    const QString named = namedConfig(s.configPath);
+    if (named.isEmpty()) {
+      QStringList names;
+      for (const QString& dir : configDirectories())
+        for (const QFileInfo& f : QDir(dir).entryInfoList({"*.json"}, QDir::Files, QDir::Name))
+          if (!names.contains(f.completeBaseName())) names << f.completeBaseName();
+      QString message = notAFile("config", s.configPath);
+      if (!s.configPath.contains('/') && !names.isEmpty())
+        message += " (a config file, or one of " + names.join(", ") + ")";
+      return error(message);
+    }
+    s.configPath = named;
+  }
   s.backend = cli.value(o.backend);
   try {
     (void)keel::trainingDevice(s.backend.toStdString());
@@ -291,6 +314,18 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (!ok || cli.value(o.seed).startsWith('+'))
     return error("--seed: " +
                  QString::fromStdString(keel::notASeed(cli.value(o.seed).toStdString())));
+  // --step and --select-op name what a run shows: a session shows them only once it has run.
+  if (out.step >= 0 && !cli.isSet(o.run))
+    return error("--step with --session needs --run (the session pauses before step 1)");
+  if (out.step > s.steps)
+    return error(QString("--step %1: the session runs %2 step%3 (--steps)")
+                     .arg(out.step)
+                     .arg(s.steps)
+                     .arg(s.steps == 1 ? "" : "s"));
+  if (out.selectOp)
+    return error(
+        "--select-op cannot be used with --session (the session selects the op it "
+        "pauses or fails at; open its recording to select another)");
   if (cli.isSet(o.output)) {
     s.output = cli.value(o.output);
     const QFileInfo fi(s.output);
@@ -304,6 +339,13 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     } catch (const keel::Error& e) {
       return error(QString::fromUtf8(e.what()));
     }
+    // Note [A session never replaces a recording]: the views read the session's recording as
+    // it is written, so it is written in place from the first op; an existing recording would
+    // be gone even if the session failed to start or was never run.
+    if (fi.exists())
+      return error("--output " + s.output +
+                   " exists: a live session writes its recording in place as it runs and would "
+                   "replace it (remove it, or choose another name)");
   }
   s.capture.stacks = s.capture.md5 = s.capture.stats = true;
   s.capture.allocator = true;

@@ -14,6 +14,7 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMessageBox>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QStandardPaths>
@@ -31,12 +32,25 @@ QStringList configDirectories() {
   QStringList dirs;
   // Installed next to the binary (<prefix>/bin/../share/keel/configs, whatever the prefix), the
   // configured install prefix, then the source tree of a development build.
-  const QString besideBinary =
-      QDir(QCoreApplication::applicationDirPath() + "/../share/keel/configs").absolutePath();
+  // The command line is read before the application object exists: the binary's folder then
+  // comes from /proc.
+  const QString binDir =
+      QCoreApplication::instance()
+          ? QCoreApplication::applicationDirPath()
+          : QFileInfo(QFileInfo("/proc/self/exe").canonicalFilePath()).absolutePath();
+  const QString besideBinary = QDir(binDir + "/../share/keel/configs").absolutePath();
   for (const QString& d :
        {besideBinary, QString(KEEL_INSTALLED_CONFIG_DIR), QString(KEEL_SOURCE_CONFIG_DIR)})
     if (QDir(d).exists() && !dirs.contains(QDir(d).absolutePath())) dirs << QDir(d).absolutePath();
   return dirs;
+}
+
+QString namedConfig(const QString& name) {
+  if (name.isEmpty() || name.contains('/')) return {};
+  const QString file = name.endsWith(".json") ? name : name + ".json";
+  for (const QString& dir : configDirectories())
+    if (QFileInfo(dir + "/" + file).isFile()) return QDir(dir).absoluteFilePath(file);
+  return {};
 }
 
 QString defaultSessionPath(const QString& configPath) {
@@ -65,14 +79,16 @@ QWidget* withBrowse(QLineEdit* edit, std::function<QString()> pick) {
 }
 }  // namespace
 
-NewSessionDialog::NewSessionDialog(QWidget* parent) : QDialog(parent) {
+NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* parent)
+    : QDialog(parent) {
   setWindowTitle("New session");
   auto* form = new QFormLayout;
   configCombo_ = new QComboBox;
   configCombo_->setEditable(true);
-  for (const QString& dir : configDirectories())
+  for (const QString& dir : configDirectories())  // a name once: the first folder's (installed)
     for (const QFileInfo& f : QDir(dir).entryInfoList({"*.json"}, QDir::Files, QDir::Name))
-      configCombo_->addItem(f.completeBaseName(), f.absoluteFilePath());
+      if (configCombo_->findText(f.completeBaseName()) < 0)
+        configCombo_->addItem(f.completeBaseName(), f.absoluteFilePath());
   int mini = configCombo_->findText("gpt-mini");
   if (mini >= 0) configCombo_->setCurrentIndex(mini);
   auto* browse = new QPushButton("Browse…");
@@ -137,8 +153,10 @@ NewSessionDialog::NewSessionDialog(QWidget* parent) : QDialog(parent) {
   connect(configCombo_, &QComboBox::currentIndexChanged, this,
           [this] { output_->setText(defaultSessionPath(configCombo_->currentData().toString())); });
   form->addRow("Recording file", withBrowse(output_, [this] {
+                 // Replacing is asked on Start (accept), once, whichever way the name came.
                  return QFileDialog::getSaveFileName(this, "Recording file", output_->text(),
-                                                     "Keel recordings (*.db)");
+                                                     "Keel recordings (*.db)", nullptr,
+                                                     QFileDialog::DontConfirmOverwrite);
                }));
   auto* buttons = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel);
   buttons->button(QDialogButtonBox::Ok)->setText("Start");
@@ -147,6 +165,43 @@ NewSessionDialog::NewSessionDialog(QWidget* parent) : QDialog(parent) {
   auto* top = new QVBoxLayout(this);
   top->addLayout(form);
   top->addWidget(buttons);
+  if (previous) {
+    const SessionConfig& p = *previous;
+    int i = configCombo_->findData(p.configPath);
+    if (i < 0 && !p.configPath.isEmpty()) {
+      configCombo_->addItem(QFileInfo(p.configPath).completeBaseName(), p.configPath);
+      i = configCombo_->count() - 1;
+    }
+    if (i >= 0) configCombo_->setCurrentIndex(i);
+    workload_->setText(p.workloadPath);
+    if (p.configPath.isEmpty() && !p.workloadPath.isEmpty())
+      configCombo_->setCurrentIndex(configCombo_->findText(kWorkloadDefaults));
+    if (int b = backendCombo_->findText(p.backend); b >= 0) backendCombo_->setCurrentIndex(b);
+    seedSpin_->setValue(int(p.seed));
+    stepsSpin_->setValue(int(p.steps));
+    stacks_->setChecked(p.capture.stacks);
+    md5_->setChecked(p.capture.md5);
+    stats_->setChecked(p.capture.stats);
+    allocator_->setChecked(p.capture.allocator);
+    dumps_->setChecked(p.capture.dumps);
+    QStringList ops;
+    for (const std::string& op : p.capture.dumpFilter.ops) ops << QString::fromStdString(op);
+    dumpOps_->setText(ops.join(','));
+    if (!QFileInfo::exists(p.output)) output_->setText(p.output);
+  }
+}
+
+void NewSessionDialog::accept() {
+  const QString out = output_->text();
+  if (QFileInfo::exists(out) &&
+      QMessageBox::question(
+          this, "Replace recording",
+          QString("%1 exists.\n\nA live session writes its recording in place as it runs: the "
+                  "file is replaced from the first op, even if the session then fails or is "
+                  "stopped.\n\nReplace it?")
+              .arg(QDir::toNativeSeparators(out))) != QMessageBox::Yes)
+    return;
+  QDialog::accept();
 }
 
 SessionConfig NewSessionDialog::config() const {

@@ -17,14 +17,22 @@ namespace keel::studio {
 
 // Directories searched for model configs (the source tree's configs/, the installed share dir).
 QStringList configDirectories();
+// The config a bare name stands for ("gpt-mini" or "gpt-mini.json": the first configDirectories()
+// folder's); "" when the name has a folder in it or no folder has it.
+QString namedConfig(const QString& name);
 // A fresh recording path under the user's data directory: sessions/<name>-<time>.db.
 QString defaultSessionPath(const QString& configPath);
 
 class NewSessionDialog : public QDialog {
   Q_OBJECT
  public:
-  explicit NewSessionDialog(QWidget* parent = nullptr);
+  // `previous`: the last session's settings, shown again (a failed Start lost them); its
+  // recording file is kept only if it does not exist yet.
+  explicit NewSessionDialog(const SessionConfig* previous = nullptr, QWidget* parent = nullptr);
   SessionConfig config() const;
+  // Start: an existing recording file is replaced only once the user says so (Note [A session
+  // never replaces a recording]).
+  void accept() override;
 
  private:
   QComboBox* configCombo_;

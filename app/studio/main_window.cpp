@@ -631,9 +631,19 @@ void MainWindow::connectSession() {
                   "\n\nThe failing op (#%1) is selected: the inspector shows its inputs, "
                   "call stack and the error in its log.")
                   .arg(seq);
-      failedSeq_ = seq;
-      failedShown_ = false;
-      if (sourceA_->isOpen()) {
+      // The session's recording, not one opened before the session started.
+      const bool open = sourceA_->isOpen() && sourceA_->path() == session_->recordingPath();
+      if (!open && QFileInfo(session_->recordingPath()).isFile()) {
+        // It failed while setting up (an op of step 0, building the model): the recording was
+        // not open yet. Open it at step 0 with the failing op selected, as a step's failure.
+        openRecording(session_->recordingPath(), /*verify=*/false);
+        failedSeq_ = seq;
+        failedShown_ = true;  // shown through the step's load, not through requestOp
+        pendingSelectA_ = seq;
+        stepOnOpen_ = 0;
+      } else if (open) {
+        failedSeq_ = seq;
+        failedShown_ = false;
         busy(1);
         sourceA_->refresh();
         busy(1);
@@ -771,6 +781,7 @@ void MainWindow::compareWith(const QString& folderOrFile) {
 }
 
 void MainWindow::startSession(const SessionConfig& config) {
+  lastSession_ = config;  // the New session dialog shows it again
   session_->start(config);
 }
 
@@ -929,7 +940,7 @@ void MainWindow::compareDialog() {
 }
 
 void MainWindow::newSessionDialog() {
-  NewSessionDialog dlg(this);
+  NewSessionDialog dlg(lastSession_ ? &*lastSession_ : nullptr, this);
   if (dlg.exec() == QDialog::Accepted) startSession(dlg.config());
 }
 

@@ -202,6 +202,7 @@ class MainWindow : public QMainWindow {
   std::optional<uint64_t> failedSeq_;  // a failed session's failing op (painted as failed)
   bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
+  std::optional<SessionConfig> lastSession_;  // the New session dialog's starting point
   LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;

@@ -152,10 +152,12 @@ class Session::Worker {
     }
     auto run = std::make_unique<capture::RecordingRun>(
         spec, [this](const OpEvent& e, const std::string& reason) { afterOp(e, reason); });
-    run->start();
-    run->recorder().flush();
-    std::lock_guard<std::mutex> lk(s_->mu_);
-    run_ = std::move(run);
+    {  // held before start: a failure while setting up is reported with its op (failedSeq)
+      std::lock_guard<std::mutex> lk(s_->mu_);
+      run_ = std::move(run);
+    }
+    run_->start();
+    run_->recorder().flush();
   }
 
   // ---- engine thread ----

@@ -338,6 +338,25 @@ class StudioCliTest : public QObject {
         {{a, "--screenshot", "s.png", "--views-dir", dir_ + "/no/such/views"},
          "--views-dir " + dir_ + "/no/such/views: its parent folder " + dir_ +
              "/no/such does not exist"},
+        // Note [A session never replaces a recording]: written in place from the first op, it
+        // replaced the recording even when the session failed to start or never ran.
+        {{"--session", kTiny, "--output", a},
+         "--output " + a +
+             " exists: a live session writes its recording in place as it runs and would replace "
+             "it (remove it, or choose another name)"},
+        {{"--session", kTiny, "--compare", a},
+         "--compare cannot be used with --session (compare the session's recording once it is "
+         "written"},
+        {{"--session", kTiny, "--step", "1"},
+         "--step with --session needs --run (the session pauses before step 1)"},
+        {{"--session", kTiny, "--run", "--steps", "2", "--step", "5"},
+         "--step 5: the session runs 2 steps (--steps)"},
+        {{"--session", kTiny, "--select-op", "5"}, "--select-op cannot be used with --session"},
+        // A config's name as the New session dialog lists it; a wrong one lists the names.
+        {{"--session", "gpt-mni"}, "no such config: gpt-mni (a config file, or one of "},
+        // The picture's folder, checked before anything runs (it was found after a session).
+        {{a, "--screenshot", dir_ + "/no/such/x.png"},
+         "--screenshot " + dir_ + "/no/such/x.png: the folder " + dir_ + "/no/such does not exist"},
         // A folder that is not a run folder is named as one.
         {{dir_}, dir_ + " is a folder but not a run folder (it has no manifest.json"},
         {{a, "--compare", dir_}, dir_ + " is a folder but not a run folder"},
@@ -399,6 +418,28 @@ class StudioCliTest : public QObject {
                qPrintable(what));
       QVERIFY(!QFileInfo::exists(shot));
     }
+  }
+
+  // A session whose model fails to build (an op of step 0 throws): the recording holds the ops
+  // up to the failing one, and the studio opens it at step 0 with that op selected and saves the
+  // picture, then reports the error (it printed the error alone and saved nothing). A config's
+  // name ("gpt-tiny" is not one: the installed names) resolves like the dialog's list.
+  void aSessionFailingWhileSettingUpShowsTheFailingOp() {
+    const QString out = dir_ + "/setup-fail.db", shot = dir_ + "/setup-fail.png";
+    const Result r = studio({"--session", kTiny, "--run", "--steps", "2", "--output", out,
+                             "--screenshot", shot, "--size", "1000x700"},
+                            {"KEEL_TEST_PERTURB=normal:2:fail"});
+    const QString what = diag(r);
+    QVERIFY2(r.code == 2, qPrintable(what));
+    QVERIFY2(r.err.count("keel-studio: error: ") == 1, qPrintable(what));
+    QVERIFY2(r.err.contains("op 'normal': injected failure"), qPrintable(what));
+    QVERIFY2(QFileInfo::exists(shot), qPrintable(what));
+    storage::Recording rec = storage::Recording::open(out.toStdString());
+    const auto ops = rec.stepOps(0);
+    QVERIFY(!ops.empty());
+    const uint64_t failing = ops.back().seq;
+    QCOMPARE(QString::fromStdString(ops.back().name), QString("normal"));
+    QVERIFY2(r.out.contains(QString("selected #%1").arg(failing)), qPrintable(what));
   }
 
   // A recording being written by another process (keel record): the studio opens the steps
