@@ -406,6 +406,7 @@ void MainWindow::connectSources() {
   using views::RunSource;
   connect(sourceA_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
+    clearForOpened();
     summaryA_ = s;
     graphA_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());  // opens coloured by NaNs
     const QString note = emptyStepNote(*s);
@@ -480,6 +481,7 @@ void MainWindow::connectSources() {
   });
   connect(sourceB_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
+    if (!pendingRecentB_.isEmpty()) addRecent(std::exchange(pendingRecentB_, QString()));
     summaryB_ = s;
     graphB_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());
     inspector_->setCompare(runLabel(summaryA_, sourceA_->path()), runLabel(s, {}));
@@ -502,6 +504,7 @@ void MainWindow::connectSources() {
   for (views::RunSource* src : {sourceA_, sourceB_}) {
     connect(src, &RunSource::failed, this, [this, src](const QString& msg) {
       busy(-1);
+      (src == sourceA_ ? pendingRecent_ : pendingRecentB_).clear();
       if (src == sourceA_ && !summaryA_) memoryView_->clear();
       showError(src == sourceA_ ? "Cannot open recording" : "Cannot open recording to compare",
                 msg);
@@ -733,12 +736,21 @@ void MainWindow::showRank(int rank) {
 }
 
 void MainWindow::openFile(const QString& path, bool verify) {
-  live_ = !verify;
+  // The views are cleared when the file has opened (clearForOpened): one that cannot be opened
+  // leaves the recording shown as it was, selection, inspector and banners included.
+  pendingLive_ = !verify;
+  pendingRecent_ = verify && runFolder_.isEmpty() ? path : QString();
+  failedSeq_.reset();
+  busy(1);
+  sourceA_->open(path, verify);
+}
+
+void MainWindow::clearForOpened() {
+  live_ = pendingLive_;
   summaryA_.reset();
   stepA_.reset();
   shownStep_ = -1;
   diff_.reset();
-  failedSeq_.reset();
   statusBanner_->setSummary(nullptr);
   inspectorBanner_->setSummary(nullptr);
   diffView_->clear();
@@ -747,9 +759,7 @@ void MainWindow::openFile(const QString& path, bool verify) {
   memoryView_->clear();
   memoryView_->showMessage("Loading the allocator events…");
   load_.recordingReplaced();
-  busy(1);
-  sourceA_->open(path, verify);
-  if (verify && runFolder_.isEmpty()) addRecent(path);
+  if (!pendingRecent_.isEmpty()) addRecent(std::exchange(pendingRecent_, QString()));
 }
 
 void MainWindow::compareWith(const QString& folderOrFile) {
@@ -777,7 +787,7 @@ void MainWindow::compareWith(const QString& folderOrFile) {
   stepB_.reset();
   busy(1);
   sourceB_->open(path);
-  addRecent(path);
+  pendingRecentB_ = path;  // added once it opens: a file that failed was listed
 }
 
 void MainWindow::startSession(const SessionConfig& config) {

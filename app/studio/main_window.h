@@ -132,6 +132,7 @@ class MainWindow : public QMainWindow {
   void openDialog();
   void importTorchMemoryDialog();
   void openFile(const QString& path, bool verify);
+  void clearForOpened();  // the views, for the recording that has just opened
   void openRunFolder(const QString& folder);
   void leaveRunFolder();
   QString rankFile(int rank) const;
@@ -203,6 +204,8 @@ class MainWindow : public QMainWindow {
   bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
   std::optional<SessionConfig> lastSession_;  // the New session dialog's starting point
+  bool pendingLive_ = false;                 // the open in flight is a live session's
+  QString pendingRecent_, pendingRecentB_;   // listed in Open recent once they open
   LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;

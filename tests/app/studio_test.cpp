@@ -452,6 +452,46 @@ class StudioTest : public QObject {
     QCOMPARE(w.session()->state(), Session::State::Failed);
   }
 
+  // A file that cannot be opened changes nothing else: the recording shown keeps its selection,
+  // its inspector and its path, and Open recent does not list the bad file (a failed open
+  // cleared the selection, the inspector and the first-NaN banner, and listed the file).
+  void aFailedOpenLeavesTheShownRecordingAsItWas() {
+    MainWindow w;
+    w.show();
+    QSettings().remove("recentFiles");
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    const uint64_t seq = w.currentStep()->ops.at(3).seq;
+    w.selection()->select(Side::A, seq);
+    QVERIFY(QTest::qWaitFor(
+        [&] { return w.inspector()->details() && w.inspector()->details()->op.seq == seq; },
+        10000));
+    const QString bad = dir_ + "/garbage-open.db";
+    QFile f(bad);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QByteArray(5000, 'x'));
+    f.close();
+    QSignalSpy err(&w, &MainWindow::errorShown);
+    w.openRecording(bad);
+    QVERIFY(QTest::qWaitFor([&] { return err.count() >= 1; }, 10000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.selection()->current(Side::A), std::optional<uint64_t>(seq));
+    QVERIFY(w.inspector()->details());  // single recording: the inspector's one op
+    QCOMPARE(w.inspector()->details()->op.seq, seq);
+    QVERIFY(w.summary(Side::A));
+    QCOMPARE(QFileInfo(w.summary(Side::A)->path).fileName(), QString("a.db"));
+    const QStringList recent = QSettings().value("recentFiles").toStringList();
+    QVERIFY2(!recent.contains(QFileInfo(bad).absoluteFilePath()), qPrintable(recent.join(", ")));
+    QVERIFY(recent.contains(QFileInfo(dir_ + "/a.db").absoluteFilePath()));
+    // The recording still answers: another step loads.
+    const int before = shown.count();
+    w.showStep(2);
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() > before; }, 30000));
+    QCOMPARE(w.currentStep()->step, int64_t(2));
+  }
+
   // Issue 14, item 5: at 1366x768 and 1920x1080 the window is that size, and the inspector reads
   // without scrolling sideways: every statistic in full, every tab in view, the calling code's
   // frame first.

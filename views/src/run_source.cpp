@@ -55,12 +55,15 @@ class RunSource::Worker : public QObject {
  public:
   explicit Worker(RunSource* owner) : owner_(owner) {}
 
+  // A file that cannot be opened leaves the open recording as it was (the views still show it).
   void open(const QString& path, bool verify) {
-    rec_.reset();
     guarded([&] {
-      rec_.emplace(storage::Recording::open(path.toStdString(), verify));
+      storage::Recording next = storage::Recording::open(path.toStdString(), verify);
+      SummaryPtr summary = loadSummary(next, path);
+      rec_.reset();
+      rec_.emplace(std::move(next));
       path_ = path;
-      emit owner_->opened(loadSummary(*rec_, path_));
+      emit owner_->opened(std::move(summary));
     });
   }
   void refresh() {
@@ -152,6 +155,14 @@ RunSource::RunSource(QObject* parent) : QObject(parent) {
   worker_->moveToThread(thread_);
   connect(thread_, &QThread::finished, worker_, &QObject::deleteLater);
   thread_->start();
+  // Connected first, so the views' handlers see the state an open() ended in.
+  connect(this, &RunSource::opened, this, [this] { opening_.reset(); });
+  connect(this, &RunSource::failed, this, [this] {
+    if (!opening_) return;  // a step's or an op's failure: the recording stays open
+    path_ = opening_->first;
+    open_ = opening_->second;
+    opening_.reset();
+  });
 }
 
 RunSource::~RunSource() {
@@ -160,6 +171,7 @@ RunSource::~RunSource() {
 }
 
 void RunSource::open(const QString& path, bool verify) {
+  if (!opening_) opening_.emplace(path_, open_);  // restored if this open fails
   path_ = path;
   open_ = true;
   QMetaObject::invokeMethod(worker_, [w = worker_, path, verify] { w->open(path, verify); });

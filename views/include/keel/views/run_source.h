@@ -6,6 +6,8 @@
 #include <QObject>
 #include <QString>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "keel/storage/diff.h"
 #include "keel/views/run_data.h"
@@ -19,7 +21,8 @@ class RunSource : public QObject {
   ~RunSource() override;
 
   // Opens `path` (verify: run SQLite's quick_check; off for a file a live writer appends to).
-  // Emits opened(summary) or failed(message). A second open() replaces the first.
+  // Emits opened(summary) or failed(message); on failure the recording open before stays open
+  // (path() and isOpen() return to it). A second open() replaces the first.
   void open(const QString& path, bool verify = true);
   // Reloads the summary (new steps of a live run): emits summaryUpdated.
   void refresh();
@@ -47,6 +50,7 @@ class RunSource : public QObject {
   class QThread* thread_;
   QString path_;
   bool open_ = false;
+  std::optional<std::pair<QString, bool>> opening_;  // path_ and open_ before an open() in flight
 };
 
 // Diffs two recordings (all steps, like `keel diff`) on the thread pool.
