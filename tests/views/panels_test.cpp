@@ -30,6 +30,7 @@
 #include "keel/views/op_table.h"
 #include "keel/views/run_source.h"
 #include "keel/views/selection.h"
+#include "text_util.h"
 #include "view_test_util.h"
 
 using namespace keel::views;
@@ -79,6 +80,26 @@ void clickRow(QTableView* table, int row) {
 class PanelsTest : public QObject {
   Q_OBJECT
  private slots:
+  // The inspector's tensor table writes a number too long for its column with fewer digits
+  // (the text_util.h rule), never cut in the middle: "-0.…885" lost the exponent and the digits
+  // that matter. Widths here are in characters.
+  void numbersTooLongForTheirColumnKeepTheirMagnitude() {
+    auto chars = [](const QString& t) { return int(t.size()); };
+    QCOMPARE(fitNumber("-0.0036885", chars, 10), QString("-0.0036885"));  // fits: as it was
+    QCOMPARE(fitNumber("-0.0036885", chars, 8), QString("-0.00369"));
+    QCOMPARE(fitNumber("-0.0036885", chars, 7), QString("-0.0037"));
+    QCOMPARE(fitNumber("2.9317e-11", chars, 8), QString("2.93e-11"));
+    QCOMPARE(fitNumber("1.6e-09", chars, 6), QString("1.6e-9"));
+    QCOMPARE(fitNumber("0.14538", chars, 5), QString("0.145"));
+    QCOMPARE(fitNumber("123456789", chars, 6), QString("1.23e8"));
+    QCOMPARE(fitNumber("-1.2345e-12", chars, 7), QString("-1e-12"));  // the magnitude, at least
+    QCOMPARE(fitNumber("-0.0036885", chars, 2), QString("-4e-3"));     // nothing fits: 1 digit
+    // Not numbers: as they were (the tree elides them).
+    QCOMPARE(fitNumber("65,536", chars, 3), QString("65,536"));
+    QCOMPARE(fitNumber("d43e7fa1b21", chars, 4), QString("d43e7fa1b21"));
+    QCOMPARE(fitNumber("nan", chars, 1), QString("nan"));
+  }
+
   void initTestCase() {
     registerViewTypes();
     pathA_ = test::tempDir() + "/a.db";

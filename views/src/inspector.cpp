@@ -52,6 +52,31 @@ QString number(double v, int digits = 5) {
   return QString::number(v, 'g', digits);
 }
 
+}  // namespace
+
+QString fitNumber(const QString& text, const std::function<int(const QString&)>& widthOf,
+                  int width) {
+  bool ok = false;
+  const double v = text.toDouble(&ok);
+  if (!ok || !std::isfinite(v) || widthOf(text) <= width) return text;
+  // "3.69e-03" -> "3.69e-3": the exponent without its sign's '+' or leading zeros.
+  auto shortE = [](double x, int digits) {
+    QString t = QString::number(x, 'e', std::max(0, digits - 1));
+    const qsizetype e = t.indexOf('e');
+    QString mant = t.left(e), exp = t.mid(e + 1);
+    const bool neg = exp.startsWith('-');
+    exp.remove(0, 1);
+    while (exp.size() > 1 && exp.startsWith('0')) exp.remove(0, 1);
+    return mant + "e" + (neg ? "-" : "") + exp;
+  };
+  for (int digits = 5; digits >= 1; --digits)
+    for (const QString& t : {QString::number(v, 'g', digits), shortE(v, digits)})
+      if (widthOf(t) <= width) return t;
+  return shortE(v, 1);
+}
+
+namespace {
+
 // Rows of the tensor table (a column per tensor), in order.
 enum TensorField {
   FieldShape,
@@ -146,6 +171,25 @@ class ElideRightDelegate : public QStyledItemDelegate {
   void initStyleOption(QStyleOptionViewItem* o, const QModelIndex& i) const override {
     QStyledItemDelegate::initStyleOption(o, i);
     o->textElideMode = Qt::ElideRight;
+  }
+};
+
+// The tensor table's cells: a number too long for its column is written with fewer digits
+// (fitNumber), not elided in the middle; other text (an MD5, a shape) is elided as the tree says.
+class FitNumberDelegate : public QStyledItemDelegate {
+ public:
+  using QStyledItemDelegate::QStyledItemDelegate;
+
+ protected:
+  void initStyleOption(QStyleOptionViewItem* o, const QModelIndex& i) const override {
+    QStyledItemDelegate::initStyleOption(o, i);
+    const QWidget* w = o->widget;
+    const QStyle* style = w ? w->style() : QApplication::style();
+    const int margin = style->pixelMetric(QStyle::PM_FocusFrameHMargin, nullptr, w) + 1;
+    const QFontMetrics fm = o->fontMetrics;
+    o->text = fitNumber(
+        o->text, [&fm](const QString& t) { return fm.horizontalAdvance(t); },
+        o->rect.width() - 2 * margin);
   }
 };
 
@@ -389,6 +433,7 @@ InspectorView::InspectorView(Selection* selection, Side side, QWidget* parent)
     return t;
   };
   tensors_ = makeTree("inspectorTensors");
+  tensors_->setItemDelegate(new FitNumberDelegate(tensors_));
   stack_ = makeTree("inspectorStack");
   stack_->setItemDelegateForColumn(1, new ElideRightDelegate(stack_));
   attributes_ = new QTreeWidget(this);

@@ -3,6 +3,7 @@
 #pragma once
 #include <QString>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "keel/base/text.h"
@@ -17,5 +18,12 @@ inline QString qs(std::string_view s) {
 inline QString bytesText(uint64_t b) {
   return qs(keel::formatBytes(b));
 }
+
+// A number written to fit `width` (as `widthOf` measures text): the same value with fewer
+// significant digits, in 'g' form or as a short "3.69e-3", rather than cut in the middle
+// ("-0.…885" lost its exponent and leading digits). Text that is not a number, or that fits,
+// comes back as it was; a number that fits in no form comes back at 1 digit ("-1e-12").
+QString fitNumber(const QString& text, const std::function<int(const QString&)>& widthOf,
+                  int width);
 
 }  // namespace keel::views
