@@ -579,8 +579,8 @@ void MainWindow::connectSources() {
     inspector_->setDiff(report);
     graphA_->setDiff(report);
     graphB_->setDiff(report);
-    graphA_->setColorMode(views::GraphView::ColorMode::Divergence);
-    graphB_->setColorMode(views::GraphView::ColorMode::Divergence);
+    graphA_->setAutomaticColorMode(views::GraphView::ColorMode::Divergence);
+    graphB_->setAutomaticColorMode(views::GraphView::ColorMode::Divergence);
     raiseBottom(diffDock_);
     emit diffShown();
   });

@@ -736,9 +736,19 @@ class GraphTest : public QObject {
     QCOMPARE(clean.colorMode(), GraphView::ColorMode::Phase);
     clean.setRecordingNonFinite(true);
     QCOMPARE(clean.colorMode(), GraphView::ColorMode::NonFinite);
+    // The next recording has none: phases again (the NaN colouring stayed, all grey).
+    clean.setRecordingNonFinite(false);
+    QCOMPARE(clean.colorMode(), GraphView::ColorMode::Phase);
+    clean.setAutomaticColorMode(GraphView::ColorMode::Divergence);  // a diff shown
+    QCOMPARE(clean.colorMode(), GraphView::ColorMode::Divergence);
+    clean.setRecordingNonFinite(false);  // then a single recording opened
+    QCOMPARE(clean.colorMode(), GraphView::ColorMode::Phase);
     GraphView chosen(&sel, Side::B);  // a mode the user chose stays
     chosen.setColorMode(GraphView::ColorMode::OpTime);
     chosen.setStep(step);
+    QCOMPARE(chosen.colorMode(), GraphView::ColorMode::OpTime);
+    chosen.setRecordingNonFinite(true);
+    chosen.setAutomaticColorMode(GraphView::ColorMode::Divergence);
     QCOMPARE(chosen.colorMode(), GraphView::ColorMode::OpTime);
   }
 

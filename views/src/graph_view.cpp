@@ -257,10 +257,16 @@ void GraphView::setDiff(DiffPtr diff) {
 
 void GraphView::setRecordingNonFinite(bool nonFinite) {
   recordingNonFinite_ = nonFinite;
-  if (nonFinite && !colorChosen_ && colorMode_ != ColorMode::NonFinite) {
-    setColorMode(ColorMode::NonFinite);
-    colorChosen_ = false;  // still the automatic choice
-  }
+  if (colorChosen_) return;  // the user's choice stays
+  // The automatic choice follows the recording: NaN colouring for one that has NaN/Inf, phases
+  // again for the next that has none (it stayed grey, "(none in this step)").
+  setAutomaticColorMode(nonFinite ? ColorMode::NonFinite : ColorMode::Phase);
+}
+
+void GraphView::setAutomaticColorMode(ColorMode mode) {
+  if (colorChosen_ || colorMode_ == mode) return;
+  setColorMode(mode);
+  colorChosen_ = false;  // still the automatic choice
 }
 
 void GraphView::markFailed(uint64_t seq) {

@@ -53,7 +53,10 @@ class GraphView : public QWidget {
   void setStep(StepPtr step);  // nullptr empties the view
   StepPtr step() const { return step_; }
   void setDiff(DiffPtr diff);  // the comparison whose verdicts ColorMode::Divergence shows
-  void setColorMode(ColorMode mode);
+  void setColorMode(ColorMode mode);  // the user's choice: kept for the recordings that follow
+  // A mode the studio picks (divergence once a diff is shown): replaced by the next automatic
+  // choice (setRecordingNonFinite), unlike the user's.
+  void setAutomaticColorMode(ColorMode mode);
   ColorMode colorMode() const { return colorMode_; }
   // Whether the recording holds a NaN or Inf anywhere (RunSummary::firstNonFiniteSeq): then, and
   // when a step shown has one, the view opens coloured by ColorMode::NonFinite unless a colour
