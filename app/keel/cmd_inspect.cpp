@@ -126,9 +126,9 @@ int runInspect(const std::string& path) {
     double ms = double(s.endNs - s.beginNs) / 1e6;
     if (s.endNs <= 0)  // begun, never ended: a stopped or failed run
       std::printf("  step %-4lld (incomplete)\n", static_cast<long long>(s.step));
-    else if (std::isnan(s.loss))  // storage keeps a NaN loss and an unknown one alike
+    else if (std::isnan(s.loss))  // Note [Reported NaN]: a NaN loss, or none reported
       std::printf("  step %-4lld loss %s  %.1f ms\n", static_cast<long long>(s.step),
-                  storage::lossNaNIsValue(run) ? "NaN" : "not reported", ms);
+                  s.reported(storage::StepMetric::Loss) ? "NaN" : "not reported", ms);
     else
       std::printf("  step %-4lld loss %.4f  %.1f ms\n", static_cast<long long>(s.step), s.loss, ms);
   }

@@ -199,6 +199,7 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
       r.tokensPerSec = e.tokensPerSec;
       r.auxLoss = e.auxLoss;
       r.valLoss = e.valLoss;
+      r.nanMetrics = e.nanMetrics;  // Note [Reported NaN]
     }
     const bool ended = !e.begin;
     push(std::move(r), false, nullptr, /*urgent=*/ended);  // a step end is committed at once

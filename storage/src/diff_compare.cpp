@@ -255,17 +255,15 @@ TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t
 }
 
 std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
-                                    const std::vector<StepRecord>& b, const DiffOptions& opt,
-                                    bool nanIsValueA, bool nanIsValueB) {
-  std::map<int64_t, double> lossB;
+                                    const std::vector<StepRecord>& b, const DiffOptions& opt) {
+  std::map<int64_t, double> lossB;  // B's ended steps that reported a loss
   for (const StepRecord& s : b)
-    if (s.endNs > 0) lossB.emplace(s.step, s.loss);
+    if (s.endNs > 0 && s.reported(StepMetric::Loss)) lossB.emplace(s.step, s.loss);
   std::vector<LossDiff> out;
   for (const StepRecord& s : a) {
     auto it = lossB.find(s.step);
-    if (s.endNs <= 0 || it == lossB.end()) continue;
+    if (s.endNs <= 0 || !s.reported(StepMetric::Loss) || it == lossB.end()) continue;
     LossDiff d{s.step, s.loss, it->second, DiffStatus::Equal};
-    if ((std::isnan(d.a) && !nanIsValueA) || (std::isnan(d.b) && !nanIsValueB)) continue;
     if (std::isnan(d.a) != std::isnan(d.b))
       d.status = DiffStatus::Diverged;  // a NaN against a number
     else if (!std::isnan(d.a) && d.a != d.b)

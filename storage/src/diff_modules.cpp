@@ -317,10 +317,6 @@ bool recordedStatistics(const RunInfo& run) {
   return !j.contains("stats") || !j["stats"].is_boolean() || j["stats"].get<bool>();
 }
 
-bool lossNaNIsValue(const RunInfo& run) {
-  return recordingFramework(run) == "keel";
-}
-
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt) {
   const std::string fa = recordingFramework(a.run()), fb = recordingFramework(b.run());
   if (opt.align == DiffAlign::Auto) opt.align = fa == fb ? DiffAlign::Signature : DiffAlign::Module;
@@ -328,8 +324,7 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
     return (sideA ? a : b).dumpValues(seq, static_cast<Role>(role), index);
   };
   DiffReport r = diffRuns(a.allOps(), b.allOps(), opt, values);
-  r.losses = compareLosses(a.steps(), b.steps(), r.options, lossNaNIsValue(a.run()),
-                           lossNaNIsValue(b.run()));
+  r.losses = compareLosses(a.steps(), b.steps(), r.options);
   r.frameworkA = fa;
   r.frameworkB = fb;
   return r;

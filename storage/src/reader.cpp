@@ -496,14 +496,14 @@ RunInfo Recording::run() const {
 std::vector<StepRecord> Recording::steps() const {
   sql::Stmt s(impl_->db,
               "SELECT step, begin_ns, end_ns, loss, lr, grad_norm, tokens_per_sec, aux_loss, "
-              "val_loss FROM steps ORDER BY step");
+              "val_loss, nan_metrics FROM steps ORDER BY step");
   std::vector<StepRecord> out;
   while (s.step()) {
     const int64_t step = s.i64(0);
     impl_->checkStep(step, 1, "step", "steps", step);
     impl_->checkTimes(s.i64(1), s.i64(2), "step " + std::to_string(step), "steps", step);
-    out.push_back(
-        {step, s.i64(1), s.i64(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6), s.f64(7), s.f64(8)});
+    out.push_back({step, s.i64(1), s.i64(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6), s.f64(7),
+                   s.f64(8), uint8_t(s.i64(9) & 0x3f)});
   }
   return out;
 }

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include <nlohmann/json.hpp>
+
 #include "keel/storage/schema.h"
 #include "packed.h"
 #include "schema_impl.h"
@@ -65,8 +67,11 @@ CREATE TABLE steps (
   lr             REAL,           -- learning rate of the step; NULL when unknown (and before v5)
   grad_norm      REAL,           -- gradient norm before clipping; NULL when unknown
   tokens_per_sec REAL,           -- training throughput of the step; NULL when unknown
-  aux_loss       REAL,           -- MoE auxiliary loss (0 for a dense model); NULL when unknown
-  val_loss       REAL            -- validation loss; NULL on steps without one (and before v6)
+  aux_loss       REAL,           -- MoE auxiliary loss; NULL when unknown (or a dense model)
+  val_loss       REAL,           -- validation loss; NULL on steps without one (and before v6)
+  nan_metrics    INTEGER NOT NULL DEFAULT 0  -- metrics that are reported NaNs, not unknown
+                                 -- (bits: 1 loss, 2 lr, 4 grad_norm, 8 tokens_per_sec,
+                                 -- 16 aux_loss, 32 val_loss; Note [Reported NaN], v9)
 );
 
 -- Every op call, in execution order.
@@ -318,6 +323,27 @@ void packTensorsV2toV3(sql::Db& db) {
   flush();
 }
 
+// Note [Reported NaN], for files before v9: Keel's trainers report every ended step's loss, so
+// readers took its NULL loss (and NULL gradient norm, in a run that records them) for a NaN; a
+// PyTorch recording's NULL loss was "not reported". The bits keep those readings.
+void markReportedNaNsV8toV9(sql::Db& db) {
+  std::string framework = "keel";
+  {
+    sql::Stmt run(db, "SELECT capture_options_json FROM run WHERE id = 1");
+    if (run.step()) try {
+        const nlohmann::json j = nlohmann::json::parse(run.textView(0));
+        if (j.is_object() && j.contains("framework") && j["framework"].is_string())
+          framework = j["framework"].get<std::string>();
+      } catch (const nlohmann::json::exception&) {  // unreadable options: a Keel run's
+      }
+  }
+  if (framework != "keel") return;
+  db.exec(
+      "UPDATE steps SET nan_metrics = (loss IS NULL) | ((grad_norm IS NULL AND EXISTS (SELECT 1 "
+      "FROM steps WHERE grad_norm IS NOT NULL)) << 2) WHERE end_ns != 0",
+      "migration failed");
+}
+
 // A migration: SQL, then an optional data conversion, then more SQL, all in one transaction.
 struct Migration {
   const char* before;
@@ -413,6 +439,12 @@ ALTER TABLE run ADD COLUMN world_size INTEGER NOT NULL DEFAULT 1;  -- ranks of t
 ALTER TABLE run ADD COLUMN layout TEXT NOT NULL DEFAULT '';        -- "dp 2 x tp 2"
 )sql",
      nullptr, ""},
+    // 8 -> 9: steps say which metrics are reported NaNs (Note [Reported NaN]); old Keel runs'
+    // ended steps had their NULL loss and gradient norm read as NaN, and keep that reading.
+    {R"sql(
+ALTER TABLE steps ADD COLUMN nan_metrics INTEGER NOT NULL DEFAULT 0;  -- reported NaNs (bits)
+)sql",
+     markReportedNaNsV8toV9, ""},
 }};
 
 void runMigration(sql::Db& db, int from) {

@@ -160,14 +160,15 @@ SqliteWriter::SqliteWriter(const std::string& path, const RunInfo& run,
   begin_ = sql::Stmt(db_, "BEGIN");
   commit_ = sql::Stmt(db_, "COMMIT");
   insString_ = sql::Stmt(db_, "INSERT INTO strings(text) VALUES (?1)");
-  insStep_ =
-      sql::Stmt(db_,
-                "INSERT INTO steps(step, begin_ns, end_ns, loss, lr, grad_norm,"
-                " tokens_per_sec, aux_loss, val_loss) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
-                "ON CONFLICT(step) DO UPDATE SET begin_ns = excluded.begin_ns, "
-                "end_ns = excluded.end_ns, loss = excluded.loss, lr = excluded.lr, "
-                "grad_norm = excluded.grad_norm, tokens_per_sec = excluded.tokens_per_sec, "
-                "aux_loss = excluded.aux_loss, val_loss = excluded.val_loss");
+  insStep_ = sql::Stmt(db_,
+                       "INSERT INTO steps(step, begin_ns, end_ns, loss, lr, grad_norm,"
+                       " tokens_per_sec, aux_loss, val_loss, nan_metrics) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
+                       "ON CONFLICT(step) DO UPDATE SET begin_ns = excluded.begin_ns, "
+                       "end_ns = excluded.end_ns, loss = excluded.loss, lr = excluded.lr, "
+                       "grad_norm = excluded.grad_norm, tokens_per_sec = excluded.tokens_per_sec, "
+                       "aux_loss = excluded.aux_loss, val_loss = excluded.val_loss, "
+                       "nan_metrics = excluded.nan_metrics");
   insOp_ = sql::Stmt(db_,
                      "INSERT INTO ops(seq, step, phase_sid, name_sid, attrs_sid, scope_sid, thread,"
                      " begin_ns, end_ns, forward_seq, stack_id, kernel_id) "
@@ -281,7 +282,7 @@ void SqliteWriter::writeStep(const StepRecord& s) {
   guarded([&] {
     insStep_
         .bindFrom(1, s.step, s.beginNs, s.endNs, s.loss, s.lr, s.gradNorm, s.tokensPerSec,
-                  s.auxLoss, s.valLoss)
+                  s.auxLoss, s.valLoss, int64_t(s.nanMetrics))
         .run();
   });
 }

@@ -588,8 +588,10 @@ TEST(Step, MarksBeginAndEndWithTheMetricsAndALogLine) {
   EXPECT_TRUE(std::isnan(s[1].gradNorm));  // not given: unknown
   EXPECT_TRUE(std::isnan(s[1].auxLoss));
   EXPECT_GE(s[1].timeNs, s[0].timeNs);
+  EXPECT_EQ(s[1].nanMetrics, 0);
   EXPECT_EQ(s[3].step, 2);
   EXPECT_TRUE(std::isnan(s[3].loss));
+  EXPECT_EQ(s[3].nanMetrics, 1);  // the loss is a reported NaN, the others are unknown
   EXPECT_EQ(s[3].gradNorm, 2.5);
   EXPECT_EQ(s[3].valLoss, 0.25);
   using Line = std::pair<LogLevel, std::string>;

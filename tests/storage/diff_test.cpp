@@ -605,13 +605,17 @@ TEST(DiffTest, RunsWithoutValuesAreNotComparedNotEqual) {
 }
 
 TEST(DiffTest, StepLossesCompareWithTheTolerances) {
-  auto steps = [](std::vector<double> losses) {
+  // Each NaN given is a reported NaN loss (Note [Reported NaN]); `unknown` steps report none.
+  auto steps = [](std::vector<double> losses, std::vector<size_t> unknown = {}) {
     std::vector<ks::StepRecord> s;
     for (size_t i = 0; i < losses.size(); ++i) {
       s.emplace_back();
       s.back().step = static_cast<int64_t>(i) + 1;
       s.back().endNs = 100 + static_cast<int64_t>(i);  // ended
       s.back().loss = losses[i];
+      const bool reported = std::find(unknown.begin(), unknown.end(), i) == unknown.end();
+      if (std::isnan(losses[i]) && reported)
+        s.back().nanMetrics = ks::stepMetricBit(ks::StepMetric::Loss);
     }
     return s;
   };
@@ -627,17 +631,16 @@ TEST(DiffTest, StepLossesCompareWithTheTolerances) {
   EXPECT_EQ(l[4].status, DiffStatus::Equal);            // NaN on both sides
   EXPECT_DOUBLE_EQ(l[2].a, 5.3);
   EXPECT_DOUBLE_EQ(l[2].b, 5.31);
-  // A Keel run always ends a step with its loss, NaN included; a keel_torch step may end without
-  // one, so its NaN steps are left out (a side with no number at all compares nothing).
-  ks::RunInfo keelRun, torchRun;
-  torchRun.captureOptionsJson = R"({"framework": "torch"})";
-  EXPECT_TRUE(ks::lossNaNIsValue(keelRun));
-  EXPECT_FALSE(ks::lossNaNIsValue(torchRun));
-  l = ks::compareLosses(steps({5.5, nan, 5.3}), steps({5.5, 5.4, 5.3}), {}, false, true);
+  // A step that ended without reporting a loss (a keel_torch eval step) is left out; a side with
+  // no loss at all compares nothing. A reported NaN against a number is diverged, on either side.
+  l = ks::compareLosses(steps({5.5, nan, 5.3}, {1}), steps({5.5, 5.4, 5.3}), {});
   ASSERT_EQ(l.size(), 2u);  // step 2 left out
   EXPECT_EQ(l[0].step, 1);
   EXPECT_EQ(l[1].step, 3);
-  EXPECT_TRUE(ks::compareLosses(steps({nan, nan}), steps({1.0, 2.0}), {}, false, true).empty());
+  EXPECT_TRUE(ks::compareLosses(steps({nan, nan}, {0, 1}), steps({1.0, 2.0}), {}).empty());
+  l = ks::compareLosses(steps({1.0, 2.0}), steps({1.0, nan}), {});
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[1].status, DiffStatus::Diverged);
   // Two runs without ops or losses (imported memory snapshots) compared nothing at all.
   ks::DiffReport none = ks::diffRuns({}, {});
   EXPECT_EQ(ks::diffVerdict(none), ks::DiffVerdict::ValuesNotCompared);

@@ -264,6 +264,47 @@ TEST(RecordingMigration, Version4RunReadsWithoutAllocator) {
   EXPECT_EQ(Recording::open(fresh).run().allocator, "caching");
 }
 
+// Note [Reported NaN]: a v8 Keel run's ended steps keep reading their NULL loss (and NULL gradient
+// norm, in a run that records one) as NaN; a PyTorch run's as not reported; a step that never
+// ended as unknown. A new recording stores the bits it is given.
+TEST(RecordingMigration, Version8StepsKeepTheirNaNReading) {
+  TempDir dir;
+  const std::string steps =
+      "INSERT INTO steps VALUES (1, 0, 10, 2.5, 0.1, 1.5, 100, NULL, NULL),"
+      " (2, 10, 20, NULL, 0.1, NULL, 100, NULL, NULL), (3, 20, 0, NULL, NULL, NULL, NULL, NULL,"
+      " NULL);";
+  const uint8_t loss = stepMetricBit(StepMetric::Loss), grad = stepMetricBit(StepMetric::GradNorm);
+  for (const auto& [options, step2] : {std::pair<std::string, uint8_t>{"{}", uint8_t(loss | grad)},
+                                       {R"({"framework":"torch"})", uint8_t(0)}}) {
+    SCOPED_TRACE(options);
+    const std::string path = dir.file("v8-" + std::to_string(step2) + ".db");
+    Recording rec =
+        openOldRecording(path, 8,
+                         "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.2.0', 0, '" +
+                             options + "', 'finished', 'vmm', 0, 1, '');" + steps);
+    const auto read = rec.steps();
+    ASSERT_EQ(read.size(), 3u);
+    EXPECT_EQ(read[0].nanMetrics, 0);
+    EXPECT_EQ(read[1].nanMetrics, step2);
+    EXPECT_EQ(read[1].reported(StepMetric::Loss), step2 != 0);
+    EXPECT_FALSE(read[1].reported(StepMetric::ValLoss));
+    EXPECT_EQ(read[2].nanMetrics, 0);                   // never ended: unknown
+    EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
+  }
+  const std::string fresh = dir.file("fresh-nan.db");
+  auto w = Writer::create(fresh, testing::sampleRun());
+  StepRecord nanLoss{1, 0, 5};
+  nanLoss.nanMetrics = loss;
+  w->writeStep(nanLoss);
+  w->writeStep({2, 5, 9});  // ended, nothing reported
+  w->close();
+  const auto read = Recording::open(fresh).steps();
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_TRUE(std::isnan(read[0].loss));
+  EXPECT_TRUE(read[0].reported(StepMetric::Loss));
+  EXPECT_FALSE(read[1].reported(StepMetric::Loss));
+}
+
 // A damaged packed row (truncated BLOB) is a one-line error naming the file and the op.
 TEST(RecordingErrors, TruncatedPackedTensorsIsAClearError) {
   TempDir dir;
@@ -575,14 +616,16 @@ TEST_F(RecordingDamage, ToleratedDamageReadsAsStored) {
 
 TEST(RecordingMigration, NewerVersionRefusedByMigrate) {
   TempDir dir;
-  std::string path = dir.file("v9.db");
+  std::string path = dir.file("newer.db");
   createEmptyRecording(path, kSchemaVersion);
-  execSql(path, "PRAGMA user_version = 9");
+  const std::string newer = std::to_string(kSchemaVersion + 1);
+  execSql(path, "PRAGMA user_version = " + newer);
   try {
     migrateRecording(path);
     ADD_FAILURE() << "migrated a newer file";
   } catch (const StorageError& e) {
-    EXPECT_NE(std::string(e.what()).find("has schema version 9"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has schema version " + newer), std::string::npos)
+        << e.what();
   }
 }
 

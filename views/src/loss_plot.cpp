@@ -82,22 +82,30 @@ const QColor kColorA(0x1f, 0x77, 0xb4);
 const QColor kColorB(0xe0, 0x6c, 0x00);
 const QColor kMarker(0xc6, 0x28, 0x28);
 
-// Whether step `st` should have a value of `m` (so a NaN there is a NaN, not "unknown"): every
-// ended step has a loss; a validation loss only the steps the config evaluated on.
-bool expected(const RunSummary& s, const storage::StepRecord& st, Metric m) {
-  if (st.endNs == 0) return false;  // a step that never ended (failed or stopped run)
-  if (m == Metric::ValidationLoss) return s.evalEvery > 0 && st.step % s.evalEvery == 0;
-  return true;
+storage::StepMetric stepMetric(Metric m) {
+  switch (m) {
+    case Metric::Loss:
+      return storage::StepMetric::Loss;
+    case Metric::LearningRate:
+      return storage::StepMetric::Lr;
+    case Metric::GradNorm:
+      return storage::StepMetric::GradNorm;
+    case Metric::AuxLoss:
+      return storage::StepMetric::AuxLoss;
+    case Metric::TokensPerSec:
+      return storage::StepMetric::TokensPerSec;
+    case Metric::ValidationLoss:
+      return storage::StepMetric::ValLoss;
+  }
+  return storage::StepMetric::Loss;
 }
 
-// A run "recorded" a metric when some step has a value (NaN is storage's "unknown"); the loss is
-// always there, NaN or not, since a NaN loss is what a user comes to find.
+// A run "recorded" a metric when some step reported it: a value or a NaN (Note [Reported NaN];
+// a NaN loss is what a user comes to find), not a step that ended without one.
 bool recorded(const RunSummary* s, Metric m) {
   if (!s) return false;
-  if (m == Metric::Loss) return !s->steps.empty();
-  if (m == Metric::ValidationLoss && s->evalEvery > 0) return true;
   return std::any_of(s->steps.begin(), s->steps.end(),
-                     [m](const auto& st) { return !std::isnan(metricValue(st, m)); });
+                     [m](const auto& st) { return st.reported(stepMetric(m)); });
 }
 
 QString runLabel(const char* side, const RunSummary& s) {
@@ -277,10 +285,6 @@ void LossPlot::rebuild() {
   double yLo = xLo, yHi = -xLo;
   int markerRow = 0;
   auto addRun = [&](const RunSummary& s, const char* side, const QColor& color, bool dashed) {
-    const bool plotNaN = metric_ == Metric::Loss || metric_ == Metric::ValidationLoss ||
-                         std::any_of(s.steps.begin(), s.steps.end(), [&](const auto& st) {
-                           return std::isfinite(metricValue(st, metric_));
-                         });
     QVector<double> x, y;
     QVector<std::pair<int64_t, double>> bad;
     for (const auto& st : s.steps) {
@@ -292,7 +296,7 @@ void LossPlot::rebuild() {
         y << v;
         yLo = std::min(yLo, v);
         yHi = std::max(yHi, v);
-      } else if ((std::isinf(v) || plotNaN) && expected(s, st, metric_)) {
+      } else if (st.endNs != 0 && st.reported(stepMetric(metric_))) {  // a NaN or Inf given
         bad.push_back({st.step, v});
       }
     }
@@ -373,6 +377,8 @@ void LossPlot::rebuild() {
     note = tr("no recording open");
   else if ((!a_ || a_->steps.empty()) && (!b_ || b_->steps.empty()))
     note = tr("no training steps recorded");
+  else if (!recorded(a_.get(), metric_) && !recorded(b_.get(), metric_))
+    note = tr("no %1 reported yet").arg(name);  // a step running, or none reporting it
   else if (!std::isfinite(yLo))
     note = tr("no finite value recorded");
   if (!impl_->markedSteps.isEmpty())

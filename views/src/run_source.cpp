@@ -3,8 +3,6 @@
 #include "keel/views/run_source.h"
 
 #include <QCoreApplication>
-#include <QJsonDocument>
-#include <QJsonObject>
 #include <QMetaObject>
 #include <QPointer>
 #include <QThread>
@@ -41,9 +39,6 @@ SummaryPtr loadSummary(const storage::Recording& rec, const QString& path) {
   first.limit = 1;
   first.withTensors = false;
   if (const auto ops = rec.ops(first); !ops.empty()) s->firstOpStep = ops.front().step;
-  const QJsonDocument config =
-      QJsonDocument::fromJson(QByteArray::fromStdString(s->run.configJson));
-  s->evalEvery = std::max<int64_t>(0, config.object().value("eval_every").toInteger(0));
   if (auto bad = rec.firstNonFinite()) {
     s->firstNonFiniteSeq = bad->seq;
     s->firstNonFinite = std::move(bad);

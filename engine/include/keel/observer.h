@@ -84,6 +84,10 @@ struct StepEvent {
   double tokensPerSec = std::numeric_limits<double>::quiet_NaN();
   double auxLoss = std::numeric_limits<double>::quiet_NaN();  // MoE aux loss (a dense model: NaN)
   double valLoss = std::numeric_limits<double>::quiet_NaN();  // validation loss, if evaluated
+  // The metrics above that are NaN because the trainer reported a NaN, not because it did not
+  // report them: bit 1 << i for loss, lr, grad norm, tokens/s, aux loss, val loss in that order
+  // (storage's StepMetric; detail::endStep sets them).
+  uint8_t nanMetrics = 0;
 };
 
 // Log lines (keel::log in keel/log.h), delivered to observers as they are written.

@@ -102,6 +102,11 @@ void endStep(int64_t step, const StepMetrics& m) {
   end.tokensPerSec = valueOr(m.tokensPerSec);
   end.auxLoss = valueOr(m.auxLoss);
   end.valLoss = valueOr(m.valLoss);
+  unsigned bit = 1;  // in StepEvent::nanMetrics' order
+  for (const auto* v : {&m.loss, &m.lr, &m.gradNorm, &m.tokensPerSec, &m.auxLoss, &m.valLoss}) {
+    if (*v && std::isnan(**v)) end.nanMetrics |= uint8_t(bit);
+    bit <<= 1;
+  }
   notifyStep(end);
 }
 

@@ -165,7 +165,7 @@ StepStats Trainer::step() {
   // One line per step in the run's logs (the studio's log view, `keel record`'s recording).
   StepMetrics m{s.loss, s.lr, s.gradNorm, {}, s.tokensPerSec, {}};
   if (out.auxLoss.defined()) m.auxLoss = s.auxLoss;  // a dense model has none (NULL, not 0)
-  if (!std::isnan(s.valLoss)) m.valLoss = s.valLoss;
+  if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0) m.valLoss = s.valLoss;  // NaN too
   detail::endStep(s.step, m);
   return s;
 }

@@ -169,9 +169,9 @@ struct DiffReport {
   std::optional<Divergence> first;  // earliest diverged pair by side A's seq
   std::optional<Divergence> root;   // earliest diverged pair whose inputs all match (see docs)
   bool rootSearched = false;        // true when a divergence exists (root may still be empty)
-  std::string noRoot;  // rootSearched without a root: why, naming the input the difference
-                       // may come through (Note [Root candidates])
-  DiffOptions options;              // align: the alignment used (never Auto)
+  std::string noRoot;   // rootSearched without a root: why, naming the input the difference
+                        // may come through (Note [Root candidates])
+  DiffOptions options;  // align: the alignment used (never Auto)
   std::string frameworkA, frameworkB;  // "keel", "torch" (diffRecordings; "" from diffRuns)
 };
 
@@ -236,15 +236,10 @@ bool recordedStatistics(const RunInfo& run);
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt);
 
 // Compares the losses of the steps both runs ended (endNs > 0): bitwise equal (two NaNs too),
-// within tolerance, or diverged — a NaN loss against a number is diverged. Storage keeps a NaN
-// loss and an unknown one alike: on a side whose NaN is not a value (nanIsValueA/B false) a step
-// without a number is left out.
+// within tolerance, or diverged — a reported NaN loss against a number is diverged. A step whose
+// loss is unknown on either side (not reported: Note [Reported NaN]) is left out.
 std::vector<LossDiff> compareLosses(const std::vector<StepRecord>& a,
-                                    const std::vector<StepRecord>& b, const DiffOptions& opt,
-                                    bool nanIsValueA = true, bool nanIsValueB = true);
-// Whether a run's NaN step loss is a NaN value: a Keel run's workload reports a loss every step
-// (the workload ABI requires it), so its NaN is a NaN; a keel_torch step may end without a loss.
-bool lossNaNIsValue(const RunInfo& run);
+                                    const std::vector<StepRecord>& b, const DiffOptions& opt);
 // The first step whose losses diverged, or nullptr.
 const LossDiff* firstLossDivergence(const DiffReport& r);
 

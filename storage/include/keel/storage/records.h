@@ -2,6 +2,7 @@
 // Writer; the Reader returns them. No engine types here: storage depends on nothing but SQLite.
 // Times are integer nanoseconds; sequence numbers are the engine's op sequence numbers.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -34,6 +35,15 @@ struct RunInfo {
   std::string layout;
 };
 
+// Note [Reported NaN]: a step's metric is NaN when it is unknown (not reported, or the step did
+// not end) and when the trainer reported a NaN (a loss gone NaN) — SQLite stores NaN as NULL, so
+// the file cannot tell them apart by the value. StepRecord::nanMetrics (the steps table's
+// nan_metrics, schema v9) holds one bit per metric that is a reported NaN.
+enum class StepMetric : uint8_t { Loss, Lr, GradNorm, TokensPerSec, AuxLoss, ValLoss };
+constexpr uint8_t stepMetricBit(StepMetric m) {
+  return uint8_t(1u << unsigned(m));
+}
+
 struct StepRecord {
   int64_t step = 0;  // 1-based training step
   int64_t beginNs = 0, endNs = 0;
@@ -41,7 +51,31 @@ struct StepRecord {
   // What the trainer reported at the step's end (kNoValue where it did not, or before schema v5).
   double lr = kNoValue, gradNorm = kNoValue, tokensPerSec = kNoValue, auxLoss = kNoValue;
   double valLoss = kNoValue;  // validation loss, on steps that evaluated one (schema v6)
+  uint8_t nanMetrics = 0;     // stepMetricBit()s of the metrics that are reported NaNs
+  double value(StepMetric m) const;
+  // The metric was reported: a value, or a NaN the trainer gave (not unknown).
+  bool reported(StepMetric m) const {
+    return !std::isnan(value(m)) || (nanMetrics & stepMetricBit(m)) != 0;
+  }
 };
+
+inline double StepRecord::value(StepMetric m) const {
+  switch (m) {
+    case StepMetric::Loss:
+      return loss;
+    case StepMetric::Lr:
+      return lr;
+    case StepMetric::GradNorm:
+      return gradNorm;
+    case StepMetric::TokensPerSec:
+      return tokensPerSec;
+    case StepMetric::AuxLoss:
+      return auxLoss;
+    case StepMetric::ValLoss:
+      return valLoss;
+  }
+  return kNoValue;
+}
 
 enum class Role : uint8_t { Input = 0, Output = 1 };
 

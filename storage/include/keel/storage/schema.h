@@ -7,7 +7,7 @@
 
 namespace keel::storage {
 
-inline constexpr int kSchemaVersion = 8;
+inline constexpr int kSchemaVersion = 9;
 inline constexpr int32_t kApplicationId = 0x4B45454C;  // "KEEL"
 
 // Writes an empty recording (schema only, no run row) at schema `version` (1..kSchemaVersion),

@@ -33,9 +33,6 @@ struct RunSummary {
   int64_t firstOpStep = -1;
   std::optional<uint64_t> firstNonFiniteSeq;
   std::optional<storage::OpRecord> firstNonFinite;  // that op, with its tensors
-  // The config's eval_every (0: none): the steps that evaluated a validation loss, so a NaN one
-  // (stored as unknown, like every NaN) is told apart from a step that did not evaluate.
-  int64_t evalEvery = 0;
 };
 
 // Every op of one step (all phases), by seq, with tensors.
