@@ -20,12 +20,12 @@ another loss). CUDA tensors are copied to the host for hashing.
 
 A backward op's forward op is the one whose autograd node it runs in (Note [keel_torch forward
 links]), and its scope that forward op's (Note [keel_torch backward scopes]). Ops run after
-.backward() returns and outside any module (gradient clipping) are phase optimizer, as Keel's
-own clip_grad_norm is. Memory snapshots: keel_torch.snapshot.import_snapshot
-(python3 -m keel_torch import-snapshot). rounded_md5=N adds Keel's rounded MD5 (N significant
-digits: equal across frameworks within rounding). A recording of Keel's GPT in PyTorch
-(tests/python/keel_gpt.py) and a Keel run of it compare op by op with `keel diff`
-(docs/torch.md).
+.backward() returns and outside any module that read gradients (gradient clipping) are phase
+optimizer, as Keel's own clip_grad_norm is (Note [keel_torch optimizer work]). Memory snapshots:
+keel_torch.snapshot.import_snapshot (python3 -m keel_torch import-snapshot). rounded_md5=N adds
+Keel's rounded MD5 (N significant digits: equal across frameworks within rounding). A recording
+of Keel's GPT in PyTorch (tests/python/keel_gpt.py) and a Keel run of it compare op by op with
+`keel diff` (docs/torch.md).
 
 Note [keel_torch backward scopes]
 A backward op's scope is the scope of the forward op it differentiates (its forward_seq), as
@@ -34,6 +34,23 @@ which lets `keel diff` pair a PyTorch run's backward ops with a Keel run's modul
 Where autograd names no forward op (gradient accumulation into a parameter), it is the module
 whose output gradient autograd was working back from: a hook on each module's outputs sets
 `backward_scope` when their gradient is ready.
+
+Note [keel_torch optimizer work]
+Between .backward() and the end of the step (opt.step(), keel_torch.step(), or a module called
+again), an op outside any module is the optimizer's when it reads a gradient: the buffer of a
+parameter's .grad as .backward() left it (parameters of the model and the optimizer given), or a
+tensor an op of this kind made (clip_grad_norm_'s norms, their sum, the clipping factor). Any
+other op there is forward work: the next micro-batch's data under gradient accumulation, the next
+batch of a loop without an optimizer. (Every op there was the optimizer's, and the state lasted
+until a module was called: a step ended by keel_torch.step() left the next batch's randn under
+optimizer.)
+
+Note [keel_torch run status]
+The status a recording ends with (_failure): "finished"; after sys.exit(0) too (the program said
+it succeeded); "failed: exit code N" for another exit code ("failed: exit code 1: message" for
+sys.exit("message"), as Python exits 1 and prints it); "failed: Type: first line" for an
+exception; "stopped: interrupted (SIGINT)"; "stopped: terminated (SIGTERM)" (Note [keel_torch
+SIGTERM]). A write of the recording that failed names itself instead (endedStatus in _keel.cpp).
 
 Note [keel_torch forward links]
 A backward op differentiates the forward op whose autograd node is running. The dispatch mode
@@ -49,11 +66,14 @@ not hooked (an output that died before the next op started) leave the link of th
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 import traceback
+import types
+import warnings
 import weakref
 
 import torch
@@ -65,6 +85,9 @@ from . import _keel
 
 __all__ = ["record", "step", "hash_tensor"]
 
+# The dtypes whose tensors are hashed (Note [keel_torch dtypes Keel lacks] in _keel.cpp): Keel's
+# own, and those whose bytes have one meaning, hashed by the same layout under PyTorch's name
+# (MD5 only).
 _DTYPES = {
     torch.float32: "float32",
     torch.float16: "float16",
@@ -73,9 +96,25 @@ _DTYPES = {
     torch.int32: "int32",
     torch.int64: "int64",
     torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.complex32: "complex32",
+    torch.complex64: "complex64",
+    torch.complex128: "complex128",
 }
+# Dtypes NumPy has no type for: their bytes through a same-sized integer view.
+_AS_INTEGERS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.bool: torch.uint8,
+                torch.complex32: torch.int32}
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)
+_unhashed_dtypes = set()  # dtypes hash_tensor has warned about
+
+# Note [keel_torch own ops]: the ops keel_torch runs itself (reading a tensor's bytes: detach,
+# contiguous, cpu, view; reading a loss) run with PyTorch's dispatch to Python turned off, so no
+# dispatch mode sees them: not the recording, not a mode of the user's entered before it (which
+# saw every hashed tensor's detach and contiguous), not an outer recording.
+_NoDispatch = torch._C._DisableTorchDispatch
 
 
 def _dtype_name(t):
@@ -84,23 +123,29 @@ def _dtype_name(t):
 
 def hash_tensor(t, md5=True, stats=True, rounded_digits=0):
     """(md5, stats, rounded md5) of a tensor's values as Keel computes them for the same bytes
-    (rounded: to rounded_digits significant digits, 0 for none; docs/capture.md); ("", None, "")
-    for a dtype Keel has no name for."""
+    (rounded: to rounded_digits significant digits, 0 for none; docs/capture.md). A dtype Keel
+    lacks (uint8, int8, int16, complex) has its MD5 only, of the same layout under PyTorch's name;
+    one with no layout to hash (quantized) gives ("", None, "") and a warning, once per dtype.
+    Run inside a recording, its own ops are not recorded."""
     if t.dtype not in _DTYPES:
+        if t.dtype not in _unhashed_dtypes:
+            _unhashed_dtypes.add(t.dtype)
+            warnings.warn("keel_torch: %s tensors are not hashed: their bytes have no layout "
+                          "in Keel's MD5 (docs/torch.md)" % _dtype_name(t), RuntimeWarning,
+                          stacklevel=2)
         return "", None, ""
     return _keel.hash(_host_bytes(t), _dtype_name(t), list(t.shape), md5, stats, rounded_digits)
 
 
 def _host_bytes(t):
-    """A tensor's elements in row-major order as a byte buffer on the host (CUDA tensors copied)."""
+    """A tensor's elements in row-major order as a byte buffer on the host (CUDA tensors copied),
+    read without any dispatch mode seeing it (Note [keel_torch own ops])."""
+    guard = _NoDispatch()  # noqa: F841 (held until the function returns)
     host = t.detach().contiguous().cpu()
-    if host.dtype in (torch.float16, torch.bfloat16):
-        data = host.view(torch.int16).numpy()
-    elif host.dtype == torch.bool:
-        data = host.view(torch.uint8).numpy()
-    else:
-        data = host.numpy()
-    return memoryview(data.reshape(-1)).cast("B")
+    as_integers = _AS_INTEGERS.get(host.dtype)
+    if as_integers is not None:
+        host = host.view(as_integers)
+    return memoryview(host.numpy().reshape(-1)).cast("B")
 
 
 def _written_arguments(func):
@@ -123,14 +168,42 @@ def _written_arguments(func):
     return tuple(written)
 
 
+def _returns(func):
+    """How each return's tensors stand after the op (Note [keel_torch versions] in _keel.cpp):
+    (kind, position, name) per return, kind 0 a tensor of its own, 1 a view of the argument at
+    position (None: keyword-only) named name, 2 an argument the op wrote (`Tensor(a!)`)."""
+    try:
+        schema = func._schema
+    except AttributeError:
+        return ()
+    arguments, position, result = [], 0, []
+    for a in schema.arguments:
+        arguments.append((None if a.kwarg_only else position, a.name, a.alias_info))
+        if not a.kwarg_only:
+            position += 1
+    for r in schema.returns:
+        alias = r.alias_info
+        if alias is None:
+            result.append((0, None, None))
+        elif alias.is_write:
+            result.append((2, None, None))
+        else:
+            # The argument of the same alias set; a Tensor(a)[] return names no set here (split):
+            # the first argument that is aliased at all.
+            aliased = [x for x in arguments if x[2] is not None]
+            base = [x for x in aliased if x[2].before_set & alias.before_set] or aliased
+            result.append((1, base[0][0], base[0][1]) if base else (0, None, None))
+    return tuple(result)
+
+
 _active = threading.local()
 _OVERLOADS = {}  # id(ATen overload) -> _overload()'s tuple and the overload (kept alive)
 
 
 def _overload(func):
     """What a recording keeps of an ATen overload: (op name, attributes JSON, the arguments it
-    writes, whether it is left out, what to call to run it), once per overload for every
-    recording of the process."""
+    writes, whether it is left out, what to call to run it, how its returns stand after it), once
+    per overload for every recording of the process."""
     known = _OVERLOADS.get(id(func))  # by id: an overload's __hash__ is Python code
     if known is None:
         name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
@@ -140,8 +213,9 @@ def _overload(func):
         # The profiler's markers are not computation.
         known = _OVERLOADS[id(func)] = (name, json.dumps({"aten": str(func)}),
                                         _written_arguments(func),
-                                        name.startswith("_record_function"), run, func)
-    return known[:5]
+                                        name.startswith("_record_function"), run,
+                                        _returns(func), func)
+    return known[:6]
 
 
 class _Session(TorchDispatchMode):
@@ -153,12 +227,13 @@ class _Session(TorchDispatchMode):
         if not isinstance(dumps, (bool, str)):
             raise TypeError("keel_torch.record: dumps is True, False or a scope prefix")
         self.dumps = dumps
+        self.path = os.fspath(path)
         options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks,
                               "rounded_md5_digits": rounded_md5, "dumps": dumps})
         # The running script is an input the recording must never replace (record(__file__)).
         script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
         self.rec = _keel.Recording(
-            os.fspath(path), "cpu", socket.gethostname(),
+            self.path, "cpu", socket.gethostname(),
             json.dumps(config) if config is not None else "{}", seed, options, torch.__version__,
             script)
         self.hashes = bool(md5 or stats or rounded_md5)
@@ -175,6 +250,8 @@ class _Session(TorchDispatchMode):
         self.last_loss = float("nan")
         self.stack_ids = {}
         self.optimizer = optimizer
+        self.lr = None            # the learning rate of the optimizer's last step
+        self.closed = False
         self.in_zero_grad = False
         self.undo = []
         self.hooked = {}          # output tensors given a backward-scope hook: id -> weakref
@@ -262,6 +339,8 @@ class _Session(TorchDispatchMode):
         original_backward = torch.Tensor.backward
 
         def backward(tensor, *args, **kwargs):
+            if session.closed:  # a method kept past the recording (Note [keel_torch optimizer])
+                return original_backward(tensor, *args, **kwargs)
             rec = session.rec
             if tensor.numel() == 1:
                 session.last_loss = session.value(tensor)
@@ -274,6 +353,7 @@ class _Session(TorchDispatchMode):
             finally:
                 rec.phase = previous
                 rec.after_backward = True
+                rec.gradients(session._gradients())  # Note [keel_torch optimizer work]
 
         torch.Tensor.backward = backward
         self.undo.append(lambda: setattr(torch.Tensor, "backward", original_backward))
@@ -287,10 +367,11 @@ class _Session(TorchDispatchMode):
             opt = self.optimizer
             original_step = opt.step
 
-            original_zero_grad = opt.zero_grad
-
-            def optimizer_step(*args, **kwargs):
+            def optimizer_step(optimizer, *args, **kwargs):
+                if session.closed:  # Note [keel_torch optimizer]
+                    return original_step(*args, **kwargs)
                 rec = session.rec
+                session.lr = _learning_rate(optimizer)  # the rate this update uses
                 previous, rec.phase = rec.phase, "optimizer"
                 try:
                     return original_step(*args, **kwargs)
@@ -300,14 +381,49 @@ class _Session(TorchDispatchMode):
                     # (Note [keel_torch step boundary] in _keel.cpp).
                     rec.pending_end = time.monotonic_ns()
 
-            opt.step = optimizer_step
-            opt.zero_grad = self._zero_grad(original_zero_grad)
-            self.undo.append(lambda: setattr(opt, "step", original_step))
-            self.undo.append(lambda: setattr(opt, "zero_grad", original_zero_grad))
+            # Note [keel_torch optimizer]: a method of the optimizer, as the one it replaces, so
+            # a learning-rate scheduler made inside the recording can wrap it (it needs
+            # __self__ and __func__), and one made before it still finds its counting wrapper
+            # (`_with_counter`: without it PyTorch warns that optimizer.step() was overridden
+            # after the scheduler's initialization). A scheduler made inside may have wrapped
+            # it when the recording ends: then it stays, and calls straight through.
+            if getattr(original_step, "_with_counter", False):
+                optimizer_step._with_counter = True
+            self._replace(opt, "step", types.MethodType(optimizer_step, opt))
+            self._replace(opt, "zero_grad", self._zero_grad(opt.zero_grad))
         if self.model is not None:  # model.zero_grad() is the optimizer's work too
-            model = self.model
-            model.zero_grad = self._zero_grad(model.zero_grad)
-            self.undo.append(lambda: model.__dict__.pop("zero_grad", None))
+            self._replace(self.model, "zero_grad", self._zero_grad(self.model.zero_grad))
+
+    def _replace(self, obj, name, method):
+        """Sets obj.name to method until the recording ends: then the attribute is as it was,
+        unless something replaced it meanwhile (Note [keel_torch optimizer])."""
+        had, before = name in obj.__dict__, obj.__dict__.get(name)
+        setattr(obj, name, method)
+
+        def undo():
+            if obj.__dict__.get(name) is not method:
+                return
+            if had:
+                setattr(obj, name, before)
+            else:
+                del obj.__dict__[name]
+        self.undo.append(undo)
+
+    def _gradients(self):
+        """The gradients of the model's and the optimizer's parameters (Note [keel_torch
+        optimizer work])."""
+        params = []
+        if self.model is not None:
+            params.extend(self.model.parameters())
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                params.extend(group["params"])
+        seen, grads = set(), []
+        for p in params:
+            if id(p) not in seen and p.grad is not None:
+                seen.add(id(p))
+                grads.append(p.grad)
+        return grads
 
     def _zero_grad(self, original):
         """`original` (an optimizer's or a model's zero_grad) recorded as optimizer work of the
@@ -315,6 +431,8 @@ class _Session(TorchDispatchMode):
         session = self
 
         def zero_grad(*args, **kwargs):
+            if session.closed:
+                return original(*args, **kwargs)
             rec = session.rec
             previous, rec.phase = rec.phase, "optimizer"
             session.in_zero_grad = True
@@ -326,30 +444,41 @@ class _Session(TorchDispatchMode):
         return zero_grad
 
     def uninstall(self):
+        self.closed = True
         for undo in reversed(self.undo):
             undo()
         self.undo = []
 
     def value(self, t):
-        """A scalar tensor's value, read without recording the reads."""
-        rec = self.rec
-        busy, rec.busy = rec.busy, True
-        try:
-            return float(t.detach().cpu().reshape(())) if torch.is_tensor(t) else float(t)
-        finally:
-            rec.busy = busy
+        """A scalar tensor's value, read without any dispatch mode seeing the reads (Note
+        [keel_torch own ops])."""
+        guard = _NoDispatch()  # noqa: F841 (held until the function returns)
+        return float(t.detach().cpu().reshape(())) if torch.is_tensor(t) else float(t)
 
     def end_step(self, loss, end=None):
         rec = self.rec
         if loss is not None:
             self.last_loss = self.value(loss)
         rec.pending_end = 0
+        # Note [keel_torch optimizer work]: what follows the step is not its optimizer's work.
+        rec.after_backward = False
         if rec.step_ops == 0:
             return
-        rec.step(self.step_begin, end or time.monotonic_ns(), self.last_loss)
+        lr = self.lr
+        if lr is None and self.optimizer is not None:  # a step ended by keel_torch.step()
+            lr = _learning_rate(self.optimizer)
+        rec.step(self.step_begin, end or time.monotonic_ns(), self.last_loss, lr)
+        self.lr = None
         self.last_loss = float("nan")
         self.step_begin = time.monotonic_ns()
         self.hooked = {k: r for k, r in self.hooked.items() if r() is not None}
+
+    def warn_unmatched_dumps(self):
+        """dumps="scope" that no op's scope matched stored nothing: said once, at the end."""
+        if isinstance(self.dumps, str) and self.dumps and self.rec.counts()["dumped_ops"] == 0:
+            warnings.warn("keel_torch.record: dumps=%r matched no module scope, so no values were "
+                          "stored (a scope is a name of model.named_modules(), such as "
+                          "'blocks.1')" % self.dumps, RuntimeWarning, stacklevel=4)
 
     def _end_pending(self):
         """The first op of the next step: the step the optimizer ended is written."""
@@ -418,6 +547,86 @@ class _Session(TorchDispatchMode):
         return self.stack_ids[key]
 
 
+def _learning_rate(optimizer):
+    """The first parameter group's learning rate, or None."""
+    try:
+        return float(optimizer.param_groups[0]["lr"])
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while recording (Note [keel_torch SIGTERM]); a BaseException, as
+    KeyboardInterrupt, so that `except Exception` in the loop lets it through."""
+
+
+class _SigtermGuard:
+    """Note [keel_torch SIGTERM]: SIGTERM's default action ends the process at once, and the
+    recording with it, marked running with no process writing it and its last step lost. While
+    recording (in the main thread, where the handler is the default) SIGTERM raises _Terminated in
+    the loop instead, as SIGINT raises KeyboardInterrupt: the recording closes as `stopped:
+    terminated (SIGTERM)` with the steps done, the default handler is put back, and the signal is
+    raised again, so the process ends as SIGTERM ends it. A handler of the user's is left alone."""
+
+    def __init__(self):
+        self.installed = False
+        self.received = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, self._handler)
+        self.installed = True
+
+    def _handler(self, signum, frame):
+        self.received = True
+        raise _Terminated("SIGTERM")
+
+    def restore(self):
+        """The default handler back; a SIGTERM that came is raised again (the process ends)."""
+        if not self.installed:
+            return
+        self.installed = False
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if self.received:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _failure(e):
+    """The status of a run that ended with exception e (Note [keel_torch run status])."""
+    if isinstance(e, KeyboardInterrupt):
+        return "stopped: interrupted (SIGINT)"
+    if isinstance(e, _Terminated):
+        return "stopped: terminated (SIGTERM)"
+    if isinstance(e, SystemExit):
+        code = e.code
+        if code is None or code == 0:
+            return "finished"
+        if isinstance(code, int):
+            return "failed: exit code %d" % code
+        first = (str(code).splitlines() or [""])[0]
+        return "failed: exit code 1: " + first  # Python prints the message and exits 1
+    first = (str(e).splitlines() or [""])[0]
+    return "failed: " + type(e).__name__ + (": " + first if first else "")
+
+
+def _check_path(path):
+    """Refusals keel_torch makes before the writer sees the path."""
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        name = os.fsdecode(name)
+    for suffix in ("-journal", "-wal", "-shm"):
+        if name.endswith(suffix):
+            raise RuntimeError("keel_torch.record: output %s: a name ending in %s is SQLite's own "
+                               "file beside a recording; choose another name" % (name, suffix))
+    folder = os.path.dirname(os.path.abspath(name))
+    if not os.path.isdir(folder):
+        raise RuntimeError("keel_torch.record: output %s: no such directory %s" % (name, folder))
+    return name
+
+
 @contextlib.contextmanager
 def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
            seed=0, rounded_md5=0, dumps=False):
@@ -426,29 +635,41 @@ def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False,
     directory, a device, a FIFO or the running script is refused, and a symlink's file is
     written, the link kept (as `keel record -o`). dumps=True stores every op's output
     values (zstd), dumps="blocks.1" those of the ops in that module, so `keel diff` compares them
-    element by element (as `keel record --dumps`)."""
+    element by element (as `keel record --dumps`). Recordings do not nest: record() inside
+    another in the same thread raises RuntimeError and leaves the outer one as it was."""
+    outer = getattr(_active, "session", None)
+    if outer is not None:
+        raise RuntimeError("keel_torch.record: already recording to %s in this thread; "
+                           "recordings do not nest (end that one first)" % outer.path)
+    path = _check_path(path)
     session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,
                        dumps)
     status = "finished"
+    sigterm = None
     try:
+        sigterm = _SigtermGuard()
         session.install()  # inside: a failure half-way undoes what was patched, and closes
         _active.session = session
         with session:
             yield session
-    except KeyboardInterrupt:
-        status = "stopped: interrupted (SIGINT)"
-        raise
     except BaseException as e:  # the recording keeps what was recorded, and says why it ended
-        status = "failed: " + (str(e).splitlines() or [type(e).__name__])[0]
+        status = _failure(e)
         raise
     finally:
+        if sigterm is not None and sigterm.received and status == "finished":
+            status = "stopped: terminated (SIGTERM)"  # the loop caught _Terminated itself
         session.uninstall()
         _active.session = None
         try:
             session.end_step(None, session.rec.pending_end)
+            session.warn_unmatched_dumps()
         finally:
-            session.rec.unbind()
-            session.rec.close(status)
+            try:
+                session.rec.unbind()
+                session.rec.close(status)
+            finally:
+                if sigterm is not None:
+                    sigterm.restore()
 
 
 def step(loss=None):

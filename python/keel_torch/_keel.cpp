@@ -22,6 +22,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "keel/base/output_path.h"
@@ -42,11 +43,48 @@ namespace {
 using namespace keel;
 
 // A PyTorch dtype name ("float32", "bfloat16", ...) as Keel's, or nullopt for one Keel has no
-// dtype for (its tensors are recorded without MD5 and statistics).
+// dtype for.
 std::optional<DType> keelDType(const std::string& name) {
   for (int i = 0; i < kNumDTypes; ++i)
     if (dtypeName(DType(i)) == name) return DType(i);
   return std::nullopt;
+}
+
+// Note [keel_torch dtypes Keel lacks]: how a dtype's elements are hashed. Keel's own dtypes as
+// Keel hashes them; the PyTorch dtypes whose bytes have one meaning that Keel lacks (uint8, int8,
+// int16, and complex as its (real, imaginary) pairs) by the same layout (docs/capture.md: the
+// elements' little-endian bytes in row-major order, then the trailer) with PyTorch's name in the
+// trailer ("uint8"), MD5 only: no statistics, rounded MD5 or dumps, which read values Keel has no
+// type for. Any other (quantized) dtype gets no MD5 (keel_torch.hash_tensor warns, once per
+// dtype).
+struct ElementLayout {
+  std::optional<DType> keel;  // nullopt: hashed as bytes
+  size_t size = 0;            // bytes per element
+  // The dtype a hashing job of these elements is given: Keel's, or for bytes a stand-in the pool
+  // reads only for statistics (off) and to normalise bool (which it is not).
+  DType job() const { return keel.value_or(DType::Int32); }
+};
+std::optional<ElementLayout> elementLayout(const std::string& name) {
+  if (const std::optional<DType> k = keelDType(name)) return ElementLayout{k, dtypeSize(*k)};
+  static const std::pair<const char*, size_t> kBytes[] = {{"uint8", 1},     {"int8", 1},
+                                                          {"int16", 2},     {"complex32", 4},
+                                                          {"complex64", 8}, {"complex128", 16}};
+  for (const auto& [n, size] : kBytes)
+    if (name == n) return ElementLayout{std::nullopt, size};
+  return std::nullopt;
+}
+
+// docs/capture.md's trailer: the dtype's name, NUL, the rank and each dimension as little-endian
+// int64 (capture::hashTrailer's, for any dtype name).
+std::string hashTrailer(const std::string& dtype, const std::vector<int64_t>& shape) {
+  std::string h = dtype;
+  h.push_back('\0');
+  const auto le64 = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) h.push_back(char(uint64_t(v) >> (8 * i) & 0xff));
+  };
+  le64(int64_t(shape.size()));
+  for (const int64_t d : shape) le64(d);
+  return h;
 }
 
 Phase parsePhase(const std::string& p) {
@@ -74,15 +112,17 @@ void checkDigits(int digits) {
                                 std::to_string(digits));
 }
 
-// A contiguous `dtype` buffer of `shape` (its size checked), or null for a dtype Keel lacks (its
-// tensors get no MD5 or statistics). The view holds the buffer's owner: release it with the GIL.
+// A contiguous `dtype` buffer of `shape` (its size checked), or null for a dtype with no layout
+// to hash (Note [keel_torch dtypes Keel lacks]); `layout` set to the dtype's. The view holds the
+// buffer's owner: release it with the GIL.
 std::unique_ptr<py::buffer_info> bufferView(const py::buffer& data, const std::string& dtype,
-                                            const std::vector<int64_t>& shape, DType& t) {
-  const std::optional<DType> k = keelDType(dtype);
-  if (!k) return nullptr;
-  t = *k;
+                                            const std::vector<int64_t>& shape,
+                                            ElementLayout& layout) {
+  const std::optional<ElementLayout> l = elementLayout(dtype);
+  if (!l) return nullptr;
+  layout = *l;
   auto info = std::make_unique<py::buffer_info>(data.request());
-  size_t bytes = dtypeSize(t);
+  size_t bytes = layout.size;
   for (const int64_t d : shape) bytes *= size_t(d);
   if (size_t(info->size * info->itemsize) != bytes)
     throw std::invalid_argument("keel_torch: " + std::to_string(info->size * info->itemsize) +
@@ -91,40 +131,42 @@ std::unique_ptr<py::buffer_info> bufferView(const py::buffer& data, const std::s
   return info;
 }
 
-// The bytes of a contiguous `dtype` buffer of `shape` copied into a host tensor Keel can hash;
-// undefined for a dtype Keel lacks.
-Tensor hostCopy(const py::buffer& data, const std::string& dtype,
-                const std::vector<int64_t>& shape) {
-  DType t{};
-  const std::unique_ptr<py::buffer_info> info = bufferView(data, dtype, shape, t);
-  if (!info) return Tensor();
-  Tensor host = Tensor::empty(shape, t, Device(Backend::Cpu));
-  if (host.nbytes()) std::memcpy(host.data(), info->ptr, size_t(host.nbytes()));
-  return host;
-}
-
-// MD5, rounded MD5 and statistics of `host` into `r`, exactly as Keel hashes its own tensors.
-void hashInto(storage::TensorRecord& r, const Tensor& host, const Hashing& h) {
-  if (h.md5) r.md5 = capture::tensorMd5(host);
-  if (h.roundedDigits > 0 && isFloating(host.dtype()))
-    r.md5Rounded = capture::tensorMd5Rounded(host, h.roundedDigits);
-  if (h.stats && isFloating(host.dtype())) {
-    r.hasStats = true;
-    r.stats = capture::tensorStats(host);
-  }
-}
-
-// keel_torch.hash_tensor: (md5, stats dict or None, rounded md5) of a contiguous buffer; all
-// empty for a dtype Keel lacks.
+// keel_torch.hash_tensor: (md5, stats dict or None, rounded md5) of a contiguous buffer, exactly
+// as Keel hashes its own tensors; all empty for a dtype with no layout to hash, and only the MD5
+// for one Keel lacks (Note [keel_torch dtypes Keel lacks]).
 py::tuple hashTensor(py::buffer data, const std::string& dtype, const std::vector<int64_t>& shape,
                      bool md5, bool stats, int roundedDigits) {
   checkDigits(roundedDigits);
-  const Tensor host = hostCopy(data, dtype, shape);
-  if (!host.defined()) return py::make_tuple(std::string(), py::none(), std::string());
+  ElementLayout layout;
+  const std::unique_ptr<py::buffer_info> info = bufferView(data, dtype, shape, layout);
+  if (!info) return py::make_tuple(std::string(), py::none(), std::string());
   storage::TensorRecord r;
-  hashInto(r, host, {md5, stats, roundedDigits});
+  if (!layout.keel) {
+    if (md5) {
+      auto job = std::make_shared<capture::detail::HashJob>();
+      job->md5 = true;
+      job->dtype = layout.job();
+      job->bytes = int64_t(info->size * info->itemsize);
+      static const uint8_t kNone = 0;  // no elements: a pointer all the same (null means none)
+      job->external = info->ptr ? static_cast<const uint8_t*>(info->ptr) : &kNone;
+      capture::detail::hashBatch({job}, 0);
+      if (!job->error.empty())
+        throw std::runtime_error("keel_torch: hashing failed: " + job->error);
+      const std::string trailer = hashTrailer(dtype, shape);
+      const capture::Md5Digest d =
+          job->md5State.finish({reinterpret_cast<const uint8_t*>(trailer.data()), trailer.size()});
+      r.md5 = capture::toHex(d.data(), d.size());
+    }
+    return py::make_tuple(r.md5, py::none(), std::string());
+  }
+  Tensor host = Tensor::empty(shape, *layout.keel, Device(Backend::Cpu));
+  if (host.nbytes()) std::memcpy(host.data(), info->ptr, size_t(host.nbytes()));
+  if (md5) r.md5 = capture::tensorMd5(host);
+  if (roundedDigits > 0 && isFloating(host.dtype()))
+    r.md5Rounded = capture::tensorMd5Rounded(host, roundedDigits);
   py::object st = py::none();
-  if (r.hasStats) {
+  if (stats && isFloating(host.dtype())) {
+    r.stats = capture::tensorStats(host);
     py::dict d;
     d["min"] = r.stats.min;
     d["max"] = r.stats.max;
@@ -161,20 +203,21 @@ class TensorReader {
         dtype_(intern("dtype")),
         isCuda_(intern("is_cuda")),
         device_(intern("device")),
-        elementSize_(intern("element_size")) {}
+        elementSize_(intern("element_size")),
+        isInference_(intern("is_inference")) {}
 
   // The record of tensor `t` into `r`, every field but role and index (set by the caller), its
-  // buffers reused (Note [keel_torch records recycled]); `keel`: the dtype's Keel equivalent (or
-  // nullopt).
-  void read(py::handle t, std::optional<DType>& keel, storage::TensorRecord& r) {
+  // buffers reused (Note [keel_torch records recycled]); `layout`: how its elements are hashed
+  // (nullopt: not at all).
+  void read(py::handle t, std::optional<ElementLayout>& layout, storage::TensorRecord& r) {
     r.tensorId = identity(t.ptr());
-    r.version = uint64_t(intAttr(t, version_));
+    r.version = version(t).value_or(0);
     ints(attr(t, shape_), r.shape);
     ints(call(t, stride_), r.strides);
     r.offset = intOf(call(t, storageOffset_));
     const DTypeInfo& d = dtype(attr(t, dtype_), t);
     r.dtype = d.name;
-    keel = d.keel;
+    layout = d.layout;
     int64_t n = 1;
     for (const int64_t s : r.shape) n *= s;
     r.bytes = n * d.size;
@@ -187,6 +230,28 @@ class TensorReader {
     r.md5Rounded.clear();
     r.hasStats = false;
     r.stats = {};
+  }
+
+  // The version counter of `t`; nullopt for an inference tensor (torch.inference_mode), which has
+  // none (Note [keel_torch versions]).
+  std::optional<uint64_t> version(py::handle t) {
+    PyObject* v = PyObject_GetAttr(t.ptr(), version_.ptr());
+    if (!v) {
+      PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+      PyErr_Fetch(&type, &value, &trace);
+      PyObject* inference = PyObject_CallMethodNoArgs(t.ptr(), isInference_.ptr());
+      const bool yes = inference == Py_True;
+      Py_XDECREF(inference);
+      if (yes) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        return std::nullopt;
+      }
+      PyErr_Restore(type, value, trace);  // not an inference tensor: its own error
+      throw py::error_already_set();
+    }
+    return uint64_t(intOf(py::reinterpret_steal<py::object>(v)));
   }
 
   // The buffer (storage base address) of `t`, or 0.
@@ -211,7 +276,7 @@ class TensorReader {
  private:
   struct DTypeInfo {
     std::string name;
-    std::optional<DType> keel;
+    std::optional<ElementLayout> layout;
     int64_t size = 1;
   };
   struct Identity {
@@ -269,7 +334,7 @@ class TensorReader {
     std::string name = py::str(dt);  // "torch.float32"
     if (name.rfind("torch.", 0) == 0) name = name.substr(6);
     d.name = name;
-    d.keel = keelDType(name);
+    d.layout = elementLayout(name);
     d.size = intOf(call(t, elementSize_));
     dtypeRefs_.push_back(dt);  // keeps the key alive
     return dtypes_.emplace(dt.ptr(), std::move(d)).first->second;
@@ -293,7 +358,7 @@ class TensorReader {
   }
 
   py::object version_, shape_, stride_, storageOffset_, dataPtr_, dtype_, isCuda_, device_,
-      elementSize_;
+      elementSize_, isInference_;
   std::unordered_map<PyObject*, DTypeInfo> dtypes_;
   std::vector<py::object> dtypeRefs_;
   std::unordered_map<PyObject*, Identity> ids_;
@@ -362,6 +427,7 @@ class HashQueue {
     capture::detail::HashJobPtr job;
     std::unique_ptr<py::buffer_info> view;  // holds PyTorch's memory; released under the GIL
     int64_t slot = 0;                       // where its results are kept (0: nowhere)
+    std::vector<uint8_t> copy;              // the bytes `job` reads, where it owns none
   };
   struct Pending {
     storage::OpRecord op;
@@ -383,18 +449,27 @@ class HashQueue {
   // A job for one tensor's bytes: PyTorch's memory (`view`, in `buffer`), or a copy where the
   // rounded MD5 needs a Keel tensor or no buffer names the memory (a write to it could not be
   // announced).
-  Work work(size_t index, std::unique_ptr<py::buffer_info> view, DType dtype, uint64_t buffer,
-            int64_t slot) const {
+  Work work(size_t index, std::unique_ptr<py::buffer_info> view, const ElementLayout& layout,
+            uint64_t buffer, int64_t slot) const {
     Work w;
     w.index = index;
     w.slot = slot;
     auto job = std::make_shared<capture::detail::HashJob>();
+    const DType dtype = layout.job();
+    const bool floating = layout.keel && isFloating(dtype);
     job->md5 = h_.md5;
-    job->stats = h_.stats && isFloating(dtype);
+    job->stats = h_.stats && floating;
     job->dtype = dtype;
     job->bytes = int64_t(view->size * view->itemsize);
-    const bool rounded = h_.roundedDigits > 0 && isFloating(dtype);
-    if (rounded || buffer == 0) {
+    const bool rounded = h_.roundedDigits > 0 && floating;
+    if (buffer == 0 && !layout.keel) {
+      // Bytes of a dtype Keel lacks (Note [keel_torch dtypes Keel lacks]) where no buffer names
+      // the memory: hashed from a copy the work owns.
+      const auto* p = static_cast<const uint8_t*>(view->ptr);
+      w.copy.assign(p, p + job->bytes);
+      static const uint8_t kNone = 0;  // no elements: a pointer all the same (null means none)
+      job->external = w.copy.empty() ? &kNone : w.copy.data();
+    } else if (rounded || buffer == 0) {
       job->tensor =
           Tensor::empty({job->bytes / int64_t(dtypeSize(dtype))}, dtype, Device(Backend::Cpu));
       if (job->bytes) std::memcpy(job->tensor.data(), view->ptr, size_t(job->bytes));
@@ -454,7 +529,7 @@ class HashQueue {
   // A done job's results into a tensor's record: its MD5s are the job's midstates finished with
   // the tensor's own trailer (its shape), so a reshape of the same elements gets its own.
   static void fill(storage::TensorRecord& r, const capture::detail::HashJob& job) {
-    const std::string trailer = capture::hashTrailer(job.dtype, r.shape);
+    const std::string trailer = hashTrailer(r.dtype, r.shape);
     if (job.md5) {
       const capture::Md5Digest d =
           job.md5State.finish({reinterpret_cast<const uint8_t*>(trailer.data()), trailer.size()});
@@ -517,10 +592,16 @@ storage::DumpRecord dumpRecord(uint64_t seq, const storage::TensorRecord& r, con
 // call from Python and by close(). At most kMaxQueued records wait; past that the caller waits
 // (without the GIL).
 // The status a recording ends with: the loop's own, except that a loop that ended well
-// ("finished") whose records could not all be written or recorded (`error`) did not finish.
+// ("finished") whose records could not all be written or recorded (`error`) did not finish, and a
+// loop that failed with that very error (raised in it: "failed: RuntimeError: recording ...")
+// failed with the write's error as such.
 std::string endedStatus(const std::string& status, const std::string& error) {
-  if (status != "finished" || error.empty()) return status;
-  return "failed: " + error.substr(0, error.find('\n'));  // its first line, as Python's
+  if (error.empty()) return status;
+  const std::string line = error.substr(0, error.find('\n'));  // its first line, as Python's
+  const bool same = status.rfind("failed: ", 0) == 0 && status.size() >= line.size() &&
+                    status.compare(status.size() - line.size(), line.size(), line) == 0;
+  if (status != "finished" && !same) return status;
+  return "failed: " + line;
 }
 
 class WriterThread {
@@ -709,6 +790,7 @@ class Recording {
       ~Idle() {
         r.inputs_.clear();
         r.outputs_.clear();
+        r.outputReturns_.clear();
         r.writtenTensors_.clear();
         r.busy_ = false;
       }
@@ -780,14 +862,27 @@ class Recording {
     }
     const int64_t end = monotonicNs();
     std::vector<py::object>& outputs = outputs_;
-    if (isTensor(out.ptr()))
+    std::vector<size_t>& returnOf = outputReturns_;  // each output's return
+    if (isTensor(out.ptr())) {
       outputs.push_back(out);
-    else if (PyTuple_Check(out.ptr()) || PyList_Check(out.ptr()))
-      tensorsOf(out.ptr(), outputs);  // (Tensor, Tensor[]) results too
+      returnOf.push_back(0);
+    } else if (PyTuple_Check(out.ptr()) || PyList_Check(out.ptr())) {
+      // (Tensor, Tensor[]) results too; a single Tensor[] return is the list itself.
+      const bool one = o.returns.size() <= 1;
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(out.ptr());
+      PyObject** items = PySequence_Fast_ITEMS(out.ptr());
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        tensorsIn(items[i], outputs);
+        returnOf.resize(outputs.size(), one ? 0 : size_t(i));
+      }
+    }
+    const std::vector<std::optional<uint64_t>>& versions = outputVersions(o, args, kw);
+    const size_t inputCount = p->used;  // the inputs' records come first
     ++seq_;
     ++stepOps_;
     uint64_t forwardSeq = 0;
     Phase phase = phase_;
+    bool gradientWork = false;
     std::string scope;
     if (phase == Phase::Backward) {
       // Note [keel_torch backward scopes]
@@ -804,9 +899,12 @@ class Recording {
         for (size_t i = 0; i < outputs.size(); ++i) held[i] = outputs[i];
         pendingOutputs_.append(py::make_tuple(seq_, std::move(held)));
         forwardScopes_[seq_] = scope;
-      } else if (phase == Phase::Forward && afterBackward_ && scopes_.empty()) {
-        // Between .backward() and the optimizer, outside any module: gradient clipping or
-        // scaling, the optimizer's work (as Keel's clip_grad_norm).
+      } else if (phase == Phase::Forward && afterBackward_ && scopes_.empty() &&
+                 readsGradients(*p, inputCount)) {
+        gradientWork = true;
+        // Note [keel_torch optimizer work]: after .backward(), outside any module, an op that
+        // reads a parameter's gradient or what such an op made is the optimizer's work (gradient
+        // clipping or scaling, as Keel's clip_grad_norm).
         phase = Phase::Optimizer;
       }
     }
@@ -821,7 +919,11 @@ class Recording {
     op.endNs = end;
     op.forwardSeq = forwardSeq;
     op.stackId = stacks_ ? session_.attr("_stack")().cast<int64_t>() : -1;
-    addTensors(outputs, storage::Role::Output, dumped(op.scope), *p);
+    const bool dump = dumped(op.scope);
+    dumpedOps_ += dump;
+    addTensors(outputs, storage::Role::Output, dump, *p, &versions);
+    if (gradientWork)  // Note [keel_torch optimizer work]
+      for (size_t i = inputCount; i < p->used; ++i) gradDerived_.insert(op.tensors[i].tensorId);
     if (!queue_) {
       writeOp(std::move(p));
     } else {
@@ -864,6 +966,7 @@ class Recording {
     d["reused"] = py::make_tuple(reused_[0], reused_[1]);
     d["identities"] = reader_.identities();
     d["waiting"] = queue_ ? queue_->waiting() : 0;  // ops whose hashing is not done
+    d["dumped_ops"] = dumpedOps_;
     return d;
   }
   // What dispatch() computes of each tensor's bytes, off the Python thread (Note [keel_torch
@@ -883,8 +986,9 @@ class Recording {
     for (const auto& [function, file, line] : frames) s.frames.push_back({0, function, file, line});
     live().post([s = std::move(s)](storage::Writer& w) { w.writeStack(s); });
   }
-  // Ends the step: its record (number, time, loss) after its ops'.
-  void step(int64_t beginNs, int64_t endNs, double loss) {
+  // Ends the step: its record (number, time, loss, the optimizer's learning rate where known)
+  // after its ops'.
+  void step(int64_t beginNs, int64_t endNs, double loss, std::optional<double> lr) {
     flush();
     if (queue_) queue_->clearSlots();  // Note [keel_torch content cache]: one step's
     content_.clear();
@@ -895,6 +999,7 @@ class Recording {
     s.beginNs = beginNs;
     s.endNs = endNs;
     s.loss = loss;
+    if (lr) s.lr = *lr;
     live().post(
         [s](storage::Writer& w) {
           w.writeStep(s);
@@ -904,6 +1009,15 @@ class Recording {
     ++stepNo_;  // once its record is queued
     stepOps_ = 0;
     forwardScopes_.clear();
+    gradBuffers_.clear();
+    gradDerived_.clear();
+  }
+  // Note [keel_torch optimizer work]: the parameters' gradients as .backward() left them.
+  void gradients(const std::vector<py::object>& grads) {
+    gradBuffers_.clear();
+    gradDerived_.clear();
+    for (const py::object& g : grads)
+      if (const uint64_t b = reader_.buffer(g)) gradBuffers_.insert(b);
   }
   void log(int64_t step, uint64_t opSeq, const std::string& level, const std::string& scope,
            const std::string& message) {
@@ -1052,18 +1166,25 @@ class Recording {
   }
   // An op's inputs or outputs into its record; the bytes of those not hashed this step queued
   // (or dumped).
+  // versions: the outputs' versions after the op where they differ from what is read now (Note
+  // [keel_torch versions]).
   void addTensors(const std::vector<py::object>& tensors, storage::Role role, bool dump,
-                  HashQueue::Pending& p) {
+                  HashQueue::Pending& p,
+                  const std::vector<std::optional<uint64_t>>* versions = nullptr) {
     storage::OpRecord& op = p.op;
     int32_t index = 0;
     for (const py::handle t : tensors) {
-      std::optional<DType> keel;
+      std::optional<ElementLayout> layout;
       const size_t at = p.used;
       storage::TensorRecord& r = p.nextTensor();
-      reader_.read(t, keel, r);
+      reader_.read(t, layout, r);
+      if (versions && size_t(index) < versions->size() && (*versions)[size_t(index)])
+        r.version = *(*versions)[size_t(index)];
       r.role = role;
       r.index = index++;
-      if (!keel || (!queue_ && !dump)) continue;
+      // Values are dumped only in the dtypes Keel reads (Note [keel_torch dtypes Keel lacks]).
+      const bool dumpIt = dump && layout && layout->keel;
+      if (!layout || (!queue_ && !dumpIt)) continue;
       int64_t slot = 0;
       if (queue_) {
         const bool contiguous = isContiguous(r.shape, r.strides);
@@ -1080,7 +1201,7 @@ class Recording {
           p.reuse.emplace_back(at, it->second.slot);
           ++reused_[0];
           reused_[1] += r.bytes;
-          if (!dump) continue;
+          if (!dumpIt) continue;
         } else {
           slot = ++nextSlot_;
           ContentEntry e{slot, contiguous ? reader_.weakRef(t) : py::object()};
@@ -1095,13 +1216,13 @@ class Recording {
         }
       }
       if (!hostBytes_) throw std::logic_error("keel_torch: hashing() was not called");
-      DType dtype{};
-      std::unique_ptr<py::buffer_info> view = bufferView(hostBytes_(t), r.dtype, r.shape, dtype);
+      ElementLayout l;
+      std::unique_ptr<py::buffer_info> view = bufferView(hostBytes_(t), r.dtype, r.shape, l);
       if (!view) continue;
-      if (dump)
+      if (dumpIt)
         live().post([d = dumpRecord(op.seq, r, view->ptr, size_t(view->size * view->itemsize))](
                         storage::Writer& w) { w.writeDump(d); });
-      if (slot) p.work.push_back(queue_->work(at, std::move(view), dtype, r.bufferId, slot));
+      if (slot) p.work.push_back(queue_->work(at, std::move(view), l, r.bufferId, slot));
     }
   }
 
@@ -1126,6 +1247,13 @@ class Recording {
     bool skip = false;                                       // not computation: not recorded
     py::object run;                                          // what runs it
     py::object func;                                         // keeps the key alive
+    // Per return: how its tensors' versions after the op are known (Note [keel_torch versions]).
+    struct Return {
+      enum Kind : uint8_t { Own, View, Written } kind = Own;
+      Py_ssize_t position = -1;  // View: the argument it views (or -1 and its name)
+      py::object name;
+    };
+    std::vector<Return> returns;
   };
   const Overload& overload(const py::object& func) {
     const auto it = overloads_.find(func.ptr());
@@ -1142,6 +1270,14 @@ class Recording {
     o.skip = t[3].cast<bool>();
     o.run = t[4];
     o.func = func;
+    for (const py::handle r : t[5].cast<py::tuple>()) {
+      const py::tuple v = r.cast<py::tuple>();
+      Overload::Return ret;
+      ret.kind = Overload::Return::Kind(v[0].cast<int>());
+      ret.position = v[1].is_none() ? -1 : v[1].cast<Py_ssize_t>();
+      ret.name = py::reinterpret_borrow<py::object>(v[2]);
+      o.returns.push_back(std::move(ret));
+    }
     return overloads_.emplace(func.ptr(), std::move(o)).first->second;
   }
   static py::object call(const py::object& func, const py::object& args, PyObject* kwargs) {
@@ -1208,6 +1344,46 @@ class Recording {
       queue_->beforeWrite(written_);  // has them, and copies those of the written buffers now
     }
   }
+  // Note [keel_torch versions]: a tensor's version counter is bumped by PyTorch's ADInplaceOrView
+  // layer after an in-place op returns, above the dispatch mode, and a view gets its base's
+  // counter there too: the mode sees an in-place op's output, and a new view, still at the
+  // version before. Keel's convention (docs/capture.md) is an output at the version after the op,
+  // the one its readers see, so the producer of a value (Note [Producer]) is found: an output
+  // the op writes (`Tensor(a!)`) is one past the version read, a view (`Tensor(a)`) at its
+  // base's. An inference tensor has no version counter: 0.
+  const std::vector<std::optional<uint64_t>>& outputVersions(const Overload& o,
+                                                             const py::object& args, PyObject* kw) {
+    std::vector<std::optional<uint64_t>>& v = outputVersions_;
+    v.assign(outputs_.size(), std::nullopt);
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const size_t ret = outputReturns_[i];
+      if (ret >= o.returns.size()) continue;
+      const Overload::Return& r = o.returns[ret];
+      if (r.kind == Overload::Return::Written) {
+        if (const std::optional<uint64_t> own = reader_.version(outputs_[i])) v[i] = *own + 1;
+      } else if (r.kind == Overload::Return::View) {
+        PyObject* base = nullptr;
+        if (r.position >= 0 && r.position < PyTuple_GET_SIZE(args.ptr()))
+          base = PyTuple_GET_ITEM(args.ptr(), r.position);
+        else if (kw && r.name)
+          base = PyDict_GetItemWithError(kw, r.name.ptr());
+        if (base && isTensor(base)) v[i] = reader_.version(base).value_or(0);
+      }
+    }
+    return v;
+  }
+  // Note [keel_torch optimizer work]: whether the first `n` tensors of `p` (the op's inputs)
+  // include a parameter's gradient or a tensor made from one.
+  bool readsGradients(const HashQueue::Pending& p, size_t n) const {
+    if (gradBuffers_.empty() && gradDerived_.empty()) return false;
+    for (size_t i = 0; i < n; ++i) {
+      const storage::TensorRecord& r = p.op.tensors[i];
+      if ((r.bufferId && gradBuffers_.count(r.bufferId)) || gradDerived_.count(r.tensorId))
+        return true;
+    }
+    return false;
+  }
+
   // A record that is not written (its op raised, or recording it failed): its hashes complete
   // (their slots may be reused by later ops) before its views let go of PyTorch's memory.
   void abortWrite(std::unique_ptr<HashQueue::Pending> p) {
@@ -1229,6 +1405,12 @@ class Recording {
 
   py::object session_;                                         // the Python half (bind())
   std::vector<py::object> inputs_, outputs_, writtenTensors_;  // the op dispatch() records
+  std::vector<size_t> outputReturns_;                          // each output's return
+  std::vector<std::optional<uint64_t>> outputVersions_;        // Note [keel_torch versions]
+  // Note [keel_torch optimizer work]: the buffers of the parameters' gradients after the last
+  // .backward(), and the tensors that ops reading them made, until the step ends.
+  std::unordered_set<uint64_t> gradBuffers_, gradDerived_;
+  int64_t dumpedOps_ = 0;  // ops whose outputs' values were stored (dumps=)
   bool direct_ = false, stacks_ = false, dumpAll_ = false;
   std::optional<std::string> dumpPrefix_;  // dumps="blocks.1"
   py::object tensorType_, gradEnabled_, stackLength_, requiresGrad_;
@@ -1329,7 +1511,9 @@ PYBIND11_MODULE(_keel, m) {
       .def_readonly("step_ops", &Recording::stepOps_)
       .def("counts", &Recording::counts)
       .def("stack", &Recording::stack)
-      .def("step", &Recording::step)
+      .def("step", &Recording::step, py::arg("begin_ns"), py::arg("end_ns"), py::arg("loss"),
+           py::arg("lr") = py::none())
+      .def("gradients", &Recording::gradients)
       .def("log", &Recording::log)
       .def("mem", &Recording::mem)
       .def("close", &Recording::close);

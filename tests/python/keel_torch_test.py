@@ -8,6 +8,7 @@ binary."""
 import hashlib
 import os
 import re
+import signal
 import stat
 import struct
 import subprocess
@@ -145,7 +146,8 @@ class KeelTorchTest(unittest.TestCase):
             train(self.path, steps=3, fail_at=1)
         rc, out, err = keel("inspect", self.path)
         self.assertEqual(rc, 0, err)
-        self.assertIn("status failed: the data loader broke", out)
+        # The exception's type and first line (it said only "failed: the data loader broke").
+        self.assertIn("status failed: ValueError: the data loader broke\n", out)
         self.assertIn("steps      1", out)
 
     def test_an_output_that_is_not_a_recording_to_replace_is_refused_and_kept(self):
@@ -450,11 +452,11 @@ class KeelTorchTest(unittest.TestCase):
         self.assertEqual(rows[(4, "sub_", "input", 0)], keel_md5((x * 2 + 1) * 3))
         self.assertEqual(rows[(4, "sub_", "input", 1)], keel_md5(x))
         self.assertEqual(rows[(4, "sub_", "output", 0)], keel_md5((x * 2 + 1) * 3 - x))
-        # y as add_'s input is mul's output, z and x as sub_'s inputs the second mul's output and
-        # the first's input: digests reused, not hashed. y as the second mul's input is not (its
-        # version changed).
-        self.assertEqual(session.reused[0], 3)
-        self.assertEqual(session.hashed[0], len(rows) - 3)
+        # y as add_'s input is mul's output, y as the second mul's input add_'s output (at the
+        # version after add_: Note [keel_torch versions]), z and x as sub_'s inputs the second
+        # mul's output and the first's input: digests reused, not hashed.
+        self.assertEqual(session.reused[0], 4)
+        self.assertEqual(session.hashed[0], len(rows) - 4)
 
     def test_an_in_place_op_on_a_tensor_not_seen_before_records_its_bytes_before(self):
         """The inputs of an op that writes them are hashed from the bytes before it runs, also
@@ -504,6 +506,359 @@ class KeelTorchTest(unittest.TestCase):
         self.assertEqual(rows[(adds[0], "add", "output", 0)], keel_md5(a))
         self.assertEqual(rows[(adds[1], "add", "input", 0)], keel_md5(torch.full((1 << 16,), 6.0)))
         self.assertEqual(rows[(adds[1], "add", "output", 0)], keel_md5(b))
+
+    # ---- inference mode (Note [keel_torch versions]) -------------------------------------------
+
+    def tensor_versions(self):
+        """(seq, op, role, index) -> (tensor id, version) of every recorded tensor."""
+        import csv
+        import io
+        rc, out, err = keel("export", "csv", "--tensors", self.path)
+        self.assertEqual(rc, 0, err)
+        return {(int(r["seq"]), r["op"], r["role"], int(r["idx"])):
+                (int(r["tensor_id"]), int(r["version"])) for r in csv.DictReader(io.StringIO(out))}
+
+    def status(self):
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        return re.search(r"status (.*)\n", out).group(1)
+
+    def test_inference_tensors_are_recorded_at_version_0(self):
+        """Inference tensors have no version counter (reading it raised 'Inference tensors do
+        not track version counter.' in the user's loop): made and written inside
+        torch.inference_mode() within the recording, or made under it before, they are recorded
+        at version 0 and the loop runs unchanged."""
+        with keel_torch.record(self.path):
+            with torch.inference_mode():
+                x = torch.randn(2, 4)
+                x.add_(1)
+        self.assertEqual(self.status(), "finished")
+        versions = self.tensor_versions()
+        self.assertEqual(sorted(versions), [(1, "randn", "output", 0), (2, "add_", "input", 0),
+                                            (2, "add_", "output", 0)])
+        self.assertEqual({v for _, v in versions.values()}, {0})
+        rows = self.tensor_rows()
+        self.assertEqual(rows[(2, "add_", "output", 0)], keel_md5(x))
+        with torch.inference_mode():
+            x = torch.randn(2, 4)
+        with keel_torch.record(self.path):
+            y = x * 2
+        self.assertEqual(self.status(), "finished")
+        self.assertEqual(sorted(self.tensor_versions().items()),
+                         [((1, "mul", "input", 0), (1, 0)), ((1, "mul", "output", 0), (2, 0))])
+        rows = self.tensor_rows()
+        self.assertEqual(rows[(1, "mul", "input", 0)], keel_md5(x))
+        self.assertEqual(rows[(1, "mul", "output", 0)], keel_md5(y))
+
+    # ---- versions after in-place ops and views (Note [keel_torch versions]) --------------------
+
+    def graph_edges(self, step=1):
+        """The edges of `keel export graph` (Note [Producer]) as (producer op, consumer op)."""
+        rc, out, err = keel("export", "graph", self.path, "--step", str(step))
+        self.assertEqual(rc, 0, err)
+        names = dict(re.findall(r'"(o\d+)" \[label="([^\\"]+)\\n', out))
+        return {(names[a], names[b]) for a, b in re.findall(r'"(o\d+)" -> "(o\d+)"', out)}
+
+    def test_an_in_place_op_and_a_view_output_the_version_their_readers_see(self):
+        """An in-place op's output is at the version after the write and a view at its base's
+        (both were written at 0, read at 1: no producer edge in keel export graph, the studio's
+        graph or keel diff's root analysis)."""
+        with keel_torch.record(self.path):
+            x = torch.randn(3, 3)
+            x.add_(1)
+            y = x.t()
+            z = y.mm(y)
+            keel_torch.step(z.sum())
+        v = self.tensor_versions()
+        x_id = v[(1, "randn", "output", 0)][0]
+        y_id = v[(3, "t", "output", 0)][0]
+        self.assertEqual(v[(1, "randn", "output", 0)], (x_id, 0))
+        self.assertEqual(v[(2, "add_", "input", 0)], (x_id, 0))
+        self.assertEqual(v[(2, "add_", "output", 0)], (x_id, 1))
+        self.assertEqual(v[(3, "t", "input", 0)], (x_id, 1))
+        self.assertEqual(v[(3, "t", "output", 0)], (y_id, 1))
+        self.assertEqual(v[(4, "mm", "input", 0)], (y_id, 1))
+        self.assertEqual(v[(4, "mm", "input", 1)], (y_id, 1))
+        self.assertEqual(self.graph_edges(),
+                         {("randn", "add_"), ("add_", "t"), ("t", "mm"), ("mm", "sum")})
+        # A Linear's parameters are at version 1 after their initialisation: its weight's `t`
+        # feeds its addmm.
+        model = torch.nn.Linear(3, 2)
+        self.assertEqual(model.weight._version, 1)
+        with keel_torch.record(self.path, model=model):
+            model(torch.randn(4, 3))
+        self.assertEqual(self.graph_edges(), {("randn", "addmm"), ("t", "addmm")})
+        v = self.tensor_versions()
+        self.assertEqual(v[(2, "t", "output", 0)][1], 1)
+        self.assertEqual(v[(3, "addmm", "input", 2)], v[(2, "t", "output", 0)])
+
+    # ---- phases after .backward() (Note [keel_torch optimizer work]) ----------------------------
+
+    def phases(self, step=None):
+        """(step, phase, op) of the recorded ops, in order."""
+        import csv
+        import io
+        rc, out, err = keel("export", "csv", self.path)
+        self.assertEqual(rc, 0, err)
+        rows = sorted(csv.DictReader(io.StringIO(out)), key=lambda r: int(r["seq"]))
+        return [(int(r["step"]), r["phase"], r["op"]) for r in rows
+                if step is None or int(r["step"]) == step]
+
+    def test_work_after_backward_is_the_optimizers_only_when_it_reads_gradients(self):
+        """Ops outside any module after .backward() are optimizer work only when they read a
+        parameter's gradient or what such an op made (gradient clipping); the next batch is
+        forward work, also before the optimizer steps (gradient accumulation) or with no
+        optimizer at all (a loop ended by keel_torch.step()). Both read as optimizer work."""
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+        with keel_torch.record(self.path, model=model):
+            for _ in range(2):
+                loss = model(torch.randn(5, 8)).pow(2).mean()
+                loss.backward()
+                keel_torch.step(loss)
+        self.assertEqual([p for p in self.phases() if p[2] == "randn"],
+                         [(1, "forward", "randn"), (2, "forward", "randn")])
+        self.assertNotIn("optimizer", {p[1] for p in self.phases()})
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with keel_torch.record(self.path, model=model, optimizer=opt):
+            for _ in range(2):
+                for micro in range(2):  # two micro-batches, then one update
+                    x = torch.randn(5, 8) * 2
+                    model(x).pow(2).mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                opt.step()
+                opt.zero_grad()
+        ops = [(phase, op) for _, phase, op in self.phases(step=2) if phase != "backward"]
+        # Each micro-batch (its data made before the model is called) is forward work; then
+        # clip_grad_norm_ (each gradient's norm, their norm, the factor, the gradients scaled),
+        # SGD's update and zero_grad are the optimizer's.
+        forward = [("forward", op) for op in ("randn", "mul", "t", "addmm", "pow", "mean")]
+        self.assertEqual(ops, forward + forward + [("optimizer", op) for op in (
+            "detach", "detach", "norm", "detach", "detach", "norm", "stack", "norm", "add",
+            "reciprocal", "mul", "clamp", "detach", "detach", "mul_", "detach", "detach", "mul_",
+            "zeros", "add_", "add_", "zeros", "zero_", "zero_")])
+
+    # ---- nesting, Keel's own ops (Note [keel_torch own ops]) -----------------------------------
+
+    def test_a_recording_inside_another_is_refused_and_the_outer_goes_on(self):
+        inner = os.path.join(self.dir.name, "inner.db")
+        with keel_torch.record(self.path):
+            torch.ones(2) * 2
+            with self.assertRaises(RuntimeError) as cm:
+                with keel_torch.record(inner):
+                    torch.ones(2) * 3
+            torch.ones(2) * 4
+            keel_torch.step(1.5)
+        self.assertEqual(str(cm.exception),
+                         "keel_torch.record: already recording to %s in this thread; recordings "
+                         "do not nest (end that one first)" % self.path)
+        self.assertFalse(os.path.exists(inner))
+        self.assertEqual(self.status(), "finished")
+        self.assertEqual(self.op_names(), ["ones", "mul", "ones", "mul"])
+
+    def test_keels_own_ops_reach_no_dispatch_mode(self):
+        """Hashing a tensor (detach, contiguous, view) and reading a loss are not seen by a mode
+        of the user's entered before the recording (it saw 91 ops with md5=True, 23 without),
+        and keel_torch.hash_tensor inside a recording records nothing of its own."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Seen(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func.overloadpacket.__name__))
+                return func(*args, **(kwargs or {}))
+
+        def loop(md5):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            with Seen() as seen:
+                with keel_torch.record(self.path, model=model, optimizer=opt, md5=md5, stats=md5):
+                    loss = model(torch.randn(5, 8).to(torch.bfloat16).float()).pow(2).mean()
+                    loss.backward()
+                    opt.step()
+            return seen.ops
+        plain, hashed = loop(False), loop(True)
+        self.assertEqual(plain, hashed)
+        self.assertEqual(len(hashed), 29)
+        with keel_torch.record(self.path):
+            t = torch.ones(3) * 2
+            md5, _, _ = keel_torch.hash_tensor(t)
+        self.assertEqual(md5, keel_md5(t))
+        self.assertEqual(self.op_names(), ["ones", "mul"])
+
+    # ---- how a run ends (Note [keel_torch run status]) -----------------------------------------
+
+    def test_the_status_names_how_the_run_ended(self):
+        def run(body):
+            with keel_torch.record(self.path):
+                torch.ones(2) * 2
+                body()
+            return None
+
+        def fail():
+            raise ValueError("bad batch\nsecond line")
+        with self.assertRaises(ValueError):
+            run(fail)
+        self.assertEqual(self.status(), "failed: ValueError: bad batch")
+        with self.assertRaises(SystemExit):
+            run(lambda: sys.exit(0))
+        self.assertEqual(self.status(), "finished")
+        with self.assertRaises(SystemExit):
+            run(lambda: sys.exit(3))
+        self.assertEqual(self.status(), "failed: exit code 3")
+        with self.assertRaises(SystemExit):
+            run(lambda: sys.exit("no data"))
+        self.assertEqual(self.status(), "failed: exit code 1: no data")
+        with self.assertRaises(KeyboardInterrupt):
+            run(lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+        self.assertEqual(self.status(), "stopped: interrupted (SIGINT)")
+        self.assertEqual(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)
+
+    def test_sigterm_closes_the_recording_with_its_steps_and_ends_the_process(self):
+        """Note [keel_torch SIGTERM]: killed after two steps, the recording keeps them and says
+        so (it was left 'running, but no process is writing it' with 1 step); the process still
+        ends by SIGTERM."""
+        script = (
+            "import os, signal, sys, torch, keel_torch\n"
+            "model = torch.nn.Linear(8, 4)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "with keel_torch.record(sys.argv[1], model=model, optimizer=opt):\n"
+            "    for i in range(100):\n"
+            "        if i == 2:\n"
+            "            os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        model(torch.randn(5, 8)).pow(2).mean().backward()\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n"
+            "print('not reached')\n")
+        r = subprocess.run([sys.executable, "-c", script, self.path], capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(r.returncode, -signal.SIGTERM, r.stdout + r.stderr)
+        self.assertNotIn("not reached", r.stdout)
+        self.assertEqual(self.status(), "stopped: terminated (SIGTERM)")
+        rc, out, err = keel("inspect", self.path)
+        self.assertRegex(out, r"\nsteps\s+2\n")
+
+    # ---- learning-rate schedulers (Note [keel_torch optimizer]) ---------------------------------
+
+    def test_a_learning_rate_scheduler_sees_no_override_and_steps_record_the_rate(self):
+        """PyTorch warned 'Seems like optimizer.step() has been overridden after learning rate
+        scheduler initialization' under any scheduler; each step's record has the rate its
+        update used (param_groups[0]['lr'])."""
+        import sqlite3
+        import warnings
+        model = torch.nn.Linear(8, 4)
+        for made_inside in (False, True):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                sched = None if made_inside else \
+                    torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+                with keel_torch.record(self.path, model=model, optimizer=opt):
+                    if made_inside:
+                        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+                    for _ in range(3):
+                        model(torch.randn(5, 8)).pow(2).mean().backward()
+                        opt.step()
+                        opt.zero_grad()
+                        sched.step()
+                model(torch.randn(5, 8)).pow(2).mean().backward()  # after: as without Keel
+                opt.step()
+                sched.step()
+            self.assertEqual([str(w.message) for w in caught], [], made_inside)
+            self.assertEqual(opt._step_count, 4)
+            with sqlite3.connect(self.path) as db:
+                self.assertEqual(db.execute("SELECT step, lr FROM steps").fetchall(),
+                                 [(1, 0.1), (2, 0.05), (3, 0.025)])
+        with keel_torch.record(self.path):  # no optimizer: the rate is unknown
+            torch.ones(2) * 2
+            keel_torch.step(1.0)
+        with sqlite3.connect(self.path) as db:
+            self.assertEqual(db.execute("SELECT lr FROM steps").fetchall(), [(None,)])
+
+    # ---- dtypes Keel lacks (Note [keel_torch dtypes Keel lacks]) -------------------------------
+
+    def test_integer_bool_and_complex_tensors_are_hashed(self):
+        """docs/capture.md's layout (the elements' bytes, then the dtype's name, NUL, rank and
+        dimensions) with PyTorch's name: uint8, int8, int16 and complex got no MD5 at all."""
+        def md5_of(data, name, shape):
+            trailer = name.encode() + b"\0" + struct.pack("<q", len(shape)) + \
+                b"".join(struct.pack("<q", d) for d in shape)
+            return hashlib.md5(data + trailer).hexdigest()
+        cases = [
+            (torch.tensor([1, 2, 255], dtype=torch.uint8), b"\x01\x02\xff", "uint8"),
+            (torch.tensor([-1, 2], dtype=torch.int8), b"\xff\x02", "int8"),
+            (torch.tensor([[-2], [3]], dtype=torch.int16), b"\xfe\xff\x03\x00", "int16"),
+            (torch.tensor([True, False]), b"\x01\x00", "bool"),
+            (torch.tensor([1 + 2j], dtype=torch.complex64), struct.pack("<ff", 1, 2), "complex64"),
+            (torch.tensor([1 - 2j], dtype=torch.complex128), struct.pack("<dd", 1, -2),
+             "complex128"),
+        ]
+        for t, data, name in cases:
+            self.assertEqual(keel_torch.hash_tensor(t), (md5_of(data, name, list(t.shape)),
+                                                         None, ""), name)
+        with keel_torch.record(self.path, rounded_md5=3, dumps=True):
+            u = torch.tensor([1, 2, 255], dtype=torch.uint8) * 2
+            c = torch.tensor([1 + 2j], dtype=torch.complex64) * 2
+        rows = self.tensor_rows()
+        self.assertEqual(rows[(2, "mul", "output", 0)], md5_of(b"\x02\x04\xfe", "uint8", [3]))
+        self.assertEqual(rows[(4, "mul", "output", 0)],
+                         md5_of(struct.pack("<ff", 2, 4), "complex64", [1]))
+        self.assertEqual(rows[(4, "mul", "input", 0)],
+                         md5_of(struct.pack("<ff", 1, 2), "complex64", [1]))
+        # A quantized tensor's bytes have no layout: a warning, once, and no MD5.
+        import warnings
+        q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertEqual(keel_torch.hash_tensor(q), ("", None, ""))
+            self.assertEqual(keel_torch.hash_tensor(q), ("", None, ""))
+        self.assertEqual([str(w.message) for w in caught],
+                         ["keel_torch: qint8 tensors are not hashed: their bytes have no layout "
+                          "in Keel's MD5 (docs/torch.md)"])
+
+    # ---- small things ----------------------------------------------------------------------------
+
+    def test_sqlite_side_files_and_a_missing_directory_are_refused_by_name(self):
+        for suffix in ("-journal", "-wal", "-shm"):
+            bad = self.path + suffix
+            with self.assertRaises(RuntimeError) as cm:
+                with keel_torch.record(bad):
+                    pass
+            self.assertEqual(str(cm.exception),
+                             "keel_torch.record: output %s: a name ending in %s is SQLite's own "
+                             "file beside a recording; choose another name" % (bad, suffix))
+            self.assertFalse(os.path.exists(bad))
+        missing = os.path.join(self.dir.name, "no", "run.db")
+        with self.assertRaises(RuntimeError) as cm:
+            with keel_torch.record(missing):
+                pass
+        self.assertEqual(str(cm.exception), "keel_torch.record: output %s: no such directory %s"
+                         % (missing, os.path.dirname(missing)))
+
+    def test_a_dumps_scope_that_matches_nothing_warns_once(self):
+        import warnings
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+        for scope, expected in (("2", 1), ("1", 0)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with keel_torch.record(self.path, model=model, dumps=scope):
+                    model(torch.randn(5, 8))
+                    model(torch.randn(5, 8))
+            messages = [str(w.message) for w in caught]
+            self.assertEqual(len(messages), expected, messages)
+        self.assertEqual(messages, [])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with keel_torch.record(self.path, model=model, dumps="2"):
+                model(torch.randn(5, 8))
+        self.assertEqual([str(w.message) for w in caught],
+                         ["keel_torch.record: dumps='2' matched no module scope, so no values "
+                          "were stored (a scope is a name of model.named_modules(), such as "
+                          "'blocks.1')"])
 
 
 MB = 1 << 20
