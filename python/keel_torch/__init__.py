@@ -247,7 +247,7 @@ class _Session(TorchDispatchMode):
         # The per-op state (phase, module scopes, the op count, the forward op autograd runs,
         # the step the optimizer ended) is the C++ half's (Note [keel_torch dispatch in C++]).
         self.step_begin = time.monotonic_ns()
-        self.last_loss = float("nan")
+        self.last_loss = None  # None: no loss reported (a NaN is a NaN)
         self.stack_ids = {}
         self.optimizer = optimizer
         self.lr = None            # the learning rate of the optimizer's last step
@@ -469,7 +469,7 @@ class _Session(TorchDispatchMode):
             lr = _learning_rate(self.optimizer)
         rec.step(self.step_begin, end or time.monotonic_ns(), self.last_loss, lr)
         self.lr = None
-        self.last_loss = float("nan")
+        self.last_loss = None  # None: no loss reported (a NaN is a NaN)
         self.step_begin = time.monotonic_ns()
         self.hooked = {k: r for k, r in self.hooked.items() if r() is not None}
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
@@ -988,7 +989,8 @@ class Recording {
   }
   // Ends the step: its record (number, time, loss, the optimizer's learning rate where known)
   // after its ops'.
-  void step(int64_t beginNs, int64_t endNs, double loss, std::optional<double> lr) {
+  // `loss`: none when the step reported none; a NaN given is a NaN (Note [Reported NaN]).
+  void step(int64_t beginNs, int64_t endNs, std::optional<double> loss, std::optional<double> lr) {
     flush();
     if (queue_) queue_->clearSlots();  // Note [keel_torch content cache]: one step's
     content_.clear();
@@ -998,8 +1000,14 @@ class Recording {
     s.step = stepNo_;
     s.beginNs = beginNs;
     s.endNs = endNs;
-    s.loss = loss;
-    if (lr) s.lr = *lr;
+    if (loss) {
+      s.loss = *loss;
+      if (std::isnan(*loss)) s.nanMetrics |= storage::stepMetricBit(storage::StepMetric::Loss);
+    }
+    if (lr) {
+      s.lr = *lr;
+      if (std::isnan(*lr)) s.nanMetrics |= storage::stepMetricBit(storage::StepMetric::Lr);
+    }
     live().post(
         [s](storage::Writer& w) {
           w.writeStep(s);
@@ -1511,8 +1519,8 @@ PYBIND11_MODULE(_keel, m) {
       .def_readonly("step_ops", &Recording::stepOps_)
       .def("counts", &Recording::counts)
       .def("stack", &Recording::stack)
-      .def("step", &Recording::step, py::arg("begin_ns"), py::arg("end_ns"), py::arg("loss"),
-           py::arg("lr") = py::none())
+      .def("step", &Recording::step, py::arg("begin_ns"), py::arg("end_ns"),
+           py::arg("loss") = py::none(), py::arg("lr") = py::none())
       .def("gradients", &Recording::gradients)
       .def("log", &Recording::log)
       .def("mem", &Recording::mem)

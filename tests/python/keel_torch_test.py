@@ -11,6 +11,7 @@ import re
 import signal
 import stat
 import struct
+import json
 import subprocess
 import sys
 import tempfile
@@ -780,6 +781,34 @@ class KeelTorchTest(unittest.TestCase):
             self.assertEqual(db.execute("SELECT lr FROM steps").fetchall(), [(None,)])
 
     # ---- dtypes Keel lacks (Note [keel_torch dtypes Keel lacks]) -------------------------------
+
+    def test_a_nan_loss_is_a_nan_and_a_step_without_a_loss_is_not_reported(self):
+        # Note [Reported NaN]: SQLite stores NaN as NULL; the step's nan_metrics bit tells the
+        # NaN loss of step 2 from step 3, which reported none (keel inspect read both alike).
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        with keel_torch.record(self.path, model=model):
+            for loss in (torch.tensor(1.5), torch.tensor(float("nan")), None):
+                model(torch.randn(2, 4))
+                keel_torch.step(loss)
+        code, out, err = keel("inspect", self.path)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"step 1 +loss 1\.5000 ")
+        self.assertRegex(out, r"step 2 +loss NaN ")
+        self.assertRegex(out, r"step 3 +loss not reported ")
+        # Compared with a run whose step 2 had a number, step 2 diverges; step 3 is left out.
+        other = os.path.join(self.dir.name, "other.db")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        with keel_torch.record(other, model=model):
+            for loss in (torch.tensor(1.5), torch.tensor(2.0), torch.tensor(3.0)):
+                model(torch.randn(2, 4))
+                keel_torch.step(loss)
+        code, out, err = keel("diff", other, self.path, "--json")
+        self.assertEqual(code, 1, err)
+        losses = json.loads(out)["losses"]
+        self.assertEqual([(l["step"], l["status"]) for l in losses],
+                         [(1, "equal"), (2, "diverged")])
 
     def test_integer_bool_and_complex_tensors_are_hashed(self):
         """docs/capture.md's layout (the elements' bytes, then the dtype's name, NUL, rank and
