@@ -622,6 +622,21 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     if (!rep.root) rep.noRoot = noRootReason(*diverged.front(), firstInputs, prodA);
   }
 
+  // --strict with nothing diverged: the first op on one side only is where the runs part (the
+  // text named it and the JSON had no first divergence). No root is searched for.
+  if (!rep.first && opt.unmatchedIsDivergent)
+    for (const Row& r : rows) {
+      if (r.a && r.b) continue;
+      std::vector<const OpRecord*> allA, allB;
+      for (const Row& x : rows) {
+        if (x.a) allA.push_back(x.a);
+        if (x.b) allB.push_back(x.b);
+      }
+      const Sides sides(std::move(allA), std::move(allB), rows);
+      rep.first = sides.divergence(r, {}, opt);
+      break;
+    }
+
   rep.pairs.reserve(opt.mismatchesOnly ? 0 : rows.size());
   for (const Row& r : rows)
     if (!opt.mismatchesOnly || r.status != DiffStatus::Equal) rep.pairs.push_back(toPair(r));

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
@@ -317,14 +319,139 @@ bool recordedStatistics(const RunInfo& run) {
   return !j.contains("stats") || !j["stats"].is_boolean() || j["stats"].get<bool>();
 }
 
+namespace {
+
+// The op filter a recording was made with (capture options "filter": --step-range, --scope,
+// --ops); nullopt when it recorded every op.
+struct RecordedFilter {
+  std::vector<std::string> ops;
+  std::string scope;
+  int64_t stepMin = 0, stepMax = std::numeric_limits<int64_t>::max();
+  bool matches(const OpRecord& op) const {
+    if (op.step < stepMin || op.step > stepMax) return false;
+    if (!ops.empty() && std::find(ops.begin(), ops.end(), op.name) == ops.end()) return false;
+    return scopeWithin(op.scope, scope);
+  }
+  std::string text() const {
+    std::vector<std::string> parts;
+    if (stepMin > 0 || stepMax < std::numeric_limits<int64_t>::max())
+      parts.push_back("--step-range " + std::to_string(stepMin) + ":" +
+                      (stepMax == std::numeric_limits<int64_t>::max() ? std::string()
+                                                                      : std::to_string(stepMax)));
+    if (!scope.empty()) parts.push_back("--scope " + scope);
+    if (!ops.empty()) parts.push_back("--ops " + joinText(ops, ","));
+    return joinText(parts, " ");
+  }
+};
+
+std::optional<RecordedFilter> recordedFilter(const RunInfo& run) {
+  const nlohmann::json j = captureOptions(run);
+  if (!j.is_object() || !j.contains("filter") || !j["filter"].is_object()) return std::nullopt;
+  const nlohmann::json& f = j["filter"];
+  RecordedFilter r;
+  try {
+    if (f.contains("ops") && f["ops"].is_array())
+      for (const auto& o : f["ops"])
+        if (o.is_string()) r.ops.push_back(o.get<std::string>());
+    if (f.contains("scope") && f["scope"].is_string()) r.scope = f["scope"].get<std::string>();
+    if (f.contains("step_min") && f["step_min"].is_number_integer())
+      r.stepMin = f["step_min"].get<int64_t>();
+    if (f.contains("step_max") && f["step_max"].is_number_integer())
+      r.stepMax = f["step_max"].get<int64_t>();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  if (r.text().empty()) return std::nullopt;
+  return r;
+}
+
+// Drops the ops `filter` would not have recorded; returns how many.
+int64_t dropOutside(std::vector<OpRecord>& ops, const RecordedFilter& filter) {
+  const size_t before = ops.size();
+  std::erase_if(ops, [&](const OpRecord& op) { return !filter.matches(op); });
+  return int64_t(before - ops.size());
+}
+
+std::string runEnding(const RunInfo& run) {
+  if (run.status == "finished") return {};
+  if (run.status.rfind("running", 0) == 0)
+    return "did not finish (status running: killed, crashed or still being written)";
+  return "did not finish (" + run.status + ")";
+}
+
+// What set the two runs apart before any op ran (Note [Setup differences]): said beside the
+// verdict, so "EQUAL" over the steps both have, or a divergence from the first random op, is
+// read with it.
+std::vector<std::string> setupDifferences(const Recording& a, const Recording& b,
+                                          const std::vector<StepRecord>& stepsA,
+                                          const std::vector<StepRecord>& stepsB) {
+  std::vector<std::string> out;
+  const RunInfo &ra = a.run(), &rb = b.run();
+  if (ra.backend != rb.backend) out.push_back("backend " + ra.backend + " vs " + rb.backend);
+  if (ra.seed != rb.seed)
+    out.push_back("seed " + std::to_string(ra.seed) + " vs " + std::to_string(rb.seed) +
+                  ": every random op differs from the first (initialisation, data, dropout)");
+  try {
+    const nlohmann::json ca = nlohmann::json::parse(ra.configJson.empty() ? "{}" : ra.configJson);
+    const nlohmann::json cb = nlohmann::json::parse(rb.configJson.empty() ? "{}" : rb.configJson);
+    if (ca.is_object() && cb.is_object() && ca != cb) {
+      std::vector<std::string> keys;
+      for (const auto& [k, v] : ca.items())
+        if (!cb.contains(k) || cb[k] != v) keys.push_back(k);
+      for (const auto& [k, v] : cb.items())
+        if (!ca.contains(k)) keys.push_back(k);
+      std::vector<std::string> shown;
+      for (size_t i = 0; i < keys.size() && i < 5; ++i) {
+        const std::string& k = keys[i];
+        shown.push_back(k + " " + (ca.contains(k) ? ca[k].dump() : std::string("-")) + " vs " +
+                        (cb.contains(k) ? cb[k].dump() : std::string("-")));
+      }
+      if (keys.size() > shown.size())
+        shown.push_back("and " + std::to_string(keys.size() - shown.size()) + " more");
+      out.push_back("config: " + joinText(shown, ", "));
+    }
+  } catch (const nlohmann::json::exception&) {
+    if (ra.configJson != rb.configJson) out.push_back("config: the two configs differ");
+  }
+  if (ra.worldSize != rb.worldSize || ra.layout != rb.layout)
+    out.push_back("layout " + (ra.layout.empty() ? std::string("one process") : ra.layout) +
+                  " vs " + (rb.layout.empty() ? std::string("one process") : rb.layout));
+  auto ended = [](const std::vector<StepRecord>& s) {
+    return int64_t(std::count_if(s.begin(), s.end(), [](const auto& x) { return x.endNs > 0; }));
+  };
+  if (const int64_t ea = ended(stepsA), eb = ended(stepsB); ea != eb)
+    out.push_back("A has " + countText(uint64_t(ea), "step", "steps") + ", B " +
+                  std::to_string(eb) + ": the ops of steps one run lacks are only in the other");
+  for (const auto& [side, run] : {std::pair{"A", &ra}, std::pair{"B", &rb}})
+    if (std::string e = runEnding(*run); !e.empty())
+      out.push_back(std::string(side) + "'s run " + e);
+  return out;
+}
+
+}  // namespace
+
 DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions opt) {
   const std::string fa = recordingFramework(a.run()), fb = recordingFramework(b.run());
   if (opt.align == DiffAlign::Auto) opt.align = fa == fb ? DiffAlign::Signature : DiffAlign::Module;
   DumpValues values = [&](uint64_t seq, int role, int index, bool sideA) {
     return (sideA ? a : b).dumpValues(seq, static_cast<Role>(role), index);
   };
-  DiffReport r = diffRuns(a.allOps(), b.allOps(), opt, values);
-  r.losses = compareLosses(a.steps(), b.steps(), r.options);
+  // Ops one side's capture filter did not record are not compared (they were "only in B").
+  std::vector<OpRecord> opsA = a.allOps(), opsB = b.allOps();
+  const auto filterA = recordedFilter(a.run()), filterB = recordedFilter(b.run());
+  int64_t leftOutA = 0, leftOutB = 0;  // ops of A that B's filter left out, and of B by A's
+  if (filterB) leftOutA = dropOutside(opsA, *filterB);
+  if (filterA) leftOutB = dropOutside(opsB, *filterA);
+  DiffReport r = diffRuns(opsA, opsB, opt, values);
+  const std::vector<StepRecord> stepsA = a.steps(), stepsB = b.steps();
+  r.losses = compareLosses(stepsA, stepsB, r.options);
+  r.setup = setupDifferences(a, b, stepsA, stepsB);
+  if (leftOutB > 0)
+    r.setup.push_back(countText(uint64_t(leftOutB), "op", "ops") +
+                      " of B not compared: A recorded only " + filterA->text());
+  if (leftOutA > 0)
+    r.setup.push_back(countText(uint64_t(leftOutA), "op", "ops") +
+                      " of A not compared: B recorded only " + filterB->text());
   r.frameworkA = fa;
   r.frameworkB = fb;
   return r;

@@ -165,6 +165,7 @@ std::string toJson(const DiffReport& r) {
                           {"b", numOrNull(l.b)},
                           {"status", toString(l.status)}});
   j["losses"] = std::move(losses);
+  j["setupDifferences"] = r.setup;
   const LossDiff* firstLoss = firstLossDivergence(r);
   j["firstLossDivergence"] = firstLoss ? Json(firstLoss->step) : Json(nullptr);
   Json steps = Json::array();
@@ -309,6 +310,7 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
                  ? "all equal\n"
                  : "all within tolerance\n";
   }
+  for (const std::string& s : r.setup) out += "setup differs: " + s + "\n";
   if (r.options.align == DiffAlign::Module)
     out += "paired by module, op kind and position (A " +
            (r.frameworkA.empty() ? std::string("?") : r.frameworkA) + ", B " +
@@ -349,14 +351,11 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
                   "--all to find the op)"
                 : "no recorded op output diverged") +
            "\n\n";
-  if (!r.first && r.options.unmatchedIsDivergent && !firstLossDivergence(r))
-    for (const OpPair& p : r.pairs)  // what made it DIVERGED: say where, as for a diverged op
-      if (p.status == DiffStatus::Unmatched) {
-        out += "first divergence: step " + std::to_string(p.step) + "  " + opLabel(p) +
-               (p.inA ? " (only in A" : " (only in B") + "; --strict counts it)\n\n";
-        break;
-      }
-  if (r.first) {
+  if (r.first && !r.rootSearched) {  // --strict: an op on one side only (Diverged by none)
+    const OpPair& p = r.first->pair;
+    out += "first divergence: step " + std::to_string(p.step) + "  " + opLabel(p) +
+           (p.inA ? " (only in A" : " (only in B") + "; --strict counts it)\n\n";
+  } else if (r.first) {
     divergenceText(out, "first divergence", *r.first);
     out += "\n";
     if (r.root && r.root->pair.inA && r.root->pair.seqA == r.first->pair.seqA) {

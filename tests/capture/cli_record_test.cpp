@@ -239,10 +239,38 @@ TEST_F(KeelCli, DumpedValuesAreComparedElementByElement) {
 
 TEST_F(KeelCli, DifferentSeedsDivergeAtTheFirstInitialisationOp) {
   ASSERT_EQ(record("s1.db", "--seed 1 --md5 --stats").status, 0);
-  ASSERT_EQ(record("s2.db", "--seed 2 --md5 --stats").status, 0);
+  ASSERT_EQ(record("s2.db", "--seed 2 --md5 --stats --steps 3").status, 0);
   CliResult d = keel("diff '" + path("s1.db") + "' '" + path("s2.db") + "' --json");
   EXPECT_EQ(d.status, 1) << d.out << d.err;
   EXPECT_NE(d.out.find("\"firstDivergence\""), std::string::npos) << d.out;
+  // Note [Setup differences]: the report says how the runs were set up apart (it named the
+  // first random op and nothing else; a shorter run compared EQUAL without a word).
+  const auto j = nlohmann::json::parse(d.out);
+  EXPECT_EQ(j["setupDifferences"],
+            nlohmann::json({"seed 1 vs 2: every random op differs from the first (initialisation, "
+                            "data, dropout)",
+                            "A has 2 steps, B 3: the ops of steps one run lacks are only in the "
+                            "other"}));
+  d = keel("diff '" + path("s1.db") + "' '" + path("s2.db") + "'");
+  EXPECT_NE(d.out.find("\nsetup differs: seed 1 vs 2: "), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("\nsetup differs: A has 2 steps, B 3: "), std::string::npos) << d.out;
+}
+
+// A recording made with --step-range holds no ops outside it: the other run's ops there are
+// not compared, and the report says so (they were "only in B", and --strict failed on them).
+TEST_F(KeelCli, OpsOutsideTheOtherRunsStepRangeAreNotCompared) {
+  ASSERT_EQ(record("all.db", "--seed 3 --md5 --steps 3").status, 0);
+  ASSERT_EQ(record("range.db", "--seed 3 --md5 --steps 3 --step-range 2:3").status, 0);
+  CliResult d = keel("diff '" + path("range.db") + "' '" + path("all.db") + "' --strict --json");
+  EXPECT_EQ(d.status, 0) << d.out << d.err;
+  const auto j = nlohmann::json::parse(d.out);
+  EXPECT_EQ(j["verdict"], "equal");
+  EXPECT_EQ(j["total"]["onlyInB"], 0);
+  const keel::storage::Recording all = keel::storage::Recording::open(path("all.db"));
+  const int64_t outside = int64_t(all.stepOps(0).size() + all.stepOps(1).size());
+  EXPECT_EQ(j["setupDifferences"],
+            nlohmann::json({std::to_string(outside) + " ops of B not compared: A recorded only "
+                                                      "--step-range 2:3"}));
 }
 
 // KEEL_TEST_PERTURB (Note [Test perturbation]) changes one element of the 5th matmul's output in

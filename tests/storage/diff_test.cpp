@@ -254,7 +254,15 @@ TEST(DiffTest, ExtraOpInBIsOneUnmatchedRestEqual) {
                       "  contiguous [forward] blocks.0 (only in B; --strict counts it)\n"),
             std::string::npos)
       << text;
+  EXPECT_EQ(text.find("root divergence"), std::string::npos) << text;  // none searched
   EXPECT_EQ(ks::toText(r, true).find("first divergence"), std::string::npos);
+  // The JSON names it too (its firstDivergence was null).
+  const auto j = nlohmann::json::parse(ks::toJson(sr));
+  EXPECT_TRUE(j["firstDivergence"]["pair"]["a"].is_null());
+  EXPECT_EQ(j["firstDivergence"]["pair"]["b"]["seq"], k + 2);
+  EXPECT_EQ(j["firstDivergence"]["pair"]["name"], "contiguous");
+  EXPECT_TRUE(j["rootDivergence"].is_null());
+  EXPECT_FALSE(j.contains("noRootReason"));
 }
 
 TEST(DiffTest, FusedOpsAlignTheRest) {

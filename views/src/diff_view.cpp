@@ -469,12 +469,18 @@ void DiffView::updateSummary() {
                          ? tr("no op can be named without tensor values: record both with --all")
                          : tr("no recorded op output diverged"));
   }
+  for (const std::string& s : r->setup)  // seed, config, step counts, an unfinished run
+    text += QStringLiteral("<br><span style='color:#8a5a00'>%1</span>")
+                .arg(tr("Setup differs: %1").arg(QString::fromStdString(s)).toHtmlEscaped());
   if (r->first) {
     const auto& p = r->first->pair;
-    text += tr("<br>First divergence: step %1, A #%2 / B #%3 <b>%4</b> [%5] %6")
+    // --strict: an op on one side only can be the first divergence.
+    const QString at = p.inA && p.inB ? tr("A #%1 / B #%2").arg(p.seqA).arg(p.seqB)
+                       : p.inA        ? tr("only in A #%1").arg(p.seqA)
+                                      : tr("only in B #%1").arg(p.seqB);
+    text += tr("<br>First divergence: step %1, %2 <b>%3</b> [%4] %5")
                 .arg(p.step)
-                .arg(p.seqA)
-                .arg(p.seqB)
+                .arg(at)
                 .arg(QString::fromStdString(p.name).toHtmlEscaped(),
                      qs(phaseName(p.phase)).toHtmlEscaped(),
                      QString::fromStdString(p.scope).toHtmlEscaped());

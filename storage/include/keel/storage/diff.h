@@ -173,6 +173,9 @@ struct DiffReport {
                         // may come through (Note [Root candidates])
   DiffOptions options;  // align: the alignment used (never Auto)
   std::string frameworkA, frameworkB;  // "keel", "torch" (diffRecordings; "" from diffRuns)
+  // How the two runs were set up differently, one line each (diffRecordings): seed, config keys,
+  // layout, step counts, a run that did not finish, ops a capture filter left uncompared.
+  std::vector<std::string> setup;
 };
 
 // Aligns two op sequences on their exact signatures (then, inside gaps, on name/phase/scope).
