@@ -118,6 +118,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   connectSession();
 
   statusRun_ = new QLabel("No recording: File > Open recording, or New session");
+  statusRun_->setTextFormat(Qt::RichText);  // a run that did not finish: its status in red
   statusState_ = new QLabel;
   progress_ = new QProgressBar;
   progress_->setRange(0, 0);
@@ -165,6 +166,9 @@ void MainWindow::buildActions() {
     const QString d = QFileDialog::getExistingDirectory(this, "Open run folder (multi-rank run)");
     if (!d.isEmpty()) openRecording(d);
   });
+  // A recording another process is still writing (keel record): its new steps, now.
+  QAction* reload = file->addAction("Re&load", this, &MainWindow::reload);
+  reload->setShortcut(QKeySequence("Ctrl+R"));
   recentMenu_ = file->addMenu("Open &recent");
   QMenu* import = file->addMenu("&Import");
   import->addAction("PyTorch &memory snapshot…", this, &MainWindow::importTorchMemoryDialog);
@@ -454,6 +458,12 @@ void MainWindow::connectSources() {
     else
       loadMemory();
   });
+  connect(sourceB_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {  // reload
+    busy(-1);
+    summaryB_ = s;
+    lossPlot_->setRuns(summaryA_, summaryB_);
+    updateStatus();
+  });
   connect(sourceA_, &RunSource::memoryLoaded, this, [this](views::MemoryPtr m) {
     busy(-1);
     if (!load_.memoryLanded()) return;
@@ -597,7 +607,9 @@ void MainWindow::connectSources() {
 }
 
 void MainWindow::connectSession() {
-  connect(session_, &Session::stateChanged, this, [this](Session::State) {
+  connect(session_, &Session::stateChanged, this, [this](Session::State s) {
+    // Running again: the "Paused after op ..." message is stale.
+    if (s == Session::State::Running || s == Session::State::Stepping) statusBar()->clearMessage();
     updateActions();
     updateStatus();
   });
@@ -658,7 +670,13 @@ void MainWindow::connectSession() {
     showError("Session failed", text);
   });
   connect(session_, &Session::finished, this, [this] {
-    statusBar()->showMessage("Session finished: " + session_->recordingPath(), 8000);
+    if (session_->state() == Session::State::Finished)
+      statusBar()->showMessage("Session finished: " + session_->recordingPath(), 8000);
+    else  // stopped: it said "finished" after 10 of 20 steps
+      statusBar()->showMessage(QString("Session stopped after %1 of %2 steps: %3")
+                                   .arg(session_->stepsDone())
+                                   .arg(session_->totalSteps())
+                                   .arg(session_->recordingPath()));
     if (sourceA_->isOpen()) {
       busy(1);
       sourceA_->refresh();
@@ -790,6 +808,19 @@ void MainWindow::compareWith(const QString& folderOrFile) {
   pendingRecentB_ = path;  // added once it opens: a file that failed was listed
 }
 
+QString MainWindow::runStatusText() const {
+  return statusRun_->text();
+}
+
+void MainWindow::reload() {
+  for (views::RunSource* src : {sourceA_, sourceB_}) {
+    if (!src->isOpen()) continue;
+    busy(1);
+    src->refresh();  // -> summaryUpdated: the steps and losses written since
+  }
+  if (sourceA_->isOpen() && shownStep_ >= 0) showStep(shownStep_);
+}
+
 void MainWindow::startSession(const SessionConfig& config) {
   lastSession_ = config;  // the New session dialog shows it again
   session_->start(config);
@@ -836,11 +867,24 @@ void MainWindow::updateStatus() {
                .arg(steps)
                .arg(steps == 1 ? "" : "s")
                .arg(summaryA_->opCount)
-               .arg(summaryA_->opCount == 1 ? "" : "s");
+               .arg(summaryA_->opCount == 1 ? "" : "s")
+               .toHtmlEscaped();
+    // A run that did not finish says so (a failed or killed recording looked like any other).
+    const Session::State st = session_->state();
+    const bool sessionActive = st != Session::State::Idle && st != Session::State::Finished &&
+                               st != Session::State::Failed;
+    if (!r.status.empty() && r.status != "finished" && !(live_ && sessionActive))
+      text += "  ·  <span style='color:#c62828'>" +
+              QString::fromStdString(r.status == "running"
+                                         ? "running: killed, crashed or still being written"
+                                         : r.status)
+                  .toHtmlEscaped() +
+              "</span>";
     if (summaryB_)
       text += QString("   vs   %1 (%2)")
                   .arg(QFileInfo(summaryB_->path).fileName(),
-                       QString::fromStdString(summaryB_->run.backend));
+                       QString::fromStdString(summaryB_->run.backend))
+                  .toHtmlEscaped();
   }
   if (!text.isEmpty()) statusRun_->setText(text);
   const Session::State s = session_->state();

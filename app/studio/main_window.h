@@ -104,6 +104,12 @@ class MainWindow : public QMainWindow {
   views::DiffPtr diffReport() const { return diff_; }
   QString lastError() const { return lastError_; }
 
+  // File > Reload (Ctrl+R): the open recordings' steps written since (a file `keel record` is
+  // still writing).
+  void reload();
+  // The status bar's text about the open recording (rich text).
+  QString runStatusText() const;
+
  signals:
   void recordingOpened(views::Side side);
   void stepShown(qint64 step);    // the step's ops reached the views
@@ -204,8 +210,8 @@ class MainWindow : public QMainWindow {
   bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
   std::optional<SessionConfig> lastSession_;  // the New session dialog's starting point
-  bool pendingLive_ = false;                 // the open in flight is a live session's
-  QString pendingRecent_, pendingRecentB_;   // listed in Open recent once they open
+  bool pendingLive_ = false;                  // the open in flight is a live session's
+  QString pendingRecent_, pendingRecentB_;    // listed in Open recent once they open
   LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;

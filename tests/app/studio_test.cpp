@@ -11,6 +11,7 @@
 #include <QLabel>
 #include <QMessageBox>
 #include <QPlainTextEdit>
+#include <QProcess>
 #include <QPushButton>
 #include <QScreen>
 #include <QScrollBar>
@@ -490,6 +491,50 @@ class StudioTest : public QObject {
     w.showStep(2);
     QVERIFY(QTest::qWaitFor([&] { return shown.count() > before; }, 30000));
     QCOMPARE(w.currentStep()->step, int64_t(2));
+  }
+
+  // A recording `keel record` is still writing: the status bar says it has not finished, and
+  // File > Reload shows the steps written since it was opened (it stayed at the first count).
+  void aRecordingStillBeingWrittenSaysSoAndReloads() {
+    const QString live = dir_ + "/still-writing.db";
+    QProcess rec;
+    QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+    e.insert("KEEL_BLAS_TUNE", "0");
+    rec.setProcessEnvironment(e);
+    rec.start(KEEL_CLI_PATH,
+              {"record", "--config", QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json",
+               "--steps", "100000", "-o", live});
+    QVERIFY(rec.waitForStarted());
+    QByteArray printed;
+    QVERIFY(QTest::qWaitFor(
+        [&] {
+          rec.waitForReadyRead(100);
+          printed += rec.readAllStandardOutput();
+          return printed.count("\nstep ") >= 3;
+        },
+        60000));
+    MainWindow w;
+    w.show();
+    QSignalSpy shown(&w, &MainWindow::stepShown);
+    w.openRecording(live);
+    QVERIFY(QTest::qWaitFor([&] { return shown.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    const size_t before = w.summary(Side::A)->steps.size();
+    QVERIFY2(w.runStatusText().contains("running: killed, crashed or still being written"),
+             qPrintable(w.runStatusText()));
+    QVERIFY(QTest::qWaitFor(
+        [&] {
+          rec.waitForReadyRead(100);
+          printed += rec.readAllStandardOutput();
+          return printed.count("\nstep ") >= int(before) + 6;
+        },
+        60000));
+    QCOMPARE(w.summary(Side::A)->steps.size(), before);  // nothing reloads by itself
+    w.reload();
+    QVERIFY(QTest::qWaitFor([&] { return w.summary(Side::A)->steps.size() > before + 2; }, 30000));
+    QVERIFY(waitIdle(w));
+    rec.kill();
+    rec.waitForFinished();
   }
 
   // Issue 14, item 5: at 1366x768 and 1920x1080 the window is that size, and the inspector reads
