@@ -209,6 +209,11 @@ int runAnyDiff(const DiffArgs& a) {
   if (a.replicas) return runReplicas(a);
   if (a.b.empty()) return fail("diff needs two recordings (or one run folder and --replicas)");
   const bool fa = storage::isRunFolder(a.a), fb = storage::isRunFolder(a.b);
+  for (const auto& [path, folder] : {std::pair{&a.a, fa}, std::pair{&a.b, fb}}) {
+    std::error_code ec;
+    if (!folder && std::filesystem::is_directory(*path, ec))  // "recording X is a directory"
+      return fail(storage::notARunFolder(*path));
+  }
   if (fa && fb) return runDiffFolders(a);
   if (fa || fb) return runByParameter(a);  // a parallel run against one process
   return runDiff(a);

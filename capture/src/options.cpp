@@ -115,7 +115,7 @@ CaptureOptions CaptureOptions::fromJson(const std::string& text) {
     checkJsonDepth(text, "capture options");  // Note [Bounded JSON]
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(std::string("capture options: invalid JSON: ") + e.what());
+    throw Error("capture options: invalid JSON: " + jsonErrorText(e.what()));
   }
   KEEL_CHECK(j.is_object(), "capture options: expected a JSON object");
   try {

@@ -435,6 +435,9 @@ Recording Recording::open(const std::string& path, bool verify) {
     try {
       migrateRecording(path);
     } catch (const StorageError& e) {
+      // A damaged file: that is the news, not the upgrade it stopped.
+      if (std::string_view(e.what()).find(" is corrupted or truncated (") != std::string_view::npos)
+        throw;
       throw StorageError("recording " + path + " has schema version " + std::to_string(version) +
                          " and could not be upgraded to " + std::to_string(kSchemaVersion) + ": " +
                          e.what());
@@ -446,9 +449,8 @@ Recording Recording::open(const std::string& path, bool verify) {
   if (verify) {
     sql::Stmt qc(impl->db, "PRAGMA quick_check(1)");
     if (qc.step() && qc.textView(0) != "ok") {
-      std::string msg(qc.textView(0));
-      std::replace(msg.begin(), msg.end(), '\n', ' ');
-      throw StorageError("recording " + path + " is corrupted or truncated (" + msg + ")");
+      throw StorageError("recording " + path + " is corrupted or truncated (" +
+                         sql::integrityText(qc.textView(0)) + ")");
     }
   }
   impl->db.exec("PRAGMA cache_size = -65536", "cannot configure reader");

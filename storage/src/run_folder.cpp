@@ -96,7 +96,7 @@ RunManifest readManifest(const std::string& dir) {
       m.ranks.push_back({r.at("rank").get<int64_t>(), r.at("dp_rank").get<int64_t>(),
                          r.at("tp_rank").get<int64_t>(), r.at("file").get<std::string>()});
   } catch (const json::exception& e) {
-    throw StorageError(where + ": damaged " + kManifestFile + " (" + e.what() + ")");
+    throw StorageError(where + ": damaged " + kManifestFile + " (" + jsonErrorText(e.what()) + ")");
   }
   auto bad = [&](const std::string& what) {
     return StorageError(where + ": damaged " + kManifestFile + ": " + what);

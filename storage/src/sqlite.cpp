@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <algorithm>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -12,6 +13,22 @@ namespace keel::storage::sql {
 
 // A write past a file-size limit (EFBIG, SIGXFSZ being ignored) or onto a full disk is reported
 // as such, whatever SQLite's code (SQLITE_FULL, or SQLITE_IOERR_WRITE for EFBIG).
+std::string integrityText(std::string_view check) {
+  std::string m(check);
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  if (m.rfind("*** in database main *** ", 0) == 0) m.erase(0, 25);
+  // "Page 4: btreeInitPage() returns error code 11", "Tree 2 page 3 cell 0: ...": the page.
+  size_t at = m.rfind("Page ", 0) == 0 ? 5 : std::string::npos;
+  if (at == std::string::npos && (m.rfind("Tree ", 0) == 0 || m.rfind("On tree page ", 0) == 0))
+    if (const size_t p = m.find(" page "); p != std::string::npos) at = p + 6;
+  if (at != std::string::npos) {
+    size_t end = at;
+    while (end < m.size() && std::isdigit(static_cast<unsigned char>(m[end]))) ++end;
+    if (end > at) return "page " + m.substr(at, end - at) + " of the file is damaged";
+  }
+  return m;
+}
+
 std::string describe(const std::string& file, const std::string& what, int rc, const char* msg,
                      int sysErrno) {
   std::string m = msg ? msg : sqlite3_errstr(rc);

@@ -14,6 +14,10 @@
 
 namespace keel::storage::sql {
 
+// A PRAGMA quick_check finding as a person reads it: "page 4 of the file is damaged" for
+// "*** in database main *** Page 4: btreeInitPage() returns error code 11"; one line.
+std::string integrityText(std::string_view check);
+
 // One-line message for an sqlite result code: "recording <file>: <what>: <sqlite message>", with
 // corruption, not-a-database and disk-full spelled out so users see what to do.
 // sysErrno: the OS error behind an I/O error (sqlite3_system_errno), 0 unknown.

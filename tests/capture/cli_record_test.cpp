@@ -452,6 +452,12 @@ TEST_F(KeelCli, BadInputsGiveOneLineAndStatus2) {
                      "The following argument was not expected: --bogus");
   expectOneLineError(keel("record --steps 2"), "--output is required");
   expectOneLineError(keel("diff"), "diff needs two recordings");
+  // A folder that is not a run folder is named as one (it said "recording X is a directory").
+  std::filesystem::create_directories(path("plain-folder"));
+  expectOneLineError(keel("diff '" + path("tm.db") + "' '" + path("plain-folder") + "'"),
+                     path("plain-folder") +
+                         " is a folder but not a run folder (it has no "
+                         "manifest.json");
 }
 
 // A scope filter that matches nothing (mistyped) records a run without ops: a warning says so.

@@ -107,7 +107,12 @@ TEST(ConfigTest, FileProblems) {
     ADD_FAILURE();
   } catch (const Error& e) {
     std::string msg = e.what();
-    EXPECT_EQ(msg.rfind(bad + ": invalid JSON", 0), 0u) << msg;
+    // Where, in words: not the library's "[json.exception.parse_error.101] parse error at".
+    EXPECT_EQ(
+        msg.rfind(bad + ": invalid JSON: line 2, column 13: syntax error while parsing value", 0),
+        0u)
+        << msg;
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
   expectError("[1, 2]", {"JSON object"});

@@ -305,6 +305,26 @@ TEST(RecordingMigration, Version8StepsKeepTheirNaNReading) {
   EXPECT_FALSE(read[1].reported(StepMetric::Loss));
 }
 
+// A damaged page is named as one, not in SQLite's words ("*** in database main *** Page 4:
+// btreeInitPage() returns error code 11").
+TEST(RecordingErrors, ADamagedPageIsNamedInWords) {
+  TempDir dir;
+  const std::string path = dir.file("page.db");
+  writeRecording(path, 4);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3 * 8192);  // page 4's b-tree header: its type byte
+    f.put(char(0x7f));
+  }
+  try {
+    Recording::open(path);
+    ADD_FAILURE() << "opened a damaged file";
+  } catch (const StorageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "recording " + path + " is corrupted or truncated (page 4 of the file is damaged)");
+  }
+}
+
 // A damaged packed row (truncated BLOB) is a one-line error naming the file and the op.
 TEST(RecordingErrors, TruncatedPackedTensorsIsAClearError) {
   TempDir dir;

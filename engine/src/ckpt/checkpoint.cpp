@@ -196,7 +196,7 @@ Metadata metadataFromJson(std::string_view text, const std::string& source) {
     checkJsonDepth(text, source);  // Note [Bounded JSON]
     j = json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    throw Error(source + ": not valid JSON (" + e.what() + ")");
+    throw Error(source + ": not valid JSON (" + jsonErrorText(e.what()) + ")");
   }
   KEEL_CHECK(j.is_object(), source, ": checkpoint metadata is not a JSON object");
   KEEL_CHECK(j.contains("format") && j["format"] == kFormatName, source,

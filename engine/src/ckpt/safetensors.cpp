@@ -116,7 +116,8 @@ Header parseHeaderJson(std::string_view text, uint64_t dataBytes, const std::str
   try {
     j = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
-    throw Error(source + ": safetensors header is not valid JSON (" + e.what() + ")");
+    throw Error(source + ": safetensors header is not valid JSON (" + jsonErrorText(e.what()) +
+                ")");
   }
   KEEL_CHECK(j.is_object(), source, ": safetensors header is not a JSON object");
   // The names in header order, and the first one named twice (the DOM keeps the last value of a

@@ -23,12 +23,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string oneLine(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
 std::string jsonTypeName(const Json& v) {
   if (v.is_number_integer()) return "integer";
   if (v.is_number_float()) return "number";
@@ -272,7 +266,7 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
     checkJsonDepth(jsonText, source);  // Note [Bounded JSON]
     j = Json::parse(jsonText);
   } catch (const Json::exception& e) {
-    throw Error(source + ": invalid JSON: " + oneLine(e.what()));
+    throw Error(source + ": invalid JSON: " + jsonErrorText(e.what()));
   }
   if (!j.is_object())
     throw Error(source + ": expected a JSON object at the top level, got " + jsonTypeName(j));

@@ -184,6 +184,18 @@ inline void checkJsonDepth(std::string_view text, std::string_view source,
                                maxDepth, " allowed"));
 }
 
+// A JSON library's error as a person reads it: "[json.exception.parse_error.101] parse error at
+// line 2, column 1: syntax error ..." becomes "line 2, column 1: syntax error ...", on one line.
+inline std::string jsonErrorText(std::string_view what) {
+  std::string s(what);
+  if (s.rfind("[json.exception.", 0) == 0)
+    if (const size_t close = s.find("] "); close != std::string::npos) s.erase(0, close + 2);
+  if (s.rfind("parse error at ", 0) == 0) s.erase(0, 15);
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
 // The largest model or workload config read (a real one is a few hundred bytes).
 inline constexpr uint64_t kMaxConfigBytes = 1 << 20;
 
