@@ -18,11 +18,18 @@
 namespace keel::storage {
 
 // Note [Torch memory snapshots]
-// What torch.cuda.memory._snapshot() returns, and _dump_snapshot() pickles, is a dict:
+// What torch.cuda.memory._snapshot() returns in PyTorch 2.x, and _dump_snapshot() pickles, is a
+// dict:
 //   segments:      [{device, address, total_size, blocks: [{address?, size, state, frames}], ...}]
 //   device_traces: [[{action, addr, size, frames, time_us?, ...}, ...] per device]
 // (frames: [{filename, line, name}], innermost first; PyTorch shares one dict per distinct frame
-// between all the stacks that contain it, so a pickle fetches it from its memo.) A snapshot's
+// between all the stacks that contain it, so a pickle fetches it from its memo.) PyTorch 1.13
+// has no _dump_snapshot and no trace: its _snapshot() returns the segments list alone (as 2.x's
+// torch.cuda.memory_snapshot() does), which users pickle themselves. Its blocks have no address
+// (a block starts where the one before it in its segment ends) and no frames but a "history"
+// (2.0's blocks have it too): [{addr, real_size, frames?}], the allocations made in the block
+// still recorded, in address order — a live block's own first, at its address, then older ones
+// freed in the rest of it. Such a list reads as a snapshot with an empty trace. A snapshot's
 // segments are the allocator's state when it was taken, its trace the events that led there;
 // a Keel recording is a sequence of events from nothing. So:
 // - the state the trace starts from is the snapshot's state with the trace undone, newest first
@@ -143,6 +150,16 @@ int64_t intOf(const Value* v) {
   return v && v->isInt() ? v->i : -1;
 }
 
+// The frames of a live block's own allocation in a PyTorch 1.13 or 2.0 block "history" (Note
+// [Torch memory snapshots]): the entry at the block's address, which PyTorch puts first; the
+// entries after it are older allocations in the rest of the block, freed since.
+const Value* allocationFrames(const Value* history, uint64_t address) {
+  if (!history || !history->isList() || history->items().empty()) return nullptr;
+  for (const Value& h : history->items())
+    if (h.isDict() && intOf(h.get("addr")) == int64_t(address)) return h.get("frames");
+  return history->items().front().get("frames");
+}
+
 struct Reading {
   std::string name;
   int device = 0;
@@ -247,12 +264,20 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
   } catch (const pickle::PickleError& e) {
     throw StorageError(e.what());
   }
-  if (!top.isDict() || !top.get("segments"))
-    damaged(name, top.isDict() ? "it has no 'segments'" : "the pickle holds no dict");
-  const Value& segments = *top.get("segments");
-  if (!segments.isList()) damaged(name, "'segments' is not a list");
-  if (const Value* traces = top.get("device_traces"); traces && !traces->isList())
-    damaged(name, "'device_traces' is not a list");
+  // PyTorch 2.x: {"segments": [...], "device_traces": [...]}; 1.13: the segments list alone.
+  const Value* segmentsList = &top;
+  if (top.isDict()) {
+    segmentsList = top.get("segments");
+    if (!segmentsList) damaged(name, "it has no 'segments'");
+    if (!segmentsList->isList()) damaged(name, "'segments' is not a list");
+    if (const Value* traces = top.get("device_traces"); traces && !traces->isList())
+      damaged(name, "'device_traces' is not a list");
+  } else if (!top.isList()) {
+    damaged(name, "the pickle holds neither a dict nor a list of segments");
+  } else if (!top.items().empty() && !top.items().front().isDict()) {
+    damaged(name, "the pickle holds a list, but not of segments (dicts)");
+  }
+  const Value& segments = *segmentsList;
 
   TorchMemorySnapshot out;
   out.device = options.device;
@@ -285,10 +310,7 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
       const std::string_view s = state ? state->str() : std::string_view();
       if (s == "active_allocated" || s == "active_pending_free") {
         const Value* frames = b.get("frames");
-        // PyTorch 1.13 kept a block's stacks in "history" (newest last).
-        if (!frames)
-          if (const Value* h = b.get("history"); h && h->isList() && !h->items().empty())
-            frames = h->items().back().get("frames");
+        if (!frames) frames = allocationFrames(b.get("history"), addr);
         blocks[addr] = {uint64_t(bytes), r.stacks.intern(frames)};
       }
       addr += uint64_t(bytes);

@@ -921,6 +921,48 @@ def snapshot():
     }
 
 
+def snapshot_113():
+    """A hand-made snapshot as PyTorch 1.13's torch.cuda.memory._snapshot() returns it: a list of
+    segments, blocks without addresses, their stacks in "history" (the block's own allocation
+    first, older ones in the rest of the block after), no trace. Device 0: an 8 MiB segment of a
+    3 MiB block allocated by a 2 MiB request (a freed 512 KiB allocation still recorded at +2.5
+    MiB), 1 MiB free (its old allocation recorded), 2 MiB pending free (no history) and 2 MiB
+    free; device 1: a 2 MiB segment, all allocated."""
+    def history(addr, real_size, name, line):
+        return {"addr": addr, "real_size": real_size,
+                "frames": [{"filename": "train.py", "line": line, "name": name}]}
+    return [
+        {"device": 0, "address": 0x10000000, "total_size": 8 * MB, "allocated_size": 3 * MB,
+         "active_size": 5 * MB, "stream": 0, "segment_type": "large",
+         "blocks": [{"size": 3 * MB, "state": "active_allocated",
+                     "history": [history(0x10000000, 2 * MB, "forward", 12),
+                                 history(0x10280000, MB // 2, "old_forward", 7)]},
+                    {"size": MB, "state": "inactive",
+                     "history": [history(0x10300000, MB, "freed_temp", 40)]},
+                    {"size": 2 * MB, "state": "active_pending_free"},
+                    {"size": 2 * MB, "state": "inactive"}]},
+        {"device": 1, "address": 0x20000000, "total_size": 2 * MB, "allocated_size": 2 * MB,
+         "active_size": 2 * MB, "stream": 0, "segment_type": "large",
+         "blocks": [{"size": 2 * MB, "state": "active_allocated",
+                     "history": [history(0x20000000, 2 * MB, "step", 99)]}]},
+    ]
+
+
+def mem_events(path):
+    """A recording's allocator events: [kind, address, bytes, [file, line, function] of its
+    stack's innermost frame or None], in order."""
+    import sqlite3
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            "SELECT k.text, m.address, m.bytes, fs.text, f.line, fn.text FROM mem_events m "
+            "JOIN strings k ON k.id = m.kind_sid "
+            "LEFT JOIN stack_frames sf ON sf.stack_id = m.stack_id AND sf.depth = 0 "
+            "LEFT JOIN frames f ON f.id = sf.frame_id "
+            "LEFT JOIN strings fs ON fs.id = f.file_sid "
+            "LEFT JOIN strings fn ON fn.id = f.function_sid ORDER BY m.id").fetchall()
+    return [[k, a, b, None if fn is None else [fs, line, fn]] for k, a, b, fs, line, fn in rows]
+
+
 class GuideTest(unittest.TestCase):
     """docs/torch.md followed to the letter: its Python block is run as a user's train.py, and
     `keel inspect` shows what the guide says (3 steps, and the op count in its comment)."""
@@ -1007,6 +1049,109 @@ class SnapshotImportTest(unittest.TestCase):
         out3 = os.path.join(self.dir.name, "dict.db")
         from keel_torch.snapshot import import_snapshot
         self.assertEqual(import_snapshot(snap, out3, 1), want[1]["events"])
+
+    def test_a_pytorch_113_snapshot_list_imports_as_its_state(self):
+        """PyTorch 1.13's _snapshot() is a list (it has no _dump_snapshot): pickled as users do,
+        it imported as 'not a PyTorch memory snapshot: the pickle holds no dict', and the list
+        itself made import_snapshot raise TypeError."""
+        import pickle
+        src = os.path.join(self.dir.name, "snap113.pickle")
+        with open(src, "wb") as f:
+            pickle.dump(snapshot_113(), f, protocol=2)
+        # The 8 MiB segment, then the live blocks (allocated and pending free) in address order;
+        # the 3 MiB block's stack is its own allocation's, not the freed one recorded after it.
+        want0 = [["reserve", 0x10000000, 8 * MB, None],
+                 ["alloc", 0x10000000, 3 * MB, ["train.py", 12, "forward"]],
+                 ["alloc", 0x10400000, 2 * MB, None]]
+        want1 = [["reserve", 0x20000000, 2 * MB, None],
+                 ["alloc", 0x20000000, 2 * MB, ["train.py", 99, "step"]]]
+        out = os.path.join(self.dir.name, "m0.db")
+        r = subprocess.run([sys.executable, "-m", "keel_torch", "import-snapshot", src, "-o", out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, f"keel_torch: 3 allocator events from {src} -> {out}\n")
+        self.assertEqual(mem_events(out), want0)
+        rc, stats, err = keel("memory", "stats", out)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(stats, r"allocated \(bytes\)\s+%d\s+%d" % (5 * MB, 5 * MB))
+        self.assertRegex(stats, r"reserved \(bytes\)\s+%d\s+%d" % (8 * MB, 8 * MB))
+        out = os.path.join(self.dir.name, "cli1.db")
+        rc, text, err = keel("import", "torch-memory", src, "-o", out, "--device", "1")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("wrote %s: 2 allocator events" % out, text)
+        self.assertEqual(mem_events(out), want1)
+        # The list itself, as _snapshot() returns it in the process.
+        from keel_torch.snapshot import import_snapshot
+        out = os.path.join(self.dir.name, "list1.db")
+        self.assertEqual(import_snapshot(snapshot_113(), out, 1), 2)
+        self.assertEqual(mem_events(out), want1)
+
+    def test_generated_pytorch_113_snapshots_give_every_event_the_generator_computed(self):
+        import pickle
+        sys.path.insert(0, os.path.dirname(__file__))
+        import torch_snapshot_gen
+        from keel_torch.snapshot import import_snapshot
+        snap, want = torch_snapshot_gen.generate_113(4000, seed=3, devices=2)
+        src = os.path.join(self.dir.name, "gen113.pickle")
+        with open(src, "wb") as f:
+            pickle.dump(snap, f, protocol=2)
+        for dev in (0, 1):
+            out = os.path.join(self.dir.name, f"gen113-{dev}.db")
+            r = subprocess.run([sys.executable, "-m", "keel_torch", "import-snapshot", src, "-o",
+                                out, "--device", str(dev)], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"keel_torch: {want[dev]['events']} allocator events", r.stdout)
+            self.assertEqual(mem_events(out), want[dev]["mem_events"])
+            rc, stats, err = keel("memory", "stats", out)
+            self.assertEqual(rc, 0, err)
+            self.assertRegex(stats, r"allocated \(bytes\)\s+%d\s+%d" %
+                             (want[dev]["peak_allocated"], want[dev]["end_allocated"]))
+            self.assertRegex(stats, r"reserved \(bytes\)\s+%d\s+%d" %
+                             (want[dev]["peak_reserved"], want[dev]["end_reserved"]))
+            out = os.path.join(self.dir.name, f"list113-{dev}.db")
+            self.assertEqual(import_snapshot(snap, out, dev), want[dev]["events"])
+            self.assertEqual(mem_events(out), want[dev]["mem_events"])
+
+    def test_errors_about_a_snapshot_in_memory_name_it_not_a_temporary_file(self):
+        """They said '/tmp/tmpnyisk_tu.pickle: the snapshot has no memory of device 3'."""
+        from keel_torch.snapshot import SnapshotError, import_snapshot
+        out = os.path.join(self.dir.name, "x.db")
+        cases = [
+            (snapshot_113(), 3,
+             "the snapshot list: the snapshot has no memory of device 3 (devices in it: 0, 1)"),
+            (snapshot(), 3,
+             "the snapshot dict: the snapshot has no memory of device 3 (devices in it: 0)"),
+            ([1, 2], 0, "the snapshot list: not a PyTorch memory snapshot: the pickle holds a "
+                        "list, but not of segments (dicts)"),
+            ({"device_traces": []}, 0,
+             "the snapshot dict: not a PyTorch memory snapshot: it has no 'segments'"),
+        ]
+        for source, device, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(SnapshotError) as caught:
+                    import_snapshot(source, out, device)
+                self.assertEqual(str(caught.exception), message)
+                self.assertFalse(os.path.exists(out))
+        # A function in it is pickled by name, and the reader refuses to look it up.
+        with self.assertRaisesRegex(SnapshotError, r"^the snapshot list: not a memory snapshot "
+                                    r"Keel can read: opcode STACK_GLOBAL \(0x93\), which would "
+                                    r"run code: Keel's reader builds plain data only "
+                                    r"\(byte \d+\)$"):
+            import_snapshot([{"device": 0, "address": 0, "total_size": 1, "f": os.system}], out)
+        # What pickle cannot write at all: a lambda.
+        with self.assertRaisesRegex(SnapshotError, r"^the snapshot dict: cannot be pickled: "):
+            import_snapshot({"segments": [lambda: 0]}, out)
+        with self.assertRaisesRegex(TypeError, r"^import_snapshot: source must be a path or what "
+                                    r"torch\.cuda\.memory\._snapshot\(\) returns \(a dict or a "
+                                    r"list\), not int$"):
+            import_snapshot(3, out)
+        # A path names itself, as before.
+        bad = os.path.join(self.dir.name, "bad.pickle")
+        with open(bad, "wb") as f:
+            f.write(b"not a pickle")
+        with self.assertRaises(SnapshotError) as caught:
+            import_snapshot(bad, out)
+        self.assertTrue(str(caught.exception).startswith(bad + ": "), caught.exception)
 
     def test_a_pickle_that_runs_code_is_refused_and_runs_nothing(self):
         import pickle

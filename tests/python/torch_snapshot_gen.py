@@ -14,8 +14,16 @@ segments are the state at the end. The expected figures follow Note [Torch memor
 the importer starts from the state when the kept trace begins (reserved segments, then live
 blocks), then replays the trace; peak and end allocated/reserved are computed here independently.
 
+PyTorch 1.13 has no _dump_snapshot and no trace: its torch.cuda.memory._snapshot() returns the
+list of segments alone, which users pickle themselves. generate_113() writes that list from the
+same simulated allocator (as 1.13 splits blocks: a large free block leaving 1 MiB or less is
+taken whole) and its block "history" (what was allocated in each block, in address order, the
+block's own allocation first; each entry its own list of new frame dicts, as 1.13 builds them).
+Its expected figures are the state at the end, and every event the importer must write.
+
     python3 tests/python/torch_snapshot_gen.py OUT.pickle --events N [--keep K] [--seed S]
-        [--depth LO HI] [--devices D] [--protocol P]      prints the expected figures as JSON
+        [--depth LO HI] [--devices D] [--protocol P] [--format 2|1.13]
+                                                          prints the expected figures as JSON
 """
 
 import argparse
@@ -33,7 +41,7 @@ def round_size(n):
 
 
 class Allocator:
-    def __init__(self, rng, device):
+    def __init__(self, rng, device, torch_113=False):
         self.rng = rng
         self.device = device
         self.next_addr = 0x7F0000000000 + device * (1 << 40)
@@ -41,11 +49,14 @@ class Allocator:
         self.live = {}  # addr -> (size, seg, frames)
         self.trace = []
         self.time_us = 1_700_000_000_000_000
+        # PyTorch 1.13's split rule, and the request and rounded size in each alloc entry (what
+        # its block history records); the 2.x snapshots are written without either.
+        self.torch_113 = torch_113
 
-    def event(self, action, addr, size, frames):
+    def event(self, action, addr, size, frames, **extra):
         self.time_us += self.rng.randint(1, 40)
         self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
-                           "time_us": self.time_us, "frames": frames})
+                           "time_us": self.time_us, "frames": frames, **extra})
 
     def alloc(self, request, frames):
         size = round_size(request)
@@ -68,10 +79,16 @@ class Allocator:
         seg_addr, a, s = best
         seg = self.segments[seg_addr]
         seg["free"].remove((a, s))
+        rounded = size
+        if self.torch_113 and not small and s - size <= SMALL:
+            size = s  # 1.13 splits a large block only when more than 1 MiB would remain
         if s > size:
             bisect.insort(seg["free"], (a + size, s - size))
         self.live[a] = (size, seg_addr, frames)
-        self.event("alloc", a, size, frames)
+        if self.torch_113:
+            self.event("alloc", a, size, frames, real=request, rounded=rounded, seg=seg_addr)
+        else:
+            self.event("alloc", a, size, frames)
         return a
 
     def free(self, addr, frames):
@@ -120,6 +137,25 @@ def replay(trace):
     return segs, live
 
 
+def train(al, rng, target, tb):
+    """Training-like steps on `al` until its trace has `target` entries, cut there: the trace's
+    end is whenever the snapshot was taken, mid-step."""
+    weights = [al.alloc(rng.choice([4, 16, 64]) * MB, tb()) for _ in range(rng.randint(3, 8))]
+    while len(al.trace) < target:
+        acts = []
+        for _ in range(rng.randint(4, 40)):
+            acts.append(al.alloc(rng.choice([rng.randint(1, 4096) * 256,
+                                             rng.randint(1, 64) * MB]), tb()))
+            if rng.random() < 0.3:  # a temporary
+                al.free(al.alloc(rng.randint(1, 2048) * 512, tb()), tb())
+        for a in reversed(acts):
+            al.free(a, tb())
+        if rng.random() < 0.05:
+            al.empty_cache(tb())
+    del al.trace[target:]
+    del weights
+
+
 def generate(events, keep=None, seed=1, depth=(8, 24), devices=1):
     rng = random.Random(seed)
     frames = frame_pool(rng, 400)
@@ -130,21 +166,7 @@ def generate(events, keep=None, seed=1, depth=(8, 24), devices=1):
 
     allocs = [Allocator(rng, d) for d in range(devices)]
     for d, al in enumerate(allocs):
-        target = events if d == 0 else max(1, events // 10)
-        weights = [al.alloc(rng.choice([4, 16, 64]) * MB, tb()) for _ in range(rng.randint(3, 8))]
-        while len(al.trace) < target:
-            acts = []
-            for _ in range(rng.randint(4, 40)):
-                acts.append(al.alloc(rng.choice([rng.randint(1, 4096) * 256,
-                                                 rng.randint(1, 64) * MB]), tb()))
-                if rng.random() < 0.3:  # a temporary
-                    al.free(al.alloc(rng.randint(1, 2048) * 512, tb()), tb())
-            for a in reversed(acts):
-                al.free(a, tb())
-            if rng.random() < 0.05:
-                al.empty_cache(tb())
-        del al.trace[target:]  # stop mid-step: the trace's end is whenever the snapshot was taken
-        del weights
+        train(al, rng, events if d == 0 else max(1, events // 10), tb)
     # The allocators' state must match the (possibly cut) trace: rebuild it from the trace.
     snap = {"segments": [], "device_traces": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
     expected = {}
@@ -198,6 +220,97 @@ def generate(events, keep=None, seed=1, depth=(8, 24), devices=1):
     return snap, expected
 
 
+def replay_113(trace):
+    """replay() with each segment's block history as PyTorch 1.13 keeps it: address -> (request,
+    traceback) of what was allocated there; an allocation drops the entries it covers (its
+    rounded size from its address) and adds its own; frees keep them; a released segment's go."""
+    segs, live = replay(trace)
+    history = {}
+    for e in trace:
+        a = e["action"]
+        if a == "segment_alloc":
+            history[e["addr"]] = {}
+        elif a == "segment_free":
+            del history[e["addr"]]
+        elif a == "alloc":
+            h = history[e["seg"]]
+            for k in [k for k in h if e["addr"] <= k < e["addr"] + e["rounded"]]:
+                del h[k]
+            h[e["addr"]] = (e["real"], e["frames"])
+    return segs, live, history
+
+
+def generate_113(events, seed=1, depth=(8, 24), devices=1):
+    """What PyTorch 1.13's torch.cuda.memory._snapshot() returns after
+    _record_memory_history(True) (torch/csrc/cuda/Module.cpp there): a list of segments, each
+    {device, address, total_size, allocated_size, active_size, stream, segment_type, blocks};
+    each block {size, state} and, where anything was allocated in it, history [{addr,
+    real_size, frames}]. Blocks have no address and the list no trace. Some live blocks are
+    active_pending_free (freed, a stream still using them): live to the importer, as in 2.x
+    snapshots; one history entry in 20 has no frames (no Python context). Returns (the list,
+    expected figures per device with the events the importer must write: reserves, then allocs
+    with their stack's innermost frame)."""
+    rng = random.Random(seed)
+    pool = frame_pool(rng, 400)
+    stacks = [rng.sample(pool, rng.randint(*depth)) for _ in range(600)]
+
+    def tb():
+        return rng.choice(stacks)
+
+    snap, expected = [], {}
+    for d in range(devices):
+        al = Allocator(rng, d, torch_113=True)
+        train(al, rng, events if d == 0 else max(1, events // 10), tb)
+        segs, live, history = replay_113(al.trace)
+        reserved = allocated = 0
+        reserves, allocs = [], []
+        for seg_addr in sorted(segs):
+            end = seg_addr + segs[seg_addr]
+            hist = history[seg_addr]
+            spans, cursor = [], seg_addr
+            for a in sorted(x for x in live if seg_addr <= x < end):
+                if a > cursor:
+                    spans.append((cursor, a - cursor, "inactive"))
+                state = "active_pending_free" if rng.random() < 0.1 else "active_allocated"
+                spans.append((a, live[a][0], state))
+                cursor = a + live[a][0]
+            if cursor < end:
+                spans.append((cursor, end - cursor, "inactive"))
+            blocks = []
+            for start, size, state in spans:
+                block = {"size": size, "state": state}
+                entries = []
+                for k in sorted(k for k in hist if start <= k < start + size):
+                    entry = {"addr": k, "real_size": hist[k][0]}
+                    if rng.random() >= 0.05:  # a new list of new frame dicts per entry
+                        entry["frames"] = [dict(f) for f in hist[k][1]]
+                    entries.append(entry)
+                if entries:
+                    block["history"] = entries
+                blocks.append(block)
+                if state != "inactive":
+                    own = entries[0] if entries and entries[0]["addr"] == start else {}
+                    f = own.get("frames")
+                    allocs.append(["alloc", start, size,
+                                   [f[0]["filename"], f[0]["line"], f[0]["name"]] if f else None])
+                    allocated += size
+            reserves.append(["reserve", seg_addr, segs[seg_addr], None])
+            reserved += segs[seg_addr]
+            snap.append({
+                "device": d, "address": seg_addr, "total_size": segs[seg_addr],
+                "allocated_size": sum(b["size"] for b in blocks
+                                      if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                "stream": 0,
+                "segment_type": "small" if segs[seg_addr] == 2 * MB else "large",
+                "blocks": blocks})
+        expected[d] = {"events": len(reserves) + len(allocs), "trace_entries": 0,
+                       "peak_allocated": allocated, "end_allocated": allocated,
+                       "peak_reserved": reserved, "end_reserved": reserved,
+                       "mem_events": reserves + allocs}
+    return snap, expected
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -207,8 +320,13 @@ def main():
     ap.add_argument("--depth", type=int, nargs=2, default=(8, 24))
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--protocol", type=int, default=4)
+    ap.add_argument("--format", choices=["2", "1.13"], default="2",
+                    help="PyTorch 2.x's dict with traces, or 1.13's list of segments")
     a = ap.parse_args()
-    snap, expected = generate(a.events, a.keep, a.seed, tuple(a.depth), a.devices)
+    if a.format == "1.13":
+        snap, expected = generate_113(a.events, a.seed, tuple(a.depth), a.devices)
+    else:
+        snap, expected = generate(a.events, a.keep, a.seed, tuple(a.depth), a.devices)
     with open(a.out, "wb") as f:
         pickle.dump(snap, f, protocol=a.protocol)
     print(json.dumps(expected))

@@ -1,6 +1,7 @@
 // PyTorch memory snapshots imported through the restricted unpickler (storage/torch_memory.h):
 // exact figures on snapshots Python's pickle wrote (tests/fixtures/torch, from
-// tests/python/torch_snapshot_gen.py, with the figures it computed), hostile pickles refused in
+// tests/python/torch_snapshot_gen.py, with the figures it computed; 2.x dicts and 1.13 lists),
+// hostile pickles refused in
 // one line, every truncation and random damage of a real one refused or read without a crash,
 // and `keel import torch-memory` through the real binary.
 #include <gtest/gtest.h>
@@ -8,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "keel/storage/errors.h"
 #include "keel/storage/reader.h"
@@ -187,6 +190,156 @@ TEST(TorchMemoryTest, TheTraceIsUndoneToFindWhereItStarts) {
   EXPECT_EQ(s.devices, std::vector<int>{0});
 }
 
+// PyTorch 1.13's torch.cuda.memory._snapshot(), pickled: the list of segments alone, blocks
+// without addresses, stacks in each block's "history" (its own allocation first, at its
+// address; older ones in the rest of the block after), no trace. It reads as the state when it
+// was taken.
+TEST(TorchMemoryTest, APyTorch113ListOfSegmentsIsTheStateItWasTakenIn) {
+  const int MB = 1 << 20;
+  P p;
+  auto i4 = [&](uint32_t v) {
+    p.b += 'J';
+    for (int k = 0; k < 4; ++k) p.b += char((v >> (8 * k)) & 0xff);
+  };
+  auto frames = [&](const char* function, int line) {
+    p.str("frames").op(']').op('}').op('(').str("filename").str("train.py").str("line").int1(line);
+    p.str("name").str(function).op('u').op('a');
+  };
+  auto entry = [&](uint32_t addr, uint32_t realSize, const char* function, int line) {
+    p.op('}').op('(').str("addr");
+    i4(addr);
+    p.str("real_size");
+    i4(realSize);
+    frames(function, line);
+    p.op('u');
+  };
+  // A block: its size and state, then `history` adds its entries, if any.
+  auto block = [&](uint32_t size, const char* state, const std::function<void()>& history) {
+    p.op('}').op('(').str("size");
+    i4(size);
+    p.str("state").str(state);
+    if (history) {
+      p.str("history").op(']').op('(');
+      history();
+      p.op('e');
+    }
+    p.op('u');
+  };
+  auto segment = [&](int device, uint32_t addr, uint32_t total,
+                     const std::function<void()>& blocks) {
+    p.op('}').op('(').str("device").int1(device).str("address");
+    i4(addr);
+    p.str("total_size");
+    i4(total);
+    p.str("stream").int1(0).str("segment_type").str("large").str("blocks").op(']').op('(');
+    blocks();
+    p.op('e').op('u');
+  };
+  p.op(']').op('(');
+  segment(0, 0x10000000, 8 * MB, [&] {
+    // 3 MiB taken whole by a 2 MiB request; a freed 512 KiB allocation is still recorded at
+    // +2.5 MiB, after the block's own.
+    block(3 * MB, "active_allocated", [&] {
+      entry(0x10000000, 2 * MB, "forward", 12);
+      entry(0x10280000, MB / 2, "old_forward", 7);
+    });
+    block(1 * MB, "inactive", [&] { entry(0x10300000, MB, "freed_temp", 40); });
+    block(2 * MB, "active_pending_free", nullptr);
+    block(2 * MB, "inactive", nullptr);
+  });
+  segment(1, 0x20000000, 2 * MB, [&] {
+    block(2 * MB, "active_allocated", [&] { entry(0x20000000, 2 * MB, "step", 99); });
+  });
+  p.op('e').stop();
+
+  const TorchMemorySnapshot s = readBytes(p.b);
+  using E = TorchMemorySnapshot::Event;
+  auto fields = [](const E& e) { return std::tuple(e.kind, e.address, e.bytes, e.stackId); };
+  ASSERT_EQ(s.initial.size(), 3u);
+  EXPECT_EQ(fields(s.initial[0]),
+            std::tuple(MemEventKind::Reserve, uint64_t(0x10000000), uint64_t(8 * MB), int64_t(-1)));
+  EXPECT_EQ(fields(s.initial[1]),
+            std::tuple(MemEventKind::Alloc, uint64_t(0x10000000), uint64_t(3 * MB), int64_t(1)));
+  EXPECT_EQ(fields(s.initial[2]),
+            std::tuple(MemEventKind::Alloc, uint64_t(0x10400000), uint64_t(2 * MB), int64_t(-1)));
+  EXPECT_TRUE(s.trace.empty());
+  EXPECT_EQ(s.traceEntries, 0u);
+  EXPECT_EQ(s.segments, 1u);
+  EXPECT_EQ(s.devices, (std::vector<int>{0, 1}));
+  // The live block's stack is its own allocation's, not the freed one recorded after it.
+  ASSERT_EQ(s.stacks.size(), 1u);
+  ASSERT_EQ(s.stacks[0].frames.size(), 1u);
+  EXPECT_EQ(s.stacks[0].frames[0].function, "forward");
+  EXPECT_EQ(s.stacks[0].frames[0].file, "train.py");
+  EXPECT_EQ(s.stacks[0].frames[0].line, 12);
+
+  TorchMemoryReadOptions dev1;
+  dev1.device = 1;
+  const TorchMemorySnapshot s1 = readBytes(p.b, dev1);
+  ASSERT_EQ(s1.initial.size(), 2u);
+  EXPECT_EQ(fields(s1.initial[0]),
+            std::tuple(MemEventKind::Reserve, uint64_t(0x20000000), uint64_t(2 * MB), int64_t(-1)));
+  EXPECT_EQ(fields(s1.initial[1]),
+            std::tuple(MemEventKind::Alloc, uint64_t(0x20000000), uint64_t(2 * MB), int64_t(1)));
+  ASSERT_EQ(s1.stacks.size(), 1u);
+  EXPECT_EQ(s1.stacks[0].frames[0].function, "step");
+
+  TorchMemoryReadOptions dev3;
+  dev3.device = 3;
+  EXPECT_EQ(errorOf(p.b, dev3),
+            "test.pickle: the snapshot has no memory of device 3 (devices in it: 0, 1)");
+  // An empty list: PyTorch 1.13's snapshot of a process that holds no CUDA memory.
+  EXPECT_EQ(errorOf(P().op(']').stop().b),
+            "test.pickle: the snapshot has no memory of device 0 (it is empty)");
+}
+
+// tests/fixtures/torch/snapshot-113-p2.pickle: torch_snapshot_gen.py --format 1.13 --protocol 2
+// (two devices), and every event the generator says the import must write, with the innermost
+// frame of its stack.
+TEST(TorchMemoryTest, APyTorch113FixtureGivesEveryEventTheGeneratorComputed) {
+  const nlohmann::json want = nlohmann::json::parse(readFile(kFixtures + "snapshot-113-p2.json"));
+  ASSERT_EQ(want.size(), 2u);
+  for (const auto& [dev, fig] : want.items()) {
+    SCOPED_TRACE("device " + dev);
+    TorchMemoryReadOptions o;
+    o.device = std::stoi(dev);
+    const TorchMemorySnapshot s = readTorchMemorySnapshot(kFixtures + "snapshot-113-p2.pickle", o);
+    EXPECT_EQ(s.traceEntries, 0u);
+    EXPECT_TRUE(s.trace.empty());
+    EXPECT_EQ(s.devices, (std::vector<int>{0, 1}));
+    const std::filesystem::path out =
+        std::filesystem::path(::testing::TempDir()) / ("snapshot-113-" + dev + ".db");
+    std::filesystem::remove(out);
+    const TorchMemoryWritten w = writeTorchMemoryRecording(s, out, "test", "snapshot-113-p2");
+    EXPECT_EQ(w.events, fig["events"].get<uint64_t>());
+    EXPECT_EQ(w.peakAllocated, fig["peak_allocated"].get<uint64_t>());
+    EXPECT_EQ(w.endAllocated, fig["end_allocated"].get<uint64_t>());
+    EXPECT_EQ(w.peakReserved, fig["peak_reserved"].get<uint64_t>());
+    EXPECT_EQ(w.endReserved, fig["end_reserved"].get<uint64_t>());
+    Recording rec = Recording::open(out);
+    const std::vector<MemRecord> mem = rec.memEvents({});
+    const nlohmann::json& events = fig["mem_events"];
+    ASSERT_EQ(mem.size(), events.size());
+    for (size_t k = 0; k < mem.size(); ++k) {
+      SCOPED_TRACE("event " + std::to_string(k));
+      const nlohmann::json& e = events[k];
+      EXPECT_EQ(memEventName(mem[k].kind), e[0].get<std::string>());
+      EXPECT_EQ(mem[k].address, e[1].get<uint64_t>());
+      EXPECT_EQ(mem[k].bytes, e[2].get<uint64_t>());
+      if (e[3].is_null()) {
+        EXPECT_LT(mem[k].stackId, 0);
+        continue;
+      }
+      const std::optional<StackRecord> st = rec.stack(mem[k].stackId);
+      ASSERT_TRUE(st.has_value() && !st->frames.empty());
+      EXPECT_EQ(st->frames[0].file, e[3][0].get<std::string>());
+      EXPECT_EQ(st->frames[0].line, e[3][1].get<int>());
+      EXPECT_EQ(st->frames[0].function, e[3][2].get<std::string>());
+    }
+    std::filesystem::remove(out);
+  }
+}
+
 TEST(TorchMemoryTest, PicklesThatRunCodeAreRefusedByName) {
   // pickle.dumps(os.system) with a REDUCE: what `pickle.load` would run.
   using namespace std::string_literals;
@@ -258,7 +411,9 @@ TEST(TorchMemoryTest, HostileStructureIsRefusedInOneLine) {
   small.maxBytes = 16 << 20;
   has(errorOf(many.b, small), "more than 16 MiB of values");
   // Data, but not a snapshot.
-  has(errorOf(P().op(']').stop().b), "the pickle holds no dict");
+  has(errorOf(P().int1(3).stop().b), "the pickle holds neither a dict nor a list of segments");
+  has(errorOf(P().op(']').int1(3).op('a').stop().b),
+      "the pickle holds a list, but not of segments (dicts)");
   has(errorOf(P().op('}').stop().b), "it has no 'segments'");
   has(errorOf(P().op('}').op('(').str("segments").int1(3).op('u').stop().b),
       "'segments' is not a list");
@@ -386,6 +541,30 @@ TEST_F(TorchMemoryCliTest, ImportsThroughTheRealBinaryAndKeepsExistingFiles) {
   test::expectOneLineError(test::runKeelCli("import torch-memory " + evil + " -o /dev/null", dir_),
                            "not a regular file");
   test::expectOneLineError(test::runKeelCli("import", dir_), "");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "x.db"));
+}
+
+// `keel import torch-memory` of a pickled PyTorch 1.13 snapshot (a list): it said "not a PyTorch
+// memory snapshot: the pickle holds no dict".
+TEST_F(TorchMemoryCliTest, ImportsAPyTorch113SnapshotThroughTheRealBinary) {
+  const nlohmann::json want = nlohmann::json::parse(readFile(kFixtures + "snapshot-113-p2.json"));
+  const std::string in = kFixtures + "snapshot-113-p2.pickle", out = (dir_ / "113.db").string();
+  test::CliResult r =
+      test::runKeelCli("import torch-memory " + in + " -o " + out + " --device 1", dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("wrote " + out + ": " + std::to_string(want["1"]["events"].get<int>()) +
+                       " allocator events"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("0 trace entries"), std::string::npos) << r.out;
+  r = test::runKeelCli("memory stats " + out, dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(std::to_string(want["1"]["peak_allocated"].get<uint64_t>())),
+            std::string::npos)
+      << r.out;
+  test::expectOneLineError(
+      test::runKeelCli("import torch-memory " + in + " -o x.db --device 3", dir_),
+      "has no memory of device 3 (devices in it: 0, 1)");
   EXPECT_FALSE(std::filesystem::exists(dir_ / "x.db"));
 }
 

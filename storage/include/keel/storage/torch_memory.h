@@ -1,7 +1,8 @@
-// PyTorch CUDA memory snapshots (the pickle torch.cuda.memory._dump_snapshot() writes) as Keel
-// recordings: read with the restricted unpickler (storage/src/pickle.h, Note [Restricted
-// unpickler]) and written as one recording's allocator events, for `keel memory`, the studio's
-// memory view and the fragmentation figures. See Note [Torch memory snapshots].
+// PyTorch CUDA memory snapshots (the pickle torch.cuda.memory._dump_snapshot() writes in 2.x, or
+// the list PyTorch 1.13's torch.cuda.memory._snapshot() returns, pickled) as Keel recordings:
+// read with the restricted unpickler (storage/src/pickle.h, Note [Restricted unpickler]) and
+// written as one recording's allocator events, for `keel memory`, the studio's memory view and
+// the fragmentation figures. See Note [Torch memory snapshots].
 #pragma once
 #include <cstdint>
 #include <cstdio>
