@@ -24,14 +24,20 @@ int runTorchMemory(const ImportArgs& a) {
   const storage::TorchMemoryImported r =
       storage::importTorchMemorySnapshot(a.snapshot, a.output, o);
   auto n = [](uint64_t v, const char* one, const char* many) { return countText(v, one, many); };
-  std::printf(
-      "imported %s: device cuda:%d; when its trace starts, %s and %s; %s (%llu change memory); "
-      "%s\n",
-      a.snapshot.c_str(), r.device, n(r.segmentsAtStart, "segment", "segments").c_str(),
-      n(r.blocksAtStart, "live block", "live blocks").c_str(),
-      n(r.traceEntries, "trace entry", "trace entries").c_str(),
-      static_cast<unsigned long long>(r.traceEvents),
-      n(r.stacks, "distinct stack", "distinct stacks").c_str());
+  if (r.traceEntries == 0)  // PyTorch 1.13's snapshot, or one taken without a history: no trace
+    std::printf("imported %s: device cuda:%d; at the snapshot, %s and %s (no trace); %s\n",
+                a.snapshot.c_str(), r.device, n(r.segmentsAtStart, "segment", "segments").c_str(),
+                n(r.blocksAtStart, "live block", "live blocks").c_str(),
+                n(r.stacks, "distinct stack", "distinct stacks").c_str());
+  else
+    std::printf(
+        "imported %s: device cuda:%d; when its trace starts, %s and %s; %s (%llu change memory); "
+        "%s\n",
+        a.snapshot.c_str(), r.device, n(r.segmentsAtStart, "segment", "segments").c_str(),
+        n(r.blocksAtStart, "live block", "live blocks").c_str(),
+        n(r.traceEntries, "trace entry", "trace entries").c_str(),
+        static_cast<unsigned long long>(r.traceEvents),
+        n(r.stacks, "distinct stack", "distinct stacks").c_str());
   std::printf("wrote %s: %s; peak allocated %s, peak reserved %s (read %.2f s, write %.2f s)\n",
               a.output.c_str(), n(r.written.events, "allocator event", "allocator events").c_str(),
               formatBytes(r.written.peakAllocated).c_str(),
@@ -47,7 +53,8 @@ Command addImportCommand(CLI::App& root) {
   c->require_subcommand(1);
   CLI::App* tm = c->add_subcommand(
       "torch-memory",
-      "a PyTorch CUDA memory snapshot (torch.cuda.memory._dump_snapshot) as a recording of its "
+      "a PyTorch CUDA memory snapshot (torch.cuda.memory._dump_snapshot, or 1.13's _snapshot() "
+      "pickled) as a recording of its "
       "allocator events, for `keel memory` and the studio's memory view");
   tm->add_option("snapshot", a->snapshot, "the snapshot (a pickle; read without running any of it)")
       ->required();

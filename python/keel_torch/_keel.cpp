@@ -1467,9 +1467,11 @@ class Recording {
 
 // A PyTorch memory snapshot file as a recording at `out` (the keel tool's `import torch-memory`):
 // the restricted unpickler reads it, the output guard and the replace-on-complete rule apply.
-py::dict importTorchMemory(const std::string& snapshot, const std::string& out, int device) {
+py::dict importTorchMemory(const std::string& snapshot, const std::string& out, int device,
+                           const std::string& name) {
   storage::TorchMemoryImportOptions o;
   o.read.device = device;
+  o.sourceName = name;  // an in-memory snapshot: "the snapshot list", not its temporary file
   o.engineVersion = std::string("torch memory snapshot, keel ") + KEEL_VERSION_STRING;
   o.outputOption = "output";
   storage::TorchMemoryImported imported;
@@ -1496,7 +1498,7 @@ PYBIND11_MODULE(_keel, m) {
   m.def("hash", &hashTensor, py::arg("data"), py::arg("dtype"), py::arg("shape"),
         py::arg("md5") = true, py::arg("stats") = true, py::arg("rounded_digits") = 0);
   m.def("import_torch_memory", &importTorchMemory, py::arg("snapshot"), py::arg("out"),
-        py::arg("device") = 0);
+        py::arg("device") = 0, py::arg("name") = "");
   py::class_<Recording>(m, "Recording")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
                     uint64_t, const std::string&, const std::string&, const std::string&>())

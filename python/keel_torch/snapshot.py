@@ -54,11 +54,10 @@ def import_snapshot(source, out_path, device=0):
 
 
 def _import(_keel, path, name, out_path, device):
-    """The import of the pickle at `path`; `name`, when given, replaces the path in errors."""
+    """The import of the pickle at `path`; `name`, when given, names it in errors and in the
+    recording (an in-memory snapshot's temporary file is nobody's business)."""
     try:
-        return _keel.import_torch_memory(path, os.fspath(out_path), device)["events"]
+        return _keel.import_torch_memory(path, os.fspath(out_path), device,
+                                         name or "")["events"]
     except RuntimeError as e:
-        message = str(e)
-        if name is not None:
-            message = message.replace(os.fsdecode(path), name)
-        raise SnapshotError(message) from None
+        raise SnapshotError(str(e)) from None

@@ -361,17 +361,24 @@ TorchMemorySnapshot readTorchMemorySnapshot(std::FILE* file, uint64_t size, cons
   return out;
 }
 
-TorchMemorySnapshot readTorchMemorySnapshot(const std::string& path,
-                                            const TorchMemoryReadOptions& options) {
+namespace {
+TorchMemorySnapshot readSnapshotFile(const std::string& path, const std::string& name,
+                                     const TorchMemoryReadOptions& options) {
   requireRegularFile(path, "the memory snapshot");  // a FIFO would block, /dev/zero never end
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) throw StorageError(path + ": cannot open: " + std::strerror(errno));
+  if (!f) throw StorageError(name + ": cannot open: " + std::strerror(errno));
   if (std::fseek(f.get(), 0, SEEK_END) != 0)
-    throw StorageError(path + ": not a regular file (cannot seek)");
+    throw StorageError(name + ": not a regular file (cannot seek)");
   const long size = std::ftell(f.get());
   if (size < 0 || std::fseek(f.get(), 0, SEEK_SET) != 0)
-    throw StorageError(path + ": not a regular file (cannot seek)");
-  return readTorchMemorySnapshot(f.get(), uint64_t(size), path, options);
+    throw StorageError(name + ": not a regular file (cannot seek)");
+  return readTorchMemorySnapshot(f.get(), uint64_t(size), name, options);
+}
+}  // namespace
+
+TorchMemorySnapshot readTorchMemorySnapshot(const std::string& path,
+                                            const TorchMemoryReadOptions& options) {
+  return readSnapshotFile(path, path, options);
 }
 
 TorchMemoryWritten writeTorchMemoryRecording(const TorchMemorySnapshot& snapshot,
@@ -452,7 +459,8 @@ TorchMemoryImported importTorchMemorySnapshot(const std::string& snapshot,
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const auto t0 = Clock::now();
-  const TorchMemorySnapshot snap = readTorchMemorySnapshot(snapshot, options.read);
+  const std::string name = options.sourceName.empty() ? snapshot : options.sourceName;
+  const TorchMemorySnapshot snap = readSnapshotFile(snapshot, name, options.read);
   const auto t1 = Clock::now();
   TorchMemoryImported out;
   out.device = snap.device;
@@ -463,7 +471,7 @@ TorchMemoryImported importTorchMemorySnapshot(const std::string& snapshot,
   out.stacks = snap.stacks.size();
   OutputLock lock(output);
   ReplaceOnCommit file(output);
-  out.written = writeTorchMemoryRecording(snap, file.path(), options.engineVersion, snapshot);
+  out.written = writeTorchMemoryRecording(snap, file.path(), options.engineVersion, name);
   file.commit();
   out.readSeconds = seconds(t1 - t0);
   out.writeSeconds = seconds(Clock::now() - t1);

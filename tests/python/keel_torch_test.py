@@ -1132,6 +1132,13 @@ class SnapshotImportTest(unittest.TestCase):
                     import_snapshot(source, out, device)
                 self.assertEqual(str(caught.exception), message)
                 self.assertFalse(os.path.exists(out))
+        # The recording names it the same way (its source was the temporary file's path).
+        ok = os.path.join(self.dir.name, "named.db")
+        import_snapshot(snapshot_113(), ok, 0)
+        import sqlite3
+        with sqlite3.connect(ok) as db:
+            options = json.loads(db.execute("SELECT capture_options_json FROM run").fetchone()[0])
+        self.assertEqual(options["source"], "the snapshot list")
         # A function in it is pickled by name, and the reader refuses to look it up.
         with self.assertRaisesRegex(SnapshotError, r"^the snapshot list: not a memory snapshot "
                                     r"Keel can read: opcode STACK_GLOBAL \(0x93\), which would "

@@ -71,6 +71,9 @@ struct TorchMemoryImportOptions {
   std::string engineVersion;        // e.g. "torch memory snapshot, keel 0.2.0"
   std::string outputOption = "-o";  // how errors name the output
   std::vector<NamedInput> otherInputs;
+  // How errors and the recording (its capture options' "source") name the snapshot; "" its path.
+  // keel_torch's import of an in-memory snapshot passes "the snapshot list", not a temp file.
+  std::string sourceName;
 };
 
 struct TorchMemoryImported {
