@@ -225,6 +225,7 @@ Command addDiffCommand(CLI::App& root) {
   auto a = std::make_shared<DiffArgs>();
   CLI::App* c =
       root.add_subcommand("diff", "compare two recordings (or run folders, rank by rank) op by op");
+  c->footer("Exit status: 0 equal within tolerance (or nothing to compare), 1 diverged, 2 error.");
   c->add_option("a", a->a, "recording A (.db) or run folder");
   c->add_option("b", a->b, "recording B (.db) or run folder");
   c->add_option("--atol", a->atol, "absolute tolerance")

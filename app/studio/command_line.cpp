@@ -69,7 +69,8 @@ struct Options {
   QCommandLineOption size{"size", "Window size for --screenshot (default 1600x1000).", "WxH"};
   QCommandLineOption show{"show",
                           "Raise this view in the bottom dock: ops, diff, logs, memory, "
-                          "timeline or ranks (default: ops; a run folder: ranks).",
+                          "timeline or ranks (default: ops; comparing: diff; a run folder: "
+                          "ranks).",
                           "view"};
   QCommandLineOption session{"session", "Start a live session of this model config.",
                              "config.json"};
