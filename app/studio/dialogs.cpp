@@ -288,8 +288,17 @@ BreakpointsDialog::BreakpointsDialog(const Breakpoints& b, QWidget* parent) : QD
   auto* add = new QPushButton("Add");
   add->setObjectName("breakpointAdd");
   connect(add, &QPushButton::clicked, this, [this] {
-    addBreakpoint(
-        itemFor(kind_->currentData().toString(), value_->currentText().trimmed(), hits_->value()));
+    // Checked here, as OK checks the list: "step:abc" went into the list and failed on OK.
+    const QString item =
+        itemFor(kind_->currentData().toString(), value_->currentText().trimmed(), hits_->value());
+    Breakpoints one;
+    one.add(item);
+    if (const QString err = one.error(); !err.isEmpty()) {
+      showError(err);
+      return;
+    }
+    addBreakpoint(item);
+    showError(breakpoints().error());
   });
   auto* remove = new QPushButton("Remove");
   remove->setObjectName("breakpointRemove");
@@ -298,6 +307,7 @@ BreakpointsDialog::BreakpointsDialog(const Breakpoints& b, QWidget* parent) : QD
     for (const QModelIndex& i : table_->selectionModel()->selectedRows()) rows << i.row();
     std::sort(rows.begin(), rows.end(), std::greater<int>());
     for (int r : rows) table_->removeRow(r);
+    showError(breakpoints().error());  // the removed row's error went with it
   });
   auto* addRow = new QHBoxLayout;
   addRow->addWidget(kind_);
@@ -354,14 +364,15 @@ Breakpoints BreakpointsDialog::breakpoints() const {
   return b;
 }
 
+void BreakpointsDialog::showError(const QString& err) {
+  error_->setText(err);
+  error_->setVisible(!err.isEmpty());
+}
+
 void BreakpointsDialog::accept() {
   const QString err = breakpoints().error();
-  if (!err.isEmpty()) {
-    error_->setText(err);
-    error_->show();
-    return;
-  }
-  QDialog::accept();
+  showError(err);
+  if (err.isEmpty()) QDialog::accept();
 }
 
 }  // namespace keel::studio

@@ -60,6 +60,7 @@ class BreakpointsDialog : public QDialog {
   QTableWidget* table() const { return table_; }
 
  private:
+  void showError(const QString& err);  // "" hides the error line
   void accept() override;
 
   QTableWidget* table_;

@@ -144,6 +144,21 @@ class SessionBreakpointTest : public QObject {
     QVERIFY(dlg.isVisible());
     auto* err = dlg.findChild<QLabel*>("breakpointError");
     QVERIFY2(err->text().contains("step:zero"), qPrintable(err->text()));
+    table->selectRow(4);
+    QTest::mouseClick(dlg.findChild<QPushButton*>("breakpointRemove"), Qt::LeftButton);
+    QCOMPARE(table->rowCount(), 4);
+    QVERIFY(err->isHidden());  // the removed row's error goes with it (it stayed on screen)
+    // Add checks the item at once: it is not listed, and the error says why.
+    kind->setCurrentIndex(kind->findData("step:"));
+    value->setCurrentText("abc");
+    QTest::mouseClick(add, Qt::LeftButton);
+    QCOMPARE(table->rowCount(), 4);
+    QVERIFY(!err->isHidden());
+    QVERIFY2(err->text().contains("step:abc"), qPrintable(err->text()));
+    value->setCurrentText("2");
+    QTest::mouseClick(add, Qt::LeftButton);
+    QCOMPARE(table->rowCount(), 5);
+    QVERIFY(err->isHidden());
     table->removeRow(4);
     QTest::mouseClick(box->button(QDialogButtonBox::Ok), Qt::LeftButton);
     QCOMPARE(dlg.result(), int(QDialog::Accepted));
