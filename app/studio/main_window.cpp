@@ -613,13 +613,23 @@ void MainWindow::connectSession() {
     updateActions();
     updateStatus();
   });
-  connect(session_, &Session::started, this,
-          [this](const QString& path) { openRecording(path, /*verify=*/false); });
+  connect(session_, &Session::started, this, [this](const QString& path) {
+    headStep_ = 0;
+    followed_.invalidate();
+    openRecording(path, /*verify=*/false);
+  });
   connect(session_, &Session::stepFinished, this, [this](qint64 step, double) {
     busy(1);
     sourceA_->refresh();
     stepSpin_->setMaximum(int(std::max<qint64>(step, stepSpin_->maximum())));
-    if (session_->state() != Session::State::Running) {  // follow the run when it is not racing
+    // Follow the run: after every step when it is not racing; while it runs, at most once a
+    // second, and only while the step shown is the latest (it stayed on step 0; a step the user
+    // went back to is left alone).
+    const bool running = session_->state() == Session::State::Running;
+    const bool atHead = shownStep_ <= 0 || shownStep_ >= headStep_;
+    headStep_ = step;
+    if (!running || (atHead && (!followed_.isValid() || followed_.elapsed() >= 1000))) {
+      followed_.start();
       stepSpin_->blockSignals(true);
       stepSpin_->setValue(int(step));
       stepSpin_->blockSignals(false);

@@ -2,6 +2,7 @@
 // the shared Selection, the views (graph in the centre; op table, inspector, diff, logs, memory and
 // loss as docks) and a live Session. Wiring only: loading is RunSource's, drawing is the views'.
 #pragma once
+#include <QElapsedTimer>
 #include <QMainWindow>
 #include <QPointer>
 #include <QString>
@@ -210,6 +211,8 @@ class MainWindow : public QMainWindow {
   bool failedShown_ = false;           // its step was shown once
   std::optional<int64_t> stepOnOpen_;
   std::optional<SessionConfig> lastSession_;  // the New session dialog's starting point
+  int64_t headStep_ = 0;                      // a live session's latest step
+  QElapsedTimer followed_;                    // since the view last followed a running session
   bool pendingLive_ = false;                  // the open in flight is a live session's
   QString pendingRecent_, pendingRecentB_;    // listed in Open recent once they open
   LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load

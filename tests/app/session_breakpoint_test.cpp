@@ -101,6 +101,26 @@ class SessionBreakpointTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
   }
 
+  // While a session runs, the graph and the op table follow it (at most once a second): they
+  // stayed on step 0, the initialisation, until the run ended.
+  void aRunningSessionsViewsFollowTheRun() {
+    QStandardPaths::setTestModeEnabled(true);
+    MainWindow w;
+    w.show();
+    const studio::SessionConfig c =
+        studio::test::tinySession(40, 3, views::test::tempDir() + "/follow.db");
+    Session* s = w.session();
+    QList<qint64> whileRunning;
+    connect(&w, &MainWindow::stepShown, this, [&](qint64 step) {
+      if (s->state() == Session::State::Running) whileRunning << step;
+    });
+    QSignalSpy finished(s, &Session::finished);
+    QVERIFY(studio::test::startAndRun(w, c));
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 120000));
+    QVERIFY2(std::any_of(whileRunning.begin(), whileRunning.end(), [](qint64 v) { return v >= 1; }),
+             qPrintable(QString::number(whileRunning.size())));
+  }
+
   // The Breakpoints dialog is a list: rows made from a kind, a value and a hit count, each on or
   // off, and a bad item keeps the dialog open with capture's error. A live session pauses at a
   // step-level breakpoint (step 1) between steps; a disabled one (op:matmul) never hits.
