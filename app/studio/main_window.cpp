@@ -596,6 +596,7 @@ void MainWindow::connectSources() {
   });
   connect(diffRunner_, &views::DiffRunner::failed, this, [this](const QString& msg) {
     busy(-1);
+    diffView_->showFailure(msg);
     showError("Cannot compare the recordings", msg);
   });
   for (views::GraphView* g : {graphA_, graphB_})

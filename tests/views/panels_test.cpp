@@ -93,7 +93,7 @@ class PanelsTest : public QObject {
     QCOMPARE(fitNumber("0.14538", chars, 5), QString("0.145"));
     QCOMPARE(fitNumber("123456789", chars, 6), QString("1.23e8"));
     QCOMPARE(fitNumber("-1.2345e-12", chars, 7), QString("-1e-12"));  // the magnitude, at least
-    QCOMPARE(fitNumber("-0.0036885", chars, 2), QString("-4e-3"));     // nothing fits: 1 digit
+    QCOMPARE(fitNumber("-0.0036885", chars, 2), QString("-4e-3"));    // nothing fits: 1 digit
     // Not numbers: as they were (the tree elides them).
     QCOMPARE(fitNumber("65,536", chars, 3), QString("65,536"));
     QCOMPARE(fitNumber("d43e7fa1b21", chars, 4), QString("d43e7fa1b21"));
@@ -597,6 +597,15 @@ class PanelsTest : public QObject {
     const int equalRow = view.model()->rowOf(Side::A, report->pairs[0].seqA);
     QCOMPARE(m->index(equalRow, DiffModel::Status).data().toString(), QString("equal"));
     QCOMPARE(m->index(equalRow, DiffModel::MaxAbs).data().toString(), QString());
+    QVERIFY(view.summaryText().contains("DIVERGED"));
+    // A comparison that failed says so, not "No comparison. Open a second recording"; the next
+    // report replaces the message.
+    view.showFailure("damaged recording b.db: op 50: packed tensor data is truncated");
+    QVERIFY2(view.summaryText().contains("The comparison failed:") &&
+                 view.summaryText().contains("damaged recording b.db: op 50"),
+             qPrintable(view.summaryText()));
+    QCOMPARE(view.model()->rowCount(), 0);
+    view.setReport(report);
     QVERIFY(view.summaryText().contains("DIVERGED"));
     QVERIFY(view.summaryText().contains(QString("%1 diverged").arg(report->total.diverged)));
 

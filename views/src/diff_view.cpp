@@ -367,7 +367,14 @@ DiffView::DiffView(Selection* selection, Side, QWidget* parent)
   updateSummary();
 }
 
+void DiffView::showFailure(const QString& message) {
+  setReport(nullptr);
+  failure_ = message;
+  updateSummary();
+}
+
 void DiffView::setReport(DiffPtr report) {
+  failure_.clear();
   syncing_ = true;
   model_->setReport(std::move(report));
   // Long names and scopes cut to 20 characters where the table is narrow; room it has to spare
@@ -410,7 +417,11 @@ void DiffView::selectRow(const QModelIndex& proxyIndex) {
 void DiffView::updateSummary() {
   const DiffPtr r = model_->report();
   if (!r) {
-    summary_->setText(tr("<i>No comparison.</i> Open a second recording to compare it op by op."));
+    summary_->setText(
+        failure_.isEmpty()
+            ? tr("<i>No comparison.</i> Open a second recording to compare it op by op.")
+            : QStringLiteral("<span style='color:#c62828'><b>%1</b></span> %2")
+                  .arg(tr("The comparison failed:"), failure_.toHtmlEscaped()));
     return;
   }
   const auto& t = r->total;

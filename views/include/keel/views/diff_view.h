@@ -90,6 +90,9 @@ class DiffView : public QWidget {
 
   void setReport(DiffPtr report);
   void clear() { setReport(nullptr); }
+  // The comparison could not be made (a damaged row in B): says so where the report would be
+  // ("No comparison. Open a second recording" read as if none had been asked for).
+  void showFailure(const QString& message);
   void setMismatchesOnly(bool on);  // the checkbox follows
 
   DiffModel* model() const { return model_; }
@@ -98,6 +101,7 @@ class DiffView : public QWidget {
   QString summaryText() const;
 
  private:
+  QString failure_;  // showFailure's message; cleared by setReport
   void onSelected(Side side, quint64 seq);
   void selectRow(const QModelIndex& proxyIndex);
   void updateSummary();
