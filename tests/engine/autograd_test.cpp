@@ -95,6 +95,51 @@ TEST(Autograd, ABackwardRuleReturningTheWrongNumberOfGradientsIsAnError) {
             "input, undefined where there is none)");
 }
 
+// Note [No backward rule]: a gradient reaching an op that has no backward rule fails the backward
+// pass, naming the op (it stopped there in silence, and the weights before it never trained).
+// Without a gradient through it — under NoGradGuard, or beside the loss's path — nothing fails.
+TEST(Autograd, AGradientReachingAnOpWithoutABackwardRuleIsAnError) {
+  OpDef d;
+  d.name = "test_double_no_backward";
+  d.numInputs = 1;
+  d.infer = [](const OpDef&, std::span<const Tensor> in, const Attrs&) {
+    return std::vector<TensorMeta>{{in[0].shape(), in[0].dtype()}};
+  };
+  Registry& r = Registry::get();
+  const int id = r.add(std::move(d));
+  r.setKernel(
+      id, Backend::CpuRef,
+      [](const KernelCtx& c) {
+        const double* in = static_cast<const double*>(c.inputs[0].data());
+        double* out = static_cast<double*>(c.outputs[0].data());
+        for (int64_t i = 0; i < c.inputs[0].numel(); ++i) out[i] = 2 * in[i];
+      },
+      dtypeBit(DType::Float64));
+  Tensor w = leaf({1, 2, 3});
+  Tensor y = dispatch(id, {w})[0];
+  EXPECT_TRUE(y.requiresGrad());
+  const std::string want = "backward through op 'test_double_no_backward' (#";
+  const std::string why = errorOf([&] { ops::sum(y).backward(); });
+  EXPECT_EQ(why.rfind(want, 0), 0u) << why;
+  EXPECT_NE(why.find("): it has no backward rule, and a gradient reached its output; register one "
+                     "(OpDef::backward), or call it under keel::NoGradGuard, or on detached "
+                     "inputs, if no gradient should pass"),
+            std::string::npos)
+      << why;
+  EXPECT_FALSE(w.grad().defined());
+  {
+    NoGradGuard ng;
+    EXPECT_FALSE(dispatch(id, {w})[0].requiresGrad());
+  }
+  // Beside the loss's path: the gradient of w through the other branch is computed.
+  Tensor side = dispatch(id, {w})[0];
+  ops::sum(ops::mul(w, w)).backward();
+  EXPECT_EQ(w.grad().toVector<double>(), (std::vector<double>{2, 4, 6}));
+  EXPECT_TRUE(side.requiresGrad());
+  // Comparisons have no backward rule and boolean outputs: no gradient can reach them.
+  EXPECT_FALSE(ops::gt(w, w).requiresGrad());
+}
+
 // ---------------------------------------------------------------- gradients
 TEST(Autograd, GradientsAccumulateAcrossTwoBackwardCalls) {
   Tensor x = leaf({1, 2, 3});

@@ -155,6 +155,12 @@ void runBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
       bool anyGrad = false;
       for (auto& g : gradOut) anyGrad = anyGrad || g.defined();
       if (anyGrad) {
+        if (!def.backward)  // Note [No backward rule]
+          throw Error("backward through op '" + def.name + "' (#" + std::to_string(n->forwardSeq) +
+                      (n->scope.empty() ? std::string() : ", scope " + n->scope) +
+                      "): it has no backward rule, and a gradient reached its output; register "
+                      "one (OpDef::backward), or call it under keel::NoGradGuard, or on detached "
+                      "inputs, if no gradient should pass");
         gin = def.backward(ctx);
         // One gradient (or an undefined one) per input: a rule returning another count was
         // padded or cut without a word, its gradients landing on the wrong inputs or nowhere.

@@ -102,6 +102,12 @@ void recordNode(const OpDef& def, const std::vector<Tensor>& inputs,
   }
 }
 
+bool anyFloating(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts)
+    if (t.defined() && isFloating(t.dtype())) return true;
+  return false;
+}
+
 // One Verbose line per op where a verbose rule matches (see keel/log.h); off the hot path.
 [[gnu::noinline]] void logOpVerbose(const OpDef& def, std::span<const Tensor> inputs) {
   if (!verboseEnabled(t_scope, t_phase)) return;
@@ -372,7 +378,13 @@ std::vector<Tensor> dispatch(int opId, std::vector<Tensor> inputs, const Attrs& 
     }
   }
 
-  if (def.backward && t_gradEnabled) recordNode(def, inputs, outputs, attrs, seq);
+  // Note [No backward rule]: an op without a backward rule whose floating-point output is
+  // computed from a tensor that requires grad still gets a node, which fails the backward pass
+  // if a gradient reaches it (as PyTorch's "derivative for X is not implemented"): without it the
+  // gradient stopped there in silence, and the parameters before it never trained. An op that
+  // writes its inputs (an optimizer's) gets none: its outputs are those inputs.
+  if (t_gradEnabled && (def.backward || (!def.mutatesInputs && anyFloating(outputs))))
+    recordNode(def, inputs, outputs, attrs, seq);
 
   if (observe) {
     ev.outputs = outputs;
