@@ -87,7 +87,7 @@ QString stateName(Session::State s) {
 
 // How the inspector names a run when comparing: its file and backend.
 QString runLabel(const views::SummaryPtr& s, const QString& path) {
-  const QString file = QFileInfo(s ? s->path : path).fileName();
+  const QString file = views::recordingName(s ? s->path : path);
   return s && !s->run.backend.empty() ? file + " · " + QString::fromStdString(s->run.backend)
                                       : file;
 }
@@ -873,7 +873,7 @@ void MainWindow::updateStatus() {
     const auto& r = summaryA_->run;
     const size_t steps = summaryA_->steps.size();
     text = QString("%1 — %2 on %3, %4 step%5, %6 op%7")
-               .arg(QFileInfo(summaryA_->path).fileName(), QString::fromStdString(r.backend),
+               .arg(views::recordingName(summaryA_->path), QString::fromStdString(r.backend),
                     QString::fromStdString(r.host))
                .arg(steps)
                .arg(steps == 1 ? "" : "s")
@@ -893,7 +893,7 @@ void MainWindow::updateStatus() {
               "</span>";
     if (summaryB_)
       text += QString("   vs   %1 (%2)")
-                  .arg(QFileInfo(summaryB_->path).fileName(),
+                  .arg(views::recordingName(summaryB_->path),
                        QString::fromStdString(summaryB_->run.backend))
                   .toHtmlEscaped();
   }

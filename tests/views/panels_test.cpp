@@ -80,6 +80,20 @@ void clickRow(QTableView* table, int row) {
 class PanelsTest : public QObject {
   Q_OBJECT
  private slots:
+  // A rank of a run folder is named with its folder: two run folders compared both read
+  // "rank-0.db" in the panes, the legend and the status bar.
+  void aRankOfARunFolderIsNamedWithItsFolder() {
+    const QString dir = test::tempDir() + "/runA";
+    QVERIFY(QDir().mkpath(dir));
+    QFile manifest(dir + "/manifest.json");
+    QVERIFY(manifest.open(QIODevice::WriteOnly));
+    manifest.write("{}");
+    manifest.close();
+    QCOMPARE(recordingName(dir + "/rank-0.db"), QString("runA/rank-0.db"));
+    QCOMPARE(recordingName(test::tempDir() + "/rank-0.db"), QString("rank-0.db"));  // no folder
+    QCOMPARE(recordingName(dir + "/other.db"), QString("other.db"));
+  }
+
   // The inspector's tensor table writes a number too long for its column with fewer digits
   // (the text_util.h rule), never cut in the middle: "-0.…885" lost the exponent and the digits
   // that matter. Widths here are in characters.

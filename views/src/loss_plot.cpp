@@ -109,7 +109,7 @@ bool recorded(const RunSummary* s, Metric m) {
 }
 
 QString runLabel(const char* side, const RunSummary& s) {
-  QString label = QStringLiteral("%1: %2").arg(QLatin1String(side), QFileInfo(s.path).fileName());
+  QString label = QStringLiteral("%1: %2").arg(QLatin1String(side), recordingName(s.path));
   if (!s.run.backend.empty())
     label += QStringLiteral("  (%1)").arg(QString::fromStdString(s.run.backend));
   return label;

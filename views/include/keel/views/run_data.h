@@ -1,6 +1,8 @@
 // What the views show, as immutable snapshots loaded off the GUI thread by RunSource and shared
 // (std::shared_ptr<const ...>) between views. Plain storage records: views never see the engine.
 #pragma once
+#include <QDir>
+#include <QFileInfo>
 #include <QMetaType>
 #include <QString>
 #include <cstdint>
@@ -17,6 +19,17 @@ class MemoryModel;  // keel/analysis/memory_model.h
 }
 
 namespace keel::views {
+
+// How a recording is named on screen: its file name, with its folder for a rank of a run folder
+// ("runA/rank-0.db": two run folders compared both said "rank-0.db").
+inline QString recordingName(const QString& path) {
+  const QFileInfo f(path);
+  const QString file = f.fileName();
+  if (file.startsWith(QLatin1String("rank-")) && file.endsWith(QLatin1String(".db")) &&
+      QFileInfo::exists(f.absolutePath() + QLatin1String("/manifest.json")))
+    return f.absoluteDir().dirName() + QLatin1Char('/') + file;
+  return file;
+}
 
 // Which recording an op belongs to: the main one (A) or the one it is compared with (B).
 enum class Side { A = 0, B = 1 };
