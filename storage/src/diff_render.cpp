@@ -311,6 +311,26 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
                  : "all within tolerance\n";
   }
   for (const std::string& s : r.setup) out += "setup differs: " + s + "\n";
+  // One side with MD5s alone: no tolerance applies to a differing MD5 (a cpu run with --md5
+  // against a cpu-ref run with --all was DIVERGED at --atol 1, without a word why).
+  if (const bool aOnly = r.heldA == "MD5s", bOnly = r.heldB == "MD5s"; aOnly || bOnly) {
+    const auto md5Only = std::count_if(r.pairs.begin(), r.pairs.end(), [](const OpPair& p) {
+      return p.status == DiffStatus::Diverged &&
+             std::any_of(p.outputs.begin(), p.outputs.end(),
+                         [](const TensorDiff& t) { return t.basis == DiffBasis::Md5Only; });
+    });
+    if (md5Only > 0)
+      out += std::to_string(md5Only) + (md5Only == 1 ? " pair diverged" : " pairs diverged") +
+             " by MD5 alone: " +
+             (aOnly && bOnly ? std::string("both recordings hold")
+              : aOnly        ? std::string("A holds")
+                             : std::string("B holds")) +
+             " only MD5s, so a last-bit difference diverges whatever --atol and --rtol (record " +
+             (aOnly && bOnly ? "them"
+              : aOnly        ? "A"
+                             : "B") +
+             " with --stats or --all for the tolerances to apply)\n";
+  }
   if (r.options.align == DiffAlign::Module)
     out += "paired by module, op kind and position (A " +
            (r.frameworkA.empty() ? std::string("?") : r.frameworkA) + ", B " +

@@ -337,6 +337,23 @@ TEST(DiffTest, RoundedMd5EqualIsWithinTolerance) {
   EXPECT_EQ(ks::diffExitCode(ks::diffRuns(a, b, noRounded)), 1);
 }
 
+// Recordings holding MD5s alone: a differing MD5 diverges whatever the tolerances, and the text
+// says so (DIVERGED at --atol 1 came without a word why).
+TEST(DiffTest, DivergencesByMd5AloneSayNoToleranceApplies) {
+  ks::DiffOptions loose;
+  loose.atol = 1;
+  const ks::DiffReport r = ks::diffRuns(chain(10), chain(10, 1, 1, 3), loose);
+  EXPECT_EQ(r.total.diverged, 7);
+  const std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("\n7 pairs diverged by MD5 alone: both recordings hold only MD5s, so a "
+                      "last-bit difference diverges whatever --atol and --rtol (record them with "
+                      "--stats or --all for the tolerances to apply)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(ks::toText(ks::diffRuns(chain(10), chain(10)), true).find("by MD5 alone"),
+            std::string::npos);
+}
+
 TEST(DiffTest, StatisticsDecideWhenNoDumps) {
   TensorRecord ta = tensor(Role::Output, 0, 1, 1, "aa"), tb = tensor(Role::Output, 0, 1, 1, "bb");
   ta.hasStats = tb.hasStats = true;
