@@ -75,9 +75,13 @@ int runDiff(const DiffArgs& a) {
     std::printf("%s\n", storage::toJson(report).c_str());
     return storage::diffExitCode(report);
   }
+  // A PyTorch recording's backend is "torch": its device says where it ran ("torch torch").
+  auto where = [](const storage::RunInfo& run) {
+    return run.backend == "torch" && !run.device.empty() ? run.device : run.backend;
+  };
   std::printf("keel diff: A = %s (%s %s), B = %s (%s %s), ops paired by %s\n", a.a.c_str(),
-              report.frameworkA.c_str(), ra.run().backend.c_str(), a.b.c_str(),
-              report.frameworkB.c_str(), rb.run().backend.c_str(),
+              report.frameworkA.c_str(), where(ra.run()).c_str(), a.b.c_str(),
+              report.frameworkB.c_str(), where(rb.run()).c_str(),
               report.options.align == storage::DiffAlign::Module ? "module, op kind and position"
                                                                  : "op signature");
   // One rank's file of a multi-rank run against another layout computes on another share of the
