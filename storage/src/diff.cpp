@@ -421,8 +421,32 @@ void divergenceAcross(DiffReport& rep, const std::vector<const Row*>& diverged, 
 // Why no diverged pair qualified as the root, from the first divergence's inputs: one nothing
 // was recorded of, one no recorded op produced (parameters or data), or the general case.
 std::string noRootReason(const Row& first, const std::vector<TensorDiff>& inputs,
-                         const Producers& prodA) {
+                         const Sides& sides) {
+  const Producers& prodA = sides.prodA;
   const std::string op = "#" + std::to_string(first.a->seq) + " " + first.a->name;
+  // An input made on either side by an op the other run does not have (relu in A, gelu in B):
+  // the two programs differ there.
+  for (const TensorDiff& t : inputs) {
+    if (passes(t.status)) continue;
+    const TensorRecord* ta = findTensor(*first.a, Role::Input, t.index);
+    const TensorRecord* tb = findTensor(*first.b, Role::Input, t.index);
+    const OpRecord* pa = ta ? prodA.find(*ta, first.a->seq) : nullptr;
+    const OpRecord* pb = tb ? sides.prodB.find(*tb, first.b->seq) : nullptr;
+    auto oneSided = [](const std::unordered_map<uint64_t, const Row*>& rows, const OpRecord* p) {
+      auto it = p ? rows.find(p->seq) : rows.end();
+      return it != rows.end() && !(it->second->a && it->second->b);
+    };
+    const bool aOnly = oneSided(sides.rowByA, pa), bOnly = oneSided(sides.rowByB, pb);
+    if (!aOnly && !bOnly) continue;
+    std::string made;
+    if (aOnly) made += "A #" + std::to_string(pa->seq) + " " + pa->name + " (only in A)";
+    if (bOnly)
+      made += std::string(aOnly ? ", " : "") + "B #" + std::to_string(pb->seq) + " " + pb->name +
+              " (only in B)";
+    return "input " + std::to_string(t.index) + " of the first divergence (" + op +
+           ") is made by an op the other run does not have: " + made +
+           "; the two programs differ there";
+  }
   for (const TensorDiff& t : inputs)
     if (t.basis == DiffBasis::None) {
       const TensorRecord* ta = findTensor(*first.a, Role::Input, t.index);
@@ -619,7 +643,7 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
         break;
       }
     }
-    if (!rep.root) rep.noRoot = noRootReason(*diverged.front(), firstInputs, prodA);
+    if (!rep.root) rep.noRoot = noRootReason(*diverged.front(), firstInputs, sides);
   }
 
   // --strict with nothing diverged: the first op on one side only is where the runs part (the

@@ -354,6 +354,29 @@ TEST(DiffTest, DivergencesByMd5AloneSayNoToleranceApplies) {
             std::string::npos);
 }
 
+// An op swapped for another (relu in A, gelu in B): the pair they feed diverges, and the report
+// names the two one-sided ops as where the programs differ (it named an optimizer sqrt as root).
+TEST(DiffTest, AnInputMadeByOpsWithNoCounterpartNamesThem) {
+  auto mk = [](const std::string& act) {
+    std::vector<OpRecord> ops;
+    ops.push_back(
+        op(1, 1, "exp", {tensor(Role::Input, 0, 1, 1, "x"), tensor(Role::Output, 0, 2, 1, "e")}));
+    ops.push_back(
+        op(2, 1, act, {tensor(Role::Input, 0, 2, 1, "e"), tensor(Role::Output, 0, 3, 1, act)}));
+    ops.push_back(op(3, 1, "add",
+                     {tensor(Role::Input, 0, 2, 1, "e"), tensor(Role::Input, 1, 3, 1, act),
+                      tensor(Role::Output, 0, 4, 1, "sum-" + act)}));
+    return ops;
+  };
+  const ks::DiffReport r = ks::diffRuns(mk("relu"), mk("gelu"));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->pair.name, "add");
+  EXPECT_FALSE(r.root);
+  EXPECT_EQ(r.noRoot,
+            "input 1 of the first divergence (#3 add) is made by an op the other run does not "
+            "have: A #2 relu (only in A), B #2 gelu (only in B); the two programs differ there");
+}
+
 TEST(DiffTest, StatisticsDecideWhenNoDumps) {
   TensorRecord ta = tensor(Role::Output, 0, 1, 1, "aa"), tb = tensor(Role::Output, 0, 1, 1, "bb");
   ta.hasStats = tb.hasStats = true;
