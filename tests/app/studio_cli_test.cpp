@@ -447,21 +447,8 @@ class StudioCliTest : public QObject {
   void aRecordingBeingWrittenOpensWithItsCommittedSteps() {
     const QString live = dir_ + "/live.db";
     QProcess rec;
-    QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
-    e.insert("KEEL_BLAS_TUNE", "0");
-    rec.setProcessEnvironment(e);
-    rec.start(KEEL_CLI_PATH,
-              {"record", "--config", kTiny, "--steps", "100000", "--md5", "-o", live});
-    QVERIFY(rec.waitForStarted());
-    // Wait for a few steps' lines on its stdout.
     QByteArray printed;
-    QVERIFY(QTest::qWaitFor(
-        [&] {
-          rec.waitForReadyRead(100);
-          printed += rec.readAllStandardOutput();
-          return printed.contains("step 3/");
-        },
-        60000));
+    QVERIFY(views::test::startLongRecord(rec, live, printed, 3, {"--md5"}));
     for (int i = 0; i < 2; ++i) {
       const Result r = studio({live, "--screenshot", dir_ + "/live.png"});
       QVERIFY2(r.code == 0, qPrintable(diag(r)));

@@ -89,6 +89,14 @@ QString allText(QWidget* root) {
 
 class StudioTest : public QObject {
   Q_OBJECT
+  // 5,000 bytes of 'x' in the test folder: not a recording, not even SQLite.
+  QString garbageFile(const QString& name) {
+    const QString path = dir_ + "/" + name;
+    QFile f(path);
+    if (f.open(QIODevice::WriteOnly)) f.write(QByteArray(5000, 'x'));
+    return path;
+  }
+
  private slots:
   // The first window fits the screen it opens on (a 1366x768 laptop; the offscreen platform's
   // screen here is smaller than the 1400x900 default), so no dock is cut off at the right edge.
@@ -418,11 +426,7 @@ class StudioTest : public QObject {
   void badFilesShowADialogAndTheAppKeepsRunning() {
     MainWindow w;
     w.show();
-    QString bad = dir_ + "/garbage.db";
-    QFile f(bad);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(QByteArray(5000, 'x'));
-    f.close();
+    const QString bad = garbageFile("garbage.db");
     QSignalSpy err(&w, &MainWindow::errorShown);
     w.openRecording(bad);
     QVERIFY(QTest::qWaitFor([&] { return err.count() >= 1; }, 10000));
@@ -469,11 +473,7 @@ class StudioTest : public QObject {
     QVERIFY(QTest::qWaitFor(
         [&] { return w.inspector()->details() && w.inspector()->details()->op.seq == seq; },
         10000));
-    const QString bad = dir_ + "/garbage-open.db";
-    QFile f(bad);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(QByteArray(5000, 'x'));
-    f.close();
+    const QString bad = garbageFile("garbage-open.db");
     QSignalSpy err(&w, &MainWindow::errorShown);
     w.openRecording(bad);
     QVERIFY(QTest::qWaitFor([&] { return err.count() >= 1; }, 10000));
@@ -498,21 +498,8 @@ class StudioTest : public QObject {
   void aRecordingStillBeingWrittenSaysSoAndReloads() {
     const QString live = dir_ + "/still-writing.db";
     QProcess rec;
-    QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
-    e.insert("KEEL_BLAS_TUNE", "0");
-    rec.setProcessEnvironment(e);
-    rec.start(KEEL_CLI_PATH,
-              {"record", "--config", QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json",
-               "--steps", "100000", "-o", live});
-    QVERIFY(rec.waitForStarted());
     QByteArray printed;
-    QVERIFY(QTest::qWaitFor(
-        [&] {
-          rec.waitForReadyRead(100);
-          printed += rec.readAllStandardOutput();
-          return printed.count("\nstep ") >= 3;
-        },
-        60000));
+    QVERIFY(views::test::startLongRecord(rec, live, printed, 3));
     MainWindow w;
     w.show();
     QSignalSpy shown(&w, &MainWindow::stepShown);
@@ -522,13 +509,7 @@ class StudioTest : public QObject {
     const size_t before = w.summary(Side::A)->steps.size();
     QVERIFY2(w.runStatusText().contains("running: killed, crashed or still being written"),
              qPrintable(w.runStatusText()));
-    QVERIFY(QTest::qWaitFor(
-        [&] {
-          rec.waitForReadyRead(100);
-          printed += rec.readAllStandardOutput();
-          return printed.count("\nstep ") >= int(before) + 6;
-        },
-        60000));
+    QVERIFY(views::test::waitForStepLines(rec, printed, int(before) + 6));
     QCOMPARE(w.summary(Side::A)->steps.size(), before);  // nothing reloads by itself
     w.reload();
     QVERIFY(QTest::qWaitFor([&] { return w.summary(Side::A)->steps.size() > before + 2; }, 30000));

@@ -89,6 +89,15 @@ std::string withTraceEntry(const std::function<void(P&)>& entry) {
   return p.b;
 }
 
+// What a written recording's figures must be: the generator's (events, peaks, ends).
+void expectFigures(const TorchMemoryWritten& w, const nlohmann::json& fig) {
+  EXPECT_EQ(w.events, fig["events"].get<uint64_t>());
+  EXPECT_EQ(w.peakAllocated, fig["peak_allocated"].get<uint64_t>());
+  EXPECT_EQ(w.endAllocated, fig["end_allocated"].get<uint64_t>());
+  EXPECT_EQ(w.peakReserved, fig["peak_reserved"].get<uint64_t>());
+  EXPECT_EQ(w.endReserved, fig["end_reserved"].get<uint64_t>());
+}
+
 TEST(TorchMemoryTest, FixturesGiveTheFiguresTheGeneratorComputed) {
   for (const char* name : {"snapshot-p4", "snapshot-p2"}) {
     const nlohmann::json want = nlohmann::json::parse(readFile(kFixtures + name + ".json"));
@@ -103,11 +112,7 @@ TEST(TorchMemoryTest, FixturesGiveTheFiguresTheGeneratorComputed) {
           std::filesystem::path(::testing::TempDir()) / (std::string(name) + dev + ".db");
       std::filesystem::remove(out);
       const TorchMemoryWritten w = writeTorchMemoryRecording(s, out, "test", name);
-      EXPECT_EQ(w.events, fig["events"].get<uint64_t>());
-      EXPECT_EQ(w.peakAllocated, fig["peak_allocated"].get<uint64_t>());
-      EXPECT_EQ(w.endAllocated, fig["end_allocated"].get<uint64_t>());
-      EXPECT_EQ(w.peakReserved, fig["peak_reserved"].get<uint64_t>());
-      EXPECT_EQ(w.endReserved, fig["end_reserved"].get<uint64_t>());
+      expectFigures(w, fig);
       // What was written reads back: every event, in order, with its stack.
       Recording rec = Recording::open(out);
       const std::vector<MemRecord> mem = rec.memEvents({});
@@ -311,11 +316,7 @@ TEST(TorchMemoryTest, APyTorch113FixtureGivesEveryEventTheGeneratorComputed) {
         std::filesystem::path(::testing::TempDir()) / ("snapshot-113-" + dev + ".db");
     std::filesystem::remove(out);
     const TorchMemoryWritten w = writeTorchMemoryRecording(s, out, "test", "snapshot-113-p2");
-    EXPECT_EQ(w.events, fig["events"].get<uint64_t>());
-    EXPECT_EQ(w.peakAllocated, fig["peak_allocated"].get<uint64_t>());
-    EXPECT_EQ(w.endAllocated, fig["end_allocated"].get<uint64_t>());
-    EXPECT_EQ(w.peakReserved, fig["peak_reserved"].get<uint64_t>());
-    EXPECT_EQ(w.endReserved, fig["end_reserved"].get<uint64_t>());
+    expectFigures(w, fig);
     Recording rec = Recording::open(out);
     const std::vector<MemRecord> mem = rec.memEvents({});
     const nlohmann::json& events = fig["mem_events"];

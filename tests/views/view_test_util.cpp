@@ -64,6 +64,28 @@ int runKeel(const std::string& args, std::string* output, const std::string& env
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+bool waitForStepLines(QProcess& rec, QByteArray& printed, int steps) {
+  return QTest::qWaitFor(
+      [&] {
+        rec.waitForReadyRead(100);
+        printed += rec.readAllStandardOutput();
+        return printed.count("\nstep ") + (printed.startsWith("step ") ? 1 : 0) >= steps;
+      },
+      60000);
+}
+
+bool startLongRecord(QProcess& rec, const QString& out, QByteArray& printed, int steps,
+                     const QStringList& extra) {
+  QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+  e.insert("KEEL_BLAS_TUNE", "0");
+  rec.setProcessEnvironment(e);
+  rec.start(KEEL_CLI_PATH, QStringList{"record", "--config",
+                                       QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json",
+                                       "--steps", "100000", "-o", out} +
+                               extra);
+  return rec.waitForStarted() && waitForStepLines(rec, printed, steps);
+}
+
 bool recordFixture(const QString& out, const std::string& extra, const std::string& env,
                    const std::string& config) {
   std::string output;

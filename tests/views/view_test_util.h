@@ -2,6 +2,7 @@
 // user records), and pictures of views saved to look at.
 #pragma once
 #include <QObject>
+#include <QProcess>
 #include <QSize>
 #include <QString>
 #include <QTest>
@@ -26,6 +27,14 @@ QString tempDir();
 // "KEEL_TEST_PERTURB=matmul:5"); fails the test (QFAIL-style message, returns false) on error.
 bool recordFixture(const QString& out, const std::string& extra, const std::string& env = "",
                    const std::string& config = "gpt-tiny.json");
+
+// A recording still being written: starts `keel record` of gpt-tiny for 100,000 steps into
+// `out` (with `extra` options) in `rec`, and waits until it has printed `steps` step lines
+// (collected in `printed`, which waitForStepLines extends). False when it did not get there.
+bool startLongRecord(QProcess& rec, const QString& out, QByteArray& printed, int steps,
+                     const QStringList& extra = {});
+// Waits until `rec` has printed `steps` step lines in all.
+bool waitForStepLines(QProcess& rec, QByteArray& printed, int steps);
 
 // Runs the keel binary with `args`; returns its exit status (stdout/stderr go to `output`).
 int runKeel(const std::string& args, std::string* output = nullptr, const std::string& env = "");
