@@ -138,6 +138,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   resize(first);
   restoreGeometry(settings.value("window/geometry").toByteArray());
   restoreState(settings.value("window/state").toByteArray());
+  ranksDock_->hide();  // a tab for a run folder only (it was there, empty, for every recording)
   rebuildRecentMenu();
   updateActions();
 }
@@ -734,6 +735,7 @@ void MainWindow::openRunFolder(const QString& folder) {
     compareRankCombo_->addItem(label);
   }
   for (QAction* a : rankActs_) a->setVisible(true);
+  ranksDock_->show();
   load_.ranksBegun();
   showBusy();
   ranksView_->load(folder);
@@ -748,6 +750,7 @@ void MainWindow::leaveRunFolder() {
   rankFiles_.clear();
   for (QAction* a : rankActs_) a->setVisible(false);
   ranksView_->clear();
+  if (shownView_ != ranksDock_) ranksDock_->hide();
 }
 
 QString MainWindow::rankFile(int rank) const {
