@@ -72,7 +72,9 @@ struct Options {
                           "timeline or ranks (default: ops; comparing: diff; a run folder: "
                           "ranks).",
                           "view"};
-  QCommandLineOption session{"session", "Start a live session of this model config.",
+  QCommandLineOption session{"session",
+                             "Start a live session of this model config: a file, or an installed "
+                             "config's name (gpt-mini).",
                              "config.json"};
   QCommandLineOption backend{
       "backend", "Live session backend: cpu | cpu-ref | cuda[:N] (default cpu).", "name", "cpu"};

@@ -132,7 +132,7 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
   form->addRow("Seed", seedSpin_);
   stepsSpin_ = new QSpinBox;
   stepsSpin_->setRange(1, 1000000);
-  stepsSpin_->setValue(20);
+  stepsSpin_->setValue(50);  // as keel-studio --session's --steps
   form->addRow("Steps", stepsSpin_);
   stacks_ = new QCheckBox("call stacks");
   md5_ = new QCheckBox("MD5 of every tensor");
@@ -150,8 +150,15 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
   capture->addLayout(dumpRow);
   form->addRow("Record", capture);
   output_ = new QLineEdit(defaultSessionPath(configCombo_->currentData().toString()));
-  connect(configCombo_, &QComboBox::currentIndexChanged, this,
-          [this] { output_->setText(defaultSessionPath(configCombo_->currentData().toString())); });
+  // The whole path where it fits, else its start (the folder): it showed "/gpt-mini-2026…db".
+  output_->setMinimumWidth(output_->fontMetrics().horizontalAdvance(QString(64, QChar('x'))));
+  auto showStart = [this] { output_->setCursorPosition(0); };
+  connect(output_, &QLineEdit::editingFinished, this, showStart);
+  showStart();
+  connect(configCombo_, &QComboBox::currentIndexChanged, this, [this] {
+    output_->setText(defaultSessionPath(configCombo_->currentData().toString()));
+    output_->setCursorPosition(0);
+  });
   form->addRow("Recording file", withBrowse(output_, [this] {
                  // Replacing is asked on Start (accept), once, whichever way the name came.
                  return QFileDialog::getSaveFileName(this, "Recording file", output_->text(),
@@ -188,6 +195,7 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
     for (const std::string& op : p.capture.dumpFilter.ops) ops << QString::fromStdString(op);
     dumpOps_->setText(ops.join(','));
     if (!QFileInfo::exists(p.output)) output_->setText(p.output);
+    output_->setCursorPosition(0);
   }
 }
 

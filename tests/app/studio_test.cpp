@@ -9,6 +9,7 @@
 #include <QGraphicsView>
 #include <QGuiApplication>
 #include <QLabel>
+#include <QLineEdit>
 #include <QMessageBox>
 #include <QPlainTextEdit>
 #include <QProcess>
@@ -26,6 +27,7 @@
 #include <QtTest>
 #include <cstdlib>
 
+#include "dialogs.h"
 #include "keel/storage/reader.h"
 #include "keel/views/diff_view.h"
 #include "keel/views/graph_view.h"
@@ -455,6 +457,42 @@ class StudioTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 10000));
     QVERIFY(failed.first().at(0).toString().contains("no-such-config.json"));
     QCOMPARE(w.session()->state(), Session::State::Failed);
+  }
+
+  // The New session dialog opens with the last session's settings (a failed Start lost them),
+  // keeps a recording file name only while no file has it, starts at --steps' default (50, it
+  // said 20), and shows the start of the recording path (it showed "/gpt-mini-2026…db").
+  void theNewSessionDialogStartsFromTheLastSession() {
+    studio::SessionConfig last;
+    last.configPath = QString(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json";
+    last.backend = "cpu-ref";
+    last.seed = 7;
+    last.steps = 3;
+    last.output = dir_ + "/never-written.db";
+    last.capture.stacks = false;
+    last.capture.md5 = true;
+    last.capture.stats = false;
+    last.capture.allocator = false;
+    last.capture.dumps = true;
+    last.capture.dumpFilter.ops = {"matmul", "softmax"};
+    studio::NewSessionDialog dlg(&last);
+    const studio::SessionConfig c = dlg.config();
+    QCOMPARE(c.configPath, last.configPath);
+    QCOMPARE(c.backend, QString("cpu-ref"));
+    QCOMPARE(c.seed, uint64_t(7));
+    QCOMPARE(c.steps, int64_t(3));
+    QCOMPARE(c.output, last.output);
+    QVERIFY(!c.capture.stacks && c.capture.md5 && !c.capture.stats && !c.capture.allocator);
+    QVERIFY(c.capture.dumps);
+    QCOMPARE(c.capture.dumpFilter.ops, (std::vector<std::string>{"matmul", "softmax"}));
+    auto* output = dlg.findChildren<QLineEdit*>().at(0);
+    for (QLineEdit* e : dlg.findChildren<QLineEdit*>())
+      if (e->text() == last.output) output = e;
+    QCOMPARE(output->cursorPosition(), 0);
+    // A recording file that exists now is not offered again: a new name is.
+    last.output = dir_ + "/a.db";
+    QVERIFY(studio::NewSessionDialog(&last).config().output != last.output);
+    QCOMPARE(studio::NewSessionDialog().config().steps, int64_t(50));
   }
 
   // A file that cannot be opened changes nothing else: the recording shown keeps its selection,
