@@ -3,6 +3,8 @@
 // conditions); its after-op hook pauses the engine thread. See Note [Session pause].
 #include "session.h"
 
+#include <chrono>
+#include <cstdio>
 #include <exception>
 #include <optional>
 
@@ -10,8 +12,10 @@
 #include "keel/capture/recording_run.h"
 #include "keel/dispatch.h"
 #include "keel/error.h"
+#include "keel/log.h"
 #include "keel/observer.h"
 #include "keel/registry.h"
+#include "keel/step.h"
 #include "keel/storage/writer.h"
 #include "keel/workload.h"
 
@@ -183,12 +187,23 @@ class Session::Worker {
     }
     s_->setState(State::Paused);
     emit s_->pausedAt(quint64(seq), qint64(run_->currentStep()), QString::fromStdString(reason));
+    const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lk(s_->mu_);
     s_->cv_.wait(lk, [&] { return s_->state_ != State::Paused; });
-    if (s_->state_ == State::Stopping) {
-      lk.unlock();
-      capture::RecordingRun::stopHere(kStoppedByUser);
-    }
+    const bool stopping = s_->state_ == State::Stopping;
+    lk.unlock();
+    // Note [Paused time]: the step's tokens/s leaves the pause out, and its log says how long
+    // the step was held (its time, begin to end, still spans it).
+    const int64_t held =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    keel::detail::addPausedNs(held);
+    char line[128];
+    std::snprintf(line, sizeof line,
+                  "paused %.2f s after op #%llu (left out of the step's tokens/s)",
+                  double(held) / 1e9, static_cast<unsigned long long>(seq));
+    keel::log(LogLevel::Info, "studio", line);
+    if (stopping) capture::RecordingRun::stopHere(kStoppedByUser);
   }
 
   Session* s_;

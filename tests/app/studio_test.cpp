@@ -495,6 +495,43 @@ class StudioTest : public QObject {
     QCOMPARE(studio::NewSessionDialog().config().steps, int64_t(50));
   }
 
+  // Note [Paused time]: a step held at a breakpoint for 1.5 s keeps its tokens/s (the pause is
+  // left out; it read about 100 times lower) and its log says how long it was held.
+  void timeHeldAtABreakpointIsLeftOutOfTheStepsTokensPerSecond() {
+    MainWindow w;
+    w.show();
+    const studio::SessionConfig c = studio::test::tinySession(4, 2, dir_ + "/held.db");
+    Session* s = w.session();
+    studio::Breakpoints b;
+    b.add("op:matmul@40");  // inside step 2 or 3 of gpt-tiny
+    s->setBreakpoints(b);
+    QSignalSpy paused(s, &Session::pausedAt);
+    QSignalSpy finished(s, &Session::finished);
+    QVERIFY(studio::test::startAndRun(w, c));
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
+    const int64_t heldStep = paused.first().at(1).toLongLong();
+    QVERIFY(heldStep >= 1);
+    QTest::qWait(1500);
+    s->setBreakpoints({});
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    storage::Recording rec = storage::Recording::open(c.output.toStdString());
+    const auto steps = rec.steps();
+    QCOMPARE(int(steps.size()), 4);
+    double others = 0, held = 0;
+    for (const auto& st : steps)
+      (st.step == heldStep ? held : others) += st.tokensPerSec / (st.step == heldStep ? 1 : 3);
+    QVERIFY2(held > 0.2 * others, qPrintable(QString("held %1, others %2").arg(held).arg(others)));
+    const auto& hs = steps[size_t(heldStep - 1)];
+    QVERIFY(hs.endNs - hs.beginNs > 1'400'000'000);  // its time, begin to end, spans the pause
+    int lines = 0;
+    for (const auto& l : rec.logs({}))
+      if (l.scope == "studio" && QString::fromStdString(l.message).startsWith("paused 1.") &&
+          l.step == heldStep)
+        ++lines;
+    QCOMPARE(lines, 1);
+  }
+
   // A file that cannot be opened changes nothing else: the recording shown keeps its selection,
   // its inspector and its path, and Open recent does not list the bad file (a failed open
   // cleared the selection, the inspector and the first-NaN banner, and listed the file).

@@ -60,6 +60,11 @@ std::string stepLogLine(int64_t step, const StepMetrics& metrics);
 void endStep(int64_t step, const StepMetrics& metrics);
 // keel::Step's numbering starts again (addObserver calls it).
 void restartStepNumbering();
+// Note [Paused time]: a debugger that holds the engine inside a step (the studio's breakpoints)
+// adds the time it held it; a trainer subtracts what was added during its step from the time
+// its tokens/s is computed over. Any thread.
+void addPausedNs(int64_t ns);
+int64_t pausedNs();
 }  // namespace detail
 
 }  // namespace keel

@@ -1,6 +1,7 @@
 // keel::Step and the step-end line shared with the Trainer and WorkloadRun.
 #include "keel/step.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -108,6 +109,17 @@ void endStep(int64_t step, const StepMetrics& m) {
     bit <<= 1;
   }
   notifyStep(end);
+}
+
+namespace {
+std::atomic<int64_t> g_pausedNs{0};
+}  // namespace
+
+void addPausedNs(int64_t ns) {
+  if (ns > 0) g_pausedNs.fetch_add(ns, std::memory_order_relaxed);
+}
+int64_t pausedNs() {
+  return g_pausedNs.load(std::memory_order_relaxed);
 }
 
 void restartStepNumbering() {

@@ -120,6 +120,7 @@ void Trainer::restoreProgress(int64_t stepsDone, uint64_t seed) {
 
 StepStats Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
+  const int64_t paused0 = detail::pausedNs();  // Note [Paused time]
   StepStats s;
   s.step = stepsDone_ + 1;
   s.lr = schedule_.at(stepsDone_);
@@ -155,7 +156,8 @@ StepStats Trainer::step() {
   s.loss = dpMean(out.loss);
   s.lmLoss = dpMean(out.lmLoss);
   s.auxLoss = out.auxLoss.defined() ? dpMean(out.auxLoss) : 0.0;
-  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+              double(detail::pausedNs() - paused0) / 1e9;  // not the time a debugger held it
   s.tokensPerSec = s.seconds > 0 ? double(cfg_.batch_size * cfg_.seq_len) / s.seconds : 0.0;
   ++stepsDone_;
   // The validation loss, after the update and outside the step's time (its ops are recorded in
