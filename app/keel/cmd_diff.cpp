@@ -179,9 +179,11 @@ int runDiffFolders(const DiffArgs& a) {
     std::string verdict = v == storage::DiffVerdict::Diverged            ? "diverged"
                           : v == storage::DiffVerdict::ValuesNotCompared ? "no values compared"
                                                                          : "equal within tolerance";
-    if (report.first)
-      verdict += ": first at step " + std::to_string(report.first->pair.step) + ", op #" +
-                 std::to_string(report.first->pair.seqA) + " " + report.first->pair.name +
+    if (report.first)  // --strict: the first may be an op of B only
+      verdict += ": first at step " + std::to_string(report.first->pair.step) + ", op " +
+                 (report.first->pair.inA ? "#" + std::to_string(report.first->pair.seqA)
+                                         : "B #" + std::to_string(report.first->pair.seqB)) +
+                 " " + report.first->pair.name +
                  (report.first->pair.scope.empty() ? "" : " (" + report.first->pair.scope + ")");
     else if (const storage::LossDiff* l = storage::firstLossDivergence(report))
       verdict += ": the losses first at step " + std::to_string(l->step) +

@@ -22,6 +22,7 @@
 #include <QVBoxLayout>
 #include <algorithm>
 #include <functional>
+#include <limits>
 
 #include "keel/device.h"
 #include "keel/registry.h"
@@ -127,7 +128,7 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
     backendCombo_->addItem(QString("cuda:%1").arg(i));
   form->addRow("Backend", backendCombo_);
   seedSpin_ = new QSpinBox;
-  seedSpin_->setRange(0, 1 << 30);
+  seedSpin_->setRange(0, std::numeric_limits<int>::max());
   seedSpin_->setValue(1);
   form->addRow("Seed", seedSpin_);
   stepsSpin_ = new QSpinBox;

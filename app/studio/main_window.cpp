@@ -513,9 +513,16 @@ void MainWindow::connectSources() {
     }
   });
   for (views::RunSource* src : {sourceA_, sourceB_}) {
+    // An open that failed: what was asked for with it goes too (the recording shown stays).
+    connect(src, &RunSource::openFailed, this, [this, src] {
+      (src == sourceA_ ? pendingRecent_ : pendingRecentB_).clear();
+      if (src != sourceA_) return;
+      pendingSelectA_.reset();
+      stepOnOpen_.reset();
+      failedSeq_.reset();
+    });
     connect(src, &RunSource::failed, this, [this, src](const QString& msg) {
       busy(-1);
-      (src == sourceA_ ? pendingRecent_ : pendingRecentB_).clear();
       if (src == sourceA_ && !summaryA_) memoryView_->clear();
       showError(src == sourceA_ ? "Cannot open recording" : "Cannot open recording to compare",
                 msg);
@@ -616,7 +623,7 @@ void MainWindow::connectSession() {
     updateStatus();
   });
   connect(session_, &Session::started, this, [this](const QString& path) {
-    headStep_ = 0;
+    headStep_ = followedStep_ = 0;
     followed_.invalidate();
     openRecording(path, /*verify=*/false);
   });
@@ -628,10 +635,10 @@ void MainWindow::connectSession() {
     // second, and only while the step shown is the latest (it stayed on step 0; a step the user
     // went back to is left alone).
     const bool running = session_->state() == Session::State::Running;
-    const bool atHead = shownStep_ <= 0 || shownStep_ >= headStep_;
     headStep_ = step;
-    if (!running || (atHead && (!followed_.isValid() || followed_.elapsed() >= 1000))) {
+    if (!running || (followingRun() && (!followed_.isValid() || followed_.elapsed() >= 1000))) {
       followed_.start();
+      followedStep_ = step;
       stepSpin_->blockSignals(true);
       stepSpin_->setValue(int(step));
       stepSpin_->blockSignals(false);
@@ -682,6 +689,14 @@ void MainWindow::connectSession() {
     showError("Session failed", text);
   });
   connect(session_, &Session::finished, this, [this] {
+    // The last step, where the view was following (the throttle may have skipped it).
+    if (followingRun() && headStep_ > shownStep_) {
+      followedStep_ = headStep_;
+      stepSpin_->blockSignals(true);
+      stepSpin_->setValue(int(headStep_));
+      stepSpin_->blockSignals(false);
+      showStep(headStep_);
+    }
     if (session_->state() == Session::State::Finished)
       statusBar()->showMessage("Session finished: " + session_->recordingPath(), 8000);
     else  // stopped: it said "finished" after 10 of 20 steps
@@ -824,6 +839,12 @@ void MainWindow::compareWith(const QString& folderOrFile) {
 
 QString MainWindow::runStatusText() const {
   return statusRun_->text();
+}
+
+bool MainWindow::followingRun() const {
+  // At the head: the step the view last followed to (or none yet); a step the user went to is
+  // left alone.
+  return shownStep_ <= 0 || shownStep_ == followedStep_;
 }
 
 void MainWindow::reload() {

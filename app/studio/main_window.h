@@ -212,6 +212,8 @@ class MainWindow : public QMainWindow {
   std::optional<int64_t> stepOnOpen_;
   std::optional<SessionConfig> lastSession_;  // the New session dialog's starting point
   int64_t headStep_ = 0;                      // a live session's latest step
+  int64_t followedStep_ = 0;                  // the step the view last followed it to
+  bool followingRun() const;
   QElapsedTimer followed_;                    // since the view last followed a running session
   bool pendingLive_ = false;                  // the open in flight is a live session's
   QString pendingRecent_, pendingRecentB_;    // listed in Open recent once they open

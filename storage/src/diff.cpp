@@ -418,6 +418,10 @@ void divergenceAcross(DiffReport& rep, const std::vector<const Row*>& diverged, 
 
 }  // namespace
 
+constexpr const char* kNoRootInGeneral =
+    "every diverged op has a diverged input, or one fed by an earlier divergence: the difference "
+    "enters through tensors no aligned op produced, e.g. parameters or data";
+
 // Why no diverged pair qualified as the root, from the first divergence's inputs: one nothing
 // was recorded of, one no recorded op produced (parameters or data), or the general case.
 std::string noRootReason(const Row& first, const std::vector<TensorDiff>& inputs,
@@ -463,8 +467,7 @@ std::string noRootReason(const Row& first, const std::vector<TensorDiff>& inputs
              ") differs and no recorded op produced it: the runs start from different "
              "parameters or data";
   }
-  return "every diverged op has a diverged input, or one fed by an earlier divergence: the "
-         "difference enters through tensors no aligned op produced, e.g. parameters or data";
+  return kNoRootInGeneral;
 }
 
 DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>& b,
@@ -645,6 +648,8 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     }
     if (!rep.root) rep.noRoot = noRootReason(*diverged.front(), firstInputs, sides);
   }
+
+  if (rep.rootSearched && !rep.root && rep.noRoot.empty()) rep.noRoot = kNoRootInGeneral;
 
   // --strict with nothing diverged: the first op on one side only is where the runs part (the
   // text named it and the JSON had no first divergence). No root is searched for.

@@ -438,7 +438,14 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
   };
   // Ops one side's capture filter did not record are not compared (they were "only in B").
   std::vector<OpRecord> opsA = a.allOps(), opsB = b.allOps();
-  const auto filterA = recordedFilter(a.run()), filterB = recordedFilter(b.run());
+  auto filterA = recordedFilter(a.run()), filterB = recordedFilter(b.run());
+  if (fa != fb)  // op names and scopes are each framework's own: only the step range carries over
+    for (auto* f : {&filterA, &filterB})
+      if (*f) {
+        (*f)->ops.clear();
+        (*f)->scope.clear();
+        if ((*f)->text().empty()) f->reset();
+      }
   int64_t leftOutA = 0, leftOutB = 0;  // ops of A that B's filter left out, and of B by A's
   if (filterB) leftOutA = dropOutside(opsA, *filterB);
   if (filterA) leftOutB = dropOutside(opsB, *filterA);

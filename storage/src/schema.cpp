@@ -1,6 +1,7 @@
 // The recording schema, declared once: kSchema is every table of the current version
 // (kSchemaVersion), every column commented, and kDeferredIndexes its secondary indexes. A new file
 // is made from these alone. kMigrations are the deltas that bring older files (v1..) up to it.
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <system_error>
@@ -328,20 +329,35 @@ void packTensorsV2toV3(sql::Db& db) {
 // PyTorch recording's NULL loss was "not reported". The bits keep those readings.
 void markReportedNaNsV8toV9(sql::Db& db) {
   std::string framework = "keel";
+  int64_t evalEvery = 0;  // the config's: its steps evaluated a validation loss
   {
-    sql::Stmt run(db, "SELECT capture_options_json FROM run WHERE id = 1");
-    if (run.step()) try {
+    sql::Stmt run(db, "SELECT capture_options_json, config_json FROM run WHERE id = 1");
+    if (run.step()) {
+      try {
         const nlohmann::json j = nlohmann::json::parse(run.textView(0));
         if (j.is_object() && j.contains("framework") && j["framework"].is_string())
           framework = j["framework"].get<std::string>();
       } catch (const nlohmann::json::exception&) {  // unreadable options: a Keel run's
       }
+      try {
+        const nlohmann::json c = nlohmann::json::parse(run.textView(1));
+        if (c.is_object() && c.contains("eval_every") && c["eval_every"].is_number_integer())
+          evalEvery = std::max<int64_t>(0, c["eval_every"].get<int64_t>());
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
   }
   if (framework != "keel") return;
   db.exec(
       "UPDATE steps SET nan_metrics = (loss IS NULL) | ((grad_norm IS NULL AND EXISTS (SELECT 1 "
       "FROM steps WHERE grad_norm IS NOT NULL)) << 2) WHERE end_ns != 0",
       "migration failed");
+  if (evalEvery > 0)  // a NaN validation loss of an evaluated step (the plot read them so)
+    db.exec(("UPDATE steps SET nan_metrics = nan_metrics | 32 WHERE end_ns != 0 AND val_loss IS "
+             "NULL AND step % " +
+             std::to_string(evalEvery) + " = 0")
+                .c_str(),
+            "migration failed");
 }
 
 // A migration: SQL, then an optional data conversion, then more SQL, all in one transaction.

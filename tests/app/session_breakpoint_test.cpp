@@ -119,6 +119,10 @@ class SessionBreakpointTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 120000));
     QVERIFY2(std::any_of(whileRunning.begin(), whileRunning.end(), [](qint64 v) { return v >= 1; }),
              qPrintable(QString::number(whileRunning.size())));
+    // Following to the end: the last step is shown once the run ends.
+    QVERIFY(studio::test::waitIdle(w));
+    QVERIFY(w.currentStep());
+    QCOMPARE(w.currentStep()->step, int64_t(40));
   }
 
   // The Breakpoints dialog is a list: rows made from a kind, a value and a hit count, each on or

@@ -676,6 +676,29 @@ TEST(Step, RefusesMisnumberedAndOverlappingSteps) {
   }
 }
 
+// Without a recorder, a program may train twice from step 1 (a sweep, a test); one at a time
+// still holds. An observer that refuses a step leaves no step running.
+TEST(Step, UnrecordedRunsMayStartAgainAndARefusedStepDoesNotRun) {
+  ASSERT_FALSE(detail::anyObserverInstalled());
+  Step(1).end();
+  Step(2).end();
+  Step(1).end();  // a second unrecorded run
+  {
+    Step one(1);
+    EXPECT_NE(errorOf([] { Step s(2); }).find("step 1 has not ended"), std::string::npos);
+  }
+  struct Refuses : Observer {
+    void onStep(const StepEvent& e) override {
+      if (e.begin) throw Error("recording failed");
+    }
+  };
+  auto refuses = std::make_shared<Refuses>();
+  addObserver(refuses);
+  EXPECT_EQ(errorOf([] { Step s(1); }), "recording failed");
+  removeObserver(refuses);
+  Step(1).end();  // not "step 1 has not ended"
+}
+
 TEST(Step, WithoutEndItEndsUnknownAndUnwoundByAnExceptionItStaysOpen) {
   StepsScope obs;
   { Step s(1); }

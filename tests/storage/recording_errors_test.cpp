@@ -274,22 +274,25 @@ TEST(RecordingMigration, Version8StepsKeepTheirNaNReading) {
       " (2, 10, 20, NULL, 0.1, NULL, 100, NULL, NULL), (3, 20, 0, NULL, NULL, NULL, NULL, NULL,"
       " NULL);";
   const uint8_t loss = stepMetricBit(StepMetric::Loss), grad = stepMetricBit(StepMetric::GradNorm);
-  for (const auto& [options, step2] : {std::pair<std::string, uint8_t>{"{}", uint8_t(loss | grad)},
-                                       {R"({"framework":"torch"})", uint8_t(0)}}) {
+  const uint8_t val = stepMetricBit(StepMetric::ValLoss);  // step 2 evaluated (eval_every 2)
+  for (const auto& [options, step2] :
+       {std::pair<std::string, uint8_t>{"{}", uint8_t(loss | grad | val)},
+        {R"({"framework":"torch"})", uint8_t(0)}}) {
     SCOPED_TRACE(options);
     const std::string path = dir.file("v8-" + std::to_string(step2) + ".db");
-    Recording rec =
-        openOldRecording(path, 8,
-                         "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{}', 5, '0.2.0', 0, '" +
-                             options + "', 'finished', 'vmm', 0, 1, '');" + steps);
+    Recording rec = openOldRecording(
+        path, 8,
+        "INSERT INTO run VALUES (1, 'cpu', 'cpu', 'h', '{\"eval_every\": 2}', 5, '0.2.0', 0, '" +
+            options + "', 'finished', 'vmm', 0, 1, '');" + steps);
     const auto read = rec.steps();
     ASSERT_EQ(read.size(), 3u);
     EXPECT_EQ(read[0].nanMetrics, 0);
     EXPECT_EQ(read[1].nanMetrics, step2);
     EXPECT_EQ(read[1].reported(StepMetric::Loss), step2 != 0);
-    EXPECT_FALSE(read[1].reported(StepMetric::ValLoss));
-    EXPECT_EQ(read[2].nanMetrics, 0);                   // never ended: unknown
-    EXPECT_EQ(migrateRecording(path), kSchemaVersion);  // idempotent
+    EXPECT_EQ(read[1].reported(StepMetric::ValLoss), step2 != 0);
+    EXPECT_FALSE(read[0].reported(StepMetric::ValLoss));  // step 1 did not evaluate
+    EXPECT_EQ(read[2].nanMetrics, 0);                     // never ended: unknown
+    EXPECT_EQ(migrateRecording(path), kSchemaVersion);    // idempotent
   }
   const std::string fresh = dir.file("fresh-nan.db");
   auto w = Writer::create(fresh, testing::sampleRun());

@@ -60,6 +60,27 @@ class RunSourceTest : public QObject {
     QString msg = failed.takeFirst().at(0).toString();
     QVERIFY2(msg.contains("not an SQLite file"), qPrintable(msg));
     QVERIFY(!msg.contains('\n'));
+    QVERIFY(!src.isOpen());  // nothing was open: nothing is
+
+    // A failed open leaves the recording it had; an open that failed before a later one was
+    // asked for leaves the later one's (a failure used to restore whatever came before).
+    QSignalSpy opened(&src, &RunSource::opened);
+    QSignalSpy openFailed(&src, &RunSource::openFailed);
+    src.open(path_);
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 1; }, 10000));
+    src.open(bad);
+    QVERIFY(QTest::qWaitFor([&] { return openFailed.count() >= 1; }, 10000));
+    QCOMPARE(src.path(), path_);
+    QVERIFY(src.isOpen());
+    src.open(bad);
+    src.open(path_);  // asked for before the first fails
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 2; }, 10000));
+    QCOMPARE(openFailed.count(), 2);
+    QCOMPARE(src.path(), path_);
+    QVERIFY(src.isOpen());
+    QSignalSpy stepSpy(&src, &RunSource::stepLoaded);
+    src.requestStep(1);
+    QVERIFY(QTest::qWaitFor([&] { return stepSpy.count() >= 1; }, 10000));
   }
 
   void diffRunnerFindsThePerturbedOp() {

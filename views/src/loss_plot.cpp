@@ -378,7 +378,7 @@ void LossPlot::rebuild() {
   else if ((!a_ || a_->steps.empty()) && (!b_ || b_->steps.empty()))
     note = tr("no training steps recorded");
   else if (!recorded(a_.get(), metric_) && !recorded(b_.get(), metric_))
-    note = tr("no %1 reported yet").arg(name);  // a step running, or none reporting it
+    note = tr("no %1 reported").arg(name);  // a step running, or a run that does not report it
   else if (!std::isfinite(yLo))
     note = tr("no finite value recorded");
   if (!impl_->markedSteps.isEmpty())

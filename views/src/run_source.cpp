@@ -50,16 +50,19 @@ class RunSource::Worker : public QObject {
  public:
   explicit Worker(RunSource* owner) : owner_(owner) {}
 
-  // A file that cannot be opened leaves the open recording as it was (the views still show it).
-  void open(const QString& path, bool verify) {
-    guarded([&] {
+  // A file that cannot be opened leaves the open recording as it was (the views still show it);
+  // its failure names the open it ends (`generation`), not any request's.
+  void open(const QString& path, bool verify, quint64 generation) {
+    try {
       storage::Recording next = storage::Recording::open(path.toStdString(), verify);
       SummaryPtr summary = loadSummary(next, path);
       rec_.reset();
       rec_.emplace(std::move(next));
       path_ = path;
       emit owner_->opened(std::move(summary));
-    });
+    } catch (const std::exception& e) {
+      emit owner_->openAttemptFailed(generation, QString::fromStdString(e.what()));
+    }
   }
   void refresh() {
     if (!rec_) return;
@@ -150,13 +153,16 @@ RunSource::RunSource(QObject* parent) : QObject(parent) {
   worker_->moveToThread(thread_);
   connect(thread_, &QThread::finished, worker_, &QObject::deleteLater);
   thread_->start();
-  // Connected first, so the views' handlers see the state an open() ended in.
-  connect(this, &RunSource::opened, this, [this] { opening_.reset(); });
-  connect(this, &RunSource::failed, this, [this] {
-    if (!opening_) return;  // a step's or an op's failure: the recording stays open
-    path_ = opening_->first;
-    open_ = opening_->second;
-    opening_.reset();
+  // Connected first, so the views' handlers see the state an open() ended in: the recording the
+  // worker holds (committed_), or the one the latest open() asked for while it is on its way.
+  connect(this, &RunSource::opened, this, [this](const SummaryPtr& s) { committed_ = s->path; });
+  connect(this, &RunSource::openAttemptFailed, this, [this](quint64 generation, const QString& m) {
+    if (generation == generation_) {  // the latest open failed: back to what the worker holds
+      path_ = committed_.value_or(QString());
+      open_ = committed_.has_value();
+    }
+    emit failed(m);
+    emit openFailed(m);
   });
 }
 
@@ -166,10 +172,11 @@ RunSource::~RunSource() {
 }
 
 void RunSource::open(const QString& path, bool verify) {
-  if (!opening_) opening_.emplace(path_, open_);  // restored if this open fails
-  path_ = path;
+  path_ = path;  // restored to the worker's recording if this open fails
   open_ = true;
-  QMetaObject::invokeMethod(worker_, [w = worker_, path, verify] { w->open(path, verify); });
+  const quint64 generation = ++generation_;
+  QMetaObject::invokeMethod(
+      worker_, [w = worker_, path, verify, generation] { w->open(path, verify, generation); });
 }
 void RunSource::refresh() {
   QMetaObject::invokeMethod(worker_, [w = worker_] { w->refresh(); });

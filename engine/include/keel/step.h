@@ -31,9 +31,10 @@ struct StepMetrics {
 
 // One training step, from construction to end() (or destruction). Steps are numbered from 1 and
 // upward through the whole run — across epochs too — and one runs at a time: the constructor
-// throws keel::Error for a number below 1, a number not above the last step's, or a step begun
-// while another has not ended. The numbering starts again when a recorder (an observer) is
-// installed, so one program can record several runs, each from step 1.
+// throws keel::Error for a number below 1, a number not above the last step's while something
+// records (an observer is installed), or a step begun while another has not ended. The numbering
+// starts again when a recorder is installed, so one program can record several runs, each from
+// step 1, and train unrecorded as it likes.
 //
 // end() reports the metrics and writes the step's log line ("step 3: loss 1.2345, lr 0.001"),
 // as the built-in trainer does. A Step destroyed without end() ends with its metrics unknown;
@@ -60,6 +61,8 @@ std::string stepLogLine(int64_t step, const StepMetrics& metrics);
 void endStep(int64_t step, const StepMetrics& metrics);
 // keel::Step's numbering starts again (addObserver calls it).
 void restartStepNumbering();
+// Some observer is installed, paused or not (observer.cpp).
+bool anyObserverInstalled();
 // Note [Paused time]: a debugger that holds the engine inside a step (the studio's breakpoints)
 // adds the time it held it; a trainer subtracts what was added during its step from the time
 // its tokens/s is computed over. Any thread.

@@ -89,6 +89,12 @@ void addObserver(std::shared_ptr<Observer> obs) {
   detail::restartStepNumbering();  // a new recording numbers its steps from 1
 }
 
+namespace detail {
+bool anyObserverInstalled() {
+  return g_anyInstalled.load(std::memory_order_relaxed);
+}
+}  // namespace detail
+
 void removeObserver(const std::shared_ptr<Observer>& obs) {
   std::lock_guard<std::mutex> lk(g_obsMu);
   g_installed.erase(std::remove(g_installed.begin(), g_installed.end(), obs), g_installed.end());

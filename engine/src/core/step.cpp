@@ -34,14 +34,21 @@ Step::Step(int64_t number) : number_(number), uncaught_(std::uncaught_exceptions
       throw Error(self + "step " + std::to_string(g_running) +
                   " has not ended (one step at a time: end it, or let its keel::Step go out of "
                   "scope, first)");
-    if (number <= g_lastStep)
+    // Only while something records: a program that trains twice unrecorded may start at 1 again.
+    if (number <= g_lastStep && detail::anyObserverInstalled())
       throw Error(self + "step " + std::to_string(number) + " comes after step " +
                   std::to_string(g_lastStep) +
                   "; number the steps upward through the whole run, across epochs too");
     g_lastStep = number;
     g_running = number;
   }
-  detail::notifyStep({number, true, 0.0, 0});
+  try {
+    detail::notifyStep({number, true, 0.0, 0});
+  } catch (...) {  // an observer refused the step: it never began
+    std::lock_guard<std::mutex> lk(g_stepMu);
+    g_running = 0;
+    throw;
+  }
 }
 
 Step::~Step() {

@@ -118,12 +118,13 @@ WorkloadMetrics WorkloadRun::step() {
       if (reported || !std::isnan(v)) return v;
       return std::nullopt;
     };
-    detail::endStep(n, StepMetrics{known(m.loss, reports),
-                                   known(m.lr, false),
-                                   known(m.grad_norm, reports),
-                                   {},
-                                   known(m.tokens_per_sec, false),
-                                   {}});
+    detail::endStep(n,
+                    StepMetrics{known(m.loss, true),  // required of every workload: a NaN is a NaN
+                                known(m.lr, false),
+                                known(m.grad_norm, reports),
+                                {},
+                                known(m.tokens_per_sec, false),
+                                {}});
   }
   return WorkloadMetrics{m.loss, m.lr, m.grad_norm, m.tokens_per_sec, reports};
 }

@@ -37,7 +37,10 @@ class RunSource : public QObject {
  signals:
   void opened(keel::views::SummaryPtr summary);
   void summaryUpdated(keel::views::SummaryPtr summary);
-  void failed(QString message);
+  void failed(QString message);      // any request (an open's too)
+  void openFailed(QString message);  // an open() (after its failed): nothing else changed
+  // Internal: the worker's report of open number `generation` failing (openFailed follows).
+  void openAttemptFailed(quint64 generation, QString message);
   void stepLoaded(keel::views::StepPtr step);
   void opLoaded(keel::views::OpDetailsPtr details);
   void logsLoaded(keel::views::LogsPtr logs);
@@ -50,7 +53,8 @@ class RunSource : public QObject {
   class QThread* thread_;
   QString path_;
   bool open_ = false;
-  std::optional<std::pair<QString, bool>> opening_;  // path_ and open_ before an open() in flight
+  std::optional<QString> committed_;  // the recording the worker holds (opened last)
+  quint64 generation_ = 0;            // open() calls made
 };
 
 // Diffs two recordings (all steps, like `keel diff`) on the thread pool.
