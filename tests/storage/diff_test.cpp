@@ -11,6 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/storage/diff.h"
+#include "keel/storage/reader.h"
+#include "keel/storage/writer.h"
+#include "storage_test_util.h"
 
 namespace ks = keel::storage;
 using ks::DiffBasis;
@@ -375,6 +378,39 @@ TEST(DiffTest, AnInputMadeByOpsWithNoCounterpartNamesThem) {
   EXPECT_EQ(r.noRoot,
             "input 1 of the first divergence (#3 add) is made by an op the other run does not "
             "have: A #2 relu (only in A), B #2 gelu (only in B); the two programs differ there");
+}
+
+// A recording made with --ops holds those ops only: the other run's other ops are not compared,
+// and a line says so. Across frameworks op names differ (matmul against aten::mm): only a step
+// range carries over, and nothing is dropped by name.
+TEST(DiffTest, ACaptureFiltersOpsApplyWithinOneFramework) {
+  keel::storage::testing::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& options,
+                   const std::vector<std::string>& ops) {
+    ks::RunInfo run = keel::storage::testing::sampleRun();
+    run.captureOptionsJson = options;
+    const std::string path = dir.file(name);
+    auto w = ks::Writer::create(path, run);
+    w->writeStep({1, 0, 1, 0.5});
+    uint64_t seq = 1;
+    for (const std::string& op : ops)
+      w->writeOp(keel::storage::testing::sampleOp(seq++, 1, keel::Phase::Forward, op));
+    w->close();
+    return ks::Recording::open(path);
+  };
+  const ks::Recording a = write(
+      "a.db", R"({"md5":true,"filter":{"ops":["matmul"],"scope":"","step_min":0,"step_max":9}})",
+      {"matmul"});
+  const ks::Recording b = write("b.db", R"({"md5":true})", {"matmul", "add"});
+  ks::DiffReport r = ks::diffRecordings(a, b, {});
+  EXPECT_EQ(r.total.onlyInB, 0);
+  EXPECT_EQ(r.setup.back(),
+            "1 op of B not compared: A recorded only --step-range 0:9 --ops matmul");
+  const ks::Recording torch =
+      write("t.db", R"({"md5":true,"framework":"torch"})", {"aten::mm", "aten::add"});
+  r = ks::diffRecordings(a, torch, {});
+  for (const std::string& line : r.setup)  // step 1 is inside 0:9: nothing is left out
+    EXPECT_EQ(line.find("not compared"), std::string::npos) << line;
 }
 
 TEST(DiffTest, StatisticsDecideWhenNoDumps) {
