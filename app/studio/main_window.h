@@ -214,9 +214,9 @@ class MainWindow : public QMainWindow {
   int64_t headStep_ = 0;                      // a live session's latest step
   int64_t followedStep_ = 0;                  // the step the view last followed it to
   bool followingRun() const;
-  QElapsedTimer followed_;                    // since the view last followed a running session
-  bool pendingLive_ = false;                  // the open in flight is a live session's
-  QString pendingRecent_, pendingRecentB_;    // listed in Open recent once they open
+  QElapsedTimer followed_;                  // since the view last followed a running session
+  bool pendingLive_ = false;                // the open in flight is a live session's
+  QString pendingRecent_, pendingRecentB_;  // listed in Open recent once they open
   LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;
   QString lastError_;

@@ -52,7 +52,7 @@ class GraphView : public QWidget {
 
   void setStep(StepPtr step);  // nullptr empties the view
   StepPtr step() const { return step_; }
-  void setDiff(DiffPtr diff);  // the comparison whose verdicts ColorMode::Divergence shows
+  void setDiff(DiffPtr diff);         // the comparison whose verdicts ColorMode::Divergence shows
   void setColorMode(ColorMode mode);  // the user's choice: kept for the recordings that follow
   // A mode the studio picks (divergence once a diff is shown): replaced by the next automatic
   // choice (setRecordingNonFinite), unlike the user's.
