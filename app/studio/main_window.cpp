@@ -639,10 +639,7 @@ void MainWindow::connectSession() {
     if (!running || (followingRun() && (!followed_.isValid() || followed_.elapsed() >= 1000))) {
       followed_.start();
       followedStep_ = step;
-      stepSpin_->blockSignals(true);
-      stepSpin_->setValue(int(step));
-      stepSpin_->blockSignals(false);
-      showStep(step);
+      showStep(step);  // the Step box follows
     }
   });
   connect(session_, &Session::pausedAt, this, [this](quint64 seq, qint64 step, const QString& why) {
@@ -652,10 +649,7 @@ void MainWindow::connectSession() {
     sourceA_->refresh();
     pendingSelectA_ = seq;
     stepSpin_->setMaximum(int(std::max<qint64>(step, stepSpin_->maximum())));
-    stepSpin_->blockSignals(true);
-    stepSpin_->setValue(int(step));
-    stepSpin_->blockSignals(false);
-    showStep(step);
+    showStep(step);  // the Step box follows
   });
   connect(session_, &Session::failed, this, [this](const QString& msg, quint64 seq) {
     updateActions();
@@ -692,9 +686,6 @@ void MainWindow::connectSession() {
     // The last step, where the view was following (the throttle may have skipped it).
     if (followingRun() && headStep_ > shownStep_) {
       followedStep_ = headStep_;
-      stepSpin_->blockSignals(true);
-      stepSpin_->setValue(int(headStep_));
-      stepSpin_->blockSignals(false);
       showStep(headStep_);
     }
     if (session_->state() == Session::State::Finished)

@@ -265,6 +265,19 @@ struct Sides {
   std::unordered_map<uint64_t, const Row*> rowByA, rowByB;
 };
 
+// Each side's ops in the rows, in seq order (what Sides finds producers among).
+std::pair<std::vector<const OpRecord*>, std::vector<const OpRecord*>> alignedOps(
+    const std::vector<Row>& rows) {
+  std::vector<const OpRecord*> a, b;
+  for (const Row& r : rows) {
+    if (r.a) a.push_back(r.a);
+    if (r.b) b.push_back(r.b);
+  }
+  for (auto* ops : {&a, &b})
+    std::sort(ops->begin(), ops->end(), [](auto* x, auto* y) { return x->seq < y->seq; });
+  return {std::move(a), std::move(b)};
+}
+
 // Module alignment's first and root divergence (Note [Diff across frameworks]): inputs do not
 // correspond one to one across frameworks, so a pair is judged by the ops that fed it, found
 // through views.
@@ -569,13 +582,7 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     const Sides sides(std::move(allA), std::move(allB), rows);
     divergenceAcross(rep, diverged, sides, opt);
   } else if (!diverged.empty()) {
-    std::vector<const OpRecord*> allA, allB;
-    for (const Row& r : rows) {
-      if (r.a) allA.push_back(r.a);
-      if (r.b) allB.push_back(r.b);
-    }
-    std::sort(allA.begin(), allA.end(), [](auto* x, auto* y) { return x->seq < y->seq; });
-    std::sort(allB.begin(), allB.end(), [](auto* x, auto* y) { return x->seq < y->seq; });
+    auto [allA, allB] = alignedOps(rows);
     const Sides sides(std::move(allA), std::move(allB), rows);
     const Producers &prodA = sides.prodA, &prodB = sides.prodB;
     const auto& rowByA = sides.rowByA;
@@ -656,11 +663,7 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
   if (!rep.first && opt.unmatchedIsDivergent)
     for (const Row& r : rows) {
       if (r.a && r.b) continue;
-      std::vector<const OpRecord*> allA, allB;
-      for (const Row& x : rows) {
-        if (x.a) allA.push_back(x.a);
-        if (x.b) allB.push_back(x.b);
-      }
+      auto [allA, allB] = alignedOps(rows);
       const Sides sides(std::move(allA), std::move(allB), rows);
       rep.first = sides.divergence(r, {}, opt);
       break;

@@ -521,7 +521,9 @@ class StudioTest : public QObject {
     double others = 0, held = 0;
     for (const auto& st : steps)
       (st.step == heldStep ? held : others) += st.tokensPerSec / (st.step == heldStep ? 1 : 3);
-    QVERIFY2(held > 0.2 * others, qPrintable(QString("held %1, others %2").arg(held).arg(others)));
+    // With the pause counted it reads below 1/100 of the others; left out, it is of their order
+    // (0.16 to 1 of them on this loaded machine: the pause's flush and repaint stay in the step).
+    QVERIFY2(held > 0.05 * others, qPrintable(QString("held %1, others %2").arg(held).arg(others)));
     const auto& hs = steps[size_t(heldStep - 1)];
     QVERIFY(hs.endNs - hs.beginNs > 1'400'000'000);  // its time, begin to end, spans the pause
     int lines = 0;

@@ -124,21 +124,7 @@ QString nonFiniteText(double v) {
 }  // namespace
 
 double metricValue(const storage::StepRecord& s, Metric m) {
-  switch (m) {
-    case Metric::Loss:
-      return s.loss;
-    case Metric::LearningRate:
-      return s.lr;
-    case Metric::GradNorm:
-      return s.gradNorm;
-    case Metric::AuxLoss:
-      return s.auxLoss;
-    case Metric::TokensPerSec:
-      return s.tokensPerSec;
-    case Metric::ValidationLoss:
-      return s.valLoss;
-  }
-  return std::numeric_limits<double>::quiet_NaN();
+  return s.value(stepMetric(m));
 }
 
 QString LossPlot::metricName(Metric m) {
