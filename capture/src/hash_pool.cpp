@@ -5,7 +5,9 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <span>
 
 #include "keel/buffer.h"
 #include "keel/error.h"
@@ -107,6 +109,21 @@ class StatsSink final : public Md5ByteSink {
 
 thread_local bool t_captureThread = false;
 
+// Whether a job's bytes can be read now (the pool's mutex held), holding a weakly held buffer for
+// as long as the job is hashed. A weakly held buffer that cannot be held is being freed: the
+// free's settle() copies the job's elements next (Note [Weakly held buffers]).
+bool holdBuffer(HashJob& j) {
+  if (j.detached || j.external || !j.tensor.defined() || j.tensor.impl()->buffer) return true;
+  std::shared_ptr<Buffer> b = j.weakBuffer.lock();
+  if (!b) return false;
+  j.tensor.impl()->buffer = std::move(b);
+  return true;
+}
+
+// How long the pool thread waits for the settle() of a buffer being freed before it gives the
+// job up as failed (a free that no settle() followed: never expected, but not a hang).
+constexpr auto kUnheldLimit = std::chrono::seconds(5);
+
 }  // namespace
 
 bool onCaptureThread() {
@@ -181,20 +198,37 @@ void HashPool::wait(const HashJobPtr& job) {
   }
 }
 
-void HashPool::settle(uint64_t bufferId) {
+// Note [Weakly held buffers]: while allocator events are recorded, a job holds a host tensor's
+// buffer weakly (HashJob::weakBuffer), so what the recording shows is the run's memory, not the
+// run's plus the tensors waiting to be hashed (up to the backlog: its peak rose by an eighth,
+// differently in each run, and the last step's temporaries read as never freed). A job is held
+// only from when a thread takes it until it is hashed (holdBuffer). When the engine lets go of a
+// buffer, its destructor announces the free as a write (Observer::onBufferWrite) before the
+// memory goes back to the allocator, and settle() copies the elements of the jobs still queued on
+// it — the same copy an in-place write takes — so the free is recorded when the program freed it.
+// A thread that finds a queued job's buffer already unheld leaves the job to that settle(). What
+// the recording still shows late is the free of a buffer being hashed at that moment (one lane's
+// tensor, while its MD5 finishes). The device tensors' host copies are the capture's own and held
+// as before.
+void HashPool::settle(uint64_t bufferId, const Buffer* buffer) {
   std::vector<Tensor> release;  // let go of after the lock (freeing reaches the observers)
   std::unique_lock<std::mutex> lk(mu_);
-  bool rounded = false;
+  if (!pending_.count(bufferId)) return;
   for (auto& j : queue_) {
     if (j->bufferId != bufferId || j->detached) continue;
-    if (j->roundedDigits > 0) {
-      rounded = true;  // needs the tensor itself: hashed below
-      continue;
-    }
-    if (j->external)
+    if (j->external) {
       j->snapshot.assign(j->external, j->external + j->bytes);
-    else
-      j->snapshot = contiguousBytes(j->tensor);  // this thread is the only writer: no pin needed
+    } else {
+      TensorImpl& view = *j->tensor.impl();
+      if (!view.buffer) {  // weakly held: read through the buffer being written or freed
+        KEEL_CHECK(buffer != nullptr, "capture: settle of a weakly held buffer without it");
+        view.buffer =
+            std::shared_ptr<Buffer>(std::shared_ptr<Buffer>(), const_cast<Buffer*>(buffer));
+      }
+      // This thread is the only writer: no pin needed.
+      if (j->roundedDigits > 0) j->md5Rounded = md5RoundedElements(j->tensor, j->roundedDigits);
+      if (j->md5 || j->stats) j->snapshot = contiguousBytes(j->tensor);
+    }
     if (j->dtype == DType::Bool)
       for (auto& b : j->snapshot) b = b ? 1 : 0;
     j->detached = true;
@@ -203,20 +237,19 @@ void HashPool::settle(uint64_t bufferId) {
     if (it != pending_.end() && --it->second == 0) pending_.erase(it);
     counts_.snapshots++;
   }
-  while (pending_.count(bufferId)) {
-    if (rounded) {
-      rounded = false;
-      runQueued(lk, Who::Engine);
-    } else {
-      waitDone(lk);
-    }
-  }
+  while (pending_.count(bufferId)) waitDone(lk);
   lk.unlock();
+  work_.notify_all();  // a thread waiting to take a job of this buffer takes it now
+  done_.notify_all();
   release.clear();
 }
 
 void HashPool::runQueued(std::unique_lock<std::mutex>& lk, Who who) {
   auto batch = takeQueuedLocked();
+  if (batch.empty()) {  // every queued job's buffer is being freed: its settle() comes first
+    waitDone(lk);
+    return;
+  }
   lk.unlock();
   runBatch(batch, who);
   lk.lock();
@@ -231,7 +264,7 @@ void HashPool::waitDone(std::unique_lock<std::mutex>& lk) {
 
 void HashPool::drain() {
   std::unique_lock<std::mutex> lk(mu_);
-  while (backlogBytes_ > 0 || !pending_.empty()) {
+  while (backlogBytes_ > 0 || !pending_.empty() || releasing_ > 0) {
     if (!queue_.empty()) {
       runQueued(lk, Who::Engine);
     } else {
@@ -246,11 +279,18 @@ HashPoolCounts HashPool::counts() const {
 }
 
 std::vector<HashJobPtr> HashPool::takeQueuedLocked() {
-  std::vector<HashJobPtr> batch(std::make_move_iterator(queue_.begin()),
-                                std::make_move_iterator(queue_.end()));
-  queue_.clear();
-  queuedBytes_ = 0;
-  for (auto& j : batch) j->taken_ = true;
+  std::vector<HashJobPtr> batch;
+  std::deque<HashJobPtr> left;
+  for (auto& j : queue_) {
+    if (holdBuffer(*j)) {
+      j->taken_ = true;
+      queuedBytes_ -= j->bytes;
+      batch.push_back(std::move(j));
+    } else {
+      left.push_back(std::move(j));
+    }
+  }
+  queue_ = std::move(left);
   return batch;
 }
 
@@ -263,28 +303,41 @@ void HashPool::runBatch(std::vector<HashJobPtr>& batch, Who who) {
   } catch (...) {
     for (auto& j : batch) j->error = "unknown error while hashing";
   }
+  complete(batch, who);
+  batch.clear();
+}
+
+void HashPool::complete(std::span<const HashJobPtr> jobs, std::optional<Who> who) {
   // Buffers are let go of after the guard and outside the lock: freeing one calls the allocator
-  // and the observers (Note [Reading buffers off the engine thread]).
+  // and the observers (Note [Reading buffers off the engine thread]). Until they are, drain()
+  // waits: the frees are recorded before a recorder that drained stops listening.
   std::vector<Tensor> release;
-  release.reserve(batch.size());
-  for (auto& j : batch) {
-    release.push_back(std::move(j->tensor));
+  release.reserve(jobs.size());
+  for (const auto& j : jobs) {
+    if (j->tensor.defined()) release.push_back(std::move(j->tensor));
     j->finished_.store(true, std::memory_order_release);
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& j : batch) {
+    for (const auto& j : jobs) {
       backlogBytes_ -= j->bytes;
       auto it = j->detached ? pending_.end() : pending_.find(j->bufferId);
       if (it != pending_.end() && --it->second == 0) pending_.erase(it);
       counts_.jobs++;
       counts_.bytes += j->bytes;
-      (who == Who::Engine ? counts_.helpedJobs : counts_.writerJobs)++;
+      if (who) (*who == Who::Engine ? counts_.helpedJobs : counts_.writerJobs)++;
     }
+    releasing_ += int64_t(release.size());
   }
   done_.notify_all();
+  if (release.empty()) return;
+  const int64_t n = int64_t(release.size());
   release.clear();
-  batch.clear();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    releasing_ -= n;
+  }
+  done_.notify_all();
 }
 
 // One stream run of the pool thread (Note [Lane streams]): queued jobs join free MD5 lanes as
@@ -298,29 +351,30 @@ void HashPool::streamRun() {
   Md5LaneStream lanes(lanes_, &sink);
   std::vector<Md5LaneStream::Finished> done;
   auto finish = [&](InFlight& f) {
-    HashJobPtr job = std::move(f.job);
+    const HashJobPtr job = std::move(f.job);
     f.pin.reset();
     if (!f.scratch.empty() && spare_.size() < 64) spare_.push_back(std::move(f.scratch));
-    Tensor release = std::move(job->tensor);
-    job->finished_.store(true, std::memory_order_release);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      backlogBytes_ -= job->bytes;
-      auto it = job->detached ? pending_.end() : pending_.find(job->bufferId);
-      if (it != pending_.end() && --it->second == 0) pending_.erase(it);
-      counts_.jobs++;
-      counts_.bytes += job->bytes;
-    }
-    done_.notify_all();
-    // `release` goes out of scope here, outside the lock: freeing calls the allocator and the
-    // observers.
+    complete({&job, 1}, std::nullopt);
   };
+  // Since when the queue's first job has had a buffer being freed (Note [Weakly held buffers]).
+  std::chrono::steady_clock::time_point unheldSince{};  // {}: it has not
   for (;;) {
+    bool unheld = false;
     while (lanes.hasFreeLane()) {
       HashJobPtr job;
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (queue_.empty()) break;
+        if (!holdBuffer(*queue_.front())) {
+          const auto now = std::chrono::steady_clock::now();
+          if (unheldSince == std::chrono::steady_clock::time_point{}) unheldSince = now;
+          if (now - unheldSince < kUnheldLimit) {
+            unheld = true;  // its settle() comes next
+            break;
+          }
+          queue_.front()->error = "its buffer was freed before it was hashed and nothing copied it";
+        }
+        unheldSince = {};
         job = std::move(queue_.front());
         queue_.pop_front();
         queuedBytes_ -= job->bytes;
@@ -334,10 +388,12 @@ void HashPool::streamRun() {
         spare_.pop_back();
       }
       std::optional<Md5Message> msg;
-      try {
-        msg = prepare(f);
-      } catch (const std::exception& e) {
-        f.job->error = e.what();
+      if (f.job->error.empty()) {
+        try {
+          msg = prepare(f);
+        } catch (const std::exception& e) {
+          f.job->error = e.what();
+        }
       }
       if (msg) {
         lanes.add(std::move(*msg), id);
@@ -346,8 +402,13 @@ void HashPool::streamRun() {
         inFlight.erase(id);
       }
     }
+    if (unheld && !lanes.busy()) {  // nothing else to do: wait for that settle()
+      std::unique_lock<std::mutex> lk(mu_);
+      work_.wait_for(lk, std::chrono::milliseconds(1));
+      continue;
+    }
     if (!lanes.busy()) break;
-    if (lanes.hasFreeLane()) {
+    if (lanes.hasFreeLane() && !unheld) {
       // Lanes idle: rather than run a few lanes, give the engine the CPU until it queues more
       // (or someone waits for a job in flight, or kFillWait passes).
       std::unique_lock<std::mutex> lk(mu_);

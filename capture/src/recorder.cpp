@@ -43,8 +43,10 @@ namespace detail {
 //   on the engine thread if no thread has taken them yet;
 // - an allocator that moves live buffers (VMM compaction) waits for the hashing in flight
 //   (Note [Reading buffers off the engine thread]);
-// - a held buffer is not freed: a tensor the engine dropped lives on until it is hashed (the
-//   allocator events show the free when the capture lets go), at most hashBacklogBytes of them.
+// - a held buffer is not freed: a tensor the engine dropped lives on until it is hashed, at
+//   most hashBacklogBytes of them; while allocator events are recorded the jobs hold host
+//   buffers weakly instead, and a buffer freed before it is hashed has its elements copied
+//   (Note [Weakly held buffers], hash_pool.cpp), so the events show the program's frees.
 // Past that backlog the engine hashes queued jobs itself (drop policy block) or records tensors
 // without checksums and counts them in the recording's dropped table as "hash" (drop).
 // hashThread = false keeps the older path: hashed in the callback, on the engine's thread.
@@ -336,10 +338,15 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
   }
 
   void onBufferWrite(const Buffer& b) override {
-    if (pool_) pool_->settle(b.id());  // See Note [Hashing off the engine thread]
+    if (pool_) pool_->settle(b.id(), &b);  // See Note [Hashing off the engine thread]
   }
 
   // ---- control ----
+  // Returns once every queued hash is done (Recorder::finish).
+  void settleHashes() {
+    if (pool_) pool_->drain();
+  }
+
   void stop(const std::string& runStatus = "finished") noexcept {
     std::lock_guard<std::mutex> lk(stopMu_);
     if (stopped_) return;
@@ -510,6 +517,15 @@ class CaptureObserver : public Observer, public std::enable_shared_from_this<Cap
       // compare with a cpu run's. The copy is a fresh buffer nothing writes, so the job needs
       // no settle.
       job->tensor = hostCopy(t);
+      if (opt_.allocator && job->tensor.buffer() == t.buffer()) {  // Note [Weakly held buffers]
+        job->weakBuffer = t.buffer();
+        auto view = std::make_shared<TensorImpl>();
+        view->shape = t.shape();
+        view->strides = t.strides();
+        view->offset = t.offset();
+        view->dtype = t.dtype();
+        job->tensor = Tensor(std::move(view));
+      }
       job->bufferId = r.bufferId;
       job->md5 = opt_.md5;
       job->roundedDigits = opt_.roundedMd5;
@@ -745,20 +761,25 @@ Recorder::~Recorder() {
   finish();
 }
 
+// The hashing is settled while the observer is still installed: the buffers its jobs held are
+// let go of, and their frees recorded, before the recording's events end.
 void Recorder::finish() {
   if (!obs_) return;
+  obs_->settleHashes();
   removeObserver(obs_);
   obs_->stop();
 }
 
 void Recorder::finishFailed(const std::string& reason) {
   if (!obs_) return;
+  obs_->settleHashes();
   removeObserver(obs_);
   obs_->stop("failed: " + reason);
 }
 
 void Recorder::finishStopped(const std::string& reason) {
   if (!obs_) return;
+  obs_->settleHashes();
   removeObserver(obs_);
   obs_->stop("stopped: " + reason);
 }

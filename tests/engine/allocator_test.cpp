@@ -123,10 +123,37 @@ TEST(CachingAllocatorTest, OutOfMemoryMessageHasTheSummary) {
     EXPECT_NE(m.find("allocated 4.0 MiB (4194304 bytes)"), std::string::npos) << m;
     EXPECT_NE(m.find("reserved 20.0 MiB (20971520 bytes)"), std::string::npos) << m;
     EXPECT_NE(m.find("largest free block 16.0 MiB (16777216 bytes)"), std::string::npos) << m;
-    EXPECT_NE(m.find("fragmentation 80.0%"), std::string::npos) << m;
+    // The words keel memory stats uses for the same figures.
+    EXPECT_NE(m.find("cached free 80.0% of reserved, fragmentation 0.0%"), std::string::npos) << m;
+    EXPECT_NE(m.find("a large-pool request (over 1.00 MiB; 16777728 bytes once rounded): the "
+                     "largest free block of that pool is 16777216 bytes;"),
+              std::string::npos)
+        << m;
   }
   EXPECT_EQ(a.stats().ooms, 1u);
   a.deallocate(p, 4 * kMiB);
+}
+
+// A small request refused while a large free block sits in the other pool: the message says the
+// large pool never serves it, or "largest free block 19 MiB" reads as a contradiction.
+TEST(CachingAllocatorTest, OutOfMemoryMessageNamesThePoolThatRanOut) {
+  CachingAllocatorOptions o;
+  o.limit = 20 * kMiB;
+  CachingAllocator a(o);
+  void* p = a.allocate(2 * kMiB);  // from a 20 MiB large-pool segment: 18 MiB of it stay free
+  try {
+    a.allocate(400 * 1024);
+    FAIL() << "expected keel::Error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("requested 409600 bytes with a limit of 20971520 bytes; a small-pool request "
+                     "(up to 1.00 MiB; 409600 bytes once rounded): the largest free block of that "
+                     "pool is 0 bytes, and the large pool's free blocks (up to 18874368 bytes) "
+                     "never serve it; "),
+              std::string::npos)
+        << m;
+  }
+  a.deallocate(p, 2 * kMiB);
 }
 
 // The segment source a device's caching allocator uses (Note [cuda allocators]): every segment

@@ -123,10 +123,10 @@ class Observer {
   virtual void onMemory(const MemEvent&) {}
   virtual void onStep(const StepEvent&) {}
   virtual void onLog(const LogEvent&) {}
-  // Code is about to write into a live buffer that earlier ops may have read or produced: a
-  // mutating op's inputs, a host copy into an existing tensor, a checkpoint loaded into the
-  // parameters. An observer that reads buffers after the op that made them (the capture's
-  // hashing, Note [Hashing off the engine thread]) finishes reading this one before returning.
+  // Code is about to write into, or free, a live buffer that earlier ops may have read or
+  // produced: a mutating op's inputs, a host copy, a checkpoint load, a Buffer's destructor. An
+  // observer that reads buffers after the op that made them (the capture's hashing, Note
+  // [Hashing off the engine thread]) finishes reading this one before returning.
   virtual void onBufferWrite(const Buffer&) {}
 };
 

@@ -72,8 +72,11 @@ inline BlockInfo blockInfo(uintptr_t address, size_t size, size_t requested, Blo
 // `granule`: the least the allocator reserves at a time for this request (a VMM chunk, a caching
 // segment); over the limit, no request could ever succeed, and the message says so (it read as if
 // a 32 KiB request had overflowed 500 KB with nothing allocated).
+// `pool`: which part of the allocator the request had to come from, when that is not all of it
+// (the caching allocator's small and large pools), appended to the reason.
 inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limit,
-                         const AllocatorStats& s, size_t granule = 0) {
+                         const AllocatorStats& s, size_t granule = 0,
+                         const std::string& pool = {}) {
   uint64_t op = currentOpSeq();
   std::string why;
   if (limit != 0) {
@@ -91,7 +94,7 @@ inline Error outOfMemory(const std::string& allocator, size_t bytes, size_t limi
   return Error(
       detail::concat("out of memory in the ", allocator, " allocator: requested ", bytes, " bytes",
                      op ? detail::concat(" by op #", op, " ", currentOpName()) : std::string(), why,
-                     "; ", memorySummary(s)));
+                     pool, "; ", memorySummary(s)));
 }
 
 // Events are queued while the lock is held and sent afterwards, so an observer may allocate.

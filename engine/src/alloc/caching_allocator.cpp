@@ -73,6 +73,22 @@ struct CachingAllocator::Impl {
 
   Pool& poolOf(bool small) { return small ? smallFree : largeFree; }
 
+  // Why a request found no block (Note [Caching allocator pools]): the allocator's largest free
+  // block may sit in the other pool, which never serves it.
+  std::string poolShortage(size_t size, bool small) {
+    const Pool& own = poolOf(small);
+    const Pool& other = poolOf(!small);
+    const size_t ownLargest = own.empty() ? 0 : (*own.rbegin())->size;
+    std::string s = detail::concat("; a ", small ? "small" : "large", "-pool request (",
+                                   small ? "up to " : "over ", formatBytes(o.smallMax), "; ", size,
+                                   " bytes once rounded): the largest free block of that pool is ",
+                                   ownLargest, " bytes");
+    if (!other.empty())
+      s += detail::concat(", and the ", small ? "large" : "small", " pool's free blocks (up to ",
+                          (*other.rbegin())->size, " bytes) never serve it");
+    return s;
+  }
+
   void updatePeaks() {
     st.peakAllocated = std::max(st.peakAllocated, st.allocated);
     st.peakReserved = std::max(st.peakReserved, st.reserved);
@@ -150,7 +166,8 @@ struct CachingAllocator::Impl {
         st.ooms++;
         throw alloc::outOfMemory(
             o.name, bytes, o.limit, statsLocked(),
-            small ? o.smallSegment : std::max(size, size < o.midMax ? o.largeSegment : size));
+            small ? o.smallSegment : std::max(size, size < o.midMax ? o.largeSegment : size),
+            poolShortage(size, small));
       }
     }
     size_t rest = b->size - size;

@@ -54,8 +54,8 @@ std::string memorySummary(const AllocatorStats& s) {
   os.precision(1);
   os << "allocated " << formatMiB(s.allocated) << " (" << s.allocated << " bytes), reserved "
      << formatMiB(s.reserved) << " (" << s.reserved << " bytes), largest free block "
-     << formatMiB(s.largestFree) << " (" << s.largestFree << " bytes), fragmentation "
-     << 100.0 * s.fragmentation() << "%, free-space scatter " << 100.0 * s.scatter() << "%, "
+     << formatMiB(s.largestFree) << " (" << s.largestFree << " bytes), cached free "
+     << 100.0 * s.fragmentation() << "% of reserved, fragmentation " << 100.0 * s.scatter() << "%, "
      << s.blocks << " live blocks in " << s.segments << " segments/chunks";
   return os.str();
 }

@@ -142,6 +142,10 @@ detail::BufferMoveLock::~BufferMoveLock() {
 }
 
 Buffer::~Buffer() {
+  // Its memory is about to be reused: an observer still to read it reads it now (Note [Weakly
+  // held buffers], capture/src/hash_pool.cpp).
+  if (detail::hasObservers()) [[unlikely]]
+    detail::notifyBufferWrite(*this);
   OwnerGuard g(id_, nullptr);
   g.c.safePoint = false;
   allocator_->deallocate(data_, bytes_);

@@ -13,6 +13,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -28,6 +30,10 @@ namespace keel::capture::detail {
 struct HashJob {
   // Set before the job is queued; the pool drops `tensor` once the job is done.
   Tensor tensor;
+  // Instead of holding `tensor`'s buffer: the buffer, held weakly (Note [Weakly held buffers]);
+  // `tensor` is then a private view of the same geometry whose buffer is set only while the job
+  // is hashed.
+  std::weak_ptr<Buffer> weakBuffer;
   // Instead of `tensor`: `bytes` contiguous element bytes owned by the caller (bool as 0/1),
   // valid and unchanged until the job is done or settle() of its bufferId returns. No rounded
   // MD5 (it reads a tensor).
@@ -94,27 +100,33 @@ class HashPool {
   // Returns once job is done; hashes it here (with everything else queued) if no thread has
   // taken it yet.
   void wait(const HashJobPtr& job);
-  // Returns once no job still reads this buffer (it is about to be written): queued jobs on it
-  // take a copy of their elements and stay queued (a copy costs far less than hashing the queue
-  // on this thread; rounded-MD5 jobs, which need the tensor, are hashed here), running ones are
-  // waited for.
-  void settle(uint64_t bufferId);
+  // Returns once no job still reads this buffer (it is about to be written, or freed): queued
+  // jobs on it take a copy of their elements and stay queued (a copy costs far less than hashing
+  // the queue on this thread; a rounded MD5, which reads the elements as values, is computed
+  // here), running ones are waited for. `buffer`: the buffer itself, which weakly held jobs read
+  // it through (nullptr: only `external` jobs read it).
+  void settle(uint64_t bufferId, const Buffer* buffer = nullptr);
   // Returns once every job queued so far is done (hashing queued ones on this thread).
   void drain();
   HashPoolCounts counts() const;
 
  private:
   void loop();
-  // Takes every queued job (mutex held); returns them to be hashed outside the lock.
+  // Takes every queued job whose bytes can be read (mutex held; Note [Weakly held buffers]);
+  // returns them to be hashed outside the lock.
   std::vector<HashJobPtr> takeQueuedLocked();
   enum class Who : uint8_t { Engine, Writer };
   // Hashes and completes a batch taken by a thread that waits for it.
   void runBatch(std::vector<HashJobPtr>& batch, Who who);
+  // Marks hashed jobs done and lets go of their buffers; `who`: the waiting thread that hashed
+  // them, none for the pool thread.
+  void complete(std::span<const HashJobPtr> jobs, std::optional<Who> who);
   // The pool thread: hashes queued jobs through a lane stream until none is left.
   void streamRun();
-  // Waits for some job to complete (mutex held by lk), counted as a waiter meanwhile.
-  // Takes the queue and hashes it on the calling thread (`who`), the lock released meanwhile.
+  // Takes the queue and hashes it on the calling thread (`who`), the lock released meanwhile;
+  // waits for a job to complete instead if it can take none (Note [Weakly held buffers]).
   void runQueued(std::unique_lock<std::mutex>& lk, Who who);
+  // Waits for some job to complete (mutex held by lk), counted as a waiter meanwhile.
   void waitDone(std::unique_lock<std::mutex>& lk);
 
   const int64_t backlogLimit_;
@@ -126,6 +138,7 @@ class HashPool {
   int64_t queuedBytes_ = 0;
   int64_t backlogBytes_ = 0;                       // queued + being hashed
   std::unordered_map<uint64_t, int64_t> pending_;  // buffer id -> jobs not done
+  int64_t releasing_ = 0;  // buffers of done jobs not yet let go of (complete())
   bool stop_ = false;
   bool idle_ = true;  // the pool thread waits for work
   int waiters_ = 0;   // threads waiting in wait(), settle() or submit() for jobs to complete
