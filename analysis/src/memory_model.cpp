@@ -129,6 +129,7 @@ void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
   hasSegments_ = hasChunks_ = false;
   peakAllocated_ = peakReserved_ = 0;
   peakEvent_ = -1;
+  ooms_.clear();
   Work w;
   struct Open {
     size_t section;
@@ -207,6 +208,9 @@ void MemoryModel::setEvents(std::vector<storage::MemRecord> events) {
       case Kind::TrackBegin:
         sections_.push_back(MemSection{e.label, i, std::nullopt, 0, 0, 0, 0, 0, 0, {}});
         open.push_back(Open{sections_.size() - 1, {}, 0});
+        break;
+      case Kind::Oom:
+        ooms_.push_back(i);
         break;
       default:
         break;
@@ -566,6 +570,28 @@ WhyAlive MemoryModel::whyAlive(const MemBlock& b, int64_t cursor) const {
       return {AliveReason::ViewBase, v->seq, "base of a view (" + opText(*v) + ")"};
   }
   return {AliveReason::UserReference, 0, "held by a user reference"};
+}
+
+std::vector<MemAliveShare> MemoryModel::aliveByReason(int64_t k) const {
+  static constexpr const char* kWhat[] = {"parameters",     "optimizer state",
+                                          "input batch",    "saved for backward",
+                                          "bases of views", "held by a user reference"};
+  const MemState s = stateAt(k);
+  std::map<AliveReason, MemAliveShare> by;
+  for (const MemBlock& b : s.blocks) {
+    const AliveReason r = whyAlive(b, k).reason;
+    MemAliveShare& a = by[r];
+    a.reason = r;
+    a.what = kWhat[size_t(r)];
+    a.bytes += b.bytes;
+    a.blocks++;
+  }
+  std::vector<MemAliveShare> out;
+  for (auto& [r, a] : by) out.push_back(std::move(a));
+  std::stable_sort(out.begin(), out.end(), [](const MemAliveShare& x, const MemAliveShare& y) {
+    return x.bytes > y.bytes;
+  });
+  return out;
 }
 
 std::vector<size_t> MemoryModel::blocksOfOp(const MemState& state, uint64_t seq) const {

@@ -38,6 +38,9 @@ int runTorchMemory(const ImportArgs& a) {
         n(r.traceEntries, "trace entry", "trace entries").c_str(),
         static_cast<unsigned long long>(r.traceEvents),
         n(r.stacks, "distinct stack", "distinct stacks").c_str());
+  if (r.ooms > 0)  // what the snapshot was most likely taken for
+    std::printf("%s refused (out of memory): keel memory stats names the first\n",
+                n(r.ooms, "request", "requests").c_str());
   std::printf("wrote %s: %s; peak allocated %s, peak reserved %s (read %.2f s, write %.2f s)\n",
               a.output.c_str(), n(r.written.events, "allocator event", "allocator events").c_str(),
               formatBytes(r.written.peakAllocated).c_str(),

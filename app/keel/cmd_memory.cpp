@@ -84,6 +84,36 @@ int runReplay(const std::string& path, const std::string& kind) {
   return 0;
 }
 
+// The first refused request of a recording, in a line: where, how much, how many more.
+std::string oomText(const analysis::MemoryModel& m, size_t k) {
+  const storage::MemRecord& e = m.event(k);
+  std::string where;
+  if (const analysis::MemOp* o = e.opSeq ? m.op(e.opSeq) : nullptr)
+    where = " by op #" + std::to_string(o->seq) + " " + o->name +
+            (o->scope.empty() ? "" : " (" + o->scope + ")");
+  else if (e.opSeq)
+    where = " by op #" + std::to_string(e.opSeq);
+  if (m.hasSteps()) where += " in step " + std::to_string(e.step);
+  const size_t more = m.oomEvents().size() - 1;
+  return "out of memory at event " + std::to_string(k) + ": " + formatBytes(e.bytes) + " (" +
+         std::to_string(e.bytes) + " bytes) requested" + where + " and refused" +
+         (e.label.empty() ? std::string() : " (" + e.label + ")") +
+         (more ? " (" + countText(more, "more request", "more requests") + " refused after it)"
+               : std::string());
+}
+
+// What held the memory live after event k, by why it was alive, in a line.
+std::string aliveText(const analysis::MemoryModel& m, int64_t k) {
+  std::string s = "live at the out of memory:";
+  const char* sep = " ";
+  for (const analysis::MemAliveShare& a : m.aliveByReason(k)) {
+    s += sep + a.what + " " + formatBytes(a.bytes) + " (" + countText(a.blocks, "block", "blocks") +
+         ")";
+    sep = ", ";
+  }
+  return s;
+}
+
 // The figures of Note [Memory figures] (analysis/src/memory_model.cpp) at the peak of allocated
 // memory, at the end, and at any events asked for: one column each, bytes exact.
 int runStats(const std::string& path, const std::vector<int64_t>& at) {
@@ -95,6 +125,9 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   // "peak allocated": the figures at the peak of allocated memory (peak reserved can come at
   // another event; `keel memory replay` prints both peaks).
   cols.emplace_back("peak allocated", m.figuresAtPeak());
+  // A refused request: the figures when it was refused (the run failed there).
+  const int64_t oom = m.oomEvents().empty() ? -1 : int64_t(m.oomEvents().front());
+  if (oom >= 0) cols.emplace_back("out of memory", m.figuresAt(oom));
   cols.emplace_back("end", m.figuresAt(int64_t(m.eventCount()) - 1));
   std::set<int64_t> asked;  // each event once, in order ("--event 5 --event 5": two columns)
   for (int64_t k : at) {
@@ -141,6 +174,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
           static_cast<long long>(o.filter.stepMin));
   } catch (const std::exception&) {  // options of an import: no step range
   }
+  if (oom >= 0) std::printf("%s\n", oomText(m, size_t(oom)).c_str());
   // Columns as wide as their headings ("peak allocated (event 1234567)"), at least 28.
   int width = 28;
   for (const auto& [name, f] : cols)
@@ -171,6 +205,7 @@ int runStats(const std::string& path, const std::vector<int64_t>& at) {
   std::printf(
       "cached free = reserved - allocated (held for reuse, not fragmentation); fragmentation = "
       "1 - largest free block / cached free\n");
+  if (oom >= 0) std::printf("%s\n", aliveText(m, oom).c_str());
   return 0;
 }
 

@@ -194,7 +194,7 @@ CREATE TABLE mem_events (
   id              INTEGER PRIMARY KEY,  -- insertion order
   time_ns         INTEGER NOT NULL,     -- when, ns
   kind_sid        INTEGER NOT NULL,     -- -> strings: alloc|free|reserve|release|map|unmap|move|
-                                        --   compact|track_begin|track_end
+                                        --   compact|track_begin|track_end|oom
   device_sid      INTEGER NOT NULL,     -- -> strings: device
   address         INTEGER NOT NULL,     -- address (uint64 bits)
   bytes           INTEGER NOT NULL,     -- size

@@ -190,8 +190,10 @@ struct Reading {
         kind = MemEventKind::Reserve;
       else if (a == "segment_free" || a == "segment_unmap")
         kind = MemEventKind::Release;
+      else if (a == "oom")  // its addr is the device's free memory, its size the request
+        kind = MemEventKind::Oom;
       else
-        continue;  // free_requested, snapshot, oom, and kinds newer than this reader
+        continue;  // free_requested, snapshot, and kinds newer than this reader
       // What is wrong with which field: missing, not an integer, or negative.
       auto field = [&](const char* key) {
         const std::string entry = "trace entry " + std::to_string(n) + " (" + std::string(a) + ")";
@@ -208,7 +210,10 @@ struct Reading {
                           std::to_string(size) + " bytes, more than 16 TiB");
       TorchMemorySnapshot::Event ev;
       ev.kind = kind;
-      ev.address = uint64_t(addr);
+      if (kind == MemEventKind::Oom)
+        ev.deviceFree = uint64_t(addr);
+      else
+        ev.address = uint64_t(addr);
       ev.bytes = uint64_t(size);
       ev.stackId = stacks.intern(e.get("frames"));
       ev.timeUs = std::max<int64_t>(0, intOf(e.get("time_us")));
@@ -216,6 +221,11 @@ struct Reading {
     }
   }
 };
+
+// An imported oom event's label: the device's free memory when PyTorch refused the request.
+std::string deviceFreeLabel(uint64_t bytes) {
+  return "device free " + std::to_string(bytes) + " bytes";
+}
 
 struct Block {
   uint64_t bytes;
@@ -432,6 +442,7 @@ TorchMemoryWritten writeTorchMemoryRecording(const TorchMemorySnapshot& snapshot
     m.address = e.address;
     m.bytes = e.bytes;
     m.stackId = e.stackId;
+    m.label = e.kind == MemEventKind::Oom ? deviceFreeLabel(e.deviceFree) : std::string();
     m.timeNs = clock;
     m.allocatedAfter = uint64_t(std::max<int64_t>(allocated, 0));
     m.reservedAfter = uint64_t(std::max<int64_t>(reserved, 0));
@@ -468,6 +479,7 @@ TorchMemoryImported importTorchMemorySnapshot(const std::string& snapshot,
     ++(e.kind == MemEventKind::Reserve ? out.segmentsAtStart : out.blocksAtStart);
   out.traceEntries = snap.traceEntries;
   out.traceEvents = snap.trace.size();
+  for (const auto& e : snap.trace) out.ooms += e.kind == MemEventKind::Oom;
   out.stacks = snap.stacks.size();
   OutputLock lock(output);
   ReplaceOnCommit file(output);

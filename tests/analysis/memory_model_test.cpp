@@ -319,6 +319,35 @@ TEST(MemoryModel, WhyAliveRules) {
   EXPECT_TRUE(m.blocksOfOp(s, 42).empty());
 }
 
+// A refused request (oom) changes nothing; the model lists it, and what was live then sums by
+// why it was alive, the most bytes first.
+TEST(MemoryModel, RefusedRequestsAndWhatHeldTheMemory) {
+  const std::vector<OpRecord> ops = {op(1, "matmul", "forward", 100, 110, {{10, 100}})};
+  const MemoryModel m = model(
+      {
+          {"alloc", 0x1000, 512, 0, 50, 1, "parameter"},
+          {"alloc", 0x2000, 256, 0, 51, 2, "parameter"},
+          {"alloc", 0x3000, 2048, 1, 105, 10},
+          {"oom", 0, 4096, 1, 106},
+          {"free", 0x3000, 2048, 0, 120},
+          {"oom", 0, 8192, 0, 130},
+      },
+      ops);
+  EXPECT_EQ(m.oomEvents(), (std::vector<size_t>{3, 5}));
+  EXPECT_EQ(m.allocatedAfter(3), 2816u);
+  EXPECT_EQ(m.stateAt(3).liveBytes, 2816u);
+  EXPECT_EQ(m.opEvents(1), (std::optional<std::pair<size_t, size_t>>{{2, 3}}));
+  const std::vector<MemAliveShare> live = m.aliveByReason(3);
+  ASSERT_EQ(live.size(), 2u);
+  EXPECT_EQ(live[0].what, "held by a user reference");
+  EXPECT_EQ(live[0].bytes, 2048u);
+  EXPECT_EQ(live[0].blocks, 1u);
+  EXPECT_EQ(live[1].what, "parameters");
+  EXPECT_EQ(live[1].bytes, 768u);
+  EXPECT_EQ(live[1].blocks, 2u);
+  EXPECT_TRUE(model({}).oomEvents().empty());
+}
+
 TEST(MemoryModel, TrackedSections) {
   const MemoryModel m = model({
       {"alloc", 0x100, 64},

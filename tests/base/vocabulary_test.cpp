@@ -37,6 +37,7 @@ TEST(Vocabulary, EveryEnumRoundTripsThroughItsOneSpelling) {
   expectRoundTrip<LogLevel>(kLogLevelNames, parseLogLevel, logLevelName);
   EXPECT_EQ(phaseName(Phase::Optimizer), "optimizer");
   EXPECT_EQ(memEventName(MemEventKind::TrackEnd), "track_end");
+  EXPECT_EQ(memEventName(MemEventKind::Oom), "oom");
   EXPECT_EQ(memTagName(MemTag::None), "");
   EXPECT_EQ(logLevelName(LogLevel::Verbose), "verbose");
   EXPECT_EQ(allocatorKindName(AllocatorKind::Vmm), "vmm");

@@ -507,6 +507,44 @@ TEST_F(KeelCli, ThreadsPastTheCoresAreNamed) {
   EXPECT_NE(ops.out.find(", up to 1 thread\n"), std::string::npos) << ops.out;
 }
 
+// A run that ran out of memory: the refused request is an event of the recording (oom, with the
+// bytes asked for and the op asking), and keel memory stats names it first, gives its figures a
+// column and says what held the memory then. The message names the pool a caching allocator
+// needed, and uses the words memory stats uses.
+TEST_F(KeelCli, MemoryStatsOfARunThatRanOutOfMemoryNamesTheRefusedRequest) {
+  for (const std::string alloc : {"vmm", "caching"}) {
+    SCOPED_TRACE(alloc);
+    const std::string db = alloc + "-oom.db";
+    const CliResult r =
+        keel("record --config configs/gpt-mini.json --steps 2 --allocator --alloc " + alloc +
+                 " -o '" + path(db) + "'",
+             "KEEL_MEMORY_LIMIT=16M");
+    expectOneLineError(r, "out of memory in the " + alloc + " allocator: requested ");
+    EXPECT_NE(r.err.find("% of reserved, fragmentation "), std::string::npos) << r.err;
+    EXPECT_EQ(alloc == "caching", r.err.find("-pool request (") != std::string::npos) << r.err;
+    keel::storage::Recording rec = keel::storage::Recording::open(path(db));
+    std::vector<keel::storage::MemRecord> ooms;
+    for (const auto& e : rec.memEvents({}))
+      if (e.kind == keel::MemEventKind::Oom) ooms.push_back(e);
+    ASSERT_EQ(ooms.size(), 1u);
+    const std::string asked = "requested " + std::to_string(ooms[0].bytes) + " bytes by op #" +
+                              std::to_string(ooms[0].opSeq) + " ";
+    EXPECT_NE(r.err.find(asked), std::string::npos) << asked << "\n" << r.err;
+    const CliResult s = keel("memory stats '" + path(db) + "'");
+    ASSERT_EQ(s.status, 0) << s.err;
+    const std::string line = "\nout of memory at event ";
+    ASSERT_NE(s.out.find(line), std::string::npos) << s.out;
+    EXPECT_NE(s.out.find(" (" + std::to_string(ooms[0].bytes) + " bytes) requested by op #" +
+                         std::to_string(ooms[0].opSeq) + " "),
+              std::string::npos)
+        << s.out;
+    EXPECT_NE(s.out.find(" in step 1 and refused\n"), std::string::npos) << s.out;
+    EXPECT_NE(s.out.find("out of memory (event "), std::string::npos) << s.out;  // its column
+    EXPECT_NE(s.out.find("\nlive at the out of memory: "), std::string::npos) << s.out;
+    EXPECT_NE(s.out.find("parameters "), std::string::npos) << s.out;
+  }
+}
+
 // keel memory stats of a recording that starts at --step-range's first step names the allocator
 // the run used and says what was live then; an event asked twice is one column. Its figures at
 // the end are the whole run's (Note [A step range's first step]: the allocator's state at the

@@ -180,6 +180,7 @@ TEST(TorchMemoryTest, TheTraceIsUndoneToFindWhereItStarts) {
   entry("segment_alloc", 0x20000000, 4 * MB);
   entry("alloc", 0x20000000, 3 * MB);
   entry("free_completed", 0x10400000, 2 * MB);
+  entry("oom", 5 * MB, 64 * MB);  // an oom's addr is the device's free memory
   p.op('e').op('a').op('u').stop();
   const TorchMemorySnapshot s = readBytes(p.b);
   // Start: the 8 MiB segment, and its 2 MiB blocks at +0 and +4 MiB.
@@ -188,9 +189,13 @@ TEST(TorchMemoryTest, TheTraceIsUndoneToFindWhereItStarts) {
   EXPECT_EQ(s.initial[0].bytes, uint64_t(8 * MB));
   EXPECT_EQ(s.initial[1].address, 0x10000000u);
   EXPECT_EQ(s.initial[2].address, 0x10400000u);
-  ASSERT_EQ(s.trace.size(), 5u);  // free_requested changes nothing
-  EXPECT_EQ(s.traceEntries, 6u);
+  ASSERT_EQ(s.trace.size(), 6u);  // free_requested changes nothing; the oom is kept
+  EXPECT_EQ(s.traceEntries, 7u);
   EXPECT_EQ(s.trace[2].kind, MemEventKind::Reserve);
+  EXPECT_EQ(s.trace[5].kind, MemEventKind::Oom);
+  EXPECT_EQ(s.trace[5].bytes, uint64_t(64 * MB));
+  EXPECT_EQ(s.trace[5].deviceFree, uint64_t(5 * MB));
+  EXPECT_EQ(s.trace[5].address, 0u);
   EXPECT_EQ(s.segments, 2u);
   EXPECT_EQ(s.devices, std::vector<int>{0});
 }
@@ -517,6 +522,37 @@ TEST_F(TorchMemoryCliTest, ImportsThroughTheRealBinaryAndKeepsExistingFiles) {
     test::expectOneLineError(test::runKeelCli(cmd + noneDb, dir_),
                              "has no allocator events: the PyTorch snapshot it was imported from "
                              "holds no memory and no trace entry that changes memory");
+  // A trace with a refused request (what snapshots are taken for): the import counts it, and
+  // memory stats names it with the device's free memory then. It was dropped.
+  {
+    auto i4 = [](uint32_t v) { return "J" + std::string(reinterpret_cast<const char*>(&v), 4); };
+    auto entry = [&](const char* action, uint32_t addr, uint32_t size) {
+      return "}(" + text("action") + text(action) + text("addr") + i4(addr) + text("size") +
+             i4(size) + "ua";
+    };
+    const std::string oomSnap = (dir_ / "oom.pickle").string(), oomDb = (dir_ / "oom.db").string();
+    std::ofstream(oomSnap, std::ios::binary)
+        << "\x80\x02}(" + text("segments") + "]" + text("device_traces") + "]]" +
+               entry("segment_alloc", 0x200000, 0x200000) + entry("alloc", 0x200000, 1024) +
+               entry("oom", 5000, 0x400000) + entry("free_completed", 0x200000, 1024) +
+               entry("segment_free", 0x200000, 0x200000) + "au.";
+    r = test::runKeelCli("import torch-memory " + oomSnap + " -o " + oomDb, dir_);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(
+        r.out.find("\n1 request refused (out of memory): keel memory stats names the first\n"),
+        std::string::npos)
+        << r.out;
+    r = test::runKeelCli("memory stats " + oomDb, dir_);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("\nout of memory at event 2: 4.00 MiB (4194304 bytes) requested and "
+                         "refused (device free 5000 bytes)\n"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(
+        r.out.find("\nlive at the out of memory: held by a user reference 1.00 KiB (1 block)"),
+        std::string::npos)
+        << r.out;
+  }
   // A hostile pickle: one line, status 2, and the recording already there is untouched.
   const std::string evil = (dir_ / "evil.pickle").string();
   std::ofstream(evil, std::ios::binary)

@@ -550,6 +550,45 @@ class MemoryViewTest : public QObject {
     QVERIFY(free.green() > free.red());  // free is green
   }
 
+  // A run that ran out of memory opens where the allocator refused the request: the header
+  // says so first, the cursor is on it, and its event reads as a refused request (not "oom 4 MiB
+  // at 0x0"); the first refusal when there are several.
+  void aRefusedRequestIsWhereTheViewOpens() {
+    constexpr uint64_t MiB = 1 << 20;
+    std::vector<MemRecord> ev;
+    uint64_t allocated = 0;
+    auto add = [&](MemEventKind k, uint64_t a, uint64_t b, int64_t step) {
+      MemRecord r;
+      r.kind = k;
+      r.address = a;
+      r.bytes = b;
+      r.step = step;
+      r.timeNs = int64_t(ev.size() + 1);
+      if (k == MemEventKind::Alloc) allocated += b;
+      if (k == MemEventKind::Free) allocated -= b;
+      r.allocatedAfter = r.reservedAfter = allocated;
+      ev.push_back(r);
+    };
+    add(MemEventKind::Alloc, 0x100000, 3 * MiB, 1);
+    add(MemEventKind::Alloc, 0x800000, 2 * MiB, 1);  // the peak
+    add(MemEventKind::Free, 0x800000, 2 * MiB, 1);
+    add(MemEventKind::Oom, 0, 4 * MiB, 1);
+    add(MemEventKind::Oom, 0, 8 * MiB, 1);
+    auto m = std::make_shared<MemoryModel>();
+    m->setEvents(std::move(ev));
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {1200, 700}));
+    view.setMemory(m);
+    QCOMPARE(view.cursor(), qint64(3));
+    QVERIFY2(view.headerText().startsWith("<span style='color:#8b0000'><b>Out of memory at event "
+                                          "3: 4.00 MiB requested in step 1 and refused</b>"),
+             qPrintable(view.headerText()));
+    QVERIFY2(view.cursorText().startsWith("Event 3 of 5: out of memory: 4.00 MiB requested and "
+                                          "refused · outside ops · step 1"),
+             qPrintable(view.cursorText()));
+  }
+
   void blocksSayWhyTheyAreAlive() {
     MemoryPtr memory = loadMemory(vmm_);
     QVERIFY(memory);

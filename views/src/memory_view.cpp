@@ -274,9 +274,13 @@ void MemoryView::setMemory(MemoryPtr memory) {
   if (d.count() > 0) {
     if (old && oldCount > 0) {  // a refresh of the same run
       k = wasAtEnd ? d.count() - 1 : std::min(oldCursor, d.count() - 1);
-    } else {  // a fresh recording opens at the peak of the step shown, or of the run
+    } else {  // a fresh recording opens where the allocator refused a request, else at the
+              // peak of the step shown, or of the run
       k = d.mem->peakEvent();
-      if (d.pendingStep)
+      const auto& ooms = d.mem->oomEvents();
+      if (!ooms.empty() && (!d.pendingStep || d.mem->event(ooms.front()).step == *d.pendingStep))
+        k = int64_t(ooms.front());
+      else if (d.pendingStep)
         if (int64_t p = d.peakOfStep(*d.pendingStep); p >= 0) k = p;
     }
   }
@@ -386,10 +390,23 @@ QString MemoryView::Impl::computeHeader() const {
   auto coloured = [](const QColor& c, const QString& text) {
     return QStringLiteral("<span style='color:%1'><b>%2</b></span>").arg(c.name(), text);
   };
-  QString s = tr("<b>%1</b> allocator events · %2 allocator · peak %3 %4 · peak %5 %6")
-                  .arg(m->eventCount())
-                  .arg(kind, coloured(kAllocated, tr("allocated")), bytesText(m->peakAllocated()),
-                       coloured(kReserved, tr("reserved")), bytesText(m->peakReserved()));
+  QString s;
+  if (!m->oomEvents().empty()) {  // where the run failed, before anything else
+    const storage::MemRecord& e = m->event(m->oomEvents().front());
+    QString where;
+    if (const MemOp* o = e.opSeq ? m->op(e.opSeq) : nullptr)
+      where = tr(" by op #%1 %2").arg(o->seq).arg(qs(o->name));
+    if (m->hasSteps()) where += tr(" in step %1").arg(e.step);
+    s = QStringLiteral("<span style='color:%1'><b>%2</b></span><br>")
+            .arg(kOom.name(), tr("Out of memory at event %1: %2 requested%3 and refused")
+                                  .arg(m->oomEvents().front())
+                                  .arg(bytesText(e.bytes), where)
+                                  .toHtmlEscaped());
+  }
+  s += tr("<b>%1</b> allocator events · %2 allocator · peak %3 %4 · peak %5 %6")
+           .arg(m->eventCount())
+           .arg(kind, coloured(kAllocated, tr("allocated")), bytesText(m->peakAllocated()),
+                coloured(kReserved, tr("reserved")), bytesText(m->peakReserved()));
   if (m->hasSegments())
     s += tr(" · at the peak (event %1): cached free %2 (%3% of reserved), largest free block %4, "
             "fragmentation %5%")

@@ -69,6 +69,7 @@ inline const QColor kOptimizer(0x5b, 0x2c, 0x83);
 inline const QColor kData(0xc4, 0x51, 0x00);
 inline const QColor kOutsideOps(0x7f, 0x8c, 0x8d);
 inline const QColor kHighlight(0xd6, 0x27, 0x28);
+inline const QColor kOom(0x8b, 0x00, 0x00);  // a request the allocator refused: the run failed
 
 // Colour of a live block by owner: tagged blocks in fixed colours, others by their op's name.
 QColor ownerColor(const analysis::MemoryModel& m, const analysis::MemBlock& b,

@@ -204,6 +204,28 @@ void MemoryView::Impl::rebuildTimeline() {
       label->setText(starts[s].second == 0 ? tr("init") : tr("step %1").arg(starts[s].second));
     }
   }
+  // The first refused request, where the run failed: a line and its label, mid-height (the
+  // cursor's tag is at the top, the steps' at the bottom).
+  if (!mem->oomEvents().empty()) {
+    const double ox = double(mem->oomEvents().front());
+    auto* line = new QCPItemStraightLine(plot);
+    line->setPen(QPen(kOom, 2));
+    line->point1->setCoords(ox, 0);
+    line->point2->setCoords(ox, 1);
+    auto* label = new QCPItemText(plot);
+    label->setClipToAxisRect(true);
+    label->position->setTypeX(QCPItemPosition::ptPlotCoords);
+    label->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+    label->position->setCoords(ox, 0.5);
+    label->setPositionAlignment(Qt::AlignRight | Qt::AlignVCenter);
+    label->setPadding(QMargins(3, 1, 3, 1));
+    QFont bold = small;
+    bold.setBold(true);
+    label->setFont(bold);
+    label->setColor(kOom);
+    label->setBrush(QColor(255, 255, 255, 200));
+    label->setText(tr("out of memory"));
+  }
   cursorLine = new QCPItemStraightLine(plot);
   cursorLine->setLayer(cursorLayer);
   cursorLine->setPen(QPen(kHighlight, 1.5));
@@ -328,6 +350,8 @@ QString MemoryView::Impl::eventText(int64_t k) const {
   QString what = qs(memEventName(e.kind));
   if (e.kind == MemEventKind::TrackBegin || e.kind == MemEventKind::TrackEnd)
     what += QStringLiteral(" '%1'").arg(qs(e.label));
+  else if (e.kind == MemEventKind::Oom)
+    what = tr("out of memory: %1 requested and refused").arg(bytesText(e.bytes));
   else if (e.kind == MemEventKind::Move || e.kind == MemEventKind::Compact)
     what += QStringLiteral(" %1 %2 → %3")
                 .arg(bytesText(e.bytes), hexAddr(e.address), hexAddr(e.toAddress));

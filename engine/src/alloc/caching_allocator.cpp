@@ -164,6 +164,7 @@ struct CachingAllocator::Impl {
       b = newSegment(size, small);
       if (!b) {
         st.ooms++;
+        events.add(MemEventKind::Oom, 0, bytes, st.allocated, st.reserved);
         throw alloc::outOfMemory(
             o.name, bytes, o.limit, statsLocked(),
             small ? o.smallSegment : std::max(size, size < o.midMax ? o.largeSegment : size),

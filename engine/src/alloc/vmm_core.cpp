@@ -440,6 +440,7 @@ void* VmmCore::allocateLocked(size_t bytes) {
     a = growOrRemap(size);
   if (!a) {
     st_.ooms++;
+    g_.events.add(MemEventKind::Oom, 0, bytes, st_.allocated, st_.reserved);
     throw outOfMemory(o_.name, bytes, o_.limit, statsLocked(), o_.chunk);
   }
   Block& b = carve(a, size);

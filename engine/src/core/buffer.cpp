@@ -26,7 +26,16 @@ class HostAllocator final : public Allocator {
   void* allocate(size_t bytes) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
     void* p = std::aligned_alloc(64, rounded);
-    if (!p) throw Error(detail::concat("out of host memory allocating ", bytes, " bytes"));
+    if (!p) {
+      if (detail::hasObservers()) {
+        MemEvent e;
+        e.kind = MemEventKind::Oom;
+        e.bytes = bytes;
+        e.allocatedAfter = e.reservedAfter = allocated_.load();
+        detail::notifyMemory(e);
+      }
+      throw Error(detail::concat("out of host memory allocating ", bytes, " bytes"));
+    }
     size_t a = allocated_.fetch_add(rounded) + rounded;
     if (detail::hasObservers()) {
       MemEvent e;

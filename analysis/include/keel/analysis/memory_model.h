@@ -94,6 +94,13 @@ struct WhyAlive {
   std::string text;    // "parameter", "saved for backward (op #12 matmul)", ...
 };
 
+// Live memory of one kind of holder (AliveReason), at some event: what aliveByReason() returns.
+struct MemAliveShare {
+  AliveReason reason = AliveReason::UserReference;
+  std::string what;  // "parameters", "saved for backward", ...
+  uint64_t bytes = 0, blocks = 0;
+};
+
 // A track_begin/track_end pair (keel::MemoryTrackingScope): what happened between the two marks.
 struct MemSection {
   std::string name;
@@ -217,6 +224,8 @@ class MemoryModel {
   // The figures at the event where allocated memory peaked (the first such event).
   MemFigures figuresAtPeak() const;
   int64_t peakEvent() const { return peakEvent_; }
+  // The requests the allocator refused (oom events), in order: the run failed at the first.
+  const std::vector<size_t>& oomEvents() const { return ooms_; }
   // The active-memory timeline of events [first, last] in at most `columns` columns: every live
   // allocation a band stacked in allocation order, blocks under `minBytes` merged with their
   // neighbours of the same kind (level of detail). Costs one stateAt(first) and one pass over the
@@ -233,6 +242,9 @@ class MemoryModel {
   uint64_t opAt(size_t i) const { return events_[i].opSeq; }
 
   WhyAlive whyAlive(const MemBlock& b, int64_t cursor) const;
+  // The blocks live right after event k, summed by why they are alive, the most bytes first:
+  // what held the memory when a request was refused.
+  std::vector<MemAliveShare> aliveByReason(int64_t k) const;
   // Blocks of `state` that belong to op `seq`: allocated by it, or holding one of its outputs.
   std::vector<size_t> blocksOfOp(const MemState& state, uint64_t seq) const;
   // The first and last event inside op `seq`, if any.
@@ -271,6 +283,7 @@ class MemoryModel {
   bool hasSegments_ = false, hasChunks_ = false;
   uint64_t peakAllocated_ = 0, peakReserved_ = 0;
   int64_t peakEvent_ = -1;
+  std::vector<size_t> ooms_;
 };
 
 // Reads every allocator event of `rec`, the ops (step by step) and the stacks the events use,

@@ -39,6 +39,7 @@ constexpr std::optional<Phase> parsePhase(std::string_view s) {
 // mapped into or taken out of the address range. Move: a free VMM chunk remapped from `address` to
 // `toAddress` (no byte copied). Compact: a live block copied from `address` to `toAddress` (its
 // Buffer follows). TrackBegin/TrackEnd: a memory tracking section (`label`) starts or ends.
+// Oom: a request the allocator refused (`bytes` requested; allocated and reserved unchanged).
 enum class MemEventKind : uint8_t {
   Alloc,
   Free,
@@ -49,11 +50,12 @@ enum class MemEventKind : uint8_t {
   Move,
   Compact,
   TrackBegin,
-  TrackEnd
+  TrackEnd,
+  Oom
 };
-inline constexpr std::array<std::string_view, 10> kMemEventNames = {
-    "alloc", "free", "reserve", "release",     "map",
-    "unmap", "move", "compact", "track_begin", "track_end"};
+inline constexpr std::array<std::string_view, 11> kMemEventNames = {
+    "alloc", "free",    "reserve",     "release",   "map", "unmap",
+    "move",  "compact", "track_begin", "track_end", "oom"};
 constexpr std::string_view memEventName(MemEventKind k) {
   return detail::enumName(kMemEventNames, k);
 }

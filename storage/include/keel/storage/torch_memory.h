@@ -22,10 +22,13 @@ inline constexpr std::string_view kTorchAllocatorName = "PyTorch CUDA caching";
 // One device's allocator history from a snapshot, ready to be written.
 struct TorchMemorySnapshot {
   struct Event {
-    MemEventKind kind = MemEventKind::Alloc;  // reserve, release, alloc or free
+    // reserve, release, alloc or free; oom: a request refused (`bytes`; `deviceFree`: what the
+    // device had free then, by cudaMemGetInfo)
+    MemEventKind kind = MemEventKind::Alloc;
     uint64_t address = 0, bytes = 0;
     int64_t stackId = -1;
     int64_t timeUs = 0;  // the trace entry's time_us; 0 when it has none
+    uint64_t deviceFree = 0;
   };
   int device = 0;
   std::vector<Event> initial;       // the state the trace starts from: reserves, then live blocks
@@ -80,6 +83,7 @@ struct TorchMemoryImported {
   int device = 0;
   uint64_t segmentsAtStart = 0, blocksAtStart = 0;  // live when the trace starts
   uint64_t traceEntries = 0, traceEvents = 0;       // entries, and those that change memory
+  uint64_t ooms = 0;                                // of those, requests refused (oom)
   uint64_t stacks = 0;
   TorchMemoryWritten written;
   double readSeconds = 0, writeSeconds = 0;
