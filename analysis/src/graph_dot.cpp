@@ -464,7 +464,8 @@ GraphDot buildGraphDot(std::span<const storage::OpRecord> ops, const GraphDotOpt
   // The text.
   std::string& out = g.dot;
   out.reserve(g.nodes.size() * 64 + g.edges.size() * 32 + 512);
-  out += "digraph step {\n  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10";
+  out += kGraphDotStart;
+  out += "  graph [rankdir=TB, nodesep=0.25, ranksep=0.3, fontsize=10";
   const bool fast = int(g.nodes.size()) >= options.fastLayoutNodes;
   if (fast) out += ", nslimit=0.2";  // caps x-placement iterations: -30% time at 5,000 ops
   out += "];\n  node [shape=box, fixedsize=true, fontname=\"Helvetica\", fontsize=10];\n";

@@ -166,7 +166,15 @@ GraphSvg renderSvg(const std::string& dot) {
   gvFreeRenderData(data);
   gvFreeLayout(gvc, g);
   agclose(g);
-  if (r.svg.empty()) r.error = "Graphviz could not render SVG: " + gErrors;
+  // An error Graphviz reported on the way (a label it could not parse, drawn as its raw text) is
+  // the render's error: the picture is not what the DOT says. (Warnings are not reported at all:
+  // context().)
+  if (r.svg.empty() || !gErrors.empty()) {
+    std::string why = gErrors.empty() ? std::string("no output") : gErrors;
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    r.error = "Graphviz could not render SVG: " + why;
+    r.svg.clear();
+  }
   return r;
 }
 

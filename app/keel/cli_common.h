@@ -3,10 +3,13 @@
 // process exits with status 2.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 
 #include "keel/capture/recording_run.h"
+#include "keel/storage/records.h"
 
 namespace keel::cli {
 
@@ -32,6 +35,22 @@ void useCpuThreads(int n);
 // OpenBLAS's threads. See Note [OpenBLAS under an address-space limit]
 // (engine/src/core/runtime.cpp).
 void prepareEngineRun();
+
+// Ctrl-C (SIGINT) and SIGTERM: after catchInterrupts(), a signal only sets g_interrupt (its
+// number), and the command stops where it next checks, cleaning up after itself (keel record
+// finishes its recording; an export removes its unfinished file). A second signal ends a process
+// that runs alone (g_alone) at once, 128 + the signal.
+extern std::atomic<int> g_interrupt;
+extern std::atomic<bool> g_alone;
+void catchInterrupts();
+// "interrupted (SIGINT)", "interrupted (SIGTERM)", or "" while no signal came.
+std::string interruptReason();
+
+// Why a recording holds no op calls of `step` (step < 0: none at all), from the capture options
+// it was recorded with: "recorded with --no-graph: it holds no op calls", "step 1's ops were not
+// recorded (only steps 2:3): try --step 2"; "" where they do not explain it. keel inspect's
+// "capture" line words the same options.
+std::string whyNoOps(const storage::RunInfo& run, int64_t step);
 
 // Numeric option checks whose errors say the option, the value and the range in words
 // ("--steps: must be a whole number ≥ 1, got -1"), instead of CLI11's 300-digit bounds; each is a

@@ -34,6 +34,27 @@ std::string wallClock(int64_t unixNs) {
   return buf;
 }
 
+// A step range in the --step-range syntax ("2:3", "2:" open-ended); "" for every step.
+std::string stepRangeText(const capture::OpFilter& f) {
+  if (f.stepMin <= 0 && f.stepMax == std::numeric_limits<int64_t>::max()) return {};
+  return std::to_string(f.stepMin) + ":" +
+         (f.stepMax == std::numeric_limits<int64_t>::max() ? "" : std::to_string(f.stepMax));
+}
+
+// A capture filter in words ("ops matmul,add, scope blocks.1, steps 2:3"); "" for none.
+std::string filterText(const capture::OpFilter& f) {
+  std::string t;
+  auto add = [&](const std::string& s) { t += (t.empty() ? "" : ", ") + s; };
+  if (!f.ops.empty()) {
+    std::string names;
+    for (const std::string& n : f.ops) names += (names.empty() ? "" : ",") + n;
+    add("ops " + names);
+  }
+  if (!f.scope.empty()) add("scope " + f.scope);
+  if (const std::string steps = stepRangeText(f); !steps.empty()) add("steps " + steps);
+  return t;
+}
+
 // What a recording holds and of which ops, in words ("op graph, stacks, MD5, statistics, logs;
 // only steps 2:3"); options this keel does not know (an imported or keel_torch recording's)
 // print as recorded.
@@ -44,20 +65,6 @@ std::string describeCapture(const std::string& json) {
   } catch (const std::exception&) {
     return json;
   }
-  auto filterText = [](const capture::OpFilter& f) {
-    std::string t;
-    auto add = [&](const std::string& s) { t += (t.empty() ? "" : ", ") + s; };
-    if (!f.ops.empty()) {
-      std::string names;
-      for (const std::string& n : f.ops) names += (names.empty() ? "" : ",") + n;
-      add("ops " + names);
-    }
-    if (!f.scope.empty()) add("scope " + f.scope);
-    if (f.stepMin > 0 || f.stepMax != std::numeric_limits<int64_t>::max())
-      add("steps " + std::to_string(f.stepMin) + ":" +
-          (f.stepMax == std::numeric_limits<int64_t>::max() ? "" : std::to_string(f.stepMax)));
-    return t;
-  };
   std::string t;
   auto add = [&](const std::string& s) { t += (t.empty() ? "" : ", ") + s; };
   if (o.graph) add("op graph");
@@ -213,6 +220,20 @@ int runInspect(const std::string& path) {
 
 }  // namespace
 
+std::string whyNoOps(const storage::RunInfo& run, int64_t step) {
+  capture::CaptureOptions o;
+  try {
+    o = capture::CaptureOptions::fromJson(run.captureOptionsJson);
+  } catch (const std::exception&) {
+    return {};  // an imported or keel_torch recording's options: nothing to say
+  }
+  if (!o.graph) return "recorded with --no-graph: it holds no op calls";
+  if (step < 0 || o.filter.matchesStep(step)) return {};
+  const int64_t nearest = step < o.filter.stepMin ? o.filter.stepMin : o.filter.stepMax;
+  return "step " + std::to_string(step) + "'s ops were not recorded (only steps " +
+         stepRangeText(o.filter) + "): try --step " + std::to_string(nearest);
+}
+
 Command addInspectCommand(CLI::App& root) {
   struct Args {
     std::string path;
@@ -220,7 +241,9 @@ Command addInspectCommand(CLI::App& root) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = root.add_subcommand("inspect", "summarise a recording or a multi-rank run folder");
-  c->add_option("recording", a->path, "recording file (.db) or run folder")->required();
+  c->add_option("recording", a->path, "recording file (.db) or run folder")
+      ->required()
+      ->check(nonEmptyName());
   addRankOption(c, a->rank);
   return {c, [a] {
             // A run folder: every rank in one table, collectives lined up, a hang explained.

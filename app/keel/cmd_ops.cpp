@@ -114,8 +114,13 @@ int runRecordedOps(const OpsArgs& a) {
     any.step = a.step;
     any.limit = 1;
     any.withTensors = false;
-    if (rec.ops(any).empty())
-      return fail("recording " + a.recording + " has no ops in step " + std::to_string(a.step));
+    if (rec.ops(any).empty()) {
+      // A step the capture left out (--step-range, --no-graph) says so: it read like a damaged
+      // recording.
+      const std::string why = whyNoOps(rec.run(), a.step);
+      return fail("recording " + a.recording +
+                  (why.empty() ? " has no ops in step " + std::to_string(a.step) : ": " + why));
+    }
   }
   if (!a.phase.empty()) {
     q.phase = parsePhase(a.phase);
@@ -157,6 +162,10 @@ int runRecordedOps(const OpsArgs& a) {
                 storage::tensorList(op, storage::Role::Output).c_str());
   }
   std::printf("%zu op calls\n", ops.size());
+  // "0 op calls" of a --no-graph recording: why, on stderr (the table itself is right).
+  if (ops.empty())
+    if (const std::string why = whyNoOps(rec.run(), -1); !why.empty())
+      warn("recording " + a.recording + ": " + why);
   return 0;
 }
 

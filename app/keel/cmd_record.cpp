@@ -131,18 +131,7 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 // rank enters the next step; that rank then waits in its first collective until the launcher
 // ends it, its recording keeping every step it finished. (Agreeing through a collective after
 // every step would make every step of every run pay for it, and hang where a peer is gone.)
-std::atomic<int> g_interrupt{0};
-std::atomic<bool> g_alone{true};
-extern "C" void onInterrupt(int sig) {
-  if (g_interrupt.exchange(sig) != 0 && g_alone.load()) std::_Exit(128 + sig);
-}
-
-std::string interruptReason() {
-  const int sig = g_interrupt.load();
-  return sig == 0        ? std::string()
-         : sig == SIGINT ? "interrupted (SIGINT)"
-                         : "interrupted (SIGTERM)";
-}
+// (g_interrupt, g_alone and the handler are the keel tool's one set: cli_common.h.)
 
 int runRecord(const RecordArgs& a) {
   prepareEngineRun();
@@ -173,8 +162,7 @@ int runRecord(const RecordArgs& a) {
         capture::RecordingRun::stopHere(why);
   });
   g_alone.store(dist::worldSize() == 1);
-  std::signal(SIGINT, onInterrupt);
-  std::signal(SIGTERM, onInterrupt);
+  catchInterrupts();
   if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
   if (!run.referenceWarning().empty()) warn(run.referenceWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));

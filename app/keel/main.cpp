@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -76,6 +77,27 @@ int writeToStdout(const std::string& text) {
   errno = 0;
   if (!text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);  // flushStdout sees errors
   return flushStdout();
+}
+
+std::atomic<int> g_interrupt{0};
+std::atomic<bool> g_alone{true};
+
+namespace {
+extern "C" void onInterrupt(int sig) {
+  if (g_interrupt.exchange(sig) != 0 && g_alone.load()) std::_Exit(128 + sig);
+}
+}  // namespace
+
+void catchInterrupts() {
+  std::signal(SIGINT, onInterrupt);
+  std::signal(SIGTERM, onInterrupt);
+}
+
+std::string interruptReason() {
+  const int sig = g_interrupt.load();
+  return sig == 0        ? std::string()
+         : sig == SIGINT ? "interrupted (SIGINT)"
+                         : "interrupted (SIGTERM)";
 }
 
 void warn(const std::string& msg) {
@@ -224,6 +246,23 @@ int run(int argc, char** argv) {
       names += (names.empty() ? "" : ", ") + c.app->get_name();
     }
     if (!known) return fail("unknown command '" + cmd + "' (expected " + names + "; see --help)");
+    // `keel export jsonl r.db`: CLI11 said "The following arguments were not expected: r.db
+    // jsonl". A command made of subcommands names them.
+    for (auto& c : commands) {
+      if (c.app->get_name() != cmd || c.app->get_require_subcommand_min() == 0 || argc < 3 ||
+          argv[2][0] == '-')
+        continue;
+      const std::string sub = argv[2];
+      std::string subs;
+      bool found = false;
+      for (const CLI::App* s : c.app->get_subcommands({})) {
+        found = found || s->get_name() == sub;
+        subs += (subs.empty() ? "" : ", ") + s->get_name();
+      }
+      if (!found)
+        return fail("keel " + cmd + ": unknown " + (cmd == "export" ? "format" : "subcommand") +
+                    " '" + sub + "' (expected " + subs + "; see keel " + cmd + " --help)");
+    }
   }
   try {
     app.parse(argc, argv);

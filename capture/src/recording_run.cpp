@@ -387,6 +387,7 @@ RecordingRun::RecordingRun(RunSpec spec, AfterOp afterOp)
         inputs.push_back({"the reference recording", c.text});
     checkOutputPath("output", spec_.output, inputs);
     checkReplacesOnlyARecording("output", spec_.output);
+    checkWritable(spec_.output);                    // a read-only recording is not replaced
     spec_.output = followOutputLink(spec_.output);  // a symlink's file is written, not the link
   }
   const bool builtIn = spec_.workloadPath.empty();

@@ -13,6 +13,7 @@
 
 #include "keel/analysis/graph_dot.h"
 #include "keel/analysis/graph_layout.h"
+#include "keel/base/utf8.h"
 #include "small_step.h"
 
 namespace keel::analysis {
@@ -132,6 +133,28 @@ TEST(GraphLayout, UnreadableDotIsAnError) {
   EXPECT_TRUE(svg.svg.empty());
   // And the context survives: the next graph lays out.
   EXPECT_TRUE(layoutGraph("digraph { a -> b; }").error.empty());
+}
+
+// Graphviz's complaints never reach stderr: an error (an HTML label that is not well-formed XML,
+// as a module name that is not UTF-8 made the cluster labels: Graphviz drew the label's raw text,
+// and the export wrote that picture with exit 0) is the SVG's one error; a warning (text that is
+// not UTF-8 in a plain label, read as Latin-1) is not printed, and the picture is valid UTF-8.
+TEST(GraphLayout, GraphvizComplaintsAreTheSvgsErrorNotItsStderr) {
+  ::testing::internal::CaptureStderr();
+  const GraphSvg bad = renderSvg("digraph step { a [label=<<B>x</I>>]; }");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_NE(bad.error.find("Graphviz could not render SVG: Error: "), std::string::npos)
+      << bad.error;
+  EXPECT_TRUE(bad.svg.empty());
+  ::testing::internal::CaptureStderr();
+  const GraphSvg latin1 = renderSvg("digraph step { a [label=\"a\xe9ttn\"]; }");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(latin1.error, "");
+  EXPECT_EQ(validUtf8(latin1.svg), latin1.svg);
+  // And the next graph renders, without an error left over from the last.
+  const GraphSvg ok = renderSvg("digraph step { a -> b; }");
+  EXPECT_EQ(ok.error, "");
+  EXPECT_NE(ok.svg.find("<svg"), std::string::npos);
 }
 
 }  // namespace

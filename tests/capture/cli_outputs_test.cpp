@@ -20,6 +20,7 @@
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
 #include "keel/data.h"
+#include "keel/storage/export.h"
 #include "keel/storage/reader.h"
 #include "test_util.h"
 
@@ -325,7 +326,7 @@ TEST_F(KeelOutputs, ASecondWriterOfTheSameOutputIsRefused) {
 // stdout redirected to a file. `memory trace -` writes the trace to stdout, not to a file "-".
 TEST_F(KeelOutputs, ASymlinkOutputWritesTheFileItNames) {
   ASSERT_EQ(record(path("r.db")).status, 0);
-  std::ofstream(path("target.csv")) << "seq,step,phase\n";  // an earlier export
+  std::ofstream(path("target.csv")) << keel::storage::kOpCsvHeader;  // an earlier export
   fs::create_symlink("target.csv", dir_ / "link.csv");
   CliResult r = keel("export csv '" + path("r.db") + "' -o '" + path("link.csv") + "'");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -370,7 +371,7 @@ TEST_F(KeelOutputs, ASymlinkOutputWritesTheFileItNames) {
 
 TEST_F(KeelOutputs, ExportsReplaceOnlyWhenCompleteAndReportWriteErrors) {
   ASSERT_EQ(record(path("r.db")).status, 0);
-  std::ofstream(path("out.csv")) << "seq,step,phase\n";  // an earlier export
+  std::ofstream(path("out.csv")) << keel::storage::kOpCsvHeader;  // an earlier export
   CliResult r = keel("export csv '" + path("r.db") + "' -o '" + path("out.csv") + "'");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(slurp(dir_ / "out.csv").rfind("seq,", 0), 0u);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -196,6 +197,30 @@ TEST_F(KeelRanks, ARecordedRunIsAFolderThatEveryCommandReads) {
                                  "has ranks 0..3, not 4");
   keel::test::expectOneLineError(keel("ops '" + path("run/rank-0.db") + "' --rank 0"),
                                  "--rank needs a run folder");
+  // keel export takes the folder with --rank too (it said "arguments were not expected"), and
+  // each rank's trace is a process of its own, named: two ranks' traces load side by side in
+  // Perfetto (every event had pid 1).
+  std::map<int64_t, std::string> processes;
+  for (int rank : {1, 3}) {
+    const std::string out = path("rank" + std::to_string(rank) + ".json");
+    const CliResult tr = keel("export trace '" + path("run") + "' --rank " + std::to_string(rank) +
+                              " -o '" + out + "'");
+    ASSERT_EQ(tr.status, 0) << tr.err;
+    const nlohmann::json trace = nlohmann::json::parse(keel::readFile(out));
+    std::set<int64_t> pids;
+    for (const auto& e : trace["traceEvents"]) {
+      pids.insert(e["pid"].get<int64_t>());
+      if (e["name"] == "process_name") processes[e["pid"]] = e["args"]["name"];
+    }
+    EXPECT_EQ(pids, std::set<int64_t>{rank + 1});
+  }
+  EXPECT_EQ(processes, (std::map<int64_t, std::string>{{2, "keel rank-1.db (rank 1 of 4)"},
+                                                       {4, "keel rank-3.db (rank 3 of 4)"}}));
+  const CliResult csv = keel("export csv '" + path("run") + "' --rank 2");
+  ASSERT_EQ(csv.status, 0) << csv.err;
+  EXPECT_NE(csv.out.find("dp_grad_sync"), std::string::npos);
+  keel::test::expectOneLineError(keel("export graph '" + path("run") + "'"),
+                                 "is a run folder of 4 ranks: choose one with --rank 0..3");
 
   const CliResult replicas = keel("diff '" + path("run") + "' --replicas");
   EXPECT_EQ(replicas.status, 0) << replicas.out << replicas.err;

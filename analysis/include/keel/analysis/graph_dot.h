@@ -98,6 +98,10 @@ struct GraphDot {
   int opNodes = 0, moduleNodes = 0;
 };
 
+// The first line of every DOT text buildGraphDot writes (the graph is named "step"): how
+// `keel export graph` tells an earlier export it may replace from the user's own files.
+inline constexpr std::string_view kGraphDotStart = "digraph step {\n";
+
 // Builds the graph of `ops` (one step, every phase, by seq: what Recording::stepOps returns). Edges
 // join each op to the producers of its inputs (buildDataflow, Note [Producer]); a collapsed
 // module's edges are merged, edges inside it dropped. Every node carries its label (drawn by

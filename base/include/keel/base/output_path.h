@@ -118,24 +118,56 @@ inline std::string followOutputLink(std::string path) {
   throw Error("output " + path + ": too many levels of symbolic links");
 }
 
-// The same for any kind of output file, told by its first bytes (`magic`, up to 64): `what`
-// names the kind in the error ("a PNG picture").
+// What an existing output a command writes may be, so that it is replaced: a file whose first
+// bytes are `prefix` and whose first 4 KiB hold every one of `markers` -- what the command itself
+// writes, told apart from the user's files of the same format (a trace from a model config that
+// also starts with `{`, an SVG Keel drew from any other XML document).
+struct OutputSignature {
+  std::string_view prefix;
+  std::vector<std::string_view> markers = {};
+};
+
+// Throws keel::Error naming `option` when `output` exists, is not empty and matches none of
+// `kinds` (`what` names what it may be, "a CSV export"); a path that does not exist or
+// cannot be read passes (opening it for writing says why). Touches nothing.
 inline void checkReplacesOnly(const std::string& option, const std::string& output,
-                              std::string_view magic, const std::string& what) {
+                              const std::vector<OutputSignature>& kinds, const std::string& what) {
   std::FILE* f = std::fopen(followOutputLink(output).c_str(), "rb");
   if (!f) return;
-  char head[64] = {};
-  const size_t n = std::fread(head, 1, std::min(magic.size(), sizeof head), f);
+  std::string head(4096, '\0');
+  head.resize(std::fread(head.data(), 1, head.size(), f));
   std::fclose(f);
-  if (n == 0 ||
-      (n == std::min(magic.size(), sizeof head) && std::memcmp(head, magic.data(), n) == 0))
-    return;
+  if (head.empty()) return;
+  for (const OutputSignature& k : kinds)
+    if (head.starts_with(k.prefix) &&
+        std::all_of(k.markers.begin(), k.markers.end(),
+                    [&](std::string_view m) { return head.find(m) != std::string::npos; }))
+      return;
   throw Error(option + " " + output + " exists and is not " + what +
               "; refusing to replace it (remove it first, or choose another name)");
 }
 
+// The same for one kind told by its first bytes (`magic`): `what` names the kind in the error
+// ("a PNG picture").
+inline void checkReplacesOnly(const std::string& option, const std::string& output,
+                              std::string_view magic, const std::string& what) {
+  checkReplacesOnly(option, output, std::vector<OutputSignature>{{magic}}, what);
+}
+
 inline void checkReplacesOnlyARecording(const std::string& option, const std::string& output) {
   checkReplacesOnly(option, output, std::string_view("SQLite format 3", 16), "a recording");
+}
+
+// An existing output must be writable by this process: a replacement renamed over a read-only
+// file (or one of another user's, in a directory this user may write) would replace what the
+// user protected, where `>` says "Permission denied". Throws keel::Error "cannot write OUTPUT:
+// Permission denied"; a path that does not exist passes.
+inline void checkWritable(const std::string& output) {
+  const std::string file = followOutputLink(output);
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return;
+  if (::faccessat(AT_FDCWD, file.c_str(), W_OK, AT_EACCESS) != 0)
+    throw Error("cannot write " + output + ": " + std::strerror(errno));
 }
 
 // The temporary name beside `target` a replacement is written under (same directory, so the
@@ -147,8 +179,17 @@ inline std::string replacementPath(const std::string& target, const char* tag = 
   return dir + "." + name + "." + tag + "-" + std::to_string(::getpid());
 }
 
-// Renames `from` over `to` (same directory); throws keel::Error naming both on failure.
+// Renames `from` over `to` (same directory); throws keel::Error naming both on failure. A file
+// `to` that exists passes on its permission bits (and, where this process may, its owner) to
+// `from` first: a private 0600 file stays private, not the new file's umask default.
 inline void renameOver(const std::string& from, const std::string& to) {
+  struct stat st {};
+  if (::stat(to.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    if (::chown(from.c_str(), st.st_uid, st.st_gid) != 0) {
+      // (only root may give a file away; the user's own file keeps its owner anyway)
+    }
+    ::chmod(from.c_str(), st.st_mode & 07777);
+  }
   if (std::rename(from.c_str(), to.c_str()) != 0)
     throw Error("cannot replace " + to + " with the new file " + from + ": " +
                 std::strerror(errno));
@@ -156,16 +197,32 @@ inline void renameOver(const std::string& from, const std::string& to) {
 
 // A file written under a temporary name beside `target` and renamed over it by commit(); never
 // committed (an error, an exception), the temporary file is removed and `target` is untouched.
+// An existing `target` must be writable (checkWritable: refused in the constructor), and the
+// file that replaces it keeps its permission bits (renameOver).
 class ReplaceOnCommit : NonCopyable {
  public:
   explicit ReplaceOnCommit(const std::string& target)
-      : target_(followOutputLink(target)), temp_(replacementPath(target_)) {}
+      : target_(followOutputLink(target)), temp_(replacementPath(target_)) {
+    checkWritable(target_);
+  }
   ~ReplaceOnCommit() {
     if (!committed_) std::remove(temp_.c_str());
   }
 
   const std::string& path() const { return temp_; }  // write here
   const std::string& target() const { return target_; }
+  // path() created and opened for writing ("wb"), with the target's permission bits from the
+  // start where it exists (a private file's replacement is never readable by others); nullptr
+  // and errno on failure.
+  std::FILE* open() const {
+    struct stat st {};
+    const mode_t mode = ::stat(target_.c_str(), &st) == 0 ? (st.st_mode & 0777) : 0666;
+    const int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) return nullptr;
+    std::FILE* f = ::fdopen(fd, "wb");
+    if (!f) ::close(fd);
+    return f;
+  }
   void commit() {
     renameOver(temp_, target_);
     committed_ = true;
