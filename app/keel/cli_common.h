@@ -25,6 +25,15 @@ int flushStdout();
 int writeToStdout(const std::string& text);
 // Prints "keel: warning: <msg>" (newlines folded) to stderr; the run goes on.
 void warn(const std::string& msg);
+// Note [Interrupts]: Ctrl-C (SIGINT) or SIGTERM sets a flag the command polls at points where
+// it can stop cleanly (keel record between ops or steps, keel ckpt convert between shards), so
+// what it writes is finished or removed instead of cut short; the command then exits 128 +
+// signal. With `secondEndsAtOnce`, a second signal ends the process at once (128 + signal).
+void catchInterrupts(bool secondEndsAtOnce);
+// The signal caught (SIGINT or SIGTERM), 0 when none.
+int interruptSignal();
+// "interrupted (SIGINT)" / "interrupted (SIGTERM)", "" when no signal was caught.
+std::string interruptReason();
 // --threads N (0: the default): sets the cpu backend's threads, warning where fewer cores can run.
 void useCpuThreads(int n);
 // First thing in a command that runs the engine (train, record, bench): throws keel::Error when
