@@ -647,6 +647,7 @@ TEST(CkptCliTest, AnInterruptedConversionLeavesDstAsItWas) {
     EXPECT_EQ(std::filesystem::exists(dst), existed);
     if (existed) EXPECT_TRUE(std::filesystem::is_empty(dst));
   }
+  std::filesystem::remove(src);
 }
 
 // A plain file is not a checkpoint: keel ckpt said "safetensors header length ... exceeds the
