@@ -28,6 +28,16 @@ int flushStdout();
 int writeToStdout(const std::string& text);
 // Prints "keel: warning: <msg>" (newlines folded) to stderr; the run goes on.
 void warn(const std::string& msg);
+// Note [Interrupts]: Ctrl-C (SIGINT) or SIGTERM sets a flag the command polls at points where
+// it can stop cleanly (keel record between ops or steps, keel ckpt convert between shards, an
+// export between the pieces of its file), so
+// what it writes is finished or removed instead of cut short; the command then exits 128 +
+// signal. With `secondEndsAtOnce`, a second signal ends the process at once (128 + signal).
+void catchInterrupts(bool secondEndsAtOnce);
+// The signal caught (SIGINT or SIGTERM), 0 when none.
+int interruptSignal();
+// "interrupted (SIGINT)" / "interrupted (SIGTERM)", "" when no signal was caught.
+std::string interruptReason();
 // --threads N (0: the default): sets the cpu backend's threads, warning where fewer cores can run.
 void useCpuThreads(int n);
 // First thing in a command that runs the engine (train, record, bench): throws keel::Error when
@@ -35,16 +45,6 @@ void useCpuThreads(int n);
 // OpenBLAS's threads. See Note [OpenBLAS under an address-space limit]
 // (engine/src/core/runtime.cpp).
 void prepareEngineRun();
-
-// Ctrl-C (SIGINT) and SIGTERM: after catchInterrupts(), a signal only sets g_interrupt (its
-// number), and the command stops where it next checks, cleaning up after itself (keel record
-// finishes its recording; an export removes its unfinished file). A second signal ends a process
-// that runs alone (g_alone) at once, 128 + the signal.
-extern std::atomic<int> g_interrupt;
-extern std::atomic<bool> g_alone;
-void catchInterrupts();
-// "interrupted (SIGINT)", "interrupted (SIGTERM)", or "" while no signal came.
-std::string interruptReason();
 
 // Why a recording holds no op calls of `step` (step < 0: none at all), from the capture options
 // it was recorded with: "recorded with --no-graph: it holds no op calls", "step 1's ops were not

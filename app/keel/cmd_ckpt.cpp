@@ -28,7 +28,7 @@ struct CkptArgs {
   // which scale with cores as long as the threads write different files (Note [Threads and files]).
   int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   size_t maxReads = 8;
-  bool verify = false;  // --verify: read every file against its MD5 first
+  bool verify = false;  // inspect --verify: read every file against its MD5 (convert: always)
   bool md5 = false;     // convert --md5: record the output files' MD5s
   CLI::App *inspect = nullptr, *plan = nullptr, *convert = nullptr;
 };
@@ -128,8 +128,17 @@ int runPlan(const CkptArgs& a) {
 }
 
 int runConvert(const CkptArgs& a) {
+  // Ctrl-C or SIGTERM stops the conversion between shards; DST is left as it was found (Note
+  // [Interrupts], Note [Outputs left as found]). A second signal waits for that too: a shard is
+  // quick, and ending at once would leave a half-written DST.
+  catchInterrupts(false);
   ckpt::Checkpoint c = openSource(a.src);
-  if (a.verify) c.verifyFiles();  // Note [Checkpoint file digests]
+  // Note [Checkpoint file digests]: convert() checks the source's MD5s whenever it records them.
+  if (a.verify && c.metadata().fileMd5.empty())  // asked for, and nothing to check: say so
+    warn("--verify: " + c.path() + " records no MD5s (" +
+         (std::filesystem::is_directory(c.path()) ? std::string("a conversion without --md5")
+                                                  : std::string("a lone .safetensors file")) +
+         "): its files are not checked");
   // A new checkpoint inside the source's folder would sit among the checkpoints it was read from
   // (a later --resume of that folder could take it for one of the run's steps).
   for (const std::string& in : {a.src, c.path()})
@@ -142,6 +151,7 @@ int runConvert(const CkptArgs& a) {
   ckpt::ConvertOptions opt;
   opt.threads = a.threads;
   opt.fileDigests = a.md5;
+  opt.stop = [] { return interruptSignal() != 0; };
   const bool tty = ::isatty(2) != 0;
   auto t0 = std::chrono::steady_clock::now();
   if (tty)
@@ -155,10 +165,20 @@ int runConvert(const CkptArgs& a) {
                    s > 0 ? double(done) / s / double(1 << 20) : 0.0);
       std::fflush(stderr);
     };
-  ckpt::ConvertStats st = ckpt::convert(c, a.dst, spec, r.get(), opt);
+  ckpt::ConvertStats st;
+  try {
+    st = ckpt::convert(c, a.dst, spec, r.get(), opt);
+  } catch (const std::exception&) {
+    if (interruptSignal() == 0) throw;
+    // Stopped by the signal: one line, and the exit status of a process the signal ended.
+    std::fflush(stdout);
+    std::fprintf(stderr, "%skeel: ckpt convert %s: %s was not converted; %s is left as it was\n",
+                 tty ? "\n" : "", interruptReason().c_str(), c.path().c_str(), a.dst.c_str());
+    return 128 + interruptSignal();
+  }
   if (tty) std::fprintf(stderr, "\n");
   std::printf(
-      "converted %s -> %s (tp=%d): %zu shard%s in %zu file%s, %s written, %s read%s, %.2f s "
+      "converted %s -> %s (tp=%d): %zu shard%s in %zu file%s, %s written, %s read%s%s, %.2f s "
       "(%.0f MiB/s)\n",
       c.path().c_str(), a.dst.c_str(), a.targetTp, st.shards, st.shards == 1 ? "" : "s", st.files,
       st.files == 1 ? "" : "s", formatBytes(st.bytesWritten).c_str(),
@@ -168,7 +188,8 @@ int runConvert(const CkptArgs& a) {
                                        " of it the targets', the rest gaps read in one go)")
                                           .c_str()
                                     : "",
-      st.seconds, st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
+      st.verifiedFiles ? " (the source's MD5s verified first)" : "", st.seconds,
+      st.seconds > 0 ? double(st.bytesWritten) / st.seconds / double(1 << 20) : 0.0);
   return 0;
 }
 
@@ -200,10 +221,12 @@ Command addCkptCommand(CLI::App& root) {
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as every other option
     sub->add_option("--aoa", a->aoa, "AOA rules file (docs/checkpoint.md)")->check(nonEmptyName());
   }
-  for (CLI::App* sub : {a->inspect, a->convert})
-    sub->add_flag("--verify", a->verify,
-                  "read every file and check it against its MD5 in the metadata (training "
-                  "checkpoints, and conversions made with --md5, record them)");
+  a->inspect->add_flag("--verify", a->verify,
+                       "read every file and check it against its MD5 in the metadata (training "
+                       "checkpoints, and conversions made with --md5, record them)");
+  a->convert->add_flag("--verify", a->verify,
+                       "warn when SRC records no MD5s (a SRC that records them is always checked "
+                       "against them before anything is written)");
   a->convert->add_flag("--md5", a->md5,
                        "record each output file's MD5 in the metadata (one more pass over the "
                        "output), so resuming from it checks the files");

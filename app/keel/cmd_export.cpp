@@ -40,20 +40,20 @@ struct ExportArgs {
 // on disk yet.)
 int writeOut(const std::string& text, const std::string& output) {
   if (output.empty() || output == "-") return writeToStdout(text);
-  catchInterrupts();
+  catchInterrupts(true);
   ReplaceOnCommit file(output);
   std::FILE* f = file.open();
   if (!f) return fail("cannot write " + output + ": " + std::strerror(errno));
   constexpr size_t kPiece = size_t(1) << 20;
   try {
-    for (size_t at = 0; at < text.size() && g_interrupt.load() == 0; at += kPiece)
+    for (size_t at = 0; at < text.size() && interruptSignal() == 0; at += kPiece)
       writeAll(f, text.data() + at, std::min(kPiece, text.size() - at), output);
   } catch (...) {
     std::fclose(f);
     throw;
   }
   if (std::fclose(f) != 0) return fail("cannot write " + output + ": " + std::strerror(errno));
-  if (const int sig = g_interrupt.load(); sig != 0) {  // `file` removes the unfinished file
+  if (const int sig = interruptSignal(); sig != 0) {  // `file` removes the unfinished file
     std::fflush(stdout);
     std::fprintf(stderr, "keel: %s: %s not written\n", interruptReason().c_str(), output.c_str());
     return 128 + sig;

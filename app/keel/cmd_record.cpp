@@ -121,18 +121,17 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
   return o;
 }
 
-// Ctrl-C (SIGINT) or SIGTERM: the run stops after the op running now, like a break condition,
-// and the recording is finished and put in place ("stopped: interrupted (SIGINT)") instead of a
-// hidden replacement file and a stale lock left behind. A second signal ends a process alone at
-// once. A rank of a multi-rank run stops only between steps (stopping mid-step would leave its
-// peers waiting in a collective) and ignores a second signal (the launcher's, which would cut
-// its recording short). The launcher forwards the signal to every rank at once and the ranks
-// move in lockstep, so they stop at the same step boundary unless the signal lands just as one
-// rank enters the next step; that rank then waits in its first collective until the launcher
-// ends it, its recording keeping every step it finished. (Agreeing through a collective after
-// every step would make every step of every run pay for it, and hang where a peer is gone.)
-// (g_interrupt, g_alone and the handler are the keel tool's one set: cli_common.h.)
-
+// Ctrl-C (SIGINT) or SIGTERM (Note [Interrupts], cli_common.h): the run stops after the op
+// running now, like a break condition, and the recording is finished and put in place ("stopped:
+// interrupted (SIGINT)") instead of a hidden replacement file and a stale lock left behind. A
+// second signal ends a process alone at once. A rank of a multi-rank run stops only between
+// steps (stopping mid-step would leave its peers waiting in a collective) and ignores a second
+// signal (the launcher's, which would cut its recording short). The launcher forwards the signal
+// to every rank at once and the ranks move in lockstep, so they stop at the same step boundary
+// unless the signal lands just as one rank enters the next step; that rank then waits in its
+// first collective until the launcher ends it, its recording keeping every step it finished.
+// (Agreeing through a collective after every step would make every step of every run pay for
+// it, and hang where a peer is gone.)
 int runRecord(const RecordArgs& a) {
   prepareEngineRun();
   startProcessGroup(a.parallel);
@@ -155,14 +154,14 @@ int runRecord(const RecordArgs& a) {
       return fail(pastTheRun("--break-on step:" + std::to_string(int64_t(c.value)), a.steps));
   // Everything is validated (config, workload, backend, allocator, reference) before the
   // recording is created.
-  capture::RecordingRun run(spec, [](const OpEvent&, const std::string& breakReason) {
+  const bool alone = dist::worldSize() == 1;
+  capture::RecordingRun run(spec, [alone](const OpEvent&, const std::string& breakReason) {
     if (!breakReason.empty()) capture::RecordingRun::stopHere(breakReason);
-    if (g_alone.load())
+    if (alone)
       if (const std::string why = interruptReason(); !why.empty())
         capture::RecordingRun::stopHere(why);
   });
-  g_alone.store(dist::worldSize() == 1);
-  catchInterrupts();
+  catchInterrupts(alone);
   if (!run.allocatorWarning().empty()) warn(run.allocatorWarning());
   if (!run.referenceWarning().empty()) warn(run.referenceWarning());
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
@@ -245,7 +244,7 @@ int runRecord(const RecordArgs& a) {
                   static_cast<unsigned long long>(stopped->seq),
                   static_cast<long long>(stopped->step), stopped->what());
     std::fflush(stdout);
-    return g_interrupt.load() != 0 ? 128 + g_interrupt.load() : 1;
+    return interruptSignal() != 0 ? 128 + interruptSignal() : 1;
   }
   return 0;
 }

@@ -139,9 +139,11 @@ int runTrain(const TrainArgs& a) {
   keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
   std::string resumedFrom;
   if (!a.resume.empty()) {
-    resumedFrom = keel::ckpt::loadTrainingCheckpoint(trainer, a.resume);
+    std::string otherSettings;  // Note [Resumed settings]: warned, not refused
+    resumedFrom = keel::ckpt::loadTrainingCheckpoint(trainer, a.resume, nullptr, &otherSettings);
     KEEL_CHECK(trainer.stepsDone() < a.steps, resumedFrom, " is at step ", trainer.stepsDone(),
                ", not before --steps ", a.steps, ": nothing left to train");
+    if (!otherSettings.empty() && speak) warn(otherSettings);
   }
   if (!a.ckptDir.empty()) {
     checkCkptDirIsThisRuns(a.ckptDir, resumedFrom, trainer.stepsDone() + 1, a.steps, a.saveEvery);
@@ -213,10 +215,12 @@ int runTrain(const TrainArgs& a) {
   std::fflush(stdout);
   auto save = [&] {
     const std::string dir = a.ckptDir + "/" + keel::ckpt::stepDirName(trainer.stepsDone());
-    keel::ckpt::saveTrainingCheckpoint(trainer, dir, ckptTp);
-    if (layout.world() > 1)
-      std::printf("saved %s (each of the %d ranks wrote its shards)\n", dir.c_str(),
-                  layout.world());
+    const size_t files = keel::ckpt::saveTrainingCheckpoint(trainer, dir, ckptTp);
+    if (layout.world() > 1)  // Note [Multi-rank checkpoints]: a rank with no part writes no file
+      std::printf(
+          "saved %s (%zu file%s from %d ranks: each rank holding a part of its own writes "
+          "one)\n",
+          dir.c_str(), files, files == 1 ? "" : "s", layout.world());
     else
       std::printf("saved %s (tp=%d)\n", dir.c_str(), ckptTp);
     std::fflush(stdout);

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -79,18 +80,30 @@ int writeToStdout(const std::string& text) {
   return flushStdout();
 }
 
-std::atomic<int> g_interrupt{0};
-std::atomic<bool> g_alone{true};
+void warn(const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "keel: warning: %s\n", oneLine(msg).c_str());
+}
 
+// Note [Interrupts] (cli_common.h). A rank of a multi-rank run ignores a second signal (the
+// launcher's, which would cut its recording short): keel record passes secondEndsAtOnce only to
+// a process alone.
 namespace {
+std::atomic<int> g_interrupt{0};
+std::atomic<bool> g_secondEndsAtOnce{true};
 extern "C" void onInterrupt(int sig) {
-  if (g_interrupt.exchange(sig) != 0 && g_alone.load()) std::_Exit(128 + sig);
+  if (g_interrupt.exchange(sig) != 0 && g_secondEndsAtOnce.load()) std::_Exit(128 + sig);
 }
 }  // namespace
 
-void catchInterrupts() {
+void catchInterrupts(bool secondEndsAtOnce) {
+  g_secondEndsAtOnce.store(secondEndsAtOnce);
   std::signal(SIGINT, onInterrupt);
   std::signal(SIGTERM, onInterrupt);
+}
+
+int interruptSignal() {
+  return g_interrupt.load();
 }
 
 std::string interruptReason() {
@@ -98,11 +111,6 @@ std::string interruptReason() {
   return sig == 0        ? std::string()
          : sig == SIGINT ? "interrupted (SIGINT)"
                          : "interrupted (SIGTERM)";
-}
-
-void warn(const std::string& msg) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "keel: warning: %s\n", oneLine(msg).c_str());
 }
 
 void useCpuThreads(int n) {

@@ -542,7 +542,8 @@ TEST_F(KeelRanks, ACheckpointOfFourRanksResumesOnFourTwoAndOne) {
   const std::vector<double> want = losses(whole.out);
   ASSERT_EQ(want.size(), 4u) << whole.out;
   EXPECT_NE(whole.out.find("saved " + path("whole") +
-                           "/step-000002 (each of the 4 ranks wrote its shards)"),
+                           "/step-000002 (2 files from 4 ranks: each rank holding a part of its "
+                           "own writes one)"),
             std::string::npos)
       << whole.out;
   const CliResult files = keel("ckpt inspect '" + path("whole/step-000002") + "'");
@@ -590,8 +591,8 @@ TEST_F(KeelRanks, ShardedOptimizerStateFollowsTheReplicatedRunAndReshards) {
             std::string::npos)
       << zero.out;
   EXPECT_NE(zero.out.find("saved " + path("z") +
-                          "/step-000002 (each of the 4 ranks wrote its "
-                          "shards)"),
+                          "/step-000002 (4 files from 4 ranks: each rank holding a part of its "
+                          "own writes one)"),
             std::string::npos)
       << zero.out;
   const std::vector<double> want = losses(zero.out);

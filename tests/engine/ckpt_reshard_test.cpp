@@ -261,6 +261,163 @@ TEST(ReshardTest, ASafetensorsFileIsACheckpoint) {
   EXPECT_TRUE(sameArr(test::assemble(dir + "/out", "x.attn.qkv.weight"), a));
 }
 
+// A few keys of several dtypes, saved at tp 2 with their MD5s recorded.
+std::string savedWithDigests(const std::string& dir) {
+  std::vector<std::pair<std::string, Arr>> arrs = {
+      {"a.weight", randomArr(st::DType::F32, {6, 4}, 1)},
+      {"b.weight", randomArr(st::DType::BF16, {5, 3}, 2)},
+      {"c", randomArr(st::DType::I64, {7}, 3)}};
+  std::vector<HostTensor> ts;
+  for (auto& [name, a] : arrs) ts.push_back({name, a.dtype, a.shape, a.bytes.data()});
+  TargetSpec spec;
+  spec.tp = 2;
+  ConvertOptions opt;
+  opt.fileDigests = true;
+  saveTensors(dir, ts, spec, "", opt);
+  return dir;
+}
+
+// Note [Checkpoint file digests]: a conversion read a source whose file had changed since it was
+// saved without a word, and with fileDigests (keel ckpt convert --md5) gave the copy new digests
+// that vouched for the damage. It checks the source's digests first, before making anything.
+TEST(ReshardTest, ConvertChecksTheSourcesDigestsBeforeWritingAnything) {
+  const std::string dir = tempDir();
+  savedWithDigests(dir + "/src");
+  TargetSpec spec;
+  spec.tp = 1;
+  const ConvertStats good = convert(Checkpoint::open(dir + "/src"), dir + "/good", spec, nullptr);
+  EXPECT_EQ(good.verifiedFiles, 2u);
+  const std::string file = dir + "/src/model-00001-of-00002.safetensors";
+  std::string bytes = readFileBytes(file);
+  bytes[bytes.size() - 3] ^= 0x01;
+  writeFile(file, bytes);
+  ConvertOptions opt;
+  opt.fileDigests = true;
+  opt.threads = 2;
+  try {
+    convert(Checkpoint::open(dir + "/src"), dir + "/out/cv", spec, nullptr, opt);
+    FAIL() << "converted a damaged source";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(file + ": its MD5 is "), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/out")) << "nothing is made, the folder above DST included";
+  // Asked not to check, it converts what is there.
+  opt.verifySource = false;
+  const ConvertStats unchecked =
+      convert(Checkpoint::open(dir + "/src"), dir + "/out/cv", spec, nullptr, opt);
+  EXPECT_EQ(unchecked.verifiedFiles, 0u);
+}
+
+// Note [Outputs left as found]: a conversion or a saveTensors that stops part way (here through
+// ConvertOptions::stop, as keel ckpt convert's Ctrl-C does) removes what it wrote: a folder it
+// made goes with the folders above it that it made, a folder that was there empty is emptied.
+TEST(ReshardTest, AStoppedWriteLeavesTheFolderAsItFoundIt) {
+  const std::string dir = tempDir();
+  savedWithDigests(dir + "/src");
+  const Checkpoint src = Checkpoint::open(dir + "/src");
+  TargetSpec spec;
+  spec.tp = 3;
+  int shards = 0;
+  ConvertOptions opt;
+  opt.fileDigests = true;
+  opt.progress = [&](uint64_t, uint64_t) { ++shards; };
+  opt.stop = [&] { return shards >= 2; };  // after two target shards are written
+  EXPECT_THROW(convert(src, dir + "/new/deeper/cv", spec, nullptr, opt), Error);
+  EXPECT_EQ(shards, 2);
+  EXPECT_FALSE(fs::exists(dir + "/new"));
+  fs::create_directories(dir + "/empty");
+  shards = 0;
+  EXPECT_THROW(convert(src, dir + "/empty", spec, nullptr, opt), Error);
+  EXPECT_TRUE(fs::is_directory(dir + "/empty"));
+  EXPECT_TRUE(fs::is_empty(dir + "/empty"));
+  // The same through saveTensors; and the folder takes the write again once it is not stopped.
+  std::vector<float> w(24, 1.0f), b(6, 2.0f);
+  std::vector<HostTensor> ts = {{"w.weight", st::DType::F32, {6, 4}, w.data()},
+                                {"b", st::DType::F32, {6}, b.data()}};
+  shards = 0;
+  EXPECT_THROW(saveTensors(dir + "/empty", ts, spec, "{\"step\": 1}", opt), Error);
+  EXPECT_TRUE(fs::is_empty(dir + "/empty"));
+  EXPECT_THROW(saveTensors(dir + "/made/st", ts, spec, "", opt), Error);
+  EXPECT_FALSE(fs::exists(dir + "/made"));
+  opt.stop = nullptr;
+  saveTensors(dir + "/empty", ts, spec, "{\"step\": 1}", opt);
+  EXPECT_EQ(Checkpoint::open(dir + "/empty").metadata().trainState, "{\"step\":1}");
+}
+
+// saveTensors checked trainStateJson only after writing the shards (a raw JSON library message,
+// and a folder left with a shard and keel-checkpoint.json.tmp), and a repeated key or one named
+// __metadata__ left an empty folder that a retry then refused. Each is named before anything is
+// made.
+TEST(ReshardTest, SaveTensorsChecksItsArgumentsFirst) {
+  const std::string dir = tempDir();
+  std::vector<float> a(12, 1.0f), b(12, 2.0f);
+  const std::vector<HostTensor> one = {{"a", st::DType::F32, {3, 4}, a.data()}};
+  auto refused = [&](const std::string& sub, const std::vector<HostTensor>& ts,
+                     const std::string& state, const std::string& want) {
+    SCOPED_TRACE(sub);
+    try {
+      saveTensors(dir + "/" + sub, ts, {}, state);
+      ADD_FAILURE() << "saved";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), want);
+    }
+    EXPECT_FALSE(fs::exists(dir + "/" + sub));
+  };
+  refused("s5", one, "{not json",
+          "saveTensors: trainStateJson is not valid JSON (line 1, column 3: syntax error while "
+          "parsing object key - invalid literal; last read: '{no'; expected string literal)");
+  refused("s5b", one, "[1, 2]", "saveTensors: trainStateJson must be a JSON object, got array");
+  refused("s2", {one[0], {"a", st::DType::F32, {3, 4}, b.data()}}, "",
+          "saveTensors: tensors: the key 'a' is given twice");
+  refused("s7", {one[0], {"__metadata__", st::DType::F32, {3, 4}, b.data()}}, "",
+          "saveTensors: tensors: the key '__metadata__' is reserved (safetensors keeps its "
+          "metadata under that name)");
+  // A folder that holds something is refused and kept as it is.
+  fs::create_directories(dir + "/precious");
+  writeFile(dir + "/precious/notes.txt", "keep");
+  EXPECT_THROW(saveTensors(dir + "/precious", one, {}), Error);
+  EXPECT_EQ(readFileBytes(dir + "/precious/notes.txt"), "keep");
+  saveTensors(dir + "/s5", one, {}, "{\"note\": \"fine\"}");
+  EXPECT_TRUE(fs::exists(dir + "/s5/keel-checkpoint.json"));
+}
+
+// A plain file that is not a safetensors file (notes.txt) said "safetensors header length
+// 752779967576960878 exceeds the file"; it is named as a file, not a checkpoint, as --resume
+// names it. A damaged file called .safetensors still gets the safetensors reader's reason.
+TEST(ReshardTest, APlainFileIsNotACheckpoint) {
+  const std::string dir = tempDir();
+  writeFile(dir + "/notes", "notadir\n");
+  try {
+    Checkpoint::open(dir + "/notes");
+    FAIL() << "opened";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              dir +
+                  "/notes is a file, not a checkpoint (a step-* folder, a --ckpt-dir holding "
+                  "them, or a .safetensors file)");
+  }
+  writeFile(dir + "/x.safetensors", "notadir\n");
+  try {
+    Checkpoint::open(dir + "/x.safetensors");
+    FAIL() << "opened";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the file"), std::string::npos) << e.what();
+  }
+  // A safetensors file by another name is still one.
+  savedWithDigests(dir + "/ck");
+  fs::copy_file(dir + "/ck/model-00000-of-00002.safetensors", dir + "/weights.bin");
+  EXPECT_EQ(Checkpoint::open(dir + "/weights.bin").metadata().files.size(), 1u);
+  try {
+    resolveCheckpoint(dir + "/notes");
+    FAIL() << "resolved";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              dir +
+                  "/notes is a file, not a checkpoint (a step-* folder, or a --ckpt-dir "
+                  "holding them)");
+  }
+}
+
 TEST(ReshardTest, LoadChecksKeysShapesAndCastsFloats) {
   const std::string dir = tempDir();
   Arr a = randomArr(st::DType::BF16, {4, 4}, 1), b = randomArr(st::DType::F32, {3}, 2);

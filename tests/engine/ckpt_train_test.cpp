@@ -6,6 +6,8 @@
 // `keel ckpt` commands work, with one-line errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -179,6 +181,155 @@ TEST(TrainCheckpointTest, SeparateQkvToFusedQkvAndBackGivesTheSameLoss) {
   EXPECT_EQ(loaded.step().loss, tr.step().loss);
 }
 
+// Note [Key order]: keys made by rules took the end of the key order, each followed by its own
+// state, so a round trip through rules (separate q/k/v, fuse them per head, and back) held the
+// same tensors in other bytes. A produced key takes its sources' place: the round trip writes the
+// plain conversion's bytes.
+TEST(TrainCheckpointTest, ARoundTripThroughRulesWritesThePlainConversionsBytes) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 3, corpus(), 4);
+  tr.run(1);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/orig", 3);
+  const std::string h = std::to_string(cfg.n_head);
+  auto rules = [&](const std::string& text, const std::string& name) {
+    test::writeFile(dir + "/" + name, text);
+    return aoa::parseFile(dir + "/" + name);
+  };
+  aoa::Program separate = rules(
+      "blocks.$LAYER_ID.attn.qkv.weight -> blocks.$LAYER_ID.attn.q.weight, "
+      "blocks.$LAYER_ID.attn.k.weight, blocks.$LAYER_ID.attn.v.weight, axis=0\n",
+      "separate.aoa");
+  aoa::Program fuse = rules(
+      "blocks.$LAYER_ID.attn.q.weight, blocks.$LAYER_ID.attn.k.weight, "
+      "blocks.$LAYER_ID.attn.v.weight -> blocks.$LAYER_ID.attn.wqkv, fused_qkv, num_heads=" +
+          h + "\n",
+      "fuse.aoa");
+  aoa::Program back = rules(
+      "blocks.$LAYER_ID.attn.wqkv -> q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID, "
+      "fused_qkv, num_heads=" +
+          h +
+          "\nq.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID -> "
+          "blocks.$LAYER_ID.attn.qkv.weight, axis=0\n",
+      "back.aoa");
+  TargetSpec spec;
+  spec.tp = 2;
+  convert(Checkpoint::open(dir + "/orig"), dir + "/sep", spec, &separate);
+  spec.tp = 3;
+  convert(Checkpoint::open(dir + "/sep"), dir + "/fused", spec, &fuse);
+  spec.tp = 1;
+  convert(Checkpoint::open(dir + "/fused"), dir + "/back", spec, &back);
+  convert(Checkpoint::open(dir + "/orig"), dir + "/plain", spec, nullptr);
+  const std::string file = "/model-00000-of-00001.safetensors";
+  EXPECT_TRUE(test::readFileBytes(dir + "/back" + file) ==
+              test::readFileBytes(dir + "/plain" + file))
+      << "the files' bytes differ";
+  EXPECT_EQ(test::readFileBytes(dir + "/back/keel-checkpoint.json"),
+            test::readFileBytes(dir + "/plain/keel-checkpoint.json"));
+  // The separated keys sit where qkv sat, each followed by nothing else's state: parameters in
+  // model order, then each parameter's state.
+  std::vector<std::string> keys;
+  const Checkpoint sep = Checkpoint::open(dir + "/sep");
+  for (const KeyInfo& k : sep.metadata().keys) keys.push_back(k.key);
+  const auto at = [&](const std::string& k) {
+    return std::find(keys.begin(), keys.end(), k) - keys.begin();
+  };
+  EXPECT_EQ(at("blocks.0.attn.q.weight") + 1, at("blocks.0.attn.k.weight"));
+  EXPECT_LT(at("blocks.0.attn.v.weight"), at("blocks.0.attn.proj.weight"));
+  EXPECT_LT(at("lm_head.weight"), at("wte.weight::exp_avg"));
+  EXPECT_EQ(at("blocks.0.attn.q.weight::exp_avg") + 2, at("blocks.0.attn.q.weight::step"));
+  EXPECT_EQ(at("blocks.0.attn.q.weight::step") + 1, at("blocks.0.attn.k.weight::exp_avg"));
+  EXPECT_LT(at("blocks.0.attn.v.weight::step"), at("blocks.0.attn.proj.weight::exp_avg"));
+}
+
+// train_state's step was trusted: a checkpoint whose step was edited (or put together from two)
+// resumed at step 2 with AdamW counters at 5 (the wrong learning rate, no word). It must agree
+// with the optimizer's step counters.
+TEST(TrainCheckpointTest, AStepThatDisagreesWithTheStepCountersIsRefused) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 1, corpus(), 6);
+  tr.run(3);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/c", 2);
+  const std::string meta = dir + "/c/keel-checkpoint.json";
+  const std::string good = test::readFileBytes(meta);
+  for (int64_t step : {2, 4, 0}) {
+    SCOPED_TRACE(step);
+    nlohmann::json j = nlohmann::json::parse(good);
+    j["train_state"]["step"] = step;
+    test::writeFile(meta, j.dump());
+    Trainer other(cfg, Device(Backend::Cpu), 1, corpus(), 6);
+    try {
+      loadTrainingCheckpoint(other, dir + "/c");
+      ADD_FAILURE() << "resumed";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                dir + "/c: train_state says step " + std::to_string(step) +
+                    " but the optimizer's step counters say 3 ('wte.weight::step'): the "
+                    "metadata and the tensors disagree (edited, or put together from two "
+                    "checkpoints); refusing to resume");
+    }
+  }
+  test::writeFile(meta, good);
+  Trainer other(cfg, Device(Backend::Cpu), 1, corpus(), 6);
+  loadTrainingCheckpoint(other, dir + "/c");
+  EXPECT_EQ(other.stepsDone(), 3);
+}
+
+// Note [Resumed settings]: a checkpoint resumed with another config of the same shapes trained
+// another curve without a word. What differs is named (the config's name, and each setting that
+// changes training with both values), and the resume goes on.
+TEST(TrainCheckpointTest, ResumingWithOtherSettingsNamesThem) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 1, corpus(), 4);
+  tr.run(1);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/c", 1);
+  const std::string tail = ": the resumed run trains with this run's settings, not the saved run's";
+  std::string warning = "unset";
+  {
+    Trainer same(cfg, Device(Backend::Cpu), 1, corpus(), 4);
+    loadTrainingCheckpoint(same, dir + "/c", nullptr, &warning);
+    EXPECT_EQ(warning, "");
+  }
+  GptConfig other = cfg;
+  other.dropout = 0.25;
+  other.lr = 0.02;
+  other.eval_every = 3;  // validation settings do not change training: not named
+  {
+    Trainer t(other, Device(Backend::Cpu), 1, corpus(), 4);
+    loadTrainingCheckpoint(t, dir + "/c", nullptr, &warning);
+    EXPECT_EQ(warning, dir +
+                           "/c was saved by a run of config 'gpt-tiny' with other settings; "
+                           "saved vs this run: dropout 0.0 vs 0.25, lr 0.01 vs 0.02" +
+                           tail);
+    EXPECT_EQ(t.stepsDone(), 1);
+  }
+  other.name = "gpt-other";
+  {
+    Trainer t(other, Device(Backend::Cpu), 1, corpus(), 4);
+    loadTrainingCheckpoint(t, dir + "/c", nullptr, &warning);
+    EXPECT_EQ(warning, dir +
+                           "/c was saved by a run of config 'gpt-tiny', and this run's config "
+                           "is 'gpt-other'; saved vs this run: dropout 0.0 vs 0.25, lr 0.01 "
+                           "vs 0.02" +
+                           tail);
+  }
+  // A checkpoint that records only the config's name (saved before the settings were).
+  const std::string meta = dir + "/c/keel-checkpoint.json";
+  nlohmann::json j = nlohmann::json::parse(test::readFileBytes(meta));
+  j["train_state"].erase("config");
+  test::writeFile(meta, j.dump());
+  {
+    Trainer t(other, Device(Backend::Cpu), 1, corpus(), 4);
+    loadTrainingCheckpoint(t, dir + "/c", nullptr, &warning);
+    EXPECT_EQ(warning, dir +
+                           "/c was saved by a run of config 'gpt-tiny', and this run's config is "
+                           "'gpt-other'" +
+                           tail);
+  }
+}
+
 // ---- the command-line tool --------------------------------------------------------------------
 
 #ifdef KEEL_CLI_PATH
@@ -304,6 +455,11 @@ TEST(CkptCliTest, AChangedByteInACheckpointFileIsNamedNotTrainedOn) {
   expectOneLineError(
       runKeelCli("ckpt convert --verify " + dir + "/ck " + dir + "/cv --target-tp 2", dir), named);
   EXPECT_FALSE(std::filesystem::exists(dir + "/cv"));
+  // Converting checks the source's MD5s unasked (a conversion passed the damage on, and --md5
+  // then recorded new digests that vouched for it): one line, nothing written.
+  expectOneLineError(
+      runKeelCli("ckpt convert --md5 " + dir + "/ck " + dir + "/out/cv --target-tp 1", dir), named);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out"));
   const auto unverified = runKeelCli("ckpt inspect " + dir + "/ck", dir);
   ASSERT_EQ(unverified.status, 0) << unverified.err;
   EXPECT_NE(unverified.out.find("files: (MD5s recorded: --verify checks them)"), std::string::npos)
@@ -452,6 +608,92 @@ TEST(CkptCliTest, ABadTrainStateFieldIsNamed) {
   expectOneLineError(runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir),
                      "train_state needs step, seed, batch_generator and dropout_generator (it "
                      "lacks seed)");
+}
+
+// Note [Interrupts]: Ctrl-C or SIGTERM during keel ckpt convert left a half-written DST (no
+// metadata), said nothing, and the rerun was refused ("exists and is not empty"). It stops
+// between shards, removes what it wrote (a DST that was there empty is emptied), says so in one
+// line and exits 128 + signal. The source: 1 GiB of sparse zeros in row-parallel keys (split
+// along axis 1: copied through memory), so the conversion is still running when the test sees
+// DST's files and sends the signal.
+TEST(CkptCliTest, AnInterruptedConversionLeavesDstAsItWas) {
+  const std::string dir = tempDir();
+  const std::string src = dir + "/big.safetensors";
+  {
+    std::vector<st::WriteEntry> entries;
+    for (int l = 0; l < 16; ++l)
+      entries.push_back(
+          {"blocks." + std::to_string(l) + ".mlp.w2.weight", st::DType::F32, {2048, 8192}});
+    st::Writer w(src, entries, {});
+    w.close();  // never written: a sparse file of zeros
+  }
+  std::filesystem::create_directories(dir + "/was-empty");
+  for (const auto& [sig, dst, existed] : std::vector<std::tuple<std::string, std::string, bool>>{
+           {"INT", dir + "/new", false}, {"TERM", dir + "/was-empty", true}}) {
+    SCOPED_TRACE(sig);
+    const std::string out = dir + "/out.txt", err = dir + "/err.txt", rc = dir + "/rc.txt";
+    const std::string script = dir + "/int.sh";
+    std::ofstream(script) << "KEEL_BLAS_TUNE=0 '" << KEEL_CLI_PATH << "' ckpt convert '" << src
+                          << "' '" << dst << "' --target-tp 2 --threads 1 >'" << out << "' 2>'"
+                          << err << "' & pid=$!\n"
+                          << "for i in $(seq 3000); do compgen -G '" << dst
+                          << "/*.safetensors' >/dev/null && break; sleep 0.01; done\n"
+                          << "kill -" << sig << " $pid; wait $pid; echo $? >'" << rc << "'\n";
+    ASSERT_EQ(std::system(("bash '" + script + "'").c_str()), 0);
+    EXPECT_EQ(keel::readFile(rc), sig == "INT" ? "130\n" : "143\n") << keel::readFile(err);
+    EXPECT_EQ(keel::readFile(err), "keel: ckpt convert interrupted (SIG" + sig + "): " + src +
+                                       " was not converted; " + dst + " is left as it was\n");
+    EXPECT_EQ(keel::readFile(out), "");
+    EXPECT_EQ(std::filesystem::exists(dst), existed);
+    if (existed) {
+      EXPECT_TRUE(std::filesystem::is_empty(dst));
+    }
+  }
+  std::filesystem::remove(src);
+}
+
+// A plain file is not a checkpoint: keel ckpt said "safetensors header length ... exceeds the
+// file" of notes, where keel train --resume said what it is. Both say it in the same words.
+TEST(CkptCliTest, APlainFileIsNamedAsOne) {
+  const std::string dir = tempDir();
+  test::writeFile(dir + "/notes", "notadir\n");
+  const std::string said = dir + "/notes is a file, not a checkpoint (a step-* folder, ";
+  for (const std::string& cmd :
+       {"ckpt inspect " + dir + "/notes", "ckpt plan " + dir + "/notes --target-tp 2",
+        "ckpt convert " + dir + "/notes " + dir + "/x --target-tp 2"})
+    expectOneLineError(runKeelCli(cmd, dir),
+                       said + "a --ckpt-dir holding them, or a .safetensors file)");
+  expectOneLineError(
+      runKeelCli("train --config tests/fixtures/gpt-tiny.json --steps 2 --resume " + dir + "/notes",
+                 dir),
+      said + "or a --ckpt-dir holding them)");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/x"));
+}
+
+// Note [Resumed settings]: --resume with another config of the same shapes gives one warning
+// naming what differs, and trains on.
+TEST(CkptCliTest, ResumingWithAnotherConfigWarnsInOneLine) {
+  const std::string dir = tempDir();
+  const std::string base = "train --eval-batches 0 --steps 2 ";
+  ASSERT_EQ(runKeelCli(base + "--config tests/fixtures/gpt-tiny.json --save-every 1 --ckpt-dir " +
+                           dir + "/ck",
+                       dir)
+                .status,
+            0);
+  nlohmann::json cfg =
+      nlohmann::json::parse(keel::readFile(kSrc + "/tests/fixtures/gpt-tiny.json"));
+  cfg["name"] = "gpt-tiny-b";
+  cfg["batch_size"] = 2;
+  test::writeFile(dir + "/b.json", cfg.dump());
+  const auto r =
+      runKeelCli(base + "--config " + dir + "/b.json --resume " + dir + "/ck/step-000001", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "keel: warning: " + dir +
+                       "/ck/step-000001 was saved by a run of config 'gpt-tiny', and this run's "
+                       "config is 'gpt-tiny-b'; saved vs this run: batch_size 4 vs 2: the resumed "
+                       "run trains with this run's settings, not the saved run's\n");
+  EXPECT_NE(r.out.find("resumed from " + dir + "/ck/step-000001 at step 1"), std::string::npos)
+      << r.out;
 }
 
 TEST(CkptCliTest, OneLineErrors) {

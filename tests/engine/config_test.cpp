@@ -71,6 +71,21 @@ TEST(ConfigTest, ShippedConfigsParse) {
   EXPECT_TRUE(loadGptConfig(kSrc + "/tests/fixtures/moe-tiny.json").isMoe());
 }
 
+// A training checkpoint records its config as gptConfigJson's text (Note [Resumed settings]):
+// every field, read back to the same config.
+TEST(ConfigTest, ItsJsonTextReadsBackToTheSameConfig) {
+  GptConfig c = parseGptConfig(R"({"name": "x", "vocab_size": 300, "seq_len": 32, "n_layer": 3,
+      "n_head": 4, "d_model": 64, "d_ff": 96, "norm": "rmsnorm", "position": "rope",
+      "dropout": 0.125, "n_expert": 4, "top_k": 1, "capacity_factor": 2.0, "aux_loss_coef": 0.5,
+      "pack_documents": true, "batch_size": 3, "lr": 0.002, "min_lr": 0.0001,
+      "warmup_steps": 7, "weight_decay": 0.3, "grad_clip": 0.5, "optimizer": "sgd",
+      "momentum": 0.8, "nesterov": true, "beta1": 0.7, "beta2": 0.6, "eps": 1e-6,
+      "eval_every": 5, "eval_batches": 2, "allocator": "caching"})");
+  EXPECT_EQ(parseGptConfig(gptConfigJson(c)), c);
+  const GptConfig d;
+  EXPECT_EQ(parseGptConfig(gptConfigJson(d)), d);
+}
+
 TEST(ConfigTest, DefaultsAreFilled) {
   Json j = baseConfig();
   j.erase("d_ff");

@@ -82,7 +82,9 @@ struct TargetKey {
 };
 
 struct Result {
-  std::vector<TargetKey> keys;  // untouched source keys in source order, then produced keys
+  // In source order, a produced key in the place of its sources (Note [Key order], eval.cpp);
+  // declared keys last.
+  std::vector<TargetKey> keys;
 };
 
 // Applies the statements in order to the source keys. Without a program every key maps to

@@ -79,9 +79,11 @@ class Checkpoint {
   const st::Reader& reader(uint32_t file) const { return *readers_.at(file); }
   uint64_t totalBytes() const;
   // Reads every file and checks it against its MD5 in the metadata (Note [Checkpoint file
-  // digests]); throws keel::Error naming the file that changed since it was saved. Returns the
-  // number of files checked (0: the checkpoint has no digests, a lone .safetensors file).
-  size_t verifyFiles() const;
+  // digests]), `threads` files at a time; throws keel::Error naming the file that changed since
+  // it was saved (the first in file order), or when `stop` returns true (polled between blocks).
+  // Returns the number of files checked (0: the checkpoint has no digests, a lone .safetensors
+  // file).
+  size_t verifyFiles(int threads = 1, const std::function<bool()>& stop = {}) const;
 
  private:
   std::string path_;
@@ -148,6 +150,15 @@ struct ConvertOptions {
   // pass over the files at ~0.7 GB/s a file, so off for conversions unless asked for (keel ckpt
   // convert --md5) and on for training checkpoints.
   bool fileDigests = false;
+  // convert() first checks the source's files against the MD5s its metadata records (Note
+  // [Checkpoint file digests]) and refuses a changed one before anything is written: it reads
+  // every byte anyway, and a converted copy of a damaged file would pass for a good one. A
+  // source without digests (a lone .safetensors file, an older checkpoint) is converted as is.
+  bool verifySource = true;
+  // Polled between target shards and between MD5 blocks: true stops the work with keel::Error,
+  // and convert() / saveTensors() leave the folder as they found it (Note [Outputs left as
+  // found]). keel ckpt convert's Ctrl-C.
+  std::function<bool()> stop;
   // Called after each target shard with (bytes done, total bytes); serialized.
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -157,11 +168,13 @@ struct ConvertStats {
   // plan's "read"; less than bytesRead where nearby pieces were read in one go, gaps included).
   uint64_t bytesWritten = 0, bytesRead = 0, bytesNeeded = 0;
   size_t files = 0, shards = 0, items = 0;
+  size_t verifiedFiles = 0;  // source files checked against their MD5s (verifySource)
   double seconds = 0;
 };
 
 // Converts a checkpoint into a new directory (which must not exist or be empty). The metadata
-// file is written last, so a partial conversion is never mistaken for a checkpoint.
+// file is written last, so a partial conversion is never mistaken for a checkpoint; a conversion
+// that fails or is stopped leaves the directory as it found it (Note [Outputs left as found]).
 ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const TargetSpec& spec,
                      const aoa::Program* rules, const ConvertOptions& opt = {});
 
@@ -173,7 +186,10 @@ struct HostTensor {
   void* data = nullptr;
 };
 
-// Writes tensors as a sharded checkpoint with spec.tp files (ranks simulated in one process).
+// Writes tensors as a sharded checkpoint with spec.tp files (ranks simulated in one process) into
+// `dir`, which must not exist or be empty. The arguments are checked first (trainStateJson: empty
+// or a JSON object; keys distinct, none '__metadata__'); keel::Error names the one at fault, and
+// a failure leaves `dir` as it found it (Note [Outputs left as found]).
 void saveTensors(const std::string& dir, const std::vector<HostTensor>& tensors,
                  const TargetSpec& spec, const std::string& trainStateJson = {},
                  const ConvertOptions& opt = {});
@@ -198,12 +214,17 @@ void loadRank(const Checkpoint& src, const aoa::Program* rules, const TargetSpec
 // Saves parameters, optimizer state and training progress (step, seed, generator positions) of
 // a trainer as dir (written to dir.tmp, then renamed). See Note [Resume bit for bit]. A process
 // alone writes `tp` files; in a multi-rank run every rank calls it and writes its own file (`tp`
-// is not used: Note [Multi-rank checkpoints]).
-void saveTrainingCheckpoint(Trainer& trainer, const std::string& dir, int tp);
+// is not used: Note [Multi-rank checkpoints]; a rank with no part of its own writes none).
+// Returns the number of files written (on every rank).
+size_t saveTrainingCheckpoint(Trainer& trainer, const std::string& dir, int tp);
 // Restores everything saveTrainingCheckpoint wrote (through optional rules). `dir` may also be a
-// --ckpt-dir holding step-* checkpoints: the latest is used. Returns the checkpoint used.
+// --ckpt-dir holding step-* checkpoints: the latest is used. Returns the checkpoint used. Refuses
+// a checkpoint whose train_state step disagrees with its optimizer step counters. `warning`, when
+// given, receives what differs between the checkpoint's config and the trainer's (name, and the
+// settings that change training), empty when nothing does (Note [Resumed settings]).
 std::string loadTrainingCheckpoint(Trainer& trainer, const std::string& dir,
-                                   const aoa::Program* rules = nullptr);
+                                   const aoa::Program* rules = nullptr,
+                                   std::string* warning = nullptr);
 // The checkpoint directory `dir` names: itself when it holds keel-checkpoint.json, else its
 // latest step-* subdirectory. Throws keel::Error when there is none.
 std::string resolveCheckpoint(const std::string& dir);

@@ -61,6 +61,7 @@ struct GptConfig {
   bool pack_documents = false;
 
   bool isMoe() const { return n_expert > 0; }
+  bool operator==(const GptConfig&) const = default;
   int64_t headDim() const { return d_model / n_head; }
 };
 
@@ -68,6 +69,9 @@ struct GptConfig {
 GptConfig loadGptConfig(const std::string& path);
 // Validates JSON text; `source` names it in messages (a path, or "<string>").
 GptConfig parseGptConfig(const std::string& jsonText, const std::string& source = "<string>");
+// The config as JSON text, every field: parseGptConfig reads it back to the same config (a
+// training checkpoint records it, so a resume with other settings is named).
+std::string gptConfigJson(const GptConfig& cfg);
 // Checks ranges and cross-field rules of a config built in code (same messages as parsing).
 void validateGptConfig(const GptConfig& cfg, const std::string& source = "<config>");
 

@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -297,7 +299,11 @@ Metadata metadataFromJson(std::string_view text, const std::string& source) {
 
 // ---- opening -----------------------------------------------------------------------------
 
-namespace {}  // namespace
+std::string detail::notACheckpointText(const std::string& path, bool safetensorsToo) {
+  return path + " is a file, not a checkpoint (a step-* folder, " +
+         (safetensorsToo ? "a --ckpt-dir holding them, or a .safetensors file)"
+                         : "or a --ckpt-dir holding them)");
+}
 
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint c;
@@ -360,19 +366,23 @@ Checkpoint Checkpoint::open(const std::string& path) {
 // checkpoints (keel train --ckpt-dir, every rank's file of a multi-rank run), for conversions
 // when asked (ConvertOptions::fileDigests, keel ckpt convert --md5: one more pass over the output
 // at ~0.7 GB/s a file, which a resharding tool for large checkpoints should not pay unasked).
-// Resuming reads every file once more and refuses one whose digest differs, naming it, as do
-// `keel ckpt inspect --verify` and `keel ckpt convert --verify`; a checkpoint without digests
-// (saved before them, or converted without --md5) is read as before. MD5 through OpenSSL, as the
-// tensor digests of recordings are.
-std::string detail::fileMd5(const std::string& path) {
+// Resuming reads every file once more and refuses one whose digest differs, naming it, as does
+// `keel ckpt inspect --verify`; a conversion checks its source first whenever the source records
+// digests (ConvertOptions::verifySource: it reads every byte anyway, and a converted copy of a
+// damaged file, given new digests by --md5, resumed as a good one), before it writes anything,
+// one file per thread. A checkpoint without digests (saved before them, or converted without
+// --md5) is read as before. MD5 through OpenSSL, as the tensor digests of recordings are.
+std::string detail::fileMd5(const std::string& path, const StopFn& stop) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   KEEL_CHECK(f, path, ": cannot open (", std::strerror(errno), ")");
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   KEEL_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_md5(), nullptr) == 1, path,
              ": cannot start an MD5");
   std::vector<unsigned char> buf(size_t(1) << 20);
-  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;)
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0;) {
+    throwIfStopped(stop);
     EVP_DigestUpdate(ctx.get(), buf.data(), n);
+  }
   KEEL_CHECK(!std::ferror(f.get()), path, ": read error");
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -386,17 +396,39 @@ std::string detail::fileMd5(const std::string& path) {
   return hex;
 }
 
-size_t Checkpoint::verifyFiles() const {
+size_t Checkpoint::verifyFiles(int threads, const std::function<bool()>& stop) const {
   if (meta_.fileMd5.empty()) return 0;
-  for (size_t i = 0; i < meta_.files.size(); ++i) {
-    const std::string file = (fs::path(path_) / meta_.files[i]).string();
-    const std::string got = detail::fileMd5(file);
-    KEEL_CHECK(got == meta_.fileMd5[i], file, ": its MD5 is ", got, " but ", kMetadataFile,
-               " says ", meta_.fileMd5[i],
-               ": the file changed after the checkpoint was saved (damaged or edited); "
-               "refusing to read it");
+  const size_t n = meta_.files.size();
+  std::vector<std::string> errors(n);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto work = [&] {
+    for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
+      const std::string file = (fs::path(path_) / meta_.files[i]).string();
+      try {
+        const std::string got = detail::fileMd5(file, stop);
+        if (got != meta_.fileMd5[i])
+          errors[i] = file + ": its MD5 is " + got + " but " + kMetadataFile + " says " +
+                      meta_.fileMd5[i] +
+                      ": the file changed after the checkpoint was saved (damaged or edited); "
+                      "refusing to read it";
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+      if (!errors[i].empty()) failed = true;
+    }
+  };
+  const size_t pool = std::clamp<size_t>(size_t(std::max(threads, 1)), 1, n);
+  if (pool <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> ts;
+    for (size_t t = 0; t < pool; ++t) ts.emplace_back(work);
+    for (auto& t : ts) t.join();
   }
-  return meta_.files.size();
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+  return n;
 }
 
 uint64_t Checkpoint::totalBytes() const {
@@ -487,6 +519,11 @@ void Plan::shardBox(const TargetShard& s, Dims& offset, Dims& shape) const {
 }
 
 namespace detail {
+
+// Here, not in exec.cpp: the parsers' fuzz targets link this file without the executor.
+void throwIfStopped(const StopFn& stop) {
+  if (stop && stop()) throw Error("stopped before it finished (ConvertOptions::stop)");
+}
 
 std::vector<aoa::SourceKey> sourceKeys(const Metadata& m) {
   std::vector<aoa::SourceKey> out;

@@ -3,10 +3,13 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "keel/base/output_path.h"
 #include "keel/checkpoint.h"
 
 namespace keel::ckpt::detail {
@@ -85,13 +88,40 @@ Plan planFor(const Metadata& src, aoa::Result target, const TargetSpec& spec, bo
 // Source keys as the AOA evaluator sees them.
 std::vector<aoa::SourceKey> sourceKeys(const Metadata& m);
 
+// "<path> is a file, not a checkpoint (a step-* folder, or a --ckpt-dir holding them)": what
+// --resume says of a plain file, and (safetensorsToo: ", or a .safetensors file") keel ckpt.
+std::string notACheckpointText(const std::string& path, bool safetensorsToo);
+
 std::string fileName(int rank, int ranks);  // "model-00000-of-00004.safetensors"
 
-// Writes dir/keel-checkpoint.json (beside, then renamed into place).
-// Writes dir/keel-checkpoint.json, with each of m's files' MD5 when `digests` (Note [Checkpoint
-// file digests]).
-void writeMetadata(const std::string& dir, Metadata m, bool digests);
-// The MD5 (hex) of a whole file.
-std::string fileMd5(const std::string& path);
+using StopFn = std::function<bool()>;
+// Throws keel::Error when `stop` is set and returns true (ConvertOptions::stop).
+void throwIfStopped(const StopFn& stop);
+
+// Writes dir/keel-checkpoint.json (beside, then renamed into place), with each of m's files' MD5
+// when `digests` (Note [Checkpoint file digests]); `stop` is polled between MD5 blocks.
+void writeMetadata(const std::string& dir, Metadata m, bool digests, const StopFn& stop = {});
+// The MD5 (hex) of a whole file; `stop` is polled between blocks.
+std::string fileMd5(const std::string& path, const StopFn& stop = {});
+
+// A new checkpoint folder being written (Note [Outputs left as found]): locks it, makes the
+// folders above it, and checks it is absent or empty; unless keep() is called, destruction
+// removes what was made (the folder, or what it holds when it was there empty, and the folders
+// above it that were made).
+class NewDir {
+ public:
+  explicit NewDir(const std::string& dir);
+  ~NewDir();
+  NewDir(const NewDir&) = delete;
+  NewDir& operator=(const NewDir&) = delete;
+  void keep() { kept_ = true; }
+
+ private:
+  void removeMadeParents();
+  std::string dir_;
+  std::vector<std::string> madeParents_;  // deepest first
+  std::unique_ptr<OutputLock> lock_;
+  bool existed_ = false, kept_ = false;
+};
 
 }  // namespace keel::ckpt::detail

@@ -19,6 +19,9 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
 
 #include "ckpt_internal.h"
 #include "keel/base/output_path.h"
@@ -533,6 +536,7 @@ uint64_t execute(const Plan& plan, const Metadata& src, const Source& source, Si
     try {
       for (;;) {
         if (stop.load()) return;
+        throwIfStopped(opt.stop);
         const size_t si = take(file);
         if (si >= n) return;
         const TargetShard& ts = plan.shards[si];
@@ -766,18 +770,18 @@ void prepareDir(const std::string& dir) {
   }
 }
 
+// Fills dstDir (prepared by a NewDir) with the plan's files and the metadata.
 ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& source,
                       const std::string& dstDir, const std::string& trainState,
                       const ConvertOptions& opt) {
   auto t0 = std::chrono::steady_clock::now();
-  prepareDir(dstDir);
   Metadata out;
   out.trainState = trainState;
   FileSink sink(plan, dstDir, out);
   ConvertStats stats;
   stats.bytesRead = execute(plan, src, source, sink, opt);
   sink.close();
-  writeMetadata(dstDir, out, opt.fileDigests);
+  writeMetadata(dstDir, out, opt.fileDigests, opt.stop);
   stats.bytesWritten = plan.bytesWritten;
   stats.bytesNeeded = plan.bytesRead;
   stats.files = size_t(plan.tp);
@@ -789,11 +793,12 @@ ConvertStats runToDir(const Plan& plan, const Metadata& src, const Source& sourc
 
 }  // namespace
 
-void writeMetadata(const std::string& dir, Metadata m, bool digests) {
+void writeMetadata(const std::string& dir, Metadata m, bool digests, const StopFn& stop) {
   namespace fs = std::filesystem;
   m.fileMd5.clear();  // Note [Checkpoint file digests]: of the files as written
   if (digests)
-    for (const std::string& f : m.files) m.fileMd5.push_back(fileMd5((fs::path(dir) / f).string()));
+    for (const std::string& f : m.files)
+      m.fileMd5.push_back(fileMd5((fs::path(dir) / f).string(), stop));
   const std::string path = (fs::path(dir) / kMetadataFile).string();
   const std::string tmp = path + ".tmp";
   {
@@ -808,68 +813,105 @@ void writeMetadata(const std::string& dir, Metadata m, bool digests) {
   KEEL_CHECK(!ec, path, ": cannot rename into place (", ec.message(), ")");
 }
 
+// Note [Outputs left as found]
+// Writing a new checkpoint folder (convert, saveTensors, and through it a training save's
+// step-N.tmp) either finishes or leaves the folder as it found it: absent, or empty. A write
+// error, a full disk, a file-size limit, an argument found wrong late or a stop
+// (ConvertOptions::stop: keel ckpt convert's Ctrl-C) removes what was made, the folders above it
+// that the write created included, so the same call can run again (a half-written folder was
+// refused as "exists and is not empty"). Every argument is checked before the folder is made. One
+// writer per folder: an OutputLock on .DST.lock beside it (two conversions into one empty folder
+// both said "converted" over a mix of their files, or one removed what the other wrote); the lock
+// sits in the folder's parent, so the folders above it that do not exist are made first.
+NewDir::NewDir(const std::string& dir) : dir_(dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dst = fs::path(dir).lexically_normal();
+  if (dst.filename().empty()) dst = dst.parent_path();  // "out/"
+  for (fs::path p = dst.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+    madeParents_.push_back(p.string());
+  if (!madeParents_.empty()) fs::create_directories(dst.parent_path(), ec);
+  try {
+    lock_ = std::make_unique<OutputLock>(dst.string());
+    existed_ = fs::exists(dir, ec);
+    prepareDir(dir);  // absent or empty, else refused: a refused folder is never cleaned
+  } catch (...) {
+    lock_.reset();
+    removeMadeParents();
+    throw;
+  }
+}
+
+NewDir::~NewDir() {
+  if (kept_) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!existed_) {
+    fs::remove_all(dir_, ec);
+    lock_.reset();
+    removeMadeParents();
+  } else if (fs::is_directory(dir_, ec)) {
+    for (const auto& e : fs::directory_iterator(dir_, ec)) fs::remove_all(e.path(), ec);
+  }
+}
+
+void NewDir::removeMadeParents() {
+  std::error_code ec;
+  for (const std::string& p : madeParents_) std::filesystem::remove(p, ec);  // deepest first
+}
+
 }  // namespace detail
 
 ConvertStats convert(const Checkpoint& src, const std::string& dstDir, const TargetSpec& spec,
                      const aoa::Program* rules, const ConvertOptions& opt) {
   Plan plan = makePlan(src.metadata(), rules, spec);  // validates everything first
+  // Note [Checkpoint file digests]: a damaged source is refused before anything is made (a
+  // conversion passed a flipped byte on, and --md5 then vouched for it).
+  const size_t verified = opt.verifySource ? src.verifyFiles(opt.threads, opt.stop) : 0;
   detail::FileSource source(src);
-  // A conversion that fails (a full disk, a file-size limit) leaves DST as it found it: absent,
-  // or empty — so the same command can run again.
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  // One writer per DST (an OutputLock on .DST.lock beside it): two conversions into one empty
-  // folder both said "converted" over a mix of their files, or one removed what the other wrote.
-  // The lock sits in DST's parent, so the folders above DST that do not exist are made first,
-  // and removed again if the conversion fails.
-  fs::path dst = fs::path(dstDir).lexically_normal();
-  if (dst.filename().empty()) dst = dst.parent_path();  // "out/"
-  std::vector<fs::path> madeParents;
-  for (fs::path p = dst.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
-    madeParents.push_back(p);
-  if (!madeParents.empty()) fs::create_directories(dst.parent_path(), ec);
-  auto removeMadeParents = [&] {
-    for (const fs::path& p : madeParents) fs::remove(p, ec);  // deepest first; only if empty
-  };
-  std::optional<OutputLock> lock;
-  try {
-    lock.emplace(dst.string());
-  } catch (...) {
-    removeMadeParents();
-    throw;
-  }
-  const bool existed = fs::exists(dstDir, ec);
-  // DST must be absent or empty (refused here, before the try: a refused DST is never cleaned).
-  detail::prepareDir(dstDir);
-  try {
-    return detail::runToDir(plan, src.metadata(), source, dstDir, src.metadata().trainState, opt);
-  } catch (...) {
-    if (!existed) {
-      fs::remove_all(dstDir, ec);
-      lock.reset();
-      removeMadeParents();
-    } else if (fs::is_directory(dstDir, ec)) {
-      for (const auto& e : fs::directory_iterator(dstDir, ec)) fs::remove_all(e.path(), ec);
-    }
-    throw;
-  }
+  detail::NewDir out(dstDir);  // Note [Outputs left as found]
+  ConvertStats stats =
+      detail::runToDir(plan, src.metadata(), source, dstDir, src.metadata().trainState, opt);
+  out.keep();
+  stats.verifiedFiles = verified;
+  return stats;
 }
 
 void saveTensors(const std::string& dir, const std::vector<HostTensor>& tensors,
                  const TargetSpec& spec, const std::string& trainStateJson,
                  const ConvertOptions& opt) {
+  // Every argument is checked before the folder is made (Note [Outputs left as found]).
+  if (!trainStateJson.empty()) {
+    nlohmann::json state;
+    try {
+      checkJsonDepth(trainStateJson, "saveTensors: trainStateJson");  // Note [Bounded JSON]
+      state = nlohmann::json::parse(trainStateJson);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("saveTensors: trainStateJson is not valid JSON (" + jsonErrorText(e.what()) +
+                  ")");
+    }
+    KEEL_CHECK(state.is_object(), "saveTensors: trainStateJson must be a JSON object, got ",
+               state.type_name());
+  }
   Metadata src;
   src.files = {"<memory>"};
+  std::unordered_set<std::string_view> names;
   for (const auto& t : tensors) {
-    KEEL_CHECK(t.data != nullptr || st::byteCount(t.shape, t.dtype, t.key) == 0, "saveTensors: '",
-               t.key, "' has no data");
+    KEEL_CHECK(t.key != "__metadata__", "saveTensors: tensors: the key '__metadata__' is reserved ",
+               "(safetensors keeps its metadata under that name)");
+    KEEL_CHECK(names.insert(t.key).second, "saveTensors: tensors: the key '", t.key,
+               "' is given twice");
+    KEEL_CHECK(t.data != nullptr || st::byteCount(t.shape, t.dtype, t.key) == 0,
+               "saveTensors: tensors: '", t.key, "' has no data");
     src.keys.push_back(
         detail::wholeKey(t.key, t.dtype, t.shape, 0,
                          st::byteCount(t.shape, t.dtype, "saveTensors: '" + t.key + "'")));
   }
   Plan plan = makePlan(src, nullptr, spec);
   detail::MemorySource source(tensors);
+  detail::NewDir out(dir);
   detail::runToDir(plan, src, source, dir, trainStateJson, opt);
+  out.keep();
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "ckpt_internal.h"
 #include "json_keys.h"
 #include "keel/base/text.h"
 #include "keel/error.h"
@@ -254,6 +255,11 @@ Reader::Reader(const std::string& path) : path_(path) {
                " bytes, shorter than the 8-byte header length)");
     readAt(0, len, 8);
     refuseOtherKinds(len, fileSize_, path);
+    // Any other file that cannot be one, by a name that does not say it is (notes.txt): named as
+    // --resume names a plain file, not by a header length of 752779967576960878 bytes.
+    const bool named = path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+    KEEL_CHECK(named || readU64LE(len) <= fileSize_ - 8,
+               ckpt::detail::notACheckpointText(path, true));
     uint64_t n = checkedHeaderLength(readU64LE(len), fileSize_, path);
     std::string text(size_t(n), '\0');
     readAt(8, text.data(), size_t(n));

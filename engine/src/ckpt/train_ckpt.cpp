@@ -16,6 +16,7 @@
 #include "keel/data.h"
 #include "keel/dist.h"
 #include "keel/error.h"
+#include "keel/gpt_config.h"
 #include "keel/nn.h"
 #include "keel/observer.h"
 #include "keel/ops.h"
@@ -39,12 +40,15 @@ namespace keel::ckpt {
 //
 // Note [Multi-rank checkpoints]: a checkpoint describes every tensor from a single-device point
 // of view (global shape; each shard a box in it), so each rank of a multi-rank run writes its own
-// file, `model-RRRRR-of-WWWWW.safetensors`, holding the boxes only it has: its tensor-parallel
-// part of a sharded key (a fused q/k/v weight's part is three boxes, stored as KEY, KEY#1, KEY#2),
-// written by the first data-parallel replica (an expert's by the first rank holding it: Note
-// [Expert-parallel MoE]); a replicated key by tensor-parallel rank 0 of that replica; under --zero
-// (Note [Sharded optimizer state]) each dp rank's rows of the optimizer moments; a step counter
-// with its parameter's first box. Every file carries its boxes in its header's metadata
+// file, `model-RRRRR-of-WWWWW.safetensors` (RRRRR its rank, WWWWW the number of ranks), holding
+// the boxes only it has — a rank with none writes no file, so a dp-only run of 2 ranks writes
+// model-00000-of-00002 alone (the names say who wrote a file; the metadata lists the files): its
+// tensor-parallel part of a sharded key (a fused q/k/v weight's part is three boxes, stored as KEY,
+// KEY#1, KEY#2), written by the first data-parallel replica (an expert's by the first rank holding
+// it: Note [Expert-parallel MoE]); a replicated key by tensor-parallel rank 0 of that replica;
+// under --zero (Note [Sharded optimizer state]) each dp rank's rows of the optimizer moments; a
+// step counter with its parameter's first box. Every file carries its boxes in its header's
+// metadata
 // ("keel_boxes"); once every rank has written (an all_reduce of a success flag), rank 0 reads the
 // headers, checks each key is tiled exactly, writes keel-checkpoint.json and renames the
 // directory into place. Nothing is gathered, and no rank holds more than its own part. Resuming,
@@ -92,8 +96,7 @@ std::string stepDirName(int64_t step) {
 std::string resolveCheckpoint(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(fs::path(dir) / kMetadataFile, ec)) return dir;
-  KEEL_CHECK(!fs::is_regular_file(dir, ec), dir,
-             " is a file, not a checkpoint (a step-* folder, or a --ckpt-dir holding them)");
+  KEEL_CHECK(!fs::is_regular_file(dir, ec), detail::notACheckpointText(dir, false));
   KEEL_CHECK(fs::is_directory(dir, ec), dir, ": no such checkpoint directory");
   const auto steps = stepCheckpoints(dir);
   KEEL_CHECK(!steps.empty(), dir, ": no checkpoint here (no ", kMetadataFile,
@@ -227,7 +230,7 @@ Metadata gatherMetadata(const std::string& tmp, int world, const std::string& tr
   return m;
 }
 
-void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trainState) {
+size_t saveRankShards(Trainer& tr, const std::string& dir, const std::string& trainState) {
   const int rank = dist::worldRank(), world = dist::worldSize();
   const int dpRank = dist::group("dp").rank, tpRank = dist::group("tp").rank;
   const int edpRank = dist::group("edp").rank;
@@ -281,6 +284,10 @@ void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trai
   }
   if (!everyRankOk(error.empty()))
     throw Error(error.empty() ? dir + ": another rank could not write its shards" : error);
+  // How many ranks wrote a file (a rank with no part of its own writes none: dp replica 1 of a
+  // dp-only run), for the caller's summary.
+  int32_t wrote = fs::exists(fs::path(tmp) / detail::fileName(rank, world), ec) ? 1 : 0, files = 0;
+  dist::allReduce({"all_reduce", "world", DType::Int32, 1, 0}, &wrote, &files, dist::ReduceOp::Sum);
   if (rank == 0) {
     try {
       detail::writeMetadata(tmp, gatherMetadata(tmp, world, trainState), true);
@@ -294,15 +301,17 @@ void saveRankShards(Trainer& tr, const std::string& dir, const std::string& trai
   }
   if (!everyRankOk(error.empty()))
     throw Error(error.empty() ? dir + ": rank 0 could not finish the checkpoint" : error);
+  return size_t(files);
 }
 
 }  // namespace
 
-void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
+size_t saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
   json state = {{"step", tr.stepsDone()},
                 {"seed", tr.seed()},
                 {"optimizer", tr.config().optimizer},
                 {"config_name", tr.config().name},
+                {"config", json::parse(gptConfigJson(tr.config()))},
                 {"data_tokens", tr.dataset().numTokens()},
                 {"batch_generator", generatorJson(tr.batchGenerator())},
                 {"dropout_generator", generatorJson(tr.model().dropoutGenerator())}};
@@ -335,9 +344,66 @@ void saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
   if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
   KEEL_CHECK(!ec, dir, ": cannot move the checkpoint into place (", ec.message(), ")");
+  return size_t(tp);
 }
 
-std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const aoa::Program* rules) {
+namespace {
+
+// Note [Resumed settings]
+// Resuming with another config than the checkpoint's is legitimate (fine-tuning with another
+// learning rate or dropout) as long as the model's shapes agree (else refused), but it no longer
+// continues the saved run: the loss curve differs, and nothing said so. train_state records the
+// config's name and, since they were added, every field ("config"); the fields that change
+// training (all but the name, the allocator and the validation settings) are compared, and the
+// difference is named in one warning. A checkpoint that records only the name is compared by name.
+std::string settingsWarning(const json& state, const GptConfig& cfg, const std::string& path) {
+  const std::string savedName = state.contains("config_name") && state["config_name"].is_string()
+                                    ? state["config_name"].get<std::string>()
+                                    : std::string();
+  std::vector<std::string> differ;
+  if (state.contains("config") && state["config"].is_object()) {
+    const json now = json::parse(gptConfigJson(cfg));
+    for (const auto& [field, saved] : state["config"].items()) {
+      if (field == "name" || field == "allocator" || field == "eval_every" ||
+          field == "eval_batches" || !now.contains(field) || now[field] == saved)
+        continue;
+      differ.push_back(field + " " + clipText(saved.dump(), 40) + " vs " + now[field].dump());
+    }
+  }
+  const bool otherName = state.contains("config_name") && savedName != cfg.name;
+  if (!otherName && differ.empty()) return {};
+  std::string w = path + " was saved by a run of config '" + savedName + "'";
+  if (otherName) w += ", and this run's config is '" + cfg.name + "'";
+  if (!differ.empty())
+    w += std::string(otherName ? "; " : " with other settings; ") +
+         "saved vs this run: " + joinText(differ, ", ");
+  return w + ": the resumed run trains with this run's settings, not the saved run's";
+}
+
+// The optimizer's per-parameter step counters (AdamW's '::step') must agree with train_state's
+// step: the highest counter is the step (every step updates the embedding). An edited or
+// mismatched step resumed silently at another point of the learning-rate schedule.
+void checkStepCounters(const Checkpoint& ck, const aoa::Program* rules,
+                       const std::vector<HostTensor>& counters, int64_t step,
+                       const std::string& path) {
+  if (counters.empty()) return;
+  std::vector<int64_t> values(counters.size(), 0);
+  std::vector<HostTensor> targets = counters;
+  for (size_t i = 0; i < targets.size(); ++i) targets[i].data = &values[i];
+  LoadOptions lo;
+  lo.allowUnused = true;
+  loadTensors(ck, rules, targets, lo);
+  const size_t top = size_t(std::max_element(values.begin(), values.end()) - values.begin());
+  KEEL_CHECK(values[top] == step, path, ": train_state says step ", step,
+             " but the optimizer's step counters say ", values[top], " ('", targets[top].key,
+             "'): the metadata and the tensors disagree (edited, or put together from two "
+             "checkpoints); refusing to resume");
+}
+
+}  // namespace
+
+std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const aoa::Program* rules,
+                                   std::string* warning) {
   const std::string path = resolveCheckpoint(dir);
   Checkpoint ck = Checkpoint::open(path);
   ck.verifyFiles();  // Note [Checkpoint file digests]: a damaged file is named, not trained on
@@ -465,6 +531,15 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
                                : "the checkpoint's '" + foreign + "' is not in this model",
                "); resume with the config the checkpoint was saved with");
   }
+  {
+    std::vector<HostTensor> counters;
+    for (const HostTensor& t : targets)
+      if (t.shape.empty() && t.key.size() > 6 &&
+          t.key.compare(t.key.size() - 6, 6, std::string(aoa::kStateSeparator) + "step") == 0)
+        counters.push_back(t);
+    checkStepCounters(ck, rules, counters, state["step"].get<int64_t>(), path);
+  }
+  if (warning) *warning = settingsWarning(state, tr.config(), path);
   LoadOptions lo;
   // Under expert parallelism the other ranks' experts are in the checkpoint too: leave those
   // keys, and only those, unread (anything else unused is still an error).

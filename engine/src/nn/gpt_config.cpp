@@ -317,6 +317,45 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   return c;
 }
 
+// Every field parseGptConfig reads, by the same names (keep the two in step).
+std::string gptConfigJson(const GptConfig& c) {
+  const Json j = {{"name", c.name},
+                  {"vocab_size", c.vocab_size},
+                  {"seq_len", c.seq_len},
+                  {"n_layer", c.n_layer},
+                  {"n_head", c.n_head},
+                  {"d_model", c.d_model},
+                  {"d_ff", c.d_ff},
+                  {"norm", c.norm},
+                  {"position", c.position},
+                  {"dropout", c.dropout},
+                  {"n_expert", c.n_expert},
+                  {"top_k", c.top_k},
+                  {"capacity_factor", c.capacity_factor},
+                  {"aux_loss_coef", c.aux_loss_coef},
+                  {"pack_documents", c.pack_documents},
+                  {"attention_mask", c.attention_mask},
+                  {"attention_window", c.attention_window},
+                  {"attention_global", c.attention_global},
+                  {"batch_size", c.batch_size},
+                  {"lr", c.lr},
+                  {"min_lr", c.min_lr},
+                  {"warmup_steps", c.warmup_steps},
+                  {"weight_decay", c.weight_decay},
+                  {"grad_clip", c.grad_clip},
+                  {"optimizer", c.optimizer},
+                  {"momentum", c.momentum},
+                  {"nesterov", c.nesterov},
+                  {"beta1", c.beta1},
+                  {"beta2", c.beta2},
+                  {"eps", c.eps},
+                  {"eval_every", c.eval_every},
+                  {"eval_batches", c.eval_batches},
+                  {"dtype", c.dtype},
+                  {"allocator", c.allocator}};
+  return j.dump();
+}
+
 GptConfig loadGptConfig(const std::string& path) {
   std::string text = readFile(path, "config file", kMaxConfigBytes);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)

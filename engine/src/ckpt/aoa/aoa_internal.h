@@ -29,7 +29,12 @@ class Space {
   explicit Space(const std::vector<SourceKey>& src);
   bool has(const std::string& n) const { return index_.count(n) != 0; }
   const TargetKey& get(const std::string& n) const { return slots_[index_.at(n)]; }
-  void add(TargetKey k);
+  // A key's place in the result (Note [Key order] in eval.cpp): its path, compared
+  // lexicographically.
+  using Place = std::vector<uint32_t>;
+  const Place& placeOf(const std::string& n) const { return places_[index_.at(n)]; }
+  // Adds k at `place`; an empty place puts it after every key so far (a declared key).
+  void add(TargetKey k, Place place = {});
   // Removes key n, consumed by the rule on `line`.
   TargetKey take(const std::string& n, int line);
   // The optimizer state suffixes present for a base key ("exp_avg", "step", ...).
@@ -45,6 +50,8 @@ class Space {
 
  private:
   std::vector<TargetKey> slots_;
+  std::vector<Place> places_;
+  uint32_t nextPlace_ = 0;  // the next top-level place
   std::vector<bool> alive_;
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, size_t, std::less<>> bases_;  // live base keys -> slot, for prefixes

@@ -21,6 +21,17 @@ namespace keel::aoa {
 // follows every rule applied to the key: tensors shaped like the key get the same primitive;
 // rank-0 state (AdamW's step counter) is copied from the first source to every target and is
 // never cast. Macros expand before a statement runs, against the keys present at that point.
+//
+// Note [Key order]
+// The result keeps the source's key order (a checkpoint's: parameters in model order, then each
+// parameter's optimizer state), and a produced key takes the place of what it was made from: a
+// renamed key its source's place, the targets of any other rule the place of its earliest
+// source, in the rule's order; their optimizer state likewise the place of the earliest source
+// state, target by target (q's states, then k's, then v's). So rules never move the keys they do
+// not touch, and a round trip (separate q/k/v, fuse them per head, and back) writes the keys in
+// the plain conversion's order: the same bytes. A place is a path (the source index, then the
+// target's index within each rule that made it), compared lexicographically; a declared key
+// (`_ -> x`) goes after every key so far.
 
 namespace detail {
 namespace {
@@ -69,9 +80,34 @@ class Evaluator {
       else
         checkFreeWithin(n);
     }
-    // The parameter, then each state with the same rule.
-    std::vector<std::string> suffixes{""};
+    // The parameter, then each state with the same rule (in the first source's state order).
+    std::vector<std::string> suffixes;
     for (const auto& st : states) suffixes.push_back(std::string(kStateSeparator) + st);
+    std::sort(suffixes.begin(), suffixes.end(), [&](const std::string& a, const std::string& b) {
+      return space_.placeOf(s.lhs[0].text + a) < space_.placeOf(s.lhs[0].text + b);
+    });
+    suffixes.insert(suffixes.begin(), "");
+    // Note [Key order]: where the targets go, found before the sources are taken.
+    const bool rename = t.kind == Kind::Rename;
+    const size_t nstates = suffixes.size() - 1;
+    Space::Place firstParam, firstState;  // the earliest place of a source, of a source state
+    for (size_t si = 0; si < suffixes.size(); ++si)
+      for (const Name& n : s.lhs) {
+        Space::Place& first = si == 0 ? firstParam : firstState;
+        if (const Space::Place& p = space_.placeOf(n.text + suffixes[si]);
+            first.empty() || p < first)
+          first = p;
+      }
+    std::vector<std::vector<Space::Place>> places(suffixes.size(), std::vector<Space::Place>(nr));
+    for (size_t si = 0; si < suffixes.size(); ++si)
+      for (size_t j = 0; j < nr; ++j) {
+        if (rename) {  // pairwise: each target in its own source's place
+          places[si][j] = space_.placeOf(s.lhs[j].text + suffixes[si]);
+          continue;
+        }
+        places[si][j] = si == 0 ? firstParam : firstState;
+        places[si][j].push_back(uint32_t(si == 0 ? j : j * nstates + si - 1));  // target-major
+      }
     std::vector<std::vector<TargetKey>> results;
     for (const std::string& suf : suffixes) {
       std::vector<TargetKey> in;
@@ -87,7 +123,7 @@ class Evaluator {
         if (space_.has(k.name))
           fail(src_, s.rhs[j].pos, "rule produces '" + k.name + "', which already exists");
         producedAt_[k.name] = s.pos.line;
-        space_.add(std::move(k));
+        space_.add(std::move(k), std::move(places[si][j]));
       }
   }
 

@@ -64,10 +64,11 @@ Space::Space(const std::vector<SourceKey>& src) {
   for (uint32_t i = 0; i < src.size(); ++i) add(identityKey(src[i], i));
 }
 
-void Space::add(TargetKey k) {
+void Space::add(TargetKey k, Place place) {
   std::string n = k.name;
   index_[n] = slots_.size();
   slots_.push_back(std::move(k));
+  places_.push_back(place.empty() ? Place{nextPlace_++} : std::move(place));
   alive_.push_back(true);
   auto sep = n.find(kStateSeparator);
   if (sep != std::string::npos)
@@ -120,9 +121,14 @@ std::string Space::nearKeyHint() const {
 }
 
 Result Space::result() {
-  Result r;
+  std::vector<size_t> live;
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (alive_[i]) r.keys.push_back(std::move(slots_[i]));
+    if (alive_[i]) live.push_back(i);
+  // Note [Key order]: places are distinct among live keys.
+  std::sort(live.begin(), live.end(), [&](size_t a, size_t b) { return places_[a] < places_[b]; });
+  Result r;
+  r.keys.reserve(live.size());
+  for (size_t i : live) r.keys.push_back(std::move(slots_[i]));
   return r;
 }
 
