@@ -173,17 +173,22 @@ std::vector<std::string> diagnoseEnded(const std::vector<RankSummary>& ranks) {
                                " without a status, so no process closed " +
                                (ended.size() == 1 ? "it" : "them") +
                                " (killed, crashed, or ended by mpirun after another rank died)"};
-  // A rank that failed with an error closed its recording: the ranks without a status were
-  // ended by mpirun after it, or died and caused it; which recording is shortest says nothing
-  // then (a rank that skipped a collective ran ahead), the error does.
-  for (const RankSummary& r : ranks)
-    if (!r.ended && r.status.rfind("failed", 0) == 0) {
+  // A rank that failed with an error, or stopped (a --break-on condition it hit), closed its
+  // recording and left: the ranks without a status were ended by mpirun after it, or died and
+  // caused it; which recording is shortest says nothing then (a rank that skipped a collective
+  // ran ahead), the error does. Not a hang report: a rank that waited for another is the
+  // symptom, and the rank that never came (frozen, killed) the cause.
+  for (const char* kind : {"failed", "stopped"})
+    for (const RankSummary& r : ranks) {
+      if (r.ended || r.status.rfind(kind, 0) != 0 || hangPoint(r.status)) continue;
       std::string why = r.status.substr(std::min<size_t>(r.status.find(':') + 1, r.status.size()));
       while (!why.empty() && why.front() == ' ') why.erase(0, 1);
       if (why.size() > 160) why = why.substr(0, 157) + "...";
-      out.push_back("rank " + std::to_string(r.rank) + " failed with an error (" + why +
+      out.push_back("rank " + std::to_string(r.rank) +
+                    (kind[0] == 'f' ? " failed with an error (" : " stopped (") + why +
                     "): the ranks without a status were ended after it by mpirun, or died and "
-                    "caused it — read its error first");
+                    "caused it — read its " +
+                    (kind[0] == 'f' ? "error" : "stop") + " first");
       return out;
     }
   const auto first = std::min_element(
@@ -207,6 +212,18 @@ std::vector<std::string> diagnoseEnded(const std::vector<RankSummary>& ranks) {
   return out;
 }
 
+// What became of a rank's run, for a hang line: "its run finished", "its recording ended
+// without a status (killed, or frozen until the job was ended)", "its file cannot be read".
+std::string runPhrase(const RankSummary& o) {
+  if (!o.unreadable.empty()) return "its file cannot be read";
+  if (o.ended)
+    return "its recording ended without a status (killed, or frozen until the job ended)";
+  return "its run " + o.status;
+}
+
+// Each hang report, the rank that never came first: "rank 1 never joined all_reduce #9 of group
+// dp, where rank 0 waited (...)". The waiting rank's report is the symptom; the rank that stopped
+// calling (frozen, killed, or gone ahead by another collective) is where to look.
 std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<RankSummary>& ranks,
                                       const std::vector<RankCollectives>& colls) {
   std::vector<std::string> out;
@@ -214,9 +231,9 @@ std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<Ra
     const std::optional<HangPoint> h = hangPoint(s.status);
     if (!h) continue;
     const int64_t index = groupIndexOf(m, h->group, s.rank);
-    std::string line = "rank " + std::to_string(s.rank) + " waited in " + h->kind + " #" +
-                       std::to_string(h->number) + " of group " + h->group + ":";
-    bool named = false;
+    const std::string where = h->kind + " #" + std::to_string(h->number) + " of group " + h->group;
+    const std::string waited = "where rank " + std::to_string(s.rank) + " waited";
+    std::vector<std::string> parts;
     for (int64_t r : groupMembers(m, h->group, index)) {
       if (r == s.rank) continue;
       const RankCollectives& c = colls[size_t(r)];
@@ -232,26 +249,28 @@ std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<Ra
       if (const std::optional<HangPoint> oh = hangPoint(o.status);
           oh && oh->group == h->group && oh->number == h->number)
         continue;  // waiting in the same collective: it joined
-      named = true;
       if (last < h->number) {
-        line += " rank " + std::to_string(r) + " never joined it (its last " + h->group +
-                " collective is " +
-                (lastRec ? lastRec->kind + " #" + std::to_string(last) + " in step " +
-                               std::to_string(lastRec->step) +
-                               (lastRec->scope.empty() ? "" : ", scope " + lastRec->scope)
-                         : std::string("none")) +
-                "; its run " + o.status + ");";
+        parts.push_back("rank " + std::to_string(r) + " never joined " + where + ", " + waited +
+                        " (its last " + h->group + " collective is " +
+                        (lastRec ? lastRec->kind + " #" + std::to_string(last) + " in step " +
+                                       std::to_string(lastRec->step) +
+                                       (lastRec->scope.empty() ? "" : ", scope " + lastRec->scope)
+                                 : std::string("none")) +
+                        "; " + runPhrase(o) + ")");
       } else {
         const auto it = c.find({h->group, h->number});
-        line += " rank " + std::to_string(r) + " passed #" + std::to_string(h->number) + " (" +
-                (it != c.end() ? it->second.kind : std::string("?")) +
-                ") without it: the ranks called different collectives (--check-collectives "
-                "names where);";
+        parts.push_back("rank " + std::to_string(r) + " passed #" + std::to_string(h->number) +
+                        " (" + (it != c.end() ? it->second.kind : std::string("?")) +
+                        ") of group " + h->group + " without joining it, " + waited +
+                        ": the ranks called different collectives (--check-collectives names "
+                        "where)");
       }
     }
-    if (!named) line += " every rank of the group waits there too;";
-    line.pop_back();
-    out.push_back(line);
+    if (parts.empty())
+      out.push_back("rank " + std::to_string(s.rank) + " waited in " + where +
+                    ": every rank of the group waits there too");
+    else
+      out.push_back(joinText(parts, "; "));
   }
   return out;
 }
@@ -260,44 +279,102 @@ std::vector<std::string> diagnoseHang(const RunManifest& m, const std::vector<Ra
 
 RunSummary summarizeRun(const std::string& dir) {
   RunSummary s;
+  std::map<int64_t, int64_t> pendingBytes;  // world rank -> bytes of the collective it hung in
   s.manifest = storage::readManifest(dir);
   const RunManifest& m = s.manifest;
-  std::vector<Recording> recs = detail::openRanks(dir, m);
   std::vector<RankCollectives> colls;
+  std::optional<std::string> firstError;
+  int64_t readable = 0;
   for (int64_t r = 0; r < m.worldSize; ++r) {
-    const Recording& rec = recs[size_t(r)];
     RankSummary rs;
     rs.rank = r;
     rs.dpRank = m.ranks[size_t(r)].dpRank;
     rs.tpRank = m.ranks[size_t(r)].tpRank;
     rs.file = m.ranks[size_t(r)].file;
-    const storage::RunInfo run = rec.run();
-    rs.status = run.status;
-    rs.ended = run.status == "running" && !outputLockHeld(storage::rankPath(dir, m, r));
-    rs.backend = run.backend;
-    const std::vector<storage::StepRecord> steps = rec.steps();
-    rs.steps = int64_t(steps.size());
-    rs.lastLoss = storage::kNoValue;  // of the last step the rank finished
-    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-      if (it->endNs != 0 && !std::isnan(it->loss)) {
-        rs.lastLoss = it->loss;
-        break;
+    // A missing or damaged rank file (a node lost, a disk full) leaves the others to read; a
+    // file of another run (checkRankRun) is the folder's error.
+    auto unreadable = [&](const std::string& why) {
+      RankSummary fresh;
+      fresh.rank = rs.rank;
+      fresh.dpRank = rs.dpRank;
+      fresh.tpRank = rs.tpRank;
+      fresh.file = rs.file;
+      rs = std::move(fresh);
+      rs.unreadable = why;
+      if (!firstError) firstError = why;
+      s.unreadable.push_back("rank " + std::to_string(r) + ": " + rs.file + " cannot be read (" +
+                             why + "); the other ranks are summarised without it");
+      s.ranks.push_back(rs);
+      colls.emplace_back();
+    };
+    std::optional<Recording> opened;
+    storage::RunInfo run;
+    try {
+      opened.emplace(Recording::open(storage::rankPath(dir, m, r)));
+      run = opened->run();
+    } catch (const std::exception& e) {
+      unreadable(e.what());
+      continue;
+    }
+    storage::checkRankRun(dir, m, r, run);
+    const Recording& rec = *opened;
+    RankCollectives rankColls;
+    try {  // a file truncated past its first pages opens, and fails at the first query
+      rs.status = run.status;
+      rs.ended = run.status == "running" && !outputLockHeld(storage::rankPath(dir, m, r));
+      rs.backend = run.backend;
+      const std::vector<storage::StepRecord> steps = rec.steps();
+      rs.steps = int64_t(steps.size());
+      rs.lastLoss = storage::kNoValue;  // of the last step the rank finished
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+        if (it->endNs != 0 && !std::isnan(it->loss)) {
+          rs.lastLoss = it->loss;
+          break;
+        }
+      rs.ops = rec.opCount();
+      rs.md5 = recordsMd5(rec);
+      rankColls = collectivesOf(rec);
+      // The collective a hang report names never ended, so it is no op: its bytes are in the
+      // report's ring, logged into the recording ("  all_reduce #9 of dp, 4 bytes, by op ...,
+      // still waiting").
+      if (const std::optional<HangPoint> h = hangPoint(rs.status)) {
+        storage::LogQuery q;
+        q.maxLevel = LogLevel::Error;
+        const std::string head =
+            h->kind + " #" + std::to_string(h->number) + " of " + h->group + ", ";
+        for (const storage::LogRecord& l : rec.logs(q))
+          if (l.scope == "collectives" && l.message.find("still waiting") != std::string::npos)
+            if (const size_t at = l.message.find(head); at != std::string::npos)
+              pendingBytes[r] = std::atoll(l.message.c_str() + at + head.size());
       }
-    rs.ops = rec.opCount();
-    rs.md5 = recordsMd5(rec);
-    colls.push_back(collectivesOf(rec));
-    for (const auto& [key, c] : colls.back()) {
+    } catch (const std::exception& e) {
+      unreadable(e.what());
+      continue;
+    }
+    ++readable;
+    for (const auto& [key, c] : rankColls) {
       ++rs.collectives;
       rs.waitNs += c.waitNs;
+      rs.bytesByGroup[key.first] += c.bytes;
     }
+    colls.push_back(std::move(rankColls));
     s.ranks.push_back(rs);
   }
+  if (readable == 0 && firstError) throw storage::StorageError(*firstError);
   // Line up: every (group, instance, number) any rank recorded.
   std::map<std::tuple<std::string, int64_t, int64_t>, AlignedCollective> aligned;
+  // What each rank called under one number: "rank 0 all_reduce in dp_loss, 4 bytes".
+  std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<std::string>> calls;
   for (int64_t r = 0; r < m.worldSize; ++r)
     for (const auto& [key, c] : colls[size_t(r)]) {
       const int64_t index = groupIndexOf(m, key.first, r);
       AlignedCollective& a = aligned[{key.first, index, key.second}];
+      const std::string call = c.kind + (c.scope.empty() ? "" : " in " + c.scope) + ", " +
+                               std::to_string(c.bytes) + " bytes";
+      std::vector<std::string>& seen = calls[{key.first, index, key.second}];
+      if (!seen.empty() && seen.front().substr(seen.front().find(' ', 5) + 1) != call)
+        a.mismatch = "x";  // spelled out below
+      seen.push_back("rank " + std::to_string(r) + " " + call);
       if (a.ranks.empty()) {
         a.group = key.first;
         a.groupIndex = index;
@@ -338,6 +415,7 @@ RunSummary summarizeRun(const std::string& dir) {
       a.waitNs.assign(a.ranks.size(), std::nullopt);
     }
     a.pending = true;
+    if (a.bytes == 0 && pendingBytes.count(r.rank)) a.bytes = pendingBytes[r.rank];
     const auto at = std::find(a.ranks.begin(), a.ranks.end(), r.rank);
     const size_t waited = r.status.find(" waited ");
     if (at != a.ranks.end() && waited != std::string::npos) {
@@ -348,9 +426,10 @@ RunSummary summarizeRun(const std::string& dir) {
   }
   s.lastArrivals.assign(size_t(m.worldSize), 0);
   for (auto& [key, a] : aligned) {
+    if (!a.mismatch.empty()) a.mismatch = joinText(calls[key], "; ");
     const bool everyRank =
         std::all_of(a.waitNs.begin(), a.waitNs.end(), [](const auto& w) { return bool(w); });
-    if (a.ranks.size() > 1 && !a.pending && everyRank) {
+    if (a.ranks.size() > 1 && !a.pending && everyRank && a.mismatch.empty()) {
       int64_t least = -1;
       for (size_t i = 0; i < a.ranks.size(); ++i)
         if (a.waitNs[i] && (least < 0 || *a.waitNs[i] < *a.waitNs[size_t(least)]))
@@ -365,6 +444,13 @@ RunSummary summarizeRun(const std::string& dir) {
   s.hang = diagnoseHang(m, s.ranks, colls);
   s.ended = diagnoseEnded(s.ranks);
   return s;
+}
+
+std::string groupName(const AlignedCollective& a, int64_t instances) {
+  if (instances <= 1) return a.group;
+  std::vector<std::string> ranks;
+  for (int64_t r : a.ranks) ranks.push_back(std::to_string(r));
+  return a.group + " (ranks " + joinText(ranks, ", ") + ")";
 }
 
 std::string waitText(int64_t ns) {
@@ -394,6 +480,13 @@ std::string runSummaryText(const RunSummary& s) {
       "\n  rank  dp  tp  file          steps  last loss  ops      collectives  waited     "
       "last to arrive  status\n";
   for (const RankSummary& r : s.ranks) {
+    if (!r.unreadable.empty()) {
+      std::snprintf(line, sizeof line, "  %-4lld  %-2lld  %-2lld  %-12s  cannot be read\n",
+                    static_cast<long long>(r.rank), static_cast<long long>(r.dpRank),
+                    static_cast<long long>(r.tpRank), r.file.c_str());
+      out += line;
+      continue;
+    }
     std::snprintf(line, sizeof line,
                   "  %-4lld  %-2lld  %-2lld  %-12s  %-5lld  %-9s  %-7lld  %-11lld  %-9s  %-14lld  "
                   "%s\n",
@@ -405,19 +498,37 @@ std::string runSummaryText(const RunSummary& s) {
                   r.ended ? "ended without a status (killed or crashed)" : r.status.c_str());
     out += line;
   }
-  // Per group: how many instances, collectives per instance, bytes per rank, the longest waits.
+  // Per group: how many instances, collectives per instance, bytes each rank sent (one figure
+  // when every rank sent the same), the longest waits.
   struct GroupTotals {
     std::map<int64_t, int64_t> perInstance;  // group index -> collectives
-    int64_t bytes = 0, incomplete = 0;
+    int64_t incomplete = 0;
   };
   std::map<std::string, GroupTotals> byGroup;
   for (const AlignedCollective& a : s.collectives) {
     GroupTotals& g = byGroup[a.group];
     ++g.perInstance[a.groupIndex];
-    g.bytes += a.bytes;
     if (std::any_of(a.waitNs.begin(), a.waitNs.end(), [](const auto& w) { return !w; }))
       ++g.incomplete;
   }
+  auto bytesText = [&](const std::string& group) {
+    std::map<int64_t, std::vector<int64_t>> ranksBySent;  // bytes -> ranks
+    for (const RankSummary& r : s.ranks) {
+      if (!r.unreadable.empty()) continue;
+      const auto it = r.bytesByGroup.find(group);
+      ranksBySent[it == r.bytesByGroup.end() ? 0 : it->second].push_back(r.rank);
+    }
+    if (ranksBySent.size() == 1)
+      return std::to_string(ranksBySent.begin()->first) + " bytes sent per rank";
+    std::string t = "bytes sent:";
+    for (const RankSummary& r : s.ranks)
+      if (r.unreadable.empty()) {
+        const auto it = r.bytesByGroup.find(group);
+        t += std::string(t.back() == ':' ? " " : ", ") + "rank " + std::to_string(r.rank) + " " +
+             std::to_string(it == r.bytesByGroup.end() ? 0 : it->second);
+      }
+    return t;
+  };
   if (!byGroup.empty()) {
     out +=
         "\ncollectives (lined up across ranks by group and number; the last to arrive waited "
@@ -428,7 +539,7 @@ std::string runSummaryText(const RunSummary& s) {
       for (const auto& [index, n] : g.perInstance) most = std::max(most, n);
       // "each" only when every rank recorded them all; else the most a group recorded.
       std::snprintf(line, sizeof line, "  %-6s %lld group%s of %lld ranks, %lld collectives %s, "
-                    "%lld bytes sent per rank%s\n",
+                    "%s%s\n",
                     name.c_str(), static_cast<long long>(groups), groups == 1 ? "" : "s",
                     static_cast<long long>(s.collectives.empty() ? 0 : [&] {
                       for (const AlignedCollective& a : s.collectives)
@@ -436,7 +547,7 @@ std::string runSummaryText(const RunSummary& s) {
                       return int64_t(0);
                     }()),
                     static_cast<long long>(most), g.incomplete ? "at most" : "each",
-                    static_cast<long long>(g.bytes / groups),
+                    bytesText(name).c_str(),
                     g.incomplete ? (", " + std::to_string(g.incomplete) +
                                     " not recorded by every rank of their group")
                                        .c_str()
@@ -465,11 +576,32 @@ std::string runSummaryText(const RunSummary& s) {
       const std::string last =
           a.straggler < 0 ? std::string("-") : "rank " + std::to_string(a.straggler);
       std::snprintf(line, sizeof line, "    %s #%lld of %s (step %lld, %s): %s; last: %s\n",
-                    a.kind.c_str(), static_cast<long long>(a.number), a.group.c_str(),
+                    a.kind.c_str(), static_cast<long long>(a.number),
+                    groupName(a, int64_t(byGroup[a.group].perInstance.size())).c_str(),
                     static_cast<long long>(a.step), a.scope.empty() ? "-" : a.scope.c_str(),
                     per.c_str(), last.c_str());
       out += line;
     }
+  }
+  // Numbers the ranks recorded as different calls: a skipped or added collective, met by another.
+  std::vector<const AlignedCollective*> mismatched;
+  for (const AlignedCollective& a : s.collectives)
+    if (!a.mismatch.empty()) mismatched.push_back(&a);
+  if (!mismatched.empty()) {
+    out +=
+        "\ncollectives the ranks called differently (a rank skipped or added one; "
+        "--check-collectives stops there)\n";
+    for (size_t i = 0; i < mismatched.size() && i < 5; ++i) {
+      const AlignedCollective& a = *mismatched[i];
+      out += "  " + a.kind + " #" + std::to_string(a.number) + " of " +
+             groupName(a, int64_t(byGroup[a.group].perInstance.size())) + " (step " +
+             std::to_string(a.step) + "): " + a.mismatch + "\n";
+    }
+    if (mismatched.size() > 5) out += "  and " + std::to_string(mismatched.size() - 5) + " more\n";
+  }
+  if (!s.unreadable.empty()) {
+    out += "\nunreadable rank files\n";
+    for (const std::string& u : s.unreadable) out += "  " + u + "\n";
   }
   if (!s.hang.empty()) {
     out += "\nhang\n";

@@ -3,10 +3,12 @@
 // the same commands; and the multi-rank options every training command shares (--dp, --tp, ...).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +19,7 @@
 #include "keel/base/text.h"
 #include "keel/dist.h"
 #include "keel/error.h"
+#include "keel/gpt_config.h"
 
 namespace keel::cli {
 
@@ -119,6 +122,25 @@ std::optional<ParallelArgs> parallelWords(const std::vector<std::string>& words)
   return a;
 }
 
+// The value of option `names` among the command's words ("--config x", "--config=x"); "" when
+// absent.
+std::string wordValue(const std::vector<std::string>& words,
+                      std::initializer_list<const char*> names) {
+  for (size_t i = 0; i < words.size(); ++i)
+    for (const char* name : names) {
+      if (words[i] == name && i + 1 < words.size()) return words[i + 1];
+      if (words[i].rfind(std::string(name) + "=", 0) == 0)
+        return words[i].substr(std::strlen(name) + 1);
+    }
+  return {};
+}
+
+// The ranks one machine may start (more only waste it: each rank is a whole process with the
+// model): 8 a core, at least 16; a cluster names its hosts (--hostfile).
+int maxLocalRanks() {
+  return std::max(16, 8 * int(std::max(1u, std::thread::hardware_concurrency())));
+}
+
 }  // namespace
 
 Command addLaunchCommand(CLI::App& root) {
@@ -157,11 +179,25 @@ Command addLaunchCommand(CLI::App& root) {
             const std::string& sub = a->command.front();
             if (sub != "train" && sub != "record")
               return fail("keel launch: runs train or record on many ranks, not '" + sub + "'");
-            // A layout that does not fit the ranks is one line here, not one per rank followed
-            // by mpirun's report of a failed job.
+            if (a->hostfile.empty() && a->ranks > maxLocalRanks())
+              return fail("keel launch -n " + std::to_string(a->ranks) + ": more ranks than " +
+                          "this machine runs (" + std::to_string(maxLocalRanks()) + " at most, " +
+                          "8 a core; a cluster: --hostfile)");
+            // A layout that does not fit the ranks, or the config (the built-in model's batch,
+            // heads and experts), is one line here, not one per rank followed by mpirun's
+            // report of a failed job and a run folder of failed recordings.
             if (const auto p = parallelWords(a->command)) {
               try {
-                (void)resolveParallel(*p, a->ranks);
+                const dist::Layout l = resolveParallel(*p, a->ranks);
+                const std::string config = wordValue(a->command, {"--config", "--workload-config"});
+                if (!config.empty() && wordValue(a->command, {"--workload"}).empty()) {
+                  std::optional<GptConfig> cfg;
+                  try {
+                    cfg = loadGptConfig(config);
+                  } catch (const Error&) {  // the ranks say what is wrong with the config
+                  }
+                  if (cfg) checkGptLayout(*cfg, l.dp, l.tp, l.ep, l.cp);
+                }
               } catch (const Error& e) {
                 std::string why = e.what();
                 auto replace = [&why](const std::string& from, const std::string& to) {

@@ -3,6 +3,8 @@
 // Invariant: a failed recording (unwritable path, disk full) is reported as one error line with
 // exit status 2; what was committed before the failure stays readable. A --break-on condition
 // stops the run (exit 1) keeping everything. The sequence itself is capture::RecordingRun's.
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -135,8 +137,14 @@ capture::CaptureOptions captureOptions(const RecordArgs& a) {
 int runRecord(const RecordArgs& a) {
   prepareEngineRun();
   startProcessGroup(a.parallel);
-  // Rank 0 speaks for a multi-rank run; the others print only their errors.
-  if (dist::worldRank() != 0) std::freopen("/dev/null", "w", stdout);
+  // Rank 0 speaks for a multi-rank run; the others print only their errors and, on the job's
+  // stdout, where they stopped (a --break-on condition one rank hit).
+  FILE* stopOut = stdout;
+  if (dist::worldRank() != 0) {
+    const int fd = ::dup(STDOUT_FILENO);
+    stopOut = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
+    std::freopen("/dev/null", "w", stdout);
+  }
   capture::RunSpec spec;
   spec.configPath = a.config;
   spec.workloadPath = a.workload;
@@ -235,14 +243,18 @@ int runRecord(const RecordArgs& a) {
         static_cast<long long>(c.copiedBeforeWrite),
         formatBytes(uint64_t(c.peakHashBacklogBytes)).c_str());
   if (stopped) {
-    // One line saying where, on stdout after the counts (a CI job greps it), and exit 1.
-    if (stopped->seq == 0)  // between steps
-      std::printf("keel record: stopped after step %lld: %s\n",
-                  static_cast<long long>(stopped->step), stopped->what());
-    else
-      std::printf("keel record: stopped at op #%llu (step %lld): %s\n",
-                  static_cast<unsigned long long>(stopped->seq),
-                  static_cast<long long>(stopped->step), stopped->what());
+    // One line saying where, on stdout after the counts (a CI job greps it), and exit 1; a rank
+    // of a multi-rank run names itself ("keel record: rank 1 stopped at ...").
+    const std::string who =
+        dist::worldSize() > 1 ? "rank " + std::to_string(dist::worldRank()) + " " : "";
+    if (stopOut && stopped->seq == 0)  // between steps
+      std::fprintf(stopOut, "keel record: %sstopped after step %lld: %s\n", who.c_str(),
+                   static_cast<long long>(stopped->step), stopped->what());
+    else if (stopOut)
+      std::fprintf(stopOut, "keel record: %sstopped at op #%llu (step %lld): %s\n", who.c_str(),
+                   static_cast<unsigned long long>(stopped->seq),
+                   static_cast<long long>(stopped->step), stopped->what());
+    if (stopOut) std::fflush(stopOut);
     std::fflush(stdout);
     return interruptSignal() != 0 ? 128 + interruptSignal() : 1;
   }

@@ -25,6 +25,7 @@
 #include "cli_common.h"
 #include "keel/base/number_words.h"
 #include "keel/base/text.h"
+#include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/runtime.h"
 #include "keel/storage/errors.h"
@@ -50,7 +51,14 @@ std::string oneLine(const std::string& msg) {
 
 int fail(const std::string& msg) {
   std::fflush(stdout);
-  std::fprintf(stderr, "keel: error: %s\n", oneLine(msg).c_str());
+  // A rank of a multi-rank run names itself (its peers print theirs, or are ended by the
+  // launcher): "keel: error: rank 1: ...". A message that names the rank already is kept.
+  std::string line = oneLine(msg);
+  if (dist::initialized() && dist::worldSize() > 1) {
+    const std::string rank = "rank " + std::to_string(dist::worldRank());
+    if (line.rfind(rank + " ", 0) != 0 && line.rfind(rank + ":", 0) != 0) line = rank + ": " + line;
+  }
+  std::fprintf(stderr, "keel: error: %s\n", line.c_str());
   return kExitError;
 }
 
@@ -300,7 +308,20 @@ int run(int argc, char** argv) {
 
 KEEL_THREADS_PREINIT;  // See Note [OpenBLAS under an address-space limit]
 
+namespace {
+int runMain(int argc, char** argv);
+}  // namespace
+
+// The command's exit status is told to the process group before the process leaves: a rank that
+// fails or stops does not wait for its peers at exit (Note [A failed rank ends the job]).
 int main(int argc, char** argv) {
+  const int rc = runMain(argc, argv);
+  keel::dist::setExitStatus(rc);
+  return rc;
+}
+
+namespace {
+int runMain(int argc, char** argv) {
   keel::tuneBlasForThisCpu(argv);  // See Note [OpenBLAS core type]
   // A file-size limit (EFBIG) is a write error reported in one line, not a signal that kills the
   // process mid-write; a closed pipe (EPIPE) ends it quietly after the command returns.
@@ -332,3 +353,4 @@ int main(int argc, char** argv) {
     return keel::cli::fail("unknown exception");
   }
 }
+}  // namespace

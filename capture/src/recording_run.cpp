@@ -449,19 +449,25 @@ void RecordingRun::start() {
     KEEL_CHECK(!ec, runDir_, ": cannot create the run folder (", ec.message(), ")");
   }
   outputLock_ = std::make_unique<OutputLock>(spec_.output);
-  if (!runDir_.empty() && dist::worldRank() == 0 && !storage::isRunFolder(runDir_))
-    writeRunManifest();  // a new folder: readable even if setup fails
+  if (!runDir_.empty() && dist::worldRank() == 0) {
+    if (storage::isRunFolder(runDir_))
+      manifestPending_ = true;  // written with this rank's file (commitOutput)
+    else
+      writeRunManifest();  // a new folder: readable even if setup fails
+  }
   writePath_ = !spec_.replaceInPlace && fileIdentity(spec_.output) ? replacementPath(spec_.output)
                                                                    : spec_.output;
   recorder_ = std::make_unique<Recorder>(writePath_, run_, spec_.capture);
   // A rank stuck in a collective (Note [Collective timeouts]): the report goes into the recording,
-  // which ends as failed, before the watchdog ends the process.
+  // which ends as failed, before the watchdog ends the process. Only into the recording: the
+  // watchdog prints the report's first line, once per rank (the ring, up to 64 lines a rank,
+  // buried it; KEEL_LOG_LEVEL does not bring it back: keel inspect RANK.db shows it).
   hangHandler_ = dist::addHangHandler([this](const std::string& report) {
     std::string first = report.substr(0, report.find('\n'));
     size_t at = 0;
     while (at < report.size()) {
       const size_t end = std::min(report.find('\n', at), report.size());
-      log(LogLevel::Error, "collectives", report.substr(at, end - at));
+      logWithoutEcho(LogLevel::Error, "collectives", report.substr(at, end - at));
       at = end + 1;
     }
     recorder_->flush();
@@ -489,14 +495,14 @@ void RecordingRun::start() {
     fail(e.what());
     throw;
   }
-  if (!runDir_.empty() && dist::worldRank() == 0) writeRunManifest();
 }
 
-// Rank 0's manifest of the run folder: once this rank holds its output and the run has set up
-// (start), so that a run another process is writing into, or whose setup failed, leaves an
-// existing folder's manifest as it was (it rewrote it first, and the old rank files then read as
-// the new layout); and before setup when the folder has none yet, so that a new run whose setup
-// fails or hangs can still be inspected.
+// Rank 0's manifest of the run folder. A new folder gets it before setup, once this rank holds
+// its output, so that a new run whose setup fails or hangs can still be inspected. An existing
+// folder's manifest is replaced only once this rank's file is (commitOutput): a run whose setup
+// fails, or that is killed mid-run (its files still hidden replacements), leaves the old
+// manifest beside the old rank files — rewritten at setup, the old rank files read as the new
+// layout and the folder opened no more.
 void RecordingRun::writeRunManifest() {
   const dist::Layout l = dist::layout();
   storage::RunManifest m = storage::makeManifest(l.dp, l.tp);
@@ -511,12 +517,17 @@ void RecordingRun::writeRunManifest() {
 }
 
 void RecordingRun::commitOutput() {
-  if (writePath_ == spec_.output) return;
-  // The old file's WAL companions belong to it: SQLite would apply a stale WAL to the new file.
-  for (const char* suffix : {"-wal", "-shm", "-journal"})
-    std::remove((spec_.output + suffix).c_str());
-  renameOver(writePath_, spec_.output);
-  writePath_ = spec_.output;
+  if (writePath_ != spec_.output) {
+    // The old file's WAL companions belong to it: SQLite would apply a stale WAL to the new file.
+    for (const char* suffix : {"-wal", "-shm", "-journal"})
+      std::remove((spec_.output + suffix).c_str());
+    renameOver(writePath_, spec_.output);
+    writePath_ = spec_.output;
+  }
+  if (manifestPending_) {  // See writeRunManifest
+    manifestPending_ = false;
+    writeRunManifest();
+  }
 }
 
 void RecordingRun::discardOutput() {

@@ -33,7 +33,7 @@ void writeManifest(const std::string& dir, const RunManifest& m) {
   for (const RankEntry& e : m.ranks)
     ranks.push_back(
         {{"rank", e.rank}, {"dp_rank", e.dpRank}, {"tp_rank", e.tpRank}, {"file", e.file}});
-  const json j = {{"keel_run", 1},
+  const json j = {{"keel_run", kRunFolderVersion},
                   {"world_size", m.worldSize},
                   {"dp", m.dp},
                   {"tp", m.tp},
@@ -77,34 +77,63 @@ RunManifest readManifest(const std::string& dir) {
         readFile((fs::path(dir) / kManifestFile).string(), std::string(kManifestFile), 1 << 20);
     checkJsonDepth(text, where + ": " + kManifestFile);  // Note [Bounded JSON]
     j = json::parse(text);
+  } catch (const json::exception& e) {  // the library's words, made a person's
+    throw StorageError(where + ": damaged " + kManifestFile + ": not JSON (" +
+                       jsonErrorText(e.what()) + ")");
   } catch (const std::exception& e) {
     throw StorageError(where + ": " + e.what());
   }
+  auto bad = [&](const std::string& what) {
+    return StorageError(where + ": damaged " + kManifestFile + ": " + what);
+  };
+  if (!j.is_object()) throw bad("not a JSON object");
+  // The format's version: a newer keel's folder is said so, not misread.
+  if (j.contains("keel_run")) {
+    const json& v = j["keel_run"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      throw bad("keel_run " + v.dump() + " is not a format version");
+    if (v.get<int64_t>() > kRunFolderVersion)
+      throw StorageError(where + ": " + kManifestFile + " is run folder format " + v.dump() +
+                         ", and this keel reads format " + std::to_string(kRunFolderVersion) +
+                         " (a newer keel wrote it: update keel)");
+  }
+  // A count read as a whole number: "dp": 2.5 is damage, not dp 2.
+  auto whole = [&](const json& o, const char* key) {
+    const json& v = o.at(key);
+    if (!v.is_number_integer())
+      throw bad(std::string(key) + " " + v.dump() + " is not a whole number");
+    return v.get<int64_t>();
+  };
   RunManifest m;
   try {
-    m.worldSize = j.at("world_size").get<int64_t>();
-    m.dp = j.at("dp").get<int64_t>();
-    m.tp = j.at("tp").get<int64_t>();
+    m.worldSize = whole(j, "world_size");
+    m.dp = whole(j, "dp");
+    m.tp = whole(j, "tp");
     m.model = j.value("model", std::string());
     m.seed = j.value("seed", uint64_t(0));
     m.steps = j.value("steps", int64_t(0));
     m.zero = j.value("zero", false);
     m.vocab = j.value("vocab_parallel", false);
-    m.ep = j.value("ep", int64_t(1));
-    m.cp = j.value("cp", int64_t(1));
+    m.ep = j.contains("ep") ? whole(j, "ep") : 1;
+    m.cp = j.contains("cp") ? whole(j, "cp") : 1;
     for (const json& r : j.at("ranks"))
-      m.ranks.push_back({r.at("rank").get<int64_t>(), r.at("dp_rank").get<int64_t>(),
-                         r.at("tp_rank").get<int64_t>(), r.at("file").get<std::string>()});
+      m.ranks.push_back({whole(r, "rank"), whole(r, "dp_rank"), whole(r, "tp_rank"),
+                         r.at("file").get<std::string>()});
   } catch (const json::exception& e) {
     throw StorageError(where + ": damaged " + kManifestFile + " (" + jsonErrorText(e.what()) + ")");
   }
-  auto bad = [&](const std::string& what) {
-    return StorageError(where + ": damaged " + kManifestFile + ": " + what);
-  };
-  // dp and tp each at most the world size before they are multiplied (2^62 + 1 times 4 wrapped
-  // round to 4, and a tool then sized tables by dp).
-  if (m.worldSize < 1 || m.worldSize > (1 << 20) || m.dp < 1 || m.tp < 1 || m.dp > m.worldSize ||
-      m.tp > m.worldSize || m.dp * m.tp != m.worldSize)
+  // Each limit in its own words; dp and tp each at most the world size before they are
+  // multiplied (2^62 + 1 times 4 wrapped round to 4, and a tool then sized tables by dp).
+  constexpr int64_t kMaxRanks = int64_t(1) << 20;
+  if (m.worldSize < 1)
+    throw bad("world size " + std::to_string(m.worldSize) + " (a run has at least one rank)");
+  if (m.worldSize > kMaxRanks)
+    throw bad("world size " + std::to_string(m.worldSize) + " is more than the " +
+              std::to_string(kMaxRanks) + " ranks a run folder holds");
+  if (m.dp < 1 || m.tp < 1)
+    throw bad("dp " + std::to_string(m.dp) + " x tp " + std::to_string(m.tp) +
+              " (each is at least 1)");
+  if (m.dp > m.worldSize || m.tp > m.worldSize || m.dp * m.tp != m.worldSize)
     throw bad("world size " + std::to_string(m.worldSize) + " is not dp " + std::to_string(m.dp) +
               " x tp " + std::to_string(m.tp));
   if (m.ep < 1 || m.dp % m.ep != 0 || m.cp < 1 || m.dp % m.cp != 0)

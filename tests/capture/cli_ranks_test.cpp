@@ -8,9 +8,12 @@
 
 #include <csignal>
 
+#include <sqlite3.h>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -183,6 +186,12 @@ TEST_F(KeelRanks, ARecordedRunIsAFolderThatEveryCommandReads) {
       << inspect.out;  // per step: one gradient bucket and two loss means
   EXPECT_NE(inspect.out.find("tp     2 groups of 2 ranks"), std::string::npos) << inspect.out;
   EXPECT_EQ(inspect.out.find("hang"), std::string::npos) << inspect.out;
+  // Two groups of a name: each line of the longest waits says which ("of dp" twice did not).
+  EXPECT_TRUE(inspect.out.find(" of dp (ranks 0, 2) (step ") != std::string::npos ||
+              inspect.out.find(" of dp (ranks 1, 3) (step ") != std::string::npos ||
+              inspect.out.find(" of tp (ranks 0, 1) (step ") != std::string::npos ||
+              inspect.out.find(" of tp (ranks 2, 3) (step ") != std::string::npos)
+      << inspect.out;
   const CliResult rank3 = keel("inspect '" + path("run") + "' --rank 3");
   ASSERT_EQ(rank3.status, 0) << rank3.err;
   EXPECT_NE(rank3.out.find("rank-3.db"), std::string::npos);
@@ -389,13 +398,24 @@ TEST_F(KeelRanks, AHangIsReportedNamingTheRankThatNeverJoined) {
                        "of group dp (2 ranks), called by op all_reduce in dp_loss"),
             std::string::npos)
       << r.err;
+  // One line on the terminal for the hung rank: the ring of its last collectives (up to 64 lines,
+  // each with an "(op N)" suffix, and the report's first line again) goes to the recording only.
+  EXPECT_EQ(r.err.find("[keel error]"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("keel: error: "), r.err.rfind("keel: error: ")) << r.err;
   keel::storage::Recording rank0 = keel::storage::Recording::open(path("hang/rank-0.db"));
   EXPECT_EQ(rank0.run().status.rfind("failed: hang: rank 0", 0), 0u) << rank0.run().status;
+  keel::storage::LogQuery errors;
+  errors.maxLevel = keel::LogLevel::Error;
+  size_t ring = 0;
+  for (const keel::storage::LogRecord& l : rank0.logs(errors))
+    ring += l.scope == "collectives" && l.message.find("still waiting") != std::string::npos;
+  EXPECT_EQ(ring, 1u);
   const CliResult inspect = keel("inspect '" + path("hang") + "'");
   ASSERT_EQ(inspect.status, 0) << inspect.err;
-  EXPECT_NE(inspect.out.find("rank 0 waited in all_reduce #9 of group dp: rank 1 never joined it "
-                             "(its last dp collective is all_reduce #8 in step 3, scope dp_loss; "
-                             "its run finished)"),
+  // The rank that never came is named first: the waiting rank's report is the symptom.
+  EXPECT_NE(inspect.out.find("\nhang\n  rank 1 never joined all_reduce #9 of group dp, where rank "
+                             "0 waited (its last dp collective is all_reduce #8 in step 3, scope "
+                             "dp_loss; its run finished)"),
             std::string::npos)
       << inspect.out;
   // The collective it hung in is lined up too (from the report: it ended as no op).
@@ -403,6 +423,54 @@ TEST_F(KeelRanks, AHangIsReportedNamingTheRankThatNeverJoined) {
                              "waiting, rank 1 never; last: -"),
             std::string::npos)
       << inspect.out;
+
+  // Rank by rank against a clean run: the hung rank's line says its run did not finish, and the
+  // rank that skipped the collective has it only in A — not "equal within tolerance", exit 0.
+  ASSERT_EQ(record("clean", 2, 1, 3).status, 0);
+  const CliResult d = keel("diff '" + path("clean") + "' '" + path("hang") + "'");
+  EXPECT_EQ(d.status, 1) << d.out << d.err;
+  EXPECT_NE(d.out.find("  rank 0: equal within tolerance; A has 3 steps, B 2"), std::string::npos)
+      << d.out;
+  EXPECT_NE(d.out.find("; B's run did not finish (failed: hang: rank 0 (dp rank 0, tp rank 0) "
+                       "waited 6 s"),
+            std::string::npos)
+      << d.out;
+  EXPECT_NE(d.out.find("  rank 1: collectives differ: 1 collective only in A, the first at step "
+                       "3, op #"),
+            std::string::npos)
+      << d.out;
+  const CliResult j = keel("diff '" + path("clean") + "' '" + path("hang") + "' --json");
+  EXPECT_EQ(j.status, 1) << j.err;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc.at("verdict"), "diverged");
+  EXPECT_EQ(doc.at("exit_code"), 1);
+  ASSERT_EQ(doc.at("ranks").size(), 2u);
+  EXPECT_EQ(doc["ranks"][0].at("verdict"), "equal");
+  EXPECT_EQ(doc["ranks"][1].at("verdict"), "diverged");
+  EXPECT_EQ(doc["ranks"][1].at("collectives_only_in_a"), 1);
+  EXPECT_EQ(doc["ranks"][0].at("report").at("verdict"), "equal");
+
+  // Rank 1 killed instead (its recording left "running", no process holding it): the hang line
+  // says its recording ended without a status (it said "its run running", as if alive), and the
+  // hang report — the symptom — is not the error to read first: rank 1 stopped first.
+  fs::copy(path("hang"), path("killed"));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path("killed/rank-1.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE run SET status = 'running'", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  const CliResult killed = keel("inspect '" + path("killed") + "'");
+  ASSERT_EQ(killed.status, 0) << killed.err;
+  EXPECT_NE(killed.out.find("\nhang\n  rank 1 never joined all_reduce #9 of group dp, where rank 0 "
+                            "waited (its last dp collective is all_reduce #8 in step 3, scope "
+                            "dp_loss; its recording ended without a status (killed, or frozen "
+                            "until the job ended))"),
+            std::string::npos)
+      << killed.out;
+  EXPECT_NE(killed.out.find("\n  rank 1 stopped first: its recording holds 8 collectives"),
+            std::string::npos)
+      << killed.out;
+  EXPECT_EQ(killed.out.find("failed with an error"), std::string::npos) << killed.out;
   // Rank 0's time waited counts the hang (it said a few ms beside "waited 6 s"), and rank 0 is
   // no one's straggler at a collective rank 1 never reached.
   const size_t row0 = inspect.out.find("\n  0     0   0   rank-0.db");
@@ -440,6 +508,209 @@ TEST_F(KeelRanks, AFailedCollectiveEndsTheJobAndItsErrorIsNamed) {
   EXPECT_EQ(inspect.out.find("stopped first"), std::string::npos) << inspect.out;
 }
 
+// Note [A failed rank ends the job]: a rank that fails with an ordinary error (an op that threw)
+// or stops at a --break-on condition left its peers waiting in their next collective for the
+// whole --collective-timeout (600 s by default) while it sat in MPI_Finalize: the job ended with
+// the waiting rank's hang report, exit 2 after a breakpoint, and the stopped rank's "stopped at"
+// line never reached the terminal. Now the job ends within seconds, with the rank's own words.
+TEST_F(KeelRanks, ARankThatFailsOrStopsEndsTheJobAtOnce) {
+  auto timed = [&](const std::string& name, const std::string& env, const std::string& extra) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const CliResult r = record(name, 2, 1, 3, env, "--collective-timeout 60 " + extra);
+    return std::pair{r,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  };
+  const auto [failed, failedSeconds] =
+      timed("failed", "KEEL_TEST_PERTURB=matmul:20:fail KEEL_TEST_PERTURB_RANK=1", "");
+  EXPECT_EQ(failed.status, 2) << failed.err;
+  EXPECT_LT(failedSeconds, 30) << failed.err;  // not the 60 s timeout
+  EXPECT_NE(failed.err.find("keel: error: rank 1: workload 'gpt' failed in step 1: op 'matmul': "
+                            "injected failure"),
+            std::string::npos)
+      << failed.err;
+  EXPECT_EQ(failed.err.find("waited"), std::string::npos) << failed.err;  // no hang report
+  EXPECT_EQ(
+      keel::storage::Recording::open(path("failed/rank-1.db")).run().status.rfind("failed: ", 0),
+      0u);
+  const CliResult inspect = keel("inspect '" + path("failed") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("  rank 1 failed with an error (workload 'gpt' failed in step 1"),
+            std::string::npos)
+      << inspect.out;
+
+  const auto [stopped, stoppedSeconds] = timed(
+      "stopped", "KEEL_TEST_PERTURB=matmul:20:nan KEEL_TEST_PERTURB_RANK=1", "--break-on nan");
+  EXPECT_EQ(stopped.status, 1) << stopped.out << stopped.err;
+  EXPECT_LT(stoppedSeconds, 30) << stopped.err;
+  EXPECT_NE(stopped.out.find("keel record: rank 1 stopped at op #"), std::string::npos)
+      << stopped.out;
+  EXPECT_NE(stopped.out.find("breakpoint: first NaN/Inf (output 0 of matmul"), std::string::npos)
+      << stopped.out;
+  const CliResult why = keel("inspect '" + path("stopped") + "'");
+  ASSERT_EQ(why.status, 0) << why.err;
+  EXPECT_NE(why.out.find("  rank 1 stopped (breakpoint: first NaN/Inf"), std::string::npos)
+      << why.out;
+
+  // Every rank stopping at one step leaves together, its recording finished: exit 1, both lines.
+  const CliResult both = record("both", 2, 1, 3, "", "--break-on step:2");
+  EXPECT_EQ(both.status, 1) << both.err;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(both.out.find("keel record: rank " + std::to_string(r) + " stopped at op #"),
+              std::string::npos)
+        << both.out;
+    EXPECT_EQ(
+        keel::storage::Recording::open(path("both/rank-") + std::to_string(r) + ".db").run().status,
+        "stopped: breakpoint: step 2");
+  }
+}
+
+// A re-record into an existing run folder rewrote manifest.json at setup; killed mid-run, the
+// folder held the new manifest beside the old rank files (its own still hidden replacements)
+// and no tool opened it ("rank-0.db was recorded as dp 2 x tp 1, the manifest says dp 1 x tp 2").
+// The manifest is replaced with rank 0's file now: a killed re-record leaves the folder as it was.
+TEST_F(KeelRanks, AKilledReRecordLeavesTheOldFolderAsItWas) {
+  ASSERT_EQ(record("run", 2, 1, 1).status, 0);
+  const std::string run = path("run"), done = path("rerun.done");
+  std::map<std::string, std::string> before;
+  for (const char* f : {"manifest.json", "rank-0.db", "rank-1.db"})
+    before[f] = keel::readFile(run + "/" + f);
+  const std::string cmd = "cd '" + std::string(KEEL_SOURCE_DIR) + "' && (" + mpiEnv() +
+                          " KEEL_BLAS_TUNE=0 timeout 120 mpirun -np 2 '" + KEEL_CLI_PATH +
+                          "' record --config " + kTiny + " --steps 100000 --tp 2 -o '" + run +
+                          "' >/dev/null 2>&1; touch '" + done + "') &";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  // Rank 1 has committed steps into its hidden replacement (bounded: 60 s): setup is over.
+  auto partialSteps = [&]() -> size_t {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(run, ec))
+      if (e.path().filename().string().rfind(".rank-1.db.partial-", 0) == 0) try {
+          return keel::storage::Recording::open(e.path().string()).steps().size();
+        } catch (const std::exception&) {
+        }
+    return 0;
+  };
+  for (int i = 0; i < 600 && partialSteps() < 2; ++i) usleep(100000);
+  ASSERT_GE(partialSteps(), 2u);
+  const pid_t pid = pid_t(std::atoll(keel::readFile(run + "/.rank-1.db.lock").c_str()));
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  for (int i = 0; i < 600 && !fs::exists(done); ++i) usleep(100000);
+  ASSERT_TRUE(fs::exists(done));
+  for (const auto& [f, bytes] : before) EXPECT_TRUE(keel::readFile(run + "/" + f) == bytes) << f;
+  const CliResult inspect = keel("inspect '" + run + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("2 ranks: dp 2 x tp 1"), std::string::npos) << inspect.out;
+}
+
+// A perturbed matmul on rank 1 reaches rank 0 through the gradients' all_reduce in the same step:
+// rank 0's first divergence is that all_reduce (its own inputs all equal), rank 1's the matmul.
+// The folder diff named rank 0, by rank number, as "the first to diverge" and its all_reduce as
+// the root (Note [The rank that diverged first]).
+TEST_F(KeelRanks, AFolderDiffNamesTheRankWhoseOwnOpDivergedFirst) {
+  ASSERT_EQ(record("clean", 2, 1, 2).status, 0);
+  ASSERT_EQ(
+      record("perturbed", 2, 1, 2, "KEEL_TEST_PERTURB=matmul:5 KEEL_TEST_PERTURB_RANK=1").status,
+      0);
+  const CliResult d = keel("diff '" + path("clean") + "' '" + path("perturbed") + "'");
+  EXPECT_EQ(d.status, 1) << d.out << d.err;
+  EXPECT_NE(d.out.find("rank 1 (the first to diverge)"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("  rank 1: diverged: first at step 1, op #"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find(" matmul ("), d.out.find("  rank 1: ")) << d.out;
+  EXPECT_NE(d.out.find(" all_reduce (dp_grad_sync), a collective: the difference came through "
+                       "it from another rank (rank 1 diverged first)"),
+            std::string::npos)
+      << d.out;
+  const nlohmann::json j = nlohmann::json::parse(
+      keel("diff '" + path("clean") + "' '" + path("perturbed") + "' --json").out);
+  EXPECT_EQ(j.at("first_rank"), 1);
+}
+
+// A rank file lost or truncated (a node gone with its disk) blanked the whole folder: inspect
+// failed on it. The other ranks are summarised, and the broken file named in one line.
+TEST_F(KeelRanks, AnUnreadableRankFileLeavesTheOthersReadable) {
+  ASSERT_EQ(record("run", 2, 1, 1).status, 0);
+  fs::copy(path("run"), path("lost"));
+  fs::remove(path("lost/rank-1.db"));
+  fs::copy(path("run"), path("cut"));
+  fs::resize_file(path("cut/rank-1.db"), 4096);
+  for (const char* name : {"lost", "cut"}) {
+    const CliResult inspect = keel("inspect '" + path(name) + "'");
+    ASSERT_EQ(inspect.status, 0) << inspect.err;
+    EXPECT_NE(inspect.out.find("\n  0     0   0   rank-0.db     1 "), std::string::npos)
+        << inspect.out;
+    EXPECT_NE(inspect.out.find("\n  1     1   0   rank-1.db     cannot be read\n"),
+              std::string::npos)
+        << inspect.out;
+    EXPECT_NE(inspect.out.find("\nunreadable rank files\n  rank 1: rank-1.db cannot be read ("),
+              std::string::npos)
+        << inspect.out;
+  }
+  // Both unreadable: the folder's error, one line.
+  fs::remove(path("lost/rank-0.db"));
+  keel::test::expectOneLineError(keel("inspect '" + path("lost") + "'"), "rank-0.db");
+}
+
+// A damaged manifest said the wrong reason ("world size 1000000000000 is not dp 1000000 x tp
+// 1000000", which it is), read "dp": 2.5 as 2, took any "keel_run" version, and quoted the JSON
+// library's own text for a manifest that does not parse.
+TEST_F(KeelRanks, ADamagedManifestIsSaidInWords) {
+  ASSERT_EQ(record("run", 2, 1, 1).status, 0);
+  const std::string manifest = path("run/manifest.json");
+  const nlohmann::json good = nlohmann::json::parse(keel::readFile(manifest));
+  auto expectRefused = [&](const std::function<void(nlohmann::json&)>& edit,
+                           const std::string& fragment) {
+    nlohmann::json m = good;
+    edit(m);
+    std::ofstream(manifest) << m.dump();
+    keel::test::expectOneLineError(keel("inspect '" + path("run") + "'"), fragment);
+  };
+  expectRefused(
+      [](nlohmann::json& m) {
+        m["world_size"] = int64_t(1000000000000);
+        m["dp"] = 1000000;
+        m["tp"] = 1000000;
+      },
+      "damaged manifest.json: world size 1000000000000 is more than the 1048576 ranks a run "
+      "folder holds");
+  expectRefused(
+      [](nlohmann::json& m) {
+        m["world_size"] = 0;
+        m["dp"] = 0;
+      },
+      "damaged manifest.json: world size 0 (a run has at least one rank)");
+  expectRefused([](nlohmann::json& m) { m["keel_run"] = 99; },
+                "manifest.json is run folder format 99, and this keel reads format 1 (a newer "
+                "keel wrote it: update keel)");
+  expectRefused([](nlohmann::json& m) { m["dp"] = 2.5; },
+                "damaged manifest.json: dp 2.5 is not a whole number");
+  std::ofstream(manifest) << "{nonsense";
+  const CliResult garbled = keel("inspect '" + path("run") + "'");
+  keel::test::expectOneLineError(garbled,
+                                 "damaged manifest.json: not JSON (line 1, column 3: syntax error");
+  EXPECT_EQ(garbled.err.find("[json.exception"), std::string::npos) << garbled.err;
+}
+
+// keel launch checked the layout against -n but not against the config: a batch dp does not
+// divide started every rank to print the same error once each, and left a run folder of failed
+// recordings; and nothing bounded -n on one machine.
+TEST_F(KeelRanks, LaunchChecksTheConfigAndTheRanksBeforeStartingThem) {
+  // No mpirun on the PATH: a launcher that went on to start the ranks fails to ("cannot run
+  // mpirun") instead of starting 100000 processes.
+  const std::string noMpirun = "PATH=/nonexistent";
+  keel::test::expectOneLineError(
+      keel("launch -n 3 record --config " + std::string(kTiny) + " --steps 1 -o '" + path("b3") +
+               "'",
+           noMpirun),
+      "keel launch -n 3: data parallelism: dp 3 does not divide config field 'batch_size' 4");
+  EXPECT_FALSE(fs::exists(path("b3")));
+  keel::test::expectOneLineError(
+      keel("launch -n 3 train --config " + std::string(kTiny) + " --steps 1 --tp 3", noMpirun),
+      "keel launch -n 3: tensor parallelism: tp 3 does not divide n_head 2");
+  keel::test::expectOneLineError(
+      keel("launch -n 100000 train --config " + std::string(kTiny) + " --steps 1", noMpirun),
+      "keel launch -n 100000: more ranks than this machine runs (");
+}
+
 // The descriptor check finds the skipped collective where it happens, naming both ranks.
 TEST_F(KeelRanks, TheDescriptorCheckNamesTheRanksThatCallDifferentCollectives) {
   const CliResult r =
@@ -448,6 +719,18 @@ TEST_F(KeelRanks, TheDescriptorCheckNamesTheRanksThatCallDifferentCollectives) {
   expectErrorOnRanks(r, "collective mismatch in group dp: rank ");
   EXPECT_NE(r.err.find("all_reduce #3 (float32 x 1)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("all_reduce #3 (float32 x 37696)"), std::string::npos) << r.err;
+  // The two calls under #3 are not lined up as one collective, and each rank's bytes are its
+  // own (the figure was the first rank's, for every rank).
+  const CliResult inspect = keel("inspect '" + path("mismatch") + "'");
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("\ncollectives the ranks called differently"), std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("  all_reduce #3 of dp (step 1): rank 0 all_reduce in dp_loss, 4 "
+                             "bytes; rank 1 all_reduce in dp_grad_sync, 150784 bytes"),
+            std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("bytes sent: rank 0 150792, rank 1 301572"), std::string::npos)
+      << inspect.out;
 }
 
 // Note [Vocabulary-parallel embedding and loss]: with --vocab-parallel the token embedding and

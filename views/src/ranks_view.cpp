@@ -57,7 +57,9 @@ std::shared_ptr<RanksData> loadFolder(const QString& folder) {
   }
   const bool md5 = std::all_of(d->summary.ranks.begin(), d->summary.ranks.end(),
                                [](const analysis::RankSummary& r) { return r.md5; });
-  if (d->summary.manifest.dp < 2)
+  if (!d->summary.unreadable.empty())
+    d->replicaNote = "not checked: a rank file cannot be read";
+  else if (d->summary.manifest.dp < 2)
     d->replicaNote = "one replica per model shard (dp 1): nothing to compare";
   else if (!md5)
     d->replicaNote = "not checked: recorded without MD5s (keel record --md5 or --all)";
@@ -151,6 +153,8 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     lines << red + "Hang:</b> " + QString::fromStdString(h).toHtmlEscaped();
   for (const std::string& e : s.ended)
     lines << red + "Ended without a status:</b> " + QString::fromStdString(e).toHtmlEscaped();
+  for (const std::string& u : s.unreadable)
+    lines << red + "Unreadable:</b> " + QString::fromStdString(u).toHtmlEscaped();
   if (d->replicas) {
     const analysis::ReplicaReport& r = *d->replicas;
     if (r.first) {
@@ -203,6 +207,14 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     ranks_->setItem(row, 0, number(double(r.rank)));
     ranks_->setItem(row, 1, number(double(r.dpRank)));
     ranks_->setItem(row, 2, number(double(r.tpRank)));
+    if (!r.unreadable.empty()) {  // its file is missing or damaged: the row says so, the others
+      for (int c = 3; c < 9; ++c) ranks_->setItem(row, c, item("-", Qt::AlignRight));
+      auto* status = item("cannot be read: " + QString::fromStdString(r.unreadable));
+      status->setToolTip(status->text());
+      status->setForeground(QColor("#b00020"));
+      ranks_->setItem(row, 9, status);
+      continue;
+    }
     ranks_->setItem(row, 3, number(double(r.steps)));
     ranks_->setItem(row, 4, number(r.lastLoss, 4));
     ranks_->setItem(row, 5, number(double(r.ops)));
@@ -245,6 +257,10 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
                           item(QString::fromStdString(a.kind) + " #" + QString::number(a.number)));
     collectives_->setItem(
         row, 1, item(QString("%1 %2").arg(QString::fromStdString(a.group)).arg(a.groupIndex)));
+    if (!a.mismatch.empty()) {  // the ranks called different collectives under this number
+      waits << "called differently: " + QString::fromStdString(a.mismatch);
+      missing = true;
+    }
     collectives_->setItem(row, 2, number(double(a.step)));
     collectives_->setItem(row, 3, item(QString::fromStdString(a.scope)));
     collectives_->setItem(row, 4, number(double(a.bytes)));

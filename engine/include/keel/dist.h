@@ -139,6 +139,12 @@ using HangHandler = std::function<void(const std::string& report)>;
 int addHangHandler(HangHandler h);
 void removeHangHandler(int id);
 
+// The status this process is about to exit with (the command's; 0 until told). A rank leaving
+// with a non-zero status (an error, a --break-on stop) may leave peers waiting for it in a
+// collective: finalize() then does not wait for them in MPI_Finalize beyond a short grace (Note
+// [A failed rank ends the job]).
+void setExitStatus(int status);
+
 // Ends the process group (MPI_Finalize). Registered with atexit by init; safe to call twice.
 void finalize();
 

@@ -75,4 +75,10 @@ std::string gptConfigJson(const GptConfig& cfg);
 // Checks ranges and cross-field rules of a config built in code (same messages as parsing).
 void validateGptConfig(const GptConfig& cfg, const std::string& source = "<config>");
 
+// Whether the parallel layout fits the config — dp (a cp group counted once) divides
+// batch_size, tp divides n_head and d_ff of a dense model, ep divides n_expert of a MoE model —
+// in the words the trainer and the model use; keel::Error otherwise. The trainer checks it on
+// every rank; `keel launch` before it starts them (one line instead of one per rank).
+void checkGptLayout(const GptConfig& cfg, int dp, int tp, int ep, int cp);
+
 }  // namespace keel

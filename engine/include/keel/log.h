@@ -20,6 +20,10 @@ namespace keel {
 void log(LogLevel level, std::string_view scope, std::string_view message);
 // Same, with the current module scope (currentScope()).
 void log(LogLevel level, std::string_view message);
+// Delivers the line to the observers (a recording keeps it) without echoing it to stderr: what
+// the caller says on the terminal in its own words, or at length only in the recording (a hang
+// report's ring of collectives).
+void logWithoutEcho(LogLevel level, std::string_view scope, std::string_view message);
 
 // Lines at or above this level (Error is highest) are echoed to stderr; default Warn, or
 // KEEL_LOG_LEVEL=error|warn|info|debug|verbose (or 0..4) at start-up.

@@ -141,7 +141,8 @@ bool verboseEnabled() {
   return verboseEnabled(currentScope(), currentPhase());
 }
 
-void log(LogLevel level, std::string_view scope, std::string_view message) {
+namespace {
+void logLine(LogLevel level, std::string_view scope, std::string_view message, bool echo) {
   (void)g_envRead;
   if (level == LogLevel::Verbose && !verboseEnabled(scope, currentPhase()) && !verboseEnabled())
     return;
@@ -151,13 +152,22 @@ void log(LogLevel level, std::string_view scope, std::string_view message) {
   e.message = message;
   e.opSeq = currentOpSeq() ? currentOpSeq() : lastOpSeq();
   e.timeNs = detail::nowNs();
-  if (int(level) <= g_echoLevel.load(std::memory_order_relaxed)) {
+  if (echo && int(level) <= g_echoLevel.load(std::memory_order_relaxed)) {
     std::string_view ln = logLevelName(level);
     std::fprintf(stderr, "[keel %.*s] %.*s%s%.*s (op %llu)\n", int(ln.size()), ln.data(),
                  int(scope.size()), scope.data(), scope.empty() ? "" : ": ", int(message.size()),
                  message.data(), static_cast<unsigned long long>(e.opSeq));
   }
   detail::notifyLog(e);
+}
+}  // namespace
+
+void log(LogLevel level, std::string_view scope, std::string_view message) {
+  logLine(level, scope, message, true);
+}
+
+void logWithoutEcho(LogLevel level, std::string_view scope, std::string_view message) {
+  logLine(level, scope, message, false);
 }
 
 void log(LogLevel level, std::string_view message) {

@@ -27,6 +27,9 @@ namespace keel::dist {
 namespace {
 
 constexpr size_t kRingSize = 64;
+// How long a rank leaving with an error waits for its peers to leave too (Note [A failed rank
+// ends the job]), at most the collective timeout.
+constexpr double kExitGraceSeconds = 3;
 // The process groups (keel/dist.h), in State::groups' order.
 constexpr const char* kGroupNames[6] = {"world", "dp", "tp", "ep", "edp", "cp"};
 constexpr const char* kGroupList = "world, dp, tp, ep, edp and cp";
@@ -73,6 +76,8 @@ struct State {
   // A collective failed (an MPI error): a peer may be waiting in one for good, and MPI_Finalize
   // would wait for it too (Note [A failed collective ends the job]).
   bool collectiveFailed = false;
+  int exitStatus = 0;                 // setExitStatus
+  MPI_Comm exitComm = MPI_COMM_NULL;  // finalize's barrier (Note [A failed rank ends the job])
   Layout layout;
   int rank = 0, size = 1;
   Group groups[6];  // kGroupNames
@@ -369,6 +374,8 @@ void init(const Layout& layout) {
     MPI_Comm_split(MPI_COMM_WORLD, (d % layout.ep) * layout.tp + t, s.rank, &s.groups[4].comm);
     // A cp group: cp consecutive dp ranks, one row's sequence between them.
     MPI_Comm_split(MPI_COMM_WORLD, (d / layout.cp) * layout.tp + t, s.rank, &s.groups[5].comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &s.exitComm);
+    MPI_Comm_set_errhandler(s.exitComm, MPI_ERRORS_RETURN);
     for (Group& g : s.groups) {
       MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN);
       MPI_Comm_rank(g.comm, &g.rank);
@@ -616,28 +623,62 @@ void removeHangHandler(int id) {
            hs.end());
 }
 
+void setExitStatus(int status) {
+  std::lock_guard<std::mutex> lk(st().mu);
+  st().exitStatus = status;
+}
+
 // Note [A failed collective ends the job]: after an MPI error in a collective (a rank that
 // skipped one sent a message of another size: MPI_ERR_TRUNCATE) the peers may wait in their
 // collective until their timeout (600 s by default), and MPI_Finalize, which waits for every
 // rank, would keep this process there with them: the job hung with one rank spinning. A process
 // whose collective failed leaves without MPI_Finalize instead, its error printed and its
 // recording closed, and the launcher ends the others at once, as after a hang report.
+//
+// Note [A failed rank ends the job]: the same holds for a rank that leaves for any other reason
+// than a finished run — an op that failed, a --break-on stop, any error (setExitStatus, non-zero):
+// its peers may be waiting for it in their next collective, and it waited for them in
+// MPI_Finalize, the job ending only at the collective timeout. Such a rank's recording is closed
+// by then (finalize runs at exit); it waits kExitGraceSeconds in a barrier every rank enters at
+// exit — all the ranks leave together when each stops (a step break, an error of the setup,
+// Ctrl-C), and then MPI_Finalize as usual — and past that leaves without MPI_Finalize: the
+// launcher sees its status and ends the ranks still waiting (mpirun's exit status is the first
+// failed rank's). A rank that finished waits in the barrier without a bound, as it would in
+// MPI_Finalize.
 void finalize() {
   State& s = st();
   bool failed = false;
+  int status = 0;
+  double grace = 0;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     if (!s.mpi || s.finalized) return;
     s.finalized = true;
     s.stopWatchdog = true;
     failed = s.collectiveFailed;
+    status = s.exitStatus;
+    grace = std::min(kExitGraceSeconds, s.opt.timeoutSeconds);
   }
   s.wake.notify_all();
   if (s.watchdog.joinable()) s.watchdog.join();
   if (failed) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (s.exitComm != MPI_COMM_NULL) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Ibarrier(s.exitComm, &req) != MPI_SUCCESS) return;
+    if (status == 0) {
+      MPI_Wait(&req, MPI_STATUS_IGNORE);
+    } else {
+      const int64_t until = nowNs() + int64_t(grace * 1e9);
+      int done = 0;
+      while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && nowNs() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!done) return;  // a peer is still in the run: the launcher ends it
+    }
+  }
+  MPI_Finalize();
 }
 
 }  // namespace keel::dist

@@ -363,4 +363,23 @@ GptConfig loadGptConfig(const std::string& path) {
   return parseGptConfig(text, path);
 }
 
+void checkGptLayout(const GptConfig& cfg, int dp, int tp, int ep, int cp) {
+  const int slices = dp / std::max(1, cp);
+  KEEL_CHECK(slices >= 1 && cfg.batch_size % slices == 0, "data parallelism: dp ", slices,
+             " does not divide config field 'batch_size' ", cfg.batch_size,
+             " (each rank trains on batch_size / dp rows of the global batch",
+             cp > 1 ? ", dp counting a cp group once" : "", ")");
+  KEEL_CHECK(tp <= 1 || !cfg.isMoe(), "tensor parallelism: tp ", tp,
+             " needs a dense model; this config has ", cfg.n_expert,
+             " experts (split the experts with --ep instead)");
+  KEEL_CHECK(ep <= 1 || cfg.isMoe(), "expert parallelism: --ep ", ep,
+             " needs a mixture-of-experts model; this config is dense (n_expert 0)");
+  KEEL_CHECK(cfg.n_head % tp == 0, "tensor parallelism: tp ", tp, " does not divide n_head ",
+             cfg.n_head, " (attention splits by heads)");
+  KEEL_CHECK(cfg.isMoe() || cfg.d_ff % tp == 0, "tensor parallelism: tp ", tp,
+             " does not divide d_ff ", cfg.d_ff);
+  KEEL_CHECK(!cfg.isMoe() || cfg.n_expert % ep == 0, "expert parallelism: --ep ", ep,
+             " does not divide config field 'n_expert' ", cfg.n_expert);
+}
+
 }  // namespace keel

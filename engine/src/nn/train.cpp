@@ -64,11 +64,7 @@ Trainer::Trainer(const GptConfig& cfg, Device device, uint64_t seed,
   // [Context-parallel attention]): the batch is split dp / cp ways.
   cpSize_ = layout.cp;
   cpRank_ = dist::group("cp").rank;
-  const int slices = dpSize_ / cpSize_;
-  KEEL_CHECK(cfg_.batch_size % slices == 0, "data parallelism: dp ", slices,
-             " does not divide config field 'batch_size' ", cfg_.batch_size,
-             " (each rank trains on batch_size / dp rows of the global batch",
-             cpSize_ > 1 ? ", dp counting a cp group once" : "", ")");
+  checkGptLayout(cfg_, layout.dp, layout.tp, layout.ep, layout.cp);  // as keel launch checks it
   nn::TensorParallel tp{layout.tp, dist::group("tp").rank, "tp", layout.vocab};
   // Note [Expert-parallel MoE]: a MoE model routes the dp group's tokens as one batch.
   const nn::ExpertParallel ep{layout.ep, dist::group("ep").rank, dpSize_, dpRank_};

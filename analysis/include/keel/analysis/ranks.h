@@ -4,6 +4,7 @@
 // `keel diff --replicas`, `keel inspect RUN/` and the studio show the same results.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,11 +71,21 @@ struct AlignedCollective {
   std::vector<std::optional<int64_t>> waitNs;  // per rank; nullopt: that rank never recorded it
   int64_t straggler = -1;  // world rank that waited least; -1 if one rank or pending
   bool pending = false;    // a rank was still waiting in it when the run ended (a hang report)
+  // The ranks recorded this number as different calls (kind, scope or bytes: a rank skipped or
+  // added a collective, and the calls met where they should not): "rank 0 all_reduce in
+  // dp_grad_sync, 3712000 bytes; rank 1 all_reduce in dp_loss, 4 bytes". "" when they agree.
+  std::string mismatch;
 };
+
+// "dp" alone where the layout has one group of that name, else "dp (ranks 1, 3)".
+std::string groupName(const AlignedCollective& a, int64_t instances);
 
 struct RankSummary {
   int64_t rank = 0, dpRank = 0, tpRank = 0;
   std::string file;
+  // The rank's file could not be read (missing, truncated, corrupted): why, in one line; the
+  // other fields are empty. The other ranks are summarised still (a node lost with its disk).
+  std::string unreadable;
   std::string status;  // the recording's run status
   // "running" with no process writing it (base/output_path.h outputLockHeld): the rank's process
   // was killed or crashed before it could write a status.
@@ -85,7 +96,9 @@ struct RankSummary {
   int64_t ops = 0;
   int64_t collectives = 0;  // recorded collective calls
   int64_t waitNs = 0;       // time spent in them, a collective it hung in included
-  bool md5 = false;         // whether MD5s were recorded
+  // Bytes of its collectives' inputs, per group name (a rank that skipped one sent less).
+  std::map<std::string, int64_t> bytesByGroup;
+  bool md5 = false;  // whether MD5s were recorded
 };
 
 struct RunSummary {
@@ -103,13 +116,17 @@ struct RunSummary {
   // a rank of its group never joined: what a rank killed mid-run (an OOM kill, kill -9; mpirun
   // then ends the others before any timeout) leaves to explain. Empty when none ended so.
   std::vector<std::string> ended;
+  // Ranks whose files could not be read (RankSummary::unreadable), one line each.
+  std::vector<std::string> unreadable;
 };
 
 // A time waited in a collective: "0.82 ms" under a second, "5.00 s" from one on.
 std::string waitText(int64_t ns);
 
 // Reads the run folder `dir`: each rank's recording summarised, collectives lined up, a hang
-// explained. Throws storage::StorageError for a folder, manifest or recording that cannot be read.
+// explained. A rank file that cannot be read is named (RunSummary::unreadable) and the others
+// summarised; throws storage::StorageError for a folder or manifest that cannot be read, a rank
+// file of another run, and when no rank file can be read.
 RunSummary summarizeRun(const std::string& dir);
 // What `keel inspect RUN/` prints: layout, a line per rank, collectives per group with the
 // stragglers and the longest waits, and the hang diagnosis.

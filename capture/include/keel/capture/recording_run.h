@@ -240,7 +240,10 @@ class RecordingRun {
   void writeRunManifest();  // rank 0: the run folder's manifest.json (see start())
   void discardOutput();     // a replacement whose run never started: removed
 
-  std::string runDir_;     // a multi-rank run's folder (spec_.output is this rank's file in it)
+  std::string runDir_;  // a multi-rank run's folder (spec_.output is this rank's file in it)
+  // Rank 0 into a folder that had a manifest: it writes its own once its rank file is committed
+  // (commitOutput), so a run killed before leaves the old folder as it was.
+  bool manifestPending_ = false;
   int hangHandler_ = 0;    // dist::addHangHandler's id (0: none)
   std::string writePath_;  // where the recording is written: the output, or a replacement
   std::unique_ptr<OutputLock> outputLock_;  // held from start() to finish()/fail()

@@ -32,6 +32,8 @@ struct RunManifest {
 };
 
 inline constexpr const char* kManifestFile = "manifest.json";
+// The manifest's format ("keel_run"): a folder of a later format is refused in words.
+inline constexpr int64_t kRunFolderVersion = 1;
 
 // The file rank r writes in a run folder ("rank-3.db").
 std::string rankFileName(int64_t rank);
