@@ -335,8 +335,9 @@ void addAllocOption(CLI::App* c, std::string& kind) {
 }
 
 Command addMemoryCommand(CLI::App& root) {
-  CLI::App* c = root.add_subcommand(
-      "memory", "allocation traces: record, generate, replay; a recording's memory figures");
+  CLI::App* c = root.add_subcommand("memory",
+                                    "allocation traces (trace: record or generate; replay) and a "
+                                    "recording's memory figures (stats)");
   c->require_subcommand(1);
   struct Args {
     std::string trace, allocator = "both", config, out;

@@ -122,6 +122,33 @@ TEST(TrainCheckpointTest, ErrorsOnMismatchedRuns) {
   EXPECT_THROW(resolveCheckpoint(dir), Error);  // no step-* here
 }
 
+// The rules of the q/k/v round trip, written under dir: split gpt's fused qkv weight into q, k
+// and v (separate), fuse those per head (fuse), and split that back and concatenate (back).
+struct QkvRules {
+  aoa::Program separate, fuse, back;
+};
+QkvRules qkvRules(const GptConfig& cfg, const std::string& dir) {
+  const std::string h = std::to_string(cfg.n_head);
+  auto rules = [&](const std::string& text, const std::string& name) {
+    test::writeFile(dir + "/" + name, text);
+    return aoa::parseFile(dir + "/" + name);
+  };
+  return {rules("blocks.$LAYER_ID.attn.qkv.weight -> blocks.$LAYER_ID.attn.q.weight, "
+                "blocks.$LAYER_ID.attn.k.weight, blocks.$LAYER_ID.attn.v.weight, axis=0\n",
+                "separate.aoa"),
+          rules("blocks.$LAYER_ID.attn.q.weight, blocks.$LAYER_ID.attn.k.weight, "
+                "blocks.$LAYER_ID.attn.v.weight -> blocks.$LAYER_ID.attn.wqkv, fused_qkv, "
+                "num_heads=" +
+                    h + "\n",
+                "fuse.aoa"),
+          rules("blocks.$LAYER_ID.attn.wqkv -> q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID, fused_qkv, "
+                "num_heads=" +
+                    h +
+                    "\nq.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID -> "
+                    "blocks.$LAYER_ID.attn.qkv.weight, axis=0\n",
+                "back.aoa")};
+}
+
 // Note: gpt-mini keeps q, k and v fused in one [3·d, d] weight, q rows first. The rules below
 // split it into separate q, k, v (checkpoint A), fuse those with fused_qkv (per head: q, k, v
 // rows; checkpoint B), split B back and concatenate q, k, v again (checkpoint C).
@@ -132,27 +159,7 @@ TEST(TrainCheckpointTest, SeparateQkvToFusedQkvAndBackGivesTheSameLoss) {
   const double loss = tr.evaluate(2);
   const std::string dir = tempDir();
   saveTrainingCheckpoint(tr, dir + "/orig", 2);
-  const std::string h = std::to_string(cfg.n_head);
-  auto rules = [&](const std::string& text, const std::string& name) {
-    test::writeFile(dir + "/" + name, text);
-    return aoa::parseFile(dir + "/" + name);
-  };
-  aoa::Program separate = rules(
-      "blocks.$LAYER_ID.attn.qkv.weight -> blocks.$LAYER_ID.attn.q.weight, "
-      "blocks.$LAYER_ID.attn.k.weight, blocks.$LAYER_ID.attn.v.weight, axis=0\n",
-      "separate.aoa");
-  aoa::Program fuse = rules(
-      "blocks.$LAYER_ID.attn.q.weight, blocks.$LAYER_ID.attn.k.weight, "
-      "blocks.$LAYER_ID.attn.v.weight -> blocks.$LAYER_ID.attn.wqkv, fused_qkv, num_heads=" +
-          h + "\n",
-      "fuse.aoa");
-  aoa::Program back = rules(
-      "blocks.$LAYER_ID.attn.wqkv -> q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID, fused_qkv, "
-      "num_heads=" +
-          h +
-          "\n"
-          "q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID -> blocks.$LAYER_ID.attn.qkv.weight, axis=0\n",
-      "back.aoa");
+  auto [separate, fuse, back] = qkvRules(cfg, dir);
   TargetSpec spec;
   spec.tp = 4;
   convert(Checkpoint::open(dir + "/orig"), dir + "/A", spec, &separate);
@@ -191,27 +198,7 @@ TEST(TrainCheckpointTest, ARoundTripThroughRulesWritesThePlainConversionsBytes) 
   tr.run(1);
   const std::string dir = tempDir();
   saveTrainingCheckpoint(tr, dir + "/orig", 3);
-  const std::string h = std::to_string(cfg.n_head);
-  auto rules = [&](const std::string& text, const std::string& name) {
-    test::writeFile(dir + "/" + name, text);
-    return aoa::parseFile(dir + "/" + name);
-  };
-  aoa::Program separate = rules(
-      "blocks.$LAYER_ID.attn.qkv.weight -> blocks.$LAYER_ID.attn.q.weight, "
-      "blocks.$LAYER_ID.attn.k.weight, blocks.$LAYER_ID.attn.v.weight, axis=0\n",
-      "separate.aoa");
-  aoa::Program fuse = rules(
-      "blocks.$LAYER_ID.attn.q.weight, blocks.$LAYER_ID.attn.k.weight, "
-      "blocks.$LAYER_ID.attn.v.weight -> blocks.$LAYER_ID.attn.wqkv, fused_qkv, num_heads=" +
-          h + "\n",
-      "fuse.aoa");
-  aoa::Program back = rules(
-      "blocks.$LAYER_ID.attn.wqkv -> q.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID, "
-      "fused_qkv, num_heads=" +
-          h +
-          "\nq.$LAYER_ID, k.$LAYER_ID, v.$LAYER_ID -> "
-          "blocks.$LAYER_ID.attn.qkv.weight, axis=0\n",
-      "back.aoa");
+  auto [separate, fuse, back] = qkvRules(cfg, dir);
   TargetSpec spec;
   spec.tp = 2;
   convert(Checkpoint::open(dir + "/orig"), dir + "/sep", spec, &separate);
