@@ -442,6 +442,10 @@ void MainWindow::connectSources() {
       pendingSelectA_ = s->firstNonFinite->seq;
       first = s->firstNonFinite->step;
     }
+    // A live session follows the run from the step shown now: steps that finished while the
+    // recording was opening set followedStep_ past it, and the view, no longer "at the head",
+    // stayed on that first step to the end (seen under load).
+    if (live_ && !stepOnOpen_) followedStep_ = first;
     showStep(std::exchange(stepOnOpen_, std::nullopt).value_or(first));
     loadMemory();  // after the step: the worker answers in order, and the graph comes first
   });
