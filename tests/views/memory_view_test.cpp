@@ -168,6 +168,24 @@ MemoryPtr stepsModel(int steps, int per) {
   return m;
 }
 
+// Appends an event of step `step` at the next time; with `allocated`, keeps that running total
+// (alloc adds, free subtracts) as the event's allocated and reserved figures.
+void addEvent(std::vector<MemRecord>& ev, MemEventKind k, uint64_t address, uint64_t bytes,
+              uint64_t* allocated = nullptr, int64_t step = 1) {
+  MemRecord r;
+  r.kind = k;
+  r.address = address;
+  r.bytes = bytes;
+  r.step = step;
+  r.timeNs = int64_t(ev.size() + 1);
+  if (allocated) {
+    if (k == MemEventKind::Alloc) *allocated += bytes;
+    if (k == MemEventKind::Free) *allocated -= bytes;
+    r.allocatedAfter = r.reservedAfter = *allocated;
+  }
+  ev.push_back(r);
+}
+
 }  // namespace
 
 class MemoryViewTest : public QObject {
@@ -505,15 +523,7 @@ class MemoryViewTest : public QObject {
   void freeAndUnmappedLookDifferent() {
     constexpr uint64_t MiB = 1 << 20;
     std::vector<MemRecord> ev;
-    auto add = [&](MemEventKind k, uint64_t a, uint64_t b) {
-      MemRecord r;
-      r.kind = k;
-      r.address = a;
-      r.bytes = b;
-      r.step = 1;
-      r.timeNs = int64_t(ev.size() + 1);
-      ev.push_back(r);
-    };
+    auto add = [&](MemEventKind k, uint64_t a, uint64_t b) { addEvent(ev, k, a, b); };
     add(MemEventKind::Map, 0, 2 * MiB);
     add(MemEventKind::Map, 2 * MiB, 2 * MiB);
     add(MemEventKind::Map, 4 * MiB, 2 * MiB);
@@ -558,16 +568,7 @@ class MemoryViewTest : public QObject {
     std::vector<MemRecord> ev;
     uint64_t allocated = 0;
     auto add = [&](MemEventKind k, uint64_t a, uint64_t b, int64_t step) {
-      MemRecord r;
-      r.kind = k;
-      r.address = a;
-      r.bytes = b;
-      r.step = step;
-      r.timeNs = int64_t(ev.size() + 1);
-      if (k == MemEventKind::Alloc) allocated += b;
-      if (k == MemEventKind::Free) allocated -= b;
-      r.allocatedAfter = r.reservedAfter = allocated;
-      ev.push_back(r);
+      addEvent(ev, k, a, b, &allocated, step);
     };
     add(MemEventKind::Alloc, 0x100000, 3 * MiB, 1);
     add(MemEventKind::Alloc, 0x800000, 2 * MiB, 1);  // the peak
