@@ -74,7 +74,9 @@ class RunSourceTest : public QObject {
     QVERIFY(src.isOpen());
     src.open(bad);
     src.open(path_);  // asked for before the first fails
-    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 2; }, 10000));
+    // `opened` reaches the spy on the worker's thread, `openFailed` through the main thread's
+    // queue: wait for both, or the later open can be counted before the earlier failure is.
+    QVERIFY(QTest::qWaitFor([&] { return opened.count() >= 2 && openFailed.count() >= 2; }, 10000));
     QCOMPARE(openFailed.count(), 2);
     QCOMPARE(src.path(), path_);
     QVERIFY(src.isOpen());
