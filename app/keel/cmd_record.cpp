@@ -175,18 +175,28 @@ int runRecord(const RecordArgs& a) {
   if (!a.verbose.empty()) setGlobalVerboseRules(parseVerboseRules(a.verbose));
   useCpuThreads(a.threads);
   std::optional<capture::RunStopped> stopped;
+  // --track-memory's section of each step, that of a step that stopped or failed too (it is the
+  // one a user looks for), printed once.
+  bool trackPrinted = false;
+  auto printTrack = [&] {
+    if (trackPrinted || !run.lastTrack()) return;
+    trackPrinted = true;
+    std::printf("%s\n", formatTrackSummary(*run.lastTrack(), 3).c_str());
+    std::fflush(stdout);
+  };
   try {
     run.start();  // a break condition can hit while the model is built (step 0): a stop, kept
     std::printf("keel record: %s on %s, %lld step%s -> %s\n", run.modelName().c_str(),
                 run.device().name().c_str(), static_cast<long long>(a.steps),
                 a.steps == 1 ? "" : "s", a.output.c_str());
     while (!run.done()) {
+      trackPrinted = false;
       WorkloadMetrics s = run.step();
       std::printf("step %lld/%lld  loss %.4f", static_cast<long long>(run.stepsDone()),
                   static_cast<long long>(a.steps), unsignedNaN(s.loss));
       if (std::isfinite(s.tokensPerSec)) std::printf("  %.0f tok/s", s.tokensPerSec);
       std::printf("\n");
-      if (run.lastTrack()) std::printf("%s\n", formatTrackSummary(*run.lastTrack(), 3).c_str());
+      printTrack();
       std::fflush(stdout);
       // The recording failed (a full disk, a size limit): training on would record nothing.
       if (const std::string err = run.recorder().error(); !err.empty())
@@ -202,8 +212,10 @@ int runRecord(const RecordArgs& a) {
     }
   } catch (const capture::RunStopped& s) {
     stopped = s;  // a break condition: everything so far is kept
+    printTrack();
   } catch (const std::exception& e) {
     // The run failed (a workload error, an op that threw): keep what was recorded, mark it failed.
+    printTrack();
     run.fail(e.what());
     throw;
   }

@@ -592,8 +592,10 @@ WorkloadMetrics RecordingRun::step() {
     }
     return m;
   } catch (const RunStopped&) {
+    if (track) lastTrack_ = track->end();  // a stopped or failed step's section is the one asked
     throw;
   } catch (...) {
+    if (track) lastTrack_ = track->end();
     // See Note [Stopping a run from an observer].
     if (stopped_) throw *stopped_;
     throw;

@@ -134,6 +134,21 @@ TEST_F(KeelLimits, AModelThatDoesNotFitTheLimitFailsInOneLineNamingIt) {
   }
 }
 
+// A config that fits the machine but not the address-space limit is refused up front naming the
+// limit (it said "more than this machine's 512 MiB of memory", and the machine had 24 GiB).
+TEST_F(KeelLimits, AConfigBeyondTheAddressSpaceLimitIsRefusedNamingTheLimit) {
+  std::ofstream(dir_ / "wide.json")
+      << R"({"name": "wide", "vocab_size": 256, "seq_len": 64, "n_layer": 2, "n_head": 4,
+            "d_model": 2048, "d_ff": 8192, "batch_size": 4})";
+  const CliResult r = keel("--as=" + mib(512) + " env OPENBLAS_NUM_THREADS=1 KEEL_NUM_THREADS=1",
+                           "train --config " + q("wide.json") + " --steps 1");
+  expectOneLineError(r, "wide.json: the model needs about ");
+  EXPECT_NE(r.err.find(" to train, more than the address-space limit (ulimit -v) of 512 MiB: "
+                       "parameters and optimizer state "),
+            std::string::npos)
+      << r.err;
+}
+
 // A failure under a limit ends the process at once: it used to print Keel's error and then hang
 // at exit, OpenBLAS's worker retrying its buffer.
 TEST_F(KeelLimits, AnErrorUnderAnAddressSpaceLimitDoesNotHangAtExit) {

@@ -545,6 +545,53 @@ TEST_F(KeelCli, MemoryStatsOfARunThatRanOutOfMemoryNamesTheRefusedRequest) {
   }
 }
 
+// --track-memory prints the section of a step that failed or stopped (it printed nothing for it,
+// the one section a user asked for), and a step that ended before a step-level stop once.
+TEST_F(KeelCli, TrackMemoryPrintsTheSectionOfAStepThatFailedOrStopped) {
+  auto sections = [](const std::string& out, const std::string& step) {
+    size_t n = 0;
+    for (size_t at = out.find("memory section '" + step + "': "); at != std::string::npos;
+         at = out.find("memory section '" + step + "': ", at + 1))
+      ++n;
+    return n;
+  };
+  const CliResult oom = keel(
+      "record --config configs/gpt-mini.json --steps 2 --alloc vmm "
+      "--track-memory -o '" +
+          path("oom.db") + "'",
+      "KEEL_MEMORY_LIMIT=16M");
+  expectOneLineError(oom, "out of memory in the vmm allocator: requested ");
+  EXPECT_EQ(sections(oom.out, "step 1"), 1u) << oom.out;
+  EXPECT_NE(oom.out.find(" blocks still alive ("), std::string::npos) << oom.out;
+  // Stopped at an op in step 1: its section, once.
+  const CliResult op = record("op.db", "--track-memory --break-on op:matmul");
+  ASSERT_EQ(op.status, 1) << op.err;
+  EXPECT_EQ(sections(op.out, "step 1"), 1u) << op.out;
+  EXPECT_EQ(sections(op.out, "step 2"), 0u) << op.out;
+  // Stopped after step 1 (a step-level condition): its section once.
+  const CliResult step = record("step.db", "--track-memory --break-on step:1");
+  ASSERT_EQ(step.status, 1) << step.err;
+  EXPECT_EQ(sections(step.out, "step 1"), 1u) << step.out;
+  EXPECT_EQ(sections(step.out, "step 2"), 0u) << step.out;
+}
+
+// KEEL_MEMORY_LIMIT takes a byte count with an optional K/M/G suffix (and B or iB after it);
+// anything else is refused in one line ("16Mx" was 16 MiB). A limit the host allocator cannot
+// keep is said in a warning, not silently ignored.
+TEST_F(KeelCli, KeelMemoryLimitIsReadStrictlyAndNamedWhereItDoesNotApply) {
+  for (const std::string bad : {"16Mx", "16 M", "lots"})
+    expectOneLineError(record("bad.db", "--alloc vmm", "KEEL_MEMORY_LIMIT='" + bad + "'"),
+                       "KEEL_MEMORY_LIMIT='" + bad + "' is not a byte count");
+  const CliResult mib = record("mib.db", "--alloc vmm", "KEEL_MEMORY_LIMIT=1MiB");
+  expectOneLineError(mib, "out of memory in the vmm allocator: requested ");
+  EXPECT_NE(mib.err.find(" with a limit of 1048576 bytes"), std::string::npos) << mib.err;
+  const CliResult host = record("host.db", "--alloc host --steps 1", "KEEL_MEMORY_LIMIT=1M");
+  ASSERT_EQ(host.status, 0) << host.err;
+  EXPECT_EQ(host.err,
+            "keel: warning: KEEL_MEMORY_LIMIT=1M does not limit the host allocator (only caching "
+            "and vmm have a limit)\n");
+}
+
 // keel memory stats of a recording that starts at --step-range's first step names the allocator
 // the run used and says what was live then; an event asked twice is one column. Its figures at
 // the end are the whole run's (Note [A step range's first step]: the allocator's state at the

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "keel/allocator.h"
 #include "keel/base/text.h"
@@ -73,19 +74,26 @@ size_t envLimit() {
     case 'k':
     case 'K':
       x *= 1024.0;
+      ++end;
       break;
     case 'm':
     case 'M':
       x *= 1024.0 * 1024.0;
+      ++end;
       break;
     case 'g':
     case 'G':
       x *= 1024.0 * 1024.0 * 1024.0;
+      ++end;
       break;
     default:
       break;
   }
-  return size_t(x);
+  // "16M", "16MB" and "16MiB" are the same limit; "16Mx" or "16 M" is a mistake, not 16 MiB.
+  const std::string_view rest(end);
+  KEEL_CHECK(rest.empty() || rest == "B" || rest == "iB" || rest == "b", "KEEL_MEMORY_LIMIT='", v,
+             "' is not a byte count (bytes with an optional K, M or G suffix, e.g. 512M)");
+  return size_t(x);  // 0: no limit
 }
 }  // namespace
 
@@ -130,6 +138,10 @@ AllocatorKind resolveAllocatorKind(std::string_view flag, std::string_view confi
 // allocation anyway).
 AllocatorKind usableAllocatorKind(AllocatorKind k, std::string* why) {
   if (why) why->clear();
+  // A limit the host allocator cannot keep is said, not silently ignored.
+  if (k == AllocatorKind::Host && why && envLimit() > 0)
+    *why = std::string("KEEL_MEMORY_LIMIT=") + std::getenv("KEEL_MEMORY_LIMIT") +
+           " does not limit the host allocator (only caching and vmm have a limit)";
   if (k != AllocatorKind::Vmm) return k;
   static const std::string failure = [] {
     envLimit();  // a bad KEEL_MEMORY_LIMIT is the user's error, not a reason to fall back

@@ -139,21 +139,27 @@ void validateAttention(const GptConfig& c, const Fail& fail) {
              c.attention_mask + "\"");
 }
 
-// The memory the host can give a process: physical memory, or less under an address-space limit.
-long double hostMemoryBytes() {
-  long double bytes = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
-  rlimit as{};
-  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
-    bytes = std::min(bytes, (long double)as.rlim_cur);
-  return bytes > 0 ? bytes : std::numeric_limits<long double>::infinity();
-}
-
 std::string bytesForPeople(long double b) {
   if (b < 1e18L) return formatBytes(uint64_t(b));
   std::ostringstream os;
   os.precision(3);
   os << double(b) << " bytes";
   return os.str();
+}
+
+// The memory the host can give a process: physical memory, or less under an address-space limit;
+// *what names which, with its size ("this machine's 23.4 GiB of memory", or the limit).
+long double hostMemoryBytes(std::string* what) {
+  long double bytes = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGESIZE);
+  if (!(bytes > 0)) bytes = std::numeric_limits<long double>::infinity();
+  *what = "this machine's " + bytesForPeople(bytes) + " of memory";
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY &&
+      (long double)as.rlim_cur < bytes) {
+    bytes = (long double)as.rlim_cur;
+    *what = "the address-space limit (ulimit -v) of " + bytesForPeople(bytes);
+  }
+  return bytes;
 }
 
 // Note [A config that cannot fit]
@@ -174,11 +180,12 @@ void checkFitsInMemory(const GptConfig& c, const std::string& source) {
                     L * (4 * d * d + experts * 3 * d * ff + (c.n_expert > 0 ? d * experts : 0));
   const LD paramBytes = params * 16;
   const LD activationBytes = B * T * (L * (12 * d + 3 * ff * routed) + 3 * V) * 4;
-  const LD limit = hostMemoryBytes();
+  std::string what;
+  const LD limit = hostMemoryBytes(&what);
   if (paramBytes + activationBytes <= limit) return;
   std::ostringstream os;
   os << source << ": the model needs about " << bytesForPeople(paramBytes + activationBytes)
-     << " to train, more than this machine's " << bytesForPeople(limit) << " of memory: ";
+     << " to train, more than " << what << ": ";
   if (paramBytes >= activationBytes)
     os << "parameters and optimizer state " << bytesForPeople(paramBytes) << " (d_model "
        << c.d_model << ", d_ff " << c.d_ff << ", n_layer " << c.n_layer << ", vocab_size "
