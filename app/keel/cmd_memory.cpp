@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "cli_common.h"
 #include "keel/alloc_trace.h"
+#include "keel/allocator.h"
 #include "keel/analysis/memory_model.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
@@ -37,15 +39,79 @@ void printHeader() {
               "ns/call");
 }
 
-void printRow(const ReplayResult& r, double harness) {
+// One allocator's row. A replay that ran out of memory (ranOut) has its peaks up to there and no
+// end or cost: "-" in those columns.
+void printRow(const ReplayResult& r, double harness, bool ranOut = false) {
   const AllocatorStats& s = r.stats;
-  std::printf("%-10s %12s %12s %8.2f%% %9.2f%% %8llu %8llu %8llu %12s %9.1f\n", r.allocator.c_str(),
+  char cached[32] = "-", ns[32] = "-";
+  if (!ranOut) {
+    std::snprintf(cached, sizeof cached, "%.2f%%", 100.0 * s.fragmentation());
+    std::snprintf(ns, sizeof ns, "%.1f", std::max(0.0, r.nsPerCall - harness));
+  }
+  std::printf("%-10s %12s %12s %8.2f%% %10s %8llu %8llu %8llu %12s %9s\n", r.allocator.c_str(),
               formatMiB(s.peakAllocated).c_str(), formatMiB(s.peakReserved).c_str(),
-              100.0 * s.peakFragmentation(), 100.0 * s.fragmentation(),
-              static_cast<unsigned long long>(s.defrags),
+              100.0 * s.peakFragmentation(), cached, static_cast<unsigned long long>(s.defrags),
               static_cast<unsigned long long>(s.chunksRemapped),
-              static_cast<unsigned long long>(s.compactions), formatMiB(s.bytesCopied).c_str(),
-              std::max(0.0, r.nsPerCall - harness));
+              static_cast<unsigned long long>(s.compactions), formatMiB(s.bytesCopied).c_str(), ns);
+}
+
+// Passes every call to the allocator it wraps, counting the allocations: a replay under --limit
+// that runs out of memory names the event it stopped at.
+class CountingAllocator final : public Allocator {
+ public:
+  explicit CountingAllocator(std::unique_ptr<Allocator> a) : a_(std::move(a)) {}
+  void* allocate(size_t bytes) override {
+    ++allocs_;
+    return a_->allocate(bytes);
+  }
+  void deallocate(void* ptr, size_t bytes) override { a_->deallocate(ptr, bytes); }
+  std::string name() const override { return a_->name(); }
+  size_t allocatedBytes() const override { return a_->allocatedBytes(); }
+  size_t reservedBytes() const override { return a_->reservedBytes(); }
+  AllocatorStats stats() const override { return a_->stats(); }
+  MemorySnapshot snapshot() const override { return a_->snapshot(); }
+  void emptyCache() override { a_->emptyCache(); }
+  void resetPeaks() override { a_->resetPeaks(); }
+  uint64_t allocs() const { return allocs_; }
+
+ private:
+  std::unique_ptr<Allocator> a_;
+  uint64_t allocs_ = 0;
+};
+
+// A replay's allocator of kind k, under `limit` bytes (0: none).
+std::unique_ptr<Allocator> replayAllocator(AllocatorKind k, uint64_t limit) {
+  if (limit == 0) return makeReplayAllocator(k);
+  std::unique_ptr<Allocator> a;
+  if (k == AllocatorKind::Caching) {
+    CachingAllocatorOptions o;
+    o.limit = size_t(limit);
+    a = std::make_unique<CachingAllocator>(o);
+  } else {
+    VmmAllocatorOptions o;
+    o.limit = size_t(limit);
+    a = std::make_unique<VmmAllocator>(o);
+  }
+  return std::make_unique<CountingAllocator>(std::move(a));
+}
+
+// Where a replay stopped: the event of its n-th allocation (1-based), with its step and bytes.
+std::string refusedText(const AllocTrace& t, uint64_t n) {
+  uint64_t seen = 0, step = 0;
+  bool stepped = false;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const TraceEvent& e = t.events[i];
+    if (e.kind == TraceEvent::Step) {
+      step = e.id;
+      stepped = true;
+    }
+    if (e.kind != TraceEvent::Alloc || ++seen < n) continue;
+    return "out of memory at event " + std::to_string(i) + " of " +
+           std::to_string(t.events.size()) +
+           (stepped ? " (step " + std::to_string(step) + ")" : std::string()) + ": " +
+           formatBytes(e.bytes) + " (" + std::to_string(e.bytes) + " bytes) requested";
+  }
+  return "out of memory";
 }
 
 // The one-line summary of a trace, on `out` (stderr when the trace itself went to stdout).
@@ -55,9 +121,17 @@ void describe(const std::string& name, const AllocTrace& t, std::FILE* out = std
                t.events.size() == 1 ? "" : "s", t.steps(), t.steps() == 1 ? "" : "s");
 }
 
-int runReplay(const std::string& path, const std::string& kind) {
+// Note [Replay under a limit]: `keel memory replay --limit N` answers "would this run fit in N
+// bytes, on which allocator?". Each allocator gets the limit a run's KEEL_MEMORY_LIMIT would give
+// it; one that runs out keeps its row (its peaks up to the refusal, "-" for the end and the
+// cost) and a line after the table names the event, the step and the bytes refused. Running out
+// is the answer asked for, not an error: the exit status is 0.
+int runReplay(const std::string& path, const std::string& kind, uint64_t limit) {
   // "-": a text trace on stdin, as `keel memory trace ... -` writes one.
   AllocTrace t = path == "-" ? parseAllocTrace(std::cin, "stdin") : capture::loadAllocTrace(path);
+  // As `keel memory stats` says a recording without allocator events is: an error a script sees.
+  if (t.allocs() == 0)
+    return fail(path + " has no allocations to replay (a trace has lines like 'a ID BYTES')");
   describe(path, t);
   double h = replayHarnessNs(t);
   // The allocators first, then the table: a VMM that cannot reserve its range here (an
@@ -67,7 +141,7 @@ int runReplay(const std::string& path, const std::string& kind) {
   for (AllocatorKind k : {AllocatorKind::Caching, AllocatorKind::Vmm}) {
     if (kind != "both" && kind != allocatorKindName(k)) continue;
     try {
-      allocators.push_back(makeReplayAllocator(k));
+      allocators.push_back(replayAllocator(k, limit));
     } catch (const Error& e) {
       if (kind != "both") throw;
       warn(std::string("the ") + std::string(allocatorKindName(k)) +
@@ -75,7 +149,32 @@ int runReplay(const std::string& path, const std::string& kind) {
     }
   }
   printHeader();
-  for (auto& a : allocators) printRow(replayAllocTrace(t, *a), h);
+  std::vector<std::string> verdicts;  // See Note [Replay under a limit].
+  for (auto& a : allocators) {
+    if (limit == 0) {
+      printRow(replayAllocTrace(t, *a), h);
+      continue;
+    }
+    ReplayResult r;
+    bool ranOut = false;
+    try {
+      r = replayAllocTrace(t, *a);
+    } catch (const Error&) {
+      ranOut = true;
+      r.allocator = a->name();
+      r.stats = a->stats();
+    }
+    printRow(r, h, ranOut);
+    const uint64_t n = static_cast<CountingAllocator&>(*a).allocs();
+    verdicts.push_back(r.allocator + ": " +
+                       (ranOut ? refusedText(t, n)
+                               : "fits (peak reserved " + formatBytes(r.stats.peakReserved) + ")"));
+  }
+  if (limit > 0) {
+    std::printf("under a limit of %s (%llu bytes):\n", formatBytes(limit).c_str(),
+                static_cast<unsigned long long>(limit));
+    for (const std::string& v : verdicts) std::printf("  %s\n", v.c_str());
+  }
   std::printf("ns/call: mean allocate/deallocate time, less the replay loop's own %.1f ns\n", h);
   std::printf(
       "frag@peak: 1 - peak allocated / peak reserved; cached@end: reserved - allocated at the end, "
@@ -342,7 +441,8 @@ Command addMemoryCommand(CLI::App& root) {
   struct Args {
     std::string trace, allocator = "both", config, out;
     int steps = 5;
-    uint64_t seed = 0;  // keel record's and train's: a trace of the run they record
+    uint64_t seed = 0;   // keel record's and train's: a trace of the run they record
+    uint64_t limit = 0;  // replay --limit
     bool generate = false;
     MoeTraceOptions moe;
     std::vector<int64_t> events;
@@ -357,6 +457,12 @@ Command addMemoryCommand(CLI::App& root) {
       ->check(nonEmptyName());
   replay->add_option("--allocator", a->allocator, "caching, vmm or both")
       ->check(CLI::IsMember({"caching", "vmm", "both"}));
+  replay
+      ->add_option("--limit", a->limit,
+                   "replay under this many bytes (K, M, G: powers of 1024), as KEEL_MEMORY_LIMIT "
+                   "limits a run, and say where each allocator runs out")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(wholeNumber(1));
   CLI::App* trace = c->add_subcommand(
       "trace", "write the allocation trace of a training run (or a generated MoE trace)");
   trace->add_option("OUT", a->out, "output trace file (- for stdout)")->required();
@@ -384,7 +490,7 @@ Command addMemoryCommand(CLI::App& root) {
   stats->add_option("--event", a->events, "also the figures right after these events")
       ->check(wholeNumber(0));
   return {c, [a, replay, trace, stats] {
-            if (replay->parsed()) return runReplay(a->trace, a->allocator);
+            if (replay->parsed()) return runReplay(a->trace, a->allocator, a->limit);
             if (stats->parsed()) return runStats(a->trace, a->events);
             if (trace->parsed())
               return runTrace(a->config, a->out, a->steps, a->seed, a->moe, a->generate);

@@ -677,6 +677,53 @@ TEST_F(KeelCli, MemoryTraceTracesTheRunKeelRecordRecords) {
       << bench.err;
 }
 
+// keel memory replay --limit answers "would this run fit, on which allocator?" (Note [Replay under
+// a limit]): moe-mini's step under 80 MiB runs the caching allocator out of memory (it reserves
+// 90 MiB) and fits the VMM's 74 MiB, and the line names the event refused, its step and bytes.
+// A trace without allocations, and a limit that is not a positive byte count, are errors.
+TEST_F(KeelCli, MemoryReplayUnderALimitSaysWhereEachAllocatorRunsOut) {
+  ASSERT_EQ(
+      keel("memory trace '" + path("m.txt") + "' --config configs/moe-mini.json --steps 1").status,
+      0);
+  const CliResult r = keel("memory replay '" + path("m.txt") + "' --limit 80M");
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The row of an allocator that ran out has its peaks up to there and "-" for its end and cost.
+  const size_t row = r.out.find("\ncaching ");
+  ASSERT_NE(row, std::string::npos) << r.out;
+  const std::string caching = r.out.substr(row + 1, r.out.find('\n', row + 1) - row - 1);
+  EXPECT_NE(caching.find(" 80.0 MiB    18.76%          - "), std::string::npos) << caching;
+  EXPECT_EQ(caching.substr(caching.size() - 2), " -") << caching;
+  EXPECT_NE(r.out.find("\nvmm            73.1 MiB     74.0 MiB     1.22%     68.68% "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\nunder a limit of 80.0 MiB (83886080 bytes):\n  caching: out of memory "
+                       "at event "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\n  vmm: fits (peak reserved 74.0 MiB)\n"), std::string::npos) << r.out;
+  // The event named is the trace's: its line is an allocation of the bytes named, in step 1.
+  const std::string at = "caching: out of memory at event ";
+  const size_t k = std::stoul(r.out.substr(r.out.find(at) + at.size()));
+  const std::string bytes = r.out.substr(r.out.find(" (", r.out.find(at) + at.size() + 12) + 2);
+  std::ifstream trace(path("m.txt"));
+  std::vector<std::string> events;
+  for (std::string line; std::getline(trace, line);)
+    if (!line.empty() && line[0] != '#') events.push_back(line);
+  ASSERT_LT(k, events.size());
+  EXPECT_EQ(events[k].substr(0, 2), "a ") << events[k];
+  EXPECT_EQ(events[k].substr(events[k].rfind(' ') + 1), bytes.substr(0, bytes.find(' ')))
+      << events[k] << " / " << bytes;
+  EXPECT_NE(r.out.find("at event " + std::to_string(k) + " of " + std::to_string(events.size()) +
+                       " (step 1): "),
+            std::string::npos)
+      << r.out;
+  expectOneLineError(keel("memory replay '" + path("m.txt") + "' --limit 0"),
+                     "--limit: must be a whole number ≥ 1, got '0'");
+  std::ofstream(path("empty.txt")) << "# keel allocation trace\ns 1\n";
+  expectOneLineError(keel("memory replay '" + path("empty.txt") + "'"),
+                     path("empty.txt") + " has no allocations to replay");
+}
+
 // keel record's summary says which steps' ops a --step-range kept (it said "recorded 3 steps" of
 // a recording holding the ops of 2), in the singular where it is one.
 TEST_F(KeelCli, TheSummaryOfAStepRangeSaysWhichStepsOpsItHolds) {
