@@ -217,9 +217,10 @@ int main(int argc, char** argv) {
     // Once loaded and selected, wait for the selection's details too, then save and quit.
     then = [&] {
       win.whenIdle([&] {
-        // A session that failed before it recorded anything has nothing to picture: the error
-        // alone, as `keel record` gives it (a picture of an empty window was saved).
-        if (session && !win.summary(keel::views::Side::A) && !win.lastError().isEmpty()) {
+        // A session that failed before it recorded anything, or a recording that cannot be
+        // opened, has nothing to picture: the error alone, as `keel record` gives it (a picture
+        // of an empty window was saved, over whatever file was there).
+        if (!win.summary(keel::views::Side::A) && !win.lastError().isEmpty()) {
           std::fprintf(stderr, "keel-studio: error: %s\n",
                        qPrintable(win.lastError().section('\n', 0, 0)));
           exitCode = 2;

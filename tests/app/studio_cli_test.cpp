@@ -460,13 +460,21 @@ class StudioCliTest : public QObject {
     QCOMPARE(rec.exitCode(), 128 + 15);
   }
 
-  // A recording that cannot be opened: the picture is still saved, the error is printed, exit 2.
-  void unreadableRecordingExits2AfterThePicture() {
+  // A recording that cannot be opened: the error alone, exit 2, and no picture (a picture of an
+  // empty window was saved, over the file already at that path).
+  void unreadableRecordingIsOneLineAndNoPicture() {
     const QString bad = dir_ + "/garbage.db";
     QFile f(bad);
     QVERIFY(f.open(QIODevice::WriteOnly));
     f.write(QByteArray(4096, 'x'));
     f.close();
+    QImage mine(4, 4, QImage::Format_RGB32);  // the user's own picture, at the path given
+    mine.fill(Qt::red);
+    QVERIFY(mine.save(dir_ + "/garbage.png"));
+    QFile old(dir_ + "/garbage.png");
+    QVERIFY(old.open(QIODevice::ReadOnly));
+    const QByteArray before = old.readAll();
+    old.close();
     Result r = studio({bad, "--screenshot", dir_ + "/garbage.png"});
     QCOMPARE(r.code, 2);
     // (Qt may print its own warnings first.)
@@ -474,7 +482,10 @@ class StudioCliTest : public QObject {
                                                "an SQLite file$",
                                                QRegularExpression::MultilineOption)),
              qPrintable(diag(r)));
-    QVERIFY(QFileInfo(dir_ + "/garbage.png").size() > 0);
+    QVERIFY2(r.err.count("keel-studio: error: ") == 1, qPrintable(diag(r)));
+    QVERIFY2(!r.out.contains("saved "), qPrintable(diag(r)));
+    QVERIFY(old.open(QIODevice::ReadOnly));
+    QCOMPARE(old.readAll(), before);
   }
 
  private:
