@@ -625,7 +625,12 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     // Note [Root candidates]: a root's inputs all pass, each was compared (an input nothing was
     // recorded of — an integer tensor under --stats — may carry the difference unseen), and none
     // descends from an earlier diverged pair: a difference that passed one op within tolerance
-    // (at atol's scale, say) is still that pair's difference, not a new one.
+    // (at atol's scale, say) is still that pair's difference, not a new one. After the first
+    // divergence, an input that passed only on atol (atolScale) does not pass either: the first
+    // divergence was not a root, so a difference entered that the recorded data flow may not
+    // carry (an optimizer's state updated in place, gradients accumulated outside the ops), and
+    // at atol's scale it is not seen. (A PyTorch run from other initial weights named AdamW's
+    // sqrt of its second moment, at 1e-6, as the root.)
     std::unordered_set<uint64_t> downstream;  // A's ops fed, directly or not, by a diverged pair
     for (const OpRecord* op : sides.allA) {
       auto it = rowByA.find(op->seq);
@@ -647,8 +652,11 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
     std::vector<TensorDiff> firstInputs = inputsOf(*diverged.front());
     rep.first = makeDivergence(*diverged.front(), firstInputs);
     for (const Row* r : diverged) {
-      std::vector<TensorDiff> in = r == diverged.front() ? firstInputs : inputsOf(*r);
-      if (std::all_of(in.begin(), in.end(), [&](const TensorDiff& t) { return clean(*r, t); })) {
+      const bool first = r == diverged.front();
+      std::vector<TensorDiff> in = first ? firstInputs : inputsOf(*r);
+      if (std::all_of(in.begin(), in.end(), [&](const TensorDiff& t) {
+            return clean(*r, t) && (first || !t.atolScale);
+          })) {
         rep.root = r == diverged.front() ? *rep.first : makeDivergence(*r, std::move(in));
         break;
       }

@@ -512,6 +512,42 @@ TEST(DiffTest, ATensorAtAtolsScalePassesSayingSo) {
   EXPECT_EQ(j["rootDivergence"]["inputs"][0]["atolScale"], true) << j["rootDivergence"].dump();
 }
 
+// Note [Root candidates]: after a first divergence fed from outside the recording (a parameter
+// that differs), a later pair whose input passed only on atol is no root: op 3's input, made by
+// op 2 at 1e-7, passed on atol alone. It was named the root (AdamW's sqrt of its second moment,
+// in two PyTorch runs from different initial weights); the report now says the runs start apart.
+TEST(DiffTest, AfterAnOutsideDifferenceAnInputPassingOnlyOnAtolMakesNoRoot) {
+  auto mk = [](const std::string& param, const std::string& side, double tiny) {
+    std::vector<OpRecord> ops;
+    ops.push_back(op(1, 1, "matmul",
+                     {tensor(Role::Input, 0, 1, 1, "x"), tensor(Role::Input, 1, 2, 1, param),
+                      tensor(Role::Output, 0, 3, 1, "y" + side)}));
+    ops.push_back(
+        op(2, 1, "mul", {tensor(Role::Input, 0, 4, 1, "z"), tensor(Role::Output, 0, 5, 1, "")}));
+    ops.back().tensors[1].hasStats = true;
+    ops.back().tensors[1].stats = {-1e-7, tiny, 0, 1e-7, tiny, 0, 0, 0};
+    ops.push_back(
+        op(3, 1, "sqrt",
+           {tensor(Role::Input, 0, 5, 1, ""), tensor(Role::Output, 0, 6, 1, "s" + side)}));
+    return ops;
+  };
+  ks::DiffReport r = ks::diffRuns(mk("w", "A", 2e-7), mk("w'", "B", 6e-7));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->pair.seqA, 1u);
+  EXPECT_EQ(pairByA(r, 2)->status, DiffStatus::WithinTolerance);
+  EXPECT_EQ(pairByA(r, 3)->status, DiffStatus::Diverged);
+  EXPECT_FALSE(r.root);  // op 3 was the root before
+  EXPECT_EQ(r.noRoot,
+            "input 1 of the first divergence (#1 matmul) differs and no recorded op produced "
+            "it: the runs start from different parameters or data");
+  // Op 3's input equal on both sides (an MD5): op 3 diverges at its own hand, and is the root.
+  auto a = mk("w", "A", 2e-7), b = mk("w'", "B", 2e-7);
+  a[1].tensors[1].md5 = b[1].tensors[1].md5 = a[2].tensors[0].md5 = b[2].tensors[0].md5 = "m";
+  r = ks::diffRuns(a, b);
+  ASSERT_TRUE(r.root);
+  EXPECT_EQ(r.root->pair.seqA, 3u);
+}
+
 TEST(DiffTest, UlpDistanceInEachDtype) {
   EXPECT_EQ(ks::ulpDistance(1.0, 1.0, "float32"), 0u);
   EXPECT_EQ(ks::ulpDistance(1.0, 1.0 + std::ldexp(1.0, -23), "float32"), 1u);
