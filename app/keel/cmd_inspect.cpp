@@ -209,11 +209,24 @@ int runInspect(const std::string& path) {
                 t.role == storage::Role::Input ? "input " : "output", t.index,
                 storage::shapeText(t.shape).c_str(), t.dtype.c_str(),
                 static_cast<long long>(t.stats.nanCount), static_cast<long long>(t.stats.infCount));
-  if (auto st = bad->stackId >= 0 ? rec.stack(bad->stackId) : std::nullopt) {
-    std::printf("  stack:\n");
+  auto printStack = [&](int64_t stackId, const char* title) {
+    auto st = stackId >= 0 ? rec.stack(stackId) : std::nullopt;
+    if (!st) return;
+    std::printf("  %s:\n", title);
     for (const auto& f : st->frames)
       std::printf("    %s  %s:%d\n", f.function.empty() ? "??" : f.function.c_str(),
                   f.file.empty() ? "??" : f.file.c_str(), f.line);
+  };
+  printStack(bad->stackId, "stack");
+  // A backward op's own stack is the autograd engine's (or loss.backward()): the forward op it
+  // differentiates is where the user's code is, as the studio's inspector links it.
+  if (bad->forwardSeq != 0) {
+    if (auto fwd = rec.op(bad->forwardSeq)) {
+      std::printf("  gradient of forward op #%llu %s in step %lld, scope '%s'\n",
+                  static_cast<unsigned long long>(fwd->seq), fwd->name.c_str(),
+                  static_cast<long long>(fwd->step), fwd->scope.c_str());
+      printStack(fwd->stackId, "its stack");
+    }
   }
   return 0;
 }

@@ -592,6 +592,30 @@ TEST_F(KeelCli, KeelMemoryLimitIsReadStrictlyAndNamedWhereItDoesNotApply) {
             "and vmm have a limit)\n");
 }
 
+// keel inspect of a NaN that first appears in backward names the forward op the backward op
+// differentiates, with that op's stack: the backward op's own stack is the autograd engine's
+// (loss.backward() in a PyTorch run), and the user's line is the forward op's.
+TEST_F(KeelCli, InspectOfABackwardNanNamesTheForwardOpAndItsStack) {
+  ASSERT_EQ(
+      record("b.db", "--steps 1 --stats --stacks", "KEEL_TEST_PERTURB=silu_backward:1:nan").status,
+      0);
+  keel::storage::Recording rec = keel::storage::Recording::open(path("b.db"));
+  const auto bad = rec.firstNonFinite();
+  ASSERT_TRUE(bad.has_value());
+  ASSERT_EQ(bad->name, "silu_backward");
+  ASSERT_NE(bad->forwardSeq, 0u);
+  const auto fwd = rec.op(bad->forwardSeq);
+  ASSERT_TRUE(fwd.has_value());
+  ASSERT_GE(fwd->stackId, 0);
+  const CliResult r = keel("inspect '" + path("b.db") + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string line = "\n  gradient of forward op #" + std::to_string(fwd->seq) +
+                           " silu in step 1, scope '" + fwd->scope + "'\n  its stack:\n    ";
+  EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_NE(r.out.find("keel::ops::silu(keel::Tensor const&)", r.out.find(line)), std::string::npos)
+      << r.out;
+}
+
 // keel memory stats of a recording that starts at --step-range's first step names the allocator
 // the run used and says what was live then; an event asked twice is one column. Its figures at
 // the end are the whole run's (Note [A step range's first step]: the allocator's state at the
