@@ -103,6 +103,20 @@ class TorchCompareTest(unittest.TestCase):
         self.assertRegex(so, r"first NaN/Inf: op #\d+ add \(forward\) in step 1, "
                              r"scope 'blocks\.1\.mlp\.w1'")
 
+    def test_a_torch_recording_without_statistics_is_told_keel_torchs_argument(self):
+        # keel inspect's hint names keel_torch.record's argument, not keel record's flags.
+        db = os.path.join(self.tmp.name, "graph-only.db")
+        script = ("import torch, keel_torch\n"
+                  "m = torch.nn.Linear(4, 2)\n"
+                  f"with keel_torch.record({db!r}, model=m, md5=False, stats=False):\n"
+                  "    m(torch.ones(3, 4)).sum().backward()\n")
+        code, _, se = run(sys.executable, "-c", script)
+        self.assertEqual(code, 0, se)
+        code, so, se = run(KEEL, "inspect", db)
+        self.assertEqual(code, 0, se)
+        self.assertIn("\nfirst NaN/Inf: unknown (recorded without statistics: record with "
+                      "keel_torch.record(..., stats=True) to find it)\n", so)
+
     def test_the_two_frameworks_compute_the_same_losses(self):
         self.assertEqual(len(self.keel_losses), STEPS)
         for k, t in zip(self.keel_losses, self.torch_losses):
