@@ -118,8 +118,16 @@ int runRecordedOps(const OpsArgs& a) {
       // A step the capture left out (--step-range, --no-graph) says so: it read like a damaged
       // recording.
       const std::string why = whyNoOps(rec.run(), a.step);
-      return fail("recording " + a.recording +
-                  (why.empty() ? " has no ops in step " + std::to_string(a.step) : ": " + why));
+      if (!why.empty()) return fail("recording " + a.recording + ": " + why);
+      // The steps it has, so the next try is a right one.
+      const auto steps = rec.steps();
+      std::string has = " (it has no steps)";
+      if (steps.size() == 1) has = " (it has step " + std::to_string(steps.front().step) + ")";
+      if (steps.size() > 1)
+        has = " (it has steps " + std::to_string(steps.front().step) + " to " +
+              std::to_string(steps.back().step) + ")";
+      return fail("recording " + a.recording + " has no ops in step " + std::to_string(a.step) +
+                  has);
     }
   }
   if (!a.phase.empty()) {

@@ -94,7 +94,7 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   // A step the recording does not have is an error (it printed "0 op calls"); a filter that
   // matches nothing in a real step is an empty table.
   expectOneLineError(keel("ops '" + path("a.db") + "' --step 99"),
-                     "recording " + path("a.db") + " has no ops in step 99");
+                     "recording " + path("a.db") + " has no ops in step 99 (it has steps 1 to 2)");
   const CliResult none = keel("ops '" + path("a.db") + "' --step 1 --name no_such_op");
   EXPECT_EQ(none.status, 0) << none.err;
   EXPECT_NE(none.out.find("0 op calls"), std::string::npos) << none.out;
