@@ -306,6 +306,8 @@ void MainWindow::buildDocks() {
   diffDock_ = dock("Diff", "dock.diff", diffView_, Qt::BottomDockWidgetArea);
   QDockWidget* logsDock = dock("Logs", "dock.logs", logView_, Qt::BottomDockWidgetArea);
   QDockWidget* lossDock = dock("Metrics", "dock.loss", lossPlot_, Qt::RightDockWidgetArea);
+  inspectorDock_ = inspectorDock;
+  lossDock_ = lossDock;
   // The memory view needs ~420 px of height for its timelines, block map and histogram: in a
   // shorter bottom area it scrolls, rather than holding the window taller than a 768-px screen.
   auto* memoryScroll = new QScrollArea;
@@ -412,6 +414,7 @@ void MainWindow::connectSources() {
   connect(sourceA_, &RunSource::opened, this, [this](views::SummaryPtr s) {
     busy(-1);
     clearForOpened();
+    setMemoryOnly(false);  // until its memory says it is one
     summaryA_ = s;
     graphA_->setRecordingNonFinite(s->firstNonFiniteSeq.has_value());  // opens coloured by NaNs
     const QString note = emptyStepNote(*s);
@@ -474,11 +477,10 @@ void MainWindow::connectSources() {
     if (!load_.memoryLanded()) return;
     memoryView_->setMemory(m);
     // A recording of allocator events alone (an imported PyTorch snapshot) has no graph or loss
-    // to show: the Memory view takes two thirds of the window's height.
-    if (summaryA_ && summaryA_->opCount == 0 && m && m->eventCount() > 0) {
-      memoryDock_->raise();
-      resizeDocks({memoryDock_}, {height() * 2 / 3}, Qt::Vertical);
-    }
+    // to show: the Memory view takes the window.
+    if (summaryA_ && summaryA_->opCount == 0 && m && m->eventCount() > 0 && !live_ &&
+        !sourceB_->isOpen())
+      setMemoryOnly(true);
     if (load_.memoryStale() && !memoryDock_->visibleRegion().isEmpty()) loadMemory();
   });
   connect(sourceA_, &RunSource::memoryFailed, this, [this](const QString& msg) {
@@ -1090,6 +1092,24 @@ void MainWindow::checkIdle() {
   auto waiters = std::move(idleWaiters_);
   idleWaiters_.clear();
   for (auto& fn : waiters) fn();
+}
+
+void MainWindow::setMemoryOnly(bool on) {
+  if (on == memoryOnly_) return;
+  memoryOnly_ = on;
+  if (on) {
+    // What was shown is hidden, and shown again when a recording with ops opens.
+    for (QWidget* w :
+         {centralWidget(), static_cast<QWidget*>(inspectorDock_), static_cast<QWidget*>(lossDock_)})
+      if (w && w->isVisible()) {
+        w->hide();
+        hiddenForMemory_.push_back(w);
+      }
+    memoryDock_->raise();
+    resizeDocks({memoryDock_}, {height()}, Qt::Vertical);
+  } else {
+    for (QWidget* w : std::exchange(hiddenForMemory_, {})) w->show();
+  }
 }
 
 bool MainWindow::showView(const QString& view) {

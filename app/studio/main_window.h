@@ -176,6 +176,12 @@ class MainWindow : public QMainWindow {
   views::NonFiniteBanner* inspectorBanner_ = nullptr;
   QDockWidget* memoryDock_ = nullptr;
   bool memoryGrown_ = false;  // the bottom docks were made taller for the memory view once
+  // A recording of allocator events alone (an imported PyTorch snapshot): the graph and the
+  // right column have nothing to show, and are hidden while it is open (setMemoryOnly).
+  void setMemoryOnly(bool on);
+  QDockWidget *inspectorDock_ = nullptr, *lossDock_ = nullptr;
+  std::vector<QWidget*> hiddenForMemory_;
+  bool memoryOnly_ = false;
   QDockWidget* diffDock_ = nullptr;
   QDockWidget* opsDock_ = nullptr;
   views::RanksView* ranksView_ = nullptr;

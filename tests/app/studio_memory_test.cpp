@@ -12,6 +12,7 @@
 
 #include "keel/allocator.h"
 #include "keel/storage/reader.h"
+#include "keel/views/inspector.h"
 #include "keel/views/memory_view.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
@@ -95,9 +96,12 @@ class StudioMemoryTest : public QObject {
     QVERIFY(waitIdle(w));
     QCOMPARE(w.raisedBottomView(), QString("memory"));
     QCOMPARE(w.summary(views::Side::A)->run.backend, std::string("torch"));
-    // No ops to show: the Memory view has most of the window.
-    QVERIFY2(w.memoryView()->height() > w.height() / 2,
+    // No ops to show: the Memory view takes the window; the graph and the right column (the
+    // inspector, the metrics) are hidden (they took half of it, empty).
+    QVERIFY2(w.memoryView()->height() > w.height() * 3 / 4,
              qPrintable(QString::number(w.memoryView()->height())));
+    QVERIFY(!w.centralWidget()->isVisible());
+    QVERIFY(!w.inspector()->isVisible());
     // A snapshot has no steps: no event reads as "initialisation".
     const QString line = w.memoryView()->cursorText();
     QVERIFY2(line.contains(" · outside ops · allocated ") && !line.contains("initialisation"),
@@ -125,6 +129,14 @@ class StudioMemoryTest : public QObject {
     w.importTorchMemory(evil, evil);
     QCOMPARE(errors.size(), 1);
     QVERIFY(errors.first().first().toString().contains("is the snapshot"));
+    // A recording with ops brings the graph and the right column back.
+    const QString ops = views::test::tempDir() + "/with-ops.db";
+    QVERIFY(views::test::recordFixture(ops, "--steps 1 --allocator"));
+    w.openRecording(ops);
+    QVERIFY(QTest::qWaitFor([&] { return w.centralWidget()->isVisible(); }, 30000));
+    QVERIFY(waitIdle(w));
+    QVERIFY(w.inspector()->isVisible());
+    QVERIFY(w.centralWidget()->isVisible());
   }
 
   void memoryCursorFollowsTheStepShown() {

@@ -231,6 +231,10 @@ class GraphView::Minimap : public QWidget {
   QPixmap pixmap_;
   QRectF sceneRect_, target_;
   double scale_ = 0;
+  // place() changes the canvas's margins, which moves its scroll bars, which call place():
+  // the inner call returns (a hidden canvas shown again made the two alternate until the stack
+  // overflowed).
+  bool placing_ = false;
 };
 
 }  // namespace keel::views

@@ -5,6 +5,7 @@
 #include <QGraphicsScene>
 #include <QMouseEvent>
 #include <QPainter>
+#include <QScopedValueRollback>
 #include <QScrollBar>
 
 #include "graph_view_items.h"
@@ -59,6 +60,8 @@ bool GraphView::Canvas::setStrip(const QMargins& m) {
 }
 
 void GraphView::Minimap::place() {
+  if (placing_) return;
+  const QScopedValueRollback<bool> guard(placing_, true);
   Canvas* canvas = owner_->canvas_;
   // Shown only when the viewport, as wide as it is without a strip, does not hold the whole
   // scene (measured with the strip, a graph that fits the whole viewport kept its strip).
