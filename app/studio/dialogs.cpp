@@ -24,6 +24,7 @@
 #include <functional>
 #include <limits>
 
+#include "keel/base/output_path.h"
 #include "keel/device.h"
 #include "keel/registry.h"
 
@@ -58,12 +59,26 @@ QString defaultSessionPath(const QString& configPath) {
   QString dir =
       QStandardPaths::writableLocation(QStandardPaths::AppLocalDataLocation) + "/sessions";
   QDir().mkpath(dir);
-  return dir + "/" + QFileInfo(configPath).completeBaseName() + "-" +
+  const QString name = QFileInfo(configPath).completeBaseName();  // none: the workload's own
+  return dir + "/" + (name.isEmpty() ? QString("session") : name) + "-" +
          QDateTime::currentDateTime().toString("yyyyMMdd-hhmmss") + ".db";
 }
 
 namespace {
 const QString kWorkloadDefaults = "(none: the workload's defaults)";
+
+// The config the combo box names: a listed name's file, the workload's defaults (""), or the text
+// typed into it, a path (typed text does not change the current item, so its data was the
+// previous choice's: Start ran gpt-mini whatever path was typed).
+QString chosenConfig(const QComboBox* combo) {
+  const QString text = combo->currentText().trimmed();
+  // The current item first: a browsed file may share a listed config's name.
+  if (combo->currentIndex() >= 0 && combo->itemText(combo->currentIndex()) == text)
+    return combo->currentData().toString();
+  const int listed = combo->findText(text);
+  if (listed >= 0) return combo->itemData(listed).toString();
+  return text;
+}
 
 QWidget* withBrowse(QLineEdit* edit, std::function<QString()> pick) {
   auto* w = new QWidget;
@@ -150,14 +165,18 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
   dumpRow->addWidget(dumpOps_, 1);
   capture->addLayout(dumpRow);
   form->addRow("Record", capture);
-  output_ = new QLineEdit(defaultSessionPath(configCombo_->currentData().toString()));
+  defaultOutput_ = defaultSessionPath(chosenConfig(configCombo_));
+  output_ = new QLineEdit(defaultOutput_);
   // The whole path where it fits, else its start (the folder): it showed "/gpt-mini-2026…db".
   output_->setMinimumWidth(output_->fontMetrics().horizontalAdvance(QString(64, QChar('x'))));
   auto showStart = [this] { output_->setCursorPosition(0); };
   connect(output_, &QLineEdit::editingFinished, this, showStart);
   showStart();
-  connect(configCombo_, &QComboBox::currentIndexChanged, this, [this] {
-    output_->setText(defaultSessionPath(configCombo_->currentData().toString()));
+  // Another config, another default name; a name the user gave is kept.
+  connect(configCombo_, &QComboBox::currentTextChanged, this, [this] {
+    if (output_->text() != defaultOutput_) return;
+    defaultOutput_ = defaultSessionPath(chosenConfig(configCombo_));
+    output_->setText(defaultOutput_);
     output_->setCursorPosition(0);
   });
   form->addRow("Recording file", withBrowse(output_, [this] {
@@ -202,6 +221,14 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
 
 void NewSessionDialog::accept() {
   const QString out = output_->text();
+  // A file that is not a recording is refused now, not after a "Replace it?" answered Yes.
+  try {
+    checkReplacesOnlyARecording("output", out.toStdString());
+    checkWritable(out.toStdString());
+  } catch (const std::exception& e) {
+    QMessageBox::warning(this, "Recording file", QString::fromStdString(e.what()));
+    return;
+  }
   if (QFileInfo::exists(out) &&
       QMessageBox::question(
           this, "Replace recording",
@@ -215,9 +242,7 @@ void NewSessionDialog::accept() {
 
 SessionConfig NewSessionDialog::config() const {
   SessionConfig c;
-  c.configPath = configCombo_->currentData().toString();
-  if (c.configPath.isEmpty() && configCombo_->currentText() != kWorkloadDefaults)
-    c.configPath = configCombo_->currentText();
+  c.configPath = chosenConfig(configCombo_);
   c.workloadPath = workload_->text().trimmed();
   c.backend = backendCombo_->currentText();
   c.seed = uint64_t(seedSpin_->value());

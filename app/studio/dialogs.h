@@ -42,6 +42,7 @@ class NewSessionDialog : public QDialog {
   QCheckBox *stacks_, *md5_, *stats_, *allocator_, *dumps_;
   QLineEdit* dumpOps_;
   QLineEdit* output_;
+  QString defaultOutput_;  // the name output_ was given for the config: replaced while untouched
   QLineEdit* workload_;
 };
 

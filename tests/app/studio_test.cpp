@@ -22,6 +22,7 @@
 #include <QTabBar>
 #include <QTableView>
 #include <QTextEdit>
+#include <QTimer>
 #include <QToolBar>
 #include <QTreeWidget>
 #include <QtTest>
@@ -493,6 +494,46 @@ class StudioTest : public QObject {
     last.output = dir_ + "/a.db";
     QVERIFY(studio::NewSessionDialog(&last).config().output != last.output);
     QCOMPARE(studio::NewSessionDialog().config().steps, int64_t(50));
+
+    // A path typed into the config box is the config that runs (Start ran the listed choice,
+    // gpt-mini, whatever was typed; only Enter took the text), and names the recording file.
+    studio::NewSessionDialog typed;
+    auto* combo = typed.findChild<QComboBox*>();
+    QVERIFY(combo && combo->isEditable());
+    const QString mine = dir_ + "/my-model.json";
+    combo->setEditText(mine);
+    QCOMPARE(typed.config().configPath, mine);
+    QVERIFY2(QFileInfo(typed.config().output).fileName().startsWith("my-model-"),
+             qPrintable(typed.config().output));
+    combo->setEditText("gpt-mini");  // a listed name: its file
+    QVERIFY2(typed.config().configPath.endsWith("/configs/gpt-mini.json"),
+             qPrintable(typed.config().configPath));
+
+    // A recording file that is not a recording is refused on Start, at once: it asked "Replace
+    // it?" and, answered Yes, the session then refused it.
+    const QString notes = dir_ + "/notes.txt";
+    {
+      QFile f(notes);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write("my notes");
+    }
+    last.output = dir_ + "/elsewhere.db";
+    studio::NewSessionDialog refusing(&last);
+    for (QLineEdit* e : refusing.findChildren<QLineEdit*>())
+      if (e->text() == last.output) e->setText(notes);
+    QStringList boxes;
+    QTimer::singleShot(0, &refusing, [&] {
+      if (auto* box = qobject_cast<QMessageBox*>(QApplication::activeModalWidget())) {
+        boxes << box->windowTitle() + ": " + box->text();
+        box->reject();
+      }
+    });
+    refusing.accept();
+    QCOMPARE(boxes.size(), 1);
+    QVERIFY2(boxes[0].startsWith("Recording file: output " + notes +
+                                 " exists and is not a recording; refusing to replace it"),
+             qPrintable(boxes[0]));
+    QVERIFY(refusing.result() != QDialog::Accepted);
   }
 
   // Note [Paused time]: a step held at a breakpoint for 1.5 s keeps its tokens/s (the pause is
