@@ -210,9 +210,12 @@ std::vector<std::pair<std::string, uint64_t>> BreakConditions::referenceSeeds() 
 }
 
 std::string BreakConditions::hit(State& s, std::string reason) {
-  const int64_t every = std::max<int64_t>(1, s.cond.hitCount);
-  if (++s.hits % every != 0) return {};
-  if (every > 1) {  // "first NaN/Inf" is not what the third hit is
+  // `@N` pauses at the Nth hit only, as documented (a studio session paused at hits 3, 6, 9);
+  // without one, at every hit.
+  const int64_t nth = std::max<int64_t>(1, s.cond.hitCount);
+  ++s.hits;
+  if (nth > 1 ? s.hits != nth : false) return {};
+  if (nth > 1) {  // "first NaN/Inf" is not what the third hit is
     const std::string first = "breakpoint: first ";
     if (reason.rfind(first, 0) == 0) reason.erase(12, 6);
     reason += " (hit " + std::to_string(s.hits) + ")";

@@ -101,6 +101,28 @@ class SessionBreakpointTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
   }
 
+  // `@N` pauses at the Nth hit only, as docs/studio.md says: a session paused at hits 3, 6 and 9.
+  void aHitCountPausesOnlyAtTheNthHit() {
+    QStandardPaths::setTestModeEnabled(true);
+    MainWindow w;
+    w.show();
+    const studio::SessionConfig c =
+        studio::test::tinySession(2, 3, views::test::tempDir() + "/hits.db");
+    Session* s = w.session();
+    studio::Breakpoints b;
+    b.add("op:matmul@3");
+    s->setBreakpoints(b);
+    QSignalSpy paused(s, &Session::pausedAt);
+    QSignalSpy finished(s, &Session::finished);
+    QVERIFY(studio::test::startAndRun(w, c));
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
+    QVERIFY2(paused.first().at(2).toString().endsWith("(hit 3)"),
+             qPrintable(paused.first().at(2).toString()));
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    QCOMPARE(paused.count(), 1);
+  }
+
   // While a session runs, the graph and the op table follow it (at most once a second): they
   // stayed on step 0, the initialisation, until the run ended.
   void aRunningSessionsViewsFollowTheRun() {
