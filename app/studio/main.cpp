@@ -6,13 +6,19 @@
 // object exists (See Note [Studio options before Qt]). --screenshot renders the window once
 // everything is loaded (a live session: once it has finished), saves it (and each view into DIR),
 // prints what it showed in one line, and exits: for docs, tests, scripts and bug reports.
+#include <fcntl.h>
+#include <unistd.h>
 #include <QApplication>
 #include <QFileInfo>
 #include <QMetaEnum>
 #include <QSettings>
+#include <QSocketNotifier>
 #include <QStandardPaths>
 #include <QTimer>
+
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 
 #include "command_line.h"
 #include "dialogs.h"
@@ -23,6 +29,17 @@
 #include "main_window.h"
 
 namespace {
+
+// Note [Studio signals]: SIGINT and SIGTERM stop a live session as File > Quit does (its
+// recording finished, status "stopped: interrupted (SIGINT)" as keel record gives it, no lock or
+// journal left) and end the process with 128 + the signal; they killed it at once, leaving a
+// recording that read "killed or crashed". The handler only writes to a pipe; the event loop
+// does the rest. A second signal ends the process at once.
+int g_signalPipe[2] = {-1, -1};
+void onStopSignal(int sig) {
+  const char c = char(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signalPipe[1], &c, 1);
+}
 
 using keel::studio::MainWindow;
 using keel::studio::Session;
@@ -135,6 +152,25 @@ int main(int argc, char** argv) {
   // screenshot starts from the default layout at its --size.
   if (screenshot) QSettings().remove("window");
   MainWindow win;
+  int signalled = 0;  // See Note [Studio signals].
+  if (::pipe2(g_signalPipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+    auto* notifier = new QSocketNotifier(g_signalPipe[0], QSocketNotifier::Read, &app);
+    QObject::connect(notifier, &QSocketNotifier::activated, &app, [&] {
+      char c = 0;
+      while (::read(g_signalPipe[0], &c, 1) == 1) {
+        if (signalled != 0) std::_Exit(128 + signalled);
+        signalled = c;
+      }
+      win.session()->stop(signalled == SIGINT ? "interrupted (SIGINT)" : "interrupted (SIGTERM)");
+      win.close();
+      app.quit();
+    });
+    struct sigaction sa {};
+    sa.sa_handler = onStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
   if (screenshot) win.resize(cli.size);
   win.show();
   if (!cli.show.isEmpty()) win.showView(cli.show);
@@ -248,5 +284,6 @@ int main(int argc, char** argv) {
   onSettled = [&] { QTimer::singleShot(200, &win, whenLoaded); };
   if (sessionSettled) onSettled();
   const int rc = app.exec();
+  if (signalled != 0) return 128 + signalled;
   return screenshot ? exitCode : rc;
 }

@@ -200,7 +200,7 @@ void MainWindow::buildActions() {
   pauseAct_->setShortcut(Qt::Key_F6);
   stepAct_ = run->addAction("&Step (one training step)", session_, &Session::step);
   stepAct_->setShortcut(Qt::Key_F10);
-  stopAct_ = run->addAction("S&top", session_, &Session::stop);
+  stopAct_ = run->addAction("S&top", session_, [this] { session_->stop(); });
   stopAct_->setShortcut(QKeySequence("Shift+F5"));
   run->addSeparator();
   breakpointsAct_ = run->addAction("&Breakpoints…", this, &MainWindow::breakpointsDialog);

@@ -65,7 +65,7 @@ class Session::Worker {
         std::lock_guard<std::mutex> lk(s_->mu_);
         stopNow = s_->state_ == State::Stopping;
       }
-      if (stopNow) throw capture::RunStopped(kStoppedByUser, 0, 0);
+      if (stopNow) throw capture::RunStopped(s_->stopReasonNow(), 0, 0);
       s_->setState(State::Paused);
       for (;;) {
         {
@@ -75,7 +75,7 @@ class Session::Worker {
                    s_->state_ == State::Stopping;
           });
           if (s_->state_ == State::Stopping) {
-            run_->markStopped(kStoppedByUser);
+            run_->markStopped(s_->stopReason_);
             break;
           }
         }
@@ -172,7 +172,7 @@ class Session::Worker {
       stopping = s_->state_ == State::Stopping;
       pauseNow = s_->pauseRequested_;
     }
-    if (stopping) capture::RecordingRun::stopHere(kStoppedByUser);
+    if (stopping) capture::RecordingRun::stopHere(s_->stopReasonNow());
     if (reason.empty() && pauseNow) reason = "paused";
     if (!reason.empty()) pauseAt(e.seq, reason);
   }
@@ -203,7 +203,7 @@ class Session::Worker {
                   "paused %.2f s after op #%llu (left out of the step's tokens/s)",
                   double(held) / 1e9, static_cast<unsigned long long>(seq));
     keel::log(LogLevel::Info, "studio", line);
-    if (stopping) capture::RecordingRun::stopHere(kStoppedByUser);
+    if (stopping) capture::RecordingRun::stopHere(s_->stopReasonNow());
   }
 
   Session* s_;
@@ -266,11 +266,16 @@ void Session::pause() {
 }
 
 void Session::stop() {
+  stop(kStoppedByUser);
+}
+
+void Session::stop(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (state_ == State::Idle || state_ == State::Finished || state_ == State::Failed ||
         state_ == State::Stopping)
       return;
+    stopReason_ = reason;
     state_ = State::Stopping;
     cv_.notify_all();
   }

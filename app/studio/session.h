@@ -69,6 +69,9 @@ class Session : public QObject {
   void pause();  // pause after the op running now
   void step();   // run one training step (the rest of the current one when paused inside it)
   void stop();   // stop; the recording keeps everything so far
+  // The same, with the reason the recording's status gives ("interrupted (SIGINT)"; stop():
+  // "stopped in the studio").
+  void stop(const std::string& reason);
   void setBreakpoints(const Breakpoints& b);
   Breakpoints breakpoints() const;
   // Wraps each following training step in a keel::MemoryTrackingScope("step N"), so the
@@ -102,6 +105,11 @@ class Session : public QObject {
   std::condition_variable cv_;
   State state_ = State::Idle;
   bool pauseRequested_ = false;
+  std::string stopReason_;  // under mu_: the status a stop gives the recording
+  std::string stopReasonNow() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stopReason_;
+  }
   Breakpoints breakpoints_;
   int64_t stepsDone_ = 0;
   std::atomic<bool> trackMemory_{false};

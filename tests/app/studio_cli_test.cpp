@@ -2,6 +2,8 @@
 // offscreen platform). The live session form `--session CONFIG --run` records a run and shows its
 // ops (it once opened an empty window: Qt took --session as its own, Note [Studio options before
 // Qt]); --help works without a display; bad options give one line and exit 2.
+#include <signal.h>
+
 #include <QImage>
 #include <QProcess>
 #include <QRegularExpression>
@@ -440,6 +442,38 @@ class StudioCliTest : public QObject {
     const uint64_t failing = ops.back().seq;
     QCOMPARE(QString::fromStdString(ops.back().name), QString("normal"));
     QVERIFY2(r.out.contains(QString("selected #%1").arg(failing)), qPrintable(what));
+  }
+
+  // Note [Studio signals]: SIGINT or SIGTERM stop a live session as File > Quit does: the
+  // recording is finished ("stopped: interrupted (SIGINT)", no lock left) and the exit status is
+  // 128 + the signal. They killed the process at once, leaving "killed or crashed".
+  void aSignalStopsALiveSessionAndFinishesItsRecording() {
+    for (const int sig : {SIGINT, SIGTERM}) {
+      const QString out = dir_ + QString("/signal-%1.db").arg(sig);
+      QProcess p;
+      QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+      e.insert("QT_QPA_PLATFORM", "offscreen");
+      p.setProcessEnvironment(e);
+      p.start(KEEL_STUDIO_PATH,
+              {"--session", kTiny, "--run", "--steps", "100000", "--output", out});
+      QByteArray printed;
+      QVERIFY(QTest::qWaitFor(
+          [&] {
+            printed += p.readAllStandardOutput();
+            return printed.contains("recording the session to");
+          },
+          60000));
+      storage::Recording before = storage::Recording::open(out.toStdString());
+      QVERIFY(QTest::qWaitFor([&] { return !before.steps().empty(); }, 60000));  // it runs
+      ::kill(pid_t(p.processId()), sig);
+      QVERIFY(p.waitForFinished(60000));
+      QCOMPARE(p.exitStatus(), QProcess::NormalExit);
+      QCOMPARE(p.exitCode(), 128 + sig);
+      storage::Recording rec = storage::Recording::open(out.toStdString());
+      QCOMPARE(QString::fromStdString(rec.run().status),
+               QString("stopped: interrupted (%1)").arg(sig == SIGINT ? "SIGINT" : "SIGTERM"));
+      QVERIFY(!QFileInfo::exists(dir_ + QString("/.signal-%1.db.lock").arg(sig)));
+    }
   }
 
   // A recording being written by another process (keel record): the studio opens the steps
