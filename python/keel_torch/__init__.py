@@ -196,46 +196,57 @@ def _returns(func):
     return tuple(result)
 
 
+# Note [keel_torch uninitialised memory] (in _keel.cpp): the ATen ops (every overload, .out
+# included; prims too) whose outputs hold memory nothing has written, in PyTorch 1.13 and 2.x.
+_ALLOCATION_ONLY = frozenset({
+    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted",
+    "empty_quantized", "_empty_affine_quantized", "_empty_per_channel_affine_quantized",
+})
+_UNINITIALISED = "outputs not hashed: an allocation-only op leaves their memory unwritten"
+
 _active = threading.local()
 _OVERLOADS = {}  # id(ATen overload) -> _overload()'s tuple and the overload (kept alive)
 
 
 def _overload(func):
     """What a recording keeps of an ATen overload: (op name, attributes JSON, the arguments it
-    writes, whether it is left out, what to call to run it, how its returns stand after it), once
-    per overload for every recording of the process."""
+    writes, whether it is left out, what to call to run it, how its returns stand after it,
+    whether it only allocates its outputs), once per overload for every recording of the
+    process."""
     known = _OVERLOADS.get(id(func))  # by id: an overload's __hash__ is Python code
     if known is None:
         name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
         # An OpOverload's __call__ is a Python frame around its C++ operator `_op`.
         run = func._op if isinstance(func, torch._ops.OpOverload) and hasattr(func, "_op") \
             else func
+        attributes = {"aten": str(func)}
+        allocation_only = name in _ALLOCATION_ONLY
+        if allocation_only:
+            attributes["uninitialised"] = _UNINITIALISED
         # The profiler's markers are not computation.
-        known = _OVERLOADS[id(func)] = (name, json.dumps({"aten": str(func)}),
-                                        _written_arguments(func),
+        known = _OVERLOADS[id(func)] = (name, json.dumps(attributes), _written_arguments(func),
                                         name.startswith("_record_function"), run,
-                                        _returns(func), func)
-    return known[:6]
+                                        _returns(func), allocation_only, func)
+    return known[:7]
 
 
 class _Session(TorchDispatchMode):
     def __init__(self, path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,
                  dumps):
         super().__init__()
+        # The arguments as _arguments() checked them: nothing below refuses one.
         self.md5, self.stats, self.stacks, self.rounded = md5, stats, stacks, rounded_md5
         # dumps: False, True (every op's outputs) or a scope prefix ("blocks.1").
-        if not isinstance(dumps, (bool, str)):
-            raise TypeError("keel_torch.record: dumps is True, False or a scope prefix")
         self.dumps = dumps
         self.path = os.fspath(path)
         options = json.dumps({"framework": "torch", "md5": md5, "stats": stats, "stacks": stacks,
                               "rounded_md5_digits": rounded_md5, "dumps": dumps})
         # The running script is an input the recording must never replace (record(__file__)).
         script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-        self.rec = _keel.Recording(
-            self.path, "cpu", socket.gethostname(),
-            json.dumps(config) if config is not None else "{}", seed, options, torch.__version__,
-            script)
+        # Checks the output and locks it; the file is written from open() on, once the setup is
+        # done (a setup that fails leaves an existing recording as it was).
+        self.rec = _keel.Recording(self.path, "cpu", socket.gethostname(), config, seed, options,
+                                   torch.__version__, script)
         self.hashes = bool(md5 or stats or rounded_md5)
         # Hashed off the Python thread (Note [keel_torch hashing off the Python thread]).
         self.rec.hashing(md5, stats, rounded_md5, _host_bytes)
@@ -256,6 +267,8 @@ class _Session(TorchDispatchMode):
         self.undo = []
         self.hooked = {}          # output tensors given a backward-scope hook: id -> weakref
         self.direct = False       # Note [keel_torch direct dispatch mode]
+        self.other_threads = 0    # modules called in other threads while recording
+        self.steps_asked = 0      # keel_torch.step() calls
 
     @property
     def seq(self):
@@ -284,6 +297,7 @@ class _Session(TorchDispatchMode):
 
         def call(module, *args, **kwargs):
             if threading.get_ident() != thread:  # another thread's modules: not this recording's
+                session.other_threads += 1  # (said at the end if nothing was recorded)
                 return original(module, *args, **kwargs)
             rec = session.rec
             rec.after_backward = False
@@ -455,6 +469,20 @@ class _Session(TorchDispatchMode):
         guard = _NoDispatch()  # noqa: F841 (held until the function returns)
         return float(t.detach().cpu().reshape(())) if torch.is_tensor(t) else float(t)
 
+    @staticmethod
+    def check_loss(loss):
+        """keel_torch.step()'s loss: None, a real number or a one-element tensor (TypeError
+        naming what it got otherwise)."""
+        import numbers
+        if loss is None or (isinstance(loss, numbers.Real) and not isinstance(loss, bool)):
+            return
+        if torch.is_tensor(loss) and loss.numel() == 1 and not loss.is_complex():
+            return
+        got = ("a tensor of %d elements" % loss.numel() if torch.is_tensor(loss)
+               else type(loss).__name__)
+        raise TypeError("keel_torch.step: loss must be a number or a one-element tensor, got %s"
+                        % got)
+
     def end_step(self, loss, end=None):
         rec = self.rec
         if loss is not None:
@@ -479,6 +507,25 @@ class _Session(TorchDispatchMode):
             warnings.warn("keel_torch.record: dumps=%r matched no module scope, so no values were "
                           "stored (a scope is a name of model.named_modules(), such as "
                           "'blocks.1')" % self.dumps, RuntimeWarning, stacklevel=4)
+
+    def warn_nothing_recorded(self):
+        """A recording that ends with no op recorded is empty: said once, with the likely cause
+        (a training loop in another thread: ops are recorded in the thread that entered
+        record(), one recording per thread)."""
+        if self.rec.seq != 0:
+            return
+        if self.other_threads:
+            why = ("the model ran in another thread (%d module calls), and ops run in other "
+                   "threads are not recorded" % self.other_threads)
+        else:
+            asked = {0: "", 1: " (though keel_torch.step() was called once)"}.get(
+                self.steps_asked, " (though keel_torch.step() was called %d times)"
+                % self.steps_asked)
+            why = ("no PyTorch op ran in this thread inside the block%s; ops run in other "
+                   "threads are not recorded" % asked)
+        warnings.warn("keel_torch.record: recorded 0 ops into %s: %s (one recording per thread: "
+                      "enter keel_torch.record() in the thread that trains)" % (self.path, why),
+                      RuntimeWarning, stacklevel=4)
 
     def _end_pending(self):
         """The first op of the next step: the step the optimizer ended is written."""
@@ -612,6 +659,58 @@ def _failure(e):
     return "failed: " + type(e).__name__ + (": " + first if first else "")
 
 
+def _flag(name, value):
+    """A yes/no argument of record(): True, False (or 1, 0)."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError("keel_torch.record: %s must be True or False, got %r" % (name, value))
+
+
+def _integer(name, value, low, high, what):
+    """An integer argument of record() in low..high (`what` says what it may be)."""
+    import operator
+    if isinstance(value, bool):
+        raise TypeError("keel_torch.record: %s must be an integer (%s), got %r"
+                        % (name, what, value))
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError("keel_torch.record: %s must be an integer (%s), got %r"
+                        % (name, what, value)) from None
+    if not low <= number <= high:
+        raise ValueError("keel_torch.record: %s must be %s, got %d" % (name, what, number))
+    return number
+
+
+def _arguments(model, optimizer, md5, stats, stacks, config, seed, rounded_md5, dumps):
+    """record()'s arguments checked before the output is touched (a bad one raised only once the
+    recording had replaced the file): the values to record with, or TypeError / ValueError
+    naming the argument."""
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError("keel_torch.record: model must be a torch.nn.Module or None, got %s"
+                        % type(model).__name__)
+    if optimizer is not None and not (
+            callable(getattr(optimizer, "step", None)) and
+            callable(getattr(optimizer, "zero_grad", None)) and
+            isinstance(getattr(optimizer, "param_groups", None), (list, tuple)) and
+            hasattr(optimizer, "__dict__")):
+        raise TypeError("keel_torch.record: optimizer must be a torch.optim.Optimizer (step(), "
+                        "zero_grad() and param_groups) or None, got %s" % type(optimizer).__name__)
+    md5, stats, stacks = _flag("md5", md5), _flag("stats", stats), _flag("stacks", stacks)
+    try:
+        config = json.dumps(config) if config is not None else "{}"
+    except (TypeError, ValueError) as e:
+        raise TypeError("keel_torch.record: config must be JSON data (a dict of numbers, "
+                        "strings, lists), and is not: %s" % e) from None
+    seed = _integer("seed", seed, 0, 2**64 - 1, "in 0..2**64-1")
+    rounded_md5 = _integer("rounded_md5", rounded_md5, 0, 17,
+                           "0 (none) or a number of significant digits in 1..17")
+    if not isinstance(dumps, (bool, str)):
+        raise TypeError("keel_torch.record: dumps must be True, False or a module scope "
+                        "('blocks.1'), got %r" % (dumps,))
+    return md5, stats, stacks, config, seed, rounded_md5, dumps
+
+
 def _check_path(path):
     """Refusals keel_torch makes before the writer sees the path."""
     name = os.fspath(path)
@@ -631,9 +730,12 @@ def _check_path(path):
 def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False, config=None,
            seed=0, rounded_md5=0, dumps=False):
     """Records the PyTorch ops run inside the block into the Keel recording `path` (see the
-    module's docstring). An existing file at `path` is replaced when the recording starts; a
-    directory, a device, a FIFO or the running script is refused, and a symlink's file is
-    written, the link kept (as `keel record -o`). dumps=True stores every op's output
+    module's docstring). Every argument is checked first (TypeError or ValueError naming it);
+    an existing recording at `path` is replaced, keeping its permission bits, once the setup has
+    succeeded (a setup that fails leaves it as it was); a directory, a device, a FIFO, the
+    running script, or a file or folder this user may not write is refused, and a symlink's file
+    is written, the link kept (as `keel record -o`). A recording that ends with no op recorded
+    warns (ops of other threads are not recorded). dumps=True stores every op's output
     values (zstd), dumps="blocks.1" those of the ops in that module, so `keel diff` compares them
     element by element (as `keel record --dumps`). Recordings do not nest: record() inside
     another in the same thread raises RuntimeError and leaves the outer one as it was."""
@@ -641,6 +743,8 @@ def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False,
     if outer is not None:
         raise RuntimeError("keel_torch.record: already recording to %s in this thread; "
                            "recordings do not nest (end that one first)" % outer.path)
+    md5, stats, stacks, config, seed, rounded_md5, dumps = _arguments(
+        model, optimizer, md5, stats, stacks, config, seed, rounded_md5, dumps)
     path = _check_path(path)
     session = _Session(path, model, optimizer, md5, stats, stacks, config, seed, rounded_md5,
                        dumps)
@@ -649,6 +753,7 @@ def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False,
     try:
         sigterm = _SigtermGuard()
         session.install()  # inside: a failure half-way undoes what was patched, and closes
+        session.rec.open()  # the setup is done: the recording replaces the file from here
         _active.session = session
         with session:
             yield session
@@ -661,8 +766,11 @@ def record(path, model=None, optimizer=None, md5=True, stats=True, stacks=False,
         session.uninstall()
         _active.session = None
         try:
-            session.end_step(None, session.rec.pending_end)
-            session.warn_unmatched_dumps()
+            if session.rec.opened:
+                session.end_step(None, session.rec.pending_end)
+                session.warn_unmatched_dumps()
+                if status == "finished":
+                    session.warn_nothing_recorded()
         finally:
             try:
                 session.rec.unbind()
@@ -678,4 +786,6 @@ def step(loss=None):
     session = getattr(_active, "session", None)
     if session is None:
         raise RuntimeError("keel_torch.step() outside keel_torch.record()")
+    session.check_loss(loss)
+    session.steps_asked += 1
     session.end_step(loss)

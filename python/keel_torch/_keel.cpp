@@ -4,11 +4,14 @@
 // same bytes. The Python half (keel_torch/__init__.py) installs a recording — module scopes,
 // phases, steps, autograd hooks — and this half does the work of each op call (Note [keel_torch
 // dispatch in C++]).
+#include <fcntl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -368,6 +371,19 @@ class TensorReader {
   uint64_t next_ = 0;
 };
 
+// Note [keel_torch uninitialised memory]
+// An allocation-only ATen op (empty, empty_like, new_empty, empty_strided, ...: the list is
+// keel_torch._ALLOCATION_ONLY) returns memory nothing has written: whatever the allocator's
+// block held before. Hashed, its garbage made identical runs diverge and was named a run's first
+// NaN/Inf (CPU dropout's empty_like before bernoulli_). So its outputs are recorded with their
+// shape, strides and dtype and nothing of their contents — no MD5, no statistics, no dump: to
+// every Keel tool a tensor not hashed, which neither holds a NaN nor diverges (keel diff: "not
+// compared") — and the op's attributes say why (`"uninitialised": ...`). Until the buffer is
+// written (its version moves on) or its tensor dies, an op reading it (bernoulli_'s input, a
+// view of it) does not hash it either. Keel's own engine records no such op: Tensor::empty
+// allocates without an op call (zeros and full are its `fill` op), so a Keel run's recording holds
+// no uninitialised memory and the two frameworks' recordings agree.
+
 // Note [keel_torch content cache]: the key of a tensor's content within a step. A contiguous
 // tensor's is its elements' place (buffer, offset, bytes), version and dtype, with no identity,
 // shape or strides: a reshape, a detach or a view of the same elements shares it.
@@ -724,25 +740,45 @@ class Recording {
  public:
   // `script`: the running program's file ("" none), never written over (Note [Outputs never
   // destroy inputs]: like `keel record -o`, a device, a FIFO, a directory or the script itself
-  // is refused, and a symlink's file is written, not the link).
+  // is refused, and a symlink's file is written, not the link). An existing recording this
+  // process may not write is refused, as is a directory it may not write in ("cannot write
+  // OUTPUT: Permission denied", as `keel record` says). Nothing is written until open(): the
+  // constructor only checks the output and takes its lock, so a setup that fails after it
+  // leaves an existing recording byte for byte.
   Recording(const std::string& path, const std::string& device, const std::string& host,
             const std::string& configJson, uint64_t seed, const std::string& optionsJson,
             const std::string& frameworkVersion, const std::string& script) {
-    checkOutputPath("keel_torch.record: output", path, {{"the running script", script}});
-    checkReplacesOnlyARecording("keel_torch.record: output", path);
-    const std::string target = followOutputLink(path);
-    lock_ = std::make_unique<OutputLock>(target);
-    storage::RunInfo run;
-    run.backend = "torch";
-    run.device = device;
-    run.host = host;
-    run.configJson = configJson.empty() ? "{}" : configJson;
-    run.seed = seed;
-    run.engineVersion = "torch " + frameworkVersion + ", keel " + KEEL_VERSION_STRING;
-    run.startTimeUnixNs = nowUnixNs();
-    run.captureOptionsJson = optionsJson;
-    writer_ = std::make_unique<WriterThread>(storage::Writer::create(target, run));
+    try {
+      checkOutputPath("keel_torch.record: output", path, {{"the running script", script}});
+      checkReplacesOnlyARecording("keel_torch.record: output", path);
+      checkWritable(path);  // a read-only recording (or another user's) is not replaced
+      target_ = followOutputLink(path);
+      const size_t slash = target_.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : target_.substr(0, slash + 1);
+      if (::faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0)
+        throw Error("cannot write " + path + ": " + std::strerror(errno));
+      lock_ = std::make_unique<OutputLock>(target_);
+    } catch (const Error& e) {  // one line that says who refused
+      const std::string what = e.what();
+      if (what.rfind("keel_torch.record: ", 0) == 0) throw;
+      throw Error("keel_torch.record: " + what);
+    }
+    run_.backend = "torch";
+    run_.device = device;
+    run_.host = host;
+    run_.configJson = configJson.empty() ? "{}" : configJson;
+    run_.seed = seed;
+    run_.engineVersion = "torch " + frameworkVersion + ", keel " + KEEL_VERSION_STRING;
+    run_.captureOptionsJson = optionsJson;
   }
+  // Creates the recording (replacing an existing one: it keeps its permission bits, Note
+  // [Outputs never destroy inputs]); called once the setup has succeeded.
+  void open() {
+    if (writer_ || !lock_) throw std::logic_error("keel_torch: open() twice or after close()");
+    run_.startTimeUnixNs = nowUnixNs();
+    writer_ = std::make_unique<WriterThread>(storage::Writer::create(target_, run_));
+  }
+  bool opened() const { return writer_ != nullptr; }
   // Note [keel_torch dispatch in C++]: the dispatch mode's work for each ATen op call happens
   // here, not in Python: a recording's cost is per op (1,276 ops in a gpt-mini step), and the
   // same steps as Python bytecode cost about as much as the op's record. What the Python half
@@ -920,9 +956,9 @@ class Recording {
     op.endNs = end;
     op.forwardSeq = forwardSeq;
     op.stackId = stacks_ ? session_.attr("_stack")().cast<int64_t>() : -1;
-    const bool dump = dumped(op.scope);
+    const bool dump = dumped(op.scope) && !o.allocationOnly;
     dumpedOps_ += dump;
-    addTensors(outputs, storage::Role::Output, dump, *p, &versions);
+    addTensors(outputs, storage::Role::Output, dump, *p, &versions, o.allocationOnly);
     if (gradientWork)  // Note [keel_torch optimizer work]
       for (size_t i = inputCount; i < p->used; ++i) gradDerived_.insert(op.tensors[i].tensorId);
     if (!queue_) {
@@ -996,6 +1032,8 @@ class Recording {
     content_.clear();
     contentBuffers_.clear();
     reader_.prune();
+    std::erase_if(uninitialised_,
+                  [&](const auto& e) { return !stillThere(e.second.source, e.first); });
     storage::StepRecord s;
     s.step = stepNo_;
     s.beginNs = beginNs;
@@ -1059,7 +1097,10 @@ class Recording {
     live().post([r = std::move(r)](storage::Writer& w) { w.writeMem(r); });
   }
   void close(const std::string& status) {
-    if (!writer_) return;
+    if (!writer_) {  // never opened (the setup failed): nothing was written
+      lock_.reset();
+      return;
+    }
     std::exception_ptr failed;  // the recording is closed with its status all the same
     try {
       flush();
@@ -1176,9 +1217,12 @@ class Recording {
   // (or dumped).
   // versions: the outputs' versions after the op where they differ from what is read now (Note
   // [keel_torch versions]).
+  // allocationOnly: the tensors are the outputs of an op that only allocates them (Note
+  // [keel_torch uninitialised memory]).
   void addTensors(const std::vector<py::object>& tensors, storage::Role role, bool dump,
                   HashQueue::Pending& p,
-                  const std::vector<std::optional<uint64_t>>* versions = nullptr) {
+                  const std::vector<std::optional<uint64_t>>* versions = nullptr,
+                  bool allocationOnly = false) {
     storage::OpRecord& op = p.op;
     int32_t index = 0;
     for (const py::handle t : tensors) {
@@ -1190,6 +1234,11 @@ class Recording {
         r.version = *(*versions)[size_t(index)];
       r.role = role;
       r.index = index++;
+      if (allocationOnly) {  // no digest, no statistics, no values: its shape and dtype only
+        if (r.bufferId) uninitialised_[r.bufferId] = {r.version, reader_.weakRef(t)};
+        continue;
+      }
+      if (!uninitialised_.empty() && stillUninitialised(r)) continue;
       // Values are dumped only in the dtypes Keel reads (Note [keel_torch dtypes Keel lacks]).
       const bool dumpIt = dump && layout && layout->keel;
       if (!layout || (!queue_ && !dumpIt)) continue;
@@ -1253,8 +1302,9 @@ class Recording {
     std::string name, attrs;
     std::vector<std::pair<Py_ssize_t, py::object>> written;  // (position or -1, name)
     bool skip = false;                                       // not computation: not recorded
-    py::object run;                                          // what runs it
-    py::object func;                                         // keeps the key alive
+    bool allocationOnly = false;  // outputs uninitialised: Note [keel_torch uninitialised memory]
+    py::object run;               // what runs it
+    py::object func;              // keeps the key alive
     // Per return: how its tensors' versions after the op are known (Note [keel_torch versions]).
     struct Return {
       enum Kind : uint8_t { Own, View, Written } kind = Own;
@@ -1277,6 +1327,7 @@ class Recording {
     }
     o.skip = t[3].cast<bool>();
     o.run = t[4];
+    o.allocationOnly = t[6].cast<bool>();
     o.func = func;
     for (const py::handle r : t[5].cast<py::tuple>()) {
       const py::tuple v = r.cast<py::tuple>();
@@ -1401,6 +1452,15 @@ class Recording {
     queue_->push(std::move(p), done);
     write(done);
   }
+  // Note [keel_torch uninitialised memory]: whether `r` views a buffer an allocation-only op made
+  // and nothing has written since (the version it was made at, its tensor alive).
+  bool stillUninitialised(const storage::TensorRecord& r) {
+    const auto it = uninitialised_.find(r.bufferId);
+    if (it == uninitialised_.end()) return false;
+    if (it->second.version == r.version && stillThere(it->second.source, r.bufferId)) return true;
+    uninitialised_.erase(it);  // written since, or its memory is another tensor's now
+    return false;
+  }
   void afterWrite() {
     for (const uint64_t b : written_) {
       const auto it = contentBuffers_.find(b);
@@ -1451,6 +1511,13 @@ class Recording {
     return true;
   }
   std::unordered_map<ContentKey, ContentEntry, ContentKeyHash> content_;
+  // Note [keel_torch uninitialised memory]: buffers made by allocation-only ops, by buffer id:
+  // the version they were made at and the tensor made (a weak reference).
+  struct Uninitialised {
+    uint64_t version = 0;
+    py::object source;
+  };
+  std::unordered_map<uint64_t, Uninitialised> uninitialised_;
   std::unordered_map<uint64_t, std::vector<ContentKey>> contentBuffers_;
   int64_t nextSlot_ = 0;
   std::vector<uint64_t> written_;  // buffers of the op being run that it writes
@@ -1462,6 +1529,8 @@ class Recording {
   Hashing hashing_;
   std::unique_ptr<HashQueue> queue_;      // its workers never touch the writer
   std::unique_ptr<OutputLock> lock_;      // held while the file is written; outlives writer_
+  std::string target_;                    // the file written (a symlink followed)
+  storage::RunInfo run_;                  // open()'s
   std::unique_ptr<WriterThread> writer_;  // Note [keel_torch writer thread]
 };
 
@@ -1502,6 +1571,8 @@ PYBIND11_MODULE(_keel, m) {
   py::class_<Recording>(m, "Recording")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
                     uint64_t, const std::string&, const std::string&, const std::string&>())
+      .def("open", &Recording::open)
+      .def_property_readonly("opened", &Recording::opened)
       .def("hashing", &Recording::hashing)
       .def("bind", &Recording::bind)
       .def("unbind", &Recording::unbind)

@@ -39,7 +39,8 @@ struct StringHash {
 // empty database a reader would call "not a Keel recording", so a new recording is built under a
 // hidden name beside it (`.NAME.creating-PID`): page size, WAL mode (persistent in the header),
 // schema and the run row; closed, which checkpoints and removes its WAL; then renamed into place,
-// atomically replacing any old file. A reader sees no file or a whole recording, never less.
+// atomically replacing any old file, whose permission bits it keeps. A reader sees no file or a
+// whole recording, never less.
 void createWhole(const std::string& path, const RunInfo& run) {
   const std::string building = replacementPath(path, "creating");
   std::error_code ec;
@@ -88,10 +89,14 @@ void createWhole(const std::string& path, const RunInfo& run) {
       throw StorageError("recording " + path + ": cannot replace existing file (" + reason + ")");
     }
   }
-  if (std::rename(building.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
+  // The file replaced passes its permission bits (and, where this process may, its owner) to the
+  // new one: a private 0600 recording stays private (renameOver, Note [Outputs never destroy
+  // inputs]).
+  try {
+    renameOver(building, path);
+  } catch (const keel::Error& e) {
     removeWithSidecars(building);
-    throw StorageError("recording " + path + ": cannot create (" + reason + ")");
+    throw StorageError("recording " + path + ": cannot create (" + e.what() + ")");
   }
 }
 

@@ -37,6 +37,14 @@ def keel_md5(t):
     return hashlib.md5(data + trailer).hexdigest()
 
 
+def freed_block_of(value):
+    """Fills a block of 4x1024 floats with `value` and frees it (for the next allocation of that
+    size), unseen by any recording."""
+    guard = torch._C._DisableTorchDispatch()  # noqa: F841 (held until the function returns)
+    junk = torch.full((4, 1024), value)
+    del junk
+
+
 def train(path, steps=2, fail_at=None):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -888,6 +896,225 @@ class KeelTorchTest(unittest.TestCase):
                          ["keel_torch.record: dumps='2' matched no module scope, so no values "
                           "were stored (a scope is a name of model.named_modules(), such as "
                           "'blocks.1')"])
+
+
+    # ---- Note [keel_torch uninitialised memory] ----------------------------------------------
+
+    def record_uninitialised(self, path, garbage):
+        """A dropout model and every allocation-only op, recorded with MD5s, statistics and
+        dumps; the memory the allocation-only ops get was filled with `garbage` just before
+        (a freed block of the same size, which the allocator hands out again)."""
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.Dropout(0.5),
+                                    torch.nn.Linear(1024, 4))
+        x = torch.randn(4, 8)
+        with keel_torch.record(path, model=model, md5=True, stats=True, dumps=True):
+            for _ in range(2):
+                keel_torch.step(model(x).sum())
+                with torch.no_grad():
+                    for make in (lambda: torch.empty(4, 1024),
+                                 lambda: torch.empty_like(x.new_ones(4, 1024)),
+                                 lambda: x.new_empty(4, 1024),
+                                 lambda: torch.empty_strided((4, 1024), (1024, 1)),
+                                 lambda: x.new_empty_strided((4, 1024), (1024, 1))):
+                        freed_block_of(garbage)
+                        make().fill_(2.0).sum()
+
+    def test_uninitialised_memory_is_not_hashed_nor_judged(self):
+        """F1 (dogfood 28): dropout's empty_like was hashed (its garbage named the run's first
+        NaN, and made two identical runs diverge). The outputs of allocation-only ops, and that
+        memory read before anything writes it (bernoulli_'s input), are recorded without MD5,
+        statistics or values, and the op says why."""
+        import csv
+        import io
+        import sqlite3
+        other = os.path.join(self.dir.name, "other.db")
+        self.record_uninitialised(self.path, float("nan"))
+        self.record_uninitialised(other, 0.0)
+        rc, out, err = keel("export", "csv", "--tensors", self.path)
+        self.assertEqual(rc, 0, err)
+        rows = list(csv.DictReader(io.StringIO(out)))
+        allocation_only = ("empty", "empty_like", "new_empty", "empty_strided",
+                           "new_empty_strided")
+        made = [r for r in rows if r["op"] in allocation_only and r["role"] == "output"]
+        self.assertEqual(sorted({r["op"] for r in made}), sorted(allocation_only))
+        for r in made:
+            self.assertEqual((r["md5"], r["min"], r["nan_count"]), ("", "", ""), r)
+            self.assertEqual((r["shape"], r["dtype"]), ("4x1024", "float32"), r)
+        self.assertEqual(len(made), 2 * 6)  # per step: the five, and dropout's empty_like
+        masks = [r for r in rows if r["op"] == "bernoulli_"]
+        self.assertEqual([(r["role"], r["md5"] == "") for r in masks],
+                         [("input", True), ("output", False)] * 2)
+        # What the buffer holds once written is hashed as ever: fill_'s output is all 2s.
+        filled = [r for r in rows if r["op"] == "fill_" and r["role"] == "output"]
+        self.assertEqual({(r["min"], r["max"], r["nan_count"]) for r in filled},
+                         {("2", "2", "0")})
+        with sqlite3.connect(self.path) as db:
+            attrs = {json.loads(a)["uninitialised"] for (a,) in db.execute(
+                "SELECT a.text FROM ops o JOIN strings n ON n.id = o.name_sid "
+                "JOIN strings a ON a.id = o.attrs_sid WHERE n.text IN (%s)"
+                % ",".join("'%s'" % n for n in allocation_only))}
+            self.assertEqual(attrs, {"outputs not hashed: an allocation-only op leaves their "
+                                     "memory unwritten"})
+            dumped = db.execute(
+                "SELECT COUNT(*) FROM dumps d JOIN ops o ON o.seq = d.op_seq "
+                "JOIN strings n ON n.id = o.name_sid WHERE n.text IN (%s)"
+                % ",".join("'%s'" % n for n in allocation_only)).fetchone()[0]
+            self.assertEqual(dumped, 0)
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("first NaN/Inf: none (in the recorded statistics)\n", out)
+        rc, out, err = keel("diff", self.path, other)
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("\nEQUAL within tolerance", out)
+        self.assertIn(" 0 diverged, ", out)
+
+    # ---- record()'s arguments and its output (dogfood 28: F2, F3, F10) ------------------------
+
+    def test_a_bad_argument_is_refused_before_the_output_is_touched(self):
+        train(self.path, steps=1)
+        with open(self.path, "rb") as f:
+            before = f.read()
+        model = torch.nn.Linear(2, 2)
+        for kwargs, error, message in (
+                (dict(rounded_md5=99), ValueError, "rounded_md5 must be 0 (none) or a number of "
+                 "significant digits in 1..17, got 99"),
+                (dict(rounded_md5=True), TypeError, "rounded_md5 must be an integer (0 (none) or "
+                 "a number of significant digits in 1..17), got True"),
+                (dict(seed=-1), ValueError, "seed must be in 0..2**64-1, got -1"),
+                (dict(seed=2**64), ValueError, "seed must be in 0..2**64-1, got %d" % 2**64),
+                (dict(seed="x"), TypeError, "seed must be an integer (in 0..2**64-1), got 'x'"),
+                (dict(model="notamodel"), TypeError,
+                 "model must be a torch.nn.Module or None, got str"),
+                (dict(optimizer=[1, 2]), TypeError, "optimizer must be a torch.optim.Optimizer "
+                 "(step(), zero_grad() and param_groups) or None, got list"),
+                (dict(md5="yes"), TypeError, "md5 must be True or False, got 'yes'"),
+                (dict(stacks=2), TypeError, "stacks must be True or False, got 2"),
+                (dict(dumps=3), TypeError,
+                 "dumps must be True, False or a module scope ('blocks.1'), got 3"),
+                (dict(config={"a": object()}), TypeError, "config must be JSON data (a dict of "
+                 "numbers, strings, lists), and is not: Object of type object is not JSON "
+                 "serializable")):
+            with self.assertRaises(error) as cm:
+                with keel_torch.record(self.path, **kwargs):
+                    model(torch.ones(2))
+            self.assertEqual(str(cm.exception), "keel_torch.record: " + message)
+            with open(self.path, "rb") as f:
+                self.assertEqual(f.read(), before, kwargs)
+        # A setup that fails once the arguments passed (the optimizer's step cannot be
+        # replaced) leaves the file as it was too.
+
+        class Frozen:
+            param_groups = []
+
+            def step(self):
+                pass
+
+            def zero_grad(self):
+                pass
+
+            def __setattr__(self, name, value):
+                raise AttributeError("frozen")
+        with self.assertRaises(AttributeError):
+            with keel_torch.record(self.path, optimizer=Frozen()):
+                pass
+        with open(self.path, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertFalse(os.path.exists(os.path.join(self.dir.name, ".torch.db.lock")))
+        # Good arguments of the types a user has (a NumPy seed, flags as 0/1) record.
+        import numpy
+        with keel_torch.record(self.path, model=model, seed=numpy.int64(7), md5=1, stats=0):
+            model(torch.ones(2))
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("seed 7", out)
+
+    def test_step_given_something_that_is_not_a_loss_says_so(self):
+        with keel_torch.record(self.path):
+            for bad, got in (("not a loss", "str"), (torch.ones(3), "a tensor of 3 elements"),
+                             (True, "bool")):
+                with self.assertRaises(TypeError) as cm:
+                    keel_torch.step(bad)
+                self.assertEqual(str(cm.exception), "keel_torch.step: loss must be a number or a "
+                                 "one-element tensor, got " + got)
+            torch.ones(2) * 2
+            keel_torch.step(torch.tensor([0.5]))
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("step 1    loss 0.5000", out)
+
+    def as_nobody(self, code):
+        """Runs Python `code` (keel_torch imported) in a child, as nobody when this is root
+        (permission checks pass for root); returns (rc, stderr's last line)."""
+        prefix = []
+        if os.geteuid() == 0:
+            if not os.access("/usr/bin/setpriv", os.X_OK):
+                self.skipTest("root without setpriv")
+            prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        os.chmod(self.dir.name, 0o777)
+        r = subprocess.run(prefix + [sys.executable, "-c", "import keel_torch, torch\n" + code],
+                           capture_output=True, text=True, cwd=self.dir.name)
+        return r.returncode, (r.stderr.strip().splitlines() or [""])[-1]
+
+    def test_a_recording_keeps_its_mode_and_one_this_user_may_not_write_is_refused(self):
+        """As `keel record`: a replaced recording keeps its permission bits (a private 0600 file
+        stays private), and an existing recording this user may not write — read-only, or
+        another user's in a folder anyone may write — is refused in one line and kept, as is a
+        new file in a folder this user may not write."""
+        train(self.path, steps=1)
+        os.chmod(self.path, 0o600)
+        train(self.path, steps=2)
+        self.assertEqual(stat.S_IMODE(os.stat(self.path).st_mode), 0o600)
+        rc, out, err = keel("inspect", self.path)
+        self.assertIn("steps      2", out)
+        os.chmod(self.path, 0o444)
+        with open(self.path, "rb") as f:
+            before = f.read()
+        rc, last = self.as_nobody("with keel_torch.record('torch.db'):\n torch.ones(2) * 2\n")
+        self.assertEqual((rc, last), (1, "RuntimeError: keel_torch.record: cannot write "
+                                         "torch.db: Permission denied"))
+        with open(self.path, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertEqual(stat.S_IMODE(os.stat(self.path).st_mode), 0o444)
+        closed = os.path.join(self.dir.name, "closed")
+        os.mkdir(closed, 0o755)
+        if os.geteuid() != 0:
+            os.chmod(closed, 0o555)
+        rc, last = self.as_nobody("with keel_torch.record('closed/new.db'):\n torch.ones(2)\n")
+        self.assertEqual((rc, last), (1, "RuntimeError: keel_torch.record: cannot write "
+                                         "closed/new.db: Permission denied"))
+        self.assertEqual(os.listdir(closed), [])
+
+    def test_a_recording_of_no_ops_warns_that_other_threads_are_not_recorded(self):
+        """F5 (dogfood 28): a training loop in another thread recorded nothing, silently."""
+        import threading
+        import warnings
+        model = torch.nn.Linear(4, 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with keel_torch.record(self.path, model=model):
+                worker = threading.Thread(target=lambda: [model(torch.ones(4)) for _ in range(3)])
+                worker.start()
+                worker.join()
+        self.assertEqual([str(w.message) for w in caught], [
+            "keel_torch.record: recorded 0 ops into %s: the model ran in another thread (3 "
+            "module calls), and ops run in other threads are not recorded (one recording per "
+            "thread: enter keel_torch.record() in the thread that trains)" % self.path])
+        self.assertEqual(caught[0].filename, __file__)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with keel_torch.record(self.path):
+                keel_torch.step(1.0)
+        self.assertEqual([str(w.message) for w in caught], [
+            "keel_torch.record: recorded 0 ops into %s: no PyTorch op ran in this thread inside "
+            "the block (though keel_torch.step() was called once); ops run in other threads "
+            "are not recorded (one recording per thread: enter keel_torch.record() in the "
+            "thread that trains)" % self.path])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with keel_torch.record(self.path, model=model):
+                model(torch.ones(4))
+        self.assertEqual(caught, [])
 
 
 MB = 1 << 20

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <cstring>
 
 #include <atomic>
@@ -605,6 +606,28 @@ TEST(StorageLive, ARecordingBeingCreatedIsNeverSeenHalfMade) {
   EXPECT_TRUE(failures.empty()) << failures.size() << " failed opens, first: " << failures[0];
   for (const auto& e : std::filesystem::directory_iterator(dir.file("")))
     EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
+}
+
+// A recording that replaces a file keeps the file's permission bits (Note [Outputs never destroy
+// inputs]): keel_torch re-recording a private 0600 recording left it 0644, readable by all.
+TEST(StorageCreate, AReplacedRecordingKeepsItsPermissionBits) {
+  TempDir dir;
+  const std::string path = dir.file("r.db");
+  auto modeOf = [&path] {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    return st.st_mode & 07777;
+  };
+  Writer::create(path, sampleRun())->close();
+  for (const mode_t mode : {0600u, 0640u, 0444u}) {
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+    auto w = Writer::create(path, sampleRun());
+    EXPECT_EQ(modeOf(), mode);
+    w->writeOp(sampleOp(1, 1, Phase::Forward, "add", ""));
+    w->close();
+    EXPECT_EQ(modeOf(), mode);
+    EXPECT_EQ(Recording::open(path).run().backend, sampleRun().backend);
+  }
 }
 
 // The diff goal: two 100,000-op recordings compared in <= 2 s, so one step's ops must load fast.
