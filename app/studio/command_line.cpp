@@ -79,7 +79,7 @@ struct Options {
   QCommandLineOption backend{
       "backend", "Live session backend: cpu | cpu-ref | cuda[:N] (default cpu).", "name", "cpu"};
   QCommandLineOption steps{"steps", "Live session length in steps (default 50).", "N", "50"};
-  QCommandLineOption seed{"seed", "Live session seed (default 1).", "S", "1"};
+  QCommandLineOption seed{"seed", "Live session seed (default 0, as keel record's).", "S", "0"};
   QCommandLineOption output{"output",
                             "Live session recording file (default: a new file under the user's "
                             "data directory, sessions/).",

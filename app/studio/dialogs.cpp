@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "keel/base/output_path.h"
+#include "keel/capture/recording_run.h"
 #include "keel/device.h"
 #include "keel/registry.h"
 
@@ -144,7 +145,7 @@ NewSessionDialog::NewSessionDialog(const SessionConfig* previous, QWidget* paren
   form->addRow("Backend", backendCombo_);
   seedSpin_ = new QSpinBox;
   seedSpin_->setRange(0, std::numeric_limits<int>::max());
-  seedSpin_->setValue(1);
+  seedSpin_->setValue(0);  // keel record's default: a reference it recorded is followed
   form->addRow("Seed", seedSpin_);
   stepsSpin_ = new QSpinBox;
   stepsSpin_->setRange(1, 1000000);
@@ -307,6 +308,9 @@ BreakpointsDialog::BreakpointsDialog(const Breakpoints& b, QWidget* parent) : QD
                                            : k == "loss>"      ? "e.g. 2"
                                                                : QString());
     value_->setCurrentText(k == "op:" ? "matmul" : QString());
+    // A step ends once: a hit count there would never pause (step:2@3 was accepted).
+    if (k == "step:") hits_->setValue(0);
+    hits_->setEnabled(k != "step:");
   };
   connect(kind_, &QComboBox::currentIndexChanged, this, updateValues);
   updateValues();
@@ -325,14 +329,13 @@ BreakpointsDialog::BreakpointsDialog(const Breakpoints& b, QWidget* parent) : QD
     // Checked here, as OK checks the list: "step:abc" went into the list and failed on OK.
     const QString item =
         itemFor(kind_->currentData().toString(), value_->currentText().trimmed(), hits_->value());
-    Breakpoints one;
-    one.add(item);
-    if (const QString err = one.error(); !err.isEmpty()) {
+    if (const QString err = problem(item); !err.isEmpty()) {
       showError(err);
       return;
     }
     addBreakpoint(item);
     showError(breakpoints().error());
+    if (error_->isHidden()) showWarning(seedWarning(item));
   });
   auto* remove = new QPushButton("Remove");
   remove->setObjectName("breakpointRemove");
@@ -399,8 +402,61 @@ Breakpoints BreakpointsDialog::breakpoints() const {
 }
 
 void BreakpointsDialog::showError(const QString& err) {
+  error_->setStyleSheet("color: #c62828");
   error_->setText(err);
   error_->setVisible(!err.isEmpty());
+}
+
+void BreakpointsDialog::showWarning(const QString& text) {
+  error_->setStyleSheet("color: #8a5300");
+  error_->setText(text.isEmpty() ? text : "Warning: " + text);
+  error_->setVisible(!text.isEmpty());
+}
+
+void BreakpointsDialog::setSession(uint64_t seed, int64_t steps) {
+  seed_ = seed;
+  steps_ = steps;
+}
+
+QString BreakpointsDialog::problem(const QString& item) const {
+  Breakpoints one;
+  one.add(item);
+  if (const QString err = one.error(); !err.isEmpty()) return err;
+  for (const Breakpoint& p : breakpoints().list)
+    if (p.item.trimmed() == item.trimmed()) return item + " is in the list already";
+  const capture::BreakCondition c = capture::BreakCondition::parse(item.trimmed().toStdString());
+  if (c.kind == capture::BreakCondition::Kind::Step && steps_ > 0 && c.value > double(steps_))
+    return QString("%1 lies past the session's %2 step%3: it would never pause it")
+        .arg(item)
+        .arg(steps_)
+        .arg(steps_ == 1 ? "" : "s");
+  if (c.kind == capture::BreakCondition::Kind::Step && c.hitCount > 1)
+    return item + " would never pause: a step ends once";
+  return {};
+}
+
+// As keel record warns (RecordingRun::referenceWarning): a reference recorded with another seed
+// differs from the session from its first random op, so the breakpoint pauses there.
+QString BreakpointsDialog::seedWarning(const QString& item) const {
+  if (!seed_) return {};
+  try {
+    const capture::BreakCondition c = capture::BreakCondition::parse(item.trimmed().toStdString());
+    if (c.kind != capture::BreakCondition::Kind::Md5Ref) return {};
+    capture::BreakSpec one;
+    one.conditions.push_back(c);
+    const capture::BreakConditions check(std::move(one));
+    for (const auto& [path, seed] : check.referenceSeeds())
+      if (seed != *seed_)
+        return QString(
+                   "%1 was recorded with seed %2 and this session uses seed %3: their MD5s "
+                   "differ from the first random op, where it will pause (start a session "
+                   "with seed %2 to follow it)")
+            .arg(QString::fromStdString(path))
+            .arg(seed)
+            .arg(*seed_);
+  } catch (const std::exception&) {
+  }
+  return {};
 }
 
 void BreakpointsDialog::accept() {

@@ -3,6 +3,7 @@
 // norm, loss spike, reference recording; each with a hit count, on or off).
 #pragma once
 #include <QDialog>
+#include <optional>
 
 #include "session.h"
 
@@ -59,9 +60,15 @@ class BreakpointsDialog : public QDialog {
   static QString itemFor(const QString& kind, const QString& value, int hits);
   void addBreakpoint(const QString& item, bool enabled = true);  // appends a row
   QTableWidget* table() const { return table_; }
+  // The live session the breakpoints are for: an item that could never pause it is refused
+  // (step:N past its steps), and a reference recorded with another seed is warned about.
+  void setSession(uint64_t seed, int64_t steps);
 
  private:
   void showError(const QString& err);  // "" hides the error line
+  void showWarning(const QString& text);
+  QString problem(const QString& item) const;  // why `item` cannot be added; "" if it can
+  QString seedWarning(const QString& item) const;
   void accept() override;
 
   QTableWidget* table_;
@@ -69,6 +76,8 @@ class BreakpointsDialog : public QDialog {
   QComboBox* value_;
   QSpinBox* hits_;
   QLabel* error_;
+  std::optional<uint64_t> seed_;
+  int64_t steps_ = 0;  // 0: no session
 };
 
 }  // namespace keel::studio

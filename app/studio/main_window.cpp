@@ -1032,6 +1032,8 @@ void MainWindow::newSessionDialog() {
 
 void MainWindow::breakpointsDialog() {
   BreakpointsDialog dlg(session_->breakpoints(), this);
+  if (session_->state() != Session::State::Idle)
+    dlg.setSession(session_->seed(), session_->totalSteps());
   if (dlg.exec() == QDialog::Accepted) session_->setBreakpoints(dlg.breakpoints());
 }
 

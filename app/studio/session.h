@@ -20,11 +20,11 @@
 namespace keel::studio {
 
 struct SessionConfig {
-  QString configPath;       // model + training config (JSON), e.g. configs/gpt-mini.json
-                            // (with a workload library: its config, "" for its defaults)
-  QString workloadPath;     // a workload library (docs/api.md); "" for the built-in trainer
-  QString backend = "cpu";  // cpu | cpu-ref | cuda[:N]
-  uint64_t seed = 1;
+  QString configPath;               // model + training config (JSON), e.g. configs/gpt-mini.json
+                                    // (with a workload library: its config, "" for its defaults)
+  QString workloadPath;             // a workload library (docs/api.md); "" for the built-in trainer
+  QString backend = "cpu";          // cpu | cpu-ref | cuda[:N]
+  uint64_t seed = 0;                // keel record's default
   int64_t steps = 20;               // length of the run (and of the LR schedule)
   QString output;                   // recording file to write
   capture::CaptureOptions capture;  // what to record
@@ -83,6 +83,7 @@ class Session : public QObject {
   QString recordingPath() const { return config_.output; }
   int64_t stepsDone() const;
   int64_t totalSteps() const { return config_.steps; }
+  uint64_t seed() const { return config_.seed; }
 
  signals:
   void stateChanged(keel::studio::Session::State state);

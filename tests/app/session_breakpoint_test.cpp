@@ -123,6 +123,44 @@ class SessionBreakpointTest : public QObject {
     QCOMPARE(paused.count(), 1);
   }
 
+  // For a live session the dialog refuses what could never pause it (step:99 of a 10-step run,
+  // a hit count on a step, an item listed twice: all were accepted) and warns that a reference
+  // recorded with another seed differs from the first random op (keel record warned; the studio
+  // paused at the first embedding without a word).
+  void theDialogRefusesWhatCouldNeverPauseTheSessionAndWarnsOfAnotherSeed() {
+    QStandardPaths::setTestModeEnabled(true);
+    const QString ref = views::test::tempDir() + "/seed0.db";
+    QVERIFY(views::test::recordFixture(ref, "--steps 1 --seed 0 --md5", "KEEL_TEST_PERTURB="));
+    studio::BreakpointsDialog dlg({});
+    dlg.setSession(1, 10);
+    auto* kind = dlg.findChild<QComboBox*>("breakpointKind");
+    auto* value = dlg.findChild<QComboBox*>("breakpointValue");
+    auto* hits = dlg.findChild<QSpinBox*>("breakpointHits");
+    auto* add = dlg.findChild<QPushButton*>("breakpointAdd");
+    auto* err = dlg.findChild<QLabel*>("breakpointError");
+    QVERIFY(kind && value && hits && add && err);
+    auto tryAdd = [&](const QString& k, const QString& v, int n) {
+      kind->setCurrentIndex(kind->findData(k));
+      value->setCurrentText(v);
+      hits->setValue(n);
+      QTest::mouseClick(add, Qt::LeftButton);
+      return err->isHidden() ? QString() : err->text();
+    };
+    QCOMPARE(tryAdd("step:", "99", 0),
+             QString("step:99 lies past the session's 10 steps: it would never pause it"));
+    QCOMPARE(dlg.table()->rowCount(), 0);
+    QCOMPARE(tryAdd("step:", "2", 0), QString());
+    QVERIFY(!hits->isEnabled());  // a step ends once: no hit count
+    QCOMPARE(tryAdd("nan", "", 0), QString());
+    QCOMPARE(tryAdd("nan", "", 0), QString("nan is in the list already"));
+    QCOMPARE(dlg.table()->rowCount(), 2);
+    const QString warned = tryAdd("md5-ref:", ref, 0);
+    QCOMPARE(dlg.table()->rowCount(), 3);  // a warning, not a refusal
+    QVERIFY2(warned.startsWith("Warning: " + ref +
+                               " was recorded with seed 0 and this session uses seed 1: "),
+             qPrintable(warned));
+  }
+
   // While a session runs, the graph and the op table follow it (at most once a second): they
   // stayed on step 0, the initialisation, until the run ended.
   void aRunningSessionsViewsFollowTheRun() {
