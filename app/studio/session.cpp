@@ -14,6 +14,7 @@
 #include "keel/error.h"
 #include "keel/log.h"
 #include "keel/observer.h"
+#include "keel/op_sequence.h"
 #include "keel/registry.h"
 #include "keel/step.h"
 #include "keel/storage/writer.h"
@@ -234,6 +235,9 @@ void Session::start(const SessionConfig& config) {
     pauseRequested_ = false;
   }
   setState(State::Starting);
+  // Each session's recording numbers its ops from #1, as keel record's does: the previous
+  // session has ended (joined above). Note [Op numbers per run].
+  keel::detail::restartOpSequence();
   worker_ = std::make_unique<Worker>(this);
   thread_ = std::thread([w = worker_.get()] { w->main(); });
 }

@@ -161,6 +161,25 @@ class SessionBreakpointTest : public QObject {
              qPrintable(warned));
   }
 
+  // Note [Op numbers per run]: a studio's second session numbers its ops from #1, as its first
+  // and keel record do (it went on from the first session's last op: #2880).
+  void eachSessionsRecordingNumbersItsOpsFromOne() {
+    QStandardPaths::setTestModeEnabled(true);
+    MainWindow w;
+    w.show();
+    Session* s = w.session();
+    QSignalSpy finished(s, &Session::finished);
+    for (int i = 1; i <= 2; ++i) {
+      const QString out = views::test::tempDir() + QString("/numbered-%1.db").arg(i);
+      QVERIFY(studio::test::startAndRun(w, studio::test::tinySession(1, 3, out)));
+      QVERIFY(QTest::qWaitFor([&] { return finished.count() >= i; }, 60000));
+      storage::Recording rec = storage::Recording::open(out.toStdString());
+      const auto ops = rec.stepOps(0);
+      QVERIFY(!ops.empty());
+      QCOMPARE(ops.front().seq, uint64_t(1));
+    }
+  }
+
   // While a session runs, the graph and the op table follow it (at most once a second): they
   // stayed on step 0, the initialisation, until the run ended.
   void aRunningSessionsViewsFollowTheRun() {

@@ -12,6 +12,7 @@
 #include "cuda_backend.h"
 #include "keel/autograd.h"
 #include "keel/log.h"
+#include "keel/op_sequence.h"
 #include "keel/registry.h"
 #include "kernel_util.h"
 
@@ -240,6 +241,11 @@ std::string_view currentOpName() {
 }
 uint64_t lastOpSeq() {
   return g_seq.load(std::memory_order_relaxed);
+}
+
+// See Note [Op numbers per run] (keel/op_sequence.h).
+void detail::restartOpSequence() {
+  g_seq.store(0, std::memory_order_relaxed);
 }
 
 namespace detail {
