@@ -332,7 +332,9 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (cli.isSet(o.output)) {
     s.output = cli.value(o.output);
     const QFileInfo fi(s.output);
-    if (s.output.isEmpty() || fi.isDir()) return error("--output: expected a recording file name");
+    if (s.output.isEmpty()) return error("--output: expected a recording file name");
+    if (fi.isDir())
+      return error("--output: " + s.output + " is a directory; expected a recording file name");
     if (fi.exists() && !fi.isFile())
       return error("--output: " + s.output + " exists and is not a regular file");
     try {  // the recording never replaces the config (Note [Outputs never destroy inputs])

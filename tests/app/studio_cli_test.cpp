@@ -298,7 +298,9 @@ class StudioCliTest : public QObject {
         {{"--session", kTiny, "--seed", "18446744073709551616"}, "--seed: must be a whole number"},
         // The session's recording never replaces its config: refused before any window opens.
         {{"--session", kTiny, "--output", kTiny}, "--output " + kTiny + " is the session's config"},
-        {{"--session", kTiny, "--output", dir_}, "--output: expected a recording file name"},
+        {{"--session", kTiny, "--output", dir_},
+         "--output: " + dir_ + " is a directory; expected a recording file name"},
+        {{"--session", kTiny, "--output", ""}, "--output: expected a recording file name"},
         {{"--session", kTiny, "--output", "/dev/null"}, "not a regular file"},
         // A recording replaces only a recording.
         {{"--session", kTiny, "--output", dir_ + "/notes.txt"},
@@ -408,6 +410,9 @@ class StudioCliTest : public QObject {
         {{"--session", bad, "--run", "--steps", "1", "--output", dir_ + "/m.db"}, "invalid JSON"},
         {{"--session", kTiny, "--run", "--steps", "1", "--output", dir_ + "/no/such/dir/x.db"},
          "no/such/dir/x.db"},
+        // A folder that exists but takes no file (it said "the directory /proc does not exist").
+        {{"--session", kTiny, "--run", "--steps", "1", "--output", "/proc/x.db"},
+         "cannot write /proc/x.db: the directory /proc takes no new files"},
     };
     for (const auto& [args, expect] : cases) {
       const Result r = studio(args + QStringList{"--screenshot", shot, "--size", "800x600"});

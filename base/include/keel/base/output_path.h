@@ -250,14 +250,18 @@ class OutputLock : NonCopyable {
  public:
   explicit OutputLock(const std::string& output) : path_(lockPath(followOutputLink(output))) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0 && errno == ENOENT) {  // the lock file's name said nothing of the real problem
+    if (fd_ < 0) {  // said of the output: the lock file's name says nothing of the real problem
+      const int err = errno;
       const size_t slash = path_.rfind('/');
-      throw Error("output " + output + ": the directory " +
-                  (slash == std::string::npos ? std::string(".") : path_.substr(0, slash)) +
-                  " does not exist");
+      const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash);
+      struct stat st {};
+      if (err == ENOENT && ::stat(dir.c_str(), &st) != 0)
+        throw Error("output " + output + ": the directory " + dir + " does not exist");
+      // /proc: the directory exists and takes no new file (ENOENT, not "does not exist").
+      throw Error("cannot write " + output + ": " +
+                  (err == ENOENT ? "the directory " + dir + " takes no new files"
+                                 : std::string(std::strerror(err))));
     }
-    if (fd_ < 0)
-      throw Error("cannot lock output " + output + " (" + path_ + "): " + std::strerror(errno));
     // A reader probing the lock (outputLockHeld) holds it shared for an instant: a few tries.
     bool locked = false;
     for (int attempt = 0; attempt < 5 && !locked; ++attempt) {
