@@ -211,7 +211,11 @@ TensorDiff compareTensors(const TensorRecord& a, const TensorRecord& b, uint64_t
   if (a.shape != b.shape || a.dtype != b.dtype) {
     d.status = DiffStatus::Diverged;
     d.basis = DiffBasis::Shape;
-    d.detail = a.dtype + shapeText(a.shape) + " vs " + b.dtype + shapeText(b.shape);
+    // Only the dtype differs (a float32 run against a float64 one): said first, so the text
+    // reads "diverged (dtype)" (it read "diverged (shape)" of two equal shapes).
+    d.detail = a.shape == b.shape
+                   ? "dtype " + a.dtype + " vs " + b.dtype + ", shape " + shapeText(a.shape)
+                   : a.dtype + shapeText(a.shape) + " vs " + b.dtype + shapeText(b.shape);
     return d;
   }
   bool haveMd5 = opt.useMd5 && !a.md5.empty() && !b.md5.empty();

@@ -202,7 +202,8 @@ std::string tensorLine(const TensorDiff& t) {
       std::string(t.role == Role::Input ? "input " : "output ") + std::to_string(t.index) + ": ";
   if (t.basis == DiffBasis::None)  // counted Equal, but nothing says it is: not "equal (none)"
     return s + (t.detail.empty() ? "not compared" : t.detail);
-  s += std::string(toString(t.status)) + " (" + toString(t.basis) + ")";
+  const bool dtypeOnly = t.basis == DiffBasis::Shape && t.detail.rfind("dtype ", 0) == 0;
+  s += std::string(toString(t.status)) + " (" + (dtypeOnly ? "dtype" : toString(t.basis)) + ")";
   if (t.basis == DiffBasis::Values)
     s += "  max abs " + fmtNum(t.maxAbs) + "  max rel " + fmtNum(t.maxRel) + "  max ulps " +
          (t.maxUlps == std::numeric_limits<uint64_t>::max() ? std::string("inf")

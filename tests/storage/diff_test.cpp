@@ -323,6 +323,18 @@ TEST(DiffTest, ChangedShapePairsOnNameAndDiverges) {
   EXPECT_EQ(p->outputs[0].detail, "float32[4,8] vs float32[4,9]");
   ASSERT_TRUE(r.root);
   EXPECT_EQ(r.root->pair.seqA, 5u);
+  // Only the dtype differs (a float32 run against a float64 one): the text says dtype (it said
+  // "diverged (shape)" of two equal shapes).
+  b = chain(10);
+  b[4].tensors.back().dtype = "float64";
+  r = ks::diffRuns(a, b);
+  p = pairByA(r, 5);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->outputs[0].detail, "dtype float32 vs float64, shape [4,8]");
+  EXPECT_NE(ks::toText(r, true).find("  output 0: diverged (dtype)  dtype float32 vs float64, "
+                                     "shape [4,8]\n"),
+            std::string::npos)
+      << ks::toText(r, true);
 }
 
 TEST(DiffTest, RoundedMd5EqualIsWithinTolerance) {
