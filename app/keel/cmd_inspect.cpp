@@ -12,8 +12,6 @@
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "cli_common.h"
 #include "keel/analysis/ranks.h"
 #include "keel/analysis/tile_map.h"
@@ -26,13 +24,6 @@
 
 namespace keel::cli {
 namespace {
-
-// A recording keel_torch wrote (its capture options say "framework": "torch"): hints name its
-// arguments, not keel record's flags.
-bool recordedByTorch(const storage::RunInfo& run) {
-  const auto j = nlohmann::json::parse(run.captureOptionsJson, nullptr, false);
-  return j.is_object() && j.value("framework", std::string()) == "torch";
-}
 
 std::string wallClock(int64_t unixNs) {
   std::time_t t = std::time_t(unixNs / 1000000000);
@@ -200,7 +191,7 @@ int runInspect(const std::string& path) {
       std::printf(
           "\nfirst NaN/Inf: the last op recorded, where --break-on nan stopped the run "
           "(see status; recorded without --stats, so no statistics to show)\n");
-    else if (recordedByTorch(run))
+    else if (storage::recordingFramework(run) == "torch")
       std::printf(
           "\nfirst NaN/Inf: unknown (recorded without statistics: record with "
           "keel_torch.record(..., stats=True) to find it)\n");

@@ -693,23 +693,36 @@ const LossDiff* firstLossDivergence(const DiffReport& r) {
   return nullptr;
 }
 
+// How to record what a diff needs, in the words of the tool that recorded the side: keel
+// record's flags, or keel_torch.record's arguments (a PyTorch user was told to use --all).
+std::string detail::recordHint(const std::string& framework, bool alternatives) {
+  if (framework == "torch") return "keel_torch.record(..., md5=True, stats=True)";
+  return alternatives ? "--all, or --md5 / --stats" : "--all";
+}
+
+std::string detail::recordBothHint(const DiffReport& r, bool alternatives) {
+  const std::string a = recordHint(r.frameworkA, alternatives),
+                    b = recordHint(r.frameworkB, alternatives);
+  return a == b ? "record both with " + a : "record A with " + a + " and B with " + b;
+}
+
 std::string valuesNotComparedText(const DiffReport& r) {
   const std::string what =
       std::string("only the op sequences") + (r.losses.empty() ? "" : " and the step losses");
   if (r.heldA.empty() && r.heldB.empty())
     return "the recordings hold no MD5s, statistics or dumps of their tensors: " + what +
-           " were compared (record both with --all, or --md5 / --stats)";
+           " were compared (" + detail::recordBothHint(r, true) + ")";
   if (r.heldA.empty() || r.heldB.empty()) {
     const bool aLacks = r.heldA.empty();
     const char* lacks = aLacks ? "A" : "B";
     return std::string("recording ") + lacks +
            " holds no MD5s, statistics or dumps of its tensors (" + (aLacks ? "B" : "A") +
            " holds " + (aLacks ? r.heldB : r.heldA) + "): " + what + " were compared (record " +
-           lacks + " with --all, or --md5 / --stats)";
+           lacks + " with " + detail::recordHint(aLacks ? r.frameworkA : r.frameworkB, true) + ")";
   }
   return "A holds " + r.heldA + " and B " + r.heldB +
-         " of their tensors, no kind both hold: " + what +
-         " were compared (record both with --all)";
+         " of their tensors, no kind both hold: " + what + " were compared (" +
+         detail::recordBothHint(r, false) + ")";
 }
 
 DiffVerdict diffVerdict(const DiffReport& r) {

@@ -367,10 +367,9 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
   if (const LossDiff* l = firstLossDivergence(r); l && !r.first)
     out += "first divergence: step " + std::to_string(l->step) + " loss (" + lossPair(l->a, l->b) +
            "); " +
-           (r.comparedTensors == 0
-                ? "no op can be named: the recordings hold no tensor values (record both with "
-                  "--all to find the op)"
-                : "no recorded op output diverged") +
+           (r.comparedTensors == 0 ? "no op can be named: the recordings hold no tensor values (" +
+                                         detail::recordBothHint(r, false) + " to find the op)"
+                                   : "no recorded op output diverged") +
            "\n\n";
   if (r.first && !r.rootSearched) {  // --strict: an op on one side only (Diverged by none)
     const OpPair& p = r.first->pair;

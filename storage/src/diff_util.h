@@ -13,6 +13,10 @@
 #include "keel/storage/producers.h"
 #include "keel/storage/records.h"
 
+namespace keel::storage {
+struct DiffReport;
+}
+
 namespace keel::storage::detail {
 
 // The ops whose outputs reach the inputs of ops[pos], walking back through views and copies
@@ -48,5 +52,11 @@ inline std::string fmtNum(double v) {
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
+
+// "record both with --all" (or keel_torch.record's arguments for a PyTorch side; A and B
+// named apart when their tools differ): what a diff that lacked tensor values says to do.
+// `alternatives`: also "--md5 / --stats" for a Keel side.
+std::string recordBothHint(const DiffReport& r, bool alternatives);
+std::string recordHint(const std::string& framework, bool alternatives);
 
 }  // namespace keel::storage::detail

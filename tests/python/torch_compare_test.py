@@ -116,6 +116,12 @@ class TorchCompareTest(unittest.TestCase):
         self.assertEqual(code, 0, se)
         self.assertIn("\nfirst NaN/Inf: unknown (recorded without statistics: record with "
                       "keel_torch.record(..., stats=True) to find it)\n", so)
+        # keel diff of two such recordings names keel_torch's arguments too (it said --all).
+        other = os.path.join(self.tmp.name, "graph-only-2.db")
+        code, _, se = run(sys.executable, "-c", script.replace(repr(db), repr(other)))
+        self.assertEqual(code, 0, se)
+        code, so, se = run(KEEL, "diff", db, other)
+        self.assertIn("record both with keel_torch.record(..., md5=True, stats=True)", so + se)
 
     def test_the_two_frameworks_compute_the_same_losses(self):
         self.assertEqual(len(self.keel_losses), STEPS)
