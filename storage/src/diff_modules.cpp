@@ -388,7 +388,11 @@ std::vector<std::string> setupDifferences(const Recording& a, const Recording& b
   std::vector<std::string> out;
   const RunInfo &ra = a.run(), &rb = b.run();
   if (ra.backend != rb.backend) out.push_back("backend " + ra.backend + " vs " + rb.backend);
-  if (ra.seed != rb.seed)
+  // Across frameworks the seeds drive different generators (a PyTorch run compared with Keel's
+  // starts from Keel's saved weights and batches), and a config names only what its own side
+  // reads: the seed, and keys one side lacks, are no setup difference there.
+  const bool sameFramework = recordingFramework(ra) == recordingFramework(rb);
+  if (ra.seed != rb.seed && sameFramework)
     out.push_back("seed " + std::to_string(ra.seed) + " vs " + std::to_string(rb.seed) +
                   ": every random op differs from the first (initialisation, data, dropout)");
   try {
@@ -397,9 +401,9 @@ std::vector<std::string> setupDifferences(const Recording& a, const Recording& b
     if (ca.is_object() && cb.is_object() && ca != cb) {
       std::vector<std::string> keys;
       for (const auto& [k, v] : ca.items())
-        if (!cb.contains(k) || cb[k] != v) keys.push_back(k);
+        if (cb.contains(k) ? cb[k] != v : sameFramework) keys.push_back(k);
       for (const auto& [k, v] : cb.items())
-        if (!ca.contains(k)) keys.push_back(k);
+        if (!ca.contains(k) && sameFramework) keys.push_back(k);
       std::vector<std::string> shown;
       for (size_t i = 0; i < keys.size() && i < 5; ++i) {
         const std::string& k = keys[i];
@@ -408,7 +412,7 @@ std::vector<std::string> setupDifferences(const Recording& a, const Recording& b
       }
       if (keys.size() > shown.size())
         shown.push_back("and " + std::to_string(keys.size() - shown.size()) + " more");
-      out.push_back("config: " + joinText(shown, ", "));
+      if (!shown.empty()) out.push_back("config: " + joinText(shown, ", "));
     }
   } catch (const nlohmann::json::exception&) {
     if (ra.configJson != rb.configJson) out.push_back("config: the two configs differ");
