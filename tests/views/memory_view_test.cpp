@@ -481,6 +481,37 @@ class MemoryViewTest : public QObject {
       QVERIFY2(shown.contains(label), qPrintable(shown.join(", ")));
   }
 
+  // The state after the last event is drawn (it had no width: a 3-event PyTorch snapshot's
+  // 16 MiB peak, named in the header, never showed), and the event axis has no tick between two
+  // events (it read 0, 0.5, 1, 1.5, 2).
+  void theLastEventsStateIsDrawnAndTicksAreWholeEvents() {
+    constexpr uint64_t MiB = 1 << 20;
+    std::vector<MemRecord> ev;
+    uint64_t allocated = 0;
+    addEvent(ev, MemEventKind::Map, 0, 20 * MiB);
+    addEvent(ev, MemEventKind::Alloc, 0, 8 * MiB, &allocated);
+    addEvent(ev, MemEventKind::Alloc, 8 * MiB, 8 * MiB, &allocated);
+    auto m = std::make_shared<MemoryModel>();
+    m->setEvents(std::move(ev));
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {1200, 700}));
+    view.setMemory(m);
+    auto* plot = static_cast<QCustomPlot*>(view.timeline());
+    plot->replot();
+    QCPGraph* allocatedLine = nullptr;
+    for (int i = 0; i < plot->graphCount(); ++i)
+      if (plot->graph(i)->name() == "allocated") allocatedLine = plot->graph(i);
+    QVERIFY(allocatedLine);
+    const auto last = allocatedLine->data()->constEnd() - 1;
+    QCOMPARE(last->key, 3.0);  // past the last event (2), to the plot's edge
+    QCOMPARE(last->value, 16.0);
+    QVERIFY(plot->xAxis->range().contains(2.25));  // drawn where the plot shows it
+    const QVector<double> ticks = plot->xAxis->tickVector();
+    QVERIFY(!ticks.isEmpty());
+    for (double t : ticks) QCOMPARE(t, std::round(t));
+  }
+
   // In a short dock (a 1366x768 screen's: about 265 pixels) no caption loses a line, however
   // narrow the pane: the block map's caption and the cursor line are as tall as their wrapped text
   // (they were fixed at three and two lines, and the rest was cut off); and the timeline's axis

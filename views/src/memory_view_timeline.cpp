@@ -28,6 +28,16 @@ void MemoryView::Impl::labelAxes() {
   for (QCPAxis* ax : {plot->yAxis, plot->yAxis2}) ax->ticker()->setTickCount(roomy ? 5 : 2);
 }
 
+namespace {
+// Events are whole numbers: no tick between two (a 3-event snapshot read 0, 0.5, 1, 1.5, 2).
+class EventTicker : public QCPAxisTicker {
+ protected:
+  double getTickStep(const QCPRange& range) override {
+    return std::max(1.0, QCPAxisTicker::getTickStep(range));
+  }
+};
+}  // namespace
+
 void MemoryView::Impl::buildTimeline() {
   plot = new QCustomPlot(q);
   plot->setObjectName("memoryTimeline");
@@ -37,6 +47,7 @@ void MemoryView::Impl::buildTimeline() {
   plot->setPlottingHint(QCP::phFastPolylines, true);
   plot->axisRect()->setRangeZoom(Qt::Horizontal);
   plot->xAxis->setLabel(tr("allocator event #"));
+  plot->xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new EventTicker));
   plot->yAxis2->setVisible(true);
   labelAxes();
   plot->yAxis2->setRange(0, 100);
@@ -136,13 +147,19 @@ void MemoryView::Impl::rebuildTimeline() {
     unitName = QLatin1String(u);
   }
   labelAxes();
-  QVector<double> x(n), a(n), r(n), f(n);
+  // The state after event i is drawn from i to i + 1; the last one too, to the plot's edge (it
+  // had no width: a snapshot's last allocation never showed, the peak its header named unseen).
+  QVector<double> x(n + 1), a(n + 1), r(n + 1), f(n + 1);
   for (int64_t i = 0; i < n; ++i) {
     x[i] = double(i);
     a[i] = double(mem->allocatedAfter(size_t(i))) / unit;
     r[i] = double(mem->reservedAfter(size_t(i))) / unit;
     f[i] = 100.0 * mem->fragmentationAfter(size_t(i));  // (reserved - allocated) / reserved
   }
+  x[n] = double(n);
+  a[n] = a[n - 1];
+  r[n] = r[n - 1];
+  f[n] = f[n - 1];
   QCPGraph* gr = plot->addGraph(plot->xAxis, plot->yAxis);
   gr->setName(tr("reserved"));
   gr->setPen(QPen(kReserved, 1.5));
@@ -321,6 +338,10 @@ void MemoryView::Impl::fitAllocatedFill() {
       y.push_back(double(top) / unit);
     }
     x.push_back(double(last));
+    y.push_back(at(last));
+  }
+  if (last == n - 1) {  // the last event's state to the edge, as the lines draw it
+    x.push_back(double(n));
     y.push_back(at(last));
   }
   allocatedFill->setData(x, y, true);
