@@ -375,6 +375,24 @@ struct Recording::Impl {
   }
 };
 
+namespace {
+// What a file that is not a recording looks like, where a user may have meant it as one: a
+// pickle (a PyTorch memory snapshot, which keel import turns into a recording) or a zip archive
+// (torch.save). "" for anything else.
+std::string notARecordingHint(const std::string& path) {
+  unsigned char head[4] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(head), sizeof head);
+  if (f.gcount() >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5)
+    return " (it is a Python pickle: a PyTorch memory snapshot is opened after `keel import "
+           "torch-memory " +
+           path + " -o run.db`)";
+  if (f.gcount() == 4 && std::memcmp(head, "PK\x03\x04", 4) == 0)
+    return " (it is a zip archive, as torch.save writes: not a recording)";
+  return {};
+}
+}  // namespace
+
 SqliteHeader sqliteHeader(const std::string& path) {
   char header[16] = {};
   std::ifstream f(path, std::ios::binary);
@@ -415,7 +433,7 @@ Recording Recording::open(const std::string& path, bool verify) {
     case SqliteHeader::Empty:
       throw StorageError("recording " + path + " is empty");
     case SqliteHeader::Other:
-      throw StorageError("recording " + path + " is not an SQLite file");
+      throw StorageError("recording " + path + " is not an SQLite file" + notARecordingHint(path));
     case SqliteHeader::Sqlite:
       break;
   }

@@ -89,6 +89,17 @@ TEST(RecordingOpen, RandomBytesAreNotSqlite) {
   expectOpenFails(path, "not an SQLite file");
   std::ofstream(dir.file("empty.db")).close();
   expectOpenFails(dir.file("empty.db"), "empty");
+  // A pickle (a PyTorch memory snapshot opened as a recording) and a zip (torch.save) say what
+  // they are, and how a snapshot becomes a recording.
+  std::ofstream(dir.file("snap.pickle"), std::ios::binary) << std::string("\x80\x04\x95", 3);
+  expectOpenFails(dir.file("snap.pickle"),
+                  "is not an SQLite file (it is a Python pickle: a PyTorch memory snapshot is "
+                  "opened after `keel import torch-memory " +
+                      dir.file("snap.pickle") + " -o run.db`)");
+  std::ofstream(dir.file("model.pt"), std::ios::binary) << std::string("PK\x03\x04rest", 8);
+  expectOpenFails(dir.file("model.pt"),
+                  "is not an SQLite file (it is a zip archive, as torch.save writes: not a "
+                  "recording)");
 }
 
 TEST(RecordingOpen, SqliteFileThatIsNotARecording) {
