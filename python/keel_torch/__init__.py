@@ -6,6 +6,7 @@
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()          # ends the step: its loss is the tensor .backward() was called on
+                                # (the sum of them, with gradient accumulation)
                                 # (zero_grad and loss.item() stay in it; the next batch does not)
             opt.zero_grad()
 
@@ -356,8 +357,9 @@ class _Session(TorchDispatchMode):
             if session.closed:  # a method kept past the recording (Note [keel_torch optimizer])
                 return original_backward(tensor, *args, **kwargs)
             rec = session.rec
-            if tensor.numel() == 1:
-                session.last_loss = session.value(tensor)
+            if tensor.numel() == 1:  # the step's loss: the sum of those backward ran on
+                loss = session.value(tensor)  # (micro-batches scaled by 1/N: their mean)
+                session.last_loss = loss if session.last_loss is None else session.last_loss + loss
             rec.hook_pending()
             previous, rec.phase = rec.phase, "backward"
             rec.backward_scope = ""

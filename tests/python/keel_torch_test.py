@@ -647,6 +647,29 @@ class KeelTorchTest(unittest.TestCase):
             "reciprocal", "mul", "clamp", "detach", "detach", "mul_", "detach", "detach", "mul_",
             "zeros", "add_", "add_", "zeros", "zero_", "zero_")])
 
+    def test_a_step_of_micro_batches_records_the_sum_of_the_losses_backward_ran_on(self):
+        """Gradient accumulation: each micro-batch's loss scaled by 1/2 and .backward()'ed; the
+        step's loss is their sum, the mean loss the update used (it was the last micro-batch's
+        scaled loss, half of what the loop printed)."""
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        expected = []
+        with keel_torch.record(self.path, model=model, optimizer=opt):
+            for _ in range(2):
+                total = 0.0
+                for micro in range(2):
+                    loss = model(torch.randn(5, 8)).pow(2).mean() / 2
+                    loss.backward()
+                    total += loss.item()
+                opt.step()
+                opt.zero_grad()
+                expected.append(total)
+        rc, out, err = keel("inspect", self.path)
+        self.assertEqual(rc, 0, err)
+        for i, value in enumerate(expected):
+            self.assertIn("step %d    loss %.4f" % (i + 1, value), out)
+
     # ---- nesting, Keel's own ops (Note [keel_torch own ops]) -----------------------------------
 
     def test_a_recording_inside_another_is_refused_and_the_outer_goes_on(self):
