@@ -201,11 +201,10 @@ int main(int argc, char** argv) {
                            settle();
                        }
                      });
-    QObject::connect(win.session(), &Session::finished, &win, [&] {
-      // Show the asked-for step, else the last one: the end of the run is what was waited for.
-      win.showStep(cli.step >= 0 ? cli.step : win.session()->stepsDone());
-      settle();
-    });
+    // The asked-for step, else where the run ended: its first NaN/Inf op, selected, or its last
+    // step (Note [Where a live session ends]); the window shows it once the session has ended.
+    if (cli.step >= 0) win.showStepWhenSessionEnds(cli.step);
+    QObject::connect(win.session(), &Session::finished, &win, [&] { settle(); });
     QObject::connect(win.session(), &Session::failed, &win, [&] { settle(); });
     win.startSession(*session);
   }

@@ -454,6 +454,7 @@ void MainWindow::connectSources() {
   });
   connect(sourceA_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {
     busy(-1);
+    refreshesA_ = std::max(0, refreshesA_ - 1);
     summaryA_ = s;
     statusBanner_->setSummary(s);
     inspectorBanner_->setSummary(s);
@@ -465,6 +466,11 @@ void MainWindow::connectSources() {
       load_.memoryOutdated();
     else
       loadMemory();
+    // The summary read after a live session ended (the replies come in order).
+    if (endPending_ && refreshesA_ == 0) {
+      endPending_ = false;
+      sessionEnded(s);
+    }
   });
   connect(sourceB_, &RunSource::summaryUpdated, this, [this](views::SummaryPtr s) {  // reload
     busy(-1);
@@ -514,8 +520,8 @@ void MainWindow::connectSources() {
       sourceB_->requestStep(shownStep_);
     }
     if (summaryA_) {
-      busy(1);
-      diffRunner_->start(summaryA_->path, summaryB_->path);
+      diffRaise_ = true;  // a new comparison: its diff comes to the front
+      startDiff();
     }
   });
   for (views::RunSource* src : {sourceA_, sourceB_}) {
@@ -544,6 +550,14 @@ void MainWindow::connectSources() {
     opTable_->setStep(step);
     timeline_->setStep(step);
     busy(-1);
+    // The studio moved to this step on its own (following the run, or where it ended): an op
+    // selected in another step is let go, so the inspector does not describe an op the graph
+    // and the op table do not show.
+    if (std::exchange(dropOutsideStep_, false) && !pendingSelectA_)
+      if (const auto a = selection_->current(Side::A); a && step->indexOf(*a) < 0) {
+        selection_->clear();
+        inspector_->clear();
+      }
     if (pendingSelectA_) {
       selection_->select(Side::A, *pendingSelectA_, true);
       pendingSelectA_.reset();
@@ -598,6 +612,13 @@ void MainWindow::connectSources() {
   }
   connect(diffRunner_, &views::DiffRunner::finished, this, [this](views::DiffPtr report) {
     busy(-1);
+    diffRunning_ = false;
+    shownMoves_ = askedMoves_;
+    if (std::exchange(diffAgain_, false)) startDiff();
+    // Of recordings no longer side by side (another opened meanwhile): dropped.
+    if (!summaryA_ || !summaryB_ || !sourceB_->isOpen() ||
+        diffPaths_ != std::pair(summaryA_->path, summaryB_->path))
+      return;
     diff_ = report;
     diffView_->setReport(report);
     inspector_->setDiff(report);
@@ -605,11 +626,15 @@ void MainWindow::connectSources() {
     graphB_->setDiff(report);
     graphA_->setAutomaticColorMode(views::GraphView::ColorMode::Divergence);
     graphB_->setAutomaticColorMode(views::GraphView::ColorMode::Divergence);
-    raiseBottom(diffDock_);
+    // A new comparison raises the diff; the same one made again leaves the dock the user chose.
+    if (std::exchange(diffRaise_, false)) raiseBottom(diffDock_);
+    updateDiffCurrency();
     emit diffShown();
   });
   connect(diffRunner_, &views::DiffRunner::failed, this, [this](const QString& msg) {
     busy(-1);
+    diffRunning_ = false;
+    if (std::exchange(diffAgain_, false)) startDiff();
     diffView_->showFailure(msg);
     showError("Cannot compare the recordings", msg);
   });
@@ -625,34 +650,46 @@ void MainWindow::connectSession() {
   connect(session_, &Session::stateChanged, this, [this](Session::State s) {
     // Running again: the "Paused after op ..." message is stale.
     if (s == Session::State::Running || s == Session::State::Stepping) statusBar()->clearMessage();
+    // The recording changes from here: a comparison with it is out of date, and is made again
+    // when the run holds still (Note [A live comparison]).
+    if (s == Session::State::Running || s == Session::State::Stepping ||
+        s == Session::State::Stopping)
+      ++liveMoves_;
+    if (s == Session::State::Paused && (diffRunning_ ? askedMoves_ : shownMoves_) != liveMoves_)
+      startDiff();
     updateActions();
     updateStatus();
+    updateDiffCurrency();
   });
   connect(session_, &Session::started, this, [this](const QString& path) {
     headStep_ = followedStep_ = 0;
     followed_.invalidate();
+    livePos_ = "before step 1";
+    endPending_ = false;
     openRecording(path, /*verify=*/false);
   });
   connect(session_, &Session::stepFinished, this, [this](qint64 step, double) {
-    busy(1);
-    sourceA_->refresh();
+    refreshA();
+    livePos_ = QString("after step %1").arg(step);
     stepSpin_->setMaximum(int(std::max<qint64>(step, stepSpin_->maximum())));
     // Follow the run: after every step when it is not racing; while it runs, at most once a
     // second, and only while the step shown is the latest (it stayed on step 0; a step the user
     // went back to is left alone).
     const bool running = session_->state() == Session::State::Running;
     headStep_ = step;
+    updateDiffCurrency();
     if (!running || (followingRun() && (!followed_.isValid() || followed_.elapsed() >= 1000))) {
       followed_.start();
-      followedStep_ = step;
-      showStep(step);  // the Step box follows
+      followTo(step);  // the Step box follows
     }
   });
   connect(session_, &Session::pausedAt, this, [this](quint64 seq, qint64 step, const QString& why) {
     statusBar()->showMessage(
         QString("Paused after op #%1 (step %2): %3").arg(seq).arg(step).arg(why));
-    busy(1);
-    sourceA_->refresh();
+    // Inside a step, or after its last op (a step-level breakpoint: stepFinished came first).
+    if (step > headStep_) livePos_ = QString("at op #%1 in step %2").arg(seq).arg(step);
+    updateDiffCurrency();
+    refreshA();
     pendingSelectA_ = seq;
     stepSpin_->setMaximum(int(std::max<qint64>(step, stepSpin_->maximum())));
     showStep(step);  // the Step box follows
@@ -678,8 +715,7 @@ void MainWindow::connectSession() {
       } else if (open) {
         failedSeq_ = seq;
         failedShown_ = false;
-        busy(1);
-        sourceA_->refresh();
+        refreshA();
         busy(1);
         sourceA_->requestLogs();
         busy(1);
@@ -687,28 +723,136 @@ void MainWindow::connectSession() {
       }
     }
     showError("Session failed", text);
+    startDiff();  // the run's end, as its recording now says (Note [A live comparison])
   });
   connect(session_, &Session::finished, this, [this] {
-    // The last step, where the view was following (the throttle may have skipped it).
-    if (followingRun() && headStep_ > shownStep_) {
-      followedStep_ = headStep_;
-      showStep(headStep_);
-    }
-    if (session_->state() == Session::State::Finished)
-      statusBar()->showMessage("Session finished: " + session_->recordingPath(), 8000);
-    else  // stopped: it said "finished" after 10 of 20 steps
-      statusBar()->showMessage(QString("Session stopped after %1 of %2 steps: %3")
-                                   .arg(session_->stepsDone())
-                                   .arg(session_->totalSteps())
-                                   .arg(session_->recordingPath()));
+    // Where it ended and the status line wait for the summary read now (sessionEnded): what
+    // the recording holds, the step the run stopped in and its first NaN/Inf included.
     if (sourceA_->isOpen()) {
-      busy(1);
-      sourceA_->refresh();
+      refreshA();
+      endPending_ = true;
       busy(1);
       sourceA_->requestLogs();
+    } else {
+      statusBar()->showMessage("Session ended: " + session_->recordingPath(), 8000);
     }
+    startDiff();  // the finished recording, compared again (Note [A live comparison])
     addRecent(session_->recordingPath());
   });
+}
+
+// Note [Where a live session ends]
+// A session that ran to its end shows what a replay of its recording opens at: its first NaN/Inf
+// op, selected, in its step (a run that went NaN ended on a step of red ops with nothing
+// selected, while the same file reopened showed where it went wrong), else its last step. That
+// is where the view was following the run to; a step or an op the user picked (or the op a
+// breakpoint paused at, selected, where a Stop ended it) stays, with its step. `--step N` asks
+// for a step instead. The status line says where the recording ends: "stopped in step 7 of 10
+// (6 complete)" for a run stopped inside a step, whose ops the file keeps.
+void MainWindow::sessionEnded(const views::SummaryPtr& s) {
+  int64_t done = 0;  // the last complete step
+  for (const storage::StepRecord& st : s->steps)
+    if (st.endNs > 0) done = st.step;
+  const int64_t total = session_->totalSteps();
+  const QString path = session_->recordingPath();
+  if (session_->state() == Session::State::Finished)
+    statusBar()->showMessage("Session finished: " + path, 8000);
+  else if (s->incompleteStep > 0)
+    statusBar()->showMessage(QString("Session stopped in step %1 of %2 (%3 complete): %4")
+                                 .arg(s->incompleteStep)
+                                 .arg(total)
+                                 .arg(done)
+                                 .arg(path));
+  else if (done > 0)
+    statusBar()->showMessage(
+        QString("Session stopped after step %1 of %2: %3").arg(done).arg(total).arg(path));
+  else
+    statusBar()->showMessage(
+        QString("Session stopped before step 1 of %1: %2").arg(total).arg(path));
+  if (stepWhenEnded_) {
+    followTo(*std::exchange(stepWhenEnded_, std::nullopt));
+  } else if (!followingRun()) {
+    // The user's step or op, or the op the run paused at: left as it is.
+  } else if (s->firstNonFinite) {
+    followedStep_ = s->firstNonFinite->step;
+    selectOpInStep(s->firstNonFinite->seq, s->firstNonFinite->step);
+  } else if (headStep_ > shownStep_) {
+    followTo(headStep_);  // the last step (the follow throttle may have skipped it)
+  }
+}
+
+void MainWindow::refreshA() {
+  ++refreshesA_;
+  busy(1);
+  sourceA_->refresh();
+}
+
+void MainWindow::followTo(int64_t step) {
+  followedStep_ = step;
+  showStep(step);
+  dropOutsideStep_ = true;
+}
+
+// Note [A live comparison]
+// A comparison whose run A is a live session follows it: the diff is made again whenever the run
+// holds still — paused (Pause, a breakpoint, the end of a Step), finished, stopped or failed — and
+// on File > Reload. While it runs, the diff shown is of a state the run has left, and its header
+// says so first ("OUT OF DATE: this comparison covers A's live run up to op #41 (step 0); the
+// run has moved on (now running step 3) ..."), as does the status bar. It is not redone while the
+// run moves, even at the other views' once a second: a diff reads both recordings whole, so its
+// cost grows with the run (`keel diff` of two 10-step gpt-mini recordings with MD5s and
+// statistics: 0.16 s on a 2-core VM, so about 1.6 s by step 1000, past the period: a core taken
+// from the training for good); and a verdict about a run moving under it, its current step half
+// written, is stale before it can be read. Where the run holds still the diff is read, and there
+// it is current. One diff at a time: one asked for while another is in flight is made when that
+// one lands.
+void MainWindow::startDiff() {
+  if (!summaryA_ || !summaryB_ || !sourceB_->isOpen()) return;
+  if (diffRunning_) {
+    diffAgain_ = true;
+    updateDiffCurrency();
+    return;
+  }
+  diffRunning_ = true;
+  askedMoves_ = liveMoves_;
+  diffPaths_ = {summaryA_->path, summaryB_->path};
+  busy(1);
+  diffRunner_->start(diffPaths_.first, diffPaths_.second);
+  updateDiffCurrency();
+}
+
+bool MainWindow::comparisonOutOfDate() const {
+  if (!diff_ || !live_) return false;
+  const Session::State st = session_->state();
+  const bool moving = st == Session::State::Running || st == Session::State::Stepping ||
+                      st == Session::State::Stopping;
+  return moving || shownMoves_ != liveMoves_;
+}
+
+void MainWindow::updateDiffCurrency() {
+  QString note;
+  if (comparisonOutOfDate()) {
+    const Session::State st = session_->state();
+    const bool moving = st == Session::State::Running || st == Session::State::Stepping ||
+                        st == Session::State::Stopping;
+    // What the diff covers of A: up to its last op of A (the run wrote on while it read).
+    const storage::OpPair* last = nullptr;
+    for (const storage::OpPair& p : diff_->pairs)
+      if (p.inA && (!last || p.seqA > last->seqA)) last = &p;
+    note = last ? QString("this comparison covers A's live run up to op #%1 (step %2)")
+                      .arg(last->seqA)
+                      .arg(last->step)
+                : QString("this comparison was made before A's live run recorded an op");
+    const QString now =
+        st == Session::State::Stopping ? QString("stopping")
+        : moving ? QString("running step %1").arg(std::min(headStep_ + 1, session_->totalSteps()))
+                 : livePos_;
+    note += QString("; the run has moved on (now %1)").arg(now.isEmpty() ? "later" : now);
+    note += moving ? " and is compared again when it pauses or finishes."
+                   : " and is being compared again…";
+  }
+  diffView_->setOutOfDate(note);
+  updateStatus();
 }
 
 void MainWindow::openRecording(const QString& path, bool verify) {
@@ -798,6 +942,7 @@ void MainWindow::clearForOpened() {
   statusBanner_->setSummary(nullptr);
   inspectorBanner_->setSummary(nullptr);
   diffView_->clear();
+  diffView_->setOutOfDate({});
   inspector_->clear();
   selection_->clear();
   memoryView_->clear();
@@ -841,16 +986,20 @@ QString MainWindow::runStatusText() const {
 bool MainWindow::followingRun() const {
   // At the head: the step the view last followed to (or none yet); a step the user went to is
   // left alone.
-  return shownStep_ <= 0 || shownStep_ == followedStep_;
+  // An op selected holds the view on its step too: following the run would leave the inspector
+  // describing an op of a step the graph no longer shows.
+  return (shownStep_ <= 0 || shownStep_ == followedStep_) && !selection_->current(Side::A) &&
+         !selection_->current(Side::B);
 }
 
 void MainWindow::reload() {
-  for (views::RunSource* src : {sourceA_, sourceB_}) {
-    if (!src->isOpen()) continue;
+  if (sourceA_->isOpen()) refreshA();  // -> summaryUpdated: the steps and losses written since
+  if (sourceB_->isOpen()) {
     busy(1);
-    src->refresh();  // -> summaryUpdated: the steps and losses written since
+    sourceB_->refresh();
   }
   if (sourceA_->isOpen() && shownStep_ >= 0) showStep(shownStep_);
+  startDiff();  // the comparison, of what the files hold now
 }
 
 void MainWindow::startSession(const SessionConfig& config) {
@@ -861,6 +1010,7 @@ void MainWindow::startSession(const SessionConfig& config) {
 void MainWindow::showStep(int64_t step) {
   if (!sourceA_->isOpen()) return;
   shownStep_ = step;
+  dropOutsideStep_ = false;
   ++stepsShown_;
   memoryView_->showStep(step);  // the memory cursor follows the step shown
   if (stepSpin_->value() != step) {
@@ -917,6 +1067,8 @@ void MainWindow::updateStatus() {
                   .arg(views::recordingName(summaryB_->path),
                        QString::fromStdString(summaryB_->run.backend))
                   .toHtmlEscaped();
+    if (summaryB_ && comparisonOutOfDate())  // Note [A live comparison]
+      text += "  ·  <span style='color:#c62828'>comparison out of date</span>";
   }
   if (!text.isEmpty()) statusRun_->setText(text);
   const Session::State s = session_->state();

@@ -68,6 +68,11 @@ class MainWindow : public QMainWindow {
   // The step to show when the next recording opens (instead of its first step, or a live
   // recording's last); used once.
   void showStepOnOpen(int64_t step) { stepOnOpen_ = step; }
+  // The step to show when the next live session ends (instead of where it ended: its first
+  // NaN/Inf op, or its last step); used once. See Note [Where a live session ends].
+  void showStepWhenSessionEnds(int64_t step) { stepWhenEnded_ = step; }
+  // The diff shown is of a state the live run A has left (Note [A live comparison]).
+  bool comparisonOutOfDate() const;
 
   // Calls fn once nothing is loading (summary, step, op, logs, diff, graph layout): the
   // screenshot mode and the tests use it.
@@ -220,8 +225,29 @@ class MainWindow : public QMainWindow {
   int64_t headStep_ = 0;                      // a live session's latest step
   int64_t followedStep_ = 0;                  // the step the view last followed it to
   bool followingRun() const;
-  QElapsedTimer followed_;                  // since the view last followed a running session
-  bool pendingLive_ = false;                // the open in flight is a live session's
+  // Shows `step` as the run's own move (following it, or where it ended): a selected op of
+  // another step is let go when the step arrives, so the inspector never shows an op of a step
+  // the graph does not.
+  void followTo(int64_t step);
+  bool dropOutsideStep_ = false;  // the step on its way was followTo's
+  // The end of a live session, once the summary read after it has landed: the status line and
+  // the step it shows (Note [Where a live session ends]).
+  void sessionEnded(const views::SummaryPtr& s);
+  void refreshA();                        // sourceA_->refresh(), counted in refreshesA_
+  int refreshesA_ = 0;                    // side A's summary refreshes not yet answered
+  bool endPending_ = false;               // sessionEnded waits for refreshesA_ to reach 0
+  std::optional<int64_t> stepWhenEnded_;  // showStepWhenSessionEnds
+  // A comparison with a live run A (Note [A live comparison]).
+  void startDiff();           // diffs A with B now, or again once the diff in flight lands
+  void updateDiffCurrency();  // says in the diff view (and status bar) whether the diff is current
+  bool diffRunning_ = false, diffAgain_ = false;
+  bool diffRaise_ = false;                    // the next diff is a new comparison's: raise its dock
+  std::pair<QString, QString> diffPaths_;     // the recordings the diff in flight reads
+  uint64_t liveMoves_ = 0;                    // the live run started to move (run, step, stop)
+  uint64_t askedMoves_ = 0, shownMoves_ = 0;  // liveMoves_ when the diff asked / shown was asked
+  QString livePos_;           // where the live run is ("after step 3", "at op #412 in step 4")
+  QElapsedTimer followed_;    // since the view last followed a running session
+  bool pendingLive_ = false;  // the open in flight is a live session's
   QString pendingRecent_, pendingRecentB_;  // listed in Open recent once they open
   LoadState load_;  // outstanding loads, the Ranks panel's and the memory view's load
   std::vector<std::function<void()>> idleWaiters_;

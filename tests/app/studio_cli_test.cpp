@@ -148,6 +148,39 @@ class StudioCliTest : public QObject {
     QVERIFY2(savedLine(r).contains("step 1 shown"), qPrintable(diag(r)));
   }
 
+  // Note [Where a live session ends]: a session that went NaN ends where a replay of its
+  // recording opens, its first NaN/Inf op selected in its step (it showed its last step, all red,
+  // nothing selected); --step still picks the step.
+  void aSessionThatWentNaNEndsAtItsFirstNaNSelected() {
+    const QString out = dir_ + "/nan-live.db";
+    const QStringList nan = {"KEEL_TEST_PERTURB=matmul:20:nan"};  // a backward matmul of step 1
+    Result r = studio({"--session", kTiny, "--run", "--steps", "2", "--output", out, "--screenshot",
+                       dir_ + "/nan-live.png"},
+                      nan);
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    storage::Recording rec = storage::Recording::open(out.toStdString());
+    const auto bad = rec.firstNonFinite();
+    QVERIFY(bad);
+    QCOMPARE(bad->step, int64_t(1));
+    const QString line = savedLine(r);
+    QVERIFY2(line.contains(QString("step %1 shown").arg(bad->step)) &&
+                 line.contains(QString("selected #%1").arg(bad->seq)),
+             qPrintable(diag(r)));
+    // The same file reopened: the same step and op.
+    const Result again = studio({out, "--screenshot", dir_ + "/nan-reopened.png"});
+    QVERIFY2(again.code == 0, qPrintable(diag(again)));
+    QVERIFY2(savedLine(again).contains(QString("step %1 shown").arg(bad->step)) &&
+                 savedLine(again).contains(QString("selected #%1").arg(bad->seq)),
+             qPrintable(diag(again)));
+    // --step 2: step 2, and no op of step 1 selected with it.
+    r = studio({"--session", kTiny, "--run", "--steps", "2", "--step", "2", "--output",
+                dir_ + "/nan-step2.db", "--screenshot", dir_ + "/nan-step2.png"},
+               nan);
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).contains("step 2 shown") && !savedLine(r).contains("selected #"),
+             qPrintable(diag(r)));
+  }
+
   // A --step-range recording opens at the range's first step: it opened on step 1, which it
   // has the loss of but no ops ("nothing to draw", as if it held allocator events only).
   void aStepRangeRecordingOpensAtItsFirstRecordedStep() {

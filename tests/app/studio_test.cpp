@@ -19,6 +19,7 @@
 #include <QSettings>
 #include <QSignalSpy>
 #include <QStandardPaths>
+#include <QStatusBar>
 #include <QTabBar>
 #include <QTableView>
 #include <QTextEdit>
@@ -29,11 +30,13 @@
 #include <cstdlib>
 
 #include "dialogs.h"
+#include "keel/storage/diff.h"
 #include "keel/storage/reader.h"
 #include "keel/views/diff_view.h"
 #include "keel/views/graph_view.h"
 #include "keel/views/inspector.h"
 #include "keel/views/nonfinite_banner.h"
+#include "keel/views/run_source.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
 #include "studio_test_util.h"
@@ -573,6 +576,125 @@ class StudioTest : public QObject {
           l.step == heldStep)
         ++lines;
     QCOMPARE(lines, 1);
+  }
+
+  // Note [A live comparison]: a comparison made while the session is paused before step 1 (A
+  // holds step 0 only) says it is out of date as soon as the run moves, and is made again when
+  // the run finishes and on Reload. It kept the verdict of step 0 to the end ("EQUAL WITHIN
+  // TOLERANCE", "A has 0 steps") for a run that diverged at its 5th matmul.
+  void aComparisonWithALiveSessionFollowsIt() {
+    MainWindow w;
+    w.show();
+    studio::SessionConfig c = studio::test::tinySession(2, 7, dir_ + "/live-cmp.db");
+    c.capture.md5 = c.capture.stats = true;
+    Session* s = w.session();
+    w.startSession(c);
+    QVERIFY(QTest::qWaitFor([&] { return s->state() == Session::State::Paused; }, 30000));
+    QVERIFY(QTest::qWaitFor([&] { return w.summary(Side::A) != nullptr; }, 30000));
+    QSignalSpy diffed(&w, &MainWindow::diffShown);
+    w.compareWith(dir_ + "/b.db");
+    QVERIFY(QTest::qWaitFor([&] { return diffed.count() >= 1; }, 60000));
+    QVERIFY(waitIdle(w));
+    auto* diff = w.diffView();
+    QVERIFY2(!diff->summaryText().contains("OUT OF DATE"), qPrintable(diff->summaryText()));
+    QVERIFY(!w.comparisonOutOfDate());
+
+    QSignalSpy finished(s, &Session::finished);
+    s->run();  // the recording changes from here: the step-0 verdict says it is out of date
+    QVERIFY(w.comparisonOutOfDate());
+    QVERIFY2(
+        diff->summaryText().contains("OUT OF DATE") && diff->summaryText().contains("(step 0)"),
+        qPrintable(diff->summaryText()));
+    QVERIFY(w.runStatusText().contains("comparison out of date"));
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    QVERIFY(QTest::qWaitFor([&] { return !w.comparisonOutOfDate(); }, 60000));
+    QVERIFY(waitIdle(w));
+
+    // What `keel diff` says of the finished recordings.
+    const views::DiffPtr truth = views::DiffRunner::run(c.output, dir_ + "/b.db");
+    QCOMPARE(storage::diffVerdict(*truth), storage::DiffVerdict::Diverged);
+    QVERIFY(truth->first);
+    const views::DiffPtr shown = w.diffReport();
+    QVERIFY(shown && shown->first);
+    QCOMPARE(shown->first->pair.seqA, truth->first->pair.seqA);
+    QCOMPARE(shown->total.onlyInA + shown->total.onlyInB,
+             truth->total.onlyInA + truth->total.onlyInB);
+    const QString text = diff->summaryText();
+    QVERIFY2(text.contains("DIVERGED") && !text.contains("OUT OF DATE") &&
+                 !text.contains("A has 0 steps") && !text.contains("did not finish"),
+             qPrintable(text));
+    QVERIFY(!w.runStatusText().contains("comparison out of date"));
+
+    // File > Reload compares again.
+    QSignalSpy again(&w, &MainWindow::diffShown);
+    w.reload();
+    QVERIFY(QTest::qWaitFor([&] { return again.count() >= 1; }, 60000));
+    QVERIFY(waitIdle(w));
+    QVERIFY(!diff->summaryText().contains("OUT OF DATE"));
+  }
+
+  // Note [Where a live session ends]: what the window shows after Step, and after Stop inside a
+  // step, agrees with itself: the step shown holds the op selected (an op of step 1 stayed in
+  // the inspector with step 2 shown), and the status line says the file holds part of the step
+  // it stopped in ("stopped after 2 of 3 steps" for a file holding ops of step 3).
+  void theStepShownHoldsTheOpSelectedAfterStepAndStop() {
+    MainWindow w;
+    w.show();
+    const studio::SessionConfig c = studio::test::tinySession(3, 2, dir_ + "/live-stop.db");
+    Session* s = w.session();
+    studio::Breakpoints b;
+    b.add("op:flashmask_attention");
+    s->setBreakpoints(b);
+    QSignalSpy paused(s, &Session::pausedAt);
+    QVERIFY(studio::test::startAndRun(w, c));
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 1; }, 60000));
+    const quint64 first = paused.first().at(0).toULongLong();
+    QCOMPARE(paused.first().at(1).toLongLong(), qint64(1));
+    QVERIFY(QTest::qWaitFor([&] { return w.selection()->current(Side::A) == first; }, 10000));
+    QVERIFY(waitIdle(w));
+
+    s->setBreakpoints({});
+    // The rest of step 1: the op paused at is in the step shown, and stays selected.
+    QSignalSpy stepped(s, &Session::stepFinished);
+    s->step();
+    QVERIFY(QTest::qWaitFor(
+        [&] { return stepped.count() >= 1 && s->state() == Session::State::Paused; }, 60000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(1));
+    QCOMPARE(w.selection()->current(Side::A), std::optional<uint64_t>(first));
+    // Step 2: the op of step 1 is let go.
+    s->step();
+    QVERIFY(QTest::qWaitFor(
+        [&] { return stepped.count() >= 2 && s->state() == Session::State::Paused; }, 60000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(2));
+    const auto selected = w.selection()->current(Side::A);
+    QVERIFY2(!selected || w.currentStep()->indexOf(*selected) >= 0,
+             qPrintable(QString("#%1 selected, not in step 2").arg(selected.value_or(0))));
+
+    // Paused inside step 3, then stopped: step 3 shown with the op it paused at.
+    b.add("op:flashmask_attention");
+    s->setBreakpoints(b);
+    s->run();
+    QVERIFY(QTest::qWaitFor([&] { return paused.count() >= 2; }, 60000));
+    const quint64 last = paused.last().at(0).toULongLong();
+    QCOMPARE(paused.last().at(1).toLongLong(), qint64(3));
+    QSignalSpy finished(s, &Session::finished);
+    s->stop();
+    QVERIFY(QTest::qWaitFor([&] { return finished.count() >= 1; }, 60000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(3));
+    QCOMPARE(w.selection()->current(Side::A), std::optional<uint64_t>(last));
+    QVERIFY(w.currentStep()->indexOf(last) >= 0);
+    storage::Recording rec = storage::Recording::open(c.output.toStdString());
+    const auto steps = rec.steps();  // step 3 begun, not ended
+    QCOMPARE(int(steps.size()), 3);
+    QVERIFY(steps[1].endNs > 0);
+    QCOMPARE(steps[2].endNs, int64_t(0));
+    QVERIFY(!rec.stepOps(3).empty());
+    const QString said = w.statusBar()->currentMessage();
+    QVERIFY2(said == "Session stopped in step 3 of 3 (2 complete): " + c.output,
+             qPrintable(said + " (last error: " + w.lastError() + ")"));
   }
 
   // A file that cannot be opened changes nothing else: the recording shown keeps its selection,

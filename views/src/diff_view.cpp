@@ -381,6 +381,15 @@ void DiffView::setReport(DiffPtr report) {
   // goes to them before the detail column.
   fitColumns(table_, {int(DiffModel::Scope), int(DiffModel::Name)}, 20);
   syncing_ = false;
+  // A report made again (a live run compared anew) keeps the selected pair's row current.
+  if (selection_)
+    if (const auto seq = selection_->current(Side::A)) onSelected(Side::A, *seq);
+  updateSummary();
+}
+
+void DiffView::setOutOfDate(const QString& note) {
+  if (note == outOfDate_) return;
+  outOfDate_ = note;
   updateSummary();
 }
 
@@ -427,6 +436,11 @@ void DiffView::updateSummary() {
   const auto& t = r->total;
   const storage::DiffVerdict v = storage::diffVerdict(*r);
   const int64_t unmatched = t.onlyInA + t.onlyInB;
+  // First, before the verdict: a verdict about a state run A has left must say so.
+  const QString outOfDate = outOfDate_.isEmpty()
+                                ? QString()
+                                : QStringLiteral("<b style='color:#c62828'>%1</b> %2<br>")
+                                      .arg(tr("OUT OF DATE:"), outOfDate_.toHtmlEscaped());
   QString verdict;
   if (v == storage::DiffVerdict::Diverged)
     verdict = QStringLiteral("<b style='color:#b00020'>%1</b>").arg(tr("DIVERGED"));
@@ -436,7 +450,7 @@ void DiffView::updateSummary() {
     verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("EQUAL WITHIN TOLERANCE"));
   else
     verdict = QStringLiteral("<b style='color:#1e7b34'>%1</b>").arg(tr("IDENTICAL"));
-  QString text = tr("%1 &nbsp; %L2 equal · ").arg(verdict).arg(t.equal);
+  QString text = outOfDate + tr("%1 &nbsp; %L2 equal · ").arg(verdict).arg(t.equal);
   if (t.notCompared > 0) text += tr("%L1 not compared · ").arg(t.notCompared);
   text += tr("%L1 within tolerance · %L2 diverged · %L3 unmatched")
               .arg(t.withinTolerance)

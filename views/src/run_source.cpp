@@ -39,6 +39,8 @@ SummaryPtr loadSummary(const storage::Recording& rec, const QString& path) {
   first.limit = 1;
   first.withTensors = false;
   if (const auto ops = rec.ops(first); !ops.empty()) s->firstOpStep = ops.front().step;
+  // A step's row is written when it begins, its end time when it ends.
+  if (!s->steps.empty() && s->steps.back().endNs == 0) s->incompleteStep = s->steps.back().step;
   if (auto bad = rec.firstNonFinite()) {
     s->firstNonFiniteSeq = bad->seq;
     s->firstNonFinite = std::move(bad);

@@ -94,6 +94,12 @@ class DiffView : public QWidget {
   // ("No comparison. Open a second recording" read as if none had been asked for).
   void showFailure(const QString& message);
   void setMismatchesOnly(bool on);  // the checkbox follows
+  // The report no longer describes run A as it is now (a live session that has run on since it
+  // was compared): `note` says so on the summary's first line, before the verdict; "" for a
+  // report that is current. setReport and clear keep it; the caller says when it is current
+  // again. See Note [A live comparison] in app/studio/main_window.cpp.
+  void setOutOfDate(const QString& note);
+  QString outOfDateNote() const { return outOfDate_; }
 
   DiffModel* model() const { return model_; }
   DiffFilterProxy* proxy() const { return proxy_; }
@@ -101,7 +107,8 @@ class DiffView : public QWidget {
   QString summaryText() const;
 
  private:
-  QString failure_;  // showFailure's message; cleared by setReport
+  QString failure_;    // showFailure's message; cleared by setReport
+  QString outOfDate_;  // setOutOfDate's note
   void onSelected(Side side, quint64 seq);
   void selectRow(const QModelIndex& proxyIndex);
   void updateSummary();

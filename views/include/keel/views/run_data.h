@@ -44,6 +44,9 @@ struct RunSummary {
   // The step of the first op recorded (-1: none); a --step-range recording's steps start before
   // it (every step's loss is recorded, its ops only inside the range).
   int64_t firstOpStep = -1;
+  // The last step when it has begun and not ended (its row has no end time): the run stopped,
+  // failed or is paused (or still running) inside it; -1 when there is none.
+  int64_t incompleteStep = -1;
   std::optional<uint64_t> firstNonFiniteSeq;
   std::optional<storage::OpRecord> firstNonFinite;  // that op, with its tensors
 };
