@@ -85,6 +85,11 @@ struct Options {
                             "data directory, sessions/).",
                             "run.db"};
   QCommandLineOption run{"run", "Start running the live session at once (else it waits, paused)."};
+  QCommandLineOption breakOn{"break-on",
+                             "Live session breakpoint, as keel record --break-on: nan, op:NAME, "
+                             "scope:S, step:N, grad-norm>X, loss>K*mean, md5-ref:REF.db, each "
+                             "optionally @N (the Nth hit); repeatable.",
+                             "item"};
 
   void addTo(QCommandLineParser& p) {
     p.setApplicationDescription(
@@ -97,7 +102,7 @@ struct Options {
     p.addVersionOption();
     p.addPositionalArgument("recording", "Recording to open (.db).", "[run.db]");
     p.addOptions({compare, step, rank, firstDiv, selectOp, shot, viewsDir, size, show, session,
-                  backend, steps, seed, output, run});
+                  backend, steps, seed, output, run, breakOn});
   }
 };
 
@@ -273,13 +278,13 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
     return std::nullopt;
   };
   const bool sessionOnly[] = {cli.isSet(o.backend), cli.isSet(o.steps), cli.isSet(o.seed),
-                              cli.isSet(o.output), cli.isSet(o.run)};
+                              cli.isSet(o.output),  cli.isSet(o.run),   cli.isSet(o.breakOn)};
   if (!cli.isSet(o.session)) {
     for (bool set : sessionOnly)
       if (set)
         return error(
-            "--backend, --steps, --seed, --output and --run belong to a live session: add "
-            "--session config.json");
+            "--backend, --steps, --seed, --output, --run and --break-on belong to a live "
+            "session: add --session config.json");
     if (auto why = shotRefused({}, {})) return error(*why);
     return out;
   }
@@ -317,6 +322,21 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   if (!ok || cli.value(o.seed).startsWith('+'))
     return error("--seed: " +
                  QString::fromStdString(keel::notASeed(cli.value(o.seed).toStdString())));
+  // Breakpoints, checked as the Breakpoints dialog checks them (an md5-ref reference opens and
+  // holds MD5s; a step past the session could never pause it).
+  for (const QString& item : cli.values(o.breakOn)) {
+    Breakpoints one;
+    one.add(item);
+    if (const QString why = one.error(); !why.isEmpty()) return error("--break-on: " + why);
+    const keel::capture::BreakCondition c =
+        keel::capture::BreakCondition::parse(item.trimmed().toStdString());
+    if (c.kind == keel::capture::BreakCondition::Kind::Step && c.value > double(s.steps))
+      return error(QString("--break-on %1 lies past the session's %2 step%3 (--steps)")
+                       .arg(item)
+                       .arg(s.steps)
+                       .arg(s.steps == 1 ? "" : "s"));
+    out.breaks.add(item);
+  }
   // --step and --select-op name what a run shows: a session shows them only once it has run.
   if (out.step >= 0 && !cli.isSet(o.run))
     return error("--step with --session needs --run (the session pauses before step 1)");

@@ -32,7 +32,8 @@ struct StudioCommandLine {
   QString show;                      // bottom dock view to raise (one of kStudioViews; "" ops)
   // A live session (--session): configPath set; output "" means the default session path.
   std::optional<SessionConfig> session;
-  bool run = false;  // start the session running at once
+  bool run = false;    // start the session running at once
+  Breakpoints breaks;  // --break-on: the session's breakpoints from its start
 };
 
 // The bottom dock's views, by --show name (MainWindow::showView).

@@ -206,6 +206,18 @@ int main(int argc, char** argv) {
     if (cli.step >= 0) win.showStepWhenSessionEnds(cli.step);
     QObject::connect(win.session(), &Session::finished, &win, [&] { settle(); });
     QObject::connect(win.session(), &Session::failed, &win, [&] { settle(); });
+    // A pause at a breakpoint (--break-on) is said in a line a script can read, and is what a
+    // --screenshot pictures (it would wait for the end of a run that waits for the user).
+    QObject::connect(win.session(), &Session::pausedAt, &win,
+                     [&](quint64 seq, qint64 step, const QString& reason) {
+                       if (reason == "paused") return;  // Pause, asked for in the window
+                       std::printf("keel-studio: paused at op #%llu (step %lld): %s\n",
+                                   static_cast<unsigned long long>(seq),
+                                   static_cast<long long>(step), qPrintable(reason));
+                       std::fflush(stdout);
+                       if (screenshot) settle();
+                     });
+    if (!cli.breaks.list.empty()) win.session()->setBreakpoints(cli.breaks);
     win.startSession(*session);
   }
   if (!cli.recording.isEmpty()) {

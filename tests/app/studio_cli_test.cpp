@@ -334,6 +334,10 @@ class StudioCliTest : public QObject {
         {{"--session", kTiny, "--output", dir_},
          "--output: " + dir_ + " is a directory; expected a recording file name"},
         {{"--session", kTiny, "--output", ""}, "--output: expected a recording file name"},
+        {{"--session", kTiny, "--steps", "2", "--break-on", "step:9"},
+         "--break-on step:9 lies past the session's 2 steps (--steps)"},
+        {{"--session", kTiny, "--break-on", "bogus"}, "--break-on: "},
+        {{a, "--break-on", "nan"}, "--break-on belong to a live session"},
         {{"--session", kTiny, "--output", "/dev/null"}, "not a regular file"},
         // A recording replaces only a recording.
         {{"--session", kTiny, "--output", dir_ + "/notes.txt"},
@@ -512,6 +516,27 @@ class StudioCliTest : public QObject {
                QString("stopped: interrupted (%1)").arg(sig == SIGINT ? "SIGINT" : "SIGTERM"));
       QVERIFY(!QFileInfo::exists(dir_ + QString("/.signal-%1.db.lock").arg(sig)));
     }
+  }
+
+  // --break-on gives a session its breakpoints from the start (a studio session could not pause
+  // on a NaN without the dialog): the pause is said in a line, and a --screenshot pictures it
+  // with the op selected.
+  void breakOnPausesTheSessionAndSaysWhere() {
+    const QString out = dir_ + "/break-on.db", shot = dir_ + "/break-on.png";
+    const Result r = studio({"--session", kTiny, "--run", "--steps", "3", "--break-on", "nan",
+                             "--output", out, "--screenshot", shot, "--size", "1000x700"},
+                            {"KEEL_TEST_PERTURB=matmul:20:nan"});
+    QVERIFY2(r.code == 0, qPrintable(diag(r)));
+    storage::Recording rec = storage::Recording::open(out.toStdString());
+    const auto bad = rec.firstNonFinite();
+    QVERIFY(bad.has_value());
+    QVERIFY2(r.out.contains(QString("keel-studio: paused at op #%1 (step %2): breakpoint: first "
+                                    "NaN/Inf")
+                                .arg(bad->seq)
+                                .arg(bad->step)),
+             qPrintable(diag(r)));
+    QVERIFY2(savedLine(r).contains(QString("selected #%1").arg(bad->seq)), qPrintable(diag(r)));
+    QVERIFY(QFileInfo(shot).size() > 0);
   }
 
   // A recording being written by another process (keel record): the studio opens the steps
