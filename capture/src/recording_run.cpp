@@ -324,9 +324,13 @@ std::string BreakConditions::nonFiniteReason(const OpEvent& e) {
 std::string BreakConditions::referenceReason(State& st, const OpEvent& e) {
   const uint64_t refSeq = e.seq - liveBase_ + st.referenceBase;
   std::optional<storage::OpRecord> ref = st.reference->op(refSeq);
-  if (!ref) {
-    return "breakpoint: op #" + std::to_string(e.seq) + " (" + e.op->name +
-           ") is not in the reference recording";
+  if (!ref) {  // past its end, as a rule: the run goes on longer than the reference did
+    const auto steps = st.reference->steps();
+    return "breakpoint: the reference recording ends before op #" + std::to_string(e.seq) + " (" +
+           e.op->name + "): it holds " + std::to_string(st.reference->opCount()) + " ops" +
+           (steps.empty() ? std::string()
+                          : ", to the end of step " + std::to_string(steps.back().step)) +
+           " (record a longer reference to compare further)";
   }
   if (ref->name != e.op->name) {
     return "breakpoint: op #" + std::to_string(e.seq) + " is " + e.op->name + " here but " +

@@ -269,6 +269,28 @@ TEST_F(BreakOn, Md5RefStopsAtTheFirstDivergence) {
       << r.out;
 }
 
+// A run longer than its reference stops where the reference ends, saying so (it said "op #N
+// (arange) is not in the reference recording").
+TEST_F(BreakOn, Md5RefPastTheReferencesEndSaysTheReferenceEnds) {
+  ASSERT_EQ(keel("record --config tests/fixtures/gpt-tiny.json --steps 1 --seed 4 --md5 -o '" +
+                 path("short.db") + "'")
+                .status,
+            0);
+  keel::storage::Recording shortRef = keel::storage::Recording::open(path("short.db"));
+  const uint64_t ops = uint64_t(shortRef.opCount());
+  CliResult r = record("long.db", "--break-on md5-ref:'" + path("short.db") + "'");
+  ASSERT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(stopLine(r).find("breakpoint: the reference recording ends before op #" +
+                             std::to_string(ops + 1) + " ("),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(stopLine(r).find("): it holds " + std::to_string(ops) +
+                             " ops, to the end of step 1 (record a longer reference to compare "
+                             "further)"),
+            std::string::npos)
+      << r.out;
+}
+
 // A reference recorded with another seed differs at the first random op of initialisation:
 // a warning says so up front, and the stop there is a stop like any other (exit 1, the recording
 // kept, the line naming step 0) -- it was a one-line error that still replaced the output.
