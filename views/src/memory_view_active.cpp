@@ -258,11 +258,11 @@ void MemoryView::Impl::syncActive() {
   activeCaption->setText(
       n == 0 ? QString()
              : (first == 0 && last == n - 1
-                    ? tr("<b>Active memory</b>: every live allocation a band, oldest at the "
-                         "bottom, coloured by op · Shift+drag selects a range, double click "
-                         "shows all")
-                    : tr("<b>Active memory</b>, events %1–%2 of %3 · Shift+drag selects a "
-                         "range, double click shows all")
+                    // Short enough for a 1366-px screen's pane (it was cut off there).
+                    ? tr("<b>Active memory</b>: a band per live block, oldest lowest · "
+                         "Shift+drag: a range · double click: all")
+                    : tr("<b>Active memory</b>, events %1–%2 of %3 · Shift+drag: a range · "
+                         "double click: all")
                           .arg(first)
                           .arg(last)
                           .arg(n)));
