@@ -1043,11 +1043,15 @@ void MainWindow::updateStatus() {
   if (summaryA_) {
     const auto& r = summaryA_->run;
     const size_t steps = summaryA_->steps.size();
-    text = QString("%1 — %2 on %3, %4 step%5, %6 op%7")
+    // A step whose row has no end yet (a stopped or failed run's last, or a live one's) is said
+    // apart: "7 steps" read as seven complete.
+    const bool lastOpen = steps > 0 && summaryA_->steps.back().endNs <= 0;
+    text = QString("%1 — %2 on %3, %4 step%5%6, %7 op%8")
                .arg(views::recordingName(summaryA_->path), QString::fromStdString(r.backend),
                     QString::fromStdString(r.host))
                .arg(steps)
                .arg(steps == 1 ? "" : "s")
+               .arg(lastOpen ? QString(" (the last incomplete)") : QString())
                .arg(summaryA_->opCount)
                .arg(summaryA_->opCount == 1 ? "" : "s")
                .toHtmlEscaped();

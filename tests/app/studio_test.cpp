@@ -695,6 +695,9 @@ class StudioTest : public QObject {
     const QString said = w.statusBar()->currentMessage();
     QVERIFY2(said == "Session stopped in step 3 of 3 (2 complete): " + c.output,
              qPrintable(said + " (last error: " + w.lastError() + ")"));
+    // The run's line says the last of its steps is incomplete ("3 steps" read as three done).
+    QVERIFY(QTest::qWaitFor(
+        [&] { return w.runStatusText().contains(", 3 steps (the last incomplete), "); }, 10000));
   }
 
   // A file that cannot be opened changes nothing else: the recording shown keeps its selection,
