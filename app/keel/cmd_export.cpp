@@ -6,10 +6,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cli_common.h"
@@ -25,11 +28,86 @@ namespace keel::cli {
 namespace {
 
 struct ExportArgs {
-  std::string recording, output, phase = "both", format = "dot";
+  std::string recording, output, phase = "both", format = "dot", steps;
   int64_t step = 1;
   int64_t rank = -1;  // with a run folder: the rank whose recording (--rank)
   bool tensors = false, collapse = false;
   std::vector<std::string> expand;
+};
+
+// trace and csv --steps A:B ("2:3", "2:" to the end, "3" alone): the steps exported; every step
+// (the initialisation, step 0, included) without it.
+struct StepFilter {
+  int64_t first = 0, last = std::numeric_limits<int64_t>::max();
+  bool has(int64_t step) const { return step >= first && step <= last; }
+};
+
+StepFilter parseStepFilter(const std::string& text) {
+  StepFilter f;
+  if (text.empty()) return f;
+  auto whole = [&](const std::string& part, int64_t& v) {
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos ||
+        part.size() > 18)
+      throw Error("--steps: expected A:B, A: or A (steps, e.g. 2:3), got '" + text + "'");
+    v = std::stoll(part);
+  };
+  const size_t colon = text.find(':');
+  whole(text.substr(0, colon), f.first);
+  if (colon == std::string::npos)
+    f.last = f.first;
+  else if (colon + 1 < text.size())
+    whole(text.substr(colon + 1), f.last);
+  if (f.last < f.first) throw Error("--steps " + text + ": the last step is before the first");
+  return f;
+}
+
+// An export written as it is made, piece by piece (a CSV of a long run page by page: it was
+// built whole in memory first, about 24 times the recording's size), to stdout or to a file
+// replaced only once it is complete (see writeOut).
+class PieceWriter {
+ public:
+  explicit PieceWriter(const std::string& output)
+      : output_(output), toStdout_(output.empty() || output == "-") {
+    if (toStdout_) return;
+    catchInterrupts(true);
+    file_.emplace(output);
+    f_ = file_->open();
+    if (!f_) throw Error("cannot write " + output + ": " + std::strerror(errno));
+  }
+  ~PieceWriter() {
+    if (f_) std::fclose(f_);
+  }
+  // false once a signal asks to stop (the file is then removed, see finish()).
+  bool write(const std::string& piece) {
+    if (toStdout_) {
+      if (!piece.empty()) std::fwrite(piece.data(), 1, piece.size(), stdout);
+    } else {
+      writeAll(f_, piece.data(), piece.size(), output_);
+    }
+    bytes_ += piece.size();
+    return interruptSignal() == 0;
+  }
+  int finish() {
+    if (toStdout_) return flushStdout();
+    std::FILE* f = std::exchange(f_, nullptr);
+    if (std::fclose(f) != 0) return fail("cannot write " + output_ + ": " + std::strerror(errno));
+    if (const int sig = interruptSignal(); sig != 0) {  // file_ removes the unfinished file
+      std::fflush(stdout);
+      std::fprintf(stderr, "keel: %s: %s not written\n", interruptReason().c_str(),
+                   output_.c_str());
+      return 128 + sig;
+    }
+    file_->commit();
+    std::printf("wrote %s (%zu bytes)\n", output_.c_str(), bytes_);
+    return 0;
+  }
+
+ private:
+  std::string output_;
+  bool toStdout_;
+  std::optional<ReplaceOnCommit> file_;
+  std::FILE* f_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 // stdout ("" or "-"), or a file replaced only once it is complete (Note [Outputs never destroy
@@ -73,6 +151,16 @@ void checkOutput(const ExportArgs& a, const std::string& recording,
   checkOutputPath("-o", a.output, {{"the recording", recording}});
   checkReplacesOnly("-o", a.output, kinds, what);
   checkWritable(a.output);
+}
+
+// --steps that hold no op of the recording: an error naming the steps it has (an empty export
+// read like a recording without ops).
+std::string noOpsInSteps(const ExportArgs& a, const storage::Recording& rec) {
+  const auto all = rec.steps();
+  return "recording " + a.recording + " has no ops in steps " + a.steps +
+         (all.empty() ? std::string(" (it has no steps)")
+                      : " (it has steps " + std::to_string(all.front().step) + " to " +
+                            std::to_string(all.back().step) + ")");
 }
 
 // The note for an export of a recording that holds no op calls (--no-graph): its output is
@@ -140,6 +228,7 @@ int runGraph(const ExportArgs& a) {
 
 int runTrace(const ExportArgs& a) {
   const std::string file = recordingOfRank(a.recording, a.rank);
+  const StepFilter steps = parseStepFilter(a.steps);
   checkOutput(a, file, {{storage::kChromeTraceStart}}, "a Chrome trace export");
   storage::Recording rec = storage::Recording::open(file);
   // One process per rank: two ranks' traces load side by side in Perfetto.
@@ -151,22 +240,54 @@ int runTrace(const ExportArgs& a) {
     process.name +=
         " (rank " + std::to_string(run.rank) + " of " + std::to_string(run.worldSize) + ")";
   noteMissingOps(a.recording, rec);
-  return writeOut(
-      storage::toChromeTrace(rec.ops({}), rec.steps(), rec.logs({}), rec.memEvents({}), process),
-      a.output);
+  if (a.steps.empty())
+    return writeOut(
+        storage::toChromeTrace(rec.ops({}), rec.steps(), rec.logs({}), rec.memEvents({}), process),
+        a.output);
+  // --steps: the ops, steps, log lines and memory events of those steps only (a long run's
+  // trace of a few steps opens in Perfetto; the whole one may not).
+  auto keep = [&](auto records) {
+    std::erase_if(records, [&](const auto& r) { return !steps.has(r.step); });
+    return records;
+  };
+  const auto ops = keep(rec.ops({}));
+  if (ops.empty()) return fail(noOpsInSteps(a, rec));
+  return writeOut(storage::toChromeTrace(ops, keep(rec.steps()), keep(rec.logs({})),
+                                         keep(rec.memEvents({})), process),
+                  a.output);
 }
 
+// Note [Streamed CSV]: a CSV is written page by page (kPage ops, by seq), its header once, so a
+// long run's export needs the memory of a page, not of the whole table (it was built whole:
+// about 24 times the recording's size). --steps keeps the rows of those steps.
 int runCsv(const ExportArgs& a) {
   const std::string file = recordingOfRank(a.recording, a.rank);
+  const StepFilter steps = parseStepFilter(a.steps);
   checkOutput(a, file, {{storage::kOpCsvHeader}, {storage::kTensorCsvHeader}}, "a CSV export");
   storage::Recording rec = storage::Recording::open(file);
   noteMissingOps(a.recording, rec);
-  if (a.tensors) {
-    storage::OpQuery q;
-    q.withTensors = true;
-    return writeOut(storage::toTensorCsv(rec.ops(q)), a.output);
+  const std::string_view header = a.tensors ? storage::kTensorCsvHeader : storage::kOpCsvHeader;
+  constexpr int64_t kPage = 4096;
+  PieceWriter out(a.output);
+  bool going = out.write(std::string(header));
+  int64_t rows = 0;
+  storage::OpQuery q;
+  q.withTensors = true;  // the op rows name their tensors and output 0's MD5 too
+  q.limit = kPage;
+  q.seqBegin = 0;
+  while (going) {
+    std::vector<storage::OpRecord> page = rec.ops(q);
+    if (page.empty()) break;
+    q.seqBegin = page.back().seq + 1;
+    const bool last = int64_t(page.size()) < kPage;
+    std::erase_if(page, [&](const storage::OpRecord& op) { return !steps.has(op.step); });
+    rows += int64_t(page.size());
+    std::string text = a.tensors ? storage::toTensorCsv(page) : storage::toCsv(page);
+    going = out.write(text.substr(header.size()));  // each page's text starts with the header
+    if (last) break;
   }
-  return writeOut(storage::toCsv(rec.ops({})), a.output);
+  if (!a.steps.empty() && rows == 0 && interruptSignal() == 0) return fail(noOpsInSteps(a, rec));
+  return out.finish();
 }
 
 }  // namespace
@@ -210,6 +331,8 @@ Command addExportCommand(CLI::App& root) {
       ->check(nonEmptyName());
   trace->add_option("-o,--output", a->output, "output file (default: stdout)")
       ->check(nonEmptyValue());
+  trace->add_option("--steps", a->steps,
+                    "only these steps: A:B, A: (to the end) or A (default: every step)");
   CLI::App* csv = c->add_subcommand("csv", "one row per op call (or per tensor: --tensors)");
   csv->add_option("recording", a->recording, "recording file (.db) or run folder (--rank)")
       ->required()
@@ -218,6 +341,8 @@ Command addExportCommand(CLI::App& root) {
                 "one row per tensor an op read or wrote: shape, dtype, MD5s, statistics");
   csv->add_option("-o,--output", a->output, "output file (default: stdout)")
       ->check(nonEmptyValue());
+  csv->add_option("--steps", a->steps,
+                  "only these steps: A:B, A: (to the end) or A (default: every step)");
   for (CLI::App* sub : {graph, trace, csv}) addRankOption(sub, a->rank);
   return {c, [a, graph, trace] {
             if (graph->parsed()) return runGraph(*a);

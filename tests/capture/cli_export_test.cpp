@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "keel/base/text.h"
+#include "keel/storage/reader.h"
 #include "test_util.h"
 
 namespace {
@@ -193,6 +194,65 @@ TEST_F(KeelExport, AnInterruptedExportLeavesNoPartialFile) {
   }
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().find(".t.csv."), std::string::npos) << e.path();
+}
+
+// Note [Streamed CSV]: a CSV is written page by page (4096 ops a page): a recording of more
+// than a page has each op once, in order, across the pages' seams, the header once. --steps keeps
+// the rows, and the trace's events, of those steps; steps without ops are an error naming the
+// steps the recording has.
+TEST_F(KeelExport, ACsvIsWrittenPageByPageAndStepsFilterTheExports) {
+  ASSERT_EQ(record("r.db", "--steps 20 --md5").status, 0);
+  keel::storage::Recording rec = keel::storage::Recording::open(path("r.db"));
+  const std::vector<keel::storage::OpRecord> all = rec.allOps();
+  ASSERT_GT(all.size(), 4096u * 1 + 100);  // more than one page
+  for (const std::string kind : {"csv", "csv --tensors"}) {
+    SCOPED_TRACE(kind);
+    ASSERT_EQ(exportTo(kind, "all.csv").status, 0);
+    std::ifstream in(path("all.csv"));
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    EXPECT_EQ(line.rfind("seq,step,phase,op,scope,", 0), 0u);
+    std::vector<uint64_t> seqs;
+    while (std::getline(in, line)) {
+      ASSERT_NE(line.rfind("seq,", 0), 0u) << "a second header";
+      const uint64_t seq = std::stoull(line.substr(0, line.find(',')));
+      if (seqs.empty() || seqs.back() != seq) seqs.push_back(seq);  // --tensors: rows per op
+    }
+    ASSERT_EQ(seqs.size(), all.size());
+    for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(seqs[i], all[i].seq) << i;
+  }
+  // --steps 2:3: the rows of steps 2 and 3, every one of them.
+  size_t inRange = 0;
+  for (const auto& op : all) inRange += op.step == 2 || op.step == 3;
+  ASSERT_EQ(keel("export csv '" + path("r.db") + "' --steps 2:3 -o '" + path("s.csv") + "'").status,
+            0);
+  std::ifstream in(path("s.csv"));
+  std::string line;
+  std::getline(in, line);
+  size_t rows = 0;
+  while (std::getline(in, line)) {
+    const size_t c1 = line.find(',');
+    const std::string step = line.substr(c1 + 1, line.find(',', c1 + 1) - c1 - 1);
+    EXPECT_TRUE(step == "2" || step == "3") << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, inRange);
+  // The trace of step 2: its ops and its step slice only.
+  const CliResult t =
+      keel("export trace '" + path("r.db") + "' --steps 2 -o '" + path("t.json") + "'");
+  ASSERT_EQ(t.status, 0) << t.err;
+  const std::string trace = slurp(path("t.json"));
+  EXPECT_NE(trace.find("\"name\":\"step 2\""), std::string::npos);
+  EXPECT_EQ(trace.find("\"name\":\"step 3\""), std::string::npos);
+  EXPECT_EQ(trace.find("\"step\":3,"), std::string::npos);
+  EXPECT_EQ(trace.find("\"step\":1,"), std::string::npos);
+  expectOneLineError(
+      keel("export csv '" + path("r.db") + "' --steps 99"),
+      "recording " + path("r.db") + " has no ops in steps 99 (it has steps 1 to 20)");
+  expectOneLineError(keel("export trace '" + path("r.db") + "' --steps 3:2"),
+                     "--steps 3:2: the last step is before the first");
+  expectOneLineError(keel("export csv '" + path("r.db") + "' --steps two"),
+                     "--steps: expected A:B, A: or A (steps, e.g. 2:3), got 'two'");
 }
 
 // A recording made without some steps' ops (--step-range) or any (--no-graph) says so: export
