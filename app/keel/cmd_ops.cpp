@@ -5,9 +5,11 @@
 // filtered by step, phase, op name and scope.
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "cli_common.h"
+#include "keel/base/text.h"
 #include "keel/registry.h"
 #include "keel/storage/export.h"
 #include "keel/storage/reader.h"
@@ -172,8 +174,29 @@ int runRecordedOps(const OpsArgs& a) {
   std::printf("%zu op calls\n", ops.size());
   // "0 op calls" of a --no-graph recording: why, on stderr (the table itself is right).
   if (ops.empty())
-    if (const std::string why = whyNoOps(rec.run(), -1); !why.empty())
+    if (const std::string why = whyNoOps(rec.run(), -1); !why.empty()) {
       warn("recording " + a.recording + ": " + why);
+      return 0;
+    }
+  // A --scope that names no module of the run (mistyped): the modules it has, on stderr.
+  if (ops.empty() && !a.scope.empty()) {
+    storage::OpQuery all;
+    if (a.step >= 0) all.step = a.step;
+    all.withTensors = false;
+    std::set<std::string> top;
+    bool within = false;
+    for (const storage::OpRecord& op : rec.ops(all)) {
+      within = within || scopeWithin(op.scope, a.scope);
+      if (!op.scope.empty()) top.insert(op.scope.substr(0, op.scope.find('.')));
+    }
+    if (!within) {
+      std::string names;
+      for (const std::string& t : top) names += (names.empty() ? "" : ", ") + t;
+      warn("no op ran in scope '" + a.scope + "'" +
+           (a.step >= 0 ? " in step " + std::to_string(a.step) : std::string()) +
+           (names.empty() ? std::string() : " (its top-level scopes: " + names + ")"));
+    }
+  }
   return 0;
 }
 

@@ -98,6 +98,15 @@ TEST_F(KeelCli, RecordThenInspectShowsStepsAndOpCounts) {
   const CliResult none = keel("ops '" + path("a.db") + "' --step 1 --name no_such_op");
   EXPECT_EQ(none.status, 0) << none.err;
   EXPECT_NE(none.out.find("0 op calls"), std::string::npos) << none.out;
+  EXPECT_EQ(none.err, "");
+  // A scope no op ran in (mistyped) names the run's top-level scopes (it printed 0 op calls).
+  const CliResult typo = keel("ops '" + path("a.db") + "' --scope blocks.9");
+  EXPECT_EQ(typo.status, 0) << typo.err;
+  EXPECT_EQ(typo.err.rfind("keel: warning: no op ran in scope 'blocks.9' (its top-level scopes: "
+                           "blocks, ",
+                           0),
+            0u)
+      << typo.err;
   // Without a recording the filters had nothing to filter and were ignored without a word.
   expectOneLineError(keel("ops --step 1"), "--step filters a recording's op calls");
   expectOneLineError(keel("ops --name matmul"), "--name filters a recording's op calls");
