@@ -512,6 +512,26 @@ class MemoryViewTest : public QObject {
     for (double t : ticks) QCOMPARE(t, std::round(t));
   }
 
+  // A block outside ops with the stack that allocated it (every block of an imported PyTorch
+  // snapshot) is coloured by that stack, so two call sites differ (all were one grey); one with
+  // neither op nor stack keeps the outside-ops grey.
+  void blocksOutsideOpsAreColouredByTheirStack() {
+    std::vector<MemRecord> ev;
+    for (int64_t stack : {0, 1, -1}) {
+      addEvent(ev, MemEventKind::Alloc, uint64_t(stack + 2) << 20, 1 << 20);
+      ev.back().stackId = stack;
+    }
+    auto m = std::make_shared<MemoryModel>();
+    m->setEvents(std::move(ev));
+    auto colour = [&](uint32_t k) {
+      return memory_detail::ownerColor(*m, MemBlock{m->event(k).address, m->event(k).bytes, k}, {});
+    };
+    QVERIFY(colour(0) != colour(1));
+    QVERIFY(colour(0) != memory_detail::kOutsideOps);
+    QVERIFY(colour(1) != memory_detail::kOutsideOps);
+    QCOMPARE(colour(2), memory_detail::kOutsideOps);
+  }
+
   // In a short dock (a 1366x768 screen's: about 265 pixels) no caption loses a line, however
   // narrow the pane: the block map's caption and the cursor line are as tall as their wrapped text
   // (they were fixed at three and two lines, and the rest was cut off); and the timeline's axis

@@ -32,15 +32,6 @@ using analysis::MemPiece;
 using analysis::MemScale;
 using analysis::MemState;
 
-namespace {
-
-// Op colours (Tableau 20 without its greys), handed out to op names in order of first allocation.
-const QRgb kOpPalette[] = {0x4e79a7, 0xf28e2b, 0x59a14f, 0xe15759, 0x76b7b2, 0xedc948,
-                           0xb07aa1, 0xff9da7, 0x9c755f, 0xa0cbe8, 0xffbe7d, 0x8cd17d,
-                           0xf1ce63, 0x86bcb6, 0xff9d9a, 0xfabfd2, 0xd4a6c8, 0xd7b5a6};
-
-}  // namespace
-
 MemoryView::MemoryView(Selection* selection, Side side, QWidget* parent)
     : QWidget(parent), d_(std::make_unique<Impl>()) {
   d_->q = this;

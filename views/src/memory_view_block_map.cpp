@@ -91,6 +91,10 @@ QColor ownerColor(const MemoryModel& m, const MemBlock& b,
   if (a.tag == MemTag::OptimizerState) return kOptimizer;
   if (a.tag == MemTag::Data) return kData;
   const MemOp* o = a.opSeq ? m.op(a.opSeq) : nullptr;
+  // Outside ops but with the stack that allocated it (every block of an imported PyTorch
+  // snapshot: its Python frames): a colour per stack, so two call sites' blocks differ (they
+  // were all one grey).
+  if (!o && a.stackId >= 0) return QColor(kOpPalette[size_t(a.stackId) % std::size(kOpPalette)]);
   if (!o) return kOutsideOps;
   auto it = opColors.find(o->name);
   return it == opColors.end() ? kOutsideOps : it->second;

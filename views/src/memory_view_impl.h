@@ -68,6 +68,11 @@ inline const QColor kParameter(0x1f, 0x5f, 0x3f);
 inline const QColor kOptimizer(0x5b, 0x2c, 0x83);
 inline const QColor kData(0xc4, 0x51, 0x00);
 inline const QColor kOutsideOps(0x7f, 0x8c, 0x8d);
+// Op colours (Tableau 20 without its greys), handed out to op names in order of first allocation
+// (and to the stacks of blocks outside ops: ownerColor).
+inline constexpr QRgb kOpPalette[] = {0x4e79a7, 0xf28e2b, 0x59a14f, 0xe15759, 0x76b7b2, 0xedc948,
+                                      0xb07aa1, 0xff9da7, 0x9c755f, 0xa0cbe8, 0xffbe7d, 0x8cd17d,
+                                      0xf1ce63, 0x86bcb6, 0xff9d9a, 0xfabfd2, 0xd4a6c8, 0xd7b5a6};
 inline const QColor kHighlight(0xd6, 0x27, 0x28);
 inline const QColor kOom(0x8b, 0x00, 0x00);  // a request the allocator refused: the run failed
 
