@@ -15,6 +15,7 @@
 
 #include "cli_common.h"
 #include "keel/analysis/ranks.h"
+#include "keel/base/output_path.h"
 #include "keel/storage/diff.h"
 #include "keel/storage/reader.h"
 #include "keel/storage/run_folder.h"
@@ -73,6 +74,10 @@ void printReport(const storage::Recording& ra, const storage::Recording& rb,
 int runDiff(const DiffArgs& a) {
   storage::Recording ra = storage::Recording::open(a.a);
   storage::Recording rb = storage::Recording::open(a.b);
+  // One file under two names is EQUAL whatever it holds: said (a mistyped second path read as
+  // "the runs agree").
+  if (const auto ia = fileIdentity(a.a); ia && ia == fileIdentity(a.b))
+    warn("A and B are the same file (" + a.b + "): the recording is compared with itself");
   storage::DiffReport report = storage::diffRecordings(ra, rb, diffOptions(a));
   if (a.json) {
     std::printf("%s\n", storage::toJson(report).c_str());

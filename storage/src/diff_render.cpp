@@ -231,6 +231,17 @@ void divergenceText(std::string& out, const char* title, const Divergence& d) {
     return t.status == DiffStatus::Equal && t.basis != DiffBasis::None;
   });
   if (std::string k = kernelPhrase(p, inputsEqual, true); !k.empty()) out += "  " + k + "\n";
+  // What that means, said where it is the diagnosis (README: "same inputs and the same kernel
+  // variant point at nondeterminism or a bug, not at arithmetic"); an op without inputs makes
+  // its values from its attributes or the random stream.
+  if (p.inA && p.inB && d.inputs.empty())
+    out +=
+        "  no inputs: its values come from its attributes or the random stream (a different "
+        "seed, or another number of random draws before it)\n";
+  else if (inputsEqual && kernelMatch(p) == KernelMatch::Same)
+    out +=
+        "  same inputs and the same kernel: not arithmetic, but nondeterminism or a bug in the "
+        "op (or a perturbation)\n";
   if (p.inA != p.inB)
     out += std::string("  only in ") + (p.inA ? "A" : "B") +
            ": an op with no counterpart in the other run changed the value\n";
@@ -379,7 +390,8 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     divergenceText(out, "first divergence", *r.first);
     out += "\n";
     if (r.root && r.root->pair.inA && r.root->pair.seqA == r.first->pair.seqA) {
-      std::string why = "its inputs all match";
+      // An op without inputs (an initialiser) matches no inputs: said, not "they all match".
+      std::string why = r.root->inputs.empty() ? "it has no inputs" : "its inputs all match";
       for (const TensorDiff& t : r.root->inputs)
         if (t.atolScale) {  // a tiny input: the difference may have come through it unseen
           why = "its inputs all pass, but input " + std::to_string(t.index) +

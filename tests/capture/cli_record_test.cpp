@@ -625,6 +625,36 @@ TEST_F(KeelCli, InspectOfABackwardNanNamesTheForwardOpAndItsStack) {
       << r.out;
 }
 
+// keel diff says what its root means where that is the diagnosis: same inputs and the same kernel
+// (not arithmetic: nondeterminism or a bug), an op without inputs (its values come from its
+// attributes or the random stream: "its inputs all match" was vacuous), and one file given twice.
+TEST_F(KeelCli, DiffSaysWhatItsRootMeans) {
+  ASSERT_EQ(record("a.db", "--seed 1 --md5 --stats").status, 0);
+  ASSERT_EQ(record("p.db", "--seed 1 --md5 --stats", "KEEL_TEST_PERTURB=matmul:5").status, 0);
+  ASSERT_EQ(record("s.db", "--seed 2 --md5 --stats").status, 0);
+  const CliResult perturbed = keel("diff '" + path("a.db") + "' '" + path("p.db") + "'");
+  EXPECT_EQ(perturbed.status, 1) << perturbed.err;
+  EXPECT_NE(perturbed.out.find("\n  same kernel variant: "), std::string::npos) << perturbed.out;
+  EXPECT_NE(perturbed.out.find("\n  same inputs and the same kernel: not arithmetic, but "
+                               "nondeterminism or a bug in the op (or a perturbation)\n"),
+            std::string::npos)
+      << perturbed.out;
+  const CliResult seeds = keel("diff '" + path("a.db") + "' '" + path("s.db") + "'");
+  EXPECT_EQ(seeds.status, 1) << seeds.err;
+  EXPECT_NE(seeds.out.find("\n  no inputs: its values come from its attributes or the random "
+                           "stream (a different seed, or another number of random draws before "
+                           "it)\n"),
+            std::string::npos)
+      << seeds.out;
+  EXPECT_NE(seeds.out.find("\nroot divergence: the first divergence (it has no inputs)\n"),
+            std::string::npos)
+      << seeds.out;
+  const CliResult self = keel("diff '" + path("a.db") + "' '" + dir_.string() + "/./a.db'");
+  EXPECT_EQ(self.status, 0) << self.err;
+  EXPECT_EQ(self.err, "keel: warning: A and B are the same file (" + dir_.string() +
+                          "/./a.db): the recording is compared with itself\n");
+}
+
 // keel memory stats of a recording that starts at --step-range's first step names the allocator
 // the run used and says what was live then; an event asked twice is one column. Its figures at
 // the end are the whole run's (Note [A step range's first step]: the allocator's state at the
