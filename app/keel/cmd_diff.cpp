@@ -66,8 +66,32 @@ void printReport(const storage::Recording& ra, const storage::Recording& rb,
     };
     std::printf("\nroot divergence stacks (op %s in A, %s in B):\n", side(p.inA, p.seqA).c_str(),
                 side(p.inB, p.seqB).c_str());
-    if (p.inA) printStack(ra, p.stackIdA, "A");
-    if (p.inB) printStack(rb, p.stackIdB, "B");
+    // One stack when both runs called it from the same frames (the two copies read as a
+    // difference; the ids differ between recordings).
+    auto frames = [](const storage::Recording& r, int64_t id) {
+      std::vector<std::string> out;
+      if (auto st = id >= 0 ? r.stack(id) : std::nullopt)
+        for (const auto& f : st->frames)
+          out.push_back(f.function + " " + f.file + ":" + std::to_string(f.line));
+      return out;
+    };
+    if (p.inA && p.inB && p.stackIdA >= 0 && p.stackIdB >= 0 &&
+        frames(ra, p.stackIdA) == frames(rb, p.stackIdB)) {
+      printStack(ra, p.stackIdA, "A and B");
+    } else {
+      if (p.inA) printStack(ra, p.stackIdA, "A");
+      if (p.inB) printStack(rb, p.stackIdB, "B");
+    }
+    // A backward root's own stack is the autograd engine's: the forward op it differentiates is
+    // where the user's code is (as keel inspect and the studio's inspector name it).
+    const storage::Recording& r = p.inA ? ra : rb;
+    if (auto op = r.op(p.inA ? p.seqA : p.seqB); op && op->forwardSeq != 0)
+      if (auto fwd = r.op(op->forwardSeq)) {
+        std::printf("  gradient of forward op #%llu %s (%s) in %s:\n",
+                    static_cast<unsigned long long>(fwd->seq), fwd->name.c_str(),
+                    fwd->scope.empty() ? "no scope" : fwd->scope.c_str(), p.inA ? "A" : "B");
+        printStack(r, fwd->stackId, "its");
+      }
   }
 }
 

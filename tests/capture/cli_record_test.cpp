@@ -649,6 +649,22 @@ TEST_F(KeelCli, DiffSaysWhatItsRootMeans) {
   EXPECT_NE(seeds.out.find("\nroot divergence: the first divergence (it has no inputs)\n"),
             std::string::npos)
       << seeds.out;
+  // A backward root: one stack where both runs have the same frames, and the forward op it
+  // differentiates with that op's stack (where the user's code is).
+  ASSERT_EQ(record("k.db", "--seed 1 --md5 --stats --stacks").status, 0);
+  ASSERT_EQ(
+      record("kb.db", "--seed 1 --md5 --stats --stacks", "KEEL_TEST_PERTURB=layer_norm_backward:1")
+          .status,
+      0);
+  const CliResult backward = keel("diff '" + path("k.db") + "' '" + path("kb.db") + "'");
+  EXPECT_EQ(backward.status, 1) << backward.err;
+  EXPECT_NE(backward.out.find("\n  A and B stack:\n"), std::string::npos) << backward.out;
+  EXPECT_EQ(backward.out.find("\n  A stack:\n"), std::string::npos) << backward.out;
+  const size_t forward = backward.out.find("\n  gradient of forward op #");
+  ASSERT_NE(forward, std::string::npos) << backward.out;
+  EXPECT_NE(backward.out.find(" layer_norm (", forward), std::string::npos) << backward.out;
+  EXPECT_NE(backward.out.find(") in A:\n  its stack:\n    ", forward), std::string::npos)
+      << backward.out;
   const CliResult self = keel("diff '" + path("a.db") + "' '" + dir_.string() + "/./a.db'");
   EXPECT_EQ(self.status, 0) << self.err;
   EXPECT_EQ(self.err, "keel: warning: A and B are the same file (" + dir_.string() +
