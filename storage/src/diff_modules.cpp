@@ -463,6 +463,16 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
   if (leftOutA > 0)
     r.setup.push_back(countText(uint64_t(leftOutA), "op", "ops") +
                       " of A not compared: B recorded only " + filterB->text());
+  // A difference that enters from outside the recorded ops may come from an op a capture filter
+  // left out, not from the parameters or data (it said only "different parameters or data").
+  if (r.noRoot.find("no recorded op produced it") != std::string::npos) {
+    std::string filters;
+    if (filterA) filters += "A recorded only " + filterA->text();
+    if (filterB) filters += (filters.empty() ? "" : ", ") + ("B recorded only " + filterB->text());
+    if (!filters.empty())
+      r.noRoot += "; or the difference comes from an op outside what was recorded (" + filters +
+                  ": record both without it to see)";
+  }
   r.frameworkA = fa;
   r.frameworkB = fb;
   return r;

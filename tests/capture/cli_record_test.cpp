@@ -665,6 +665,17 @@ TEST_F(KeelCli, DiffSaysWhatItsRootMeans) {
   EXPECT_NE(backward.out.find(" layer_norm (", forward), std::string::npos) << backward.out;
   EXPECT_NE(backward.out.find(") in A:\n  its stack:\n    ", forward), std::string::npos)
       << backward.out;
+  // A difference entering from outside what one side recorded (--scope) may come from an op
+  // its filter left out: said beside "different parameters or data".
+  ASSERT_EQ(record("sc.db", "--seed 1 --md5 --stats --scope blocks.1", "KEEL_TEST_PERTURB=matmul:5")
+                .status,
+            0);
+  const CliResult scoped = keel("diff '" + path("a.db") + "' '" + path("sc.db") + "'");
+  EXPECT_NE(scoped.out.find("the runs start from different parameters or data; or the difference "
+                            "comes from an op outside what was recorded (B recorded only --scope "
+                            "blocks.1: record both without it to see))\n"),
+            std::string::npos)
+      << scoped.out;
   const CliResult self = keel("diff '" + path("a.db") + "' '" + dir_.string() + "/./a.db'");
   EXPECT_EQ(self.status, 0) << self.err;
   EXPECT_EQ(self.err, "keel: warning: A and B are the same file (" + dir_.string() +
