@@ -465,13 +465,20 @@ DiffReport diffRecordings(const Recording& a, const Recording& b, DiffOptions op
                       " of A not compared: B recorded only " + filterB->text());
   // A difference that enters from outside the recorded ops may come from an op a capture filter
   // left out, not from the parameters or data (it said only "different parameters or data").
-  if (r.noRoot.find("no recorded op produced it") != std::string::npos) {
+  if (r.noRoot.find("no recorded op produced it") != std::string::npos ||
+      r.noRoot.find("no aligned op produced") != std::string::npos) {
     std::string filters;
     if (filterA) filters += "A recorded only " + filterA->text();
     if (filterB) filters += (filters.empty() ? "" : ", ") + ("B recorded only " + filterB->text());
     if (!filters.empty())
       r.noRoot += "; or the difference comes from an op outside what was recorded (" + filters +
                   ": record both without it to see)";
+    // A tensor made from the config (a FlashMask mask's bounds) differs where the configs do.
+    for (const std::string& line : r.setup)
+      if (line.rfind("config: ", 0) == 0) {
+        r.noRoot += "; the configs differ (" + line.substr(8) + "), and what is made from them";
+        break;
+      }
   }
   r.frameworkA = fa;
   r.frameworkB = fb;

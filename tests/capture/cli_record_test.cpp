@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/base/text.h"
 #include "keel/storage/reader.h"
 #include "test_util.h"
 
@@ -676,6 +677,21 @@ TEST_F(KeelCli, DiffSaysWhatItsRootMeans) {
                             "blocks.1: record both without it to see))\n"),
             std::string::npos)
       << scoped.out;
+  // A mask made from the config: the no-root reason names the configs' difference.
+  std::string config =
+      keel::readFile(std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/gpt-tiny.json");
+  config.insert(config.find('{') + 1,
+                "\"attention_mask\": \"sliding_window\", \"attention_window\": 4,");
+  std::ofstream(path("sw.json")) << config;
+  ASSERT_EQ(keel("record --config '" + path("sw.json") + "' --steps 1 --seed 1 --md5 --stats -o '" +
+                 path("sw.db") + "'")
+                .status,
+            0);
+  const CliResult masked = keel("diff '" + path("a.db") + "' '" + path("sw.db") + "'");
+  EXPECT_NE(masked.out.find("; the configs differ (attention_mask - vs \"sliding_window\", "
+                            "attention_window - vs 4), and what is made from them)\n"),
+            std::string::npos)
+      << masked.out;
   const CliResult self = keel("diff '" + path("a.db") + "' '" + dir_.string() + "/./a.db'");
   EXPECT_EQ(self.status, 0) << self.err;
   EXPECT_EQ(self.err, "keel: warning: A and B are the same file (" + dir_.string() +
