@@ -205,9 +205,15 @@ std::string parameterText(const ParameterReport& r, double atol, double rtol) {
 }
 
 std::string parameterJson(const ParameterReport& r) {
-  nlohmann::json j = {{"layout_a", r.layoutA},  {"layout_b", r.layoutB},
-                      {"steps", r.steps},       {"parameters", r.parameters},
-                      {"compared", r.compared}, {"equal", !r.first.has_value()}};
+  nlohmann::json j = {{"layout_a", r.layoutA},
+                      {"layout_b", r.layoutB},
+                      {"steps", r.steps},
+                      {"parameters", r.parameters},
+                      {"compared", r.compared},
+                      {"equal", !r.first.has_value()},
+                      // As every keel diff --json says it (an op diff's, a folder diff's).
+                      {"verdict", r.first ? "diverged" : "equal"},
+                      {"exit_code", r.first ? 1 : 0}};
   if (r.first)
     j["first"] = {{"step", r.first->step}, {"parameter", r.first->parameter},
                   {"what", r.first->what}, {"statistic", r.first->statistic},

@@ -1109,6 +1109,9 @@ TEST_F(KeelRanks, ARunDiffsAgainstAnotherLayoutByParameterName) {
   const CliResult zero = keel("diff '" + path("zero") + "' '" + path("tp") + "' --json");
   EXPECT_EQ(zero.status, 0) << zero.out << zero.err;
   EXPECT_NE(zero.out.find("\"equal\": true"), std::string::npos) << zero.out;
+  // The verdict and exit code every keel diff --json gives (this one had neither).
+  EXPECT_NE(zero.out.find("\"verdict\": \"equal\""), std::string::npos) << zero.out;
+  EXPECT_NE(zero.out.find("\"exit_code\": 0"), std::string::npos) << zero.out;
 
   ASSERT_EQ(mpi(2, rec + "--tp 2 -o '" + path("bad") + "'",
                 "KEEL_TEST_PERTURB=matmul:30 KEEL_TEST_PERTURB_RANK=1")
