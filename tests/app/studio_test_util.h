@@ -41,6 +41,9 @@ inline bool startAndRun(MainWindow& w, const SessionConfig& c) {
 
 // Waits until the window has nothing left to load (at most `ms`).
 inline bool waitIdle(MainWindow& w, int ms = 60000) {
+  // What the session emitted on its thread (a spy counted it there, at once) reaches the window
+  // through its queue: let it in first, or "idle" is the window before it began to handle it.
+  QCoreApplication::sendPostedEvents();
   bool idle = false;
   w.whenIdle([&] { idle = true; });
   return QTest::qWaitFor([&] { return idle; }, ms);
