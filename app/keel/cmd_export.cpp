@@ -117,28 +117,11 @@ class PieceWriter {
 // an existing output kept as it was. (Before the write a signal ends keel as usual: nothing is
 // on disk yet.)
 int writeOut(const std::string& text, const std::string& output) {
-  if (output.empty() || output == "-") return writeToStdout(text);
-  catchInterrupts(true);
-  ReplaceOnCommit file(output);
-  std::FILE* f = file.open();
-  if (!f) return fail("cannot write " + output + ": " + std::strerror(errno));
+  PieceWriter out(output);
   constexpr size_t kPiece = size_t(1) << 20;
-  try {
-    for (size_t at = 0; at < text.size() && interruptSignal() == 0; at += kPiece)
-      writeAll(f, text.data() + at, std::min(kPiece, text.size() - at), output);
-  } catch (...) {
-    std::fclose(f);
-    throw;
-  }
-  if (std::fclose(f) != 0) return fail("cannot write " + output + ": " + std::strerror(errno));
-  if (const int sig = interruptSignal(); sig != 0) {  // `file` removes the unfinished file
-    std::fflush(stdout);
-    std::fprintf(stderr, "keel: %s: %s not written\n", interruptReason().c_str(), output.c_str());
-    return 128 + sig;
-  }
-  file.commit();
-  std::printf("wrote %s (%zu bytes)\n", output.c_str(), text.size());
-  return 0;
+  for (size_t at = 0; at < text.size(); at += kPiece)
+    if (!out.write(text.substr(at, std::min(kPiece, text.size() - at)))) break;
+  return out.finish();
 }
 
 // The output guard, before the recording is read: never the recording, never a file this user
@@ -161,6 +144,15 @@ std::string noOpsInSteps(const ExportArgs& a, const storage::Recording& rec) {
          (all.empty() ? std::string(" (it has no steps)")
                       : " (it has steps " + std::to_string(all.front().step) + " to " +
                             std::to_string(all.back().step) + ")");
+}
+
+// The steps of `rec` within `f`, the initialisation (step 0) included, in order.
+std::vector<int64_t> recordedSteps(const storage::Recording& rec, const StepFilter& f) {
+  std::vector<int64_t> out;
+  if (f.has(0)) out.push_back(0);
+  for (const storage::StepRecord& st : rec.steps())
+    if (st.step != 0 && f.has(st.step)) out.push_back(st.step);
+  return out;
 }
 
 // The note for an export of a recording that holds no op calls (--no-graph): its output is
@@ -246,15 +238,26 @@ int runTrace(const ExportArgs& a) {
         a.output);
   // --steps: the ops, steps, log lines and memory events of those steps only (a long run's
   // trace of a few steps opens in Perfetto; the whole one may not).
+  // Only those steps' ops and log lines are read (the tensors of every op were read to be
+  // dropped); memory events carry their step, and are few beside them.
+  std::vector<storage::OpRecord> ops;
+  std::vector<storage::LogRecord> logs;
+  for (const int64_t step : recordedSteps(rec, steps)) {
+    storage::OpQuery q;
+    q.step = step;
+    for (storage::OpRecord& op : rec.ops(q)) ops.push_back(std::move(op));
+    storage::LogQuery lq;
+    lq.step = step;
+    for (storage::LogRecord& l : rec.logs(lq)) logs.push_back(std::move(l));
+  }
+  if (ops.empty()) return fail(noOpsInSteps(a, rec));
   auto keep = [&](auto records) {
     std::erase_if(records, [&](const auto& r) { return !steps.has(r.step); });
     return records;
   };
-  const auto ops = keep(rec.ops({}));
-  if (ops.empty()) return fail(noOpsInSteps(a, rec));
-  return writeOut(storage::toChromeTrace(ops, keep(rec.steps()), keep(rec.logs({})),
-                                         keep(rec.memEvents({})), process),
-                  a.output);
+  return writeOut(
+      storage::toChromeTrace(ops, keep(rec.steps()), logs, keep(rec.memEvents({})), process),
+      a.output);
 }
 
 // Note [Streamed CSV]: a CSV is written page by page (kPage ops, by seq), its header once, so a
@@ -271,20 +274,27 @@ int runCsv(const ExportArgs& a) {
   PieceWriter out(a.output);
   bool going = out.write(std::string(header));
   int64_t rows = 0;
-  storage::OpQuery q;
-  q.withTensors = true;  // the op rows name their tensors and output 0's MD5 too
-  q.limit = kPage;
-  q.seqBegin = 0;
-  while (going) {
-    std::vector<storage::OpRecord> page = rec.ops(q);
-    if (page.empty()) break;
-    q.seqBegin = page.back().seq + 1;
-    const bool last = int64_t(page.size()) < kPage;
-    std::erase_if(page, [&](const storage::OpRecord& op) { return !steps.has(op.step); });
-    rows += int64_t(page.size());
-    std::string text = a.tensors ? storage::toTensorCsv(page) : storage::toCsv(page);
-    going = out.write(text.substr(header.size()));  // each page's text starts with the header
-    if (last) break;
+  // Every op, page by page; with --steps, each of those steps' ops (no other step is read).
+  std::vector<std::optional<int64_t>> parts;
+  if (a.steps.empty())
+    parts.push_back(std::nullopt);
+  else
+    for (const int64_t step : recordedSteps(rec, steps)) parts.push_back(step);
+  for (const std::optional<int64_t>& step : parts) {
+    storage::OpQuery q;
+    q.step = step;
+    q.withTensors = true;  // the op rows name their tensors and output 0's MD5 too
+    q.limit = kPage;
+    q.seqBegin = 0;
+    while (going) {
+      const std::vector<storage::OpRecord> page = rec.ops(q);
+      if (page.empty()) break;
+      q.seqBegin = page.back().seq + 1;
+      rows += int64_t(page.size());
+      const std::string text = a.tensors ? storage::toTensorCsv(page) : storage::toCsv(page);
+      going = out.write(text.substr(header.size()));  // each page's text starts with the header
+      if (int64_t(page.size()) < kPage) break;
+    }
   }
   if (!a.steps.empty() && rows == 0 && interruptSignal() == 0) return fail(noOpsInSteps(a, rec));
   return out.finish();
