@@ -5,15 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "cli_common.h"
+#include "keel/analysis/folder_diff.h"
 #include "keel/analysis/ranks.h"
 #include "keel/base/output_path.h"
 #include "keel/storage/diff.h"
@@ -158,219 +154,30 @@ int runByParameter(const DiffArgs& a) {
   return r.first ? 1 : 0;
 }
 
-// The step of a report's first divergence: its first diverged op's, else its first diverged
-// loss's (recordings without tensor values), else none.
-std::optional<int64_t> firstDivergentStep(const storage::DiffReport& r) {
-  if (r.first) return r.first->pair.step;
-  if (const storage::LossDiff* l = storage::firstLossDivergence(r)) return l->step;
-  return std::nullopt;
-}
-
-// The ops that talk to other ranks.
-bool isCollective(const std::string& name) {
-  return name == "all_reduce" || name == "all_gather" || name == "reduce_scatter" ||
-         name == "broadcast" || name == "all_to_all";
-}
-
-// "step 3, op #1253 all_reduce (dp_loss)", B's seq for an op only in B.
-std::string pairText(const storage::OpPair& p) {
-  return "step " + std::to_string(p.step) + ", op " +
-         (p.inA ? "#" + std::to_string(p.seqA) : "B #" + std::to_string(p.seqB)) + " " + p.name +
-         (p.scope.empty() ? "" : " (" + p.scope + ")");
-}
-
-// One rank's diff in a folder diff, with what the folder's verdict line says of it.
-struct RankDiff {
-  storage::Recording ra, rb;
-  storage::DiffReport report;
-  // Collectives on one side only (a rank that skipped or added one: its peers' waits and sums
-  // are no longer the other run's), the first of them.
-  int64_t collectivesOnlyInA = 0, collectivesOnlyInB = 0;
-  std::optional<storage::OpPair> firstOneSided;
-  int64_t opsOnlyInA = 0, opsOnlyInB = 0;  // other ops on one side only
-  // Note [The rank that diverged first]: (step, collective, time into the step) of its first
-  // divergence; none without one.
-  std::optional<std::tuple<int64_t, int, int64_t>> firstKey;
-  bool diverged() const {
-    return storage::diffVerdict(report) == storage::DiffVerdict::Diverged ||
-           collectivesOnlyInA + collectivesOnlyInB > 0;
-  }
-};
-
-// Note [The rank that diverged first]: in a folder diff the ranks' first divergences are ordered
-// by step, then a rank whose first divergence is an op of its own before one whose first is a
-// collective — a collective's output differs when any rank's input to it does, so a difference
-// made on rank 1 (a matmul) shows on rank 0 first at the all_reduce that brought it over, with
-// rank 0's own inputs all equal (its "root") — then by the time into the step the op began (the
-// ranks run in lockstep between collectives), then by rank.
-std::optional<std::tuple<int64_t, int, int64_t>> firstKey(const RankDiff& d) {
-  const std::optional<int64_t> step = firstDivergentStep(d.report);
-  if (!step) return std::nullopt;
-  if (!d.report.first) return std::tuple{*step, 0, INT64_MAX};  // losses only: no op
-  const storage::OpPair& p = d.report.first->pair;
-  const storage::Recording& rec = p.inB ? d.rb : d.ra;
-  int64_t offset = INT64_MAX;
-  if (const std::optional<storage::OpRecord> op = rec.op(p.inB ? p.seqB : p.seqA))
-    for (const storage::StepRecord& st : rec.steps())
-      if (st.step == p.step && st.beginNs > 0 && op->beginNs >= st.beginNs)
-        offset = op->beginNs - st.beginNs;
-  return std::tuple{*step, isCollective(p.name) ? 1 : 0, offset};
-}
-
-// What differs in one rank's setup alone ("B's run did not finish (failed: hang: ...)"), clipped:
-// the whole line is in the rank's own report (keel diff A/rank-R.db B/rank-R.db).
-std::string setupPhrase(const std::string& s) {
-  return s.size() > 110 ? s.substr(0, 107) + "..." : s;
-}
-
-// The verdict line of rank r: its verdict and first divergence, its collectives or ops on one
-// side only, where its difference came from, and the setup differences that are its own.
-std::string rankLine(const RankDiff& d, const std::vector<std::string>& commonSetup,
-                     std::optional<size_t> earliest, size_t r, const std::vector<RankDiff>& diffs) {
-  const storage::DiffReport& report = d.report;
-  const storage::DiffVerdict v = storage::diffVerdict(report);
-  const bool oneSidedOnly = v != storage::DiffVerdict::Diverged && d.diverged();
-  std::string line = v == storage::DiffVerdict::Diverged            ? "diverged"
-                     : oneSidedOnly                                 ? "collectives differ"
-                     : v == storage::DiffVerdict::ValuesNotCompared ? "no values compared"
-                                                                    : "equal within tolerance";
-  if (report.first) {  // --strict: the first may be an op of B only
-    line += ": first at " + pairText(report.first->pair);
-    if (isCollective(report.first->pair.name) && earliest && *earliest != r &&
-        diffs[*earliest].firstKey && d.firstKey &&
-        std::get<0>(*diffs[*earliest].firstKey) <= std::get<0>(*d.firstKey))
-      line += ", a collective: the difference came through it from another rank (rank " +
-              std::to_string(*earliest) + " diverged first)";
-  } else if (const storage::LossDiff* l = storage::firstLossDivergence(report)) {
-    line += ": the losses first at step " + std::to_string(l->step) +
-            " (no op can be named without tensor values)";
-  }
-  if (d.collectivesOnlyInA + d.collectivesOnlyInB > 0) {
-    auto n = [](int64_t k, const char* side) {
-      return k > 0 ? std::to_string(k) + (k == 1 ? " collective" : " collectives") + " only in " +
-                         side
-                   : std::string();
-    };
-    std::string which = n(d.collectivesOnlyInA, "A");
-    if (d.collectivesOnlyInB > 0)
-      which += (which.empty() ? "" : " and ") + n(d.collectivesOnlyInB, "B");
-    line += (report.first ? "; " : ": ") + which + ", the first at " + pairText(*d.firstOneSided) +
-            " (a rank skipped or added a collective)";
-  }
-  if (d.opsOnlyInA + d.opsOnlyInB > 0 && v != storage::DiffVerdict::Diverged &&
-      !report.options.unmatchedIsDivergent)
-    line += "; " + std::to_string(d.opsOnlyInA + d.opsOnlyInB) +
-            (d.opsOnlyInA + d.opsOnlyInB == 1 ? " op" : " ops") +
-            " on one side only (--strict counts them)";
-  for (const std::string& s : report.setup)
-    if (std::find(commonSetup.begin(), commonSetup.end(), s) == commonSetup.end())
-      line += "; " + setupPhrase(s);
-  return line;
-}
-
 // Two run folders of one layout, rank by rank: a verdict line per rank (the setup differences
 // every rank shares said once above), then the whole report of the rank that diverged first
-// (Note [The rank that diverged first]). --json: {"verdict", "exit_code", "first_rank",
-// "setup", "ranks": [{"rank", "verdict", "line", "setup", "collectives_only_in_a",
-// "collectives_only_in_b", "report"}]} (docs/diff.md).
+// (Note [The rank that diverged first]); --json: analysis::folderDiffJson (docs/diff.md).
 int runDiffFolders(const DiffArgs& a) {
-  const storage::RunManifest ma = storage::readManifest(a.a);
-  const storage::RunManifest mb = storage::readManifest(a.b);
-  if (ma.dp != mb.dp || ma.tp != mb.tp || ma.ep != mb.ep || ma.cp != mb.cp || ma.zero != mb.zero ||
-      ma.vocab != mb.vocab)
+  if (!analysis::sameLayout(storage::readManifest(a.a), storage::readManifest(a.b)))
     return runByParameter(a);  // other layouts: by parameter name
-  const storage::DiffOptions opt = diffOptions(a);
-  std::vector<RankDiff> diffs;
-  int status = 0;
-  for (int64_t r = 0; r < ma.worldSize; ++r) {
-    storage::Recording ra = storage::Recording::open(storage::rankPath(a.a, ma, r));
-    storage::Recording rb = storage::Recording::open(storage::rankPath(a.b, mb, r));
-    storage::checkRankRun(a.a, ma, r, ra.run());
-    storage::checkRankRun(a.b, mb, r, rb.run());
-    storage::DiffReport report = storage::diffRecordings(ra, rb, opt);
-    RankDiff d{std::move(ra), std::move(rb), std::move(report), 0, 0, std::nullopt, 0, 0,
-               std::nullopt};
-    // Steps one run lacks or did not end (it hung, stopped or was killed there) are a setup
-    // difference ("A has 3 steps, B 2"), not ops on one side.
-    std::set<int64_t> endedA, endedB;
-    for (const storage::StepRecord& st : d.ra.steps())
-      if (st.endNs > 0) endedA.insert(st.step);
-    for (const storage::StepRecord& st : d.rb.steps())
-      if (st.endNs > 0) endedB.insert(st.step);
-    auto oneSidedStep = [&](int64_t step) {
-      return step > 0 && (!endedA.count(step) || !endedB.count(step));  // 0: initialisation
-    };
-    for (const storage::OpPair& p : d.report.pairs) {
-      if ((p.inA && p.inB) || oneSidedStep(p.step)) continue;
-      if (isCollective(p.name)) {
-        ++(p.inA ? d.collectivesOnlyInA : d.collectivesOnlyInB);
-        if (!d.firstOneSided) d.firstOneSided = p;
-      } else {
-        ++(p.inA ? d.opsOnlyInA : d.opsOnlyInB);
-      }
-    }
-    d.firstKey = firstKey(d);
-    status = std::max(status, d.diverged() ? 1 : storage::diffExitCode(d.report));
-    diffs.push_back(std::move(d));
-  }
-  std::optional<size_t> earliest;  // Note [The rank that diverged first]
-  for (size_t r = 0; r < diffs.size(); ++r)
-    if (diffs[r].firstKey && (!earliest || *diffs[r].firstKey < *diffs[*earliest].firstKey))
-      earliest = r;
-  // The setup differences every rank has (seed, config, backend): said once.
-  std::vector<std::string> common =
-      diffs.empty() ? std::vector<std::string>() : diffs[0].report.setup;
-  std::erase_if(common, [&](const std::string& s) {
-    return std::any_of(diffs.begin(), diffs.end(), [&](const RankDiff& d) {
-      return std::find(d.report.setup.begin(), d.report.setup.end(), s) == d.report.setup.end();
-    });
-  });
-  const bool anyDiverged =
-      std::any_of(diffs.begin(), diffs.end(), [](const RankDiff& d) { return d.diverged(); });
-  const bool noneCompared =
-      !diffs.empty() && std::all_of(diffs.begin(), diffs.end(), [](const RankDiff& d) {
-        return storage::diffVerdict(d.report) == storage::DiffVerdict::ValuesNotCompared;
-      });
-  const std::string verdict = anyDiverged    ? "diverged"
-                              : noneCompared ? "values-not-compared"
-                                             : "equal";
+  const analysis::FolderDiff fd = analysis::diffRunFolders(a.a, a.b, diffOptions(a));
   if (a.json) {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (size_t r = 0; r < diffs.size(); ++r) {
-      const RankDiff& d = diffs[r];
-      const storage::DiffVerdict v = storage::diffVerdict(d.report);
-      ranks.push_back(
-          {{"rank", r},
-           {"verdict", d.diverged()                                   ? "diverged"
-                       : v == storage::DiffVerdict::ValuesNotCompared ? "values-not-compared"
-                                                                      : "equal"},
-           {"line", rankLine(d, common, earliest, r, diffs)},
-           {"setup", d.report.setup},
-           {"collectives_only_in_a", d.collectivesOnlyInA},
-           {"collectives_only_in_b", d.collectivesOnlyInB},
-           {"report", nlohmann::json::parse(storage::toJson(d.report))}});
-    }
-    const nlohmann::json j = {
-        {"verdict", verdict},
-        {"exit_code", status},
-        {"first_rank", earliest ? nlohmann::json(*earliest) : nlohmann::json()},
-        {"setup", common},
-        {"ranks", ranks}};
-    std::printf("%s\n", j.dump(2).c_str());
-    return status;
+    std::printf("%s\n", analysis::folderDiffJson(fd).c_str());
+    return fd.exitCode;
   }
+  const storage::RunManifest& ma = fd.manifestA;
   std::printf("keel diff: A = %s, B = %s, %lld ranks (dp %lld x tp %lld), rank by rank\n",
               a.a.c_str(), a.b.c_str(), static_cast<long long>(ma.worldSize),
               static_cast<long long>(ma.dp), static_cast<long long>(ma.tp));
-  for (const std::string& s : common) std::printf("  setup differs: %s\n", s.c_str());
-  for (size_t r = 0; r < diffs.size(); ++r)
-    std::printf("  rank %zu: %s\n", r, rankLine(diffs[r], common, earliest, r, diffs).c_str());
-  if (earliest) {
-    std::printf("\nrank %zu (the first to diverge):\n", *earliest);
-    const RankDiff& d = diffs[*earliest];
+  for (const std::string& s : fd.commonSetup) std::printf("  setup differs: %s\n", s.c_str());
+  for (size_t r = 0; r < fd.ranks.size(); ++r)
+    std::printf("  rank %zu: %s\n", r, fd.rankLine(r).c_str());
+  if (fd.earliest) {
+    std::printf("\nrank %zu (the first to diverge):\n", *fd.earliest);
+    const analysis::RankDiff& d = fd.ranks[*fd.earliest];
     printReport(d.ra, d.rb, d.report, a.mismatchesOnly);
   }
-  return status;
+  return fd.exitCode;
 }
 
 int runReplicas(const DiffArgs& a) {
