@@ -16,6 +16,7 @@
 #include <QFileInfo>
 #include <QSet>
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 
@@ -55,6 +56,12 @@ QString optionName(const QString& arg) {
 struct Options {
   QCommandLineOption compare{
       "compare", "Recording to compare with (side by side, diffed op by op).", "other.db"};
+  QCommandLineOption atol{"atol",
+                          "With --compare: absolute tolerance (default 1e-06, as keel diff).", "X"};
+  QCommandLineOption rtol{
+      "rtol", "With --compare: relative tolerance, against B (default 0.0001, as keel diff).", "X"};
+  QCommandLineOption ulps{"ulps", "With --compare: also accept elements within N ULPs (0: off).",
+                          "N"};
   QCommandLineOption step{"step", "Training step to show.", "N"};
   QCommandLineOption rank{"rank", "With a run folder (a multi-rank run): the rank to show.", "R"};
   QCommandLineOption firstDiv{"select-first-divergence",
@@ -101,8 +108,8 @@ struct Options {
     p.addHelpOption();
     p.addVersionOption();
     p.addPositionalArgument("recording", "Recording to open (.db).", "[run.db]");
-    p.addOptions({compare, step, rank, firstDiv, selectOp, shot, viewsDir, size, show, session,
-                  backend, steps, seed, output, run, breakOn});
+    p.addOptions({compare, atol, rtol, ulps, step, rank, firstDiv, selectOp, shot, viewsDir, size,
+                  show, session, backend, steps, seed, output, run, breakOn});
   }
 };
 
@@ -185,6 +192,20 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
                        ? QString::fromStdString(storage::notARunFolder(f.toStdString()))
                        : notAFile("recording", f));
   bool ok = true;
+  // The tolerances, read as keel diff reads them (a finite number >= 0; ULPs a whole one).
+  for (auto [option, value] : {std::pair{&o.atol, &out.atol}, std::pair{&o.rtol, &out.rtol}}) {
+    if (!cli.isSet(*option)) continue;
+    const QString name = "--" + option->names().first();
+    if (out.compare.isEmpty()) return error(name + " needs --compare");
+    *value = cli.value(*option).toDouble(&ok);
+    if (!ok || !std::isfinite(*value) || *value < 0)
+      return error(name + ": expected a number >= 0, got '" + cli.value(*option) + "'");
+  }
+  if (cli.isSet(o.ulps)) {
+    if (out.compare.isEmpty()) return error("--ulps needs --compare");
+    out.ulps = cli.value(o.ulps).toULongLong(&ok);
+    if (!ok) return error("--ulps: expected a whole number >= 0, got '" + cli.value(o.ulps) + "'");
+  }
   if (cli.isSet(o.step)) {
     out.step = cli.value(o.step).toLongLong(&ok);
     if (!ok || out.step < 0)

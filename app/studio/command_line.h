@@ -10,6 +10,7 @@
 #include <functional>
 #include <optional>
 
+#include "keel/storage/diff.h"
 #include "session.h"
 
 namespace keel::studio {
@@ -22,6 +23,9 @@ struct StudioCommandLine {
 
   QString recording;  // replay this recording ("" none)
   QString compare;    // and compare it with this one ("" none)
+  // The comparison's tolerances (keel diff's defaults).
+  double atol = storage::DiffOptions{}.atol, rtol = storage::DiffOptions{}.rtol;
+  uint64_t ulps = 0;
   int64_t step = -1;  // step to show (-1: the first; a finished live session: the last)
   int rank = -1;      // a run folder's rank to show (-1: rank 0)
   bool selectFirstDivergence = false;

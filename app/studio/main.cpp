@@ -78,6 +78,19 @@ QString describe(MainWindow& win) {
   }
   if (const auto s = win.summary(keel::views::Side::B)) text += "; compared with " + s->path;
   if (const QString v = win.raisedBottomView(); !v.isEmpty()) text += "; bottom dock: " + v;
+  // A comparison of whole runs (Note [Comparing whole runs]): its verdict first.
+  if (const auto r = win.runsComparison()) {
+    using Kind = keel::views::RunsComparison::Kind;
+    if (r->kind == Kind::RankByRank)
+      text += r->firstRank ? QString("; rank by rank: rank %1 diverged first").arg(*r->firstRank)
+                           : QString("; rank by rank: %1").arg(r->diverged ? "diverged" : "equal");
+    else if (r->firstStep)
+      text += QString("; by parameter: first difference at step %1, %2")
+                  .arg(*r->firstStep)
+                  .arg(r->firstParameter);
+    else
+      text += QString("; by parameter: %1").arg(r->diverged ? "diverged" : "equal");
+  }
   if (const auto d = win.diffReport(); d && d->first)
     text += QString("; first divergence: A #%1 / B #%2")
                 .arg(d->first->pair.inA ? QString::number(d->first->pair.seqA) : "-")
@@ -223,6 +236,7 @@ int main(int argc, char** argv) {
   if (!cli.recording.isEmpty()) {
     if (cli.step >= 0) win.showStepOnOpen(cli.step);
     if (cli.rank >= 0) win.showRankOnOpen(cli.rank);
+    if (!cli.compare.isEmpty()) win.setDiffTolerance(cli.atol, cli.rtol, cli.ulps);
     win.openRecording(cli.recording);
     if (!cli.compare.isEmpty()) {
       QObject::connect(&win, &MainWindow::recordingOpened, &win, [&](keel::views::Side side) {
@@ -246,7 +260,7 @@ int main(int argc, char** argv) {
   std::function<void()> then;
   auto whenLoaded = [&] {
     win.whenIdle([&] {
-      if (!cli.compare.isEmpty() && !win.diffReport() && win.lastError().isEmpty()) {
+      if (!cli.compare.isEmpty() && !win.comparisonShown() && win.lastError().isEmpty()) {
         // The diff starts once B has opened: wait for it.
         QObject::connect(&win, &MainWindow::diffShown, &win, [&] {
           selectRequested();

@@ -102,6 +102,7 @@ MainWindow::MainWindow(QWidget* parent) : QMainWindow(parent) {
   sourceA_ = new views::RunSource(this);
   sourceB_ = new views::RunSource(this);
   diffRunner_ = new views::DiffRunner(this);
+  runsRunner_ = new views::RunsDiffRunner(this);
   session_ = new Session(this);
 
   graphA_ = new views::GraphView(selection_, Side::A);
@@ -260,7 +261,10 @@ void MainWindow::buildActions() {
   rankActs_ = {tb->addWidget(new QLabel(" Rank ")), tb->addWidget(rankCombo_),
                tb->addWidget(new QLabel(" vs ")), tb->addWidget(compareRankCombo_)};
   for (QAction* a : rankActs_) a->setVisible(false);
-  connect(rankCombo_, &QComboBox::activated, this, [this](int rank) { showRank(rank); });
+  connect(rankCombo_, &QComboBox::activated, this, [this](int rank) {
+    rankChosen_ = true;
+    showRank(rank);
+  });
   connect(compareRankCombo_, &QComboBox::activated, this, [this](int index) {
     if (index > 0) compareWith(rankFile(index - 1));
   });
@@ -321,6 +325,7 @@ void MainWindow::buildDocks() {
   ranksView_ = new views::RanksView;
   ranksDock_ = dock("Ranks", "dock.ranks", ranksView_, Qt::BottomDockWidgetArea);
   connect(ranksView_, &views::RanksView::rankActivated, this, [this](int rank) {
+    rankChosen_ = true;
     rankCombo_->setCurrentIndex(rank);
     showRank(rank);
   });
@@ -331,6 +336,7 @@ void MainWindow::buildDocks() {
               return;
             }
             showStepOnOpen(step);
+            rankChosen_ = true;
             showRank(rank);
             pendingSelectA_ = seq;
           });
@@ -546,6 +552,7 @@ void MainWindow::connectSources() {
     stepA_ = step;
     busy(1);
     graphA_->setStep(step);
+    if (pendingUpdateA_ && pendingUpdateA_->first == step->step) selectUpdate(Side::A, step);
     if (failedSeq_ && step->indexOf(*failedSeq_) >= 0) graphA_->markFailed(*failedSeq_);
     opTable_->setStep(step);
     timeline_->setStep(step);
@@ -569,6 +576,7 @@ void MainWindow::connectSources() {
     if (step->step != shownStep_) return;
     stepB_ = step;
     graphB_->setStep(step);
+    if (pendingUpdateB_ && pendingUpdateB_->first == step->step) selectUpdate(Side::B, step);
   });
   connect(sourceA_, &RunSource::logsLoaded, this, [this](views::LogsPtr logs) {
     busy(-1);
@@ -638,6 +646,51 @@ void MainWindow::connectSources() {
     diffView_->showFailure(msg);
     showError("Cannot compare the recordings", msg);
   });
+  connect(runsRunner_, &views::RunsDiffRunner::finished, this, [this](views::RunsPtr runs) {
+    busy(-1);
+    runsRunning_ = false;
+    if (std::exchange(runsAgain_, false)) startDiff();
+    // Of runs no longer side by side, or with other options: dropped.
+    const std::optional<views::RunsComparison::Kind> kind = runsKind();
+    if (!kind || *kind != runs->kind || runsKey(*kind) != runsAskedKey_) return;
+    runs_ = runs;
+    runsShownKey_ = runsAskedKey_;
+    const int rank = runFolder_.isEmpty() ? -1 : std::max(0, rankCombo_->currentIndex());
+    diffView_->setRuns(runs, rank);
+    if (runs->kind == views::RunsComparison::Kind::RankByRank) {
+      // The rank that diverged first, once, unless the user chose one.
+      if (runs->firstRank && !std::exchange(rankChosen_, true) && *runs->firstRank != rank) {
+        statusBar()->showMessage(
+            QString("Rank %1 diverged first: showing it (the diff view lists every rank)")
+                .arg(*runs->firstRank),
+            8000);
+        showRank(*runs->firstRank);
+      }
+      return;
+    }
+    // By parameter: the first parameter to differ has its update selected on both sides, in
+    // its step.
+    if (runs->firstStep) {
+      pendingUpdateA_ = pendingUpdateB_ = std::pair{*runs->firstStep, runs->firstParameter};
+      if (shownStep_ == *runs->firstStep) {
+        if (stepA_) selectUpdate(Side::A, stepA_);
+        if (stepB_) selectUpdate(Side::B, stepB_);
+      } else {
+        showStep(*runs->firstStep);
+      }
+    }
+    if (std::exchange(diffRaise_, false)) raiseBottom(diffDock_);
+    emit diffShown();
+  });
+  connect(runsRunner_, &views::RunsDiffRunner::failed, this, [this](const QString& msg) {
+    busy(-1);
+    runsRunning_ = false;
+    if (std::exchange(runsAgain_, false)) startDiff();
+    if (runsKind() == views::RunsComparison::Kind::ByParameter) diffView_->showFailure(msg);
+    showError("Cannot compare the runs", msg);
+  });
+  connect(diffView_, &views::DiffView::toleranceChanged, this,
+          [this](double atol, double rtol, quint64 ulps) { setDiffTolerance(atol, rtol, ulps); });
   for (views::GraphView* g : {graphA_, graphB_})
     connect(g, &views::GraphView::layoutFinished, this, [this] { checkIdle(); });
   connect(graphA_, &views::GraphView::breakHereRequested, this,
@@ -781,6 +834,19 @@ void MainWindow::sessionEnded(const views::SummaryPtr& s) {
   }
 }
 
+void MainWindow::selectUpdate(Side side, const views::StepPtr& step) {
+  std::optional<std::pair<int64_t, QString>>& pending =
+      side == Side::A ? pendingUpdateA_ : pendingUpdateB_;
+  const QString parameter = pending->second;
+  pending.reset();
+  for (const storage::OpRecord& op : step->ops)
+    if (op.phase == storage::Phase::Optimizer && op.name.ends_with("_step") &&
+        QString::fromStdString(op.scope) == parameter) {  // adamw_step, sgd_step
+      selection_->select(side, op.seq);
+      return;
+    }
+}
+
 void MainWindow::refreshA() {
   ++refreshesA_;
   busy(1);
@@ -808,6 +874,22 @@ void MainWindow::followTo(int64_t step) {
 // one lands.
 void MainWindow::startDiff() {
   if (!summaryA_ || !summaryB_ || !sourceB_->isOpen()) return;
+  // The runs as a whole (Note [Comparing whole runs]): the comparison shown while it is of these
+  // runs with these options, and one made when it is not.
+  const std::optional<views::RunsComparison::Kind> kind = runsKind();
+  const bool runsCurrent = kind && runs_ && runsShownKey_ == runsKey(*kind);
+  diffView_->setRuns(runsCurrent ? runs_ : nullptr,
+                     runFolder_.isEmpty() ? -1 : std::max(0, rankCombo_->currentIndex()));
+  if (kind && !runsCurrent) startRuns(*kind);
+  if (kind == views::RunsComparison::Kind::ByParameter) {
+    // No op-by-op diff: one shown before (of other recordings) goes.
+    diff_.reset();
+    diffView_->clear();
+    inspector_->setDiff(nullptr);
+    graphA_->setDiff(nullptr);
+    graphB_->setDiff(nullptr);
+    return;
+  }
   if (diffRunning_) {
     diffAgain_ = true;
     updateDiffCurrency();
@@ -817,8 +899,55 @@ void MainWindow::startDiff() {
   askedMoves_ = liveMoves_;
   diffPaths_ = {summaryA_->path, summaryB_->path};
   busy(1);
-  diffRunner_->start(diffPaths_.first, diffPaths_.second);
+  diffRunner_->start(diffPaths_.first, diffPaths_.second, diffOptions_);
   updateDiffCurrency();
+}
+
+std::optional<views::RunsComparison::Kind> MainWindow::runsKind() const {
+  if (!summaryA_ || !summaryB_) return std::nullopt;
+  const storage::RunInfo &a = summaryA_->run, &b = summaryB_->run;
+  const bool folderA = !runFolder_.isEmpty(), folderB = !compareFolder_.isEmpty();
+  using Kind = views::RunsComparison::Kind;
+  if (folderA && folderB)
+    return a.worldSize == b.worldSize && a.layout == b.layout ? Kind::RankByRank
+                                                              : Kind::ByParameter;
+  // A run folder against one process (a rank's own file against another is op by op).
+  if ((folderA && b.worldSize <= 1) || (folderB && a.worldSize <= 1)) return Kind::ByParameter;
+  return std::nullopt;
+}
+
+QString MainWindow::runsKey(views::RunsComparison::Kind kind) const {
+  const QString a = runFolder_.isEmpty() ? summaryA_->path : runFolder_;
+  const QString b = compareFolder_.isEmpty() ? summaryB_->path : compareFolder_;
+  // A live run A is compared again as it moves (Note [A live comparison]).
+  return QString("%1|%2|%3|%4|%5|%6|%7")
+      .arg(int(kind))
+      .arg(a, b)
+      .arg(diffOptions_.atol, 0, 'g', 17)
+      .arg(diffOptions_.rtol, 0, 'g', 17)
+      .arg(diffOptions_.maxUlps)
+      .arg(live_ ? liveMoves_ : 0);
+}
+
+void MainWindow::startRuns(views::RunsComparison::Kind kind) {
+  const QString key = runsKey(kind);
+  if (runsRunning_) {  // made once the one in flight lands, unless that is this one
+    runsAgain_ = runsAskedKey_ != key;
+    return;
+  }
+  runsRunning_ = true;
+  runsAskedKey_ = key;
+  busy(1);
+  runsRunner_->start(kind, runFolder_.isEmpty() ? summaryA_->path : runFolder_,
+                     compareFolder_.isEmpty() ? summaryB_->path : compareFolder_, diffOptions_);
+}
+
+void MainWindow::setDiffTolerance(double atol, double rtol, uint64_t ulps) {
+  diffOptions_.atol = atol;
+  diffOptions_.rtol = rtol;
+  diffOptions_.maxUlps = ulps;
+  diffView_->setTolerance(atol, rtol, ulps);
+  startDiff();  // the runs open, compared again with these
 }
 
 bool MainWindow::comparisonOutOfDate() const {
@@ -880,6 +1009,7 @@ void MainWindow::openRunFolder(const QString& folder) {
     return;
   }
   runFolder_ = folder;
+  rankChosen_ = std::exchange(rankAsked_, false);
   rankFiles_.clear();
   rankCombo_->clear();
   compareRankCombo_->clear();
@@ -919,7 +1049,9 @@ void MainWindow::showRank(int rank) {
   if (rankCombo_->currentIndex() != rank) rankCombo_->setCurrentIndex(rank);
   // A comparison open (another rank, or any recording) is opened again once the new rank is:
   // its diff is against A, which changes.
-  if (sourceB_->isOpen()) pendingCompare_ = sourceB_->path();
+  // A run folder compared is compared again at the new rank.
+  if (sourceB_->isOpen())
+    pendingCompare_ = compareFolder_.isEmpty() ? sourceB_->path() : compareFolder_;
   openFile(f, /*verify=*/true);
 }
 
@@ -970,6 +1102,7 @@ void MainWindow::compareWith(const QString& folderOrFile) {
       return;
     }
   }
+  compareFolder_ = path == folderOrFile ? QString() : folderOrFile;
   // The "vs" selector names the compared rank when it is one of the open run folder's.
   compareRankCombo_->setCurrentIndex(int(rankFiles_.indexOf(path)) + 1);
   summaryB_.reset();

@@ -25,6 +25,7 @@ class QSplitter;
 namespace keel::views {
 class DiffRunner;
 class DiffView;
+class RunsDiffRunner;
 class GraphView;
 class InspectorView;
 class LogView;
@@ -52,11 +53,28 @@ class MainWindow : public QMainWindow {
   // The run folder's rank `rank` in every view (a run folder must be open).
   void showRank(int rank);
   QString runFolder() const { return runFolder_; }
-  // The rank to show when the next run folder opens (instead of rank 0); used once.
-  void showRankOnOpen(int rank) { rankOnOpen_ = rank; }
+  // The rank to show when the next run folder opens (instead of rank 0); used once. A rank asked
+  // for is kept when its folder is compared with another (not the rank that diverged first).
+  void showRankOnOpen(int rank) {
+    rankOnOpen_ = rank;
+    rankAsked_ = true;
+  }
   views::RanksView* ranksView() { return ranksView_; }
-  // Opens `path` as side B, side by side with A, and diffs the two.
+  // Opens `path` as side B, side by side with A, and diffs the two. A run folder is compared as
+  // a whole too (Note [Comparing whole runs] in keel/views/run_data.h): with a run folder of one
+  // layout open, rank by rank, and the window shows the rank that diverged first (unless a rank
+  // was chosen); against a run of another layout, by parameter.
   void compareWith(const QString& path);
+  // The tolerances of the comparisons (keel diff's --atol, --rtol, --ulps): the diff view's
+  // fields show them, and the runs open are compared again with them.
+  void setDiffTolerance(double atol, double rtol, uint64_t ulps);
+  const storage::DiffOptions& diffOptions() const { return diffOptions_; }
+  // The comparison of whole runs shown (none: nullptr).
+  views::RunsPtr runsComparison() const { return runs_; }
+  // A comparison is shown: an op-by-op diff, or the runs' by parameter (which has none).
+  bool comparisonShown() const {
+    return diff_ || (runs_ && runs_->kind == views::RunsComparison::Kind::ByParameter);
+  }
   // File > Import > PyTorch memory snapshot: reads `snapshot` (Note [Torch memory snapshots],
   // storage/) on a worker thread into the recording `output` (written beside it and renamed, so
   // an existing file is replaced only by a complete one), then opens it with the Memory view
@@ -198,8 +216,27 @@ class MainWindow : public QMainWindow {
   QList<QAction*> rankActs_;
   int rankOnOpen_ = 0;
   bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)
-  QString pendingCompare_;   // compared again once the next side A has opened (rank switch)  // the
-                             // toolbar's rank selectors (visible with a run folder)
+  QString pendingCompare_;   // compared again once the next side A has opened (rank switch)
+  bool rankAsked_ = false;   // showRankOnOpen was called for the run folder opening
+  // The rank shown was chosen (--rank, the rank selector, the Ranks panel): a comparison rank by
+  // rank does not move to the rank that diverged first.
+  bool rankChosen_ = false;
+  QString compareFolder_;  // the run folder B compared (its rank of A's shown rank is open)
+  storage::DiffOptions diffOptions_;
+  // The comparison of whole runs (Note [Comparing whole runs]): which kind the open recordings
+  // call for (none: one recording against another, op by op alone), the key of one made of them
+  // with the options now, and the one shown, asked for and queued.
+  std::optional<views::RunsComparison::Kind> runsKind() const;
+  QString runsKey(views::RunsComparison::Kind kind) const;
+  void startRuns(views::RunsComparison::Kind kind);
+  views::RunsDiffRunner* runsRunner_;
+  views::RunsPtr runs_;
+  QString runsShownKey_, runsAskedKey_;
+  bool runsRunning_ = false, runsAgain_ = false;
+  // A comparison by parameter's first difference: its step and parameter, whose update (the
+  // optimizer op of that scope) is selected on each side when the step arrives.
+  std::optional<std::pair<int64_t, QString>> pendingUpdateA_, pendingUpdateB_;
+  void selectUpdate(views::Side side, const views::StepPtr& step);
 
   QAction *newSessionAct_, *openAct_, *compareAct_, *runAct_, *pauseAct_, *stepAct_, *stopAct_,
       *breakpointsAct_, *fitAct_, *trackMemoryAct_;

@@ -6,6 +6,7 @@
 #include <QFileInfo>
 #include <QHeaderView>
 #include <QLabel>
+#include <QLineEdit>
 #include <QProcess>
 #include <QScrollBar>
 #include <QSignalSpy>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "keel/views/diff_view.h"
 #include "keel/views/ranks_view.h"
 #include "keel/views/selection.h"
 #include "main_window.h"
@@ -27,22 +29,30 @@ using keel::views::Side;
 
 namespace {
 
-// `keel record` of gpt-tiny at dp 2 under mpirun into `folder`, rank 1's fourth all_reduce (step
-// 2's gradient bucket) changed.
-bool recordDriftingRun(const QString& folder) {
-  const std::string cmd =
-      "cd '" KEEL_SOURCE_DIR
-      "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-      "OMPI_MCA_memory=^patcher ASAN_OPTIONS=detect_leaks=0 "
-      "OMPI_MCA_orte_tmpdir_base='" +
-      QFileInfo(folder).absolutePath().toStdString() +
-      "' KEEL_BLAS_TUNE=0 KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1 timeout 120 "
-      "mpirun -np 2 -x KEEL_BLAS_TUNE -x KEEL_TEST_PERTURB -x KEEL_TEST_PERTURB_RANK "
-      "'" KEEL_CLI_PATH
-      "' record --config tests/fixtures/gpt-tiny.json --steps 3 --dp 2 --md5 -o '" +
-      folder.toStdString() + "' >/dev/null 2>&1";
+// `keel record` of gpt-tiny (3 steps, MD5s and statistics) into `out`: at dp 2 under mpirun
+// (`ranks` 2) or in one process (1), with `env` set (a perturbation).
+bool recordTiny(const QString& out, int ranks, const std::string& env = "") {
+  const std::string launch =
+      ranks > 1
+          ? "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+            "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+            "OMPI_MCA_memory=^patcher ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_orte_tmpdir_base='" +
+                QFileInfo(out).absolutePath().toStdString() + "' KEEL_BLAS_TUNE=0 " + env +
+                " timeout 120 mpirun -np 2 -x KEEL_BLAS_TUNE -x KEEL_TEST_PERTURB -x "
+                "KEEL_TEST_PERTURB_RANK "
+          : "KEEL_BLAS_TUNE=0 timeout 120 ";
+  const std::string cmd = "cd '" KEEL_SOURCE_DIR "' && " + launch +
+                          "'" KEEL_CLI_PATH
+                          "' record --config tests/fixtures/gpt-tiny.json "
+                          "--steps 3 --md5 --stats" +
+                          (ranks > 1 ? " --dp 2" : "") + " -o '" + out.toStdString() +
+                          "' >/dev/null 2>&1";
   return std::system(cmd.c_str()) == 0;
+}
+
+// The drifting run: rank 1's fourth all_reduce (step 2's gradient bucket) changed.
+bool recordDriftingRun(const QString& folder) {
+  return recordTiny(folder, 2, "KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1");
 }
 
 }  // namespace
@@ -54,6 +64,137 @@ class StudioRanksTest : public QObject {
     QStandardPaths::setTestModeEnabled(true);
     dir_ = keel::views::test::tempDir();
     QVERIFY(recordDriftingRun(dir_ + "/run"));
+    QVERIFY(recordTiny(dir_ + "/clean", 2));
+    QVERIFY(recordTiny(dir_ + "/single.db", 1));
+  }
+
+  // Note [Comparing whole runs]: two run folders of one layout compared in the studio are
+  // compared rank by rank, as keel diff RUN_A/ RUN_B/ does. Rank 0's comparison (what opened)
+  // showed no difference in step 2 at all: the drift was made on rank 1. The window moves to the
+  // rank that diverged first, and the diff view lists every rank's verdict.
+  void twoRunFoldersCompareRankByRankOnTheRankThatDivergedFirst() {
+    MainWindow w;
+    w.resize(1400, 900);
+    w.show();
+    w.openRecording(dir_ + "/clean");
+    QVERIFY(waitIdle(w));
+    w.compareWith(dir_ + "/run");
+    QVERIFY(QTest::qWaitFor([&] { return w.runsComparison() != nullptr; }, 60000));
+    QVERIFY(waitIdle(w));
+    const keel::views::RunsPtr runs = w.runsComparison();
+    QCOMPARE(int(runs->kind), int(keel::views::RunsComparison::Kind::RankByRank));
+    QCOMPARE(runs->firstRank, std::optional<int>(1));
+    QVERIFY(runs->diverged);
+    QCOMPARE(runs->rankLines.size(), size_t(2));
+    QVERIFY2(runs->rankLines[1].startsWith("diverged: first at step 2, op #") &&
+                 runs->rankLines[1].contains(" all_reduce (dp_grad_sync)"),
+             qPrintable(runs->rankLines[1]));
+    QVERIFY(w.summary(Side::A)->path.endsWith("/clean/rank-1.db"));
+    QVERIFY(w.summary(Side::B)->path.endsWith("/run/rank-1.db"));
+    QCOMPARE(w.findChild<QComboBox*>("rankCombo")->currentIndex(), 1);
+    QVERIFY(w.diffReport() && w.diffReport()->first);
+    QCOMPARE(w.diffReport()->first->pair.step, int64_t(2));
+    const QString summary = w.diffView()->summaryText();
+    QVERIFY2(summary.contains("rank 1 diverged first") &&
+                 summary.contains("the table: rank 1 of A against rank 1 of B") &&
+                 summary.contains("rank 0: ") && summary.contains("rank 1: diverged: first at "),
+             qPrintable(summary));
+
+    // The tolerance fields: a value that is no number is marked and compares nothing again;
+    // tolerances wide enough for the drift make every rank equal within them.
+    auto* atol = w.diffView()->findChild<QLineEdit*>("diffAtol");
+    auto* rtol = w.diffView()->findChild<QLineEdit*>("diffRtol");
+    QVERIFY(atol && rtol && atol->isVisible());
+    QCOMPARE(atol->text(), QString("1e-06"));
+    QSignalSpy changed(w.diffView(), &keel::views::DiffView::toleranceChanged);
+    atol->setText("abc");
+    emit atol->editingFinished();
+    QCOMPARE(changed.count(), 0);
+    QVERIFY(atol->styleSheet().contains("background"));
+    QCOMPARE(atol->toolTip(), QString("atol: expected a number >= 0, got 'abc'"));
+    QCOMPARE(w.diffView()->toleranceError(), atol->toolTip());
+    atol->setText("1e9");
+    rtol->setText("1e9");
+    emit atol->editingFinished();
+    QCOMPARE(changed.count(), 1);
+    QVERIFY(atol->styleSheet().isEmpty());
+    QVERIFY(QTest::qWaitFor([&] { return w.runsComparison() != runs; }, 60000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.diffOptions().atol, 1e9);
+    QVERIFY(!w.runsComparison()->diverged);
+    QVERIFY(!w.runsComparison()->firstRank);
+    QCOMPARE(w.diffReport()->options.atol, 1e9);
+    QVERIFY(!w.diffReport()->first);
+    QVERIFY2(w.diffView()->summaryText().contains("every rank equal"),
+             qPrintable(w.diffView()->summaryText()));
+
+    // A rank the user chose stays: another window asked for rank 0 keeps it, and says where the
+    // runs diverged first.
+    MainWindow w0;
+    w0.resize(1400, 900);
+    w0.show();
+    w0.showRankOnOpen(0);
+    w0.openRecording(dir_ + "/clean");
+    QVERIFY(waitIdle(w0));
+    w0.compareWith(dir_ + "/run");
+    QVERIFY(QTest::qWaitFor([&] { return w0.runsComparison() != nullptr; }, 60000));
+    QVERIFY(waitIdle(w0));
+    QVERIFY(w0.summary(Side::A)->path.endsWith("/clean/rank-0.db"));
+    QVERIFY2(w0.diffView()->summaryText().contains("rank 1 diverged first") &&
+                 w0.diffView()->summaryText().contains("the table: rank 0 of A against rank 0"),
+             qPrintable(w0.diffView()->summaryText()));
+  }
+
+  // A run folder against one process: their ops see other shares of the batch, so an op-by-op
+  // diff of one rank against the other run called every op diverged; they compare by parameter
+  // (as keel diff does), with no op table, and the update of the first parameter to differ
+  // selected on both sides.
+  void aRunFolderAgainstOneProcessComparesByParameter() {
+    MainWindow w;
+    w.resize(1400, 900);
+    w.show();
+    w.openRecording(dir_ + "/single.db");
+    QVERIFY(waitIdle(w));
+    w.compareWith(dir_ + "/clean");
+    QVERIFY(QTest::qWaitFor([&] { return w.runsComparison() != nullptr; }, 60000));
+    QVERIFY(waitIdle(w));
+    keel::views::RunsPtr runs = w.runsComparison();
+    QCOMPARE(int(runs->kind), int(keel::views::RunsComparison::Kind::ByParameter));
+    QVERIFY2(!runs->diverged, qPrintable(runs->text));
+    QVERIFY(!w.diffReport());
+    QVERIFY(!w.diffView()->table()->isVisible());
+    QVERIFY(w.diffView()->findChild<QLabel*>("diffByParameter")->isVisible());
+    QVERIFY2(w.diffView()->summaryText().contains("EQUAL WITHIN TOLERANCE") &&
+                 w.diffView()->summaryText().contains("A is one process, B is dp 2 x tp 1"),
+             qPrintable(w.diffView()->summaryText()));
+    QCOMPARE(w.raisedBottomView(), QString("diff"));
+
+    // The drifting run: rank 1's step 2 gradients were changed, so its parameters differ from
+    // step 3 (a parameter's pieces are read from one replica of each, rank 0: its step 3
+    // gradients are averaged with rank 1's).
+    w.compareWith(dir_ + "/run");
+    QVERIFY(QTest::qWaitFor(
+        [&] { return w.runsComparison() && w.runsComparison()->pathB == dir_ + "/run"; }, 60000));
+    QVERIFY(waitIdle(w));
+    runs = w.runsComparison();
+    QVERIFY(runs->diverged);
+    QCOMPARE(runs->firstStep, std::optional<int64_t>(3));
+    QVERIFY(!runs->firstParameter.isEmpty());
+    QCOMPARE(w.currentStep()->step, int64_t(3));
+    for (const Side side : {Side::A, Side::B}) {
+      const auto seq = w.selection()->current(side);
+      QVERIFY(seq);
+      const keel::views::StepPtr step = side == Side::A ? w.currentStep() : nullptr;
+      if (step) {
+        const auto& op = step->ops[size_t(step->indexOf(*seq))];
+        QCOMPARE(QString::fromStdString(op.name), QString("adamw_step"));
+        QCOMPARE(QString::fromStdString(op.scope), runs->firstParameter);
+      }
+    }
+    QVERIFY2(w.diffView()->summaryText().contains("DIVERGED") &&
+                 w.diffView()->summaryText().contains("First difference: step 3, parameter " +
+                                                      runs->firstParameter),
+             qPrintable(w.diffView()->summaryText()));
   }
 
   void aRunFolderOpensWithItsRanksAndTheReplicaVerdict() {
@@ -179,6 +320,24 @@ class StudioRanksTest : public QObject {
         {dir_ + "/run/rank-1.db", "--compare", dir_ + "/run", "--screenshot", dir_ + "/cmp0.png"});
     QVERIFY2(c5 == 0, qPrintable(o5));
     QVERIFY2(o5.contains("compared with " + dir_ + "/run/rank-0.db"), qPrintable(o5));
+    // Two run folders: rank by rank, the window on the rank that diverged first, with the
+    // tolerances asked for (and bad ones refused in a line).
+    const auto [c6, o6] = studio(
+        {dir_ + "/clean", "--compare", dir_ + "/run", "--screenshot", dir_ + "/folders.png"});
+    QVERIFY2(c6 == 0, qPrintable(o6));
+    QVERIFY2(o6.contains("/clean/rank-1.db: 3 steps") &&
+                 o6.contains("rank by rank: rank 1 diverged first; first divergence: A #"),
+             qPrintable(o6));
+    const auto [c7, o7] = studio({dir_ + "/clean", "--compare", dir_ + "/run", "--atol", "1e9",
+                                  "--rtol", "1e9", "--screenshot", dir_ + "/folders-tol.png"});
+    QVERIFY2(c7 == 0 && o7.contains("rank by rank: equal"), qPrintable(o7));
+    const auto [c8, o8] = studio({dir_ + "/clean", "--compare", dir_ + "/run", "--rtol", "-1"});
+    QCOMPARE(c8, 2);
+    QVERIFY2(o8.trimmed() == "keel-studio: error: --rtol: expected a number >= 0, got '-1'",
+             qPrintable(o8));
+    const auto [c9, o9] = studio({dir_ + "/single.db", "--compare", dir_ + "/run", "--screenshot",
+                                  dir_ + "/by-parameter.png"});
+    QVERIFY2(c9 == 0 && o9.contains("by parameter: first difference at step 3, "), qPrintable(o9));
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <QHeaderView>
 #include <QItemSelectionModel>
 #include <QLabel>
+#include <QLineEdit>
 #include <QTableView>
 #include <QVBoxLayout>
 #include <cmath>
@@ -340,16 +341,51 @@ DiffView::DiffView(Selection* selection, Side, QWidget* parent)
   mismatches_->setObjectName("diffMismatchesOnly");
   mismatches_->setToolTip(tr("hide pairs that are equal or within tolerance"));
 
+  // The tolerances of the comparison (keel diff's --atol, --rtol and --ulps): a pair is within
+  // tolerance where every element has |a - b| <= atol + rtol * |b|, or is within ULPs units in
+  // the last place; changed here, the runs are compared again.
+  auto field = [this](const char* name, const QString& tip) {
+    auto* e = new QLineEdit(this);
+    e->setObjectName(name);
+    e->setToolTip(tip);
+    e->setProperty("tip", tip);
+    e->setMaximumWidth(fontMetrics().horizontalAdvance(QStringLiteral("0.000001e-00")));
+    connect(e, &QLineEdit::editingFinished, this, [this] { applyTolerance(); });
+    return e;
+  };
+  atol_ = field("diffAtol", tr("absolute tolerance (keel diff --atol)"));
+  rtol_ = field("diffRtol", tr("relative tolerance, against B (keel diff --rtol)"));
+  ulps_ = field("diffUlps", tr("also accept elements within this many units in the last place "
+                               "(0: off; keel diff --ulps)"));
+  setTolerance(storage::DiffOptions{}.atol, storage::DiffOptions{}.rtol, 0);
+  ulps_->setMaximumWidth(fontMetrics().horizontalAdvance(QStringLiteral("0000000")));
+  auto* tolerances = new QHBoxLayout;
+  for (auto [label, edit] :
+       {std::pair{tr("atol"), atol_}, std::pair{tr("rtol"), rtol_}, std::pair{tr("ULPs"), ulps_}}) {
+    tolerances->addWidget(new QLabel(label, this));
+    tolerances->addWidget(edit);
+  }
+  auto* controls = new QVBoxLayout;
+  controls->addWidget(mismatches_);
+  controls->addLayout(tolerances);
+  controls->addStretch(1);
   auto* bar = new QHBoxLayout;
   bar->addWidget(summary_, 1);
-  bar->addWidget(mismatches_, 0, Qt::AlignTop);
+  bar->addLayout(controls);
+  bar->setAlignment(controls, Qt::AlignTop);
 
   table_ = makeRecordTable(this, "diffTable", proxy_);
+  byParameter_ = new QLabel(this);
+  byParameter_->setObjectName("diffByParameter");
+  byParameter_->setWordWrap(true);
+  byParameter_->setAlignment(Qt::AlignLeft | Qt::AlignTop);
+  byParameter_->hide();
 
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
   layout->addLayout(bar);
   layout->addWidget(table_);
+  layout->addWidget(byParameter_, 1);
 
   connect(mismatches_, &QCheckBox::toggled, this, [this](bool on) {
     syncing_ = true;
@@ -393,6 +429,69 @@ void DiffView::setOutOfDate(const QString& note) {
   updateSummary();
 }
 
+void DiffView::setRuns(RunsPtr runs, int shownRank) {
+  runs_ = std::move(runs);
+  runsRank_ = shownRank;
+  const bool byParameter = runs_ && runs_->kind == RunsComparison::Kind::ByParameter;
+  table_->setVisible(!byParameter);
+  byParameter_->setVisible(byParameter);
+  byParameter_->setText(
+      byParameter
+          ? tr("Op by op needs one layout on both sides: a rank of a run folder sees its own "
+               "share of the batch or of the weights, so its ops differ from the other run's for "
+               "that alone. The runs are compared by what both update, each parameter's value "
+               "and gradient whole; the graphs show the two runs side by side (a run folder's "
+               "rank 0, or the rank chosen), with the update of the first parameter to differ "
+               "selected.")
+          : QString());
+  updateSummary();
+}
+
+void DiffView::setTolerance(double atol, double rtol, uint64_t ulps) {
+  atol_->setText(QString::number(atol, 'g', 6));
+  rtol_->setText(QString::number(rtol, 'g', 6));
+  ulps_->setText(QString::number(ulps));
+  for (QLineEdit* e : {atol_, rtol_, ulps_}) {
+    e->setStyleSheet({});
+    e->setToolTip(e->property("tip").toString());
+  }
+}
+
+QString DiffView::toleranceError() const {
+  for (auto [name, edit] : {std::pair{"atol", atol_}, std::pair{"rtol", rtol_}}) {
+    bool ok = false;
+    const double v = edit->text().trimmed().toDouble(&ok);
+    if (!ok || !std::isfinite(v) || v < 0)
+      return tr("%1: expected a number >= 0, got '%2'").arg(name, edit->text());
+  }
+  bool ok = false;
+  ulps_->text().trimmed().toULongLong(&ok);
+  if (!ok) return tr("ULPs: expected a whole number >= 0, got '%1'").arg(ulps_->text());
+  return {};
+}
+
+void DiffView::applyTolerance() {
+  const QString error = toleranceError();
+  for (QLineEdit* e : {atol_, rtol_, ulps_}) {
+    // The field at fault is marked and says why; the comparison shown stays.
+    const bool bad = !error.isEmpty() && error.startsWith(e == atol_   ? QStringLiteral("atol")
+                                                          : e == rtol_ ? QStringLiteral("rtol")
+                                                                       : QStringLiteral("ULPs"));
+    e->setStyleSheet(bad ? QStringLiteral("QLineEdit { background: #ffd7d7; }") : QString());
+    e->setToolTip(bad ? error : e->property("tip").toString());
+  }
+  if (!error.isEmpty()) return;
+  const double atol = atol_->text().trimmed().toDouble();
+  const double rtol = rtol_->text().trimmed().toDouble();
+  const quint64 ulps = ulps_->text().trimmed().toULongLong();
+  const DiffPtr r = model_->report();
+  const storage::DiffOptions& shown = r       ? r->options
+                                      : runs_ ? runs_->options
+                                              : storage::DiffOptions{};
+  if (shown.atol == atol && shown.rtol == rtol && shown.maxUlps == ulps && (r || runs_)) return;
+  emit toleranceChanged(atol, rtol, ulps);
+}
+
 void DiffView::setMismatchesOnly(bool on) {
   mismatches_->setChecked(on);
 }
@@ -423,14 +522,76 @@ void DiffView::selectRow(const QModelIndex& proxyIndex) {
   syncing_ = false;
 }
 
+QString DiffView::runsText() const {
+  if (!runs_) return {};
+  const RunsComparison& c = *runs_;
+  const QString red = QStringLiteral("<b style='color:#b00020'>%1</b>");
+  const QString green = QStringLiteral("<b style='color:#1e7b34'>%1</b>");
+  if (c.kind == RunsComparison::Kind::ByParameter) {
+    // keel diff's two lines: what was compared, then the verdict or the first difference.
+    const QStringList lines = c.text.trimmed().split('\n');
+    QString text =
+        (c.diverged ? red.arg(tr("DIVERGED")) : green.arg(tr("EQUAL WITHIN TOLERANCE"))) +
+        tr(" &nbsp; by parameter");
+    for (QString l : lines) {
+      if (l.startsWith(QLatin1String("keel diff by parameter: "))) l = l.mid(24);
+      if (!l.isEmpty()) l[0] = l[0].toUpper();
+      text += "<br>" + l.toHtmlEscaped();
+    }
+    return text;
+  }
+  QString head;
+  if (c.firstRank)
+    head = red.arg(tr("rank %1 diverged first").arg(*c.firstRank));
+  else
+    head = c.diverged ? red.arg(tr("DIVERGED")) : green.arg(tr("every rank equal"));
+  QString text =
+      tr("<b>Run folders, rank by rank</b> (%1): %2").arg(c.layout.toHtmlEscaped(), head);
+  if (runsRank_ >= 0)
+    text += tr(" &nbsp; <span style='color:gray'>the table: rank %1 of A against rank %1 of "
+               "B</span>")
+                .arg(runsRank_);
+  for (const QString& s : c.setup)
+    text += QStringLiteral("<br><span style='color:#8a5a00'>%1</span>")
+                .arg(tr("Setup differs on every rank: %1").arg(s).toHtmlEscaped());
+  // A line per rank, the rank shown in bold; past 8 ranks the ones that diverged, and a count.
+  const size_t n = c.rankLines.size();
+  size_t left = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (n > 8 && !c.rankDiverged[r] && int(r) != runsRank_) {
+      ++left;
+      continue;
+    }
+    const QString line = tr("rank %1: %2").arg(r).arg(c.rankLines[r]).toHtmlEscaped();
+    text += "<br>" + (c.rankDiverged[r] ? QStringLiteral("<span style='color:#b00020'>%1</span>")
+                                        : QStringLiteral("%1"))
+                         .arg(int(r) == runsRank_ ? "<b>" + line + "</b>" : line);
+  }
+  if (left > 0)
+    text +=
+        tr("<br><span style='color:gray'>%L1 other ranks equal within tolerance</span>").arg(left);
+  return text;
+}
+
 void DiffView::updateSummary() {
   const DiffPtr r = model_->report();
+  if (runs_ && runs_->kind == RunsComparison::Kind::ByParameter) {
+    summary_->setText((outOfDate_.isEmpty()
+                           ? QString()
+                           : QStringLiteral("<b style='color:#c62828'>%1</b> %2<br>")
+                                 .arg(tr("OUT OF DATE:"), outOfDate_.toHtmlEscaped())) +
+                      runsText());
+    summary_->setToolTip({});
+    return;
+  }
+  const QString runs = runsText().isEmpty() ? QString() : runsText() + "<br>";
   if (!r) {
     summary_->setText(
-        failure_.isEmpty()
-            ? tr("<i>No comparison.</i> Open a second recording to compare it op by op.")
-            : QStringLiteral("<span style='color:#c62828'><b>%1</b></span> %2")
-                  .arg(tr("The comparison failed:"), failure_.toHtmlEscaped()));
+        !failure_.isEmpty() ? QStringLiteral("<span style='color:#c62828'><b>%1</b></span> %2")
+                                  .arg(tr("The comparison failed:"), failure_.toHtmlEscaped())
+        : !runs.isEmpty() ? runs + tr("<i>Comparing the rank shown…</i>")
+                          : tr("<i>No comparison.</i> Open a second recording to compare it op "
+                               "by op."));
     return;
   }
   const auto& t = r->total;
@@ -450,16 +611,13 @@ void DiffView::updateSummary() {
     verdict = QStringLiteral("<b style='color:#8a6d00'>%1</b>").arg(tr("EQUAL WITHIN TOLERANCE"));
   else
     verdict = QStringLiteral("<b style='color:#1e7b34'>%1</b>").arg(tr("IDENTICAL"));
-  QString text = outOfDate + tr("%1 &nbsp; %L2 equal · ").arg(verdict).arg(t.equal);
+  QString text = outOfDate + runs + tr("%1 &nbsp; %L2 equal · ").arg(verdict).arg(t.equal);
   if (t.notCompared > 0) text += tr("%L1 not compared · ").arg(t.notCompared);
   text += tr("%L1 within tolerance · %L2 diverged · %L3 unmatched")
               .arg(t.withinTolerance)
               .arg(t.diverged)
               .arg(unmatched);
   if (unmatched > 0) text += tr(" (%L1 only in A, %L2 only in B)").arg(t.onlyInA).arg(t.onlyInB);
-  text += tr(" &nbsp; <span style='color:gray'>atol %1, rtol %2</span>")
-              .arg(r->options.atol)
-              .arg(r->options.rtol);
   if (r->options.align == storage::DiffAlign::Module) {  // Note [Diff across frameworks]
     text += tr(" &nbsp; <span style='color:gray'>%1 vs %2, paired by module</span>")
                 .arg(QString::fromStdString(r->frameworkA), QString::fromStdString(r->frameworkB));

@@ -1,5 +1,5 @@
-// RunSource and DiffRunner: see run_source.h. The Worker owns the storage::Recording and is only
-// ever touched on its thread; every request is a queued call to it.
+// RunSource, DiffRunner and RunsDiffRunner: see run_source.h. The Worker owns the
+// storage::Recording and is only ever touched on its thread; every request is a queued call to it.
 #include "keel/views/run_source.h"
 
 #include <QCoreApplication>
@@ -9,7 +9,9 @@
 #include <QThreadPool>
 #include <exception>
 
+#include "keel/analysis/folder_diff.h"
 #include "keel/analysis/memory_model.h"
+#include "keel/analysis/ranks.h"
 #include "keel/storage/reader.h"
 
 namespace keel::views {
@@ -23,6 +25,7 @@ void registerViewTypes() {
     qRegisterMetaType<LogsPtr>("keel::views::LogsPtr");
     qRegisterMetaType<DiffPtr>("keel::views::DiffPtr");
     qRegisterMetaType<MemoryPtr>("keel::views::MemoryPtr");
+    qRegisterMetaType<RunsPtr>("keel::views::RunsPtr");
     return true;
   }();
   (void)done;
@@ -203,27 +206,76 @@ DiffPtr DiffRunner::run(const QString& pathA, const QString& pathB,
   return std::make_shared<const storage::DiffReport>(storage::diffRecordings(a, b, options));
 }
 
-void DiffRunner::start(const QString& pathA, const QString& pathB,
-                       const storage::DiffOptions& options) {
+namespace {
+
+// Runs `work` on the thread pool and delivers its result through the runner's finished(result),
+// or failed(what it threw), on the GUI thread; dropped if the runner is gone by then.
+template <class Runner, class Work>
+void runOnPool(Runner* runner, Work work) {
   registerViewTypes();
-  // The result is delivered on this object's thread, and dropped if the runner is gone by then.
-  QPointer<DiffRunner> self(this);
-  QThreadPool::globalInstance()->start([self, pathA, pathB, options] {
-    DiffPtr report;
+  QPointer<Runner> self(runner);
+  QThreadPool::globalInstance()->start([self, work = std::move(work)] {
+    decltype(work()) result;
     QString error;
     try {
-      report = run(pathA, pathB, options);
+      result = work();
     } catch (const std::exception& e) {
       error = QString::fromStdString(e.what());
     }
-    QMetaObject::invokeMethod(QCoreApplication::instance(), [self, report, error] {
+    QMetaObject::invokeMethod(QCoreApplication::instance(), [self, result, error] {
       if (!self) return;
-      if (report)
-        emit self->finished(report);
+      if (result)
+        emit self->finished(result);
       else
         emit self->failed(error);
     });
   });
+}
+
+}  // namespace
+
+void DiffRunner::start(const QString& pathA, const QString& pathB,
+                       const storage::DiffOptions& options) {
+  runOnPool(this, [pathA, pathB, options] { return run(pathA, pathB, options); });
+}
+
+RunsPtr RunsDiffRunner::run(RunsComparison::Kind kind, const QString& pathA, const QString& pathB,
+                            const storage::DiffOptions& options) {
+  auto out = std::make_shared<RunsComparison>();
+  out->kind = kind;
+  out->pathA = pathA;
+  out->pathB = pathB;
+  out->options = options;
+  const std::string a = pathA.toStdString(), b = pathB.toStdString();
+  if (kind == RunsComparison::Kind::ByParameter) {
+    const analysis::ParameterReport r =
+        analysis::compareParameters(a, b, options.atol, options.rtol);
+    out->text = QString::fromStdString(analysis::parameterText(r, options.atol, options.rtol));
+    out->diverged = r.first.has_value();
+    if (r.first) {
+      out->firstStep = r.first->step;
+      out->firstParameter = QString::fromStdString(r.first->parameter);
+    }
+    return out;
+  }
+  const analysis::FolderDiff fd = analysis::diffRunFolders(a, b, options);
+  out->layout = QString("%1 ranks, dp %2 x tp %3")
+                    .arg(fd.manifestA.worldSize)
+                    .arg(fd.manifestA.dp)
+                    .arg(fd.manifestA.tp);
+  for (const std::string& s : fd.commonSetup) out->setup.push_back(QString::fromStdString(s));
+  for (size_t r = 0; r < fd.ranks.size(); ++r) {
+    out->rankLines.push_back(QString::fromStdString(fd.rankLine(r)));
+    out->rankDiverged.push_back(fd.ranks[r].diverged());
+  }
+  if (fd.earliest) out->firstRank = int(*fd.earliest);
+  out->diverged = fd.verdict == "diverged";
+  return out;
+}
+
+void RunsDiffRunner::start(RunsComparison::Kind kind, const QString& pathA, const QString& pathB,
+                           const storage::DiffOptions& options) {
+  runOnPool(this, [kind, pathA, pathB, options] { return run(kind, pathA, pathB, options); });
 }
 
 }  // namespace keel::views

@@ -12,6 +12,7 @@
 
 class QCheckBox;
 class QLabel;
+class QLineEdit;
 class QTableView;
 
 namespace keel::views {
@@ -100,6 +101,24 @@ class DiffView : public QWidget {
   // again. See Note [A live comparison] in app/studio/main_window.cpp.
   void setOutOfDate(const QString& note);
   QString outOfDateNote() const { return outOfDate_; }
+  // The comparison of the whole runs (Note [Comparing whole runs] in keel/views/run_data.h):
+  // rank by rank, a line per rank above the shown rank's verdict (`shownRank`: the rank of A and
+  // B the table compares, -1 when none); by parameter, its report instead of the table. nullptr:
+  // none. setReport and clear keep it.
+  void setRuns(RunsPtr runs, int shownRank = -1);
+  RunsPtr runs() const { return runs_; }
+  // The tolerances the fields show (a comparison's own, or the window's for the next one).
+  void setTolerance(double atol, double rtol, uint64_t ulps);
+  // The atol, rtol and ULPs fields: an error for a field that does not hold a finite number
+  // >= 0 (ULPs: a whole one), "" when all three do.
+  QString toleranceError() const;
+
+ signals:
+  // The user changed a tolerance field to a valid value (Enter or leaving the field): compare
+  // again with these.
+  void toleranceChanged(double atol, double rtol, quint64 ulps);
+
+ public:
 
   DiffModel* model() const { return model_; }
   DiffFilterProxy* proxy() const { return proxy_; }
@@ -109,6 +128,10 @@ class DiffView : public QWidget {
  private:
   QString failure_;    // showFailure's message; cleared by setReport
   QString outOfDate_;  // setOutOfDate's note
+  RunsPtr runs_;
+  int runsRank_ = -1;
+  QString runsText() const;  // the runs block of the summary (rich text), "" without one
+  void applyTolerance();
   void onSelected(Side side, quint64 seq);
   void selectRow(const QModelIndex& proxyIndex);
   void updateSummary();
@@ -118,6 +141,8 @@ class DiffView : public QWidget {
   DiffFilterProxy* proxy_;
   QLabel* summary_;
   QCheckBox* mismatches_;
+  QLineEdit *atol_, *rtol_, *ulps_;
+  QLabel* byParameter_;  // in the table's place for a comparison by parameter
   QTableView* table_;
   bool syncing_ = false;  // true while the view itself moves the current row
 };

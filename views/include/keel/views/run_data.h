@@ -86,6 +86,33 @@ using LogsPtr = std::shared_ptr<const std::vector<storage::LogRecord>>;
 using DiffPtr = std::shared_ptr<const storage::DiffReport>;
 using MemoryPtr = std::shared_ptr<const analysis::MemoryModel>;  // every allocator event, replayed
 
+// Note [Comparing whole runs]: a run folder compared in the studio is compared as `keel diff` does
+// it, besides the op-by-op diff of the rank shown. Two folders of one layout are diffed rank by
+// rank (keel/analysis/folder_diff.h): a line per rank, and the rank that diverged first, which the
+// window then shows (rank 0's first divergence is often the all_reduce that brought another rank's
+// difference over). Runs of different layouts — a run folder against one process, or folders of
+// other dp x tp splits — compare by parameter (Note [Parameters across layouts]): their ops see
+// other shares of the batch or of the weights, so an op-by-op diff of one rank against the other
+// run would call every op diverged for that alone.
+struct RunsComparison {
+  enum class Kind { RankByRank, ByParameter };
+  Kind kind = Kind::RankByRank;
+  QString pathA, pathB;  // the run folders (or a folder and one process's recording) compared
+  storage::DiffOptions options;
+  bool diverged = false;
+  // RankByRank
+  QString layout;                  // "2 ranks, dp 2 x tp 1"
+  std::vector<QString> setup;      // setup differences every rank shares
+  std::vector<QString> rankLines;  // per rank, keel diff's verdict line
+  std::vector<bool> rankDiverged;
+  std::optional<int> firstRank;  // the rank that diverged first
+  // ByParameter
+  QString text;                      // keel diff's report (analysis::parameterText)
+  std::optional<int64_t> firstStep;  // the first difference's step and parameter (the scope of
+  QString firstParameter;            // its optimizer update)
+};
+using RunsPtr = std::shared_ptr<const RunsComparison>;
+
 }  // namespace keel::views
 
 Q_DECLARE_METATYPE(keel::views::Side)
@@ -95,3 +122,4 @@ Q_DECLARE_METATYPE(keel::views::OpDetailsPtr)
 Q_DECLARE_METATYPE(keel::views::LogsPtr)
 Q_DECLARE_METATYPE(keel::views::DiffPtr)
 Q_DECLARE_METATYPE(keel::views::MemoryPtr)
+Q_DECLARE_METATYPE(keel::views::RunsPtr)

@@ -72,6 +72,22 @@ class DiffRunner : public QObject {
   void failed(QString message);
 };
 
+// Compares whole runs (Note [Comparing whole runs]) on the thread pool: two run folders of one
+// layout rank by rank, or runs of different layouts by parameter.
+class RunsDiffRunner : public QObject {
+  Q_OBJECT
+ public:
+  explicit RunsDiffRunner(QObject* parent = nullptr) : QObject(parent) {}
+  void start(RunsComparison::Kind kind, const QString& pathA, const QString& pathB,
+             const storage::DiffOptions& options);
+  static RunsPtr run(RunsComparison::Kind kind, const QString& pathA, const QString& pathB,
+                     const storage::DiffOptions& options);
+
+ signals:
+  void finished(keel::views::RunsPtr runs);
+  void failed(QString message);
+};
+
 // Loads a summary synchronously (used by the worker and by tests).
 SummaryPtr loadSummary(const storage::Recording& rec, const QString& path);
 
