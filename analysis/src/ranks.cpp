@@ -106,6 +106,7 @@ std::string lossText(double loss) {
 struct RankCollective {
   std::string kind, scope;
   int64_t step = 0, bytes = 0, waitNs = 0;
+  uint64_t seq = 0;
 };
 using RankCollectives = std::map<std::pair<std::string, int64_t>, RankCollective>;
 
@@ -119,8 +120,9 @@ RankCollectives collectivesOf(const Recording& rec) {
     for (const OpRecord& op : rec.ops(q)) {
       const std::optional<CollectiveAttrs> a = collectiveAttrs(op.attrsJson);
       if (!a) continue;
-      out[{a->group, a->number}] = {op.name, op.scope, op.step, a->bytes,
-                                    std::max<int64_t>(0, op.endNs - op.beginNs)};
+      out[{a->group, a->number}] = {
+          op.name, op.scope, op.step, a->bytes, std::max<int64_t>(0, op.endNs - op.beginNs),
+          op.seq};
     }
   }
   return out;
@@ -385,9 +387,13 @@ RunSummary summarizeRun(const std::string& dir) {
         a.bytes = c.bytes;
         a.ranks = groupMembers(m, key.first, index);
         a.waitNs.assign(a.ranks.size(), std::nullopt);
+        a.seqs.assign(a.ranks.size(), std::nullopt);
       }
       const auto at = std::find(a.ranks.begin(), a.ranks.end(), r);
-      if (at != a.ranks.end()) a.waitNs[size_t(at - a.ranks.begin())] = c.waitNs;
+      if (at != a.ranks.end()) {
+        a.waitNs[size_t(at - a.ranks.begin())] = c.waitNs;
+        a.seqs[size_t(at - a.ranks.begin())] = c.seq;
+      }
     }
   // The collective a hung rank was still waiting in is in no recording as an op (it never ended):
   // it comes from the hang report, the waiting rank's wait being the timeout it reported (and
@@ -413,6 +419,7 @@ RunSummary summarizeRun(const std::string& dir) {
       }
       a.ranks = groupMembers(m, h->group, index);
       a.waitNs.assign(a.ranks.size(), std::nullopt);
+      a.seqs.assign(a.ranks.size(), std::nullopt);
     }
     a.pending = true;
     if (a.bytes == 0 && pendingBytes.count(r.rank)) a.bytes = pendingBytes[r.rank];

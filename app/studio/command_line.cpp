@@ -130,6 +130,20 @@ StudioCommandLine error(QString message) {
 
 }  // namespace
 
+QString screenshotRefusal(const QString& option, const QString& path,
+                          const std::vector<keel::NamedInput>& inputs) {
+  try {
+    keel::checkOutputPath(option.toStdString(), path.toStdString(), inputs);
+    if (!path.endsWith(".png", Qt::CaseInsensitive))
+      return option + " " + path + ": the studio saves PNG pictures; name the file .png";
+    keel::checkReplacesOnly(option.toStdString(), path.toStdString(),
+                            std::string_view("\x89PNG\r\n\x1a\n", 8), "a PNG picture");
+  } catch (const keel::Error& e) {
+    return QString::fromUtf8(e.what());
+  }
+  return {};
+}
+
 StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   StudioCommandLine out;
   // Split Qt's options from Keel's (Note [Studio options before Qt]).
@@ -268,20 +282,14 @@ StudioCommandLine parseStudioCommandLine(const QStringList& args) {
   // is named .png: it is a PNG whatever the name says.
   auto shotRefused = [&](const QString& config, const QString& output) -> std::optional<QString> {
     if (out.screenshot.isEmpty()) return std::nullopt;
-    try {
-      keel::checkOutputPath("--screenshot", out.screenshot.toStdString(),
-                            {{"the recording", out.recording.toStdString()},
-                             {"the compared recording", out.compare.toStdString()},
-                             {"the session's config", config.toStdString()},
-                             {"the session's recording", output.toStdString()}});
-      if (!out.screenshot.endsWith(".png", Qt::CaseInsensitive))
-        return "--screenshot " + out.screenshot +
-               ": the studio saves PNG pictures; name the file .png";
-      keel::checkReplacesOnly("--screenshot", out.screenshot.toStdString(),
-                              std::string_view("\x89PNG\r\n\x1a\n", 8), "a PNG picture");
-    } catch (const keel::Error& e) {
-      return QString::fromUtf8(e.what());
-    }
+    if (const QString why =
+            screenshotRefusal("--screenshot", out.screenshot,
+                              {{"the recording", out.recording.toStdString()},
+                               {"the compared recording", out.compare.toStdString()},
+                               {"the session's config", config.toStdString()},
+                               {"the session's recording", output.toStdString()}});
+        !why.isEmpty())
+      return why;
     // Its folder must exist: found after a whole session had run, the picture was lost.
     if (const QFileInfo si(out.screenshot); !QFileInfo(si.absolutePath()).isDir())
       return "--screenshot " + out.screenshot + ": the folder " + si.absolutePath() +

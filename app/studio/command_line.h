@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
+#include "keel/base/output_path.h"
 #include "keel/storage/diff.h"
 #include "session.h"
 
@@ -46,6 +48,12 @@ inline const QStringList kStudioViews = {"ops", "diff", "logs", "memory", "timel
 // Parses keel-studio's arguments (args[0] is the program). Never touches the file system except
 // to check that named inputs exist.
 StudioCommandLine parseStudioCommandLine(const QStringList& args);
+// Note [Outputs never destroy inputs]: why a screenshot may not be saved at `path` (`option` names
+// it: "--screenshot", "screenshot"), "" when it may. Never over one of `inputs` or a device; it
+// is named .png and replaces only a PNG picture or an empty file (--screenshot and File > Save
+// screenshot alike: the menu's replaced a recording with a picture).
+QString screenshotRefusal(const QString& option, const QString& path,
+                          const std::vector<keel::NamedInput>& inputs);
 // The --help text (needs a QCoreApplication for the program name; no display).
 QString studioHelpText();
 // Checks what the command line asks of its recording against the recording itself: a --step it

@@ -19,6 +19,7 @@
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProgressBar>
+#include <QRegularExpression>
 #include <QSaveFile>
 #include <QScreen>
 #include <QScrollArea>
@@ -34,6 +35,7 @@
 #include <limits>
 #include <utility>
 
+#include "command_line.h"
 #include "dialogs.h"
 #include "keel/base/output_path.h"
 #include "keel/base/text.h"
@@ -176,19 +178,20 @@ void MainWindow::buildActions() {
   import->addAction("PyTorch &memory snapshot…", this, &MainWindow::importTorchMemoryDialog);
   file->addSeparator();
   file->addAction("Save &screenshot…", this, [this] {
-    QString p = QFileDialog::getSaveFileName(this, "Save screenshot", "keel-studio.png",
-                                             "PNG images (*.png)");
-    if (p.isEmpty()) return;
-    try {  // never over the open recordings or a device (Note [Outputs never destroy inputs])
-      keel::checkOutputPath("screenshot", p.toStdString(),
-                            {{"the open recording", sourceA_->path().toStdString()},
-                             {"the compared recording", sourceB_->path().toStdString()},
-                             {"the run folder", runFolder_.toStdString()}});
-    } catch (const keel::Error& e) {
-      showError("Screenshot", QString::fromUtf8(e.what()));
+    QFileDialog d(this, "Save screenshot", "keel-studio.png", "PNG images (*.png)");
+    d.setAcceptMode(QFileDialog::AcceptSave);
+    d.setDefaultSuffix("png");
+    // Asked here whether a file may be replaced, by the rule --screenshot follows (the dialog's
+    // own "replace?" let a picture over a recording).
+    d.setOption(QFileDialog::DontConfirmOverwrite);
+    if (d.exec() != QDialog::Accepted || d.selectedFiles().isEmpty()) return;
+    QString p = d.selectedFiles().first();
+    if (!p.endsWith(".png", Qt::CaseInsensitive)) p += ".png";  // "nan.db": nan.db.png
+    if (QFileInfo(p).isFile() && QFileInfo(p).size() > 0 &&
+        QMessageBox::question(this, "Save screenshot", p + " exists. Replace the picture?") !=
+            QMessageBox::Yes)
       return;
-    }
-    if (!saveScreenshots(p).isEmpty()) showError("Screenshot", "Cannot write " + p);
+    saveScreenshotAs(p);
   });
   file->addSeparator();
   QAction* quit = file->addAction("&Quit", this, &QWidget::close);
@@ -243,11 +246,16 @@ void MainWindow::buildActions() {
   tb->addSeparator();
   tb->addWidget(new QLabel(" Step "));
   stepSpin_ = new QSpinBox;
+  stepSpin_->setObjectName("stepSpin");
   stepSpin_->setRange(0, 0);
   stepSpin_->setToolTip("Training step to show (0: initialisation)");
   tb->addWidget(stepSpin_);
   connect(stepSpin_, &QSpinBox::valueChanged, this, [this](int v) {
-    if (v != shownStep_) showStep(v);
+    if (v == shownStep_) return;
+    showStep(v);
+    // The step shown holds the op selected: one of another step is let go when the step
+    // arrives (the inspector described an op the graph and the table did not show).
+    dropOutsideStep_ = true;
   });
   // A run folder's ranks (Note [Run folders]): the rank every view shows, and one to compare it
   // with in the diff view. Shown only while a run folder is open.
@@ -434,7 +442,10 @@ void MainWindow::connectSources() {
     updateStatus();
     // Replay: the op table (a run folder just opened: its Ranks panel); comparing: the diff
     // (unless a view was asked for: showView).
-    if (!sourceB_->isOpen()) raiseBottom(std::exchange(ranksFirst_, false) ? ranksDock_ : opsDock_);
+    if (!sourceB_->isOpen() && !std::exchange(keepBottomView_, false))
+      raiseBottom(std::exchange(ranksFirst_, false) ? ranksDock_ : opsDock_);
+    keepBottomView_ = false;
+    if (stepOnOpen_ && *stepOnOpen_ > last) stepOnOpen_ = last;  // a rank with fewer steps
     if (sourceB_->isOpen())
       inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
     if (sourceB_->isOpen()) graphA_->setRunLabel("A: " + runLabel(s, {}));
@@ -553,6 +564,12 @@ void MainWindow::connectSources() {
     busy(1);
     graphA_->setStep(step);
     if (pendingUpdateA_ && pendingUpdateA_->first == step->step) selectUpdate(Side::A, step);
+    // The op in the place of the one selected on the rank shown before (Note [Switching ranks]).
+    if (const auto at = std::exchange(selectAtOnOpen_, std::nullopt);
+        at && !pendingSelectA_ && std::get<0>(*at) == step->step &&
+        std::get<1>(*at) < int64_t(step->ops.size()) &&
+        QString::fromStdString(step->ops[size_t(std::get<1>(*at))].name) == std::get<2>(*at))
+      pendingSelectA_ = step->ops[size_t(std::get<1>(*at))].seq;
     if (failedSeq_ && step->indexOf(*failedSeq_) >= 0) graphA_->markFailed(*failedSeq_);
     opTable_->setStep(step);
     timeline_->setStep(step);
@@ -1047,8 +1064,20 @@ void MainWindow::showRank(int rank) {
   const QString f = rankFile(rank);
   if (f.isEmpty()) return;
   if (rankCombo_->currentIndex() != rank) rankCombo_->setCurrentIndex(rank);
+  ranksView_->setShownRank(rank);
   // A comparison open (another rank, or any recording) is opened again once the new rank is:
   // its diff is against A, which changes.
+  // Note [Switching ranks]: ranks are compared by looking at the same place on each, so a switch
+  // from a rank of this folder keeps the step shown (the new rank's last when it has fewer), the
+  // bottom view raised, and the selected op where the new rank has an op of that name in its
+  // place in the step (a dp replica runs the same program; a tp rank mostly does).
+  if (summaryA_ && rankFiles_.contains(summaryA_->path)) {
+    if (!stepOnOpen_ && shownStep_ >= 0) stepOnOpen_ = shownStep_;
+    keepBottomView_ = true;
+    if (const auto a = selection_->current(Side::A); a && stepA_)
+      if (const int64_t i = stepA_->indexOf(*a); i >= 0)
+        selectAtOnOpen_ = {stepA_->step, i, QString::fromStdString(stepA_->ops[size_t(i)].name)};
+  }
   // A run folder compared is compared again at the new rank.
   if (sourceB_->isOpen())
     pendingCompare_ = compareFolder_.isEmpty() ? sourceB_->path() : compareFolder_;
@@ -1110,6 +1139,26 @@ void MainWindow::compareWith(const QString& folderOrFile) {
   busy(1);
   sourceB_->open(path);
   pendingRecentB_ = path;  // added once it opens: a file that failed was listed
+}
+
+bool MainWindow::saveScreenshotAs(const QString& path) {
+  // Never over the open recordings or a device, and only over a picture (Note [Outputs never
+  // destroy inputs]).
+  if (const QString why =
+          screenshotRefusal("screenshot", path,
+                            {{"the open recording", sourceA_->path().toStdString()},
+                             {"the compared recording", sourceB_->path().toStdString()},
+                             {"the run folder", runFolder_.toStdString()}});
+      !why.isEmpty()) {
+    showError("Screenshot", why);
+    return false;
+  }
+  if (!saveScreenshots(path).isEmpty()) {
+    showError("Screenshot", "Cannot write " + path);
+    return false;
+  }
+  statusBar()->showMessage("Saved " + path, 5000);
+  return true;
 }
 
 QString MainWindow::runStatusText() const {
@@ -1188,6 +1237,14 @@ void MainWindow::updateStatus() {
                .arg(summaryA_->opCount)
                .arg(summaryA_->opCount == 1 ? "" : "s")
                .toHtmlEscaped();
+    // A recording of allocator events alone (an imported PyTorch snapshot) has no steps or ops
+    // to count: "torch on (imported), 0 steps, 0 ops" said nothing.
+    if (summaryA_->opCount == 0 && steps == 0)
+      text = QString("%1 — allocator events only (%2): see the Memory view")
+                 .arg(views::recordingName(summaryA_->path),
+                      r.allocator.empty() ? QString::fromStdString(r.backend)
+                                          : QString::fromStdString(r.allocator))
+                 .toHtmlEscaped();
     // A run that did not finish says so (a failed or killed recording looked like any other).
     const Session::State st = session_->state();
     const bool sessionActive = st != Session::State::Idle && st != Session::State::Finished &&
@@ -1216,7 +1273,13 @@ void MainWindow::updateStatus() {
 
 void MainWindow::showError(const QString& title, const QString& fullMessage) {
   // A parser's message can quote megabytes of a damaged file: a readable excerpt (keel::clipText).
-  const QString message = QString::fromStdString(keel::clipText(fullMessage.toStdString(), 2000));
+  QString message = QString::fromStdString(keel::clipText(fullMessage.toStdString(), 2000));
+  // The reader's hint for a pickle names keel's command; the studio imports it itself.
+  static const QRegularExpression pickleHint(
+      "a PyTorch memory snapshot is opened after `keel import torch-memory .* -o run\\.db`");
+  message.replace(pickleHint,
+                  "a PyTorch memory snapshot is opened after File > Import > PyTorch memory "
+                  "snapshot… turns it into a recording");
   lastError_ = message;
   statusBar()->showMessage(title + ": " + message.section('\n', 0, 0), 10000);
   auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);
@@ -1241,7 +1304,20 @@ void MainWindow::addRecent(const QString& path) {
 void MainWindow::rebuildRecentMenu() {
   recentMenu_->clear();
   const QStringList recent = QSettings().value("recentFiles").toStringList();
-  for (const QString& p : recent) recentMenu_->addAction(p, this, [this, p] { openRecording(p); });
+  for (const QString& p : recent)
+    recentMenu_->addAction(p, this, [this, p] {
+      // Gone since (moved, deleted): said, and dropped from the list.
+      if (!QFileInfo::exists(p)) {
+        QSettings settings;
+        QStringList list = settings.value("recentFiles").toStringList();
+        list.removeAll(p);
+        settings.setValue("recentFiles", list);
+        rebuildRecentMenu();
+        showError("Open recent", p + " no longer exists; it is removed from Open recent.");
+        return;
+      }
+      openRecording(p);
+    });
   recentMenu_->setEnabled(!recent.isEmpty());
 }
 
@@ -1275,13 +1351,14 @@ void MainWindow::importTorchMemory(const QString& snapshot, const QString& outpu
     showError("Import PyTorch memory snapshot", QString::fromUtf8(e.what()));
     return;
   }
-  statusBar()->showMessage("Importing " + snapshot + " (about 30 s per GB)…");
+  statusBar()->showMessage("Importing " + snapshot + " (about 25 s per GB)…");
   busy(1);
   auto* watcher = new QFutureWatcher<QString>(this);
   connect(watcher, &QFutureWatcher<QString>::finished, this, [this, watcher, output] {
     const QString error = watcher->result();
     watcher->deleteLater();
     busy(-1);
+    statusBar()->clearMessage();  // "Importing ..." said the import went on after it had ended
     if (!error.isEmpty()) {
       showError("Import PyTorch memory snapshot", error);
       return;

@@ -9,6 +9,7 @@
 #include <QStringList>
 #include <functional>
 #include <optional>
+#include <tuple>
 
 #include "keel/views/run_data.h"
 #include "load_state.h"
@@ -99,6 +100,10 @@ class MainWindow : public QMainWindow {
   // Saves the window, and with `viewsDir` also each view, as PNGs. Returns the first picture it
   // could not write, "" when all were written.
   QString saveScreenshots(const QString& windowPng, const QString& viewsDir = {});
+  // File > Save screenshot's save: the window as a PNG at `path`, refused in a dialog where
+  // --screenshot refuses it (screenshotRefusal: an input, a device, a name that is not .png, a
+  // file that is not a picture). False when refused or not written.
+  bool saveScreenshotAs(const QString& path);
   // Raises the dock named `view` ("memory" is dock.memory) on top of its tab group; false when
   // there is no such dock.
   bool showView(const QString& view);
@@ -218,6 +223,10 @@ class MainWindow : public QMainWindow {
   bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)
   QString pendingCompare_;   // compared again once the next side A has opened (rank switch)
   bool rankAsked_ = false;   // showRankOnOpen was called for the run folder opening
+  // A rank switch (Note [Switching ranks]): the bottom view stays; the op at (step, index in the
+  // step, name) is selected on the new rank when it has that op there.
+  bool keepBottomView_ = false;
+  std::optional<std::tuple<int64_t, int64_t, QString>> selectAtOnOpen_;
   // The rank shown was chosen (--rank, the rank selector, the Ranks panel): a comparison rank by
   // rank does not move to the rank that diverged first.
   bool rankChosen_ = false;

@@ -8,6 +8,7 @@
 #include <QJsonObject>
 #include <QSignalSpy>
 #include <QStandardPaths>
+#include <QStatusBar>
 #include <QtTest>
 
 #include "keel/allocator.h"
@@ -102,6 +103,13 @@ class StudioMemoryTest : public QObject {
              qPrintable(QString::number(w.memoryView()->height())));
     QVERIFY(!w.centralWidget()->isVisible());
     QVERIFY(!w.inspector()->isVisible());
+    // The import is over: the status bar no longer says "Importing ..." (it did until a menu
+    // was opened), and the status names what the recording holds, not "0 steps, 0 ops".
+    QVERIFY2(!w.statusBar()->currentMessage().startsWith("Importing"),
+             qPrintable(w.statusBar()->currentMessage()));
+    QVERIFY2(w.runStatusText().contains("imported.db — allocator events only (PyTorch CUDA "
+                                        "caching): see the Memory view"),
+             qPrintable(w.runStatusText()));
     // A snapshot has no steps: no event reads as "initialisation".
     const QString line = w.memoryView()->cursorText();
     QVERIFY2(line.contains(" · outside ops · allocated ") && !line.contains("initialisation"),
@@ -124,6 +132,16 @@ class StudioMemoryTest : public QObject {
              qPrintable(errors.first().first().toString()));
     QVERIFY(!QFile::exists(out2));
     QVERIFY(!QFile::exists("touch"));
+    // A snapshot opened as a recording: the dialog names the studio's own import (it named
+    // keel's command line).
+    errors.clear();
+    w.openRecording(fixtures + "snapshot-p4.pickle");
+    QVERIFY(errors.wait(30000));
+    QVERIFY2(errors.first().first().toString().contains(
+                 "a PyTorch memory snapshot is opened after File > Import > PyTorch memory "
+                 "snapshot… turns it into a recording") &&
+                 !errors.first().first().toString().contains("keel import"),
+             qPrintable(errors.first().first().toString()));
     // The output may not be the snapshot.
     errors.clear();
     w.importTorchMemory(evil, evil);

@@ -270,6 +270,64 @@ class StudioRanksTest : public QObject {
     QCOMPARE(w.runFolder(), dir_ + "/run");
   }
 
+  // Note [Switching ranks]: a rank switch kept nothing — the bottom view went back to the op
+  // table, the step to the first, the selection away. The new rank opens at the step shown, the
+  // view raised stays, and the op in the selected op's place is selected. The Ranks panel marks
+  // the rank shown, gives collectives' sizes in bytes units, and a collective double-clicked
+  // selects its op on the rank shown.
+  void switchingRanksKeepsThePlace() {
+    MainWindow w;
+    w.resize(1400, 900);
+    w.show();
+    w.openRecording(dir_ + "/run");
+    QVERIFY(waitIdle(w));
+    keel::views::RanksView* rv = w.ranksView();
+    QCOMPARE(rv->rankTable()->item(0, 0)->text(), QString("▶ 0"));
+    QCOMPARE(rv->rankTable()->item(1, 0)->text(), QString("1"));
+    w.showStep(2);
+    QVERIFY(waitIdle(w));
+    const keel::views::StepPtr step0 = w.currentStep();
+    const size_t at = step0->ops.size() / 2;
+    w.selection()->select(Side::A, step0->ops[at].seq);
+    QVERIFY(w.showView("timeline"));
+    QVERIFY(waitIdle(w));
+    w.showRank(1);
+    QVERIFY(QTest::qWaitFor(
+        [&] { return w.summary(Side::A)->path.endsWith("/run/rank-1.db") && w.currentStep(); },
+        30000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(2));
+    QCOMPARE(w.raisedBottomView(), QString("timeline"));
+    const auto sel = w.selection()->current(Side::A);
+    QVERIFY(sel);
+    const keel::views::StepPtr step1 = w.currentStep();
+    QCOMPARE(step1->indexOf(*sel), int64_t(at));
+    QCOMPARE(step1->ops[at].name, step0->ops[at].name);
+    QCOMPARE(rv->rankTable()->item(1, 0)->text(), QString("▶ 1"));
+    QVERIFY(rv->rankTable()->item(1, 3)->font().bold());
+    QVERIFY(!rv->rankTable()->item(0, 3)->font().bold());
+
+    // The collectives: sizes in units, and a double-click selects the op on rank 1.
+    QTableWidget* ct = rv->collectiveTable();
+    int row = -1;
+    for (int r = 0; r < ct->rowCount(); ++r)
+      if (ct->item(r, 0)->text().startsWith("all_reduce") && ct->item(r, 2)->text() == "3") row = r;
+    QVERIFY(row >= 0);
+    QVERIFY2(ct->item(row, 4)->text().contains("B"), qPrintable(ct->item(row, 4)->text()));
+    QVERIFY(ct->item(row, 4)->toolTip().endsWith(" bytes"));
+    QSignalSpy inspected(&w, &MainWindow::opInspected);
+    emit ct->cellDoubleClicked(row, 0);
+    QVERIFY(QTest::qWaitFor([&] { return inspected.count() >= 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    QVERIFY(w.summary(Side::A)->path.endsWith("/run/rank-1.db"));
+    QCOMPARE(w.currentStep()->step, int64_t(3));
+    const auto op = w.selection()->current(Side::A);
+    QVERIFY(op);
+    const int64_t i = w.currentStep()->indexOf(*op);
+    QVERIFY(i >= 0);
+    QCOMPARE(w.currentStep()->ops[size_t(i)].name, std::string("all_reduce"));
+  }
+
   void aDamagedManifestIsADialog() {
     QDir().mkpath(dir_ + "/bad");
     std::ofstream(QString(dir_ + "/bad/manifest.json").toStdString())

@@ -3,6 +3,7 @@
 // op breakpoint, and bad input (a file that is no recording, a recording damaged inside) that
 // shows a dialog while the app keeps running.
 #include <QAbstractGraphicsShapeItem>
+#include <QAction>
 #include <QApplication>
 #include <QComboBox>
 #include <QDockWidget>
@@ -10,6 +11,7 @@
 #include <QGuiApplication>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMenu>
 #include <QMessageBox>
 #include <QPlainTextEdit>
 #include <QProcess>
@@ -18,6 +20,7 @@
 #include <QScrollBar>
 #include <QSettings>
 #include <QSignalSpy>
+#include <QSpinBox>
 #include <QStandardPaths>
 #include <QStatusBar>
 #include <QTabBar>
@@ -461,6 +464,92 @@ class StudioTest : public QObject {
     QVERIFY(QTest::qWaitFor([&] { return failed.count() >= 1; }, 10000));
     QVERIFY(failed.first().at(0).toString().contains("no-such-config.json"));
     QCOMPARE(w.session()->state(), Session::State::Failed);
+  }
+
+  // File > Save screenshot follows --screenshot's rule: it wrote a PNG over a recording that was
+  // not the open one (the file dialog's own "replace?" was all that asked). A name that is not
+  // .png, a file that is not a picture, or the open recording: refused in a dialog, the file as it
+  // was; a .png is written.
+  void saveScreenshotNeverReplacesARecording() {
+    MainWindow w;
+    w.show();
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(waitIdle(w));
+    const QString other = dir_ + "/other.db";
+    QFile::remove(other);
+    QVERIFY(QFile::copy(dir_ + "/b.db", other));
+    const QByteArray before = [&] {
+      QFile f(other);
+      return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
+    }();
+    QSignalSpy err(&w, &MainWindow::errorShown);
+    QVERIFY(!w.saveScreenshotAs(other));
+    QVERIFY2(err.last().first().toString().contains("name the file .png"),
+             qPrintable(err.last().first().toString()));
+    const QString disguised = dir_ + "/other.png";  // a recording named .png
+    QFile::remove(disguised);
+    QVERIFY(QFile::copy(other, disguised));
+    QVERIFY(!w.saveScreenshotAs(disguised));
+    QVERIFY2(err.last().first().toString().contains("is not a PNG picture"),
+             qPrintable(err.last().first().toString()));
+    QVERIFY(!w.saveScreenshotAs(dir_ + "/a.db"));
+    for (const QString& f : {other, disguised}) {
+      QFile in(f);
+      QVERIFY(in.open(QIODevice::ReadOnly));
+      QCOMPARE(in.readAll(), before);
+    }
+    const QString shot = dir_ + "/shot.png";
+    QFile::remove(shot);
+    QVERIFY(w.saveScreenshotAs(shot));
+    QVERIFY(w.saveScreenshotAs(shot));  // a picture replaced by a picture
+    QFile png(shot);
+    QVERIFY(png.open(QIODevice::ReadOnly));
+    QCOMPARE(png.read(4), QByteArray("\x89PNG"));
+  }
+
+  // Open recent: a file gone since is said and dropped from the list (it stayed, failing each
+  // time).
+  void aRecentFileThatIsGoneLeavesTheList() {
+    const QString gone = dir_ + "/gone.db";
+    QFile::remove(gone);
+    QVERIFY(QFile::copy(dir_ + "/a.db", gone));
+    MainWindow w;
+    w.show();
+    w.openRecording(gone);
+    QVERIFY(waitIdle(w));
+    const QString abs = QFileInfo(gone).absoluteFilePath();
+    QVERIFY(QSettings().value("recentFiles").toStringList().contains(abs));
+    QVERIFY(QFile::remove(gone));
+    QAction* entry = nullptr;
+    for (QMenu* m : w.findChildren<QMenu*>())
+      for (QAction* a : m->actions())
+        if (a->text() == abs) entry = a;
+    QVERIFY(entry);
+    QSignalSpy err(&w, &MainWindow::errorShown);
+    entry->trigger();
+    QCOMPARE(err.count(), 1);
+    QVERIFY2(err.first().first().toString().contains("no longer exists; it is removed from Open "
+                                                     "recent"),
+             qPrintable(err.first().first().toString()));
+    QVERIFY(!QSettings().value("recentFiles").toStringList().contains(abs));
+  }
+
+  // The step box moved by the user: an op selected in another step is let go (the inspector
+  // kept describing an op of step 1 with step 2 shown and nothing selected there).
+  void aStepChosenLetsGoOfAnOpOfAnotherStep() {
+    MainWindow w;
+    w.show();
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(1));
+    const uint64_t seq = w.currentStep()->ops.front().seq;
+    w.selection()->select(Side::A, seq);
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.selection()->current(Side::A), std::optional<uint64_t>(seq));
+    w.findChild<QSpinBox*>("stepSpin")->setValue(2);
+    QVERIFY(QTest::qWaitFor([&] { return w.currentStep() && w.currentStep()->step == 2; }, 30000));
+    QVERIFY(waitIdle(w));
+    QVERIFY(!w.selection()->current(Side::A));
   }
 
   // The New session dialog opens with the last session's settings (a failed Start lost them),

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "keel/storage/errors.h"
+#include "text_util.h"
 
 namespace keel::views {
 
@@ -112,6 +113,20 @@ RanksView::RanksView(QWidget* parent) : QWidget(parent) {
   });
   connect(ranks_, &QTableWidget::cellDoubleClicked, this,
           [this](int row, int) { emit rankActivated(row); });
+  // A collective double-clicked: its op, on the rank shown when it took part, else on the
+  // group's first rank that recorded it.
+  collectives_->setToolTip(tr("Double-click a collective to select its op on the rank shown"));
+  connect(collectives_, &QTableWidget::cellDoubleClicked, this, [this](int row, int) {
+    const QTableWidgetItem* it = collectives_->item(row, 0);
+    if (!data_ || !it) return;
+    const size_t index = it->data(Qt::UserRole).toULongLong();
+    if (index >= data_->summary.collectives.size()) return;
+    const analysis::AlignedCollective& a = data_->summary.collectives[index];
+    std::optional<size_t> pick;
+    for (size_t k = 0; k < a.ranks.size(); ++k)
+      if (k < a.seqs.size() && a.seqs[k] && (!pick || a.ranks[k] == shownRank_)) pick = k;
+    if (pick) emit opActivated(int(a.ranks[*pick]), a.step, *a.seqs[*pick]);
+  });
   clear();
 }
 
@@ -125,6 +140,26 @@ void RanksView::clear() {
   verdict_->setText("Open a run folder (a multi-rank recording) to see its ranks.");
   ranks_->setRowCount(0);
   collectives_->setRowCount(0);
+}
+
+void RanksView::setShownRank(int rank) {
+  shownRank_ = rank;
+  markShownRank();
+}
+
+void RanksView::markShownRank() {
+  for (int row = 0; row < ranks_->rowCount(); ++row)
+    for (int c = 0; c < ranks_->columnCount(); ++c)
+      if (QTableWidgetItem* it = ranks_->item(row, c)) {
+        QFont f = it->font();
+        f.setBold(row == shownRank_);
+        it->setFont(f);
+        if (c == 0) {
+          it->setText(row == shownRank_ ? QString("▶ %1").arg(row) : QString::number(row));
+          it->setToolTip(row == shownRank_ ? tr("the rank every view shows")
+                                           : tr("double-click to show this rank"));
+        }
+      }
 }
 
 void RanksView::load(const QString& folder) {
@@ -228,6 +263,7 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     if (r.ended || r.status.rfind("failed", 0) == 0) status->setForeground(QColor("#b00020"));
     ranks_->setItem(row, 9, status);
   }
+  markShownRank();
   ranks_->resizeColumnsToContents();
 
   // Collectives, the longest wait first: where some rank stood still for another.
@@ -253,8 +289,9 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
                                      : ms(*a.waitNs[k]));
       missing = missing || !a.waitNs[k];
     }
-    collectives_->setItem(row, 0,
-                          item(QString::fromStdString(a.kind) + " #" + QString::number(a.number)));
+    auto* name = item(QString::fromStdString(a.kind) + " #" + QString::number(a.number));
+    name->setData(Qt::UserRole, qulonglong(order[size_t(row)] - s.collectives.data()));
+    collectives_->setItem(row, 0, name);
     collectives_->setItem(
         row, 1, item(QString("%1 %2").arg(QString::fromStdString(a.group)).arg(a.groupIndex)));
     if (!a.mismatch.empty()) {  // the ranks called different collectives under this number
@@ -263,7 +300,9 @@ void RanksView::show(std::shared_ptr<RanksData> d) {
     }
     collectives_->setItem(row, 2, number(double(a.step)));
     collectives_->setItem(row, 3, item(QString::fromStdString(a.scope)));
-    collectives_->setItem(row, 4, number(double(a.bytes)));
+    auto* bytes = item(bytesText(uint64_t(std::max<int64_t>(0, a.bytes))), Qt::AlignRight);
+    bytes->setData(Qt::ToolTipRole, QString("%L1 bytes").arg(a.bytes));
+    collectives_->setItem(row, 4, bytes);
     auto* w = item(waits.join(", "));
     if (missing) w->setForeground(QColor("#b00020"));
     collectives_->setItem(row, 5, w);

@@ -69,6 +69,7 @@ struct AlignedCollective {
   int64_t bytes = 0;
   std::vector<int64_t> ranks;                  // the group's world ranks, by group rank
   std::vector<std::optional<int64_t>> waitNs;  // per rank; nullopt: that rank never recorded it
+  std::vector<std::optional<uint64_t>> seqs;   // per rank: its op's seq; nullopt: none recorded
   int64_t straggler = -1;  // world rank that waited least; -1 if one rank or pending
   bool pending = false;    // a rank was still waiting in it when the run ended (a hang report)
   // The ranks recorded this number as different calls (kind, scope or bytes: a rank skipped or

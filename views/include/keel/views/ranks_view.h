@@ -40,12 +40,16 @@ class RanksView : public QWidget {
   QLabel* verdictLabel() const { return verdict_; }
   QTableWidget* rankTable() const { return ranks_; }
   QTableWidget* collectiveTable() const { return collectives_; }
+  // The rank the window shows: its row is marked, and a collective double-clicked is selected on
+  // it (on the group's first rank that recorded it, when the shown rank is not in its group).
+  void setShownRank(int rank);
 
  signals:
   void loaded();  // also when a load for a folder no longer shown lands (nothing shown)
   void failed(QString message);
   void rankActivated(int rank);
-  // The verdict's link to the op where the replicas differ: show it on that rank.
+  // The verdict's link to the op where the replicas differ, or a collective double-clicked: show
+  // it on that rank.
   void opActivated(int rank, qint64 step, quint64 seq);
 
  protected:
@@ -56,6 +60,8 @@ class RanksView : public QWidget {
   // Shares the width between the two tables from what they want (splitWanted_), once the view
   // has its width; until the user drags the splitter (loaded hidden, the dock had none yet).
   void applySplit();
+  void markShownRank();
+  int shownRank_ = -1;
   QLabel* verdict_;
   QTableWidget* ranks_;
   QTableWidget* collectives_;
