@@ -326,6 +326,18 @@ class GraphTest : public QObject {
     QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(expected[0]));
     view.findNext();
     QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(expected[1]));
+    // Ops of a phase the graph hides are counted apart ("0 match(es)" for the optimizer's read as
+    // "there is no such op").
+    int optimizer = 0;
+    for (const auto& o : step->ops)
+      if (o.phase == Phase::Optimizer && o.name.find("adamw") != std::string::npos) ++optimizer;
+    QVERIFY(optimizer > 0);
+    view.setSearchText("adamw");
+    QCOMPARE(view.searchMatchCount(), 0);
+    auto* label = view.findChild<QLabel*>("graphMatches");
+    QVERIFY(label);
+    QCOMPARE(label->text(), QString("0 match(es), %1 in hidden phases").arg(optimizer));
+    QVERIFY(label->toolTip().contains("phase selector"));
   }
 
   // A view narrower than the graph (a docked or compared graph on a small screen) opens at

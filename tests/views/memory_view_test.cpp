@@ -787,6 +787,12 @@ class MemoryViewTest : public QObject {
     table.setMemory(memory);
     QCOMPARE(table.rowCount(), 3);
     QCOMPARE(table.data(table.index(0, MemSectionModel::Name)).toString(), QString("outer"));
+    // The leak's columns come right after the name (they were past a horizontal scroll bar).
+    QCOMPARE(table.headerData(MemSectionModel::Alive, Qt::Horizontal).toString(),
+             QString("Alive at end"));
+    QCOMPARE(int(MemSectionModel::Alive), 1);
+    QCOMPARE(table.headerData(MemSectionModel::AliveOps, Qt::Horizontal).toString(),
+             QString("Allocated by"));
     QCOMPARE(table.data(table.index(0, MemSectionModel::Events)).toString(), QString("1–10"));
     QCOMPARE(table.data(table.index(0, MemSectionModel::Allocs)).toULongLong(), 3ULL);
     QCOMPARE(table.data(table.index(0, MemSectionModel::Peak)).toString(), QString("300 B"));

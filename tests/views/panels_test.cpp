@@ -204,8 +204,9 @@ class PanelsTest : public QObject {
     QCOMPARE(titles(diff),
              QString("Status|Step|A #|B #|Op|Phase|Scope|Max abs|Max rel|Basis|Kernel|Detail"));
     QCOMPARE(titles(logs), QString("Step|Op #|Level|Scope|Message"));
-    QCOMPARE(titles(sections), QString("Section|Events|Allocs|Frees|Allocated|Peak inside|"
-                                       "Alive at end|Allocated by"));
+    QCOMPARE(
+        titles(sections),
+        QString("Section|Alive at end|Allocated by|Peak inside|Allocated|Allocs|Frees|Events"));
     QVERIFY(ops.headerData(OpTableModel::NonFinite, Qt::Horizontal, Qt::ToolTipRole)
                 .toString()
                 .contains("--stats"));

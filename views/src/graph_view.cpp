@@ -102,6 +102,7 @@ GraphView::GraphView(Selection* selection, Side side, QWidget* parent)
   search_->setMinimumWidth(120);
   search_->setMaximumWidth(240);
   matchLabel_ = new QLabel(this);
+  matchLabel_->setObjectName("graphMatches");
   statusLabel_ = new QLabel(this);
   statusLabel_->setForegroundRole(QPalette::PlaceholderText);
   statusLabel_->setMinimumWidth(
@@ -473,15 +474,27 @@ void GraphView::setSearchText(const QString& text) {
   matches_.clear();
   matchSet_.clear();
   matchIndex_ = -1;
+  hiddenMatches_ = 0;
   const std::string needle = text.trimmed().toLower().toStdString();
   if (step_ && !needle.empty())
     for (const auto& op : step_->ops)
-      if (inGraphPhase(op, phase_) &&
-          (containsLower(op.name, needle) || containsLower(op.scope, needle))) {
+      if (containsLower(op.name, needle) || containsLower(op.scope, needle)) {
+        if (!inGraphPhase(op, phase_)) {
+          ++hiddenMatches_;
+          continue;
+        }
         matches_.push_back(op.seq);
         matchSet_.insert(op.seq);
       }
   applyHighlights();
+}
+
+QString GraphView::matchText() const {
+  // Ops found in a phase the selector hides are counted apart: "0 match(es)" for adamw read as
+  // "no such op" while the optimizer phase held 40.
+  const QString shown = tr("%n match(es)", "", int(matches_.size()));
+  if (hiddenMatches_ == 0) return shown;
+  return tr("%1, %2 in hidden phases").arg(shown).arg(hiddenMatches_);
 }
 
 void GraphView::findNext() {

@@ -473,8 +473,7 @@ void GraphView::applyColors() {
 
 void GraphView::applyHighlights() {
   if (!graph_) {
-    matchLabel_->setText(searchText_.isEmpty() ? QString()
-                                               : tr("%n match(es)", "", int(matches_.size())));
+    matchLabel_->setText(searchText_.isEmpty() ? QString() : matchText());
     return;
   }
   const GraphDot& g = *graph_;
@@ -504,7 +503,10 @@ void GraphView::applyHighlights() {
   else if (matchIndex_ >= 0)
     matchLabel_->setText(QString("%1/%2").arg(matchIndex_ + 1).arg(matches_.size()));
   else
-    matchLabel_->setText(tr("%n match(es)", "", int(matches_.size())));
+    matchLabel_->setText(matchText());
+  matchLabel_->setToolTip(hiddenMatches_ > 0 ? tr("Choose their phase in the phase selector "
+                                                  "(Optimizer, Forward, Backward) to see them")
+                                             : QString());
 }
 
 void GraphView::updateLegend() {

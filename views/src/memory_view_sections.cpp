@@ -13,8 +13,8 @@ using analysis::MemoryModel;
 using analysis::MemSection;
 
 MemSectionModel::MemSectionModel(QObject* parent)
-    : RecordTableModel({tr("Section"), tr("Events"), tr("Allocs"), tr("Frees"), tr("Allocated"),
-                        tr("Peak inside"), tr("Alive at end"), tr("Allocated by")},
+    : RecordTableModel({tr("Section"), tr("Alive at end"), tr("Allocated by"), tr("Peak inside"),
+                        tr("Allocated"), tr("Allocs"), tr("Frees"), tr("Events")},
                        parent) {}
 
 void MemSectionModel::setMemory(MemoryPtr memory) {

@@ -119,7 +119,6 @@ class DiffView : public QWidget {
   void toleranceChanged(double atol, double rtol, quint64 ulps);
 
  public:
-
   DiffModel* model() const { return model_; }
   DiffFilterProxy* proxy() const { return proxy_; }
   QTableView* table() const { return table_; }

@@ -253,6 +253,8 @@ class GraphView : public QWidget {
   std::vector<uint64_t> matches_;  // search hits, by seq
   std::unordered_set<uint64_t> matchSet_;
   int matchIndex_ = -1;
+  int hiddenMatches_ = 0;     // ops the search finds in phases the graph hides
+  QString matchText() const;  // "3 match(es)", "0 match(es), 40 in hidden phases"
   QString searchText_;
 
   QFont font_, boldFont_;
