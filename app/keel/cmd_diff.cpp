@@ -225,7 +225,8 @@ Command addDiffCommand(CLI::App& root) {
   c->add_option("--ulps", a->ulps, "also accept elements within N ULPs (0: off)")
       ->check(wholeNumber(0));
   c->add_flag("--json", a->json, "machine-readable report");
-  c->add_flag("--mismatches-only", a->mismatchesOnly, "list only pairs that are not equal");
+  c->add_flag("--mismatches-only", a->mismatchesOnly,
+              "list only mismatches: pairs outside tolerance, ops on one side only");
   c->add_flag("--strict", a->strict, "ops present in only one run count as divergent");
   c->add_option(
        "--align", a->align,

@@ -679,7 +679,7 @@ DiffReport diffRuns(const std::vector<OpRecord>& a, const std::vector<OpRecord>&
 
   rep.pairs.reserve(opt.mismatchesOnly ? 0 : rows.size());
   for (const Row& r : rows)
-    if (!opt.mismatchesOnly || r.status != DiffStatus::Equal) rep.pairs.push_back(toPair(r));
+    if (!opt.mismatchesOnly || isMismatch(r.status)) rep.pairs.push_back(toPair(r));
   return rep;
 }
 

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "diff_util.h"
 #include "keel/base/vocabulary.h"
@@ -412,9 +414,25 @@ std::string toText(const DiffReport& r, bool mismatchesOnly) {
     }
   }
   bool header = false;
+  // A step one run does not have (it stopped, failed or was cut short there) is one line, not
+  // one per op: hundreds of "<" lines buried the pairs that differ.
+  std::map<int64_t, const StepDiff*> oneSided;
+  for (const StepDiff& s : r.steps)
+    if (s.alignment == "only-a" || s.alignment == "only-b") oneSided[s.step] = &s;
+  std::set<int64_t> said;
   for (const OpPair& p : r.pairs) {
-    if (mismatchesOnly && p.status == DiffStatus::Equal) continue;
+    if (mismatchesOnly && !isMismatch(p.status)) continue;
     if (!header) out += mismatchesOnly ? "mismatches:\n" : "pairs:\n", header = true;
+    if (const auto it = oneSided.find(p.step); it != oneSided.end()) {
+      if (said.insert(p.step).second) {
+        const bool inA = it->second->alignment == "only-a";
+        const int64_t n = inA ? it->second->opsA : it->second->opsB;
+        out += std::string("  ") + (inA ? "<" : ">") + " step " + std::to_string(p.step) + ": " +
+               std::to_string(n) + (n == 1 ? " op" : " ops") + " only in " + (inA ? "A" : "B") +
+               " (" + (inA ? "B" : "A") + " has no step " + std::to_string(p.step) + ")\n";
+      }
+      continue;
+    }
     const char* mark = p.status == DiffStatus::Equal             ? (valuesCompared(p) ? "=" : "?")
                        : p.status == DiffStatus::WithinTolerance ? "~"
                        : p.status == DiffStatus::Diverged        ? "!"

@@ -666,6 +666,47 @@ TEST(DiffTest, MismatchesOnlyKeepsNonEqualPairs) {
   for (const auto& p : r.pairs) EXPECT_NE(p.status, DiffStatus::Equal);
 }
 
+// "Mismatches" are what the studio's "Mismatches only" keeps: pairs outside tolerance and ops on
+// one side only. --mismatches-only kept the pairs within tolerance too (a cpu against cpu-ref
+// diff listed nearly every op), and each op of a step one run lacks got a line of its own.
+TEST(DiffTest, MismatchesAreDivergedOrOneSidedAndAMissingStepIsOneLine) {
+  auto a = chain(10);
+  auto b = chain(10);
+  b[3].tensors.back().md5 = "other";  // #4's output: by MD5 alone, diverged
+  // #7's output within tolerance: its statistics close, its MD5 not the same.
+  for (auto* run : {&a, &b}) {
+    auto& t = (*run)[6].tensors.back();
+    t.stats.mean = run == &a ? 1.0 : 1.0 + 1e-9;
+    t.stats.min = t.stats.max = t.stats.absMax = t.stats.mean;
+    t.stats.std = 0;
+    t.hasStats = true;
+  }
+  b[6].tensors.back().md5 = "near";
+  auto extra = chain(5, 2, 11);  // step 2: A only
+  a.insert(a.end(), extra.begin(), extra.end());
+  ks::DiffOptions opt;
+  ks::DiffReport all = ks::diffRuns(a, b, opt);
+  ASSERT_EQ(all.total.withinTolerance, 1) << ks::toText(all, false);
+  ASSERT_EQ(all.total.onlyInA, 5);
+  EXPECT_TRUE(ks::isMismatch(DiffStatus::Diverged));
+  EXPECT_TRUE(ks::isMismatch(DiffStatus::Unmatched));
+  EXPECT_FALSE(ks::isMismatch(DiffStatus::WithinTolerance));
+  EXPECT_FALSE(ks::isMismatch(DiffStatus::Equal));
+  opt.mismatchesOnly = true;
+  ks::DiffReport r = ks::diffRuns(a, b, opt);
+  for (const auto& p : r.pairs) EXPECT_TRUE(ks::isMismatch(p.status)) << p.seqA;
+  const std::string text = ks::toText(r, true);
+  EXPECT_NE(text.find("  < step 2: 5 ops only in A (B has no step 2)\n"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find(" step 2  A #"), std::string::npos) << text;  // no line per op
+  EXPECT_EQ(text.find("\n  ~ "), std::string::npos) << text;      // none within tolerance
+  EXPECT_NE(text.find("\n  ! step 1  A #4  B #4 "), std::string::npos) << text;
+  // The whole list (no --mismatches-only) says the missing step once too.
+  const std::string whole = ks::toText(all, false);
+  EXPECT_NE(whole.find("  < step 2: 5 ops only in A (B has no step 2)\n"), std::string::npos);
+  EXPECT_NE(whole.find("\n  ~ step 1  A #7  B #7 "), std::string::npos) << whole;
+}
+
 // Recordings without MD5s or statistics: nothing said two ops were equal, so none is counted
 // equal and the verdict says so instead of "EQUAL" (a graph-only recording diffed by mistake).
 TEST(DiffTest, RunsWithoutValuesAreNotComparedNotEqual) {

@@ -29,10 +29,6 @@ bool samePair(const storage::OpPair& a, const storage::OpPair& b) {
          a.seqB == b.seqB;
 }
 
-bool isMismatch(DiffStatus s) {
-  return s == DiffStatus::Diverged || s == DiffStatus::Unmatched;
-}
-
 QString statusText(const storage::OpPair& p) {
   switch (p.status) {
     case DiffStatus::Equal:
@@ -321,7 +317,7 @@ bool DiffFilterProxy::filterAcceptsRow(int sourceRow, const QModelIndex& sourceP
   auto* model = qobject_cast<const DiffModel*>(sourceModel());
   const storage::OpPair* p = model && !sourceParent.isValid() ? model->pairAt(sourceRow) : nullptr;
   if (!p) return false;
-  return !mismatchesOnly_ || isMismatch(p->status);
+  return !mismatchesOnly_ || storage::isMismatch(p->status);
 }
 
 // ---- DiffView ----

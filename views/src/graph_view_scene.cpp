@@ -305,7 +305,8 @@ void GraphView::updateSemanticLevel() {
 }
 
 bool GraphView::missingAreEqual() const {
-  // A report that kept mismatches only left out the equal pairs, unless nothing was compared.
+  // A report that kept mismatches only left out the pairs equal or within tolerance (drawn as
+  // equal), unless nothing was compared.
   return diff_ && diff_->options.mismatchesOnly &&
          storage::diffVerdict(*diff_) != storage::DiffVerdict::ValuesNotCompared;
 }

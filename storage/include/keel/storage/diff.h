@@ -53,7 +53,7 @@ struct DiffOptions {
   bool useRoundedMd5 = true;
   bool useDumps = true;  // ask the DumpValues callback (when one is given)
   bool useStats = true;
-  bool mismatchesOnly = false;        // DiffReport::pairs keeps only non-Equal pairs
+  bool mismatchesOnly = false;        // DiffReport::pairs keeps only mismatches (isMismatch)
   bool unmatchedIsDivergent = false;  // an op on one side only makes the exit code 1
   int chainDepth = 6;                 // producer levels walked back from a divergence
   int chainMaxOps = 48;               // ops listed in a chain, all levels together
@@ -118,6 +118,11 @@ struct ChainLink {
 // False for a pair counted Equal only because none of its outputs had anything to compare (no
 // MD5, statistics or dumps on one side): views show it as "not compared", not as equal.
 bool valuesCompared(const OpPair& p);
+// A mismatch, as --mismatches-only and the studio's "Mismatches only" keep them: a pair outside
+// tolerance, or an op on one side only (an equal pair or one within tolerance is none).
+inline bool isMismatch(DiffStatus s) {
+  return s == DiffStatus::Diverged || s == DiffStatus::Unmatched;
+}
 
 // Whether the two sides of a pair ran the same kernel variant (Note [Kernel identity]): Unknown
 // when either side recorded none.
@@ -262,7 +267,7 @@ int diffExitCode(const DiffReport& r);
 
 std::string toJson(const DiffReport& r);
 // Human report: verdict, per-step table, first and root divergence with chains, then the pairs
-// (only the non-Equal ones when mismatchesOnly). Stack ids are printed as "stack #id"; the
+// (only the mismatches when mismatchesOnly). Stack ids are printed as "stack #id"; the
 // caller appends symbolized stacks.
 std::string toText(const DiffReport& r, bool mismatchesOnly);
 
