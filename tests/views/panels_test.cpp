@@ -318,6 +318,54 @@ class PanelsTest : public QObject {
     QCOMPARE(sel.current(Side::A), std::optional<uint64_t>(step->ops[far].seq));
   }
 
+  // Stack locations read as the source tree names them (an absolute build path cut the part
+  // that matters in the middle), and the standard library's frames between the user's (a lambda
+  // through std::function) are folded in place.
+  void stackFramesShowTreePathsAndFoldTheLibrary() {
+    auto d = std::make_shared<keel::views::OpDetails>();
+    d->op.seq = 5;
+    d->op.stackId = 1;
+    keel::storage::StackRecord st;
+    st.id = 1;
+    auto frame = [](const char* fn, const char* file, int line) {
+      keel::storage::StackFrame f;
+      f.function = fn;
+      f.file = file;
+      f.line = line;
+      return f;
+    };
+    st.frames = {
+        frame("keel::ops::matmul(keel::Tensor const&, keel::Tensor const&)",
+              "/work/main/engine/src/ops/linalg.cpp", 40),
+        frame("keel::nn::Linear::forward(keel::Tensor const&)",
+              "/work/main/engine/src/nn/layers.cpp", 74),
+        frame("keel::Tensor std::__invoke_impl<keel::Tensor, main::{lambda()#1}&>(...)",
+              "/usr/include/c++/12/bits/invoke.h", 61),
+        frame("std::_Function_handler<keel::Tensor (), main::{lambda()#1}>::_M_invoke(std::_Any_"
+              "data const&)",
+              "/usr/include/c++/12/bits/std_function.h", 291),
+        frame("std::function<keel::Tensor ()>::operator()() const",
+              "/usr/include/c++/12/bits/std_function.h", 591),
+        frame("main", "/home/me/proj/train.cpp", 12)};
+    d->stack = st;
+    Selection sel;
+    InspectorView view(&sel, Side::A);
+    view.setDetails(d);
+    auto* stack = view.findChild<QTreeWidget*>("inspectorStack");
+    QCOMPARE(stack->topLevelItemCount(), 4);  // Linear::forward, the library, main, Keel's
+    QCOMPARE(stack->topLevelItem(0)->text(2), QString("engine/src/nn/layers.cpp:74"));
+    QCOMPARE(stack->topLevelItem(0)->data(2, Qt::UserRole).toString(),
+             QString("/work/main/engine/src/nn/layers.cpp:74"));
+    QTreeWidgetItem* lib = stack->topLevelItem(1);
+    QCOMPARE(lib->data(0, Qt::UserRole).toString(), QString("library-frames"));
+    QCOMPARE(lib->text(1), QString("C++ library (3 frames)"));
+    QCOMPARE(lib->childCount(), 3);
+    QVERIFY(!lib->isExpanded());
+    QCOMPARE(stack->topLevelItem(2)->text(1), QString("main"));
+    QCOMPARE(stack->topLevelItem(2)->text(2), QString("/home/me/proj/train.cpp:12"));
+    QCOMPARE(stack->topLevelItem(3)->data(0, Qt::UserRole).toString(), QString("keel-frames"));
+  }
+
   void inspectorShowsStackMd5AttributesValuesAndLogs() {
     Recording rec = Recording::open(pathA_.toStdString());
     // The first matmul in the verbose-logged attention block: stack, dumps, logs, attributes.

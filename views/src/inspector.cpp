@@ -245,12 +245,32 @@ bool isKeelFrame(const QString& fn, const std::string& file) {
   return false;
 }
 
-// A source path without the build directory's leading "../" (the hover text keeps it all).
+// A source path as the source tree names it: without the build directory's leading "../", and
+// without the folders above Keel's source tree ("/work/main/engine/src/nn/layers.cpp" was cut in
+// the middle, the part that mattered elided). Keel's own files are found by the tree's top
+// folders, so a recording made by another build reads the same; other files keep their whole
+// path. The hover text keeps it all.
 QString shortPath(const std::string& file) {
   QString p = QString::fromStdString(file);
   while (p.startsWith(QLatin1String("../"))) p = p.mid(3);
   if (p.startsWith(QLatin1String("./"))) p = p.mid(2);
-  return p;
+  if (!p.startsWith('/')) return p;
+  static const char* const kTreeFolders[] = {
+      "/engine/src/",      "/engine/include/", "/engine/backends/", "/capture/src/",
+      "/capture/include/", "/storage/src/",    "/base/src/",        "/base/include/keel/",
+      "/app/keel/",        "/app/studio/",     "/examples/"};
+  qsizetype at = -1;
+  for (const char* f : kTreeFolders)
+    if (const qsizetype i = p.lastIndexOf(QLatin1String(f)); i >= 0) at = std::max(at, i);
+  return at >= 0 ? p.mid(at + 1) : p;
+}
+
+// A frame of the C++ standard library between two of the program's (std::function's call
+// operator and handler, std::__invoke): what a lambda passed through, nothing the user wrote.
+bool isLibraryFrame(const QString& fn, const std::string& file) {
+  if (file.find("/include/c++/") != std::string::npos) return true;
+  const QString name = fn.left(fn.indexOf('<'));  // "keel::Tensor std::__invoke_impl"
+  return name.startsWith(QLatin1String("std::")) || name.contains(QLatin1String(" std::"));
 }
 
 QString tensorName(storage::Role role, int32_t index) {
@@ -758,7 +778,25 @@ void InspectorView::addFrames(QTreeWidgetItem* parent, const OpDetails& d) {
     ++lead;
   if (lead == frames.size())
     lead = 0;  // all Keel's own (e.g. the optimizer): show them as they are
-  for (size_t i = lead; i < frames.size(); ++i) add(parent, int(i), frames[i]);
+  // Runs of two or more standard-library frames among the rest are folded in place.
+  for (size_t i = lead; i < frames.size();) {
+    size_t end = i;
+    while (end < frames.size() && isLibraryFrame(demangle(frames[end].function), frames[end].file))
+      ++end;
+    if (end - i < 2) {
+      add(parent, int(i), frames[i]);
+      ++i;
+      continue;
+    }
+    auto* group = parent ? new QTreeWidgetItem(parent) : new QTreeWidgetItem(stack_);
+    group->setText(1, tr("C++ library (%1 frames)").arg(end - i));
+    group->setToolTip(1, tr("std::function, std::invoke and the like: what the call passed "
+                            "through between the frames above and below"));
+    group->setForeground(1, palette().color(QPalette::Disabled, QPalette::Text));
+    group->setData(0, Qt::UserRole, QStringLiteral("library-frames"));
+    for (; i < end; ++i) add(group, int(i), frames[i]);
+    group->setExpanded(false);
+  }
   if (lead > 0) {
     auto* group = parent ? new QTreeWidgetItem(parent) : new QTreeWidgetItem(stack_);
     group->setText(
