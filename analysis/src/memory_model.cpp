@@ -594,6 +594,45 @@ std::vector<MemAliveShare> MemoryModel::aliveByReason(int64_t k) const {
   return out;
 }
 
+std::vector<MemSiteShare> MemoryModel::aliveBySite(int64_t k) const {
+  const MemState s = stateAt(k);
+  std::unordered_map<std::string, std::pair<MemSiteShare, uint64_t>> by;  // and its largest block
+  for (const MemBlock& b : s.blocks) {
+    const storage::MemRecord& a = events_[b.allocEvent];
+    std::string site;
+    if (const MemOp* o = a.opSeq ? op(a.opSeq) : nullptr) {
+      site = o->name + (o->scope.empty() ? "" : " (" + o->scope + ")");
+    } else if (const auto* frames = a.stackId >= 0 ? stack(a.stackId) : nullptr;
+               frames && !frames->empty()) {
+      const storage::StackFrame& f = frames->front();
+      site = (f.function.empty() ? std::string("??") : f.function);
+      if (!f.file.empty()) {
+        const size_t slash = f.file.find_last_of('/');
+        site += " (" + (slash == std::string::npos ? f.file : f.file.substr(slash + 1)) + ":" +
+                std::to_string(f.line) + ")";
+      }
+    } else if (a.label == storage::kLiveBefore) {
+      site = "before the recording";
+    } else {
+      site = a.opSeq ? "op #" + std::to_string(a.opSeq) : "outside ops";
+    }
+    auto& [share, largest] = by[site];
+    if (share.blocks == 0) share.site = site;
+    share.bytes += b.bytes;
+    if (share.blocks++ == 0 || b.bytes > largest) {
+      share.largestAlloc = b.allocEvent;
+      largest = b.bytes;
+    }
+  }
+  std::vector<MemSiteShare> out;
+  out.reserve(by.size());
+  for (auto& [site, entry] : by) out.push_back(std::move(entry.first));
+  std::sort(out.begin(), out.end(), [](const MemSiteShare& x, const MemSiteShare& y) {
+    return x.bytes != y.bytes ? x.bytes > y.bytes : x.site < y.site;
+  });
+  return out;
+}
+
 std::vector<size_t> MemoryModel::blocksOfOp(const MemState& state, uint64_t seq) const {
   std::vector<size_t> out;
   const MemOp* o = op(seq);

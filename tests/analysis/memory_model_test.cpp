@@ -348,6 +348,42 @@ TEST(MemoryModel, RefusedRequestsAndWhatHeldTheMemory) {
   EXPECT_TRUE(model({}).oomEvents().empty());
 }
 
+// Who holds the memory: live blocks summed by allocation site — the op that allocated each, or an
+// allocation's innermost frame outside ops (an imported PyTorch snapshot's) — most bytes first.
+TEST(MemoryModel, LiveBlocksBySite) {
+  std::vector<MemRecord> evs = events({
+      {"alloc", 0x1000, 512, 1, 101},
+      {"alloc", 0x2000, 256, 1, 102},
+      {"alloc", 0x3000, 4096, 0, 103},
+      {"alloc", 0x5000, 1024, 0, 104},
+      {"alloc", 0x6000, 64, 0, 105},
+      {"free", 0x2000, 256, 1, 106},
+  });
+  evs[2].stackId = 7;
+  evs[3].stackId = 7;
+  MemoryModel m;
+  m.addOps({op(1, "matmul", "forward", 100, 110)});
+  keel::storage::StackRecord st;
+  st.id = 7;
+  st.frames = {{0, "leaky_cache_append", "/home/me/train.py", 77}, {0, "step", "train.py", 12}};
+  m.addStack(st);
+  m.setEvents(evs);
+  const std::vector<MemSiteShare> sites = m.aliveBySite(4);
+  ASSERT_EQ(sites.size(), 3u);
+  EXPECT_EQ(sites[0].site, "leaky_cache_append (train.py:77)");
+  EXPECT_EQ(sites[0].bytes, 5120u);
+  EXPECT_EQ(sites[0].blocks, 2u);
+  EXPECT_EQ(sites[0].largestAlloc, 2u);
+  EXPECT_EQ(sites[1].site, "matmul (blocks.0)");
+  EXPECT_EQ(sites[1].bytes, 768u);
+  EXPECT_EQ(sites[1].blocks, 2u);
+  EXPECT_EQ(sites[1].largestAlloc, 0u);
+  EXPECT_EQ(sites[2].site, "outside ops");
+  EXPECT_EQ(sites[2].bytes, 64u);
+  EXPECT_EQ(m.aliveBySite(5)[1].bytes, 512u);  // the 256-byte block freed
+  EXPECT_TRUE(m.aliveBySite(-1).empty());
+}
+
 TEST(MemoryModel, TrackedSections) {
   const MemoryModel m = model({
       {"alloc", 0x100, 64},

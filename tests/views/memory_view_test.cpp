@@ -10,6 +10,8 @@
 #include <QLabel>
 #include <QSignalSpy>
 #include <QSlider>
+#include <QTabWidget>
+#include <QTableWidget>
 #include <QTextDocument>
 #include <QtTest>
 #include <cstring>
@@ -224,7 +226,8 @@ class MemoryViewTest : public QObject {
     // "allocated" and "reserved" in their timeline lines' colours: the key when the plot's legend
     // row gives way (a short dock).
     QVERIFY2(
-        view.headerText().contains("peak <span style='color:#4c78a8'><b>allocated</b></span> ") &&
+        view.headerText().contains(
+            "<a href='peak'>peak</a> <span style='color:#4c78a8'><b>allocated</b></span> ") &&
             view.headerText().contains("peak <span style='color:#e06c00'><b>reserved</b></span> "),
         qPrintable(view.headerText()));
     QVERIFY(memory->allocatorKind());
@@ -236,6 +239,51 @@ class MemoryViewTest : public QObject {
     QCOMPARE(memory->event(size_t(view.cursor())).allocatedAfter, peak);
     QAbstractItemModelTester tester(view.sectionModel(),
                                     QAbstractItemModelTester::FailureReportingMode::QtTest);
+  }
+
+  // Who holds the memory: the "Live by site" tab sums the blocks at the cursor by the op (or
+  // stack frame) that allocated them, the most first, and follows the cursor; P and the header's
+  // "peak" link go to the peak of allocated memory.
+  void liveBySiteAndThePeakAreOneStepAway() {
+    MemoryPtr memory = loadMemory(caching_);
+    QVERIFY(memory);
+    Selection sel;
+    MemoryView view(&sel, Side::A);
+    view.resize(1200, 700);
+    view.show();
+    view.setMemory(memory);
+    auto* tabs = view.findChild<QTabWidget*>("memoryTabs");
+    auto* sites = view.findChild<QTableWidget*>("memorySites");
+    QVERIFY(tabs && sites);
+    QCOMPARE(tabs->currentWidget(), sites);  // the first tab
+    QCOMPARE(tabs->tabText(1), QString("Sizes"));
+    QVERIFY(tabs->tabText(2).startsWith("Tracked sections"));
+    tabs->setCurrentIndex(1);                // Sizes: the table waits
+    QTest::keyClick(&view, Qt::Key_Home);
+    tabs->setCurrentWidget(sites);
+    QTest::keyClick(&view, Qt::Key_P);
+    const int64_t peak = memory->peakEvent();
+    QCOMPARE(view.cursor(), peak);  // it opens at the peak
+    const auto by = memory->aliveBySite(peak);
+    QVERIFY(by.size() >= 3);
+    QCOMPARE(sites->rowCount(), int(by.size()));
+    QCOMPARE(sites->item(0, 0)->text(), QString::fromStdString(by[0].site));
+    QCOMPARE(sites->item(0, 2)->text(), QString::number(by[0].blocks));
+    uint64_t sum = 0;
+    for (const auto& b : by) sum += b.bytes;
+    QCOMPARE(sum, memory->stateAt(peak).liveBytes);
+    view.setFocus();
+    QTest::keyClick(&view, Qt::Key_Home);
+    QCOMPARE(view.cursor(), int64_t(0));
+    QCOMPARE(sites->rowCount(), int(memory->aliveBySite(0).size()));
+    QTest::keyClick(&view, Qt::Key_P);
+    QCOMPARE(view.cursor(), peak);
+    QCOMPARE(sites->item(0, 0)->text(), QString::fromStdString(by[0].site));
+    QTest::keyClick(&view, Qt::Key_End);
+    auto* header = view.findChild<QLabel*>("memoryHeader");
+    QVERIFY(header->text().contains("<a href='peak'>peak</a>"));
+    emit header->linkActivated("peak");
+    QCOMPARE(view.cursor(), peak);
   }
 
   void scrubbingShowsTheBlockMapOfThatMoment_data() { bothAllocators(); }
@@ -793,6 +841,13 @@ class MemoryViewTest : public QObject {
     QCOMPARE(int(MemSectionModel::Alive), 1);
     QCOMPARE(table.headerData(MemSectionModel::AliveOps, Qt::Horizontal).toString(),
              QString("Allocated by"));
+    {  // the tab names its count (the third tab since "Live by site" came first)
+      Selection sel;
+      MemoryView view(&sel, Side::A);
+      view.setMemory(memory);
+      QCOMPARE(view.findChild<QTabWidget*>("memoryTabs")->tabText(2),
+               QString("Tracked sections (3)"));
+    }
     QCOMPARE(table.data(table.index(0, MemSectionModel::Events)).toString(), QString("1–10"));
     QCOMPARE(table.data(table.index(0, MemSectionModel::Allocs)).toULongLong(), 3ULL);
     QCOMPARE(table.data(table.index(0, MemSectionModel::Peak)).toString(), QString("300 B"));

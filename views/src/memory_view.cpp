@@ -5,6 +5,7 @@
 #include <QCheckBox>
 #include <QComboBox>
 #include <QHBoxLayout>
+#include <QHeaderView>
 #include <QKeyEvent>
 #include <QLabel>
 #include <QSlider>
@@ -77,7 +78,12 @@ void MemoryView::Impl::build() {
   auto* content = new QWidget(q);
   header = new QLabel(content);
   header->setObjectName("memoryHeader");
-  header->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  // Selectable, and its "peak" a link to the peak's event (P does the same).
+  header->setTextInteractionFlags(Qt::TextBrowserInteraction);
+  header->setOpenExternalLinks(false);
+  QObject::connect(header, &QLabel::linkActivated, q, [this](const QString& href) {
+    if (href == QLatin1String("peak") && mem) moveTo(mem->peakEvent());
+  });
   header->setWordWrap(true);  // narrow windows: wrap rather than push the controls off
   header->setMinimumWidth(200);
   colorBox = new QCheckBox(tr("Colour by op"), content);
@@ -172,7 +178,21 @@ void MemoryView::Impl::build() {
   tabs = new QTabWidget(content);
   tabs->setObjectName("memoryTabs");
   buildHistogram();
+  // Live by site: who holds the memory at the cursor (Note [Live by site]).
+  sites = new QTableWidget(0, 4, tabs);
+  sites->setObjectName("memorySites");
+  sites->setHorizontalHeaderLabels({tr("Allocated by"), tr("Live"), tr("Blocks"), tr("Share")});
+  sites->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  sites->setSelectionBehavior(QAbstractItemView::SelectRows);
+  sites->setTextElideMode(Qt::ElideMiddle);  // the function and the line both show
+  sites->verticalHeader()->setVisible(false);
+  sites->verticalHeader()->setDefaultSectionSize(sites->fontMetrics().height() + 6);
+  sites->horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+  for (int c = 1; c < 4; ++c)
+    sites->horizontalHeader()->setSectionResizeMode(c, QHeaderView::ResizeToContents);
+  tabs->addTab(sites, tr("Live by site"));  // first: who holds the memory
   tabs->addTab(hist, tr("Sizes"));
+  QObject::connect(tabs, &QTabWidget::currentChanged, q, [this] { updateSites(); });
   auto* secPane = new QWidget(tabs);
   sections = new MemSectionModel(secPane);
   sectionTable = makeRecordTable(secPane, "memorySections", sections);
@@ -238,13 +258,15 @@ void MemoryView::setMemory(MemoryPtr memory) {
   const int64_t oldCount = d.count();
   const bool wasAtEnd = old && oldCount > 0 && d.cursor == oldCount - 1;
   d.mem = std::move(memory);
+  d.sitesAt = -2;  // the sites table is of the new events
   d.sections->setMemory(d.mem);
   d.noSections->setVisible(!d.mem || d.mem->sections().empty());
   d.sectionTable->setVisible(d.mem && !d.mem->sections().empty());
   if (d.mem && !d.mem->sections().empty()) d.sectionTable->resizeColumnsToContents();
-  d.tabs->setTabText(1, d.mem && !d.mem->sections().empty()
-                            ? tr("Tracked sections (%1)").arg(d.mem->sections().size())
-                            : tr("Tracked sections"));
+  d.tabs->setTabText(d.tabs->indexOf(d.sectionTable->parentWidget()),
+                     d.mem && !d.mem->sections().empty()
+                         ? tr("Tracked sections (%1)").arg(d.mem->sections().size())
+                         : tr("Tracked sections"));
   if (!d.mem) {
     d.message = tr("No recording open.");
   } else if (d.mem->eventCount() == 0) {
@@ -314,8 +336,42 @@ void MemoryView::Impl::moveTo(int64_t k, bool force) {
   placeCursorLine(k);
   refreshHighlight();
   updateHistogram();
+  updateSites();
   updateTexts();
   emit q->cursorChanged(qint64(k));
+}
+
+// Note [Live by site]: the blocks live at the cursor summed by where they were allocated
+// (analysis::MemoryModel::aliveBySite), the most bytes first: a leak reads as one site whose
+// share grows as the cursor moves on, where the block map alone made the user hover block after
+// block (an imported snapshot's blocks all drawn in the one "outside ops" colour). Filled only
+// while its tab is shown: a cursor scrubbed with the keys does not pay for it.
+void MemoryView::Impl::updateSites() {
+  if (!sites || tabs->currentWidget() != sites || sitesAt == cursor) return;
+  sitesAt = cursor;
+  const std::vector<analysis::MemSiteShare> by =
+      mem && cursor >= 0 ? mem->aliveBySite(cursor) : std::vector<analysis::MemSiteShare>{};
+  const size_t rows = std::min<size_t>(by.size(), 200);
+  sites->setRowCount(int(rows));
+  for (size_t i = 0; i < rows; ++i) {
+    const analysis::MemSiteShare& site = by[i];
+    auto cell = [&](int col, const QString& text, bool right) {
+      auto* it = new QTableWidgetItem(text);
+      it->setTextAlignment((right ? Qt::AlignRight : Qt::AlignLeft) | Qt::AlignVCenter);
+      it->setToolTip(tr("%1: %2 in %3, the largest allocated at event %4")
+                         .arg(qs(site.site), bytesText(site.bytes), blocksText(site.blocks))
+                         .arg(site.largestAlloc));
+      sites->setItem(int(i), col, it);
+    };
+    cell(0, qs(site.site), false);
+    cell(1, bytesText(site.bytes), true);
+    cell(2, QString::number(site.blocks), true);
+    cell(3,
+         state.liveBytes
+             ? QString::number(100.0 * double(site.bytes) / double(state.liveBytes), 'f', 1) + "%"
+             : QStringLiteral("-"),
+         true);
+  }
 }
 
 void MemoryView::Impl::updateTexts() {
@@ -394,7 +450,9 @@ QString MemoryView::Impl::computeHeader() const {
                                   .arg(bytesText(e.bytes), where)
                                   .toHtmlEscaped());
   }
-  s += tr("<b>%1</b> allocator events · %2 allocator · peak %3 %4 · peak %5 %6")
+  // The first "peak" is a link to the peak's event (MemoryView::keyPressEvent: P).
+  s += tr("<b>%1</b> allocator events · %2 allocator · <a href='peak'>peak</a> %3 %4 · peak %5 "
+          "%6")
            .arg(m->eventCount())
            .arg(kind, coloured(kAllocated, tr("allocated")), bytesText(m->peakAllocated()),
                 coloured(kReserved, tr("reserved")), bytesText(m->peakReserved()));
@@ -513,6 +571,9 @@ void MemoryView::keyPressEvent(QKeyEvent* e) {
       break;
     case Qt::Key_End:
       d.moveTo(d.count() - 1);
+      break;
+    case Qt::Key_P:  // the peak of allocated memory (the header's link)
+      if (d.mem) d.moveTo(d.mem->peakEvent());
       break;
     default:
       return QWidget::keyPressEvent(e);

@@ -11,6 +11,7 @@
 #include <QLabel>
 #include <QString>
 #include <QStringList>
+#include <QTableWidget>
 #include <QToolTip>
 #include <QWidget>
 #include <algorithm>
@@ -244,6 +245,9 @@ struct MemoryView::Impl {
   QTabWidget* tabs = nullptr;
   QCustomPlot* hist = nullptr;
   QCPBars* bars = nullptr;
+  QTableWidget* sites = nullptr;  // "Live by site": the blocks at the cursor by allocation site
+  int64_t sitesAt = -2;           // the cursor the table was filled at
+  void updateSites();             // fills it for the cursor, when its tab is the one shown
   MemSectionModel* sections = nullptr;
   QTableView* sectionTable = nullptr;
   QLabel* noSections = nullptr;

@@ -101,6 +101,13 @@ struct MemAliveShare {
   uint64_t bytes = 0, blocks = 0;
 };
 
+// Where live blocks were allocated (MemoryModel::aliveBySite): one allocation site's share.
+struct MemSiteShare {
+  std::string site;  // "matmul (blocks.0.attn)", "leaky_cache_append (train.py:77)", "outside ops"
+  uint64_t bytes = 0, blocks = 0;
+  uint32_t largestAlloc = 0;  // the alloc event of its largest block
+};
+
 // A track_begin/track_end pair (keel::MemoryTrackingScope): what happened between the two marks.
 struct MemSection {
   std::string name;
@@ -245,6 +252,11 @@ class MemoryModel {
   // The blocks live right after event k, summed by why they are alive, the most bytes first:
   // what held the memory when a request was refused.
   std::vector<MemAliveShare> aliveByReason(int64_t k) const;
+  // The same blocks summed by where they were allocated, the most bytes first: the op that
+  // allocated each (name and scope), or for an allocation outside ops with a stack (an imported
+  // PyTorch snapshot's) its allocation's innermost frame — who holds the memory, as memory_viz's
+  // allocation-site view tells it, without hovering block after block.
+  std::vector<MemSiteShare> aliveBySite(int64_t k) const;
   // Blocks of `state` that belong to op `seq`: allocated by it, or holding one of its outputs.
   std::vector<size_t> blocksOfOp(const MemState& state, uint64_t seq) const;
   // The first and last event inside op `seq`, if any.
