@@ -112,7 +112,8 @@ std::string durationText(int64_t ns) {
   if (ns < 1000)
     std::snprintf(buf, sizeof buf, "%lld ns", static_cast<long long>(ns));
   else if (ns < 1'000'000)
-    std::snprintf(buf, sizeof buf, "%.1f us", double(ns) / 1e3);
+    std::snprintf(buf, sizeof buf, "%.1f \u00b5s",
+                  double(ns) / 1e3);  // µs, as the studio spells it
   else if (ns < 1'000'000'000)
     std::snprintf(buf, sizeof buf, "%.2f ms", double(ns) / 1e6);
   else

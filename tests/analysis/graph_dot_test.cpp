@@ -146,7 +146,7 @@ TEST(GraphDot, CollapsedModulesMergeEdges) {
       kDotHead +
       "  \"m:f:wte\" [label=\"wte\\n1 op, 500 ns, 128 B\", width=2.2083, height=0.6111, "
       "style=bold];\n"
-      "  \"m:f:blocks\" [label=\"blocks\\n4 ops, 2.0 us, 512 B\", width=2.3056, height=0.6111, "
+      "  \"m:f:blocks\" [label=\"blocks\\n4 ops, 2.0 µs, 512 B\", width=2.3056, height=0.6111, "
       "style=bold];\n"
       "  \"o6\" [label=\"add_\\n[4,8] f32\", width=1.1528, height=0.5278];\n"
       "  \"o7\" [label=\"sum\\n[4,8] f32\", width=1.1528, height=0.5278];\n"
@@ -163,7 +163,7 @@ TEST(GraphDot, CollapsedModulesMergeEdges) {
   const GraphNode& blocks = g.nodes[size_t(g.nodeOfId.at(moduleNodeId(Phase::Forward, "blocks")))];
   EXPECT_EQ(blocks.id, "m:f:blocks");
   EXPECT_EQ(blocks.kind, GraphNodeKind::Module);
-  EXPECT_EQ(blocks.subtitle, "4 ops, 2.0 us, 512 B");  // Note [Module summary]
+  EXPECT_EQ(blocks.subtitle, "4 ops, 2.0 µs, 512 B");  // Note [Module summary]
   EXPECT_EQ(blocks.seqs, (std::vector<uint64_t>{2, 3, 4, 5}));
   // Two tensors (into the norm and the residual add) flow from wte into blocks: one edge.
   ASSERT_EQ(g.edges.size(), 3u);

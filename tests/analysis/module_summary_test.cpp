@@ -36,7 +36,7 @@ TEST(ModuleSummary, SumsTheOpsUnderEachModuleInItsPhase) {
   EXPECT_EQ(m.at("b:blocks.0").ops, 3);
   EXPECT_EQ(m.at("b:blocks.0.attn").ops, 1);
   EXPECT_FALSE(m.count("f:"));  // ops outside any module count in none
-  EXPECT_EQ(summaryLines(blocks), std::vector<std::string>{"4 ops, 2.0 us, 512 B"});
+  EXPECT_EQ(summaryLines(blocks), std::vector<std::string>{"4 ops, 2.0 µs, 512 B"});
 }
 
 TEST(ModuleSummary, WorstVerdictAndNonFiniteOpsInside) {
@@ -52,7 +52,7 @@ TEST(ModuleSummary, WorstVerdictAndNonFiniteOpsInside) {
   EXPECT_EQ(attn.nonFiniteOps, 1);
   EXPECT_EQ(attn.worst, DiffStatus::Diverged);
   EXPECT_TRUE(attn.firstDivergence);
-  EXPECT_EQ(summaryLines(attn), (std::vector<std::string>{"2 ops, 1.0 us, 256 B",
+  EXPECT_EQ(summaryLines(attn), (std::vector<std::string>{"2 ops, 1.0 µs, 256 B",
                                                           "1 op non-finite, first divergence"}));
   const ModuleSummary& norm = m.at("f:blocks.0.norm1");
   EXPECT_EQ(norm.worst, DiffStatus::Equal);
@@ -62,12 +62,12 @@ TEST(ModuleSummary, WorstVerdictAndNonFiniteOpsInside) {
   GraphDotOptions collapsed;
   collapsed.expandAll = false;
   const GraphDot c = buildGraphDot(ops, collapsed);
-  EXPECT_EQ(c.nodes[size_t(c.nodeOfId.at("m:f:blocks"))].subtitle, "4 ops, 2.0 us, 512 B");
+  EXPECT_EQ(c.nodes[size_t(c.nodeOfId.at("m:f:blocks"))].subtitle, "4 ops, 2.0 µs, 512 B");
 }
 
 TEST(ModuleSummary, DurationsForPeople) {
   EXPECT_EQ(durationText(850), "850 ns");
-  EXPECT_EQ(durationText(12'500), "12.5 us");
+  EXPECT_EQ(durationText(12'500), "12.5 \u00b5s");
   EXPECT_EQ(durationText(3'200'000), "3.20 ms");
   EXPECT_EQ(durationText(1'250'000'000), "1.25 s");
   EXPECT_EQ(opCountText(1), "1 op");

@@ -29,6 +29,7 @@
 #include <map>
 #include <set>
 
+#include "keel/analysis/module_summary.h"
 #include "keel/storage/export.h"
 #include "keel/views/log_view.h"
 #include "keel/views/mask_picture.h"
@@ -594,7 +595,7 @@ void InspectorView::setDetails(OpDetailsPtr details) {
   QStringList facts;
   facts << tr("phase <b>%1</b>").arg(qs(phaseName(op.phase)).toHtmlEscaped())
         << tr("scope <b>%1</b>").arg(scope) << tr("step <b>%1</b>").arg(op.step)
-        << tr("time <b>%1 µs</b>").arg(double(op.endNs - op.beginNs) / 1000.0, 0, 'f', 1)
+        << tr("time <b>%1</b>").arg(qs(analysis::durationText(op.endNs - op.beginNs)))
         << tr("thread %1").arg(op.thread);
   if (op.forwardSeq != 0)
     facts << tr("gradient of forward op <a href='op:%1'>#%1</a>").arg(op.forwardSeq);
@@ -1122,11 +1123,11 @@ void InspectorView::showPair() {
       !opA.kernel.empty() && !opB.kernel.empty() && opA.kernel.variant != opB.kernel.variant;
   for (Side side : {Side::A, Side::B}) {
     const storage::OpRecord& o = side == Side::A ? opA : opB;
-    text += QStringLiteral("<br><b>%1</b> &nbsp;#%2 &nbsp;·&nbsp; step %3 &nbsp;·&nbsp; %4 µs")
+    text += QStringLiteral("<br><b>%1</b> &nbsp;#%2 &nbsp;·&nbsp; step %3 &nbsp;·&nbsp; %4")
                 .arg(sideLabel(side).toHtmlEscaped())
                 .arg(o.seq)
                 .arg(o.step)
-                .arg(double(o.endNs - o.beginNs) / 1000.0, 0, 'f', 1);
+                .arg(qs(analysis::durationText(o.endNs - o.beginNs)));
     if (!o.kernel.empty())
       text += QStringLiteral(" &nbsp;·&nbsp; ") + kernelHtml(o.kernel, kernelsDiffer);
   }

@@ -32,7 +32,7 @@ QColor phaseFill(Phase p) {
   return QColor(0x6d, 0xb8, 0x5a);
 }
 
-// analysis::durationText ("850 ns", "12.5 us", "3.20 ms"), as the graph's module summaries say it.
+// analysis::durationText ("850 ns", "12.5 µs", "3.20 ms"), as the graph's module summaries say it.
 QString durationText(double ns) {
   return qs(analysis::durationText(std::llround(ns)));
 }
@@ -54,7 +54,7 @@ QString tickText(double t, double step) {
   else if (step >= 1e6)
     unit = 1e6, name = "ms";
   else if (step >= 1e3)
-    unit = 1e3, name = "us";  // spelt as durationText spells it
+    unit = 1e3, name = "\u00b5s";  // spelt as durationText spells it
   const double v = t / unit, s = step / unit;
   const int decimals = s >= 1 ? 0 : int(std::ceil(-std::log10(s) - 1e-9));
   return QStringLiteral("%1 %2").arg(v, 0, 'f', decimals).arg(QString::fromUtf8(name));
