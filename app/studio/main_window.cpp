@@ -230,6 +230,35 @@ void MainWindow::buildActions() {
     graphA_->expandAll();
     if (graphB_->isVisible()) graphB_->expandAll();
   });
+  // Moving through a run from the keyboard: the steps, the first NaN/Inf, the bottom views.
+  view->addSeparator();
+  auto stepBy = [this](int delta) {
+    if (!summaryA_ || shownStep_ < 0) return;
+    const int next = int(shownStep_) + delta;
+    if (next >= stepSpin_->minimum() && next <= stepSpin_->maximum()) stepSpin_->setValue(next);
+  };
+  QAction* prev = view->addAction("&Previous step", this, [stepBy] { stepBy(-1); });
+  prev->setObjectName("previousStepAction");
+  prev->setShortcut(QKeySequence("Alt+Left"));
+  QAction* next = view->addAction("&Next step", this, [stepBy] { stepBy(1); });
+  next->setObjectName("nextStepAction");
+  next->setShortcut(QKeySequence("Alt+Right"));
+  QAction* nan = view->addAction("First &NaN/Inf", this, [this] {
+    if (summaryA_ && summaryA_->firstNonFinite)
+      selectOpInStep(summaryA_->firstNonFinite->seq, summaryA_->firstNonFinite->step);
+    else
+      statusBar()->showMessage("No NaN or Inf in this recording's outputs", 5000);
+  });
+  nan->setObjectName("firstNonFiniteAction");
+  nan->setShortcut(QKeySequence("Ctrl+Shift+N"));
+  QMenu* bottom = view->addMenu("&Bottom view");
+  int key = 1;
+  for (const QString& name : kStudioViews) {  // --show's names, Alt+1 the first
+    QAction* a = bottom->addAction(name.left(1).toUpper() + name.mid(1), this,
+                                   [this, name] { showView(name); });
+    a->setObjectName("showView." + name);
+    a->setShortcut(QKeySequence(QString("Alt+%1").arg(key++)));
+  }
 
   QToolBar* tb = addToolBar("Main");
   tb->setObjectName("toolbar.main");

@@ -552,6 +552,47 @@ class StudioTest : public QObject {
     QVERIFY(!w.selection()->current(Side::A));
   }
 
+  // The keyboard moves through a run: Alt+Left/Right the steps, Ctrl+Shift+N the first NaN/Inf
+  // op, Alt+1..6 the bottom views (there was no key for any of them).
+  void keysMoveThroughStepsNaNsAndViews() {
+    MainWindow w;
+    w.show();
+    w.openRecording(dir_ + "/nan.db");
+    QVERIFY(waitIdle(w));
+    auto* next = w.findChild<QAction*>("nextStepAction");
+    auto* prev = w.findChild<QAction*>("previousStepAction");
+    auto* nan = w.findChild<QAction*>("firstNonFiniteAction");
+    QVERIFY(next && prev && nan);
+    QCOMPARE(next->shortcut(), QKeySequence("Alt+Right"));
+    QCOMPARE(nan->shortcut(), QKeySequence("Ctrl+Shift+N"));
+    const auto first = w.summary(Side::A)->firstNonFinite;
+    QVERIFY(first);
+    QCOMPARE(w.currentStep()->step, first->step);  // a NaN run opens at its first NaN
+    prev->trigger();
+    QVERIFY(QTest::qWaitFor([&] { return w.currentStep()->step == first->step - 1; }, 30000));
+    prev->trigger();  // step 0 is the first: nothing before it
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, int64_t(0));
+    next->trigger();
+    QVERIFY(QTest::qWaitFor([&] { return w.currentStep()->step == 1; }, 30000));
+    QVERIFY(waitIdle(w));
+    w.selection()->clear();
+    nan->trigger();
+    QVERIFY(QTest::qWaitFor(
+        [&] { return w.selection()->current(Side::A) == std::optional<uint64_t>(first->seq); },
+        30000));
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.currentStep()->step, first->step);
+    auto* memory = w.findChild<QAction*>("showView.memory");
+    QVERIFY(memory);
+    QCOMPARE(memory->shortcut(), QKeySequence("Alt+4"));
+    memory->trigger();
+    QVERIFY(waitIdle(w));
+    QCOMPARE(w.raisedBottomView(), QString("memory"));
+    w.findChild<QAction*>("showView.ops")->trigger();
+    QCOMPARE(w.raisedBottomView(), QString("ops"));
+  }
+
   // The New session dialog opens with the last session's settings (a failed Start lost them),
   // keeps a recording file name only while no file has it, starts at --steps' default (50, it
   // said 20), and shows the start of the recording path (it showed "/gpt-mini-2026…db").
