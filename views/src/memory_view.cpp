@@ -216,8 +216,10 @@ void MemoryView::Impl::build() {
   lower->setObjectName("memoryLower");
   lower->addWidget(mapPane);
   lower->addWidget(tabs);
-  lower->setStretchFactor(0, 3);
-  lower->setStretchFactor(1, 2);
+  // Even halves: the "Live by site" names (an op and its scope) were cut at 3:2 on a 1366-pixel
+  // screen, and the block map reads as well at half the width.
+  lower->setStretchFactor(0, 1);
+  lower->setStretchFactor(1, 1);
   lower->setChildrenCollapsible(false);
   main = new QSplitter(Qt::Vertical, content);
   main->setObjectName("memorySplitter");
