@@ -425,6 +425,34 @@ TEST(DiffTest, ACaptureFiltersOpsApplyWithinOneFramework) {
     EXPECT_EQ(line.find("not compared"), std::string::npos) << line;
 }
 
+// Note [The tolerance of a mean]: a mean that cancels (elements near 1e-2, mean near 1e-9) is held
+// to rtol of the elements' scale, not of itself: under --atol 0 two runs whose elements agree to
+// 1e-7 were called diverged on "mean 1.2e-09 vs -3e-09". A mean off by more than elements within
+// tolerance could make still diverges.
+TEST(DiffTest, AMeanThatCancelsIsHeldToTheElementsScale) {
+  TensorRecord ta = tensor(Role::Output, 0, 1, 1, "aa"), tb = tensor(Role::Output, 0, 1, 1, "bb");
+  ta.hasStats = tb.hasStats = true;
+  ta.stats = {-0.02, 0.02, 1.2e-9, 0.01, 0.02, 0, 0, 0};
+  tb.stats = {-0.02, 0.02, -3e-9, 0.01, 0.02, 0, 0, 0};
+  ks::DiffOptions opt;
+  opt.atol = 0;
+  opt.rtol = 1e-4;
+  ks::TensorDiff d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance) << d.detail;
+  tb.stats.mean = 3e-6;  // 1.5e-4 of absMax: past what elements within 1e-4 can make
+  d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_EQ(d.detail.rfind("mean ", 0), 0u) << d.detail;
+  tb.stats.mean = ta.stats.mean;
+  tb.stats.std = 0.01 + 3e-6;  // the std is held to the same bound
+  d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::Diverged);
+  EXPECT_EQ(d.detail.rfind("std ", 0), 0u) << d.detail;
+  tb.stats.std = 0.01 + 1e-6;
+  d = ks::compareTensors(ta, tb, 1, 1, opt, {});
+  EXPECT_EQ(d.status, DiffStatus::WithinTolerance) << d.detail;
+}
+
 TEST(DiffTest, StatisticsDecideWhenNoDumps) {
   TensorRecord ta = tensor(Role::Output, 0, 1, 1, "aa"), tb = tensor(Role::Output, 0, 1, 1, "bb");
   ta.hasStats = tb.hasStats = true;
@@ -699,7 +727,7 @@ TEST(DiffTest, MismatchesAreDivergedOrOneSidedAndAMissingStepIsOneLine) {
   EXPECT_NE(text.find("  < step 2: 5 ops only in A (B has no step 2)\n"), std::string::npos)
       << text;
   EXPECT_EQ(text.find(" step 2  A #"), std::string::npos) << text;  // no line per op
-  EXPECT_EQ(text.find("\n  ~ "), std::string::npos) << text;      // none within tolerance
+  EXPECT_EQ(text.find("\n  ~ "), std::string::npos) << text;        // none within tolerance
   EXPECT_NE(text.find("\n  ! step 1  A #4  B #4 "), std::string::npos) << text;
   // The whole list (no --mismatches-only) says the missing step once too.
   const std::string whole = ks::toText(all, false);
