@@ -780,12 +780,19 @@ TEST(CkptCliTest, ASecondRunIntoTheSameCkptDirIsRefused) {
                             " train --config tests/fixtures/gpt-tiny.json --eval-batches 0 "
                             "--threads 1 --ckpt-dir '" +
                             dir + "/ck' ";
+  // The first run is held still (SIGSTOP) once it has saved twice, holding its lock while the
+  // second tries: a gpt-tiny step and its save take about 3 ms, and a run left going wrote 32 GB
+  // of checkpoints when a test binary was killed mid-way. A guard kills it after 60 s in any
+  // case.
   const int status = runScript(
       dir, train + "--steps 1000000 --save-every 1 >'" + dir + "/first.txt' 2>&1 & pid=$!\n" +
+               "( sleep 60; kill -9 $pid ) >/dev/null 2>&1 & guard=$!\n" +
                "for i in $(seq 600); do grep -q '^saved .*step-000002' '" + dir +
-               "/first.txt' && break; sleep 0.1; done\n" + train + "--steps 2 --seed 5 >'" + dir +
-               "/second.txt' 2>'" + dir + "/second.err'; rc=$?\n" + "echo $pid >'" + dir +
-               "/pid'; kill -INT $pid; wait $pid; exit $rc");
+               "/first.txt' && break; sleep 0.1; done\nkill -STOP $pid\n" + train +
+               "--steps 2 --seed 5 >'" + dir + "/second.txt' 2>'" + dir + "/second.err'; rc=$?\n" +
+               "echo $pid >'" + dir +
+               "/pid'; kill -INT $pid; kill -CONT $pid; wait $pid; kill $guard 2>/dev/null; "
+               "exit $rc");
   EXPECT_EQ(status, 2);
   const std::string pid = keel::readFile(dir + "/pid");
   EXPECT_EQ(keel::readFile(dir + "/second.err"),
@@ -823,13 +830,17 @@ TEST(CkptCliTest, AnInterruptedTrainStopsBetweenStepsKeepingItsCheckpoints) {
   const std::string keel = "'" + std::string(KEEL_CLI_PATH) + "'";
   for (const char* sig : {"INT", "TERM"}) {
     const std::string ck = dir + "/ck" + sig, out = dir + "/out" + sig, err = dir + "/err" + sig;
+    // Held still (SIGSTOP) while the signal is sent, so it saves no more than a few steps past
+    // the third (a run left going fills the disk: see ASecondRunIntoTheSameCkptDirIsRefused).
     const int status = runScript(
         dir, keel +
                  " train --config tests/fixtures/gpt-tiny.json --eval-batches 0 --threads 1 "
                  "--steps 1000000 --save-every 1 --ckpt-dir '" +
                  ck + "' >'" + out + "' 2>'" + err + "' & pid=$!\n" +
                  "for i in $(seq 600); do grep -q '^saved .*step-000003' '" + out +
-                 "' && break; sleep 0.1; done\nkill -" + sig + " $pid; wait $pid");
+                 "' && break; sleep 0.1; done\nkill -STOP $pid; kill -" + sig +
+                 " $pid; kill -CONT $pid\n( sleep 60; kill -9 $pid ) >/dev/null 2>&1 & guard=$!\n"
+                 "wait $pid; rc=$?; kill $guard 2>/dev/null; exit $rc");
     EXPECT_EQ(status, std::string(sig) == "INT" ? 130 : 143) << keel::readFile(err);
     const auto steps = stepCheckpoints(ck);
     ASSERT_FALSE(steps.empty());
