@@ -98,6 +98,12 @@ void startProcessGroup(const ParallelArgs& a);
 void addRankOption(CLI::App* c, int64_t& rank);
 std::string recordingOfRank(const std::string& path, int64_t rank);  // rank < 0: not given
 
+// keel train's check of its --ckpt-dir before the first step (cmd_train.cpp): a folder holding
+// another run's checkpoints, or a step-N this run would save over, is refused in one line.
+// keel launch runs it too, before it starts the ranks.
+void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFrom,
+                            int64_t firstStep, int64_t lastStep, int64_t saveEvery);
+
 // One subcommand: its CLI11 node and what runs when it was chosen (returns the exit status).
 struct Command {
   CLI::App* app = nullptr;

@@ -43,11 +43,18 @@ std::string dims(const ckpt::Dims& d) {
 ckpt::Checkpoint openSource(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / ckpt::kMetadataFile, ec))
-    return ckpt::Checkpoint::open(ckpt::resolveCheckpoint(path));
+  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / ckpt::kMetadataFile, ec)) {
+    std::string skipped;  // a newer step-N without metadata: said, not silently passed over
+    const std::string latest = ckpt::resolveCheckpoint(path, &skipped);
+    if (!skipped.empty())
+      warn(skipped + " has no " + ckpt::kMetadataFile + " (incomplete?); reading " +
+           fs::path(latest).filename().string());
+    return ckpt::Checkpoint::open(latest);
+  }
   // One file of a checkpoint folder is read as a checkpoint of its own, each tensor in it whole:
   // a rank's part of a multi-rank checkpoint then has the part's shapes (and 'KEY#1' boxes).
-  if (!fs::is_directory(path, ec)) {
+  // (The metadata file itself is refused by Checkpoint::open, naming the folder.)
+  if (!fs::is_directory(path, ec) && fs::path(path).filename() != ckpt::kMetadataFile) {
     const fs::path dir =
         fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
     size_t files = 0;  // from the metadata alone: opening the folder opened every file in it

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "keel/base/output_path.h"
 #include "keel/base/text.h"
+#include "keel/checkpoint.h"
 #include "keel/dist.h"
 #include "keel/error.h"
 #include "keel/gpt_config.h"
@@ -135,6 +137,31 @@ std::string wordValue(const std::vector<std::string>& words,
   return {};
 }
 
+// The mistakes in a multi-rank `train`'s checkpoint options that every rank would report (one
+// line each, then mpirun's banner): --ckpt-tp, a --resume that is no checkpoint, a --ckpt-dir
+// that holds another run's checkpoints or another run writes. Throws keel::Error in the ranks'
+// words; a value that does not parse is left to the ranks.
+void checkTrainCheckpointWords(const std::vector<std::string>& words) {
+  KEEL_CHECK(wordValue(words, {"--ckpt-tp"}).empty(),
+             "--ckpt-tp: a multi-rank run saves one file per rank; reshard its checkpoints with "
+             "keel ckpt convert --target-tp N");
+  const std::string resume = wordValue(words, {"--resume"});
+  if (!resume.empty()) ckpt::resolveCheckpoint(resume);  // throws what the ranks would say
+  const std::string dir = wordValue(words, {"--ckpt-dir"});
+  if (dir.empty()) return;
+  KEEL_CHECK(!folderLockHeld(dir), "--ckpt-dir ", dir,
+             " is being written by another process; refusing to write it at the same time");
+  if (!resume.empty()) return;  // the steps it resumes from are the ranks' to check
+  auto number = [&](const char* name, int64_t fallback) {
+    const std::string v = wordValue(words, {name});
+    char* end = nullptr;
+    const long long n = v.empty() ? fallback : std::strtoll(v.c_str(), &end, 10);
+    return v.empty() || (*end == '\0' && n >= 0) ? int64_t(n) : int64_t(-1);
+  };
+  const int64_t steps = number("--steps", 200), every = number("--save-every", 0);
+  if (steps >= 1 && every >= 0) checkCkptDirIsThisRuns(dir, "", 1, steps, every);
+}
+
 // The ranks one machine may start (more only waste it: each rank is a whole process with the
 // model): 8 a core, at least 16; a cluster names its hosts (--hostfile).
 int maxLocalRanks() {
@@ -210,6 +237,11 @@ Command addLaunchCommand(CLI::App& root) {
                 return fail("keel launch -n " + std::to_string(a->ranks) + ": " + why);
               }
             }
+            if (sub == "train" && a->ranks > 1) try {
+                checkTrainCheckpointWords(a->command);
+              } catch (const Error& e) {
+                return fail("keel launch -n " + std::to_string(a->ranks) + ": " + e.what());
+              }
             std::vector<std::string> args = {"mpirun", "-np", std::to_string(a->ranks)};
             if (::geteuid() == 0) args.push_back("--allow-run-as-root");
             if (a->hostfile.empty() && a->ranks > int(std::thread::hardware_concurrency()))

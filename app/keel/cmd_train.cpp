@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,18 +41,21 @@ struct TrainArgs {
   int64_t evalBatches = 8;
   int64_t saveEvery = 0;
   std::string ckptDir;
-  int ckptTp = 0;  // files of a saved checkpoint (0: the run's tp)
+  int ckptTp = 0;  // files of a saved checkpoint (0: 1)
   std::string resume;
   std::string saveInputs;  // --save-inputs: Note [Training inputs]
   ParallelArgs parallel;   // --dp, --tp: the run's own layout (keel/dist.h)
 };
 
+}  // namespace
+
 // A --ckpt-dir that already holds checkpoints (step-* folders) is another run's unless this run
 // continues from one of them: saving there replaced some of them silently, and a later
 // --resume DIR then took the other run's latest step. Refused before the first step.
-// A save replaces its step-NNNNNN folder whole: one that is not a finished checkpoint (no
-// keel-checkpoint.json: the user's folder, or a checkpoint whose metadata went missing, which
-// --resume DIR skips for an earlier step) is refused too, when this run would save into it.
+// A step-NNNNNN folder this run would save into (a save never replaces one: Note [A save
+// replaces nothing]) that is not a finished checkpoint (no keel-checkpoint.json: the user's
+// folder, or a checkpoint whose metadata went missing, which --resume DIR skips for an earlier
+// step) is refused too, before the first step rather than at that save.
 void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFrom,
                             int64_t firstStep, int64_t lastStep, int64_t saveEvery) {
   namespace fs = std::filesystem;
@@ -94,16 +99,98 @@ void checkCkptDirIsThisRuns(const std::string& dir, const std::string& resumedFr
               "); choose an empty folder, or continue that run with --resume " + dir);
 }
 
+namespace {
+
+// Note [One run per --ckpt-dir]
+// A training run holds its --ckpt-dir for its whole life. Two runs given one folder both saved
+// into it, each replacing the other's step-N, and --resume DIR then continued a mix of the two;
+// the check of the folder's contents ran once, before the first step, when both were still
+// empty. Before the first step the run now makes the folder (which proves it can: /proc/x passed
+// every check of its path and failed at the first save, after the whole run) and takes an
+// OutputLock inside it (`DIR/.keel.lock`, holding the pid), so a second run is refused in one
+// line naming the first. In a multi-rank run the ranks write one folder together (Note
+// [Multi-rank checkpoints]): rank 0 takes the lock, and every rank learns whether it got it.
+// Holding the lock, rank 0 removes the step-N.tmp folders of saves cut short (a killed run's:
+// their writer is gone; a folder some other writer holds open is refused). A folder the run made
+// and left empty (it stopped before its first save) is removed when the run ends.
+class CkptDirHold {
+ public:
+  CkptDirHold(const std::string& dir, bool lockHere) {
+    if (!lockHere) return;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (fs::path p = fs::absolute(dir, ec).lexically_normal();
+         !p.empty() && p != p.parent_path() && !fs::exists(fs::symlink_status(p, ec));
+         p = p.parent_path())
+      made_.push_back(p.string());  // deepest first
+    if (!fs::is_directory(dir, ec) && !fs::create_directories(dir, ec) && !fs::is_directory(dir))
+      throw Error("--ckpt-dir " + dir + ": cannot create the folder (" +
+                  (ec ? ec.message() : std::string("unknown error")) + ")");
+    try {
+      lock_.emplace(keel::OutputLock::insideFolder(dir, "--ckpt-dir " + dir));
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.size() < 5 || name.compare(name.size() - 4, 4, ".tmp") != 0 ||
+            keel::ckpt::stepOfDirName(name.substr(0, name.size() - 4)) < 0)
+          continue;
+        KEEL_CHECK(!keel::outputLockHeld(e.path().string()), "--ckpt-dir ", dir, ": ", name,
+                   " is being written by another process; refusing to save into the same folder");
+        fs::remove_all(e.path(), ec);  // a save cut short (Note [A save replaces nothing])
+        fs::remove(keel::lockPath(e.path().string()), ec);
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CkptDirHold() { release(); }
+
+ private:
+  void release() {
+    lock_.reset();
+    std::error_code ec;
+    for (const std::string& p : made_)
+      if (!std::filesystem::remove(p, ec)) break;  // not empty: this run saved there
+    made_.clear();
+  }
+  std::vector<std::string> made_;  // the folders this run made, deepest first
+  std::optional<keel::OutputLock> lock_;
+};
+
+// Whether every rank's `ok` is true (a process alone: `ok`).
+bool everyRank(bool ok) {
+  if (keel::dist::worldSize() == 1) return ok;
+  int32_t bad = ok ? 0 : 1, any = 0;
+  keel::dist::allReduce({"all_reduce", "world", keel::DType::Int32, 1, 0}, &bad, &any,
+                        keel::dist::ReduceOp::Max);
+  return any == 0;
+}
+
+// The signal every rank saw (Note [Interrupts]): a process alone polls its own flag; the ranks of
+// a multi-rank run agree on it after each step (the launcher forwards a signal to every rank, but
+// one may see it a step later than another, and it would then wait in a collective for peers that
+// stopped), so they stop between the same two steps.
+int agreedInterrupt() {
+  if (keel::dist::worldSize() == 1) return interruptSignal();
+  int32_t mine = interruptSignal(), any = 0;
+  keel::dist::allReduce({"all_reduce", "world", keel::DType::Int32, 1, 0}, &mine, &any,
+                        keel::dist::ReduceOp::Max);
+  return any;
+}
+
 int runTrain(const TrainArgs& a) {
   prepareEngineRun();
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
   startProcessGroup(a.parallel);
   const keel::dist::Layout layout = keel::dist::layout();
+  // Ctrl-C or SIGTERM stops the run between two steps (Note [Interrupts]); a second one ends a
+  // process alone at once.
+  catchInterrupts(layout.world() == 1);
   // A multi-rank run writes one file per rank (Note [Multi-rank checkpoints]).
   KEEL_CHECK(a.ckptTp == 0 || layout.world() == 1,
              "--ckpt-tp: a multi-rank run saves one file per rank; reshard its checkpoints with "
              "keel ckpt convert --target-tp N");
-  const int ckptTp = a.ckptTp > 0 ? a.ckptTp : layout.tp;
+  const int ckptTp = a.ckptTp > 0 ? a.ckptTp : 1;
   // Rank 0 speaks for the run; the others print only their errors.
   const bool speak = keel::dist::worldRank() == 0;
   // --alloc, else the config's, else KEEL_ALLOCATOR (the same resolution as keel record's), and
@@ -119,6 +206,13 @@ int runTrain(const TrainArgs& a) {
                      : keel::data::TextDataset::load(a.data));
   KEEL_CHECK(a.saveEvery == 0 || !a.ckptDir.empty(), "--save-every needs --ckpt-dir");
   KEEL_CHECK(a.ckptTp == 0 || !a.ckptDir.empty(), "--ckpt-tp needs --ckpt-dir");
+  // Not among the inputs: the corpus folder (a checkpoint there would be read as documents by
+  // the next run; Note [Outputs never destroy inputs]).
+  const std::string corpus = a.data.empty() ? keel::data::kDefaultCorpusDir : a.data;
+  KEEL_CHECK(a.ckptDir.empty() || !isInsideDirectory(a.ckptDir, corpus), "--ckpt-dir ", a.ckptDir,
+             " is inside the training data (the directory ", corpus,
+             "); refusing to write among the inputs");
+  std::optional<CkptDirHold> hold;
   if (!a.ckptDir.empty()) {  // before any step: a folder that cannot hold checkpoints fails now,
     namespace fs = std::filesystem;  // not at the first save after the whole run
     std::error_code ec;
@@ -135,28 +229,42 @@ int runTrain(const TrainArgs& a) {
                    ? std::string("cannot write there")
                    : "cannot create it in " + up.string(),
                " (", std::strerror(errno), ")");
+    // Made and locked for the whole run (Note [One run per --ckpt-dir]).
+    std::string error;
+    try {
+      hold.emplace(a.ckptDir, keel::dist::worldRank() == 0);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!everyRank(error.empty()))
+      throw Error(error.empty() ? "--ckpt-dir " + a.ckptDir + ": rank 0 could not take it" : error);
   }
   keel::Trainer trainer(cfg, device, a.seed, dataset, a.steps);
   std::string resumedFrom;
+  // Warnings wait until every check has passed: a refused run prints its one line alone.
+  std::vector<std::string> warnings;
   if (!a.resume.empty()) {
     std::string otherSettings;  // Note [Resumed settings]: warned, not refused
-    resumedFrom = keel::ckpt::loadTrainingCheckpoint(trainer, a.resume, nullptr, &otherSettings);
+    std::string skipped;        // a newer step-N without metadata: said, not silently passed over
+    const std::string from = keel::ckpt::resolveCheckpoint(a.resume, &skipped);
+    if (!skipped.empty())
+      warnings.push_back(skipped + " has no " + keel::ckpt::kMetadataFile +
+                         " (incomplete?); resuming from " +
+                         std::filesystem::path(from).filename().string());
+    resumedFrom = keel::ckpt::loadTrainingCheckpoint(trainer, from, nullptr, &otherSettings);
     KEEL_CHECK(trainer.stepsDone() < a.steps, resumedFrom, " is at step ", trainer.stepsDone(),
                ", not before --steps ", a.steps, ": nothing left to train");
-    if (!otherSettings.empty() && speak) warn(otherSettings);
+    if (!otherSettings.empty()) warnings.push_back(otherSettings);
   }
   if (!a.ckptDir.empty()) {
     checkCkptDirIsThisRuns(a.ckptDir, resumedFrom, trainer.stepsDone() + 1, a.steps, a.saveEvery);
-    // Not among the inputs: the corpus folder (a checkpoint there would be read as documents by
-    // the next run) or the checkpoint resumed from (Note [Outputs never destroy inputs]).
-    const std::string corpus = a.data.empty() ? keel::data::kDefaultCorpusDir : a.data;
-    KEEL_CHECK(!isInsideDirectory(a.ckptDir, corpus), "--ckpt-dir ", a.ckptDir,
-               " is inside the training data (the directory ", corpus,
-               "); refusing to write among the inputs");
+    // Nor inside the checkpoint resumed from (Note [Outputs never destroy inputs]).
     KEEL_CHECK(resumedFrom.empty() || !isInsideDirectory(a.ckptDir, resumedFrom), "--ckpt-dir ",
                a.ckptDir, " is inside the checkpoint --resume reads (", resumedFrom,
                "); refusing to write among the inputs");
   }
+  if (speak)
+    for (const std::string& w : warnings) warn(w);
 
   if (!a.saveInputs.empty()) {
     keel::ckpt::saveTrainingInputs(trainer, a.saveInputs, a.steps - trainer.stepsDone());
@@ -213,9 +321,11 @@ int runTrain(const TrainArgs& a) {
                 static_cast<long long>(trainer.stepsDone()),
                 static_cast<unsigned long long>(trainer.seed()));
   std::fflush(stdout);
+  std::string lastSaved;  // the newest checkpoint this run wrote
   auto save = [&] {
     const std::string dir = a.ckptDir + "/" + keel::ckpt::stepDirName(trainer.stepsDone());
     const size_t files = keel::ckpt::saveTrainingCheckpoint(trainer, dir, ckptTp);
+    lastSaved = dir;
     if (layout.world() > 1)  // Note [Multi-rank checkpoints]: a rank with no part writes no file
       std::printf(
           "saved %s (%zu file%s from %d ranks: each rank holding a part of its own writes "
@@ -229,7 +339,7 @@ int runTrain(const TrainArgs& a) {
   const int width = int(std::to_string(a.steps).size());
   double totalSeconds = 0;
   const int64_t remaining = a.steps - trainer.stepsDone();
-  auto stats = trainer.run(remaining, [&](const keel::StepStats& s) {
+  auto onStep = [&](const keel::StepStats& s) {
     // "loss" is what the optimizer minimises, the loss `keel record`, the recording and the
     // studio show: for a MoE model the cross entropy ("lm") plus aux_loss_coef times "aux", the
     // MoE layers' aux losses summed (train printed the cross entropy as "loss", record the sum).
@@ -250,7 +360,27 @@ int runTrain(const TrainArgs& a) {
     // Every --save-every steps, and at the end when a checkpoint directory is given.
     if (!a.ckptDir.empty() && ((a.saveEvery > 0 && s.step % a.saveEvery == 0) || s.step == a.steps))
       save();
-  });
+  };
+  std::vector<keel::StepStats> stats;
+  stats.reserve(size_t(std::clamp<int64_t>(remaining, 0, 1 << 16)));
+  for (int64_t i = 0; i < remaining; ++i) {
+    // Stopped between two steps (a save in progress finishes first): every checkpoint written is
+    // complete, and no step-N.tmp is left.
+    if (const int sig = agreedInterrupt(); sig != 0) {
+      if (speak) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "keel: train interrupted (%s) after step %lld of %lld; %s\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM",
+                     static_cast<long long>(trainer.stepsDone()), static_cast<long long>(a.steps),
+                     !lastSaved.empty()  ? ("the latest checkpoint is " + lastSaved).c_str()
+                     : a.ckptDir.empty() ? "nothing was saved (no --ckpt-dir)"
+                                         : "no checkpoint was saved yet");
+      }
+      return 128 + sig;
+    }
+    stats.push_back(trainer.step());
+    onStep(stats.back());
+  }
 
   const size_t tail = std::min<size_t>(10, stats.size());
   double lastMean = 0;
@@ -310,8 +440,8 @@ Command addTrainCommand(CLI::App& root) {
       ->check(nonEmptyName());
   train
       ->add_option("--ckpt-tp", ta->ckptTp,
-                   "tensor-parallel degree of saved checkpoints: their number of files (default: "
-                   "the run's --tp)")
+                   "files of each saved checkpoint, as tensor-parallel parts (default 1; a "
+                   "process alone: a multi-rank run writes one file per rank)")
       ->check(wholeNumber(1, 4096));
   addParallelOptions(train, ta->parallel);
   train

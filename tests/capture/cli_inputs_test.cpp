@@ -93,7 +93,7 @@ TEST_F(KeelInputs, FifosAndDevicesAreRefusedNotReadForever) {
   const std::string ck =
       (dir_ / "ck" / fs::directory_iterator(dir_ / "ck")->path().filename()).string();
   expectOneLineError(keel("ckpt plan '" + ck + "' --target-tp 1 --aoa " + q("fifo")),
-                     "AOA rules file is a FIFO");
+                     "AOA rules file is a FIFO, not a regular file (write the rules to a file)");
   fs::create_directory(dir_ / "rules");
   expectOneLineError(keel("ckpt plan '" + ck + "' --target-tp 1 --aoa " + q("rules")),
                      "AOA rules file is a directory");

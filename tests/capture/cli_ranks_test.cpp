@@ -711,6 +711,28 @@ TEST_F(KeelRanks, LaunchChecksTheConfigAndTheRanksBeforeStartingThem) {
       "keel launch -n 100000: more ranks than this machine runs (");
 }
 
+// A checkpoint option every rank would refuse (--ckpt-tp, a --resume that is not there, a
+// --ckpt-dir holding another run's checkpoints) printed one error per rank and mpirun's banner;
+// keel launch says it in one line before it starts them.
+TEST_F(KeelRanks, LaunchChecksTheCheckpointOptionsBeforeStartingTheRanks) {
+  const std::string noMpirun = "PATH=/nonexistent";
+  const std::string train = "launch -n 2 train --config " + std::string(kTiny) + " --tp 2 ";
+  keel::test::expectOneLineError(
+      keel(train + "--steps 2 --ckpt-dir '" + path("ck") + "' --ckpt-tp 4", noMpirun),
+      "keel launch -n 2: --ckpt-tp: a multi-rank run saves one file per rank");
+  keel::test::expectOneLineError(
+      keel(train + "--steps 2 --resume '" + path("none") + "'", noMpirun),
+      "keel launch -n 2: " + path("none") + ": no such checkpoint directory");
+  ASSERT_EQ(
+      keel("train --config " + std::string(kTiny) + " --steps 1 --ckpt-dir '" + path("ck") + "'")
+          .status,
+      0);
+  keel::test::expectOneLineError(
+      keel(train + "--steps 2 --ckpt-dir '" + path("ck") + "'", noMpirun),
+      "keel launch -n 2: --ckpt-dir " + path("ck") +
+          " already holds another run's checkpoints (step-000001)");
+}
+
 // The descriptor check finds the skipped collective where it happens, naming both ranks.
 TEST_F(KeelRanks, TheDescriptorCheckNamesTheRanksThatCallDifferentCollectives) {
   const CliResult r =

@@ -5,6 +5,8 @@
 // re-concatenated loads and gives the same loss; and the `keel train --save-every/--resume` and
 // `keel ckpt` commands work, with one-line errors.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -315,6 +317,67 @@ TEST(TrainCheckpointTest, ResumingWithOtherSettingsNamesThem) {
                            "'gpt-other'" +
                            tail);
   }
+}
+
+// Note [A save replaces nothing]: a save removed whatever step-N and step-N.tmp it found, so a
+// second run saving into one folder replaced the first run's checkpoints and removed its save in
+// progress. Both are refused now, and left as they were.
+TEST(TrainCheckpointTest, ASaveReplacesNoFolderItDidNotWrite) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 1, corpus(), 4);
+  tr.run(1);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/step-000001", 1);
+  const std::string meta = keel::readFile(dir + "/step-000001/keel-checkpoint.json");
+  try {
+    saveTrainingCheckpoint(tr, dir + "/step-000001", 2);
+    ADD_FAILURE() << "replaced an existing checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              dir +
+                  "/step-000001 already exists, and this run did not write it (another run "
+                  "saving into the same folder?); refusing to replace it");
+  }
+  EXPECT_EQ(keel::readFile(dir + "/step-000001/keel-checkpoint.json"), meta);
+  // Another writer's save in progress (or one cut short) is not removed.
+  std::filesystem::create_directories(dir + "/step-000002.tmp");
+  test::writeFile(dir + "/step-000002.tmp/part", "theirs");
+  try {
+    saveTrainingCheckpoint(tr, dir + "/step-000002", 1);
+    ADD_FAILURE() << "saved over another writer's step-000002.tmp";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/step-000002.tmp exists: another process is "
+                                               "saving this checkpoint"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(keel::readFile(dir + "/step-000002.tmp/part"), "theirs");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-000002"));
+}
+
+// Note [Resumed architecture]: n_head (or position, norm) changes what the saved weights mean
+// with the same shapes; the resume went ahead with a "settings" warning. Refused in one line.
+TEST(TrainCheckpointTest, ResumingWithAnotherArchitectureIsRefused) {
+  GptConfig cfg = loadGptConfig(kSrc + "/tests/fixtures/gpt-tiny.json");
+  Trainer tr(cfg, Device(Backend::Cpu), 1, corpus(), 4);
+  tr.run(1);
+  const std::string dir = tempDir();
+  saveTrainingCheckpoint(tr, dir + "/c", 1);
+  GptConfig heads = cfg;
+  heads.n_head = cfg.n_head * 2;
+  Trainer t(heads, Device(Backend::Cpu), 1, corpus(), 4);
+  try {
+    std::string warning;
+    loadTrainingCheckpoint(t, dir + "/c", nullptr, &warning);
+    ADD_FAILURE() << "resumed with another n_head; warning: " << warning;
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              dir + "/c was saved by a model of another architecture (saved vs this run: n_head " +
+                  std::to_string(cfg.n_head) + " vs " + std::to_string(heads.n_head) +
+                  "): its weights mean something else in this model; resume with the config it "
+                  "was saved with");
+  }
+  EXPECT_EQ(t.stepsDone(), 0);
 }
 
 // ---- the command-line tool --------------------------------------------------------------------
@@ -681,6 +744,194 @@ TEST(CkptCliTest, ResumingWithAnotherConfigWarnsInOneLine) {
                        "run trains with this run's settings, not the saved run's\n");
   EXPECT_NE(r.out.find("resumed from " + dir + "/ck/step-000001 at step 1"), std::string::npos)
       << r.out;
+  // Another n_head is another architecture (Note [Resumed architecture]): refused, exit 2.
+  cfg["n_head"] = cfg["n_head"].get<int>() * 2;
+  test::writeFile(dir + "/h.json", cfg.dump());
+  expectOneLineError(
+      runKeelCli(base + "--config " + dir + "/h.json --resume " + dir + "/ck/step-000001", dir),
+      "was saved by a model of another architecture (saved vs this run: n_head 2 vs 4)");
+}
+
+// Runs `script` (bash, in the source folder) and returns its exit status.
+int runScript(const std::string& dir, const std::string& script) {
+  const std::string path = dir + "/cli_script.sh";
+  test::writeFile(path, "cd '" + kSrc + "'\nexport KEEL_BLAS_TUNE=0\n" + script + "\n");
+  const int raw = std::system(("bash '" + path + "'").c_str());
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+}
+
+// The step-* entries of a --ckpt-dir, and whether each is a finished checkpoint.
+std::vector<std::string> stepEntries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string() +
+                    (std::filesystem::exists(e.path() / kMetadataFile) ? "" : " (unfinished)"));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Note [One run per --ckpt-dir]: two runs given one --ckpt-dir both saved into it, each replacing
+// the other's step-N. The second is refused before its first step in one line naming the first
+// run's pid, and the first run's checkpoints are untouched.
+TEST(CkptCliTest, ASecondRunIntoTheSameCkptDirIsRefused) {
+  const std::string dir = tempDir();
+  const std::string keel = "'" + std::string(KEEL_CLI_PATH) + "'";
+  const std::string train = keel +
+                            " train --config tests/fixtures/gpt-tiny.json --eval-batches 0 "
+                            "--threads 1 --ckpt-dir '" +
+                            dir + "/ck' ";
+  // The first run is held still (SIGSTOP) once it has saved twice, holding its lock while the
+  // second tries: a gpt-tiny step and its save take about 3 ms, and a run left going wrote 32 GB
+  // of checkpoints when a test binary was killed mid-way. A guard kills it after 60 s in any
+  // case.
+  const int status = runScript(
+      dir, train + "--steps 1000000 --save-every 1 >'" + dir + "/first.txt' 2>&1 & pid=$!\n" +
+               "( sleep 60; kill -9 $pid ) >/dev/null 2>&1 & guard=$!\n" +
+               "for i in $(seq 600); do grep -q '^saved .*step-000002' '" + dir +
+               "/first.txt' && break; sleep 0.1; done\nkill -STOP $pid\n" + train +
+               "--steps 2 --seed 5 >'" + dir + "/second.txt' 2>'" + dir + "/second.err'; rc=$?\n" +
+               "echo $pid >'" + dir +
+               "/pid'; kill -INT $pid; kill -CONT $pid; wait $pid; kill $guard 2>/dev/null; "
+               "exit $rc");
+  EXPECT_EQ(status, 2);
+  const std::string pid = keel::readFile(dir + "/pid");
+  EXPECT_EQ(keel::readFile(dir + "/second.err"),
+            "keel: error: --ckpt-dir " + dir + "/ck is being written by another process (pid " +
+                pid.substr(0, pid.find('\n')) + "); refusing to write it at the same time\n");
+  EXPECT_EQ(keel::readFile(dir + "/second.txt"), "");  // not one step
+  // Every checkpoint is the first run's (seed 0), none unfinished, and the lock is gone.
+  for (const auto& [step, name] : stepCheckpoints(dir + "/ck")) {
+    const auto meta =
+        nlohmann::json::parse(keel::readFile(dir + "/ck/" + name + "/" + kMetadataFile));
+    EXPECT_EQ(meta["train_state"]["seed"], 0) << name;
+  }
+  for (const std::string& e : stepEntries(dir + "/ck"))
+    EXPECT_EQ(e.find("unfinished"), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ck/.keel.lock"));
+  // A save cut short (its process killed) leaves step-N.tmp; the next run into the folder,
+  // holding the lock, removes it.
+  std::filesystem::create_directories(dir + "/ck/step-999999.tmp/x");
+  const int64_t last = stepCheckpoints(dir + "/ck").back().first;
+  const auto resumed = runKeelCli(
+      "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 "
+      "--steps " +
+          std::to_string(last + 1) + " --ckpt-dir " + dir + "/ck --resume " + dir + "/ck",
+      dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ck/step-999999.tmp"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ck/" + stepDirName(last + 1) + "/" + kMetadataFile));
+}
+
+// Note [Interrupts]: Ctrl-C or SIGTERM killed keel train by the signal, without a word, leaving a
+// step-N.tmp. It stops between two steps now, in one line naming the latest checkpoint, with exit
+// 128 + signal, and every checkpoint it wrote is complete.
+TEST(CkptCliTest, AnInterruptedTrainStopsBetweenStepsKeepingItsCheckpoints) {
+  const std::string dir = tempDir();
+  const std::string keel = "'" + std::string(KEEL_CLI_PATH) + "'";
+  for (const char* sig : {"INT", "TERM"}) {
+    const std::string ck = dir + "/ck" + sig, out = dir + "/out" + sig, err = dir + "/err" + sig;
+    // Held still (SIGSTOP) while the signal is sent, so it saves no more than a few steps past
+    // the third (a run left going fills the disk: see ASecondRunIntoTheSameCkptDirIsRefused).
+    const int status = runScript(
+        dir, keel +
+                 " train --config tests/fixtures/gpt-tiny.json --eval-batches 0 --threads 1 "
+                 "--steps 1000000 --save-every 1 --ckpt-dir '" +
+                 ck + "' >'" + out + "' 2>'" + err + "' & pid=$!\n" +
+                 "for i in $(seq 600); do grep -q '^saved .*step-000003' '" + out +
+                 "' && break; sleep 0.1; done\nkill -STOP $pid; kill -" + sig +
+                 " $pid; kill -CONT $pid\n( sleep 60; kill -9 $pid ) >/dev/null 2>&1 & guard=$!\n"
+                 "wait $pid; rc=$?; kill $guard 2>/dev/null; exit $rc");
+    EXPECT_EQ(status, std::string(sig) == "INT" ? 130 : 143) << keel::readFile(err);
+    const auto steps = stepCheckpoints(ck);
+    ASSERT_FALSE(steps.empty());
+    const std::string latest = ck + "/" + steps.back().second;
+    EXPECT_EQ(keel::readFile(err), "keel: train interrupted (SIG" + std::string(sig) +
+                                       ") after step " + std::to_string(steps.back().first) +
+                                       " of 1000000; the latest checkpoint is " + latest + "\n");
+    for (const std::string& e : stepEntries(ck))
+      EXPECT_EQ(e.find("unfinished"), std::string::npos) << e;  // no step-N.tmp
+    EXPECT_EQ(runKeelCli("ckpt inspect --verify " + latest, dir).status, 0);
+  }
+  // Without --ckpt-dir: the same line, saying nothing was saved.
+  const int status = runScript(
+      dir, keel +
+               " train --config tests/fixtures/gpt-tiny.json --eval-batches 0 --threads 1 "
+               "--steps 1000000 >'" +
+               dir + "/plain.txt' 2>'" + dir + "/plain.err' & pid=$!\n" +
+               "for i in $(seq 600); do grep -q '^step *3/' '" + dir +
+               "/plain.txt' && break; sleep 0.1; done\nkill -INT $pid; wait $pid");
+  EXPECT_EQ(status, 130);
+  const std::string said = keel::readFile(dir + "/plain.err");
+  EXPECT_EQ(said.rfind("keel: train interrupted (SIGINT) after step ", 0), 0u) << said;
+  EXPECT_NE(said.find(" of 1000000; nothing was saved (no --ckpt-dir)\n"), std::string::npos)
+      << said;
+  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 1);
+}
+
+// A --ckpt-dir that cannot be made (/proc takes no new folder; every check of its path passed)
+// trained every step and failed at the first save. It is made before the first step now; a run
+// refused later (here: a --resume that does not exist) leaves no folder it made.
+TEST(CkptCliTest, ACkptDirThatCannotBeMadeIsRefusedBeforeTheFirstStep) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
+  const auto r = runKeelCli(base + "--steps 2 --ckpt-dir /proc/keel-no-such-folder", dir);
+  expectOneLineError(r, "--ckpt-dir /proc/keel-no-such-folder: cannot create the folder");
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
+  expectOneLineError(
+      runKeelCli(base + "--steps 2 --ckpt-dir " + dir + "/new/ck --resume " + dir + "/none", dir),
+      "no such checkpoint directory");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/new"));
+}
+
+// A newer step-N without keel-checkpoint.json (an interrupted copy) was passed over silently for
+// an older step; --resume DIR and keel ckpt inspect DIR name it.
+TEST(CkptCliTest, ANewerStepWithoutMetadataIsNamed) {
+  const std::string dir = tempDir();
+  const std::string base = "train --config tests/fixtures/gpt-tiny.json --eval-batches 0 ";
+  ASSERT_EQ(runKeelCli(base + "--steps 2 --save-every 2 --ckpt-dir " + dir + "/ck", dir).status, 0);
+  std::filesystem::create_directories(dir + "/ck/step-000004");
+  std::filesystem::copy(dir + "/ck/step-000002/model-00000-of-00001.safetensors",
+                        dir + "/ck/step-000004/");
+  const std::string warning =
+      "keel: warning: " + dir + "/ck/step-000004 has no " + kMetadataFile + " (incomplete?); ";
+  const auto resumed = runKeelCli(base + "--steps 3 --resume " + dir + "/ck", dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_EQ(resumed.err, warning + "resuming from step-000002\n");
+  const auto inspect = runKeelCli("ckpt inspect " + dir + "/ck", dir);
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_EQ(inspect.err, warning + "reading step-000002\n");
+}
+
+// keel ckpt inspect DIR/keel-checkpoint.json warned that it was "one of the N files" and then
+// failed; a FIFO or a device was "no such checkpoint". Each is one line saying what it is.
+TEST(CkptCliTest, TheMetadataFileOrAFifoIsNamedAsSuch) {
+  const std::string dir = tempDir();
+  ASSERT_EQ(runKeelCli("train --config tests/fixtures/gpt-tiny.json --eval-batches 0 --steps 1 "
+                       "--ckpt-dir " +
+                           dir + "/ck --ckpt-tp 2",
+                       dir)
+                .status,
+            0);
+  const std::string step = dir + "/ck/step-000001";
+  const auto meta = runKeelCli("ckpt inspect " + step + "/" + kMetadataFile, dir);
+  expectOneLineError(meta, step + "/" + kMetadataFile + " is the metadata of the checkpoint " +
+                               step + ": give the folder (" + step + ")");
+  EXPECT_EQ(meta.err.find("warning"), std::string::npos) << meta.err;
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  for (const std::string& cmd :
+       {"ckpt inspect " + dir + "/fifo", "ckpt plan " + dir + "/fifo --target-tp 2",
+        "train --config tests/fixtures/gpt-tiny.json --resume " + dir + "/fifo"})
+    expectOneLineError(runKeelCli(cmd, dir), dir + "/fifo is a FIFO, not a regular file");
+  expectOneLineError(runKeelCli("ckpt inspect /dev/null", dir),
+                     "/dev/null is a character device, not a regular file");
+}
+
+// --ckpt-tp's help said "default: the run's --tp", where it is 1 and a multi-rank run refuses it.
+TEST(CkptCliTest, CkptTpHelpSaysWhatItDoes) {
+  const auto help = runKeelCli("train --help", tempDir());
+  ASSERT_EQ(help.status, 0);
+  EXPECT_EQ(help.out.find("the run's --tp"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("(default 1; a"), std::string::npos) << help.out;
 }
 
 TEST(CkptCliTest, OneLineErrors) {

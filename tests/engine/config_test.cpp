@@ -265,7 +265,7 @@ TEST(ConfigTest, BadAttentionMaskKeysNameTheField) {
   expectError(attention({{"attention_mask", "bidirectional"}}).dump(),
               {"field 'attention_mask'", "\"bidirectional\"", "causal_document"});
   expectFieldError(attention({{"attention_mask", 1}}), "attention_mask");
-  expectError(attention({{"attention_mask", "sliding_window"}}).dump(),
+  expectError(attention({{"attention_mask", "sliding_window"}, {"attention_window", -1}}).dump(),
               {"field 'attention_window'", ">= 1"});
   expectFieldError(attention({{"attention_mask", "sliding_window"}, {"attention_window", 0}}),
                    "attention_window");
@@ -273,9 +273,11 @@ TEST(ConfigTest, BadAttentionMaskKeysNameTheField) {
                    "attention_window");
   expectError(attention({{"attention_window", 8}}).dump(),
               {"field 'attention_window'", "only used with"});
-  expectError(
-      attention({{"attention_mask", "global_sliding_window"}, {"attention_window", 4}}).dump(),
-      {"field 'attention_global'", "[1, 16)"});
+  expectError(attention({{"attention_mask", "global_sliding_window"},
+                         {"attention_window", 4},
+                         {"attention_global", 0}})
+                  .dump(),
+              {"field 'attention_global'", "[1, 16)"});
   expectFieldError(attention({{"attention_mask", "global_sliding_window"},
                               {"attention_window", 4},
                               {"attention_global", 16}}),
@@ -287,6 +289,21 @@ TEST(ConfigTest, BadAttentionMaskKeysNameTheField) {
   expectError(attention({{"pack_documents", true}, {"attention_mask", "causal"}}).dump(),
               {"field 'pack_documents'", "causal_document"});
   expectFieldError(attention({{"pack_documents", "yes"}}), "pack_documents");
+}
+
+// A sliding mask without its window (or a global one without attention_global) is named missing:
+// "must be >= 1 ..., got 0" named a value the file never held.
+TEST(ConfigTest, AMissingWindowIsNamedMissingNotZero) {
+  expectError(attention({{"attention_mask", "sliding_window"}}).dump(),
+              {"field 'attention_window': missing (required with attention_mask "
+               "\"sliding_window\")"});
+  expectError(attention({{"attention_mask", "global_sliding_window"}}).dump(),
+              {"field 'attention_window': missing (required with attention_mask "
+               "\"global_sliding_window\")"});
+  expectError(
+      attention({{"attention_mask", "global_sliding_window"}, {"attention_window", 4}}).dump(),
+      {"field 'attention_global': missing (required with attention_mask "
+       "\"global_sliding_window\")"});
 }
 
 TEST(ConfigTest, PositionKey) {

@@ -226,8 +226,10 @@ std::string loadTrainingCheckpoint(Trainer& trainer, const std::string& dir,
                                    const aoa::Program* rules = nullptr,
                                    std::string* warning = nullptr);
 // The checkpoint directory `dir` names: itself when it holds keel-checkpoint.json, else its
-// latest step-* subdirectory. Throws keel::Error when there is none.
-std::string resolveCheckpoint(const std::string& dir);
+// latest step-* subdirectory. Throws keel::Error when there is none. `skipped`, when given,
+// receives the newest step-* folder after the one chosen that lacks keel-checkpoint.json (an
+// interrupted copy: the caller warns that an older step is used), "" when there is none.
+std::string resolveCheckpoint(const std::string& dir, std::string* skipped = nullptr);
 // "step-000042"
 std::string stepDirName(int64_t step);
 // The step a "step-<digits>" folder name names; -1 for any other name ("step-000006.tmp", a save

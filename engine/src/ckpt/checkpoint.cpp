@@ -305,10 +305,28 @@ std::string detail::notACheckpointText(const std::string& path, bool safetensors
                          : "or a --ckpt-dir holding them)");
 }
 
+std::string detail::nonRegularText(const std::string& path, const std::string& kind) {
+  return path + " is " + kind +
+         ", not a regular file (a checkpoint is a step-* folder, a --ckpt-dir holding them, or a "
+         ".safetensors file)";
+}
+
+void detail::checkNotMetadataFile(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (p.filename() != kMetadataFile || !fs::is_regular_file(p, ec)) return;
+  const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
+  throw Error(path + " is the metadata of the checkpoint " + dir + ": give the folder (" + dir +
+              ")");
+}
+
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint c;
   c.path_ = path;
   std::error_code ec;
+  detail::checkNotMetadataFile(path);
+  if (const std::string kind = nonRegularKind(path); !kind.empty() && kind != "a directory")
+    throw Error(detail::nonRegularText(path, kind));
   if (fs::is_regular_file(path, ec)) {
     // A single safetensors file: every tensor one whole shard.
     auto r = std::make_shared<st::Reader>(path);

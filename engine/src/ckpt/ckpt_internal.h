@@ -91,6 +91,12 @@ std::vector<aoa::SourceKey> sourceKeys(const Metadata& m);
 // "<path> is a file, not a checkpoint (a step-* folder, or a --ckpt-dir holding them)": what
 // --resume says of a plain file, and (safetensorsToo: ", or a .safetensors file") keel ckpt.
 std::string notACheckpointText(const std::string& path, bool safetensorsToo);
+// "<path> is a FIFO, not a regular file (a checkpoint is ...)": a FIFO, a device or a socket
+// given as a checkpoint (`kind` from keel::nonRegularKind); it said "no such checkpoint".
+std::string nonRegularText(const std::string& path, const std::string& kind);
+// Throws keel::Error naming the folder when `path` is a checkpoint's keel-checkpoint.json (the
+// folder is what to give); returns otherwise.
+void checkNotMetadataFile(const std::string& path);
 
 std::string fileName(int rank, int ranks);  // "model-00000-of-00004.safetensors"
 

@@ -93,14 +93,28 @@ std::string stepDirName(int64_t step) {
   return buf;
 }
 
-std::string resolveCheckpoint(const std::string& dir) {
+std::string resolveCheckpoint(const std::string& dir, std::string* skipped) {
   std::error_code ec;
+  if (skipped) skipped->clear();
   if (fs::exists(fs::path(dir) / kMetadataFile, ec)) return dir;
+  detail::checkNotMetadataFile(dir);
+  if (const std::string kind = nonRegularKind(dir); !kind.empty() && kind != "a directory")
+    throw Error(detail::nonRegularText(dir, kind));
   KEEL_CHECK(!fs::is_regular_file(dir, ec), detail::notACheckpointText(dir, false));
   KEEL_CHECK(fs::is_directory(dir, ec), dir, ": no such checkpoint directory");
   const auto steps = stepCheckpoints(dir);
   KEEL_CHECK(!steps.empty(), dir, ": no checkpoint here (no ", kMetadataFile,
              ", and no step-* directory holding one)");
+  if (skipped) {  // a newer step-N folder without metadata: an interrupted copy, say
+    int64_t newest = steps.back().first;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const int64_t step = stepOfDirName(e.path().filename().string());
+      if (step > newest && e.is_directory(ec) && !fs::exists(e.path() / kMetadataFile, ec)) {
+        newest = step;
+        *skipped = (fs::path(dir) / e.path().filename()).string();
+      }
+    }
+  }
   return (fs::path(dir) / steps.back().second).string();
 }
 
@@ -123,6 +137,24 @@ std::vector<std::pair<int64_t, std::string>> stepCheckpoints(const std::string& 
 }
 
 namespace {
+
+// Note [A save replaces nothing]
+// A training save writes DIR.tmp and renames it to DIR. It used to remove both first, whatever
+// they held: a second run saving into the same --ckpt-dir replaced the first run's step-N, and
+// removed its step-N.tmp while it was being written. Neither is removed now: a step-N that
+// exists was not written by this run (a run saves each step once, and keel train refuses a
+// --ckpt-dir holding steps after the one it resumes from), and a step-N.tmp is another writer's
+// or a save cut short, which keel train removes before its first step, holding the folder's
+// lock (Note [One run per --ckpt-dir] in app/keel/cmd_train.cpp). Both are refused in one line.
+void checkNothingToReplace(const std::string& dir) {
+  std::error_code ec;
+  KEEL_CHECK(!fs::exists(fs::symlink_status(dir, ec)), dir,
+             " already exists, and this run did not write it (another run saving into the same "
+             "folder?); refusing to replace it");
+  KEEL_CHECK(!fs::exists(fs::symlink_status(dir + ".tmp", ec)), dir,
+             ".tmp exists: another process is saving this checkpoint, or a save was cut short "
+             "(remove it); refusing to replace it");
+}
 
 // Whether every rank of the world got here without an error: an all_reduce (max) of a flag.
 bool everyRankOk(bool ok) {
@@ -238,9 +270,13 @@ size_t saveRankShards(Trainer& tr, const std::string& dir, const std::string& tr
   std::error_code ec;
   std::string error;
   if (rank == 0) {
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) error = tmp + ": cannot create (" + ec.message() + ")";
+    try {
+      checkNothingToReplace(dir);  // Note [A save replaces nothing]
+      if (!fs::create_directory(tmp, ec))
+        error = tmp + ": cannot create (" + (ec ? ec.message() : "it exists") + ")";
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
   if (!everyRankOk(error.empty()))
     throw Error(error.empty() ? dir + ": rank 0 could not create " + tmp : error);
@@ -291,8 +327,7 @@ size_t saveRankShards(Trainer& tr, const std::string& dir, const std::string& tr
   if (rank == 0) {
     try {
       detail::writeMetadata(tmp, gatherMetadata(tmp, world, trainState), true);
-      if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
-      fs::rename(tmp, dir, ec);
+      fs::rename(tmp, dir, ec);  // fails on a folder that appeared meanwhile: never replaced
       if (ec) error = dir + ": cannot move the checkpoint into place (" + ec.message() + ")";
     } catch (const std::exception& e) {
       error = e.what();
@@ -330,7 +365,7 @@ size_t saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
       add(opt.params()[i].name() + std::string(aoa::kStateSeparator) + sname, t);
   const std::string tmp = dir + ".tmp";
   std::error_code ec;
-  fs::remove_all(tmp, ec);
+  checkNothingToReplace(dir);  // Note [A save replaces nothing]
   TargetSpec spec;
   spec.tp = tp;
   ConvertOptions digests;
@@ -341,9 +376,13 @@ size_t saveTrainingCheckpoint(Trainer& tr, const std::string& dir, int tp) {
     fs::remove_all(tmp, ec);  // a failed save leaves no step-N.tmp behind
     throw;
   }
-  if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
+  // (rename() replaces an empty folder that appeared meanwhile, and fails on any other.)
   fs::rename(tmp, dir, ec);
-  KEEL_CHECK(!ec, dir, ": cannot move the checkpoint into place (", ec.message(), ")");
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove_all(tmp, ec);
+    throw Error(dir + ": cannot move the checkpoint into place (" + why + ")");
+  }
   return size_t(tp);
 }
 
@@ -378,6 +417,30 @@ std::string settingsWarning(const json& state, const GptConfig& cfg, const std::
     w += std::string(otherName ? "; " : " with other settings; ") +
          "saved vs this run: " + joinText(differ, ", ");
   return w + ": the resumed run trains with this run's settings, not the saved run's";
+}
+
+// Note [Resumed architecture]
+// Some fields change what the saved weights mean while every shape stays the same: n_head (how
+// the qkv rows and the attention output split into heads, and the softmax scale), position (a
+// learned embedding or rotary q/k) and norm (layernorm or rmsnorm). A resume with another of
+// these went ahead with a "settings" warning and trained another function from weights made for
+// the first. They are refused in one line (Note [Resumed settings] keeps the rest a warning);
+// fields that change shapes are refused by the load, naming the key.
+constexpr const char* kArchitectureFields[] = {"n_head", "position", "norm"};
+
+void checkArchitecture(const json& state, const GptConfig& cfg, const std::string& path) {
+  if (!state.contains("config") || !state["config"].is_object()) return;  // an older checkpoint
+  const json& saved = state["config"];
+  const json now = json::parse(gptConfigJson(cfg));
+  std::vector<std::string> differ;
+  for (const char* field : kArchitectureFields)
+    if (saved.contains(field) && now.contains(field) && saved[field] != now[field])
+      differ.push_back(std::string(field) + " " + clipText(saved[field].dump(), 40) + " vs " +
+                       now[field].dump());
+  KEEL_CHECK(differ.empty(), path, " was saved by a model of another architecture (saved vs this ",
+             "run: ", joinText(differ, ", "),
+             "): its weights mean something else in this model; resume with the config it was "
+             "saved with");
 }
 
 // The optimizer's per-parameter step counters (AdamW's '::step') must agree with train_state's
@@ -539,6 +602,7 @@ std::string loadTrainingCheckpoint(Trainer& tr, const std::string& dir, const ao
         counters.push_back(t);
     checkStepCounters(ck, rules, counters, state["step"].get<int64_t>(), path);
   }
+  checkArchitecture(state, tr.config(), path);  // Note [Resumed architecture]
   if (warning) *warning = settingsWarning(state, tr.config(), path);
   LoadOptions lo;
   // Under expert parallelism the other ranks' experts are in the checkpoint too: leave those

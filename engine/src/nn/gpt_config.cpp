@@ -320,6 +320,16 @@ GptConfig parseGptConfig(const std::string& jsonText, const std::string& source)
   r.readString("dtype", c.dtype);
   r.readString("allocator", c.allocator);
   r.rejectUnknown();
+  // A sliding mask's parameters are required: the defaults (0) are no window, and "must be >= 1,
+  // got 0" named a value the user never wrote.
+  const bool sliding = c.attention_mask == "sliding_window",
+             global = c.attention_mask == "global_sliding_window";
+  if ((sliding || global) && !r.has("attention_window"))
+    r.fail("attention_window",
+           "missing (required with attention_mask \"" + c.attention_mask + "\")");
+  if (global && !r.has("attention_global"))
+    r.fail("attention_global",
+           "missing (required with attention_mask \"" + c.attention_mask + "\")");
   validateGptConfig(c, source);
   return c;
 }

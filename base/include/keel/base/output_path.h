@@ -248,7 +248,22 @@ inline std::string lockPath(const std::string& output) {
 // destruction; a crashed writer's lock goes with its process.
 class OutputLock : NonCopyable {
  public:
-  explicit OutputLock(const std::string& output) : path_(lockPath(followOutputLink(output))) {
+  explicit OutputLock(const std::string& output)
+      : OutputLock(lockPath(followOutputLink(output)), "output " + output, output) {}
+
+  // A folder written for a whole run (keel train's --ckpt-dir): the lock file is inside it,
+  // `DIR/.keel.lock` (the folder is written, so it is writable; its parent may not be), and the
+  // errors name the folder as `label` does ("--ckpt-dir ck is being written by another process
+  // (pid 7); ..."). The folder must exist.
+  static OutputLock insideFolder(const std::string& dir, const std::string& label) {
+    return OutputLock((std::filesystem::path(dir) / ".keel.lock").string(), label, dir);
+  }
+  OutputLock(OutputLock&& o) noexcept : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)) {}
+
+ private:
+  // `label` names the output in errors ("output r.db"), `output` is its path.
+  OutputLock(std::string lockFile, const std::string& label, const std::string& output)
+      : path_(std::move(lockFile)) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) {  // said of the output: the lock file's name says nothing of the real problem
       const int err = errno;
@@ -256,7 +271,7 @@ class OutputLock : NonCopyable {
       const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash);
       struct stat st {};
       if (err == ENOENT && ::stat(dir.c_str(), &st) != 0)
-        throw Error("output " + output + ": the directory " + dir + " does not exist");
+        throw Error(label + ": the directory " + dir + " does not exist");
       // /proc: the directory exists and takes no new file (ENOENT, not "does not exist").
       throw Error("cannot write " + output + ": " +
                   (err == ENOENT ? "the directory " + dir + " takes no new files"
@@ -273,7 +288,7 @@ class OutputLock : NonCopyable {
       const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
       ::close(fd_);
       fd_ = -1;
-      throw Error("output " + output + " is being written by another process" +
+      throw Error(label + " is being written by another process" +
                   (n > 0 ? std::string(" (pid ") + std::string(pid, size_t(n)) + ")" : "") +
                   "; refusing to write it at the same time");
     }
@@ -282,6 +297,8 @@ class OutputLock : NonCopyable {
       // (the pid is informative only)
     }
   }
+
+ public:
   ~OutputLock() {
     if (fd_ < 0) return;
     ::unlink(path_.c_str());
@@ -299,12 +316,19 @@ class OutputLock : NonCopyable {
 // Only a lock file that is missing, or that opens and locks, says "not held": where the probe
 // cannot tell (no permission to read it, a file system without flock), it answers "held", so
 // that no live writer is called dead.
-inline bool outputLockHeld(const std::string& output) {
-  const int fd = ::open(lockPath(followOutputLink(output)).c_str(), O_RDONLY | O_CLOEXEC);
+inline bool lockFileHeld(const std::string& lockFile) {
+  const int fd = ::open(lockFile.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno != ENOENT;
   const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
   ::close(fd);  // closing releases a shared lock taken here
   return held;
+}
+inline bool outputLockHeld(const std::string& output) {
+  return lockFileHeld(lockPath(followOutputLink(output)));
+}
+// The same for a folder's OutputLock::insideFolder.
+inline bool folderLockHeld(const std::string& dir) {
+  return lockFileHeld((std::filesystem::path(dir) / ".keel.lock").string());
 }
 
 // Writes `n` bytes to `f` and flushes; throws keel::Error naming `what` on a short write or a

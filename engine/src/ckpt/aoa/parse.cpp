@@ -236,6 +236,10 @@ Program parseFile(const std::string& path) {
   // (it used to read as an empty rule file); at most 16 MiB of rules.
   // A UTF-8 byte order mark (what some Windows editors write first) is not a rule: skipped, as
   // configs skip it.
+  // A FIFO is what `--aoa <(printf ...)` gives: the refusal says what to do instead.
+  if (nonRegularKind(path) == "a FIFO")
+    throw Error(path +
+                ": AOA rules file is a FIFO, not a regular file (write the rules to a file)");
   std::string text = readFile(path, "AOA rules file", uint64_t(16) << 20);
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
   return parse(text, path);
