@@ -55,6 +55,17 @@ bool recordDriftingRun(const QString& folder) {
   return recordTiny(folder, 2, "KEEL_TEST_PERTURB=all_reduce:4 KEEL_TEST_PERTURB_RANK=1");
 }
 
+// Opens `a` in `w` (at a desktop's size), compares it with `b` and waits for the comparison of the
+// whole runs (Note [Comparing whole runs]) and everything it loads.
+bool openAndCompareRuns(MainWindow& w, const QString& a, const QString& b) {
+  w.resize(1400, 900);
+  w.show();
+  w.openRecording(a);
+  if (!waitIdle(w)) return false;
+  w.compareWith(b);
+  return QTest::qWaitFor([&] { return w.runsComparison() != nullptr; }, 60000) && waitIdle(w);
+}
+
 }  // namespace
 
 class StudioRanksTest : public QObject {
@@ -74,13 +85,7 @@ class StudioRanksTest : public QObject {
   // rank that diverged first, and the diff view lists every rank's verdict.
   void twoRunFoldersCompareRankByRankOnTheRankThatDivergedFirst() {
     MainWindow w;
-    w.resize(1400, 900);
-    w.show();
-    w.openRecording(dir_ + "/clean");
-    QVERIFY(waitIdle(w));
-    w.compareWith(dir_ + "/run");
-    QVERIFY(QTest::qWaitFor([&] { return w.runsComparison() != nullptr; }, 60000));
-    QVERIFY(waitIdle(w));
+    QVERIFY(openAndCompareRuns(w, dir_ + "/clean", dir_ + "/run"));
     const keel::views::RunsPtr runs = w.runsComparison();
     QCOMPARE(int(runs->kind), int(keel::views::RunsComparison::Kind::RankByRank));
     QCOMPARE(runs->firstRank, std::optional<int>(1));
@@ -131,14 +136,8 @@ class StudioRanksTest : public QObject {
     // A rank the user chose stays: another window asked for rank 0 keeps it, and says where the
     // runs diverged first.
     MainWindow w0;
-    w0.resize(1400, 900);
-    w0.show();
     w0.showRankOnOpen(0);
-    w0.openRecording(dir_ + "/clean");
-    QVERIFY(waitIdle(w0));
-    w0.compareWith(dir_ + "/run");
-    QVERIFY(QTest::qWaitFor([&] { return w0.runsComparison() != nullptr; }, 60000));
-    QVERIFY(waitIdle(w0));
+    QVERIFY(openAndCompareRuns(w0, dir_ + "/clean", dir_ + "/run"));
     QVERIFY(w0.summary(Side::A)->path.endsWith("/clean/rank-0.db"));
     QVERIFY2(w0.diffView()->summaryText().contains("rank 1 diverged first") &&
                  w0.diffView()->summaryText().contains("the table: rank 0 of A against rank 0"),
@@ -151,13 +150,7 @@ class StudioRanksTest : public QObject {
   // selected on both sides.
   void aRunFolderAgainstOneProcessComparesByParameter() {
     MainWindow w;
-    w.resize(1400, 900);
-    w.show();
-    w.openRecording(dir_ + "/single.db");
-    QVERIFY(waitIdle(w));
-    w.compareWith(dir_ + "/clean");
-    QVERIFY(QTest::qWaitFor([&] { return w.runsComparison() != nullptr; }, 60000));
-    QVERIFY(waitIdle(w));
+    QVERIFY(openAndCompareRuns(w, dir_ + "/single.db", dir_ + "/clean"));
     keel::views::RunsPtr runs = w.runsComparison();
     QCOMPARE(int(runs->kind), int(keel::views::RunsComparison::Kind::ByParameter));
     QVERIFY2(!runs->diverged, qPrintable(runs->text));

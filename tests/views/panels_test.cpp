@@ -415,7 +415,16 @@ class PanelsTest : public QObject {
     QVERIFY(!folded->isExpanded());
     QCOMPARE(folded->child(0)->data(1, Qt::UserRole).toString(),
              QString::fromStdString(frames.front().function));
-    QCOMPARE(stack->topLevelItemCount(), int(frames.size()) - folded->childCount() + 1);
+    // Every frame shown once: at the top level, or in a folded group (Keel's leading frames; runs
+    // of C++ library frames, which an unoptimised build keeps out of line).
+    int shown = 0;
+    for (int i = 0; i < stack->topLevelItemCount(); ++i) {
+      QTreeWidgetItem* it = stack->topLevelItem(i);
+      const QString group = it->data(0, Qt::UserRole).toString();
+      shown += group.isEmpty() ? 1 : it->childCount();
+      if (group == "library-frames") QVERIFY(it->childCount() >= 2);
+    }
+    QCOMPARE(shown, int(frames.size()));
     const auto& out = *std::find_if(d->op.tensors.begin(), d->op.tensors.end(), [](const auto& t) {
       return t.role == keel::storage::Role::Output;
     });
