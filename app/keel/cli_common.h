@@ -60,6 +60,10 @@ CLI::Validator wholeNumber(int64_t lo, int64_t hi = INT64_MAX);
 // The keel binary this process runs (/proc/self/exe): what keel launch's ranks run, and where
 // the installed data (<prefix>/share/keel) is found from.
 std::string selfPath();
+// A --config that names no file here but one of the configs installed with keel
+// (<prefix>/share/keel/configs: the README's `--config configs/gpt-mini.json` run outside the
+// source tree) throws keel::Error naming the installed one; anything else is left to the reader.
+void checkConfigFound(const std::string& path);
 // The longest run `keel train` / `keel record` take, the studio's too (a billion steps; 2^63 used
 // to fail in vector::reserve, 10^10 in bad_alloc).
 inline constexpr int64_t kMaxSteps = capture::kMaxRunSteps;

@@ -96,6 +96,19 @@ std::string selfPath() {
   return std::string(buf.data(), size_t(n));
 }
 
+void checkConfigFound(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty() || fs::exists(fs::symlink_status(path, ec))) return;  // read, and named, later
+  const fs::path installed =
+      (fs::path(selfPath()).parent_path() / "../share/keel/configs" / fs::path(path).filename())
+          .lexically_normal();
+  if (fs::path(path).is_relative() && fs::is_regular_file(installed, ec))
+    throw Error("--config " + path + ": no such file in " + fs::current_path(ec).string() +
+                "; the installed one is " + installed.string() + " (--config " +
+                installed.string() + ")");
+}
+
 namespace {
 
 // The layout options among the command's words ("--dp 4", "--tp=2", "--zero"), or nullopt where

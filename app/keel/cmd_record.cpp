@@ -145,6 +145,7 @@ int runRecord(const RecordArgs& a) {
     stopOut = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
     std::freopen("/dev/null", "w", stdout);
   }
+  checkConfigFound(a.config);
   capture::RunSpec spec;
   spec.configPath = a.config;
   spec.workloadPath = a.workload;

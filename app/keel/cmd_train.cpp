@@ -180,6 +180,7 @@ int agreedInterrupt() {
 
 int runTrain(const TrainArgs& a) {
   prepareEngineRun();
+  checkConfigFound(a.config);
   keel::GptConfig cfg = keel::loadGptConfig(a.config);
   startProcessGroup(a.parallel);
   const keel::dist::Layout layout = keel::dist::layout();

@@ -14,4 +14,19 @@ done
 grep -q '^Exec=keel-studio %f$' "$prefix/share/applications/keel-studio.desktop"
 ops=$(KEEL_BLAS_TUNE=0 "$prefix/bin/keel" ops)
 grep -q matmul <<<"$ops"
+# The README's `--config configs/gpt-mini.json` run outside the source tree: one line naming the
+# installed config (it said only "cannot open config file"), exit 2.
+elsewhere=$(mktemp -d)
+set +e
+said=$(cd "$elsewhere" && KEEL_BLAS_TUNE=0 "$prefix/bin/keel" train --config configs/gpt-mini.json \
+  --steps 1 2>&1)
+status=$?
+set -e
+rm -rf "$elsewhere"
+want="keel: error: --config configs/gpt-mini.json: no such file in $elsewhere; the installed one is $prefix/share/keel/configs/gpt-mini.json (--config $prefix/share/keel/configs/gpt-mini.json)"
+[ "$status" = 2 ] && [ "$said" = "$want" ] || {
+  echo "install_test: keel train outside the tree gave $status: $said" >&2
+  echo "install_test: wanted: $want" >&2
+  exit 1
+}
 echo "installed into $prefix"
