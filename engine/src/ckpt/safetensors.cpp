@@ -176,8 +176,21 @@ Header parseHeaderJson(std::string_view text, uint64_t dataBytes, const std::str
     e.end = off[1].get<uint64_t>();
     KEEL_CHECK(e.begin <= e.end, what, ": data_offsets [", e.begin, ", ", e.end,
                "] end before they begin");
-    KEEL_CHECK(e.end <= dataBytes, what, ": data_offsets [", e.begin, ", ", e.end,
-               "] lie outside the data buffer of ", dataBytes, " bytes");
+    if (e.end > dataBytes) {
+      // Most often a copy cut short (an interrupted rsync): the header is whole, the data not.
+      // Said as such, with what the header's tensors need (the largest end it names).
+      uint64_t need = e.end;
+      for (auto t = j.begin(); t != j.end(); ++t)
+        if (t.key() != "__metadata__" && t.value().is_object() &&
+            t.value().contains("data_offsets") && t.value()["data_offsets"].is_array() &&
+            t.value()["data_offsets"].size() == 2 &&
+            t.value()["data_offsets"][1].is_number_unsigned())
+          need = std::max(need, t.value()["data_offsets"][1].get<uint64_t>());
+      throw Error(::keel::detail::concat(
+          what, ": data_offsets [", e.begin, ", ", e.end, "] lie outside the data buffer of ",
+          dataBytes, " bytes: the file is truncated (its tensors need ", need,
+          " bytes of data; an incomplete copy?) or its header damaged"));
+    }
     uint64_t want = byteCount(e.shape, e.dtype, what);
     KEEL_CHECK(want == e.end - e.begin, what, ": shape ", v["shape"].dump(), " of ", dt, " needs ",
                want, " bytes but data_offsets give ", e.end - e.begin);
