@@ -375,6 +375,29 @@ class GraphTest : public QObject {
                             .arg(gv->transform().m11())));
   }
 
+  // The overview is a fifth of the canvas's shorter side (60 to 170 pixels): a fixed 170 covered
+  // much of a narrow pane, two ranks or two runs side by side on a 1366-pixel screen.
+  void theMinimapScalesWithThePane() {
+    Selection sel;
+    GraphView view(&sel, Side::A);
+    QVERIFY(test::showAt(view, {1000, 700}));
+    QVERIFY(setStepAndWait(view, stepOf(path_, 1), false));
+    QGraphicsView* gv = view.graphicsView();
+    QWidget* minimap = nullptr;
+    for (QWidget* w : gv->findChildren<QWidget*>(Qt::FindDirectChildrenOnly))
+      if (w->toolTip().startsWith("Overview")) minimap = w;
+    QVERIFY(minimap && minimap->isVisible());
+    const int big = std::max(minimap->width(), minimap->height());
+    QVERIFY2(big > 120 && big <= 176, qPrintable(QString::number(big)));
+    view.resize(420, 360);
+    QVERIFY(
+        QTest::qWaitFor([&] { return std::max(minimap->width(), minimap->height()) < big; }, 5000));
+    const int side = std::max(minimap->width(), minimap->height());
+    const int shorter = std::min(gv->width(), gv->height());
+    QVERIFY2(side <= std::max(60, shorter / 5) + 6,
+             qPrintable(QString("minimap %1 in a canvas of %2").arg(side).arg(shorter)));
+  }
+
   // A thin minimap (a tall graph's) sits in a strip of its own beside the viewport: over the
   // canvas's corner it hid the right-hand nodes of a narrow compared graph. Once the whole graph
   // is in view, the minimap and its strip are gone.

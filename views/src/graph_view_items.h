@@ -235,6 +235,10 @@ class GraphView::Minimap : public QWidget {
   // the inner call returns (a hidden canvas shown again made the two alternate until the stack
   // overflowed).
   bool placing_ = false;
+  // Its longest side: a fifth of the canvas's shorter one, 60 to 170 pixels (a fixed 170 covered
+  // much of a narrow pane: two ranks or two runs side by side at 1366 pixels).
+  double maxSide() const;
+  double side_ = 0;  // the side the pixmap was drawn at
 };
 
 }  // namespace keel::views

@@ -8,6 +8,9 @@
 #include <QScopedValueRollback>
 #include <QScrollBar>
 
+#include <algorithm>
+#include <cmath>
+
 #include "graph_view_items.h"
 
 namespace keel::views {
@@ -28,8 +31,8 @@ void GraphView::Minimap::refresh() {
     hide();
     return;
   }
-  const double maxSide = 170;
-  const double s = std::min(maxSide / sceneRect_.width(), maxSide / sceneRect_.height());
+  side_ = maxSide();
+  const double s = std::min(side_ / sceneRect_.width(), side_ / sceneRect_.height());
   QSize size(std::max(24, int(sceneRect_.width() * s)), std::max(24, int(sceneRect_.height() * s)));
   const qreal dpr = devicePixelRatioF();
   pixmap_ = QPixmap(size * dpr);
@@ -59,10 +62,17 @@ bool GraphView::Canvas::setStrip(const QMargins& m) {
   return true;
 }
 
+double GraphView::Minimap::maxSide() const {
+  const Canvas* canvas = owner_->canvas_;
+  return std::clamp(0.2 * std::min(canvas->width(), canvas->height()), 60.0, 170.0);
+}
+
 void GraphView::Minimap::place() {
   if (placing_) return;
   const QScopedValueRollback<bool> guard(placing_, true);
   Canvas* canvas = owner_->canvas_;
+  // The canvas resized: the overview drawn again at its size (refresh's own place() returns).
+  if (!pixmap_.isNull() && std::abs(maxSide() - side_) >= 8) refresh();
   // Shown only when the viewport, as wide as it is without a strip, does not hold the whole
   // scene (measured with the strip, a graph that fits the whole viewport kept its strip).
   const auto needed = [&] {
