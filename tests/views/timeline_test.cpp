@@ -208,6 +208,33 @@ class TimelineTest : public QObject {
     QVERIFY(!view.highlighted());
   }
 
+  // + and - zoom about the selected op while it is in view (about the centre, + took an op near
+  // the edge out of view).
+  void zoomKeysKeepTheSelectedOpInView() {
+    Recording rec = Recording::open(path_.toStdString());
+    StepPtr step = stepOf(rec, 1);
+    Selection sel;
+    TimelineView view(&sel, Side::A);
+    view.resize(1000, 200);
+    view.show();
+    view.setStep(step);
+    const auto& op = step->ops[step->ops.size() / 10];  // near the left edge of the whole step
+    sel.select(Side::A, op.seq);
+    const double centre = double(op.beginNs + op.endNs) / 2 - double(view.model().originNs);
+    for (int i = 0; i < 6; ++i) {
+      QTest::keyClick(&view, Qt::Key_Plus);
+      const auto [t0, t1] = view.viewRange();
+      QVERIFY2(t0 <= centre && centre <= t1,
+               qPrintable(QString("after %1 zooms: [%2, %3], the op at %4")
+                              .arg(i + 1)
+                              .arg(t0)
+                              .arg(t1)
+                              .arg(centre)));
+    }
+    const auto [t0, t1] = view.viewRange();
+    QVERIFY(t1 - t0 < double(view.model().spanNs) / 32);  // it did zoom
+  }
+
   // KEEL_PANEL_SHOTS=<dir>: saves pictures of the timeline to look at.
   void screenshots() {
     const QString dir = test::panelShotsDir();

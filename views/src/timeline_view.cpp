@@ -424,7 +424,15 @@ void TimelineView::wheelEvent(QWheelEvent* e) {
 }
 
 void TimelineView::keyPressEvent(QKeyEvent* e) {
-  const double mid = plotLeft() + plotWidth() / 2;
+  // +/- zoom about the selected op while it is in view (zooming about the centre took it out of
+  // view), else about the centre.
+  double mid = plotLeft() + plotWidth() / 2;
+  if (highlighted_)
+    if (const auto at = model_.find(*highlighted_)) {
+      const TimelineBar& bar = model_.rows[size_t(at->first)].bars[size_t(at->second)];
+      const double centre = (double(bar.begin) + double(bar.end)) / 2;
+      if (centre >= t0_ && centre <= t0_ + span_) mid = plotLeft() + (centre - t0_) * pxPerNs();
+    }
   switch (e->key()) {
     case Qt::Key_Plus:
     case Qt::Key_Equal:
