@@ -18,6 +18,7 @@
 #include <QMenuBar>
 #include <QMessageBox>
 #include <QMimeData>
+#include <QProcess>
 #include <QProgressBar>
 #include <QRegularExpression>
 #include <QSaveFile>
@@ -176,6 +177,32 @@ void MainWindow::buildActions() {
   recentMenu_ = file->addMenu("Open &recent");
   QMenu* import = file->addMenu("&Import");
   import->addAction("PyTorch &memory snapshot…", this, &MainWindow::importTorchMemoryDialog);
+  // Note [Studio exports]: what `keel export` writes, of the recording shown.
+  QMenu* exportMenu = file->addMenu("&Export");
+  const struct {
+    const char* kind;
+    const char* label;
+    const char* filter;
+    const char* suffix;
+  } kExports[] = {{"trace-step", "Chrome trace of this &step…", "Chrome traces (*.json)", "json"},
+                  {"trace", "Chrome &trace of the whole run…", "Chrome traces (*.json)", "json"},
+                  {"graph", "&Graph of this step (SVG)…", "SVG pictures (*.svg)", "svg"},
+                  {"csv", "Op calls as &CSV…", "CSV files (*.csv)", "csv"}};
+  for (const auto& e : kExports) {
+    const QString kind = e.kind, filter = e.filter, suffix = e.suffix;
+    exportMenu->addAction(e.label, this, [this, kind, filter, suffix] {
+      if (!sourceA_->isOpen()) {
+        showError("Export", "Open a recording first.");
+        return;
+      }
+      QFileDialog d(this, "Export", QFileInfo(sourceA_->path()).completeBaseName() + "." + suffix,
+                    filter);
+      d.setAcceptMode(QFileDialog::AcceptSave);
+      d.setDefaultSuffix(suffix);
+      if (d.exec() == QDialog::Accepted && !d.selectedFiles().isEmpty())
+        exportRecording(kind, d.selectedFiles().first());
+    });
+  }
   file->addSeparator();
   file->addAction("Save &screenshot…", this, [this] {
     QFileDialog d(this, "Save screenshot", "keel-studio.png", "PNG images (*.png)");
@@ -1168,6 +1195,65 @@ void MainWindow::compareWith(const QString& folderOrFile) {
   busy(1);
   sourceB_->open(path);
   pendingRecentB_ = path;  // added once it opens: a file that failed was listed
+}
+
+// Note [Studio exports]
+// File > Export writes what `keel export` writes — a Chrome trace (of the step shown or the whole
+// run), the step's graph as SVG, the op calls as CSV — of the recording shown (a run folder's rank
+// shown), by running the `keel` installed beside keel-studio: one implementation of the exports,
+// their output rules (a file that is not an earlier export of the same kind is never replaced;
+// the input never is) and their streaming, not a second one in the studio. It runs as its own
+// process, so the window stays responsive; its one-line error is the dialog's.
+void MainWindow::exportRecording(const QString& kind, const QString& path) {
+  const QString recording = sourceA_->path();
+  const QString keel =
+      keelProgram_.isEmpty() ? QCoreApplication::applicationDirPath() + "/keel" : keelProgram_;
+  const QString step = QString::number(std::max<int64_t>(0, shownStep_));
+  QStringList args = {"export"};
+  if (kind == "trace-step")
+    args << "trace" << recording << "--steps" << step + ":" + step;
+  else if (kind == "trace")
+    args << "trace" << recording;
+  else if (kind == "graph")
+    args << "graph" << recording << "--step" << step << "--phase"
+         << "both"
+         << "--format"
+         << "svg";
+  else
+    args << "csv" << recording;
+  args << "-o" << path;
+  if (!QFileInfo(keel).isExecutable()) {
+    showError("Export", "keel is not installed beside keel-studio (" + keel + ")");
+    emit exportFinished(lastError_);
+    return;
+  }
+  auto* p = new QProcess(this);
+  p->setProgram(keel);
+  p->setArguments(args);
+  busy(1);
+  statusBar()->showMessage("Exporting " + path + "…");
+  connect(p, &QProcess::finished, this, [this, p, path](int code, QProcess::ExitStatus st) {
+    p->deleteLater();
+    busy(-1);
+    QString error;
+    if (st != QProcess::NormalExit || code != 0) {
+      error = QString::fromLocal8Bit(p->readAllStandardError()).trimmed().section('\n', 0, 0);
+      if (error.startsWith("keel: error: ")) error = error.mid(13);
+      if (error.isEmpty()) error = "keel export failed (exit " + QString::number(code) + ")";
+      showError("Export", error);
+    } else {
+      statusBar()->showMessage("Exported " + path, 8000);
+    }
+    emit exportFinished(error);
+  });
+  connect(p, &QProcess::errorOccurred, this, [this, p, keel](QProcess::ProcessError e) {
+    if (e != QProcess::FailedToStart) return;
+    p->deleteLater();
+    busy(-1);
+    showError("Export", "cannot run " + keel);
+    emit exportFinished(lastError_);
+  });
+  p->start();
 }
 
 bool MainWindow::saveScreenshotAs(const QString& path) {

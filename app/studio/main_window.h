@@ -104,6 +104,12 @@ class MainWindow : public QMainWindow {
   // --screenshot refuses it (screenshotRefusal: an input, a device, a name that is not .png, a
   // file that is not a picture). False when refused or not written.
   bool saveScreenshotAs(const QString& path);
+  // File > Export (Note [Studio exports]): `kind` "trace-step" (the step shown), "trace",
+  // "graph" (the step shown, SVG) or "csv" of the recording shown, to `path`, by the keel beside
+  // this binary; exportFinished follows ("" or the error, also shown in a dialog).
+  void exportRecording(const QString& kind, const QString& path);
+  // The keel binary exports run ("": the one beside this binary; tests built elsewhere name it).
+  void setKeelProgram(const QString& path) { keelProgram_ = path; }
   // Raises the dock named `view` ("memory" is dock.memory) on top of its tab group; false when
   // there is no such dock.
   bool showView(const QString& view);
@@ -144,7 +150,8 @@ class MainWindow : public QMainWindow {
   void stepShown(qint64 step);    // the step's ops reached the views
   void opInspected(quint64 seq);  // the inspector shows this op
   void diffShown();
-  void errorShown(QString message);  // an error dialog was shown
+  void errorShown(QString message);    // an error dialog was shown
+  void exportFinished(QString error);  // exportRecording's end: "" when written
 
  protected:
   void closeEvent(class QCloseEvent* e) override;
@@ -222,6 +229,7 @@ class MainWindow : public QMainWindow {
   int rankOnOpen_ = 0;
   bool ranksFirst_ = false;  // the next load raises the Ranks panel (a run folder opened)
   QString pendingCompare_;   // compared again once the next side A has opened (rank switch)
+  QString keelProgram_;      // setKeelProgram
   bool rankAsked_ = false;   // showRankOnOpen was called for the run folder opening
   // A rank switch (Note [Switching ranks]): the bottom view stays; the op at (step, index in the
   // step, name) is selected on the new rank when it has that op there.

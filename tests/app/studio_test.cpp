@@ -507,6 +507,47 @@ class StudioTest : public QObject {
     QCOMPARE(png.read(4), QByteArray("\x89PNG"));
   }
 
+  // File > Export (Note [Studio exports]): the step shown as a Chrome trace, its graph as SVG, the
+  // op calls as CSV, written by keel export; a file that is no earlier export (a recording) is
+  // refused in a dialog and left as it was.
+  void exportWritesWhatKeelExportWrites() {
+    MainWindow w;
+    w.setKeelProgram(KEEL_CLI_PATH);
+    w.show();
+    w.openRecording(dir_ + "/a.db");
+    QVERIFY(waitIdle(w));
+    auto run = [&](const QString& kind, const QString& path) {
+      QSignalSpy done(&w, &MainWindow::exportFinished);
+      w.exportRecording(kind, path);
+      return done.wait(60000) ? done.first().first().toString() : QString("timed out");
+    };
+    const QString trace = dir_ + "/step.json", svg = dir_ + "/step.svg", csv = dir_ + "/ops.csv";
+    for (const QString& f : {trace, svg, csv}) QFile::remove(f);
+    QCOMPARE(run("trace-step", trace), QString());
+    QCOMPARE(run("graph", svg), QString());
+    QCOMPARE(run("csv", csv), QString());
+    auto head = [](const QString& f, int n) {
+      QFile in(f);
+      return in.open(QIODevice::ReadOnly) ? in.read(n) : QByteArray();
+    };
+    QCOMPARE(head(trace, 39), QByteArray(R"({"displayTimeUnit":"ns","traceEvents":[)"));
+    QVERIFY(head(svg, 400).contains("<svg"));
+    QVERIFY(head(csv, 4) == "seq,");
+    // The step's trace holds step 1's ops only: fewer bytes than the whole run's.
+    const QString whole = dir_ + "/whole.json";
+    QFile::remove(whole);
+    QCOMPARE(run("trace", whole), QString());
+    QVERIFY(QFileInfo(whole).size() > QFileInfo(trace).size());
+    // Not over a recording.
+    const QString other = dir_ + "/keep.db";
+    QFile::remove(other);
+    QVERIFY(QFile::copy(dir_ + "/b.db", other));
+    const QByteArray before = head(other, 1 << 20);
+    const QString error = run("csv", other);
+    QVERIFY2(!error.isEmpty() && !error.startsWith("keel: error"), qPrintable(error));
+    QCOMPARE(head(other, 1 << 20), before);
+  }
+
   // Open recent: a file gone since is said and dropped from the list (it stayed, failing each
   // time).
   void aRecentFileThatIsGoneLeavesTheList() {
