@@ -343,6 +343,32 @@ TEST(AoaMacroTest, WildcardsInMacroInstancesSeeTheirOwnKeysInOrder) {
                       test::concatArr({ties[0].second, ties[1].second}, 0)));
 }
 
+// The budget of names grows with the checkpoint: 100,000, or four per key. A rename of every layer
+// through $LAYER_ID and '*' over 120,000 keys counts each key once more (120,000 matches and 1,200
+// layer ids): it was refused, though it can name no more keys than there are. Ranges, which name
+// keys that need not exist, stay bounded by the budget.
+TEST(AoaMacroTest, TheBudgetGrowsWithTheCheckpoint) {
+  std::vector<aoa::SourceKey> many;
+  for (int l = 0; l < 1200; ++l)
+    for (int m = 0; m < 100; ++m)
+      many.push_back(
+          {"layers." + std::to_string(l) + ".w" + std::to_string(m), st::DType::F32, {1}});
+  const aoa::Program p = aoa::parse("layers.$LAYER_ID.* -> blocks.$LAYER_ID.*", "rules.aoa");
+  const aoa::Result r = aoa::apply(&p, many);
+  ASSERT_EQ(r.keys.size(), many.size());
+  EXPECT_EQ(r.keys.front().name, "blocks.0.w0");
+  EXPECT_EQ(r.keys.back().name, "blocks.1199.w99");
+  const aoa::Program ranges = aoa::parse("a.[0:1000].b.[0:1000] -> z", "rules.aoa");
+  try {
+    aoa::apply(&ranges, many);
+    ADD_FAILURE() << "a million range names expanded";
+  } catch (const keel::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "rules.aoa:1:1: rules expand to more than 480000 names (the limit of a rules file: "
+              "100000, or four per key of the checkpoint; this name's expansion included)");
+  }
+}
+
 TEST(AoaMacroTest, MacroErrors) {
   Named src = {{"layers.0.w", randomArr(st::DType::F32, {2}, 1)}};
   EXPECT_EQ(applyError(src, "layers.$LAYER_ID.w -> blocks.$LAYER_ID_OFFSET.w"),
@@ -362,8 +388,8 @@ TEST(AoaMacroTest, MacroErrors) {
   // Ranges in one name multiply; the product is checked before anything is expanded (a fuzzer
   // found names whose nested ranges took minutes to expand).
   EXPECT_EQ(applyError(src, "a.[0:1000].b.[0:1000] -> z"),
-            "rules.aoa:1:1: rules expand to more than 100000 names (the limit of a rules file, "
-            "this name's expansion included)");
+            "rules.aoa:1:1: rules expand to more than 100000 names (the limit of a rules file: "
+            "100000, or four per key of the checkpoint; this name's expansion included)");
   // A target that drops an id its source captures: every instance makes the same name.
   Named experts = {{"l.0.e.0.w", randomArr(st::DType::F32, {2}, 1)},
                    {"l.1.e.0.w", randomArr(st::DType::F32, {2}, 2)}};

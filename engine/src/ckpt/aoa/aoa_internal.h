@@ -2,6 +2,7 @@
 // expand.cpp (macros), check.cpp (typed statements), keys.cpp (the key space, box arithmetic) and
 // eval.cpp (one evaluator per statement kind). Like keel/aoa.h, no tensor code.
 #pragma once
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -71,10 +72,13 @@ bool castable(st::DType from, st::DType to);
 // ---- macro expansion (expand.cpp) ------------------------------------------------------------
 
 // Expands one statement's macros in three stages, counting every name produced against one
-// budget for the whole program (a hostile file cannot expand without bound).
+// budget for the whole program (a hostile file cannot expand without bound): 100,000 names, or
+// four per key of the checkpoint when that is more (a plain `layers.$LAYER_ID.* ->
+// blocks.$LAYER_ID.*` over 200,000 keys names each key twice, and was refused).
 class Expander {
  public:
-  explicit Expander(const std::string& src) : src_(src) {}
+  Expander(const std::string& src, size_t keys)
+      : src_(src), limit_(std::max<size_t>(100'000, 4 * keys)) {}
   // 1. [a:b] ranges expand a name in place.
   Statement expandRanges(const Statement& s);
   // 2. $LAYER_ID / $EXPERT_ID / $LAYER_ID_OFFSET instantiate the statement per id found among
@@ -89,6 +93,7 @@ class Expander {
   void expandRange(const Name& n, std::vector<Name>& out);
 
   const std::string& src_;
+  size_t limit_;
   size_t expanded_ = 0;
 };
 

@@ -39,7 +39,9 @@ namespace {
 class Evaluator {
  public:
   Evaluator(const Program* prog, const std::vector<SourceKey>& src)
-      : src_(prog ? prog->source : std::string("<aoa>")), space_(src), expander_(src_) {}
+      : src_(prog ? prog->source : std::string("<aoa>")),
+        space_(src),
+        expander_(src_, src.size()) {}
 
   // Expands one statement of the program and runs each concrete statement it becomes; variables
   // expand against the keys before the statement, wildcards against the keys before each instance.

@@ -11,8 +11,6 @@ namespace keel::aoa::detail {
 
 namespace {
 
-constexpr size_t kMaxExpandedNames = 100'000;
-
 // ---- pattern matching for macros -------------------------------------------------------------
 
 enum class Seg { Lit, Layer, LayerOffset, Expert, Star };
@@ -122,8 +120,9 @@ void replaceAll(std::string& s, std::string_view from, const std::string& to) {
   }
 }
 
-// How many names the [a:b] ranges of `t` expand to (saturating above the budget).
-size_t rangeProduct(const std::string& t) {
+// How many names the [a:b] ranges of `t` expand to, saturating at `cap` (above the budget; each
+// factor is below 10^9, so the product of one step cannot overflow before it is capped).
+size_t rangeProduct(const std::string& t, size_t cap) {
   size_t product = 1;
   for (size_t open = t.find('['); open != std::string::npos; open = t.find('[', open + 1)) {
     size_t colon = t.find(':', open), close = t.find(']', open);
@@ -134,7 +133,7 @@ size_t rangeProduct(const std::string& t) {
         !std::all_of(a.begin(), a.end(), ::isdigit) || !std::all_of(b.begin(), b.end(), ::isdigit))
       continue;
     int64_t lo = std::stoll(a), hi = std::stoll(b);
-    if (hi > lo) product = std::min(product * size_t(hi - lo), kMaxExpandedNames + 1);
+    if (hi > lo) product = std::min(product * size_t(hi - lo), cap);
   }
   return product;
 }
@@ -150,16 +149,17 @@ Statement Expander::expandRanges(const Statement& s) {
 
 void Expander::budget(size_t n, Pos pos) {
   expanded_ += n;
-  if (expanded_ > kMaxExpandedNames)
+  if (expanded_ > limit_)
     fail(src_, pos,
-         "rules expand to more than " + std::to_string(kMaxExpandedNames) +
-             " names (the limit of a rules file, this name's expansion included)");
+         "rules expand to more than " + std::to_string(limit_) +
+             " names (the limit of a rules file: 100000, or four per key of the checkpoint; this "
+             "name's expansion included)");
 }
 
 std::vector<Name> Expander::expandRanges(const std::vector<Name>& names) {
   std::vector<Name> out;
   for (const Name& n : names) {
-    budget(rangeProduct(n.text), n.pos);  // all of a name's ranges at once: they multiply
+    budget(rangeProduct(n.text, limit_ + 1), n.pos);  // a name's ranges at once: they multiply
     expandRange(n, out);
   }
   return out;
