@@ -604,6 +604,8 @@ void MainWindow::connectSources() {
       if (src != sourceA_) return;
       pendingSelectA_.reset();
       stepOnOpen_.reset();
+      keepBottomView_ = false;  // a rank switch that failed (Note [Switching ranks])
+      selectAtOnOpen_.reset();
       failedSeq_.reset();
     });
     connect(src, &RunSource::failed, this, [this, src](const QString& msg) {
