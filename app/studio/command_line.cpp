@@ -103,6 +103,7 @@ struct Options {
         "Keel Studio: a debugger for deep-learning training.\n"
         "  keel-studio run.db                         replay a recording\n"
         "  keel-studio a.db --compare b.db            two runs side by side, diffed op by op\n"
+        "  keel-studio runA/ --compare runB/          two run folders, rank by rank\n"
         "  keel-studio --session config.json --run    a live session");
     p.setSingleDashWordOptionMode(QCommandLineParser::ParseAsLongOptions);
     p.addHelpOption();
