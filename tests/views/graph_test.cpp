@@ -64,6 +64,13 @@ bool setStepAndWait(GraphView& view, StepPtr step, bool expand) {
   return waitLaidOut(view);
 }
 
+// The graph view's overview (its minimap), a child of its canvas; nullptr when it has none.
+QWidget* minimapOf(QGraphicsView* canvas) {
+  for (QWidget* w : canvas->findChildren<QWidget*>(Qt::FindDirectChildrenOnly))
+    if (w->toolTip().startsWith("Overview")) return w;
+  return nullptr;
+}
+
 }  // namespace
 
 class GraphTest : public QObject {
@@ -383,9 +390,7 @@ class GraphTest : public QObject {
     QVERIFY(test::showAt(view, {1000, 700}));
     QVERIFY(setStepAndWait(view, stepOf(path_, 1), false));
     QGraphicsView* gv = view.graphicsView();
-    QWidget* minimap = nullptr;
-    for (QWidget* w : gv->findChildren<QWidget*>(Qt::FindDirectChildrenOnly))
-      if (w->toolTip().startsWith("Overview")) minimap = w;
+    QWidget* minimap = minimapOf(gv);
     QVERIFY(minimap && minimap->isVisible());
     const int big = std::max(minimap->width(), minimap->height());
     QVERIFY2(big > 120 && big <= 176, qPrintable(QString::number(big)));
@@ -407,9 +412,7 @@ class GraphTest : public QObject {
     QVERIFY(test::showAt(view, {500, 500}));
     QVERIFY(setStepAndWait(view, stepOf(path_, 1), true));
     QGraphicsView* gv = view.graphicsView();
-    QWidget* minimap = nullptr;
-    for (QWidget* w : gv->findChildren<QWidget*>(Qt::FindDirectChildrenOnly))
-      if (w->toolTip().startsWith("Overview")) minimap = w;
+    QWidget* minimap = minimapOf(gv);
     QVERIFY(minimap);
     QVERIFY(minimap->isVisible());
     QVERIFY2(minimap->width() <= 60 && minimap->height() > 2 * minimap->width(),
