@@ -234,6 +234,31 @@ inline ::testing::AssertionResult sameArr(const Arr& a, const Arr& b) {
 using keel::test::errorOf;  // test_util.h
 
 // A fresh directory for the running test (ctest runs tests of one binary in parallel).
+// Removes the folders tempDir made for a test once it has passed (a failed one's stay, to look
+// at): every run of the suites left hundreds of megabytes of checkpoints in /tmp.
+class TempDirCleaner : public ::testing::EmptyTestEventListener {
+ public:
+  static TempDirCleaner& instance() {
+    static TempDirCleaner* c = [] {
+      auto* made = new TempDirCleaner;
+      ::testing::UnitTest::GetInstance()->listeners().Append(made);  // gtest owns it
+      return made;
+    }();
+    return *c;
+  }
+  void add(const fs::path& d) { dirs_.push_back(d); }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Passed()) {
+      std::error_code ec;
+      for (const fs::path& d : dirs_) fs::remove_all(d, ec);
+    }
+    dirs_.clear();
+  }
+
+ private:
+  std::vector<fs::path> dirs_;
+};
+
 inline std::string tempDir(const std::string& tag = "") {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   fs::path d = fs::path(::testing::TempDir()) /
@@ -241,6 +266,7 @@ inline std::string tempDir(const std::string& tag = "") {
                 info->name() + (tag.empty() ? "" : "_" + tag));
   fs::remove_all(d);
   fs::create_directories(d);
+  TempDirCleaner::instance().add(d);
   return d.string();
 }
 
