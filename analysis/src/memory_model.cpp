@@ -594,8 +594,7 @@ std::vector<MemAliveShare> MemoryModel::aliveByReason(int64_t k) const {
   return out;
 }
 
-std::vector<MemSiteShare> MemoryModel::aliveBySite(int64_t k) const {
-  const MemState s = stateAt(k);
+std::vector<MemSiteShare> MemoryModel::aliveBySite(const MemState& s) const {
   std::unordered_map<std::string, std::pair<MemSiteShare, uint64_t>> by;  // and its largest block
   for (const MemBlock& b : s.blocks) {
     const storage::MemRecord& a = events_[b.allocEvent];

@@ -20,7 +20,6 @@
 #include <QMimeData>
 #include <QProcess>
 #include <QProgressBar>
-#include <QRegularExpression>
 #include <QSaveFile>
 #include <QScreen>
 #include <QScrollArea>
@@ -498,9 +497,8 @@ void MainWindow::connectSources() {
     updateStatus();
     // Replay: the op table (a run folder just opened: its Ranks panel); comparing: the diff
     // (unless a view was asked for: showView).
-    if (!sourceB_->isOpen() && !std::exchange(keepBottomView_, false))
+    if (!std::exchange(keepBottomView_, false) && !sourceB_->isOpen())
       raiseBottom(std::exchange(ranksFirst_, false) ? ranksDock_ : opsDock_);
-    keepBottomView_ = false;
     if (stepOnOpen_ && *stepOnOpen_ > last) stepOnOpen_ = last;  // a rank with fewer steps
     if (sourceB_->isOpen())
       inspector_->setCompare(runLabel(s, {}), runLabel(summaryB_, sourceB_->path()));
@@ -1064,6 +1062,16 @@ void MainWindow::openRecording(const QString& path, bool verify) {
     openRunFolder(path);
     return;
   }
+  // A PyTorch memory snapshot: the studio imports it itself (the reader's hint names keel's
+  // command line).
+  if (storage::looksLikePickle(path.toStdString())) {
+    showError("Open recording",
+              path +
+                  " is not a Keel recording (it is a Python pickle: a PyTorch memory snapshot "
+                  "is opened after File > Import > PyTorch memory snapshot… turns it into a "
+                  "recording)");
+    return;
+  }
   if (QFileInfo(path).isDir()) {  // "is a directory, not a regular file" said too little
     showError("Open recording", QString::fromStdString(storage::notARunFolder(path.toStdString())));
     return;
@@ -1390,13 +1398,7 @@ void MainWindow::updateStatus() {
 
 void MainWindow::showError(const QString& title, const QString& fullMessage) {
   // A parser's message can quote megabytes of a damaged file: a readable excerpt (keel::clipText).
-  QString message = QString::fromStdString(keel::clipText(fullMessage.toStdString(), 2000));
-  // The reader's hint for a pickle names keel's command; the studio imports it itself.
-  static const QRegularExpression pickleHint(
-      "a PyTorch memory snapshot is opened after `keel import torch-memory .* -o run\\.db`");
-  message.replace(pickleHint,
-                  "a PyTorch memory snapshot is opened after File > Import > PyTorch memory "
-                  "snapshot… turns it into a recording");
+  const QString message = QString::fromStdString(keel::clipText(fullMessage.toStdString(), 2000));
   lastError_ = message;
   statusBar()->showMessage(title + ": " + message.section('\n', 0, 0), 10000);
   auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);

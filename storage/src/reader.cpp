@@ -380,18 +380,25 @@ namespace {
 // pickle (a PyTorch memory snapshot, which keel import turns into a recording) or a zip archive
 // (torch.save). "" for anything else.
 std::string notARecordingHint(const std::string& path) {
-  unsigned char head[4] = {};
-  std::ifstream f(path, std::ios::binary);
-  f.read(reinterpret_cast<char*>(head), sizeof head);
-  if (f.gcount() >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5)
+  if (looksLikePickle(path))
     return " (it is a Python pickle: a PyTorch memory snapshot is opened after `keel import "
            "torch-memory " +
            path + " -o run.db`)";
+  unsigned char head[4] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(head), sizeof head);
   if (f.gcount() == 4 && std::memcmp(head, "PK\x03\x04", 4) == 0)
     return " (it is a zip archive, as torch.save writes: not a recording)";
   return {};
 }
 }  // namespace
+
+bool looksLikePickle(const std::string& path) {
+  unsigned char head[2] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(head), sizeof head);
+  return f.gcount() == 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5;
+}
 
 SqliteHeader sqliteHeader(const std::string& path) {
   char header[16] = {};

@@ -368,7 +368,7 @@ TEST(MemoryModel, LiveBlocksBySite) {
   st.frames = {{0, "leaky_cache_append", "/home/me/train.py", 77}, {0, "step", "train.py", 12}};
   m.addStack(st);
   m.setEvents(evs);
-  const std::vector<MemSiteShare> sites = m.aliveBySite(4);
+  const std::vector<MemSiteShare> sites = m.aliveBySite(m.stateAt(4));
   ASSERT_EQ(sites.size(), 3u);
   EXPECT_EQ(sites[0].site, "leaky_cache_append (train.py:77)");
   EXPECT_EQ(sites[0].bytes, 5120u);
@@ -380,8 +380,8 @@ TEST(MemoryModel, LiveBlocksBySite) {
   EXPECT_EQ(sites[1].largestAlloc, 0u);
   EXPECT_EQ(sites[2].site, "outside ops");
   EXPECT_EQ(sites[2].bytes, 64u);
-  EXPECT_EQ(m.aliveBySite(5)[1].bytes, 512u);  // the 256-byte block freed
-  EXPECT_TRUE(m.aliveBySite(-1).empty());
+  EXPECT_EQ(m.aliveBySite(m.stateAt(5))[1].bytes, 512u);  // the 256-byte block freed
+  EXPECT_TRUE(m.aliveBySite(m.stateAt(-1)).empty());
 }
 
 TEST(MemoryModel, TrackedSections) {

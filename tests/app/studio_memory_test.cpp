@@ -136,7 +136,7 @@ class StudioMemoryTest : public QObject {
     // keel's command line).
     errors.clear();
     w.openRecording(fixtures + "snapshot-p4.pickle");
-    QVERIFY(errors.wait(30000));
+    QVERIFY(!errors.isEmpty() || errors.wait(30000));  // said at once: nothing is opened
     QVERIFY2(errors.first().first().toString().contains(
                  "a PyTorch memory snapshot is opened after File > Import > PyTorch memory "
                  "snapshot… turns it into a recording") &&

@@ -258,13 +258,13 @@ class MemoryViewTest : public QObject {
     QCOMPARE(tabs->currentWidget(), sites);  // the first tab
     QCOMPARE(tabs->tabText(1), QString("Sizes"));
     QVERIFY(tabs->tabText(2).startsWith("Tracked sections"));
-    tabs->setCurrentIndex(1);                // Sizes: the table waits
+    tabs->setCurrentIndex(1);  // Sizes: the table waits
     QTest::keyClick(&view, Qt::Key_Home);
     tabs->setCurrentWidget(sites);
     QTest::keyClick(&view, Qt::Key_P);
     const int64_t peak = memory->peakEvent();
     QCOMPARE(view.cursor(), peak);  // it opens at the peak
-    const auto by = memory->aliveBySite(peak);
+    const auto by = memory->aliveBySite(memory->stateAt(peak));
     QVERIFY(by.size() >= 3);
     QCOMPARE(sites->rowCount(), int(by.size()));
     QCOMPARE(sites->item(0, 0)->text(), QString::fromStdString(by[0].site));
@@ -275,7 +275,7 @@ class MemoryViewTest : public QObject {
     view.setFocus();
     QTest::keyClick(&view, Qt::Key_Home);
     QCOMPARE(view.cursor(), int64_t(0));
-    QCOMPARE(sites->rowCount(), int(memory->aliveBySite(0).size()));
+    QCOMPARE(sites->rowCount(), int(memory->aliveBySite(memory->stateAt(0)).size()));
     QTest::keyClick(&view, Qt::Key_P);
     QCOMPARE(view.cursor(), peak);
     QCOMPARE(sites->item(0, 0)->text(), QString::fromStdString(by[0].site));

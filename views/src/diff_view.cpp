@@ -580,7 +580,8 @@ void DiffView::updateSummary() {
     summary_->setToolTip({});
     return;
   }
-  const QString runs = runsText().isEmpty() ? QString() : runsText() + "<br>";
+  QString runs = runsText();
+  if (!runs.isEmpty()) runs += "<br>";
   if (!r) {
     summary_->setText(
         !failure_.isEmpty() ? QStringLiteral("<span style='color:#c62828'><b>%1</b></span> %2")

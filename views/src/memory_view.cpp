@@ -352,7 +352,7 @@ void MemoryView::Impl::updateSites() {
   if (!sites || tabs->currentWidget() != sites || sitesAt == cursor) return;
   sitesAt = cursor;
   const std::vector<analysis::MemSiteShare> by =
-      mem && cursor >= 0 ? mem->aliveBySite(cursor) : std::vector<analysis::MemSiteShare>{};
+      mem && cursor >= 0 ? mem->aliveBySite(state) : std::vector<analysis::MemSiteShare>{};
   const size_t rows = std::min<size_t>(by.size(), 200);
   sites->setRowCount(int(rows));
   for (size_t i = 0; i < rows; ++i) {

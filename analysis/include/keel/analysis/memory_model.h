@@ -256,7 +256,8 @@ class MemoryModel {
   // allocated each (name and scope), or for an allocation outside ops with a stack (an imported
   // PyTorch snapshot's) its allocation's innermost frame — who holds the memory, as memory_viz's
   // allocation-site view tells it, without hovering block after block.
-  std::vector<MemSiteShare> aliveBySite(int64_t k) const;
+  // `state`: one stateAt() returned (the view has the cursor's already).
+  std::vector<MemSiteShare> aliveBySite(const MemState& state) const;
   // Blocks of `state` that belong to op `seq`: allocated by it, or holding one of its outputs.
   std::vector<size_t> blocksOfOp(const MemState& state, uint64_t seq) const;
   // The first and last event inside op `seq`, if any.

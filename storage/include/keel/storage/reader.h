@@ -48,6 +48,9 @@ struct MemQuery {
 // Recording::open and of inputs that may be a recording or something else (allocator traces).
 enum class SqliteHeader { Unreadable, Empty, Other, Sqlite };
 SqliteHeader sqliteHeader(const std::string& path);
+// Whether the file starts as a Python pickle of protocol 2 to 5 does (a PyTorch memory snapshot,
+// which `keel import torch-memory` and the studio's File > Import turn into a recording).
+bool looksLikePickle(const std::string& path);
 
 struct DroppedCount {
   std::string kind;
